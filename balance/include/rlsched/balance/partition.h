@@ -1,0 +1,150 @@
+// rlsched/balance/partition.h — k-way number partitioning of integer weights.
+//
+// Overview
+//   Splits n non-negative integer weights into k parts so that the heaviest part is
+//   as light as possible (multiway number partitioning, makespan objective). Used to
+//   spread the sequences of a training batch across data-parallel ranks.
+//
+//   Algorithms:
+//   - Karmarkar-Karp, the largest differencing method (LDM), generalised to k parts.
+//     A partial solution is a tuple of k part sums; the two tuples with the largest
+//     spread (max - min) are combined by pairing the heaviest part of one with the
+//     lightest of the other. Tuples are stored sparsely (only non-empty parts), and
+//     item lists are spliced in O(1), so memory is O(n + k).
+//     In equal-size mode the items are sorted and cut into chunks of k consecutive
+//     items (one item per part), so every part ends with floor(n/k) or ceil(n/k).
+//   - Greedy LPT: largest item first onto the lightest part that may still take an
+//     item. A baseline, and a fallback: `PartitionItems()` keeps it when it beats KK.
+//   - Refinement: a local search that moves one item, or swaps two, between the
+//     heaviest part and another part whenever that lowers the heavier of the two.
+//     Each step strictly lowers the sum of squared loads, so it never makes the
+//     result worse and always terminates; the count constraint is kept.
+//
+//   Every result carries its loads, the lower bound and the gap to it.
+//
+// Example
+//   std::vector<std::int64_t> lengths = {4096, 512, 700, 3000, 2048, 128};
+//   rlsched::balance::PartitionOptions options;
+//   options.num_parts = 2;
+//   rlsched::balance::Partition p = rlsched::balance::PartitionItems(lengths, options);
+//   for (std::int64_t part = 0; part < p.num_parts(); ++part) {
+//     for (std::int64_t item : p.part(part)) { /* item goes to rank `part` */ }
+//   }
+//   // p.max_load, p.lower_bound, p.gap, p.proven_optimal
+//
+// Thread-safety: every function here is pure (no shared state); concurrent calls are
+// safe. Determinism: the same input gives the same output; ties are broken by index.
+
+#ifndef RLSCHED_BALANCE_PARTITION_H_
+#define RLSCHED_BALANCE_PARTITION_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+namespace rlsched::balance {
+
+// Limits on any input (also enforced by the wire contract).
+inline constexpr std::int64_t kMaxParts = std::int64_t{1} << 20;
+inline constexpr std::int64_t kMaxItems = 100'000'000;
+inline constexpr std::int64_t kMaxLength = std::int64_t{1} << 31;
+
+enum class Algorithm {
+  kKarmarkarKarp,  // largest differencing method (+ LPT fallback)
+  kGreedy,         // longest processing time first
+};
+
+// A monotonic clock supplied by the caller; the library reads no clock itself.
+using NowFn = std::function<std::chrono::nanoseconds()>;
+
+struct RefineOptions {
+  // Off: the constructive algorithm's answer is returned as it is.
+  bool enabled = true;
+  // Maximum number of improving steps (moves or swaps). Counted, so deterministic.
+  std::int64_t max_iterations = 100'000;
+  // Optional wall-clock budget; only used when > 0, and then `now` must be set.
+  // A result cut by the clock may differ between runs; the iteration budget does not.
+  std::chrono::nanoseconds time_limit{0};
+  NowFn now;
+};
+
+struct PartitionOptions {
+  std::int64_t num_parts = 1;  // k, in [1, kMaxParts]
+  // Every part holds floor(n/k) or ceil(n/k) items (exactly n/k when k divides n).
+  bool equal_size = false;
+  Algorithm algorithm = Algorithm::kKarmarkarKarp;
+  RefineOptions refine;
+};
+
+// The part of each item: assignment[i] in [0, k).
+using Assignment = std::vector<std::int32_t>;
+
+// A partition in compressed form: part p holds indices[offsets[p] .. offsets[p+1]),
+// ascending. Memory O(n + k).
+struct Partition {
+  std::vector<std::int64_t> offsets;  // k + 1 entries
+  std::vector<std::int64_t> indices;  // n entries
+  std::vector<std::int64_t> loads;    // k entries: the sum of the part's weights
+  std::int64_t max_load = 0;
+  std::int64_t min_load = 0;
+  std::int64_t lower_bound = 0;   // no partition can have a smaller max_load
+  double gap = 0.0;               // max_load / lower_bound - 1 (0 when the bound is 0)
+  bool proven_optimal = false;    // max_load == lower_bound
+  std::int64_t refine_steps = 0;  // improving steps the refinement made
+
+  std::int64_t num_parts() const { return static_cast<std::int64_t>(loads.size()); }
+  std::span<const std::int64_t> part(std::int64_t p) const {
+    return std::span<const std::int64_t>(indices).subspan(
+        static_cast<std::size_t>(offsets[static_cast<std::size_t>(p)]),
+        static_cast<std::size_t>(offsets[static_cast<std::size_t>(p) + 1] -
+                                 offsets[static_cast<std::size_t>(p)]));
+  }
+};
+
+// Partitions `weights` into options.num_parts parts with the chosen algorithm, then
+// refines. With kKarmarkarKarp the LPT answer is also computed and kept if better, so
+// the result is never worse than LPT's.
+// Preconditions (else std::invalid_argument naming the field and the bound):
+//   1 <= num_parts <= kMaxParts; weights.size() <= kMaxItems; every weight >= 0;
+//   the sum of the weights fits in int64. n < k is allowed (some parts stay empty;
+//   in equal-size mode every part then holds 0 or 1 item).
+// Complexity: O(n log n + n log k) for typical inputs (KK tuples that fill all k parts
+//   cost O(k log k) per merge); refinement O(steps · (n/k) ) typical. Memory O(n + k).
+Partition PartitionItems(std::span<const std::int64_t> weights, const PartitionOptions& options);
+
+// The lower bound on the max load of any partition:
+//   max(max weight, ceil(sum / k)), and in equal-size mode with c = floor(n/k) >= 1
+//   also max weight + the sum of the c - 1 smallest other weights.
+// Same preconditions as PartitionItems(). O(n) (a selection for the c - 1 smallest).
+std::int64_t LowerBound(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                        bool equal_size);
+
+// The constructive algorithms alone, without refinement or fallback.
+// Same preconditions as PartitionItems(); complexity as stated there.
+Assignment KarmarkarKarp(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                         bool equal_size);
+Assignment GreedyLpt(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                     bool equal_size);
+
+// What a framework does when it does not balance: part p takes the p-th contiguous
+// run of floor(n/k) or ceil(n/k) items (the longer runs first).
+Assignment ContiguousSplit(std::int64_t num_items, std::int64_t num_parts);
+
+// Improves `assignment` in place by the local search described above; returns the
+// number of improving steps. With equal_size every part's count stays within
+// {floor(n/k), ceil(n/k)}; without it items move freely. Stops at options.max_iterations, at the
+// time limit, when no improving step exists, or when the max load reaches `lower_bound` (pass 0 if
+// unknown). Preconditions: as PartitionItems(), and `assignment` is a valid assignment for them.
+std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_parts, bool equal_size,
+                    const RefineOptions& options, std::int64_t lower_bound, Assignment& assignment);
+
+// Builds the compressed form, loads, bound and gap of `assignment`.
+// Preconditions: as PartitionItems(); assignment.size() == weights.size(), entries in [0, k).
+Partition MakePartition(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                        bool equal_size, const Assignment& assignment);
+
+}  // namespace rlsched::balance
+
+#endif  // RLSCHED_BALANCE_PARTITION_H_

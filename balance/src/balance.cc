@@ -1,0 +1,117 @@
+#include "rlsched/balance/balance.h"
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "internal.h"
+
+namespace rlsched::balance {
+namespace {
+
+void CheckLengths(std::span<const std::int64_t> lengths) {
+  internal::CheckWeights(lengths, "lengths");
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] > kMaxLength) {
+      throw std::invalid_argument("lengths[" + std::to_string(i) + "]: must be <= 2^31, got " +
+                                  std::to_string(lengths[i]));
+    }
+  }
+}
+
+void CheckGroups(std::span<const std::int64_t> groups, std::size_t num_lengths, bool keep_groups) {
+  if (keep_groups && groups.empty() && num_lengths > 0) {
+    throw std::invalid_argument("groups: keep_groups requires one group id per length");
+  }
+  if (!groups.empty() && groups.size() != num_lengths) {
+    throw std::invalid_argument("groups: must be empty or have one id per length (" +
+                                std::to_string(num_lengths) + "), got " +
+                                std::to_string(groups.size()));
+  }
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i] < 0) {
+      throw std::invalid_argument("groups[" + std::to_string(i) + "]: must be >= 0, got " +
+                                  std::to_string(groups[i]));
+    }
+  }
+}
+
+std::vector<std::int64_t> PartTokens(std::span<const std::int64_t> lengths,
+                                     const Partition& partition) {
+  std::vector<std::int64_t> tokens(static_cast<std::size_t>(partition.num_parts()), 0);
+  for (std::int64_t p = 0; p < partition.num_parts(); ++p) {
+    for (const std::int64_t i : partition.part(p)) {
+      tokens[static_cast<std::size_t>(p)] += lengths[static_cast<std::size_t>(i)];
+    }
+  }
+  return tokens;
+}
+
+}  // namespace
+
+BalanceResult Balance(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
+                      const BalanceOptions& options) {
+  CheckLengths(lengths);
+  CheckGroups(groups, lengths.size(), options.keep_groups);
+  internal::CheckNumParts(options.partition.num_parts);
+  const std::vector<std::int64_t> costs = options.cost.Costs(lengths);
+  internal::CheckWeights(costs, "cost");
+
+  BalanceResult result;
+  if (!options.keep_groups) {
+    result.partition = PartitionItems(costs, options.partition);
+  } else {
+    // Units are the groups, numbered by ascending group id.
+    std::vector<std::int32_t> by_group(lengths.size());
+    std::iota(by_group.begin(), by_group.end(), 0);
+    std::stable_sort(by_group.begin(), by_group.end(), [&](std::int32_t a, std::int32_t b) {
+      return groups[static_cast<std::size_t>(a)] < groups[static_cast<std::size_t>(b)];
+    });
+    std::vector<std::int32_t> unit_of(lengths.size());
+    std::vector<std::int64_t> unit_costs;
+    for (std::size_t j = 0; j < by_group.size(); ++j) {
+      const std::size_t i = static_cast<std::size_t>(by_group[j]);
+      if (j == 0 || groups[i] != groups[static_cast<std::size_t>(by_group[j - 1])]) {
+        unit_costs.push_back(0);
+      }
+      unit_costs.back() += costs[i];  // cannot overflow: the total was checked
+      unit_of[i] = static_cast<std::int32_t>(unit_costs.size() - 1);
+    }
+    const Partition units = PartitionItems(unit_costs, options.partition);
+    Assignment unit_part(unit_costs.size());
+    for (std::int64_t p = 0; p < units.num_parts(); ++p) {
+      for (const std::int64_t u : units.part(p)) {
+        unit_part[static_cast<std::size_t>(u)] = static_cast<std::int32_t>(p);
+      }
+    }
+    Assignment assignment(lengths.size());
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      assignment[i] = unit_part[static_cast<std::size_t>(unit_of[i])];
+    }
+    result.partition = MakePartition(costs, options.partition.num_parts, false, assignment);
+    // The groups' bound is the stronger one (and the only valid one in equal-size
+    // mode, where counts are of groups).
+    result.partition.lower_bound = units.lower_bound;
+    result.partition.gap = units.gap;
+    result.partition.proven_optimal = units.proven_optimal;
+    result.partition.refine_steps = units.refine_steps;
+  }
+  result.tokens = PartTokens(lengths, result.partition);
+  return result;
+}
+
+BalanceResult Evaluate(std::span<const std::int64_t> lengths, const BalanceOptions& options,
+                       const Assignment& assignment) {
+  CheckLengths(lengths);
+  const std::vector<std::int64_t> costs = options.cost.Costs(lengths);
+  internal::CheckWeights(costs, "cost");
+  BalanceResult result;
+  result.partition =
+      MakePartition(costs, options.partition.num_parts, options.partition.equal_size, assignment);
+  result.tokens = PartTokens(lengths, result.partition);
+  return result;
+}
+
+}  // namespace rlsched::balance

@@ -1,0 +1,111 @@
+#include "rlsched/balance/cost_model.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "rlsched/balance/partition.h"
+
+namespace rlsched::balance {
+namespace {
+
+constexpr double kMaxCost = 4.611686018427387904e18;  // 2^62
+
+void CheckCoefficient(double value, const char* name) {
+  if (!std::isfinite(value) || value < 0.0) {
+    throw std::invalid_argument(std::string("cost.") + name + ": must be finite and >= 0, got " +
+                                std::to_string(value));
+  }
+}
+
+void CheckShapeField(std::int64_t value, const char* name) {
+  if (value < 1) {
+    throw std::invalid_argument(std::string("model.") + name + ": must be >= 1, got " +
+                                std::to_string(value));
+  }
+}
+
+}  // namespace
+
+CostModel CostModel::Tokens() { return CostModel(Kind::kTokens, 1.0, 0.0, 0.0); }
+
+CostModel CostModel::Attention(double linear, double quadratic, double constant) {
+  CheckCoefficient(linear, "linear");
+  CheckCoefficient(quadratic, "quadratic");
+  CheckCoefficient(constant, "constant");
+  if (linear + quadratic <= 0.0) {
+    throw std::invalid_argument("cost: linear + quadratic must be > 0");
+  }
+  return CostModel(Kind::kAttention, linear, quadratic, constant);
+}
+
+CostModel CostModel::Attention(const ModelShape& shape, double constant) {
+  CheckShapeField(shape.hidden_size, "hidden_size");
+  CheckShapeField(shape.num_layers, "num_layers");
+  CheckShapeField(shape.ffn_hidden_size, "ffn_hidden_size");
+  CheckShapeField(shape.num_attention_heads, "num_attention_heads");
+  CheckShapeField(shape.num_kv_heads, "num_kv_heads");
+  CheckShapeField(shape.vocab_size, "vocab_size");
+  if (shape.hidden_size % shape.num_attention_heads != 0) {
+    throw std::invalid_argument("model.num_attention_heads: must divide hidden_size (" +
+                                std::to_string(shape.hidden_size) + "), got " +
+                                std::to_string(shape.num_attention_heads));
+  }
+  if (shape.num_attention_heads % shape.num_kv_heads != 0) {
+    throw std::invalid_argument("model.num_kv_heads: must divide num_attention_heads (" +
+                                std::to_string(shape.num_attention_heads) + "), got " +
+                                std::to_string(shape.num_kv_heads));
+  }
+  // FLOPs in double: shapes up to ~1e6 keep every product far inside its range.
+  const double h = static_cast<double>(shape.hidden_size);
+  const double layers = static_cast<double>(shape.num_layers);
+  const double f = static_cast<double>(shape.ffn_hidden_size);
+  const double head_dim = h / static_cast<double>(shape.num_attention_heads);
+  const double kv = static_cast<double>(shape.num_kv_heads) * head_dim;
+  const double mlp_matrices = shape.gated_mlp ? 3.0 : 2.0;
+  const double per_layer = 2.0 * h * (h + 2.0 * kv) + 2.0 * h * h + 2.0 * mlp_matrices * h * f;
+  const double per_token =
+      3.0 * (layers * per_layer + 2.0 * h * static_cast<double>(shape.vocab_size));
+  const double per_token_squared = 3.0 * layers * 2.0 * h;
+  CheckCoefficient(constant, "per_sequence");
+  return CostModel(Kind::kAttention, 1.0, per_token_squared / per_token, constant);
+}
+
+std::int64_t CostModel::Cost(std::int64_t length) const {
+  if (length < 0 || length > kMaxLength) {
+    throw std::invalid_argument("lengths: each length must be in [0, 2^31], got " +
+                                std::to_string(length));
+  }
+  if (kind_ == Kind::kTokens) return length;
+  const double l = static_cast<double>(length);
+  const double cost = linear_ * l + quadratic_ * l * l + constant_;
+  if (!(cost < kMaxCost)) {
+    throw std::invalid_argument("cost: the cost of a sequence of length " + std::to_string(length) +
+                                " exceeds 2^62");
+  }
+  return std::llround(cost);
+}
+
+std::vector<std::int64_t> CostModel::Costs(std::span<const std::int64_t> lengths) const {
+  std::vector<std::int64_t> costs(lengths.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] < 0 || lengths[i] > kMaxLength) {
+      throw std::invalid_argument("lengths[" + std::to_string(i) + "]: must be in [0, 2^31], got " +
+                                  std::to_string(lengths[i]));
+    }
+    costs[i] = Cost(lengths[i]);
+  }
+  return costs;
+}
+
+std::string CostModel::Describe() const {
+  if (kind_ == Kind::kTokens) return "tokens";
+  char buffer[160];
+  std::snprintf(buffer, sizeof(buffer), "attention(linear=%g, quadratic=%.6g, constant=%g)",
+                linear_, quadratic_, constant_);
+  return buffer;
+}
+
+}  // namespace rlsched::balance

@@ -1,0 +1,46 @@
+// Pieces shared by the balancer's sources (private header): input checks and the
+// constructive algorithms on pre-sorted items.
+
+#ifndef RLSCHED_BALANCE_SRC_INTERNAL_H_
+#define RLSCHED_BALANCE_SRC_INTERNAL_H_
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "rlsched/balance/partition.h"
+
+namespace rlsched::balance::internal {
+
+// Throws std::invalid_argument unless 1 <= num_parts <= kMaxParts.
+void CheckNumParts(std::int64_t num_parts);
+
+// Throws std::invalid_argument unless weights.size() <= kMaxItems, every weight >= 0
+// and the sum fits in int64. `field` names the input in messages. Returns the sum.
+std::int64_t CheckWeights(std::span<const std::int64_t> weights, std::string_view field);
+
+// Throws std::invalid_argument unless assignment.size() == num_items and every entry
+// is in [0, num_parts).
+void CheckAssignment(std::span<const std::int32_t> assignment, std::size_t num_items,
+                     std::int64_t num_parts);
+
+// a + b, throwing std::invalid_argument naming `field` on int64 overflow.
+std::int64_t CheckedAdd(std::int64_t a, std::int64_t b, std::string_view field);
+
+// Item indices by weight descending, ties by index ascending. An LSD radix sort
+// (11-bit digits, as many passes as the largest weight needs): O(n · passes).
+// Precondition: weights validated by CheckWeights.
+std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights);
+
+// KarmarkarKarp() and GreedyLpt() without input checks, on `order` = HeaviestFirst().
+Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
+                               std::span<const std::int32_t> order, std::int64_t num_parts,
+                               bool equal_size);
+Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
+                           std::span<const std::int32_t> order, std::int64_t num_parts,
+                           bool equal_size);
+
+}  // namespace rlsched::balance::internal
+
+#endif  // RLSCHED_BALANCE_SRC_INTERNAL_H_

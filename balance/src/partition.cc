@@ -1,0 +1,171 @@
+#include "rlsched/balance/partition.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "internal.h"
+
+namespace rlsched::balance {
+namespace internal {
+
+void CheckNumParts(std::int64_t num_parts) {
+  if (num_parts < 1 || num_parts > kMaxParts) {
+    throw std::invalid_argument("num_parts: must be in [1, " + std::to_string(kMaxParts) +
+                                "], got " + std::to_string(num_parts));
+  }
+}
+
+std::int64_t CheckedAdd(std::int64_t a, std::int64_t b, std::string_view field) {
+  std::int64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) {
+    throw std::invalid_argument(std::string(field) + ": the total overflows int64");
+  }
+  return sum;
+}
+
+std::int64_t CheckWeights(std::span<const std::int64_t> weights, std::string_view field) {
+  if (static_cast<std::int64_t>(weights.size()) > kMaxItems) {
+    throw std::invalid_argument(std::string(field) + ": at most " + std::to_string(kMaxItems) +
+                                " entries, got " + std::to_string(weights.size()));
+  }
+  std::int64_t sum = 0;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] < 0) {
+      throw std::invalid_argument(std::string(field) + "[" + std::to_string(i) +
+                                  "]: must be >= 0, got " + std::to_string(weights[i]));
+    }
+    sum = CheckedAdd(sum, weights[i], field);
+  }
+  return sum;
+}
+
+void CheckAssignment(std::span<const std::int32_t> assignment, std::size_t num_items,
+                     std::int64_t num_parts) {
+  if (assignment.size() != num_items) {
+    throw std::invalid_argument("assignment: must have one entry per item (" +
+                                std::to_string(num_items) + "), got " +
+                                std::to_string(assignment.size()));
+  }
+  for (std::size_t i = 0; i < assignment.size(); ++i) {
+    if (assignment[i] < 0 || assignment[i] >= num_parts) {
+      throw std::invalid_argument("assignment[" + std::to_string(i) + "]: must be in [0, " +
+                                  std::to_string(num_parts) + "), got " +
+                                  std::to_string(assignment[i]));
+    }
+  }
+}
+
+}  // namespace internal
+
+std::int64_t LowerBound(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                        bool equal_size) {
+  internal::CheckNumParts(num_parts);
+  const std::int64_t sum = internal::CheckWeights(weights, "weights");
+  if (weights.empty()) return 0;
+  const std::int64_t largest = *std::max_element(weights.begin(), weights.end());
+  std::int64_t bound = std::max(largest, sum / num_parts + (sum % num_parts != 0 ? 1 : 0));
+  const std::int64_t per_part = static_cast<std::int64_t>(weights.size()) / num_parts;
+  if (equal_size && per_part >= 2) {
+    // The part holding the largest item also holds at least per_part - 1 others.
+    std::vector<std::int64_t> copy(weights.begin(), weights.end());
+    const auto nth = copy.begin() + (per_part - 1);
+    std::nth_element(copy.begin(), nth, copy.end());
+    std::int64_t smallest = 0;
+    for (auto it = copy.begin(); it != nth; ++it) smallest += *it;
+    bound = std::max(bound, largest + smallest);
+  }
+  return bound;
+}
+
+Assignment ContiguousSplit(std::int64_t num_items, std::int64_t num_parts) {
+  internal::CheckNumParts(num_parts);
+  if (num_items < 0 || num_items > kMaxItems) {
+    throw std::invalid_argument("num_items: must be in [0, " + std::to_string(kMaxItems) +
+                                "], got " + std::to_string(num_items));
+  }
+  const std::int64_t floor = num_items / num_parts;
+  const std::int64_t extra = num_items % num_parts;
+  Assignment assignment(static_cast<std::size_t>(num_items));
+  std::int64_t item = 0;
+  for (std::int64_t part = 0; part < num_parts && item < num_items; ++part) {
+    const std::int64_t size = floor + (part < extra ? 1 : 0);
+    for (std::int64_t i = 0; i < size; ++i) {
+      assignment[static_cast<std::size_t>(item++)] = static_cast<std::int32_t>(part);
+    }
+  }
+  return assignment;
+}
+
+Partition MakePartition(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                        bool equal_size, const Assignment& assignment) {
+  internal::CheckNumParts(num_parts);
+  internal::CheckAssignment(assignment, weights.size(), num_parts);
+  Partition result;
+  result.lower_bound = LowerBound(weights, num_parts, equal_size);
+  const std::size_t k = static_cast<std::size_t>(num_parts);
+  result.offsets.assign(k + 1, 0);
+  result.loads.assign(k, 0);
+  for (std::size_t i = 0; i < assignment.size(); ++i) {
+    const std::size_t part = static_cast<std::size_t>(assignment[i]);
+    ++result.offsets[part + 1];
+    result.loads[part] += weights[i];  // cannot overflow: the total was checked
+  }
+  for (std::size_t p = 0; p < k; ++p) result.offsets[p + 1] += result.offsets[p];
+  result.indices.resize(assignment.size());
+  std::vector<std::int64_t> cursor(result.offsets.begin(), result.offsets.end() - 1);
+  for (std::size_t i = 0; i < assignment.size(); ++i) {
+    result.indices[static_cast<std::size_t>(cursor[static_cast<std::size_t>(assignment[i])]++)] =
+        static_cast<std::int64_t>(i);
+  }
+  const auto [min_it, max_it] = std::minmax_element(result.loads.begin(), result.loads.end());
+  result.min_load = *min_it;
+  result.max_load = *max_it;
+  result.gap =
+      result.lower_bound > 0
+          ? static_cast<double>(result.max_load) / static_cast<double>(result.lower_bound) - 1.0
+          : 0.0;
+  result.proven_optimal = result.max_load == result.lower_bound;
+  return result;
+}
+
+namespace {
+
+std::int64_t MaxLoad(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                     const Assignment& assignment) {
+  std::vector<std::int64_t> loads(static_cast<std::size_t>(num_parts), 0);
+  for (std::size_t i = 0; i < assignment.size(); ++i) {
+    loads[static_cast<std::size_t>(assignment[i])] += weights[i];
+  }
+  return *std::max_element(loads.begin(), loads.end());
+}
+
+}  // namespace
+
+Partition PartitionItems(std::span<const std::int64_t> weights, const PartitionOptions& options) {
+  internal::CheckNumParts(options.num_parts);
+  internal::CheckWeights(weights, "weights");
+  const std::int64_t k = options.num_parts;
+  const bool equal = options.equal_size;
+  const std::int64_t bound = LowerBound(weights, k, equal);
+  const std::vector<std::int32_t> order = internal::HeaviestFirst(weights);
+  Assignment assignment;
+  if (options.algorithm == Algorithm::kGreedy) {
+    assignment = internal::GreedyLptSorted(weights, order, k, equal);
+  } else {
+    assignment = internal::KarmarkarKarpSorted(weights, order, k, equal);
+    // LPT as the fallback, unless KK already meets the bound.
+    const std::int64_t kk_max = MaxLoad(weights, k, assignment);
+    if (kk_max > bound) {
+      Assignment lpt = internal::GreedyLptSorted(weights, order, k, equal);
+      if (MaxLoad(weights, k, lpt) < kk_max) assignment = std::move(lpt);
+    }
+  }
+  const std::int64_t steps = Refine(weights, k, equal, options.refine, bound, assignment);
+  Partition result = MakePartition(weights, k, equal, assignment);
+  result.refine_steps = steps;
+  return result;
+}
+
+}  // namespace rlsched::balance

@@ -1,0 +1,207 @@
+// Local search on the heaviest part: one move or one swap at a time.
+//
+// Each step takes the heaviest part H and looks for the move (an item of H to part P)
+// or swap (an item of H for a lighter item of P) that makes max(load H', load P')
+// smallest, and applies it if that is below load H. A transfer of d with
+// 0 < d < load H - load P strictly lowers the sum of squared loads, so the search
+// never cycles and the max load never rises. Partners are visited lightest first;
+// partner P can at best reach ceil((H + P) / 2), which prunes the rest.
+
+#include <algorithm>
+#include <cassert>
+#include <set>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "internal.h"
+#include "rlsched/balance/partition.h"
+
+namespace rlsched::balance {
+namespace {
+
+struct Step {
+  std::int64_t pair_max;  // max(load H', load P') after the step
+  std::int32_t partner = -1;
+  std::int32_t from_heavy = -1;  // item leaving H
+  std::int32_t from_light = -1;  // item leaving P for H (-1 for a move)
+};
+
+class LocalSearch {
+ public:
+  LocalSearch(std::span<const std::int64_t> weights, std::int64_t num_parts, bool equal_size,
+              const Assignment& assignment)
+      : weights_(weights),
+        items_(static_cast<std::size_t>(num_parts)),
+        loads_(static_cast<std::size_t>(num_parts), 0),
+        equal_size_(equal_size),
+        floor_count_(static_cast<std::int64_t>(weights.size()) / num_parts) {
+    for (std::size_t i = 0; i < assignment.size(); ++i) {
+      items_[static_cast<std::size_t>(assignment[i])].push_back(static_cast<std::int32_t>(i));
+      loads_[static_cast<std::size_t>(assignment[i])] += weights[i];
+    }
+    for (auto& list : items_) std::sort(list.begin(), list.end(), Lighter());
+    for (std::size_t p = 0; p < loads_.size(); ++p) {
+      by_load_.emplace(loads_[p], static_cast<std::int32_t>(p));
+    }
+  }
+
+  // One improving step, if any. Returns false at a local optimum or at the bound.
+  bool Improve(std::int64_t lower_bound) {
+    const auto [heavy_load, heavy] = *by_load_.rbegin();
+    if (heavy_load <= lower_bound) return false;
+    Step best{heavy_load};
+    for (const auto& [load, partner] : by_load_) {
+      if (partner == heavy || load >= heavy_load) break;
+      const std::int64_t gap = heavy_load - load;
+      const std::int64_t reachable = load + gap / 2 + gap % 2;  // ceil((H + P) / 2)
+      if (reachable >= best.pair_max) break;
+      if (CanMove(heavy, partner)) BestMove(heavy, partner, heavy_load, load, best);
+      BestSwap(heavy, partner, heavy_load, load, best);
+      if (best.pair_max == reachable) break;
+    }
+    if (best.partner < 0) return false;
+    Apply(heavy, best);
+    return true;
+  }
+
+  Assignment Result() const {
+    Assignment assignment(weights_.size(), 0);
+    for (std::size_t p = 0; p < items_.size(); ++p) {
+      for (const std::int32_t item : items_[p]) {
+        assignment[static_cast<std::size_t>(item)] = static_cast<std::int32_t>(p);
+      }
+    }
+    return assignment;
+  }
+
+ private:
+  struct LighterT {
+    std::span<const std::int64_t> w;
+    bool operator()(std::int32_t a, std::int32_t b) const {
+      const std::int64_t wa = w[static_cast<std::size_t>(a)];
+      const std::int64_t wb = w[static_cast<std::size_t>(b)];
+      return wa != wb ? wa < wb : a < b;
+    }
+  };
+  LighterT Lighter() const { return LighterT{weights_}; }
+
+  std::int64_t W(std::int32_t item) const { return weights_[static_cast<std::size_t>(item)]; }
+  std::vector<std::int32_t>& Items(std::int32_t part) {
+    return items_[static_cast<std::size_t>(part)];
+  }
+
+  bool CanMove(std::int32_t from, std::int32_t to) {
+    if (!equal_size_) return true;
+    // Counts stay in {floor, floor + 1}: only a long part may give to a short one.
+    return static_cast<std::int64_t>(Items(from).size()) > floor_count_ &&
+           static_cast<std::int64_t>(Items(to).size()) == floor_count_;
+  }
+
+  // Considers transferring d (0 < d < gap) from H to P.
+  static void Consider(std::int64_t d, std::int64_t heavy_load, std::int64_t light_load,
+                       std::int32_t partner, std::int32_t from_heavy, std::int32_t from_light,
+                       Step& best) {
+    if (d <= 0 || d >= heavy_load - light_load) return;
+    const std::int64_t pair_max = std::max(heavy_load - d, light_load + d);
+    if (pair_max < best.pair_max) best = Step{pair_max, partner, from_heavy, from_light};
+  }
+
+  void BestMove(std::int32_t heavy, std::int32_t partner, std::int64_t heavy_load,
+                std::int64_t light_load, Step& best) {
+    const auto& h = Items(heavy);
+    const std::int64_t half = (heavy_load - light_load) / 2;
+    // First item heavier than half; it and the one before are the candidates.
+    const auto it = std::partition_point(h.begin(), h.end(),
+                                         [&](std::int32_t item) { return W(item) <= half; });
+    if (it != h.end()) Consider(W(*it), heavy_load, light_load, partner, *it, -1, best);
+    if (it != h.begin()) {
+      Consider(W(*std::prev(it)), heavy_load, light_load, partner, *std::prev(it), -1, best);
+    }
+  }
+
+  void BestSwap(std::int32_t heavy, std::int32_t partner, std::int64_t heavy_load,
+                std::int64_t light_load, Step& best) {
+    const auto& h = Items(heavy);
+    const auto& p = Items(partner);
+    const std::int64_t half = (heavy_load - light_load) / 2;
+    std::size_t j = 0;  // first item of H heavier than w(y) + half; moves forward only
+    for (const std::int32_t y : p) {
+      const std::int64_t target = W(y) + half;
+      while (j < h.size() && W(h[j]) <= target) ++j;
+      if (j < h.size()) Consider(W(h[j]) - W(y), heavy_load, light_load, partner, h[j], y, best);
+      if (j > 0) {
+        Consider(W(h[j - 1]) - W(y), heavy_load, light_load, partner, h[j - 1], y, best);
+      }
+    }
+  }
+
+  void Remove(std::int32_t part, std::int32_t item) {
+    auto& list = Items(part);
+    const auto it = std::lower_bound(list.begin(), list.end(), item, Lighter());
+    assert(it != list.end() && *it == item);
+    list.erase(it);
+  }
+
+  void Insert(std::int32_t part, std::int32_t item) {
+    auto& list = Items(part);
+    list.insert(std::upper_bound(list.begin(), list.end(), item, Lighter()), item);
+  }
+
+  void SetLoad(std::int32_t part, std::int64_t load) {
+    std::int64_t& current = loads_[static_cast<std::size_t>(part)];
+    by_load_.erase({current, part});
+    current = load;
+    by_load_.emplace(load, part);
+  }
+
+  void Apply(std::int32_t heavy, const Step& step) {
+    std::int64_t d = W(step.from_heavy);
+    Remove(heavy, step.from_heavy);
+    Insert(step.partner, step.from_heavy);
+    if (step.from_light >= 0) {
+      d -= W(step.from_light);
+      Remove(step.partner, step.from_light);
+      Insert(heavy, step.from_light);
+    }
+    SetLoad(heavy, loads_[static_cast<std::size_t>(heavy)] - d);
+    SetLoad(step.partner, loads_[static_cast<std::size_t>(step.partner)] + d);
+  }
+
+  std::span<const std::int64_t> weights_;
+  std::vector<std::vector<std::int32_t>> items_;  // per part, lightest first
+  std::vector<std::int64_t> loads_;
+  std::set<std::pair<std::int64_t, std::int32_t>> by_load_;
+  bool equal_size_;
+  std::int64_t floor_count_;
+};
+
+}  // namespace
+
+std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_parts, bool equal_size,
+                    const RefineOptions& options, std::int64_t lower_bound,
+                    Assignment& assignment) {
+  internal::CheckNumParts(num_parts);
+  internal::CheckWeights(weights, "weights");
+  internal::CheckAssignment(assignment, weights.size(), num_parts);
+  if (options.max_iterations < 0) {
+    throw std::invalid_argument("refine.max_iterations: must be >= 0");
+  }
+  const bool timed = options.time_limit.count() > 0;
+  if (timed && !options.now) {
+    throw std::invalid_argument("refine.now: a clock is required with refine.time_limit");
+  }
+  if (!options.enabled || options.max_iterations == 0 || weights.empty()) return 0;
+  const auto start = timed ? options.now() : std::chrono::nanoseconds{0};
+
+  LocalSearch search(weights, num_parts, equal_size, assignment);
+  std::int64_t steps = 0;
+  while (steps < options.max_iterations && search.Improve(lower_bound)) {
+    ++steps;
+    if (timed && options.now() - start >= options.time_limit) break;
+  }
+  if (steps > 0) assignment = search.Result();
+  return steps;
+}
+
+}  // namespace rlsched::balance

@@ -1,0 +1,73 @@
+// Checks shared by the balancer's tests.
+
+#ifndef RLSCHED_TESTS_BALANCE_TEST_UTIL_H_
+#define RLSCHED_TESTS_BALANCE_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "rlsched/balance/partition.h"
+
+namespace rlsched::balance::testing {
+
+// Every index in exactly one part, parts ascending, loads and bound consistent.
+inline void ExpectValidPartition(std::span<const std::int64_t> weights, std::int64_t k,
+                                 bool equal_size, const Partition& p) {
+  const std::int64_t n = static_cast<std::int64_t>(weights.size());
+  ASSERT_EQ(p.num_parts(), k);
+  ASSERT_EQ(static_cast<std::int64_t>(p.offsets.size()), k + 1);
+  ASSERT_EQ(p.offsets.front(), 0);
+  ASSERT_EQ(p.offsets.back(), n);
+  ASSERT_EQ(static_cast<std::int64_t>(p.indices.size()), n);
+  std::vector<int> seen(static_cast<std::size_t>(n), 0);
+  std::int64_t total = 0, max_load = 0, min_load = INT64_MAX;
+  for (std::int64_t part = 0; part < k; ++part) {
+    ASSERT_LE(p.offsets[static_cast<std::size_t>(part)],
+              p.offsets[static_cast<std::size_t>(part) + 1]);
+    const auto items = p.part(part);
+    ASSERT_TRUE(std::is_sorted(items.begin(), items.end()));
+    ASSERT_TRUE(std::adjacent_find(items.begin(), items.end()) == items.end());
+    std::int64_t load = 0;
+    for (const std::int64_t i : items) {
+      ASSERT_GE(i, 0);
+      ASSERT_LT(i, n);
+      ++seen[static_cast<std::size_t>(i)];
+      load += weights[static_cast<std::size_t>(i)];
+    }
+    EXPECT_EQ(load, p.loads[static_cast<std::size_t>(part)]);
+    if (equal_size) {
+      const std::int64_t size = static_cast<std::int64_t>(items.size());
+      EXPECT_GE(size, n / k) << "part " << part;
+      EXPECT_LE(size, n / k + (n % k != 0 ? 1 : 0)) << "part " << part;
+    }
+    total += load;
+    max_load = std::max(max_load, load);
+    min_load = std::min(min_load, load);
+  }
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[static_cast<std::size_t>(i)], 1) << i;
+  std::int64_t sum = 0;
+  for (const std::int64_t w : weights) sum += w;
+  EXPECT_EQ(total, sum);
+  EXPECT_EQ(p.max_load, max_load);
+  EXPECT_EQ(p.min_load, min_load);
+  EXPECT_EQ(p.lower_bound, LowerBound(weights, k, equal_size));
+  EXPECT_GE(p.max_load, p.lower_bound);
+  EXPECT_EQ(p.proven_optimal, p.max_load == p.lower_bound);
+}
+
+inline std::int64_t MaxLoadOf(std::span<const std::int64_t> weights, std::int64_t k,
+                              const Assignment& assignment) {
+  std::vector<std::int64_t> loads(static_cast<std::size_t>(k), 0);
+  for (std::size_t i = 0; i < assignment.size(); ++i) {
+    loads[static_cast<std::size_t>(assignment[i])] += weights[i];
+  }
+  return *std::max_element(loads.begin(), loads.end());
+}
+
+}  // namespace rlsched::balance::testing
+
+#endif  // RLSCHED_TESTS_BALANCE_TEST_UTIL_H_
