@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "rlsched/balance/balance.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/balance/synthetic.h"
 #include "test_util.h"
@@ -127,6 +128,45 @@ void Sweep(std::uint64_t first, std::uint64_t count) {
 
 TEST(PropertyTest, RandomInstances) { Sweep(1, 400); }
 TEST(PropertyTest, ThoroughRandomInstances) { Sweep(1000, 20000); }
+
+// GRPO batches with keep_groups: groups whole, every sequence once, counts of groups.
+void GroupSweep(std::uint64_t first, std::uint64_t count) {
+  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+    Rng rng(seed);
+    const SyntheticBatch batch = GrpoBatch(rng.UniformInt(0, 60), rng.UniformInt(1, 16), seed);
+    BalanceOptions options;
+    options.partition.num_parts = rng.UniformInt(1, 24);
+    options.partition.equal_size = rng.UniformInt(0, 1) == 1;
+    options.keep_groups = true;
+    const BalanceResult r = Balance(batch.lengths, batch.groups, options);
+    const std::int64_t k = options.partition.num_parts;
+    const std::int64_t num_groups = batch.groups.empty() ? 0 : batch.groups.back() + 1;
+    std::vector<std::int64_t> part_of_group(static_cast<std::size_t>(num_groups), -1);
+    std::vector<int> seen(batch.lengths.size(), 0);
+    for (std::int64_t p = 0; p < k; ++p) {
+      std::int64_t groups_here = 0;
+      for (const std::int64_t i : r.partition.part(p)) {
+        ++seen[static_cast<std::size_t>(i)];
+        auto& owner =
+            part_of_group[static_cast<std::size_t>(batch.groups[static_cast<std::size_t>(i)])];
+        if (owner == -1) {
+          owner = p;
+          ++groups_here;
+        }
+        ASSERT_EQ(owner, p) << "seed " << seed << ": a group is split";
+      }
+      if (options.partition.equal_size) {
+        EXPECT_GE(groups_here, num_groups / k) << "seed " << seed;
+        EXPECT_LE(groups_here, num_groups / k + 1) << "seed " << seed;
+      }
+    }
+    for (const int s : seen) ASSERT_EQ(s, 1) << "seed " << seed;
+    EXPECT_GE(r.partition.max_load, r.partition.lower_bound);
+  }
+}
+
+TEST(PropertyTest, GroupsKeptWhole) { GroupSweep(1, 200); }
+TEST(PropertyTest, ThoroughGroupsKeptWhole) { GroupSweep(5000, 3000); }
 
 // The lower bound never exceeds the true optimum (exhaustive search on tiny inputs).
 std::int64_t Optimum(const std::vector<std::int64_t>& w, std::int64_t k, bool equal_size) {
