@@ -1,17 +1,25 @@
 // Karmarkar-Karp (largest differencing method) for k parts, with sparse tuples.
 //
 // A tuple is a partial solution: up to k non-empty parts ("slots"), each with a load
-// and a linked list of items (through `next_`), sorted heaviest first; the missing
-// slots are empty parts of load 0. Loads are absolute (never normalised), so a
-// tuple's spread is front - back when all k slots are used, else front - 0.
-// Combining A and B pairs A's i-th heaviest slot with B's i-th lightest:
-//   out[i] = A[i] + B[k-1-i].
-// When |A| + |B| <= k no two slots meet and `out` is the sorted union. Otherwise the
-// result has three sorted runs: A[0, k-|B|) alone, the overlap A[i] + B[k-1-i] for
-// i in [k-|B|, |A|) (sorted here), and B[0, k-|A|) alone — merged in O(k).
+// and a linked list of items (through `next_`); the missing slots are empty parts of
+// load 0, lighter than every slot. Loads are absolute (never normalised), so a tuple's
+// spread is max - min when all k slots are used, else max - 0.
+//
+// Combining A and B pairs A's j-th heaviest part with B's j-th lightest. In ascending
+// order (lightest first) with m = max(0, |A| + |B| - k):
+//   - A[0, m) meets B's slots in reverse: A[j] + B[m - 1 - j] (the overlap);
+//   - A[m, |A|) and B[m, |B|) pair with empty parts and stay as they are;
+// so the result is the merge of three sorted runs, O(k) after sorting the overlap.
+//
+// Slots are kept as a binary min-heap (lightest at the root), which a sorted array
+// is. Adding one item — the common step, and the only one while the largest items
+// are spread out — then costs O(log k): into a full tuple it joins the lightest slot
+// (sift down), into a non-full one it opens a new slot (sift up). The heap is sorted
+// only when two tuples of several slots meet.
 
 #include <algorithm>
 #include <cassert>
+#include <optional>
 #include <queue>
 #include <vector>
 
@@ -27,16 +35,24 @@ struct Slot {
   std::int32_t tail;  // last item
 };
 
-// Order inside a tuple: heavier first, then by first item (deterministic).
-bool Heavier(const Slot& a, const Slot& b) {
-  return a.load != b.load ? a.load > b.load : a.head < b.head;
+// Order of slots: lighter first, then by first item (a total order: lists are disjoint).
+bool Lighter(const Slot& a, const Slot& b) {
+  return a.load != b.load ? a.load < b.load : a.head < b.head;
 }
+// std's heap functions keep the comparator's greatest at the root: invert for a min-heap.
+bool Heavier(const Slot& a, const Slot& b) { return Lighter(b, a); }
+
+struct Tuple {
+  std::vector<Slot> slots;  // a min-heap; ascending when `sorted`
+  std::int64_t max_load = 0;
+  bool sorted = true;
+};
 
 // A unit waiting to be combined: either a single item or a tuple in the pool.
 struct Unit {
   std::int64_t spread;
   std::int64_t seq;    // tie-break: smaller first
-  std::int32_t tuple;  // index into the pool, or -1 for the single item `seq`
+  std::int32_t tuple;  // index into the pool, or -1 for the single item order[seq]
 };
 
 struct SmallerSpread {
@@ -54,31 +70,112 @@ class Differencer {
         k_(static_cast<std::size_t>(num_parts)),
         next_(weights.size(), -1) {}
 
-  Slot Single(std::int32_t item) const {
-    return Slot{weights_[static_cast<std::size_t>(item)], item, item};
+  Assignment RunUnconstrained() {
+    const std::int64_t n = static_cast<std::int64_t>(order_.size());
+    if (n == 0) return {};
+    // Three sources of units, each by spread: the sorted single items (spread =
+    // weight, seq = position), the tuple just combined (`carry`, usually the next to
+    // be taken: this saves a heap round trip per step), and a heap of the other tuples.
+    std::priority_queue<Unit, std::vector<Unit>, SmallerSpread> heap;
+    std::optional<Unit> carry;
+    std::int64_t next_single = 0;
+    std::int64_t next_seq = n;
+    auto pop = [&]() -> Unit {
+      Unit best{-1, 0, -1};
+      int source = -1;
+      auto consider = [&](const Unit& unit, int from) {
+        if (source < 0 || SmallerSpread()(best, unit)) {
+          best = unit;
+          source = from;
+        }
+      };
+      if (next_single < n) {
+        consider(Unit{Weight(order_[static_cast<std::size_t>(next_single)]), next_single, -1}, 0);
+      }
+      if (carry) consider(*carry, 1);
+      if (!heap.empty()) consider(heap.top(), 2);
+      if (source == 0) ++next_single;
+      if (source == 1) carry.reset();
+      if (source == 2) heap.pop();
+      return best;
+    };
+    if (n == 1) return Extract(NewTuple({SingleOf(pop())}));
+    while (true) {
+      Unit x = pop();
+      Unit y = pop();
+      if (x.tuple < 0) std::swap(x, y);
+      std::int32_t id = x.tuple;
+      if (id < 0) {
+        id = NewTuple({SingleOf(x)});
+        AddSingle(pool_[static_cast<std::size_t>(id)], SingleOf(y));
+      } else if (y.tuple < 0) {
+        AddSingle(pool_[static_cast<std::size_t>(id)], SingleOf(y));
+      } else {
+        Combine(pool_[static_cast<std::size_t>(id)], pool_[static_cast<std::size_t>(y.tuple)]);
+        FreeTuple(y.tuple);
+      }
+      if (next_single == n && heap.empty() && !carry) return Extract(id);
+      if (carry) heap.push(*carry);
+      carry = Unit{Spread(pool_[static_cast<std::size_t>(id)]), next_seq++, id};
+    }
   }
 
-  std::int64_t Spread(const std::vector<Slot>& tuple) const {
-    return tuple.front().load - (tuple.size() == k_ ? tuple.back().load : 0);
+  Assignment RunEqualSize() {
+    const std::size_t n = order_.size();
+    if (n == 0) return {};
+    // Chunks of k consecutive sorted items: one item per part, so every part ends
+    // with one item from each full chunk and at most one from the last chunk.
+    std::priority_queue<Unit, std::vector<Unit>, SmallerSpread> heap;
+    std::int64_t next_seq = 0;
+    for (std::size_t start = 0; start < n; start += k_) {
+      const std::size_t end = std::min(n, start + k_);
+      std::vector<Slot> chunk;
+      chunk.reserve(end - start);
+      for (std::size_t i = end; i-- > start;) chunk.push_back(Single(order_[i]));
+      const std::int32_t id = NewTuple(std::move(chunk));
+      heap.push(Unit{Spread(pool_[static_cast<std::size_t>(id)]), next_seq++, id});
+    }
+    while (heap.size() > 1) {
+      const Unit x = heap.top();
+      heap.pop();
+      const Unit y = heap.top();
+      heap.pop();
+      Combine(pool_[static_cast<std::size_t>(x.tuple)], pool_[static_cast<std::size_t>(y.tuple)]);
+      FreeTuple(y.tuple);
+      heap.push(Unit{Spread(pool_[static_cast<std::size_t>(x.tuple)]), next_seq++, x.tuple});
+    }
+    return Extract(heap.top().tuple);
   }
 
+ private:
+  std::int64_t Weight(std::int32_t item) const { return weights_[static_cast<std::size_t>(item)]; }
+  Slot Single(std::int32_t item) const { return Slot{Weight(item), item, item}; }
+  Slot SingleOf(const Unit& unit) const {
+    return Single(order_[static_cast<std::size_t>(unit.seq)]);
+  }
+
+  std::int64_t Spread(const Tuple& t) const {
+    return t.max_load - (t.slots.size() == k_ ? t.slots.front().load : 0);
+  }
+
+  // `slots` ascending.
   std::int32_t NewTuple(std::vector<Slot> slots) {
+    Tuple t{std::move(slots), 0, true};
+    t.max_load = t.slots.back().load;
     if (!free_.empty()) {
       const std::int32_t id = free_.back();
       free_.pop_back();
-      pool_[static_cast<std::size_t>(id)] = std::move(slots);
+      pool_[static_cast<std::size_t>(id)] = std::move(t);
       return id;
     }
-    pool_.push_back(std::move(slots));
+    pool_.push_back(std::move(t));
     return static_cast<std::int32_t>(pool_.size() - 1);
   }
 
   void FreeTuple(std::int32_t id) {
-    std::vector<Slot>().swap(pool_[static_cast<std::size_t>(id)]);
+    pool_[static_cast<std::size_t>(id)] = Tuple{};
     free_.push_back(id);
   }
-
-  std::vector<Slot>& Tuple(std::int32_t id) { return pool_[static_cast<std::size_t>(id)]; }
 
   // Concatenates b's items after a's.
   Slot Join(const Slot& a, const Slot& b) {
@@ -86,135 +183,68 @@ class Differencer {
     return Slot{a.load + b.load, a.head, b.tail};
   }
 
-  // Combines the single slot `s` into `a` in place.
-  void AddSingle(std::vector<Slot>& a, Slot s) {
-    if (a.size() == k_) {
-      s = Join(a.back(), s);
-      a.pop_back();
+  void AddSingle(Tuple& t, const Slot& s) {
+    auto& slots = t.slots;
+    Slot added = s;
+    if (slots.size() == k_) {  // joins the lightest part
+      std::pop_heap(slots.begin(), slots.end(), Heavier);
+      added = Join(slots.back(), s);
+      slots.back() = added;
+    } else {  // opens a new part
+      slots.push_back(added);
     }
-    a.insert(std::upper_bound(a.begin(), a.end(), s, Heavier), s);
+    t.sorted = false;
+    std::push_heap(slots.begin(), slots.end(), Heavier);
+    t.max_load = std::max(t.max_load, added.load);
   }
 
-  // Combines `b` into `a` in place (see the file comment).
-  void Combine(std::vector<Slot>& a, const std::vector<Slot>& b) {
-    const std::size_t na = a.size();
-    const std::size_t nb = b.size();
-    if (nb == 1) return AddSingle(a, b.front());
-    if (na == 1) {
-      Slot s = a.front();
-      a = b;
-      return AddSingle(a, s);
-    }
-    scratch_.clear();
-    if (na + nb <= k_) {
-      std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(scratch_), Heavier);
-      a.assign(scratch_.begin(), scratch_.end());
-      return;
-    }
+  void Sort(Tuple& t) {
+    if (!t.sorted) std::sort(t.slots.begin(), t.slots.end(), Lighter);
+    t.sorted = true;
+  }
+
+  // Combines `b` into `a` (see the file comment).
+  void Combine(Tuple& a, Tuple& b) {
+    Sort(a);
+    Sort(b);
+    const std::size_t na = a.slots.size();
+    const std::size_t nb = b.slots.size();
+    const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
     overlap_.clear();
-    for (std::size_t i = k_ - nb; i < na; ++i) overlap_.push_back(Join(a[i], b[k_ - 1 - i]));
-    std::sort(overlap_.begin(), overlap_.end(), Heavier);
-    const auto a_alone = a.begin() + static_cast<std::ptrdiff_t>(k_ - nb);
-    const auto b_alone = b.begin() + static_cast<std::ptrdiff_t>(k_ - na);
-    std::merge(a.begin(), a_alone, b.begin(), b_alone, std::back_inserter(scratch_), Heavier);
-    a.clear();
+    for (std::size_t j = 0; j < m; ++j) overlap_.push_back(Join(a.slots[j], b.slots[m - 1 - j]));
+    std::sort(overlap_.begin(), overlap_.end(), Lighter);
+    scratch_.clear();
+    std::merge(a.slots.begin() + static_cast<std::ptrdiff_t>(m), a.slots.end(),
+               b.slots.begin() + static_cast<std::ptrdiff_t>(m), b.slots.end(),
+               std::back_inserter(scratch_), Lighter);
+    a.slots.clear();
     std::merge(scratch_.begin(), scratch_.end(), overlap_.begin(), overlap_.end(),
-               std::back_inserter(a), Heavier);
-    assert(a.size() == k_);
+               std::back_inserter(a.slots), Lighter);
+    assert(a.slots.size() == std::min(k_, na + nb));
+    a.max_load = a.slots.back().load;
   }
 
-  Assignment Extract(const std::vector<Slot>& tuple) const {
+  // Part p is the p-th heaviest slot.
+  Assignment Extract(std::int32_t id) {
+    Tuple& t = pool_[static_cast<std::size_t>(id)];
+    Sort(t);
     Assignment assignment(weights_.size(), 0);
-    for (std::size_t part = 0; part < tuple.size(); ++part) {
-      for (std::int32_t item = tuple[part].head; item != -1;
+    const std::size_t size = t.slots.size();
+    for (std::size_t s = 0; s < size; ++s) {
+      const std::int32_t part = static_cast<std::int32_t>(size - 1 - s);
+      for (std::int32_t item = t.slots[s].head; item != -1;
            item = next_[static_cast<std::size_t>(item)]) {
-        assignment[static_cast<std::size_t>(item)] = static_cast<std::int32_t>(part);
+        assignment[static_cast<std::size_t>(item)] = part;
       }
     }
     return assignment;
   }
 
-  Assignment RunUnconstrained() {
-    const std::span<const std::int32_t> order = order_;
-    const std::int64_t n = static_cast<std::int64_t>(order.size());
-    // Two sources of units, both ordered by spread: the sorted single items
-    // (spread = weight, seq = position) and a heap of combined tuples (seq >= n).
-    std::priority_queue<Unit, std::vector<Unit>, SmallerSpread> heap;
-    std::int64_t next_single = 0;
-    std::int64_t next_seq = n;
-    auto pop = [&]() -> Unit {
-      if (next_single < n) {
-        const Unit single{weights_[static_cast<std::size_t>(order[next_single])], next_single, -1};
-        if (heap.empty() || SmallerSpread()(heap.top(), single)) {
-          ++next_single;
-          return single;
-        }
-      }
-      Unit top = heap.top();
-      heap.pop();
-      return top;
-    };
-    auto slots_of = [&](const Unit& u) -> std::vector<Slot> {
-      return {Single(order[static_cast<std::size_t>(u.seq)])};
-    };
-    while ((n - next_single) + static_cast<std::int64_t>(heap.size()) > 1) {
-      Unit x = pop();
-      Unit y = pop();
-      if (x.tuple < 0 && y.tuple >= 0) std::swap(x, y);
-      std::int32_t id;
-      if (x.tuple < 0) {  // two single items
-        id = NewTuple(slots_of(x));
-        AddSingle(Tuple(id), slots_of(y).front());
-      } else if (y.tuple < 0) {
-        id = x.tuple;
-        AddSingle(Tuple(id), Single(order[static_cast<std::size_t>(y.seq)]));
-      } else {
-        id = x.tuple;
-        Combine(Tuple(id), Tuple(y.tuple));
-        FreeTuple(y.tuple);
-      }
-      heap.push(Unit{Spread(Tuple(id)), next_seq++, id});
-    }
-    if (n == 0) return {};
-    if (heap.empty()) return Extract(slots_of(pop()));
-    return Extract(Tuple(heap.top().tuple));
-  }
-
-  Assignment RunEqualSize() {
-    const std::span<const std::int32_t> order = order_;
-    const std::size_t n = order.size();
-    if (n == 0) return {};
-    // Chunks of k consecutive sorted items: one item per part, so every part ends
-    // with one item from each full chunk and at most one from the last chunk.
-    std::priority_queue<Unit, std::vector<Unit>, SmallerSpread> heap;
-    std::int64_t next_seq = 0;
-    for (std::size_t start = 0; start < n; start += k_) {
-      std::vector<Slot> chunk;
-      chunk.reserve(std::min(k_, n - start));
-      for (std::size_t i = start; i < std::min(n, start + k_); ++i) {
-        chunk.push_back(Single(order[i]));
-      }
-      const std::int32_t id = NewTuple(std::move(chunk));
-      heap.push(Unit{Spread(Tuple(id)), next_seq++, id});
-    }
-    while (heap.size() > 1) {
-      const Unit x = heap.top();
-      heap.pop();
-      const Unit y = heap.top();
-      heap.pop();
-      Combine(Tuple(x.tuple), Tuple(y.tuple));
-      FreeTuple(y.tuple);
-      heap.push(Unit{Spread(Tuple(x.tuple)), next_seq++, x.tuple});
-    }
-    return Extract(Tuple(heap.top().tuple));
-  }
-
- private:
   std::span<const std::int64_t> weights_;
   std::span<const std::int32_t> order_;  // heaviest first
   std::size_t k_;
   std::vector<std::int32_t> next_;
-  std::vector<std::vector<Slot>> pool_;
+  std::vector<Tuple> pool_;
   std::vector<std::int32_t> free_;
   std::vector<Slot> scratch_;
   std::vector<Slot> overlap_;

@@ -5,7 +5,13 @@
 // smallest, and applies it if that is below load H. A transfer of d with
 // 0 < d < load H - load P strictly lowers the sum of squared loads, so the search
 // never cycles and the max load never rises. Partners are visited lightest first;
-// partner P can at best reach ceil((H + P) / 2), which prunes the rest.
+// partner P can at best reach ceil((H + P) / 2), which prunes the rest. A step tries
+// at most kMaxPartners partners, and kPartnersAfterFound once it has found a step, so
+// it costs O(kMaxPartners · items per part) however many parts there are (with more
+// than kMaxPartners parts the search may stop early: the lightest parts are the
+// likeliest partners). A part made heavy by one large item is better served by the
+// smallest items anywhere: each item x of H is also tried against the lightest items
+// y (at most kItemsPerHeavyItem of them), taking the first that fits.
 
 #include <algorithm>
 #include <cassert>
@@ -19,6 +25,10 @@
 
 namespace rlsched::balance {
 namespace {
+
+constexpr int kMaxPartners = 256;
+constexpr int kPartnersAfterFound = 32;
+constexpr int kItemsPerHeavyItem = 64;
 
 struct Step {
   std::int64_t pair_max;  // max(load H', load P') after the step
@@ -35,8 +45,12 @@ class LocalSearch {
         items_(static_cast<std::size_t>(num_parts)),
         loads_(static_cast<std::size_t>(num_parts), 0),
         equal_size_(equal_size),
-        floor_count_(static_cast<std::int64_t>(weights.size()) / num_parts) {
+        floor_count_(static_cast<std::int64_t>(weights.size()) / num_parts),
+        part_of_(assignment.size()),
+        lightest_first_(internal::HeaviestFirst(weights)) {
+    std::reverse(lightest_first_.begin(), lightest_first_.end());
     for (std::size_t i = 0; i < assignment.size(); ++i) {
+      part_of_[i] = assignment[i];
       items_[static_cast<std::size_t>(assignment[i])].push_back(static_cast<std::int32_t>(i));
       loads_[static_cast<std::size_t>(assignment[i])] += weights[i];
     }
@@ -51,15 +65,19 @@ class LocalSearch {
     const auto [heavy_load, heavy] = *by_load_.rbegin();
     if (heavy_load <= lower_bound) return false;
     Step best{heavy_load};
+    int tried = 0;
+    int tried_after_found = 0;
     for (const auto& [load, partner] : by_load_) {
-      if (partner == heavy || load >= heavy_load) break;
+      if (partner == heavy || load >= heavy_load || ++tried > kMaxPartners) break;
       const std::int64_t gap = heavy_load - load;
       const std::int64_t reachable = load + gap / 2 + gap % 2;  // ceil((H + P) / 2)
       if (reachable >= best.pair_max) break;
+      if (best.partner >= 0 && ++tried_after_found > kPartnersAfterFound) break;
       if (CanMove(heavy, partner)) BestMove(heavy, partner, heavy_load, load, best);
       BestSwap(heavy, partner, heavy_load, load, best);
       if (best.pair_max == reachable) break;
     }
+    for (const std::int32_t x : Items(heavy)) SmallestPartner(heavy, heavy_load, x, best);
     if (best.partner < 0) return false;
     Apply(heavy, best);
     return true;
@@ -136,6 +154,22 @@ class LocalSearch {
     }
   }
 
+  // Swaps x for the lightest item y outside H that keeps P + d below H.
+  void SmallestPartner(std::int32_t heavy, std::int64_t heavy_load, std::int32_t x, Step& best) {
+    int tried = 0;
+    for (const std::int32_t y : lightest_first_) {
+      if (W(y) >= W(x) || tried == kItemsPerHeavyItem) return;
+      const std::int32_t partner = part_of_[static_cast<std::size_t>(y)];
+      if (partner == heavy) continue;
+      ++tried;
+      const std::int64_t light_load = loads_[static_cast<std::size_t>(partner)];
+      if (light_load + W(x) - W(y) < heavy_load) {
+        Consider(W(x) - W(y), heavy_load, light_load, partner, x, y, best);
+        return;
+      }
+    }
+  }
+
   void Remove(std::int32_t part, std::int32_t item) {
     auto& list = Items(part);
     const auto it = std::lower_bound(list.begin(), list.end(), item, Lighter());
@@ -159,10 +193,12 @@ class LocalSearch {
     std::int64_t d = W(step.from_heavy);
     Remove(heavy, step.from_heavy);
     Insert(step.partner, step.from_heavy);
+    part_of_[static_cast<std::size_t>(step.from_heavy)] = step.partner;
     if (step.from_light >= 0) {
       d -= W(step.from_light);
       Remove(step.partner, step.from_light);
       Insert(heavy, step.from_light);
+      part_of_[static_cast<std::size_t>(step.from_light)] = heavy;
     }
     SetLoad(heavy, loads_[static_cast<std::size_t>(heavy)] - d);
     SetLoad(step.partner, loads_[static_cast<std::size_t>(step.partner)] + d);
@@ -174,6 +210,8 @@ class LocalSearch {
   std::set<std::pair<std::int64_t, std::int32_t>> by_load_;
   bool equal_size_;
   std::int64_t floor_count_;
+  std::vector<std::int32_t> part_of_;
+  std::vector<std::int32_t> lightest_first_;  // every item, by weight ascending
 };
 
 }  // namespace
@@ -192,6 +230,13 @@ std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_part
     throw std::invalid_argument("refine.now: a clock is required with refine.time_limit");
   }
   if (!options.enabled || options.max_iterations == 0 || weights.empty()) return 0;
+  {  // Nothing to do at the bound: skip building the search's structures.
+    std::vector<std::int64_t> loads(static_cast<std::size_t>(num_parts), 0);
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      loads[static_cast<std::size_t>(assignment[i])] += weights[i];
+    }
+    if (*std::max_element(loads.begin(), loads.end()) <= lower_bound) return 0;
+  }
   const auto start = timed ? options.now() : std::chrono::nanoseconds{0};
 
   LocalSearch search(weights, num_parts, equal_size, assignment);
