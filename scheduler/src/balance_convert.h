@@ -1,0 +1,58 @@
+// balance_convert.h — the sequence balancer behind its wire contract.
+//
+// Overview
+//   Turns a rlsched.v1.BalanceRequest into balance::BalanceOptions (validating every
+//   field against the limits written in balance.proto), runs balance::Balance() and
+//   fills a rlsched.v1.BalanceReply. The `rlsched balance` command and the daemon
+//   (`rlsched serve`) both answer through SolveBalance(), so they cannot disagree.
+//   Nothing here does I/O or logging.
+//
+// Example
+//   rlsched::v1::BalanceRequest request;
+//   request.add_lengths(4096);
+//   request.add_lengths(512);
+//   request.set_num_parts(2);
+//   rlsched::v1::BalanceReply reply = rlsched::scheduler::SolveBalance(request);
+//   std::string json = rlsched::scheduler::ToJson(reply);
+//
+// Thread-safety: every function is pure; concurrent calls are safe.
+
+#ifndef RLSCHED_SCHEDULER_BALANCE_CONVERT_H_
+#define RLSCHED_SCHEDULER_BALANCE_CONVERT_H_
+
+#include <google/protobuf/message.h>
+
+#include <string>
+
+#include "rlsched/balance/balance.h"
+#include "rlsched/v1/balance.pb.h"
+
+namespace rlsched::scheduler {
+
+// The options a request asks for. Throws std::invalid_argument whose message starts
+// with the proto field's path and states the bound, e.g.
+// "num_parts: must be in [1, 1048576], got 0". Checks: num_parts in [1, 1048576];
+// at most 100,000,000 lengths, each in [0, 2^31]; groups empty or one id >= 0 per
+// length; keep_groups needs groups; known enum values; for COST_KIND_ATTENTION
+// exactly one of cost.model (fields >= 1, num_kv_heads >= 0 with 0 meaning
+// num_attention_heads, heads dividing hidden_size, KV heads dividing heads) and
+// cost.coefficients (finite, >= 0, linear + quadratic > 0), cost.per_sequence finite
+// and >= 0 and only with a model; model and coefficients only with attention;
+// refine_iterations >= 0 (0 disables refinement). O(n).
+balance::BalanceOptions ToBalanceOptions(const v1::BalanceRequest& request);
+
+// Validates `request` (as ToBalanceOptions()), balances it and returns the reply:
+// num_parts parts with ascending indices, each part's tokens and cost, and max_cost,
+// min_cost, lower_bound, gap and proven_optimal in cost units. Throws
+// std::invalid_argument for bad input, including a total that overflows int64.
+// Deterministic. Complexity: that of balance::Balance().
+v1::BalanceReply SolveBalance(const v1::BalanceRequest& request);
+
+// `message` in protobuf's JSON mapping on one line: proto field names (snake_case),
+// default-valued fields printed, enums by name (int64 values are JSON strings, as the
+// mapping requires). Throws std::runtime_error if protobuf refuses to print it.
+std::string ToJson(const google::protobuf::Message& message);
+
+}  // namespace rlsched::scheduler
+
+#endif  // RLSCHED_SCHEDULER_BALANCE_CONVERT_H_

@@ -1,0 +1,77 @@
+// rlsched — the project's program. Results go to stdout, logs and errors to stderr.
+// Exit status: 0 success, 2 bad input or usage, 1 any other failure.
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+
+#include "balance_command.h"
+
+#ifndef RLSCHED_VERSION
+#error "RLSCHED_VERSION must be defined by the build"
+#endif
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+constexpr int kExitFailure = 1;
+
+int Run(int argc, char** argv) {
+  // Replace spdlog's default logger, which writes to stdout.
+  spdlog::set_default_logger(spdlog::stderr_color_st("rlsched"));
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e [%^%l%$] %v");
+  spdlog::set_level(spdlog::level::warn);
+
+  CLI::App app("rlsched — scheduling for RL post-training of LLMs", "rlsched");
+  app.set_version_flag("--version", "rlsched " RLSCHED_VERSION);
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "Logging to stderr")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->capture_default_str();
+  app.require_subcommand(0, 1);  // none is reported below, naming the commands
+
+  rlsched::scheduler::BalanceArgs balance_args;
+  CLI::App* balance = rlsched::scheduler::AddBalanceCommand(app, balance_args);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
+      return app.exit(e);  // --help, --version: printed to stdout
+    }
+    std::cerr << "error: " << e.what() << "\nrun 'rlsched --help' for usage\n";
+    return kExitBadInput;
+  }
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (app.get_subcommands().empty()) {
+    std::cerr << "error: a command is required: balance\nrun 'rlsched --help' for usage\n";
+    return kExitBadInput;
+  }
+
+  try {
+    if (balance->parsed()) rlsched::scheduler::RunBalanceCommand(balance_args, std::cin, std::cout);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "error: " << e.what() << '\n';
+    return kExitBadInput;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::ios::sync_with_stdio(false);
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << '\n';
+  } catch (...) {
+    std::cerr << "error: unknown failure\n";
+  }
+  return kExitFailure;
+}

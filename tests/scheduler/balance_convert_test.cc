@@ -1,0 +1,405 @@
+#include "balance_convert.h"
+
+#include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "rlsched/balance/synthetic.h"
+
+namespace rlsched::scheduler {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+v1::BalanceRequest SmallRequest() {
+  v1::BalanceRequest request;
+  for (const std::int64_t length : {4096, 512, 700, 3000, 2048, 128}) request.add_lengths(length);
+  request.set_num_parts(2);
+  return request;
+}
+
+v1::BalanceRequest WithModel(v1::BalanceRequest request) {
+  v1::CostModel* cost = request.mutable_cost();
+  cost->set_kind(v1::COST_KIND_ATTENTION);
+  v1::ModelShape* model = cost->mutable_model();
+  model->set_hidden_size(4096);
+  model->set_num_layers(32);
+  model->set_ffn_hidden_size(14336);
+  model->set_num_attention_heads(32);
+  model->set_num_kv_heads(8);
+  model->set_vocab_size(128256);
+  return request;
+}
+
+v1::BalanceRequest WithCoefficients(v1::BalanceRequest request) {
+  v1::CostModel* cost = request.mutable_cost();
+  cost->set_kind(v1::COST_KIND_ATTENTION);
+  cost->mutable_coefficients()->set_linear(1.0);
+  cost->mutable_coefficients()->set_quadratic(1e-4);
+  return request;
+}
+
+std::string ConversionError(const v1::BalanceRequest& request) {
+  try {
+    ToBalanceOptions(request);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no std::invalid_argument for " << request.ShortDebugString();
+  return "";
+}
+
+TEST(BalanceConvertTest, Defaults) {
+  const balance::BalanceOptions options = ToBalanceOptions(SmallRequest());
+  EXPECT_EQ(options.partition.num_parts, 2);
+  EXPECT_FALSE(options.partition.equal_size);
+  EXPECT_EQ(options.partition.algorithm, balance::Algorithm::kKarmarkarKarp);
+  EXPECT_TRUE(options.partition.refine.enabled);
+  EXPECT_EQ(options.partition.refine.max_iterations, balance::RefineOptions{}.max_iterations);
+  EXPECT_FALSE(options.keep_groups);
+  EXPECT_EQ(options.cost.kind(), balance::CostModel::Kind::kTokens);
+}
+
+TEST(BalanceConvertTest, EveryOption) {
+  v1::BalanceRequest request = WithCoefficients(SmallRequest());
+  for (int i = 0; i < request.lengths_size(); ++i) request.add_groups(i / 2);
+  request.set_num_parts(3);
+  request.set_equal_size(true);
+  request.set_keep_groups(true);
+  request.set_algorithm(v1::ALGORITHM_GREEDY);
+  request.set_refine_iterations(7);
+  request.mutable_cost()->mutable_coefficients()->set_constant(5.0);
+  const balance::BalanceOptions options = ToBalanceOptions(request);
+  EXPECT_EQ(options.partition.num_parts, 3);
+  EXPECT_TRUE(options.partition.equal_size);
+  EXPECT_TRUE(options.keep_groups);
+  EXPECT_EQ(options.partition.algorithm, balance::Algorithm::kGreedy);
+  EXPECT_TRUE(options.partition.refine.enabled);
+  EXPECT_EQ(options.partition.refine.max_iterations, 7);
+  EXPECT_EQ(options.cost.kind(), balance::CostModel::Kind::kAttention);
+  EXPECT_DOUBLE_EQ(options.cost.linear(), 1.0);
+  EXPECT_DOUBLE_EQ(options.cost.quadratic(), 1e-4);
+  EXPECT_DOUBLE_EQ(options.cost.constant(), 5.0);
+}
+
+TEST(BalanceConvertTest, ZeroRefineIterationsDisablesRefinement) {
+  v1::BalanceRequest request = SmallRequest();
+  request.set_refine_iterations(0);
+  EXPECT_FALSE(ToBalanceOptions(request).partition.refine.enabled);
+}
+
+TEST(BalanceConvertTest, ModelShapeMatchesTheLibrary) {
+  const v1::BalanceRequest request = WithModel(SmallRequest());
+  const balance::CostModel expected = balance::CostModel::Attention(balance::ModelShape{});
+  const balance::BalanceOptions options = ToBalanceOptions(request);
+  EXPECT_DOUBLE_EQ(options.cost.linear(), expected.linear());
+  EXPECT_DOUBLE_EQ(options.cost.quadratic(), expected.quadratic());
+  EXPECT_EQ(options.cost.Cost(8192), expected.Cost(8192));
+}
+
+TEST(BalanceConvertTest, ZeroKvHeadsMeansAsManyAsHeads) {
+  v1::BalanceRequest request = WithModel(SmallRequest());
+  request.mutable_cost()->mutable_model()->set_num_kv_heads(0);
+  request.mutable_cost()->mutable_model()->set_plain_mlp(true);
+  balance::ModelShape shape;
+  shape.num_kv_heads = shape.num_attention_heads;
+  shape.gated_mlp = false;
+  const balance::CostModel expected = balance::CostModel::Attention(shape);
+  EXPECT_DOUBLE_EQ(ToBalanceOptions(request).cost.quadratic(), expected.quadratic());
+}
+
+TEST(BalanceConvertTest, LengthBoundsAreInclusive) {
+  v1::BalanceRequest request = SmallRequest();
+  request.add_lengths(0);
+  request.add_lengths(balance::kMaxLength);
+  request.set_num_parts(balance::kMaxParts);
+  EXPECT_NO_THROW(ToBalanceOptions(request));
+}
+
+struct InvalidCase {
+  std::string name;
+  std::function<void(v1::BalanceRequest&)> mutate;
+  std::string message;  // the error message starts with this
+};
+
+TEST(BalanceConvertTest, ValidationErrorsNameTheField) {
+  const std::vector<InvalidCase> cases = {
+      {"num_parts zero", [](auto& r) { r.set_num_parts(0); },
+       "num_parts: must be in [1, 1048576], got 0"},
+      {"num_parts too large", [](auto& r) { r.set_num_parts(balance::kMaxParts + 1); },
+       "num_parts: must be in [1, 1048576], got 1048577"},
+      {"negative length", [](auto& r) { r.set_lengths(1, -1); },
+       "lengths[1]: must be in [0, 2147483648], got -1"},
+      {"too long", [](auto& r) { r.set_lengths(0, balance::kMaxLength + 1); },
+       "lengths[0]: must be in [0, 2147483648], got 2147483649"},
+      {"groups size", [](auto& r) { r.add_groups(0); },
+       "groups: must be empty or have one entry per length (6), got 1"},
+      {"negative group",
+       [](auto& r) {
+         for (int i = 0; i < r.lengths_size(); ++i) r.add_groups(i == 3 ? -2 : 0);
+       },
+       "groups[3]: must be >= 0, got -2"},
+      {"keep_groups without groups", [](auto& r) { r.set_keep_groups(true); }, "keep_groups: "},
+      {"unknown algorithm", [](auto& r) { r.set_algorithm(static_cast<v1::Algorithm>(9)); },
+       "algorithm: unknown value 9"},
+      {"negative refine", [](auto& r) { r.set_refine_iterations(-1); },
+       "refine_iterations: must be >= 0, got -1"},
+      {"unknown cost kind",
+       [](auto& r) { r.mutable_cost()->set_kind(static_cast<v1::CostKind>(5)); },
+       "cost.kind: unknown value 5"},
+      {"attention without model or coefficients",
+       [](auto& r) { r.mutable_cost()->set_kind(v1::COST_KIND_ATTENTION); },
+       "cost: COST_KIND_ATTENTION needs exactly one of model and coefficients"},
+      {"attention with model and coefficients", [](auto& r) { r = WithModel(WithCoefficients(r)); },
+       "cost: COST_KIND_ATTENTION needs exactly one of model and coefficients"},
+      {"tokens with a model",
+       [](auto& r) {
+         r = WithModel(r);
+         r.mutable_cost()->set_kind(v1::COST_KIND_TOKENS);
+       },
+       "cost: model and coefficients apply only to COST_KIND_ATTENTION"},
+      {"unspecified kind with coefficients",
+       [](auto& r) {
+         r = WithCoefficients(r);
+         r.mutable_cost()->set_kind(v1::COST_KIND_UNSPECIFIED);
+       },
+       "cost: model and coefficients apply only to COST_KIND_ATTENTION"},
+      {"tokens with per_sequence", [](auto& r) { r.mutable_cost()->set_per_sequence(1.0); },
+       "cost.per_sequence: "},
+      {"hidden_size",
+       [](auto& r) { (r = WithModel(r)).mutable_cost()->mutable_model()->set_hidden_size(0); },
+       "cost.model.hidden_size: must be >= 1, got 0"},
+      {"num_layers",
+       [](auto& r) { (r = WithModel(r)).mutable_cost()->mutable_model()->set_num_layers(-1); },
+       "cost.model.num_layers: must be >= 1, got -1"},
+      {"ffn_hidden_size",
+       [](auto& r) { (r = WithModel(r)).mutable_cost()->mutable_model()->set_ffn_hidden_size(0); },
+       "cost.model.ffn_hidden_size: must be >= 1, got 0"},
+      {"num_attention_heads",
+       [](auto& r) {
+         (r = WithModel(r)).mutable_cost()->mutable_model()->set_num_attention_heads(0);
+       },
+       "cost.model.num_attention_heads: must be >= 1, got 0"},
+      {"vocab_size",
+       [](auto& r) { (r = WithModel(r)).mutable_cost()->mutable_model()->set_vocab_size(0); },
+       "cost.model.vocab_size: must be >= 1, got 0"},
+      {"negative num_kv_heads",
+       [](auto& r) { (r = WithModel(r)).mutable_cost()->mutable_model()->set_num_kv_heads(-1); },
+       "cost.model.num_kv_heads: must be >= 0"},
+      {"heads do not divide hidden",
+       [](auto& r) {
+         (r = WithModel(r)).mutable_cost()->mutable_model()->set_num_attention_heads(3);
+       },
+       "cost.model.num_attention_heads: must divide hidden_size (4096), got 3"},
+      {"kv heads do not divide heads",
+       [](auto& r) { (r = WithModel(r)).mutable_cost()->mutable_model()->set_num_kv_heads(5); },
+       "cost.model.num_kv_heads: must divide num_attention_heads (32), got 5"},
+      {"negative per_sequence",
+       [](auto& r) { (r = WithModel(r)).mutable_cost()->set_per_sequence(-1.0); },
+       "cost.per_sequence: must be finite and >= 0, got -1"},
+      {"per_sequence with coefficients",
+       [](auto& r) { (r = WithCoefficients(r)).mutable_cost()->set_per_sequence(1.0); },
+       "cost.per_sequence: "},
+      {"negative linear",
+       [](auto& r) {
+         (r = WithCoefficients(r)).mutable_cost()->mutable_coefficients()->set_linear(-1.0);
+       },
+       "cost.coefficients.linear: must be finite and >= 0, got -1"},
+      {"NaN quadratic",
+       [](auto& r) {
+         (r = WithCoefficients(r))
+             .mutable_cost()
+             ->mutable_coefficients()
+             ->set_quadratic(std::numeric_limits<double>::quiet_NaN());
+       },
+       "cost.coefficients.quadratic: must be finite and >= 0"},
+      {"infinite constant",
+       [](auto& r) {
+         (r = WithCoefficients(r))
+             .mutable_cost()
+             ->mutable_coefficients()
+             ->set_constant(std::numeric_limits<double>::infinity());
+       },
+       "cost.coefficients.constant: must be finite and >= 0"},
+      {"zero coefficients",
+       [](auto& r) {
+         v1::CostCoefficients* c = (r = WithCoefficients(r)).mutable_cost()->mutable_coefficients();
+         c->set_linear(0.0);
+         c->set_quadratic(0.0);
+         c->set_constant(3.0);
+       },
+       "cost.coefficients: linear + quadratic must be > 0"},
+  };
+  for (const InvalidCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::BalanceRequest request = SmallRequest();
+    c.mutate(request);
+    EXPECT_THAT(ConversionError(request), StartsWith(c.message));
+    EXPECT_THROW(SolveBalance(request), std::invalid_argument);
+  }
+}
+
+// Checks everything a reply promises about `request`.
+void ExpectValidReply(const v1::BalanceRequest& request, const v1::BalanceReply& reply) {
+  const balance::BalanceOptions options = ToBalanceOptions(request);
+  const std::vector<std::int64_t> lengths(request.lengths().begin(), request.lengths().end());
+  const std::vector<std::int64_t> costs = options.cost.Costs(lengths);
+  ASSERT_EQ(reply.parts_size(), request.num_parts());
+  std::vector<int> seen(lengths.size(), 0);
+  std::map<std::int64_t, int> part_of_group;
+  std::int64_t max_cost = std::numeric_limits<std::int64_t>::min();
+  std::int64_t min_cost = std::numeric_limits<std::int64_t>::max();
+  std::int64_t total_cost = 0;
+  for (int p = 0; p < reply.parts_size(); ++p) {
+    const v1::Part& part = reply.parts(p);
+    std::int64_t tokens = 0;
+    std::int64_t cost = 0;
+    for (int j = 0; j < part.indices_size(); ++j) {
+      const std::int64_t index = part.indices(j);
+      ASSERT_GE(index, 0);
+      ASSERT_LT(index, request.lengths_size());
+      if (j > 0) {
+        EXPECT_LT(part.indices(j - 1), index) << "part " << p << " not ascending";
+      }
+      ++seen[static_cast<std::size_t>(index)];
+      tokens += lengths[static_cast<std::size_t>(index)];
+      cost += costs[static_cast<std::size_t>(index)];
+      if (request.keep_groups()) {
+        const auto [it, inserted] =
+            part_of_group.emplace(request.groups(static_cast<int>(index)), p);
+        EXPECT_EQ(it->second, p) << "group " << it->first << " split";
+      }
+    }
+    EXPECT_EQ(part.tokens(), tokens) << "part " << p;
+    EXPECT_EQ(part.cost(), cost) << "part " << p;
+    max_cost = std::max(max_cost, cost);
+    min_cost = std::min(min_cost, cost);
+    total_cost += cost;
+  }
+  for (std::size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "index " << i;
+  EXPECT_EQ(reply.max_cost(), max_cost);
+  EXPECT_EQ(reply.min_cost(), min_cost);
+  EXPECT_LE(reply.lower_bound(), reply.max_cost());
+  const std::int64_t k = request.num_parts();
+  EXPECT_GE(reply.lower_bound(), (total_cost + k - 1) / k);
+  EXPECT_EQ(reply.proven_optimal(), reply.max_cost() == reply.lower_bound());
+  if (reply.lower_bound() > 0) {
+    EXPECT_NEAR(
+        reply.gap(),
+        static_cast<double>(reply.max_cost()) / static_cast<double>(reply.lower_bound()) - 1.0,
+        1e-12);
+  }
+}
+
+TEST(SolveBalanceTest, SmallInstance) {
+  const v1::BalanceRequest request = SmallRequest();
+  const v1::BalanceReply reply = SolveBalance(request);
+  ExpectValidReply(request, reply);
+  EXPECT_EQ(reply.lower_bound(), (4096 + 512 + 700 + 3000 + 2048 + 128 + 1) / 2);
+}
+
+TEST(SolveBalanceTest, MorePartsThanSequences) {
+  v1::BalanceRequest request = SmallRequest();
+  request.set_num_parts(10);
+  const v1::BalanceReply reply = SolveBalance(request);
+  ExpectValidReply(request, reply);
+  EXPECT_EQ(reply.min_cost(), 0);
+  EXPECT_EQ(reply.max_cost(), 4096);
+  EXPECT_TRUE(reply.proven_optimal());
+}
+
+TEST(SolveBalanceTest, RandomRequestsAreValidAndDeterministic) {
+  balance::Rng rng(2024);
+  for (int trial = 0; trial < 60; ++trial) {
+    SCOPED_TRACE(trial);
+    const std::int64_t prompts = rng.UniformInt(1, 40);
+    const std::int64_t samples = rng.UniformInt(1, 8);
+    const balance::SyntheticBatch batch = balance::GrpoBatch(prompts, samples, rng.Next());
+    v1::BalanceRequest request;
+    request.mutable_lengths()->Add(batch.lengths.begin(), batch.lengths.end());
+    if (rng.UniformInt(0, 1) == 1) {
+      request.mutable_groups()->Add(batch.groups.begin(), batch.groups.end());
+      request.set_keep_groups(rng.UniformInt(0, 1) == 1);
+    }
+    request.set_num_parts(rng.UniformInt(1, 24));
+    request.set_equal_size(rng.UniformInt(0, 1) == 1);
+    request.set_algorithm(rng.UniformInt(0, 2) == 0 ? v1::ALGORITHM_GREEDY
+                                                    : v1::ALGORITHM_KARMARKAR_KARP);
+    switch (rng.UniformInt(0, 2)) {
+      case 0:
+        break;
+      case 1:
+        request = WithModel(request);
+        break;
+      default:
+        request = WithCoefficients(request);
+        break;
+    }
+    if (rng.UniformInt(0, 3) == 0) request.set_refine_iterations(rng.UniformInt(0, 50));
+    const v1::BalanceReply reply = SolveBalance(request);
+    ExpectValidReply(request, reply);
+    EXPECT_EQ(SolveBalance(request).SerializeAsString(), reply.SerializeAsString());
+  }
+}
+
+TEST(SolveBalanceTest, EqualSizeCountsHold) {
+  v1::BalanceRequest request;
+  const std::vector<std::int64_t> lengths = balance::HeavyTailedLengths(103, 7);
+  request.mutable_lengths()->Add(lengths.begin(), lengths.end());
+  request.set_num_parts(10);
+  request.set_equal_size(true);
+  const v1::BalanceReply reply = SolveBalance(request);
+  ExpectValidReply(request, reply);
+  for (const v1::Part& part : reply.parts()) {
+    EXPECT_GE(part.indices_size(), 10);
+    EXPECT_LE(part.indices_size(), 11);
+  }
+}
+
+TEST(ToJsonTest, ProtoFieldNamesAndDefaults) {
+  v1::BalanceRequest request;
+  request.add_lengths(5);
+  request.set_num_parts(2);
+  const std::string json = ToJson(SolveBalance(request));
+  EXPECT_EQ(json.find('\n'), std::string::npos) << json;
+  EXPECT_THAT(json, HasSubstr("\"max_cost\":\"5\""));
+  EXPECT_THAT(json, HasSubstr("\"min_cost\":\"0\""));
+  EXPECT_THAT(json, HasSubstr("\"lower_bound\":\"5\""));
+  EXPECT_THAT(json, HasSubstr("\"gap\":0"));
+  EXPECT_THAT(json, HasSubstr("\"proven_optimal\":true"));
+  // The empty part prints its default-valued fields.
+  EXPECT_THAT(json, HasSubstr("{\"indices\":[],\"tokens\":\"0\",\"cost\":\"0\"}"));
+}
+
+TEST(ToJsonTest, EnumsByName) {
+  v1::BalanceRequest request = SmallRequest();
+  EXPECT_THAT(ToJson(request), HasSubstr("\"algorithm\":\"ALGORITHM_UNSPECIFIED\""));
+  EXPECT_THAT(ToJson(request), HasSubstr("\"equal_size\":false"));
+  request.set_algorithm(v1::ALGORITHM_GREEDY);
+  request = WithModel(request);
+  const std::string json = ToJson(request);
+  EXPECT_THAT(json, HasSubstr("\"algorithm\":\"ALGORITHM_GREEDY\""));
+  EXPECT_THAT(json, HasSubstr("\"kind\":\"COST_KIND_ATTENTION\""));
+  EXPECT_THAT(json, HasSubstr("\"num_kv_heads\":\"8\""));
+  EXPECT_THAT(json, HasSubstr("\"plain_mlp\":false"));
+}
+
+TEST(ToJsonTest, RoundTrips) {
+  const v1::BalanceReply reply = SolveBalance(WithModel(SmallRequest()));
+  v1::BalanceReply parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(ToJson(reply), &parsed).ok());
+  EXPECT_EQ(parsed.SerializeAsString(), reply.SerializeAsString());
+}
+
+}  // namespace
+}  // namespace rlsched::scheduler
