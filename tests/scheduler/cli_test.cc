@@ -176,11 +176,11 @@ TEST(CliTest, ExampleTable) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.err, IsEmpty());
   const std::vector<std::string> lines = Lines(r.out);
-  ASSERT_GE(lines.size(), 1u);
+  ASSERT_GE(lines.size(), 3u);
   EXPECT_THAT(lines[0], HasSubstr("1024 sequences in 128 groups"));
   EXPECT_THAT(lines[0], HasSubstr("k = 8 parts"));
-  EXPECT_THAT(lines[0], HasSubstr("cost model: tokens"));
-  EXPECT_THAT(lines[0], HasSubstr("Karmarkar-Karp"));
+  EXPECT_THAT(lines[1], HasSubstr("cost model: tokens"));
+  EXPECT_THAT(lines[2], HasSubstr("Karmarkar-Karp"));
   int part_rows = 0;
   for (const std::string& line : lines) {
     if (line.starts_with("   ") && line.find_first_not_of(' ') != std::string::npos &&
