@@ -41,6 +41,15 @@ Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
                            std::span<const std::int32_t> order, std::int64_t num_parts,
                            bool equal_size);
 
+// Refine() without input checks, and optionally with a second dimension: `sizes`
+// (one per item, or empty for none) whose per-part sum a step never takes above
+// `capacity` (nor above the part's current sum when that is already over).
+std::int64_t RefineWithCapacity(std::span<const std::int64_t> weights,
+                                std::span<const std::int64_t> sizes, std::int64_t capacity,
+                                std::int64_t num_parts, bool equal_size,
+                                const RefineOptions& options, std::int64_t lower_bound,
+                                Assignment& assignment);
+
 }  // namespace rlsched::balance::internal
 
 #endif  // RLSCHED_BALANCE_SRC_INTERNAL_H_

@@ -12,6 +12,10 @@
 // likeliest partners). A part made heavy by one large item is better served by the
 // smallest items anywhere: each item x of H is also tried against the lightest items
 // y (at most kItemsPerHeavyItem of them), taking the first that fits.
+//
+// With a capacity (micro-batching: tokens per micro-batch under a cap), each item
+// also has a size, and a step is taken only if neither part ends above the capacity
+// (or above its own size, for a part already over it).
 
 #include <algorithm>
 #include <cassert>
@@ -39,9 +43,13 @@ struct Step {
 
 class LocalSearch {
  public:
-  LocalSearch(std::span<const std::int64_t> weights, std::int64_t num_parts, bool equal_size,
+  LocalSearch(std::span<const std::int64_t> weights, std::span<const std::int64_t> sizes,
+              std::int64_t capacity, std::int64_t num_parts, bool equal_size,
               const Assignment& assignment)
       : weights_(weights),
+        sizes_(sizes),
+        capacity_(capacity),
+        size_loads_(static_cast<std::size_t>(num_parts), 0),
         items_(static_cast<std::size_t>(num_parts)),
         loads_(static_cast<std::size_t>(num_parts), 0),
         equal_size_(equal_size),
@@ -53,6 +61,7 @@ class LocalSearch {
       part_of_[i] = assignment[i];
       items_[static_cast<std::size_t>(assignment[i])].push_back(static_cast<std::int32_t>(i));
       loads_[static_cast<std::size_t>(assignment[i])] += weights[i];
+      if (!sizes_.empty()) size_loads_[static_cast<std::size_t>(assignment[i])] += sizes_[i];
     }
     for (auto& list : items_) std::sort(list.begin(), list.end(), Lighter());
     for (std::size_t p = 0; p < loads_.size(); ++p) {
@@ -117,12 +126,26 @@ class LocalSearch {
   }
 
   // Considers transferring d (0 < d < gap) from H to P.
-  static void Consider(std::int64_t d, std::int64_t heavy_load, std::int64_t light_load,
-                       std::int32_t partner, std::int32_t from_heavy, std::int32_t from_light,
-                       Step& best) {
+  void Consider(std::int64_t d, std::int64_t heavy_load, std::int64_t light_load,
+                std::int32_t heavy, std::int32_t partner, std::int32_t from_heavy,
+                std::int32_t from_light, Step& best) const {
     if (d <= 0 || d >= heavy_load - light_load) return;
     const std::int64_t pair_max = std::max(heavy_load - d, light_load + d);
-    if (pair_max < best.pair_max) best = Step{pair_max, partner, from_heavy, from_light};
+    if (pair_max >= best.pair_max) return;
+    if (!sizes_.empty()) {
+      const std::int64_t moved =
+          Size(from_heavy) - (from_light >= 0 ? Size(from_light) : std::int64_t{0});
+      if (!Fits(heavy, -moved) || !Fits(partner, moved)) return;
+    }
+    best = Step{pair_max, partner, from_heavy, from_light};
+  }
+
+  std::int64_t Size(std::int32_t item) const { return sizes_[static_cast<std::size_t>(item)]; }
+
+  // Whether `part` may change its size by `delta`.
+  bool Fits(std::int32_t part, std::int64_t delta) const {
+    const std::int64_t after = size_loads_[static_cast<std::size_t>(part)] + delta;
+    return after <= capacity_ || delta <= 0;
   }
 
   void BestMove(std::int32_t heavy, std::int32_t partner, std::int64_t heavy_load,
@@ -132,9 +155,10 @@ class LocalSearch {
     // First item heavier than half; it and the one before are the candidates.
     const auto it = std::partition_point(h.begin(), h.end(),
                                          [&](std::int32_t item) { return W(item) <= half; });
-    if (it != h.end()) Consider(W(*it), heavy_load, light_load, partner, *it, -1, best);
+    if (it != h.end()) Consider(W(*it), heavy_load, light_load, heavy, partner, *it, -1, best);
     if (it != h.begin()) {
-      Consider(W(*std::prev(it)), heavy_load, light_load, partner, *std::prev(it), -1, best);
+      const std::int32_t x = *std::prev(it);
+      Consider(W(x), heavy_load, light_load, heavy, partner, x, -1, best);
     }
   }
 
@@ -147,9 +171,11 @@ class LocalSearch {
     for (const std::int32_t y : p) {
       const std::int64_t target = W(y) + half;
       while (j < h.size() && W(h[j]) <= target) ++j;
-      if (j < h.size()) Consider(W(h[j]) - W(y), heavy_load, light_load, partner, h[j], y, best);
+      if (j < h.size()) {
+        Consider(W(h[j]) - W(y), heavy_load, light_load, heavy, partner, h[j], y, best);
+      }
       if (j > 0) {
-        Consider(W(h[j - 1]) - W(y), heavy_load, light_load, partner, h[j - 1], y, best);
+        Consider(W(h[j - 1]) - W(y), heavy_load, light_load, heavy, partner, h[j - 1], y, best);
       }
     }
   }
@@ -164,8 +190,9 @@ class LocalSearch {
       ++tried;
       const std::int64_t light_load = loads_[static_cast<std::size_t>(partner)];
       if (light_load + W(x) - W(y) < heavy_load) {
-        Consider(W(x) - W(y), heavy_load, light_load, partner, x, y, best);
-        return;
+        const std::int64_t before = best.pair_max;
+        Consider(W(x) - W(y), heavy_load, light_load, heavy, partner, x, y, best);
+        if (best.pair_max != before || sizes_.empty()) return;
       }
     }
   }
@@ -200,11 +227,20 @@ class LocalSearch {
       Insert(heavy, step.from_light);
       part_of_[static_cast<std::size_t>(step.from_light)] = heavy;
     }
+    if (!sizes_.empty()) {
+      const std::int64_t moved =
+          Size(step.from_heavy) - (step.from_light >= 0 ? Size(step.from_light) : 0);
+      size_loads_[static_cast<std::size_t>(heavy)] -= moved;
+      size_loads_[static_cast<std::size_t>(step.partner)] += moved;
+    }
     SetLoad(heavy, loads_[static_cast<std::size_t>(heavy)] - d);
     SetLoad(step.partner, loads_[static_cast<std::size_t>(step.partner)] + d);
   }
 
   std::span<const std::int64_t> weights_;
+  std::span<const std::int64_t> sizes_;  // empty: no capacity
+  std::int64_t capacity_;
+  std::vector<std::int64_t> size_loads_;
   std::vector<std::vector<std::int32_t>> items_;  // per part, lightest first
   std::vector<std::int64_t> loads_;
   std::set<std::pair<std::int64_t, std::int32_t>> by_load_;
@@ -216,12 +252,13 @@ class LocalSearch {
 
 }  // namespace
 
-std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_parts, bool equal_size,
-                    const RefineOptions& options, std::int64_t lower_bound,
-                    Assignment& assignment) {
-  internal::CheckNumParts(num_parts);
-  internal::CheckWeights(weights, "weights");
-  internal::CheckAssignment(assignment, weights.size(), num_parts);
+namespace internal {
+
+std::int64_t RefineWithCapacity(std::span<const std::int64_t> weights,
+                                std::span<const std::int64_t> sizes, std::int64_t capacity,
+                                std::int64_t num_parts, bool equal_size,
+                                const RefineOptions& options, std::int64_t lower_bound,
+                                Assignment& assignment) {
   if (options.max_iterations < 0) {
     throw std::invalid_argument("refine.max_iterations: must be >= 0");
   }
@@ -239,7 +276,7 @@ std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_part
   }
   const auto start = timed ? options.now() : std::chrono::nanoseconds{0};
 
-  LocalSearch search(weights, num_parts, equal_size, assignment);
+  LocalSearch search(weights, sizes, capacity, num_parts, equal_size, assignment);
   std::int64_t steps = 0;
   while (steps < options.max_iterations && search.Improve(lower_bound)) {
     ++steps;
@@ -247,6 +284,18 @@ std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_part
   }
   if (steps > 0) assignment = search.Result();
   return steps;
+}
+
+}  // namespace internal
+
+std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_parts, bool equal_size,
+                    const RefineOptions& options, std::int64_t lower_bound,
+                    Assignment& assignment) {
+  internal::CheckNumParts(num_parts);
+  internal::CheckWeights(weights, "weights");
+  internal::CheckAssignment(assignment, weights.size(), num_parts);
+  return internal::RefineWithCapacity(weights, {}, 0, num_parts, equal_size, options, lower_bound,
+                                      assignment);
 }
 
 }  // namespace rlsched::balance

@@ -1,0 +1,133 @@
+// rlsched/balance/micro_batch.h — micro-batches under a hard token cap, and the
+// whole training step planned at once.
+//
+// Overview
+//   A rank trains on its sequences in micro-batches. GPU memory bounds the tokens of
+//   one micro-batch (`max_tokens_per_micro_batch`, a hard cap); pipeline parallelism
+//   may require the count to be a multiple of its stage count; every rank must run
+//   the same count. With micro-batch times t_i = cost_i + overhead and p pipeline
+//   stages, a rank's time under the 1F1B schedule is
+//
+//       Σ t_i + (p − 1) · max t_i
+//
+//   and the step's time is the slowest rank's.
+//
+//   PlanMicroBatches() plans one rank: the smallest feasible count m (at least
+//   ceil(tokens / cap), at least `min_micro_batches`, a multiple of
+//   `micro_batches_multiple_of`, and a packing under the cap must exist: found by
+//   Karmarkar-Karp on cost repaired under the cap, LPT on tokens, or first-fit
+//   decreasing), then, when p > 1, a larger m if that lowers the rank's time; the cost
+//   is balanced across the m micro-batches by the capped local search, which never
+//   breaks the cap.
+//
+//   PlanStep() plans a whole step from the global batch: sequences to ranks (the
+//   balancer, on cost), then one micro-batch count for every rank, chosen to minimise
+//   the step time, with every rank's micro-batches planned as above. No all-reduce,
+//   no disagreement between ranks. It also reports a lower bound on the step time.
+//
+//   PlanBaseline() is what frameworks do today, for comparison: balanced KK across
+//   ranks on cost, then per rank m = ceil(tokens / cap) (the max across ranks, with the
+//   same minimum and multiple), then KK on cost into m micro-batches — which can break
+//   the cap (8 sequences of 7 tokens under a cap of 8 give 7 micro-batches, one of 14).
+//
+//   Padding: every length is first rounded up to a multiple of `pad_to_multiple_of`
+//   (e.g. 2·CP·TP); tokens and costs count the padding.
+//
+// Example
+//   rlsched::balance::StepOptions options;
+//   options.num_ranks = 64;
+//   options.micro_batch.max_tokens_per_micro_batch = 32768;
+//   options.micro_batch.pipeline_stages = 4;
+//   options.micro_batch.micro_batches_multiple_of = 4;
+//   options.micro_batch.overhead = 2000;
+//   rlsched::balance::StepPlan plan = rlsched::balance::PlanStep(lengths, groups, options);
+//   // plan.ranks[r].micro_batches[j].indices: the sequences of rank r's j-th micro-batch
+//
+// Thread-safety: pure; concurrent calls are safe. Deterministic.
+
+#ifndef RLSCHED_BALANCE_MICRO_BATCH_H_
+#define RLSCHED_BALANCE_MICRO_BATCH_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "rlsched/balance/cost_model.h"
+#include "rlsched/balance/partition.h"
+
+namespace rlsched::balance {
+
+enum class MicroBatchOrder {
+  kPipeline,       // light micro-batches at both ends, the heaviest in the middle
+  kHeaviestFirst,  // by cost, descending
+};
+
+struct MicroBatchOptions {
+  // Hard cap on the (padded) tokens of one micro-batch, >= 1. A sequence longer than
+  // the cap is an error.
+  std::int64_t max_tokens_per_micro_batch = 0;
+  std::int64_t min_micro_batches = 1;          // >= 1
+  std::int64_t micro_batches_multiple_of = 1;  // >= 1, e.g. the pipeline-parallel size
+  std::int64_t pad_to_multiple_of = 1;         // >= 1
+  std::int64_t pipeline_stages = 1;            // p >= 1
+  std::int64_t overhead = 0;                   // cost per micro-batch launch, >= 0
+  MicroBatchOrder order = MicroBatchOrder::kPipeline;
+  CostModel cost = CostModel::Tokens();
+  RefineOptions refine;
+};
+
+struct MicroBatch {
+  std::vector<std::int64_t> indices;  // sequence indices, ascending
+  std::int64_t tokens = 0;            // padded
+  std::int64_t cost = 0;
+};
+
+struct RankPlan {
+  std::vector<MicroBatch> micro_batches;  // in execution order
+  std::int64_t tokens = 0;
+  std::int64_t cost = 0;
+  std::int64_t time = 0;  // Σ (cost_i + overhead) + (p − 1) · max (cost_i + overhead)
+};
+
+// Plans the micro-batches of one rank (indices are positions in `lengths`).
+// Preconditions (else std::invalid_argument naming the field and the bound): lengths
+// as for Balance(); max_tokens_per_micro_batch >= 1 and no padded length above it;
+// the other options as documented; totals fit in int64.
+// Complexity: O(n log n) per micro-batch count tried, plus the refinement.
+RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths, const MicroBatchOptions& options);
+
+struct StepOptions {
+  std::int64_t num_ranks = 1;  // data-parallel ranks, in [1, kMaxParts]
+  bool equal_size = false;     // equal sequence (or group) counts per rank
+  bool keep_groups = false;    // a group's sequences on one rank; requires groups
+  MicroBatchOptions micro_batch;
+};
+
+struct StepPlan {
+  std::vector<RankPlan> ranks;
+  std::int64_t num_micro_batches = 0;    // the same on every rank
+  std::int64_t predicted_step_time = 0;  // max over ranks of RankPlan::time
+  std::int64_t lower_bound = 0;          // no valid plan has a smaller step time
+  std::int64_t cap_violations = 0;       // micro-batches over the cap (0 for PlanStep)
+};
+
+struct PlannedStep {
+  StepPlan plan;      // never breaks the cap; cap_violations == 0
+  StepPlan baseline;  // PlanBaseline() on the same input, for comparison
+};
+
+// Plans a whole step (see the file comment). The plan never breaks the cap; its
+// predicted time is never worse than the baseline's when the baseline keeps the cap
+// (without keep_groups the baseline's plan is itself a candidate).
+// Preconditions: as PlanMicroBatches() and Balance() (groups).
+// Complexity: O(n log n) per micro-batch count tried (at most a few dozen).
+PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
+                     const StepOptions& options);
+
+// The pipeline frameworks use today (see the file comment); cap_violations counts its
+// micro-batches above the cap; lower_bound as PlanStep's.
+StepPlan PlanBaseline(std::span<const std::int64_t> lengths, const StepOptions& options);
+
+}  // namespace rlsched::balance
+
+#endif  // RLSCHED_BALANCE_MICRO_BATCH_H_

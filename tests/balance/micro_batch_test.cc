@@ -1,0 +1,260 @@
+#include "rlsched/balance/micro_batch.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "rlsched/balance/synthetic.h"
+
+namespace rlsched::balance {
+namespace {
+
+using ::testing::HasSubstr;
+
+template <typename F>
+std::string ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::int64_t Padded(std::int64_t length, std::int64_t multiple) {
+  return (length + multiple - 1) / multiple * multiple;
+}
+
+// Every check a rank plan must pass.
+void ExpectValidRank(std::span<const std::int64_t> lengths, const MicroBatchOptions& options,
+                     const RankPlan& rank, std::int64_t m, std::vector<int>& seen) {
+  ASSERT_EQ(static_cast<std::int64_t>(rank.micro_batches.size()), m);
+  std::int64_t items = 0;
+  std::int64_t tokens = 0;
+  std::int64_t cost = 0;
+  std::int64_t sum_time = 0;
+  std::int64_t max_time = 0;
+  for (const MicroBatch& b : rank.micro_batches) {
+    EXPECT_TRUE(std::is_sorted(b.indices.begin(), b.indices.end()));
+    std::int64_t t = 0;
+    std::int64_t c = 0;
+    for (const std::int64_t i : b.indices) {
+      ++seen[static_cast<std::size_t>(i)];
+      const std::int64_t padded =
+          Padded(lengths[static_cast<std::size_t>(i)], options.pad_to_multiple_of);
+      t += padded;
+      c += options.cost.Cost(padded);
+    }
+    EXPECT_EQ(b.tokens, t);
+    EXPECT_EQ(b.cost, c);
+    EXPECT_LE(b.tokens, options.max_tokens_per_micro_batch) << "the cap is broken";
+    items += static_cast<std::int64_t>(b.indices.size());
+    tokens += t;
+    cost += c;
+    sum_time += c + options.overhead;
+    max_time = std::max(max_time, c + options.overhead);
+  }
+  for (const MicroBatch& b : rank.micro_batches) {
+    if (b.indices.empty()) {
+      EXPECT_LT(items, m) << "an empty micro-batch on a full rank";
+    }
+  }
+  EXPECT_EQ(rank.tokens, tokens);
+  EXPECT_EQ(rank.cost, cost);
+  EXPECT_EQ(rank.time, sum_time + (options.pipeline_stages - 1) * max_time);
+}
+
+TEST(MicroBatchTest, TheKnownCapFailureDoesNotHappen) {
+  // 8 sequences of 7 tokens under a cap of 8: ceil(56 / 8) = 7 micro-batches cannot
+  // hold them; the common recipe puts two in one (14 tokens).
+  const std::vector<std::int64_t> lengths(8, 7);
+  StepOptions options;
+  options.micro_batch.max_tokens_per_micro_batch = 8;
+  const PlannedStep step = PlanStep(lengths, {}, options);
+  EXPECT_EQ(step.baseline.num_micro_batches, 7);
+  EXPECT_EQ(step.baseline.cap_violations, 1);
+  EXPECT_EQ(step.plan.num_micro_batches, 8);
+  EXPECT_EQ(step.plan.cap_violations, 0);
+  std::vector<int> seen(8, 0);
+  ExpectValidRank(lengths, options.micro_batch, step.plan.ranks[0], 8, seen);
+}
+
+TEST(MicroBatchTest, SmallestFeasibleCountAndOptions) {
+  const std::vector<std::int64_t> lengths = {5, 5, 5, 5, 4, 4, 3, 1};  // 32 tokens
+  MicroBatchOptions options;
+  options.max_tokens_per_micro_batch = 10;
+  RankPlan plan = PlanMicroBatches(lengths, options);
+  EXPECT_EQ(plan.micro_batches.size(), 4u);  // ceil(32 / 10) = 4 fits: 5+5, 5+5, 4+4+1, 3
+  options.min_micro_batches = 5;
+  EXPECT_EQ(PlanMicroBatches(lengths, options).micro_batches.size(), 5u);
+  options.micro_batches_multiple_of = 4;
+  EXPECT_EQ(PlanMicroBatches(lengths, options).micro_batches.size(), 8u);
+  options = MicroBatchOptions{};
+  options.max_tokens_per_micro_batch = 16;
+  options.pad_to_multiple_of = 8;  // every length becomes 8: two per micro-batch
+  plan = PlanMicroBatches(lengths, options);
+  EXPECT_EQ(plan.micro_batches.size(), 4u);
+  EXPECT_EQ(plan.tokens, 64);
+  for (const MicroBatch& b : plan.micro_batches) EXPECT_EQ(b.tokens, 16);
+}
+
+TEST(MicroBatchTest, PipelineDepthAndOverheadChooseMoreMicroBatches) {
+  // With p = 4 the bubble is 3 × the largest micro-batch: sixteen micro-batches of
+  // one sequence (16·110 + 3·110 = 2090) beat one of sixteen (1610 + 3·1610).
+  const std::vector<std::int64_t> lengths(16, 100);
+  MicroBatchOptions options;
+  options.max_tokens_per_micro_batch = 1600;
+  options.pipeline_stages = 4;
+  options.overhead = 10;
+  const RankPlan plan = PlanMicroBatches(lengths, options);
+  EXPECT_EQ(plan.micro_batches.size(), 16u);
+  EXPECT_EQ(plan.time, 2090);
+  options.pipeline_stages = 1;  // without a pipeline, fewer launches are better
+  EXPECT_EQ(PlanMicroBatches(lengths, options).micro_batches.size(), 1u);
+}
+
+TEST(MicroBatchTest, OrderOfMicroBatches) {
+  const std::vector<std::int64_t> lengths = {900, 100, 500, 300, 700, 200, 800, 400, 600};
+  MicroBatchOptions options;
+  options.max_tokens_per_micro_batch = 1000;
+  options.min_micro_batches = 9;
+  options.order = MicroBatchOrder::kHeaviestFirst;
+  const RankPlan heaviest_first = PlanMicroBatches(lengths, options);
+  for (std::size_t j = 1; j < heaviest_first.micro_batches.size(); ++j) {
+    EXPECT_GE(heaviest_first.micro_batches[j - 1].cost, heaviest_first.micro_batches[j].cost);
+  }
+  options.order = MicroBatchOrder::kPipeline;
+  const RankPlan pipeline = PlanMicroBatches(lengths, options);
+  std::vector<std::int64_t> costs;
+  for (const MicroBatch& b : pipeline.micro_batches) costs.push_back(b.cost);
+  // Rises to the heaviest, then falls: light at both ends.
+  const auto peak = std::max_element(costs.begin(), costs.end()) - costs.begin();
+  EXPECT_TRUE(std::is_sorted(costs.begin(), costs.begin() + peak + 1))
+      << ::testing::PrintToString(costs);
+  EXPECT_TRUE(std::is_sorted(costs.begin() + peak, costs.end(), std::greater<>()))
+      << ::testing::PrintToString(costs);
+  EXPECT_EQ(std::min(costs.front(), costs.back()), 100);
+}
+
+TEST(MicroBatchTest, EmptyRankAndEmptyInput) {
+  MicroBatchOptions options;
+  options.max_tokens_per_micro_batch = 10;
+  options.min_micro_batches = 2;
+  options.overhead = 3;
+  const RankPlan plan = PlanMicroBatches(std::vector<std::int64_t>{}, options);
+  EXPECT_EQ(plan.micro_batches.size(), 2u);
+  EXPECT_EQ(plan.time, 6);
+  StepOptions step;
+  step.num_ranks = 4;
+  step.micro_batch = options;
+  const PlannedStep planned = PlanStep(std::vector<std::int64_t>{5}, {}, step);
+  EXPECT_EQ(planned.plan.ranks.size(), 4u);
+  for (const RankPlan& r : planned.plan.ranks) EXPECT_EQ(r.micro_batches.size(), 2u);
+}
+
+TEST(MicroBatchTest, BadInputNamesTheField) {
+  const std::vector<std::int64_t> lengths = {10, 30, 20};
+  MicroBatchOptions options;
+  EXPECT_THAT(ErrorOf([&] { PlanMicroBatches(lengths, options); }),
+              HasSubstr("max_tokens_per_micro_batch: must be >= 1"));
+  options.max_tokens_per_micro_batch = 25;
+  EXPECT_THAT(ErrorOf([&] { PlanMicroBatches(lengths, options); }),
+              HasSubstr("lengths[1]: sequence of 30 tokens (padded) exceeds "
+                        "max_tokens_per_micro_batch = 25"));
+  options.max_tokens_per_micro_batch = 40;
+  options.pad_to_multiple_of = 0;
+  EXPECT_THAT(ErrorOf([&] { PlanMicroBatches(lengths, options); }),
+              HasSubstr("pad_to_multiple_of"));
+  options.pad_to_multiple_of = 1;
+  options.min_micro_batches = 0;
+  EXPECT_THAT(ErrorOf([&] { PlanMicroBatches(lengths, options); }), HasSubstr("min_micro_batches"));
+  options.min_micro_batches = 1;
+  options.micro_batches_multiple_of = -2;
+  EXPECT_THAT(ErrorOf([&] { PlanMicroBatches(lengths, options); }),
+              HasSubstr("micro_batches_multiple_of"));
+  options.micro_batches_multiple_of = 1;
+  options.pipeline_stages = 0;
+  EXPECT_THAT(ErrorOf([&] { PlanMicroBatches(lengths, options); }), HasSubstr("pipeline_stages"));
+  options.pipeline_stages = 1;
+  options.overhead = -1;
+  EXPECT_THAT(ErrorOf([&] { PlanMicroBatches(lengths, options); }), HasSubstr("overhead"));
+  options.overhead = 0;
+  StepOptions step;
+  step.micro_batch = options;
+  step.num_ranks = 0;
+  EXPECT_THAT(ErrorOf([&] { PlanStep(lengths, {}, step); }), HasSubstr("num_ranks"));
+  step.num_ranks = 2;
+  step.keep_groups = true;
+  EXPECT_THAT(ErrorOf([&] { PlanStep(lengths, {}, step); }), HasSubstr("groups"));
+  const std::vector<std::int64_t> negative = {1, -1};
+  step.keep_groups = false;
+  EXPECT_THAT(ErrorOf([&] { PlanStep(negative, {}, step); }), HasSubstr("lengths[1]"));
+}
+
+// Seeded whole-step instances.
+void StepSweep(std::uint64_t first, std::uint64_t count) {
+  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+    Rng rng(seed * 31 + 7);
+    const std::int64_t prompts = rng.UniformInt(0, 48);
+    const std::int64_t samples = rng.UniformInt(1, 8);
+    const SyntheticBatch batch = GrpoBatch(prompts, samples, seed);
+    StepOptions options;
+    options.num_ranks = rng.UniformInt(1, 12);
+    options.equal_size = rng.UniformInt(0, 1) == 1;
+    options.keep_groups = rng.UniformInt(0, 2) == 0;
+    MicroBatchOptions& mb = options.micro_batch;
+    mb.pad_to_multiple_of = rng.UniformInt(0, 1) == 1 ? 1 : rng.UniformInt(2, 128);
+    mb.max_tokens_per_micro_batch = rng.UniformInt(17'000, 40'000);
+    mb.min_micro_batches = rng.UniformInt(1, 4);
+    mb.micro_batches_multiple_of = rng.UniformInt(1, 4);
+    mb.pipeline_stages = rng.UniformInt(1, 4);
+    mb.overhead = rng.UniformInt(0, 1) == 1 ? 0 : rng.UniformInt(1, 5000);
+    if (rng.UniformInt(0, 1) == 1) mb.cost = CostModel::Attention(ModelShape{});
+    SCOPED_TRACE("seed " + std::to_string(seed));
+
+    const PlannedStep step = PlanStep(batch.lengths, batch.groups, options);
+    const StepPlan& plan = step.plan;
+    const std::int64_t m = plan.num_micro_batches;
+    EXPECT_GE(m, mb.min_micro_batches);
+    EXPECT_EQ(m % mb.micro_batches_multiple_of, 0);
+    ASSERT_EQ(static_cast<std::int64_t>(plan.ranks.size()), options.num_ranks);
+    std::vector<int> seen(batch.lengths.size(), 0);
+    std::map<std::int64_t, std::int64_t> rank_of_group;
+    std::int64_t step_time = 0;
+    for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+      ExpectValidRank(batch.lengths, mb, plan.ranks[r], m, seen);
+      step_time = std::max(step_time, plan.ranks[r].time);
+      if (options.keep_groups) {
+        for (const MicroBatch& b : plan.ranks[r].micro_batches) {
+          for (const std::int64_t i : b.indices) {
+            const auto [it, inserted] =
+                rank_of_group.emplace(batch.groups[static_cast<std::size_t>(i)], r);
+            EXPECT_EQ(it->second, static_cast<std::int64_t>(r)) << "a group is split";
+          }
+        }
+      }
+    }
+    for (const int s : seen) ASSERT_EQ(s, 1) << "a sequence is lost or doubled";
+    EXPECT_EQ(plan.predicted_step_time, step_time);
+    EXPECT_EQ(plan.cap_violations, 0);
+    EXPECT_GE(plan.predicted_step_time, plan.lower_bound);
+    if (!options.keep_groups && step.baseline.cap_violations == 0) {
+      EXPECT_LE(plan.predicted_step_time, step.baseline.predicted_step_time);
+    }
+    EXPECT_GE(step.baseline.predicted_step_time, step.baseline.lower_bound);
+    const PlannedStep again = PlanStep(batch.lengths, batch.groups, options);
+    EXPECT_EQ(again.plan.predicted_step_time, plan.predicted_step_time);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(MicroBatchPropertyTest, RandomSteps) { StepSweep(1, 150); }
+TEST(MicroBatchPropertyTest, ThoroughRandomSteps) { StepSweep(10'000, 1500); }
+
+}  // namespace
+}  // namespace rlsched::balance
