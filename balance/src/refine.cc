@@ -10,8 +10,9 @@
 // it costs O(kMaxPartners · items per part) however many parts there are (with more
 // than kMaxPartners parts the search may stop early: the lightest parts are the
 // likeliest partners). A part made heavy by one large item is better served by the
-// smallest items anywhere: each item x of H is also tried against the lightest items
-// y (at most kItemsPerHeavyItem of them), taking the first that fits.
+// smallest items anywhere: when the partners offer no step, each item x of H is
+// tried against the lightest items y (at most kItemsPerHeavyItem of them), taking the
+// first that fits.
 //
 // With a capacity (micro-batching: tokens per micro-batch under a cap), each item
 // also has a size, and a step is taken only if neither part ends above the capacity
@@ -86,7 +87,9 @@ class LocalSearch {
       BestSwap(heavy, partner, heavy_load, load, best);
       if (best.pair_max == reachable) break;
     }
-    for (const std::int32_t x : Items(heavy)) SmallestPartner(heavy, heavy_load, x, best);
+    if (best.partner < 0) {
+      for (const std::int32_t x : Items(heavy)) SmallestPartner(heavy, heavy_load, x, best);
+    }
     if (best.partner < 0) return false;
     Apply(heavy, best);
     return true;
