@@ -15,17 +15,8 @@
 namespace rlsched::balance {
 namespace {
 
+using testing::ErrorOf;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string ErrorOf(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 BalanceOptions Options(std::int64_t k) {
   BalanceOptions options;

@@ -7,20 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 namespace rlsched::balance {
 namespace {
 
+using testing::ErrorOf;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string ErrorOf(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 TEST(CostModelTest, TokensIsTheLength) {
   const CostModel tokens = CostModel::Tokens();

@@ -10,21 +10,13 @@
 #include <vector>
 
 #include "rlsched/balance/synthetic.h"
+#include "test_util.h"
 
 namespace rlsched::balance {
 namespace {
 
+using testing::ErrorOf;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string ErrorOf(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 std::int64_t Padded(std::int64_t length, std::int64_t multiple) {
   return (length + multiple - 1) / multiple * multiple;

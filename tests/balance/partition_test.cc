@@ -11,6 +11,7 @@
 namespace rlsched::balance {
 namespace {
 
+using testing::ErrorOf;
 using testing::ExpectValidPartition;
 using ::testing::HasSubstr;
 
@@ -19,16 +20,6 @@ PartitionOptions Options(std::int64_t k, bool equal_size = false) {
   options.num_parts = k;
   options.equal_size = equal_size;
   return options;
-}
-
-template <typename F>
-std::string ErrorOf(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(PartitionTest, TwoWayReachesTheKnownOptimum) {

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "rlsched/balance/partition.h"
@@ -57,6 +59,17 @@ inline void ExpectValidPartition(std::span<const std::int64_t> weights, std::int
   EXPECT_EQ(p.lower_bound, LowerBound(weights, k, equal_size));
   EXPECT_GE(p.max_load, p.lower_bound);
   EXPECT_EQ(p.proven_optimal, p.max_load == p.lower_bound);
+}
+
+// The message of the std::invalid_argument that f() throws, or "no error".
+template <typename F>
+std::string ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 inline std::int64_t MaxLoadOf(std::span<const std::int64_t> weights, std::int64_t k,
