@@ -292,14 +292,16 @@ std::int64_t SmallestCount(std::int64_t total_tokens, const MicroBatchOptions& o
   return RoundUp(m, options.micro_batches_multiple_of);
 }
 
-// A lower bound on the time of any rank plan with m micro-batches, for a rank whose
-// cost is `rank_cost` out of items with largest cost `max_item`.
+// A lower bound on the time of any plan of one rank with m micro-batches, for a rank
+// of total cost `rank_cost` whose largest sequence costs `max_item`: the micro-batch
+// times add up to rank_cost + m·o, and the largest is at least
+// max(rank_cost / m, max_item) + o.
 double TimeBound(double rank_cost, double max_item, std::int64_t m,
                  const MicroBatchOptions& options) {
   const double p = static_cast<double>(options.pipeline_stages);
   const double o = static_cast<double>(options.overhead);
   const double md = static_cast<double>(m);
-  return std::max(rank_cost + (p - 1.0) * rank_cost / md, p * max_item) + md * o + (p - 1.0) * o;
+  return rank_cost + (p - 1.0) * std::max(rank_cost / md, max_item) + (md + p - 1.0) * o;
 }
 
 // A rank's feasible packings, the smallest count first.
@@ -410,28 +412,19 @@ std::int64_t StepLowerBound(const Padded& padded, std::int64_t max_unit_cost,
 
 }  // namespace
 
-PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
-                     const StepOptions& options) {
-  CheckStepOptions(options);
-  const MicroBatchOptions& mb = options.micro_batch;
+namespace {
+
+// The best plan for a given assignment of sequences to ranks (rank r holds
+// `ranks[r]`): the smallest count every rank can pack, then larger counts while the
+// bound says they may help.
+StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::int64_t>>& ranks,
+                      const MicroBatchOptions& mb) {
   const std::int64_t cap = mb.max_tokens_per_micro_batch;
   const std::int64_t q = mb.micro_batches_multiple_of;
-  const Padded padded = Pad(lengths, mb);
-
-  // Sequences to ranks: the balancer on the padded lengths' cost.
-  BalanceOptions balance;
-  balance.partition.num_parts = options.num_ranks;
-  balance.partition.equal_size = options.equal_size;
-  balance.partition.refine = mb.refine;
-  balance.cost = mb.cost;
-  balance.keep_groups = options.keep_groups;
-  const BalanceResult ranks = Balance(padded.tokens, groups, balance);
-
-  // The smallest count every rank can pack, then larger counts while they may help.
   std::vector<RankSearch> searches;
   std::int64_t from = 0;
-  for (std::int64_t r = 0; r < options.num_ranks; ++r) {
-    searches.push_back(RankSearch{Gather(padded, ranks.partition.part(r)), 0, std::nullopt});
+  for (const auto& rank : ranks) {
+    searches.push_back(RankSearch{Gather(padded, rank), 0, std::nullopt});
     from = std::max(from, SmallestCount(searches.back().items.total_tokens, mb));
   }
   std::int64_t m = from;
@@ -465,13 +458,133 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     return bound;
   };
 
-  PlannedStep result;
-  result.plan = plan_with(m);
+  StepPlan best = plan_with(m);
   const std::int64_t last = std::max(m, RoundUp(most_items, q));
   for (int tried = 0; tried < kMaxCountsTried && m + q <= last; ++tried) {
     m += q;
-    if (bound_with(m) >= static_cast<double>(result.plan.predicted_step_time)) break;
+    if (bound_with(m) >= static_cast<double>(best.predicted_step_time)) break;
     StepPlan plan = plan_with(m);
+    if (plan.predicted_step_time < best.predicted_step_time) best = std::move(plan);
+  }
+  return best;
+}
+
+std::vector<std::vector<std::int64_t>> PartsOf(const Partition& partition) {
+  std::vector<std::vector<std::int64_t>> parts;
+  for (std::int64_t r = 0; r < partition.num_parts(); ++r) {
+    const auto part = partition.part(r);
+    parts.emplace_back(part.begin(), part.end());
+  }
+  return parts;
+}
+
+// Above this many (unit, rank) pairs the time-aware assignment is not tried.
+constexpr std::int64_t kMaxGreedyPairs = 64'000'000;
+
+// With a pipeline a rank's time also grows with its largest sequence:
+// about C + (p − 1)·max(C / m, largest). This assigns the units (sequences, or whole
+// groups) heaviest first to the rank whose estimate after it is least (ties: lowest rank),
+// honouring equal counts, for the given m. A second candidate beside the balancer's
+// cost-only assignment. O(units · ranks).
+std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Padded& padded,
+                                                      std::span<const std::int64_t> groups,
+                                                      const StepOptions& options, std::int64_t m) {
+  // Units: one per sequence, or one per group (members in index order).
+  std::vector<std::vector<std::int64_t>> units;
+  if (options.keep_groups) {
+    std::vector<std::int64_t> by_group(groups.size());
+    std::iota(by_group.begin(), by_group.end(), 0);
+    std::stable_sort(by_group.begin(), by_group.end(), [&](std::int64_t a, std::int64_t b) {
+      return groups[static_cast<std::size_t>(a)] < groups[static_cast<std::size_t>(b)];
+    });
+    for (std::size_t j = 0; j < by_group.size(); ++j) {
+      const std::int64_t i = by_group[j];
+      if (j == 0 || groups[static_cast<std::size_t>(i)] !=
+                        groups[static_cast<std::size_t>(by_group[j - 1])]) {
+        units.emplace_back();
+      }
+      units.back().push_back(i);
+    }
+  } else {
+    for (std::size_t i = 0; i < padded.costs.size(); ++i) {
+      units.push_back({static_cast<std::int64_t>(i)});
+    }
+  }
+  std::vector<std::int64_t> unit_cost(units.size(), 0);
+  std::vector<std::int64_t> unit_max(units.size(), 0);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    for (const std::int64_t i : units[u]) {
+      unit_cost[u] += padded.costs[static_cast<std::size_t>(i)];
+      unit_max[u] = std::max(unit_max[u], padded.costs[static_cast<std::size_t>(i)]);
+    }
+  }
+  const std::vector<std::int32_t> order = internal::HeaviestFirst(unit_cost);
+
+  const std::int64_t num_ranks = options.num_ranks;
+  const std::int64_t num_units = static_cast<std::int64_t>(units.size());
+  const std::int64_t floor = num_units / num_ranks;
+  const std::int64_t extra = num_units % num_ranks;
+  std::int64_t extra_used = 0;
+  const double p = static_cast<double>(options.micro_batch.pipeline_stages);
+  const double md = static_cast<double>(m);
+  auto estimate = [&](double cost, double largest) {
+    return cost + (p - 1.0) * std::max(cost / md, largest);
+  };
+  std::vector<double> cost(static_cast<std::size_t>(num_ranks), 0.0);
+  std::vector<double> largest(static_cast<std::size_t>(num_ranks), 0.0);
+  std::vector<std::int64_t> count(static_cast<std::size_t>(num_ranks), 0);
+  std::vector<std::vector<std::int64_t>> ranks(static_cast<std::size_t>(num_ranks));
+  for (const std::int32_t u : order) {
+    const double c = static_cast<double>(unit_cost[static_cast<std::size_t>(u)]);
+    const double a = static_cast<double>(unit_max[static_cast<std::size_t>(u)]);
+    std::size_t best = 0;
+    double best_estimate = 0.0;
+    bool found = false;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      if (options.equal_size &&
+          (count[r] == floor + 1 || (count[r] == floor && extra_used == extra))) {
+        continue;  // full
+      }
+      const double after = estimate(cost[r] + c, std::max(largest[r], a));
+      if (!found || after < best_estimate) {
+        best = r;
+        best_estimate = after;
+        found = true;
+      }
+    }
+    cost[best] += c;
+    largest[best] = std::max(largest[best], a);
+    if (++count[best] == floor + 1) ++extra_used;
+    for (const std::int64_t i : units[static_cast<std::size_t>(u)]) ranks[best].push_back(i);
+  }
+  for (auto& rank : ranks) std::sort(rank.begin(), rank.end());
+  return ranks;
+}
+
+}  // namespace
+
+PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
+                     const StepOptions& options) {
+  CheckStepOptions(options);
+  const MicroBatchOptions& mb = options.micro_batch;
+  const Padded padded = Pad(lengths, mb);
+
+  // Sequences to ranks: the balancer on the padded lengths' cost.
+  BalanceOptions balance;
+  balance.partition.num_parts = options.num_ranks;
+  balance.partition.equal_size = options.equal_size;
+  balance.partition.refine = mb.refine;
+  balance.cost = mb.cost;
+  balance.keep_groups = options.keep_groups;
+  const BalanceResult ranks = Balance(padded.tokens, groups, balance);
+
+  PlannedStep result;
+  result.plan = PlanForRanks(padded, PartsOf(ranks.partition), mb);
+  // With a pipeline, also the time-aware assignment for the count just chosen.
+  const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
+  if (mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs) {
+    StepPlan plan = PlanForRanks(
+        padded, TimeAwareRanks(padded, groups, options, result.plan.num_micro_batches), mb);
     if (plan.predicted_step_time < result.plan.predicted_step_time) result.plan = std::move(plan);
   }
 
