@@ -27,6 +27,8 @@ void CheckAssignment(std::span<const std::int32_t> assignment, std::size_t num_i
 
 // a + b, throwing std::invalid_argument naming `field` on int64 overflow.
 std::int64_t CheckedAdd(std::int64_t a, std::int64_t b, std::string_view field);
+// a * b, likewise.
+std::int64_t CheckedMul(std::int64_t a, std::int64_t b, std::string_view field);
 
 // Item indices by weight descending, ties by index ascending. An LSD radix sort
 // (11-bit digits, as many passes as the largest weight needs): O(n · passes).

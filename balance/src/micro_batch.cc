@@ -17,6 +17,7 @@ namespace {
 
 // At most this many micro-batch counts are tried above the smallest feasible one.
 constexpr int kMaxCountsTried = 32;
+constexpr std::int64_t kMaxPipelineStages = 65536;
 
 void CheckAtLeast(std::int64_t value, std::int64_t min, const char* field) {
   if (value < min) {
@@ -31,6 +32,11 @@ void CheckOptions(const MicroBatchOptions& options) {
   CheckAtLeast(options.micro_batches_multiple_of, 1, "micro_batches_multiple_of");
   CheckAtLeast(options.pad_to_multiple_of, 1, "pad_to_multiple_of");
   CheckAtLeast(options.pipeline_stages, 1, "pipeline_stages");
+  if (options.pipeline_stages > kMaxPipelineStages) {
+    throw std::invalid_argument(
+        "pipeline_stages: must be <= " + std::to_string(kMaxPipelineStages) + ", got " +
+        std::to_string(options.pipeline_stages));
+  }
   CheckAtLeast(options.overhead, 0, "overhead");
   if (options.min_micro_batches > kMaxParts) {
     throw std::invalid_argument("min_micro_batches: must be <= " + std::to_string(kMaxParts));
@@ -242,7 +248,9 @@ std::int64_t RankTime(const std::vector<MicroBatch>& batches, const MicroBatchOp
     sum = internal::CheckedAdd(sum, t, "overhead");
     max = std::max(max, t);
   }
-  return internal::CheckedAdd(sum, (options.pipeline_stages - 1) * max, "pipeline_stages");
+  return internal::CheckedAdd(
+      sum, internal::CheckedMul(options.pipeline_stages - 1, max, "pipeline_stages"),
+      "pipeline_stages");
 }
 
 // Builds the rank's micro-batches from a packing and orders them.
@@ -365,6 +373,14 @@ void CheckStepOptions(const StepOptions& options) {
                                 "], got " + std::to_string(options.num_ranks));
   }
   CheckOptions(options.micro_batch);
+  const MicroBatchOptions& mb = options.micro_batch;
+  const std::int64_t per_rank = std::max(mb.min_micro_batches, mb.micro_batches_multiple_of);
+  if (per_rank > kMaxItems / options.num_ranks) {
+    throw std::invalid_argument(
+        "num_ranks × max(min_micro_batches, micro_batches_multiple_of): must be <= " +
+        std::to_string(kMaxItems) + ", got " + std::to_string(options.num_ranks) + " × " +
+        std::to_string(per_rank));
+  }
 }
 
 // No plan with any rank assignment has a smaller step time (see TimeBound): the
@@ -407,7 +423,9 @@ std::int64_t StepLowerBound(const Padded& padded, std::int64_t max_unit_cost,
     value = std::min(f(m1), f(m1 + q));
     if (spread == 0) value = f(static_cast<long double>(first));
   }
-  return static_cast<std::int64_t>(std::floor(value));
+  const long double limit = static_cast<long double>(std::numeric_limits<std::int64_t>::max());
+  return value >= limit ? std::numeric_limits<std::int64_t>::max()
+                        : static_cast<std::int64_t>(std::floor(value));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "internal.h"
+#include "rlsched/balance/exact.h"
 
 namespace rlsched::balance {
 namespace internal {
@@ -23,6 +24,14 @@ std::int64_t CheckedAdd(std::int64_t a, std::int64_t b, std::string_view field) 
     throw std::invalid_argument(std::string(field) + ": the total overflows int64");
   }
   return sum;
+}
+
+std::int64_t CheckedMul(std::int64_t a, std::int64_t b, std::string_view field) {
+  std::int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) {
+    throw std::invalid_argument(std::string(field) + ": the total overflows int64");
+  }
+  return product;
 }
 
 std::int64_t CheckWeights(std::span<const std::int64_t> weights, std::string_view field) {
@@ -146,6 +155,13 @@ std::int64_t MaxLoad(std::span<const std::int64_t> weights, std::int64_t num_par
 Partition PartitionItems(std::span<const std::int64_t> weights, const PartitionOptions& options) {
   internal::CheckNumParts(options.num_parts);
   internal::CheckWeights(weights, "weights");
+  if (options.exact.max_nodes < 0) {
+    throw std::invalid_argument("exact.max_nodes: must be >= 0, got " +
+                                std::to_string(options.exact.max_nodes));
+  }
+  if (options.exact.time_limit.count() > 0 && !options.exact.now) {
+    throw std::invalid_argument("exact.now: a clock is required with exact.time_limit");
+  }
   const std::int64_t k = options.num_parts;
   const bool equal = options.equal_size;
   const std::int64_t bound = LowerBound(weights, k, equal);
@@ -163,8 +179,20 @@ Partition PartitionItems(std::span<const std::int64_t> weights, const PartitionO
     }
   }
   const std::int64_t steps = Refine(weights, k, equal, options.refine, bound, assignment);
+  // Small instances: the exact search improves the answer and may prove it optimal.
+  bool proven = false;
+  std::int64_t nodes = 0;
+  if (options.exact.max_nodes > 0 && static_cast<std::int64_t>(weights.size()) <= kExactMaxItems &&
+      k <= kExactMaxParts && MaxLoad(weights, k, assignment) > bound) {
+    ExactResult exact = ExactSearch(weights, k, equal, assignment, options.exact);
+    assignment = std::move(exact.assignment);
+    proven = exact.proven_optimal;
+    nodes = exact.nodes;
+  }
   Partition result = MakePartition(weights, k, equal, assignment);
   result.refine_steps = steps;
+  result.exact_nodes = nodes;
+  result.proven_optimal = result.proven_optimal || proven;
   return result;
 }
 

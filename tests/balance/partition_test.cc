@@ -104,6 +104,7 @@ TEST(PartitionTest, GreedyAlgorithmOption) {
   PartitionOptions options = Options(2);
   options.algorithm = Algorithm::kGreedy;
   options.refine.enabled = false;
+  options.exact.max_nodes = 0;
   const Partition p = PartitionItems(w, options);
   ExpectValidPartition(w, 2, false, p);
   // LPT: 8 | 7 | 6 -> 7+6=13 vs 8 | 5 -> 8+5=13 | 4 -> 17.
