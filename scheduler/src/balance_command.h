@@ -3,7 +3,8 @@
 // Overview
 //   Reads lengths (lengths_reader.h) from a file or stdin, or takes the built-in
 //   example batch, builds a rlsched.v1.BalanceRequest from the options and answers
-//   it with SolveBalance() — the same path as the daemon. Prints a readable table
+//   it with SolveBalance() — the same path as the daemon. The input and cost-model
+//   options are those of `rlsched plan-step` (command_common.h). Prints a readable table
 //   (per part: items, tokens, cost; then max/min cost, lower bound, gap, proven
 //   optimality, and the naive contiguous split for comparison), or with --json the
 //   BalanceReply on one line.
@@ -27,6 +28,7 @@
 #include <ostream>
 #include <string>
 
+#include "command_common.h"
 #include "lengths_reader.h"
 #include "rlsched/v1/balance.pb.h"
 
@@ -34,34 +36,15 @@ namespace rlsched::scheduler {
 
 // The options of `rlsched balance`. Unset optionals were not given.
 struct BalanceArgs {
-  std::string file = "-";  // "-" = stdin
+  InputArgs input;  // FILE, --example, --seed
   std::int64_t parts = 8;
   bool equal_size = false;
   bool keep_groups = false;
-  std::string cost;  // "tokens", "attention", or empty: tokens unless shape/coefficients
-  // Model shape; unset fields take balance::ModelShape{} (Llama-3.1-8B) values.
-  std::optional<std::int64_t> hidden_size;
-  std::optional<std::int64_t> num_layers;
-  std::optional<std::int64_t> ffn_hidden_size;
-  std::optional<std::int64_t> num_heads;
-  std::optional<std::int64_t> num_kv_heads;
-  std::optional<std::int64_t> vocab_size;
-  bool plain_mlp = false;
-  std::optional<double> per_sequence;
-  // Coefficients; unset ones are linear 1, quadratic 0, constant 0.
-  std::optional<double> linear;
-  std::optional<double> quadratic;
-  std::optional<double> constant;
+  CostArgs cost;                 // --cost, the model shape, the coefficients
   std::string algorithm = "kk";  // "kk" or "lpt"
   std::optional<std::int64_t> refine_iterations;
   bool json = false;
-  bool example = false;
-  std::uint64_t seed = 1;
 };
-
-// The built-in example: balance::GrpoBatch(kExamplePrompts, kExampleSamples, seed).
-inline constexpr std::int64_t kExamplePrompts = 128;
-inline constexpr std::int64_t kExampleSamples = 8;
 
 // Adds the `balance` subcommand to `app`, writing into `args` (which must outlive
 // the parse). Returns the subcommand.
@@ -72,8 +55,8 @@ CLI::App* AddBalanceCommand(CLI::App& app, BalanceArgs& args);
 // --keep-groups without groups). Values are validated later, by SolveBalance().
 v1::BalanceRequest MakeBalanceRequest(const BalanceArgs& args, const LengthsInput& input);
 
-// Runs the command: reads the lengths (args.file, or `in` when it is "-"; or the
-// example), solves, and writes the table or the JSON reply to `out`. Throws
+// Runs the command: reads the lengths (args.input.file, or `in` when it is "-"; or
+// the example), solves, and writes the table or the JSON reply to `out`. Throws
 // std::invalid_argument for bad input or options (the message names the file and
 // line, or the field), std::runtime_error for failures that are not the user's.
 void RunBalanceCommand(const BalanceArgs& args, std::istream& in, std::ostream& out);

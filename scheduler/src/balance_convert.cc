@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 
 #include "rlsched/balance/partition.h"
@@ -110,53 +112,97 @@ balance::Algorithm ToAlgorithm(v1::Algorithm algorithm) {
   }
 }
 
-std::span<const std::int64_t> AsSpan(const google::protobuf::RepeatedField<std::int64_t>& field) {
+balance::MicroBatchOrder ToMicroBatchOrder(v1::MicroBatchOrder order) {
+  switch (order) {
+    case v1::MICRO_BATCH_ORDER_UNSPECIFIED:
+    case v1::MICRO_BATCH_ORDER_PIPELINE:
+      return balance::MicroBatchOrder::kPipeline;
+    case v1::MICRO_BATCH_ORDER_HEAVIEST_FIRST:
+      return balance::MicroBatchOrder::kHeaviestFirst;
+    default:
+      Fail("order", fmt::format("unknown value {}", static_cast<int>(order)));
+  }
+}
+
+using Int64Field = google::protobuf::RepeatedField<std::int64_t>;
+
+std::span<const std::int64_t> AsSpan(const Int64Field& field) {
   return {field.data(), static_cast<std::size_t>(field.size())};
 }
 
-}  // namespace
-
-balance::BalanceOptions ToBalanceOptions(const v1::BalanceRequest& request) {
-  if (request.num_parts() < 1 || request.num_parts() > balance::kMaxParts) {
-    Fail("num_parts",
-         fmt::format("must be in [1, {}], got {}", balance::kMaxParts, request.num_parts()));
+// The number of parts or ranks, in [1, kMaxParts].
+void CheckNumParts(std::string_view field, std::int64_t value) {
+  if (value < 1 || value > balance::kMaxParts) {
+    Fail(field, fmt::format("must be in [1, {}], got {}", balance::kMaxParts, value));
   }
-  const std::int64_t n = request.lengths_size();
+}
+
+// An option where 0 means 1 (unset), in [0, max]; returns its value.
+std::int64_t ZeroMeansOne(std::string_view field, std::int64_t value, std::int64_t max) {
+  if (value < 0 || value > max) {
+    const std::string bound = max == std::numeric_limits<std::int64_t>::max()
+                                  ? std::string(">= 0")
+                                  : fmt::format("in [0, {}]", max);
+    Fail(field, fmt::format("must be {} (0 means 1), got {}", bound, value));
+  }
+  return value == 0 ? 1 : value;
+}
+
+// The sequence fields every request has: at most kMaxItems lengths, each in
+// [0, kMaxLength]; groups empty or one id >= 0 per length; keep_groups needs groups.
+void CheckSequences(const Int64Field& lengths, const Int64Field& groups, bool keep_groups) {
+  const std::int64_t n = lengths.size();
   if (n > balance::kMaxItems) {
     Fail("lengths", fmt::format("at most {} entries, got {}", balance::kMaxItems, n));
   }
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t length = request.lengths(static_cast<int>(i));
+    const std::int64_t length = lengths.Get(static_cast<int>(i));
     if (length < 0 || length > balance::kMaxLength) {
       Fail(fmt::format("lengths[{}]", i),
            fmt::format("must be in [0, {}], got {}", balance::kMaxLength, length));
     }
   }
-  if (request.groups_size() != 0) {
-    if (request.groups_size() != n) {
+  if (groups.size() != 0) {
+    if (groups.size() != n) {
       Fail("groups", fmt::format("must be empty or have one entry per length ({}), got {}", n,
-                                 request.groups_size()));
+                                 groups.size()));
     }
     for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t group = request.groups(static_cast<int>(i));
+      const std::int64_t group = groups.Get(static_cast<int>(i));
       if (group < 0) Fail(fmt::format("groups[{}]", i), fmt::format("must be >= 0, got {}", group));
     }
   }
-  if (request.keep_groups() && request.groups_size() == 0) {
+  if (keep_groups && groups.size() == 0) {
     Fail("keep_groups", "requires groups (one group id per length)");
   }
+}
+
+// The refinement budget of an optional refine_iterations field: unset keeps the
+// library's default; 0 disables refinement.
+balance::RefineOptions ToRefineOptions(bool has_refine_iterations, std::int64_t refine_iterations) {
+  balance::RefineOptions refine;
+  if (has_refine_iterations) {
+    if (refine_iterations < 0) {
+      Fail("refine_iterations", fmt::format("must be >= 0, got {}", refine_iterations));
+    }
+    refine.enabled = refine_iterations > 0;
+    refine.max_iterations = refine_iterations;
+  }
+  return refine;
+}
+
+}  // namespace
+
+balance::BalanceOptions ToBalanceOptions(const v1::BalanceRequest& request) {
+  CheckNumParts("num_parts", request.num_parts());
+  CheckSequences(request.lengths(), request.groups(), request.keep_groups());
 
   balance::BalanceOptions options;
   options.partition.num_parts = request.num_parts();
   options.partition.equal_size = request.equal_size();
   options.partition.algorithm = ToAlgorithm(request.algorithm());
-  if (request.has_refine_iterations()) {
-    if (request.refine_iterations() < 0) {
-      Fail("refine_iterations", fmt::format("must be >= 0, got {}", request.refine_iterations()));
-    }
-    options.partition.refine.enabled = request.refine_iterations() > 0;
-    options.partition.refine.max_iterations = request.refine_iterations();
-  }
+  options.partition.refine =
+      ToRefineOptions(request.has_refine_iterations(), request.refine_iterations());
   options.keep_groups = request.keep_groups();
   options.cost = ToCostModel(request.cost());
   return options;
@@ -183,6 +229,68 @@ v1::BalanceReply SolveBalance(const v1::BalanceRequest& request) {
   reply.set_lower_bound(partition.lower_bound);
   reply.set_gap(partition.gap);
   reply.set_proven_optimal(partition.proven_optimal);
+  return reply;
+}
+
+balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request) {
+  CheckNumParts("num_ranks", request.num_ranks());
+  CheckSequences(request.lengths(), request.groups(), request.keep_groups());
+
+  balance::StepOptions options;
+  options.num_ranks = request.num_ranks();
+  options.equal_size = request.equal_size();
+  options.keep_groups = request.keep_groups();
+  balance::MicroBatchOptions& micro_batch = options.micro_batch;
+  CheckAtLeastOne("max_tokens_per_micro_batch", request.max_tokens_per_micro_batch());
+  micro_batch.max_tokens_per_micro_batch = request.max_tokens_per_micro_batch();
+  micro_batch.min_micro_batches =
+      ZeroMeansOne("min_micro_batches", request.min_micro_batches(), balance::kMaxParts);
+  micro_batch.micro_batches_multiple_of = ZeroMeansOne(
+      "micro_batches_multiple_of", request.micro_batches_multiple_of(), balance::kMaxParts);
+  micro_batch.pad_to_multiple_of = ZeroMeansOne("pad_to_multiple_of", request.pad_to_multiple_of(),
+                                                std::numeric_limits<std::int64_t>::max());
+  micro_batch.pipeline_stages =
+      ZeroMeansOne("pipeline_stages", request.pipeline_stages(), balance::kMaxParts);
+  if (request.overhead() < 0) {
+    Fail("overhead", fmt::format("must be >= 0, got {}", request.overhead()));
+  }
+  micro_batch.overhead = request.overhead();
+  micro_batch.order = ToMicroBatchOrder(request.order());
+  micro_batch.refine =
+      ToRefineOptions(request.has_refine_iterations(), request.refine_iterations());
+  micro_batch.cost = ToCostModel(request.cost());
+  return options;
+}
+
+v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request) {
+  const balance::StepOptions options = ToStepOptions(request);
+  // The library names a sequence above the cap and the cap; its message passes through.
+  const balance::PlannedStep step =
+      balance::PlanStep(AsSpan(request.lengths()), AsSpan(request.groups()), options);
+  const balance::StepPlan& plan = step.plan;
+
+  v1::PlanStepReply reply;
+  reply.mutable_ranks()->Reserve(static_cast<int>(plan.ranks.size()));
+  for (const balance::RankPlan& rank_plan : plan.ranks) {
+    v1::RankPlan* rank = reply.add_ranks();
+    rank->mutable_micro_batches()->Reserve(static_cast<int>(rank_plan.micro_batches.size()));
+    for (const balance::MicroBatch& batch : rank_plan.micro_batches) {
+      v1::MicroBatch* micro_batch = rank->add_micro_batches();
+      micro_batch->mutable_indices()->Add(batch.indices.begin(), batch.indices.end());
+      micro_batch->set_tokens(batch.tokens);
+      micro_batch->set_cost(batch.cost);
+    }
+    rank->set_tokens(rank_plan.tokens);
+    rank->set_cost(rank_plan.cost);
+    rank->set_time(rank_plan.time);
+  }
+  reply.set_micro_batches(plan.num_micro_batches);
+  reply.set_predicted_step_time(plan.predicted_step_time);
+  reply.set_lower_bound(plan.lower_bound);
+  v1::BaselinePlan* baseline = reply.mutable_baseline();
+  baseline->set_predicted_step_time(step.baseline.predicted_step_time);
+  baseline->set_cap_violations(step.baseline.cap_violations);
+  baseline->set_micro_batches(step.baseline.num_micro_batches);
   return reply;
 }
 

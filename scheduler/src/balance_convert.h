@@ -1,11 +1,15 @@
-// balance_convert.h — the sequence balancer behind its wire contract.
+// balance_convert.h — the sequence balancer and the step planner behind their wire
+// contract.
 //
 // Overview
 //   Turns a rlsched.v1.BalanceRequest into balance::BalanceOptions (validating every
 //   field against the limits written in balance.proto), runs balance::Balance() and
-//   fills a rlsched.v1.BalanceReply. The `rlsched balance` command and the daemon
-//   (`rlsched serve`) both answer through SolveBalance(), so they cannot disagree.
-//   Nothing here does I/O or logging.
+//   fills a rlsched.v1.BalanceReply; likewise a rlsched.v1.PlanStepRequest into
+//   balance::StepOptions, balance::PlanStep() and a rlsched.v1.PlanStepReply. The
+//   commands (`rlsched balance`, `rlsched plan-step`) and the daemon (`rlsched serve`)
+//   all answer through SolveBalance() and SolvePlanStep(), so they cannot disagree.
+//   Both requests share the checks of their common fields (lengths, groups,
+//   keep_groups, cost, refine_iterations). Nothing here does I/O or logging.
 //
 // Example
 //   rlsched::v1::BalanceRequest request;
@@ -14,6 +18,12 @@
 //   request.set_num_parts(2);
 //   rlsched::v1::BalanceReply reply = rlsched::scheduler::SolveBalance(request);
 //   std::string json = rlsched::scheduler::ToJson(reply);
+//
+//   rlsched::v1::PlanStepRequest step;
+//   step.mutable_lengths()->Add(lengths.begin(), lengths.end());
+//   step.set_num_ranks(64);
+//   step.set_max_tokens_per_micro_batch(32768);
+//   rlsched::v1::PlanStepReply plan = rlsched::scheduler::SolvePlanStep(step);
 //
 // Thread-safety: every function is pure; concurrent calls are safe.
 
@@ -25,6 +35,7 @@
 #include <string>
 
 #include "rlsched/balance/balance.h"
+#include "rlsched/balance/micro_batch.h"
 #include "rlsched/v1/balance.pb.h"
 
 namespace rlsched::scheduler {
@@ -47,6 +58,26 @@ balance::BalanceOptions ToBalanceOptions(const v1::BalanceRequest& request);
 // std::invalid_argument for bad input, including a total that overflows int64.
 // Deterministic. Complexity: that of balance::Balance().
 v1::BalanceReply SolveBalance(const v1::BalanceRequest& request);
+
+// The options a step request asks for. Throws std::invalid_argument as
+// ToBalanceOptions(), e.g. "max_tokens_per_micro_batch: must be >= 1, got 0". Checks:
+// num_ranks in [1, 1048576]; max_tokens_per_micro_batch >= 1; min_micro_batches,
+// micro_batches_multiple_of and pipeline_stages in [0, 1048576] and
+// pad_to_multiple_of >= 0 (0 means 1 for all four); overhead >= 0; a known order;
+// and lengths, groups, keep_groups, cost and refine_iterations as ToBalanceOptions().
+// Sequences longer than the cap are found by SolvePlanStep(). O(n).
+balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request);
+
+// Validates `request` (as ToStepOptions()), plans the step and returns the reply:
+// num_ranks ranks, each with its micro-batches in execution order (ascending indices,
+// padded tokens, cost), its tokens, cost and predicted time; the micro-batch count
+// (the same on every rank), the predicted step time, its lower bound, and the
+// baseline pipeline's step time, cap violations and micro-batch count. Throws
+// std::invalid_argument for bad input: the ToStepOptions() checks, a (padded)
+// sequence above the cap ("lengths[i]: sequence of T tokens (padded) exceeds
+// max_tokens_per_micro_batch = C"), or totals and times that overflow int64.
+// Deterministic. Complexity: that of balance::PlanStep().
+v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request);
 
 // `message` in protobuf's JSON mapping on one line: proto field names (snake_case),
 // default-valued fields printed, enums by name (int64 values are JSON strings, as the

@@ -11,6 +11,8 @@
 #include <string>
 
 #include "balance_command.h"
+#include "plan_step_command.h"
+#include "serve_command.h"
 
 #ifndef RLSCHED_VERSION
 #error "RLSCHED_VERSION must be defined by the build"
@@ -22,8 +24,9 @@ constexpr int kExitBadInput = 2;
 constexpr int kExitFailure = 1;
 
 int Run(int argc, char** argv) {
-  // Replace spdlog's default logger, which writes to stdout.
-  spdlog::set_default_logger(spdlog::stderr_color_st("rlsched"));
+  // Replace spdlog's default logger, which writes to stdout. Thread-safe: the daemon
+  // logs from its pipeline's threads.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("rlsched"));
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e [%^%l%$] %v");
   spdlog::set_level(spdlog::level::warn);
 
@@ -34,9 +37,14 @@ int Run(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
   app.require_subcommand(0, 1);  // none is reported below, naming the commands
+  app.footer("Run 'rlsched COMMAND --help' for a command's options.");
 
   rlsched::scheduler::BalanceArgs balance_args;
   CLI::App* balance = rlsched::scheduler::AddBalanceCommand(app, balance_args);
+  rlsched::scheduler::PlanStepArgs plan_step_args;
+  CLI::App* plan_step = rlsched::scheduler::AddPlanStepCommand(app, plan_step_args);
+  rlsched::scheduler::ServeArgs serve_args;
+  CLI::App* serve = rlsched::scheduler::AddServeCommand(app, serve_args);
 
   try {
     app.parse(argc, argv);
@@ -49,12 +57,17 @@ int Run(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (app.get_subcommands().empty()) {
-    std::cerr << "error: a command is required: balance\nrun 'rlsched --help' for usage\n";
+    std::cerr << "error: a command is required: balance, plan-step, serve\nrun 'rlsched --help' "
+                 "for usage\n";
     return kExitBadInput;
   }
 
   try {
+    if (serve->parsed()) return rlsched::scheduler::RunServeCommand(serve_args);
     if (balance->parsed()) rlsched::scheduler::RunBalanceCommand(balance_args, std::cin, std::cout);
+    if (plan_step->parsed()) {
+      rlsched::scheduler::RunPlanStepCommand(plan_step_args, std::cin, std::cout);
+    }
   } catch (const std::invalid_argument& e) {
     std::cerr << "error: " << e.what() << '\n';
     return kExitBadInput;

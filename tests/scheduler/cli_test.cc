@@ -1,17 +1,10 @@
 // Runs the built `rlsched` program over pipes, as a user or a script would.
 
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -20,6 +13,7 @@
 
 #include "balance_convert.h"
 #include "lengths_reader.h"
+#include "subprocess.h"
 
 namespace rlsched::scheduler {
 namespace {
@@ -27,94 +21,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::StartsWith;
-
-struct ProcessResult {
-  int status = -1;  // exit status, or 128 + signal number
-  std::string out;
-  std::string err;
-};
-
-// Runs the program with `args`, feeding `input` on stdin and collecting stdout and
-// stderr until it exits.
-ProcessResult RunProgram(const std::vector<std::string>& args, const std::string& input = "") {
-  ::signal(SIGPIPE, SIG_IGN);  // the program may exit without reading its stdin
-  int in_pipe[2];
-  int out_pipe[2];
-  int err_pipe[2];
-  if (::pipe(in_pipe) != 0 || ::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) {
-    ADD_FAILURE() << "pipe: " << std::strerror(errno);
-    return {};
-  }
-  std::vector<std::string> argv_strings = {RLSCHED_PROGRAM};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& arg : argv_strings) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ADD_FAILURE() << "fork: " << std::strerror(errno);
-    return {};
-  }
-  if (pid == 0) {
-    ::dup2(in_pipe[0], STDIN_FILENO);
-    ::dup2(out_pipe[1], STDOUT_FILENO);
-    ::dup2(err_pipe[1], STDERR_FILENO);
-    for (const int fd :
-         {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
-      ::close(fd);
-    }
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(in_pipe[0]);
-  ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
-  ::fcntl(in_pipe[1], F_SETFL, ::fcntl(in_pipe[1], F_GETFL) | O_NONBLOCK);
-
-  ProcessResult result;
-  int in_fd = in_pipe[1];
-  int out_fd = out_pipe[0];
-  int err_fd = err_pipe[0];
-  std::size_t written = 0;
-  if (input.empty()) {
-    ::close(in_fd);
-    in_fd = -1;
-  }
-  while (in_fd >= 0 || out_fd >= 0 || err_fd >= 0) {
-    pollfd fds[3] = {{in_fd, POLLOUT, 0}, {out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
-    if (::poll(fds, 3, -1) < 0) {
-      if (errno == EINTR) continue;
-      ADD_FAILURE() << "poll: " << std::strerror(errno);
-      break;
-    }
-    if (in_fd >= 0 && fds[0].revents != 0) {
-      const ssize_t n = ::write(in_fd, input.data() + written, input.size() - written);
-      if (n > 0) written += static_cast<std::size_t>(n);
-      if ((n < 0 && errno != EAGAIN && errno != EINTR) || written == input.size()) {
-        ::close(in_fd);
-        in_fd = -1;
-      }
-    }
-    for (const auto& [index, fd, sink] :
-         {std::tuple{1, &out_fd, &result.out}, std::tuple{2, &err_fd, &result.err}}) {
-      if (*fd < 0 || fds[index].revents == 0) continue;
-      char buffer[65536];
-      const ssize_t n = ::read(*fd, buffer, sizeof buffer);
-      if (n > 0) {
-        sink->append(buffer, static_cast<std::size_t>(n));
-      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        ::close(*fd);
-        *fd = -1;
-      }
-    }
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
 
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> lines;
@@ -128,8 +34,10 @@ std::vector<std::string> Lines(const std::string& text) {
   return lines;
 }
 
-v1::BalanceReply ParseReply(const std::string& out) {
-  v1::BalanceReply reply;
+// The one-line JSON reply in `out`.
+template <typename Reply = v1::BalanceReply>
+Reply ParseReply(const std::string& out) {
+  Reply reply;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "not one line:\n" << out;
   const auto status = google::protobuf::util::JsonStringToMessage(out, &reply);
   EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << out;
@@ -150,6 +58,27 @@ void ExpectPartition(const v1::BalanceReply& reply, std::int64_t n, std::int64_t
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), n);
 }
 
+// Every index in [0, n) in exactly one micro-batch, none above `cap`, `k` ranks with
+// the same count.
+void ExpectStepPlan(const v1::PlanStepReply& reply, std::int64_t n, std::int64_t k,
+                    std::int64_t cap) {
+  ASSERT_EQ(reply.ranks_size(), k);
+  std::vector<int> seen(static_cast<std::size_t>(n), 0);
+  for (const v1::RankPlan& rank : reply.ranks()) {
+    EXPECT_EQ(rank.micro_batches_size(), reply.micro_batches());
+    for (const v1::MicroBatch& batch : rank.micro_batches()) {
+      EXPECT_LE(batch.tokens(), cap);
+      EXPECT_TRUE(std::is_sorted(batch.indices().begin(), batch.indices().end()));
+      for (const std::int64_t index : batch.indices()) {
+        ASSERT_GE(index, 0);
+        ASSERT_LT(index, n);
+        ++seen[static_cast<std::size_t>(index)];
+      }
+    }
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), n);
+}
+
 std::string SharedData(const std::string& name) {
   return (std::filesystem::path(RLSCHED_SHARED_DATA_DIR) / name).string();
 }
@@ -165,10 +94,20 @@ TEST(CliTest, Help) {
   const ProcessResult r = RunProgram({"--help"});
   EXPECT_EQ(r.status, 0);
   EXPECT_THAT(r.out, HasSubstr("balance"));
+  EXPECT_THAT(r.out, HasSubstr("plan-step"));
   const ProcessResult balance = RunProgram({"balance", "--help"});
   EXPECT_EQ(balance.status, 0);
   EXPECT_THAT(balance.out, HasSubstr("--parts"));
   EXPECT_THAT(balance.out, HasSubstr("Llama-3.1-8B"));
+  const ProcessResult plan_step = RunProgram({"plan-step", "--help"});
+  EXPECT_EQ(plan_step.status, 0);
+  for (const char* option :
+       {"--ranks", "--max-tokens", "--min-micro-batches", "--multiple-of", "--pad-to",
+        "--pipeline-stages", "--overhead", "--order", "--equal-size", "--keep-groups",
+        "--refine-iterations", "--micro-batches", "--json", "--example", "--seed", "--cost",
+        "--hidden-size", "--linear", "Llama-3.1-8B"}) {
+    EXPECT_THAT(plan_step.out, HasSubstr(option));
+  }
 }
 
 TEST(CliTest, ExampleTable) {
@@ -298,6 +237,178 @@ TEST(CliTest, SharedReasoningLengths) {
   ExpectPartition(ParseReply(r.out), 42, 4);
 }
 
+TEST(CliTest, PlanStepExampleTable) {
+  const ProcessResult r = RunProgram({"plan-step", "--example", "--max-tokens", "32768"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, IsEmpty());
+  const std::vector<std::string> lines = Lines(r.out);
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_THAT(lines[0], HasSubstr("1024 sequences in 128 groups"));
+  EXPECT_THAT(lines[0], HasSubstr("R = 8 ranks"));
+  EXPECT_THAT(lines[1], HasSubstr("at most 32768 tokens each"));
+  EXPECT_THAT(lines[2], HasSubstr("p = 1 pipeline stage, overhead 0"));
+  EXPECT_THAT(lines[3], HasSubstr("cost model: tokens"));
+  EXPECT_THAT(lines.at(5), StartsWith("rank  sequences  tokens"));
+  int rank_rows = 0;
+  for (const std::string& line : lines) {
+    if (line.starts_with("   ") && line.find_first_not_of(' ') != std::string::npos &&
+        std::isdigit(static_cast<unsigned char>(line[line.find_first_not_of(' ')]))) {
+      ++rank_rows;
+    }
+  }
+  EXPECT_EQ(rank_rows, 8) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\nmicro-batches   "));
+  EXPECT_THAT(r.out, HasSubstr("\nstep time       "));
+  EXPECT_THAT(r.out, HasSubstr("\nlower bound     "));
+  EXPECT_THAT(r.out, HasSubstr("\ngap             "));
+  EXPECT_THAT(r.out, HasSubstr("\nbaseline ("));
+  EXPECT_THAT(r.out, HasSubstr("\ncap violations  "));
+  EXPECT_THAT(r.out, HasSubstr("\nours: "));
+}
+
+TEST(CliTest, PlanStepExampleIsBalanceExample) {
+  for (const char* seed : {"1", "7"}) {
+    const ProcessResult step =
+        RunProgram({"plan-step", "--example", "--seed", seed, "--max-tokens", "65536", "--json"});
+    const ProcessResult balance = RunProgram({"balance", "--example", "--seed", seed, "--json"});
+    ASSERT_EQ(step.status, 0) << step.err;
+    ASSERT_EQ(balance.status, 0) << balance.err;
+    const auto reply = ParseReply<v1::PlanStepReply>(step.out);
+    ExpectStepPlan(reply, 1024, 8, 65536);
+    std::int64_t step_tokens = 0;
+    for (const v1::RankPlan& rank : reply.ranks()) step_tokens += rank.tokens();
+    std::int64_t balance_tokens = 0;
+    const v1::BalanceReply parts = ParseReply(balance.out);
+    for (const v1::Part& part : parts.parts()) balance_tokens += part.tokens();
+    EXPECT_EQ(step_tokens, balance_tokens);
+  }
+}
+
+TEST(CliTest, PlanStepManyRanksAreElided) {
+  const ProcessResult r =
+      RunProgram({"plan-step", "--example", "--ranks", "100", "--max-tokens", "32768"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("… (36 more ranks)"));
+}
+
+TEST(CliTest, PlanStepListsMicroBatches) {
+  const std::string input = "100\n200\n300\n400\n500\n600\n";
+  const ProcessResult r =
+      RunProgram({"plan-step", "--ranks", "2", "--max-tokens", "700", "--micro-batches"}, input);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::vector<std::string> lines = Lines(r.out);
+  const auto header = std::find_if(lines.begin(), lines.end(), [](const std::string& line) {
+    return line.starts_with("rank  micro-batch  sequences  tokens  cost");
+  });
+  ASSERT_NE(header, lines.end()) << r.out;
+  // 2100 tokens, at most 700 per micro-batch: 2 micro-batches per rank at least.
+  int rows = 0;
+  for (auto it = header + 1; it != lines.end() && !it->empty(); ++it) ++rows;
+  const ProcessResult json =
+      RunProgram({"plan-step", "--ranks", "2", "--max-tokens", "700", "--json"}, input);
+  ASSERT_EQ(json.status, 0) << json.err;
+  const auto reply = ParseReply<v1::PlanStepReply>(json.out);
+  ExpectStepPlan(reply, 6, 2, 700);
+  EXPECT_GE(reply.micro_batches(), 2);
+  EXPECT_EQ(rows, 2 * reply.micro_batches()) << r.out;
+}
+
+TEST(CliTest, PlanStepJsonFromStdinIsTheSolvePlanStepReply) {
+  const std::string input = "100\n200 300\n\n400 5000\n";
+  const ProcessResult r = RunProgram(
+      {"plan-step",           "--json", "--ranks",       "2",    "--max-tokens", "6000",
+       "--min-micro-batches", "3",      "--multiple-of", "2",    "--pad-to",     "8",
+       "--pipeline-stages",   "2",      "--overhead",    "10",   "--order",      "heaviest-first",
+       "--refine-iterations", "5",      "--quadratic",   "0.001"},
+      input);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, IsEmpty());
+  v1::PlanStepRequest request;
+  for (const std::int64_t length : ParseLengths(input).lengths) request.add_lengths(length);
+  request.set_num_ranks(2);
+  request.set_max_tokens_per_micro_batch(6000);
+  request.set_min_micro_batches(3);
+  request.set_micro_batches_multiple_of(2);
+  request.set_pad_to_multiple_of(8);
+  request.set_pipeline_stages(2);
+  request.set_overhead(10);
+  request.set_order(v1::MICRO_BATCH_ORDER_HEAVIEST_FIRST);
+  request.set_refine_iterations(5);
+  request.mutable_cost()->set_kind(v1::COST_KIND_ATTENTION);
+  request.mutable_cost()->mutable_coefficients()->set_linear(1.0);
+  request.mutable_cost()->mutable_coefficients()->set_quadratic(0.001);
+  EXPECT_EQ(r.out, ToJson(SolvePlanStep(request)) + "\n");
+  const auto reply = ParseReply<v1::PlanStepReply>(r.out);
+  ExpectStepPlan(reply, 5, 2, 6000);
+  EXPECT_EQ(reply.micro_batches(), 4);
+
+  // The defaults: 8 ranks, pipeline order, tokens.
+  const ProcessResult defaults = RunProgram({"plan-step", "--max-tokens", "6000", "--json"}, input);
+  ASSERT_EQ(defaults.status, 0) << defaults.err;
+  v1::PlanStepRequest plain;
+  for (const std::int64_t length : ParseLengths(input).lengths) plain.add_lengths(length);
+  plain.set_num_ranks(8);
+  plain.set_max_tokens_per_micro_batch(6000);
+  plain.set_min_micro_batches(1);
+  plain.set_micro_batches_multiple_of(1);
+  plain.set_pad_to_multiple_of(1);
+  plain.set_pipeline_stages(1);
+  plain.set_order(v1::MICRO_BATCH_ORDER_PIPELINE);
+  plain.mutable_cost()->set_kind(v1::COST_KIND_TOKENS);
+  EXPECT_EQ(defaults.out, ToJson(SolvePlanStep(plain)) + "\n");
+}
+
+// 8 sequences of 7 tokens under a cap of 8: the usual pipeline makes 7 micro-batches,
+// one of 14 tokens; ours keeps the cap with 8.
+TEST(CliTest, PlanStepKnownBaselineFailure) {
+  const std::string input = "7 7 7 7 7 7 7 7\n";
+  const ProcessResult json =
+      RunProgram({"plan-step", "--ranks", "1", "--max-tokens", "8", "--json"}, input);
+  ASSERT_EQ(json.status, 0) << json.err;
+  const auto reply = ParseReply<v1::PlanStepReply>(json.out);
+  ExpectStepPlan(reply, 8, 1, 8);
+  EXPECT_EQ(reply.micro_batches(), 8);
+  EXPECT_EQ(reply.baseline().micro_batches(), 7);
+  EXPECT_EQ(reply.baseline().cap_violations(), 1);
+
+  const ProcessResult table = RunProgram({"plan-step", "--ranks", "1", "--max-tokens", "8"}, input);
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("\nmicro-batches   8 per rank\n"));
+  EXPECT_THAT(table.out, HasSubstr("\nmicro-batches   7 per rank\n"));
+  EXPECT_THAT(table.out,
+              HasSubstr("cap violations  1 micro-batch over the cap — a possible out-of-memory"));
+}
+
+TEST(CliTest, PlanStepSharedGrpoRolloutsKeepGroups) {
+  const std::string path = SharedData("rollout_lengths_amc23_llama3b.csv");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found";
+  const std::vector<std::string> args = {
+      "plan-step",    path,   "--ranks",           "8", "--keep-groups", "--equal-size",
+      "--max-tokens", "8192", "--pipeline-stages", "2", "--overhead",    "500"};
+  const ProcessResult table = RunProgram(args);
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_THAT(Lines(table.out).at(0), HasSubstr("2000 sequences in 40 groups"));
+  EXPECT_THAT(Lines(table.out).at(0), HasSubstr("groups kept together"));
+
+  std::vector<std::string> json_args = args;
+  json_args.push_back("--json");
+  const ProcessResult r = RunProgram(json_args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto reply = ParseReply<v1::PlanStepReply>(r.out);
+  ExpectStepPlan(reply, 2000, 8, 8192);
+  // The file lists each group's 50 samples together: index / 50 is the group.
+  for (const v1::RankPlan& rank : reply.ranks()) {
+    std::set<std::int64_t> groups;
+    std::int64_t sequences = 0;
+    for (const v1::MicroBatch& batch : rank.micro_batches()) {
+      for (const std::int64_t index : batch.indices()) groups.insert(index / 50);
+      sequences += batch.indices_size();
+    }
+    EXPECT_EQ(groups.size(), 5u);
+    EXPECT_EQ(sequences, 250);
+  }
+}
+
 struct BadCase {
   std::vector<std::string> args;
   std::string input;
@@ -317,7 +428,7 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
       {{"balance", "/nonexistent/lengths.txt"}, "", "/nonexistent/lengths.txt: cannot open"},
       {{"balance", "/"}, "", "/: is a directory"},
       {{"balance", "--frobnicate"}, "1\n", "frobnicate"},
-      {{}, "", "a command is required: balance"},
+      {{}, "", "a command is required: balance, plan-step"},
       {{"frobnicate"}, "", "frobnicate"},
       {{"--log-level", "loud", "balance"}, "1\n", "--log-level"},
       {{"balance", "--cost", "flops"}, "1\n", "--cost"},
@@ -339,6 +450,48 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
       {{"balance", "--parts", "3", "--parts", "4"}, "1\n", "--parts"},
       {{"balance", "-", "extra"}, "1\n", "extra"},
       {{"balance", "--example", "file.txt"}, "", "excludes"},
+      {{"plan-step"}, "1\n", "--max-tokens is required"},
+      {{"plan-step", "--max-tokens", "0"}, "1\n", "--max-tokens: must be an integer >= 1, got '0'"},
+      {{"plan-step", "--max-tokens", "8"},
+       "3\n9\n",
+       "lengths[1]: sequence of 9 tokens (padded) "
+       "exceeds max_tokens_per_micro_batch = 8"},
+      {{"plan-step", "--max-tokens", "6", "--pad-to", "4"},
+       "5\n",
+       "lengths[0]: sequence of 8 tokens (padded) exceeds max_tokens_per_micro_batch = 6"},
+      {{"plan-step", "--max-tokens", "8"}, "", "stdin: no lengths"},
+      {{"plan-step", "--max-tokens", "8"}, "1\nx\n", "stdin: line 2: 'x' is not an integer"},
+      {{"plan-step", "--max-tokens", "8", "/nonexistent/lengths.txt"},
+       "",
+       "/nonexistent/lengths.txt: cannot open"},
+      {{"plan-step", "--max-tokens", "8", "--ranks", "0"},
+       "1\n",
+       "--ranks: must be an integer in [1, 1048576], got '0'"},
+      {{"plan-step", "--max-tokens", "8", "--min-micro-batches", "0"},
+       "1\n",
+       "--min-micro-batches"},
+      {{"plan-step", "--max-tokens", "8", "--multiple-of", "1048577"}, "1\n", "--multiple-of"},
+      {{"plan-step", "--max-tokens", "8", "--pad-to", "-8"}, "1\n", "--pad-to"},
+      {{"plan-step", "--max-tokens", "8", "--pipeline-stages", "0"}, "1\n", "--pipeline-stages"},
+      {{"plan-step", "--max-tokens", "8", "--overhead", "-1"},
+       "1\n",
+       "--overhead: must be an integer >= 0, got '-1'"},
+      {{"plan-step", "--max-tokens", "8", "--overhead", "9223372036854775807"},
+       "1\n2\n",
+       "overflows int64"},
+      {{"plan-step", "--max-tokens", "8", "--order", "lightest-first"}, "1\n", "--order"},
+      {{"plan-step", "--max-tokens", "8", "--keep-groups"},
+       "1\n2\n",
+       "--keep-groups: the input has no group column"},
+      {{"plan-step", "--max-tokens", "8", "--cost", "tokens", "--num-layers", "2"},
+       "1\n",
+       "--cost"},
+      {{"plan-step", "--max-tokens", "8", "--linear", "0"},
+       "1\n",
+       "cost.coefficients: linear + quadratic must be > 0"},
+      {{"plan-step", "--max-tokens", "8", "--seed", "3"}, "1\n", "--seed"},
+      {{"plan-step", "--max-tokens", "8", "--example", "file.txt"}, "", "excludes"},
+      {{"plan-step", "--max-tokens", "8", "--parts", "2"}, "1\n", "--parts"},
   };
   for (const BadCase& c : cases) {
     std::string command;

@@ -1,0 +1,122 @@
+"""rlsched: a Python client of the ``rlsched serve`` daemon.
+
+The module-level functions share one default :class:`Client` (one daemon
+subprocess, started on first use, thread-safe, closed at exit)::
+
+    import rlsched
+    parts = rlsched.get_seqlen_balanced_partitions(seqlens, k_partitions=8,
+                                                   equal_size=True)
+    micro_batches = rlsched.plan_micro_batches(seqlens, max_tokens_per_micro_batch=16384)
+
+The daemon is ``$RLSCHED_BIN serve`` (else ``rlsched serve`` from ``PATH``). Errors
+are :class:`RlschedError` (``.code``, ``.message``, ``.field``);
+:class:`InvalidArgumentError` is also a ``ValueError``.
+
+Layout: this directory holds the pure-Python code; the protobuf modules generated
+from proto/rlsched/v1/*.proto live in the build tree (``<build>/python/rlsched/v1``).
+``pkgutil.extend_path`` below adds every ``rlsched`` directory found on
+``sys.path`` to this package's ``__path__``, so with
+``PYTHONPATH=<repo>/python:<build>/python`` (either order) ``rlsched.v1.service_pb2``
+imports. The build directory's ``rlsched/`` has no ``__init__.py`` on purpose.
+"""
+
+from pkgutil import extend_path
+
+__path__ = extend_path(__path__, __name__)  # noqa: F821 - the package's own path
+
+import threading as _threading  # noqa: E402
+from typing import Optional as _Optional  # noqa: E402
+
+from rlsched.client import (BalanceResult, BaselinePlan, Client,  # noqa: E402
+                            MicroBatch, Part, RankPlan, StepPlan)
+from rlsched.errors import (DaemonError, InvalidArgumentError,  # noqa: E402
+                            RlschedError)
+
+__all__ = [
+    "Client",
+    "RlschedError",
+    "InvalidArgumentError",
+    "DaemonError",
+    "BalanceResult",
+    "Part",
+    "StepPlan",
+    "RankPlan",
+    "MicroBatch",
+    "BaselinePlan",
+    "default_client",
+    "set_default_client",
+    "ping",
+    "balance",
+    "plan_step",
+    "plan_micro_batches",
+    "get_seqlen_balanced_partitions",
+]
+
+__version__ = "0.1.0"
+
+_default: _Optional[Client] = None
+_default_lock = _threading.Lock()
+
+
+def default_client() -> Client:
+    """The shared client of the module-level functions, created on first use
+    (``Client()``: binary from ``RLSCHED_BIN`` or ``PATH``)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = Client()
+        return _default
+
+
+def set_default_client(client: _Optional[Client]) -> _Optional[Client]:
+    """Makes `client` the shared client (None: a new ``Client()`` on next use);
+    returns the previous one, which the caller may close."""
+    global _default
+    with _default_lock:
+        previous, _default = _default, client
+        return previous
+
+
+def ping() -> str:
+    """:meth:`Client.ping` on the default client."""
+    return default_client().ping()
+
+
+def balance(lengths, num_parts, **kwargs):
+    """:meth:`Client.balance` on the default client."""
+    return default_client().balance(lengths, num_parts, **kwargs)
+
+
+def plan_step(lengths, **kwargs):
+    """:meth:`Client.plan_step` on the default client."""
+    return default_client().plan_step(lengths, **kwargs)
+
+
+def plan_micro_batches(lengths, max_tokens_per_micro_batch, **kwargs):
+    """:meth:`Client.plan_micro_batches` on the default client."""
+    return default_client().plan_micro_batches(lengths, max_tokens_per_micro_batch,
+                                               **kwargs)
+
+
+def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
+    """:meth:`Client.get_seqlen_balanced_partitions` on the default client: a list
+    of `k_partitions` lists of indices, each ascending, every index once; raises
+    ValueError where the RL frameworks' function of this name asserts."""
+    return default_client().get_seqlen_balanced_partitions(seqlen_list, k_partitions,
+                                                           equal_size)
+
+
+def _mirror_signatures() -> None:
+    # Show the methods' keyword arguments and documentation on the functions.
+    import inspect
+    for function in (ping, balance, plan_step, plan_micro_batches,
+                     get_seqlen_balanced_partitions):
+        method = getattr(Client, function.__name__)
+        signature = inspect.signature(method)
+        function.__signature__ = signature.replace(
+            parameters=list(signature.parameters.values())[1:])
+        function.__doc__ = (f"{inspect.cleandoc(function.__doc__)}\n\n"
+                            f"{inspect.getdoc(method)}")
+
+
+_mirror_signatures()

@@ -1,0 +1,726 @@
+"""A client of ``rlsched serve``: one daemon subprocess, reused across calls.
+
+The daemon reads ``rlsched.v1.Request`` messages on its stdin and writes one
+``rlsched.v1.Reply`` per request on its stdout, in request order, each framed as a
+varint length prefix followed by the serialised message (protobuf's delimited
+format). A :class:`Client` starts the daemon on its first call and keeps it.
+
+Thread-safety: a :class:`Client` may be shared by threads; a lock covers the write
+of one request and the read of its reply, so calls are serialised. Every request
+carries a fresh id and the reply's id is checked.
+
+Failures: a daemon found dead before a call is restarted; one that dies during a
+call (killed, crashed) is restarted and the request sent once more. If anything
+else interrupts a call half-way (a timeout, ``KeyboardInterrupt``), the stream can
+no longer be trusted: the daemon is killed and the next call starts a new one.
+Error replies become :class:`~rlsched.errors.RlschedError` (or
+:class:`~rlsched.errors.InvalidArgumentError`, a ``ValueError``, for
+``ERROR_CODE_INVALID_ARGUMENT``).
+
+After ``os.fork()`` the child does not use the parent's daemon (the pipes are
+shared); it starts its own on its first call.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import select
+import shutil
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+
+from rlsched._proto import balance_pb2, service_pb2
+from rlsched.errors import (CLIENT_CLOSED, DAEMON_DIED, DAEMON_TIMEOUT,
+                            DAEMON_UNAVAILABLE, PROTOCOL_ERROR, DaemonError,
+                            InvalidArgumentError, RlschedError)
+
+__all__ = [
+    "Client",
+    "Part",
+    "BalanceResult",
+    "MicroBatch",
+    "RankPlan",
+    "BaselinePlan",
+    "StepPlan",
+]
+
+# A protobuf message is at most 2 GiB; a longer length prefix means a broken stream.
+_MAX_FRAME = (1 << 31) - 1
+_READ_CHUNK = 1 << 16
+_CLOSE_WAIT_SECONDS = 5.0
+
+
+# ----------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a balance: indices into the request's lengths (ascending), the
+    sum of their lengths and of their costs."""
+    indices: list[int]
+    tokens: int
+    cost: int
+
+
+@dataclass(frozen=True)
+class BalanceResult:
+    """The answer to :meth:`Client.balance` (mirrors ``rlsched.v1.BalanceReply``)."""
+    parts: list[Part]
+    max_cost: int
+    min_cost: int
+    lower_bound: int
+    gap: float
+    proven_optimal: bool
+
+    @property
+    def partitions(self) -> list[list[int]]:
+        """The indices of each part."""
+        return [part.indices for part in self.parts]
+
+    @classmethod
+    def from_proto(cls, reply: balance_pb2.BalanceReply) -> "BalanceResult":
+        return cls(parts=[Part(list(p.indices), p.tokens, p.cost) for p in reply.parts],
+                   max_cost=reply.max_cost, min_cost=reply.min_cost,
+                   lower_bound=reply.lower_bound, gap=reply.gap,
+                   proven_optimal=reply.proven_optimal)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch: indices into the request's lengths (ascending), padded
+    tokens and cost."""
+    indices: list[int]
+    tokens: int
+    cost: int
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's micro-batches in execution order, its padded tokens, cost and
+    predicted time."""
+    micro_batches: list[MicroBatch]
+    tokens: int
+    cost: int
+    time: int
+
+
+@dataclass(frozen=True)
+class BaselinePlan:
+    """The figures of the pipeline frameworks use today, on the same input."""
+    predicted_step_time: int
+    cap_violations: int
+    micro_batches: int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The answer to :meth:`Client.plan_step` (mirrors ``rlsched.v1.PlanStepReply``)."""
+    ranks: list[RankPlan]
+    micro_batches: int
+    predicted_step_time: int
+    lower_bound: int
+    baseline: BaselinePlan
+
+    @classmethod
+    def from_proto(cls, reply: balance_pb2.PlanStepReply) -> "StepPlan":
+        ranks = [RankPlan([MicroBatch(list(m.indices), m.tokens, m.cost)
+                           for m in r.micro_batches], r.tokens, r.cost, r.time)
+                 for r in reply.ranks]
+        b = reply.baseline
+        return cls(ranks=ranks, micro_batches=reply.micro_batches,
+                   predicted_step_time=reply.predicted_step_time,
+                   lower_bound=reply.lower_bound,
+                   baseline=BaselinePlan(b.predicted_step_time, b.cap_violations,
+                                         b.micro_batches))
+
+
+# ----------------------------------------------------------------------------------
+# Argument conversion
+
+CostArg = Union[None, str, Mapping[str, Any], balance_pb2.CostModel]
+
+
+def _as_int_list(values: Any) -> list:
+    """`values` as a list of Python ints (numpy arrays and tensors via tolist())."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    elif not isinstance(values, list):
+        values = list(values)
+    return values
+
+
+def _extend_int64(field, values: list, name: str) -> None:
+    try:
+        field.extend(values)
+    except TypeError:
+        # Not all ints (e.g. floats): integral floats are accepted, others refused.
+        converted = []
+        for i, value in enumerate(values):
+            try:
+                as_int = int(value)
+            except (TypeError, ValueError, OverflowError):
+                raise InvalidArgumentError(
+                    f"{name}[{i}]: must be an integer, got {value!r}", f"{name}[{i}]")
+            if as_int != value:
+                raise InvalidArgumentError(
+                    f"{name}[{i}]: must be an integer, got {value!r}", f"{name}[{i}]")
+            converted.append(as_int)
+        field.extend(converted)
+    except ValueError as error:  # out of the int64 range
+        raise InvalidArgumentError(f"{name}: {error}", name) from None
+
+
+def _enum(enum_type, prefix: str, value: Any, field: str) -> int:
+    """An enum value from an int, its full name or its short name (any case)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        name = value.upper()
+        for candidate in (name, prefix + name):
+            if candidate in enum_type.keys():
+                return enum_type.Value(candidate)
+    raise InvalidArgumentError(
+        f"{field}: unknown value {value!r}; one of "
+        f"{', '.join(n[len(prefix):].lower() for n in enum_type.keys()[1:])}", field)
+
+
+def _cost_model(cost: CostArg, field: str = "cost") -> Optional[balance_pb2.CostModel]:
+    """A CostModel from None, a CostModel, a kind name ("tokens", "attention") or a
+    mapping in protobuf's JSON form (e.g. {"kind": "attention", "model": {...}})."""
+    if cost is None:
+        return None
+    if isinstance(cost, balance_pb2.CostModel):
+        return cost
+    if isinstance(cost, str):
+        return balance_pb2.CostModel(
+            kind=_enum(balance_pb2.CostKind, "COST_KIND_", cost, field + ".kind"))
+    if isinstance(cost, Mapping):
+        data = dict(cost)
+        if isinstance(data.get("kind"), str):
+            data["kind"] = _enum(balance_pb2.CostKind, "COST_KIND_", data["kind"],
+                                 field + ".kind")
+        try:
+            return json_format.ParseDict(data, balance_pb2.CostModel())
+        except json_format.ParseError as error:
+            raise InvalidArgumentError(f"{field}: {error}", field) from None
+    raise InvalidArgumentError(
+        f"{field}: expected None, a kind name, a mapping or a rlsched.v1.CostModel, "
+        f"got {type(cost).__name__}", field)
+
+
+def _fill_common(message, lengths, groups, cost, refine_iterations) -> None:
+    _extend_int64(message.lengths, _as_int_list(lengths), "lengths")
+    if groups is not None:
+        _extend_int64(message.groups, _as_int_list(groups), "groups")
+    model = _cost_model(cost)
+    if model is not None:
+        message.cost.CopyFrom(model)
+    if refine_iterations is not None:
+        message.refine_iterations = refine_iterations
+
+
+# ----------------------------------------------------------------------------------
+# Process bookkeeping: atexit and fork
+
+_live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _close_all_clients() -> None:
+    for client in list(_live_clients):
+        try:
+            client.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+def _forget_all_daemons_in_child() -> None:
+    for client in list(_live_clients):
+        client._after_fork_in_child()
+
+
+atexit.register(_close_all_clients)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_daemons_in_child)
+
+
+class _Gone(Exception):
+    """The daemon went away during a call (broken pipe or EOF)."""
+
+
+# ----------------------------------------------------------------------------------
+# The client
+
+
+class Client:
+    """One ``rlsched serve`` subprocess, started on first use and reused.
+
+    Args:
+        binary: the ``rlsched`` program; default: the ``RLSCHED_BIN`` environment
+            variable, else ``rlsched`` on ``PATH``.
+        args: extra arguments after ``serve`` (e.g. ``["--log-level", "warn"]``).
+        timeout: seconds one call may take (write + solve + read); ``None`` waits
+            forever. On a timeout the daemon is killed; the next call starts anew.
+        stderr: where the daemon's logs go (as for ``subprocess.Popen``); default:
+            this process's stderr.
+        env: the daemon's environment (default: this process's).
+
+    Use it as a context manager or call :meth:`close`; clients still open at
+    interpreter exit are closed by an ``atexit`` hook.
+    """
+
+    def __init__(self, binary: Optional[Union[str, os.PathLike]] = None, *,
+                 args: Sequence[str] = (), timeout: Optional[float] = None,
+                 stderr: Any = None, env: Optional[Mapping[str, str]] = None) -> None:
+        self._binary = os.fspath(binary) if binary is not None else None
+        self._args = list(args)
+        self._timeout = timeout
+        self._stderr = stderr
+        self._env = dict(env) if env is not None else None
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._proc: Optional[subprocess.Popen] = None
+        self._rbuf = bytearray()
+        self._owner_pid = os.getpid()
+        self._closed = False
+        self._restarts = 0
+        _live_clients.add(self)
+
+    # -- lifetime -------------------------------------------------------------------
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Ends the daemon (EOF on its stdin, then a kill if it does not exit within
+        a few seconds). Later calls raise :class:`DaemonError` (``CLIENT_CLOSED``).
+        Idempotent."""
+        with self._lock:
+            self._closed = True
+            proc, self._proc = self._proc, None
+            self._rbuf.clear()
+            if proc is None or self._owner_pid != os.getpid():
+                return
+            # EOF on its input ends the daemon with status 0; its output stays open
+            # until it has exited (a closed output would be an error for it).
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=_CLOSE_WAIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            finally:
+                proc.stdout.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The daemon's process id, or None before the first call / after close()."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    @property
+    def restarts(self) -> int:
+        """How many times a dead daemon was replaced."""
+        return self._restarts
+
+    @property
+    def binary(self) -> str:
+        """The program the client starts (resolved as described in the class)."""
+        return self._resolve_binary()
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's daemon and lock belong to the parent: drop them without
+        # touching the process; the child starts its own daemon when it needs one.
+        self._lock = threading.Lock()
+        proc, self._proc = self._proc, None
+        self._rbuf = bytearray()
+        self._owner_pid = os.getpid()
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            proc.returncode = -1  # never wait for the parent's child
+
+    def _resolve_binary(self) -> str:
+        if self._binary:
+            return self._binary
+        from_env = os.environ.get("RLSCHED_BIN")
+        if from_env:
+            return from_env
+        found = shutil.which("rlsched")
+        if found:
+            return found
+        raise DaemonError(DAEMON_UNAVAILABLE,
+                          "rlsched program not found: pass Client(binary=...), set "
+                          "RLSCHED_BIN, or put rlsched on PATH")
+
+    def _start(self) -> subprocess.Popen:
+        binary = self._resolve_binary()
+        try:
+            proc = subprocess.Popen([binary, "serve", *self._args],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=self._stderr, env=self._env, bufsize=0,
+                                    close_fds=True)
+        except OSError as error:
+            raise DaemonError(DAEMON_UNAVAILABLE,
+                              f"cannot start {binary!r} serve: {error}") from error
+        self._rbuf.clear()
+        return proc
+
+    def _discard(self, proc: subprocess.Popen) -> None:
+        """Kills the daemon (if it still runs), reaps it and forgets it."""
+        if self._proc is proc:
+            self._proc = None
+        self._rbuf.clear()
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        if proc.poll() is None:
+            try:
+                proc.kill()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=_CLOSE_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable
+            pass
+
+    def _ensure_started(self) -> subprocess.Popen:
+        proc = self._proc
+        if proc is not None and proc.poll() is not None:
+            self._discard(proc)
+            self._restarts += 1
+            proc = None
+        if proc is None:
+            proc = self._proc = self._start()
+        return proc
+
+    # -- framing --------------------------------------------------------------------
+
+    @staticmethod
+    def _remaining(deadline: Optional[float]) -> Optional[float]:
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DaemonError(DAEMON_TIMEOUT, "no reply from rlsched serve in time")
+        return left
+
+    def _write(self, proc: subprocess.Popen, data: bytes,
+               deadline: Optional[float]) -> None:
+        fd = proc.stdin.fileno()
+        view = memoryview(data)
+        try:
+            while view:
+                if deadline is not None:
+                    _, ready, _ = select.select([], [fd], [], self._remaining(deadline))
+                    if not ready:
+                        continue
+                written = os.write(fd, view)
+                view = view[written:]
+        except (BrokenPipeError, ConnectionResetError) as error:
+            raise _Gone(f"writing the request: {error}") from error
+
+    def _fill(self, fd: int, want: int, deadline: Optional[float]) -> None:
+        """Reads until the buffer holds at least `want` bytes."""
+        buf = self._rbuf
+        while len(buf) < want:
+            if deadline is not None:
+                ready, _, _ = select.select([fd], [], [], self._remaining(deadline))
+                if not ready:
+                    continue
+            try:
+                chunk = os.read(fd, max(_READ_CHUNK, min(want - len(buf), 1 << 24)))
+            except ConnectionResetError as error:
+                raise _Gone(f"reading the reply: {error}") from error
+            if not chunk:
+                raise _Gone("reading the reply: end of stream")
+            buf += chunk
+
+    def _read_frame(self, proc: subprocess.Popen, deadline: Optional[float]) -> bytes:
+        fd = proc.stdout.fileno()
+        buf = self._rbuf
+        size = 0
+        shift = 0
+        pos = 0
+        while True:  # the varint length prefix
+            if pos >= len(buf):
+                self._fill(fd, pos + 1, deadline)
+            byte = buf[pos]
+            pos += 1
+            size |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+            shift += 7
+            if shift >= 64:
+                raise DaemonError(PROTOCOL_ERROR, "malformed reply length prefix")
+        if size > _MAX_FRAME:
+            raise DaemonError(PROTOCOL_ERROR, f"reply length prefix {size} is too big")
+        end = pos + size
+        if len(buf) < end:
+            self._fill(fd, end, deadline)
+        frame = bytes(buf[pos:end])
+        del buf[:end]
+        return frame
+
+    def _read_salvage(self, proc: subprocess.Popen) -> bytes:
+        """After a broken pipe: the reply the daemon wrote before exiting, if any
+        (waits a few seconds at most); else raises _Gone."""
+        try:
+            return self._read_frame(proc, time.monotonic() + _CLOSE_WAIT_SECONDS)
+        except DaemonError as error:
+            raise _Gone(f"writing the request: broken pipe ({error.message})") from None
+
+    # -- calls ----------------------------------------------------------------------
+
+    def call(self, request: service_pb2.Request) -> service_pb2.Reply:
+        """Sends `request` (its id is replaced by a fresh one) and returns the reply.
+        Raises :class:`RlschedError` for an error reply."""
+        reply = self._exchange(request)
+        if reply.WhichOneof("kind") == "error":
+            raise _error_from_reply(reply.error)
+        return reply
+
+    def _exchange(self, request: service_pb2.Request) -> service_pb2.Reply:
+        with self._lock:
+            if self._closed:
+                raise DaemonError(CLIENT_CLOSED, "the client is closed")
+            if self._owner_pid != os.getpid():  # pragma: no cover - fork hook missed
+                self._after_fork_in_child()
+            deadline = (time.monotonic() + self._timeout
+                        if self._timeout is not None else None)
+            for attempt in (1, 2):
+                proc = self._ensure_started()
+                request_id = str(next(self._ids))
+                request.id = request_id
+                payload = request.SerializeToString()
+                data = _varint(len(payload)) + payload
+                try:
+                    try:
+                        self._write(proc, data, deadline)
+                    except _Gone:
+                        # The daemon stopped reading; it may have said why first
+                        # (e.g. a BAD_FRAME reply to a request above its cap).
+                        frame = self._read_salvage(proc)
+                    else:
+                        frame = self._read_frame(proc, deadline)
+                except _Gone as gone:
+                    self._discard(proc)
+                    self._restarts += 1
+                    if attempt == 1:
+                        continue
+                    raise DaemonError(
+                        DAEMON_DIED,
+                        f"rlsched serve died twice during one call ({gone}; exit "
+                        f"status {proc.returncode})") from None
+                except BaseException:
+                    # Timeout, interrupt, protocol error: the stream is out of step.
+                    self._discard(proc)
+                    raise
+                return self._check_reply(proc, frame, request_id)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_reply(self, proc: subprocess.Popen, frame: bytes,
+                     request_id: str) -> service_pb2.Reply:
+        reply = service_pb2.Reply()
+        try:
+            reply.ParseFromString(frame)
+        except DecodeError as error:
+            self._discard(proc)
+            raise DaemonError(PROTOCOL_ERROR, f"unparsable reply: {error}") from None
+        if reply.id != request_id:
+            self._discard(proc)
+            if not reply.id and reply.WhichOneof("kind") == "error":
+                # The daemon could not read the request (e.g. above its
+                # --max-message-bytes); it exits after such a reply.
+                raise _error_from_reply(reply.error)
+            raise DaemonError(PROTOCOL_ERROR,
+                              f"reply id {reply.id!r} does not match request id "
+                              f"{request_id!r}")
+        return reply
+
+    def ping(self) -> str:
+        """Checks the daemon is alive; returns its version."""
+        request = service_pb2.Request()
+        request.ping.SetInParent()
+        return self.call(request).pong.version
+
+    def balance(self, lengths: Iterable[int], num_parts: int, *,
+                groups: Optional[Iterable[int]] = None, equal_size: bool = False,
+                keep_groups: bool = False, cost: CostArg = None,
+                algorithm: Union[None, int, str] = None,
+                refine_iterations: Optional[int] = None,
+                raw: bool = False) -> Union[BalanceResult, balance_pb2.BalanceReply]:
+        """Splits sequences of the given lengths into `num_parts` parts, the heaviest
+        as light as possible (``rlsched.v1.BalanceRequest``; see balance.proto for
+        every field). `cost`: None (tokens), "tokens", "attention" with a mapping
+        such as ``{"kind": "attention", "model": {"hidden_size": 4096, ...}}``, or
+        a ``rlsched.v1.CostModel``. `algorithm`: None, "karmarkar_karp", "greedy".
+        Returns a :class:`BalanceResult`, or the ``BalanceReply`` with ``raw=True``.
+        """
+        request = service_pb2.Request()
+        message = request.balance
+        _fill_common(message, lengths, groups, cost, refine_iterations)
+        message.num_parts = num_parts
+        message.equal_size = equal_size
+        message.keep_groups = keep_groups
+        message.algorithm = _enum(balance_pb2.Algorithm, "ALGORITHM_", algorithm,
+                                  "balance.algorithm")
+        reply = self.call(request).balance
+        return reply if raw else BalanceResult.from_proto(reply)
+
+    def plan_step(self, lengths: Iterable[int], *, num_ranks: int,
+                  max_tokens_per_micro_batch: int,
+                  groups: Optional[Iterable[int]] = None, equal_size: bool = False,
+                  keep_groups: bool = False, min_micro_batches: int = 0,
+                  micro_batches_multiple_of: int = 0, pad_to_multiple_of: int = 0,
+                  pipeline_stages: int = 0, overhead: int = 0, cost: CostArg = None,
+                  order: Union[None, int, str] = None,
+                  refine_iterations: Optional[int] = None,
+                  raw: bool = False) -> Union[StepPlan, balance_pb2.PlanStepReply]:
+        """Plans a whole step (``rlsched.v1.PlanStepRequest``): sequences to
+        `num_ranks` ranks and each rank's into micro-batches of at most
+        `max_tokens_per_micro_batch` (padded) tokens, the same count on every rank.
+        `order`: None (pipeline), "pipeline", "heaviest_first". Returns a
+        :class:`StepPlan`, or the ``PlanStepReply`` with ``raw=True``."""
+        request = service_pb2.Request()
+        message = request.plan_step
+        _fill_common(message, lengths, groups, cost, refine_iterations)
+        message.num_ranks = num_ranks
+        message.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        message.equal_size = equal_size
+        message.keep_groups = keep_groups
+        message.min_micro_batches = min_micro_batches
+        message.micro_batches_multiple_of = micro_batches_multiple_of
+        message.pad_to_multiple_of = pad_to_multiple_of
+        message.pipeline_stages = pipeline_stages
+        message.overhead = overhead
+        message.order = _enum(balance_pb2.MicroBatchOrder, "MICRO_BATCH_ORDER_", order,
+                              "plan_step.order")
+        reply = self.call(request).plan_step
+        return reply if raw else StepPlan.from_proto(reply)
+
+    def plan_micro_batches(self, lengths: Iterable[int],
+                           max_tokens_per_micro_batch: int, *,
+                           min_micro_batches: int = 0,
+                           micro_batches_multiple_of: int = 0,
+                           pad_to_multiple_of: int = 0, pipeline_stages: int = 0,
+                           overhead: int = 0, cost: CostArg = None,
+                           order: Union[None, int, str] = None,
+                           groups: Optional[Iterable[int]] = None,
+                           keep_groups: bool = False,
+                           refine_iterations: Optional[int] = None) -> list[list[int]]:
+        """One rank's micro-batches: :meth:`plan_step` with ``num_ranks=1``. Returns
+        the micro-batches in execution order, each a list of ascending indices into
+        `lengths`; none holds more than `max_tokens_per_micro_batch` (padded) tokens.
+        """
+        plan = self.plan_step(
+            lengths, num_ranks=1, max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+            groups=groups, keep_groups=keep_groups,
+            min_micro_batches=min_micro_batches,
+            micro_batches_multiple_of=micro_batches_multiple_of,
+            pad_to_multiple_of=pad_to_multiple_of, pipeline_stages=pipeline_stages,
+            overhead=overhead, cost=cost, order=order,
+            refine_iterations=refine_iterations, raw=True)
+        return [list(m.indices) for m in plan.ranks[0].micro_batches]
+
+    def get_seqlen_balanced_partitions(self, seqlen_list: Sequence[int],
+                                       k_partitions: int,
+                                       equal_size: bool) -> list[list[int]]:
+        """Drop-in for the function of this name in RL frameworks (verl): splits
+        the sequences into `k_partitions` parts of balanced total length and
+        returns the parts as lists of indices into `seqlen_list`, each ascending,
+        every index exactly once. With `equal_size` every part holds
+        ``len(seqlen_list) // k_partitions`` sequences.
+
+        Raises ValueError (:class:`InvalidArgumentError`) where that function
+        asserts: fewer sequences than parts, `equal_size` with a length not
+        divisible by `k_partitions`, or an empty part in the result; and for
+        arguments the daemon rejects (e.g. a negative length, field
+        ``balance.lengths[i]``).
+        """
+        values = _as_int_list(seqlen_list)
+        n = len(values)
+        k = k_partitions
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise InvalidArgumentError(f"k_partitions must be a positive int, got {k!r}",
+                                       "k_partitions")
+        if n < k:
+            raise InvalidArgumentError(
+                f"number of items:[{n}] < k_partitions:[{k}]", "k_partitions")
+        if equal_size and n % k != 0:
+            raise InvalidArgumentError(
+                f"equal_size needs len(seqlen_list) % k_partitions == 0, got {n} % {k}",
+                "equal_size")
+        request = service_pb2.Request()
+        message = request.balance
+        _extend_int64(message.lengths, values, "seqlen_list")
+        message.num_parts = k
+        message.equal_size = bool(equal_size)
+        reply = self.call(request).balance
+        partitions = [list(part.indices) for part in reply.parts]
+        if len(partitions) != k:
+            raise DaemonError(PROTOCOL_ERROR,
+                              f"{len(partitions)} parts in the reply, expected {k}")
+        total = 0
+        for i, part in enumerate(partitions):
+            if not part:
+                raise InvalidArgumentError(f"the {i}-th partition is empty",
+                                           "k_partitions")
+            total += len(part)
+        if total != n:
+            raise DaemonError(PROTOCOL_ERROR,
+                              f"{total} indices in the reply, expected {n}")
+        return partitions
+
+
+def _varint(value: int) -> bytes:
+    """The base-128 varint encoding of a non-negative int (protobuf's)."""
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _error_from_reply(error: service_pb2.Error) -> RlschedError:
+    code = service_pb2.ErrorCode.Name(error.code) if error.code in \
+        service_pb2.ErrorCode.values() else str(error.code)
+    if error.code == service_pb2.ERROR_CODE_INVALID_ARGUMENT:
+        return InvalidArgumentError(error.message, error.field, code)
+    return RlschedError(code, error.message, error.field)

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Writes the seed corpus of serve_fuzzer into tests/fuzz/corpus/: byte streams as
+# `rlsched serve` reads them (varint length-delimited rlsched.v1.Request messages),
+# encoded from text format by protoc. Usage: tests/fuzz/make_corpus.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+out=corpus
+mkdir -p "$out"
+
+# The varint of $1 as bytes on stdout.
+varint() {
+  local n=$1
+  while [ "$n" -ge 128 ]; do
+    printf "\\x$(printf %02x $(((n & 127) | 128)))"
+    n=$((n >> 7))
+  done
+  printf "\\x$(printf %02x "$n")"
+}
+
+# One frame: the text-format Request $1, encoded and length-prefixed.
+frame() {
+  local body
+  body=$(mktemp)
+  protoc --proto_path=../../proto --encode=rlsched.v1.Request rlsched/v1/service.proto \
+    <<<"$1" >"$body"
+  varint "$(stat -c %s "$body")"
+  cat "$body"
+  rm -f "$body"
+}
+
+ping='id: "p" ping {}'
+balance='id: "b" balance { lengths: [4096, 512, 700, 3000, 2048, 128, 9000, 33] num_parts: 3 }'
+balance_equal='id: "be" balance { lengths: [5, 9, 1, 7, 3, 8] groups: [0, 0, 1, 1, 2, 2]
+  num_parts: 3 equal_size: true keep_groups: true algorithm: ALGORITHM_GREEDY refine_iterations: 5 }'
+balance_model='id: "bm" balance { lengths: [100, 2000, 30000, 400] num_parts: 2
+  cost { kind: COST_KIND_ATTENTION model { hidden_size: 4096 num_layers: 32
+  ffn_hidden_size: 14336 num_attention_heads: 32 num_kv_heads: 8 vocab_size: 128256 }
+  per_sequence: 10 } }'
+balance_coefficients='id: "bc" balance { lengths: [100, 2000, 30000, 400, 5] num_parts: 2
+  cost { kind: COST_KIND_ATTENTION coefficients { linear: 1 quadratic: 0.001 constant: 3 } } }'
+plan_step='id: "s" plan_step { lengths: [100, 200, 300, 400, 500, 600, 700, 800] num_ranks: 2
+  max_tokens_per_micro_batch: 1000 min_micro_batches: 2 micro_batches_multiple_of: 2
+  pad_to_multiple_of: 8 pipeline_stages: 2 overhead: 10 order: MICRO_BATCH_ORDER_HEAVIEST_FIRST
+  refine_iterations: 50 }'
+plan_step_groups='id: "sg" plan_step { lengths: [7, 7, 7, 7, 7, 7, 7, 7] groups: [0, 0, 1, 1, 2, 2, 3, 3]
+  equal_size: true keep_groups: true num_ranks: 2 max_tokens_per_micro_batch: 8
+  cost { kind: COST_KIND_ATTENTION coefficients { linear: 1 quadratic: 0.5 } } }'
+invalid='id: "x" balance { lengths: [1, 2] num_parts: 0 }'
+empty='id: "e"'
+
+frame "$ping" >"$out/ping"
+frame "$balance" >"$out/balance"
+frame "$balance_equal" >"$out/balance_equal_groups"
+frame "$balance_model" >"$out/balance_model"
+frame "$balance_coefficients" >"$out/balance_coefficients"
+frame "$plan_step" >"$out/plan_step"
+frame "$plan_step_groups" >"$out/plan_step_groups"
+frame "$invalid" >"$out/invalid"
+frame "$empty" >"$out/empty"
+{
+  frame "$ping"
+  frame "$balance"
+  frame "$invalid"
+  frame "$plan_step"
+  frame "$empty"
+  frame "$balance_equal"
+} >"$out/mixed"
+# A well-framed payload that is not a Request, then a ping.
+{
+  printf '\x04\xff\xff\xff\xff'
+  frame "$ping"
+} >"$out/malformed_then_ping"
+# A stream cut inside its second frame.
+{
+  frame "$ping"
+  frame "$plan_step" | head -c 20
+} >"$out/truncated"
+ls -l "$out" >&2

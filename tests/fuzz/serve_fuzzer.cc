@@ -1,0 +1,178 @@
+// serve_fuzzer.cc — libFuzzer target over the daemon's whole delimited request path:
+// the input is a byte stream as `rlsched serve` reads it on stdin. Each frame goes
+// through RequestReader (framing, the size cap), DecodeRequest (protobuf parsing;
+// also as a JSON line), HandleRequest (validation, SolveBalance / SolvePlanStep) and
+// EncodeReply (both formats), exactly as Serve() runs them minus the thread pool.
+//
+// Checked beyond the sanitizers: no INTERNAL reply (an exception other than
+// std::invalid_argument from a solve is a bug); every reply echoes its request's id;
+// a solved balance has num_parts parts holding every index once, a solved step plan
+// num_ranks ranks with the same micro-batch count and every index once; the replies
+// written parse back as a sequence of Replies, the last one BAD_FRAME exactly when the
+// stream was bad.
+//
+// A valid request may ask for a lot of work (a million parts, a million micro-batches
+// per rank, a large refinement budget): the library allows it and the daemon does it.
+// To keep executions short, requests above kMax* below are decoded and validated by
+// the harness's own checks but not solved.
+//
+// Run: see tests/fuzz/CMakeLists.txt.
+
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/stubs/logging.h>
+#include <google/protobuf/util/delimited_message_util.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "serve.h"
+
+namespace rlsched::scheduler {
+namespace {
+
+// Bounds on the work the harness lets a request ask for.
+constexpr std::int64_t kMaxItems = 2048;
+constexpr std::int64_t kMaxParts = 512;
+constexpr std::int64_t kMaxMicroBatchesPerRank = 512;
+constexpr std::int64_t kMaxMicroBatchesTotal = 1 << 14;
+constexpr std::int64_t kMaxRefineIterations = 20'000;
+// The frame cap of the harness (the daemon's default is 64 MiB).
+constexpr std::int64_t kMaxMessageBytes = 1 << 20;
+
+[[noreturn]] void Die(const char* what, const std::string& detail) {
+  std::fprintf(stderr, "serve_fuzzer: %s\n%s\n", what, detail.c_str());
+  std::abort();
+}
+
+bool Cheap(const v1::Request& request) {
+  switch (request.kind_case()) {
+    case v1::Request::kBalance: {
+      const v1::BalanceRequest& balance = request.balance();
+      return balance.lengths_size() <= kMaxItems && balance.num_parts() <= kMaxParts &&
+             balance.refine_iterations() <= kMaxRefineIterations;
+    }
+    case v1::Request::kPlanStep: {
+      const v1::PlanStepRequest& step = request.plan_step();
+      const std::int64_t per_rank =
+          std::max({step.min_micro_batches(), step.micro_batches_multiple_of(),
+                    step.pipeline_stages(), std::int64_t{1}});
+      return step.lengths_size() <= kMaxItems && step.num_ranks() <= kMaxParts &&
+             per_rank <= kMaxMicroBatchesPerRank &&
+             std::max<std::int64_t>(step.num_ranks(), 1) * per_rank <= kMaxMicroBatchesTotal &&
+             step.refine_iterations() <= kMaxRefineIterations;
+    }
+    default:
+      return true;
+  }
+}
+
+// Every index of [0, n) exactly once in `indices`.
+void CheckPermutation(const std::vector<std::int64_t>& indices, std::int64_t n,
+                      const v1::Reply& reply) {
+  if (static_cast<std::int64_t>(indices.size()) != n) Die("wrong item count", reply.DebugString());
+  std::vector<bool> seen(static_cast<std::size_t>(n), false);
+  for (const std::int64_t index : indices) {
+    if (index < 0 || index >= n || seen[static_cast<std::size_t>(index)]) {
+      Die("an index missing or repeated", reply.DebugString());
+    }
+    seen[static_cast<std::size_t>(index)] = true;
+  }
+}
+
+void CheckReply(const v1::Request& request, const v1::Reply& reply) {
+  if (reply.id() != request.id()) Die("the reply does not echo the id", reply.DebugString());
+  if (reply.has_error() && reply.error().code() == v1::ERROR_CODE_INTERNAL) {
+    Die("INTERNAL reply", request.DebugString() + "\n" + reply.DebugString());
+  }
+  std::vector<std::int64_t> indices;
+  if (reply.has_balance()) {
+    if (reply.balance().parts_size() != request.balance().num_parts()) {
+      Die("wrong part count", reply.DebugString());
+    }
+    for (const v1::Part& part : reply.balance().parts()) {
+      indices.insert(indices.end(), part.indices().begin(), part.indices().end());
+    }
+    CheckPermutation(indices, request.balance().lengths_size(), reply);
+  } else if (reply.has_plan_step()) {
+    const v1::PlanStepReply& plan = reply.plan_step();
+    if (plan.ranks_size() != request.plan_step().num_ranks()) {
+      Die("wrong rank count", reply.DebugString());
+    }
+    for (const v1::RankPlan& rank : plan.ranks()) {
+      if (rank.micro_batches_size() != plan.micro_batches()) {
+        Die("micro-batch counts differ across ranks", reply.DebugString());
+      }
+      for (const v1::MicroBatch& batch : rank.micro_batches()) {
+        if (batch.tokens() > request.plan_step().max_tokens_per_micro_batch()) {
+          Die("a micro-batch above the cap", reply.DebugString());
+        }
+        indices.insert(indices.end(), batch.indices().begin(), batch.indices().end());
+      }
+    }
+    CheckPermutation(indices, request.plan_step().lengths_size(), reply);
+  }
+}
+
+}  // namespace
+}  // namespace rlsched::scheduler
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace rlsched::scheduler;  // NOLINT
+  using rlsched::v1::Reply;
+  static const bool quiet = [] {
+    google::protobuf::SetLogHandler(nullptr);  // e.g. "invalid UTF-8" on every such frame
+    return true;
+  }();
+  (void)quiet;
+
+  // Chunks of 1 to 13 bytes, so that frames straddle the stream's buffers.
+  google::protobuf::io::ArrayInputStream input(data, static_cast<int>(size),
+                                               static_cast<int>(size % 13) + 1);
+  RequestReader reader(input, WireFormat::kDelimited, kMaxMessageBytes);
+  std::string output;
+  bool bad_frame = false;
+  while (true) {
+    RequestReader::Frame frame = reader.Next();
+    if (frame.kind == RequestReader::Frame::Kind::kEnd) break;
+    if (frame.kind == RequestReader::Frame::Kind::kBadFrame) {
+      output += EncodeReply(ErrorReply("", rlsched::v1::ERROR_CODE_BAD_FRAME, frame.error),
+                            WireFormat::kDelimited);
+      bad_frame = true;
+      break;
+    }
+    (void)DecodeRequest(frame.payload, WireFormat::kJson);  // the JSON parser on the same bytes
+    DecodedRequest decoded = DecodeRequest(frame.payload, WireFormat::kDelimited);
+    Reply reply;
+    if (decoded.error) {
+      reply = std::move(*decoded.error);
+    } else if (!Cheap(decoded.request)) {
+      continue;  // valid or not, too much work for a fuzzer's execution
+    } else {
+      reply = HandleRequest(decoded.request);
+      CheckReply(decoded.request, reply);
+    }
+    output += EncodeReply(reply, WireFormat::kDelimited);
+    (void)EncodeReply(reply, WireFormat::kJson);
+  }
+
+  // What the client reads back.
+  google::protobuf::io::ArrayInputStream replies(output.data(), static_cast<int>(output.size()));
+  Reply last;
+  while (true) {
+    Reply reply;
+    bool clean_eof = false;
+    if (!google::protobuf::util::ParseDelimitedFromZeroCopyStream(&reply, &replies, &clean_eof)) {
+      if (!clean_eof) Die("the replies do not parse back", "");
+      break;
+    }
+    last = std::move(reply);
+  }
+  if (bad_frame != (last.error().code() == rlsched::v1::ERROR_CODE_BAD_FRAME)) {
+    Die("BAD_FRAME must be the last reply exactly when the stream is bad", last.DebugString());
+  }
+  return 0;
+}

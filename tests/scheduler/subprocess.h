@@ -1,0 +1,78 @@
+// subprocess.h — runs the built `rlsched` program over pipes, as a user, a script or
+// a client library would, with a time limit so that a hung program fails the test
+// instead of hanging it.
+//
+// Example
+//   ProcessResult r = RunProgram({"balance", "--json"}, "1 2 3\n");
+//   EXPECT_EQ(r.status, 0) << r.err;
+//
+//   Subprocess daemon({"serve"});
+//   daemon.Write(frame);
+//   std::string reply;
+//   daemon.ReadSome(&reply, std::chrono::seconds(10));
+//   daemon.CloseStdin();
+//   ProcessResult rest = daemon.Communicate("", std::chrono::seconds(10));
+
+#ifndef RLSCHED_TESTS_SCHEDULER_SUBPROCESS_H_
+#define RLSCHED_TESTS_SCHEDULER_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rlsched::scheduler {
+
+struct ProcessResult {
+  int status = -1;         // exit status, or 128 + signal number
+  bool timed_out = false;  // killed (SIGKILL) after the time limit
+  std::string out;
+  std::string err;
+};
+
+inline constexpr std::chrono::milliseconds kDefaultTimeLimit{60'000};
+
+// The built program (RLSCHED_PROGRAM) started with `args`, its stdin, stdout and
+// stderr connected to pipes. SIGPIPE is ignored in the test process.
+class Subprocess {
+ public:
+  explicit Subprocess(const std::vector<std::string>& args);
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+  // Kills (SIGKILL) and reaps the program if it is still running.
+  ~Subprocess();
+
+  // Writes all of `bytes` to the program's stdin; false if the pipe broke.
+  bool Write(std::string_view bytes);
+  // Appends what the program writes to stdout to `out` until `out` holds at least
+  // `size` bytes; false on end of stdout or after `time_limit`.
+  bool ReadAtLeast(std::size_t size, std::string* out, std::chrono::milliseconds time_limit);
+  void CloseStdin();
+  void CloseStdout();
+
+  // Writes `input` to stdin (then closes it), collects stdout and stderr until both
+  // end, and waits for the exit; kills the program after `time_limit`. Once only.
+  ProcessResult Communicate(std::string_view input, std::chrono::milliseconds time_limit);
+  // As Communicate() but leaves stdin as it is (open, unless closed before).
+  ProcessResult Wait(std::chrono::milliseconds time_limit);
+
+ private:
+  ProcessResult Collect(std::string_view input, bool feed_stdin,
+                        std::chrono::milliseconds time_limit);
+
+  pid_t pid_ = -1;
+  int in_ = -1;
+  int out_ = -1;
+  int err_ = -1;
+};
+
+// Runs the program with `args`, feeding `input` on stdin and collecting stdout and
+// stderr until it exits; kills it after `time_limit` (the result says timed_out).
+ProcessResult RunProgram(const std::vector<std::string>& args, std::string_view input = "",
+                         std::chrono::milliseconds time_limit = kDefaultTimeLimit);
+
+}  // namespace rlsched::scheduler
+
+#endif  // RLSCHED_TESTS_SCHEDULER_SUBPROCESS_H_
