@@ -1,0 +1,119 @@
+// rlsched/rollout/plan.h — the weight-resharding plan: which slices move from which
+// trainer rank to which engine ranks, in which bucket, and what that costs.
+//
+// Overview
+//   PlanReshard() matches every piece of every engine shard (layout.h) with the
+//   trainer shards that hold it, chooses a sender among the ranks that hold it (DP
+//   and CP replicas, both copies of a tied embedding) to balance the bytes on every
+//   link, sends one broadcast per region to all engine replicas that need it (one
+//   per node that holds a copy, over the intra-node links; one over the NICs for the
+//   nodes that hold none), copies locally where a colocated engine rank already holds
+//   the bytes, and packs the transfers into buckets so that no rank sends or receives
+//   more than the budget in one bucket (a local copy counts as received, not sent).
+//
+//   Ranks are global GPU ids: trainer ranks 0..T-1; engine rank (replica, tp_rank)
+//   is T + replica·TP + tp_rank on separate GPUs, replica·TP + tp_rank when
+//   colocated. GPU g is on node g / gpus_per_node. Each GPU has an intra-node link
+//   and a NIC, each full duplex. A transfer costs its bytes once on each link it
+//   crosses (a broadcast: once out of the sender, once into each receiver).
+//
+//   Cost: a bucket takes max over links of (its bytes on the link / bandwidth); the
+//   estimate is the sum over buckets. The lower bound is the largest, over links and
+//   over groups of ranks that hold the same data, of bytes that must cross them /
+//   bandwidth. The naive method (gather every full tensor on trainer rank 0, then
+//   broadcast it to every engine rank) is estimated with the same link model.
+//
+// Example
+//   ReshardOptions o;
+//   o.train = {.tp = 8, .pp = 2, .dp = 4};
+//   o.infer = {.tp = 4, .replicas = 16};
+//   o.topology.colocated = true;
+//   ReshardPlan plan = PlanReshard(model, o);
+//   // plan.transfers, plan.estimate_seconds, plan.lower_bound_seconds
+//
+// Complexity: O(P log P) for P transfers (before splitting into buckets), with
+//   P about (engine pieces) x (trainer shards each overlaps). Memory O(P).
+// Thread-safety: pure. Errors: std::invalid_argument naming the field.
+
+#ifndef RLSCHED_ROLLOUT_PLAN_H_
+#define RLSCHED_ROLLOUT_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rlsched/rollout/layout.h"
+#include "rlsched/rollout/model.h"
+
+namespace rlsched::rollout {
+
+struct Topology {
+  bool colocated = false;
+  std::int64_t gpus_per_node = 8;
+  double intra_node_gb_per_s = 400.0;  // per GPU, each direction; GB = 1e9 bytes
+  double inter_node_gb_per_s = 50.0;   // per GPU NIC, each direction
+};
+
+struct ReshardOptions {
+  TrainLayout train;
+  InferLayout infer;
+  Topology topology;
+  std::int64_t bucket_bytes = std::int64_t{512} << 20;  // per rank per bucket, each way
+};
+
+// [begin, end) along one dim.
+struct Range {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  friend bool operator==(const Range&, const Range&) = default;
+};
+
+struct Transfer {
+  std::int64_t bucket = 0;
+  std::int64_t src_rank = 0;
+  std::int32_t src_param = 0;           // index into ReshardPlan::param_names
+  std::vector<Range> src_slice;         // per dim of the source rank's local tensor
+  std::vector<std::int64_t> dst_ranks;  // ascending; == {src_rank} for a local copy
+  std::int32_t dst_param = 0;
+  std::vector<Range> dst_slice;  // per dim of each destination's local tensor
+  std::int64_t bytes = 0;        // of one copy
+  bool local() const { return dst_ranks.size() == 1 && dst_ranks[0] == src_rank; }
+};
+
+// One direction of one GPU's link.
+enum class LinkKind { kIntraOut, kIntraIn, kNicOut, kNicIn };
+
+struct LinkLoad {
+  std::int64_t rank = 0;
+  LinkKind kind = LinkKind::kNicIn;
+  std::int64_t bytes = 0;
+  double seconds = 0.0;
+};
+
+struct ReshardPlan {
+  std::vector<std::string> param_names;  // Megatron and vLLM names used by transfers
+  std::vector<Transfer> transfers;       // by bucket, then in a fixed order
+  std::int64_t num_buckets = 0;
+  std::int64_t trainer_ranks = 0;
+  std::int64_t engine_ranks = 0;
+  std::int64_t bytes_received = 0;  // summed over destination ranks (local copies too)
+  std::int64_t bytes_local = 0;     // of those, by local copies
+  std::int64_t bytes_moved = 0;     // over non-local transfers (a broadcast counts once)
+  double estimate_seconds = 0.0;
+  double lower_bound_seconds = 0.0;
+  double naive_seconds = 0.0;
+  LinkLoad busiest_link;  // over the whole plan
+  std::vector<double> bucket_seconds;
+};
+
+// The global GPU id of engine (replica, tp_rank).
+std::int64_t EngineRank(const ReshardOptions& options, std::int64_t replica, std::int64_t tp_rank);
+
+// Plans the resharding. Throws std::invalid_argument naming the field for a layout
+// that does not fit the model, a non-positive bandwidth or gpus_per_node, or a bucket
+// smaller than one row of some tensor ("bucket_bytes").
+ReshardPlan PlanReshard(const ModelConfig& model, const ReshardOptions& options);
+
+}  // namespace rlsched::rollout
+
+#endif  // RLSCHED_ROLLOUT_PLAN_H_

@@ -1,0 +1,508 @@
+// The resharding planner: match, choose senders, bucket, estimate.
+
+#include "rlsched/rollout/plan.h"
+
+#include <algorithm>
+#include <cassert>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include "layout_internal.h"
+
+namespace rlsched::rollout {
+namespace {
+
+using internal::TensorIndex;
+
+[[noreturn]] void Fail(const std::string& field, const std::string& what) {
+  throw std::invalid_argument(field + ": " + what);
+}
+
+constexpr int kLinks = 4;  // LinkKind values per GPU
+
+struct Rect {
+  std::int64_t r0, r1, c0, c1;
+  friend bool operator<(const Rect& a, const Rect& b) {
+    return std::tie(a.r0, a.r1, a.c0, a.c1) < std::tie(b.r0, b.r1, b.c0, b.c1);
+  }
+  friend bool operator==(const Rect&, const Rect&) = default;
+};
+
+Rect RectOf(const Piece& p) { return {p.row_begin, p.row_end, p.col_begin, p.col_end}; }
+
+bool Intersect(const Rect& a, const Rect& b, Rect& out) {
+  out = {std::max(a.r0, b.r0), std::min(a.r1, b.r1), std::max(a.c0, b.c0), std::min(a.c1, b.c1)};
+  return out.r0 < out.r1 && out.c0 < out.c1;
+}
+
+// The local slice of `region` (inside piece `p`) in a local tensor of rank
+// p.offset.size().
+std::vector<Range> LocalSlice(const Piece& p, const Rect& region, bool is_vector) {
+  const std::size_t d = p.offset.size();
+  std::vector<Range> s(d);
+  for (std::size_t i = 0; i < d; ++i) s[i] = {p.offset[i], p.offset[i] + 1};
+  const std::size_t row_dim = is_vector ? d - 1 : d - 2;
+  s[row_dim] = {p.offset[row_dim] + region.r0 - p.row_begin,
+                p.offset[row_dim] + region.r1 - p.row_begin};
+  if (!is_vector) {
+    s[d - 1] = {p.offset[d - 1] + region.c0 - p.col_begin,
+                p.offset[d - 1] + region.c1 - p.col_begin};
+  }
+  return s;
+}
+
+// A set of trainer shards (a class of ranks that hold the same local params).
+struct SourceClass {
+  std::vector<LocalParam> params;
+  std::vector<std::int64_t> holders;  // ascending
+};
+
+// Where a rectangle of a full tensor is held: (class, param, piece) per holding.
+struct Holding {
+  std::int32_t cls, param, piece;
+};
+struct SourceRect {
+  Rect rect;
+  std::vector<Holding> holdings;
+  std::vector<std::int64_t> holders;  // union over holdings, ascending
+  std::int32_t holder_set = 0;        // id of the distinct holder set
+};
+
+// One region to deliver: a rectangle of a full tensor, into one vLLM piece on
+// every replica's TP rank `tp_rank`.
+struct Job {
+  std::int32_t source;  // index into the flat SourceRect list
+  std::int32_t tensor;
+  Rect region;
+  std::int64_t tp_rank;
+  std::int32_t dst_param;  // index into the vLLM params of tp_rank
+  std::int32_t dst_piece;
+  std::int64_t bytes;
+};
+
+class Planner {
+ public:
+  Planner(const ModelConfig& m, const ReshardOptions& o) : m_(m), o_(o), index_(m) {}
+
+  ReshardPlan Run();
+
+ private:
+  std::int64_t Node(std::int64_t gpu) const { return gpu / o_.topology.gpus_per_node; }
+  double Bandwidth(LinkKind k) const {
+    const bool intra = k == LinkKind::kIntraIn || k == LinkKind::kIntraOut;
+    return (intra ? o_.topology.intra_node_gb_per_s : o_.topology.inter_node_gb_per_s) * 1e9;
+  }
+  std::int32_t Name(const std::string& name) {
+    auto [it, inserted] =
+        names_.try_emplace(name, static_cast<std::int32_t>(plan_.param_names.size()));
+    if (inserted) plan_.param_names.push_back(name);
+    return it->second;
+  }
+  std::int64_t& Load(std::int64_t rank, LinkKind k) {
+    return link_bytes_[rank * kLinks + static_cast<int>(k)];
+  }
+
+  void BuildSources();
+  void BuildJobs();
+  void Assign();
+  void Emit(const Job& job, const SourceRect& src, std::int64_t sender, std::int32_t holding,
+            std::vector<std::int64_t> dsts);
+  void Bucket();
+  void Cost();
+
+  const ModelConfig& m_;
+  const ReshardOptions& o_;
+  TensorIndex index_;
+  ReshardPlan plan_;
+  std::unordered_map<std::string, std::int32_t> names_;
+  std::vector<SourceClass> classes_;
+  std::vector<SourceRect> sources_;
+  std::vector<std::vector<std::int32_t>> by_tensor_;    // tensor -> source rects
+  std::vector<std::vector<LocalParam>> engine_params_;  // per tp rank
+  std::vector<Job> jobs_;
+  std::vector<std::int64_t> link_bytes_;
+  // Lower-bound accumulators.
+  std::vector<std::int64_t> need_remote_;    // per engine rank: bytes not held by itself
+  std::vector<std::int64_t> need_offnode_;   // per engine rank: bytes held on no GPU of its node
+  std::vector<std::int64_t> set_nic_bytes_;  // per holder set: bytes that must leave by NIC
+  std::vector<std::int64_t> set_size_;
+};
+
+void Planner::BuildSources() {
+  const TrainLayout& t = o_.train;
+  const std::int64_t per_stage = t.tp * t.cp * t.dp;
+  for (std::int64_t pp = 0; pp < t.pp; ++pp) {
+    for (std::int64_t tp = 0; tp < t.tp; ++tp) {
+      SourceClass c{internal::MegatronDenseShards(m_, index_, t, pp, tp), {}};
+      for (std::int64_t r = 0; r < per_stage / t.tp; ++r)
+        c.holders.push_back(pp * per_stage + r * t.tp + tp);
+      classes_.push_back(std::move(c));
+    }
+    if (!m_.is_moe()) continue;
+    for (std::int64_t ep = 0; ep < t.ep; ++ep) {
+      for (std::int64_t etp = 0; etp < t.etp; ++etp) {
+        SourceClass c{internal::MegatronExpertShards(m_, index_, t, pp, ep, etp), {}};
+        for (std::int64_t edp = 0; edp < per_stage / (t.ep * t.etp); ++edp) {
+          c.holders.push_back(pp * per_stage + edp * t.ep * t.etp + ep * t.etp + etp);
+        }
+        classes_.push_back(std::move(c));
+      }
+    }
+  }
+  // Group identical rectangles of each tensor; distinct ones must not overlap.
+  struct Entry {
+    std::int32_t tensor;
+    Rect rect;
+    Holding h;
+  };
+  std::vector<Entry> entries;
+  for (std::size_t c = 0; c < classes_.size(); ++c) {
+    const auto& params = classes_[c].params;
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      for (std::size_t k = 0; k < params[p].pieces.size(); ++k) {
+        const Piece& piece = params[p].pieces[k];
+        entries.push_back({piece.tensor,
+                           RectOf(piece),
+                           {static_cast<std::int32_t>(c), static_cast<std::int32_t>(p),
+                            static_cast<std::int32_t>(k)}});
+      }
+    }
+  }
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.tensor, a.rect) < std::tie(b.tensor, b.rect);
+  });
+  by_tensor_.assign(index_.tensors().size(), {});
+  std::map<std::vector<std::int64_t>, std::int32_t> sets;
+  for (std::size_t i = 0; i < entries.size();) {
+    SourceRect s{entries[i].rect, {}, {}, 0};
+    const std::int32_t tensor = entries[i].tensor;
+    for (; i < entries.size() && entries[i].tensor == tensor && entries[i].rect == s.rect; ++i) {
+      s.holdings.push_back(entries[i].h);
+      const auto& hs = classes_[entries[i].h.cls].holders;
+      s.holders.insert(s.holders.end(), hs.begin(), hs.end());
+    }
+    std::sort(s.holders.begin(), s.holders.end());
+    s.holders.erase(std::unique(s.holders.begin(), s.holders.end()), s.holders.end());
+    auto [it, inserted] = sets.try_emplace(s.holders, static_cast<std::int32_t>(sets.size()));
+    if (inserted) set_size_.push_back(static_cast<std::int64_t>(s.holders.size()));
+    s.holder_set = it->second;
+    by_tensor_[tensor].push_back(static_cast<std::int32_t>(sources_.size()));
+    sources_.push_back(std::move(s));
+  }
+  set_nic_bytes_.assign(set_size_.size(), 0);
+}
+
+void Planner::BuildJobs() {
+  for (std::int64_t t = 0; t < o_.infer.tp; ++t) {
+    engine_params_.push_back(internal::VllmShards(m_, index_, o_.infer, t));
+    const auto& params = engine_params_.back();
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      for (std::size_t k = 0; k < params[p].pieces.size(); ++k) {
+        const Piece& piece = params[p].pieces[k];
+        const FullTensor& full = index_.tensors()[piece.tensor];
+        std::int64_t covered = 0;
+        for (std::int32_t s : by_tensor_[piece.tensor]) {
+          Rect region;
+          if (!Intersect(RectOf(piece), sources_[s].rect, region)) continue;
+          const std::int64_t elements = (region.r1 - region.r0) * (region.c1 - region.c0);
+          covered += elements;
+          jobs_.push_back({s, piece.tensor, region, t, static_cast<std::int32_t>(p),
+                           static_cast<std::int32_t>(k), elements * full.element_bytes});
+        }
+        if (covered != piece.Elements()) {
+          throw std::logic_error("rollout: the trainer shards do not cover " + full.name);
+        }
+      }
+    }
+  }
+}
+
+void Planner::Emit(const Job& job, const SourceRect& src, std::int64_t sender, std::int32_t holding,
+                   std::vector<std::int64_t> dsts) {
+  const Holding& h = src.holdings[holding];
+  const LocalParam& sp = classes_[h.cls].params[h.param];
+  const LocalParam& dp = engine_params_[job.tp_rank][job.dst_param];
+  const bool vec = index_.tensors()[job.tensor].is_vector;
+  Transfer x;
+  x.src_rank = sender;
+  x.src_param = Name(sp.name);
+  x.src_slice = LocalSlice(sp.pieces[h.piece], job.region, vec);
+  x.dst_ranks = std::move(dsts);
+  x.dst_param = Name(dp.name);
+  x.dst_slice = LocalSlice(dp.pieces[job.dst_piece], job.region, vec);
+  x.bytes = job.bytes;
+  plan_.transfers.push_back(std::move(x));
+}
+
+void Planner::Assign() {
+  const std::int64_t trainer = o_.train.world_size();
+  const std::int64_t engines = o_.infer.tp * o_.infer.replicas;
+  link_bytes_.assign(
+      static_cast<std::size_t>(std::max(trainer, engines + (o_.topology.colocated ? 0 : trainer))) *
+          kLinks,
+      0);
+  need_remote_.assign(engines, 0);
+  need_offnode_.assign(engines, 0);
+  std::vector<std::int32_t> order(jobs_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::int32_t a, std::int32_t b) { return jobs_[a].bytes > jobs_[b].bytes; });
+  std::map<std::int64_t, std::vector<std::int64_t>> by_node;  // reused
+  for (std::int32_t j : order) {
+    const Job& job = jobs_[j];
+    const SourceRect& src = sources_[job.source];
+    // The holding (param) a holder rank sends from: the first that lists its class.
+    auto holding_of = [&](std::int64_t rank) -> std::int32_t {
+      for (std::size_t i = 0; i < src.holdings.size(); ++i) {
+        const auto& hs = classes_[src.holdings[i].cls].holders;
+        if (std::binary_search(hs.begin(), hs.end(), rank)) return static_cast<std::int32_t>(i);
+      }
+      assert(false && "holder without holding");
+      return 0;
+    };
+    by_node.clear();
+    std::vector<std::int64_t> far;
+    bool needs_nic = false;
+    for (std::int64_t rep = 0; rep < o_.infer.replicas; ++rep) {
+      const std::int64_t e = rep * o_.infer.tp + job.tp_rank;
+      const std::int64_t gpu = EngineRank(o_, rep, job.tp_rank);
+      if (std::binary_search(src.holders.begin(), src.holders.end(), gpu)) {
+        Emit(job, src, gpu, holding_of(gpu), {gpu});
+        plan_.bytes_local += job.bytes;
+        continue;
+      }
+      need_remote_[e] += job.bytes;
+      by_node[Node(gpu)].push_back(gpu);
+    }
+    for (auto& [node, dsts] : by_node) {
+      // Holders on this node send over the intra-node links; else over the NICs.
+      std::int64_t best = -1;
+      for (std::int64_t h : src.holders) {
+        if (Node(h) != node) continue;
+        if (best < 0 || Load(h, LinkKind::kIntraOut) < Load(best, LinkKind::kIntraOut)) best = h;
+      }
+      if (best < 0) {
+        for (std::int64_t d : dsts) {
+          far.push_back(d);
+          const std::int64_t e = o_.topology.colocated ? d : d - o_.train.world_size();
+          need_offnode_[e] += job.bytes;
+        }
+        needs_nic = true;
+        continue;
+      }
+      Load(best, LinkKind::kIntraOut) += job.bytes;
+      for (std::int64_t d : dsts) Load(d, LinkKind::kIntraIn) += job.bytes;
+      Emit(job, src, best, holding_of(best), dsts);
+    }
+    if (needs_nic) {
+      std::sort(far.begin(), far.end());
+      std::int64_t best = src.holders.front();
+      for (std::int64_t h : src.holders) {
+        if (Load(h, LinkKind::kNicOut) < Load(best, LinkKind::kNicOut)) best = h;
+      }
+      Load(best, LinkKind::kNicOut) += job.bytes;
+      for (std::int64_t d : far) Load(d, LinkKind::kNicIn) += job.bytes;
+      set_nic_bytes_[src.holder_set] += job.bytes;
+      Emit(job, src, best, holding_of(best), std::move(far));
+    }
+    plan_.bytes_received += job.bytes * o_.infer.replicas;
+  }
+}
+
+void Planner::Bucket() {
+  // Split transfers above the budget by rows of their region.
+  const std::int64_t budget = o_.bucket_bytes;
+  std::vector<Transfer> split;
+  split.reserve(plan_.transfers.size());
+  for (Transfer& x : plan_.transfers) {
+    if (x.bytes <= budget) {
+      split.push_back(std::move(x));
+      continue;
+    }
+    // Rows are the second-to-last dim of a matrix slice; the last of a vector one.
+    const std::size_t sd = x.src_slice.size(), dd = x.dst_slice.size();
+    const std::size_t src_row = sd >= 2 ? sd - 2 : 0, dst_row = dd >= 2 ? dd - 2 : 0;
+    const std::int64_t rows = x.src_slice[src_row].end - x.src_slice[src_row].begin;
+    const std::int64_t row_bytes = x.bytes / rows;
+    const std::int64_t step = std::max<std::int64_t>(1, budget / row_bytes);
+    for (std::int64_t r = 0; r < rows; r += step) {
+      Transfer part = x;
+      const std::int64_t n = std::min(step, rows - r);
+      part.src_slice[src_row] = {x.src_slice[src_row].begin + r,
+                                 x.src_slice[src_row].begin + r + n};
+      part.dst_slice[dst_row] = {x.dst_slice[dst_row].begin + r,
+                                 x.dst_slice[dst_row].begin + r + n};
+      part.bytes = n * row_bytes;
+      split.push_back(std::move(part));
+    }
+  }
+  plan_.transfers = std::move(split);
+  // First fit: the earliest bucket in which the sender and every receiver have room.
+  const std::size_t ranks = link_bytes_.size() / kLinks;
+  std::vector<std::vector<std::int64_t>> sent(ranks), received(ranks);
+  std::vector<std::int64_t> first_open(ranks, 0);
+  auto room = [&](std::vector<std::vector<std::int64_t>>& used, std::int64_t r, std::int64_t b,
+                  std::int64_t bytes) {
+    auto& u = used[r];
+    return static_cast<std::int64_t>(u.size()) <= b || u[b] + bytes <= budget;
+  };
+  auto add = [&](std::vector<std::vector<std::int64_t>>& used, std::int64_t r, std::int64_t b,
+                 std::int64_t bytes) {
+    auto& u = used[r];
+    if (static_cast<std::int64_t>(u.size()) <= b) u.resize(b + 1, 0);
+    u[b] += bytes;
+  };
+  for (Transfer& x : plan_.transfers) {
+    const bool local = x.local();
+    std::int64_t b = local ? 0 : first_open[x.src_rank];
+    for (std::int64_t d : x.dst_ranks) b = std::max(b, first_open[d]);
+    while (true) {
+      bool fits = local || room(sent, x.src_rank, b, x.bytes);
+      for (std::size_t i = 0; fits && i < x.dst_ranks.size(); ++i) {
+        fits = room(received, x.dst_ranks[i], b, x.bytes);
+      }
+      if (fits) break;
+      ++b;
+    }
+    x.bucket = b;
+    if (!local) add(sent, x.src_rank, b, x.bytes);
+    for (std::int64_t d : x.dst_ranks) {
+      add(received, d, b, x.bytes);
+      // Advance the rank's first bucket with room while it is full.
+      auto& u = received[d];
+      while (first_open[d] < static_cast<std::int64_t>(u.size()) && u[first_open[d]] >= budget) {
+        ++first_open[d];
+      }
+    }
+    plan_.num_buckets = std::max(plan_.num_buckets, b + 1);
+  }
+  std::stable_sort(plan_.transfers.begin(), plan_.transfers.end(),
+                   [](const Transfer& a, const Transfer& b) { return a.bucket < b.bucket; });
+}
+
+void Planner::Cost() {
+  const std::size_t ranks = link_bytes_.size() / kLinks;
+  std::vector<std::int64_t> bucket_load(ranks * kLinks, 0), total(ranks * kLinks, 0);
+  std::vector<std::size_t> touched;
+  auto charge = [&](std::int64_t rank, LinkKind k, std::int64_t bytes) {
+    const std::size_t i = rank * kLinks + static_cast<int>(k);
+    if (bucket_load[i] == 0) touched.push_back(i);
+    bucket_load[i] += bytes;
+    total[i] += bytes;
+  };
+  plan_.bucket_seconds.assign(plan_.num_buckets, 0.0);
+  std::size_t i = 0;
+  for (std::int64_t b = 0; b < plan_.num_buckets; ++b) {
+    for (; i < plan_.transfers.size() && plan_.transfers[i].bucket == b; ++i) {
+      const Transfer& x = plan_.transfers[i];
+      plan_.bytes_moved += x.local() ? 0 : x.bytes;
+      if (x.local()) continue;
+      const bool intra = Node(x.dst_ranks.front()) == Node(x.src_rank);
+      charge(x.src_rank, intra ? LinkKind::kIntraOut : LinkKind::kNicOut, x.bytes);
+      for (std::int64_t d : x.dst_ranks) {
+        charge(d, intra ? LinkKind::kIntraIn : LinkKind::kNicIn, x.bytes);
+      }
+    }
+    double worst = 0.0;
+    for (std::size_t t : touched) {
+      worst = std::max(worst, bucket_load[t] / Bandwidth(static_cast<LinkKind>(t % kLinks)));
+      bucket_load[t] = 0;
+    }
+    touched.clear();
+    plan_.bucket_seconds[b] = worst;
+    plan_.estimate_seconds += worst;
+  }
+  for (std::size_t t = 0; t < total.size(); ++t) {
+    const auto kind = static_cast<LinkKind>(t % kLinks);
+    const double s = total[t] / Bandwidth(kind);
+    if (s > plan_.busiest_link.seconds) {
+      plan_.busiest_link = {static_cast<std::int64_t>(t / kLinks), kind, total[t], s};
+    }
+  }
+  // Lower bound: into each engine rank, and out of each group of holders.
+  const double nic = Bandwidth(LinkKind::kNicIn), intra = Bandwidth(LinkKind::kIntraIn);
+  double lb = 0.0;
+  for (std::size_t e = 0; e < need_remote_.size(); ++e) {
+    lb = std::max(lb, need_offnode_[e] / nic);
+    lb = std::max(lb, need_remote_[e] / (nic + intra));
+  }
+  for (std::size_t s = 0; s < set_size_.size(); ++s) {
+    lb = std::max(lb, set_nic_bytes_[s] / (static_cast<double>(set_size_[s]) * nic));
+  }
+  plan_.lower_bound_seconds = lb;
+
+  // Naive: gather every full tensor on trainer rank 0, then broadcast each to every
+  // engine rank (each receives the whole model).
+  std::int64_t gather_intra = 0, gather_nic = 0, model_bytes = 0;
+  for (const SourceRect& s : sources_) {
+    const std::int32_t tensor = [&] {
+      const Holding& h = s.holdings.front();
+      return classes_[h.cls].params[h.param].pieces[h.piece].tensor;
+    }();
+    const std::int64_t bytes =
+        (s.rect.r1 - s.rect.r0) * (s.rect.c1 - s.rect.c0) * index_.tensors()[tensor].element_bytes;
+    model_bytes += bytes;
+    if (s.holders.front() == 0) continue;
+    const bool in_node = Node(s.holders.front()) == Node(0);
+    (in_node ? gather_intra : gather_nic) += bytes;
+  }
+  bool engine_off_node = false;
+  for (std::int64_t rep = 0; rep < o_.infer.replicas; ++rep) {
+    for (std::int64_t t = 0; t < o_.infer.tp; ++t) {
+      engine_off_node |= Node(EngineRank(o_, rep, t)) != Node(0);
+    }
+  }
+  plan_.naive_seconds = std::max(gather_intra / intra, gather_nic / nic) +
+                        model_bytes / (engine_off_node ? nic : intra);
+}
+
+ReshardPlan Planner::Run() {
+  plan_.trainer_ranks = o_.train.world_size();
+  plan_.engine_ranks = o_.infer.tp * o_.infer.replicas;
+  BuildSources();
+  BuildJobs();
+  Assign();
+  Bucket();
+  Cost();
+  return std::move(plan_);
+}
+
+}  // namespace
+
+std::int64_t EngineRank(const ReshardOptions& o, std::int64_t replica, std::int64_t tp_rank) {
+  const std::int64_t local = replica * o.infer.tp + tp_rank;
+  return o.topology.colocated ? local : o.train.world_size() + local;
+}
+
+ReshardPlan PlanReshard(const ModelConfig& model, const ReshardOptions& o) {
+  Validate(model, o.train);
+  Validate(model, o.infer);
+  const Topology& t = o.topology;
+  if (t.gpus_per_node < 1 || t.gpus_per_node > 65536) {
+    Fail("topology.gpus_per_node", "must be in [1, 65536]");
+  }
+  if (!(t.intra_node_gb_per_s > 0) || !(t.inter_node_gb_per_s > 0) || t.intra_node_gb_per_s > 1e6 ||
+      t.inter_node_gb_per_s > 1e6) {
+    Fail("topology", "bandwidths must be in (0, 1e6] GB/s");
+  }
+  if (t.colocated && o.infer.tp * o.infer.replicas > o.train.world_size()) {
+    Fail("infer.replicas", "colocated engines need tp·replicas <= the trainer's GPUs (" +
+                               std::to_string(o.train.world_size()) + ")");
+  }
+  std::int64_t widest_row = 0;
+  for (const FullTensor& f : HfTensors(model)) {
+    widest_row = std::max(widest_row, f.is_vector ? f.element_bytes : f.cols * f.element_bytes);
+  }
+  if (o.bucket_bytes < widest_row || o.bucket_bytes > (std::int64_t{1} << 40)) {
+    Fail("bucket_bytes", "must be in [" + std::to_string(widest_row) +
+                             " (the widest row), 2^40], got " + std::to_string(o.bucket_bytes));
+  }
+  return Planner(model, o).Run();
+}
+
+}  // namespace rlsched::rollout

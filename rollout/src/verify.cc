@@ -1,0 +1,995 @@
+// The reference shards and the plan executor of verify.h. Written from the frameworks'
+// rules, independently of layout.cc: shards are cut from full tensors with the tensor
+// operations below, never from Piece lists.
+
+#include "rlsched/rollout/verify.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace rlsched::rollout {
+namespace {
+
+[[noreturn]] void Fail(const std::string& field, const std::string& what) {
+  throw std::invalid_argument(field + ": " + what);
+}
+
+std::int64_t Product(const std::vector<std::int64_t>& dims, std::size_t from) {
+  std::int64_t p = 1;
+  for (std::size_t i = from; i < dims.size(); ++i) p *= dims[i];
+  return p;
+}
+
+std::int64_t RoundUp(std::int64_t value, std::int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+std::string ShapeString(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string SliceString(const std::vector<Range>& slice) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < slice.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(slice[i].begin) + ":" + std::to_string(slice[i].end);
+  }
+  return s + "]";
+}
+
+std::uint64_t Mix(std::uint64_t x) {  // the splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The full tensors by name, their values built on first use.
+class FullSource {
+ public:
+  explicit FullSource(const ModelConfig& model) : model_(model), tensors_(HfTensors(model)) {
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      index_.emplace(tensors_[i].name, static_cast<std::int32_t>(i));
+    }
+  }
+
+  // The full tensor `name`, checked to be [rows, cols] (cols 0: a vector [rows]).
+  const Tensor& Get(const std::string& name, std::int64_t rows, std::int64_t cols) {
+    auto it = index_.find(name);
+    if (it == index_.end()) throw std::logic_error("HfTensors(): no tensor " + name);
+    const FullTensor& t = tensors_[static_cast<std::size_t>(it->second)];
+    const bool vector = cols == 0;
+    if (t.rows != rows || (vector ? !t.is_vector : (t.is_vector || t.cols != cols))) {
+      throw std::logic_error("HfTensors(): " + name + " is [" + std::to_string(t.rows) + ", " +
+                             std::to_string(t.cols) + "], expected [" + std::to_string(rows) +
+                             ", " + std::to_string(vector ? 1 : cols) + "]");
+    }
+    auto [cached, inserted] = values_.try_emplace(it->second);
+    if (inserted) cached->second = FullTensorValues(model_, it->second, t);
+    return cached->second;
+  }
+
+ private:
+  const ModelConfig& model_;
+  std::vector<FullTensor> tensors_;
+  std::unordered_map<std::string, std::int32_t> index_;
+  std::map<std::int32_t, Tensor> values_;
+};
+
+std::string HfLayer(std::int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+// Rows [part·n/parts, (part+1)·n/parts) of dim 0; n % parts == 0 is checked by callers.
+Tensor RowPart(const Tensor& t, std::int64_t part, std::int64_t parts) {
+  const std::int64_t n = t.shape[0] / parts;
+  return Rows(t, part * n, (part + 1) * n);
+}
+
+Tensor ColPart(const Tensor& t, std::int64_t part, std::int64_t parts) {
+  const std::int64_t n = t.shape.back() / parts;
+  return Cols(t, part * n, (part + 1) * n);
+}
+
+// [gate_part; up_part] of a SwiGLU MLP split `parts` ways (Megatron fc1, vLLM gate_up).
+Tensor GateUpPart(const Tensor& gate, const Tensor& up, std::int64_t part, std::int64_t parts) {
+  return ConcatRows({RowPart(gate, part, parts), RowPart(up, part, parts)});
+}
+
+void CheckDivides(const std::string& field, std::int64_t divisor, std::int64_t value,
+                  const std::string& what) {
+  if (divisor <= 0) Fail(field, "must be >= 1, got " + std::to_string(divisor));
+  if (value % divisor != 0) {
+    Fail(field,
+         std::to_string(divisor) + " does not divide " + what + " (" + std::to_string(value) + ")");
+  }
+}
+
+bool HasDenseLayer(const ModelConfig& m) {
+  for (std::int64_t l = 0; l < m.num_layers; ++l) {
+    if (!m.IsMoeLayer(l)) return true;
+  }
+  return false;
+}
+
+std::int64_t SharedFfn(const ModelConfig& m) {
+  return m.num_shared_experts * m.moe_intermediate_size;
+}
+
+std::int64_t QHeadDim(const ModelConfig& m) { return m.qk_nope_head_dim + m.qk_rope_head_dim; }
+
+// ---------------------------------------------------------------------------------
+// Megatron-core.
+
+struct MegatronCoords {
+  std::int64_t pp = 0, tp = 0, ep = 0, etp = 0;
+  auto operator<=>(const MegatronCoords&) const = default;
+};
+
+void CheckTrain(const ModelConfig& m, const TrainLayout& t) {
+  for (auto [field, v] : {std::pair<const char*, std::int64_t>{"train.tp", t.tp},
+                          {"train.pp", t.pp},
+                          {"train.vpp", t.vpp},
+                          {"train.ep", t.ep},
+                          {"train.etp", t.etp},
+                          {"train.cp", t.cp},
+                          {"train.dp", t.dp}}) {
+    if (v < 1) Fail(field, "must be >= 1, got " + std::to_string(v));
+  }
+  CheckDivides("train.tp", t.tp, m.num_heads, "the attention heads");
+  if (!m.is_mla()) CheckDivides("train.tp", t.tp, m.num_kv_heads, "the KV heads");
+  if (HasDenseLayer(m)) CheckDivides("train.tp", t.tp, m.intermediate_size, "intermediate_size");
+  if (m.is_moe()) {
+    CheckDivides("train.ep", t.ep, m.num_experts, "the experts");
+    CheckDivides("train.etp", t.etp, m.moe_intermediate_size, "moe_intermediate_size");
+    CheckDivides("train.ep", t.ep * t.etp, t.tp * t.cp * t.dp, "tp·cp·dp (as etp·ep)");
+    if (m.num_shared_experts > 0) {
+      CheckDivides("train.tp", t.tp, SharedFfn(m), "the shared experts' FFN");
+    }
+  }
+  const std::int64_t chunks = t.pp * t.vpp;
+  if (t.layers_per_chunk.empty()) {
+    if (chunks > m.num_layers) Fail("train.pp", "pp·vpp exceeds the layers");
+  } else {
+    if (static_cast<std::int64_t>(t.layers_per_chunk.size()) != chunks) {
+      Fail("train.layers_per_chunk", "must have pp·vpp entries");
+    }
+    std::int64_t sum = 0;
+    for (std::int64_t n : t.layers_per_chunk) {
+      if (n < 0) Fail("train.layers_per_chunk", "entries must be >= 0");
+      sum += n;
+    }
+    if (sum != m.num_layers) Fail("train.layers_per_chunk", "must sum to the layers");
+  }
+}
+
+// Layers of each model chunk, [begin, end) in global layer indices, chunk v·pp + r.
+std::vector<std::pair<std::int64_t, std::int64_t>> ChunkLayers(const ModelConfig& m,
+                                                               const TrainLayout& t) {
+  const std::int64_t chunks = t.pp * t.vpp;
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  std::int64_t begin = 0;
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    std::int64_t n = t.layers_per_chunk.empty()
+                         ? m.num_layers / chunks + (c < m.num_layers % chunks ? 1 : 0)
+                         : t.layers_per_chunk[static_cast<std::size_t>(c)];
+    out.emplace_back(begin, begin + n);
+    begin += n;
+  }
+  return out;
+}
+
+// The vocabulary table padded to Megatron's multiple of 128·tp, rows of rank `tp_rank`.
+Tensor MegatronVocabShard(const Tensor& full, std::int64_t tp, std::int64_t tp_rank) {
+  const std::int64_t padded = RoundUp(full.shape[0], 128 * tp);
+  return RowPart(PadRows(full, padded, kMegatronPadValue), tp_rank, tp);
+}
+
+void MegatronAttention(const ModelConfig& m, FullSource& src, std::int64_t layer, std::int64_t tp,
+                       std::int64_t r, ShardMap& out) {
+  const std::string hf = HfLayer(layer) + "self_attn.";
+  const std::string mg = "decoder.layers." + std::to_string(layer) + ".";
+  const std::string sa = mg + "self_attention.";
+  const std::int64_t h = m.hidden_size;
+  if (m.is_mla()) {
+    const std::int64_t qd = QHeadDim(m);
+    out[mg + "input_layernorm.weight"] = src.Get(HfLayer(layer) + "input_layernorm.weight", h, 0);
+    if (m.q_lora_rank > 0) {
+      out[sa + "linear_q_down_proj.weight"] = src.Get(hf + "q_a_proj.weight", m.q_lora_rank, h);
+      out[sa + "linear_q_up_proj.layer_norm_weight"] =
+          src.Get(hf + "q_a_layernorm.weight", m.q_lora_rank, 0);
+      out[sa + "linear_q_up_proj.weight"] =
+          RowPart(src.Get(hf + "q_b_proj.weight", m.num_heads * qd, m.q_lora_rank), r, tp);
+    } else {
+      out[sa + "linear_q_proj.weight"] =
+          RowPart(src.Get(hf + "q_proj.weight", m.num_heads * qd, h), r, tp);
+    }
+    out[sa + "linear_kv_down_proj.weight"] =
+        src.Get(hf + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, h);
+    out[sa + "linear_kv_up_proj.layer_norm_weight"] =
+        src.Get(hf + "kv_a_layernorm.weight", m.kv_lora_rank, 0);
+    out[sa + "linear_kv_up_proj.weight"] =
+        RowPart(src.Get(hf + "kv_b_proj.weight", m.num_heads * (m.qk_nope_head_dim + m.v_head_dim),
+                        m.kv_lora_rank),
+                r, tp);
+    out[sa + "linear_proj.weight"] =
+        ColPart(src.Get(hf + "o_proj.weight", h, m.num_heads * m.v_head_dim), r, tp);
+    return;
+  }
+  const std::int64_t d = m.head_dim;
+  const std::int64_t groups = m.num_kv_heads;
+  const std::int64_t q_per_group = m.num_heads / groups;
+  out[sa + "linear_qkv.layer_norm_weight"] =
+      src.Get(HfLayer(layer) + "input_layernorm.weight", h, 0);
+  // The fused tensor: per query group, its q heads, then its k head, then its v head.
+  auto fused = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+    std::vector<Tensor> parts;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      parts.push_back(Rows(q, g * q_per_group * d, (g + 1) * q_per_group * d));
+      parts.push_back(Rows(k, g * d, (g + 1) * d));
+      parts.push_back(Rows(v, g * d, (g + 1) * d));
+    }
+    return RowPart(ConcatRows(parts), r, tp);  // tp divides the groups: whole groups
+  };
+  const std::int64_t qr = m.num_heads * d, kvr = groups * d;
+  out[sa + "linear_qkv.weight"] =
+      fused(src.Get(hf + "q_proj.weight", qr, h), src.Get(hf + "k_proj.weight", kvr, h),
+            src.Get(hf + "v_proj.weight", kvr, h));
+  if (m.qkv_bias) {
+    out[sa + "linear_qkv.bias"] =
+        fused(src.Get(hf + "q_proj.bias", qr, 0), src.Get(hf + "k_proj.bias", kvr, 0),
+              src.Get(hf + "v_proj.bias", kvr, 0));
+  }
+  if (m.qk_norm) {
+    out[sa + "q_layernorm.weight"] = src.Get(hf + "q_norm.weight", d, 0);
+    out[sa + "k_layernorm.weight"] = src.Get(hf + "k_norm.weight", d, 0);
+  }
+  out[sa + "linear_proj.weight"] = ColPart(src.Get(hf + "o_proj.weight", h, qr), r, tp);
+}
+
+// The dense parts of one MLP block (norm, dense MLP or router + shared experts).
+void MegatronMlpDense(const ModelConfig& m, FullSource& src, std::int64_t layer, std::int64_t tp,
+                      std::int64_t r, ShardMap& out) {
+  const std::string hf = HfLayer(layer);
+  const std::string mg = "decoder.layers." + std::to_string(layer) + ".";
+  const std::int64_t h = m.hidden_size;
+  const Tensor& norm = src.Get(hf + "post_attention_layernorm.weight", h, 0);
+  if (!m.IsMoeLayer(layer)) {
+    const std::int64_t f = m.intermediate_size;
+    out[mg + "mlp.linear_fc1.layer_norm_weight"] = norm;
+    out[mg + "mlp.linear_fc1.weight"] = GateUpPart(src.Get(hf + "mlp.gate_proj.weight", f, h),
+                                                   src.Get(hf + "mlp.up_proj.weight", f, h), r, tp);
+    out[mg + "mlp.linear_fc2.weight"] = ColPart(src.Get(hf + "mlp.down_proj.weight", h, f), r, tp);
+    return;
+  }
+  out[mg + "pre_mlp_layernorm.weight"] = norm;
+  out[mg + "mlp.router.weight"] = src.Get(hf + "mlp.gate.weight", m.num_experts, h);
+  if (m.router_bias) {
+    out[mg + "mlp.router.expert_bias"] =
+        src.Get(hf + "mlp.gate.e_score_correction_bias", m.num_experts, 0);
+  }
+  if (m.num_shared_experts > 0) {
+    const std::int64_t f = SharedFfn(m);
+    const std::string s = hf + "mlp.shared_experts.";
+    out[mg + "mlp.shared_experts.linear_fc1.weight"] = GateUpPart(
+        src.Get(s + "gate_proj.weight", f, h), src.Get(s + "up_proj.weight", f, h), r, tp);
+    out[mg + "mlp.shared_experts.linear_fc2.weight"] =
+        ColPart(src.Get(s + "down_proj.weight", h, f), r, tp);
+  }
+}
+
+void MegatronExperts(const ModelConfig& m, FullSource& src, std::int64_t layer,
+                     const TrainLayout& t, std::int64_t ep_rank, std::int64_t etp_rank,
+                     ShardMap& out) {
+  const std::int64_t h = m.hidden_size, f = m.moe_intermediate_size;
+  const std::int64_t local = m.num_experts / t.ep;
+  for (std::int64_t e = ep_rank * local; e < (ep_rank + 1) * local; ++e) {
+    const std::string hf = HfLayer(layer) + "mlp.experts." + std::to_string(e) + ".";
+    const std::string mg = "decoder.layers." + std::to_string(layer) +
+                           ".mlp.experts.local_experts." + std::to_string(e) + ".";
+    out[mg + "linear_fc1.weight"] =
+        GateUpPart(src.Get(hf + "gate_proj.weight", f, h), src.Get(hf + "up_proj.weight", f, h),
+                   etp_rank, t.etp);
+    out[mg + "linear_fc2.weight"] =
+        ColPart(src.Get(hf + "down_proj.weight", h, f), etp_rank, t.etp);
+  }
+}
+
+ShardMap MegatronAt(const ModelConfig& m, const TrainLayout& t, FullSource& src,
+                    const MegatronCoords& c) {
+  ShardMap out;
+  const std::int64_t h = m.hidden_size;
+  const auto chunks = ChunkLayers(m, t);
+  const std::int64_t last_chunk = t.pp * t.vpp - 1;
+  for (std::int64_t v = 0; v < t.vpp; ++v) {
+    const std::int64_t chunk = v * t.pp + c.pp;
+    if (chunk == 0) {
+      out["embedding.word_embeddings.weight"] =
+          MegatronVocabShard(src.Get("model.embed_tokens.weight", m.vocab_size, h), t.tp, c.tp);
+    }
+    const auto [begin, end] = chunks[static_cast<std::size_t>(chunk)];
+    for (std::int64_t layer = begin; layer < end; ++layer) {
+      MegatronAttention(m, src, layer, t.tp, c.tp, out);
+      MegatronMlpDense(m, src, layer, t.tp, c.tp, out);
+      if (m.IsMoeLayer(layer)) MegatronExperts(m, src, layer, t, c.ep, c.etp, out);
+    }
+    if (chunk == last_chunk) {
+      out["decoder.final_layernorm.weight"] = src.Get("model.norm.weight", h, 0);
+      // Tied: the first chunk's embedding is the output layer when both are one module;
+      // otherwise the last stage allocates its own copy, kept equal to the embedding.
+      if (!m.tie_word_embeddings) {
+        out["output_layer.weight"] =
+            MegatronVocabShard(src.Get("lm_head.weight", m.vocab_size, h), t.tp, c.tp);
+      } else if (last_chunk != 0) {
+        out["output_layer.weight"] =
+            MegatronVocabShard(src.Get("model.embed_tokens.weight", m.vocab_size, h), t.tp, c.tp);
+      }
+    }
+  }
+  return out;
+}
+
+MegatronCoords CoordsOf(const TrainLayout& t, std::int64_t rank) {
+  const std::int64_t per_stage = t.tp * t.cp * t.dp;
+  const std::int64_t in_stage = rank % per_stage;
+  MegatronCoords c;
+  c.pp = rank / per_stage;
+  c.tp = in_stage % t.tp;
+  c.etp = in_stage % t.etp;
+  c.ep = (in_stage / t.etp) % t.ep;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------
+// vLLM.
+
+void CheckInfer(const ModelConfig& m, const InferLayout& in) {
+  if (in.tp < 1) Fail("infer.tp", "must be >= 1, got " + std::to_string(in.tp));
+  CheckDivides("infer.tp", in.tp, m.num_heads, "the attention heads");
+  if (!m.is_mla() && m.num_kv_heads % in.tp != 0 && in.tp % m.num_kv_heads != 0) {
+    Fail("infer.tp",
+         "must divide or be a multiple of the KV heads (" + std::to_string(m.num_kv_heads) + ")");
+  }
+  if (HasDenseLayer(m)) CheckDivides("infer.tp", in.tp, m.intermediate_size, "intermediate_size");
+  CheckDivides("infer.tp", in.tp, RoundUp(m.vocab_size, 64), "the 64-padded vocabulary");
+  if (m.is_moe()) {
+    if (!in.expert_parallel) {
+      CheckDivides("infer.tp", in.tp, m.moe_intermediate_size, "moe_intermediate_size");
+    }
+    if (m.num_shared_experts > 0) {
+      CheckDivides("infer.tp", in.tp, SharedFfn(m), "the shared experts' FFN");
+    }
+  }
+}
+
+// The global experts on engine rank r, ascending, and the expert TP (size, rank).
+struct EngineExperts {
+  std::vector<std::int64_t> experts;
+  std::int64_t tp = 1, rank = 0;
+};
+
+EngineExperts ExpertsOf(const ModelConfig& m, const InferLayout& in, std::int64_t r) {
+  EngineExperts out;
+  if (!in.expert_parallel || in.tp == 1) {
+    for (std::int64_t e = 0; e < m.num_experts; ++e) out.experts.push_back(e);
+    out.tp = in.tp;
+    out.rank = r;
+    return out;
+  }
+  if (in.round_robin_experts) {
+    for (std::int64_t e = r; e < m.num_experts; e += in.tp) out.experts.push_back(e);
+  } else {
+    const std::int64_t base = m.num_experts / in.tp, rem = m.num_experts % in.tp;
+    const std::int64_t start = r * base + std::min(r, rem);
+    const std::int64_t count = base + (r < rem ? 1 : 0);
+    for (std::int64_t e = start; e < start + count; ++e) out.experts.push_back(e);
+  }
+  return out;
+}
+
+Tensor VllmVocabShard(const Tensor& full, std::int64_t tp, std::int64_t r) {
+  return RowPart(PadRows(full, RoundUp(full.shape[0], 64), 0), r, tp);
+}
+
+void VllmLayer(const ModelConfig& m, const InferLayout& in, FullSource& src, std::int64_t layer,
+               std::int64_t r, ShardMap& out) {
+  const std::string p = HfLayer(layer);
+  const std::string a = p + "self_attn.";
+  const std::int64_t h = m.hidden_size, tp = in.tp;
+  out[p + "input_layernorm.weight"] = src.Get(p + "input_layernorm.weight", h, 0);
+  out[p + "post_attention_layernorm.weight"] = src.Get(p + "post_attention_layernorm.weight", h, 0);
+  if (m.is_mla()) {
+    const std::int64_t qd = QHeadDim(m);
+    const Tensor& kv_a =
+        src.Get(a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, h);
+    if (m.q_lora_rank > 0) {
+      out[a + "fused_qkv_a_proj.weight"] =
+          ConcatRows({src.Get(a + "q_a_proj.weight", m.q_lora_rank, h), kv_a});
+      out[a + "q_a_layernorm.weight"] = src.Get(a + "q_a_layernorm.weight", m.q_lora_rank, 0);
+      out[a + "q_b_proj.weight"] =
+          RowPart(src.Get(a + "q_b_proj.weight", m.num_heads * qd, m.q_lora_rank), r, tp);
+    } else {
+      out[a + "q_proj.weight"] = RowPart(src.Get(a + "q_proj.weight", m.num_heads * qd, h), r, tp);
+      out[a + "kv_a_proj_with_mqa.weight"] = kv_a;
+    }
+    out[a + "kv_a_layernorm.weight"] = src.Get(a + "kv_a_layernorm.weight", m.kv_lora_rank, 0);
+    out[a + "kv_b_proj.weight"] =
+        RowPart(src.Get(a + "kv_b_proj.weight", m.num_heads * (m.qk_nope_head_dim + m.v_head_dim),
+                        m.kv_lora_rank),
+                r, tp);
+    out[a + "o_proj.weight"] =
+        ColPart(src.Get(a + "o_proj.weight", h, m.num_heads * m.v_head_dim), r, tp);
+  } else {
+    const std::int64_t d = m.head_dim, kvh = m.num_kv_heads;
+    // KV heads of rank r: r / (tp / kvh) when replicated, else a contiguous block.
+    const std::int64_t kv_first = tp >= kvh ? r / (tp / kvh) : r * (kvh / tp);
+    const std::int64_t kv_count = tp >= kvh ? 1 : kvh / tp;
+    auto qkv = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+      return ConcatRows({RowPart(q, r, tp), Rows(k, kv_first * d, (kv_first + kv_count) * d),
+                         Rows(v, kv_first * d, (kv_first + kv_count) * d)});
+    };
+    const std::int64_t qr = m.num_heads * d, kvr = kvh * d;
+    out[a + "qkv_proj.weight"] =
+        qkv(src.Get(a + "q_proj.weight", qr, h), src.Get(a + "k_proj.weight", kvr, h),
+            src.Get(a + "v_proj.weight", kvr, h));
+    if (m.qkv_bias) {
+      out[a + "qkv_proj.bias"] =
+          qkv(src.Get(a + "q_proj.bias", qr, 0), src.Get(a + "k_proj.bias", kvr, 0),
+              src.Get(a + "v_proj.bias", kvr, 0));
+    }
+    if (m.qk_norm) {
+      out[a + "q_norm.weight"] = src.Get(a + "q_norm.weight", d, 0);
+      out[a + "k_norm.weight"] = src.Get(a + "k_norm.weight", d, 0);
+    }
+    out[a + "o_proj.weight"] = ColPart(src.Get(a + "o_proj.weight", h, qr), r, tp);
+  }
+  const std::string mlp = p + "mlp.";
+  if (!m.IsMoeLayer(layer)) {
+    const std::int64_t f = m.intermediate_size;
+    out[mlp + "gate_up_proj.weight"] = GateUpPart(src.Get(mlp + "gate_proj.weight", f, h),
+                                                  src.Get(mlp + "up_proj.weight", f, h), r, tp);
+    out[mlp + "down_proj.weight"] = ColPart(src.Get(mlp + "down_proj.weight", h, f), r, tp);
+    return;
+  }
+  out[mlp + "gate.weight"] = src.Get(mlp + "gate.weight", m.num_experts, h);
+  if (m.router_bias) {
+    out[mlp + "gate.e_score_correction_bias"] =
+        src.Get(mlp + "gate.e_score_correction_bias", m.num_experts, 0);
+  }
+  const EngineExperts ex = ExpertsOf(m, in, r);
+  const std::int64_t f = m.moe_intermediate_size;
+  std::vector<Tensor> w13, w2;
+  for (std::int64_t e : ex.experts) {
+    const std::string hf = mlp + "experts." + std::to_string(e) + ".";
+    w13.push_back(GateUpPart(src.Get(hf + "gate_proj.weight", f, h),
+                             src.Get(hf + "up_proj.weight", f, h), ex.rank, ex.tp));
+    w2.push_back(ColPart(src.Get(hf + "down_proj.weight", h, f), ex.rank, ex.tp));
+  }
+  const std::int64_t fl = f / ex.tp;
+  out[mlp + "experts.w13_weight"] = w13.empty() ? Tensor::Filled({0, 2 * fl, h}, 0) : Stack(w13);
+  out[mlp + "experts.w2_weight"] = w2.empty() ? Tensor::Filled({0, h, fl}, 0) : Stack(w2);
+  if (m.num_shared_experts > 0) {
+    const std::int64_t fs = SharedFfn(m);
+    const std::string s = mlp + "shared_experts.";
+    out[s + "gate_up_proj.weight"] = GateUpPart(src.Get(s + "gate_proj.weight", fs, h),
+                                                src.Get(s + "up_proj.weight", fs, h), r, tp);
+    out[s + "down_proj.weight"] = ColPart(src.Get(s + "down_proj.weight", h, fs), r, tp);
+  }
+}
+
+ShardMap VllmAt(const ModelConfig& m, const InferLayout& in, FullSource& src, std::int64_t r) {
+  ShardMap out;
+  const std::int64_t h = m.hidden_size;
+  out["model.embed_tokens.weight"] =
+      VllmVocabShard(src.Get("model.embed_tokens.weight", m.vocab_size, h), in.tp, r);
+  for (std::int64_t layer = 0; layer < m.num_layers; ++layer) VllmLayer(m, in, src, layer, r, out);
+  out["model.norm.weight"] = src.Get("model.norm.weight", h, 0);
+  if (!m.tie_word_embeddings) {
+    out["lm_head.weight"] = VllmVocabShard(src.Get("lm_head.weight", m.vocab_size, h), in.tp, r);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------
+// The plan executor.
+
+// Calls fn(linear offset) for every element of `slice` of a row-major `shape`, in
+// row-major order. Preconditions: the slice is inside the shape.
+template <typename Fn>
+void ForEachOffset(const std::vector<std::int64_t>& shape, const std::vector<Range>& slice,
+                   Fn&& fn) {
+  const std::size_t d = shape.size();
+  for (const Range& r : slice) {
+    if (r.end <= r.begin) return;
+  }
+  if (d == 0) {
+    fn(std::int64_t{0});
+    return;
+  }
+  std::vector<std::int64_t> stride(d, 1);
+  for (std::size_t i = d - 1; i > 0; --i) stride[i - 1] = stride[i] * shape[i];
+  std::vector<std::int64_t> idx(d);
+  for (std::size_t i = 0; i < d; ++i) idx[i] = slice[i].begin;
+  while (true) {
+    std::int64_t base = 0;
+    for (std::size_t i = 0; i + 1 < d; ++i) base += idx[i] * stride[i];
+    for (std::int64_t c = slice[d - 1].begin; c < slice[d - 1].end; ++c) fn(base + c);
+    std::size_t i = d - 1;
+    while (true) {
+      if (i == 0) return;
+      --i;
+      if (++idx[i] < slice[i].end) break;
+      idx[i] = slice[i].begin;
+    }
+  }
+}
+
+std::int64_t SliceElements(const std::vector<Range>& slice) {
+  std::int64_t n = 1;
+  for (const Range& r : slice) n *= std::max<std::int64_t>(0, r.end - r.begin);
+  return n;
+}
+
+// Empty when `slice` fits `shape`, else the reason.
+std::string SliceError(const std::vector<std::int64_t>& shape, const std::vector<Range>& slice) {
+  if (slice.size() != shape.size()) {
+    return "slice " + SliceString(slice) + " has " + std::to_string(slice.size()) +
+           " dims, tensor " + ShapeString(shape);
+  }
+  for (std::size_t i = 0; i < slice.size(); ++i) {
+    if (slice[i].begin < 0 || slice[i].begin > slice[i].end || slice[i].end > shape[i]) {
+      return "slice " + SliceString(slice) + " outside tensor " + ShapeString(shape);
+    }
+  }
+  return {};
+}
+
+// Bytes per element of a parameter: the model's dtype; fp32 for the MoE router's
+// expert bias (Megatron's expert_bias buffer, vLLM's e_score_correction_bias).
+std::int64_t ElementBytes(const ModelConfig& m, const std::string& name) {
+  auto ends_with = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with("e_score_correction_bias") || ends_with("expert_bias")) return 4;
+  return m.dtype_bytes;
+}
+
+class Reporter {
+ public:
+  explicit Reporter(VerifyResult& r) : r_(r) {}
+  void Add(std::string what) {
+    if (r_.problems.size() < kMaxProblems) r_.problems.push_back(std::move(what));
+  }
+
+ private:
+  VerifyResult& r_;
+};
+
+struct EngineBuffer {
+  std::int64_t tp_rank = 0;
+  ShardMap tensors;
+  std::map<std::string, std::vector<std::uint8_t>> writes;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// Tensor.
+
+Tensor Tensor::Filled(std::vector<std::int64_t> shape, std::uint16_t value) {
+  for (std::int64_t d : shape) {
+    if (d < 0) throw std::invalid_argument("shape: dims must be >= 0, got " + ShapeString(shape));
+  }
+  Tensor t;
+  t.data.assign(static_cast<std::size_t>(Product(shape, 0)), value);
+  t.shape = std::move(shape);
+  return t;
+}
+
+std::int64_t Tensor::RowElements() const { return Product(shape, 1); }
+
+std::uint16_t Tensor::at(std::initializer_list<std::int64_t> index) const {
+  if (index.size() != shape.size()) throw std::out_of_range("Tensor::at: wrong number of dims");
+  std::int64_t offset = 0;
+  std::size_t i = 0;
+  for (std::int64_t x : index) {
+    if (x < 0 || x >= shape[i]) throw std::out_of_range("Tensor::at: index out of range");
+    offset = offset * shape[i] + x;
+    ++i;
+  }
+  return data[static_cast<std::size_t>(offset)];
+}
+
+Tensor Rows(const Tensor& t, std::int64_t begin, std::int64_t end) {
+  if (t.shape.empty() || begin < 0 || begin > end || end > t.shape[0]) {
+    throw std::out_of_range("Rows: [" + std::to_string(begin) + ", " + std::to_string(end) +
+                            ") of " + ShapeString(t.shape));
+  }
+  const std::int64_t row = t.RowElements();
+  Tensor out;
+  out.shape = t.shape;
+  out.shape[0] = end - begin;
+  out.data.assign(t.data.begin() + begin * row, t.data.begin() + end * row);
+  out.padding_rows = std::max<std::int64_t>(0, end - std::max(begin, t.PaddingBegin()));
+  return out;
+}
+
+Tensor Cols(const Tensor& t, std::int64_t begin, std::int64_t end) {
+  if (t.shape.size() < 2 || begin < 0 || begin > end || end > t.shape.back()) {
+    throw std::out_of_range("Cols: [" + std::to_string(begin) + ", " + std::to_string(end) +
+                            ") of " + ShapeString(t.shape));
+  }
+  const std::int64_t cols = t.shape.back();
+  const std::int64_t outer = cols == 0 ? 0 : t.Elements() / cols;
+  Tensor out;
+  out.shape = t.shape;
+  out.shape.back() = end - begin;
+  out.padding_rows = t.padding_rows;
+  out.data.reserve(static_cast<std::size_t>(outer * (end - begin)));
+  for (std::int64_t o = 0; o < outer; ++o) {
+    auto first = t.data.begin() + o * cols;
+    out.data.insert(out.data.end(), first + begin, first + end);
+  }
+  return out;
+}
+
+Tensor ConcatRows(const std::vector<Tensor>& parts) {
+  if (parts.empty()) throw std::invalid_argument("ConcatRows: no parts");
+  Tensor out;
+  out.shape = parts[0].shape;
+  if (out.shape.empty()) throw std::invalid_argument("ConcatRows: scalar parts");
+  out.shape[0] = 0;
+  for (const Tensor& p : parts) {
+    if (p.shape.size() != out.shape.size() ||
+        !std::equal(p.shape.begin() + 1, p.shape.end(), out.shape.begin() + 1)) {
+      throw std::invalid_argument("ConcatRows: " + ShapeString(p.shape) + " does not match " +
+                                  ShapeString(parts[0].shape));
+    }
+    out.shape[0] += p.shape[0];
+    out.data.insert(out.data.end(), p.data.begin(), p.data.end());
+  }
+  return out;
+}
+
+Tensor Stack(const std::vector<Tensor>& parts) {
+  if (parts.empty()) throw std::invalid_argument("Stack: no parts");
+  Tensor out;
+  out.shape = parts[0].shape;
+  out.shape.insert(out.shape.begin(), static_cast<std::int64_t>(parts.size()));
+  for (const Tensor& p : parts) {
+    if (p.shape != parts[0].shape) {
+      throw std::invalid_argument("Stack: " + ShapeString(p.shape) + " does not match " +
+                                  ShapeString(parts[0].shape));
+    }
+    out.data.insert(out.data.end(), p.data.begin(), p.data.end());
+  }
+  return out;
+}
+
+Tensor Reshape(const Tensor& t, std::vector<std::int64_t> shape) {
+  if (Product(shape, 0) != t.Elements()) {
+    throw std::invalid_argument("Reshape: " + ShapeString(t.shape) + " to " + ShapeString(shape));
+  }
+  Tensor out;
+  out.shape = std::move(shape);
+  out.data = t.data;
+  return out;
+}
+
+Tensor PadRows(const Tensor& t, std::int64_t rows, std::uint16_t value) {
+  if (t.shape.empty() || rows < t.shape[0]) {
+    throw std::invalid_argument("PadRows: " + std::to_string(rows) + " rows for " +
+                                ShapeString(t.shape));
+  }
+  Tensor out = t;
+  out.padding_rows = t.padding_rows + rows - t.shape[0];
+  out.shape[0] = rows;
+  out.data.resize(static_cast<std::size_t>(rows * t.RowElements()), value);
+  return out;
+}
+
+std::uint16_t ElementValue(std::int32_t tensor_index, std::int64_t element) {
+  const std::uint64_t h =
+      Mix(Mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(tensor_index)) + 1) ^
+          static_cast<std::uint64_t>(element));
+  auto v = static_cast<std::uint16_t>(h >> 48);
+  if (v == 0 || v == kMegatronPadValue) v = static_cast<std::uint16_t>(h >> 8) | 1;
+  if (v == kMegatronPadValue) v = 1;
+  return v;
+}
+
+Tensor FullTensorValues(const ModelConfig& /*model*/, std::int32_t tensor_index,
+                        const FullTensor& tensor) {
+  Tensor t;
+  t.shape = tensor.is_vector ? std::vector<std::int64_t>{tensor.rows}
+                             : std::vector<std::int64_t>{tensor.rows, tensor.cols};
+  t.data.resize(static_cast<std::size_t>(tensor.rows * (tensor.is_vector ? 1 : tensor.cols)));
+  for (std::size_t i = 0; i < t.data.size(); ++i) {
+    t.data[i] = ElementValue(tensor_index, static_cast<std::int64_t>(i));
+  }
+  return t;
+}
+
+ShardMap ReferenceMegatronShards(const ModelConfig& model, const TrainLayout& train,
+                                 std::int64_t rank) {
+  CheckTrain(model, train);
+  if (rank < 0 || rank >= train.world_size()) {
+    Fail("rank",
+         "must be in [0, " + std::to_string(train.world_size()) + "), got " + std::to_string(rank));
+  }
+  FullSource src(model);
+  return MegatronAt(model, train, src, CoordsOf(train, rank));
+}
+
+ShardMap ReferenceVllmShards(const ModelConfig& model, const InferLayout& infer,
+                             std::int64_t tp_rank) {
+  CheckInfer(model, infer);
+  if (tp_rank < 0 || tp_rank >= infer.tp) {
+    Fail("tp_rank",
+         "must be in [0, " + std::to_string(infer.tp) + "), got " + std::to_string(tp_rank));
+  }
+  FullSource src(model);
+  return VllmAt(model, infer, src, tp_rank);
+}
+
+VerifyResult VerifyPlan(const ModelConfig& model, const ReshardOptions& options,
+                        const ReshardPlan& plan) {
+  const TrainLayout& train = options.train;
+  const InferLayout& infer = options.infer;
+  CheckTrain(model, train);
+  CheckInfer(model, infer);
+  if (infer.replicas < 1) Fail("infer.replicas", "must be >= 1");
+
+  VerifyResult result;
+  Reporter report(result);
+  std::int64_t allocated = 0;
+  auto account = [&](const ShardMap& shards, std::int64_t factor) {
+    for (const auto& [name, t] : shards) allocated += t.Elements() * factor;
+    if (allocated > kMaxVerifyElements) {
+      Fail("model", "too large for VerifyPlan (more than " + std::to_string(kMaxVerifyElements) +
+                        " elements across ranks)");
+    }
+  };
+
+  // Trainer ranks: one reference per distinct coordinate.
+  FullSource src(model);
+  const std::int64_t trainers = train.world_size();
+  std::map<MegatronCoords, ShardMap> by_coords;
+  std::vector<const ShardMap*> trainer(static_cast<std::size_t>(trainers));
+  for (std::int64_t rank = 0; rank < trainers; ++rank) {
+    const MegatronCoords c = CoordsOf(train, rank);
+    auto it = by_coords.find(c);
+    if (it == by_coords.end()) {
+      it = by_coords.emplace(c, MegatronAt(model, train, src, c)).first;
+      account(it->second, 1);
+    }
+    trainer[static_cast<std::size_t>(rank)] = &it->second;
+  }
+
+  // Engine ranks: references per TP rank, a zeroed buffer per (replica, TP rank).
+  std::vector<ShardMap> engine_ref;
+  for (std::int64_t r = 0; r < infer.tp; ++r) {
+    engine_ref.push_back(VllmAt(model, infer, src, r));
+    account(engine_ref.back(), 1);
+  }
+  std::map<std::int64_t, EngineBuffer> engines;
+  for (std::int64_t replica = 0; replica < infer.replicas; ++replica) {
+    for (std::int64_t r = 0; r < infer.tp; ++r) {
+      const std::int64_t gid = (options.topology.colocated ? 0 : trainers) + replica * infer.tp + r;
+      if (EngineRank(options, replica, r) != gid) {
+        ++result.bookkeeping_errors;
+        report.Add("EngineRank(replica " + std::to_string(replica) + ", tp_rank " +
+                   std::to_string(r) + ") = " + std::to_string(EngineRank(options, replica, r)) +
+                   ", plan.h documents " + std::to_string(gid));
+      }
+      EngineBuffer& b = engines[gid];
+      b.tp_rank = r;
+      for (const auto& [name, t] : engine_ref[static_cast<std::size_t>(r)]) {
+        Tensor zero = Tensor::Filled(t.shape, 0);
+        zero.padding_rows = t.padding_rows;
+        b.tensors.emplace(name, std::move(zero));
+        b.writes.emplace(name, std::vector<std::uint8_t>(t.data.size(), 0));
+      }
+      account(engine_ref[static_cast<std::size_t>(r)], 2);
+    }
+  }
+
+  // Plan-level counts.
+  auto check_count = [&](const char* what, std::int64_t got, std::int64_t want) {
+    if (got != want) {
+      ++result.bookkeeping_errors;
+      report.Add(std::string("plan.") + what + " = " + std::to_string(got) + ", expected " +
+                 std::to_string(want));
+    }
+  };
+  check_count("trainer_ranks", plan.trainer_ranks, trainers);
+  check_count("engine_ranks", plan.engine_ranks, infer.replicas * infer.tp);
+
+  std::int64_t bytes_received = 0, bytes_local = 0, bytes_moved = 0;
+  std::int64_t last_bucket = 0;
+  // Per bucket: bytes out of each rank (non-local transfers) and into each rank (all).
+  std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> sent, received;
+  const auto num_params = static_cast<std::int64_t>(plan.param_names.size());
+
+  for (std::size_t ti = 0; ti < plan.transfers.size(); ++ti) {
+    const Transfer& t = plan.transfers[ti];
+    ++result.transfers;
+    const std::string where = "transfer " + std::to_string(ti) + ": ";
+    auto bad = [&](const std::string& why) {
+      ++result.bad_transfers;
+      report.Add(where + why);
+    };
+    bytes_received += t.bytes * static_cast<std::int64_t>(t.dst_ranks.size());
+    (t.local() ? bytes_local : bytes_moved) += t.bytes;
+    if (t.bucket < 0 || t.bucket >= plan.num_buckets || t.bucket < last_bucket) {
+      ++result.bookkeeping_errors;
+      report.Add(where + "bucket " + std::to_string(t.bucket) + " out of order or range");
+    }
+    last_bucket = std::max(last_bucket, t.bucket);
+    if (!t.local()) sent[{t.bucket, t.src_rank}] += t.bytes;
+    for (std::int64_t d : t.dst_ranks) received[{t.bucket, d}] += t.bytes;
+
+    if (t.src_rank < 0 || t.src_rank >= trainers) {
+      bad("source rank " + std::to_string(t.src_rank) + " is not a trainer rank");
+      continue;
+    }
+    if (t.src_param < 0 || t.src_param >= num_params || t.dst_param < 0 ||
+        t.dst_param >= num_params) {
+      bad("param index out of range");
+      continue;
+    }
+    const std::string& src_name = plan.param_names[static_cast<std::size_t>(t.src_param)];
+    const std::string& dst_name = plan.param_names[static_cast<std::size_t>(t.dst_param)];
+    const ShardMap& src_shards = *trainer[static_cast<std::size_t>(t.src_rank)];
+    auto src_it = src_shards.find(src_name);
+    if (src_it == src_shards.end()) {
+      bad("trainer rank " + std::to_string(t.src_rank) + " has no " + src_name);
+      continue;
+    }
+    const Tensor& source = src_it->second;
+    if (std::string e = SliceError(source.shape, t.src_slice); !e.empty()) {
+      bad("source " + src_name + " on rank " + std::to_string(t.src_rank) + ": " + e);
+      continue;
+    }
+    const std::int64_t elements = SliceElements(t.src_slice);
+    if (!t.src_slice.empty() && t.src_slice[0].end > source.PaddingBegin() &&
+        t.src_slice[0].begin < t.src_slice[0].end && elements > 0) {
+      const std::int64_t rows =
+          t.src_slice[0].end - std::max(t.src_slice[0].begin, source.PaddingBegin());
+      result.padding_read_elements += elements / (t.src_slice[0].end - t.src_slice[0].begin) * rows;
+      bad("source " + src_name + " on rank " + std::to_string(t.src_rank) + " slice " +
+          SliceString(t.src_slice) + " reads padding rows from " +
+          std::to_string(source.PaddingBegin()));
+    }
+    if (t.bytes != elements * ElementBytes(model, dst_name)) {
+      bad("bytes " + std::to_string(t.bytes) + " for " + std::to_string(elements) +
+          " elements of " + dst_name);
+    }
+    if (t.dst_ranks.empty()) bad("no destination ranks");
+    if (!std::is_sorted(t.dst_ranks.begin(), t.dst_ranks.end()) ||
+        std::adjacent_find(t.dst_ranks.begin(), t.dst_ranks.end()) != t.dst_ranks.end()) {
+      bad("destination ranks not strictly ascending");
+    }
+    std::vector<std::uint16_t> values;
+    values.reserve(static_cast<std::size_t>(elements));
+    ForEachOffset(source.shape, t.src_slice, [&](std::int64_t off) {
+      values.push_back(source.data[static_cast<std::size_t>(off)]);
+    });
+    for (std::int64_t d : t.dst_ranks) {
+      auto eng = engines.find(d);
+      if (eng == engines.end()) {
+        bad("destination " + std::to_string(d) + " is not an engine rank");
+        continue;
+      }
+      EngineBuffer& buf = eng->second;
+      auto dst_it = buf.tensors.find(dst_name);
+      if (dst_it == buf.tensors.end()) {
+        bad("engine rank " + std::to_string(d) + " (tp " + std::to_string(buf.tp_rank) +
+            ") has no " + dst_name);
+        continue;
+      }
+      Tensor& dest = dst_it->second;
+      if (std::string e = SliceError(dest.shape, t.dst_slice); !e.empty()) {
+        bad("destination " + dst_name + " on rank " + std::to_string(d) + ": " + e);
+        continue;
+      }
+      if (SliceElements(t.dst_slice) != elements) {
+        bad("source " + SliceString(t.src_slice) + " and destination " + SliceString(t.dst_slice) +
+            " differ in elements");
+        continue;
+      }
+      std::vector<std::uint8_t>& writes = buf.writes[dst_name];
+      const std::int64_t row = dest.RowElements();
+      const std::int64_t pad_from = dest.PaddingBegin() * row;
+      std::size_t k = 0;
+      ForEachOffset(dest.shape, t.dst_slice, [&](std::int64_t off) {
+        const auto o = static_cast<std::size_t>(off);
+        dest.data[o] = values[k++];
+        if (writes[o] < 255) ++writes[o];
+        if (off >= pad_from) ++result.padding_written_elements;
+        ++result.elements_written;
+      });
+    }
+  }
+  check_count("bytes_received", plan.bytes_received, bytes_received);
+  check_count("bytes_local", plan.bytes_local, bytes_local);
+  check_count("bytes_moved", plan.bytes_moved, bytes_moved);
+  for (const auto* loads : {&sent, &received}) {
+    for (const auto& [key, bytes] : *loads) {
+      if (bytes > options.bucket_bytes) {
+        ++result.bookkeeping_errors;
+        report.Add("bucket " + std::to_string(key.first) + ": rank " + std::to_string(key.second) +
+                   (loads == &sent ? " sends " : " receives ") + std::to_string(bytes) +
+                   " bytes > bucket_bytes");
+      }
+    }
+  }
+
+  // Compare every engine rank with its reference.
+  for (const auto& [gid, buf] : engines) {
+    const ShardMap& ref = engine_ref[static_cast<std::size_t>(buf.tp_rank)];
+    for (const auto& [name, dest] : buf.tensors) {
+      const Tensor& want = ref.at(name);
+      const std::vector<std::uint8_t>& writes = buf.writes.at(name);
+      const std::int64_t pad_from = dest.PaddingBegin() * dest.RowElements();
+      std::int64_t first_bad = -1;
+      std::string kind;
+      for (std::size_t i = 0; i < dest.data.size(); ++i) {
+        const auto off = static_cast<std::int64_t>(i);
+        std::string k;
+        if (writes[i] == 0) {
+          if (off < pad_from) {
+            ++result.unwritten_elements;
+            k = "never written";
+          }
+        } else {
+          if (writes[i] > 1) {
+            ++result.double_written_elements;
+            k = "written " + std::to_string(writes[i]) + " times";
+          }
+          if (dest.data[i] != want.data[i]) {
+            ++result.mismatched_elements;
+            k = "wrong value";
+          }
+        }
+        if (!k.empty() && first_bad < 0) {
+          first_bad = off;
+          kind = k;
+        }
+      }
+      if (first_bad >= 0) {
+        // The multi-index of the first problem element.
+        std::string index;
+        std::int64_t rest = first_bad;
+        for (std::size_t dd = dest.shape.size(); dd-- > 0;) {
+          const std::int64_t dim = std::max<std::int64_t>(1, dest.shape[dd]);
+          index = std::to_string(rest % dim) + (index.empty() ? "" : ", ") + index;
+          rest /= dim;
+        }
+        report.Add(name + " on engine rank " + std::to_string(gid) + " (tp " +
+                   std::to_string(buf.tp_rank) + ") at [" + index + "]: " + kind);
+      }
+    }
+  }
+  if (result.padding_written_elements > 0) {
+    report.Add(std::to_string(result.padding_written_elements) +
+               " destination padding elements written");
+  }
+  result.ok = result.mismatched_elements == 0 && result.double_written_elements == 0 &&
+              result.unwritten_elements == 0 && result.padding_written_elements == 0 &&
+              result.padding_read_elements == 0 && result.bad_transfers == 0 &&
+              result.bookkeeping_errors == 0;
+  return result;
+}
+
+}  // namespace rlsched::rollout

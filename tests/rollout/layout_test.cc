@@ -1,0 +1,213 @@
+#include "rlsched/rollout/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "rlsched/rollout/model.h"
+#include "test_models.h"
+
+namespace rlsched::rollout {
+namespace {
+
+std::string ReadShared(const std::string& name) {
+  std::ifstream in(std::string(RLSCHED_SHARED_CONFIG_DIR) + "/" + name);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::int64_t Parameters(const ModelConfig& m) {
+  std::int64_t n = 0;
+  for (const FullTensor& t : HfTensors(m)) n += t.Elements();
+  return n;
+}
+
+const LocalParam& Find(const std::vector<LocalParam>& params, const std::string& name) {
+  for (const LocalParam& p : params) {
+    if (p.name == name) return p;
+  }
+  throw std::runtime_error("no param " + name);
+}
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelTest, SharedConfigsHaveTheirPublishedSizes) {
+  const ModelConfig llama = ParseHfConfig(ReadShared("llama-3.1-70b.json"));
+  EXPECT_EQ(llama.family, Family::kLlama);
+  EXPECT_EQ(llama.head_dim, 128);
+  EXPECT_NEAR(Parameters(llama) / 1e9, 70.55, 0.05);
+
+  const ModelConfig qwen = ParseHfConfig(ReadShared("qwen3-235b-a22b.json"));
+  EXPECT_EQ(qwen.family, Family::kQwen3Moe);
+  EXPECT_TRUE(qwen.dense_layers.empty());
+  EXPECT_TRUE(qwen.qk_norm);
+  EXPECT_NEAR(Parameters(qwen) / 1e9, 235.1, 0.5);
+
+  const ModelConfig ds = ParseHfConfig(ReadShared("deepseek-v3.json"));
+  EXPECT_EQ(ds.family, Family::kDeepseekV3);
+  EXPECT_TRUE(ds.is_mla());
+  EXPECT_EQ(ds.dense_layers, (std::vector<std::int64_t>{0, 1, 2}));
+  EXPECT_EQ(ds.num_shared_experts, 1);
+  // 671B without the multi-token-prediction layer.
+  EXPECT_NEAR(Parameters(ds) / 1e9, 671.0, 1.0);
+}
+
+TEST(ModelTest, BadConfigsNameTheField) {
+  EXPECT_NE(ErrorOf([] { ParseHfConfig("{"); }).find("JSON"), std::string::npos);
+  EXPECT_NE(ErrorOf([] { ParseHfConfig(R"({"model_type": "gpt2"})"); }).find("model_type"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([] {
+              ParseHfConfig(R"({"model_type": "llama", "hidden_size": 64,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10})");
+            }).find("intermediate_size"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([] {
+              ParseHfConfig(R"({"model_type": "llama", "hidden_size": -3,
+                "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "vocab_size": 10})");
+            }).find("hidden_size"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([] {
+              ParseHfConfig(R"({"model_type": "llama", "hidden_size": 64,
+                "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 6,
+                "num_key_value_heads": 4, "vocab_size": 10})");
+            }).find("num_key_value_heads"),
+            std::string::npos);
+}
+
+TEST(ModelTest, EveryFamilyParses) {
+  for (const auto& [name, m] : testing::SmallModels()) {
+    EXPECT_EQ(FamilyName(m.family), name);
+    EXPECT_FALSE(HfTensors(m).empty());
+  }
+}
+
+TEST(LayoutTest, MegatronQkvInterleavesWholeGroups) {
+  const ModelConfig m = testing::SmallModels()[0].second;  // 16 heads, 4 groups, head_dim 4
+  const auto params = MegatronShards(m, TrainLayout{.tp = 2}, /*rank=*/1);
+  const LocalParam& qkv = Find(params, "decoder.layers.0.self_attention.linear_qkv.weight");
+  EXPECT_EQ(qkv.shape, (std::vector<std::int64_t>{2 * (4 + 2) * 4, 64}));
+  ASSERT_EQ(qkv.pieces.size(), 6u);
+  // Groups 2 and 3: [q heads 8..11; k 2; v 2], [q heads 12..15; k 3; v 3].
+  const std::int64_t expected[6][3] = {{32, 48, 0},  {8, 12, 16},  {8, 12, 20},
+                                       {48, 64, 24}, {12, 16, 40}, {12, 16, 44}};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(qkv.pieces[i].row_begin, expected[i][0]) << i;
+    EXPECT_EQ(qkv.pieces[i].row_end, expected[i][1]) << i;
+    EXPECT_EQ(qkv.pieces[i].offset, (std::vector<std::int64_t>{expected[i][2], 0})) << i;
+  }
+}
+
+TEST(LayoutTest, VllmReplicatesKvHeadsBeyondTheirCount) {
+  const ModelConfig m = testing::SmallModels()[1].second;  // qwen2: 8 heads, 2 kv, head_dim 4
+  const auto params = VllmShards(m, InferLayout{.tp = 8}, /*tp_rank=*/5);
+  for (const char* kind : {"weight", "bias"}) {
+    const LocalParam& qkv = Find(params, std::string("model.layers.2.self_attn.qkv_proj.") + kind);
+    ASSERT_EQ(qkv.pieces.size(), 3u);
+    EXPECT_EQ(qkv.shape[0], (1 + 2) * 4);
+    EXPECT_EQ(qkv.pieces[0].row_begin, 5 * 4);  // q head 5
+    EXPECT_EQ(qkv.pieces[1].row_begin, 1 * 4);  // kv head 5 / (8 / 2) = 1
+    EXPECT_EQ(qkv.pieces[2].row_begin, 1 * 4);
+    EXPECT_EQ(qkv.pieces[2].offset[0], 8);
+  }
+}
+
+TEST(LayoutTest, VocabularyPaddingIsNeverAPiece) {
+  const ModelConfig m = testing::SmallModels()[0].second;  // vocab 1000
+  // vLLM pads to 1024: 128 rows per rank on tp = 8, the last rank holds 104 real ones.
+  const auto last = VllmShards(m, InferLayout{.tp = 8}, 7);
+  const LocalParam& embed = Find(last, "model.embed_tokens.weight");
+  EXPECT_EQ(embed.shape, (std::vector<std::int64_t>{128, 64}));
+  ASSERT_EQ(embed.pieces.size(), 1u);
+  EXPECT_EQ(embed.pieces[0].row_begin, 896);
+  EXPECT_EQ(embed.pieces[0].row_end, 1000);
+  // Megatron pads to a multiple of 128 * tp = 512: 1024 rows, 256 per rank on tp = 4.
+  EXPECT_EQ(MegatronPaddedVocab(1000, 4), 1024);
+  const auto rank3 = MegatronShards(m, TrainLayout{.tp = 4}, 3);
+  const LocalParam& out = Find(rank3, "output_layer.weight");
+  EXPECT_EQ(out.shape[0], 256);
+  EXPECT_EQ(out.pieces[0].row_end - out.pieces[0].row_begin, 1000 - 768);
+}
+
+TEST(LayoutTest, TiedEmbeddingsHaveACopyOnTheLastStage) {
+  const ModelConfig m = testing::SmallModels()[1].second;  // qwen2, tied
+  EXPECT_THROW(Find(MegatronShards(m, TrainLayout{.pp = 1}, 0), "output_layer.weight"),
+               std::runtime_error);
+  const auto last = MegatronShards(m, TrainLayout{.pp = 3}, 2);
+  EXPECT_EQ(Find(last, "output_layer.weight").pieces[0].tensor,
+            Find(MegatronShards(m, TrainLayout{.pp = 3}, 0), "embedding.word_embeddings.weight")
+                .pieces[0]
+                .tensor);
+  for (const LocalParam& p : VllmShards(m, InferLayout{.tp = 2}, 0))
+    EXPECT_NE(p.name, "lm_head.weight");
+}
+
+TEST(LayoutTest, StagesAndVirtualChunks) {
+  ModelConfig m = testing::SmallModels()[0].second;  // 4 layers
+  EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 2, .vpp = 2}, 0), (std::vector<std::int64_t>{0, 2}));
+  EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 2, .vpp = 2}, 1), (std::vector<std::int64_t>{1, 3}));
+  EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 3}, 0), (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 3}, 2), (std::vector<std::int64_t>{3}));
+  EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 2, .layers_per_chunk = {1, 3}}, 1),
+            (std::vector<std::int64_t>{1, 2, 3}));
+}
+
+TEST(LayoutTest, RankOrders) {
+  const TrainLayout t{.tp = 2, .pp = 2, .ep = 2, .dp = 2};
+  const TrainCoord c = MegatronCoord(t, 5);  // stage 1, in-stage rank 1
+  EXPECT_EQ(c.tp, 1);
+  EXPECT_EQ(c.dp, 0);
+  EXPECT_EQ(c.pp, 1);
+  EXPECT_EQ(c.etp, 0);
+  EXPECT_EQ(c.ep, 1);
+  EXPECT_EQ(c.edp, 0);
+  const TrainCoord d = MegatronCoord(t, 6);
+  EXPECT_EQ(d.dp, 1);
+  EXPECT_EQ(d.ep, 0);
+  EXPECT_EQ(d.edp, 1);
+}
+
+TEST(LayoutTest, ExpertsAreContiguousOrRoundRobin) {
+  const ModelConfig m = testing::SmallModels()[3].second;  // 8 experts, layer 1 dense
+  const auto megatron = MegatronShards(m, TrainLayout{.tp = 2, .ep = 2}, 1);  // ep rank 1
+  EXPECT_NO_THROW(Find(megatron, "decoder.layers.0.mlp.experts.local_experts.4.linear_fc1.weight"));
+  EXPECT_THROW(Find(megatron, "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight"),
+               std::runtime_error);
+  EXPECT_THROW(Find(megatron, "decoder.layers.1.mlp.experts.local_experts.4.linear_fc1.weight"),
+               std::runtime_error);
+  const auto rr =
+      VllmShards(m, InferLayout{.tp = 4, .expert_parallel = true, .round_robin_experts = true}, 1);
+  const LocalParam& w2 = Find(rr, "model.layers.0.mlp.experts.w2_weight");
+  EXPECT_EQ(w2.shape, (std::vector<std::int64_t>{2, 32, 16}));
+  const auto& names = HfTensors(m);
+  EXPECT_EQ(names[w2.pieces[1].tensor].name, "model.layers.0.mlp.experts.5.down_proj.weight");
+  EXPECT_EQ(w2.pieces[1].offset, (std::vector<std::int64_t>{1, 0, 0}));
+}
+
+TEST(LayoutTest, LayoutsThatDoNotFitNameTheField) {
+  const ModelConfig m = testing::SmallModels()[0].second;
+  EXPECT_NE(ErrorOf([&] { Validate(m, TrainLayout{.tp = 8}); }).find("train.tp"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([&] { Validate(m, TrainLayout{.pp = 5}); }).find("train.pp"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([&] { Validate(m, TrainLayout{.ep = 2}); }).find("train.ep"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([&] { Validate(m, InferLayout{.tp = 3}); }).find("infer.tp"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([&] { Validate(m, InferLayout{.tp = 0}); }).find("infer.tp"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace rlsched::rollout
