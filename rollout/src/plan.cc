@@ -342,8 +342,41 @@ void Planner::Bucket() {
     }
   }
   plan_.transfers = std::move(split);
-  // First fit: the earliest bucket in which the sender and every receiver have room.
   const std::size_t ranks = link_bytes_.size() / kLinks;
+  // Order: each receiver's streams (bytes in over its intra-node link, over its NIC,
+  // and by local copy) should progress through the buckets at the same pace, so that
+  // each bucket carries the same mix of slow and fast bytes. A transfer's key is the
+  // largest fraction of its receivers' streams done once it is (streams taken in the
+  // current order: largest regions first); first fit then follows the keys. Senders
+  // are not paced: each sends a small share of what its receivers take in.
+  {
+    constexpr int kStreams = 3;  // intra-node in, NIC in, local copy
+    auto streams = [&](const Transfer& x, auto&& visit) {
+      const int kind = x.local() ? 2 : Node(x.dst_ranks.front()) == Node(x.src_rank) ? 0 : 1;
+      for (std::int64_t d : x.dst_ranks) visit(d * kStreams + kind);
+    };
+    std::vector<std::int64_t> total(ranks * kStreams, 0), done(ranks * kStreams, 0);
+    for (const Transfer& x : plan_.transfers) {
+      streams(x, [&](std::size_t s) { total[s] += x.bytes; });
+    }
+    std::vector<std::pair<double, std::size_t>> keys(plan_.transfers.size());
+    for (std::size_t i = 0; i < plan_.transfers.size(); ++i) {
+      const Transfer& x = plan_.transfers[i];
+      double key = 0.0;
+      streams(x, [&](std::size_t s) {
+        done[s] += x.bytes;
+        key = std::max(key, static_cast<double>(done[s]) / static_cast<double>(total[s]));
+      });
+      keys[i] = {key, i};
+    }
+    std::stable_sort(keys.begin(), keys.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<Transfer> ordered;
+    ordered.reserve(plan_.transfers.size());
+    for (const auto& [key, i] : keys) ordered.push_back(std::move(plan_.transfers[i]));
+    plan_.transfers = std::move(ordered);
+  }
+  // First fit: the earliest bucket in which the sender and every receiver have room.
   std::vector<std::vector<std::int64_t>> sent(ranks), received(ranks);
   std::vector<std::int64_t> first_open(ranks, 0);
   auto room = [&](std::vector<std::vector<std::int64_t>>& used, std::int64_t r, std::int64_t b,
