@@ -43,20 +43,26 @@ class ParamBuilder {
       : index_(index), out_(out) {
     out_.push_back({std::move(name), std::move(shape), {}});
   }
-  // Rows [r0, r1) (all columns) of tensor `name` at local (leading..., row, 0).
-  ParamBuilder& Rows(const std::string& name, std::int64_t r0, std::int64_t r1,
+  // Rows [r0, r1) (all columns) of full tensor `t` at local (leading..., row, 0).
+  ParamBuilder& Rows(std::int32_t t, std::int64_t r0, std::int64_t r1,
                      std::vector<std::int64_t> offset) {
-    const std::int32_t t = index_[name];
     if (r1 <= r0) return *this;
     out_.back().pieces.push_back({t, r0, r1, 0, index_.tensors()[t].cols, std::move(offset)});
     return *this;
   }
-  // Columns [c0, c1) (all rows) of tensor `name` at local (leading..., 0, 0).
-  ParamBuilder& Cols(const std::string& name, std::int64_t c0, std::int64_t c1,
+  ParamBuilder& Rows(const std::string& name, std::int64_t r0, std::int64_t r1,
                      std::vector<std::int64_t> offset) {
-    const std::int32_t t = index_[name];
+    return Rows(index_[name], r0, r1, std::move(offset));
+  }
+  // Columns [c0, c1) (all rows) of full tensor `t` at local (leading..., 0, 0).
+  ParamBuilder& Cols(std::int32_t t, std::int64_t c0, std::int64_t c1,
+                     std::vector<std::int64_t> offset) {
     out_.back().pieces.push_back({t, 0, index_.tensors()[t].rows, c0, c1, std::move(offset)});
     return *this;
+  }
+  ParamBuilder& Cols(const std::string& name, std::int64_t c0, std::int64_t c1,
+                     std::vector<std::int64_t> offset) {
+    return Cols(index_[name], c0, c1, std::move(offset));
   }
   // The whole tensor `name`, replicated.
   ParamBuilder& Whole(const std::string& name) {
@@ -95,7 +101,7 @@ void VocabRows(const TensorIndex& index, std::vector<LocalParam>& out, std::stri
 
 // [gate_r; up_r] of an MLP with intermediate size `ffn` split `size` ways, at the
 // given leading index (experts) or none.
-void GateUp(ParamBuilder& b, const std::string& hf_prefix, std::int64_t ffn, std::int64_t size,
+void GateUp(ParamBuilder& b, std::int32_t gate, std::int64_t ffn, std::int64_t size,
             std::int64_t rank, const std::vector<std::int64_t>& lead) {
   const std::int64_t per = ffn / size;
   auto at = [&](std::int64_t row) {
@@ -104,8 +110,8 @@ void GateUp(ParamBuilder& b, const std::string& hf_prefix, std::int64_t ffn, std
     o.push_back(0);
     return o;
   };
-  b.Rows(hf_prefix + "gate_proj.weight", rank * per, (rank + 1) * per, at(0));
-  b.Rows(hf_prefix + "up_proj.weight", rank * per, (rank + 1) * per, at(per));
+  b.Rows(gate, rank * per, (rank + 1) * per, at(0));
+  b.Rows(gate + 1, rank * per, (rank + 1) * per, at(per));  // up_proj follows gate_proj
 }
 
 }  // namespace
@@ -114,6 +120,10 @@ TensorIndex::TensorIndex(const ModelConfig& model) : tensors_(HfTensors(model)) 
   index_.reserve(tensors_.size());
   for (std::size_t i = 0; i < tensors_.size(); ++i) {
     index_.emplace(tensors_[i].name, static_cast<std::int32_t>(i));
+  }
+  for (std::int64_t layer = 0; layer < model.num_layers; ++layer) {
+    auto it = index_.find(L(layer) + "mlp.experts.0.gate_proj.weight");
+    expert_base_.push_back(it == index_.end() ? -1 : it->second);
   }
 }
 
@@ -195,7 +205,7 @@ std::vector<LocalParam> MegatronDenseShards(const ModelConfig& m, const TensorIn
     auto dense_mlp = [&](const std::string& mprefix, const std::string& hprefix, std::int64_t ffn) {
       const std::int64_t per = ffn / tp;
       ParamBuilder fc1(index, out, mprefix + "linear_fc1.weight", {2 * per, h});
-      GateUp(fc1, hprefix, ffn, tp, t, {});
+      GateUp(fc1, index[hprefix + "gate_proj.weight"], ffn, tp, t, {});
       ParamBuilder(index, out, mprefix + "linear_fc2.weight", {h, per})
           .Cols(hprefix + "down_proj.weight", t * per, (t + 1) * per, {0, 0});
     };
@@ -240,11 +250,11 @@ std::vector<LocalParam> MegatronExpertShards(const ModelConfig& m, const TensorI
     if (!m.IsMoeLayer(layer)) continue;
     for (std::int64_t e = ep_rank * local; e < (ep_rank + 1) * local; ++e) {
       const std::string mp = ML(layer) + "mlp.experts.local_experts." + std::to_string(e) + ".";
-      const std::string hp = L(layer) + "mlp.experts." + std::to_string(e) + ".";
+      const std::int32_t gate = index.ExpertGate(layer, e);
       ParamBuilder fc1(index, out, mp + "linear_fc1.weight", {2 * per, h});
-      GateUp(fc1, hp, m.moe_intermediate_size, train.etp, etp_rank, {});
+      GateUp(fc1, gate, m.moe_intermediate_size, train.etp, etp_rank, {});
       ParamBuilder(index, out, mp + "linear_fc2.weight", {h, per})
-          .Cols(hp + "down_proj.weight", etp_rank * per, (etp_rank + 1) * per, {0, 0});
+          .Cols(gate + 2, etp_rank * per, (etp_rank + 1) * per, {0, 0});
     }
   }
   return out;
@@ -316,7 +326,7 @@ std::vector<LocalParam> VllmShards(const ModelConfig& m, const TensorIndex& inde
     auto dense_mlp = [&](const std::string& prefix, std::int64_t ffn) {
       const std::int64_t per = ffn / tp;
       ParamBuilder gate_up(index, out, prefix + "gate_up_proj.weight", {2 * per, h});
-      GateUp(gate_up, prefix, ffn, tp, t, {});
+      GateUp(gate_up, index[prefix + "gate_proj.weight"], ffn, tp, t, {});
       ParamBuilder(index, out, prefix + "down_proj.weight", {h, per})
           .Cols(prefix + "down_proj.weight", t * per, (t + 1) * per, {0, 0});
     };
@@ -348,13 +358,13 @@ std::vector<LocalParam> VllmShards(const ModelConfig& m, const TensorIndex& inde
       const std::int64_t n = static_cast<std::int64_t>(experts.size());
       ParamBuilder w13(index, out, l + "mlp.experts.w13_weight", {n, 2 * per, h});
       for (std::int64_t j = 0; j < n; ++j) {
-        GateUp(w13, l + "mlp.experts." + std::to_string(experts[j]) + ".", m.moe_intermediate_size,
-               moe_tp, moe_rank, {j});
+        GateUp(w13, index.ExpertGate(layer, experts[j]), m.moe_intermediate_size, moe_tp, moe_rank,
+               {j});
       }
       ParamBuilder w2(index, out, l + "mlp.experts.w2_weight", {n, h, per});
       for (std::int64_t j = 0; j < n; ++j) {
-        w2.Cols(l + "mlp.experts." + std::to_string(experts[j]) + ".down_proj.weight",
-                moe_rank * per, (moe_rank + 1) * per, {j, 0, 0});
+        w2.Cols(index.ExpertGate(layer, experts[j]) + 2, moe_rank * per, (moe_rank + 1) * per,
+                {j, 0, 0});
       }
       if (m.num_shared_experts > 0) {
         dense_mlp(l + "mlp.shared_experts.", m.num_shared_experts * m.moe_intermediate_size);

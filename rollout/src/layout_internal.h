@@ -21,10 +21,16 @@ class TensorIndex {
   const std::vector<FullTensor>& tensors() const { return tensors_; }
   // The index of `name`; asserts that it exists.
   std::int32_t operator[](const std::string& name) const;
+  // The index of routed expert `expert`'s gate_proj in `layer` (an MoE layer); its
+  // up_proj and down_proj follow it (HfTensors() lists them in that order).
+  std::int32_t ExpertGate(std::int64_t layer, std::int64_t expert) const {
+    return expert_base_[layer] + static_cast<std::int32_t>(3 * expert);
+  }
 
  private:
   std::vector<FullTensor> tensors_;
   std::unordered_map<std::string, std::int32_t> index_;
+  std::vector<std::int32_t> expert_base_;  // per layer, -1 for a dense layer
 };
 
 std::vector<LocalParam> MegatronDenseShards(const ModelConfig& model, const TensorIndex& index,

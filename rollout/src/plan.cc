@@ -124,6 +124,8 @@ class Planner {
   std::vector<SourceRect> sources_;
   std::vector<std::vector<std::int32_t>> by_tensor_;    // tensor -> source rects
   std::vector<std::vector<LocalParam>> engine_params_;  // per tp rank
+  // Ids in plan_.param_names of each class's / tp rank's params, -1 until used.
+  std::vector<std::vector<std::int32_t>> source_name_ids_, engine_name_ids_;
   std::vector<Job> jobs_;
   std::vector<std::int64_t> link_bytes_;
   // Lower-bound accumulators.
@@ -195,12 +197,14 @@ void Planner::BuildSources() {
     sources_.push_back(std::move(s));
   }
   set_nic_bytes_.assign(set_size_.size(), 0);
+  for (const SourceClass& c : classes_) source_name_ids_.emplace_back(c.params.size(), -1);
 }
 
 void Planner::BuildJobs() {
   for (std::int64_t t = 0; t < o_.infer.tp; ++t) {
     engine_params_.push_back(internal::VllmShards(m_, index_, o_.infer, t));
     const auto& params = engine_params_.back();
+    engine_name_ids_.emplace_back(params.size(), -1);
     for (std::size_t p = 0; p < params.size(); ++p) {
       for (std::size_t k = 0; k < params[p].pieces.size(); ++k) {
         const Piece& piece = params[p].pieces[k];
@@ -228,18 +232,24 @@ void Planner::Emit(const Job& job, const SourceRect& src, std::int64_t sender, s
   const LocalParam& sp = classes_[h.cls].params[h.param];
   const LocalParam& dp = engine_params_[job.tp_rank][job.dst_param];
   const bool vec = index_.tensors()[job.tensor].is_vector;
+  // Names get their ids on first use (a deterministic order), cached per param.
+  auto id = [&](std::int32_t& cached, const std::string& name) {
+    if (cached < 0) cached = Name(name);
+    return cached;
+  };
   Transfer x;
   x.src_rank = sender;
-  x.src_param = Name(sp.name);
+  x.src_param = id(source_name_ids_[h.cls][h.param], sp.name);
   x.src_slice = LocalSlice(sp.pieces[h.piece], job.region, vec);
   x.dst_ranks = std::move(dsts);
-  x.dst_param = Name(dp.name);
+  x.dst_param = id(engine_name_ids_[job.tp_rank][job.dst_param], dp.name);
   x.dst_slice = LocalSlice(dp.pieces[job.dst_piece], job.region, vec);
   x.bytes = job.bytes;
   plan_.transfers.push_back(std::move(x));
 }
 
 void Planner::Assign() {
+  plan_.transfers.reserve(jobs_.size() + jobs_.size() / 4);
   const std::int64_t trainer = o_.train.world_size();
   const std::int64_t engines = o_.infer.tp * o_.infer.replicas;
   link_bytes_.assign(
@@ -252,7 +262,7 @@ void Planner::Assign() {
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](std::int32_t a, std::int32_t b) { return jobs_[a].bytes > jobs_[b].bytes; });
-  std::map<std::int64_t, std::vector<std::int64_t>> by_node;  // reused
+  std::vector<std::int64_t> remote;  // engine GPUs without the bytes, ascending
   for (std::int32_t j : order) {
     const Job& job = jobs_[j];
     const SourceRect& src = sources_[job.source];
@@ -265,7 +275,7 @@ void Planner::Assign() {
       assert(false && "holder without holding");
       return 0;
     };
-    by_node.clear();
+    remote.clear();
     std::vector<std::int64_t> far;
     bool needs_nic = false;
     for (std::int64_t rep = 0; rep < o_.infer.replicas; ++rep) {
@@ -277,9 +287,13 @@ void Planner::Assign() {
         continue;
       }
       need_remote_[e] += job.bytes;
-      by_node[Node(gpu)].push_back(gpu);
+      remote.push_back(gpu);
     }
-    for (auto& [node, dsts] : by_node) {
+    // Per node (the GPUs ascend, so a node's are consecutive).
+    for (std::size_t first = 0, last = 0; first < remote.size(); first = last) {
+      const std::int64_t node = Node(remote[first]);
+      while (last < remote.size() && Node(remote[last]) == node) ++last;
+      std::vector<std::int64_t> dsts(remote.begin() + first, remote.begin() + last);
       // Holders on this node send over the intra-node links; else over the NICs.
       std::int64_t best = -1;
       for (std::int64_t h : src.holders) {
@@ -317,31 +331,36 @@ void Planner::Assign() {
 void Planner::Bucket() {
   // Split transfers above the budget by rows of their region.
   const std::int64_t budget = o_.bucket_bytes;
-  std::vector<Transfer> split;
-  split.reserve(plan_.transfers.size());
-  for (Transfer& x : plan_.transfers) {
-    if (x.bytes <= budget) {
-      split.push_back(std::move(x));
-      continue;
+  const bool any_large = std::any_of(plan_.transfers.begin(), plan_.transfers.end(),
+                                     [&](const Transfer& x) { return x.bytes > budget; });
+  if (any_large) {
+    std::vector<Transfer> split;
+    split.reserve(plan_.transfers.size());
+    for (Transfer& x : plan_.transfers) {
+      if (x.bytes <= budget) {
+        split.push_back(std::move(x));
+        continue;
+      }
+      // Rows are the second-to-last dim of a matrix slice; the last of a vector one.
+      const std::size_t sd = x.src_slice.size(), dd = x.dst_slice.size();
+      const std::size_t src_row = sd >= 2 ? sd - 2 : 0, dst_row = dd >= 2 ? dd - 2 : 0;
+      const std::int64_t rows = x.src_slice[src_row].end - x.src_slice[src_row].begin;
+      const std::int64_t row_bytes = x.bytes / rows;
+      const std::int64_t step = std::max<std::int64_t>(1, budget / row_bytes);
+      for (std::int64_t r = 0; r < rows; r += step) {
+        Transfer part = x;
+        const std::int64_t n = std::min(step, rows - r);
+        part.src_slice[src_row] = {x.src_slice[src_row].begin + r,
+                                   x.src_slice[src_row].begin + r + n};
+        part.dst_slice[dst_row] = {x.dst_slice[dst_row].begin + r,
+                                   x.dst_slice[dst_row].begin + r + n};
+        part.bytes = n * row_bytes;
+        split.push_back(std::move(part));
+      }
     }
-    // Rows are the second-to-last dim of a matrix slice; the last of a vector one.
-    const std::size_t sd = x.src_slice.size(), dd = x.dst_slice.size();
-    const std::size_t src_row = sd >= 2 ? sd - 2 : 0, dst_row = dd >= 2 ? dd - 2 : 0;
-    const std::int64_t rows = x.src_slice[src_row].end - x.src_slice[src_row].begin;
-    const std::int64_t row_bytes = x.bytes / rows;
-    const std::int64_t step = std::max<std::int64_t>(1, budget / row_bytes);
-    for (std::int64_t r = 0; r < rows; r += step) {
-      Transfer part = x;
-      const std::int64_t n = std::min(step, rows - r);
-      part.src_slice[src_row] = {x.src_slice[src_row].begin + r,
-                                 x.src_slice[src_row].begin + r + n};
-      part.dst_slice[dst_row] = {x.dst_slice[dst_row].begin + r,
-                                 x.dst_slice[dst_row].begin + r + n};
-      part.bytes = n * row_bytes;
-      split.push_back(std::move(part));
-    }
+    plan_.transfers = std::move(split);
   }
-  plan_.transfers = std::move(split);
+  const std::vector<Transfer>& xs = plan_.transfers;
   const std::size_t ranks = link_bytes_.size() / kLinks;
   // Order: each receiver's streams (bytes in over its intra-node link, over its NIC,
   // and by local copy) should progress through the buckets at the same pace, so that
@@ -349,73 +368,73 @@ void Planner::Bucket() {
   // largest fraction of its receivers' streams done once it is (streams taken in the
   // current order: largest regions first); first fit then follows the keys. Senders
   // are not paced: each sends a small share of what its receivers take in.
-  {
-    constexpr int kStreams = 3;  // intra-node in, NIC in, local copy
-    auto streams = [&](const Transfer& x, auto&& visit) {
-      const int kind = x.local() ? 2 : Node(x.dst_ranks.front()) == Node(x.src_rank) ? 0 : 1;
-      for (std::int64_t d : x.dst_ranks) visit(d * kStreams + kind);
-    };
-    std::vector<std::int64_t> total(ranks * kStreams, 0), done(ranks * kStreams, 0);
-    for (const Transfer& x : plan_.transfers) {
-      streams(x, [&](std::size_t s) { total[s] += x.bytes; });
-    }
-    std::vector<std::pair<double, std::size_t>> keys(plan_.transfers.size());
-    for (std::size_t i = 0; i < plan_.transfers.size(); ++i) {
-      const Transfer& x = plan_.transfers[i];
-      double key = 0.0;
-      streams(x, [&](std::size_t s) {
-        done[s] += x.bytes;
-        key = std::max(key, static_cast<double>(done[s]) / static_cast<double>(total[s]));
-      });
-      keys[i] = {key, i};
-    }
-    std::stable_sort(keys.begin(), keys.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<Transfer> ordered;
-    ordered.reserve(plan_.transfers.size());
-    for (const auto& [key, i] : keys) ordered.push_back(std::move(plan_.transfers[i]));
-    plan_.transfers = std::move(ordered);
+  constexpr int kStreams = 3;  // intra-node in, NIC in, local copy
+  auto streams = [&](const Transfer& x, auto&& visit) {
+    const int kind = x.local() ? 2 : Node(x.dst_ranks.front()) == Node(x.src_rank) ? 0 : 1;
+    for (std::int64_t d : x.dst_ranks) visit(d * kStreams + kind);
+  };
+  std::vector<std::int64_t> total(ranks * kStreams, 0), done(ranks * kStreams, 0);
+  for (const Transfer& x : xs) {
+    streams(x, [&](std::size_t s) { total[s] += x.bytes; });
   }
+  std::vector<std::pair<double, std::size_t>> keys(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    double key = 0.0;
+    streams(xs[i], [&](std::size_t s) {
+      done[s] += xs[i].bytes;
+      key = std::max(key, static_cast<double>(done[s]) / static_cast<double>(total[s]));
+    });
+    keys[i] = {key, i};
+  }
+  std::stable_sort(keys.begin(), keys.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+
   // First fit: the earliest bucket in which the sender and every receiver have room.
   std::vector<std::vector<std::int64_t>> sent(ranks), received(ranks);
-  std::vector<std::int64_t> first_open(ranks, 0);
-  auto room = [&](std::vector<std::vector<std::int64_t>>& used, std::int64_t r, std::int64_t b,
-                  std::int64_t bytes) {
-    auto& u = used[r];
-    return static_cast<std::int64_t>(u.size()) <= b || u[b] + bytes <= budget;
+  std::vector<std::int64_t> first_open(ranks, 0);  // first bucket a rank can receive in
+  auto room = [&](std::vector<std::int64_t>& used, std::int64_t b, std::int64_t bytes) {
+    return static_cast<std::int64_t>(used.size()) <= b || used[b] + bytes <= budget;
   };
-  auto add = [&](std::vector<std::vector<std::int64_t>>& used, std::int64_t r, std::int64_t b,
-                 std::int64_t bytes) {
-    auto& u = used[r];
-    if (static_cast<std::int64_t>(u.size()) <= b) u.resize(b + 1, 0);
-    u[b] += bytes;
+  auto add = [&](std::vector<std::int64_t>& used, std::int64_t b, std::int64_t bytes) {
+    if (static_cast<std::int64_t>(used.size()) <= b) used.resize(b + 1, 0);
+    used[b] += bytes;
   };
-  for (Transfer& x : plan_.transfers) {
+  std::vector<std::int64_t> bucket(xs.size());
+  for (const auto& [key, i] : keys) {
+    const Transfer& x = xs[i];
     const bool local = x.local();
-    std::int64_t b = local ? 0 : first_open[x.src_rank];
+    std::int64_t b = 0;
     for (std::int64_t d : x.dst_ranks) b = std::max(b, first_open[d]);
     while (true) {
-      bool fits = local || room(sent, x.src_rank, b, x.bytes);
-      for (std::size_t i = 0; fits && i < x.dst_ranks.size(); ++i) {
-        fits = room(received, x.dst_ranks[i], b, x.bytes);
+      bool fits = local || room(sent[x.src_rank], b, x.bytes);
+      for (std::size_t k = 0; fits && k < x.dst_ranks.size(); ++k) {
+        fits = room(received[x.dst_ranks[k]], b, x.bytes);
       }
       if (fits) break;
       ++b;
     }
-    x.bucket = b;
-    if (!local) add(sent, x.src_rank, b, x.bytes);
+    bucket[i] = b;
+    if (!local) add(sent[x.src_rank], b, x.bytes);
     for (std::int64_t d : x.dst_ranks) {
-      add(received, d, b, x.bytes);
-      // Advance the rank's first bucket with room while it is full.
       auto& u = received[d];
+      add(u, b, x.bytes);
       while (first_open[d] < static_cast<std::int64_t>(u.size()) && u[first_open[d]] >= budget) {
         ++first_open[d];
       }
     }
     plan_.num_buckets = std::max(plan_.num_buckets, b + 1);
   }
-  std::stable_sort(plan_.transfers.begin(), plan_.transfers.end(),
-                   [](const Transfer& a, const Transfer& b) { return a.bucket < b.bucket; });
+  // By bucket, in key order within a bucket (a counting sort), moved once.
+  std::vector<std::size_t> start(plan_.num_buckets + 1, 0);
+  for (std::int64_t b : bucket) ++start[b + 1];
+  for (std::int64_t b = 0; b < plan_.num_buckets; ++b) start[b + 1] += start[b];
+  std::vector<Transfer> ordered(xs.size());
+  for (const auto& [key, i] : keys) {
+    Transfer& x = plan_.transfers[i];
+    x.bucket = bucket[i];
+    ordered[start[x.bucket]++] = std::move(x);
+  }
+  plan_.transfers = std::move(ordered);
 }
 
 void Planner::Cost() {
