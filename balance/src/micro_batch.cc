@@ -383,6 +383,60 @@ void CheckStepOptions(const StepOptions& options) {
   }
 }
 
+// A bound from every rank's largest sequence, for p > 1. A rank's time is at least
+// C_r + (p-1)·L_r (its cost, and the pipeline's fill and drain behind its heaviest
+// micro-batch, which holds its largest sequence L_r), so R·T >= C + (p-1)·Σ_r L_r;
+// the launch overheads of the m micro-batches come on top (the caller adds them).
+// For Σ_r L_r: every sequence above x lies on a rank with L_r > x, whose cost is
+// below T - (p-1)·x; so at least k_x = B_x / (T - (p-1)·x) ranks (B_x: the cost of
+// the sequences above x), at most R, have L_r > x, and Σ_r L_r = ∫ #{r : L_r > x} dx
+// >= ∫ min(R, max(1, k_x)) dx over x < the largest cost. The smallest T that
+// satisfies R·T >= C + (p-1)·∫... (a bisection; the right side falls as T grows)
+// bounds the step time. O(n log n + n · 64).
+long double LargestSequenceBound(std::vector<std::int64_t> costs, std::int64_t num_ranks,
+                                 std::int64_t stages) {
+  if (stages <= 1 || costs.empty()) return 0.0L;
+  std::sort(costs.begin(), costs.end(), std::greater<>());
+  const long double a = static_cast<long double>(stages - 1);
+  const long double r = static_cast<long double>(num_ranks);
+  long double total = 0.0L;
+  for (const std::int64_t c : costs) total += static_cast<long double>(c);
+  // ∫ over [x0, x1) of min(R, max(1, B / (t - a·x))) dx, with t > a·x1.
+  auto piece = [&](long double b, long double t, long double x0, long double x1) {
+    const long double one = (t - b) / a;      // where B / (t - a·x) reaches 1
+    const long double all = (t - b / r) / a;  // where it reaches R
+    long double sum = 0.0L;
+    const long double lo1 = std::min(std::max(x0, one), x1);  // [x0, lo1): value 1
+    sum += lo1 - x0;
+    const long double hi = std::min(std::max(lo1, all), x1);  // [lo1, hi): B / (t - a·x)
+    if (hi > lo1) sum += b / a * std::log((t - a * lo1) / (t - a * hi));
+    sum += (x1 - hi) * r;  // [hi, x1): R
+    return sum;
+  };
+  auto feasible = [&](long double t) {
+    long double largest_sum = 0.0L, b = 0.0L;
+    // Between consecutive distinct costs, B_x is the cost of the sequences above x.
+    for (std::size_t i = 0; i < costs.size();) {
+      const long double v = static_cast<long double>(costs[i]);
+      while (i < costs.size() && static_cast<long double>(costs[i]) == v) {
+        b += static_cast<long double>(costs[i]);
+        ++i;
+      }
+      const long double next = i < costs.size() ? static_cast<long double>(costs[i]) : 0.0L;
+      largest_sum += piece(b, t, next, v);
+    }
+    return r * t >= total + a * largest_sum;
+  };
+  const long double largest = static_cast<long double>(costs.front());
+  long double lo = a * largest, hi = total + a * largest * r + 1.0L;  // infeasible, feasible
+  if (largest == 0.0L) return 0.0L;
+  for (int iteration = 0; iteration < 64; ++iteration) {
+    const long double mid = (lo + hi) / 2;
+    (feasible(mid) ? hi : lo) = mid;
+  }
+  return lo;
+}
+
 // No plan with any rank assignment has a smaller step time (see TimeBound): the
 // heaviest rank costs at least max(total / R, largest unit), and some micro-batch
 // count m >= ceil(total tokens / R / cap) (honouring the minimum and the multiple)
@@ -422,6 +476,12 @@ std::int64_t StepLowerBound(const Padded& padded, std::int64_t max_unit_cost,
     const long double m1 = first + steps * q;
     value = std::min(f(m1), f(m1 + q));
     if (spread == 0) value = f(static_cast<long double>(first));
+  }
+  // With launch overheads: T >= C_r + m·o + (p-1)·(L_r + o), and m >= first.
+  if (mb.pipeline_stages > 1) {
+    value =
+        std::max(value, LargestSequenceBound(padded.costs, options.num_ranks, mb.pipeline_stages) +
+                            (static_cast<long double>(first) + p - 1.0L) * o);
   }
   const long double limit = static_cast<long double>(std::numeric_limits<std::int64_t>::max());
   return value >= limit ? std::numeric_limits<std::int64_t>::max()
