@@ -5,6 +5,7 @@
 #include <cassert>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "layout_internal.h"
@@ -376,6 +377,11 @@ std::vector<LocalParam> VllmShards(const ModelConfig& m, const TensorIndex& inde
   Replicated(index, out, "model.norm.weight", "model.norm.weight");
   if (!m.tie_word_embeddings) {
     VocabRows(index, out, "lm_head.weight", "lm_head.weight", vocab_padded, tp, t, h);
+  }
+  for (LocalParam& p : out) {
+    const std::string_view n = p.name;
+    p.linear =
+        n.ends_with("_proj.weight") || n.ends_with(".w13_weight") || n.ends_with(".w2_weight");
   }
   return out;
 }

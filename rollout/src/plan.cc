@@ -83,7 +83,19 @@ struct Job {
   std::int32_t dst_param;  // index into the vLLM params of tp_rank
   std::int32_t dst_piece;
   std::int64_t bytes;
+  Quantize quantize;
 };
+
+constexpr std::int64_t kBlock = 128;  // fp8 block edge
+
+// Bytes of a slice with `rows` x `cols` elements (the last two dims of its local
+// tensor; cols = 1 for a vector) as sent: fp8 + an fp32 scale per block when the
+// sender quantises, else the full elements.
+std::int64_t SliceBytes(std::int64_t rows, std::int64_t cols, std::int64_t element_bytes,
+                        Quantize q) {
+  if (q != Quantize::kAtSender) return rows * cols * element_bytes;
+  return rows * cols + ((rows + kBlock - 1) / kBlock) * ((cols + kBlock - 1) / kBlock) * 4;
+}
 
 class Planner {
  public:
@@ -209,14 +221,31 @@ void Planner::BuildJobs() {
       for (std::size_t k = 0; k < params[p].pieces.size(); ++k) {
         const Piece& piece = params[p].pieces[k];
         const FullTensor& full = index_.tensors()[piece.tensor];
+        const bool fp8 = o_.target_dtype == TargetDtype::kFp8Block128 && params[p].linear;
         std::int64_t covered = 0;
         for (std::int32_t s : by_tensor_[piece.tensor]) {
           Rect region;
           if (!Intersect(RectOf(piece), sources_[s].rect, region)) continue;
           const std::int64_t elements = (region.r1 - region.r0) * (region.c1 - region.c0);
           covered += elements;
-          jobs_.push_back({s, piece.tensor, region, t, static_cast<std::int32_t>(p),
-                           static_cast<std::int32_t>(k), elements * full.element_bytes});
+          Quantize q = Quantize::kNone;
+          if (fp8) {
+            // Whole blocks of the engine tensor: both edges of rows and columns on a
+            // block boundary or at the tensor's end.
+            const std::vector<Range> slice = LocalSlice(piece, region, full.is_vector);
+            const std::size_t d = slice.size();
+            auto aligned = [&](const Range& r, std::int64_t dim) {
+              return r.begin % kBlock == 0 && (r.end % kBlock == 0 || r.end == dim);
+            };
+            q = aligned(slice[d - 2], params[p].shape[d - 2]) &&
+                        aligned(slice[d - 1], params[p].shape[d - 1])
+                    ? Quantize::kAtSender
+                    : Quantize::kAtDestination;
+          }
+          jobs_.push_back(
+              {s, piece.tensor, region, t, static_cast<std::int32_t>(p),
+               static_cast<std::int32_t>(k),
+               SliceBytes(region.r1 - region.r0, region.c1 - region.c0, full.element_bytes, q), q});
         }
         if (covered != piece.Elements()) {
           throw std::logic_error("rollout: the trainer shards do not cover " + full.name);
@@ -245,6 +274,7 @@ void Planner::Emit(const Job& job, const SourceRect& src, std::int64_t sender, s
   x.dst_param = id(engine_name_ids_[job.tp_rank][job.dst_param], dp.name);
   x.dst_slice = LocalSlice(dp.pieces[job.dst_piece], job.region, vec);
   x.bytes = job.bytes;
+  x.quantize = job.quantize;
   plan_.transfers.push_back(std::move(x));
 }
 
@@ -345,8 +375,16 @@ void Planner::Bucket() {
       const std::size_t sd = x.src_slice.size(), dd = x.dst_slice.size();
       const std::size_t src_row = sd >= 2 ? sd - 2 : 0, dst_row = dd >= 2 ? dd - 2 : 0;
       const std::int64_t rows = x.src_slice[src_row].end - x.src_slice[src_row].begin;
-      const std::int64_t row_bytes = x.bytes / rows;
-      const std::int64_t step = std::max<std::int64_t>(1, budget / row_bytes);
+      const std::int64_t cols = sd >= 2 ? x.src_slice[sd - 1].end - x.src_slice[sd - 1].begin : 1;
+      std::int64_t step = 1;
+      if (x.quantize == Quantize::kAtSender) {  // whole blocks per part
+        step = kBlock;
+        while (step < rows && SliceBytes(step + kBlock, cols, 1, x.quantize) <= budget) {
+          step += kBlock;
+        }
+      } else {
+        step = std::max<std::int64_t>(1, budget / (x.bytes / rows));
+      }
       for (std::int64_t r = 0; r < rows; r += step) {
         Transfer part = x;
         const std::int64_t n = std::min(step, rows - r);
@@ -354,7 +392,8 @@ void Planner::Bucket() {
                                    x.src_slice[src_row].begin + r + n};
         part.dst_slice[dst_row] = {x.dst_slice[dst_row].begin + r,
                                    x.dst_slice[dst_row].begin + r + n};
-        part.bytes = n * row_bytes;
+        part.bytes = x.quantize == Quantize::kAtSender ? SliceBytes(n, cols, 1, x.quantize)
+                                                       : n * (x.bytes / rows);
         split.push_back(std::move(part));
       }
     }
@@ -550,6 +589,7 @@ ReshardPlan PlanReshard(const ModelConfig& model, const ReshardOptions& o) {
   for (const FullTensor& f : HfTensors(model)) {
     widest_row = std::max(widest_row, f.is_vector ? f.element_bytes : f.cols * f.element_bytes);
   }
+  if (o.target_dtype == TargetDtype::kFp8Block128) widest_row *= kBlock;  // whole blocks
   if (o.bucket_bytes < widest_row || o.bucket_bytes > (std::int64_t{1} << 40)) {
     Fail("bucket_bytes", "must be in [" + std::to_string(widest_row) +
                              " (the widest row), 2^40], got " + std::to_string(o.bucket_bytes));

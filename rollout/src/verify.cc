@@ -871,7 +871,26 @@ VerifyResult VerifyPlan(const ModelConfig& model, const ReshardOptions& options,
           SliceString(t.src_slice) + " reads padding rows from " +
           std::to_string(source.PaddingBegin()));
     }
-    if (t.bytes != elements * ElementBytes(model, dst_name)) {
+    // fp8 target: vLLM's linear weights are quantised, by the sender only when the
+    // destination slice covers whole 128 x 128 blocks (fp8 bytes + fp32 scales).
+    const bool quantised = options.target_dtype == TargetDtype::kFp8Block128 &&
+                           (dst_name.ends_with("_proj.weight") ||
+                            dst_name.ends_with(".w13_weight") || dst_name.ends_with(".w2_weight"));
+    std::int64_t expected_bytes = elements * ElementBytes(model, dst_name);
+    if (!quantised && t.quantize != Quantize::kNone) bad(dst_name + " must not be quantised");
+    if (quantised && t.quantize == Quantize::kNone) bad(dst_name + " must be quantised");
+    if (quantised && t.quantize == Quantize::kAtSender && t.dst_slice.size() >= 2) {
+      const std::size_t d = t.dst_slice.size();
+      const Range rows = t.dst_slice[d - 2], cols = t.dst_slice[d - 1];
+      if (rows.begin % 128 != 0 || cols.begin % 128 != 0) {
+        bad("quantised by the sender but " + dst_name + " slice " + SliceString(t.dst_slice) +
+            " does not start on a 128 x 128 block");
+      }
+      const std::int64_t blocks =
+          (rows.end - rows.begin + 127) / 128 * ((cols.end - cols.begin + 127) / 128);
+      expected_bytes = elements + 4 * blocks;
+    }
+    if (t.bytes != expected_bytes) {
       bad("bytes " + std::to_string(t.bytes) + " for " + std::to_string(elements) +
           " elements of " + dst_name);
     }

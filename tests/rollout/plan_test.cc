@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -93,8 +95,9 @@ void CheckPlan(const ModelConfig& m, const ReshardOptions& o, const ReshardPlan&
     ASSERT_TRUE(src[x.src_rank].count(sname))
         << what << ": rank " << x.src_rank << " does not hold " << sname;
     const LocalParam& sp = src[x.src_rank].at(sname);
-    const std::int64_t element_bytes = x.bytes / n;
-    ASSERT_EQ(element_bytes * n, x.bytes) << what;
+    if (x.quantize != Quantize::kAtSender) {
+      ASSERT_EQ(x.bytes % n, 0) << what << ": bytes not a whole number of elements";
+    }
     if (!x.local()) sent[{x.src_rank, x.bucket}] += x.bytes;
     for (std::int64_t d : x.dst_ranks) {
       received[{d, x.bucket}] += x.bytes;
@@ -164,6 +167,54 @@ TEST(PlanTest, SmallBucketsSplitTransfers) {
   const ReshardPlan plan = PlanReshard(m, o);
   CheckPlan(m, o, plan, "small buckets");
   EXPECT_GT(plan.num_buckets, 10);
+}
+
+TEST(PlanTest, Fp8QuantisesLinearWeightsAtTheSenderWhenBlocksAlign) {
+  std::ifstream in(std::string(RLSCHED_SHARED_CONFIG_DIR) + "/llama-3.1-70b.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const ModelConfig m = ParseHfConfig(text.str());
+  ReshardOptions o;
+  o.train = {.tp = 8, .pp = 2, .dp = 4};
+  o.infer = {.tp = 4, .replicas = 16};
+  o.topology.colocated = true;
+  o.bucket_bytes = std::int64_t{1} << 30;
+  const ReshardPlan bf16 = PlanReshard(m, o);
+  o.target_dtype = TargetDtype::kFp8Block128;
+  const ReshardPlan fp8 = PlanReshard(m, o);
+  std::int64_t at_sender = 0;
+  for (const Transfer& x : fp8.transfers) {
+    const std::string& name = fp8.param_names[x.dst_param];
+    const bool linear = name.ends_with("_proj.weight");
+    EXPECT_EQ(x.quantize == Quantize::kNone, !linear) << name;
+    // Llama-3.1-70B's dims and both TP splits are multiples of 128.
+    EXPECT_NE(x.quantize, Quantize::kAtDestination) << name;
+    at_sender += x.quantize == Quantize::kAtSender;
+  }
+  EXPECT_GT(at_sender, 0);
+  // Linear weights are 97% of the bytes; fp8 + scales halves them.
+  const double ratio = static_cast<double>(fp8.bytes_received) / bf16.bytes_received;
+  EXPECT_GT(ratio, 0.5);
+  EXPECT_LT(ratio, 0.53);
+  EXPECT_LT(fp8.estimate_seconds, 0.55 * bf16.estimate_seconds);
+}
+
+TEST(PlanTest, Fp8QuantisesStraddlingSlicesAtTheDestination) {
+  const ModelConfig m = testing::SmallModels()[0].second;  // intermediate 96
+  ReshardOptions o;
+  o.train = {.tp = 2};
+  o.infer = {.tp = 1};
+  o.target_dtype = TargetDtype::kFp8Block128;
+  const ReshardPlan plan = PlanReshard(m, o);
+  bool straddles = false;
+  for (const Transfer& x : plan.transfers) {
+    // gate rows [48, 96) of TP rank 1 land mid-block in the engine's gate_up_proj.
+    straddles |= x.quantize == Quantize::kAtDestination;
+  }
+  EXPECT_TRUE(straddles);
+  CheckPlan(m, o, plan, "fp8");
+  const VerifyResult v = VerifyPlan(m, o, plan);
+  EXPECT_TRUE(v.ok) << (v.problems.empty() ? "" : v.problems.front());
 }
 
 TEST(PlanTest, BadOptionsNameTheField) {
@@ -280,6 +331,10 @@ void RandomLayouts(std::uint64_t first, std::uint64_t count) {
     o.topology.colocated = pick(0, 1) == 1;
     o.topology.gpus_per_node = std::int64_t{1} << pick(0, 3);
     o.bucket_bytes = std::int64_t{1} << pick(9, 16);
+    if (pick(0, 3) == 0) {
+      o.target_dtype = TargetDtype::kFp8Block128;
+      o.bucket_bytes = std::int64_t{1} << pick(14, 17);  // 128 rows of the widest tensor
+    }
     const std::string what = "seed " + std::to_string(seed) + " (" + name + ")";
     ReshardPlan plan;
     try {

@@ -69,6 +69,9 @@ struct LocalParam {
   std::string name;
   std::vector<std::int64_t> shape;
   std::vector<Piece> pieces;
+  // On engine shards: a linear layer's weight (the matrices an fp8 target quantises
+  // in 128 x 128 blocks; not embeddings, lm_head, the router, norms or biases).
+  bool linear = false;
 };
 
 // The trainer's parallel layout (Megatron-core).

@@ -17,6 +17,11 @@
 //   and a NIC, each full duplex. A transfer costs its bytes once on each link it
 //   crosses (a broadcast: once out of the sender, once into each receiver).
 //
+//   With an fp8 target, the engines' linear weights are quantised in 128 x 128
+//   blocks: by the sender when a transfer covers whole blocks of the engine tensor
+//   (fp8 bytes + fp32 block scales cross the links), else by the engine after the
+//   bf16 slices arrive. The naive method moves bf16 either way.
+//
 //   Cost: a bucket takes max over links of (its bytes on the link / bandwidth); the
 //   estimate is the sum over buckets. The lower bound is the largest, over links and
 //   over groups of ranks that hold the same data, of bytes that must cross them /
@@ -54,11 +59,27 @@ struct Topology {
   double inter_node_gb_per_s = 50.0;   // per GPU NIC, each direction
 };
 
+// What the engines run.
+enum class TargetDtype {
+  kBf16,         // the trainer's bf16, copied as is
+  kFp8Block128,  // linear weights in fp8 (e4m3) with an fp32 scale per 128 x 128 block
+};
+
+// Where a transfer's bytes are quantised to fp8 (TargetDtype::kFp8Block128).
+enum class Quantize {
+  kNone,           // not quantised (bf16 target, or not a linear weight)
+  kAtSender,       // the slice covers whole 128 x 128 blocks of the engine tensor: the
+                   // sender quantises and sends 1 byte per element + 4 per block scale
+  kAtDestination,  // blocks straddle the slice: bf16 is sent, and the engine rank
+                   // quantises once every slice of the tensor has arrived
+};
+
 struct ReshardOptions {
   TrainLayout train;
   InferLayout infer;
   Topology topology;
   std::int64_t bucket_bytes = std::int64_t{512} << 20;  // per rank per bucket, each way
+  TargetDtype target_dtype = TargetDtype::kBf16;
 };
 
 // [begin, end) along one dim.
@@ -76,7 +97,8 @@ struct Transfer {
   std::vector<std::int64_t> dst_ranks;  // ascending; == {src_rank} for a local copy
   std::int32_t dst_param = 0;
   std::vector<Range> dst_slice;  // per dim of each destination's local tensor
-  std::int64_t bytes = 0;        // of one copy
+  std::int64_t bytes = 0;        // of one copy (fp8 data + block scales when kAtSender)
+  Quantize quantize = Quantize::kNone;
   bool local() const { return dst_ranks.size() == 1 && dst_ranks[0] == src_rank; }
 };
 
@@ -111,7 +133,7 @@ std::int64_t EngineRank(const ReshardOptions& options, std::int64_t replica, std
 
 // Plans the resharding. Throws std::invalid_argument naming the field for a layout
 // that does not fit the model, a non-positive bandwidth or gpus_per_node, or a bucket
-// smaller than one row of some tensor ("bucket_bytes").
+// smaller than one row of some tensor (with an fp8 target: 128 rows) ("bucket_bytes").
 ReshardPlan PlanReshard(const ModelConfig& model, const ReshardOptions& options);
 
 }  // namespace rlsched::rollout
