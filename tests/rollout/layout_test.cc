@@ -110,15 +110,15 @@ TEST(LayoutTest, MegatronQkvInterleavesWholeGroups) {
 }
 
 TEST(LayoutTest, VllmReplicatesKvHeadsBeyondTheirCount) {
-  const ModelConfig m = testing::SmallModels()[1].second;  // qwen2: 8 heads, 2 kv, head_dim 4
+  const ModelConfig m = testing::SmallModels()[1].second;  // qwen2: 8 heads, 4 kv, head_dim 4
   const auto params = VllmShards(m, InferLayout{.tp = 8}, /*tp_rank=*/5);
   for (const char* kind : {"weight", "bias"}) {
     const LocalParam& qkv = Find(params, std::string("model.layers.2.self_attn.qkv_proj.") + kind);
     ASSERT_EQ(qkv.pieces.size(), 3u);
     EXPECT_EQ(qkv.shape[0], (1 + 2) * 4);
     EXPECT_EQ(qkv.pieces[0].row_begin, 5 * 4);  // q head 5
-    EXPECT_EQ(qkv.pieces[1].row_begin, 1 * 4);  // kv head 5 / (8 / 2) = 1
-    EXPECT_EQ(qkv.pieces[2].row_begin, 1 * 4);
+    EXPECT_EQ(qkv.pieces[1].row_begin, 2 * 4);  // kv head 5 / (8 / 4) = 2
+    EXPECT_EQ(qkv.pieces[2].row_begin, 2 * 4);
     EXPECT_EQ(qkv.pieces[2].offset[0], 8);
   }
 }

@@ -19,7 +19,7 @@ inline std::vector<std::pair<std::string, std::string>> SmallModelConfigs() {
         "vocab_size": 1000, "tie_word_embeddings": false})"},
       {"qwen2", R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 32,
         "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "vocab_size": 515, "tie_word_embeddings": true})"},
+        "num_key_value_heads": 4, "vocab_size": 515, "tie_word_embeddings": true})"},
       {"qwen3", R"({"model_type": "qwen3", "hidden_size": 32, "intermediate_size": 48,
         "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
         "head_dim": 6, "vocab_size": 700, "tie_word_embeddings": false})"},
