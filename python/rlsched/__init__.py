@@ -7,6 +7,8 @@ subprocess, started on first use, thread-safe, closed at exit)::
     parts = rlsched.get_seqlen_balanced_partitions(seqlens, k_partitions=8,
                                                    equal_size=True)
     micro_batches = rlsched.plan_micro_batches(seqlens, max_tokens_per_micro_batch=16384)
+    plan = rlsched.reshard(open("config.json").read(), train={"tp": 8, "pp": 2, "dp": 4},
+                           infer={"tp": 4, "replicas": 16}, topology={"colocated": True})
 
 The daemon is ``$RLSCHED_BIN serve`` (else ``rlsched serve`` from ``PATH``). Errors
 are :class:`RlschedError` (``.code``, ``.message``, ``.field``);
@@ -50,6 +52,7 @@ __all__ = [
     "plan_step",
     "plan_micro_batches",
     "get_seqlen_balanced_partitions",
+    "reshard",
 ]
 
 __version__ = "0.1.0"
@@ -98,6 +101,11 @@ def plan_micro_batches(lengths, max_tokens_per_micro_batch, **kwargs):
                                                **kwargs)
 
 
+def reshard(model_config_json, **kwargs):
+    """:meth:`Client.reshard` on the default client."""
+    return default_client().reshard(model_config_json, **kwargs)
+
+
 def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
     """:meth:`Client.get_seqlen_balanced_partitions` on the default client: a list
     of `k_partitions` lists of indices, each ascending, every index once; raises
@@ -110,7 +118,7 @@ def _mirror_signatures() -> None:
     # Show the methods' keyword arguments and documentation on the functions.
     import inspect
     for function in (ping, balance, plan_step, plan_micro_batches,
-                     get_seqlen_balanced_partitions):
+                     get_seqlen_balanced_partitions, reshard):
         method = getattr(Client, function.__name__)
         signature = inspect.signature(method)
         function.__signature__ = signature.replace(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import os
 import select
 import shutil
@@ -39,7 +40,7 @@ from typing import Any, Optional, Union
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
-from rlsched._proto import balance_pb2, service_pb2
+from rlsched._proto import balance_pb2, reshard_pb2, service_pb2
 from rlsched.errors import (CLIENT_CLOSED, DAEMON_DIED, DAEMON_TIMEOUT,
                             DAEMON_UNAVAILABLE, PROTOCOL_ERROR, DaemonError,
                             InvalidArgumentError, RlschedError)
@@ -219,6 +220,29 @@ def _cost_model(cost: CostArg, field: str = "cost") -> Optional[balance_pb2.Cost
     raise InvalidArgumentError(
         f"{field}: expected None, a kind name, a mapping or a rlsched.v1.CostModel, "
         f"got {type(cost).__name__}", field)
+
+
+def _fill_message(message: Message, value: Any, field: str, enums=()) -> None:
+    """Fills `message` from None, a message of its type, or a mapping in protobuf's
+    JSON form; `enums` lists (key, enum type, prefix) whose string values may be
+    short names ("round_robin")."""
+    if value is None:
+        return
+    if isinstance(value, type(message)):
+        message.CopyFrom(value)
+        return
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(
+            f"{field}: expected a mapping or a {message.DESCRIPTOR.full_name}, got "
+            f"{type(value).__name__}", field)
+    data = dict(value)
+    for key, enum_type, prefix in enums:
+        if isinstance(data.get(key), str):
+            data[key] = _enum(enum_type, prefix, data[key], f"{field}.{key}")
+    try:
+        json_format.ParseDict(data, message)
+    except json_format.ParseError as error:
+        raise InvalidArgumentError(f"{field}: {error}", field) from None
 
 
 def _fill_common(message, lengths, groups, cost, refine_iterations) -> None:
@@ -655,6 +679,55 @@ class Client:
             overhead=overhead, cost=cost, order=order,
             refine_iterations=refine_iterations, raw=True)
         return [list(m.indices) for m in plan.ranks[0].micro_batches]
+
+    def reshard(self, model_config_json: Union[str, bytes, Mapping[str, Any]], *,
+                train: Union[Mapping[str, Any], reshard_pb2.TrainLayout],
+                infer: Union[Mapping[str, Any], reshard_pb2.InferLayout],
+                topology: Union[None, Mapping[str, Any], reshard_pb2.Topology] = None,
+                bucket_bytes: int = 0, include_transfers: bool = False,
+                target_dtype: Union[None, int, str] = None,
+                raw: bool = False) -> reshard_pb2.ReshardPlan:
+        """Plans the weight transfer after a train step from the trainer's layout
+        (Megatron-core) to the inference engines' layout (vLLM)
+        (``rlsched.v1.ReshardRequest``; see reshard.proto for every field).
+
+        `model_config_json`: the model's Hugging Face ``config.json`` text (or a
+        mapping, dumped as JSON). `train`: e.g. ``{"tp": 8, "pp": 2, "dp": 4}`` (keys
+        tp, pp, vpp, ep, etp, cp, dp, layers_per_chunk; unset sizes are 1). `infer`:
+        e.g. ``{"tp": 4, "replicas": 16}`` (and ``expert_parallel``,
+        ``expert_placement``: "contiguous" or "round_robin"). `topology`: e.g.
+        ``{"colocated": True, "gpus_per_node": 8}`` (and ``intra_node_gb_per_s``,
+        ``inter_node_gb_per_s``). Each may also be the message itself.
+        `bucket_bytes`: 0 means 512 MiB. The transfers come back only with
+        `include_transfers` (a large model has 10^5-10^6). `target_dtype`: None
+        (bf16), "bf16" or "fp8_block128".
+
+        Returns the ``rlsched.v1.ReshardPlan`` message (`raw` is accepted for
+        symmetry with the other calls; the message is returned either way). Raises
+        :class:`InvalidArgumentError` naming the field (e.g. ``reshard.train.tp``).
+        """
+        del raw  # the plan is returned as its message either way
+        request = service_pb2.Request()
+        message = request.reshard
+        if isinstance(model_config_json, Mapping):
+            model_config_json = json.dumps(dict(model_config_json))
+        elif isinstance(model_config_json, bytes):
+            model_config_json = model_config_json.decode("utf-8")
+        if not isinstance(model_config_json, str):
+            raise InvalidArgumentError(
+                "reshard.model_config_json: expected the config.json text, got "
+                f"{type(model_config_json).__name__}", "reshard.model_config_json")
+        message.model_config_json = model_config_json
+        _fill_message(message.train, train, "reshard.train")
+        _fill_message(message.infer, infer, "reshard.infer",
+                      [("expert_placement", reshard_pb2.ExpertPlacement,
+                        "EXPERT_PLACEMENT_")])
+        _fill_message(message.topology, topology, "reshard.topology")
+        message.bucket_bytes = bucket_bytes
+        message.include_transfers = include_transfers
+        message.target_dtype = _enum(reshard_pb2.TargetDtype, "TARGET_DTYPE_", target_dtype,
+                                     "reshard.target_dtype")
+        return self.call(request).reshard
 
     def get_seqlen_balanced_partitions(self, seqlen_list: Sequence[int],
                                        k_partitions: int,

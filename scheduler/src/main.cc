@@ -12,6 +12,7 @@
 
 #include "balance_command.h"
 #include "plan_step_command.h"
+#include "reshard_command.h"
 #include "serve_command.h"
 
 #ifndef RLSCHED_VERSION
@@ -45,6 +46,8 @@ int Run(int argc, char** argv) {
   CLI::App* plan_step = rlsched::scheduler::AddPlanStepCommand(app, plan_step_args);
   rlsched::scheduler::ServeArgs serve_args;
   CLI::App* serve = rlsched::scheduler::AddServeCommand(app, serve_args);
+  rlsched::scheduler::ReshardArgs reshard_args;
+  CLI::App* reshard = rlsched::scheduler::AddReshardCommand(app, reshard_args);
 
   try {
     app.parse(argc, argv);
@@ -57,8 +60,8 @@ int Run(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (app.get_subcommands().empty()) {
-    std::cerr << "error: a command is required: balance, plan-step, serve\nrun 'rlsched --help' "
-                 "for usage\n";
+    std::cerr << "error: a command is required: balance, plan-step, serve, reshard\n"
+                 "run 'rlsched --help' for usage\n";
     return kExitBadInput;
   }
 
@@ -67,6 +70,9 @@ int Run(int argc, char** argv) {
     if (balance->parsed()) rlsched::scheduler::RunBalanceCommand(balance_args, std::cin, std::cout);
     if (plan_step->parsed()) {
       rlsched::scheduler::RunPlanStepCommand(plan_step_args, std::cin, std::cout);
+    }
+    if (reshard->parsed()) {
+      rlsched::scheduler::RunReshardCommand(reshard_args, std::cout, std::cerr);
     }
   } catch (const std::invalid_argument& e) {
     std::cerr << "error: " << e.what() << '\n';

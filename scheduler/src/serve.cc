@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "balance_convert.h"
+#include "reshard_convert.h"
 
 #ifndef RLSCHED_VERSION
 #error "RLSCHED_VERSION must be defined by the build"
@@ -51,6 +52,8 @@ std::string_view KindName(v1::Request::KindCase kind) {
       return "plan_step";
     case v1::Request::kPing:
       return "ping";
+    case v1::Request::kReshard:
+      return "reshard";
     case v1::Request::KIND_NOT_SET:
       break;
   }
@@ -58,7 +61,7 @@ std::string_view KindName(v1::Request::KindCase kind) {
 }
 
 std::string EmptyRequestMessage(const v1::Request& request) {
-  std::string message = "the request sets none of balance, plan_step, ping";
+  std::string message = "the request sets none of balance, plan_step, ping, reshard";
   if (!request.GetReflection()->GetUnknownFields(request).empty()) {
     message += " (it has fields this daemon does not know: a newer client?)";
   }
@@ -145,6 +148,9 @@ v1::Reply HandleRequest(const v1::Request& request) {
         break;
       case v1::Request::kPing:
         reply.mutable_pong()->set_version(std::string(ServeVersion()));
+        break;
+      case v1::Request::kReshard:
+        *reply.mutable_reshard() = SolveReshard(request.reshard());
         break;
       case v1::Request::KIND_NOT_SET:
         return ErrorReply(request.id(), v1::ERROR_CODE_EMPTY_REQUEST, EmptyRequestMessage(request));

@@ -1,4 +1,4 @@
-// serve.h — the balancing daemon behind `rlsched serve`: requests in, replies out.
+// serve.h — the daemon behind `rlsched serve`: requests in, replies out.
 //
 // Overview
 //   The daemon reads rlsched.v1.Request messages from a byte stream and writes one
@@ -13,8 +13,9 @@
 //   and the fuzzer (tests/fuzz/serve_fuzzer.cc) all run the same code:
 //     RequestReader::Next()  the next frame's bytes (or the end, or a bad frame);
 //     DecodeRequest()        those bytes as a Request, or the error reply;
-//     HandleRequest()        the Request solved (SolveBalance, SolvePlanStep, a Pong),
-//                            or the error reply; never throws for bad input;
+//     HandleRequest()        the Request solved (SolveBalance, SolvePlanStep,
+//                            SolveReshard, a Pong), or the error reply; never throws
+//                            for bad input;
 //     EncodeReply()          the Reply framed for the wire.
 //   Serve() runs them in a oneTBB parallel_pipeline: serial in-order read → parallel
 //   decode, solve and encode → serial in-order write, with at most 2 × threads
@@ -22,8 +23,10 @@
 //   ready (the client waits for it).
 //
 //   Errors, and how serving goes on:
-//     a field out of bounds        INVALID_ARGUMENT, field = "balance.<path>" or
-//                                  "plan_step.<path>"; serving continues;
+//     a field out of bounds        INVALID_ARGUMENT, field = "balance.<path>",
+//                                  "plan_step.<path>" or "reshard.<path>" (e.g.
+//                                  "reshard.train.tp", "reshard.model_config_json");
+//                                  serving continues;
 //     no request kind set          EMPTY_REQUEST; serving continues;
 //     frame bytes not a Request    MALFORMED_REQUEST (id ""); serving continues;
 //     a JSON line not a Request    INVALID_JSON (the id when the line is a JSON object
@@ -92,9 +95,10 @@ v1::Reply ErrorReply(std::string_view id, v1::ErrorCode code, std::string_view m
 std::string_view LeadingFieldPath(std::string_view message);
 
 // Answers one request: a BalanceReply (SolveBalance()), a PlanStepReply
-// (SolvePlanStep()), a Pong, or an Error — INVALID_ARGUMENT for std::invalid_argument
-// (field = "balance." or "plan_step." + LeadingFieldPath() of the message, or just
-// "balance" / "plan_step" when the message names no field), EMPTY_REQUEST when no kind
+// (SolvePlanStep()), a ReshardPlan (SolveReshard()), a Pong, or an Error —
+// INVALID_ARGUMENT for std::invalid_argument (field = "balance.", "plan_step." or
+// "reshard." + LeadingFieldPath() of the message, or just "balance" / "plan_step" /
+// "reshard" when the message names no field), EMPTY_REQUEST when no kind
 // is set, INTERNAL for any other exception. The reply echoes request.id().
 // Deterministic. Throws only std::bad_alloc, when even the error reply cannot be
 // built. Complexity: that of the solve.

@@ -134,10 +134,10 @@ void LogProtobufMessage(google::protobuf::LogLevel level, const char* filename, 
 }  // namespace
 
 CLI::App* AddServeCommand(CLI::App& app, ServeArgs& args) {
-  CLI::App* command = app.add_subcommand(
-      "serve",
-      "Run the balancing daemon: read rlsched.v1.Request messages, write one rlsched.v1.Reply "
-      "per request, in request order");
+  CLI::App* command = app.add_subcommand("serve",
+                                         "Run the daemon (balance, plan_step, reshard): read "
+                                         "rlsched.v1.Request messages, write one rlsched.v1.Reply "
+                                         "per request, in request order");
   command->fallthrough();
   command->footer(
       "Wire format: each message preceded by its size as a varint (protobuf's delimited format), "

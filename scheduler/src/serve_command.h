@@ -1,4 +1,4 @@
-// serve_command.h — `rlsched serve`: the balancing daemon over pipes.
+// serve_command.h — `rlsched serve`: the daemon over pipes.
 //
 // Overview
 //   Answers rlsched.v1.Request messages read from stdin (or --input PATH, which may

@@ -46,6 +46,14 @@ plan_step_groups='id: "sg" plan_step { lengths: [7, 7, 7, 7, 7, 7, 7, 7] groups:
   equal_size: true keep_groups: true num_ranks: 2 max_tokens_per_micro_batch: 8
   cost { kind: COST_KIND_ATTENTION coefficients { linear: 1 quadratic: 0.5 } } }'
 invalid='id: "x" balance { lengths: [1, 2] num_parts: 0 }'
+reshard='id: "r" reshard {
+  model_config_json: "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, "
+    "\"intermediate_size\": 48, \"moe_intermediate_size\": 16, \"num_hidden_layers\": 4, "
+    "\"num_attention_heads\": 8, \"num_key_value_heads\": 4, \"head_dim\": 4, "
+    "\"num_experts\": 8, \"mlp_only_layers\": [1], \"vocab_size\": 300}"
+  train { tp: 2 pp: 2 ep: 2 dp: 2 } infer { tp: 4 replicas: 2 expert_parallel: true
+  expert_placement: EXPERT_PLACEMENT_ROUND_ROBIN } topology { gpus_per_node: 4
+  inter_node_gb_per_s: 25 } bucket_bytes: 4096 include_transfers: true }'
 empty='id: "e"'
 
 frame "$ping" >"$out/ping"
@@ -56,6 +64,7 @@ frame "$balance_coefficients" >"$out/balance_coefficients"
 frame "$plan_step" >"$out/plan_step"
 frame "$plan_step_groups" >"$out/plan_step_groups"
 frame "$invalid" >"$out/invalid"
+frame "$reshard" >"$out/reshard"
 frame "$empty" >"$out/empty"
 {
   frame "$ping"

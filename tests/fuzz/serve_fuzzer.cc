@@ -1,15 +1,17 @@
 // serve_fuzzer.cc — libFuzzer target over the daemon's whole delimited request path:
 // the input is a byte stream as `rlsched serve` reads it on stdin. Each frame goes
 // through RequestReader (framing, the size cap), DecodeRequest (protobuf parsing;
-// also as a JSON line), HandleRequest (validation, SolveBalance / SolvePlanStep) and
-// EncodeReply (both formats), exactly as Serve() runs them minus the thread pool.
+// also as a JSON line), HandleRequest (validation, SolveBalance / SolvePlanStep /
+// SolveReshard) and EncodeReply (both formats), exactly as Serve() runs them minus
+// the thread pool.
 //
 // Checked beyond the sanitizers: no INTERNAL reply (an exception other than
 // std::invalid_argument from a solve is a bug); every reply echoes its request's id;
 // a solved balance has num_parts parts holding every index once, a solved step plan
-// num_ranks ranks with the same micro-batch count and every index once; the replies
-// written parse back as a sequence of Replies, the last one BAD_FRAME exactly when the
-// stream was bad.
+// num_ranks ranks with the same micro-batch count and every index once, a reshard
+// plan its transfers exactly when asked and a time per bucket; the replies written
+// parse back as a sequence of Replies, the last one BAD_FRAME exactly when the stream
+// was bad.
 //
 // A valid request may ask for a lot of work (a million parts, a million micro-batches
 // per rank, a large refinement budget): the library allows it and the daemon does it.
@@ -29,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "rlsched/rollout/model.h"
 #include "serve.h"
 
 namespace rlsched::scheduler {
@@ -40,12 +43,63 @@ constexpr std::int64_t kMaxParts = 512;
 constexpr std::int64_t kMaxMicroBatchesPerRank = 512;
 constexpr std::int64_t kMaxMicroBatchesTotal = 1 << 14;
 constexpr std::int64_t kMaxRefineIterations = 20'000;
+// Reshard: parallel sizes, GPUs on either side, layers, experts, a model dimension,
+// and transfers implied by splitting the model's bytes into buckets.
+constexpr std::int64_t kMaxReshardSize = 64;
+constexpr std::int64_t kMaxReshardGpus = 256;
+constexpr std::int64_t kMaxReshardLayers = 64;
+constexpr std::int64_t kMaxReshardDim = 4096;
+constexpr double kMaxReshardSplits = 1 << 14;
 // The frame cap of the harness (the daemon's default is 64 MiB).
 constexpr std::int64_t kMaxMessageBytes = 1 << 20;
 
 [[noreturn]] void Die(const char* what, const std::string& detail) {
   std::fprintf(stderr, "serve_fuzzer: %s\n%s\n", what, detail.c_str());
   std::abort();
+}
+
+// Whether planning `reshard` is quick. Sizes above the harness's bounds (and below the
+// daemon's) are skipped; values the daemon rejects at once are kept.
+bool CheapReshard(const v1::ReshardRequest& reshard) {
+  const v1::TrainLayout& train = reshard.train();
+  std::int64_t trainer_gpus = 1;
+  for (const std::int64_t size :
+       {train.tp(), train.pp(), train.vpp(), train.ep(), train.etp(), train.cp(), train.dp()}) {
+    if (size > kMaxReshardSize) return false;
+  }
+  for (const std::int64_t size : {train.tp(), train.pp(), train.cp(), train.dp()}) {
+    trainer_gpus *= std::max<std::int64_t>(size, 1);
+  }
+  const v1::InferLayout& infer = reshard.infer();
+  if (trainer_gpus > kMaxReshardGpus || infer.tp() > kMaxReshardSize ||
+      infer.replicas() > kMaxReshardSize ||
+      std::max<std::int64_t>(infer.tp(), 1) * std::max<std::int64_t>(infer.replicas(), 1) >
+          kMaxReshardGpus) {
+    return false;
+  }
+  rollout::ModelConfig m;
+  try {
+    m = rollout::ParseHfConfig(reshard.model_config_json());
+  } catch (const std::exception&) {
+    return true;  // rejected at once
+  }
+  if (m.num_layers > kMaxReshardLayers || m.num_experts > kMaxReshardSize ||
+      m.num_heads > kMaxReshardDim || m.num_kv_heads > kMaxReshardDim) {
+    return false;
+  }
+  for (const std::int64_t dim :
+       {m.hidden_size, m.intermediate_size, m.head_dim, m.vocab_size, m.moe_intermediate_size,
+        m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim}) {
+    if (dim > kMaxReshardDim) return false;
+  }
+  double bytes = 0.0;
+  for (const rollout::FullTensor& tensor : rollout::HfTensors(m)) {
+    bytes += static_cast<double>(tensor.Bytes());
+  }
+  const double bucket = reshard.bucket_bytes() > 0 ? static_cast<double>(reshard.bucket_bytes())
+                                                   : static_cast<double>(std::int64_t{512} << 20);
+  return bytes * static_cast<double>(std::max<std::int64_t>(infer.replicas(), 1)) / bucket <=
+         kMaxReshardSplits;
 }
 
 bool Cheap(const v1::Request& request) {
@@ -65,6 +119,8 @@ bool Cheap(const v1::Request& request) {
              std::max<std::int64_t>(step.num_ranks(), 1) * per_rank <= kMaxMicroBatchesTotal &&
              step.refine_iterations() <= kMaxRefineIterations;
     }
+    case v1::Request::kReshard:
+      return CheapReshard(request.reshard());
     default:
       return true;
   }
@@ -114,6 +170,16 @@ void CheckReply(const v1::Request& request, const v1::Reply& reply) {
       }
     }
     CheckPermutation(indices, request.plan_step().lengths_size(), reply);
+  } else if (reply.has_reshard()) {
+    const v1::ReshardPlan& plan = reply.reshard();
+    if (plan.transfers_size() !=
+        (request.reshard().include_transfers() ? plan.num_transfers() : 0)) {
+      Die("wrong transfer count", plan.ShortDebugString());
+    }
+    if (plan.bucket_seconds_size() != plan.num_buckets() || plan.trainer_ranks() < 1 ||
+        plan.engine_ranks() < 1 || plan.bytes_local() > plan.bytes_received()) {
+      Die("inconsistent reshard plan", plan.ShortDebugString());
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "balance_convert.h"
+#include "reshard_convert.h"
 #include "rlsched/balance/synthetic.h"
 #include "serve_test_util.h"
 
@@ -52,12 +53,21 @@ TEST(HandleRequestTest, PlanStepIsSolvePlanStep) {
   EXPECT_TRUE(MessageDifferencer::Equals(reply.plan_step(), SolvePlanStep(request.plan_step())));
 }
 
+TEST(HandleRequestTest, ReshardIsSolveReshard) {
+  const v1::Request request = Reshard("r", kTinyLlamaConfig, 2, 2, 2, 4, 2);
+  const v1::Reply reply = HandleRequest(request);
+  EXPECT_EQ(reply.id(), "r");
+  ASSERT_TRUE(reply.has_reshard());
+  EXPECT_TRUE(MessageDifferencer::Equals(reply.reshard(), SolveReshard(request.reshard())));
+  EXPECT_EQ(reply.reshard().transfers_size(), 0);
+}
+
 TEST(HandleRequestTest, EmptyRequest) {
   const v1::Reply reply = HandleRequest(Empty("e"));
   EXPECT_EQ(reply.id(), "e");
   ASSERT_TRUE(reply.has_error());
   EXPECT_EQ(reply.error().code(), v1::ERROR_CODE_EMPTY_REQUEST);
-  EXPECT_THAT(reply.error().message(), HasSubstr("none of balance, plan_step, ping"));
+  EXPECT_THAT(reply.error().message(), HasSubstr("none of balance, plan_step, ping, reshard"));
   EXPECT_THAT(reply.error().field(), IsEmpty());
 }
 
@@ -122,6 +132,17 @@ TEST(HandleRequestTest, InvalidArgumentNamesTheField) {
     v1::Request r = PlanStep("k", {3}, 1, 8);
     r.mutable_plan_step()->set_min_micro_batches(-1);
     cases.push_back({r, "plan_step.min_micro_batches", "min_micro_batches: must be in [0, "});
+  }
+  cases.push_back({Reshard("l", kTinyLlamaConfig, -1, 1, 1, 1, 1), "reshard.train.tp",
+                   "train.tp: must be in [0, 65536] (0 means 1), got -1"});
+  cases.push_back(
+      {Reshard("m", kTinyLlamaConfig, 3, 1, 1, 1, 1), "reshard.train.tp", "train.tp: "});
+  cases.push_back({Reshard("n", "[]", 1, 1, 1, 1, 1), "reshard.model_config_json",
+                   "model_config_json: config: must be a JSON object"});
+  {
+    v1::Request r = Reshard("o", kTinyLlamaConfig, 1, 1, 1, 1, 1);
+    r.mutable_reshard()->mutable_topology()->set_gpus_per_node(-1);
+    cases.push_back({r, "reshard.topology.gpus_per_node", "topology.gpus_per_node: must be in"});
   }
   for (const InvalidCase& c : cases) {
     SCOPED_TRACE(c.request.ShortDebugString());

@@ -104,6 +104,28 @@ inline v1::Request PlanStep(std::string id, std::initializer_list<std::int64_t> 
   return request;
 }
 
+// A reshard request: `model_config_json` from trainer tp·pp·dp to engine tp × replicas.
+inline v1::Request Reshard(std::string id, std::string model_config_json, std::int64_t train_tp,
+                           std::int64_t train_pp, std::int64_t train_dp, std::int64_t infer_tp,
+                           std::int64_t replicas) {
+  v1::Request request;
+  request.set_id(std::move(id));
+  v1::ReshardRequest* reshard = request.mutable_reshard();
+  reshard->set_model_config_json(std::move(model_config_json));
+  reshard->mutable_train()->set_tp(train_tp);
+  reshard->mutable_train()->set_pp(train_pp);
+  reshard->mutable_train()->set_dp(train_dp);
+  reshard->mutable_infer()->set_tp(infer_tp);
+  reshard->mutable_infer()->set_replicas(replicas);
+  return request;
+}
+
+// A small Llama config.json (4 layers, hidden 64, 16 heads in 4 KV groups).
+inline constexpr char kTinyLlamaConfig[] =
+    R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+ "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
+ "vocab_size": 1000, "tie_word_embeddings": false})";
+
 inline v1::Request Empty(std::string id) {
   v1::Request request;
   request.set_id(std::move(id));

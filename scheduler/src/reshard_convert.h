@@ -1,0 +1,84 @@
+// reshard_convert.h — the weight-resharding planner behind its wire contract.
+//
+// Overview
+//   Turns a rlsched.v1.ReshardRequest into a rollout::ModelConfig (the config.json
+//   text parsed by rollout::ParseHfConfig()) and rollout::ReshardOptions, validating
+//   every field against the bounds written in reshard.proto (0 means the documented
+//   default), runs rollout::PlanReshard() and fills a rlsched.v1.ReshardPlan. The
+//   command (`rlsched reshard`) and the daemon (`rlsched serve`) both answer through
+//   these functions, so they cannot disagree. Nothing here does I/O or logging.
+//
+//   Errors are std::invalid_argument whose message starts with the request's field
+//   path: "train.tp: must be in [0, 65536] (0 means 1), got -1",
+//   "model_config_json: config.hidden_size: must be in [1, 2^31), got 0". The
+//   planner's own checks (a layout that does not fit the model, the bucket budget)
+//   already name fields of the same paths ("train.tp", "infer.tp", "bucket_bytes",
+//   "topology.gpus_per_node") and pass through unchanged.
+//
+// Example
+//   rlsched::v1::ReshardRequest request;
+//   request.set_model_config_json(config_text);
+//   request.mutable_train()->set_tp(8);
+//   request.mutable_train()->set_pp(2);
+//   request.mutable_train()->set_dp(4);
+//   request.mutable_infer()->set_tp(4);
+//   request.mutable_infer()->set_replicas(16);
+//   request.mutable_topology()->set_colocated(true);
+//   rlsched::v1::ReshardPlan plan = rlsched::scheduler::SolveReshard(request);
+//   // plan.estimate_seconds(), plan.lower_bound_seconds(), plan.naive_seconds()
+//
+// Thread-safety: every function is pure; concurrent calls are safe.
+
+#ifndef RLSCHED_SCHEDULER_RESHARD_CONVERT_H_
+#define RLSCHED_SCHEDULER_RESHARD_CONVERT_H_
+
+#include <cstdint>
+
+#include "rlsched/rollout/model.h"
+#include "rlsched/rollout/plan.h"
+#include "rlsched/v1/reshard.pb.h"
+
+namespace rlsched::scheduler {
+
+// The largest model_config_json accepted: 1 MiB.
+inline constexpr std::int64_t kMaxModelConfigBytes = std::int64_t{1} << 20;
+// The largest model planned: its tensors' bytes, estimated from the config's sizes,
+// at most 2^42 (4.4 TB; DeepSeek-V3 in bf16 is 1.3 TB), so that the planner's byte
+// counts (summed over up to 2^20 engine GPUs) stay far from int64's range.
+inline constexpr double kMaxModelBytes = 4398046511104.0;  // 2^42
+// At most this many layers × (routed experts + 1) (DeepSeek-V3: 61 × 257).
+inline constexpr std::int64_t kMaxLayerExperts = std::int64_t{1} << 20;
+// The default bucket budget (bucket_bytes = 0): 512 MiB.
+inline constexpr std::int64_t kDefaultBucketBytes = std::int64_t{512} << 20;
+
+// The model a request describes: model_config_json (at most kMaxModelConfigBytes)
+// parsed by rollout::ParseHfConfig(), whose errors are prefixed with
+// "model_config_json: " (e.g. "model_config_json: config: not valid JSON"). Also
+// refuses a model above kMaxModelBytes or kMaxLayerExperts. O(config size).
+rollout::ModelConfig ToModelConfig(const v1::ReshardRequest& request);
+
+// The options a request asks for. Throws std::invalid_argument whose message starts
+// with the proto field's path and states the bound. Checks: train.tp, pp, vpp, ep,
+// etp, cp and dp each in [0, 65536] (0 means 1) with tp·cp·dp·pp at most 2^20;
+// train.layers_per_chunk at most 2^20 entries, each in [0, 2^31); infer.tp in
+// [0, 65536] and infer.replicas in [0, 2^20] (0 means 1) with tp·replicas at most
+// 2^20; a known infer.expert_placement, round-robin only with expert_parallel;
+// topology.gpus_per_node in [0, 65536] (0 means 8); the bandwidths finite and in
+// [0, 1e6] GB/s (0 means 400 intra-node, 50 inter-node); bucket_bytes in [0, 2^40]
+// (0 means 512 MiB); a known target_dtype (unset: bf16). What depends on the model (divisibility,
+// the widest row against the bucket) is checked by rollout::PlanReshard(). O(layers_per_chunk).
+rollout::ReshardOptions ToReshardOptions(const v1::ReshardRequest& request);
+
+// The plan as its wire message: every summary field, and the transfers (parameter
+// names resolved through plan.param_names) when `include_transfers`. O(transfers).
+v1::ReshardPlan ToReshardPlanMessage(const rollout::ReshardPlan& plan, bool include_transfers);
+
+// Validates `request` (ToModelConfig(), ToReshardOptions()), plans the resharding
+// (rollout::PlanReshard()) and returns the plan, with the transfers only when
+// request.include_transfers(). Throws std::invalid_argument naming the field for bad
+// input. Deterministic. Complexity: that of rollout::PlanReshard().
+v1::ReshardPlan SolveReshard(const v1::ReshardRequest& request);
+
+}  // namespace rlsched::scheduler
+
+#endif  // RLSCHED_SCHEDULER_RESHARD_CONVERT_H_
