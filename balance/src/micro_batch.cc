@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "internal.h"
@@ -392,49 +393,49 @@ void CheckStepOptions(const StepOptions& options) {
 // the sequences above x), at most R, have L_r > x, and Σ_r L_r = ∫ #{r : L_r > x} dx
 // >= ∫ min(R, max(1, k_x)) dx over x < the largest cost. The smallest T that
 // satisfies R·T >= C + (p-1)·∫... (a bisection; the right side falls as T grows)
-// bounds the step time. O(n log n + n · 64).
-long double LargestSequenceBound(std::vector<std::int64_t> costs, std::int64_t num_ranks,
-                                 std::int64_t stages) {
-  if (stages <= 1 || costs.empty()) return 0.0L;
+// bounds the step time (to 1e-4). O(n log n + n · 14).
+double LargestSequenceBound(std::vector<std::int64_t> costs, std::int64_t num_ranks,
+                            std::int64_t stages) {
+  if (stages <= 1 || costs.empty()) return 0.0;
   std::sort(costs.begin(), costs.end(), std::greater<>());
-  const long double a = static_cast<long double>(stages - 1);
-  const long double r = static_cast<long double>(num_ranks);
-  long double total = 0.0L;
-  for (const std::int64_t c : costs) total += static_cast<long double>(c);
+  const double a = static_cast<double>(stages - 1);
+  const double r = static_cast<double>(num_ranks);
+  double total = 0.0;
+  for (const std::int64_t c : costs) total += static_cast<double>(c);
   // ∫ over [x0, x1) of min(R, max(1, B / (t - a·x))) dx, with t > a·x1.
-  auto piece = [&](long double b, long double t, long double x0, long double x1) {
-    const long double one = (t - b) / a;      // where B / (t - a·x) reaches 1
-    const long double all = (t - b / r) / a;  // where it reaches R
-    long double sum = 0.0L;
-    const long double lo1 = std::min(std::max(x0, one), x1);  // [x0, lo1): value 1
+  auto piece = [&](double b, double t, double x0, double x1) {
+    const double one = (t - b) / a;      // where B / (t - a·x) reaches 1
+    const double all = (t - b / r) / a;  // where it reaches R
+    double sum = 0.0;
+    const double lo1 = std::min(std::max(x0, one), x1);  // [x0, lo1): value 1
     sum += lo1 - x0;
-    const long double hi = std::min(std::max(lo1, all), x1);  // [lo1, hi): B / (t - a·x)
+    const double hi = std::min(std::max(lo1, all), x1);  // [lo1, hi): B / (t - a·x)
     if (hi > lo1) sum += b / a * std::log((t - a * lo1) / (t - a * hi));
     sum += (x1 - hi) * r;  // [hi, x1): R
     return sum;
   };
-  auto feasible = [&](long double t) {
-    long double largest_sum = 0.0L, b = 0.0L;
+  auto feasible = [&](double t) {
+    double largest_sum = 0.0, b = 0.0;
     // Between consecutive distinct costs, B_x is the cost of the sequences above x.
     for (std::size_t i = 0; i < costs.size();) {
-      const long double v = static_cast<long double>(costs[i]);
-      while (i < costs.size() && static_cast<long double>(costs[i]) == v) {
-        b += static_cast<long double>(costs[i]);
+      const double v = static_cast<double>(costs[i]);
+      while (i < costs.size() && static_cast<double>(costs[i]) == v) {
+        b += static_cast<double>(costs[i]);
         ++i;
       }
-      const long double next = i < costs.size() ? static_cast<long double>(costs[i]) : 0.0L;
+      const double next = i < costs.size() ? static_cast<double>(costs[i]) : 0.0;
       largest_sum += piece(b, t, next, v);
     }
     return r * t >= total + a * largest_sum;
   };
-  const long double largest = static_cast<long double>(costs.front());
-  long double lo = a * largest, hi = total + a * largest * r + 1.0L;  // infeasible, feasible
-  if (largest == 0.0L) return 0.0L;
-  for (int iteration = 0; iteration < 64; ++iteration) {
-    const long double mid = (lo + hi) / 2;
+  const double largest = static_cast<double>(costs.front());
+  double lo = a * largest, hi = total + a * largest * r + 1.0;  // infeasible, feasible
+  if (largest == 0.0) return 0.0;
+  for (int iteration = 0; iteration < 64 && hi - lo > 1e-4 * hi; ++iteration) {
+    const double mid = (lo + hi) / 2;
     (feasible(mid) ? hi : lo) = mid;
   }
-  return lo;
+  return lo * (1.0 - 1e-9);  // below the threshold despite rounding
 }
 
 // No plan with any rank assignment has a smaller step time (see TimeBound): the
@@ -494,9 +495,11 @@ namespace {
 
 // The best plan for a given assignment of sequences to ranks (rank r holds
 // `ranks[r]`): the smallest count every rank can pack, then larger counts while the
-// bound says they may help.
+// bound says they may help. With only_count > 0, the plan at that count alone
+// (raised to the smallest feasible count, rounded to the multiple, at most one
+// micro-batch per sequence of the fullest rank).
 StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::int64_t>>& ranks,
-                      const MicroBatchOptions& mb) {
+                      const MicroBatchOptions& mb, std::int64_t only_count = 0) {
   const std::int64_t cap = mb.max_tokens_per_micro_batch;
   const std::int64_t q = mb.micro_batches_multiple_of;
   std::vector<RankSearch> searches;
@@ -536,8 +539,10 @@ StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::i
     return bound;
   };
 
-  StepPlan best = plan_with(m);
   const std::int64_t last = std::max(m, RoundUp(most_items, q));
+  // One count only: the one asked for, within [the smallest feasible, last].
+  if (only_count > 0) return plan_with(std::min(std::max(m, RoundUp(only_count, q)), last));
+  StepPlan best = plan_with(m);
   for (int tried = 0; tried < kMaxCountsTried && m + q <= last; ++tried) {
     m += q;
     if (bound_with(m) >= static_cast<double>(best.predicted_step_time)) break;
@@ -559,17 +564,17 @@ std::vector<std::vector<std::int64_t>> PartsOf(const Partition& partition) {
 // Above this many (unit, rank) pairs the time-aware assignment is not tried.
 constexpr std::int64_t kMaxGreedyPairs = 64'000'000;
 
-// With a pipeline a rank's time also grows with its largest sequence:
-// about C + (p − 1)·max(C / m, largest). This assigns the units (sequences, or whole
-// groups) heaviest first to the rank whose estimate after it is least (ties: lowest rank),
-// honouring equal counts, for the given m. A second candidate beside the balancer's
-// cost-only assignment. O(units · ranks).
-std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Padded& padded,
-                                                      std::span<const std::int64_t> groups,
-                                                      const StepOptions& options, std::int64_t m) {
-  // Units: one per sequence, or one per group (members in index order).
+// The units a rank assignment moves: one per sequence, or one per group (members in
+// index order), with their cost and their largest sequence's cost.
+struct Units {
+  std::vector<std::vector<std::int64_t>> members;
+  std::vector<std::int64_t> cost;
+  std::vector<std::int64_t> largest;
+};
+
+Units MakeUnits(const Padded& padded, std::span<const std::int64_t> groups, bool keep_groups) {
   std::vector<std::vector<std::int64_t>> units;
-  if (options.keep_groups) {
+  if (keep_groups) {
     std::vector<std::int64_t> by_group(groups.size());
     std::iota(by_group.begin(), by_group.end(), 0);
     std::stable_sort(by_group.begin(), by_group.end(), [&](std::int64_t a, std::int64_t b) {
@@ -596,6 +601,21 @@ std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Padded& padded,
       unit_max[u] = std::max(unit_max[u], padded.costs[static_cast<std::size_t>(i)]);
     }
   }
+  return {std::move(units), std::move(unit_cost), std::move(unit_max)};
+}
+
+// With a pipeline a rank's time also grows with its largest sequence:
+// about C + (p − 1)·max(C / m, largest). This assigns the units (sequences, or whole
+// groups) heaviest first to the rank whose estimate after it is least (ties: lowest rank),
+// honouring equal counts, for the given m. A second candidate beside the balancer's
+// cost-only assignment. O(units · ranks).
+std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Padded& padded,
+                                                      std::span<const std::int64_t> groups,
+                                                      const StepOptions& options, std::int64_t m) {
+  const Units all = MakeUnits(padded, groups, options.keep_groups);
+  const std::vector<std::vector<std::int64_t>>& units = all.members;
+  const std::vector<std::int64_t>& unit_cost = all.cost;
+  const std::vector<std::int64_t>& unit_max = all.largest;
   const std::vector<std::int32_t> order = internal::HeaviestFirst(unit_cost);
 
   const std::int64_t num_ranks = options.num_ranks;
@@ -641,6 +661,89 @@ std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Padded& padded,
 
 }  // namespace
 
+// With a pipeline, a rank pays (p − 1) times its heaviest micro-batch, which holds
+// its largest sequence: spreading the longest sequences one per rank makes every rank
+// pay for one. This packs instead: units by largest sequence, longest first, each into
+// the first rank that still has room (first fit), where a rank led by a sequence of
+// cost a has room for cost up to min(T − (p − 1)·a, T·m / (m + p − 1)); T is the
+// smallest budget (bisection, to 1e-3) in [lo, hi] that fits every unit on the ranks.
+// Empty when even `hi` does not. Units are sorted once (PackingOrder).
+// O(units · log ranks · 15).
+struct PackingOrder {
+  Units units;
+  std::vector<std::size_t> order;  // by largest sequence, then cost, descending
+};
+
+PackingOrder MakePackingOrder(const Padded& padded, std::span<const std::int64_t> groups,
+                              bool keep_groups) {
+  PackingOrder p{MakeUnits(padded, groups, keep_groups), {}};
+  p.order.resize(p.units.cost.size());
+  std::iota(p.order.begin(), p.order.end(), 0);
+  std::stable_sort(p.order.begin(), p.order.end(), [&](std::size_t a, std::size_t b) {
+    return std::tie(p.units.largest[b], p.units.cost[b]) <
+           std::tie(p.units.largest[a], p.units.cost[a]);
+  });
+  return p;
+}
+
+std::vector<std::vector<std::int64_t>> PackedRanks(const PackingOrder& packing,
+                                                   std::int64_t num_ranks_in, std::int64_t stages,
+                                                   std::int64_t m, double lo, double hi) {
+  const Units& units = packing.units;
+  const std::size_t n = units.cost.size();
+  const std::size_t num_ranks = static_cast<std::size_t>(num_ranks_in);
+  const double p1 = static_cast<double>(stages - 1);
+  const double md = static_cast<double>(m);
+  // A max segment tree over the ranks' remaining room finds the first rank with room
+  // for a unit in O(log ranks); unopened ranks have room -1 until opened.
+  std::size_t leaves = 1;
+  while (leaves < num_ranks) leaves *= 2;
+  std::vector<double> tree(2 * leaves);
+  std::vector<std::size_t> rank_of(n);
+  auto set = [&](std::size_t r, double v) {
+    std::size_t i = leaves + r;
+    tree[i] = v;
+    for (i /= 2; i >= 1; i /= 2) tree[i] = std::max(tree[2 * i], tree[2 * i + 1]);
+  };
+  auto first_with = [&](double need) -> std::size_t {  // leaves if none
+    if (tree[1] < need) return leaves;
+    std::size_t i = 1;
+    while (i < leaves) i = tree[2 * i] >= need ? 2 * i : 2 * i + 1;
+    return i - leaves;
+  };
+  auto fits = [&](double t) {
+    std::fill(tree.begin(), tree.end(), -1.0);
+    std::size_t opened = 0;
+    for (const std::size_t u : packing.order) {
+      const double c = static_cast<double>(units.cost[u]);
+      std::size_t r = first_with(c);
+      if (r == leaves) {
+        if (opened == num_ranks) return false;
+        r = opened++;
+        const double room =
+            std::min(t - p1 * static_cast<double>(units.largest[u]), t * md / (md + p1));
+        if (room < c) return false;
+        set(r, room);
+      }
+      set(r, tree[leaves + r] - c);
+      rank_of[u] = r;
+    }
+    return true;
+  };
+  if (!fits(hi)) return {};
+  for (int iteration = 0; iteration < 40 && hi - lo > 1e-3 * hi; ++iteration) {
+    const double mid = (lo + hi) / 2;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  fits(hi);
+  std::vector<std::vector<std::int64_t>> ranks(num_ranks);
+  for (std::size_t u = 0; u < n; ++u) {
+    for (const std::int64_t i : units.members[u]) ranks[rank_of[u]].push_back(i);
+  }
+  for (auto& rank : ranks) std::sort(rank.begin(), rank.end());
+  return ranks;
+}
+
 PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
                      const StepOptions& options) {
   CheckStepOptions(options);
@@ -664,6 +767,44 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     StepPlan plan = PlanForRanks(
         padded, TimeAwareRanks(padded, groups, options, result.plan.num_micro_batches), mb);
     if (plan.predicted_step_time < result.plan.predicted_step_time) result.plan = std::move(plan);
+    // And the long sequences packed together (without equal counts). That pays off
+    // through many more micro-batches than the plan so far uses (the bubble then
+    // shrinks to the packed ranks' largest sequences), so it is tried only when the
+    // count m at which C + (p − 1)·C/m + m·o is least for the mean rank cost C is at
+    // least twice the current one (8 times it without overhead), and planned only
+    // when the packing's relaxed time (each rank's heaviest micro-batch at
+    // max(C_r / m, its largest sequence), a bound on its plan) beats the plan so far.
+    const std::int64_t m0 = result.plan.num_micro_batches;
+    const double p1 = static_cast<double>(mb.pipeline_stages - 1);
+    const double o = static_cast<double>(mb.overhead);
+    double total = 0.0;
+    for (const std::int64_t c : padded.costs) total += static_cast<double>(c);
+    const double mean = total / static_cast<double>(options.num_ranks);
+    const std::int64_t m =
+        o > 0 ? std::min<std::int64_t>(std::llround(std::sqrt(p1 * mean / o)), 8 * m0) : 8 * m0;
+    if (!options.equal_size && m >= 2 * m0) {
+      const double best = static_cast<double>(result.plan.predicted_step_time);
+      const std::vector<std::vector<std::int64_t>> packed =
+          PackedRanks(MakePackingOrder(padded, groups, options.keep_groups), options.num_ranks,
+                      mb.pipeline_stages, m, mean, best);
+      double relaxed = 0.0;
+      for (const auto& rank : packed) {
+        double cost = 0.0, largest = 0.0;
+        for (const std::int64_t i : rank) {
+          const double c = static_cast<double>(padded.costs[static_cast<std::size_t>(i)]);
+          cost += c;
+          largest = std::max(largest, c);
+        }
+        const double md = static_cast<double>(m);
+        relaxed = std::max(relaxed, cost + p1 * std::max(cost / md, largest) + (md + p1) * o);
+      }
+      if (!packed.empty() && relaxed < best) {
+        StepPlan packed_plan = PlanForRanks(padded, packed, mb, m);
+        if (packed_plan.predicted_step_time < result.plan.predicted_step_time) {
+          result.plan = std::move(packed_plan);
+        }
+      }
+    }
   }
 
   result.baseline = PlanBaseline(lengths, options);
@@ -674,7 +815,9 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   }
   // With whole groups the heaviest rank holds at least the balancer's bound over groups.
   const std::int64_t max_unit = options.keep_groups ? ranks.partition.lower_bound : 0;
-  result.plan.lower_bound = StepLowerBound(padded, max_unit, options);
+  // Without groups the baseline's bound is the same one: computed once.
+  result.plan.lower_bound =
+      options.keep_groups ? StepLowerBound(padded, max_unit, options) : result.baseline.lower_bound;
   result.plan.cap_violations = 0;
   return result;
 }
