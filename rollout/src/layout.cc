@@ -404,8 +404,14 @@ void Validate(const ModelConfig& m, const TrainLayout& train) {
   for (const auto& [field, v] : sizes) {
     if (v < 1 || v > 65536) Fail(field, "must be in [1, 65536], got " + std::to_string(v));
   }
-  if (train.world_size() > (std::int64_t{1} << 20)) {
-    Fail("train", "tp·cp·dp·pp must be at most 2^20");
+  // Step by step, so that the product cannot overflow.
+  std::int64_t world = 1;
+  for (const std::int64_t v : {train.tp, train.cp, train.dp, train.pp}) {
+    world *= v;
+    if (world > (std::int64_t{1} << 20)) Fail("train", "tp·cp·dp·pp must be at most 2^20");
+  }
+  if (train.pp * train.vpp > (std::int64_t{1} << 20)) {
+    Fail("train.vpp", "pp·vpp must be at most 2^20");
   }
   CheckDivides("train.tp", train.tp, "num_attention_heads", m.num_heads);
   if (!m.is_mla()) CheckDivides("train.tp", train.tp, "num_key_value_heads", m.num_kv_heads);
@@ -428,7 +434,9 @@ void Validate(const ModelConfig& m, const TrainLayout& train) {
     }
     std::int64_t sum = 0;
     for (std::int64_t c : train.layers_per_chunk) {
-      if (c < 0) Fail("train.layers_per_chunk", "entries must be non-negative");
+      if (c < 0 || c > m.num_layers) {
+        Fail("train.layers_per_chunk", "entries must be in [0, num_hidden_layers]");
+      }
       sum += c;
     }
     if (sum != m.num_layers) {
@@ -446,7 +454,8 @@ void Validate(const ModelConfig& m, const InferLayout& infer) {
   if (infer.tp < 1 || infer.tp > 65536) {
     Fail("infer.tp", "must be in [1, 65536], got " + std::to_string(infer.tp));
   }
-  if (infer.replicas < 1 || infer.replicas * infer.tp > (std::int64_t{1} << 20)) {
+  if (infer.replicas < 1 || infer.replicas > (std::int64_t{1} << 20) ||
+      infer.replicas * infer.tp > (std::int64_t{1} << 20)) {
     Fail("infer.replicas", "must be at least 1, with tp·replicas at most 2^20");
   }
   CheckDivides("infer.tp", infer.tp, "num_attention_heads", m.num_heads);

@@ -750,6 +750,16 @@ VerifyResult VerifyPlan(const ModelConfig& model, const ReshardOptions& options,
   CheckInfer(model, infer);
   if (infer.replicas < 1) Fail("infer.replicas", "must be >= 1");
 
+  // Refuse before building anything: the engine tensors alone hold every element
+  // once per replica.
+  std::int64_t parameters = 0;
+  for (const FullTensor& t : HfTensors(model)) parameters += t.Elements();
+  if (parameters > kMaxVerifyElements / (infer.replicas + 2)) {
+    Fail("model", "too large for VerifyPlan (" + std::to_string(parameters) +
+                      " parameters; at most about " +
+                      std::to_string(kMaxVerifyElements / (infer.replicas + 2)) + ")");
+  }
+
   VerifyResult result;
   Reporter report(result);
   std::int64_t allocated = 0;
