@@ -41,35 +41,6 @@ std::string SharedConfig(const std::string& name) {
 }
 
 // A temporary directory, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "rlsched-reshard-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) != nullptr ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  // Writes `text` to file `name` in the directory; returns its path.
-  std::string Write(const std::string& name, const std::string& text) const {
-    const std::string path = *this / name;
-    std::ofstream(path, std::ios::binary) << text;
-    return path;
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 v1::ReshardPlan ParsePlan(const std::string& json) {
   v1::ReshardPlan plan;

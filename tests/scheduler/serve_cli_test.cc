@@ -30,45 +30,7 @@ using namespace ::rlsched::scheduler::testing;  // NOLINT: the test helpers
 
 constexpr std::chrono::milliseconds kStreamTimeLimit{10'000};
 
-std::vector<v1::Reply> Expected(const std::vector<v1::Request>& requests) {
-  std::vector<v1::Reply> replies;
-  for (const v1::Request& request : requests) replies.push_back(HandleRequest(request));
-  return replies;
-}
-
-void ExpectReplies(const std::vector<v1::Reply>& actual, const std::vector<v1::Reply>& expected) {
-  ASSERT_EQ(actual.size(), expected.size());
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    EXPECT_TRUE(MessageDifferencer::Equals(actual[i], expected[i]))
-        << i << ": " << actual[i].ShortDebugString() << "\nexpected "
-        << expected[i].ShortDebugString();
-  }
-}
-
 // A temporary directory, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "rlsched-serve-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) != nullptr ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 TEST(ServeCliTest, Help) {
   const ProcessResult r = RunProgram({"serve", "--help"});

@@ -386,22 +386,6 @@ ServeOutcome ServeString(const std::string& input, StringReplySink& sink, WireFo
   return Serve(options, stream, sink);
 }
 
-// The replies HandleRequest() gives, one by one.
-std::vector<v1::Reply> Expected(const std::vector<v1::Request>& requests) {
-  std::vector<v1::Reply> replies;
-  for (const v1::Request& request : requests) replies.push_back(HandleRequest(request));
-  return replies;
-}
-
-void ExpectReplies(const std::vector<v1::Reply>& actual, const std::vector<v1::Reply>& expected) {
-  ASSERT_EQ(actual.size(), expected.size());
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    EXPECT_TRUE(MessageDifferencer::Equals(actual[i], expected[i]))
-        << i << ": " << actual[i].ShortDebugString() << "\nexpected "
-        << expected[i].ShortDebugString();
-  }
-}
-
 TEST(ServeTest, RepliesInOrderOnAnyThreadCount) {
   // Many requests of varied cost, so that later ones can finish first.
   std::vector<v1::Request> requests = MixedRequests();

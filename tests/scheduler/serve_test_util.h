@@ -8,6 +8,8 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/delimited_message_util.h>
 #include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <initializer_list>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "rlsched/v1/service.pb.h"
+#include "serve.h"
 
 namespace rlsched::scheduler::testing {
 
@@ -150,6 +153,24 @@ inline std::vector<v1::Request> MixedRequests() {
   }
   requests[6].mutable_balance()->set_keep_groups(true);
   return requests;
+}
+
+// The replies HandleRequest() gives, one by one.
+inline std::vector<v1::Reply> Expected(const std::vector<v1::Request>& requests) {
+  std::vector<v1::Reply> replies;
+  for (const v1::Request& request : requests) replies.push_back(HandleRequest(request));
+  return replies;
+}
+
+// `actual` equals `expected`, message by message.
+inline void ExpectReplies(const std::vector<v1::Reply>& actual,
+                          const std::vector<v1::Reply>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(actual[i], expected[i]))
+        << i << ": " << actual[i].ShortDebugString() << "\nexpected "
+        << expected[i].ShortDebugString();
+  }
 }
 
 }  // namespace rlsched::scheduler::testing

@@ -16,9 +16,13 @@
 #ifndef RLSCHED_TESTS_SCHEDULER_SUBPROCESS_H_
 #define RLSCHED_TESTS_SCHEDULER_SUBPROCESS_H_
 
+#include <stdlib.h>
 #include <sys/types.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,6 +76,37 @@ class Subprocess {
 // stderr until it exits; kills it after `time_limit` (the result says timed_out).
 ProcessResult RunProgram(const std::vector<std::string>& args, std::string_view input = "",
                          std::chrono::milliseconds time_limit = kDefaultTimeLimit);
+
+// A temporary directory, removed with its files when destroyed.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "rlsched-test-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data()) != nullptr ? pattern : "";
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  // Writes `text` to file `name` in the directory; returns its path.
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string path = *this / name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// The bytes of file `path` (empty if it cannot be read).
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 }  // namespace rlsched::scheduler
 
