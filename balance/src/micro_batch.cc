@@ -504,16 +504,21 @@ StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::i
   const std::int64_t q = mb.micro_batches_multiple_of;
   std::vector<RankSearch> searches;
   std::int64_t from = 0;
+  std::int64_t most_items = 0;
   for (const auto& rank : ranks) {
     searches.push_back(RankSearch{Gather(padded, rank), 0, std::nullopt});
     from = std::max(from, SmallestCount(searches.back().items.total_tokens, mb));
+    most_items = std::max(most_items, static_cast<std::int64_t>(rank.size()));
+  }
+  // With one count asked for, the feasibility search starts there (one packing per
+  // rank when every rank fits).
+  if (only_count > 0) {
+    from = std::min(std::max(from, RoundUp(only_count, q)), std::max(from, RoundUp(most_items, q)));
   }
   std::int64_t m = from;
-  std::int64_t most_items = 0;
   for (RankSearch& search : searches) {
     search = FindFeasible(std::move(search.items), from, mb);
     m = std::max(m, search.feasible_count);
-    most_items = std::max(most_items, static_cast<std::int64_t>(search.items.tokens.size()));
   }
   auto plan_with = [&](std::int64_t count) {
     StepPlan plan;
@@ -540,8 +545,7 @@ StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::i
   };
 
   const std::int64_t last = std::max(m, RoundUp(most_items, q));
-  // One count only: the one asked for, within [the smallest feasible, last].
-  if (only_count > 0) return plan_with(std::min(std::max(m, RoundUp(only_count, q)), last));
+  if (only_count > 0) return plan_with(m);
   StepPlan best = plan_with(m);
   for (int tried = 0; tried < kMaxCountsTried && m + q <= last; ++tried) {
     m += q;
