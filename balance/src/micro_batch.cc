@@ -613,10 +613,8 @@ Units MakeUnits(const Padded& padded, std::span<const std::int64_t> groups, bool
 // groups) heaviest first to the rank whose estimate after it is least (ties: lowest rank),
 // honouring equal counts, for the given m. A second candidate beside the balancer's
 // cost-only assignment. O(units · ranks).
-std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Padded& padded,
-                                                      std::span<const std::int64_t> groups,
-                                                      const StepOptions& options, std::int64_t m) {
-  const Units all = MakeUnits(padded, groups, options.keep_groups);
+std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Units& all, const StepOptions& options,
+                                                      std::int64_t m) {
   const std::vector<std::vector<std::int64_t>>& units = all.members;
   const std::vector<std::int64_t>& unit_cost = all.cost;
   const std::vector<std::int64_t>& unit_max = all.largest;
@@ -671,30 +669,17 @@ std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Padded& padded,
 // the first rank that still has room (first fit), where a rank led by a sequence of
 // cost a has room for cost up to min(T − (p − 1)·a, T·m / (m + p − 1)); T is the
 // smallest budget (bisection, to 1e-3) in [lo, hi] that fits every unit on the ranks.
-// Empty when even `hi` does not. Units are sorted once (PackingOrder).
-// O(units · log ranks · 15).
-struct PackingOrder {
-  Units units;
-  std::vector<std::size_t> order;  // by largest sequence, then cost, descending
-};
-
-PackingOrder MakePackingOrder(const Padded& padded, std::span<const std::int64_t> groups,
-                              bool keep_groups) {
-  PackingOrder p{MakeUnits(padded, groups, keep_groups), {}};
-  p.order.resize(p.units.cost.size());
-  std::iota(p.order.begin(), p.order.end(), 0);
-  std::stable_sort(p.order.begin(), p.order.end(), [&](std::size_t a, std::size_t b) {
-    return std::tie(p.units.largest[b], p.units.cost[b]) <
-           std::tie(p.units.largest[a], p.units.cost[a]);
-  });
-  return p;
-}
-
-std::vector<std::vector<std::int64_t>> PackedRanks(const PackingOrder& packing,
-                                                   std::int64_t num_ranks_in, std::int64_t stages,
-                                                   std::int64_t m, double lo, double hi) {
-  const Units& units = packing.units;
+// Empty when even `hi` does not. O(units · (log units + log ranks · 15)).
+std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int64_t num_ranks_in,
+                                                   std::int64_t stages, std::int64_t m, double lo,
+                                                   double hi) {
   const std::size_t n = units.cost.size();
+  // By largest sequence, then cost, descending (ties: index).
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::tie(units.largest[b], units.cost[b]) < std::tie(units.largest[a], units.cost[a]);
+  });
   const std::size_t num_ranks = static_cast<std::size_t>(num_ranks_in);
   const double p1 = static_cast<double>(stages - 1);
   const double md = static_cast<double>(m);
@@ -718,7 +703,7 @@ std::vector<std::vector<std::int64_t>> PackedRanks(const PackingOrder& packing,
   auto fits = [&](double t) {
     std::fill(tree.begin(), tree.end(), -1.0);
     std::size_t opened = 0;
-    for (const std::size_t u : packing.order) {
+    for (const std::size_t u : order) {
       const double c = static_cast<double>(units.cost[u]);
       std::size_t r = first_with(c);
       if (r == leaves) {
@@ -768,8 +753,9 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   // With a pipeline, also the time-aware assignment for the count just chosen.
   const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
   if (mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs) {
-    StepPlan plan = PlanForRanks(
-        padded, TimeAwareRanks(padded, groups, options, result.plan.num_micro_batches), mb);
+    const Units units = MakeUnits(padded, groups, options.keep_groups);
+    StepPlan plan =
+        PlanForRanks(padded, TimeAwareRanks(units, options, result.plan.num_micro_batches), mb);
     if (plan.predicted_step_time < result.plan.predicted_step_time) result.plan = std::move(plan);
     // And the long sequences packed together (without equal counts). That pays off
     // through many more micro-batches than the plan so far uses (the bubble then
@@ -789,8 +775,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     if (!options.equal_size && m >= 2 * m0) {
       const double best = static_cast<double>(result.plan.predicted_step_time);
       const std::vector<std::vector<std::int64_t>> packed =
-          PackedRanks(MakePackingOrder(padded, groups, options.keep_groups), options.num_ranks,
-                      mb.pipeline_stages, m, mean, best);
+          PackedRanks(units, options.num_ranks, mb.pipeline_stages, m, mean, best);
       double relaxed = 0.0;
       for (const auto& rank : packed) {
         double cost = 0.0, largest = 0.0;

@@ -478,13 +478,12 @@ void Planner::Bucket() {
 
 void Planner::Cost() {
   const std::size_t ranks = link_bytes_.size() / kLinks;
-  std::vector<std::int64_t> bucket_load(ranks * kLinks, 0), total(ranks * kLinks, 0);
+  std::vector<std::int64_t> bucket_load(ranks * kLinks, 0);
   std::vector<std::size_t> touched;
   auto charge = [&](std::int64_t rank, LinkKind k, std::int64_t bytes) {
     const std::size_t i = rank * kLinks + static_cast<int>(k);
     if (bucket_load[i] == 0) touched.push_back(i);
     bucket_load[i] += bytes;
-    total[i] += bytes;
   };
   plan_.bucket_seconds.assign(plan_.num_buckets, 0.0);
   std::size_t i = 0;
@@ -508,11 +507,13 @@ void Planner::Cost() {
     plan_.bucket_seconds[b] = worst;
     plan_.estimate_seconds += worst;
   }
-  for (std::size_t t = 0; t < total.size(); ++t) {
+  // Over the whole plan the links carry what Assign() charged them (splitting into
+  // buckets moves no byte to another link).
+  for (std::size_t t = 0; t < link_bytes_.size(); ++t) {
     const auto kind = static_cast<LinkKind>(t % kLinks);
-    const double s = total[t] / Bandwidth(kind);
+    const double s = link_bytes_[t] / Bandwidth(kind);
     if (s > plan_.busiest_link.seconds) {
-      plan_.busiest_link = {static_cast<std::int64_t>(t / kLinks), kind, total[t], s};
+      plan_.busiest_link = {static_cast<std::int64_t>(t / kLinks), kind, link_bytes_[t], s};
     }
   }
   // Lower bound: into each engine rank, and out of each group of holders.
