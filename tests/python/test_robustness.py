@@ -94,6 +94,7 @@ def test_daemon_killed_during_a_call_is_restarted(client):
     client.ping()
     pid = client.pid
     os.kill(pid, signal.SIGSTOP)  # the call below writes, then waits for a reply
+    _wait_stopped(pid)
     outcome = {}
 
     def call():
