@@ -1,0 +1,312 @@
+// rlsched/scheduler/orchestrator.h — the rollout/train orchestrator's decision core.
+//
+// Overview
+//   Generation (inference engines) and training (one trainer over many ranks)
+//   alternate. The Orchestrator decides what runs where and when: it is a pure,
+//   deterministic state machine, fed events (with their times, in seconds) and
+//   answering with commands. It has no clock, thread or I/O; a driver — the
+//   simulator (simulator.h) or a real runtime — executes the commands and reports
+//   what happened as events. The same events in the same order give the same
+//   commands.
+//
+//   Work. A batch (one train step) is P prompts × G samples: P complete GRPO groups.
+//   Prompts arrive through PromptsAvailable; each admitted prompt becomes a group of
+//   G samples, each generated on some engine. Sample s of group g has id g·G + s.
+//
+//   Versions and staleness. Version v is the policy after v train steps; step t
+//   trains with version t and produces version t + 1. A sample's tokens come from one
+//   or more versions (a partial rollout resumes under newer weights); its staleness
+//   when trained at step t is t − (the oldest version of any of its tokens). A group
+//   may go into batch t only if every sample's staleness at t is <= s:
+//     sync          s = 0; generation waits for the newest weights.
+//     one_step_off  s = 1; one batch generates at a time, while the previous trains;
+//                   engines take new weights only between batches.
+//     async         s = max_staleness; batches are admitted continuously, up to s
+//                   steps ahead of the trainer (s = 0 behaves as sync).
+//   Admission. A group is admitted for a target batch b on an engine holding version
+//   v only if b − v <= s, and batch b admits at most ceil((1 + r)·P) live groups
+//   (r = oversample; filtered groups free their place, so dynamic sampling refills).
+//   Batch b closes when P complete, eligible groups exist (oldest first, then by
+//   group id); complete or running groups left over carry on to batch b + 1 and are
+//   never dropped: if they would become too stale there, their tokens are discarded
+//   and they are generated again (counted as restarts). So the bound is enforced at
+//   admission and at every batch, and never exceeded.
+//
+//   Weight sync. When step t finishes, version t + 1 exists. With partial rollout,
+//   every engine gets SyncWeights with interrupt = true: the driver stops its
+//   generations, reports their progress (GenerationProgressed), loads the weights and
+//   reports WeightsLoaded; the core then sends Resume, and the samples continue under
+//   the new version (their version spans record this). Without partial rollout an
+//   engine takes no new work once a newer version exists, drains, then syncs. In
+//   one_step_off and sync, engines sync only when idle.
+//
+//   Dispatch. Queued samples go out in order of target batch, then predicted
+//   remaining length (longest first), then id, each to an engine with a free slot
+//   whose version admits it: the engine with the least predicted outstanding work
+//   (the balancer's LPT rule; ties: lowest engine id). The length predictor uses the
+//   prompt's earlier lengths (mean), else a running quantile of all finished lengths.
+//
+//   Faults. A failed engine's in-flight samples go back to the queue; their partial
+//   tokens are kept (resumed elsewhere) or discarded per `keep_partial_on_failure`.
+//   An engine that leaves hands its samples back with their progress kept.
+//
+//   Conservation (in samples, checked by CheckInvariants() and counted in Counters):
+//     admitted = trained + filtered + buffered + queued + in_flight,
+//   where buffered = complete samples not yet trained. Nothing is lost or trained
+//   twice.
+//
+// Example
+//   OrchestratorOptions options;
+//   options.mode = Mode::kAsync;
+//   options.max_staleness = 1;
+//   options.prompts_per_step = 512;
+//   options.samples_per_prompt = 8;
+//   Orchestrator core(options);
+//   std::vector<Command> commands;
+//   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 256}, commands);
+//   core.Handle(PromptsAvailable{.time = 0, .prompts = {...}}, commands);
+//   // execute `commands`, report what happens as further events
+//
+// Thread-safety: an Orchestrator is not thread-safe; drive it from one thread (or
+// serialise calls). Complexity: Handle() is O(log n) per sample it touches plus
+// O(engines) per dispatched sample, n = samples alive.
+
+#ifndef RLSCHED_SCHEDULER_ORCHESTRATOR_H_
+#define RLSCHED_SCHEDULER_ORCHESTRATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <variant>
+#include <vector>
+
+#include "rlsched/balance/micro_batch.h"
+
+namespace rlsched::scheduler {
+
+enum class Mode { kSync, kOneStepOff, kAsync };
+
+// ---- Events (driver → core). Times are seconds, non-decreasing across events. ----
+
+struct Prompt {
+  std::int64_t id = 0;             // the dataset's prompt id (repeats across epochs)
+  std::int64_t prompt_tokens = 0;  // >= 0
+};
+// New prompts for the queue (a data loader's next prompts). Used in arrival order.
+struct PromptsAvailable {
+  double time = 0;
+  std::vector<Prompt> prompts;
+};
+struct EngineJoined {
+  double time = 0;
+  std::int64_t engine = 0;          // >= 0, not currently joined
+  std::int64_t max_concurrent = 1;  // samples in flight at once, >= 1
+  std::int64_t version = -1;        // weights it holds; -1: none (the core syncs it)
+};
+struct EngineLeft {  // graceful: its samples come back with their progress
+  double time = 0;
+  std::int64_t engine = 0;
+};
+struct EngineFailed {  // its samples come back; progress kept per option
+  double time = 0;
+  std::int64_t engine = 0;
+};
+// A sample's total generated tokens so far (at least the last reported). Required
+// after SyncWeights{interrupt = true}, for every sample then in flight on the engine.
+struct GenerationProgressed {
+  double time = 0;
+  std::int64_t sample = 0;
+  std::int64_t tokens = 0;
+};
+struct GenerationFinished {
+  double time = 0;
+  std::int64_t sample = 0;
+  std::int64_t tokens = 0;  // total response tokens, >= the progress reported
+  double reward = 0;
+};
+// An external judgement (e.g. a verifier) dropping a whole group.
+struct GroupFiltered {
+  double time = 0;
+  std::int64_t group = 0;
+};
+struct TrainStepFinished {
+  double time = 0;
+  std::int64_t step = 0;  // the step started last
+};
+struct WeightsLoaded {
+  double time = 0;
+  std::int64_t engine = 0;
+  std::int64_t version = 0;  // the version of the SyncWeights command
+};
+
+using Event =
+    std::variant<PromptsAvailable, EngineJoined, EngineLeft, EngineFailed, GenerationProgressed,
+                 GenerationFinished, GroupFiltered, TrainStepFinished, WeightsLoaded>;
+
+// ---- Commands (core → driver). ----
+
+struct SampleWork {
+  std::int64_t sample = 0;
+  std::int64_t group = 0;
+  std::int64_t prompt = 0;            // Prompt::id
+  std::int64_t prompt_tokens = 0;     // Prompt::prompt_tokens
+  std::int64_t resume_from = 0;       // tokens already generated (kept from earlier runs)
+  std::int64_t predicted_tokens = 0;  // predicted total response tokens
+};
+// Start (or continue, resume_from > 0) these samples on the engine, under its
+// current version.
+struct Dispatch {
+  std::int64_t engine = 0;
+  std::int64_t version = 0;
+  std::vector<SampleWork> samples;
+};
+// Stop these samples on the engine and forget them (their tokens are discarded).
+struct Abort {
+  std::int64_t engine = 0;
+  std::vector<std::int64_t> samples;
+};
+// Load `version` on the engine; with interrupt, pause its generations first and
+// report their progress, then WeightsLoaded.
+struct SyncWeights {
+  std::int64_t engine = 0;
+  std::int64_t version = 0;
+  bool interrupt = false;
+};
+// Continue the interrupted samples under the engine's new version.
+struct Resume {
+  std::int64_t engine = 0;
+  std::int64_t version = 0;
+  std::vector<std::int64_t> samples;
+};
+struct StartTrain {
+  std::int64_t step = 0;
+  std::int64_t version = 0;           // == step
+  std::vector<std::int64_t> groups;   // P groups, ascending
+  std::vector<std::int64_t> samples;  // their P·G samples, ascending
+  std::vector<std::int64_t> lengths;  // prompt + response tokens of each sample
+  // The balancer's whole-step plan of `lengths` (when a planner is set).
+  std::optional<balance::PlannedStep> plan;
+};
+
+using Command = std::variant<Dispatch, Abort, SyncWeights, Resume, StartTrain>;
+
+// ---- Options. ----
+
+// Decides whether a complete group is kept for training (true) or filtered.
+using GroupFilter = std::function<bool(std::span<const double> rewards)>;
+// The built-in filter of dynamic sampling: drop groups whose rewards are all equal.
+bool KeepUnlessAllEqual(std::span<const double> rewards);
+
+// Plans the training step of a closed batch (lengths: prompt + response tokens).
+using StepPlanner = std::function<balance::PlannedStep(std::span<const std::int64_t> lengths,
+                                                       std::span<const std::int64_t> groups)>;
+
+struct OrchestratorOptions {
+  Mode mode = Mode::kSync;
+  std::int64_t max_staleness = 1;       // s for kAsync, >= 0
+  bool partial_rollout = true;          // kAsync only: interrupt and resume at a sync
+  double oversample = 0;                // r >= 0: admit up to ceil((1 + r)·P) per batch
+  std::int64_t prompts_per_step = 1;    // P >= 1
+  std::int64_t samples_per_prompt = 1;  // G >= 1
+  std::int64_t num_steps = 0;           // stop admitting after this many batches; 0: no end
+  bool keep_partial_on_failure = false;
+  GroupFilter filter;   // empty: keep every group
+  StepPlanner planner;  // empty: StartTrain carries no plan
+  // The length predictor's fallback quantile of the finished lengths, in (0, 1].
+  double length_quantile = 0.5;
+  // Response tokens predicted before any sample has finished, >= 1.
+  std::int64_t initial_prediction = 1024;
+};
+
+// Throws std::invalid_argument naming the field and its bound.
+void Validate(const OrchestratorOptions& options);
+
+// ---- State the driver and the reports read. ----
+
+struct Counters {  // in samples unless named *_groups
+  std::int64_t admitted = 0;
+  std::int64_t trained = 0;
+  std::int64_t filtered = 0;
+  std::int64_t buffered = 0;   // complete, not yet trained
+  std::int64_t queued = 0;     // waiting for an engine
+  std::int64_t in_flight = 0;  // dispatched (running, interrupted or being resumed)
+  std::int64_t admitted_groups = 0;
+  std::int64_t trained_groups = 0;
+  std::int64_t filtered_groups = 0;
+  std::int64_t restarts = 0;          // samples whose tokens were discarded, generated again
+  std::int64_t discarded_tokens = 0;  // tokens thrown away by restarts and failures
+  std::int64_t partial_samples = 0;   // trained samples with tokens of > 1 version
+  std::int64_t trained_tokens = 0;    // prompt + response tokens of trained samples
+  std::int64_t steps_started = 0;
+  std::int64_t steps_finished = 0;
+};
+
+struct VersionSpan {
+  std::int64_t version = 0;
+  std::int64_t first_token = 0;  // response token index where the span starts
+};
+
+// A trained sample, as the trainer receives it (kept for the last started step).
+struct TrainedSample {
+  std::int64_t sample = 0;
+  std::int64_t response_tokens = 0;
+  std::vector<VersionSpan> spans;  // ascending first_token, in generation order
+};
+
+// Time-based figures over [first event, now].
+struct Metrics {
+  double elapsed_seconds = 0;
+  double samples_per_second = 0;  // trained samples / elapsed
+  double tokens_per_second = 0;   // trained prompt + response tokens / elapsed
+  double trainer_idle_ratio = 0;  // time not training / elapsed
+  // Per engine ever joined (ascending id): time alive with nothing in flight and no
+  // weights loading / time alive. And their mean.
+  std::vector<std::int64_t> engines;
+  std::vector<double> engine_idle_ratio;
+  double mean_engine_idle_ratio = 0;
+  double partial_rollout_ratio = 0;  // trained samples with tokens of > 1 version / trained
+  std::int64_t weight_syncs = 0;     // completed SyncWeights (per engine)
+  double weight_sync_seconds = 0;    // their total time, command to WeightsLoaded
+  std::vector<std::int64_t> staleness_histogram;  // [k] = trained samples of staleness k
+  std::int64_t max_staleness = 0;                 // the largest k with samples
+};
+
+class Orchestrator {
+ public:
+  // Throws std::invalid_argument on invalid options (see Validate).
+  explicit Orchestrator(OrchestratorOptions options);
+  ~Orchestrator();
+  Orchestrator(Orchestrator&&) noexcept;
+  Orchestrator& operator=(Orchestrator&&) noexcept;
+
+  // Applies one event and appends the resulting commands to `out`. Throws
+  // std::invalid_argument (naming the field) on an event that contradicts the state
+  // (an unknown engine or sample, time going backwards, a step that was not started…);
+  // the state is then unchanged.
+  void Handle(const Event& event, std::vector<Command>& out);
+
+  const Counters& counters() const;
+  // The figures up to `now` (>= the last event's time). O(engines).
+  Metrics metrics(double now) const;
+  // The samples of the last StartTrain, with their version spans.
+  const std::vector<TrainedSample>& last_batch() const;
+  // The policy version the trainer will produce next (= steps finished).
+  std::int64_t latest_version() const;
+  bool done() const;  // num_steps > 0 and that many steps finished
+
+  // Checks conservation and the staleness bound over the whole state; throws
+  // std::logic_error describing the first broken invariant. O(n).
+  void CheckInvariants() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace rlsched::scheduler
+
+#endif  // RLSCHED_SCHEDULER_ORCHESTRATOR_H_

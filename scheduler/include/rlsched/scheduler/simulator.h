@@ -1,0 +1,119 @@
+// rlsched/scheduler/simulator.h — a discrete-event simulator of RL post-training that
+// drives the Orchestrator (orchestrator.h) in virtual time.
+//
+// Overview
+//   Simulate() runs the orchestrator's commands against modelled engines and a
+//   modelled trainer, feeding back the events they cause, until `steps` train steps
+//   have finished. Everything is virtual time (seconds): a run of hours takes well
+//   under a second of wall time per step.
+//
+//   Engine model: continuous batching. An engine runs up to `max_concurrent` samples
+//   at once; a decode step produces one token for every running sample and takes
+//       decode_base + decode_per_sequence · running + decode_per_context_token · Σ context
+//   (context = prompt + tokens generated so far); a newly started sample first costs
+//   prompt_tokens / prefill_tokens_per_second. Steps between two events are summed in
+//   closed form, so the cost is per sample and event, not per token.
+//   Trainer model: a step takes the whole-step plan's predicted step time ×
+//   seconds_per_cost_unit (the plan of the batch's prompt + response lengths over
+//   `trainer_ranks` ranks). Weight sync: a fixed time per engine.
+//   Workload: a dataset of `dataset_prompts` prompts, cycled in order (epochs).
+//   Response lengths are heavy-tailed by default (lognormal μ = 6.67, σ = 1.15, at most
+//   16,384; prompts uniform in [100, 500]) or drawn from a list of lengths; a sample's
+//   length is the distribution's quantile at Φ(ρ·z_prompt + √(1 − ρ²)·z_sample), so
+//   lengths keep their distribution and correlate (ρ = length_correlation) across a
+//   prompt's samples and epochs. A group's rewards are all equal with probability
+//   `all_equal_rate`, else random.
+//
+//   Defaults: 64 engines of 256 concurrent samples, 64 trainer ranks, 512 prompts × 8
+//   samples; the constants are chosen so that in sync mode the mean generation time
+//   of a step equals its training time (see DefaultSimulatorConfig()).
+//
+// Thread-safety: pure; concurrent calls with distinct arguments are safe.
+// Deterministic: the same config (seed included) gives the same report and trace.
+
+#ifndef RLSCHED_SCHEDULER_SIMULATOR_H_
+#define RLSCHED_SCHEDULER_SIMULATOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rlsched/balance/micro_batch.h"
+#include "rlsched/scheduler/orchestrator.h"
+
+namespace rlsched::scheduler {
+
+struct EngineModel {
+  std::int64_t max_concurrent = 256;            // >= 1
+  double prefill_tokens_per_second = 2e4;       // > 0
+  double decode_base_seconds = 0.02;            // >= 0
+  double decode_per_sequence_seconds = 0;       // >= 0
+  double decode_per_context_token_seconds = 0;  // >= 0
+};
+
+struct LengthDistribution {
+  // Lognormal response lengths (when `lengths` is empty): exp(N(mu, sigma)), rounded,
+  // clipped to [1, max_tokens].
+  double mu = 6.67;
+  double sigma = 1.15;
+  std::int64_t max_tokens = 16384;
+  // Otherwise response lengths are drawn from this list (each >= 1).
+  std::vector<std::int64_t> lengths;
+  std::int64_t min_prompt_tokens = 100;
+  std::int64_t max_prompt_tokens = 500;
+  double length_correlation = 0.8;  // ρ in [0, 1]
+};
+
+struct SimulatorConfig {
+  OrchestratorOptions orchestrator;  // mode, staleness, oversample, P, G, …
+  std::int64_t steps = 10;           // train steps to run, >= 1
+  std::int64_t engines = 64;         // >= 1
+  EngineModel engine;
+  std::int64_t trainer_ranks = 64;  // >= 1
+  // The plan's options (cap, pipeline depth, cost model…); num_ranks comes from
+  // trainer_ranks.
+  balance::StepOptions step;
+  double seconds_per_cost_unit = 0;     // > 0
+  double weight_sync_seconds = 1.0;     // per engine, >= 0
+  std::int64_t dataset_prompts = 2048;  // >= 1
+  LengthDistribution lengths;
+  double all_equal_rate = 0;      // in [0, 1]; with a filter, such groups are dropped
+  bool filter_all_equal = false;  // use KeepUnlessAllEqual as the group filter
+  // Faults: each engine fails after an exponential time with this mean (0: never)
+  // and a replacement joins `rejoin_seconds` later.
+  double engine_mtbf_seconds = 0;
+  double rejoin_seconds = 30;
+  std::uint64_t seed = 1;
+  bool trace = false;  // record the timeline (SimulationReport::trace_json)
+  // Call Orchestrator::CheckInvariants() after every event (O(n) each; for tests).
+  bool check_invariants = false;
+};
+
+// The defaults described in the file comment.
+SimulatorConfig DefaultSimulatorConfig();
+
+// Throws std::invalid_argument naming the field and its bound.
+void Validate(const SimulatorConfig& config);
+
+struct SimulationReport {
+  Metrics metrics;
+  Counters counters;
+  // The ideal bound: min(engine capacity, trainer capacity) in samples/s, each side
+  // as if it never idled. Engine capacity: all engines full, with the distribution's
+  // mean response and the mean context of a running sample; trainer capacity: P·G
+  // samples per mean step time.
+  double engine_capacity_samples_per_second = 0;
+  double trainer_capacity_samples_per_second = 0;
+  double ideal_samples_per_second = 0;
+  double mean_generation_seconds = 0;  // per step: dispatch of its first sample to close
+  double mean_train_seconds = 0;
+  std::int64_t events = 0;  // events fed to the orchestrator
+  std::string trace_json;   // Chrome trace JSON when config.trace, else empty
+};
+
+// Runs the simulation. Throws std::invalid_argument on an invalid config.
+SimulationReport Simulate(const SimulatorConfig& config);
+
+}  // namespace rlsched::scheduler
+
+#endif  // RLSCHED_SCHEDULER_SIMULATOR_H_

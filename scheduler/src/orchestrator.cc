@@ -1,0 +1,917 @@
+// core: ready
+// The orchestrator's decision core (see rlsched/scheduler/orchestrator.h).
+//
+// State layout: samples and groups live in vectors indexed by id (ids are dense and
+// never reused); ordered sets give every choice a deterministic order:
+//   queue_        queued samples by (target batch, − predicted remaining, id);
+//   by_oldest_    live samples holding tokens by (oldest version, id), so that the
+//                 samples about to break the staleness bound are found in O(log n);
+//   complete_     complete live groups by (oldest version, id): the next batch's
+//                 candidates, oldest first;
+//   live_by_target_  live groups per target batch (admission quotas, carry-over).
+
+#include "rlsched/scheduler/orchestrator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace rlsched::scheduler {
+namespace {
+
+constexpr std::int64_t kMaxGroupSize = 1 << 20;
+constexpr std::int64_t kMaxPrompts = 100'000'000;
+constexpr std::int64_t kMaxEngineId = std::int64_t{1} << 40;
+constexpr std::int64_t kMaxConcurrent = std::int64_t{1} << 30;
+constexpr std::int64_t kMaxTokens = std::int64_t{1} << 40;
+
+[[noreturn]] void Invalid(const std::string& field, const std::string& bound,
+                          const std::string& got) {
+  throw std::invalid_argument(field + ": must be " + bound + ", got " + got);
+}
+
+std::string Str(std::int64_t v) { return std::to_string(v); }
+std::string Str(double v) { return std::to_string(v); }
+
+enum class SampleState { kQueued, kInFlight, kComplete, kClosed, kTrained, kFiltered };
+enum class GroupState { kLive, kClosed, kTrained, kFiltered };
+
+struct Sample {
+  SampleState state = SampleState::kQueued;
+  std::int64_t engine = -1;        // while in flight
+  std::int64_t tokens = 0;         // response tokens generated (kept)
+  std::int64_t oldest = -1;        // oldest version of its tokens; -1: none yet
+  std::int64_t remaining = 0;      // predicted remaining tokens, as keyed in the queue / engine
+  std::int64_t predicted = 0;      // predicted total response tokens
+  bool interrupted = false;        // paused by SyncWeights{interrupt}
+  bool progress_reported = false;  // a progress report since the interruption
+  double reward = 0;
+  std::vector<VersionSpan> spans;
+};
+
+struct Group {
+  std::int64_t prompt = 0;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t target = 0;  // the batch it is meant for
+  std::int64_t complete = 0;
+  std::int64_t oldest = -1;  // min over its samples' oldest (>= 0 ones); -1: none
+  GroupState state = GroupState::kLive;
+};
+
+struct Engine {
+  bool alive = false;
+  std::int64_t max_concurrent = 1;
+  std::int64_t version = -1;
+  std::int64_t syncing_to = -1;  // the version being loaded; -1: none
+  double sync_started = 0;
+  std::set<std::int64_t> in_flight;  // samples, including interrupted ones
+  std::int64_t outstanding = 0;      // predicted remaining tokens in flight
+  // Accounting for the idle ratio.
+  double alive_since = 0;
+  double alive_total = 0;  // closed alive intervals
+  double busy_total = 0;   // closed busy intervals
+  bool busy = false;
+  double busy_since = 0;
+};
+
+struct ClosedBatch {
+  std::int64_t step = 0;
+  std::vector<std::int64_t> groups;
+};
+
+// Running quantile of finished response lengths over log-spaced buckets (16 per
+// octave), refreshed after every ~1% more lengths so that a query is O(1).
+class LengthHistogram {
+ public:
+  void Add(std::int64_t tokens) {
+    const std::size_t b = Bucket(tokens);
+    if (b >= counts_.size()) counts_.resize(b + 1, 0);
+    ++counts_[b];
+    ++total_;
+  }
+  std::int64_t total() const { return total_; }
+  std::int64_t Quantile(double q) {
+    if (total_ != refreshed_at_ && (total_ - refreshed_at_) * 100 >= refreshed_at_) {
+      const double want = q * static_cast<double>(total_);
+      std::int64_t seen = 0;
+      std::size_t b = 0;
+      for (; b < counts_.size(); ++b) {
+        seen += counts_[b];
+        if (static_cast<double>(seen) >= want) break;
+      }
+      cached_ = Upper(std::min(b, counts_.size() - 1));
+      refreshed_at_ = total_;
+    }
+    return cached_;
+  }
+
+ private:
+  static std::size_t Bucket(std::int64_t tokens) {
+    if (tokens <= 1) return 0;
+    return static_cast<std::size_t>(std::ceil(std::log2(static_cast<double>(tokens)) * 16.0));
+  }
+  static std::int64_t Upper(std::size_t bucket) {
+    return std::max<std::int64_t>(1, std::llround(std::exp2(static_cast<double>(bucket) / 16.0)));
+  }
+  std::vector<std::int64_t> counts_;
+  std::int64_t total_ = 0;
+  std::int64_t refreshed_at_ = 0;
+  std::int64_t cached_ = 1;
+};
+
+using QueueKey = std::tuple<std::int64_t, std::int64_t, std::int64_t>;  // target, −rem, id
+
+}  // namespace
+
+bool KeepUnlessAllEqual(std::span<const double> rewards) {
+  for (const double r : rewards) {
+    if (r != rewards.front()) return true;
+  }
+  return false;
+}
+
+void Validate(const OrchestratorOptions& o) {
+  if (o.max_staleness < 0 || o.max_staleness > 1'000'000) {
+    Invalid("max_staleness", "in [0, 1000000]", Str(o.max_staleness));
+  }
+  if (!(o.oversample >= 0 && o.oversample <= 100)) {
+    Invalid("oversample", "in [0, 100]", Str(o.oversample));
+  }
+  if (o.prompts_per_step < 1 || o.prompts_per_step > kMaxPrompts) {
+    Invalid("prompts_per_step", "in [1, " + Str(kMaxPrompts) + "]", Str(o.prompts_per_step));
+  }
+  if (o.samples_per_prompt < 1 || o.samples_per_prompt > kMaxGroupSize) {
+    Invalid("samples_per_prompt", "in [1, " + Str(kMaxGroupSize) + "]", Str(o.samples_per_prompt));
+  }
+  if (o.prompts_per_step * o.samples_per_prompt > kMaxPrompts) {
+    Invalid("prompts_per_step × samples_per_prompt", "<= " + Str(kMaxPrompts),
+            Str(o.prompts_per_step * o.samples_per_prompt));
+  }
+  if (o.num_steps < 0) Invalid("num_steps", ">= 0", Str(o.num_steps));
+  if (!(o.length_quantile > 0 && o.length_quantile <= 1)) {
+    Invalid("length_quantile", "in (0, 1]", Str(o.length_quantile));
+  }
+  if (o.initial_prediction < 1 || o.initial_prediction > kMaxTokens) {
+    Invalid("initial_prediction", "in [1, " + Str(kMaxTokens) + "]", Str(o.initial_prediction));
+  }
+}
+
+struct Orchestrator::State {
+  OrchestratorOptions options;
+  std::int64_t P = 1, G = 1, s = 0, quota = 1;
+  bool boundary_sync = true;  // sync / one_step_off: engines sync when out of work
+  bool one_batch_at_a_time = false;
+
+  bool started = false;
+  double first_time = 0;
+  double now = 0;
+
+  std::deque<Prompt> prompts;
+  std::vector<Sample> samples;
+  std::vector<Group> groups;
+  std::map<std::int64_t, Engine> engines;
+
+  std::set<QueueKey> queue;
+  std::set<std::pair<std::int64_t, std::int64_t>> by_oldest;  // live samples with tokens
+  std::set<std::pair<std::int64_t, std::int64_t>> complete;   // complete live groups
+  std::map<std::int64_t, std::set<std::int64_t>> live_by_target;
+
+  std::int64_t t_next = 0;  // the next batch to close
+  std::deque<ClosedBatch> closed;
+  bool training = false;
+  double train_started = 0;
+  double train_busy = 0;
+  std::int64_t latest = 0;  // newest version (= steps finished)
+
+  std::unordered_map<std::int64_t, std::pair<std::int64_t, std::int64_t>> history;  // sum, n
+  LengthHistogram lengths;
+
+  Counters counters;
+  std::vector<std::int64_t> staleness;
+  std::vector<TrainedSample> last_batch;
+  std::int64_t weight_syncs = 0;
+  double weight_sync_seconds = 0;
+
+  // Commands of the current Handle() call; dispatches coalesce per engine.
+  std::vector<Command>* out = nullptr;
+  std::map<std::int64_t, Dispatch> dispatches;
+
+  // ---- helpers ----
+
+  Engine* FindEngine(std::int64_t id) {
+    auto it = engines.find(id);
+    return it == engines.end() || !it->second.alive ? nullptr : &it->second;
+  }
+  Group& GroupOf(std::int64_t sample) { return groups[static_cast<std::size_t>(sample / G)]; }
+  Sample& At(std::int64_t sample) { return samples[static_cast<std::size_t>(sample)]; }
+
+  void MarkBusy(Engine& e) {
+    const bool busy = !e.in_flight.empty() || e.syncing_to >= 0;
+    if (busy == e.busy) return;
+    if (busy) {
+      e.busy_since = now;
+    } else {
+      e.busy_total += now - e.busy_since;
+    }
+    e.busy = busy;
+  }
+
+  std::int64_t Predict(std::int64_t prompt) {
+    auto it = history.find(prompt);
+    if (it != history.end() && it->second.second > 0) {
+      return std::max<std::int64_t>(1, it->second.first / it->second.second);
+    }
+    if (lengths.total() > 0) return lengths.Quantile(options.length_quantile);
+    return options.initial_prediction;
+  }
+
+  void Enqueue(std::int64_t id) {
+    Sample& x = At(id);
+    x.state = SampleState::kQueued;
+    x.engine = -1;
+    x.remaining = std::max<std::int64_t>(1, x.predicted - x.tokens);
+    queue.emplace(GroupOf(id).target, -x.remaining, id);
+    ++counters.queued;
+  }
+  void Dequeue(std::int64_t id) {
+    Sample& x = At(id);
+    queue.erase({GroupOf(id).target, -x.remaining, id});
+    --counters.queued;
+  }
+
+  void RefreshGroupOldest(std::int64_t g) {
+    Group& group = groups[static_cast<std::size_t>(g)];
+    std::int64_t oldest = -1;
+    for (std::int64_t j = 0; j < G; ++j) {
+      const std::int64_t o = At(g * G + j).oldest;
+      if (o >= 0 && (oldest < 0 || o < oldest)) oldest = o;
+    }
+    group.oldest = oldest;
+  }
+
+  // Discards a sample's tokens (they would break the bound, or their engine failed).
+  void DiscardTokens(std::int64_t id) {
+    Sample& x = At(id);
+    if (x.oldest >= 0) by_oldest.erase({x.oldest, id});
+    counters.discarded_tokens += x.tokens;
+    x.tokens = 0;
+    x.oldest = -1;
+    x.spans.clear();
+    RefreshGroupOldest(id / G);
+  }
+
+  // Takes an in-flight sample off its engine (the caller sends Abort when needed).
+  void Unplace(std::int64_t id) {
+    Sample& x = At(id);
+    Engine& e = engines.at(x.engine);
+    e.in_flight.erase(id);
+    e.outstanding -= x.remaining;
+    x.interrupted = false;
+    x.progress_reported = false;
+    --counters.in_flight;
+    MarkBusy(e);
+  }
+
+  void SendAbort(std::int64_t engine, std::int64_t id) {
+    if (!out->empty()) {
+      if (auto* last = std::get_if<Abort>(&out->back()); last && last->engine == engine) {
+        last->samples.push_back(id);
+        return;
+      }
+    }
+    out->push_back(Abort{.engine = engine, .samples = {id}});
+  }
+
+  // Regenerates a sample from scratch: its tokens are too old for any future batch.
+  void Restart(std::int64_t id) {
+    Sample& x = At(id);
+    Group& group = GroupOf(id);
+    switch (x.state) {
+      case SampleState::kInFlight:
+        SendAbort(x.engine, id);
+        Unplace(id);
+        break;
+      case SampleState::kQueued:
+        Dequeue(id);
+        break;
+      case SampleState::kComplete:
+        if (group.complete == G) complete.erase({group.oldest, id / G});
+        --group.complete;
+        --counters.buffered;
+        break;
+      default:
+        throw std::logic_error("restart of a sample that is not live");
+    }
+    ++counters.restarts;
+    DiscardTokens(id);
+    Enqueue(id);
+  }
+
+  // ---- admission ----
+
+  void Admit() {
+    if (Done()) return;
+    std::int64_t hi = latest + s;
+    if (one_batch_at_a_time) hi = std::min(hi, t_next);
+    if (options.num_steps > 0) hi = std::min(hi, options.num_steps - 1);
+    for (std::int64_t b = t_next; b <= hi && !prompts.empty(); ++b) {
+      auto& live = live_by_target[b];
+      while (static_cast<std::int64_t>(live.size()) < quota && !prompts.empty()) {
+        const Prompt prompt = prompts.front();
+        prompts.pop_front();
+        const std::int64_t g = static_cast<std::int64_t>(groups.size());
+        groups.push_back(
+            Group{.prompt = prompt.id, .prompt_tokens = prompt.prompt_tokens, .target = b});
+        live.insert(g);
+        const std::int64_t predicted = Predict(prompt.id);
+        for (std::int64_t j = 0; j < G; ++j) {
+          samples.push_back(Sample{.predicted = predicted});
+          Enqueue(g * G + j);
+        }
+        counters.admitted += G;
+        ++counters.admitted_groups;
+      }
+    }
+  }
+
+  // ---- dispatch ----
+
+  bool Accepting(const Engine& e) const {
+    if (!e.alive || e.syncing_to >= 0 || e.version < 0) return false;
+    if (static_cast<std::int64_t>(e.in_flight.size()) >= e.max_concurrent) return false;
+    // Draining for newer weights (async without partial rollout).
+    if (!boundary_sync && e.version < latest) return false;
+    return true;
+  }
+
+  void DispatchQueued() {
+    if (Done()) return;
+    while (!queue.empty()) {
+      const auto [target, neg_remaining, id] = *queue.begin();
+      Sample& x = At(id);
+      // The engine's version must keep the sample within the bound at its target.
+      const std::int64_t need = target - s;
+      Engine* best = nullptr;
+      std::int64_t best_id = -1;
+      for (auto& [eid, e] : engines) {
+        if (!Accepting(e) || e.version < need) continue;
+        if (best == nullptr || e.outstanding < best->outstanding) {
+          best = &e;
+          best_id = eid;
+        }
+      }
+      if (best == nullptr) return;  // later samples need the same or newer versions
+      queue.erase(queue.begin());
+      --counters.queued;
+      x.state = SampleState::kInFlight;
+      x.engine = best_id;
+      if (x.oldest < 0 || best->version < x.oldest) {  // kept tokens may be newer
+        if (x.oldest >= 0) by_oldest.erase({x.oldest, id});
+        x.oldest = best->version;
+        by_oldest.emplace(x.oldest, id);
+        RefreshGroupOldest(id / G);
+      }
+      if (x.spans.empty() || x.spans.back().version != best->version) {
+        x.spans.push_back(VersionSpan{.version = best->version, .first_token = x.tokens});
+      }
+      best->in_flight.insert(id);
+      best->outstanding += x.remaining;
+      ++counters.in_flight;
+      MarkBusy(*best);
+      const Group& group = GroupOf(id);
+      Dispatch& d = dispatches[best_id];
+      d.engine = best_id;
+      d.version = best->version;
+      d.samples.push_back(SampleWork{.sample = id,
+                                     .group = id / G,
+                                     .prompt = group.prompt,
+                                     .prompt_tokens = group.prompt_tokens,
+                                     .resume_from = x.tokens,
+                                     .predicted_tokens = x.predicted});
+    }
+  }
+
+  // ---- weight sync ----
+
+  void MaybeSync(std::int64_t id, Engine& e) {
+    if (!e.alive || e.syncing_to >= 0 || e.version >= latest) return;
+    const bool idle = e.in_flight.empty();
+    bool interrupt = false;
+    if (!boundary_sync && options.partial_rollout) {
+      interrupt = !idle;
+    } else if (!idle) {
+      return;  // drains first
+    } else if (boundary_sync && e.version >= 0 && !queue.empty() &&
+               std::get<0>(*queue.begin()) - s <= e.version) {
+      return;  // work left for its weights
+    }
+    if (interrupt) {
+      for (const std::int64_t sample : e.in_flight) {
+        Sample& x = At(sample);
+        x.interrupted = true;
+        x.progress_reported = false;
+      }
+    }
+    e.syncing_to = latest;
+    e.sync_started = now;
+    MarkBusy(e);
+    out->push_back(SyncWeights{.engine = id, .version = latest, .interrupt = interrupt});
+  }
+
+  // ---- batches and training ----
+
+  bool Done() const { return options.num_steps > 0 && t_next >= options.num_steps; }
+
+  void CloseBatches() {
+    while (!Done() && static_cast<std::int64_t>(complete.size()) >= P) {
+      ClosedBatch batch{.step = t_next, .groups = {}};
+      for (std::int64_t k = 0; k < P; ++k) {
+        const std::int64_t g = complete.begin()->second;
+        complete.erase(complete.begin());
+        Group& group = groups[static_cast<std::size_t>(g)];
+        live_by_target[group.target].erase(g);
+        group.state = GroupState::kClosed;
+        for (std::int64_t j = 0; j < G; ++j) {
+          Sample& x = At(g * G + j);
+          x.state = SampleState::kClosed;
+          by_oldest.erase({x.oldest, g * G + j});
+        }
+        batch.groups.push_back(g);
+      }
+      std::sort(batch.groups.begin(), batch.groups.end());
+      closed.push_back(std::move(batch));
+      ++t_next;
+      // Groups meant for earlier batches carry over to the next one.
+      while (!live_by_target.empty() && live_by_target.begin()->first < t_next) {
+        auto node = live_by_target.extract(live_by_target.begin());
+        auto& next = live_by_target[t_next];
+        for (const std::int64_t g : node.mapped()) {
+          Group& group = groups[static_cast<std::size_t>(g)];
+          for (std::int64_t j = 0; j < G; ++j) {
+            if (At(g * G + j).state == SampleState::kQueued) Dequeue(g * G + j);
+          }
+          group.target = t_next;
+          for (std::int64_t j = 0; j < G; ++j) {
+            if (At(g * G + j).state == SampleState::kQueued) {
+              ++counters.queued;  // re-keyed below
+              Sample& x = At(g * G + j);
+              queue.emplace(t_next, -x.remaining, g * G + j);
+            }
+          }
+          next.insert(g);
+        }
+      }
+      // Tokens too old for the next batch are discarded: the bound is never exceeded.
+      while (!by_oldest.empty() && by_oldest.begin()->first < t_next - s) {
+        Restart(by_oldest.begin()->second);
+      }
+    }
+  }
+
+  // Starts the oldest closed batch when the trainer is free. The planner runs before
+  // any state changes: if it throws, the batch stays closed and is tried again.
+  void StartTraining() {
+    if (training || closed.empty()) return;
+    const ClosedBatch& batch = closed.front();
+    StartTrain start{.step = batch.step, .version = batch.step, .groups = batch.groups};
+    std::vector<std::int64_t> group_ids;
+    for (const std::int64_t g : batch.groups) {
+      for (std::int64_t j = 0; j < G; ++j) {
+        start.samples.push_back(g * G + j);
+        start.lengths.push_back(groups[static_cast<std::size_t>(g)].prompt_tokens +
+                                At(g * G + j).tokens);
+        group_ids.push_back(g);
+      }
+    }
+    if (options.planner) start.plan = options.planner(start.lengths, group_ids);
+    closed.pop_front();
+    last_batch.clear();
+    for (const std::int64_t g : start.groups) {
+      Group& group = groups[static_cast<std::size_t>(g)];
+      group.state = GroupState::kTrained;
+      for (std::int64_t j = 0; j < G; ++j) {
+        const std::int64_t id = g * G + j;
+        Sample& x = At(id);
+        x.state = SampleState::kTrained;
+        const std::int64_t age = batch.step - x.oldest;
+        if (age < 0 || age > s) throw std::logic_error("staleness bound broken");
+        if (static_cast<std::size_t>(age) >= staleness.size()) staleness.resize(age + 1, 0);
+        ++staleness[static_cast<std::size_t>(age)];
+        bool partial = false;
+        for (const VersionSpan& span : x.spans) partial |= span.version != x.spans[0].version;
+        counters.partial_samples += partial ? 1 : 0;
+        counters.trained_tokens += group.prompt_tokens + x.tokens;
+        last_batch.push_back(
+            TrainedSample{.sample = id, .response_tokens = x.tokens, .spans = std::move(x.spans)});
+        x.spans = {};
+      }
+    }
+    counters.trained += P * G;
+    counters.buffered -= P * G;
+    counters.trained_groups += P;
+    ++counters.steps_started;
+    training = true;
+    train_started = now;
+    out->push_back(std::move(start));
+  }
+
+  // One round of decisions after an event.
+  void Decide() {
+    CloseBatches();
+    StartTraining();
+    Admit();
+    for (auto& [id, e] : engines) MaybeSync(id, e);
+    DispatchQueued();
+    for (auto& [id, d] : dispatches) out->push_back(std::move(d));
+    dispatches.clear();
+  }
+
+  // ---- group completion ----
+
+  void FilterGroup(std::int64_t g) {
+    Group& group = groups[static_cast<std::size_t>(g)];
+    if (group.complete == G) complete.erase({group.oldest, g});
+    live_by_target[group.target].erase(g);
+    group.state = GroupState::kFiltered;
+    for (std::int64_t j = 0; j < G; ++j) {
+      const std::int64_t id = g * G + j;
+      Sample& x = At(id);
+      switch (x.state) {
+        case SampleState::kInFlight:
+          SendAbort(x.engine, id);
+          Unplace(id);
+          break;
+        case SampleState::kQueued:
+          Dequeue(id);
+          break;
+        case SampleState::kComplete:
+          --counters.buffered;
+          break;
+        default:
+          throw std::logic_error("filter of a group that is not live");
+      }
+      if (x.oldest >= 0) by_oldest.erase({x.oldest, id});
+      x.state = SampleState::kFiltered;
+      x.spans = {};
+    }
+    counters.filtered += G;
+    ++counters.filtered_groups;
+  }
+
+  void OnGroupComplete(std::int64_t g) {
+    Group& group = groups[static_cast<std::size_t>(g)];
+    if (options.filter) {
+      std::vector<double> rewards;
+      rewards.reserve(static_cast<std::size_t>(G));
+      for (std::int64_t j = 0; j < G; ++j) rewards.push_back(At(g * G + j).reward);
+      if (!options.filter(rewards)) {
+        FilterGroup(g);
+        return;
+      }
+    }
+    complete.emplace(group.oldest, g);
+  }
+
+  // ---- events ----
+
+  void CheckTime(double time) {
+    if (!std::isfinite(time)) Invalid("time", "finite", Str(time));
+    if (started && time < now) Invalid("time", ">= the last event's time " + Str(now), Str(time));
+  }
+  void Advance(double time) {
+    if (!started) {
+      started = true;
+      first_time = time;
+    }
+    now = time;
+  }
+
+  std::int64_t CheckSampleInFlight(std::int64_t sample) {
+    if (sample < 0 || sample >= static_cast<std::int64_t>(samples.size())) {
+      Invalid("sample", "an admitted sample id in [0, " + Str(std::int64_t(samples.size())) + ")",
+              Str(sample));
+    }
+    if (At(sample).state != SampleState::kInFlight) {
+      Invalid("sample", "in flight", Str(sample) + " (not in flight)");
+    }
+    return sample;
+  }
+
+  void On(const PromptsAvailable& e) {
+    CheckTime(e.time);
+    for (const Prompt& p : e.prompts) {
+      if (p.prompt_tokens < 0 || p.prompt_tokens > kMaxTokens) {
+        Invalid("prompts.prompt_tokens", "in [0, " + Str(kMaxTokens) + "]", Str(p.prompt_tokens));
+      }
+    }
+    if (static_cast<std::int64_t>(prompts.size() + e.prompts.size()) > kMaxPrompts) {
+      Invalid("prompts", "at most " + Str(kMaxPrompts) + " waiting",
+              Str(std::int64_t(prompts.size() + e.prompts.size())));
+    }
+    Advance(e.time);
+    prompts.insert(prompts.end(), e.prompts.begin(), e.prompts.end());
+  }
+
+  void On(const EngineJoined& e) {
+    CheckTime(e.time);
+    if (e.engine < 0 || e.engine > kMaxEngineId) {
+      Invalid("engine", "in [0, " + Str(kMaxEngineId) + "]", Str(e.engine));
+    }
+    if (FindEngine(e.engine) != nullptr) Invalid("engine", "not joined", Str(e.engine));
+    if (e.max_concurrent < 1 || e.max_concurrent > kMaxConcurrent) {
+      Invalid("max_concurrent", "in [1, " + Str(kMaxConcurrent) + "]", Str(e.max_concurrent));
+    }
+    if (e.version < -1 || e.version > latest) {
+      Invalid("version", "in [-1, " + Str(latest) + "]", Str(e.version));
+    }
+    Advance(e.time);
+    Engine& engine = engines[e.engine];
+    engine.alive = true;
+    engine.max_concurrent = e.max_concurrent;
+    engine.version = e.version;
+    engine.syncing_to = -1;
+    engine.alive_since = now;
+    engine.busy = false;
+    if (e.version < 0) {  // nothing loaded: always synced first
+      engine.syncing_to = latest;
+      engine.sync_started = now;
+      MarkBusy(engine);
+      out->push_back(SyncWeights{.engine = e.engine, .version = latest, .interrupt = false});
+    }
+  }
+
+  void RemoveEngine(std::int64_t id, bool keep_progress) {
+    Engine& e = engines.at(id);
+    const std::vector<std::int64_t> lost(e.in_flight.begin(), e.in_flight.end());
+    for (const std::int64_t sample : lost) {
+      Unplace(sample);
+      if (!keep_progress) {
+        ++counters.restarts;
+        DiscardTokens(sample);
+      }
+      Enqueue(sample);
+    }
+    if (e.syncing_to >= 0) {
+      e.syncing_to = -1;
+      MarkBusy(e);
+    }
+    e.alive_total += now - e.alive_since;
+    e.alive = false;
+  }
+
+  void On(const EngineLeft& e) {
+    CheckTime(e.time);
+    if (FindEngine(e.engine) == nullptr) Invalid("engine", "a joined engine", Str(e.engine));
+    Advance(e.time);
+    RemoveEngine(e.engine, true);
+  }
+
+  void On(const EngineFailed& e) {
+    CheckTime(e.time);
+    if (FindEngine(e.engine) == nullptr) Invalid("engine", "a joined engine", Str(e.engine));
+    Advance(e.time);
+    RemoveEngine(e.engine, options.keep_partial_on_failure);
+  }
+
+  void CheckTokens(const Sample& x, std::int64_t tokens) {
+    if (tokens < x.tokens || tokens > kMaxTokens) {
+      Invalid("tokens", "in [" + Str(x.tokens) + ", " + Str(kMaxTokens) + "]", Str(tokens));
+    }
+  }
+
+  void On(const GenerationProgressed& e) {
+    CheckTime(e.time);
+    Sample& x = At(CheckSampleInFlight(e.sample));
+    CheckTokens(x, e.tokens);
+    Advance(e.time);
+    x.tokens = e.tokens;
+    if (x.interrupted) x.progress_reported = true;
+  }
+
+  void On(const GenerationFinished& e) {
+    CheckTime(e.time);
+    Sample& x = At(CheckSampleInFlight(e.sample));
+    CheckTokens(x, e.tokens);
+    if (!std::isfinite(e.reward)) Invalid("reward", "finite", Str(e.reward));
+    Advance(e.time);
+    x.tokens = e.tokens;
+    x.reward = e.reward;
+    Unplace(e.sample);
+    x.state = SampleState::kComplete;
+    x.engine = -1;
+    ++counters.buffered;
+    Group& group = GroupOf(e.sample);
+    auto& h = history[group.prompt];
+    h.first += e.tokens;
+    ++h.second;
+    lengths.Add(e.tokens);
+    if (++group.complete == G) OnGroupComplete(e.sample / G);
+  }
+
+  void On(const GroupFiltered& e) {
+    CheckTime(e.time);
+    if (e.group < 0 || e.group >= static_cast<std::int64_t>(groups.size()) ||
+        groups[static_cast<std::size_t>(e.group)].state != GroupState::kLive) {
+      Invalid("group", "a live (admitted, not closed, trained or filtered) group", Str(e.group));
+    }
+    Advance(e.time);
+    FilterGroup(e.group);
+  }
+
+  void On(const TrainStepFinished& e) {
+    CheckTime(e.time);
+    if (!training || e.step != counters.steps_started - 1) {
+      Invalid("step",
+              training ? "the running step " + Str(counters.steps_started - 1)
+                       : "a running step (none is running)",
+              Str(e.step));
+    }
+    Advance(e.time);
+    training = false;
+    train_busy += now - train_started;
+    ++counters.steps_finished;
+    latest = counters.steps_finished;
+  }
+
+  void On(const WeightsLoaded& e) {
+    CheckTime(e.time);
+    Engine* engine = FindEngine(e.engine);
+    if (engine == nullptr) Invalid("engine", "a joined engine", Str(e.engine));
+    if (engine->syncing_to < 0 || engine->syncing_to != e.version) {
+      Invalid("version",
+              engine->syncing_to < 0
+                  ? "preceded by SyncWeights (engine " + Str(e.engine) + " is not syncing)"
+                  : "the version being loaded, " + Str(engine->syncing_to),
+              Str(e.version));
+    }
+    std::vector<std::int64_t> resumed;
+    for (const std::int64_t sample : engine->in_flight) {
+      const Sample& x = At(sample);
+      if (x.interrupted && !x.progress_reported) {
+        Invalid("sample", "reported (GenerationProgressed) before WeightsLoaded after an interrupt",
+                Str(sample));
+      }
+      if (x.interrupted) resumed.push_back(sample);
+    }
+    Advance(e.time);
+    engine->version = e.version;
+    engine->syncing_to = -1;
+    ++weight_syncs;
+    weight_sync_seconds += now - engine->sync_started;
+    MarkBusy(*engine);
+    for (const std::int64_t sample : resumed) {
+      Sample& x = At(sample);
+      x.interrupted = false;
+      x.progress_reported = false;
+      if (x.spans.empty() || x.spans.back().version != e.version) {
+        x.spans.push_back(VersionSpan{.version = e.version, .first_token = x.tokens});
+      }
+    }
+    if (!resumed.empty()) {
+      out->push_back(Resume{.engine = e.engine, .version = e.version, .samples = resumed});
+    }
+  }
+};
+
+Orchestrator::Orchestrator(OrchestratorOptions options) : state_(std::make_unique<State>()) {
+  Validate(options);
+  State& st = *state_;
+  st.P = options.prompts_per_step;
+  st.G = options.samples_per_prompt;
+  switch (options.mode) {
+    case Mode::kSync:
+      st.s = 0;
+      break;
+    case Mode::kOneStepOff:
+      st.s = 1;
+      st.one_batch_at_a_time = true;
+      break;
+    case Mode::kAsync:
+      st.s = options.max_staleness;
+      st.boundary_sync = false;
+      break;
+  }
+  st.quota = static_cast<std::int64_t>(
+      std::ceil((1.0 + options.oversample) * static_cast<double>(st.P) - 1e-9));
+  st.options = std::move(options);
+}
+
+Orchestrator::~Orchestrator() = default;
+Orchestrator::Orchestrator(Orchestrator&&) noexcept = default;
+Orchestrator& Orchestrator::operator=(Orchestrator&&) noexcept = default;
+
+void Orchestrator::Handle(const Event& event, std::vector<Command>& out) {
+  State& st = *state_;
+  st.out = &out;
+  std::visit([&](const auto& e) { st.On(e); }, event);
+  st.Decide();
+  st.out = nullptr;
+}
+
+const Counters& Orchestrator::counters() const { return state_->counters; }
+const std::vector<TrainedSample>& Orchestrator::last_batch() const { return state_->last_batch; }
+std::int64_t Orchestrator::latest_version() const { return state_->latest; }
+bool Orchestrator::done() const {
+  const State& st = *state_;
+  return st.options.num_steps > 0 && st.counters.steps_finished >= st.options.num_steps;
+}
+
+Metrics Orchestrator::metrics(double now) const {
+  const State& st = *state_;
+  Metrics m;
+  now = std::max(now, st.now);
+  m.elapsed_seconds = st.started ? now - st.first_time : 0.0;
+  const double elapsed = m.elapsed_seconds;
+  if (elapsed > 0) {
+    m.samples_per_second = static_cast<double>(st.counters.trained) / elapsed;
+    m.tokens_per_second = static_cast<double>(st.counters.trained_tokens) / elapsed;
+    const double busy = st.train_busy + (st.training ? now - st.train_started : 0.0);
+    m.trainer_idle_ratio = std::clamp(1.0 - busy / elapsed, 0.0, 1.0);
+  }
+  double sum = 0;
+  for (const auto& [id, e] : st.engines) {
+    const double alive = e.alive_total + (e.alive ? now - e.alive_since : 0.0);
+    const double busy = e.busy_total + (e.busy ? now - e.busy_since : 0.0);
+    const double idle = alive > 0 ? std::clamp(1.0 - busy / alive, 0.0, 1.0) : 0.0;
+    m.engines.push_back(id);
+    m.engine_idle_ratio.push_back(idle);
+    sum += idle;
+  }
+  if (!st.engines.empty()) m.mean_engine_idle_ratio = sum / static_cast<double>(st.engines.size());
+  if (st.counters.trained > 0) {
+    m.partial_rollout_ratio =
+        static_cast<double>(st.counters.partial_samples) / static_cast<double>(st.counters.trained);
+  }
+  m.weight_syncs = st.weight_syncs;
+  m.weight_sync_seconds = st.weight_sync_seconds;
+  m.staleness_histogram = st.staleness;
+  for (std::size_t k = 0; k < st.staleness.size(); ++k) {
+    if (st.staleness[k] > 0) m.max_staleness = static_cast<std::int64_t>(k);
+  }
+  return m;
+}
+
+void Orchestrator::CheckInvariants() const {
+  const State& st = *state_;
+  auto fail = [](const std::string& what) { throw std::logic_error("invariant: " + what); };
+  const Counters& c = st.counters;
+  if (c.admitted != c.trained + c.filtered + c.buffered + c.queued + c.in_flight) {
+    fail("admitted " + Str(c.admitted) + " != trained " + Str(c.trained) + " + filtered " +
+         Str(c.filtered) + " + buffered " + Str(c.buffered) + " + queued " + Str(c.queued) +
+         " + in_flight " + Str(c.in_flight));
+  }
+  if (c.admitted != static_cast<std::int64_t>(st.samples.size())) fail("admitted != samples");
+  std::int64_t counts[6] = {0, 0, 0, 0, 0, 0};
+  for (std::size_t i = 0; i < st.samples.size(); ++i) {
+    const Sample& x = st.samples[i];
+    ++counts[static_cast<int>(x.state)];
+    const bool live = x.state == SampleState::kQueued || x.state == SampleState::kInFlight ||
+                      x.state == SampleState::kComplete;
+    if (live && x.oldest >= 0 && x.oldest < st.t_next - st.s) {
+      fail("sample " + Str(std::int64_t(i)) + " too stale for batch " + Str(st.t_next));
+    }
+    if (x.state == SampleState::kInFlight) {
+      auto it = st.engines.find(x.engine);
+      if (it == st.engines.end() || !it->second.alive ||
+          !it->second.in_flight.contains(static_cast<std::int64_t>(i))) {
+        fail("sample " + Str(std::int64_t(i)) + " in flight on no engine");
+      }
+    }
+  }
+  const std::int64_t closed = counts[static_cast<int>(SampleState::kClosed)];
+  if (counts[static_cast<int>(SampleState::kQueued)] != c.queued ||
+      counts[static_cast<int>(SampleState::kInFlight)] != c.in_flight ||
+      counts[static_cast<int>(SampleState::kComplete)] + closed != c.buffered ||
+      counts[static_cast<int>(SampleState::kTrained)] != c.trained ||
+      counts[static_cast<int>(SampleState::kFiltered)] != c.filtered) {
+    fail("sample states disagree with the counters");
+  }
+  if (static_cast<std::int64_t>(st.queue.size()) != c.queued) fail("queue size != queued");
+  std::int64_t in_flight = 0;
+  for (const auto& [id, e] : st.engines) {
+    if (!e.alive && !e.in_flight.empty()) fail("a removed engine holds samples");
+    if (static_cast<std::int64_t>(e.in_flight.size()) > e.max_concurrent) {
+      fail("engine " + Str(id) + " over max_concurrent");
+    }
+    in_flight += static_cast<std::int64_t>(e.in_flight.size());
+  }
+  if (in_flight != c.in_flight) fail("engines' samples != in_flight");
+  for (std::size_t k = 0; k < st.staleness.size(); ++k) {
+    if (st.staleness[k] > 0 && static_cast<std::int64_t>(k) > st.s) fail("staleness above s");
+  }
+  if (c.trained_groups * st.G != c.trained || c.filtered_groups * st.G != c.filtered) {
+    fail("group counters");
+  }
+}
+
+}  // namespace rlsched::scheduler

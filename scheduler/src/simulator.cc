@@ -1,0 +1,2 @@
+// Being written: see rlsched/scheduler/simulator.h.
+#include "rlsched/scheduler/simulator.h"

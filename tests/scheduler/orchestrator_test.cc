@@ -1,0 +1,546 @@
+// Tests of the orchestrator's decision core: hand-computed scenarios, event
+// validation, and property tests over random event interleavings (engines joining,
+// leaving and failing, filters, interrupts), checking conservation and the staleness
+// bound after every event and that the same seed gives the same command stream.
+
+#include "rlsched/scheduler/orchestrator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "rlsched/balance/synthetic.h"
+
+namespace rlsched::scheduler {
+namespace {
+
+std::vector<Prompt> MakePrompts(std::int64_t first, std::int64_t n) {
+  std::vector<Prompt> prompts;
+  for (std::int64_t i = 0; i < n; ++i)
+    prompts.push_back(Prompt{.id = first + i, .prompt_tokens = 10});
+  return prompts;
+}
+
+template <typename T>
+std::vector<T> All(const std::vector<Command>& commands) {
+  std::vector<T> found;
+  for (const Command& c : commands) {
+    if (const T* x = std::get_if<T>(&c)) found.push_back(*x);
+  }
+  return found;
+}
+
+// One text line per command, for comparing command streams.
+std::string Describe(const Command& command) {
+  std::ostringstream s;
+  std::visit(
+      [&](const auto& c) {
+        using T = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<T, Dispatch>) {
+          s << "dispatch e" << c.engine << " v" << c.version;
+          for (const SampleWork& w : c.samples) {
+            s << " " << w.sample << "/" << w.resume_from << "/" << w.predicted_tokens;
+          }
+        } else if constexpr (std::is_same_v<T, Abort>) {
+          s << "abort e" << c.engine;
+          for (const auto x : c.samples) s << " " << x;
+        } else if constexpr (std::is_same_v<T, SyncWeights>) {
+          s << "sync e" << c.engine << " v" << c.version << (c.interrupt ? " interrupt" : "");
+        } else if constexpr (std::is_same_v<T, Resume>) {
+          s << "resume e" << c.engine << " v" << c.version;
+          for (const auto x : c.samples) s << " " << x;
+        } else {
+          s << "train " << c.step;
+          for (const auto x : c.samples) s << " " << x;
+        }
+      },
+      command);
+  return s.str();
+}
+
+TEST(OrchestratorTest, SyncModeTimeline) {
+  // One engine of 4 slots, P = 1 prompt × G = 2 samples, 2 steps.
+  Orchestrator core(OrchestratorOptions{
+      .mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2, .num_steps = 2});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 4, .version = 0}, out);
+  EXPECT_TRUE(out.empty());
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(100, 3)}, out);
+  ASSERT_EQ(out.size(), 1u);
+  auto d = std::get<Dispatch>(out[0]);
+  EXPECT_EQ(d.engine, 0);
+  EXPECT_EQ(d.version, 0);
+  ASSERT_EQ(d.samples.size(), 2u);  // only batch 0's group: s = 0
+  EXPECT_EQ(d.samples[0].sample, 0);
+  EXPECT_EQ(d.samples[0].prompt, 100);
+  EXPECT_EQ(d.samples[1].sample, 1);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 3, .sample = 1, .tokens = 30, .reward = 1}, out);
+  EXPECT_TRUE(out.empty());
+  core.Handle(GenerationFinished{.time = 5, .sample = 0, .tokens = 50, .reward = 0}, out);
+  ASSERT_EQ(out.size(), 1u);
+  auto t = std::get<StartTrain>(out[0]);
+  EXPECT_EQ(t.step, 0);
+  EXPECT_EQ(t.groups, std::vector<std::int64_t>{0});
+  EXPECT_EQ(t.samples, (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(t.lengths, (std::vector<std::int64_t>{60, 40}));
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 9, .step = 0}, out);
+  ASSERT_EQ(out.size(), 1u);  // the idle engine syncs to version 1 first
+  EXPECT_EQ(Describe(out[0]), "sync e0 v1");
+  out.clear();
+  core.Handle(WeightsLoaded{.time = 10, .engine = 0, .version = 1}, out);
+  ASSERT_EQ(out.size(), 1u);
+  d = std::get<Dispatch>(out[0]);
+  EXPECT_EQ(d.version, 1);
+  ASSERT_EQ(d.samples.size(), 2u);
+  EXPECT_EQ(d.samples[0].prompt, 101);
+  // The length predictor has seen 30 and 50: the median of the finished lengths.
+  EXPECT_GE(d.samples[0].predicted_tokens, 30);
+  EXPECT_LE(d.samples[0].predicted_tokens, 52);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 12, .sample = 2, .tokens = 7, .reward = 0}, out);
+  core.Handle(GenerationFinished{.time = 14, .sample = 3, .tokens = 8, .reward = 1}, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(std::get<StartTrain>(out[0]).step, 1);
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 20, .step = 1}, out);
+  EXPECT_TRUE(core.done());
+  core.CheckInvariants();
+
+  const Metrics m = core.metrics(20);
+  EXPECT_DOUBLE_EQ(m.elapsed_seconds, 20);
+  EXPECT_DOUBLE_EQ(m.samples_per_second, 4.0 / 20);
+  EXPECT_DOUBLE_EQ(m.trainer_idle_ratio, 1.0 - (4.0 + 6.0) / 20);  // trained [5,9], [14,20]
+  // Engine busy [0,5] generating, [9,10] syncing, [10,14] generating.
+  ASSERT_EQ(m.engine_idle_ratio.size(), 1u);
+  EXPECT_DOUBLE_EQ(m.engine_idle_ratio[0], 1.0 - 10.0 / 20);
+  EXPECT_EQ(m.weight_syncs, 1);
+  EXPECT_DOUBLE_EQ(m.weight_sync_seconds, 1);
+  EXPECT_EQ(m.staleness_histogram, std::vector<std::int64_t>{4});
+  EXPECT_EQ(core.counters().trained, 4);
+  EXPECT_EQ(core.counters().trained_tokens, 60 + 40 + 17 + 18);
+}
+
+TEST(OrchestratorTest, OversampledLeftoversRestartInSyncMode) {
+  // r = 1: two groups for one place; the slower group's tokens are from version 0,
+  // too old for batch 1 at s = 0, so it is aborted and generated again.
+  Orchestrator core(OrchestratorOptions{
+      .mode = Mode::kSync, .oversample = 1.0, .prompts_per_step = 1, .samples_per_prompt = 1});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 4)}, out);
+  ASSERT_EQ(All<Dispatch>(out).at(0).samples.size(), 2u);
+  out.clear();
+  core.Handle(GenerationProgressed{.time = 1, .sample = 1, .tokens = 5}, out);
+  core.Handle(GenerationFinished{.time = 2, .sample = 0, .tokens = 9, .reward = 0}, out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Describe(out[0]), "abort e0 1");
+  EXPECT_EQ(Describe(out[1]), "train 0 0");
+  EXPECT_EQ(core.counters().restarts, 1);
+  EXPECT_EQ(core.counters().discarded_tokens, 5);
+  EXPECT_EQ(core.counters().queued, 1);  // waits for version 1
+  core.CheckInvariants();
+}
+
+TEST(OrchestratorTest, PartialRolloutRecordsVersionSpans) {
+  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
+                                        .max_staleness = 1,
+                                        .partial_rollout = true,
+                                        .prompts_per_step = 1,
+                                        .samples_per_prompt = 1});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  // s = 1: batches 0 and 1 may both start under version 0.
+  ASSERT_EQ(All<Dispatch>(out).at(0).samples.size(), 2u);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
+  EXPECT_EQ(Describe(out.at(0)), "train 0 0");
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]), "sync e0 v1 interrupt");
+  out.clear();
+  // WeightsLoaded before the interrupted sample's progress is a protocol error.
+  EXPECT_THROW(core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out),
+               std::invalid_argument);
+  core.Handle(GenerationProgressed{.time = 2.5, .sample = 1, .tokens = 6}, out);
+  core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
+  ASSERT_GE(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]), "resume e0 v1 1");
+  out.clear();
+  core.Handle(GenerationFinished{.time = 4, .sample = 1, .tokens = 10, .reward = 0}, out);
+  const auto trains = All<StartTrain>(out);
+  ASSERT_EQ(trains.size(), 1u);
+  EXPECT_EQ(trains[0].step, 1);
+  ASSERT_EQ(core.last_batch().size(), 1u);
+  const TrainedSample& x = core.last_batch()[0];
+  EXPECT_EQ(x.response_tokens, 10);
+  ASSERT_EQ(x.spans.size(), 2u);
+  EXPECT_EQ(x.spans[0].version, 0);
+  EXPECT_EQ(x.spans[0].first_token, 0);
+  EXPECT_EQ(x.spans[1].version, 1);
+  EXPECT_EQ(x.spans[1].first_token, 6);
+  EXPECT_EQ(core.counters().partial_samples, 1);
+  EXPECT_EQ(core.metrics(4).staleness_histogram, (std::vector<std::int64_t>{1, 1}));
+  core.CheckInvariants();
+}
+
+TEST(OrchestratorTest, FilterRefillsTheBatch) {
+  OrchestratorOptions options{.mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2};
+  options.filter = KeepUnlessAllEqual;
+  Orchestrator core(options);
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 8, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 5)}, out);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 3, .reward = 1}, out);
+  core.Handle(GenerationFinished{.time = 2, .sample = 1, .tokens = 3, .reward = 1}, out);
+  // All equal: filtered; a new group replaces it.
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]), "dispatch e0 v0 2/0/3 3/0/3");
+  EXPECT_EQ(core.counters().filtered_groups, 1);
+  core.CheckInvariants();
+  out.clear();
+  core.Handle(GroupFiltered{.time = 3, .group = 1}, out);  // an external judgement
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Describe(out[0]), "abort e0 2 3");
+  EXPECT_EQ(std::get<Dispatch>(out[1]).samples.size(), 2u);
+  EXPECT_THROW(core.Handle(GroupFiltered{.time = 4, .group = 1}, out), std::invalid_argument);
+  core.CheckInvariants();
+}
+
+TEST(OrchestratorTest, FailedEngineRequeuesItsWork) {
+  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
+                                        .max_staleness = 2,
+                                        .prompts_per_step = 1,
+                                        .samples_per_prompt = 2,
+                                        .keep_partial_on_failure = false});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 3, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 1)}, out);
+  core.Handle(GenerationProgressed{.time = 1, .sample = 0, .tokens = 5}, out);
+  out.clear();
+  core.Handle(EngineFailed{.time = 2, .engine = 3}, out);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(core.counters().queued, 2);
+  EXPECT_EQ(core.counters().discarded_tokens, 5);
+  core.Handle(EngineJoined{.time = 3, .engine = 4, .max_concurrent = 2}, out);
+  EXPECT_EQ(Describe(out.at(0)), "sync e4 v0");  // no weights yet
+  out.clear();
+  core.Handle(WeightsLoaded{.time = 4, .engine = 4, .version = 0}, out);
+  EXPECT_EQ(Describe(out.at(0)), "dispatch e4 v0 0/0/1024 1/0/1024");
+  core.CheckInvariants();
+}
+
+TEST(OrchestratorTest, InvalidEventsNameTheFieldAndChangeNothing) {
+  Orchestrator core(OrchestratorOptions{.prompts_per_step = 1, .samples_per_prompt = 1});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 5, .engine = 0, .max_concurrent = 1, .version = 0}, out);
+  auto expect_error = [&](const Event& e, const std::string& field) {
+    try {
+      core.Handle(e, out);
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const std::invalid_argument& error) {
+      EXPECT_EQ(std::string(error.what()).rfind(field + ":", 0), 0u) << error.what();
+    }
+    core.CheckInvariants();
+  };
+  expect_error(PromptsAvailable{.time = 4}, "time");
+  expect_error(EngineJoined{.time = 5, .engine = 0, .max_concurrent = 1}, "engine");
+  expect_error(EngineJoined{.time = 5, .engine = -1, .max_concurrent = 1}, "engine");
+  expect_error(EngineJoined{.time = 5, .engine = 1, .max_concurrent = 0}, "max_concurrent");
+  expect_error(EngineJoined{.time = 5, .engine = 1, .max_concurrent = 1, .version = 3}, "version");
+  expect_error(EngineLeft{.time = 5, .engine = 7}, "engine");
+  expect_error(GenerationFinished{.time = 5, .sample = 0, .tokens = 1}, "sample");
+  expect_error(TrainStepFinished{.time = 5, .step = 0}, "step");
+  expect_error(WeightsLoaded{.time = 5, .engine = 0, .version = 0}, "version");
+  expect_error(PromptsAvailable{.time = 5, .prompts = {Prompt{.id = 1, .prompt_tokens = -1}}},
+               "prompts.prompt_tokens");
+  core.Handle(PromptsAvailable{.time = 5, .prompts = MakePrompts(0, 1)}, out);
+  expect_error(GenerationFinished{.time = 6, .sample = 0, .tokens = -1}, "tokens");
+  expect_error(GroupFiltered{.time = 6, .group = 9}, "group");
+  EXPECT_EQ(core.counters().in_flight, 1);
+}
+
+TEST(OrchestratorTest, OptionsAreValidated) {
+  auto expect_error = [](OrchestratorOptions o, const std::string& field) {
+    try {
+      Orchestrator core(std::move(o));
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const std::invalid_argument& error) {
+      EXPECT_EQ(std::string(error.what()).rfind(field + ":", 0), 0u) << error.what();
+    }
+  };
+  expect_error({.max_staleness = -1}, "max_staleness");
+  expect_error({.oversample = -0.5}, "oversample");
+  expect_error({.prompts_per_step = 0}, "prompts_per_step");
+  expect_error({.samples_per_prompt = 0}, "samples_per_prompt");
+  expect_error({.num_steps = -1}, "num_steps");
+  expect_error({.length_quantile = 0}, "length_quantile");
+  expect_error({.initial_prediction = 0}, "initial_prediction");
+}
+
+// ---- A random world that executes the commands and reports random events. ----
+
+struct WorldOptions {
+  std::uint64_t seed = 1;
+  Mode mode = Mode::kAsync;
+  std::int64_t staleness = 1;
+  bool partial = true;
+  double oversample = 0.5;
+  bool faults = true;
+  int events = 600;
+};
+
+struct World {
+  struct EngineState {
+    std::int64_t max_concurrent = 1;
+    bool syncing = false;
+    bool interrupted = false;
+    std::int64_t sync_version = 0;
+    std::map<std::int64_t, std::int64_t> running;  // sample -> tokens so far
+    std::set<std::int64_t> unreported;             // interrupted, progress not reported
+  };
+  explicit World(const WorldOptions& o) : options(o), rng(o.seed), core(CoreOptions(o, rng)) {}
+
+  static OrchestratorOptions CoreOptions(const WorldOptions& o, balance::Rng& rng) {
+    OrchestratorOptions core{.mode = o.mode,
+                             .max_staleness = o.staleness,
+                             .partial_rollout = o.partial,
+                             .oversample = o.oversample,
+                             .prompts_per_step = rng.UniformInt(1, 3),
+                             .samples_per_prompt = rng.UniformInt(1, 3),
+                             .keep_partial_on_failure = rng.UniformInt(0, 1) == 1};
+    // Dynamic sampling where a group can have unequal rewards.
+    if (core.samples_per_prompt > 1) core.filter = KeepUnlessAllEqual;
+    return core;
+  }
+
+  void Apply(const std::vector<Command>& commands) {
+    for (const Command& c : commands) {
+      log.push_back(Describe(c));
+      if (const auto* d = std::get_if<Dispatch>(&c)) {
+        EngineState& e = engines.at(d->engine);
+        ASSERT_FALSE(e.syncing);
+        for (const SampleWork& w : d->samples) {
+          ASSERT_FALSE(e.running.contains(w.sample));
+          e.running[w.sample] = w.resume_from;
+          live_groups.insert(w.group);
+        }
+        ASSERT_LE(static_cast<std::int64_t>(e.running.size()), e.max_concurrent);
+      } else if (const auto* a = std::get_if<Abort>(&c)) {
+        EngineState& e = engines.at(a->engine);
+        for (const auto x : a->samples) {
+          ASSERT_EQ(e.running.erase(x), 1u);
+          e.unreported.erase(x);
+        }
+      } else if (const auto* s = std::get_if<SyncWeights>(&c)) {
+        EngineState& e = engines.at(s->engine);
+        ASSERT_FALSE(e.syncing);
+        ASSERT_TRUE(s->interrupt || e.running.empty());
+        e.syncing = true;
+        e.interrupted = s->interrupt;
+        e.sync_version = s->version;
+        for (const auto& [x, tokens] : e.running) e.unreported.insert(x);
+      } else if (const auto* r = std::get_if<Resume>(&c)) {
+        EngineState& e = engines.at(r->engine);
+        for (const auto x : r->samples) ASSERT_TRUE(e.running.contains(x));
+        e.interrupted = false;
+      } else if (const auto* t = std::get_if<StartTrain>(&c)) {
+        ASSERT_FALSE(training);
+        training = true;
+        step = t->step;
+        for (const auto x : t->samples) ASSERT_TRUE(trained.insert(x).second) << "trained twice";
+        for (const TrainedSample& x : core.last_batch()) {
+          std::int64_t oldest = x.spans.empty() ? t->version : x.spans[0].version;
+          for (const VersionSpan& span : x.spans) oldest = std::min(oldest, span.version);
+          ASSERT_LE(t->version - oldest, staleness_bound());
+        }
+        for (const auto g : t->groups) live_groups.erase(g);
+      }
+    }
+  }
+
+  std::int64_t staleness_bound() const {
+    return options.mode == Mode::kSync         ? 0
+           : options.mode == Mode::kOneStepOff ? 1
+                                               : options.staleness;
+  }
+
+  void Feed(const Event& e) {
+    std::vector<Command> out;
+    core.Handle(e, out);
+    Apply(out);
+    core.CheckInvariants();
+  }
+
+  // A random event that the state allows.
+  void Step() {
+    time += static_cast<double>(rng.UniformInt(0, 3));
+    const std::int64_t roll = rng.UniformInt(0, 99);
+    // Engines that are loading report their interrupted samples, then finish loading.
+    for (auto& [id, e] : engines) {
+      if (!e.syncing || rng.UniformInt(0, 2) != 0) continue;
+      if (!e.unreported.empty()) {
+        const std::int64_t x = *e.unreported.begin();
+        e.unreported.erase(e.unreported.begin());
+        e.running[x] += rng.UniformInt(0, 5);
+        Feed(GenerationProgressed{.time = time, .sample = x, .tokens = e.running[x]});
+      } else {
+        e.syncing = false;
+        Feed(WeightsLoaded{.time = time, .engine = id, .version = e.sync_version});
+      }
+      return;
+    }
+    if (roll < 5 || prompts_fed < 4) {
+      Feed(PromptsAvailable{.time = time, .prompts = MakePrompts(prompts_fed, 4)});
+      prompts_fed += 4;
+    } else if (roll < 10 && training) {
+      training = false;
+      Feed(TrainStepFinished{.time = time, .step = step});
+    } else if (roll < 13 && options.faults && !engines.empty()) {
+      auto it = std::next(engines.begin(), rng.UniformInt(0, std::int64_t(engines.size()) - 1));
+      const std::int64_t id = it->first;
+      engines.erase(it);
+      if (rng.UniformInt(0, 1) == 0) {
+        Feed(EngineFailed{.time = time, .engine = id});
+      } else {
+        Feed(EngineLeft{.time = time, .engine = id});
+      }
+    } else if (roll < 16 && (engines.size() < 3 || options.faults)) {
+      if (engines.size() >= 6) return;
+      const std::int64_t id = next_engine++;
+      const std::int64_t cap = rng.UniformInt(1, 4);
+      engines[id] = EngineState{.max_concurrent = cap};
+      const std::int64_t version = rng.UniformInt(0, 1) == 0 ? -1 : core.latest_version();
+      Feed(EngineJoined{.time = time, .engine = id, .max_concurrent = cap, .version = version});
+    } else if (roll < 18 && !live_groups.empty()) {
+      const std::int64_t g =
+          *std::next(live_groups.begin(), rng.UniformInt(0, std::int64_t(live_groups.size()) - 1));
+      live_groups.erase(g);
+      std::vector<Command> out;
+      try {
+        core.Handle(GroupFiltered{.time = time, .group = g}, out);
+      } catch (const std::invalid_argument&) {
+        return;  // already filtered by the reward filter
+      }
+      Apply(out);
+      core.CheckInvariants();
+    } else {
+      // A running (not interrupted) sample progresses or finishes.
+      std::vector<std::pair<std::int64_t, std::int64_t>> candidates;
+      for (const auto& [id, e] : engines) {
+        if (e.syncing) continue;
+        for (const auto& [x, tokens] : e.running) candidates.emplace_back(id, x);
+      }
+      if (candidates.empty()) return;
+      const auto [id, x] = candidates[static_cast<std::size_t>(
+          rng.UniformInt(0, std::int64_t(candidates.size()) - 1))];
+      EngineState& e = engines.at(id);
+      const std::int64_t tokens = e.running[x] + rng.UniformInt(0, 20);
+      if (rng.UniformInt(0, 3) == 0) {
+        e.running[x] = tokens;
+        Feed(GenerationProgressed{.time = time, .sample = x, .tokens = tokens});
+      } else {
+        e.running.erase(x);
+        Feed(GenerationFinished{.time = time,
+                                .sample = x,
+                                .tokens = tokens,
+                                .reward = static_cast<double>(rng.UniformInt(0, 2))});
+      }
+    }
+  }
+
+  WorldOptions options;
+  balance::Rng rng;
+  Orchestrator core;
+  std::map<std::int64_t, EngineState> engines;
+  std::set<std::int64_t> live_groups;
+  std::set<std::int64_t> trained;
+  std::vector<std::string> log;
+  std::int64_t next_engine = 0;
+  std::int64_t prompts_fed = 0;
+  std::int64_t step = 0;
+  bool training = false;
+  double time = 0;
+};
+
+std::vector<std::string> RunWorld(const WorldOptions& options, Counters* counters = nullptr) {
+  World world(options);
+  for (int i = 0; i < options.events && !::testing::Test::HasFatalFailure(); ++i) world.Step();
+  EXPECT_LE(world.core.metrics(world.time).max_staleness, world.staleness_bound());
+  if (counters != nullptr) *counters = world.core.counters();
+  return world.log;
+}
+
+void RunSeeds(std::uint64_t first, std::uint64_t count) {
+  const Mode modes[] = {Mode::kSync, Mode::kOneStepOff, Mode::kAsync};
+  // The runs must exercise what they check: training, restarts, partial rollouts,
+  // filters and discarded tokens all happen somewhere.
+  Counters total;
+  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+    WorldOptions o{.seed = seed,
+                   .mode = modes[seed % 3],
+                   .staleness = static_cast<std::int64_t>(seed / 3 % 3),
+                   .partial = (seed / 9) % 2 == 0,
+                   .oversample = static_cast<double>(seed % 4) * 0.5,
+                   .faults = seed % 5 != 0};
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Counters c;
+    RunWorld(o, &c);
+    if (::testing::Test::HasFatalFailure()) return;
+    total.steps_started += c.steps_started;
+    total.restarts += c.restarts;
+    total.partial_samples += c.partial_samples;
+    total.filtered_groups += c.filtered_groups;
+    total.discarded_tokens += c.discarded_tokens;
+  }
+  const std::int64_t n = static_cast<std::int64_t>(count);
+  EXPECT_GE(total.steps_started, 5 * n);
+  EXPECT_GE(total.restarts, n);
+  EXPECT_GE(total.partial_samples, n / 4);
+  EXPECT_GE(total.filtered_groups, n);
+  EXPECT_GE(total.discarded_tokens, n);
+  std::printf("%lld seeds: %lld steps, %lld restarts, %lld partial samples, %lld filtered groups\n",
+              static_cast<long long>(n), static_cast<long long>(total.steps_started),
+              static_cast<long long>(total.restarts), static_cast<long long>(total.partial_samples),
+              static_cast<long long>(total.filtered_groups));
+}
+
+TEST(OrchestratorPropertyTest, RandomInterleavingsKeepTheInvariants) { RunSeeds(1, 300); }
+
+TEST(OrchestratorPropertyTest, ThoroughRandomInterleavings) { RunSeeds(1000, 3000); }
+
+TEST(OrchestratorPropertyTest, SameSeedSameCommands) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const WorldOptions o{.seed = seed, .mode = Mode::kAsync, .staleness = 2, .events = 400};
+    EXPECT_EQ(RunWorld(o), RunWorld(o));
+  }
+}
+
+TEST(OrchestratorPropertyTest, WorkProgresses) {
+  // Without faults every mode keeps training.
+  for (const Mode mode : {Mode::kSync, Mode::kOneStepOff, Mode::kAsync}) {
+    World world(WorldOptions{.seed = 7, .mode = mode, .faults = false, .events = 2000});
+    for (int i = 0; i < 2000; ++i) world.Step();
+    const Counters& c = world.core.counters();
+    EXPECT_GE(c.steps_started, 5) << static_cast<int>(mode) << " admitted " << c.admitted
+                                  << " queued " << c.queued << " in flight " << c.in_flight
+                                  << " buffered " << c.buffered << " engines "
+                                  << world.engines.size() << " log " << world.log.size();
+  }
+}
+
+}  // namespace
+}  // namespace rlsched::scheduler
