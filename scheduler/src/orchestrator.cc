@@ -3,12 +3,14 @@
 //
 // State layout: samples and groups live in vectors indexed by id (ids are dense and
 // never reused); ordered sets give every choice a deterministic order:
-//   queue_        queued samples by (target batch, − predicted remaining, id);
-//   by_oldest_    live samples holding tokens by (oldest version, id), so that the
-//                 samples about to break the staleness bound are found in O(log n);
-//   complete_     complete live groups by (oldest version, id): the next batch's
+//   queue         queued samples by (target batch, − predicted remaining, id);
+//   by_version    samples by the oldest version of their tokens (lazily: an entry
+//                 whose sample has moved on is skipped), so that the samples about to
+//                 break the staleness bound are found without a scan;
+//   complete      complete live groups by (oldest version, id): the next batch's
 //                 candidates, oldest first;
-//   live_by_target_  live groups per target batch (admission quotas, carry-over).
+//   live_by_target  live groups per target batch (admission quotas, carry-over);
+//   ready         engines taking work by (outstanding predicted tokens, id).
 
 #include "rlsched/scheduler/orchestrator.h"
 
@@ -49,6 +51,7 @@ enum class GroupState { kLive, kClosed, kTrained, kFiltered };
 struct Sample {
   SampleState state = SampleState::kQueued;
   std::int64_t engine = -1;        // while in flight
+  std::int64_t slot = -1;          // its index in the engine's in_flight
   std::int64_t tokens = 0;         // response tokens generated (kept)
   std::int64_t oldest = -1;        // oldest version of its tokens; -1: none yet
   std::int64_t remaining = 0;      // predicted remaining tokens, as keyed in the queue / engine
@@ -69,19 +72,22 @@ struct Group {
 };
 
 struct Engine {
+  std::int64_t id = 0;
   bool alive = false;
   std::int64_t max_concurrent = 1;
   std::int64_t version = -1;
   std::int64_t syncing_to = -1;  // the version being loaded; -1: none
   double sync_started = 0;
-  std::set<std::int64_t> in_flight;  // samples, including interrupted ones
-  std::int64_t outstanding = 0;      // predicted remaining tokens in flight
+  std::vector<std::int64_t> in_flight;  // samples, including interrupted ones (any order)
+  std::int64_t outstanding = 0;         // predicted remaining tokens in flight
   // Accounting for the idle ratio.
   double alive_since = 0;
   double alive_total = 0;  // closed alive intervals
   double busy_total = 0;   // closed busy intervals
   bool busy = false;
   double busy_since = 0;
+  // Its key in State::ready while it takes work; -1: not there.
+  std::int64_t ready_outstanding = -1;
 };
 
 struct ClosedBatch {
@@ -182,9 +188,14 @@ struct Orchestrator::State {
   std::map<std::int64_t, Engine> engines;
 
   std::set<QueueKey> queue;
-  std::set<std::pair<std::int64_t, std::int64_t>> by_oldest;  // live samples with tokens
-  std::set<std::pair<std::int64_t, std::int64_t>> complete;   // complete live groups
+  std::map<std::int64_t, std::vector<std::int64_t>> by_version;
+  std::set<std::pair<std::int64_t, std::int64_t>> complete;  // complete live groups
   std::map<std::int64_t, std::set<std::int64_t>> live_by_target;
+  // Engines taking work by (outstanding predicted tokens, id): the dispatch choice in
+  // O(log engines). Engines behind the newest version, not syncing, and idle unless
+  // syncs interrupt: the ones MaybeSync may act on.
+  std::set<std::pair<std::int64_t, std::int64_t>> ready;
+  std::set<std::int64_t> behind;
 
   std::int64_t t_next = 0;  // the next batch to close
   std::deque<ClosedBatch> closed;
@@ -204,7 +215,7 @@ struct Orchestrator::State {
 
   // Commands of the current Handle() call; dispatches coalesce per engine.
   std::vector<Command>* out = nullptr;
-  std::map<std::int64_t, Dispatch> dispatches;
+  std::vector<Dispatch> dispatches;
 
   // ---- helpers ----
 
@@ -215,15 +226,31 @@ struct Orchestrator::State {
   Group& GroupOf(std::int64_t sample) { return groups[static_cast<std::size_t>(sample / G)]; }
   Sample& At(std::int64_t sample) { return samples[static_cast<std::size_t>(sample)]; }
 
-  void MarkBusy(Engine& e) {
-    const bool busy = !e.in_flight.empty() || e.syncing_to >= 0;
-    if (busy == e.busy) return;
-    if (busy) {
-      e.busy_since = now;
-    } else {
-      e.busy_total += now - e.busy_since;
+  // Brings the engine's busy accounting and its place in `ready` and `behind` up to
+  // date; called after every change of its samples, version, sync or liveness.
+  void Update(Engine& e) {
+    const bool busy = e.alive && (!e.in_flight.empty() || e.syncing_to >= 0);
+    if (busy != e.busy) {
+      if (busy) {
+        e.busy_since = now;
+      } else {
+        e.busy_total += now - e.busy_since;
+      }
+      e.busy = busy;
     }
-    e.busy = busy;
+    if (e.ready_outstanding >= 0) ready.erase({e.ready_outstanding, e.id});
+    e.ready_outstanding = -1;
+    if (Accepting(e)) {
+      e.ready_outstanding = e.outstanding;
+      ready.emplace(e.outstanding, e.id);
+    }
+    // Only an interrupting sync acts on a busy engine.
+    const bool interrupts = !boundary_sync && options.partial_rollout;
+    if (e.alive && e.syncing_to < 0 && e.version < latest && (interrupts || e.in_flight.empty())) {
+      behind.insert(e.id);
+    } else {
+      behind.erase(e.id);
+    }
   }
 
   std::int64_t Predict(std::int64_t prompt) {
@@ -262,7 +289,6 @@ struct Orchestrator::State {
   // Discards a sample's tokens (they would break the bound, or their engine failed).
   void DiscardTokens(std::int64_t id) {
     Sample& x = At(id);
-    if (x.oldest >= 0) by_oldest.erase({x.oldest, id});
     counters.discarded_tokens += x.tokens;
     x.tokens = 0;
     x.oldest = -1;
@@ -274,12 +300,16 @@ struct Orchestrator::State {
   void Unplace(std::int64_t id) {
     Sample& x = At(id);
     Engine& e = engines.at(x.engine);
-    e.in_flight.erase(id);
+    const std::int64_t last = e.in_flight.back();
+    e.in_flight[static_cast<std::size_t>(x.slot)] = last;
+    At(last).slot = x.slot;
+    e.in_flight.pop_back();
+    x.slot = -1;
     e.outstanding -= x.remaining;
     x.interrupted = false;
     x.progress_reported = false;
     --counters.in_flight;
-    MarkBusy(e);
+    Update(e);
   }
 
   void SendAbort(std::int64_t engine, std::int64_t id) {
@@ -362,42 +392,45 @@ struct Orchestrator::State {
       // The engine's version must keep the sample within the bound at its target.
       const std::int64_t need = target - s;
       Engine* best = nullptr;
-      std::int64_t best_id = -1;
-      for (auto& [eid, e] : engines) {
-        if (!Accepting(e) || e.version < need) continue;
-        if (best == nullptr || e.outstanding < best->outstanding) {
+      for (const auto& [outstanding, eid] : ready) {
+        Engine& e = engines.at(eid);
+        if (e.version >= need) {
           best = &e;
-          best_id = eid;
+          break;
         }
       }
       if (best == nullptr) return;  // later samples need the same or newer versions
+      const std::int64_t best_id = best->id;
       queue.erase(queue.begin());
       --counters.queued;
       x.state = SampleState::kInFlight;
       x.engine = best_id;
       if (x.oldest < 0 || best->version < x.oldest) {  // kept tokens may be newer
-        if (x.oldest >= 0) by_oldest.erase({x.oldest, id});
         x.oldest = best->version;
-        by_oldest.emplace(x.oldest, id);
+        by_version[x.oldest].push_back(id);
         RefreshGroupOldest(id / G);
       }
       if (x.spans.empty() || x.spans.back().version != best->version) {
         x.spans.push_back(VersionSpan{.version = best->version, .first_token = x.tokens});
       }
-      best->in_flight.insert(id);
+      x.slot = static_cast<std::int64_t>(best->in_flight.size());
+      best->in_flight.push_back(id);
       best->outstanding += x.remaining;
       ++counters.in_flight;
-      MarkBusy(*best);
+      Update(*best);
       const Group& group = GroupOf(id);
-      Dispatch& d = dispatches[best_id];
-      d.engine = best_id;
-      d.version = best->version;
-      d.samples.push_back(SampleWork{.sample = id,
-                                     .group = id / G,
-                                     .prompt = group.prompt,
-                                     .prompt_tokens = group.prompt_tokens,
-                                     .resume_from = x.tokens,
-                                     .predicted_tokens = x.predicted});
+      auto d = std::find_if(dispatches.rbegin(), dispatches.rend(),
+                            [&](const Dispatch& x) { return x.engine == best_id; });
+      if (d == dispatches.rend()) {
+        dispatches.push_back(Dispatch{.engine = best_id, .version = best->version});
+        d = dispatches.rbegin();
+      }
+      d->samples.push_back(SampleWork{.sample = id,
+                                      .group = id / G,
+                                      .prompt = group.prompt,
+                                      .prompt_tokens = group.prompt_tokens,
+                                      .resume_from = x.tokens,
+                                      .predicted_tokens = x.predicted});
     }
   }
 
@@ -424,7 +457,7 @@ struct Orchestrator::State {
     }
     e.syncing_to = latest;
     e.sync_started = now;
-    MarkBusy(e);
+    Update(e);
     out->push_back(SyncWeights{.engine = id, .version = latest, .interrupt = interrupt});
   }
 
@@ -444,7 +477,6 @@ struct Orchestrator::State {
         for (std::int64_t j = 0; j < G; ++j) {
           Sample& x = At(g * G + j);
           x.state = SampleState::kClosed;
-          by_oldest.erase({x.oldest, g * G + j});
         }
         batch.groups.push_back(g);
       }
@@ -472,8 +504,14 @@ struct Orchestrator::State {
         }
       }
       // Tokens too old for the next batch are discarded: the bound is never exceeded.
-      while (!by_oldest.empty() && by_oldest.begin()->first < t_next - s) {
-        Restart(by_oldest.begin()->second);
+      while (!by_version.empty() && by_version.begin()->first < t_next - s) {
+        auto node = by_version.extract(by_version.begin());
+        for (const std::int64_t id : node.mapped()) {
+          const Sample& x = At(id);
+          const bool live = x.state == SampleState::kQueued || x.state == SampleState::kInFlight ||
+                            x.state == SampleState::kComplete;
+          if (live && x.oldest == node.key()) Restart(id);
+        }
       }
     }
   }
@@ -530,9 +568,14 @@ struct Orchestrator::State {
     CloseBatches();
     StartTraining();
     Admit();
-    for (auto& [id, e] : engines) MaybeSync(id, e);
+    if (!behind.empty()) {
+      const std::vector<std::int64_t> ids(behind.begin(), behind.end());
+      for (const std::int64_t id : ids) MaybeSync(id, engines.at(id));
+    }
     DispatchQueued();
-    for (auto& [id, d] : dispatches) out->push_back(std::move(d));
+    std::sort(dispatches.begin(), dispatches.end(),
+              [](const Dispatch& a, const Dispatch& b) { return a.engine < b.engine; });
+    for (Dispatch& d : dispatches) out->push_back(std::move(d));
     dispatches.clear();
   }
 
@@ -560,7 +603,6 @@ struct Orchestrator::State {
         default:
           throw std::logic_error("filter of a group that is not live");
       }
-      if (x.oldest >= 0) by_oldest.erase({x.oldest, id});
       x.state = SampleState::kFiltered;
       x.spans = {};
     }
@@ -636,6 +678,7 @@ struct Orchestrator::State {
     }
     Advance(e.time);
     Engine& engine = engines[e.engine];
+    engine.id = e.engine;
     engine.alive = true;
     engine.max_concurrent = e.max_concurrent;
     engine.version = e.version;
@@ -645,14 +688,16 @@ struct Orchestrator::State {
     if (e.version < 0) {  // nothing loaded: always synced first
       engine.syncing_to = latest;
       engine.sync_started = now;
-      MarkBusy(engine);
+      Update(engine);
       out->push_back(SyncWeights{.engine = e.engine, .version = latest, .interrupt = false});
     }
+    Update(engine);
   }
 
   void RemoveEngine(std::int64_t id, bool keep_progress) {
     Engine& e = engines.at(id);
-    const std::vector<std::int64_t> lost(e.in_flight.begin(), e.in_flight.end());
+    std::vector<std::int64_t> lost = e.in_flight;
+    std::sort(lost.begin(), lost.end());
     for (const std::int64_t sample : lost) {
       Unplace(sample);
       if (!keep_progress) {
@@ -663,10 +708,11 @@ struct Orchestrator::State {
     }
     if (e.syncing_to >= 0) {
       e.syncing_to = -1;
-      MarkBusy(e);
+      Update(e);
     }
     e.alive_total += now - e.alive_since;
     e.alive = false;
+    Update(e);
   }
 
   void On(const EngineLeft& e) {
@@ -741,6 +787,7 @@ struct Orchestrator::State {
     train_busy += now - train_started;
     ++counters.steps_finished;
     latest = counters.steps_finished;
+    for (auto& [id, engine] : engines) Update(engine);  // behind now; draining
   }
 
   void On(const WeightsLoaded& e) {
@@ -755,7 +802,9 @@ struct Orchestrator::State {
               Str(e.version));
     }
     std::vector<std::int64_t> resumed;
-    for (const std::int64_t sample : engine->in_flight) {
+    std::vector<std::int64_t> in_flight = engine->in_flight;
+    std::sort(in_flight.begin(), in_flight.end());
+    for (const std::int64_t sample : in_flight) {
       const Sample& x = At(sample);
       if (x.interrupted && !x.progress_reported) {
         Invalid("sample", "reported (GenerationProgressed) before WeightsLoaded after an interrupt",
@@ -768,7 +817,7 @@ struct Orchestrator::State {
     engine->syncing_to = -1;
     ++weight_syncs;
     weight_sync_seconds += now - engine->sync_started;
-    MarkBusy(*engine);
+    Update(*engine);
     for (const std::int64_t sample : resumed) {
       Sample& x = At(sample);
       x.interrupted = false;
@@ -882,8 +931,9 @@ void Orchestrator::CheckInvariants() const {
     }
     if (x.state == SampleState::kInFlight) {
       auto it = st.engines.find(x.engine);
-      if (it == st.engines.end() || !it->second.alive ||
-          !it->second.in_flight.contains(static_cast<std::int64_t>(i))) {
+      if (it == st.engines.end() || !it->second.alive || x.slot < 0 ||
+          x.slot >= static_cast<std::int64_t>(it->second.in_flight.size()) ||
+          it->second.in_flight[static_cast<std::size_t>(x.slot)] != static_cast<std::int64_t>(i)) {
         fail("sample " + Str(std::int64_t(i)) + " in flight on no engine");
       }
     }
