@@ -53,6 +53,7 @@ __all__ = [
     "plan_micro_batches",
     "get_seqlen_balanced_partitions",
     "reshard",
+    "simulate",
 ]
 
 __version__ = "0.1.0"
@@ -106,6 +107,11 @@ def reshard(model_config_json, **kwargs):
     return default_client().reshard(model_config_json, **kwargs)
 
 
+def simulate(config=None, **kwargs):
+    """:meth:`Client.simulate` on the default client."""
+    return default_client().simulate(config, **kwargs)
+
+
 def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
     """:meth:`Client.get_seqlen_balanced_partitions` on the default client: a list
     of `k_partitions` lists of indices, each ascending, every index once; raises
@@ -118,7 +124,7 @@ def _mirror_signatures() -> None:
     # Show the methods' keyword arguments and documentation on the functions.
     import inspect
     for function in (ping, balance, plan_step, plan_micro_batches,
-                     get_seqlen_balanced_partitions, reshard):
+                     get_seqlen_balanced_partitions, reshard, simulate):
         method = getattr(Client, function.__name__)
         signature = inspect.signature(method)
         function.__signature__ = signature.replace(

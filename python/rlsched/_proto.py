@@ -9,13 +9,13 @@ directory on ``sys.path`` to the package's ``__path__``, so with
 from __future__ import annotations
 
 try:
-    from rlsched.v1 import balance_pb2, reshard_pb2, service_pb2
+    from rlsched.v1 import balance_pb2, reshard_pb2, rollout_pb2, service_pb2
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "rlsched: the generated protobuf modules rlsched.v1.{balance,reshard,service}_pb2 "
+        "rlsched: the generated protobuf modules rlsched.v1.{balance,reshard,rollout,service}_pb2 "
         "were not found. Build the project (they are generated into "
         "<build>/python/rlsched/v1/) and put <build>/python on PYTHONPATH next to "
         "<repo>/python; they need the protobuf runtime (Debian: python3-protobuf). "
         f"Original error: {error}") from error
 
-__all__ = ["balance_pb2", "reshard_pb2", "service_pb2"]
+__all__ = ["balance_pb2", "reshard_pb2", "rollout_pb2", "service_pb2"]

@@ -40,7 +40,7 @@ from typing import Any, Optional, Union
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
-from rlsched._proto import balance_pb2, reshard_pb2, service_pb2
+from rlsched._proto import balance_pb2, reshard_pb2, rollout_pb2, service_pb2
 from rlsched.errors import (CLIENT_CLOSED, DAEMON_DIED, DAEMON_TIMEOUT,
                             DAEMON_UNAVAILABLE, PROTOCOL_ERROR, DaemonError,
                             InvalidArgumentError, RlschedError)
@@ -728,6 +728,41 @@ class Client:
         message.target_dtype = _enum(reshard_pb2.TargetDtype, "TARGET_DTYPE_", target_dtype,
                                      "reshard.target_dtype")
         return self.call(request).reshard
+
+    def simulate(self, config: Union[None, Mapping[str, Any], rollout_pb2.SimulatorConfig] = None,
+                 *, compare: bool = False,
+                 trace_run: Optional[str] = None) -> rollout_pb2.SimulateReply:
+        """Runs the rollout/train simulator (``rlsched.v1.SimulateRequest``; see
+        rollout.proto for every field).
+
+        `config`: None (the default workload), a ``rlsched.v1.SimulatorConfig`` or a
+        mapping in protobuf's JSON form, e.g. ``{"engines": 8, "steps": 3,
+        "orchestrator": {"mode": "async", "max_staleness": 1}}`` (``mode`` may be a
+        short name: sync, one_step_off, async). Unset fields keep the simulator's
+        defaults; ``"trace": True`` returns the Chrome trace JSON in the report.
+        `compare`: run sync, one_step_off and async s = 1, 2 with and without partial
+        rollout on the same workload; `trace_run` names the run whose trace is kept.
+
+        Returns the ``rlsched.v1.SimulateReply`` (``runs[i].name``, ``.config`` with
+        every field set, ``.report``). Raises :class:`InvalidArgumentError` naming the
+        field (e.g. ``simulate.config.engines``).
+        """
+        request = service_pb2.Request()
+        message = request.simulate
+        if isinstance(config, Mapping):
+            config = dict(config)
+            orchestrator = config.get("orchestrator")
+            if isinstance(orchestrator, Mapping) and isinstance(orchestrator.get("mode"), str):
+                orchestrator = dict(orchestrator)
+                orchestrator["mode"] = _enum(rollout_pb2.OrchestratorMode, "ORCHESTRATOR_MODE_",
+                                             orchestrator["mode"],
+                                             "simulate.config.orchestrator.mode")
+                config["orchestrator"] = orchestrator
+        _fill_message(message.config, config, "simulate.config")
+        message.compare = compare
+        if trace_run:
+            message.trace_run = trace_run
+        return self.call(request).simulate
 
     def get_seqlen_balanced_partitions(self, seqlen_list: Sequence[int],
                                        k_partitions: int,

@@ -14,6 +14,7 @@
 #include "plan_step_command.h"
 #include "reshard_command.h"
 #include "serve_command.h"
+#include "simulate_command.h"
 
 #ifndef RLSCHED_VERSION
 #error "RLSCHED_VERSION must be defined by the build"
@@ -48,6 +49,8 @@ int Run(int argc, char** argv) {
   CLI::App* serve = rlsched::scheduler::AddServeCommand(app, serve_args);
   rlsched::scheduler::ReshardArgs reshard_args;
   CLI::App* reshard = rlsched::scheduler::AddReshardCommand(app, reshard_args);
+  rlsched::scheduler::SimulateArgs simulate_args;
+  CLI::App* simulate = rlsched::scheduler::AddSimulateCommand(app, simulate_args);
 
   try {
     app.parse(argc, argv);
@@ -60,7 +63,7 @@ int Run(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (app.get_subcommands().empty()) {
-    std::cerr << "error: a command is required: balance, plan-step, serve, reshard\n"
+    std::cerr << "error: a command is required: balance, plan-step, serve, reshard, simulate\n"
                  "run 'rlsched --help' for usage\n";
     return kExitBadInput;
   }
@@ -74,6 +77,7 @@ int Run(int argc, char** argv) {
     if (reshard->parsed()) {
       rlsched::scheduler::RunReshardCommand(reshard_args, std::cout, std::cerr);
     }
+    if (simulate->parsed()) rlsched::scheduler::RunSimulateCommand(simulate_args, std::cout);
   } catch (const std::invalid_argument& e) {
     std::cerr << "error: " << e.what() << '\n';
     return kExitBadInput;

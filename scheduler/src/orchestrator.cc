@@ -88,6 +88,8 @@ struct Engine {
   double busy_since = 0;
   // Its key in State::ready while it takes work; -1: not there.
   std::int64_t ready_outstanding = -1;
+  std::int64_t pass_count = 0;  // samples given in the current dispatch pass
+  std::int64_t pass_work = 0;   // and their predicted tokens
 };
 
 struct ClosedBatch {
@@ -160,8 +162,10 @@ void Validate(const OrchestratorOptions& o) {
     Invalid("samples_per_prompt", "in [1, " + Str(kMaxGroupSize) + "]", Str(o.samples_per_prompt));
   }
   if (o.prompts_per_step * o.samples_per_prompt > kMaxPrompts) {
-    Invalid("prompts_per_step × samples_per_prompt", "<= " + Str(kMaxPrompts),
-            Str(o.prompts_per_step * o.samples_per_prompt));
+    Invalid("samples_per_prompt",
+            "<= " + Str(kMaxPrompts / o.prompts_per_step) + " (at most " + Str(kMaxPrompts) +
+                " samples per step with prompts_per_step = " + Str(o.prompts_per_step) + ")",
+            Str(o.samples_per_prompt));
   }
   if (o.num_steps < 0) Invalid("num_steps", ">= 0", Str(o.num_steps));
   if (!(o.length_quantile > 0 && o.length_quantile <= 1)) {
@@ -196,6 +200,8 @@ struct Orchestrator::State {
   // syncs interrupt: the ones MaybeSync may act on.
   std::set<std::pair<std::int64_t, std::int64_t>> ready;
   std::set<std::int64_t> behind;
+  std::int64_t alive_engines = 0;
+  std::int64_t queued_work = 0;  // predicted remaining tokens of the queued samples
 
   std::int64_t t_next = 0;  // the next batch to close
   std::deque<ClosedBatch> closed;
@@ -269,11 +275,13 @@ struct Orchestrator::State {
     x.remaining = std::max<std::int64_t>(1, x.predicted - x.tokens);
     queue.emplace(GroupOf(id).target, -x.remaining, id);
     ++counters.queued;
+    queued_work += x.remaining;
   }
   void Dequeue(std::int64_t id) {
     Sample& x = At(id);
     queue.erase({GroupOf(id).target, -x.remaining, id});
     --counters.queued;
+    queued_work -= x.remaining;
   }
 
   void RefreshGroupOldest(std::int64_t g) {
@@ -384,8 +392,16 @@ struct Orchestrator::State {
     return true;
   }
 
+  // Sends queued samples to engines (see the file comment of the header). One call
+  // gives an engine at most a fair share of the queue, ceil(queued / engines alive)
+  // samples and about that share of the predicted work, so that when engines become
+  // ready one event at a time (weights loaded together), the first ones do not take
+  // everything. O(log n + log engines) per sample, plus the engines skipped.
   void DispatchQueued() {
-    if (Done()) return;
+    if (Done() || queue.empty() || ready.empty()) return;
+    const std::int64_t share =
+        (static_cast<std::int64_t>(queue.size()) + alive_engines - 1) / alive_engines;
+    const std::int64_t work_share = (queued_work + alive_engines - 1) / alive_engines;
     while (!queue.empty()) {
       const auto [target, neg_remaining, id] = *queue.begin();
       Sample& x = At(id);
@@ -394,13 +410,16 @@ struct Orchestrator::State {
       Engine* best = nullptr;
       for (const auto& [outstanding, eid] : ready) {
         Engine& e = engines.at(eid);
-        if (e.version >= need) {
+        if (e.version >= need && e.pass_count < share && e.pass_work < work_share) {
           best = &e;
           break;
         }
       }
-      if (best == nullptr) return;  // later samples need the same or newer versions
+      if (best == nullptr) break;  // later samples need the same or newer versions
       const std::int64_t best_id = best->id;
+      ++best->pass_count;
+      best->pass_work += x.remaining;
+      queued_work -= x.remaining;
       queue.erase(queue.begin());
       --counters.queued;
       x.state = SampleState::kInFlight;
@@ -420,7 +439,7 @@ struct Orchestrator::State {
       Update(*best);
       const Group& group = GroupOf(id);
       auto d = std::find_if(dispatches.rbegin(), dispatches.rend(),
-                            [&](const Dispatch& x) { return x.engine == best_id; });
+                            [&](const Dispatch& c) { return c.engine == best_id; });
       if (d == dispatches.rend()) {
         dispatches.push_back(Dispatch{.engine = best_id, .version = best->version});
         d = dispatches.rbegin();
@@ -431,6 +450,11 @@ struct Orchestrator::State {
                                       .prompt_tokens = group.prompt_tokens,
                                       .resume_from = x.tokens,
                                       .predicted_tokens = x.predicted});
+    }
+    for (const Dispatch& d : dispatches) {
+      Engine& e = engines.at(d.engine);
+      e.pass_count = 0;
+      e.pass_work = 0;
     }
   }
 
@@ -494,10 +518,11 @@ struct Orchestrator::State {
           }
           group.target = t_next;
           for (std::int64_t j = 0; j < G; ++j) {
-            if (At(g * G + j).state == SampleState::kQueued) {
-              ++counters.queued;  // re-keyed below
-              Sample& x = At(g * G + j);
+            Sample& x = At(g * G + j);
+            if (x.state == SampleState::kQueued) {  // back under the new key
               queue.emplace(t_next, -x.remaining, g * G + j);
+              ++counters.queued;
+              queued_work += x.remaining;
             }
           }
           next.insert(g);
@@ -680,6 +705,7 @@ struct Orchestrator::State {
     Engine& engine = engines[e.engine];
     engine.id = e.engine;
     engine.alive = true;
+    ++alive_engines;
     engine.max_concurrent = e.max_concurrent;
     engine.version = e.version;
     engine.syncing_to = -1;
@@ -712,6 +738,7 @@ struct Orchestrator::State {
     }
     e.alive_total += now - e.alive_since;
     e.alive = false;
+    --alive_engines;
     Update(e);
   }
 
@@ -947,6 +974,9 @@ void Orchestrator::CheckInvariants() const {
     fail("sample states disagree with the counters");
   }
   if (static_cast<std::int64_t>(st.queue.size()) != c.queued) fail("queue size != queued");
+  std::int64_t queued_work = 0;
+  for (const auto& [target, neg_remaining, id] : st.queue) queued_work -= neg_remaining;
+  if (queued_work != st.queued_work) fail("queued work");
   std::int64_t in_flight = 0;
   for (const auto& [id, e] : st.engines) {
     if (!e.alive && !e.in_flight.empty()) fail("a removed engine holds samples");

@@ -21,6 +21,7 @@
 
 #include "balance_convert.h"
 #include "reshard_convert.h"
+#include "simulate_convert.h"
 
 #ifndef RLSCHED_VERSION
 #error "RLSCHED_VERSION must be defined by the build"
@@ -54,6 +55,8 @@ std::string_view KindName(v1::Request::KindCase kind) {
       return "ping";
     case v1::Request::kReshard:
       return "reshard";
+    case v1::Request::kSimulate:
+      return "simulate";
     case v1::Request::KIND_NOT_SET:
       break;
   }
@@ -61,7 +64,7 @@ std::string_view KindName(v1::Request::KindCase kind) {
 }
 
 std::string EmptyRequestMessage(const v1::Request& request) {
-  std::string message = "the request sets none of balance, plan_step, ping, reshard";
+  std::string message = "the request sets none of balance, plan_step, ping, reshard, simulate";
   if (!request.GetReflection()->GetUnknownFields(request).empty()) {
     message += " (it has fields this daemon does not know: a newer client?)";
   }
@@ -151,6 +154,9 @@ v1::Reply HandleRequest(const v1::Request& request) {
         break;
       case v1::Request::kReshard:
         *reply.mutable_reshard() = SolveReshard(request.reshard());
+        break;
+      case v1::Request::kSimulate:
+        *reply.mutable_simulate() = SolveSimulate(request.simulate());
         break;
       case v1::Request::KIND_NOT_SET:
         return ErrorReply(request.id(), v1::ERROR_CODE_EMPTY_REQUEST, EmptyRequestMessage(request));

@@ -1,0 +1,733 @@
+#include "simulate_command.h"
+
+#include <fmt/format.h>
+#include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+#include "balance_convert.h"
+#include "command_common.h"
+#include "lengths_reader.h"
+#include "rlsched/balance/partition.h"
+#include "serve.h"
+#include "simulate_convert.h"
+
+namespace rlsched::scheduler {
+namespace {
+
+constexpr std::string_view kLogNormalPrefix = "lognormal:";
+// The largest --config or --lengths file read.
+constexpr std::int64_t kMaxInputFileBytes = std::int64_t{1} << 30;
+
+// A finite real number in [min, max] (max infinite: no upper bound).
+CLI::Validator RealIn(double min, double max) {
+  const std::string bound =
+      std::isinf(max) ? fmt::format(">= {}", min) : fmt::format("in [{}, {}]", min, max);
+  return CLI::Validator(
+      [min, max, bound](std::string& text) -> std::string {
+        double value = 0.0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ptr != end || ec != std::errc() || !std::isfinite(value) ||
+            value < min || value > max) {
+          return fmt::format("must be a finite number {}, got '{}'", bound, text);
+        }
+        return std::string();
+      },
+      "");
+}
+
+// An unsigned 64-bit integer (no sign).
+CLI::Validator Unsigned64() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ptr != end || ec != std::errc()) {
+          return fmt::format("must be an integer in [0, 2^64), got '{}'", text);
+        }
+        return std::string();
+      },
+      "");
+}
+
+// The whole file `path`, for `option`'s errors.
+std::string ReadWholeFile(std::string_view option, const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw std::invalid_argument(fmt::format("{} {}: is a directory", option, path));
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw std::invalid_argument(
+        fmt::format("{} {}: cannot open: {}", option, path, std::strerror(errno)));
+  }
+  std::string text;
+  char buffer[1 << 16];
+  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(file.gcount()));
+    if (static_cast<std::int64_t>(text.size()) > kMaxInputFileBytes) {
+      throw std::invalid_argument(
+          fmt::format("{} {}: larger than {} bytes", option, path, kMaxInputFileBytes));
+    }
+  }
+  if (file.bad()) throw std::runtime_error(fmt::format("{} {}: cannot read", option, path));
+  return text;
+}
+
+std::string Lower(std::string_view text) {
+  std::string lower(text);
+  for (char& c : lower) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return lower;
+}
+
+bool HasLetter(std::string_view line) {
+  return std::any_of(line.begin(), line.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); });
+}
+
+// The CSV header's fields, unquoted and trimmed (no error checking: the reader does it).
+std::vector<std::string> HeaderFields(std::string_view line) {
+  std::vector<std::string> fields;
+  std::string field;
+  bool in_quotes = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (in_quotes) {
+      if (c != '"') {
+        field += c;
+      } else if (i + 1 < line.size() && line[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else {
+        in_quotes = false;
+      }
+    } else if (c == '"') {
+      in_quotes = true;
+    } else if (c == ',') {
+      fields.push_back(field);
+      field.clear();
+    } else {
+      field += c;
+    }
+  }
+  fields.push_back(field);
+  for (std::string& f : fields) {
+    const auto first = f.find_first_not_of(" \t\r");
+    const auto last = f.find_last_not_of(" \t\r");
+    f = first == std::string::npos ? std::string() : f.substr(first, last - first + 1);
+  }
+  return fields;
+}
+
+// `text` with a CSV header naming response_tokens rewritten so that the lengths
+// reader takes that column alone as the length: response_tokens becomes `length`,
+// and the columns the reader would prefer or confuse with it (prompt_tokens, length,
+// tokens) are renamed out of its way. Other text is returned as it is.
+std::string SelectResponseColumn(std::string_view text) {
+  std::size_t start = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;
+  // The first non-blank line.
+  while (start < text.size()) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    const std::string_view line = text.substr(start, end - start);
+    if (line.find_first_not_of(" \t\r\f\v") != std::string_view::npos) {
+      if (!HasLetter(line)) return std::string(text);
+      std::vector<std::string> fields = HeaderFields(line);
+      const bool has_response = std::any_of(fields.begin(), fields.end(), [](const std::string& f) {
+        return Lower(f) == "response_tokens";
+      });
+      if (!has_response) return std::string(text);
+      std::string header;
+      for (std::size_t i = 0; i < fields.size(); ++i) {
+        const std::string name = Lower(fields[i]);
+        std::string renamed = fields[i];
+        if (name == "response_tokens") {
+          renamed = "length";
+        } else if (name == "prompt_tokens" || name == "length" || name == "tokens") {
+          renamed = "ignored_" + name;
+        }
+        std::string quoted;
+        for (const char c : renamed) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+        header += fmt::format("{}\"{}\"", i == 0 ? "" : ",", quoted);
+      }
+      return std::string(text.substr(0, start)) + header + std::string(text.substr(end));
+    }
+    start = end + 1;
+  }
+  return std::string(text);
+}
+
+// The flag that sets a field of the config (path relative to the SimulatorConfig).
+struct FlagField {
+  std::string_view flag;
+  std::string_view path;
+  bool given;
+};
+
+std::vector<FlagField> FlagFields(const SimulateArgs& args) {
+  return {
+      {"--mode", "orchestrator.mode", args.mode.has_value()},
+      {"--max-staleness", "orchestrator.max_staleness", args.max_staleness.has_value()},
+      {"--partial-rollout", "orchestrator.partial_rollout", args.partial_rollout.has_value()},
+      {"--oversample", "orchestrator.oversample", args.oversample.has_value()},
+      {"--prompts-per-step", "orchestrator.prompts_per_step", args.prompts_per_step.has_value()},
+      {"--samples-per-prompt", "orchestrator.samples_per_prompt",
+       args.samples_per_prompt.has_value()},
+      {"--filter-all-equal", "orchestrator.filter_all_equal", args.filter_all_equal},
+      {"--engines", "engines", args.engines.has_value()},
+      {"--engine-concurrency", "engine.max_concurrent", args.engine_concurrency.has_value()},
+      {"--trainer-ranks", "trainer_ranks", args.trainer_ranks.has_value()},
+      {"--steps", "steps", args.steps.has_value()},
+      {"--lengths", "lengths.lengths", !args.lengths.empty()},
+      {"--length-dist", "lengths.mu", !args.length_dist.empty()},
+      {"--length-dist", "lengths.sigma", !args.length_dist.empty()},
+      {"--length-dist", "lengths.max_tokens", !args.length_dist.empty()},
+      {"--all-equal-rate", "all_equal_rate", args.all_equal_rate.has_value()},
+      {"--seed", "seed", args.seed.has_value()},
+      {"--weight-sync-seconds", "weight_sync_seconds", args.weight_sync_seconds.has_value()},
+      {"--mtbf", "engine_mtbf_seconds", args.mtbf.has_value()},
+  };
+}
+
+bool HasPathPrefix(std::string_view path, std::string_view prefix) {
+  if (!path.starts_with(prefix)) return false;
+  const std::string_view tail = path.substr(prefix.size());
+  return tail.empty() || tail.front() == '.' || tail.front() == '[';
+}
+
+// A SolveSimulate() error ("config.<path>: …", "trace_run: …") in the command's
+// terms: the flag that set the field, or the --config file, and the field.
+std::string ToCommandError(const SimulateArgs& args, std::string_view message) {
+  constexpr std::string_view kConfig = "config.";
+  if (message.starts_with("trace_run:")) {
+    return fmt::format("--trace-run{}", message.substr(std::string_view("trace_run").size()));
+  }
+  if (!message.starts_with(kConfig)) return std::string(message);
+  message.remove_prefix(kConfig.size());
+  const std::string_view path = LeadingFieldPath(message);
+  if (!path.empty()) {
+    for (const FlagField& field : FlagFields(args)) {
+      if (field.given && HasPathPrefix(path, field.path)) {
+        return fmt::format("{} ({}){}", field.flag, path, message.substr(path.size()));
+      }
+    }
+  }
+  if (!args.config.empty()) return fmt::format("--config {}: {}", args.config, message);
+  return std::string(message);
+}
+
+std::string FormatRate(double value) { return fmt::format("{:.2f}", value); }
+
+std::string FormatSeconds(double seconds) {
+  if (seconds >= 100.0) return fmt::format("{:.0f} s", seconds);
+  if (seconds >= 1.0) return fmt::format("{:.2f} s", seconds);
+  return fmt::format("{:.3g} s", seconds);
+}
+
+std::string FormatShare(double fraction) { return fmt::format("{:.1f}%", fraction * 100.0); }
+
+std::string DescribeMode(const v1::OrchestratorOptions& o) {
+  switch (o.mode()) {
+    case v1::ORCHESTRATOR_MODE_SYNC:
+      return "sync";
+    case v1::ORCHESTRATOR_MODE_ONE_STEP_OFF:
+      return "one_step_off (staleness <= 1, weights synced between batches)";
+    case v1::ORCHESTRATOR_MODE_ASYNC:
+      return fmt::format("async, max staleness {}, {}", o.max_staleness(),
+                         o.partial_rollout() ? "partial rollout (interrupt and resume at a sync)"
+                                             : "no partial rollout (engines drain, then sync)");
+    default:
+      return "?";
+  }
+}
+
+std::string DescribeLengths(const v1::LengthDistribution& lengths) {
+  std::string text;
+  if (lengths.lengths_size() > 0) {
+    text = fmt::format("response lengths drawn from {} given lengths", lengths.lengths_size());
+  } else {
+    text = fmt::format("response lengths lognormal (μ {}, σ {}), at most {} tokens", lengths.mu(),
+                       lengths.sigma(), lengths.max_tokens());
+  }
+  text += fmt::format(
+      "; prompts {}–{} tokens; correlation ρ {} across a prompt's samples and "
+      "epochs",
+      lengths.min_prompt_tokens(), lengths.max_prompt_tokens(), lengths.length_correlation());
+  return text;
+}
+
+void Line(std::ostream& out, std::string_view label, const std::string& value) {
+  out << fmt::format("{:<17}{}\n", label, value);
+}
+
+// The workload and the models; the mode too unless `with_mode` is false (--compare).
+void PrintConfig(const v1::SimulatorConfig& config, bool with_mode, std::ostream& out) {
+  const v1::OrchestratorOptions& o = config.orchestrator();
+  if (with_mode) Line(out, "mode", DescribeMode(o));
+  std::string engines =
+      fmt::format("{} × {} concurrent samples; weight sync {} per engine", config.engines(),
+                  config.engine().max_concurrent(), FormatSeconds(config.weight_sync_seconds()));
+  if (config.engine_mtbf_seconds() > 0) {
+    engines += fmt::format("; failures: MTBF {}, rejoin after {}",
+                           FormatSeconds(config.engine_mtbf_seconds()),
+                           FormatSeconds(config.rejoin_seconds()));
+  }
+  Line(out, "engines", engines);
+  const v1::StepPlanOptions& step = config.step();
+  Line(
+      out, "trainer",
+      fmt::format("{} ranks; micro-batches of at most {} tokens, {} pipeline stage{}; {:g} s "
+                  "per cost unit",
+                  config.trainer_ranks(), step.max_tokens_per_micro_batch(), step.pipeline_stages(),
+                  step.pipeline_stages() == 1 ? "" : "s", config.seconds_per_cost_unit()));
+  std::string batch =
+      fmt::format("{} prompts × {} samples", o.prompts_per_step(), o.samples_per_prompt());
+  if (o.oversample() > 0) batch += fmt::format(", over-sampling {}", FormatShare(o.oversample()));
+  batch +=
+      fmt::format("; {} steps; dataset of {} prompts", config.steps(), config.dataset_prompts());
+  Line(out, "batch", batch);
+  Line(out, "lengths", DescribeLengths(config.lengths()));
+  std::string rewards =
+      fmt::format("all equal in {} of groups", FormatShare(config.all_equal_rate()));
+  if (o.filter_all_equal()) rewards += "; such groups are filtered (dynamic sampling)";
+  Line(out, "rewards", rewards);
+  Line(out, "seed", fmt::format("{}", config.seed()));
+}
+
+void PrintStaleness(const v1::OrchestratorMetrics& metrics, std::ostream& out) {
+  std::int64_t total = 0;
+  for (const std::int64_t count : metrics.staleness_histogram()) total += count;
+  std::size_t count_width = 7;
+  for (const std::int64_t count : metrics.staleness_histogram()) {
+    count_width = std::max(count_width, Digits(count));
+  }
+  out << fmt::format("{:>9}  {:>{}}  {:>6}\n", "staleness", "samples", count_width, "share");
+  for (int k = 0; k < metrics.staleness_histogram_size(); ++k) {
+    const std::int64_t count = metrics.staleness_histogram(k);
+    const double share = total > 0 ? static_cast<double>(count) / static_cast<double>(total) : 0.0;
+    out << fmt::format("{:>9}  {:>{}}  {:>6}\n", k, count, count_width, FormatShare(share));
+  }
+  if (metrics.staleness_histogram_size() == 0) out << "(no sample trained)\n";
+}
+
+std::string DescribeIdeal(const v1::SimulationReport& report) {
+  return fmt::format("{} samples/s = min(engine capacity {}, trainer capacity {})",
+                     FormatRate(report.ideal_samples_per_second()),
+                     FormatRate(report.engine_capacity_samples_per_second()),
+                     FormatRate(report.trainer_capacity_samples_per_second()));
+}
+
+double Ratio(double a, double b) { return b > 0.0 ? a / b : 0.0; }
+
+void PrintSummary(const v1::SimulationRun& run, std::ostream& out) {
+  const v1::SimulationReport& report = run.report();
+  const v1::OrchestratorMetrics& metrics = report.metrics();
+  const v1::OrchestratorCounters& counters = report.counters();
+  PrintConfig(run.config(), /*with_mode=*/true, out);
+  out << '\n';
+  Line(out, "throughput",
+       fmt::format("{} samples/s, {:.0f} tokens/s", FormatRate(metrics.samples_per_second()),
+                   metrics.tokens_per_second()));
+  Line(out, "ideal bound",
+       fmt::format(
+           "{}; reached {}", DescribeIdeal(report),
+           FormatShare(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second()))));
+  Line(out, "elapsed",
+       fmt::format("{} (virtual) for {} steps; per step: generation {}, training {}",
+                   FormatSeconds(metrics.elapsed_seconds()), counters.steps_finished(),
+                   FormatSeconds(report.mean_generation_seconds()),
+                   FormatSeconds(report.mean_train_seconds())));
+  Line(out, "trainer idle", FormatShare(metrics.trainer_idle_ratio()));
+  std::string engine_idle = FormatShare(metrics.mean_engine_idle_ratio());
+  if (metrics.engine_idle_ratio_size() > 0) {
+    const auto [min, max] =
+        std::minmax_element(metrics.engine_idle_ratio().begin(), metrics.engine_idle_ratio().end());
+    engine_idle += fmt::format(" mean (min {}, max {} over {} engines)", FormatShare(*min),
+                               FormatShare(*max), metrics.engine_idle_ratio_size());
+  }
+  Line(out, "engine idle", engine_idle);
+  Line(out, "weight syncs",
+       fmt::format("{}, {} in all", metrics.weight_syncs(),
+                   FormatSeconds(metrics.weight_sync_seconds())));
+  Line(out, "partial rollout",
+       fmt::format("{} of trained samples ({} samples with tokens of more than one version)",
+                   FormatShare(metrics.partial_rollout_ratio()), counters.partial_samples()));
+  Line(out, "restarts",
+       fmt::format("{} samples regenerated, {} tokens discarded", counters.restarts(),
+                   counters.discarded_tokens()));
+  Line(out, "samples",
+       fmt::format("admitted {} = trained {} + filtered {} + buffered {} + queued {} + in "
+                   "flight {}",
+                   counters.admitted(), counters.trained(), counters.filtered(),
+                   counters.buffered(), counters.queued(), counters.in_flight()));
+  Line(out, "groups",
+       fmt::format("admitted {}, trained {}, filtered {}", counters.admitted_groups(),
+                   counters.trained_groups(), counters.filtered_groups()));
+  Line(out, "events", fmt::format("{}", report.events()));
+  out << '\n';
+  PrintStaleness(metrics, out);
+}
+
+void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
+  const v1::SimulationRun& first = reply.runs(0);
+  PrintConfig(first.config(), /*with_mode=*/false, out);
+  Line(out, "ideal bound", DescribeIdeal(first.report()));
+  out << '\n';
+  const double sync_rate = first.report().metrics().samples_per_second();
+  const std::vector<std::string> header = {
+      "run",        "mode",         "staleness",   "partial",       "samples/s",     "× sync",
+      "% of ideal", "trainer idle", "engine idle", "max staleness", "partial ratio", "restarts"};
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::SimulationRun& run : reply.runs()) {
+    const v1::OrchestratorOptions& o = run.config().orchestrator();
+    const v1::SimulationReport& report = run.report();
+    const v1::OrchestratorMetrics& metrics = report.metrics();
+    const bool async = o.mode() == v1::ORCHESTRATOR_MODE_ASYNC;
+    std::string mode = "?";
+    if (o.mode() == v1::ORCHESTRATOR_MODE_SYNC) mode = "sync";
+    if (o.mode() == v1::ORCHESTRATOR_MODE_ONE_STEP_OFF) mode = "one_step_off";
+    if (async) mode = "async";
+    const std::int64_t bound = o.mode() == v1::ORCHESTRATOR_MODE_SYNC           ? 0
+                               : o.mode() == v1::ORCHESTRATOR_MODE_ONE_STEP_OFF ? 1
+                                                                                : o.max_staleness();
+    rows.push_back({
+        run.name(),
+        mode,
+        fmt::format("{}", bound),
+        async ? (o.partial_rollout() ? "yes" : "no") : "-",
+        FormatRate(metrics.samples_per_second()),
+        fmt::format("{:.2f}", Ratio(metrics.samples_per_second(), sync_rate)),
+        FormatShare(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second())),
+        FormatShare(metrics.trainer_idle_ratio()),
+        FormatShare(metrics.mean_engine_idle_ratio()),
+        fmt::format("{}", metrics.max_staleness()),
+        FormatShare(metrics.partial_rollout_ratio()),
+        fmt::format("{}", report.counters().restarts()),
+    });
+  }
+  // Display widths: "×" is one column but two bytes.
+  const auto width = [](const std::string& text) {
+    std::size_t columns = 0;
+    for (const char c : text) columns += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
+    return columns;
+  };
+  std::vector<std::size_t> widths(header.size());
+  for (std::size_t c = 0; c < header.size(); ++c) widths[c] = width(header[c]);
+  for (const auto& row : rows) {
+    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], width(row[c]));
+  }
+  const auto print_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      const std::string pad(widths[c] - width(row[c]), ' ');
+      if (c > 0) line += "  ";
+      line += c < 2 ? row[c] + pad : pad + row[c];  // names left, numbers right
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << '\n';
+  };
+  print_row(header);
+  for (const auto& row : rows) print_row(row);
+}
+
+void WriteTraceFile(const std::string& path, const std::string& trace) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (!file) {
+    throw std::invalid_argument(
+        fmt::format("--trace {}: cannot open: {}", path, std::strerror(errno)));
+  }
+  file << trace;
+  file.close();
+  if (!file) throw std::runtime_error(fmt::format("--trace {}: cannot write", path));
+}
+
+}  // namespace
+
+CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "simulate",
+      "Simulate RL post-training in virtual time: the orchestrator drives modelled inference "
+      "engines and a modelled trainer; prints throughput against the ideal bound, idle "
+      "ratios, staleness and partial rollouts");
+  command->fallthrough();
+  std::string names;
+  for (const ComparisonRun& run : ComparisonRuns()) {
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", run.name);
+  }
+  command->footer(fmt::format(
+      "Defaults: DefaultSimulatorConfig() (64 engines of 256 concurrent samples, 64 trainer "
+      "ranks, 512 prompts × 8 samples, heavy-tailed lengths); --config FILE sets any field of "
+      "the rlsched.v1.SimulatorConfig (rollout.proto) in protobuf's JSON mapping, unset fields "
+      "keep the defaults, and flags given explicitly override the file.\n"
+      "--lengths FILE: integers separated by whitespace, or a CSV with a header: the "
+      "response_tokens column when there is one, else the length or tokens column (prompt "
+      "lengths keep the config's range).\n"
+      "--compare runs {} on the same workload and seed; --trace then writes the trace of "
+      "--trace-run (default {}).\n"
+      "Output: a summary, or with --json the rlsched.v1.SimulateReply in protobuf's JSON "
+      "mapping (proto field names; int64 values are strings; no trace).",
+      names, kDefaultTraceRun));
+
+  command->add_option("--config", args.config, "The SimulatorConfig as JSON")->type_name("FILE");
+  CLI::Option* mode = command->add_option("--mode", args.mode, "Orchestrator mode (default: sync)")
+                          ->type_name("sync|one_step_off|async")
+                          ->check(CLI::IsMember({"sync", "one_step_off", "async"}).description(""));
+  CLI::Option* staleness = command
+                               ->add_option("--max-staleness", args.max_staleness,
+                                            "Staleness bound s of async mode (0 behaves as sync)")
+                               ->type_name("S")
+                               ->check(IntegerIn(0, kInt64Max));
+  CLI::Option* partial = command->add_flag_function(
+      "--partial-rollout,!--no-partial-rollout",
+      [&args](std::int64_t count) { args.partial_rollout = count > 0; },
+      "Async mode: interrupt generations at a weight sync and resume them under the new "
+      "weights (--partial-rollout=false or --no-partial-rollout: engines drain first)");
+  command
+      ->add_option("--oversample", args.oversample,
+                   "Over-sampling r: admit up to ceil((1 + r)·P) prompts per batch")
+      ->type_name("R")
+      ->check(RealIn(0.0, 1e6));
+  command->add_option("--engines", args.engines, "Inference engines")
+      ->type_name("N")
+      ->check(IntegerIn(1, kMaxSimulationEngines));
+  command
+      ->add_option("--engine-concurrency", args.engine_concurrency,
+                   "Samples an engine runs at once")
+      ->type_name("N")
+      ->check(IntegerIn(1, kInt64Max));
+  command->add_option("--trainer-ranks", args.trainer_ranks, "Data-parallel ranks of the trainer")
+      ->type_name("N")
+      ->check(IntegerIn(1, kMaxSimulationTrainerRanks));
+  command->add_option("--prompts-per-step", args.prompts_per_step, "Prompts per train step P")
+      ->type_name("P")
+      ->check(IntegerIn(1, kInt64Max));
+  command
+      ->add_option("--samples-per-prompt", args.samples_per_prompt,
+                   "Samples per prompt G (a GRPO group)")
+      ->type_name("G")
+      ->check(IntegerIn(1, kInt64Max));
+  command->add_option("--steps", args.steps, "Train steps to simulate")
+      ->type_name("N")
+      ->check(IntegerIn(1, kMaxSimulationSteps));
+  CLI::Option* lengths = command
+                             ->add_option("--lengths", args.lengths,
+                                          "Draw response lengths from this file (see below)")
+                             ->type_name("FILE");
+  CLI::Option* length_dist =
+      command
+          ->add_option("--length-dist", args.length_dist,
+                       "Lognormal response lengths exp(N(MU, SIGMA)) clipped to [1, MAX]")
+          ->type_name("lognormal:MU,SIGMA,MAX");
+  length_dist->excludes(lengths);
+  command
+      ->add_option("--all-equal-rate", args.all_equal_rate,
+                   "Probability that a group's rewards are all equal")
+      ->type_name("X")
+      ->check(RealIn(0.0, 1.0));
+  command->add_flag("--filter-all-equal", args.filter_all_equal,
+                    "Dynamic sampling: drop groups whose rewards are all equal and sample more");
+  command->add_option("--seed", args.seed, "Seed of the workload and the failures")
+      ->type_name("N")
+      ->check(Unsigned64());
+  command
+      ->add_option("--weight-sync-seconds", args.weight_sync_seconds,
+                   "Seconds to load new weights on one engine")
+      ->type_name("X")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  command
+      ->add_option("--mtbf", args.mtbf,
+                   "Mean seconds between failures of an engine (0: never; a replacement "
+                   "joins after the config's rejoin_seconds)")
+      ->type_name("SECONDS")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  CLI::Option* compare =
+      command->add_flag("--compare", args.compare,
+                        fmt::format("Run {} on the same workload and print one table", names));
+  compare->excludes(mode)->excludes(staleness)->excludes(partial);
+  command->add_option("--trace", args.trace, "Write the Chrome trace JSON (Perfetto) to FILE")
+      ->type_name("FILE");
+  command
+      ->add_option(
+          "--trace-run", args.trace_run,
+          fmt::format("With --compare and --trace: the run traced (default {})", kDefaultTraceRun))
+      ->type_name("NAME")
+      ->needs(compare);
+  command->add_flag("--json", args.json, "Print the SimulateReply as one line of JSON");
+  return command;
+}
+
+v1::LengthDistribution ParseLengthDist(std::string_view text) {
+  const auto fail = [text]() -> void {
+    throw std::invalid_argument(fmt::format(
+        "--length-dist: must be lognormal:MU,SIGMA,MAX (MU finite, SIGMA finite and >= 0, MAX "
+        "an integer in [1, {}]), got '{}'",
+        balance::kMaxLength, text));
+  };
+  if (!text.starts_with(kLogNormalPrefix)) fail();
+  std::string_view rest = text.substr(kLogNormalPrefix.size());
+  std::vector<std::string_view> parts;
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    parts.push_back(rest.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  if (parts.size() != 3) fail();
+  double mu = 0.0;
+  double sigma = 0.0;
+  std::int64_t max = 0;
+  const auto parse_real = [&fail](std::string_view part, double& value) {
+    const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
+    if (part.empty() || ptr != part.data() + part.size() || ec != std::errc() ||
+        !std::isfinite(value)) {
+      fail();
+    }
+  };
+  parse_real(parts[0], mu);
+  parse_real(parts[1], sigma);
+  const auto [ptr, ec] = std::from_chars(parts[2].data(), parts[2].data() + parts[2].size(), max);
+  if (parts[2].empty() || ptr != parts[2].data() + parts[2].size() || ec != std::errc() ||
+      sigma < 0.0 || max < 1 || max > balance::kMaxLength) {
+    fail();
+  }
+  v1::LengthDistribution dist;
+  dist.set_mu(mu);
+  dist.set_sigma(sigma);
+  dist.set_max_tokens(max);
+  return dist;
+}
+
+std::vector<std::int64_t> ParseResponseLengths(std::string_view text) {
+  LengthsInput input = ParseLengths(SelectResponseColumn(text), kMaxSimulationLengths);
+  for (std::size_t i = 0; i < input.lengths.size(); ++i) {
+    if (input.lengths[i] < 1) {
+      throw std::invalid_argument(
+          fmt::format("length {} (entry {}) must be >= 1", input.lengths[i], i + 1));
+    }
+  }
+  return std::move(input.lengths);
+}
+
+v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_view config_json,
+                                        const std::vector<std::int64_t>& response_lengths) {
+  v1::SimulateRequest request;
+  v1::SimulatorConfig& config = *request.mutable_config();
+  if (!config_json.empty()) {
+    const auto status = google::protobuf::util::JsonStringToMessage(
+        google::protobuf::StringPiece(config_json.data(), config_json.size()), &config);
+    if (!status.ok()) {
+      throw std::invalid_argument(
+          fmt::format("--config {}: not a JSON rlsched.v1.SimulatorConfig: {}", args.config,
+                      std::string(status.message())));
+    }
+  }
+  v1::OrchestratorOptions& o = *config.mutable_orchestrator();
+  if (args.mode) {
+    if (*args.mode == "sync") {
+      o.set_mode(v1::ORCHESTRATOR_MODE_SYNC);
+    } else if (*args.mode == "one_step_off") {
+      o.set_mode(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF);
+    } else if (*args.mode == "async") {
+      o.set_mode(v1::ORCHESTRATOR_MODE_ASYNC);
+    } else {
+      throw std::invalid_argument(
+          fmt::format("--mode: must be sync, one_step_off or async, got '{}'", *args.mode));
+    }
+  }
+  if (args.max_staleness) o.set_max_staleness(*args.max_staleness);
+  if (args.partial_rollout) o.set_partial_rollout(*args.partial_rollout);
+  if (args.oversample) o.set_oversample(*args.oversample);
+  if (args.prompts_per_step) o.set_prompts_per_step(*args.prompts_per_step);
+  if (args.samples_per_prompt) o.set_samples_per_prompt(*args.samples_per_prompt);
+  if (args.filter_all_equal) o.set_filter_all_equal(true);
+  if (args.engines) config.set_engines(*args.engines);
+  if (args.engine_concurrency)
+    config.mutable_engine()->set_max_concurrent(*args.engine_concurrency);
+  if (args.trainer_ranks) config.set_trainer_ranks(*args.trainer_ranks);
+  if (args.steps) config.set_steps(*args.steps);
+  if (!args.length_dist.empty()) {
+    const v1::LengthDistribution dist = ParseLengthDist(args.length_dist);
+    v1::LengthDistribution& lengths = *config.mutable_lengths();
+    lengths.set_mu(dist.mu());
+    lengths.set_sigma(dist.sigma());
+    lengths.set_max_tokens(dist.max_tokens());
+    lengths.clear_lengths();
+  }
+  if (!response_lengths.empty()) {
+    v1::LengthDistribution& lengths = *config.mutable_lengths();
+    lengths.clear_lengths();
+    lengths.mutable_lengths()->Add(response_lengths.begin(), response_lengths.end());
+  }
+  if (args.all_equal_rate) config.set_all_equal_rate(*args.all_equal_rate);
+  if (args.seed) config.set_seed(*args.seed);
+  if (args.weight_sync_seconds) config.set_weight_sync_seconds(*args.weight_sync_seconds);
+  if (args.mtbf) config.set_engine_mtbf_seconds(*args.mtbf);
+  if (!args.trace.empty()) config.set_trace(true);
+  request.set_compare(args.compare);
+  if (!args.trace_run.empty()) {
+    if (!args.compare) throw std::invalid_argument("--trace-run: needs --compare");
+    request.set_trace_run(args.trace_run);
+  }
+  return request;
+}
+
+void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
+  const std::string config_json =
+      args.config.empty() ? std::string() : ReadWholeFile("--config", args.config);
+  std::vector<std::int64_t> response_lengths;
+  if (!args.lengths.empty()) {
+    const std::string text = ReadWholeFile("--lengths", args.lengths);
+    try {
+      response_lengths = ParseResponseLengths(text);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("--lengths {}: {}", args.lengths, e.what()));
+    }
+    spdlog::info("read {} response lengths from {}", response_lengths.size(), args.lengths);
+  }
+  const v1::SimulateRequest request = MakeSimulateRequest(args, config_json, response_lengths);
+
+  const auto start = std::chrono::steady_clock::now();
+  v1::SimulateReply reply;
+  try {
+    reply = SolveSimulate(request);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(ToCommandError(args, e.what()));
+  }
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  spdlog::info("simulated {} run{} in {:.3f} s", reply.runs_size(),
+               reply.runs_size() == 1 ? "" : "s", elapsed.count());
+
+  if (!args.trace.empty()) {
+    for (v1::SimulationRun& run : *reply.mutable_runs()) {
+      if (run.report().trace_json().empty()) continue;
+      WriteTraceFile(args.trace, run.report().trace_json());
+      spdlog::info("wrote the trace of {} to {}", run.name(), args.trace);
+    }
+  }
+  for (v1::SimulationRun& run : *reply.mutable_runs()) run.mutable_report()->clear_trace_json();
+
+  if (args.json) {
+    out << ToJson(reply) << '\n';
+  } else if (args.compare) {
+    PrintComparison(reply, out);
+  } else {
+    PrintSummary(reply.runs(0), out);
+  }
+  FlushOutput(out);
+}
+
+}  // namespace rlsched::scheduler

@@ -1,0 +1,327 @@
+// `rlsched simulate` run over pipes (the table, --json, --trace, --config, --compare,
+// bad options), and the daemon's `simulate` request, in-process and over pipes.
+
+#include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "rlsched/v1/rollout.pb.h"
+#include "serve.h"
+#include "serve_test_util.h"
+#include "simulate_convert.h"
+#include "subprocess.h"
+
+namespace rlsched::scheduler {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::StartsWith;
+using namespace ::rlsched::scheduler::testing;  // NOLINT: the test helpers
+
+// A small, fast workload: 4 engines, 8 prompts × 4 samples, 3 steps.
+std::vector<std::string> Small(std::vector<std::string> args) {
+  args.insert(args.begin(), "simulate");
+  for (const char* arg : {"--engines", "4", "--engine-concurrency", "16", "--trainer-ranks", "4",
+                          "--prompts-per-step", "8", "--samples-per-prompt", "4", "--steps", "3",
+                          "--length-dist", "lognormal:6,1,2048"}) {
+    args.emplace_back(arg);
+  }
+  return args;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
+v1::SimulateReply ParseReply(const std::string& out) {
+  v1::SimulateReply reply;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "not one line:\n" << out;
+  const auto status = google::protobuf::util::JsonStringToMessage(out, &reply);
+  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << out;
+  return reply;
+}
+
+TEST(SimulateCliTest, Help) {
+  const ProcessResult r = RunProgram({"simulate", "--help"});
+  EXPECT_EQ(r.status, 0);
+  for (const char* option : {"--mode",
+                             "--max-staleness",
+                             "--partial-rollout",
+                             "--no-partial-rollout",
+                             "--oversample",
+                             "--engines",
+                             "--engine-concurrency",
+                             "--trainer-ranks",
+                             "--prompts-per-step",
+                             "--samples-per-prompt",
+                             "--steps",
+                             "--lengths",
+                             "--length-dist",
+                             "--all-equal-rate",
+                             "--filter-all-equal",
+                             "--seed",
+                             "--weight-sync-seconds",
+                             "--mtbf",
+                             "--config",
+                             "--json",
+                             "--trace",
+                             "--trace-run",
+                             "--compare",
+                             "response_tokens"}) {
+    EXPECT_THAT(r.out, HasSubstr(option));
+  }
+  EXPECT_THAT(RunProgram({"--help"}).out, HasSubstr("simulate"));
+}
+
+TEST(SimulateCliTest, Table) {
+  const ProcessResult r = RunProgram(Small({"--mode", "async", "--max-staleness", "1"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, IsEmpty());
+  for (const char* text :
+       {"async, max staleness 1, partial rollout", "4 × 16 concurrent",
+        "8 prompts × 4 samples; 3 steps", "throughput", "samples/s", "ideal bound",
+        "min(engine capacity", "trainer idle", "engine idle", "staleness  samples"}) {
+    EXPECT_THAT(r.out, HasSubstr(text));
+  }
+  EXPECT_THAT(r.out, HasSubstr("trained 96"));
+}
+
+TEST(SimulateCliTest, JsonParsesBack) {
+  const ProcessResult r = RunProgram(
+      Small({"--json", "--seed", "7", "--no-partial-rollout", "--mode", "async", "--mtbf", "0"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const v1::SimulateReply reply = ParseReply(r.out);
+  ASSERT_EQ(reply.runs_size(), 1);
+  const v1::SimulationRun& run = reply.runs(0);
+  EXPECT_EQ(run.name(), "simulation");
+  EXPECT_EQ(run.config().engines(), 4);
+  EXPECT_EQ(run.config().seed(), 7u);
+  EXPECT_EQ(run.config().orchestrator().mode(), v1::ORCHESTRATOR_MODE_ASYNC);
+  EXPECT_FALSE(run.config().orchestrator().partial_rollout());
+  EXPECT_EQ(run.report().counters().trained(), 96);
+  EXPECT_TRUE(run.report().trace_json().empty());
+  // Proto field names, default-valued fields printed.
+  EXPECT_THAT(r.out, HasSubstr("\"samples_per_second\""));
+  EXPECT_THAT(r.out, HasSubstr("\"trace_json\":\"\""));
+
+  // The same config and seed give the same report.
+  const ProcessResult again = RunProgram(
+      Small({"--json", "--seed", "7", "--no-partial-rollout", "--mode", "async", "--mtbf", "0"}));
+  EXPECT_EQ(again.out, r.out);
+
+  const ProcessResult on = RunProgram(Small({"--json", "--partial-rollout=true"}));
+  ASSERT_EQ(on.status, 0) << on.err;
+  EXPECT_TRUE(ParseReply(on.out).runs(0).config().orchestrator().partial_rollout());
+  const ProcessResult off = RunProgram(Small({"--json", "--partial-rollout=false"}));
+  ASSERT_EQ(off.status, 0) << off.err;
+  EXPECT_FALSE(ParseReply(off.out).runs(0).config().orchestrator().partial_rollout());
+}
+
+TEST(SimulateCliTest, TraceFile) {
+  const TempDir dir;
+  const std::string path = dir / "trace.json";
+  const ProcessResult r = RunProgram(Small({"--trace", path, "--json"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(ReadFile(path), HasSubstr("traceEvents"));
+  EXPECT_TRUE(ParseReply(r.out).runs(0).report().trace_json().empty());
+
+  const ProcessResult bad = RunProgram(Small({"--trace", dir / "missing/trace.json"}));
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--trace"));
+}
+
+TEST(SimulateCliTest, ConfigFile) {
+  const TempDir dir;
+  const std::string config = dir.Write("config.json", R"({
+    "engines": 4, "steps": 5, "trainer_ranks": 4, "dataset_prompts": 64,
+    "engine": {"max_concurrent": 16},
+    "orchestrator": {"mode": "ORCHESTRATOR_MODE_ONE_STEP_OFF", "prompts_per_step": 8,
+                     "samples_per_prompt": 4},
+    "lengths": {"max_tokens": 2048}
+  })");
+  const ProcessResult r = RunProgram({"simulate", "--config", config, "--steps", "2", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  EXPECT_EQ(run.config().steps(), 2);  // the flag overrides the file
+  EXPECT_EQ(run.config().engines(), 4);
+  EXPECT_EQ(run.config().orchestrator().mode(), v1::ORCHESTRATOR_MODE_ONE_STEP_OFF);
+  EXPECT_EQ(run.report().counters().trained(), 2 * 8 * 4);
+
+  const std::string invalid = dir.Write("invalid.json", R"({"engines": 0})");
+  const ProcessResult bad = RunProgram({"simulate", "--config", invalid});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--config " + invalid + ": engines:"));
+  EXPECT_THAT(bad.out, IsEmpty());
+
+  const std::string unknown = dir.Write("unknown.json", R"({"engine_count": 4})");
+  const ProcessResult not_config = RunProgram({"simulate", "--config", unknown});
+  EXPECT_EQ(not_config.status, 2);
+  EXPECT_THAT(not_config.err, HasSubstr("not a JSON rlsched.v1.SimulatorConfig"));
+
+  const ProcessResult missing = RunProgram({"simulate", "--config", dir / "none.json"});
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_THAT(missing.err, HasSubstr("--config"));
+}
+
+TEST(SimulateCliTest, LengthsFile) {
+  const TempDir dir;
+  const std::string csv = dir.Write("lengths.csv",
+                                    "group,prompt_tokens,response_tokens\n0,72,170\n0,72,1930\n"
+                                    "1,80,40\n1,80,600\n");
+  const ProcessResult r =
+      RunProgram({"simulate", "--engines", "4", "--prompts-per-step", "8", "--samples-per-prompt",
+                  "4", "--steps", "2", "--lengths", csv, "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  EXPECT_THAT(run.config().lengths().lengths(), ::testing::ElementsAre(170, 1930, 40, 600));
+
+  const std::string zero = dir.Write("zero.txt", "5 0 7\n");
+  const ProcessResult bad = RunProgram({"simulate", "--lengths", zero});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--lengths " + zero + ": length 0"));
+
+  const ProcessResult both =
+      RunProgram({"simulate", "--lengths", zero, "--length-dist", "lognormal:6,1,100"});
+  EXPECT_EQ(both.status, 2);
+}
+
+TEST(SimulateCliTest, CompareTable) {
+  const ProcessResult r = RunProgram(Small({"--compare"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::vector<std::string> lines = Lines(r.out);
+  const auto header = std::find_if(
+      lines.begin(), lines.end(), [](const std::string& line) { return line.starts_with("run "); });
+  ASSERT_NE(header, lines.end()) << r.out;
+  for (const char* column :
+       {"mode", "staleness", "partial", "samples/s", "× sync", "% of ideal", "trainer idle",
+        "engine idle", "max staleness", "partial ratio", "restarts"}) {
+    EXPECT_THAT(*header, HasSubstr(column));
+  }
+  ASSERT_GE(lines.end() - header, 7);
+  const char* names[] = {"sync ",     "one_step_off ",     "async_s1_partial ",
+                         "async_s1 ", "async_s2_partial ", "async_s2 "};
+  for (int i = 0; i < 6; ++i) EXPECT_THAT(header[1 + i], StartsWith(names[i]));
+  EXPECT_THAT(header[1], HasSubstr("1.00"));  // sync × sync
+  EXPECT_THAT(r.out, HasSubstr("ideal bound"));
+
+  const TempDir dir;
+  const std::string path = dir / "trace.json";
+  const ProcessResult traced =
+      RunProgram(Small({"--compare", "--json", "--trace", path, "--trace-run", "one_step_off"}));
+  ASSERT_EQ(traced.status, 0) << traced.err;
+  EXPECT_EQ(ParseReply(traced.out).runs_size(), 6);
+  EXPECT_THAT(ReadFile(path), HasSubstr("traceEvents"));
+}
+
+TEST(SimulateCliTest, BadOptionsExitTwo) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"simulate", "--engines", "0"}, "--engines"},
+      {{"simulate", "--steps", "0"}, "--steps"},
+      {{"simulate", "--steps", "1000000"}, "--steps"},
+      {{"simulate", "--mode", "fast"}, "--mode"},
+      {{"simulate", "--max-staleness", "-1"}, "--max-staleness"},
+      {{"simulate", "--oversample", "-0.5"}, "--oversample"},
+      {{"simulate", "--all-equal-rate", "1.5"}, "--all-equal-rate"},
+      {{"simulate", "--mtbf", "nan"}, "--mtbf"},
+      {{"simulate", "--length-dist", "lognormal:6,1"}, "--length-dist"},
+      {{"simulate", "--trace-run", "sync"}, "--trace-run"},
+      {{"simulate", "--compare", "--mode", "sync"}, "--mode"},
+      {{"simulate", "--compare", "--trace-run", "async_s9"}, "--trace-run"},
+      {{"simulate", "--prompts-per-step", "1000000", "--steps", "100"}, "at most 1e+08"},
+      {{"simulate", "--unknown"}, "--unknown"},
+  };
+  for (const auto& [args, text] : cases) {
+    const ProcessResult r = RunProgram(args);
+    EXPECT_EQ(r.status, 2) << args[1] << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(text)) << args[1];
+    EXPECT_THAT(r.out, IsEmpty()) << args[1];
+  }
+}
+
+// --- The daemon's simulate request -----------------------------------------------------
+
+v1::Request SimulateRequest(std::string id, bool compare = false) {
+  v1::Request request;
+  request.set_id(std::move(id));
+  v1::SimulatorConfig* config = request.mutable_simulate()->mutable_config();
+  config->set_engines(4);
+  config->mutable_engine()->set_max_concurrent(16);
+  config->set_trainer_ranks(4);
+  config->set_steps(3);
+  config->mutable_orchestrator()->set_prompts_per_step(8);
+  config->mutable_orchestrator()->set_samples_per_prompt(4);
+  config->mutable_lengths()->set_max_tokens(2048);
+  request.mutable_simulate()->set_compare(compare);
+  return request;
+}
+
+TEST(SimulateServeTest, HandleRequestIsSolveSimulate) {
+  const v1::Request request = SimulateRequest("s");
+  const v1::Reply reply = HandleRequest(request);
+  EXPECT_EQ(reply.id(), "s");
+  ASSERT_TRUE(reply.has_simulate()) << reply.ShortDebugString();
+  EXPECT_TRUE(MessageDifferencer::Equals(reply.simulate(), SolveSimulate(request.simulate())));
+  ASSERT_EQ(reply.simulate().runs_size(), 1);
+  EXPECT_TRUE(reply.simulate().runs(0).report().trace_json().empty());
+
+  v1::Request traced = SimulateRequest("t");
+  traced.mutable_simulate()->mutable_config()->set_trace(true);
+  EXPECT_THAT(HandleRequest(traced).simulate().runs(0).report().trace_json(),
+              HasSubstr("traceEvents"));
+}
+
+TEST(SimulateServeTest, InvalidConfigNamesTheField) {
+  v1::Request request = SimulateRequest("bad");
+  request.mutable_simulate()->mutable_config()->set_engines(0);
+  const v1::Reply reply = HandleRequest(request);
+  EXPECT_EQ(reply.id(), "bad");
+  ASSERT_TRUE(reply.has_error());
+  EXPECT_EQ(reply.error().code(), v1::ERROR_CODE_INVALID_ARGUMENT);
+  EXPECT_EQ(reply.error().field(), "simulate.config.engines");
+
+  request = SimulateRequest("bad-step");
+  request.mutable_simulate()->mutable_config()->mutable_step()->set_max_tokens_per_micro_batch(0);
+  EXPECT_EQ(HandleRequest(request).error().field(),
+            "simulate.config.step.max_tokens_per_micro_batch");
+
+  request = SimulateRequest("bad-run", /*compare=*/true);
+  request.mutable_simulate()->set_trace_run("nope");
+  EXPECT_EQ(HandleRequest(request).error().field(), "simulate.trace_run");
+}
+
+TEST(SimulateServeTest, OverPipes) {
+  const std::vector<v1::Request> requests = {SimulateRequest("a"), Ping("b"),
+                                             SimulateRequest("c", /*compare=*/true)};
+  const ProcessResult r = RunProgram({"serve", "--threads", "2"}, Framed(requests));
+  EXPECT_EQ(r.status, 0) << r.err;
+  const auto replies = ParseReplies(r.out);
+  ASSERT_TRUE(replies);
+  ExpectReplies(*replies, Expected(requests));
+  ASSERT_EQ(replies->size(), 3u);
+  EXPECT_EQ((*replies)[2].simulate().runs_size(), 6);
+
+  const ProcessResult json = RunProgram({"serve", "--format=json"}, JsonLines({requests[0]}));
+  EXPECT_EQ(json.status, 0) << json.err;
+  const auto json_replies = ParseJsonReplies(json.out);
+  ASSERT_TRUE(json_replies);
+  ExpectReplies(*json_replies, Expected({requests[0]}));
+  EXPECT_THAT(json.out, HasSubstr("\"ideal_samples_per_second\""));
+}
+
+}  // namespace
+}  // namespace rlsched::scheduler
