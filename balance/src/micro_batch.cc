@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <queue>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -384,66 +386,216 @@ void CheckStepOptions(const StepOptions& options) {
   }
 }
 
-// A bound from every rank's largest sequence, for p > 1. A rank's time is at least
-// C_r + (p-1)·L_r (its cost, and the pipeline's fill and drain behind its heaviest
-// micro-batch, which holds its largest sequence L_r), so R·T >= C + (p-1)·Σ_r L_r;
-// the launch overheads of the m micro-batches come on top (the caller adds them).
-// For Σ_r L_r: every sequence above x lies on a rank with L_r > x, whose cost is
-// below T - (p-1)·x; so at least k_x = B_x / (T - (p-1)·x) ranks (B_x: the cost of
-// the sequences above x), at most R, have L_r > x, and Σ_r L_r = ∫ #{r : L_r > x} dx
-// >= ∫ min(R, max(1, k_x)) dx over x < the largest cost. The smallest T that
-// satisfies R·T >= C + (p-1)·∫... (a bisection; the right side falls as T grows)
-// bounds the step time (to 1e-4). O(n log n + n · 14).
-double LargestSequenceBound(std::vector<std::int64_t> costs, std::int64_t num_ranks,
-                            std::int64_t stages) {
-  if (stages <= 1 || costs.empty()) return 0.0;
-  std::sort(costs.begin(), costs.end(), std::greater<>());
-  const double a = static_cast<double>(stages - 1);
-  const double r = static_cast<double>(num_ranks);
-  double total = 0.0;
-  for (const std::int64_t c : costs) total += static_cast<double>(c);
-  // ∫ over [x0, x1) of min(R, max(1, B / (t - a·x))) dx, with t > a·x1.
-  auto piece = [&](double b, double t, double x0, double x1) {
-    const double one = (t - b) / a;      // where B / (t - a·x) reaches 1
-    const double all = (t - b / r) / a;  // where it reaches R
-    double sum = 0.0;
-    const double lo1 = std::min(std::max(x0, one), x1);  // [x0, lo1): value 1
-    sum += lo1 - x0;
-    const double hi = std::min(std::max(lo1, all), x1);  // [lo1, hi): B / (t - a·x)
-    if (hi > lo1) sum += b / a * std::log((t - a * lo1) / (t - a * hi));
-    sum += (x1 - hi) * r;  // [hi, x1): R
-    return sum;
-  };
-  auto feasible = [&](double t) {
-    double largest_sum = 0.0, b = 0.0;
-    // Between consecutive distinct costs, B_x is the cost of the sequences above x.
-    for (std::size_t i = 0; i < costs.size();) {
-      const double v = static_cast<double>(costs[i]);
-      while (i < costs.size() && static_cast<double>(costs[i]) == v) {
-        b += static_cast<double>(costs[i]);
-        ++i;
-      }
-      const double next = i < costs.size() ? static_cast<double>(costs[i]) : 0.0;
-      largest_sum += piece(b, t, next, v);
+// The relaxation behind the combined bound, for p > 1. For a count m, let
+// T' = T − (m + p − 1)·o and h_r the cost of rank r's heaviest micro-batch, at least
+// max(C_r / m, L_r) (rank r's cost and largest sequence). A plan with step time <= T
+// has C_r + (p − 1)·h_r <= T' on every rank, so R·T' >= C + (p − 1)·Σ_r h_r and
+// Σ_r h_r >= max(C / m, ∫ k(x) dx) with k(x) = #{r : h_r > x}. With
+// I(x) = ∫_x^∞ k = Σ_{h_r > x} (h_r − x): the ranks with h_r > x hold every sequence
+// above x (cost B_x) and cost at most Σ (T' − (p − 1)·h_r) = k·T' − (p − 1)·(k·x + I(x)),
+// each at most T'·m / (m + p − 1) (as h_r >= C_r / m); every other rank costs at most
+// m·x. Hence, k being an integer <= R:
+//   k·(T' − (p − 1)·x)           >= B_x + (p − 1)·I(x)   (B_x may be 0),
+//   k·T'·m / (m + p − 1)         >= B_x,   and k >= 1 when B_x > 0,
+//   k·(T' − (p − 1)·x − m·x)     >= C + (p − 1)·I(x) − R·m·x,
+//   k·(T'·m / (m + p − 1) − m·x) >= C − R·m·x.
+// Feasible() integrates a lower estimate of k from the top down on a grid (on each
+// interval [x0, x1): B and I at x1, the capacities at x0, so each estimate holds on
+// the whole interval); T' fails when some k must exceed R or the sum exceeds R·T'.
+// With m = ∞ (passed as 0) the C terms vanish: what is left bounds through every
+// rank's largest sequence alone, R·T' >= C + (p − 1)·Σ_r L_r.
+// Ranges of counts: the relaxation at count b also holds for every count m <= b
+// (max(C_r / m, L_r) only falls as m grows), and T − (m + p − 1)·o <= T − (a + p − 1)·o
+// for m >= a; so MinBudget(b) + (a + p − 1)·o bounds every plan with m in [a, b].
+// O(n log n) to build, O(grid) per feasibility test (grid <= 128 + 128 + 32).
+class CombinedRelaxation {
+ public:
+  CombinedRelaxation(std::vector<std::int64_t> costs, std::int64_t num_ranks, std::int64_t stages)
+      : r_(static_cast<double>(num_ranks)), p1_(static_cast<double>(stages - 1)) {
+    std::sort(costs.begin(), costs.end(), std::greater<>());
+    std::vector<double> prefix(costs.size() + 1, 0.0);  // prefix[i]: the i largest
+    for (std::size_t i = 0; i < costs.size(); ++i) {
+      prefix[i + 1] = prefix[i] + static_cast<double>(costs[i]);
     }
-    return r * t >= total + a * largest_sum;
-  };
-  const double largest = static_cast<double>(costs.front());
-  double lo = a * largest, hi = total + a * largest * r + 1.0;  // infeasible, feasible
-  if (largest == 0.0) return 0.0;
-  for (int iteration = 0; iteration < 64 && hi - lo > 1e-4 * hi; ++iteration) {
-    const double mid = (lo + hi) / 2;
-    (feasible(mid) ? hi : lo) = mid;
+    total_ = prefix.back();
+    largest_ = costs.empty() ? 0.0 : static_cast<double>(costs.front());
+    // Grid on [0, largest]: uniform points, plus the largest distinct costs (where B
+    // jumps most, relative to its size), so B is exact there.
+    xs_.push_back(0.0);
+    for (int j = 1; j <= kUniform; ++j) xs_.push_back(largest_ * j / kUniform);
+    int distinct = 0;
+    for (std::size_t i = 0; i < costs.size() && distinct < kTop; ++i) {
+      if (i == 0 || costs[i] != costs[i - 1]) {
+        xs_.push_back(static_cast<double>(costs[i]));
+        ++distinct;
+      }
+    }
+    std::sort(xs_.begin(), xs_.end());
+    xs_.erase(std::unique(xs_.begin(), xs_.end()), xs_.end());
+    // above_[i]: the cost of the sequences >= xs_[i] (above every x < xs_[i]).
+    above_.resize(xs_.size());
+    for (std::size_t i = 0; i < xs_.size(); ++i) {
+      const auto it = std::partition_point(costs.begin(), costs.end(), [&](std::int64_t c) {
+        return static_cast<double>(c) >= xs_[i];
+      });
+      above_[i] = prefix[static_cast<std::size_t>(it - costs.begin())];
+    }
   }
-  return lo * (1.0 - 1e-9);  // below the threshold despite rounding
+
+  double largest() const { return largest_; }
+  double total() const { return total_; }
+
+  // Every T' below the returned value is infeasible for count m (0: unbounded).
+  // Bisection to 1e-4. O(log(1e4) · grid).
+  double MinBudget(double m) const {
+    if (total_ <= 0.0) return 0.0;
+    // Infeasible below: the rank with the largest sequence, the mean rank.
+    double lo = std::max((p1_ + 1.0) * largest_, total_ / r_) * (1.0 - 1e-9);
+    if (m > 0) lo = std::max(lo, total_ / r_ * (1.0 + p1_ / m) * (1.0 - 1e-9));
+    double hi = lo * 1.25;
+    for (int doubling = 0; doubling < 64 && !Feasible(hi, m); ++doubling) {
+      lo = hi;
+      hi *= 2.0;
+    }
+    for (int iteration = 0; iteration < 64 && hi - lo > 1e-4 * hi; ++iteration) {
+      const double mid = (lo + hi) / 2;
+      (Feasible(mid, m) ? hi : lo) = mid;
+    }
+    return lo * (1.0 - 1e-9);  // below the threshold despite rounding
+  }
+
+ private:
+  static constexpr int kUniform = 128;
+  static constexpr int kTop = 128;
+  static constexpr int kExtension = 32;  // intervals above the largest cost (C terms)
+
+  bool Feasible(double t, double m) const {
+    if (t < (p1_ + 1.0) * largest_) return false;
+    const double cap = m > 0 ? t * m / (m + p1_) : t;  // a rank's cost at most
+    const double eps = 1e-9 * total_;
+    double integral = 0.0;  // lower estimate of I(x1)
+    bool ok = true;
+    // One interval [x0, x1) with B_x >= b on it.
+    auto interval = [&](double x0, double x1, double b) {
+      double k = 0.0;
+      const double need0 = b + p1_ * integral;
+      if (need0 > 0.0) {
+        const double room = t - p1_ * x0;
+        if (room <= 0.0) return false;
+        k = need0 / room;
+      }
+      if (b > 0.0) k = std::max({k, 1.0, b / cap});
+      if (m > 0) {
+        const double need = total_ + p1_ * integral - r_ * m * x1;
+        if (need > eps) {
+          const double room = t - (p1_ + m) * x0;
+          if (room <= 0.0) return false;
+          k = std::max(k, need / room);
+        }
+        const double need2 = total_ - r_ * m * x1;
+        if (need2 > eps) {
+          const double room = cap - m * x0;
+          if (room <= 0.0) return false;
+          k = std::max(k, need2 / room);
+        }
+      }
+      const double whole = std::ceil(k - 1e-9 * std::max(1.0, k));
+      if (whole > r_) return false;
+      integral += whole * (x1 - x0);
+      return true;
+    };
+    // Above the largest cost only the C terms count: up to C / (R·m).
+    if (m > 0) {
+      const double top = total_ / (r_ * m);
+      if (top > largest_) {
+        const double step = (top - largest_) / kExtension;
+        for (int j = kExtension; j >= 1 && ok; --j) {
+          ok = interval(largest_ + step * (j - 1), largest_ + step * j, 0.0);
+        }
+      }
+    }
+    for (std::size_t i = xs_.size() - 1; i >= 1 && ok; --i) {
+      ok = interval(xs_[i - 1], xs_[i], above_[i]);
+    }
+    if (!ok) return false;
+    const double sum_m = std::max(m > 0 ? total_ / m : 0.0, integral);
+    return r_ * t >= total_ + p1_ * sum_m;
+  }
+
+  double r_;
+  double p1_;
+  double total_ = 0.0;
+  double largest_ = 0.0;
+  std::vector<double> xs_;
+  std::vector<double> above_;
+};
+
+// The combined bound (see CombinedRelaxation) minimised over the admissible counts
+// m >= first (multiples of q, unbounded): a range [a, b] of counts (b = 0: all from a
+// on) is worth max(MinBudget(b), the closed form of StepLowerBound at b) + (a+p−1)·o,
+// which bounds every count in it. Best first: the range of least worth is split
+// (one new MinBudget each) until it is a single count or the evaluations run out;
+// its worth then bounds every plan, since the ranges cover every admissible count.
+// With o = 0 every range containing the unbounded end is worth the same, so that is
+// the bound. Returns the bound and the count of that single range (0: none, e.g. with
+// o = 0), a hint for the planner. O(kMaxEvaluations · MinBudget).
+std::pair<long double, std::int64_t> CombinedBound(const Padded& padded, long double heaviest,
+                                                   std::int64_t first, const StepOptions& options) {
+  constexpr int kMaxEvaluations = 40;
+  const MicroBatchOptions& mb = options.micro_batch;
+  const CombinedRelaxation relax(padded.costs, options.num_ranks, mb.pipeline_stages);
+  if (relax.total() <= 0.0) return {0.0L, 0};
+  const long double p = static_cast<long double>(mb.pipeline_stages);
+  const long double o = static_cast<long double>(mb.overhead);
+  const std::int64_t q = mb.micro_batches_multiple_of;
+  const long double floor_term = p * static_cast<long double>(relax.largest());
+  std::vector<std::pair<std::int64_t, double>> budgets;  // MinBudget by count
+  auto budget = [&](std::int64_t b) {
+    for (const auto& [count, t] : budgets) {
+      if (count == b) return t;
+    }
+    budgets.emplace_back(b, relax.MinBudget(static_cast<double>(b)));
+    return budgets.back().second;
+  };
+  auto worth = [&](std::int64_t a, std::int64_t b) {
+    const long double closed =
+        b > 0 ? std::max(heaviest + heaviest * (p - 1.0L) / static_cast<long double>(b), floor_term)
+              : std::max(heaviest, floor_term);
+    return std::max(static_cast<long double>(budget(b)), closed) +
+           (static_cast<long double>(a) + p - 1.0L) * o;
+  };
+  struct Range {
+    long double worth;
+    std::int64_t a, b;
+    bool operator>(const Range& other) const { return worth > other.worth; }
+  };
+  std::priority_queue<Range, std::vector<Range>, std::greater<>> ranges;
+  ranges.push({worth(first, 0), first, 0});
+  if (o == 0) return {ranges.top().worth, 0};
+  while (true) {
+    const Range range = ranges.top();
+    if (range.a == range.b) return {range.worth, range.a};
+    if (static_cast<int>(budgets.size()) >= kMaxEvaluations) return {range.worth, 0};
+    ranges.pop();
+    const std::int64_t mid = range.b == 0 ? std::max(range.a, RoundUp(2 * range.a, q))
+                                          : range.a + q * ((range.b - range.a) / q / 2);
+    ranges.push({std::max(range.worth, worth(range.a, mid)), range.a, mid});
+    ranges.push({std::max(range.worth, worth(mid + q, range.b)), mid + q, range.b});
+  }
 }
 
 // No plan with any rank assignment has a smaller step time (see TimeBound): the
 // heaviest rank costs at least max(total / R, largest unit), and some micro-batch
 // count m >= ceil(total tokens / R / cap) (honouring the minimum and the multiple)
 // must be used. TimeBound is convex in m, so the best m is next to the real minimiser.
-std::int64_t StepLowerBound(const Padded& padded, std::int64_t max_unit_cost,
-                            const StepOptions& options) {
+// With p > 1 also CombinedBound, whose best count is returned as a hint (0: none).
+struct StepBound {
+  std::int64_t value = 0;
+  std::int64_t count = 0;
+};
+
+StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost,
+                         const StepOptions& options) {
   const MicroBatchOptions& mb = options.micro_batch;
   std::int64_t total_cost = 0;
   std::int64_t total_tokens = 0;
@@ -478,15 +630,17 @@ std::int64_t StepLowerBound(const Padded& padded, std::int64_t max_unit_cost,
     value = std::min(f(m1), f(m1 + q));
     if (spread == 0) value = f(static_cast<long double>(first));
   }
-  // With launch overheads: T >= C_r + m·o + (p-1)·(L_r + o), and m >= first.
+  // With a pipeline, every rank's cost, largest sequence and count together.
+  std::int64_t count = 0;
   if (mb.pipeline_stages > 1) {
-    value =
-        std::max(value, LargestSequenceBound(padded.costs, options.num_ranks, mb.pipeline_stages) +
-                            (static_cast<long double>(first) + p - 1.0L) * o);
+    const auto [combined, combined_count] = CombinedBound(padded, heaviest, first, options);
+    value = std::max(value, combined);
+    count = combined_count;
   }
   const long double limit = static_cast<long double>(std::numeric_limits<std::int64_t>::max());
-  return value >= limit ? std::numeric_limits<std::int64_t>::max()
-                        : static_cast<std::int64_t>(std::floor(value));
+  return {value >= limit ? std::numeric_limits<std::int64_t>::max()
+                         : static_cast<std::int64_t>(std::floor(value)),
+          count};
 }
 
 }  // namespace
@@ -497,9 +651,12 @@ namespace {
 // `ranks[r]`): the smallest count every rank can pack, then larger counts while the
 // bound says they may help. With only_count > 0, the plan at that count alone
 // (raised to the smallest feasible count, rounded to the multiple, at most one
-// micro-batch per sequence of the fullest rank).
+// micro-batch per sequence of the fullest rank). Counts whose bound reaches stop_at
+// (the best plan found elsewhere) are not planned; when no count can get below it,
+// no plan is made and the result has predicted_step_time = INT64_MAX.
 StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::int64_t>>& ranks,
-                      const MicroBatchOptions& mb, std::int64_t only_count = 0) {
+                      const MicroBatchOptions& mb, std::int64_t only_count = 0,
+                      std::int64_t stop_at = std::numeric_limits<std::int64_t>::max()) {
   const std::int64_t cap = mb.max_tokens_per_micro_batch;
   const std::int64_t q = mb.micro_batches_multiple_of;
   std::vector<RankSearch> searches;
@@ -514,6 +671,25 @@ StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::i
   // rank when every rank fits).
   if (only_count > 0) {
     from = std::min(std::max(from, RoundUp(only_count, q)), std::max(from, RoundUp(most_items, q)));
+  }
+  // No count from `from` on gives a rank less than C_r + (p − 1)·L_r + (from + p − 1)·o
+  // (see TimeBound): then no plan here reaches stop_at, and none is made.
+  if (stop_at < std::numeric_limits<std::int64_t>::max()) {
+    const double p1 = static_cast<double>(mb.pipeline_stages - 1);
+    const double overheads = (static_cast<double>(from) + p1) * static_cast<double>(mb.overhead);
+    double least = 0.0;
+    for (const RankSearch& search : searches) {
+      const auto& costs = search.items.costs;
+      const double largest =
+          costs.empty() ? 0.0 : static_cast<double>(*std::max_element(costs.begin(), costs.end()));
+      least =
+          std::max(least, static_cast<double>(search.items.total_cost) + p1 * largest + overheads);
+    }
+    if (least >= static_cast<double>(stop_at)) {
+      StepPlan none;
+      none.predicted_step_time = std::numeric_limits<std::int64_t>::max();
+      return none;
+    }
   }
   std::int64_t m = from;
   for (RankSearch& search : searches) {
@@ -549,7 +725,9 @@ StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::i
   StepPlan best = plan_with(m);
   for (int tried = 0; tried < kMaxCountsTried && m + q <= last; ++tried) {
     m += q;
-    if (bound_with(m) >= static_cast<double>(best.predicted_step_time)) break;
+    const double bound = bound_with(m);
+    if (bound >= static_cast<double>(best.predicted_step_time)) break;
+    if (bound >= static_cast<double>(stop_at)) continue;  // a larger count may still beat it
     StepPlan plan = plan_with(m);
     if (plan.predicted_step_time < best.predicted_step_time) best = std::move(plan);
   }
@@ -661,15 +839,45 @@ std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Units& all, const St
   return ranks;
 }
 
+// PlanBaseline() without the lower bound, on padded lengths.
+StepPlan Baseline(const Padded& padded, const StepOptions& options) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const Partition ranks =
+      MakePartition(padded.costs, options.num_ranks, true,
+                    KarmarkarKarp(padded.costs, options.num_ranks, /*equal_size=*/true));
+  std::vector<RankItems> items;
+  std::int64_t m = 0;
+  for (std::int64_t r = 0; r < options.num_ranks; ++r) {
+    items.push_back(Gather(padded, ranks.part(r)));
+    m = std::max(m, SmallestCount(items.back().total_tokens, mb));
+  }
+  StepPlan plan;
+  plan.num_micro_batches = m;
+  for (const RankItems& rank : items) {
+    const Assignment assignment =
+        internal::KarmarkarKarpSorted(rank.costs, internal::HeaviestFirst(rank.costs), m, false);
+    plan.ranks.push_back(MakeRankPlan(rank, m, assignment, mb));
+    for (const MicroBatch& b : plan.ranks.back().micro_batches) {
+      plan.cap_violations += b.tokens > mb.max_tokens_per_micro_batch ? 1 : 0;
+    }
+    plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
+  }
+  return plan;
+}
+
 }  // namespace
 
 // With a pipeline, a rank pays (p − 1) times its heaviest micro-batch, which holds
 // its largest sequence: spreading the longest sequences one per rank makes every rank
-// pay for one. This packs instead: units by largest sequence, longest first, each into
-// the first rank that still has room (first fit), where a rank led by a sequence of
-// cost a has room for cost up to min(T − (p − 1)·a, T·m / (m + p − 1)); T is the
-// smallest budget (bisection, to 1e-3) in [lo, hi] that fits every unit on the ranks.
-// Empty when even `hi` does not. O(units · (log units + log ranks · 15)).
+// pay for one. This packs instead: units by largest sequence, longest first, each long
+// unit into the first rank that still has room (first fit), where a rank led by a
+// sequence of cost a has room for cost up to min(T − (p − 1)·a, T·m / (m + p − 1)),
+// less once its sequences must share micro-batches (see `high` below). Short units
+// (largest sequence below T / (m + p − 1), which would not be their rank's heaviest
+// micro-batch) then go to the rank with the most room (worst fit): spread out, they
+// share micro-batches least. T is the smallest budget (bisection, to 1e-3) in
+// [lo, hi] that fits every unit on the ranks. Empty when even `hi` does not.
+// O(units · (log units + log ranks · log((hi − lo) / (1e-3·hi)))).
 std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int64_t num_ranks_in,
                                                    std::int64_t stages, std::int64_t m, double lo,
                                                    double hi) {
@@ -700,26 +908,88 @@ std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int6
     while (i < leaves) i = tree[2 * i] >= need ? 2 * i : 2 * i + 1;
     return i - leaves;
   };
+  // Per rank: cost, sequences (in the order added: descending), and the heaviest
+  // micro-batch at least: its largest sequence and, at k·m + 1 sequences, the k + 1
+  // last added together (k + 1 of the k·m + 1 largest share a micro-batch). Counted
+  // per sequence only when every unit is one sequence.
+  const bool singles = std::all_of(units.members.begin(), units.members.end(),
+                                   [](const auto& members) { return members.size() == 1; });
+  std::vector<double> cost(num_ranks), high(num_ranks), tail(num_ranks);
+  std::vector<std::vector<double>> held(num_ranks);
+  auto room = [&](std::size_t r, double t) {  // the cost rank r can still take
+    double free = std::min(t - p1 * high[r], t * md / (md + p1)) - cost[r];
+    // At k·m sequences the next one, c, makes the heaviest at least tail + c.
+    const std::int64_t n_r = static_cast<std::int64_t>(held[r].size());
+    if (singles && n_r > 0 && n_r % m == 0) {
+      free = std::min(free, (t - cost[r] - p1 * tail[r]) / (1 + p1));
+    }
+    return free;
+  };
+  auto most_room = [&]() {
+    std::size_t i = 1;
+    while (i < leaves) i = tree[2 * i] >= tree[2 * i + 1] ? 2 * i : 2 * i + 1;
+    return i - leaves;
+  };
   auto fits = [&](double t) {
     std::fill(tree.begin(), tree.end(), -1.0);
     std::size_t opened = 0;
+    const double short_below = t / (md + p1);
     for (const std::size_t u : order) {
       const double c = static_cast<double>(units.cost[u]);
+      if (singles && static_cast<double>(units.largest[u]) < short_below) {
+        // Short units: onto the rank with the most room (worst fit), every rank open.
+        for (; opened < num_ranks; ++opened) {
+          cost[opened] = 0.0;
+          held[opened].clear();
+          high[opened] = 0.0;
+          set(opened, room(opened, t));
+        }
+        const std::size_t r = most_room();
+        if (tree[leaves + r] < c) return false;
+        cost[r] += c;
+        held[r].push_back(c);
+        high[r] = std::max(high[r], static_cast<double>(units.largest[u]));
+        const std::int64_t n_r = static_cast<std::int64_t>(held[r].size());
+        if (singles && n_r > 1 && n_r % m == 1) high[r] = std::max(high[r], tail[r] + c);
+        if (singles && n_r % m == 0) {
+          tail[r] = 0.0;
+          for (std::int64_t j = n_r - n_r / m; j < n_r; ++j) tail[r] += held[r][j];
+        }
+        set(r, room(r, t));
+        rank_of[u] = r;
+        continue;
+      }
       std::size_t r = first_with(c);
       if (r == leaves) {
         if (opened == num_ranks) return false;
         r = opened++;
-        const double room =
-            std::min(t - p1 * static_cast<double>(units.largest[u]), t * md / (md + p1));
-        if (room < c) return false;
-        set(r, room);
+        cost[r] = 0.0;
+        held[r].clear();
+        high[r] = static_cast<double>(units.largest[u]);
+        if (room(r, t) < c) return false;
       }
-      set(r, tree[leaves + r] - c);
+      cost[r] += c;
+      held[r].push_back(c);
+      const std::int64_t n_r = static_cast<std::int64_t>(held[r].size());
+      if (singles && n_r > 1 && n_r % m == 1) high[r] = std::max(high[r], tail[r] + c);
+      if (singles && n_r % m == 0) {  // the last n_r / m sequences
+        tail[r] = 0.0;
+        for (std::int64_t j = n_r - n_r / m; j < n_r; ++j) tail[r] += held[r][j];
+      }
+      set(r, room(r, t));
       rank_of[u] = r;
     }
     return true;
   };
-  if (!fits(hi)) return {};
+  // The budget is usually just above lo: bracket it from there.
+  for (double top = std::min(hi, lo * 1.0625);; top = std::min(hi, top * 1.25)) {
+    if (fits(top)) {
+      hi = top;
+      break;
+    }
+    if (top >= hi) return {};
+    lo = top;
+  }
   for (int iteration = 0; iteration < 40 && hi - lo > 1e-3 * hi; ++iteration) {
     const double mid = (lo + hi) / 2;
     (fits(mid) ? hi : lo) = mid;
@@ -732,6 +1002,67 @@ std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int6
   for (auto& rank : ranks) std::sort(rank.begin(), rank.end());
   return ranks;
 }
+
+namespace {
+
+// The count standing for "unbounded" (one micro-batch per sequence) without overhead.
+constexpr std::int64_t kUnboundedCount = std::numeric_limits<std::int32_t>::max();
+
+std::int64_t TotalTokens(const Padded& padded) {
+  return std::accumulate(padded.tokens.begin(), padded.tokens.end(), std::int64_t{0});
+}
+
+// The long sequences packed together (PackedRanks, no equal counts) at count m
+// (kUnboundedCount without overhead: one micro-batch per sequence is then free, and a
+// rank's time is C_r + (p − 1)·its largest sequence): ranks holding several long
+// sequences pay the bubble behind one of them, so the others can take more cost.
+// Planned only when the packing's relaxed time (each rank's heaviest micro-batch at
+// max(C_r / m, its largest sequence, the pigeonhole sums below), a bound on its plan)
+// is below `best`; nullopt otherwise. O(PackedRanks + one PlanForRanks count).
+std::optional<StepPlan> PackedPlan(const Padded& padded, const Units& units,
+                                   const StepOptions& options, std::int64_t bound, std::int64_t m,
+                                   double best) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const double p1 = static_cast<double>(mb.pipeline_stages - 1);
+  const double o = static_cast<double>(mb.overhead);
+  const double md = static_cast<double>(m);
+  const double overheads = (m == kUnboundedCount ? p1 : md + p1) * o;
+  double total = 0.0;
+  for (const std::int64_t c : padded.costs) total += static_cast<double>(c);
+  const double mean = total / static_cast<double>(options.num_ranks);
+  // No packing's budget (the time less the overheads) is below the bound's.
+  const double least = std::max(mean, static_cast<double>(bound) - overheads);
+  const std::vector<std::vector<std::int64_t>> packed = PackedRanks(
+      units, options.num_ranks, mb.pipeline_stages, m, least, std::min(best, 4.0 * least));
+  if (packed.empty()) return std::nullopt;
+  double relaxed = 0.0;
+  std::vector<std::int64_t> costs;
+  for (const auto& rank : packed) {
+    costs.clear();
+    for (const std::int64_t i : rank) costs.push_back(padded.costs[static_cast<std::size_t>(i)]);
+    double cost = 0.0, largest = 0.0;
+    for (const std::int64_t c : costs) {
+      cost += static_cast<double>(c);
+      largest = std::max(largest, static_cast<double>(c));
+    }
+    // k + 1 of the k·m + 1 largest sequences share a micro-batch.
+    if (static_cast<std::int64_t>(costs.size()) > m) {
+      std::sort(costs.begin(), costs.end(), std::greater<>());
+      for (std::int64_t k = 1; k * m < static_cast<std::int64_t>(costs.size()); ++k) {
+        double shared = 0.0;
+        for (std::int64_t j = k * m - k; j <= k * m; ++j) {
+          shared += static_cast<double>(costs[static_cast<std::size_t>(j)]);
+        }
+        largest = std::max(largest, shared);
+      }
+    }
+    relaxed = std::max(relaxed, cost + p1 * std::max(cost / md, largest) + overheads);
+  }
+  if (relaxed >= best) return std::nullopt;
+  return PlanForRanks(padded, packed, mb, m);
+}
+
+}  // namespace
 
 PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
                      const StepOptions& options) {
@@ -748,94 +1079,71 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   balance.keep_groups = options.keep_groups;
   const BalanceResult ranks = Balance(padded.tokens, groups, balance);
 
+  // The lower bound first: its best count guides the packed candidate below. With
+  // whole groups the heaviest rank holds at least the balancer's bound over groups.
+  const std::int64_t max_unit = options.keep_groups ? ranks.partition.lower_bound : 0;
+  const StepBound bound = StepLowerBound(padded, max_unit, options);
+
   PlannedStep result;
-  result.plan = PlanForRanks(padded, PartsOf(ranks.partition), mb);
-  // With a pipeline, also the time-aware assignment for the count just chosen.
   const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
-  if (mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs) {
-    const Units units = MakeUnits(padded, groups, options.keep_groups);
-    StepPlan plan =
-        PlanForRanks(padded, TimeAwareRanks(units, options, result.plan.num_micro_batches), mb);
-    if (plan.predicted_step_time < result.plan.predicted_step_time) result.plan = std::move(plan);
-    // And the long sequences packed together (without equal counts). That pays off
-    // through many more micro-batches than the plan so far uses (the bubble then
-    // shrinks to the packed ranks' largest sequences), so it is tried only when the
-    // count m at which C + (p − 1)·C/m + m·o is least for the mean rank cost C is at
-    // least twice the current one (8 times it without overhead), and planned only
-    // when the packing's relaxed time (each rank's heaviest micro-batch at
-    // max(C_r / m, its largest sequence), a bound on its plan) beats the plan so far.
-    const std::int64_t m0 = result.plan.num_micro_batches;
-    const double p1 = static_cast<double>(mb.pipeline_stages - 1);
-    const double o = static_cast<double>(mb.overhead);
-    double total = 0.0;
-    for (const std::int64_t c : padded.costs) total += static_cast<double>(c);
-    const double mean = total / static_cast<double>(options.num_ranks);
-    const std::int64_t m =
-        o > 0 ? std::min<std::int64_t>(std::llround(std::sqrt(p1 * mean / o)), 8 * m0) : 8 * m0;
-    if (!options.equal_size && m >= 2 * m0) {
-      const double best = static_cast<double>(result.plan.predicted_step_time);
-      const std::vector<std::vector<std::int64_t>> packed =
-          PackedRanks(units, options.num_ranks, mb.pipeline_stages, m, mean, best);
-      double relaxed = 0.0;
-      for (const auto& rank : packed) {
-        double cost = 0.0, largest = 0.0;
-        for (const std::int64_t i : rank) {
-          const double c = static_cast<double>(padded.costs[static_cast<std::size_t>(i)]);
-          cost += c;
-          largest = std::max(largest, c);
-        }
-        const double md = static_cast<double>(m);
-        relaxed = std::max(relaxed, cost + p1 * std::max(cost / md, largest) + (md + p1) * o);
-      }
-      if (!packed.empty() && relaxed < best) {
-        StepPlan packed_plan = PlanForRanks(padded, packed, mb, m);
-        if (packed_plan.predicted_step_time < result.plan.predicted_step_time) {
-          result.plan = std::move(packed_plan);
-        }
+  const bool pipeline = mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs;
+  const Units units = pipeline ? MakeUnits(padded, groups, options.keep_groups) : Units{};
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  // With a pipeline the packed candidate comes first when its count is known (the
+  // bound's best count, or unbounded without overhead): the other candidates then
+  // skip the counts, or whole plans, that cannot beat it (see PlanForRanks).
+  const bool packed_first =
+      pipeline && !options.equal_size && (mb.overhead == 0 || bound.count > 0);
+  std::optional<StepPlan> best;
+  if (packed_first) {
+    best = PackedPlan(padded, units, options, bound.value,
+                      mb.overhead == 0 ? kUnboundedCount : bound.count,
+                      std::numeric_limits<double>::infinity());
+  }
+  auto take = [&](StepPlan plan) {
+    if (!best || plan.predicted_step_time < best->predicted_step_time) best = std::move(plan);
+  };
+  auto best_time = [&] { return best ? best->predicted_step_time : kNone; };
+  // The balancer's assignment (not planned when it cannot beat the packed one).
+  StepPlan balanced = PlanForRanks(padded, PartsOf(ranks.partition), mb, 0, best_time());
+  const std::int64_t m0 =
+      balanced.ranks.empty()
+          ? std::max(bound.count,
+                     SmallestCount(CeilDiv(TotalTokens(padded), options.num_ranks), mb))
+          : balanced.num_micro_batches;
+  take(std::move(balanced));
+  if (pipeline) {
+    // Else the packed candidate at the balancer's count.
+    if (!packed_first && !options.equal_size) {
+      if (auto packed = PackedPlan(padded, units, options, bound.value, m0,
+                                   static_cast<double>(best_time()))) {
+        take(std::move(*packed));
       }
     }
+    // And the time-aware assignment for the balancer's count.
+    take(PlanForRanks(padded, TimeAwareRanks(units, options, m0), mb, 0, best_time()));
   }
+  result.plan = std::move(*best);
 
-  result.baseline = PlanBaseline(lengths, options);
+  result.baseline = Baseline(padded, options);
+  // Without groups the baseline's bound is the same one: computed once.
+  result.baseline.lower_bound =
+      options.keep_groups ? StepLowerBound(padded, 0, options).value : bound.value;
   // The baseline's plan is a valid answer when it keeps the cap (it ignores groups).
   if (!options.keep_groups && result.baseline.cap_violations == 0 &&
       result.baseline.predicted_step_time < result.plan.predicted_step_time) {
     result.plan = result.baseline;
   }
-  // With whole groups the heaviest rank holds at least the balancer's bound over groups.
-  const std::int64_t max_unit = options.keep_groups ? ranks.partition.lower_bound : 0;
-  // Without groups the baseline's bound is the same one: computed once.
-  result.plan.lower_bound =
-      options.keep_groups ? StepLowerBound(padded, max_unit, options) : result.baseline.lower_bound;
+  result.plan.lower_bound = bound.value;
   result.plan.cap_violations = 0;
   return result;
 }
 
 StepPlan PlanBaseline(std::span<const std::int64_t> lengths, const StepOptions& options) {
   CheckStepOptions(options);
-  const MicroBatchOptions& mb = options.micro_batch;
-  const Padded padded = Pad(lengths, mb);
-  const Partition ranks =
-      MakePartition(padded.costs, options.num_ranks, true,
-                    KarmarkarKarp(padded.costs, options.num_ranks, /*equal_size=*/true));
-  std::vector<RankItems> items;
-  std::int64_t m = 0;
-  for (std::int64_t r = 0; r < options.num_ranks; ++r) {
-    items.push_back(Gather(padded, ranks.part(r)));
-    m = std::max(m, SmallestCount(items.back().total_tokens, mb));
-  }
-  StepPlan plan;
-  plan.num_micro_batches = m;
-  for (const RankItems& rank : items) {
-    const Assignment assignment =
-        internal::KarmarkarKarpSorted(rank.costs, internal::HeaviestFirst(rank.costs), m, false);
-    plan.ranks.push_back(MakeRankPlan(rank, m, assignment, mb));
-    for (const MicroBatch& b : plan.ranks.back().micro_batches) {
-      plan.cap_violations += b.tokens > mb.max_tokens_per_micro_batch ? 1 : 0;
-    }
-    plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
-  }
-  plan.lower_bound = StepLowerBound(padded, 0, options);
+  const Padded padded = Pad(lengths, options.micro_batch);
+  StepPlan plan = Baseline(padded, options);
+  plan.lower_bound = StepLowerBound(padded, 0, options).value;
   return plan;
 }
 

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 #include <map>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -244,6 +247,137 @@ void StepSweep(std::uint64_t first, std::uint64_t count) {
     if (::testing::Test::HasFailure()) return;
   }
 }
+
+// The best step time over every plan (no equal counts, no groups), by brute force:
+// every assignment of sequences to ranks, and per rank every split into at most m
+// non-empty micro-batches within the cap (a subset DP), for every admissible m up to
+// the sequence count (more micro-batches only add overhead). n <= 7.
+std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths, const StepOptions& options) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const int n = static_cast<int>(lengths.size());
+  const int subsets = 1 << n;
+  std::vector<std::int64_t> tokens(static_cast<std::size_t>(subsets), 0);
+  std::vector<std::int64_t> cost(static_cast<std::size_t>(subsets), 0);
+  for (int s = 1; s < subsets; ++s) {
+    const int i = std::countr_zero(static_cast<unsigned>(s));
+    const std::int64_t t = Padded(lengths[static_cast<std::size_t>(i)], mb.pad_to_multiple_of);
+    tokens[static_cast<std::size_t>(s)] = tokens[static_cast<std::size_t>(s & (s - 1))] + t;
+    cost[static_cast<std::size_t>(s)] =
+        cost[static_cast<std::size_t>(s & (s - 1))] + mb.cost.Cost(t);
+  }
+  constexpr std::int64_t kInf = std::numeric_limits<std::int64_t>::max() / 4;
+  // heaviest[j][s]: the least heaviest micro-batch splitting s into j within the cap.
+  std::vector<std::vector<std::int64_t>> heaviest(
+      static_cast<std::size_t>(n + 1),
+      std::vector<std::int64_t>(static_cast<std::size_t>(subsets), kInf));
+  heaviest[0][0] = 0;
+  for (int j = 1; j <= n; ++j) {
+    for (int s = 1; s < subsets; ++s) {
+      const int low = s & -s;
+      for (int sub = s; sub > 0; sub = (sub - 1) & s) {  // the block holding the lowest
+        if ((sub & low) == 0 ||
+            tokens[static_cast<std::size_t>(sub)] > mb.max_tokens_per_micro_batch)
+          continue;
+        const std::int64_t rest =
+            heaviest[static_cast<std::size_t>(j - 1)][static_cast<std::size_t>(s ^ sub)];
+        if (rest == kInf) continue;
+        auto& best = heaviest[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)];
+        best = std::min(best, std::max(rest, cost[static_cast<std::size_t>(sub)]));
+      }
+    }
+  }
+  const std::int64_t p1 = mb.pipeline_stages - 1;
+  const std::int64_t o = mb.overhead;
+  std::int64_t best = kInf;
+  const std::int64_t q = mb.micro_batches_multiple_of;
+  const std::int64_t first = (mb.min_micro_batches + q - 1) / q * q;
+  for (std::int64_t m = first; m <= std::max<std::int64_t>(first, (n + q - 1) / q * q); m += q) {
+    // The rank time of subset s with m micro-batches.
+    auto rank_time = [&](int s) {
+      std::int64_t h = kInf;
+      for (std::int64_t j = 0; j <= std::min<std::int64_t>(m, n); ++j) {
+        h = std::min(h, heaviest[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)]);
+      }
+      if (h == kInf) return kInf;
+      return cost[static_cast<std::size_t>(s)] + m * o + p1 * (h + o);
+    };
+    std::vector<int> rank(static_cast<std::size_t>(n), 0);
+    while (true) {
+      std::vector<int> masks(static_cast<std::size_t>(options.num_ranks), 0);
+      for (int i = 0; i < n; ++i)
+        masks[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] |= 1 << i;
+      std::int64_t step = 0;
+      for (const int s : masks) step = std::max(step, rank_time(s));
+      best = std::min(best, step);
+      int i = 0;
+      while (i < n && ++rank[static_cast<std::size_t>(i)] == options.num_ranks)
+        rank[static_cast<std::size_t>(i++)] = 0;
+      if (i == n) break;
+    }
+  }
+  return best;
+}
+
+// The lower bound never exceeds the best plan, which is at most the planner's answer
+// (seeded small instances, brute force).
+void BoundSweep(std::uint64_t first, std::uint64_t count) {
+  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+    Rng rng(seed * 7919 + 13);
+    const int n = static_cast<int>(rng.UniformInt(1, 7));
+    std::vector<std::int64_t> lengths;
+    for (int i = 0; i < n; ++i) {
+      // Heavy-tailed-ish: mostly short, sometimes long.
+      lengths.push_back(rng.UniformInt(0, 3) == 0 ? rng.UniformInt(20, 60) : rng.UniformInt(1, 15));
+    }
+    StepOptions options;
+    options.num_ranks = rng.UniformInt(1, 2);
+    MicroBatchOptions& mb = options.micro_batch;
+    mb.max_tokens_per_micro_batch = rng.UniformInt(60, 120);
+    const std::int64_t stages[] = {1, 2, 4};
+    mb.pipeline_stages = stages[rng.UniformInt(0, 2)];
+    mb.micro_batches_multiple_of = rng.UniformInt(1, 2);
+    mb.overhead = rng.UniformInt(0, 1) == 0 ? 0 : rng.UniformInt(1, 40);
+    if (rng.UniformInt(0, 1) == 1) mb.cost = CostModel::Attention(1, 0.02, 3);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const std::int64_t optimum = BruteForceStepTime(lengths, options);
+    const PlannedStep step = PlanStep(lengths, {}, options);
+    EXPECT_LE(step.plan.lower_bound, optimum);
+    EXPECT_LE(optimum, step.plan.predicted_step_time);
+    EXPECT_LE(PlanBaseline(lengths, options).lower_bound, optimum);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// On heavy-tailed GRPO batches (with and without whole groups and equal counts), the
+// bound stays at or below the plan at every pipeline depth and overhead.
+void HeavyTailedBoundSweep(std::uint64_t first, std::uint64_t count) {
+  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+    Rng rng(seed * 104729 + 1);
+    const SyntheticBatch batch = GrpoBatch(rng.UniformInt(1, 64), rng.UniformInt(1, 8), seed);
+    StepOptions options;
+    options.num_ranks = rng.UniformInt(1, 32);
+    options.equal_size = rng.UniformInt(0, 2) == 0;
+    options.keep_groups = rng.UniformInt(0, 2) == 0;
+    MicroBatchOptions& mb = options.micro_batch;
+    mb.max_tokens_per_micro_batch = 32768;
+    mb.pipeline_stages = rng.UniformInt(1, 8);
+    mb.micro_batches_multiple_of = rng.UniformInt(1, 4);
+    mb.min_micro_batches = rng.UniformInt(1, 8);
+    mb.overhead = rng.UniformInt(0, 1) == 0 ? 0 : rng.UniformInt(1, 8192);
+    mb.cost = CostModel::Attention(ModelShape{});
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const PlannedStep step = PlanStep(batch.lengths, batch.groups, options);
+    EXPECT_GT(step.plan.lower_bound, 0);
+    EXPECT_LE(step.plan.lower_bound, step.plan.predicted_step_time);
+    EXPECT_LE(step.baseline.lower_bound, step.baseline.predicted_step_time);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(StepBoundTest, NeverAboveTheOptimum) { BoundSweep(1, 400); }
+TEST(StepBoundTest, ThoroughNeverAboveTheOptimum) { BoundSweep(1'000, 20'000); }
+TEST(StepBoundTest, HeavyTailedBatches) { HeavyTailedBoundSweep(1, 60); }
+TEST(StepBoundTest, ThoroughHeavyTailedBatches) { HeavyTailedBoundSweep(1'000, 1'000); }
 
 TEST(MicroBatchPropertyTest, RandomSteps) { StepSweep(1, 150); }
 TEST(MicroBatchPropertyTest, ThoroughRandomSteps) { StepSweep(10'000, 1500); }
