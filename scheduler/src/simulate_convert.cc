@@ -335,6 +335,7 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& message) {
   if (message.has_rejoin_seconds()) config.rejoin_seconds = message.rejoin_seconds();
   if (message.has_seed()) config.seed = message.seed();
   if (message.has_trace()) config.trace = message.trace();
+  if (message.has_max_events()) config.max_events = message.max_events();
   try {
     Validate(config);
   } catch (const std::invalid_argument& e) {
@@ -400,6 +401,7 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   message.set_rejoin_seconds(config.rejoin_seconds);
   message.set_seed(config.seed);
   message.set_trace(config.trace);
+  message.set_max_events(config.max_events);
   return message;
 }
 

@@ -956,7 +956,12 @@ void Simulation::Drain(double now) {
     } catch (const std::exception& e) {
       Fail(std::string("core rejected ") + Describe(event) + ": " + e.what());
     }
-    ++events_;
+    if (++events_ > config_.max_events) {
+      throw std::invalid_argument("max_events: must be >= the events this simulation needs, got " +
+                                  std::to_string(config_.max_events) + " (exceeded at t=" +
+                                  Num(now_) + " after " +
+                                  std::to_string(core_.counters().steps_finished) + " steps)");
+    }
     if (config_.check_invariants) {
       for (const Command& command : commands) Log(Describe(command));
       try {
@@ -1170,6 +1175,7 @@ void Validate(const SimulatorConfig& config) {
   RequireReal("seconds_per_cost_unit", config.seconds_per_cost_unit, 0, true, kMaxSeconds);
   RequireReal("weight_sync_seconds", config.weight_sync_seconds, 0, false, kMaxSeconds);
   RequireInt("dataset_prompts", config.dataset_prompts, 1, kMaxDatasetPrompts);
+  RequireInt("max_events", config.max_events, 1, std::numeric_limits<std::int64_t>::max());
 
   const LengthDistribution& lengths = config.lengths;
   std::int64_t longest = 0;

@@ -65,6 +65,12 @@ frame "$plan_step" >"$out/plan_step"
 frame "$plan_step_groups" >"$out/plan_step_groups"
 frame "$invalid" >"$out/invalid"
 frame "$reshard" >"$out/reshard"
+simulate='id: "s" simulate { config {
+  orchestrator { mode: ORCHESTRATOR_MODE_ASYNC max_staleness: 1 prompts_per_step: 4
+                 samples_per_prompt: 4 oversample: 0.5 filter_all_equal: true }
+  steps: 3 engines: 2 trainer_ranks: 2 max_events: 5000 all_equal_rate: 0.2
+  engine_mtbf_seconds: 200 } compare: true }'
+frame "$simulate" >"$out/simulate"
 frame "$empty" >"$out/empty"
 {
   frame "$ping"

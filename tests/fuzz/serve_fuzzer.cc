@@ -2,14 +2,15 @@
 // the input is a byte stream as `rlsched serve` reads it on stdin. Each frame goes
 // through RequestReader (framing, the size cap), DecodeRequest (protobuf parsing;
 // also as a JSON line), HandleRequest (validation, SolveBalance / SolvePlanStep /
-// SolveReshard) and EncodeReply (both formats), exactly as Serve() runs them minus
+// SolveReshard / SolveSimulate) and EncodeReply (both formats), exactly as Serve() runs them minus
 // the thread pool.
 //
 // Checked beyond the sanitizers: no INTERNAL reply (an exception other than
 // std::invalid_argument from a solve is a bug); every reply echoes its request's id;
 // a solved balance has num_parts parts holding every index once, a solved step plan
 // num_ranks ranks with the same micro-batch count and every index once, a reshard
-// plan its transfers exactly when asked and a time per bucket; the replies written
+// plan its transfers exactly when asked and a time per bucket, a simulation conserves
+// its samples and keeps the staleness bound; the replies written
 // parse back as a sequence of Replies, the last one BAD_FRAME exactly when the stream
 // was bad.
 //
@@ -50,6 +51,9 @@ constexpr std::int64_t kMaxReshardGpus = 256;
 constexpr std::int64_t kMaxReshardLayers = 64;
 constexpr std::int64_t kMaxReshardDim = 4096;
 constexpr double kMaxReshardSplits = 1 << 14;
+// Simulate: events per run and engines.
+constexpr std::int64_t kMaxSimulateEvents = 20'000;
+constexpr std::int64_t kMaxSimulateEngines = 64;
 // The frame cap of the harness (the daemon's default is 64 MiB).
 constexpr std::int64_t kMaxMessageBytes = 1 << 20;
 
@@ -102,6 +106,21 @@ bool CheapReshard(const v1::ReshardRequest& reshard) {
          kMaxReshardSplits;
 }
 
+// Simulate: the event budget must be set and small; samples per step, engines,
+// ranks and listed lengths bounded too (their setup does not count as events).
+bool CheapSimulate(const v1::SimulateRequest& request) {
+  const v1::SimulatorConfig& config = request.config();
+  const v1::OrchestratorOptions& core = config.orchestrator();
+  if (!config.has_max_events() || config.max_events() > kMaxSimulateEvents) return false;
+  if (!config.has_engines() || config.engines() > kMaxSimulateEngines) return false;
+  if (!config.has_trainer_ranks() || config.trainer_ranks() > kMaxParts) return false;
+  if (!core.has_prompts_per_step() || !core.has_samples_per_prompt()) return false;
+  const double samples = static_cast<double>(core.prompts_per_step()) *
+                         static_cast<double>(core.samples_per_prompt()) *
+                         (1.0 + std::max(core.oversample(), 0.0));
+  return samples <= kMaxItems && config.lengths().lengths_size() <= kMaxItems;
+}
+
 bool Cheap(const v1::Request& request) {
   switch (request.kind_case()) {
     case v1::Request::kBalance: {
@@ -121,6 +140,8 @@ bool Cheap(const v1::Request& request) {
     }
     case v1::Request::kReshard:
       return CheapReshard(request.reshard());
+    case v1::Request::kSimulate:
+      return CheapSimulate(request.simulate());
     default:
       return true;
   }
@@ -170,6 +191,21 @@ void CheckReply(const v1::Request& request, const v1::Reply& reply) {
       }
     }
     CheckPermutation(indices, request.plan_step().lengths_size(), reply);
+  } else if (reply.has_simulate()) {
+    // Conservation and the staleness bound in every run.
+    for (const v1::SimulationRun& run : reply.simulate().runs()) {
+      const v1::OrchestratorCounters& c = run.report().counters();
+      if (c.admitted() != c.trained() + c.filtered() + c.buffered() + c.queued() + c.in_flight()) {
+        Die("a simulation lost samples", run.report().ShortDebugString());
+      }
+      const v1::OrchestratorOptions& core = run.config().orchestrator();
+      const std::int64_t bound = core.mode() == v1::ORCHESTRATOR_MODE_ASYNC ? core.max_staleness()
+                                 : core.mode() == v1::ORCHESTRATOR_MODE_ONE_STEP_OFF ? 1
+                                                                                      : 0;
+      if (run.report().metrics().max_staleness() > bound) {
+        Die("a simulation broke the staleness bound", run.report().ShortDebugString());
+      }
+    }
   } else if (reply.has_reshard()) {
     const v1::ReshardPlan& plan = reply.reshard();
     if (plan.transfers_size() !=

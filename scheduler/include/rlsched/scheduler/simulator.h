@@ -87,6 +87,9 @@ struct SimulatorConfig {
   bool trace = false;  // record the timeline (SimulationReport::trace_json)
   // Call Orchestrator::CheckInvariants() after every event (O(n) each; for tests).
   bool check_invariants = false;
+  // A run that needs more events than this stops with std::invalid_argument naming
+  // `max_events` (frequent failures over a long virtual time can need billions), >= 1.
+  std::int64_t max_events = 100'000'000;
 };
 
 // The defaults described in the file comment.
