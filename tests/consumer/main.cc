@@ -1,10 +1,12 @@
-// Uses the installed rlsched::balance; exits non-zero if the partition is wrong.
+// Uses the installed rlsched::balance and rlsched::scheduler; exits non-zero if the
+// partition or a small simulation is wrong.
 
 #include <cstdint>
 #include <cstdio>
 #include <vector>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/scheduler/simulator.h"
 
 int main() {
   const std::vector<std::int64_t> lengths = {4096, 512, 700, 3000, 2048, 128, 900, 1500};
@@ -41,6 +43,16 @@ int main() {
   check(p.lower_bound == 4295, "lower bound");
   check(rlsched::balance::LowerBound(lengths, 3, false) == 4295, "LowerBound()");
   check(p.max_load >= p.lower_bound, "max load >= lower bound");
+  // The orchestrator in the simulator: 2 engines, 2 prompts × 2 samples, 3 steps.
+  rlsched::scheduler::SimulatorConfig sim = rlsched::scheduler::DefaultSimulatorConfig();
+  sim.engines = 2;
+  sim.trainer_ranks = 2;
+  sim.steps = 3;
+  sim.orchestrator.prompts_per_step = 2;
+  sim.orchestrator.samples_per_prompt = 2;
+  const rlsched::scheduler::SimulationReport report = rlsched::scheduler::Simulate(sim);
+  check(report.counters.steps_finished == 3, "three steps simulated");
+  check(report.counters.trained == 3 * 2 * 2, "every batch trained");
   std::printf("consumer: max load %lld, lower bound %lld, gap %.4f\n",
               static_cast<long long>(p.max_load), static_cast<long long>(p.lower_bound), p.gap);
   return failures == 0 ? 0 : 1;
