@@ -14,7 +14,8 @@
 //     RequestReader::Next()  the next frame's bytes (or the end, or a bad frame);
 //     DecodeRequest()        those bytes as a Request, or the error reply;
 //     HandleRequest()        the Request solved (SolveBalance, SolvePlanStep,
-//                            SolveReshard, a Pong), or the error reply; never throws
+//                            SolveReshard, SolveSimulate, a Pong), or the error
+//                            reply; never throws
 //                            for bad input;
 //     EncodeReply()          the Reply framed for the wire.
 //   Serve() runs them in a oneTBB parallel_pipeline: serial in-order read → parallel
@@ -24,8 +25,9 @@
 //
 //   Errors, and how serving goes on:
 //     a field out of bounds        INVALID_ARGUMENT, field = "balance.<path>",
-//                                  "plan_step.<path>" or "reshard.<path>" (e.g.
-//                                  "reshard.train.tp", "reshard.model_config_json");
+//                                  "plan_step.<path>", "reshard.<path>" or
+//                                  "simulate.<path>" (e.g. "reshard.train.tp",
+//                                  "simulate.config.engines");
 //                                  serving continues;
 //     no request kind set          EMPTY_REQUEST; serving continues;
 //     frame bytes not a Request    MALFORMED_REQUEST (id ""); serving continues;
@@ -95,10 +97,10 @@ v1::Reply ErrorReply(std::string_view id, v1::ErrorCode code, std::string_view m
 std::string_view LeadingFieldPath(std::string_view message);
 
 // Answers one request: a BalanceReply (SolveBalance()), a PlanStepReply
-// (SolvePlanStep()), a ReshardPlan (SolveReshard()), a Pong, or an Error —
-// INVALID_ARGUMENT for std::invalid_argument (field = "balance.", "plan_step." or
-// "reshard." + LeadingFieldPath() of the message, or just "balance" / "plan_step" /
-// "reshard" when the message names no field), EMPTY_REQUEST when no kind
+// (SolvePlanStep()), a ReshardPlan (SolveReshard()), a SimulateReply
+// (SolveSimulate()), a Pong, or an Error — INVALID_ARGUMENT for
+// std::invalid_argument (field = the request kind + "." + LeadingFieldPath() of the
+// message, or just the kind when the message names no field), EMPTY_REQUEST when no kind
 // is set, INTERNAL for any other exception. The reply echoes request.id().
 // Deterministic. Throws only std::bad_alloc, when even the error reply cannot be
 // built. Complexity: that of the solve.

@@ -65,9 +65,12 @@ struct LengthDistribution {
 };
 
 struct SimulatorConfig {
-  OrchestratorOptions orchestrator;  // mode, staleness, oversample, P, G, …
-  std::int64_t steps = 10;           // train steps to run, >= 1
-  std::int64_t engines = 64;         // >= 1
+  // Mode, staleness, oversample, P, G, … Simulate() sets num_steps = steps, the
+  // planner (PlanStep with `step` on trainer_ranks ranks) and, with
+  // filter_all_equal, the filter; its own values of those are ignored.
+  OrchestratorOptions orchestrator;
+  std::int64_t steps = 10;    // train steps to run, >= 1
+  std::int64_t engines = 64;  // >= 1
   EngineModel engine;
   std::int64_t trainer_ranks = 64;  // >= 1
   // The plan's options (cap, pipeline depth, cost model…); num_ranks comes from
