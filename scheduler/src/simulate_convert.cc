@@ -279,8 +279,14 @@ void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {
   out.set_max_staleness(in.max_staleness);
 }
 
+// One simulation; its errors (e.g. the event budget) name the config field.
 v1::SimulationRun RunOne(std::string_view name, const SimulatorConfig& config, bool keep_trace) {
-  const SimulationReport report = Simulate(config);
+  SimulationReport report;
+  try {
+    report = Simulate(config);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("config.{}", e.what()));
+  }
   v1::SimulationRun run;
   run.set_name(std::string(name));
   *run.mutable_config() = ToSimulatorConfigMessage(config);

@@ -1,0 +1,55 @@
+"""Client.simulate and rlsched.simulate against the real daemon."""
+
+import json
+
+import pytest
+
+import rlsched
+from rlsched.errors import InvalidArgumentError
+from rlsched.v1 import rollout_pb2
+
+SMALL = {"engines": 4, "trainer_ranks": 4, "steps": 3,
+         "orchestrator": {"mode": "async", "max_staleness": 1,
+                          "prompts_per_step": 8, "samples_per_prompt": 4}}
+
+
+def test_one_run(client):
+    reply = client.simulate(SMALL)
+    assert isinstance(reply, rollout_pb2.SimulateReply)
+    assert len(reply.runs) == 1
+    run = reply.runs[0]
+    assert run.config.engines == 4 and run.config.steps == 3
+    c = run.report.counters
+    assert c.steps_finished == 3 and c.trained == 3 * 8 * 4
+    assert c.admitted == c.trained + c.filtered + c.buffered + c.queued + c.in_flight
+    m = run.report.metrics
+    assert m.max_staleness <= 1
+    assert sum(m.staleness_histogram) == c.trained
+    assert 0 < m.samples_per_second <= run.report.ideal_samples_per_second * 1.0001
+    assert run.report.trace_json == ""
+    # Deterministic: the same request gives the same reply.
+    assert client.simulate(SMALL) == reply
+
+
+def test_compare_and_trace(client):
+    config = dict(SMALL, trace=True)
+    reply = client.simulate(config, compare=True, trace_run="sync")
+    names = [run.name for run in reply.runs]
+    assert len(names) == 6 and names[0] == "sync"
+    trace = json.loads(reply.runs[0].report.trace_json)
+    assert trace["traceEvents"]
+    assert all(run.report.trace_json == "" for run in reply.runs[1:])
+    by_name = {run.name: run.report for run in reply.runs}
+    for name, report in by_name.items():
+        bound = 0 if name == "sync" else 1 if name in ("one_step_off",) or "s1" in name else 2
+        assert report.metrics.max_staleness <= bound, name
+
+
+def test_invalid_config_names_the_field(client):
+    with pytest.raises(InvalidArgumentError) as info:
+        client.simulate({"engines": 0})
+    assert info.value.field == "simulate.config.engines"
+    with pytest.raises(InvalidArgumentError) as info:
+        client.simulate({"max_events": 10})
+    assert info.value.field == "simulate.config.max_events"
+    assert client.ping()  # the daemon keeps serving
