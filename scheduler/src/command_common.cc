@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
@@ -20,37 +21,6 @@
 
 namespace rlsched::scheduler {
 namespace {
-
-// An unsigned 64-bit integer (no sign).
-CLI::Validator Unsigned64() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        std::uint64_t value = 0;
-        const char* end = text.data() + text.size();
-        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-        if (text.empty() || ptr != end || ec != std::errc()) {
-          return fmt::format("must be an integer in [0, 2^64), got '{}'", text);
-        }
-        return std::string();
-      },
-      "");
-}
-
-// A finite real number >= 0.
-CLI::Validator NonNegativeReal() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        double value = 0.0;
-        const char* end = text.data() + text.size();
-        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-        if (text.empty() || ptr != end || ec != std::errc() || !std::isfinite(value) ||
-            value < 0.0) {
-          return fmt::format("must be a finite number >= 0, got '{}'", text);
-        }
-        return std::string();
-      },
-      "");
-}
 
 bool HasShapeOptions(const CostArgs& args) {
   return args.hidden_size || args.num_layers || args.ffn_hidden_size || args.num_heads ||
@@ -89,6 +59,37 @@ LengthsInput ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+CLI::Validator Unsigned64() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ptr != end || ec != std::errc()) {
+          return fmt::format("must be an integer in [0, 2^64), got '{}'", text);
+        }
+        return std::string();
+      },
+      "");
+}
+
+CLI::Validator RealIn(double min, double max) {
+  const std::string bound =
+      std::isinf(max) ? fmt::format(">= {}", min) : fmt::format("in [{}, {}]", min, max);
+  return CLI::Validator(
+      [min, max, bound](std::string& text) -> std::string {
+        double value = 0.0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ptr != end || ec != std::errc() || !std::isfinite(value) ||
+            value < min || value > max) {
+          return fmt::format("must be a finite number {}, got '{}'", bound, text);
+        }
+        return std::string();
+      },
+      "");
+}
 
 CLI::Validator IntegerIn(std::int64_t min, std::int64_t max) {
   const std::string bound =
@@ -174,21 +175,21 @@ void AddCostOptions(CLI::App& command, CostArgs& args) {
       .add_option("--per-sequence", args.per_sequence,
                   "Extra cost per sequence, in units of one token's linear work")
       ->type_name("X")
-      ->check(NonNegativeReal())
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(shape_group);
 
   const std::string coefficient_group = "Coefficients (attention cost; not with a model shape)";
   command.add_option("--linear", args.linear, "Cost per token (default 1)")
       ->type_name("X")
-      ->check(NonNegativeReal())
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
   command.add_option("--quadratic", args.quadratic, "Cost per squared token (default 0)")
       ->type_name("X")
-      ->check(NonNegativeReal())
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
   command.add_option("--constant", args.constant, "Cost per sequence (default 0)")
       ->type_name("X")
-      ->check(NonNegativeReal())
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
 }
 

@@ -84,6 +84,14 @@ struct CostArgs {
 // "--opt: must be an integer in [min, max], got 'x'".
 CLI::Validator IntegerIn(std::int64_t min, std::int64_t max);
 
+// A finite real number in [min, max] (max infinite: no upper bound); the error reads
+// "--opt: must be a finite number >= min (or in [min, max]), got 'x'".
+CLI::Validator RealIn(double min, double max);
+
+// An unsigned 64-bit integer (no sign); the error reads
+// "--opt: must be an integer in [0, 2^64), got 'x'".
+CLI::Validator Unsigned64();
+
 // Adds FILE, --example and --seed to `command`, writing into `args` (which must
 // outlive the parse). `verb` starts the --example help, e.g. "Balance".
 void AddInputOptions(CLI::App& command, InputArgs& args, std::string_view verb);

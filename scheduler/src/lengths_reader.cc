@@ -144,7 +144,7 @@ struct CsvLayout {
   std::optional<std::size_t> group_column;
 };
 
-CsvLayout ParseHeader(std::int64_t line_number, std::string_view line) {
+CsvLayout ParseHeader(std::int64_t line_number, std::string_view line, LengthColumn column) {
   const std::vector<std::string> names = SplitCsv(line_number, line);
   auto find = [&](std::string_view name) -> std::optional<std::size_t> {
     std::optional<std::size_t> found;
@@ -161,7 +161,10 @@ CsvLayout ParseHeader(std::int64_t line_number, std::string_view line) {
   const std::optional<std::size_t> response = find("response_tokens");
   const std::optional<std::size_t> length = find("length");
   const std::optional<std::size_t> tokens = find("tokens");
-  if (prompt && response) {
+  if (column == LengthColumn::kResponse && response) {
+    layout.length_columns = {*response};
+    layout.length_names = {"response_tokens"};
+  } else if (prompt && response) {
     layout.length_columns = {*prompt, *response};
     layout.length_names = {"prompt_tokens", "response_tokens"};
   } else if (length) {
@@ -225,7 +228,7 @@ void ParseCsvRow(std::int64_t line_number, std::string_view line, const CsvLayou
 
 }  // namespace
 
-LengthsInput ReadLengths(std::istream& in, std::int64_t max_lengths) {
+LengthsInput ReadLengths(std::istream& in, std::int64_t max_lengths, LengthColumn column) {
   Collector collector(max_lengths);
   std::optional<CsvLayout> csv;
   bool seen_content = false;
@@ -241,7 +244,7 @@ LengthsInput ReadLengths(std::istream& in, std::int64_t max_lengths) {
       bool has_letter = false;
       for (const char c : view) has_letter = has_letter || IsLetter(c);
       if (has_letter) {
-        csv = ParseHeader(line_number, view);
+        csv = ParseHeader(line_number, view, column);
         continue;
       }
     }
@@ -255,9 +258,9 @@ LengthsInput ReadLengths(std::istream& in, std::int64_t max_lengths) {
   return collector.Finish();
 }
 
-LengthsInput ParseLengths(std::string_view text, std::int64_t max_lengths) {
+LengthsInput ParseLengths(std::string_view text, std::int64_t max_lengths, LengthColumn column) {
   std::istringstream in{std::string(text)};
-  return ReadLengths(in, max_lengths);
+  return ReadLengths(in, max_lengths, column);
 }
 
 }  // namespace rlsched::scheduler

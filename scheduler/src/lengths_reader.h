@@ -9,6 +9,8 @@
 //     columns exist, else the `length` column, else the `tokens` column; an optional
 //     `group` column gives each sequence's group id. Other columns are ignored.
 //     Fields may be double-quoted; names are matched case-insensitively.
+//   With LengthColumn::kResponse a CSV's `response_tokens` column alone is the
+//   length when it exists (the simulator's response lengths).
 //   Blank lines are skipped; a UTF-8 byte order mark and '\r' line ends are accepted.
 //
 // Example
@@ -30,6 +32,12 @@
 
 namespace rlsched::scheduler {
 
+// Which CSV columns make the length.
+enum class LengthColumn {
+  kSequence,  // prompt_tokens + response_tokens, else length, else tokens
+  kResponse,  // response_tokens when present, else as kSequence
+};
+
 struct LengthsInput {
   std::vector<std::int64_t> lengths;  // each in [0, 2^31]
   std::vector<std::int64_t> groups;   // empty, or one id >= 0 per length
@@ -41,10 +49,12 @@ struct LengthsInput {
 // or group, a length above 2^31, more than 100,000,000 lengths, and an input without
 // any length ("no lengths"). `max_lengths` lowers the entry limit (for tests).
 // Throws std::runtime_error if the stream fails. O(size of the input).
-LengthsInput ReadLengths(std::istream& in, std::int64_t max_lengths = balance::kMaxItems);
+LengthsInput ReadLengths(std::istream& in, std::int64_t max_lengths = balance::kMaxItems,
+                         LengthColumn column = LengthColumn::kSequence);
 
 // ReadLengths() over a string.
-LengthsInput ParseLengths(std::string_view text, std::int64_t max_lengths = balance::kMaxItems);
+LengthsInput ParseLengths(std::string_view text, std::int64_t max_lengths = balance::kMaxItems,
+                          LengthColumn column = LengthColumn::kSequence);
 
 }  // namespace rlsched::scheduler
 

@@ -30,39 +30,6 @@ constexpr std::string_view kLogNormalPrefix = "lognormal:";
 // The largest --config or --lengths file read.
 constexpr std::int64_t kMaxInputFileBytes = std::int64_t{1} << 30;
 
-// A finite real number in [min, max] (max infinite: no upper bound).
-CLI::Validator RealIn(double min, double max) {
-  const std::string bound =
-      std::isinf(max) ? fmt::format(">= {}", min) : fmt::format("in [{}, {}]", min, max);
-  return CLI::Validator(
-      [min, max, bound](std::string& text) -> std::string {
-        double value = 0.0;
-        const char* end = text.data() + text.size();
-        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-        if (text.empty() || ptr != end || ec != std::errc() || !std::isfinite(value) ||
-            value < min || value > max) {
-          return fmt::format("must be a finite number {}, got '{}'", bound, text);
-        }
-        return std::string();
-      },
-      "");
-}
-
-// An unsigned 64-bit integer (no sign).
-CLI::Validator Unsigned64() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        std::uint64_t value = 0;
-        const char* end = text.data() + text.size();
-        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-        if (text.empty() || ptr != end || ec != std::errc()) {
-          return fmt::format("must be an integer in [0, 2^64), got '{}'", text);
-        }
-        return std::string();
-      },
-      "");
-}
-
 // The whole file `path`, for `option`'s errors.
 std::string ReadWholeFile(std::string_view option, const std::string& path) {
   std::error_code error;
@@ -85,90 +52,6 @@ std::string ReadWholeFile(std::string_view option, const std::string& path) {
   }
   if (file.bad()) throw std::runtime_error(fmt::format("{} {}: cannot read", option, path));
   return text;
-}
-
-std::string Lower(std::string_view text) {
-  std::string lower(text);
-  for (char& c : lower) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return lower;
-}
-
-bool HasLetter(std::string_view line) {
-  return std::any_of(line.begin(), line.end(),
-                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); });
-}
-
-// The CSV header's fields, unquoted and trimmed (no error checking: the reader does it).
-std::vector<std::string> HeaderFields(std::string_view line) {
-  std::vector<std::string> fields;
-  std::string field;
-  bool in_quotes = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (in_quotes) {
-      if (c != '"') {
-        field += c;
-      } else if (i + 1 < line.size() && line[i + 1] == '"') {
-        field += '"';
-        ++i;
-      } else {
-        in_quotes = false;
-      }
-    } else if (c == '"') {
-      in_quotes = true;
-    } else if (c == ',') {
-      fields.push_back(field);
-      field.clear();
-    } else {
-      field += c;
-    }
-  }
-  fields.push_back(field);
-  for (std::string& f : fields) {
-    const auto first = f.find_first_not_of(" \t\r");
-    const auto last = f.find_last_not_of(" \t\r");
-    f = first == std::string::npos ? std::string() : f.substr(first, last - first + 1);
-  }
-  return fields;
-}
-
-// `text` with a CSV header naming response_tokens rewritten so that the lengths
-// reader takes that column alone as the length: response_tokens becomes `length`,
-// and the columns the reader would prefer or confuse with it (prompt_tokens, length,
-// tokens) are renamed out of its way. Other text is returned as it is.
-std::string SelectResponseColumn(std::string_view text) {
-  std::size_t start = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;
-  // The first non-blank line.
-  while (start < text.size()) {
-    const std::size_t end = std::min(text.find('\n', start), text.size());
-    const std::string_view line = text.substr(start, end - start);
-    if (line.find_first_not_of(" \t\r\f\v") != std::string_view::npos) {
-      if (!HasLetter(line)) return std::string(text);
-      std::vector<std::string> fields = HeaderFields(line);
-      const bool has_response = std::any_of(fields.begin(), fields.end(), [](const std::string& f) {
-        return Lower(f) == "response_tokens";
-      });
-      if (!has_response) return std::string(text);
-      std::string header;
-      for (std::size_t i = 0; i < fields.size(); ++i) {
-        const std::string name = Lower(fields[i]);
-        std::string renamed = fields[i];
-        if (name == "response_tokens") {
-          renamed = "length";
-        } else if (name == "prompt_tokens" || name == "length" || name == "tokens") {
-          renamed = "ignored_" + name;
-        }
-        std::string quoted;
-        for (const char c : renamed) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
-        header += fmt::format("{}\"{}\"", i == 0 ? "" : ",", quoted);
-      }
-      return std::string(text.substr(0, start)) + header + std::string(text.substr(end));
-    }
-    start = end + 1;
-  }
-  return std::string(text);
 }
 
 // The flag that sets a field of the config (path relative to the SimulatorConfig).
@@ -612,7 +495,7 @@ v1::LengthDistribution ParseLengthDist(std::string_view text) {
 }
 
 std::vector<std::int64_t> ParseResponseLengths(std::string_view text) {
-  LengthsInput input = ParseLengths(SelectResponseColumn(text), kMaxSimulationLengths);
+  LengthsInput input = ParseLengths(text, kMaxSimulationLengths, LengthColumn::kResponse);
   for (std::size_t i = 0; i < input.lengths.size(); ++i) {
     if (input.lengths[i] < 1) {
       throw std::invalid_argument(

@@ -67,6 +67,18 @@ TEST(LengthsReaderTest, CsvLengthOrTokensColumn) {
               ElementsAre(5));
 }
 
+TEST(LengthsReaderTest, CsvResponseColumnAlone) {
+  const std::string csv = "group,length,prompt_tokens,response_tokens\n0,9,72,170\n1,9,50,5\n";
+  const LengthsInput input = ParseLengths(csv, balance::kMaxItems, LengthColumn::kResponse);
+  EXPECT_THAT(input.lengths, ElementsAre(170, 5));
+  EXPECT_THAT(input.groups, ElementsAre(0, 1));
+  // Without response_tokens, as for whole sequences; plain integers as they are.
+  EXPECT_THAT(ParseLengths("length\n7\n", balance::kMaxItems, LengthColumn::kResponse).lengths,
+              ElementsAre(7));
+  EXPECT_THAT(ParseLengths("3 4\n", balance::kMaxItems, LengthColumn::kResponse).lengths,
+              ElementsAre(3, 4));
+}
+
 TEST(LengthsReaderTest, CsvNamesQuotesAndSpaces) {
   const LengthsInput input = ParseLengths(
       " Group , \"Length\" ,note\r\n3, 40 ,\"a, \"\"quoted\"\" note\"\n\n4,\"50\",x\n");
