@@ -386,6 +386,52 @@ void CheckStepOptions(const StepOptions& options) {
   }
 }
 
+// The units a rank assignment moves: one per sequence, or one per group (members in
+// index order), with their cost and their largest sequence's cost.
+struct Units {
+  std::vector<std::vector<std::int64_t>> members;
+  std::vector<std::int64_t> cost;
+  std::vector<std::int64_t> largest;
+};
+
+Units MakeUnits(const Padded& padded, std::span<const std::int64_t> groups, bool keep_groups) {
+  std::vector<std::vector<std::int64_t>> units;
+  if (keep_groups) {
+    std::vector<std::int64_t> by_group(groups.size());
+    std::iota(by_group.begin(), by_group.end(), 0);
+    std::stable_sort(by_group.begin(), by_group.end(), [&](std::int64_t a, std::int64_t b) {
+      return groups[static_cast<std::size_t>(a)] < groups[static_cast<std::size_t>(b)];
+    });
+    for (std::size_t j = 0; j < by_group.size(); ++j) {
+      const std::int64_t i = by_group[j];
+      if (j == 0 || groups[static_cast<std::size_t>(i)] !=
+                        groups[static_cast<std::size_t>(by_group[j - 1])]) {
+        units.emplace_back();
+      }
+      units.back().push_back(i);
+    }
+  } else {
+    for (std::size_t i = 0; i < padded.costs.size(); ++i) {
+      units.push_back({static_cast<std::int64_t>(i)});
+    }
+  }
+  std::vector<std::int64_t> unit_cost(units.size(), 0);
+  std::vector<std::int64_t> unit_max(units.size(), 0);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    for (const std::int64_t i : units[u]) {
+      unit_cost[u] += padded.costs[static_cast<std::size_t>(i)];
+      unit_max[u] = std::max(unit_max[u], padded.costs[static_cast<std::size_t>(i)]);
+    }
+  }
+  return {std::move(units), std::move(unit_cost), std::move(unit_max)};
+}
+
+// The costs of units alone (sequences: their costs twice).
+struct UnitCosts {
+  std::span<const std::int64_t> cost;
+  std::span<const std::int64_t> largest;
+};
+
 // The relaxation behind the combined bound, for p > 1. For a count m, let
 // T' = T − (m + p − 1)·o and h_r the cost of rank r's heaviest micro-batch, at least
 // max(C_r / m, L_r) (rank r's cost and largest sequence). A plan with step time <= T
@@ -399,46 +445,82 @@ void CheckStepOptions(const StepOptions& options) {
 //   k·T'·m / (m + p − 1)         >= B_x,   and k >= 1 when B_x > 0,
 //   k·(T' − (p − 1)·x − m·x)     >= C + (p − 1)·I(x) − R·m·x,
 //   k·(T'·m / (m + p − 1) − m·x) >= C − R·m·x.
+// Units: a rank assignment moves sequences, or whole groups (keep_groups). The ranks
+// with h_r > x then hold every unit whose largest sequence is above x, so B_x counts
+// those units whole; and the rank holding a unit of cost c and largest sequence a has
+// T' >= c + (p − 1)·max(a, c / m). With equal counts (every rank floor(U / R) or
+// ceil(U / R) of the U units) the k ranks hold the N_x units above x and at least
+// k·floor(U / R) − N_x others, no cheaper than the cheapest units (S_j: the j
+// cheapest): B_x + S_{k·floor(U/R) − N_x} replaces B_x in the first two inequalities,
+// and k >= N_x / ceil(U / R). As k(x) never falls as x falls, neither does its estimate.
 // Feasible() integrates a lower estimate of k from the top down on a grid (on each
-// interval [x0, x1): B and I at x1, the capacities at x0, so each estimate holds on
+// interval [x0, x1): B, N and I at x1, the capacities at x0, so each estimate holds on
 // the whole interval); T' fails when some k must exceed R or the sum exceeds R·T'.
 // With m = ∞ (passed as 0) the C terms vanish: what is left bounds through every
 // rank's largest sequence alone, R·T' >= C + (p − 1)·Σ_r L_r.
 // Ranges of counts: the relaxation at count b also holds for every count m <= b
 // (max(C_r / m, L_r) only falls as m grows), and T − (m + p − 1)·o <= T − (a + p − 1)·o
 // for m >= a; so MinBudget(b) + (a + p − 1)·o bounds every plan with m in [a, b].
-// O(n log n) to build, O(grid) per feasibility test (grid <= 128 + 128 + 32).
+// O(n log n) to build, O(grid + R) per feasibility test (grid <= 128 + 128 + 32).
 class CombinedRelaxation {
  public:
-  CombinedRelaxation(std::vector<std::int64_t> costs, std::int64_t num_ranks, std::int64_t stages)
+  // The units a rank assignment moves (sequences, or whole groups) by their cost and
+  // their largest sequence's cost; with equal_counts every rank holds floor(U / R) or
+  // ceil(U / R) of the U units.
+  CombinedRelaxation(const UnitCosts& units, std::int64_t num_ranks, std::int64_t stages,
+                     bool equal_counts)
       : r_(static_cast<double>(num_ranks)), p1_(static_cast<double>(stages - 1)) {
-    std::sort(costs.begin(), costs.end(), std::greater<>());
-    std::vector<double> prefix(costs.size() + 1, 0.0);  // prefix[i]: the i largest
-    for (std::size_t i = 0; i < costs.size(); ++i) {
-      prefix[i + 1] = prefix[i] + static_cast<double>(costs[i]);
+    const std::size_t n = units.cost.size();
+    // Units by largest sequence, descending.
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return units.largest[a] > units.largest[b]; });
+    std::vector<double> prefix(n + 1, 0.0);  // prefix[i]: the i units of largest sequences
+    for (std::size_t i = 0; i < n; ++i) {
+      const double c = static_cast<double>(units.cost[order[i]]);
+      const double a = static_cast<double>(units.largest[order[i]]);
+      prefix[i + 1] = prefix[i] + c;
+      largest_ = std::max(largest_, a);
+      unit_cost_ = std::max(unit_cost_, c);
+      unit_floor_ = std::max(unit_floor_, c + p1_ * a);
     }
     total_ = prefix.back();
-    largest_ = costs.empty() ? 0.0 : static_cast<double>(costs.front());
-    // Grid on [0, largest]: uniform points, plus the largest distinct costs (where B
-    // jumps most, relative to its size), so B is exact there.
+    const auto u = static_cast<std::int64_t>(n);
+    if (equal_counts && u >= num_ranks) {
+      min_units_ = static_cast<double>(u / num_ranks);
+      max_units_ = static_cast<double>(CeilDiv(u, num_ranks));
+      std::vector<std::int64_t> ascending(units.cost.begin(), units.cost.end());
+      std::sort(ascending.begin(), ascending.end());
+      smallest_.assign(n + 1, 0.0);
+      for (std::size_t i = 0; i < n; ++i) {
+        smallest_[i + 1] = smallest_[i] + static_cast<double>(ascending[i]);
+      }
+    }
+    // Grid on [0, largest]: uniform points, plus the largest distinct largest-sequence
+    // costs (where B jumps most, relative to its size), so B is exact there.
     xs_.push_back(0.0);
     for (int j = 1; j <= kUniform; ++j) xs_.push_back(largest_ * j / kUniform);
     int distinct = 0;
-    for (std::size_t i = 0; i < costs.size() && distinct < kTop; ++i) {
-      if (i == 0 || costs[i] != costs[i - 1]) {
-        xs_.push_back(static_cast<double>(costs[i]));
+    for (std::size_t i = 0; i < n && distinct < kTop; ++i) {
+      if (i == 0 || units.largest[order[i]] != units.largest[order[i - 1]]) {
+        xs_.push_back(static_cast<double>(units.largest[order[i]]));
         ++distinct;
       }
     }
     std::sort(xs_.begin(), xs_.end());
     xs_.erase(std::unique(xs_.begin(), xs_.end()), xs_.end());
-    // above_[i]: the cost of the sequences >= xs_[i] (above every x < xs_[i]).
+    // above_[i], count_[i]: the cost and number of the units whose largest sequence is
+    // >= xs_[i] (above every x < xs_[i]).
     above_.resize(xs_.size());
+    count_.resize(xs_.size());
     for (std::size_t i = 0; i < xs_.size(); ++i) {
-      const auto it = std::partition_point(costs.begin(), costs.end(), [&](std::int64_t c) {
-        return static_cast<double>(c) >= xs_[i];
+      const auto it = std::partition_point(order.begin(), order.end(), [&](std::size_t v) {
+        return static_cast<double>(units.largest[v]) >= xs_[i];
       });
-      above_[i] = prefix[static_cast<std::size_t>(it - costs.begin())];
+      const auto k = static_cast<std::size_t>(it - order.begin());
+      above_[i] = prefix[k];
+      count_[i] = static_cast<double>(k);
     }
   }
 
@@ -449,8 +531,8 @@ class CombinedRelaxation {
   // Bisection to 1e-4. O(log(1e4) · grid).
   double MinBudget(double m) const {
     if (total_ <= 0.0) return 0.0;
-    // Infeasible below: the rank with the largest sequence, the mean rank.
-    double lo = std::max((p1_ + 1.0) * largest_, total_ / r_) * (1.0 - 1e-9);
+    // Infeasible below: the rank with the largest unit, the mean rank.
+    double lo = std::max(Floor(m), total_ / r_) * (1.0 - 1e-9);
     if (m > 0) lo = std::max(lo, total_ / r_ * (1.0 + p1_ / m) * (1.0 - 1e-9));
     double hi = lo * 1.25;
     for (int doubling = 0; doubling < 64 && !Feasible(hi, m); ++doubling) {
@@ -469,20 +551,33 @@ class CombinedRelaxation {
   static constexpr int kTop = 128;
   static constexpr int kExtension = 32;  // intervals above the largest cost (C terms)
 
+  // The rank holding a unit of cost c and largest sequence a needs at least
+  // c + (p − 1)·max(a, c / m).
+  double Floor(double m) const {
+    return std::max(unit_floor_, m > 0 ? unit_cost_ * (1.0 + p1_ / m) : 0.0);
+  }
+
+  // The cost of the j cheapest units (0 for j <= 0).
+  double Smallest(double j) const {
+    if (j <= 0.0 || smallest_.empty()) return 0.0;
+    return smallest_[std::min(static_cast<std::size_t>(j), smallest_.size() - 1)];
+  }
+
   bool Feasible(double t, double m) const {
-    if (t < (p1_ + 1.0) * largest_) return false;
+    if (t < Floor(m)) return false;
     const double cap = m > 0 ? t * m / (m + p1_) : t;  // a rank's cost at most
     const double eps = 1e-9 * total_;
     double integral = 0.0;  // lower estimate of I(x1)
+    double previous = 0.0;  // k on the interval above: k(x) only grows as x falls
     bool ok = true;
-    // One interval [x0, x1) with B_x >= b on it.
-    auto interval = [&](double x0, double x1, double b) {
+    // One interval [x0, x1) with B_x >= b on it, held by `count` units.
+    auto interval = [&](double x0, double x1, double b, double count) {
       double k = 0.0;
       const double need0 = b + p1_ * integral;
+      const double room0 = t - p1_ * x0;
       if (need0 > 0.0) {
-        const double room = t - p1_ * x0;
-        if (room <= 0.0) return false;
-        k = need0 / room;
+        if (room0 <= 0.0) return false;
+        k = need0 / room0;
       }
       if (b > 0.0) k = std::max({k, 1.0, b / cap});
       if (m > 0) {
@@ -499,8 +594,19 @@ class CombinedRelaxation {
           k = std::max(k, need2 / room);
         }
       }
-      const double whole = std::ceil(k - 1e-9 * std::max(1.0, k));
+      double whole = std::max(previous, std::ceil(k - 1e-9 * std::max(1.0, k)));
+      if (min_units_ > 0.0 && count > 0.0) {
+        // Equal counts: the k ranks hold the `count` units and at least
+        // k·min − count others, no cheaper than the cheapest ones; and at most max each.
+        whole = std::max(whole, std::ceil(count / max_units_ - 1e-9));
+        auto holds = [&](double w) {
+          const double others = Smallest(w * min_units_ - count);
+          return w * room0 + eps >= need0 + others && w * cap + eps >= b + others;
+        };
+        while (whole <= r_ && !holds(whole)) whole += 1.0;
+      }
       if (whole > r_) return false;
+      previous = whole;
       integral += whole * (x1 - x0);
       return true;
     };
@@ -510,12 +616,12 @@ class CombinedRelaxation {
       if (top > largest_) {
         const double step = (top - largest_) / kExtension;
         for (int j = kExtension; j >= 1 && ok; --j) {
-          ok = interval(largest_ + step * (j - 1), largest_ + step * j, 0.0);
+          ok = interval(largest_ + step * (j - 1), largest_ + step * j, 0.0, 0.0);
         }
       }
     }
     for (std::size_t i = xs_.size() - 1; i >= 1 && ok; --i) {
-      ok = interval(xs_[i - 1], xs_[i], above_[i]);
+      ok = interval(xs_[i - 1], xs_[i], above_[i], count_[i]);
     }
     if (!ok) return false;
     const double sum_m = std::max(m > 0 ? total_ / m : 0.0, integral);
@@ -525,9 +631,15 @@ class CombinedRelaxation {
   double r_;
   double p1_;
   double total_ = 0.0;
-  double largest_ = 0.0;
+  double largest_ = 0.0;          // the largest sequence
+  double unit_cost_ = 0.0;        // the costliest unit
+  double unit_floor_ = 0.0;       // max over units of cost + (p − 1)·largest sequence
+  double min_units_ = 0.0;        // units per rank at least (0: counts not equal)
+  double max_units_ = 0.0;        // and at most
+  std::vector<double> smallest_;  // smallest_[j]: the j cheapest units
   std::vector<double> xs_;
   std::vector<double> above_;
+  std::vector<double> count_;
 };
 
 // The combined bound (see CombinedRelaxation) minimised over the admissible counts
@@ -539,11 +651,12 @@ class CombinedRelaxation {
 // With o = 0 every range containing the unbounded end is worth the same, so that is
 // the bound. Returns the bound and the count of that single range (0: none, e.g. with
 // o = 0), a hint for the planner. O(kMaxEvaluations · MinBudget).
-std::pair<long double, std::int64_t> CombinedBound(const Padded& padded, long double heaviest,
-                                                   std::int64_t first, const StepOptions& options) {
+std::pair<long double, std::int64_t> CombinedBound(const UnitCosts& units, bool equal_counts,
+                                                   long double heaviest, std::int64_t first,
+                                                   const StepOptions& options) {
   constexpr int kMaxEvaluations = 40;
   const MicroBatchOptions& mb = options.micro_batch;
-  const CombinedRelaxation relax(padded.costs, options.num_ranks, mb.pipeline_stages);
+  const CombinedRelaxation relax(units, options.num_ranks, mb.pipeline_stages, equal_counts);
   if (relax.total() <= 0.0) return {0.0L, 0};
   const long double p = static_cast<long double>(mb.pipeline_stages);
   const long double o = static_cast<long double>(mb.overhead);
@@ -594,8 +707,8 @@ struct StepBound {
   std::int64_t count = 0;
 };
 
-StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost,
-                         const StepOptions& options) {
+StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost, const UnitCosts& units,
+                         bool equal_counts, const StepOptions& options) {
   const MicroBatchOptions& mb = options.micro_batch;
   std::int64_t total_cost = 0;
   std::int64_t total_tokens = 0;
@@ -633,7 +746,8 @@ StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost,
   // With a pipeline, every rank's cost, largest sequence and count together.
   std::int64_t count = 0;
   if (mb.pipeline_stages > 1) {
-    const auto [combined, combined_count] = CombinedBound(padded, heaviest, first, options);
+    const auto [combined, combined_count] =
+        CombinedBound(units, equal_counts, heaviest, first, options);
     value = std::max(value, combined);
     count = combined_count;
   }
@@ -641,6 +755,12 @@ StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost,
   return {value >= limit ? std::numeric_limits<std::int64_t>::max()
                          : static_cast<std::int64_t>(std::floor(value)),
           count};
+}
+
+// The bound of plans that may split groups (the baseline's), equal sequence counts
+// when asked.
+std::int64_t UngroupedBound(const Padded& padded, bool equal_counts, const StepOptions& options) {
+  return StepLowerBound(padded, 0, {padded.costs, padded.costs}, equal_counts, options).value;
 }
 
 }  // namespace
@@ -746,46 +866,6 @@ std::vector<std::vector<std::int64_t>> PartsOf(const Partition& partition) {
 // Above this many (unit, rank) pairs the time-aware assignment is not tried.
 constexpr std::int64_t kMaxGreedyPairs = 64'000'000;
 
-// The units a rank assignment moves: one per sequence, or one per group (members in
-// index order), with their cost and their largest sequence's cost.
-struct Units {
-  std::vector<std::vector<std::int64_t>> members;
-  std::vector<std::int64_t> cost;
-  std::vector<std::int64_t> largest;
-};
-
-Units MakeUnits(const Padded& padded, std::span<const std::int64_t> groups, bool keep_groups) {
-  std::vector<std::vector<std::int64_t>> units;
-  if (keep_groups) {
-    std::vector<std::int64_t> by_group(groups.size());
-    std::iota(by_group.begin(), by_group.end(), 0);
-    std::stable_sort(by_group.begin(), by_group.end(), [&](std::int64_t a, std::int64_t b) {
-      return groups[static_cast<std::size_t>(a)] < groups[static_cast<std::size_t>(b)];
-    });
-    for (std::size_t j = 0; j < by_group.size(); ++j) {
-      const std::int64_t i = by_group[j];
-      if (j == 0 || groups[static_cast<std::size_t>(i)] !=
-                        groups[static_cast<std::size_t>(by_group[j - 1])]) {
-        units.emplace_back();
-      }
-      units.back().push_back(i);
-    }
-  } else {
-    for (std::size_t i = 0; i < padded.costs.size(); ++i) {
-      units.push_back({static_cast<std::int64_t>(i)});
-    }
-  }
-  std::vector<std::int64_t> unit_cost(units.size(), 0);
-  std::vector<std::int64_t> unit_max(units.size(), 0);
-  for (std::size_t u = 0; u < units.size(); ++u) {
-    for (const std::int64_t i : units[u]) {
-      unit_cost[u] += padded.costs[static_cast<std::size_t>(i)];
-      unit_max[u] = std::max(unit_max[u], padded.costs[static_cast<std::size_t>(i)]);
-    }
-  }
-  return {std::move(units), std::move(unit_cost), std::move(unit_max)};
-}
-
 // With a pipeline a rank's time also grows with its largest sequence:
 // about C + (p − 1)·max(C / m, largest). This assigns the units (sequences, or whole
 // groups) heaviest first to the rank whose estimate after it is least (ties: lowest rank),
@@ -875,12 +955,19 @@ StepPlan Baseline(const Padded& padded, const StepOptions& options) {
 // less once its sequences must share micro-batches (see `high` below). Short units
 // (largest sequence below T / (m + p − 1), which would not be their rank's heaviest
 // micro-batch) then go to the rank with the most room (worst fit): spread out, they
-// share micro-batches least. T is the smallest budget (bisection, to 1e-3) in
+// share micro-batches least. With equal counts (every rank floor(U / R) units, or one
+// more; groups are then long or short units too) the ranks holding
+// long units must also take their quota of others: their room for long units keeps a
+// reserve per slot still to fill (the mean cost of the cheapest short units that would
+// fill them), they are filled with those cheapest units (worst fit), then each swaps
+// its fillers, cheapest first, for the costliest free short unit that still fits its
+// room (using it up takes cost off the other ranks); the other short units go worst
+// fit to every rank with a slot left. T is the smallest budget (bisection, to 1e-3) in
 // [lo, hi] that fits every unit on the ranks. Empty when even `hi` does not.
-// O(units · (log units + log ranks · log((hi − lo) / (1e-3·hi)))).
+// O(units · (log units + log ranks) · log((hi − lo) / (1e-3·hi))).
 std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int64_t num_ranks_in,
                                                    std::int64_t stages, std::int64_t m, double lo,
-                                                   double hi) {
+                                                   double hi, bool equal_counts) {
   const std::size_t n = units.cost.size();
   // By largest sequence, then cost, descending (ties: index).
   std::vector<std::size_t> order(n);
@@ -916,7 +1003,17 @@ std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int6
                                    [](const auto& members) { return members.size() == 1; });
   std::vector<double> cost(num_ranks), high(num_ranks), tail(num_ranks);
   std::vector<std::vector<double>> held(num_ranks);
-  auto room = [&](std::size_t r, double t) {  // the cost rank r can still take
+  // Equal counts: `quota` units per rank, `extra` ranks one more (`extra_used` so far);
+  // a rank that holds long units keeps `reserve` per slot it must still fill.
+  const std::size_t quota = equal_counts ? n / num_ranks : 0;
+  const std::size_t extra = equal_counts ? n % num_ranks : 0;
+  std::size_t extra_used = 0;
+  double reserve = 0.0;
+  auto full = [&](std::size_t r) {
+    const std::size_t held_r = held[r].size();
+    return equal_counts && (held_r > quota || (held_r == quota && extra_used == extra));
+  };
+  auto spare = [&](std::size_t r, double t) {  // the cost rank r can still take
     double free = std::min(t - p1 * high[r], t * md / (md + p1)) - cost[r];
     // At k·m sequences the next one, c, makes the heaviest at least tail + c.
     const std::int64_t n_r = static_cast<std::int64_t>(held[r].size());
@@ -925,65 +1022,262 @@ std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int6
     }
     return free;
   };
+  auto room = [&](std::size_t r, double t) {  // spare(), less the reserve; -1 when full
+    if (full(r)) return -1.0;
+    double free = spare(r, t);
+    if (reserve > 0.0 && held[r].size() + 1 < quota) {
+      free -= static_cast<double>(quota - held[r].size() - 1) * reserve;
+    }
+    return free;
+  };
   auto most_room = [&]() {
     std::size_t i = 1;
     while (i < leaves) i = tree[2 * i] >= tree[2 * i + 1] ? 2 * i : 2 * i + 1;
     return i - leaves;
   };
+  // By rank, its units in the order added (equal counts only).
+  std::vector<std::vector<std::size_t>> members(num_ranks);
+  auto open = [&](std::size_t r) {
+    members[r].clear();
+    cost[r] = 0.0;
+    held[r].clear();
+    high[r] = 0.0;
+  };
+  // Adds unit u to rank r (without updating the tree).
+  auto add = [&](std::size_t r, std::size_t u) {
+    const double c = static_cast<double>(units.cost[u]);
+    cost[r] += c;
+    held[r].push_back(c);
+    high[r] = std::max(high[r], static_cast<double>(units.largest[u]));
+    const std::int64_t n_r = static_cast<std::int64_t>(held[r].size());
+    if (singles && n_r > 1 && n_r % m == 1) high[r] = std::max(high[r], tail[r] + c);
+    if (singles && n_r % m == 0) {  // the last n_r / m sequences
+      tail[r] = 0.0;
+      for (std::int64_t j = n_r - n_r / m; j < n_r; ++j) tail[r] += held[r][j];
+    }
+    if (equal_counts && held[r].size() == quota + 1 && ++extra_used == extra) {
+      for (std::size_t s = 0; s < num_ranks; ++s) {  // ranks at the quota are now full
+        if (tree[leaves + s] >= 0.0 && full(s)) set(s, -1.0);
+      }
+    }
+    rank_of[u] = r;
+    if (equal_counts) members[r].push_back(u);
+  };
+  // Long units first fit; returns the ranks opened, or num_ranks + 1 when some unit
+  // fits nowhere.
+  auto place_long = [&](double t, std::size_t end) -> std::size_t {
+    std::fill(tree.begin(), tree.end(), -1.0);
+    extra_used = 0;
+    std::size_t opened = 0;
+    for (std::size_t j = 0; j < end; ++j) {
+      const std::size_t u = order[j];
+      const double c = static_cast<double>(units.cost[u]);
+      std::size_t r = first_with(c);
+      if (r == leaves) {
+        if (opened == num_ranks) return num_ranks + 1;
+        r = opened++;
+        open(r);
+        high[r] = static_cast<double>(units.largest[u]);
+        if (room(r, t) < c) return num_ranks + 1;
+      }
+      add(r, u);
+      set(r, room(r, t));
+    }
+    return opened;
+  };
   auto fits = [&](double t) {
     std::fill(tree.begin(), tree.end(), -1.0);
-    std::size_t opened = 0;
     const double short_below = t / (md + p1);
+    reserve = 0.0;
+    std::size_t opened = 0;
     for (const std::size_t u : order) {
       const double c = static_cast<double>(units.cost[u]);
       if (singles && static_cast<double>(units.largest[u]) < short_below) {
         // Short units: onto the rank with the most room (worst fit), every rank open.
         for (; opened < num_ranks; ++opened) {
-          cost[opened] = 0.0;
-          held[opened].clear();
-          high[opened] = 0.0;
+          open(opened);
           set(opened, room(opened, t));
         }
         const std::size_t r = most_room();
         if (tree[leaves + r] < c) return false;
-        cost[r] += c;
-        held[r].push_back(c);
-        high[r] = std::max(high[r], static_cast<double>(units.largest[u]));
-        const std::int64_t n_r = static_cast<std::int64_t>(held[r].size());
-        if (singles && n_r > 1 && n_r % m == 1) high[r] = std::max(high[r], tail[r] + c);
-        if (singles && n_r % m == 0) {
-          tail[r] = 0.0;
-          for (std::int64_t j = n_r - n_r / m; j < n_r; ++j) tail[r] += held[r][j];
-        }
+        add(r, u);
         set(r, room(r, t));
-        rank_of[u] = r;
         continue;
       }
       std::size_t r = first_with(c);
       if (r == leaves) {
         if (opened == num_ranks) return false;
         r = opened++;
-        cost[r] = 0.0;
-        held[r].clear();
+        open(r);
         high[r] = static_cast<double>(units.largest[u]);
         if (room(r, t) < c) return false;
       }
-      cost[r] += c;
-      held[r].push_back(c);
-      const std::int64_t n_r = static_cast<std::int64_t>(held[r].size());
-      if (singles && n_r > 1 && n_r % m == 1) high[r] = std::max(high[r], tail[r] + c);
-      if (singles && n_r % m == 0) {  // the last n_r / m sequences
-        tail[r] = 0.0;
-        for (std::int64_t j = n_r - n_r / m; j < n_r; ++j) tail[r] += held[r][j];
-      }
+      add(r, u);
       set(r, room(r, t));
-      rank_of[u] = r;
     }
     return true;
   };
+  // Equal counts. The cheapest units first (ties: index), for the fillers.
+  std::vector<std::size_t> by_cost;
+  std::vector<char> taken;               // by unit: placed as a filler
+  std::vector<std::size_t> pool;         // the short units, cheapest first
+  std::vector<std::size_t> position;     // by unit: its place in the pool
+  std::vector<std::int64_t> free_count;  // Fenwick tree: pool units not placed
+  std::vector<std::size_t> before;
+  if (equal_counts) {
+    by_cost.resize(n);
+    std::iota(by_cost.begin(), by_cost.end(), 0);
+    std::stable_sort(by_cost.begin(), by_cost.end(),
+                     [&](std::size_t a, std::size_t b) { return units.cost[a] < units.cost[b]; });
+    taken.resize(n);
+    position.resize(n);
+  }
+  std::vector<std::size_t> fillers;
+  auto fits_equal = [&](double t) {
+    const double short_below = t / (md + p1);
+    const std::size_t end = static_cast<std::size_t>(
+        std::partition_point(
+            order.begin(), order.end(),
+            [&](std::size_t u) { return static_cast<double>(units.largest[u]) >= short_below; }) -
+        order.begin());
+    // The fillers: the cheapest short units, one per slot the long ranks leave; the
+    // reserve is their mean cost (a few rounds, as the slots depend on it).
+    std::size_t opened = 0;
+    reserve = 0.0;
+    for (int round = 0; round < 4; ++round) {
+      opened = place_long(t, end);
+      if (opened > num_ranks) return false;
+      std::size_t slots = 0;
+      for (std::size_t r = 0; r < opened; ++r) slots += quota - std::min(quota, held[r].size());
+      fillers.clear();
+      double sum = 0.0;
+      for (std::size_t j = 0; j < n && fillers.size() < slots; ++j) {
+        const std::size_t u = by_cost[j];
+        if (static_cast<double>(units.largest[u]) >= short_below) continue;
+        fillers.push_back(u);
+        sum += static_cast<double>(units.cost[u]);
+      }
+      if (fillers.size() < slots) return false;
+      const double mean = slots == 0 ? 0.0 : sum / static_cast<double>(slots);
+      if (mean <= reserve * (1.0 + 1e-3) + 1e-9) break;
+      reserve = mean;
+    }
+    reserve = 0.0;
+    // The fillers, most costly first, worst fit onto the long ranks short of the quota.
+    for (std::size_t r = 0; r < opened; ++r) set(r, held[r].size() < quota ? room(r, t) : -1.0);
+    for (std::size_t j = fillers.size(); j-- > 0;) {
+      const std::size_t u = fillers[j];
+      const std::size_t r = most_room();
+      if (tree[leaves + r] < static_cast<double>(units.cost[u])) return false;
+      add(r, u);
+      set(r, held[r].size() < quota ? room(r, t) : -1.0);
+    }
+    // Room left on a long rank: its fillers, cheapest first, each swapped for the
+    // costliest short unit not placed yet that still fits (Fenwick trees over the
+    // short units by cost find it), taking cost off the other ranks.
+    for (const std::size_t u : pool) taken[u] = 0;
+    pool.clear();
+    for (const std::size_t u : by_cost) {
+      if (static_cast<double>(units.largest[u]) < short_below) {
+        position[u] = pool.size();
+        pool.push_back(u);
+      }
+    }
+    const std::size_t size = pool.size();
+    std::size_t top_bit = 1;
+    while (top_bit * 2 <= size) top_bit *= 2;
+    free_count.assign(size + 1, 0);
+    for (std::size_t i = 1; i <= size; ++i) {
+      free_count[i] += 1;
+      const std::size_t parent = i + (i & (~i + 1));
+      if (parent <= size) free_count[parent] += free_count[i];
+    }
+    auto mark = [&](std::size_t u, bool take) {
+      taken[u] = take ? 1 : 0;
+      for (std::size_t i = position[u] + 1; i <= size; i += i & (~i + 1)) {
+        free_count[i] += take ? -1 : 1;
+      }
+    };
+    // The costliest free unit at or below cap, or size when none.
+    auto costliest = [&](double cap) {
+      std::size_t below =
+          static_cast<std::size_t>(std::upper_bound(pool.begin(), pool.end(), cap,
+                                                    [&](double v, std::size_t u) {
+                                                      return v < static_cast<double>(units.cost[u]);
+                                                    }) -
+                                   pool.begin());
+      std::int64_t k = 0;  // free units in [1, below]
+      for (std::size_t i = below; i > 0; i -= i & (~i + 1)) k += free_count[i];
+      if (k == 0) return size;
+      std::size_t pos = 0;  // the k-th free unit: the last position with fewer before it
+      for (std::size_t bit = top_bit; bit > 0; bit /= 2) {
+        if (pos + bit <= size && free_count[pos + bit] < k) {
+          pos += bit;
+          k -= free_count[pos];
+        }
+      }
+      return pos;
+    };
+    for (const std::size_t u : fillers) mark(u, true);
+    for (std::size_t r = 0; r < opened; ++r) {
+      double budget = spare(r, t);
+      if (budget <= 0.0) continue;
+      before = members[r];
+      bool changed = false;
+      // members[r]: its long units, then its fillers, most costly first.
+      for (std::size_t j = members[r].size(); j-- > 0 && budget > 0.0;) {
+        const std::size_t f = members[r][j];
+        if (static_cast<double>(units.largest[f]) >= short_below) break;
+        const double c = static_cast<double>(units.cost[f]);
+        const std::size_t pos = costliest(c + budget);
+        if (pos == size || static_cast<double>(units.cost[pool[pos]]) <= c) continue;
+        const std::size_t g = pool[pos];
+        mark(g, true);
+        mark(f, false);
+        members[r][j] = g;
+        budget -= static_cast<double>(units.cost[g]) - c;
+        changed = true;
+      }
+      if (!changed) continue;
+      auto rebuild = [&](std::vector<std::size_t> list) {
+        std::stable_sort(list.begin(), list.end(), [&](std::size_t a, std::size_t b) {
+          return units.cost[a] > units.cost[b];
+        });
+        if (held[r].size() > quota) --extra_used;
+        open(r);
+        for (const std::size_t u : list) add(r, u);
+      };
+      const std::vector<std::size_t> upgraded = members[r];
+      rebuild(upgraded);
+      if (spare(r, t) < 0.0) {  // the micro-batch sharing grew: undo
+        for (const std::size_t u : upgraded) mark(u, false);
+        for (const std::size_t u : before) mark(u, true);
+        rebuild(before);
+      }
+    }
+    // The other short units worst fit onto every rank with a slot left.
+    for (std::size_t r = 0; r < num_ranks; ++r) {
+      if (r >= opened) open(r);
+      set(r, room(r, t));
+    }
+    bool ok = true;
+    for (std::size_t j = end; j < n && ok; ++j) {
+      const std::size_t u = order[j];
+      if (taken[u]) continue;
+      const std::size_t r = most_room();
+      if (tree[leaves + r] < static_cast<double>(units.cost[u])) {
+        ok = false;
+        break;
+      }
+      add(r, u);
+      set(r, room(r, t));
+    }
+    return ok;
+  };
+  auto test = [&](double t) { return equal_counts ? fits_equal(t) : fits(t); };
   // The budget is usually just above lo: bracket it from there.
   for (double top = std::min(hi, lo * 1.0625);; top = std::min(hi, top * 1.25)) {
-    if (fits(top)) {
+    if (test(top)) {
       hi = top;
       break;
     }
@@ -992,9 +1286,9 @@ std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int6
   }
   for (int iteration = 0; iteration < 40 && hi - lo > 1e-3 * hi; ++iteration) {
     const double mid = (lo + hi) / 2;
-    (fits(mid) ? hi : lo) = mid;
+    (test(mid) ? hi : lo) = mid;
   }
-  fits(hi);
+  test(hi);
   std::vector<std::vector<std::int64_t>> ranks(num_ranks);
   for (std::size_t u = 0; u < n; ++u) {
     for (const std::int64_t i : units.members[u]) ranks[rank_of[u]].push_back(i);
@@ -1012,7 +1306,7 @@ std::int64_t TotalTokens(const Padded& padded) {
   return std::accumulate(padded.tokens.begin(), padded.tokens.end(), std::int64_t{0});
 }
 
-// The long sequences packed together (PackedRanks, no equal counts) at count m
+// The long sequences packed together (PackedRanks; equal counts when asked) at count m
 // (kUnboundedCount without overhead: one micro-batch per sequence is then free, and a
 // rank's time is C_r + (p − 1)·its largest sequence): ranks holding several long
 // sequences pay the bubble behind one of them, so the others can take more cost.
@@ -1032,8 +1326,9 @@ std::optional<StepPlan> PackedPlan(const Padded& padded, const Units& units,
   const double mean = total / static_cast<double>(options.num_ranks);
   // No packing's budget (the time less the overheads) is below the bound's.
   const double least = std::max(mean, static_cast<double>(bound) - overheads);
-  const std::vector<std::vector<std::int64_t>> packed = PackedRanks(
-      units, options.num_ranks, mb.pipeline_stages, m, least, std::min(best, 4.0 * least));
+  const std::vector<std::vector<std::int64_t>> packed =
+      PackedRanks(units, options.num_ranks, mb.pipeline_stages, m, least,
+                  std::min(best, 4.0 * least), options.equal_size);
   if (packed.empty()) return std::nullopt;
   double relaxed = 0.0;
   std::vector<std::int64_t> costs;
@@ -1081,19 +1376,21 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
 
   // The lower bound first: its best count guides the packed candidate below. With
   // whole groups the heaviest rank holds at least the balancer's bound over groups.
+  // With a pipeline the bound also knows the units (whole groups) and equal counts.
   const std::int64_t max_unit = options.keep_groups ? ranks.partition.lower_bound : 0;
-  const StepBound bound = StepLowerBound(padded, max_unit, options);
+  const Units units =
+      mb.pipeline_stages > 1 ? MakeUnits(padded, groups, options.keep_groups) : Units{};
+  const StepBound bound =
+      StepLowerBound(padded, max_unit, {units.cost, units.largest}, options.equal_size, options);
 
   PlannedStep result;
   const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
   const bool pipeline = mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs;
-  const Units units = pipeline ? MakeUnits(padded, groups, options.keep_groups) : Units{};
   constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
   // With a pipeline the packed candidate comes first when its count is known (the
   // bound's best count, or unbounded without overhead): the other candidates then
   // skip the counts, or whole plans, that cannot beat it (see PlanForRanks).
-  const bool packed_first =
-      pipeline && !options.equal_size && (mb.overhead == 0 || bound.count > 0);
+  const bool packed_first = pipeline && (mb.overhead == 0 || bound.count > 0);
   std::optional<StepPlan> best;
   if (packed_first) {
     best = PackedPlan(padded, units, options, bound.value,
@@ -1114,7 +1411,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   take(std::move(balanced));
   if (pipeline) {
     // Else the packed candidate at the balancer's count.
-    if (!packed_first && !options.equal_size) {
+    if (!packed_first) {
       if (auto packed = PackedPlan(padded, units, options, bound.value, m0,
                                    static_cast<double>(best_time()))) {
         take(std::move(*packed));
@@ -1128,7 +1425,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   result.baseline = Baseline(padded, options);
   // Without groups the baseline's bound is the same one: computed once.
   result.baseline.lower_bound =
-      options.keep_groups ? StepLowerBound(padded, 0, options).value : bound.value;
+      options.keep_groups ? UngroupedBound(padded, false, options) : bound.value;
   // The baseline's plan is a valid answer when it keeps the cap (it ignores groups).
   if (!options.keep_groups && result.baseline.cap_violations == 0 &&
       result.baseline.predicted_step_time < result.plan.predicted_step_time) {
@@ -1143,7 +1440,7 @@ StepPlan PlanBaseline(std::span<const std::int64_t> lengths, const StepOptions& 
   CheckStepOptions(options);
   const Padded padded = Pad(lengths, options.micro_batch);
   StepPlan plan = Baseline(padded, options);
-  plan.lower_bound = StepLowerBound(padded, 0, options).value;
+  plan.lower_bound = UngroupedBound(padded, options.equal_size && !options.keep_groups, options);
   return plan;
 }
 

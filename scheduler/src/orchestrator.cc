@@ -557,7 +557,7 @@ struct Orchestrator::State {
       }
     }
     if (options.planner) start.plan = options.planner(start.lengths, group_ids);
-    closed.pop_front();
+    closed.pop_front();  // `batch` dangles from here on
     last_batch.clear();
     for (const std::int64_t g : start.groups) {
       Group& group = groups[static_cast<std::size_t>(g)];
@@ -566,7 +566,7 @@ struct Orchestrator::State {
         const std::int64_t id = g * G + j;
         Sample& x = At(id);
         x.state = SampleState::kTrained;
-        const std::int64_t age = batch.step - x.oldest;
+        const std::int64_t age = start.step - x.oldest;
         if (age < 0 || age > s) throw std::logic_error("staleness bound broken");
         if (static_cast<std::size_t>(age) >= staleness.size()) staleness.resize(age + 1, 0);
         ++staleness[static_cast<std::size_t>(age)];

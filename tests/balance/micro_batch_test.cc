@@ -248,11 +248,14 @@ void StepSweep(std::uint64_t first, std::uint64_t count) {
   }
 }
 
-// The best step time over every plan (no equal counts, no groups), by brute force:
-// every assignment of sequences to ranks, and per rank every split into at most m
-// non-empty micro-batches within the cap (a subset DP), for every admissible m up to
-// the sequence count (more micro-batches only add overhead). n <= 7.
-std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths, const StepOptions& options) {
+// The best step time over every plan, by brute force: every assignment of sequences
+// to ranks (with keep_groups, each group's sequences on one rank; with equal_size,
+// every rank holding floor(U / R) or ceil(U / R) of the U units: sequences, or groups
+// with keep_groups), and per rank every split into at most m non-empty micro-batches
+// within the cap (a subset DP), for every admissible m up to the sequence count (more
+// micro-batches only add overhead). n <= 7.
+std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths,
+                                std::span<const std::int64_t> groups, const StepOptions& options) {
   const MicroBatchOptions& mb = options.micro_batch;
   const int n = static_cast<int>(lengths.size());
   const int subsets = 1 << n;
@@ -288,6 +291,33 @@ std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths, const Ste
   }
   const std::int64_t p1 = mb.pipeline_stages - 1;
   const std::int64_t o = mb.overhead;
+  // The unit of each sequence: its group (renumbered from 0) or itself.
+  std::vector<int> unit(static_cast<std::size_t>(n));
+  std::map<std::int64_t, int> unit_of_group;
+  for (int i = 0; i < n; ++i) {
+    unit[static_cast<std::size_t>(i)] = options.keep_groups
+                                            ? unit_of_group
+                                                  .emplace(groups[static_cast<std::size_t>(i)],
+                                                           static_cast<int>(unit_of_group.size()))
+                                                  .first->second
+                                            : i;
+  }
+  const int num_units = options.keep_groups ? static_cast<int>(unit_of_group.size()) : n;
+  const int ranks = static_cast<int>(options.num_ranks);
+  auto allowed = [&](const std::vector<int>& rank) {
+    std::vector<int> rank_of_unit(static_cast<std::size_t>(num_units), -1);
+    std::vector<int> count(static_cast<std::size_t>(ranks), 0);
+    for (int i = 0; i < n; ++i) {
+      int& r = rank_of_unit[static_cast<std::size_t>(unit[static_cast<std::size_t>(i)])];
+      if (r >= 0 && r != rank[static_cast<std::size_t>(i)]) return false;  // a group split
+      if (r < 0) ++count[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])];
+      r = rank[static_cast<std::size_t>(i)];
+    }
+    if (!options.equal_size) return true;
+    return std::all_of(count.begin(), count.end(), [&](int c) {
+      return c >= num_units / ranks && c <= (num_units + ranks - 1) / ranks;
+    });
+  };
   std::int64_t best = kInf;
   const std::int64_t q = mb.micro_batches_multiple_of;
   const std::int64_t first = (mb.min_micro_batches + q - 1) / q * q;
@@ -303,12 +333,14 @@ std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths, const Ste
     };
     std::vector<int> rank(static_cast<std::size_t>(n), 0);
     while (true) {
-      std::vector<int> masks(static_cast<std::size_t>(options.num_ranks), 0);
-      for (int i = 0; i < n; ++i)
-        masks[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] |= 1 << i;
-      std::int64_t step = 0;
-      for (const int s : masks) step = std::max(step, rank_time(s));
-      best = std::min(best, step);
+      if (allowed(rank)) {
+        std::vector<int> masks(static_cast<std::size_t>(options.num_ranks), 0);
+        for (int i = 0; i < n; ++i)
+          masks[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] |= 1 << i;
+        std::int64_t step = 0;
+        for (const int s : masks) step = std::max(step, rank_time(s));
+        best = std::min(best, step);
+      }
       int i = 0;
       while (i < n && ++rank[static_cast<std::size_t>(i)] == options.num_ranks)
         rank[static_cast<std::size_t>(i++)] = 0;
@@ -319,7 +351,7 @@ std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths, const Ste
 }
 
 // The lower bound never exceeds the best plan, which is at most the planner's answer
-// (seeded small instances, brute force).
+// (seeded small instances, brute force; with equal counts and whole groups too).
 void BoundSweep(std::uint64_t first, std::uint64_t count) {
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
     Rng rng(seed * 7919 + 13);
@@ -338,12 +370,24 @@ void BoundSweep(std::uint64_t first, std::uint64_t count) {
     mb.micro_batches_multiple_of = rng.UniformInt(1, 2);
     mb.overhead = rng.UniformInt(0, 1) == 0 ? 0 : rng.UniformInt(1, 40);
     if (rng.UniformInt(0, 1) == 1) mb.cost = CostModel::Attention(1, 0.02, 3);
+    // Equal counts and whole groups (up to 3 ranks then, so counts bind more often).
+    options.equal_size = rng.UniformInt(0, 2) == 0;
+    options.keep_groups = rng.UniformInt(0, 2) == 0;
+    std::vector<std::int64_t> groups;
+    for (int i = 0; i < n; ++i) groups.push_back(rng.UniformInt(0, 3));
+    if (options.equal_size || options.keep_groups) options.num_ranks = rng.UniformInt(1, 3);
     SCOPED_TRACE("seed " + std::to_string(seed));
-    const std::int64_t optimum = BruteForceStepTime(lengths, options);
-    const PlannedStep step = PlanStep(lengths, {}, options);
+    const std::int64_t optimum = BruteForceStepTime(lengths, groups, options);
+    const PlannedStep step = PlanStep(lengths, groups, options);
     EXPECT_LE(step.plan.lower_bound, optimum);
     EXPECT_LE(optimum, step.plan.predicted_step_time);
-    EXPECT_LE(PlanBaseline(lengths, options).lower_bound, optimum);
+    // The baseline splits groups: its bound is over plans that may.
+    StepOptions ungrouped = options;
+    ungrouped.keep_groups = false;
+    const std::int64_t ungrouped_optimum =
+        options.keep_groups ? BruteForceStepTime(lengths, groups, ungrouped) : optimum;
+    EXPECT_LE(step.baseline.lower_bound, ungrouped_optimum);
+    EXPECT_LE(PlanBaseline(lengths, ungrouped).lower_bound, ungrouped_optimum);
     if (::testing::Test::HasFailure()) return;
   }
 }
