@@ -88,6 +88,7 @@ struct Engine {
   double busy_since = 0;
   // Its key in State::ready while it takes work; -1: not there.
   std::int64_t ready_outstanding = -1;
+  std::int64_t ready_version = -1;
   std::int64_t pass_count = 0;  // samples given in the current dispatch pass
   std::int64_t pass_work = 0;   // and their predicted tokens
 };
@@ -198,7 +199,8 @@ struct Orchestrator::State {
   // Engines taking work by (outstanding predicted tokens, id): the dispatch choice in
   // O(log engines). Engines behind the newest version, not syncing, and idle unless
   // syncs interrupt: the ones MaybeSync may act on.
-  std::set<std::pair<std::int64_t, std::int64_t>> ready;
+  std::set<std::tuple<std::int64_t, std::int64_t, Engine*>> ready;
+  std::map<std::int64_t, std::int64_t> ready_versions;  // version -> engines in `ready`
   std::set<std::int64_t> behind;
   std::int64_t alive_engines = 0;
   std::int64_t queued_work = 0;  // predicted remaining tokens of the queued samples
@@ -244,11 +246,16 @@ struct Orchestrator::State {
       }
       e.busy = busy;
     }
-    if (e.ready_outstanding >= 0) ready.erase({e.ready_outstanding, e.id});
+    if (e.ready_outstanding >= 0) {
+      ready.erase({e.ready_outstanding, e.id, &e});
+      if (--ready_versions[e.ready_version] == 0) ready_versions.erase(e.ready_version);
+    }
     e.ready_outstanding = -1;
     if (Accepting(e)) {
       e.ready_outstanding = e.outstanding;
-      ready.emplace(e.outstanding, e.id);
+      e.ready_version = e.version;
+      ready.emplace(e.outstanding, e.id, &e);
+      ++ready_versions[e.version];
     }
     // Only an interrupting sync acts on a busy engine.
     const bool interrupts = !boundary_sync && options.partial_rollout;
@@ -407,11 +414,11 @@ struct Orchestrator::State {
       Sample& x = At(id);
       // The engine's version must keep the sample within the bound at its target.
       const std::int64_t need = target - s;
+      if (ready_versions.empty() || ready_versions.rbegin()->first < need) break;
       Engine* best = nullptr;
-      for (const auto& [outstanding, eid] : ready) {
-        Engine& e = engines.at(eid);
-        if (e.version >= need && e.pass_count < share && e.pass_work < work_share) {
-          best = &e;
+      for (const auto& [outstanding, eid, e] : ready) {
+        if (e->version >= need && e->pass_count < share && e->pass_work < work_share) {
+          best = e;
           break;
         }
       }
