@@ -53,8 +53,9 @@ inline constexpr std::int64_t kMaxSimulationSteps = 100'000;
 inline constexpr std::int64_t kMaxSimulationEngines = 100'000;
 // trainer ranks,
 inline constexpr std::int64_t kMaxSimulationTrainerRanks = std::int64_t{1} << 20;
-// samples simulated (steps · prompts_per_step · samples_per_prompt · (1 + oversample)),
-inline constexpr double kMaxSimulatedSamples = 1e8;
+// samples simulated (steps · prompts_per_step · samples_per_prompt · (1 + oversample);
+// the core keeps ~100 bytes per sample admitted, so about 1 GB at the limit),
+inline constexpr double kMaxSimulatedSamples = 1e7;
 // and response lengths in LengthDistribution.lengths.
 inline constexpr std::int64_t kMaxSimulationLengths = 10'000'000;
 

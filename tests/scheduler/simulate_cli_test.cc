@@ -242,7 +242,7 @@ TEST(SimulateCliTest, BadOptionsExitTwo) {
       {{"simulate", "--trace-run", "sync"}, "--trace-run"},
       {{"simulate", "--compare", "--mode", "sync"}, "--mode"},
       {{"simulate", "--compare", "--trace-run", "async_s9"}, "--trace-run"},
-      {{"simulate", "--prompts-per-step", "1000000", "--steps", "100"}, "at most 1e+08"},
+      {{"simulate", "--prompts-per-step", "1000000", "--steps", "100"}, "at most 1e+07"},
       {{"simulate", "--unknown"}, "--unknown"},
   };
   for (const auto& [args, text] : cases) {

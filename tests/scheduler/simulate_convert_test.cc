@@ -209,7 +209,7 @@ TEST(SimulateConvertTest, ErrorsNameTheProtoField) {
   message = v1::SimulatorConfig();
   message.mutable_orchestrator()->set_prompts_per_step(1'000'000);
   message.set_steps(1000);
-  EXPECT_THAT(ErrorOf(message), AllOf(StartsWith("steps:"), HasSubstr("at most 1e+08")));
+  EXPECT_THAT(ErrorOf(message), AllOf(StartsWith("steps:"), HasSubstr("at most 1e+07")));
 
   message = v1::SimulatorConfig();
   message.mutable_orchestrator()->set_mode(static_cast<v1::OrchestratorMode>(99));
