@@ -337,10 +337,10 @@ struct Orchestrator::State {
     out->push_back(Abort{.engine = engine, .samples = {id}});
   }
 
-  // Regenerates a sample from scratch: its tokens are too old for any future batch.
-  void Restart(std::int64_t id) {
+  // Takes a live sample out of wherever it is (an engine, the queue, the complete
+  // ones); the caller gives it its next state. Group bookkeeping is the caller's.
+  void Withdraw(std::int64_t id) {
     Sample& x = At(id);
-    Group& group = GroupOf(id);
     switch (x.state) {
       case SampleState::kInFlight:
         SendAbort(x.engine, id);
@@ -350,13 +350,21 @@ struct Orchestrator::State {
         Dequeue(id);
         break;
       case SampleState::kComplete:
-        if (group.complete == G) complete.erase({group.oldest, id / G});
-        --group.complete;
         --counters.buffered;
         break;
       default:
-        throw std::logic_error("restart of a sample that is not live");
+        throw std::logic_error("withdrawal of a sample that is not live");
     }
+  }
+
+  // Regenerates a sample from scratch: its tokens are too old for any future batch.
+  void Restart(std::int64_t id) {
+    Group& group = GroupOf(id);
+    if (At(id).state == SampleState::kComplete) {
+      if (group.complete == G) complete.erase({group.oldest, id / G});
+      --group.complete;
+    }
+    Withdraw(id);
     ++counters.restarts;
     DiscardTokens(id);
     Enqueue(id);
@@ -519,19 +527,16 @@ struct Orchestrator::State {
         auto node = live_by_target.extract(live_by_target.begin());
         auto& next = live_by_target[t_next];
         for (const std::int64_t g : node.mapped()) {
-          Group& group = groups[static_cast<std::size_t>(g)];
+          // Queued samples go back under the new target's key.
+          std::vector<std::int64_t> queued;
           for (std::int64_t j = 0; j < G; ++j) {
-            if (At(g * G + j).state == SampleState::kQueued) Dequeue(g * G + j);
-          }
-          group.target = t_next;
-          for (std::int64_t j = 0; j < G; ++j) {
-            Sample& x = At(g * G + j);
-            if (x.state == SampleState::kQueued) {  // back under the new key
-              queue.emplace(t_next, -x.remaining, g * G + j);
-              ++counters.queued;
-              queued_work += x.remaining;
+            if (At(g * G + j).state == SampleState::kQueued) {
+              Dequeue(g * G + j);
+              queued.push_back(g * G + j);
             }
           }
+          groups[static_cast<std::size_t>(g)].target = t_next;
+          for (const std::int64_t id : queued) Enqueue(id);
           next.insert(g);
         }
       }
@@ -620,21 +625,8 @@ struct Orchestrator::State {
     group.state = GroupState::kFiltered;
     for (std::int64_t j = 0; j < G; ++j) {
       const std::int64_t id = g * G + j;
+      Withdraw(id);
       Sample& x = At(id);
-      switch (x.state) {
-        case SampleState::kInFlight:
-          SendAbort(x.engine, id);
-          Unplace(id);
-          break;
-        case SampleState::kQueued:
-          Dequeue(id);
-          break;
-        case SampleState::kComplete:
-          --counters.buffered;
-          break;
-        default:
-          throw std::logic_error("filter of a group that is not live");
-      }
       x.state = SampleState::kFiltered;
       x.spans = {};
     }

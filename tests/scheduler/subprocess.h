@@ -108,6 +108,19 @@ inline std::string ReadFile(const std::string& path) {
   return text.str();
 }
 
+// The lines of `text` (program output), without their '\n'.
+inline std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
 }  // namespace rlsched::scheduler
 
 #endif  // RLSCHED_TESTS_SCHEDULER_SUBPROCESS_H_
