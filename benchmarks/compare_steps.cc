@@ -173,8 +173,8 @@ std::int64_t RankTime(const balance::RankPlan& rank, const balance::MicroBatchOp
   std::int64_t sum = 0;
   std::int64_t max = 0;
   for (const balance::MicroBatch& b : rank.micro_batches) {
-    sum += b.cost + options.overhead;
-    max = std::max(max, b.cost + options.overhead);
+    sum += b.cost + options.overhead.value();
+    max = std::max(max, b.cost + options.overhead.value());
   }
   return sum + (options.pipeline_stages - 1) * max;
 }
@@ -307,7 +307,7 @@ void RecordAnatomy(const Input& input, const balance::StepOptions& options,
   // Every setting here has pad_to_multiple_of = 1, so lengths are the padded tokens.
   const std::vector<std::int64_t> costs = mb.cost.Costs(input.lengths);
   const double p = static_cast<double>(mb.pipeline_stages);
-  const double o = static_cast<double>(mb.overhead);
+  const double o = static_cast<double>(mb.overhead.value());
   double total_cost = 0.0;
   double total_tokens = 0.0;
   for (std::size_t i = 0; i < costs.size(); ++i) {

@@ -27,21 +27,7 @@ void CheckShapeField(std::int64_t value, const char* name) {
   }
 }
 
-}  // namespace
-
-CostModel CostModel::Tokens() { return CostModel(Kind::kTokens, 1.0, 0.0, 0.0); }
-
-CostModel CostModel::Attention(double linear, double quadratic, double constant) {
-  CheckCoefficient(linear, "linear");
-  CheckCoefficient(quadratic, "quadratic");
-  CheckCoefficient(constant, "constant");
-  if (linear + quadratic <= 0.0) {
-    throw std::invalid_argument("cost: linear + quadratic must be > 0");
-  }
-  return CostModel(Kind::kAttention, linear, quadratic, constant);
-}
-
-CostModel CostModel::Attention(const ModelShape& shape, double constant) {
+void CheckShape(const ModelShape& shape) {
   CheckShapeField(shape.hidden_size, "hidden_size");
   CheckShapeField(shape.num_layers, "num_layers");
   CheckShapeField(shape.ffn_hidden_size, "ffn_hidden_size");
@@ -58,19 +44,85 @@ CostModel CostModel::Attention(const ModelShape& shape, double constant) {
                                 std::to_string(shape.num_attention_heads) + "), got " +
                                 std::to_string(shape.num_kv_heads));
   }
-  // FLOPs in double: shapes up to ~1e6 keep every product far inside its range.
+}
+
+// Matrix parameters and forward + backward FLOPs of one token (linear part) and of
+// one squared token (attention), see the file comment of cost_model.h. In double:
+// shapes up to ~1e6 keep every product far inside its range.
+struct ShapeWork {
+  double parameters;
+  double per_token;
+  double per_token_squared;
+};
+
+ShapeWork WorkOf(const ModelShape& shape) {
   const double h = static_cast<double>(shape.hidden_size);
   const double layers = static_cast<double>(shape.num_layers);
   const double f = static_cast<double>(shape.ffn_hidden_size);
   const double head_dim = h / static_cast<double>(shape.num_attention_heads);
   const double kv = static_cast<double>(shape.num_kv_heads) * head_dim;
   const double mlp_matrices = shape.gated_mlp ? 3.0 : 2.0;
-  const double per_layer = 2.0 * h * (h + 2.0 * kv) + 2.0 * h * h + 2.0 * mlp_matrices * h * f;
-  const double per_token =
-      3.0 * (layers * per_layer + 2.0 * h * static_cast<double>(shape.vocab_size));
-  const double per_token_squared = 3.0 * layers * 2.0 * h;
+  const double layer_parameters = h * (h + 2.0 * kv) + h * h + mlp_matrices * h * f;
+  const double parameters = layers * layer_parameters + h * static_cast<double>(shape.vocab_size);
+  return {parameters, 3.0 * 2.0 * parameters, 3.0 * layers * 2.0 * h};
+}
+
+void CheckOverheadField(double value, bool positive, const char* name) {
+  if (!std::isfinite(value) || value < 0.0 || (positive && value == 0.0)) {
+    throw std::invalid_argument(std::string("overhead_model.") + name + ": must be finite and " +
+                                (positive ? "> 0" : ">= 0") + ", got " + std::to_string(value));
+  }
+}
+
+}  // namespace
+
+double MicroBatchOverheadTokens(const ModelShape& shape, const MicroBatchOverheadModel& model) {
+  CheckShape(shape);
+  CheckOverheadField(model.flops_per_second, true, "flops_per_second");
+  CheckOverheadField(model.memory_bytes_per_second, true, "memory_bytes_per_second");
+  CheckOverheadField(model.bytes_per_parameter, false, "bytes_per_parameter");
+  CheckOverheadField(model.kernels_per_layer, false, "kernels_per_layer");
+  CheckOverheadField(model.kernel_latency_seconds, false, "kernel_latency_seconds");
+  CheckOverheadField(model.framework_seconds, false, "framework_seconds");
+  const ShapeWork work = WorkOf(shape);
+  const double weights =
+      3.0 * model.bytes_per_parameter * work.parameters / model.memory_bytes_per_second;
+  const double launches = model.kernels_per_layer * static_cast<double>(shape.num_layers) *
+                          model.kernel_latency_seconds;
+  return model.flops_per_second * (weights + launches + model.framework_seconds) / work.per_token;
+}
+
+namespace {
+
+// The default overhead of a cost model whose token costs `linear` units.
+std::int64_t OverheadFor(const ModelShape& shape, double linear) {
+  const double units = linear * MicroBatchOverheadTokens(shape);
+  return units < 4.0e18 ? std::llround(units) : std::int64_t{4'000'000'000'000'000'000};
+}
+
+}  // namespace
+
+CostModel CostModel::Tokens() {
+  return CostModel(Kind::kTokens, 1.0, 0.0, 0.0, OverheadFor(ModelShape{}, 1.0));
+}
+
+CostModel CostModel::Attention(double linear, double quadratic, double constant) {
+  CheckCoefficient(linear, "linear");
+  CheckCoefficient(quadratic, "quadratic");
+  CheckCoefficient(constant, "constant");
+  if (linear + quadratic <= 0.0) {
+    throw std::invalid_argument("cost: linear + quadratic must be > 0");
+  }
+  return CostModel(Kind::kAttention, linear, quadratic, constant,
+                   OverheadFor(ModelShape{}, linear));
+}
+
+CostModel CostModel::Attention(const ModelShape& shape, double constant) {
+  CheckShape(shape);
+  const ShapeWork work = WorkOf(shape);
   CheckCoefficient(constant, "per_sequence");
-  return CostModel(Kind::kAttention, 1.0, per_token_squared / per_token, constant);
+  return CostModel(Kind::kAttention, 1.0, work.per_token_squared / work.per_token, constant,
+                   OverheadFor(shape, 1.0));
 }
 
 std::int64_t CostModel::Cost(std::int64_t length) const {

@@ -40,7 +40,11 @@ void CheckOptions(const MicroBatchOptions& options) {
         "pipeline_stages: must be <= " + std::to_string(kMaxPipelineStages) + ", got " +
         std::to_string(options.pipeline_stages));
   }
-  CheckAtLeast(options.overhead, 0, "overhead");
+  if (options.overhead) CheckAtLeast(*options.overhead, 0, "overhead");
+  if (!(options.count_tolerance >= 0.0 && options.count_tolerance <= 1.0)) {
+    throw std::invalid_argument("count_tolerance: must be in [0, 1], got " +
+                                std::to_string(options.count_tolerance));
+  }
   if (options.min_micro_batches > kMaxParts) {
     throw std::invalid_argument("min_micro_batches: must be <= " + std::to_string(kMaxParts));
   }
@@ -54,6 +58,17 @@ std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return a / b + (a % b != 
 std::int64_t RoundUp(std::int64_t a, std::int64_t multiple) {
   return CeilDiv(a, multiple) * multiple;
 }
+std::int64_t RoundDown(std::int64_t a, std::int64_t multiple) { return a / multiple * multiple; }
+
+// The options with the overhead resolved (the cost model's estimate when unset).
+MicroBatchOptions Resolved(const MicroBatchOptions& options) {
+  MicroBatchOptions resolved = options;
+  resolved.overhead = options.overhead.value_or(options.cost.micro_batch_overhead());
+  return resolved;
+}
+
+// The overhead of resolved options.
+std::int64_t Overhead(const MicroBatchOptions& options) { return *options.overhead; }
 
 // The sequences of one rank, padded: `tokens` and `costs` by local index, `global`
 // maps a local index to its sequence index.
@@ -62,11 +77,13 @@ struct RankItems {
   std::vector<std::int64_t> costs;
   std::vector<std::int64_t> global;
   std::int64_t total_tokens = 0;
+  std::int64_t total_unpadded = 0;
   std::int64_t total_cost = 0;
 };
 
 // Padded lengths and their costs for the whole batch, checked against the cap.
 struct Padded {
+  std::span<const std::int64_t> lengths;  // unpadded
   std::vector<std::int64_t> tokens;
   std::vector<std::int64_t> costs;
 };
@@ -74,6 +91,7 @@ struct Padded {
 Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& options) {
   internal::CheckWeights(lengths, "lengths");
   Padded padded;
+  padded.lengths = lengths;
   padded.tokens.resize(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] > kMaxLength) {
@@ -102,6 +120,7 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
     items.costs.push_back(padded.costs[static_cast<std::size_t>(i)]);
     items.global.push_back(i);
     items.total_tokens += items.tokens.back();
+    items.total_unpadded += padded.lengths[static_cast<std::size_t>(i)];
     items.total_cost += items.costs.back();
   }
   return items;
@@ -247,7 +266,7 @@ std::int64_t RankTime(const std::vector<MicroBatch>& batches, const MicroBatchOp
   std::int64_t sum = 0;
   std::int64_t max = 0;
   for (const MicroBatch& b : batches) {
-    const std::int64_t t = internal::CheckedAdd(b.cost, options.overhead, "overhead");
+    const std::int64_t t = internal::CheckedAdd(b.cost, Overhead(options), "overhead");
     sum = internal::CheckedAdd(sum, t, "overhead");
     max = std::max(max, t);
   }
@@ -257,13 +276,14 @@ std::int64_t RankTime(const std::vector<MicroBatch>& batches, const MicroBatchOp
 }
 
 // Builds the rank's micro-batches from a packing and orders them.
-RankPlan MakeRankPlan(const RankItems& items, std::int64_t m, const Assignment& assignment,
-                      const MicroBatchOptions& options) {
+RankPlan MakeRankPlan(const Padded& padded, const RankItems& items, std::int64_t m,
+                      const Assignment& assignment, const MicroBatchOptions& options) {
   std::vector<MicroBatch> batches(static_cast<std::size_t>(m));
   for (std::size_t i = 0; i < assignment.size(); ++i) {
     MicroBatch& b = batches[static_cast<std::size_t>(assignment[i])];
     b.indices.push_back(items.global[i]);
     b.tokens += items.tokens[i];
+    b.unpadded_tokens += padded.lengths[static_cast<std::size_t>(items.global[i])];
     b.cost += items.costs[i];
   }
   for (MicroBatch& b : batches) std::sort(b.indices.begin(), b.indices.end());
@@ -289,7 +309,9 @@ RankPlan MakeRankPlan(const RankItems& items, std::int64_t m, const Assignment& 
     batches = std::move(ordered);
   }
   plan.micro_batches = std::move(batches);
+  plan.sequences = static_cast<std::int64_t>(items.global.size());
   plan.tokens = items.total_tokens;
+  plan.unpadded_tokens = items.total_unpadded;
   plan.cost = items.total_cost;
   plan.time = RankTime(plan.micro_batches, options);
   return plan;
@@ -310,7 +332,7 @@ std::int64_t SmallestCount(std::int64_t total_tokens, const MicroBatchOptions& o
 double TimeBound(double rank_cost, double max_item, std::int64_t m,
                  const MicroBatchOptions& options) {
   const double p = static_cast<double>(options.pipeline_stages);
-  const double o = static_cast<double>(options.overhead);
+  const double o = static_cast<double>(Overhead(options));
   const double md = static_cast<double>(m);
   return rank_cost + (p - 1.0) * std::max(rank_cost / md, max_item) + (md + p - 1.0) * o;
 }
@@ -335,10 +357,26 @@ RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOpti
   }
 }
 
+// The smallest count whose time is within `tolerance` of the best of `tried`
+// ((count, time) pairs).
+std::int64_t SmallestWithin(const std::vector<std::pair<std::int64_t, std::int64_t>>& tried,
+                            double tolerance) {
+  std::int64_t best = std::numeric_limits<std::int64_t>::max();
+  for (const auto& [count, time] : tried) best = std::min(best, time);
+  const long double limit = static_cast<long double>(best) * (1.0L + tolerance);
+  std::int64_t chosen = std::numeric_limits<std::int64_t>::max();
+  for (const auto& [count, time] : tried) {
+    if (static_cast<long double>(time) <= limit) chosen = std::min(chosen, count);
+  }
+  return chosen;
+}
+
 }  // namespace
 
-RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths, const MicroBatchOptions& options) {
-  CheckOptions(options);
+RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths,
+                          const MicroBatchOptions& unresolved) {
+  CheckOptions(unresolved);
+  const MicroBatchOptions options = Resolved(unresolved);
   const Padded padded = Pad(lengths, options);
   std::vector<std::int64_t> all(lengths.size());
   std::iota(all.begin(), all.end(), 0);
@@ -350,21 +388,31 @@ RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths, const MicroBatc
       items.costs.empty()
           ? 0.0
           : static_cast<double>(*std::max_element(items.costs.begin(), items.costs.end()));
-  std::int64_t m = search.feasible_count;
-  RankPlan best = MakeRankPlan(items, m, *search.packing, options);
+  const std::int64_t first = search.feasible_count;
+  auto plan_with = [&](std::int64_t count) {
+    if (count == first) return MakeRankPlan(padded, items, count, *search.packing, options);
+    const auto packing =
+        Pack(items, count, options.max_tokens_per_micro_batch, options.refine, search.packing);
+    return MakeRankPlan(padded, items, count, *packing, options);
+  };
+  RankPlan best = plan_with(first);
+  std::vector<std::pair<std::int64_t, std::int64_t>> tried{{first, best.time}};
   const std::int64_t q = options.micro_batches_multiple_of;
-  const std::int64_t last = std::max(m, RoundUp(static_cast<std::int64_t>(items.tokens.size()), q));
-  for (int tried = 0; tried < kMaxCountsTried && m + q <= last; ++tried) {
-    m += q;
+  // Never more micro-batches than sequences.
+  const std::int64_t last =
+      std::max(first, RoundDown(static_cast<std::int64_t>(items.tokens.size()), q));
+  for (std::int64_t m = first + q, counted = 0; counted < kMaxCountsTried && m <= last;
+       m += q, ++counted) {
     if (TimeBound(static_cast<double>(items.total_cost), max_item, m, options) >=
         static_cast<double>(best.time)) {
       break;
     }
-    const auto packing =
-        Pack(items, m, options.max_tokens_per_micro_batch, options.refine, search.packing);
-    RankPlan plan = MakeRankPlan(items, m, *packing, options);
+    RankPlan plan = plan_with(m);
+    tried.emplace_back(m, plan.time);
     if (plan.time < best.time) best = std::move(plan);
   }
+  const std::int64_t chosen = SmallestWithin(tried, options.count_tolerance);
+  if (chosen != static_cast<std::int64_t>(best.micro_batches.size())) best = plan_with(chosen);
   return best;
 }
 
@@ -659,7 +707,7 @@ std::pair<long double, std::int64_t> CombinedBound(const UnitCosts& units, bool 
   const CombinedRelaxation relax(units, options.num_ranks, mb.pipeline_stages, equal_counts);
   if (relax.total() <= 0.0) return {0.0L, 0};
   const long double p = static_cast<long double>(mb.pipeline_stages);
-  const long double o = static_cast<long double>(mb.overhead);
+  const long double o = static_cast<long double>(Overhead(mb));
   const std::int64_t q = mb.micro_batches_multiple_of;
   const long double floor_term = p * static_cast<long double>(relax.largest());
   std::vector<std::pair<std::int64_t, double>> budgets;  // MinBudget by count
@@ -722,7 +770,7 @@ StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost, const
   const long double heaviest =
       std::max(static_cast<long double>(total_cost) / r, static_cast<long double>(max_unit_cost));
   const long double p = static_cast<long double>(mb.pipeline_stages);
-  const long double o = static_cast<long double>(mb.overhead);
+  const long double o = static_cast<long double>(Overhead(mb));
   const long double spread = heaviest * (p - 1.0L);  // f(m) = max(heaviest + spread/m, p·max)
   const long double floor_term = p * static_cast<long double>(max_item);
   auto f = [&](long double m) {
@@ -767,54 +815,219 @@ std::int64_t UngroupedBound(const Padded& padded, bool equal_counts, const StepO
 
 namespace {
 
+// What an assignment of sequences to ranks may move: units (sequences, or whole
+// groups when `group_of` holds the group of each sequence); none when the ranks' unit
+// counts are fixed (equal counts).
+struct Movable {
+  std::span<const std::int64_t> group_of;
+  bool fixed_counts = false;
+};
+
+// Moves units (sequences; whole groups when `unit_of` holds the group of each
+// sequence) so that every rank holds at least `target` sequences, as far as the batch
+// allows: each rank short of it (lowest index first) takes the cheapest unit (ties:
+// first sequence) of the rank holding the most sequences (ties: lowest index) that can
+// give one and keep `target`. Moving the cheapest units off the fullest ranks changes
+// the ranks' costs least. O(n log n + moves · log R).
+void FillRanks(const Padded& padded, std::span<const std::int64_t> unit_of, std::int64_t target,
+               std::vector<std::vector<std::int64_t>>& ranks) {
+  const std::size_t num_ranks = ranks.size();
+  std::vector<std::int64_t> count(num_ranks);
+  bool short_rank = false;
+  for (std::size_t r = 0; r < num_ranks; ++r) {
+    count[r] = static_cast<std::int64_t>(ranks[r].size());
+    short_rank = short_rank || count[r] < target;
+  }
+  if (!short_rank) return;
+  struct Unit {
+    std::int64_t cost = 0;
+    std::vector<std::int64_t> members;  // ascending
+    bool moved = false;
+  };
+  std::vector<std::vector<Unit>> units(num_ranks);
+  std::vector<char> built(num_ranks, 0);
+  auto build = [&](std::size_t r) {
+    if (built[r]) return;
+    built[r] = 1;
+    std::vector<Unit>& list = units[r];
+    if (unit_of.empty()) {
+      for (const std::int64_t i : ranks[r]) {
+        list.push_back({padded.costs[static_cast<std::size_t>(i)], {i}});
+      }
+    } else {
+      std::vector<std::int64_t> by_group = ranks[r];
+      std::stable_sort(by_group.begin(), by_group.end(), [&](std::int64_t a, std::int64_t b) {
+        return unit_of[static_cast<std::size_t>(a)] < unit_of[static_cast<std::size_t>(b)];
+      });
+      for (std::size_t j = 0; j < by_group.size(); ++j) {
+        const std::size_t i = static_cast<std::size_t>(by_group[j]);
+        if (j == 0 || unit_of[i] != unit_of[static_cast<std::size_t>(by_group[j - 1])]) {
+          list.emplace_back();
+        }
+        list.back().cost += padded.costs[i];
+        list.back().members.push_back(by_group[j]);
+      }
+    }
+    std::stable_sort(list.begin(), list.end(), [](const Unit& a, const Unit& b) {
+      return std::tie(a.cost, a.members.front()) < std::tie(b.cost, b.members.front());
+    });
+  };
+  // Donors by sequence count (stale entries skipped); exhausted donors leave for good.
+  std::priority_queue<std::pair<std::int64_t, std::int64_t>> donors;  // (count, −rank)
+  for (std::size_t r = 0; r < num_ranks; ++r) {
+    donors.emplace(count[r], -static_cast<std::int64_t>(r));
+  }
+  std::vector<std::size_t> next(num_ranks, 0);  // the first unit not moved
+  std::vector<std::vector<std::int64_t>> incoming(num_ranks);
+  for (std::size_t d = 0; d < num_ranks; ++d) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> set_aside;  // d itself
+    while (count[d] < target && !donors.empty()) {
+      const auto [c, negative] = donors.top();
+      donors.pop();
+      const std::size_t r = static_cast<std::size_t>(-negative);
+      if (c != count[r]) continue;  // stale
+      if (r == d) {
+        set_aside.emplace_back(c, negative);
+        continue;
+      }
+      if (count[r] <= target) {  // no donor left with a sequence to spare
+        donors.emplace(c, negative);
+        break;
+      }
+      build(r);
+      std::vector<Unit>& list = units[r];
+      while (next[r] < list.size() && list[next[r]].moved) ++next[r];
+      Unit* give = nullptr;
+      for (std::size_t j = next[r]; j < list.size(); ++j) {
+        if (!list[j].moved &&
+            static_cast<std::int64_t>(list[j].members.size()) <= count[r] - target) {
+          give = &list[j];
+          break;
+        }
+      }
+      if (give == nullptr) continue;  // every unit too large: exhausted
+      give->moved = true;
+      const auto size = static_cast<std::int64_t>(give->members.size());
+      count[r] -= size;
+      count[d] += size;
+      incoming[d].insert(incoming[d].end(), give->members.begin(), give->members.end());
+      donors.emplace(count[r], negative);
+    }
+    for (const auto& entry : set_aside) donors.push(entry);
+    if (count[d] < target) {
+      // Nothing left to give (the batch is short, or groups too large): stop.
+      if (donors.empty() || donors.top().first <= target) break;
+    }
+  }
+  for (std::size_t r = 0; r < num_ranks; ++r) {
+    if (!built[r] && incoming[r].empty()) continue;
+    std::vector<std::int64_t> kept;
+    if (built[r]) {
+      for (const Unit& unit : units[r]) {
+        if (!unit.moved) kept.insert(kept.end(), unit.members.begin(), unit.members.end());
+      }
+    } else {
+      kept = std::move(ranks[r]);
+    }
+    kept.insert(kept.end(), incoming[r].begin(), incoming[r].end());
+    std::sort(kept.begin(), kept.end());
+    ranks[r] = std::move(kept);
+  }
+}
+
+std::int64_t EmptyMicroBatches(const StepPlan& plan) {
+  std::int64_t empty = 0;
+  for (const RankPlan& rank : plan.ranks) {
+    for (const MicroBatch& b : rank.micro_batches) empty += b.indices.empty() ? 1 : 0;
+  }
+  return empty;
+}
+
 // The best plan for a given assignment of sequences to ranks (rank r holds
-// `ranks[r]`): the smallest count every rank can pack, then larger counts while the
-// bound says they may help. With only_count > 0, the plan at that count alone
-// (raised to the smallest feasible count, rounded to the multiple, at most one
-// micro-batch per sequence of the fullest rank). Counts whose bound reaches stop_at
-// (the best plan found elsewhere) are not planned; when no count can get below it,
-// no plan is made and the result has predicted_step_time = INT64_MAX.
-StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::int64_t>>& ranks,
-                      const MicroBatchOptions& mb, std::int64_t only_count = 0,
+// `ranks[r]`; `movable`: what FillRanks may move): every rank first filled to the smallest count
+// (FillRanks), then the smallest count every rank can pack, then larger counts while
+// the bound says they may help, never above the fewest sequences of a rank; of the
+// counts tried, the smallest within the tolerance of the best. With only_count > 0,
+// the ranks are filled to that count (as far as the batch allows) and the plan made
+// at it alone (raised to the smallest feasible count, rounded to the multiple, at most
+// the fewest sequences of a rank). Counts whose bound reaches stop_at (the best plan
+// found elsewhere) are not planned; when no count can get below it, no plan is made
+// and the result has predicted_step_time = INT64_MAX.
+StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t>> ranks,
+                      const Movable& movable, const MicroBatchOptions& mb,
+                      std::int64_t only_count = 0,
                       std::int64_t stop_at = std::numeric_limits<std::int64_t>::max()) {
   const std::int64_t cap = mb.max_tokens_per_micro_batch;
   const std::int64_t q = mb.micro_batches_multiple_of;
+  const auto num_ranks = static_cast<std::int64_t>(ranks.size());
+  const auto n = static_cast<std::int64_t>(padded.tokens.size());
+  // The most sequences every rank can hold, as a multiple of q (with fixed counts,
+  // what the ranks hold).
+  std::int64_t fillable = RoundDown(n / num_ranks, q);
+  auto smallest_count = [&] {
+    std::int64_t from = 0;
+    for (const auto& rank : ranks) {
+      std::int64_t tokens = 0;
+      for (const std::int64_t i : rank) tokens += padded.tokens[static_cast<std::size_t>(i)];
+      from = std::max(from, SmallestCount(tokens, mb));
+    }
+    return from;
+  };
+  auto fewest = [&] {
+    std::int64_t least = std::numeric_limits<std::int64_t>::max();
+    for (const auto& rank : ranks) least = std::min(least, static_cast<std::int64_t>(rank.size()));
+    return least;
+  };
+  if (movable.fixed_counts) fillable = std::min(fillable, RoundDown(fewest(), q));
   std::vector<RankSearch> searches;
-  std::int64_t from = 0;
-  std::int64_t most_items = 0;
-  for (const auto& rank : ranks) {
-    searches.push_back(RankSearch{Gather(padded, rank), 0, std::nullopt});
-    from = std::max(from, SmallestCount(searches.back().items.total_tokens, mb));
-    most_items = std::max(most_items, static_cast<std::int64_t>(rank.size()));
-  }
-  // With one count asked for, the feasibility search starts there (one packing per
-  // rank when every rank fits).
-  if (only_count > 0) {
-    from = std::min(std::max(from, RoundUp(only_count, q)), std::max(from, RoundUp(most_items, q)));
-  }
-  // No count from `from` on gives a rank less than C_r + (p − 1)·L_r + (from + p − 1)·o
-  // (see TimeBound): then no plan here reaches stop_at, and none is made.
-  if (stop_at < std::numeric_limits<std::int64_t>::max()) {
-    const double p1 = static_cast<double>(mb.pipeline_stages - 1);
-    const double overheads = (static_cast<double>(from) + p1) * static_cast<double>(mb.overhead);
-    double least = 0.0;
-    for (const RankSearch& search : searches) {
-      const auto& costs = search.items.costs;
-      const double largest =
-          costs.empty() ? 0.0 : static_cast<double>(*std::max_element(costs.begin(), costs.end()));
-      least =
-          std::max(least, static_cast<double>(search.items.total_cost) + p1 * largest + overheads);
+  std::int64_t m = 0;
+  std::int64_t desired = only_count > 0 ? RoundUp(only_count, q) : 0;
+  for (int round = 0;; ++round) {
+    const std::int64_t from = smallest_count();
+    // Every rank at least `target` sequences where the batch has them.
+    const std::int64_t target = std::max(from, std::min(desired, fillable));
+    if (round < 4 && fewest() < target && !movable.fixed_counts) {
+      // When the batch cannot fill every rank to it: as evenly as it can.
+      FillRanks(padded, movable.group_of, std::min(target, n / num_ranks), ranks);
+      if (smallest_count() != from && round < 3) continue;  // the fill raised the count
     }
-    if (least >= static_cast<double>(stop_at)) {
-      StepPlan none;
-      none.predicted_step_time = std::numeric_limits<std::int64_t>::max();
-      return none;
+    const std::int64_t start = std::max(from, std::min(desired, RoundDown(fewest(), q)));
+    // No count from `start` on gives a rank less than C_r + (p − 1)·L_r +
+    // (start + p − 1)·o (see TimeBound): then no plan here reaches stop_at.
+    searches.clear();
+    for (const auto& rank : ranks) {
+      searches.push_back(RankSearch{Gather(padded, rank), 0, std::nullopt});
     }
-  }
-  std::int64_t m = from;
-  for (RankSearch& search : searches) {
-    search = FindFeasible(std::move(search.items), from, mb);
-    m = std::max(m, search.feasible_count);
+    if (stop_at < std::numeric_limits<std::int64_t>::max()) {
+      const double p1 = static_cast<double>(mb.pipeline_stages - 1);
+      const double overheads =
+          (static_cast<double>(start) + p1) * static_cast<double>(Overhead(mb));
+      double least = 0.0;
+      for (const RankSearch& search : searches) {
+        const auto& costs = search.items.costs;
+        const double largest =
+            costs.empty() ? 0.0
+                          : static_cast<double>(*std::max_element(costs.begin(), costs.end()));
+        least = std::max(least,
+                         static_cast<double>(search.items.total_cost) + p1 * largest + overheads);
+      }
+      if (least >= static_cast<double>(stop_at)) {
+        StepPlan none;
+        none.predicted_step_time = std::numeric_limits<std::int64_t>::max();
+        return none;
+      }
+    }
+    m = start;
+    for (RankSearch& search : searches) {
+      search = FindFeasible(std::move(search.items), start, mb);
+      m = std::max(m, search.feasible_count);
+    }
+    // A packing needed more micro-batches than some rank has sequences: fill again.
+    if (round < 3 && m > fewest() && fewest() < fillable && !movable.fixed_counts) {
+      desired = std::max(desired, m);
+      continue;
+    }
+    break;
   }
   auto plan_with = [&](std::int64_t count) {
     StepPlan plan;
@@ -823,9 +1036,10 @@ StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::i
       const auto packing = search.feasible_count == count
                                ? search.packing
                                : Pack(search.items, count, cap, mb.refine, search.packing);
-      plan.ranks.push_back(MakeRankPlan(search.items, count, *packing, mb));
+      plan.ranks.push_back(MakeRankPlan(padded, search.items, count, *packing, mb));
       plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
     }
+    plan.empty_micro_batches = EmptyMicroBatches(plan);
     return plan;
   };
   auto bound_with = [&](std::int64_t count) {
@@ -840,17 +1054,22 @@ StepPlan PlanForRanks(const Padded& padded, const std::vector<std::vector<std::i
     return bound;
   };
 
-  const std::int64_t last = std::max(m, RoundUp(most_items, q));
   if (only_count > 0) return plan_with(m);
+  // Never more micro-batches than the fewest sequences of a rank.
+  const std::int64_t last = std::max(m, RoundDown(fewest(), q));
   StepPlan best = plan_with(m);
-  for (int tried = 0; tried < kMaxCountsTried && m + q <= last; ++tried) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> tried{{m, best.predicted_step_time}};
+  for (int counted = 0; counted < kMaxCountsTried && m + q <= last; ++counted) {
     m += q;
     const double bound = bound_with(m);
     if (bound >= static_cast<double>(best.predicted_step_time)) break;
     if (bound >= static_cast<double>(stop_at)) continue;  // a larger count may still beat it
     StepPlan plan = plan_with(m);
+    tried.emplace_back(m, plan.predicted_step_time);
     if (plan.predicted_step_time < best.predicted_step_time) best = std::move(plan);
   }
+  const std::int64_t chosen = SmallestWithin(tried, mb.count_tolerance);
+  if (chosen != best.num_micro_batches) best = plan_with(chosen);
   return best;
 }
 
@@ -936,12 +1155,13 @@ StepPlan Baseline(const Padded& padded, const StepOptions& options) {
   for (const RankItems& rank : items) {
     const Assignment assignment =
         internal::KarmarkarKarpSorted(rank.costs, internal::HeaviestFirst(rank.costs), m, false);
-    plan.ranks.push_back(MakeRankPlan(rank, m, assignment, mb));
+    plan.ranks.push_back(MakeRankPlan(padded, rank, m, assignment, mb));
     for (const MicroBatch& b : plan.ranks.back().micro_batches) {
       plan.cap_violations += b.tokens > mb.max_tokens_per_micro_batch ? 1 : 0;
     }
     plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
   }
+  plan.empty_micro_batches = EmptyMicroBatches(plan);
   return plan;
 }
 
@@ -1299,28 +1519,24 @@ std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int6
 
 namespace {
 
-// The count standing for "unbounded" (one micro-batch per sequence) without overhead.
-constexpr std::int64_t kUnboundedCount = std::numeric_limits<std::int32_t>::max();
-
 std::int64_t TotalTokens(const Padded& padded) {
   return std::accumulate(padded.tokens.begin(), padded.tokens.end(), std::int64_t{0});
 }
 
-// The long sequences packed together (PackedRanks; equal counts when asked) at count m
-// (kUnboundedCount without overhead: one micro-batch per sequence is then free, and a
-// rank's time is C_r + (p − 1)·its largest sequence): ranks holding several long
-// sequences pay the bubble behind one of them, so the others can take more cost.
-// Planned only when the packing's relaxed time (each rank's heaviest micro-batch at
-// max(C_r / m, its largest sequence, the pigeonhole sums below), a bound on its plan)
-// is below `best`; nullopt otherwise. O(PackedRanks + one PlanForRanks count).
-std::optional<StepPlan> PackedPlan(const Padded& padded, const Units& units,
+// The long sequences packed together (PackedRanks; equal counts when asked) at count
+// m: ranks holding several long sequences pay the bubble behind one of them, so the
+// others can take more cost. Planned only when the packing's relaxed time (each rank's
+// heaviest micro-batch at max(C_r / m, its largest sequence, the pigeonhole sums
+// below), a bound on its plan before PlanForRanks fills its ranks to m sequences) is
+// below `best`; nullopt otherwise. O(PackedRanks + one PlanForRanks count).
+std::optional<StepPlan> PackedPlan(const Padded& padded, const Units& units, const Movable& movable,
                                    const StepOptions& options, std::int64_t bound, std::int64_t m,
                                    double best) {
   const MicroBatchOptions& mb = options.micro_batch;
   const double p1 = static_cast<double>(mb.pipeline_stages - 1);
-  const double o = static_cast<double>(mb.overhead);
+  const double o = static_cast<double>(Overhead(mb));
   const double md = static_cast<double>(m);
-  const double overheads = (m == kUnboundedCount ? p1 : md + p1) * o;
+  const double overheads = (md + p1) * o;
   double total = 0.0;
   for (const std::int64_t c : padded.costs) total += static_cast<double>(c);
   const double mean = total / static_cast<double>(options.num_ranks);
@@ -1354,16 +1570,60 @@ std::optional<StepPlan> PackedPlan(const Padded& padded, const Units& units,
     relaxed = std::max(relaxed, cost + p1 * std::max(cost / md, largest) + overheads);
   }
   if (relaxed >= best) return std::nullopt;
-  return PlanForRanks(padded, packed, mb, m);
+  return PlanForRanks(padded, packed, movable, mb, m);
+}
+
+// Of the candidate plans: the fewest empty micro-batches, then, of the plans within
+// the count tolerance of the best time, the fewest micro-batches, then the best time
+// (ties: the first candidate).
+StepPlan Choose(std::vector<StepPlan> candidates, double tolerance) {
+  std::int64_t least_empty = std::numeric_limits<std::int64_t>::max();
+  for (const StepPlan& c : candidates) least_empty = std::min(least_empty, c.empty_micro_batches);
+  std::int64_t best_time = std::numeric_limits<std::int64_t>::max();
+  for (const StepPlan& c : candidates) {
+    if (c.empty_micro_batches == least_empty)
+      best_time = std::min(best_time, c.predicted_step_time);
+  }
+  const long double limit = static_cast<long double>(best_time) * (1.0L + tolerance);
+  std::size_t chosen = candidates.size();
+  for (std::size_t j = 0; j < candidates.size(); ++j) {
+    const StepPlan& c = candidates[j];
+    if (c.empty_micro_batches != least_empty ||
+        static_cast<long double>(c.predicted_step_time) > limit) {
+      continue;
+    }
+    if (chosen == candidates.size() || std::tie(c.num_micro_batches, c.predicted_step_time) <
+                                           std::tie(candidates[chosen].num_micro_batches,
+                                                    candidates[chosen].predicted_step_time)) {
+      chosen = j;
+    }
+  }
+  return std::move(candidates[chosen]);
+}
+
+// The step's totals, empty ranks and overhead on a finished plan.
+void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan) {
+  plan.overhead = Overhead(mb);
+  plan.sequences = static_cast<std::int64_t>(padded.tokens.size());
+  plan.tokens = TotalTokens(padded);
+  plan.unpadded_tokens =
+      std::accumulate(padded.lengths.begin(), padded.lengths.end(), std::int64_t{0});
+  plan.empty_ranks = 0;
+  for (const RankPlan& rank : plan.ranks) plan.empty_ranks += rank.sequences == 0 ? 1 : 0;
+  plan.empty_micro_batches = EmptyMicroBatches(plan);
 }
 
 }  // namespace
 
 PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
-                     const StepOptions& options) {
-  CheckStepOptions(options);
+                     const StepOptions& unresolved) {
+  CheckStepOptions(unresolved);
+  StepOptions options = unresolved;
+  options.micro_batch = Resolved(unresolved.micro_batch);
   const MicroBatchOptions& mb = options.micro_batch;
   const Padded padded = Pad(lengths, mb);
+  const Movable movable{options.keep_groups ? groups : std::span<const std::int64_t>{},
+                        options.equal_size};
 
   // Sequences to ranks: the balancer on the padded lengths' cost.
   BalanceOptions balance;
@@ -1386,23 +1646,33 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   PlannedStep result;
   const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
   const bool pipeline = mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs;
-  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-  // With a pipeline the packed candidate comes first when its count is known (the
-  // bound's best count, or unbounded without overhead): the other candidates then
-  // skip the counts, or whole plans, that cannot beat it (see PlanForRanks).
-  const bool packed_first = pipeline && (mb.overhead == 0 || bound.count > 0);
-  std::optional<StepPlan> best;
-  if (packed_first) {
-    best = PackedPlan(padded, units, options, bound.value,
-                      mb.overhead == 0 ? kUnboundedCount : bound.count,
-                      std::numeric_limits<double>::infinity());
-  }
+  // Candidates within the count tolerance of the best are planned too (Choose may
+  // prefer one with fewer micro-batches).
+  std::vector<StepPlan> candidates;
+  std::int64_t best = std::numeric_limits<std::int64_t>::max();
   auto take = [&](StepPlan plan) {
-    if (!best || plan.predicted_step_time < best->predicted_step_time) best = std::move(plan);
+    if (plan.ranks.empty()) return;  // pruned
+    best = std::min(best, plan.predicted_step_time);
+    candidates.push_back(std::move(plan));
   };
-  auto best_time = [&] { return best ? best->predicted_step_time : kNone; };
-  // The balancer's assignment (not planned when it cannot beat the packed one).
-  StepPlan balanced = PlanForRanks(padded, PartsOf(ranks.partition), mb, 0, best_time());
+  auto stop_at = [&] {
+    const long double limit = static_cast<long double>(best) * (1.0L + mb.count_tolerance);
+    return limit >= static_cast<long double>(std::numeric_limits<std::int64_t>::max())
+               ? std::numeric_limits<std::int64_t>::max()
+               : static_cast<std::int64_t>(limit);
+  };
+  // With a pipeline and an overhead the packed candidate comes first at the bound's
+  // best count: the other candidates then skip the counts, or whole plans, that cannot
+  // come near it (see PlanForRanks).
+  const bool packed_first = pipeline && bound.count > 0;
+  if (packed_first) {
+    if (auto packed = PackedPlan(padded, units, movable, options, bound.value, bound.count,
+                                 std::numeric_limits<double>::infinity())) {
+      take(std::move(*packed));
+    }
+  }
+  // The balancer's assignment (not planned when it cannot come near the packed one).
+  StepPlan balanced = PlanForRanks(padded, PartsOf(ranks.partition), movable, mb, 0, stop_at());
   const std::int64_t m0 =
       balanced.ranks.empty()
           ? std::max(bound.count,
@@ -1412,35 +1682,39 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   if (pipeline) {
     // Else the packed candidate at the balancer's count.
     if (!packed_first) {
-      if (auto packed = PackedPlan(padded, units, options, bound.value, m0,
-                                   static_cast<double>(best_time()))) {
+      if (auto packed = PackedPlan(padded, units, movable, options, bound.value, m0,
+                                   static_cast<double>(stop_at()))) {
         take(std::move(*packed));
       }
     }
     // And the time-aware assignment for the balancer's count.
-    take(PlanForRanks(padded, TimeAwareRanks(units, options, m0), mb, 0, best_time()));
+    take(PlanForRanks(padded, TimeAwareRanks(units, options, m0), movable, mb, 0, stop_at()));
   }
-  result.plan = std::move(*best);
 
   result.baseline = Baseline(padded, options);
   // Without groups the baseline's bound is the same one: computed once.
   result.baseline.lower_bound =
       options.keep_groups ? UngroupedBound(padded, false, options) : bound.value;
+  SetTotals(padded, mb, result.baseline);
   // The baseline's plan is a valid answer when it keeps the cap (it ignores groups).
-  if (!options.keep_groups && result.baseline.cap_violations == 0 &&
-      result.baseline.predicted_step_time < result.plan.predicted_step_time) {
-    result.plan = result.baseline;
+  if (!options.keep_groups && result.baseline.cap_violations == 0) {
+    candidates.push_back(result.baseline);
   }
+  result.plan = Choose(std::move(candidates), mb.count_tolerance);
   result.plan.lower_bound = bound.value;
   result.plan.cap_violations = 0;
+  SetTotals(padded, mb, result.plan);
   return result;
 }
 
-StepPlan PlanBaseline(std::span<const std::int64_t> lengths, const StepOptions& options) {
-  CheckStepOptions(options);
+StepPlan PlanBaseline(std::span<const std::int64_t> lengths, const StepOptions& unresolved) {
+  CheckStepOptions(unresolved);
+  StepOptions options = unresolved;
+  options.micro_batch = Resolved(unresolved.micro_batch);
   const Padded padded = Pad(lengths, options.micro_batch);
   StepPlan plan = Baseline(padded, options);
   plan.lower_bound = UngroupedBound(padded, options.equal_size && !options.keep_groups, options);
+  SetTotals(padded, options.micro_batch, plan);
   return plan;
 }
 

@@ -251,10 +251,18 @@ balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request) {
                                                 std::numeric_limits<std::int64_t>::max());
   micro_batch.pipeline_stages =
       ZeroMeansOne("pipeline_stages", request.pipeline_stages(), balance::kMaxParts);
-  if (request.overhead() < 0) {
-    Fail("overhead", fmt::format("must be >= 0, got {}", request.overhead()));
+  if (request.has_overhead()) {
+    if (request.overhead() < 0) {
+      Fail("overhead", fmt::format("must be >= 0, got {}", request.overhead()));
+    }
+    micro_batch.overhead = request.overhead();
   }
-  micro_batch.overhead = request.overhead();
+  if (request.has_count_tolerance()) {
+    if (!(request.count_tolerance() >= 0.0 && request.count_tolerance() <= 1.0)) {
+      Fail("count_tolerance", fmt::format("must be in [0, 1], got {}", request.count_tolerance()));
+    }
+    micro_batch.count_tolerance = request.count_tolerance();
+  }
   micro_batch.order = ToMicroBatchOrder(request.order());
   micro_batch.refine =
       ToRefineOptions(request.has_refine_iterations(), request.refine_iterations());
@@ -279,10 +287,13 @@ v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request) {
       micro_batch->mutable_indices()->Add(batch.indices.begin(), batch.indices.end());
       micro_batch->set_tokens(batch.tokens);
       micro_batch->set_cost(batch.cost);
+      micro_batch->set_unpadded_tokens(batch.unpadded_tokens);
     }
     rank->set_tokens(rank_plan.tokens);
     rank->set_cost(rank_plan.cost);
     rank->set_time(rank_plan.time);
+    rank->set_sequences(rank_plan.sequences);
+    rank->set_unpadded_tokens(rank_plan.unpadded_tokens);
   }
   reply.set_micro_batches(plan.num_micro_batches);
   reply.set_predicted_step_time(plan.predicted_step_time);
@@ -291,6 +302,13 @@ v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request) {
   baseline->set_predicted_step_time(step.baseline.predicted_step_time);
   baseline->set_cap_violations(step.baseline.cap_violations);
   baseline->set_micro_batches(step.baseline.num_micro_batches);
+  baseline->set_empty_micro_batches(step.baseline.empty_micro_batches);
+  reply.set_overhead(plan.overhead);
+  reply.set_sequences(plan.sequences);
+  reply.set_tokens(plan.tokens);
+  reply.set_unpadded_tokens(plan.unpadded_tokens);
+  reply.set_empty_micro_batches(plan.empty_micro_batches);
+  reply.set_empty_ranks(plan.empty_ranks);
   return reply;
 }
 

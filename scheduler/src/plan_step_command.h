@@ -45,7 +45,8 @@ struct PlanStepArgs {
   std::int64_t multiple_of = 1;
   std::int64_t pad_to = 1;
   std::int64_t pipeline_stages = 1;
-  std::int64_t overhead = 0;
+  std::optional<std::int64_t> overhead;  // unset: the cost model's estimate
+  double count_tolerance = 0.01;
   std::string order = "pipeline";  // "pipeline" or "heaviest-first"
   bool equal_size = false;
   bool keep_groups = false;

@@ -179,7 +179,7 @@ v1::PlanStepRequest ToPlanStepRequest(const balance::StepOptions& options) {
   request.set_micro_batches_multiple_of(micro_batch.micro_batches_multiple_of);
   request.set_pad_to_multiple_of(micro_batch.pad_to_multiple_of);
   request.set_pipeline_stages(micro_batch.pipeline_stages);
-  request.set_overhead(micro_batch.overhead);
+  if (micro_batch.overhead) request.set_overhead(*micro_batch.overhead);
   *request.mutable_cost() = ToCostMessage(micro_batch.cost);
   request.set_order(ToOrderMessage(micro_batch.order));
   request.set_refine_iterations(micro_batch.refine.enabled ? micro_batch.refine.max_iterations : 0);
@@ -386,7 +386,7 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   step->set_micro_batches_multiple_of(step_request.micro_batches_multiple_of());
   step->set_pad_to_multiple_of(step_request.pad_to_multiple_of());
   step->set_pipeline_stages(step_request.pipeline_stages());
-  step->set_overhead(step_request.overhead());
+  if (step_request.has_overhead()) step->set_overhead(step_request.overhead());
   *step->mutable_cost() = step_request.cost();
   step->set_order(step_request.order());
   step->set_refine_iterations(step_request.refine_iterations());

@@ -7,6 +7,7 @@
 #include <bit>
 #include <limits>
 #include <map>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -29,39 +30,77 @@ std::int64_t Padded(std::int64_t length, std::int64_t multiple) {
 void ExpectValidRank(std::span<const std::int64_t> lengths, const MicroBatchOptions& options,
                      const RankPlan& rank, std::int64_t m, std::vector<int>& seen) {
   ASSERT_EQ(static_cast<std::int64_t>(rank.micro_batches.size()), m);
+  const std::int64_t o = options.overhead.value_or(options.cost.micro_batch_overhead());
   std::int64_t items = 0;
   std::int64_t tokens = 0;
+  std::int64_t unpadded_tokens = 0;
   std::int64_t cost = 0;
   std::int64_t sum_time = 0;
   std::int64_t max_time = 0;
   for (const MicroBatch& b : rank.micro_batches) {
     EXPECT_TRUE(std::is_sorted(b.indices.begin(), b.indices.end()));
     std::int64_t t = 0;
+    std::int64_t u = 0;
     std::int64_t c = 0;
     for (const std::int64_t i : b.indices) {
       ++seen[static_cast<std::size_t>(i)];
       const std::int64_t padded =
           Padded(lengths[static_cast<std::size_t>(i)], options.pad_to_multiple_of);
       t += padded;
+      u += lengths[static_cast<std::size_t>(i)];
       c += options.cost.Cost(padded);
     }
     EXPECT_EQ(b.tokens, t);
+    EXPECT_EQ(b.unpadded_tokens, u);
     EXPECT_EQ(b.cost, c);
     EXPECT_LE(b.tokens, options.max_tokens_per_micro_batch) << "the cap is broken";
     items += static_cast<std::int64_t>(b.indices.size());
     tokens += t;
+    unpadded_tokens += u;
     cost += c;
-    sum_time += c + options.overhead;
-    max_time = std::max(max_time, c + options.overhead);
+    sum_time += c + o;
+    max_time = std::max(max_time, c + o);
   }
   for (const MicroBatch& b : rank.micro_batches) {
     if (b.indices.empty()) {
       EXPECT_LT(items, m) << "an empty micro-batch on a full rank";
     }
   }
+  EXPECT_EQ(rank.sequences, items);
   EXPECT_EQ(rank.tokens, tokens);
+  EXPECT_EQ(rank.unpadded_tokens, unpadded_tokens);
   EXPECT_EQ(rank.cost, cost);
   EXPECT_EQ(rank.time, sum_time + (options.pipeline_stages - 1) * max_time);
+}
+
+// The step's totals, and empty micro-batches and ranks only where the input forces
+// them: without whole groups, a plan with an empty micro-batch has fewer sequences than
+// ranks × its count, and one with an empty rank fewer sequences than ranks.
+void ExpectTotalsAndEmpties(std::span<const std::int64_t> lengths, const StepOptions& options,
+                            const StepPlan& plan) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  std::int64_t tokens = 0, unpadded = 0, empty = 0, empty_ranks = 0;
+  for (const std::int64_t l : lengths) {
+    tokens += Padded(l, mb.pad_to_multiple_of);
+    unpadded += l;
+  }
+  for (const RankPlan& rank : plan.ranks) {
+    empty_ranks += rank.sequences == 0 ? 1 : 0;
+    for (const MicroBatch& b : rank.micro_batches) empty += b.indices.empty() ? 1 : 0;
+  }
+  const auto n = static_cast<std::int64_t>(lengths.size());
+  EXPECT_EQ(plan.sequences, n);
+  EXPECT_EQ(plan.tokens, tokens);
+  EXPECT_EQ(plan.unpadded_tokens, unpadded);
+  EXPECT_EQ(plan.empty_micro_batches, empty);
+  EXPECT_EQ(plan.empty_ranks, empty_ranks);
+  EXPECT_EQ(plan.overhead, mb.overhead.value_or(mb.cost.micro_batch_overhead()));
+  if (!options.keep_groups) {
+    if (empty > 0) {
+      EXPECT_GT(options.num_ranks * plan.num_micro_batches, n) << empty << " avoidable empties";
+    }
+    if (empty_ranks > 0) EXPECT_GT(options.num_ranks, n) << "an avoidable empty rank";
+  }
 }
 
 TEST(MicroBatchTest, TheKnownCapFailureDoesNotHappen) {
@@ -150,6 +189,151 @@ TEST(MicroBatchTest, EmptyRankAndEmptyInput) {
   const PlannedStep planned = PlanStep(std::vector<std::int64_t>{5}, {}, step);
   EXPECT_EQ(planned.plan.ranks.size(), 4u);
   for (const RankPlan& r : planned.plan.ranks) EXPECT_EQ(r.micro_batches.size(), 2u);
+  // Forced: one sequence for 4 ranks × 2 micro-batches; said in the plan.
+  EXPECT_EQ(planned.plan.empty_ranks, 3);
+  EXPECT_EQ(planned.plan.empty_micro_batches, 7);
+}
+
+// The step planner's reported failure: the built-in example (128 prompts × 8, seed
+// 1) on 8 ranks at p = 2 had 380 micro-batches per rank, 361 of them empty on rank 0.
+TEST(MicroBatchTest, NoEmptyMicroBatchesAtPipelineDepthTwo) {
+  const SyntheticBatch batch = GrpoBatch(128, 8, 1);
+  for (const std::optional<std::int64_t> overhead :
+       {std::optional<std::int64_t>{}, std::optional<std::int64_t>{0},
+        std::optional<std::int64_t>{50}}) {
+    StepOptions options;
+    options.num_ranks = 8;
+    options.micro_batch.max_tokens_per_micro_batch = 32768;
+    options.micro_batch.pipeline_stages = 2;
+    options.micro_batch.overhead = overhead;
+    SCOPED_TRACE("overhead " + (overhead ? std::to_string(*overhead) : "default"));
+    const StepPlan plan = PlanStep(batch.lengths, batch.groups, options).plan;
+    EXPECT_EQ(plan.empty_micro_batches, 0);
+    std::int64_t fewest = INT64_MAX;
+    for (const RankPlan& rank : plan.ranks) fewest = std::min(fewest, rank.sequences);
+    EXPECT_LE(plan.num_micro_batches, fewest);
+    ExpectTotalsAndEmpties(batch.lengths, options, plan);
+  }
+}
+
+// Without a given overhead the plan uses the cost model's estimate.
+TEST(MicroBatchTest, DefaultOverheadIsTheCostModelsEstimate) {
+  const SyntheticBatch batch = GrpoBatch(16, 8, 3);
+  StepOptions options;
+  options.num_ranks = 4;
+  options.micro_batch.max_tokens_per_micro_batch = 32768;
+  options.micro_batch.pipeline_stages = 4;
+  options.micro_batch.cost = CostModel::Attention(ModelShape{});
+  const PlannedStep unset = PlanStep(batch.lengths, batch.groups, options);
+  EXPECT_EQ(unset.plan.overhead, CostModel::Attention(ModelShape{}).micro_batch_overhead());
+  EXPECT_GT(unset.plan.overhead, 100);
+  options.micro_batch.overhead = unset.plan.overhead;
+  const PlannedStep given = PlanStep(batch.lengths, batch.groups, options);
+  EXPECT_EQ(given.plan.predicted_step_time, unset.plan.predicted_step_time);
+  EXPECT_EQ(given.plan.num_micro_batches, unset.plan.num_micro_batches);
+}
+
+// The count is the smallest within the tolerance of the best count tried.
+TEST(MicroBatchTest, CountToleranceTakesTheSmallestCountWithinIt) {
+  // 16 sequences of 100, p = 4, overhead 10: m micro-batches of 1600 / m cost
+  // (m dividing 16) take 1600 + 10·m + 3·(1600 / m + 10): m = 16 gives 2090, m = 8
+  // 2310 (10.5% more), m = 4 2870.
+  const std::vector<std::int64_t> lengths(16, 100);
+  MicroBatchOptions options;
+  options.max_tokens_per_micro_batch = 1600;
+  options.pipeline_stages = 4;
+  options.overhead = 10;
+  options.count_tolerance = 0.0;
+  EXPECT_EQ(PlanMicroBatches(lengths, options).micro_batches.size(), 16u);
+  options.count_tolerance = 0.11;
+  EXPECT_EQ(PlanMicroBatches(lengths, options).micro_batches.size(), 8u);
+  EXPECT_EQ(PlanMicroBatches(lengths, options).time, 2310);
+  options.count_tolerance = 1.5;
+  EXPECT_THAT(ErrorOf([&] { PlanMicroBatches(lengths, options); }),
+              HasSubstr("count_tolerance: must be in [0, 1], got 1.5"));
+  // p = 8, no overhead, multiples of 3: m = 9, 12 and 15 all reach 1600 + 7·200
+  // (two sequences share a micro-batch); 9 is the smallest. Never more micro-batches
+  // than sequences: 18 would leave two empty.
+  options.count_tolerance = 0.0;
+  options.pipeline_stages = 8;
+  options.overhead = 0;
+  options.micro_batches_multiple_of = 3;
+  const RankPlan plan = PlanMicroBatches(lengths, options);
+  EXPECT_EQ(plan.micro_batches.size(), 9u);
+  EXPECT_EQ(plan.time, 3000);
+  for (const MicroBatch& b : plan.micro_batches) EXPECT_FALSE(b.indices.empty());
+  options.min_micro_batches = 18;  // forced: two empty
+  const RankPlan forced = PlanMicroBatches(lengths, options);
+  EXPECT_EQ(forced.micro_batches.size(), 18u);
+  EXPECT_EQ(std::count_if(forced.micro_batches.begin(), forced.micro_batches.end(),
+                          [](const MicroBatch& b) { return b.indices.empty(); }),
+            2);
+}
+
+// Empty micro-batches the input forces are planned and counted: 1,024 sequences on
+// 64 ranks cannot fill 20 micro-batches each.
+TEST(MicroBatchTest, ForcedEmptyMicroBatchesAreCounted) {
+  const SyntheticBatch batch = GrpoBatch(128, 8, 1);
+  StepOptions options;
+  options.num_ranks = 64;
+  options.micro_batch.max_tokens_per_micro_batch = 32768;
+  options.micro_batch.pipeline_stages = 4;
+  options.micro_batch.min_micro_batches = 20;
+  const StepPlan plan = PlanStep(batch.lengths, batch.groups, options).plan;
+  EXPECT_EQ(plan.num_micro_batches, 20);
+  EXPECT_EQ(plan.empty_micro_batches, 64 * 20 - 1024);  // as few as possible
+  EXPECT_EQ(plan.empty_ranks, 0);
+  // 16 per rank fill every micro-batch.
+  options.micro_batch.min_micro_batches = 16;
+  EXPECT_EQ(PlanStep(batch.lengths, batch.groups, options).plan.empty_micro_batches, 0);
+}
+
+// The real data sets shipped in tests/data, at every pipeline depth and overhead (0
+// included): every sequence once, the cap kept, the bound below the plan, and no
+// empty micro-batch the batch could fill.
+TEST(MicroBatchPropertyTest, RealLengthData) {
+  struct Data {
+    const char* file;
+    std::int64_t cap;
+  };
+  for (const Data& data : {Data{"rollout_lengths_amc23_llama3b.csv", 16384},
+                           Data{"reasoning_lengths_intellect3_math.csv", 65536}}) {
+    const testing::LengthData lengths = testing::ReadLengthData(data.file);
+    ASSERT_GT(lengths.lengths.size(), 40u) << data.file;
+    Rng rng(std::hash<std::string>{}(data.file) % 1000);
+    for (int trial = 0; trial < 40; ++trial) {
+      StepOptions options;
+      options.num_ranks = rng.UniformInt(1, 16);
+      options.keep_groups = !lengths.groups.empty() && rng.UniformInt(0, 2) == 0;
+      options.equal_size = rng.UniformInt(0, 3) == 0;
+      MicroBatchOptions& mb = options.micro_batch;
+      mb.max_tokens_per_micro_batch = data.cap;
+      const std::int64_t stages[] = {2, 4, 8};
+      mb.pipeline_stages = stages[rng.UniformInt(0, 2)];
+      mb.micro_batches_multiple_of = rng.UniformInt(0, 1) == 0 ? 1 : mb.pipeline_stages;
+      switch (rng.UniformInt(0, 2)) {
+        case 0:
+          mb.overhead = 0;
+          break;
+        case 1:
+          mb.overhead = rng.UniformInt(1, 4096);
+          break;
+        default:
+          break;
+      }
+      if (rng.UniformInt(0, 1) == 1) mb.cost = CostModel::Attention(ModelShape{});
+      SCOPED_TRACE(std::string(data.file) + " trial " + std::to_string(trial));
+      const StepPlan plan = PlanStep(lengths.lengths, lengths.groups, options).plan;
+      std::vector<int> seen(lengths.lengths.size(), 0);
+      for (const RankPlan& rank : plan.ranks) {
+        ExpectValidRank(lengths.lengths, mb, rank, plan.num_micro_batches, seen);
+      }
+      for (const int s : seen) ASSERT_EQ(s, 1) << "a sequence is lost or doubled";
+      EXPECT_LE(plan.lower_bound, plan.predicted_step_time);
+      ExpectTotalsAndEmpties(lengths.lengths, options, plan);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
 }
 
 TEST(MicroBatchTest, BadInputNamesTheField) {
@@ -208,7 +392,16 @@ void StepSweep(std::uint64_t first, std::uint64_t count) {
     mb.min_micro_batches = rng.UniformInt(1, 4);
     mb.micro_batches_multiple_of = rng.UniformInt(1, 4);
     mb.pipeline_stages = rng.UniformInt(1, 4);
-    mb.overhead = rng.UniformInt(0, 1) == 1 ? 0 : rng.UniformInt(1, 5000);
+    switch (rng.UniformInt(0, 2)) {
+      case 0:
+        mb.overhead = 0;
+        break;
+      case 1:
+        mb.overhead = rng.UniformInt(1, 5000);
+        break;
+      default:
+        break;  // the cost model's estimate
+    }
     if (rng.UniformInt(0, 1) == 1) mb.cost = CostModel::Attention(ModelShape{});
     SCOPED_TRACE("seed " + std::to_string(seed));
 
@@ -238,8 +431,13 @@ void StepSweep(std::uint64_t first, std::uint64_t count) {
     EXPECT_EQ(plan.predicted_step_time, step_time);
     EXPECT_EQ(plan.cap_violations, 0);
     EXPECT_GE(plan.predicted_step_time, plan.lower_bound);
-    if (!options.keep_groups && step.baseline.cap_violations == 0) {
-      EXPECT_LE(plan.predicted_step_time, step.baseline.predicted_step_time);
+    ExpectTotalsAndEmpties(batch.lengths, options, plan);
+    // The baseline is a candidate: the plan is within the tolerance of it unless it has
+    // more empty micro-batches.
+    if (!options.keep_groups && step.baseline.cap_violations == 0 &&
+        step.baseline.empty_micro_batches <= plan.empty_micro_batches) {
+      EXPECT_LE(static_cast<double>(plan.predicted_step_time),
+                static_cast<double>(step.baseline.predicted_step_time) * (1 + mb.count_tolerance));
     }
     EXPECT_GE(step.baseline.predicted_step_time, step.baseline.lower_bound);
     const PlannedStep again = PlanStep(batch.lengths, batch.groups, options);
@@ -290,7 +488,7 @@ std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths,
     }
   }
   const std::int64_t p1 = mb.pipeline_stages - 1;
-  const std::int64_t o = mb.overhead;
+  const std::int64_t o = mb.overhead.value();
   // The unit of each sequence: its group (renumbered from 0) or itself.
   std::vector<int> unit(static_cast<std::size_t>(n));
   std::map<std::int64_t, int> unit_of_group;
@@ -407,13 +605,15 @@ void HeavyTailedBoundSweep(std::uint64_t first, std::uint64_t count) {
     mb.pipeline_stages = rng.UniformInt(1, 8);
     mb.micro_batches_multiple_of = rng.UniformInt(1, 4);
     mb.min_micro_batches = rng.UniformInt(1, 8);
-    mb.overhead = rng.UniformInt(0, 1) == 0 ? 0 : rng.UniformInt(1, 8192);
+    if (rng.UniformInt(0, 2) > 0)
+      mb.overhead = rng.UniformInt(0, 1) == 0 ? 0 : rng.UniformInt(1, 8192);
     mb.cost = CostModel::Attention(ModelShape{});
     SCOPED_TRACE("seed " + std::to_string(seed));
     const PlannedStep step = PlanStep(batch.lengths, batch.groups, options);
     EXPECT_GT(step.plan.lower_bound, 0);
     EXPECT_LE(step.plan.lower_bound, step.plan.predicted_step_time);
     EXPECT_LE(step.baseline.lower_bound, step.baseline.predicted_step_time);
+    ExpectTotalsAndEmpties(batch.lengths, options, step.plan);
     if (::testing::Test::HasFailure()) return;
   }
 }

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <fstream>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +17,49 @@
 #include "rlsched/balance/partition.h"
 
 namespace rlsched::balance::testing {
+
+// A real length data set of tests/data: lengths (prompt + response tokens) and, when
+// the file has a group column, groups.
+struct LengthData {
+  std::vector<std::int64_t> lengths;
+  std::vector<std::int64_t> groups;
+};
+
+// Reads tests/data/<name> (a CSV with prompt_tokens and response_tokens columns and
+// optionally group). Throws std::runtime_error when the file is missing or malformed:
+// a missing data set fails the test, it never skips it.
+inline LengthData ReadLengthData(const std::string& name) {
+  const std::string path = std::string(RLSCHED_TEST_DATA_DIR) + "/" + name;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::string line;
+  std::getline(in, line);
+  std::vector<std::string> header;
+  for (std::stringstream columns(line); std::getline(columns, line, ',');) header.push_back(line);
+  auto column = [&](const std::string& want) {
+    const auto it = std::find(header.begin(), header.end(), want);
+    return it == header.end() ? -1 : static_cast<int>(it - header.begin());
+  };
+  const int prompt = column("prompt_tokens");
+  const int response = column("response_tokens");
+  const int group = column("group");
+  if (prompt < 0 || response < 0) throw std::runtime_error(path + ": no token columns");
+  LengthData data;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::vector<std::int64_t> values;
+    for (std::stringstream fields(line); std::getline(fields, line, ',');) {
+      values.push_back(std::stoll(line));
+    }
+    if (static_cast<int>(values.size()) != static_cast<int>(header.size())) {
+      throw std::runtime_error(path + ": a row with " + std::to_string(values.size()) + " fields");
+    }
+    data.lengths.push_back(values[static_cast<std::size_t>(prompt)] +
+                           values[static_cast<std::size_t>(response)]);
+    if (group >= 0) data.groups.push_back(values[static_cast<std::size_t>(group)]);
+  }
+  return data;
+}
 
 // Every index in exactly one part, parts ascending, loads and bound consistent.
 inline void ExpectValidPartition(std::span<const std::int64_t> weights, std::int64_t k,

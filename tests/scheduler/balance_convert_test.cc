@@ -434,7 +434,8 @@ TEST(StepConvertTest, Defaults) {
   EXPECT_EQ(micro_batch.micro_batches_multiple_of, 1);
   EXPECT_EQ(micro_batch.pad_to_multiple_of, 1);
   EXPECT_EQ(micro_batch.pipeline_stages, 1);
-  EXPECT_EQ(micro_batch.overhead, 0);
+  EXPECT_FALSE(micro_batch.overhead.has_value());  // the cost model's estimate
+  EXPECT_EQ(micro_batch.count_tolerance, 0.01);
   EXPECT_EQ(micro_batch.order, balance::MicroBatchOrder::kPipeline);
   EXPECT_TRUE(micro_batch.refine.enabled);
   EXPECT_EQ(micro_batch.refine.max_iterations, balance::RefineOptions{}.max_iterations);
@@ -453,6 +454,7 @@ TEST(StepConvertTest, EveryOption) {
   request.set_pad_to_multiple_of(16);
   request.set_pipeline_stages(4);
   request.set_overhead(250);
+  request.set_count_tolerance(0.05);
   request.set_order(v1::MICRO_BATCH_ORDER_HEAVIEST_FIRST);
   request.set_refine_iterations(0);
   const balance::StepOptions options = ToStepOptions(request);
@@ -466,6 +468,7 @@ TEST(StepConvertTest, EveryOption) {
   EXPECT_EQ(micro_batch.pad_to_multiple_of, 16);
   EXPECT_EQ(micro_batch.pipeline_stages, 4);
   EXPECT_EQ(micro_batch.overhead, 250);
+  EXPECT_EQ(micro_batch.count_tolerance, 0.05);
   EXPECT_EQ(micro_batch.order, balance::MicroBatchOrder::kHeaviestFirst);
   EXPECT_FALSE(micro_batch.refine.enabled);
   EXPECT_EQ(micro_batch.cost.kind(), balance::CostModel::Kind::kAttention);
@@ -619,6 +622,9 @@ void ExpectValidPlan(const v1::PlanStepRequest& request, const v1::PlanStepReply
   std::vector<int> seen(tokens_of.size(), 0);
   std::map<std::int64_t, int> rank_of_group;
   std::int64_t slowest = 0;
+  std::int64_t total_tokens = 0;
+  std::int64_t unpadded_total = 0;
+  std::int64_t ranks_with_empty = 0;
   for (int r = 0; r < reply.ranks_size(); ++r) {
     SCOPED_TRACE(::testing::Message() << "rank " << r);
     const v1::RankPlan& rank = reply.ranks(r);
@@ -631,6 +637,7 @@ void ExpectValidPlan(const v1::PlanStepRequest& request, const v1::PlanStepReply
     bool has_empty = false;
     for (const v1::MicroBatch& batch : rank.micro_batches()) {
       std::int64_t tokens = 0;
+      std::int64_t unpadded = 0;
       std::int64_t cost = 0;
       for (int j = 0; j < batch.indices_size(); ++j) {
         const std::int64_t index = batch.indices(j);
@@ -641,6 +648,7 @@ void ExpectValidPlan(const v1::PlanStepRequest& request, const v1::PlanStepReply
         }
         ++seen[static_cast<std::size_t>(index)];
         tokens += tokens_of[static_cast<std::size_t>(index)];
+        unpadded += request.lengths(static_cast<int>(index));
         cost += cost_of[static_cast<std::size_t>(index)];
         if (request.keep_groups()) {
           const auto [it, inserted] =
@@ -655,15 +663,20 @@ void ExpectValidPlan(const v1::PlanStepRequest& request, const v1::PlanStepReply
       sequences += batch.indices_size();
       rank_tokens += tokens;
       rank_cost += cost;
-      sum_time += cost + micro_batch.overhead;
-      max_time = std::max(max_time, cost + micro_batch.overhead);
+      EXPECT_EQ(batch.unpadded_tokens(), unpadded);
+      unpadded_total += unpadded;
+      sum_time += cost + reply.overhead();
+      max_time = std::max(max_time, cost + reply.overhead());
     }
     EXPECT_EQ(rank.tokens(), rank_tokens);
     EXPECT_EQ(rank.cost(), rank_cost);
+    EXPECT_EQ(rank.sequences(), sequences);
     EXPECT_EQ(rank.time(), sum_time + (micro_batch.pipeline_stages - 1) * max_time);
     if (has_empty) {
       EXPECT_LT(sequences, m) << "an empty micro-batch on a rank with enough sequences";
+      ++ranks_with_empty;
     }
+    total_tokens += rank_tokens;
     if (request.equal_size() && !request.keep_groups()) {
       const std::int64_t n = request.lengths_size();
       EXPECT_GE(sequences, n / request.num_ranks());
@@ -674,14 +687,26 @@ void ExpectValidPlan(const v1::PlanStepRequest& request, const v1::PlanStepReply
   for (std::size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "index " << i;
   EXPECT_EQ(reply.predicted_step_time(), slowest);
   EXPECT_LE(reply.lower_bound(), reply.predicted_step_time());
+  EXPECT_EQ(reply.overhead(),
+            micro_batch.overhead.value_or(micro_batch.cost.micro_batch_overhead()));
+  EXPECT_EQ(reply.sequences(), request.lengths_size());
+  EXPECT_EQ(reply.tokens(), total_tokens);
+  EXPECT_EQ(reply.unpadded_tokens(), unpadded_total);
+  EXPECT_EQ(reply.empty_micro_batches() > 0, ranks_with_empty > 0);
+  if (reply.empty_micro_batches() > 0 && !request.keep_groups()) {
+    EXPECT_GT(request.num_ranks() * m, request.lengths_size()) << "avoidable empty micro-batches";
+  }
 
   const v1::BaselinePlan& baseline = reply.baseline();
   EXPECT_GE(baseline.micro_batches(), micro_batch.min_micro_batches);
   EXPECT_EQ(baseline.micro_batches() % micro_batch.micro_batches_multiple_of, 0);
   EXPECT_GE(baseline.cap_violations(), 0);
   EXPECT_LE(baseline.cap_violations(), request.num_ranks() * baseline.micro_batches());
-  if (!request.keep_groups() && baseline.cap_violations() == 0) {
-    EXPECT_LE(reply.predicted_step_time(), baseline.predicted_step_time());
+  if (!request.keep_groups() && baseline.cap_violations() == 0 &&
+      baseline.empty_micro_batches() <= reply.empty_micro_batches()) {
+    EXPECT_LE(
+        static_cast<double>(reply.predicted_step_time()),
+        static_cast<double>(baseline.predicted_step_time()) * (1.0 + micro_batch.count_tolerance));
   }
 }
 
@@ -786,17 +811,22 @@ TEST(ToJsonTest, PlanStepFieldNames) {
   for (int i = 0; i < 8; ++i) request.add_lengths(7);
   request.set_num_ranks(1);
   request.set_max_tokens_per_micro_batch(8);
+  request.set_overhead(0);
   const v1::PlanStepReply reply = SolvePlanStep(request);
   const std::string json = ToJson(reply);
   EXPECT_EQ(json.find('\n'), std::string::npos) << json;
   EXPECT_THAT(json, StartsWith("{\"ranks\":[{\"micro_batches\":[{\"indices\":[\""));
-  EXPECT_THAT(json, HasSubstr("\"tokens\":\"7\",\"cost\":\"7\"}"));
-  EXPECT_THAT(json, HasSubstr("],\"tokens\":\"56\",\"cost\":\"56\",\"time\":\"56\"}]"));
+  EXPECT_THAT(json, HasSubstr("\"tokens\":\"7\",\"cost\":\"7\",\"unpadded_tokens\":\"7\"}"));
+  EXPECT_THAT(json, HasSubstr("],\"tokens\":\"56\",\"cost\":\"56\",\"time\":\"56\","
+                              "\"sequences\":\"8\",\"unpadded_tokens\":\"56\"}]"));
   EXPECT_THAT(json, HasSubstr("\"micro_batches\":\"8\""));
   EXPECT_THAT(json, HasSubstr("\"predicted_step_time\":\"56\""));
   EXPECT_THAT(json, HasSubstr("\"lower_bound\":\"56\""));
   EXPECT_THAT(json, HasSubstr("\"baseline\":{\"predicted_step_time\":\"56\",\"cap_violations\":"
-                              "\"1\",\"micro_batches\":\"7\"}"));
+                              "\"1\",\"micro_batches\":\"7\",\"empty_micro_batches\":\"0\"}"));
+  EXPECT_THAT(json, HasSubstr("\"overhead\":\"0\",\"sequences\":\"8\",\"tokens\":\"56\","
+                              "\"unpadded_tokens\":\"56\",\"empty_micro_batches\":\"0\","
+                              "\"empty_ranks\":\"0\"}"));
 
   const std::string request_json = ToJson(request);
   for (const char* field :

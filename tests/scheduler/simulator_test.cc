@@ -57,6 +57,7 @@ SimulatorConfig TinyConfig() {
   config.trainer_ranks = 1;
   config.step.micro_batch.max_tokens_per_micro_batch = 1024;
   config.step.micro_batch.cost = balance::CostModel::Tokens();
+  config.step.micro_batch.overhead = 0;  // the timelines below are computed by hand
   config.seconds_per_cost_unit = 1.0 / 22.0;
   config.weight_sync_seconds = 0;
   config.dataset_prompts = 4;

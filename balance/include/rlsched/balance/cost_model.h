@@ -22,6 +22,10 @@
 //   and the model gives linear = 1, quadratic = b / a (for a 7B Llama shape,
 //   quadratic ≈ 1 / 50,400: attention equals the linear work at L ≈ 50k).
 //
+//   Per micro-batch: a trainer pays for every micro-batch it runs, whatever its
+//   tokens (see MicroBatchOverheadTokens below); CostModel::micro_batch_overhead()
+//   is that cost in the model's unit, the step planner's default `overhead`.
+//
 // Example
 //   auto model = rlsched::balance::CostModel::Attention(
 //       {.hidden_size = 4096, .num_layers = 32, .ffn_hidden_size = 14336,
@@ -53,23 +57,56 @@ struct ModelShape {
   bool gated_mlp = true;  // SwiGLU (Llama, Qwen): three FFN matrices instead of two
 };
 
+// What one micro-batch costs a trainer beyond its tokens, for the estimate below.
+// The defaults are an H100-class GPU (989 TFLOP/s dense bf16 at 40% utilisation,
+// 3.35 TB/s of HBM) running a Megatron-style training loop.
+struct MicroBatchOverheadModel {
+  double flops_per_second = 400e12;          // achieved training FLOP/s of one GPU, > 0
+  double memory_bytes_per_second = 3.35e12;  // HBM bandwidth, > 0
+  double bytes_per_parameter = 2.0;          // bf16 weights, >= 0
+  double kernels_per_layer = 40.0;           // forward + backward launches per layer, >= 0
+  double kernel_latency_seconds = 5e-6;      // launch and tail of one kernel, >= 0
+  double framework_seconds = 2e-3;           // per micro-batch: data, loss, p2p set-up, >= 0
+};
+
+// The fixed cost of one micro-batch (forward + backward) in tokens of linear work
+// (the attention cost model's unit), for a model of this shape at TP = 1:
+//
+//   overhead = F · (3 · β · N / B  +  K · l · τ  +  φ) / a
+//
+// with F the achieved FLOP/s, a the FLOPs of one token (the cost model's linear work,
+// 6·N plus the LM head), N the matrix parameters (l layers of QKV, output and MLP,
+// plus the LM head), β bytes per parameter, B the memory bandwidth (the weights are
+// streamed once forward and twice backward by every micro-batch, however short), K
+// kernels per layer of latency τ, and φ the framework's own per-micro-batch time.
+// The weight term is about F / B (≈ 120 tokens) for any dense model; the launch and
+// framework terms dominate small models. Llama-3.1-8B's shape (ModelShape{}) gives
+// about 190 tokens, a 0.5B model about 1,000, a 70B model about 140.
+// Throws std::invalid_argument naming the bad field (shape or model). O(1).
+double MicroBatchOverheadTokens(const ModelShape& shape, const MicroBatchOverheadModel& model = {});
+
 class CostModel {
  public:
   enum class Kind { kTokens, kAttention };
 
-  // cost(L) = L.
+  // cost(L) = L. Its micro-batch overhead is MicroBatchOverheadTokens(ModelShape{}).
   static CostModel Tokens();
   // linear = 1, quadratic from the shape (see the file comment); constant is a
   // per-sequence cost in token units (e.g. a kernel launch), >= 0.
-  // Throws std::invalid_argument naming the bad field.
+  // Throws std::invalid_argument naming the bad field. Its micro-batch overhead is
+  // MicroBatchOverheadTokens(shape).
   static CostModel Attention(const ModelShape& shape, double constant = 0.0);
-  // Coefficients given directly: finite, >= 0, linear + quadratic > 0.
+  // Coefficients given directly: finite, >= 0, linear + quadratic > 0. Its micro-batch
+  // overhead is linear · MicroBatchOverheadTokens(ModelShape{}) (a token costs `linear`).
   static CostModel Attention(double linear, double quadratic, double constant);
 
   Kind kind() const { return kind_; }
   double linear() const { return linear_; }
   double quadratic() const { return quadratic_; }
   double constant() const { return constant_; }
+  // The cost of one micro-batch launch in this model's unit (see the file comment),
+  // rounded; the step planner's default per-micro-batch overhead.
+  std::int64_t micro_batch_overhead() const { return micro_batch_overhead_; }
 
   // The cost of one sequence. Preconditions: 0 <= length <= 2^31 (else
   // std::invalid_argument naming `lengths`). Throws std::invalid_argument when the
@@ -82,13 +119,19 @@ class CostModel {
   std::string Describe() const;
 
  private:
-  CostModel(Kind kind, double linear, double quadratic, double constant)
-      : kind_(kind), linear_(linear), quadratic_(quadratic), constant_(constant) {}
+  CostModel(Kind kind, double linear, double quadratic, double constant,
+            std::int64_t micro_batch_overhead)
+      : kind_(kind),
+        linear_(linear),
+        quadratic_(quadratic),
+        constant_(constant),
+        micro_batch_overhead_(micro_batch_overhead) {}
 
   Kind kind_;
   double linear_;
   double quadratic_;
   double constant_;
+  std::int64_t micro_batch_overhead_;
 };
 
 }  // namespace rlsched::balance

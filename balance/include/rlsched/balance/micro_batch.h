@@ -16,14 +16,25 @@
 //   ceil(tokens / cap), at least `min_micro_batches`, a multiple of
 //   `micro_batches_multiple_of`, and a packing under the cap must exist: found by
 //   Karmarkar-Karp on cost repaired under the cap, LPT on tokens, or first-fit
-//   decreasing), then, when p > 1, a larger m if that lowers the rank's time; the cost
-//   is balanced across the m micro-batches by the capped local search, which never
-//   breaks the cap.
+//   decreasing), then, when p > 1, a larger m if that lowers the rank's time by more
+//   than `count_tolerance`, never more micro-batches than sequences (no empty
+//   micro-batch unless the minimum or the multiple forces one); the cost is balanced
+//   across the m micro-batches by the capped local search, which never breaks the cap.
+//
+//   Every micro-batch costs `overhead` (kernel launches, streaming the weights, the
+//   framework's own work); unset, it is estimated from the cost model's shape (see
+//   MicroBatchOverheadTokens in cost_model.h). With 0, the (p − 1)·max t_i term alone
+//   would favour one sequence per micro-batch.
 //
 //   PlanStep() plans a whole step from the global batch: sequences to ranks (the
-//   balancer, on cost), then one micro-batch count for every rank, chosen to minimise
-//   the step time, with every rank's micro-batches planned as above. No all-reduce,
-//   no disagreement between ranks. It also reports a lower bound on the step time.
+//   balancer, on cost, and with p > 1 assignments that pack the longest sequences
+//   together), then one micro-batch count for every rank, chosen to minimise the step
+//   time, with every rank's micro-batches planned as above. No all-reduce, no
+//   disagreement between ranks. Every rank holds at least as many sequences as the
+//   count (the cheapest units move from the fullest ranks when an assignment falls
+//   short), so no micro-batch is empty unless the input forces it; the plan counts
+//   those it could not avoid. It also reports a lower bound on the step time, and the
+//   step's sequence and token totals for a globally normalised loss.
 //
 //   PlanBaseline() is what frameworks do today, for comparison: balanced KK across
 //   ranks on cost, then per rank m = ceil(tokens / cap) (the max across ranks, with the
@@ -39,9 +50,9 @@
 //   options.micro_batch.max_tokens_per_micro_batch = 32768;
 //   options.micro_batch.pipeline_stages = 4;
 //   options.micro_batch.micro_batches_multiple_of = 4;
-//   options.micro_batch.overhead = 2000;
-//   rlsched::balance::StepPlan plan = rlsched::balance::PlanStep(lengths, groups, options);
-//   // plan.ranks[r].micro_batches[j].indices: the sequences of rank r's j-th micro-batch
+//   rlsched::balance::PlannedStep step = rlsched::balance::PlanStep(lengths, groups, options);
+//   // step.plan.ranks[r].micro_batches[j].indices: rank r's j-th micro-batch;
+//   // step.plan.unpadded_tokens: the denominator of a token-mean loss over the step
 //
 // Thread-safety: pure; concurrent calls are safe. Deterministic.
 
@@ -49,6 +60,7 @@
 #define RLSCHED_BALANCE_MICRO_BATCH_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -70,7 +82,15 @@ struct MicroBatchOptions {
   std::int64_t micro_batches_multiple_of = 1;  // >= 1, e.g. the pipeline-parallel size
   std::int64_t pad_to_multiple_of = 1;         // >= 1
   std::int64_t pipeline_stages = 1;            // p >= 1
-  std::int64_t overhead = 0;                   // cost per micro-batch launch, >= 0
+  // Cost of one micro-batch launch (forward + backward) in cost units, >= 0. Unset:
+  // cost.micro_batch_overhead(), an estimate from the model shape (cost_model.h:
+  // about 190 tokens of linear work for a Llama-3.1-8B shape). 0 makes micro-batches
+  // free, which no trainer's are.
+  std::optional<std::int64_t> overhead;
+  // The count is the smallest whose predicted time is within this fraction of the
+  // best count's (among the counts tried), in [0, 1]: a micro-batch more must buy
+  // more than this.
+  double count_tolerance = 0.01;
   MicroBatchOrder order = MicroBatchOrder::kPipeline;
   CostModel cost = CostModel::Tokens();
   RefineOptions refine;
@@ -79,12 +99,15 @@ struct MicroBatchOptions {
 struct MicroBatch {
   std::vector<std::int64_t> indices;  // sequence indices, ascending
   std::int64_t tokens = 0;            // padded
+  std::int64_t unpadded_tokens = 0;   // the sum of the sequences' lengths
   std::int64_t cost = 0;
 };
 
 struct RankPlan {
   std::vector<MicroBatch> micro_batches;  // in execution order
-  std::int64_t tokens = 0;
+  std::int64_t sequences = 0;
+  std::int64_t tokens = 0;  // padded
+  std::int64_t unpadded_tokens = 0;
   std::int64_t cost = 0;
   std::int64_t time = 0;  // Σ (cost_i + overhead) + (p − 1) · max (cost_i + overhead)
 };
@@ -109,6 +132,17 @@ struct StepPlan {
   std::int64_t predicted_step_time = 0;  // max over ranks of RankPlan::time
   std::int64_t lower_bound = 0;          // no valid plan has a smaller step time
   std::int64_t cap_violations = 0;       // micro-batches over the cap (0 for PlanStep)
+  std::int64_t overhead = 0;             // the per-micro-batch overhead used
+  // For a loss that does not depend on the split: the step's sequences and tokens
+  // (padded, and the sum of the lengths), to normalise a token-mean loss globally.
+  std::int64_t sequences = 0;
+  std::int64_t tokens = 0;
+  std::int64_t unpadded_tokens = 0;
+  // Micro-batches without a sequence, and ranks without one. PlanStep makes none
+  // unless the input forces them: fewer sequences (whole groups) than ranks, or
+  // min_micro_batches / micro_batches_multiple_of above what the ranks can fill.
+  std::int64_t empty_micro_batches = 0;
+  std::int64_t empty_ranks = 0;
 };
 
 struct PlannedStep {
