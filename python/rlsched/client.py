@@ -693,7 +693,9 @@ class Client:
 
         `model_config_json`: the model's Hugging Face ``config.json`` text (or a
         mapping, dumped as JSON). `train`: e.g. ``{"tp": 8, "pp": 2, "dp": 4}`` (keys
-        tp, pp, vpp, ep, etp, cp, dp, layers_per_chunk; unset sizes are 1). `infer`:
+        tp, pp, vpp, ep, etp, cp, dp, layers_per_chunk; unset sizes are 1; pp·vpp must
+        divide the layers unless ``first_stage_layers`` / ``last_stage_layers`` give
+        Megatron-core's uneven split, e.g. ``{"pp": 3, "first_stage_layers": 10}``). `infer`:
         e.g. ``{"tp": 4, "replicas": 16}`` (and ``expert_parallel``,
         ``expert_placement``: "contiguous" or "round_robin"). `topology`: e.g.
         ``{"colocated": True, "gpus_per_node": 8}`` (and ``intra_node_gb_per_s``,

@@ -427,26 +427,7 @@ void Validate(const ModelConfig& m, const TrainLayout& train) {
   } else if (train.ep != 1 || train.etp != 1) {
     Fail("train.ep", "must be 1 for a dense model");
   }
-  const std::int64_t chunks = train.pp * train.vpp;
-  if (!train.layers_per_chunk.empty()) {
-    if (static_cast<std::int64_t>(train.layers_per_chunk.size()) != chunks) {
-      Fail("train.layers_per_chunk", "needs pp·vpp = " + std::to_string(chunks) + " entries");
-    }
-    std::int64_t sum = 0;
-    for (std::int64_t c : train.layers_per_chunk) {
-      if (c < 0 || c > m.num_layers) {
-        Fail("train.layers_per_chunk", "entries must be in [0, num_hidden_layers]");
-      }
-      sum += c;
-    }
-    if (sum != m.num_layers) {
-      Fail("train.layers_per_chunk",
-           "must add up to num_hidden_layers (" + std::to_string(m.num_layers) + ")");
-    }
-  } else if (chunks > m.num_layers) {
-    Fail("train.pp",
-         "pp·vpp must be at most num_hidden_layers (" + std::to_string(m.num_layers) + ")");
-  }
+  LayersPerChunk(m, train);
 }
 
 void Validate(const ModelConfig& m, const InferLayout& infer) {
@@ -493,14 +474,103 @@ TrainCoord MegatronCoord(const TrainLayout& train, std::int64_t rank) {
   return c;
 }
 
+std::vector<std::int64_t> LayersPerChunk(const ModelConfig& m, const TrainLayout& train) {
+  const std::int64_t pp = train.pp, vpp = train.vpp, layers = m.num_layers;
+  if (pp < 1 || pp > 65536) Fail("train.pp", "must be in [1, 65536], got " + std::to_string(pp));
+  if (vpp < 1 || vpp > 65536) {
+    Fail("train.vpp", "must be in [1, 65536], got " + std::to_string(vpp));
+  }
+  const std::int64_t chunks = pp * vpp;
+  if (chunks > (std::int64_t{1} << 20)) Fail("train.vpp", "pp·vpp must be at most 2^20");
+  const std::string n = "num_hidden_layers (" + std::to_string(layers) + ")";
+  const auto& first = train.first_stage_layers;
+  const auto& last = train.last_stage_layers;
+
+  if (!train.layers_per_chunk.empty()) {
+    if (first || last) {
+      Fail(first ? "train.first_stage_layers" : "train.last_stage_layers",
+           "cannot be combined with layers_per_chunk");
+    }
+    if (static_cast<std::int64_t>(train.layers_per_chunk.size()) != chunks) {
+      Fail("train.layers_per_chunk", "needs pp·vpp = " + std::to_string(chunks) + " entries");
+    }
+    std::int64_t sum = 0;
+    for (std::int64_t c : train.layers_per_chunk) {
+      if (c < 0 || c > layers) {
+        Fail("train.layers_per_chunk", "entries must be in [0, num_hidden_layers]");
+      }
+      sum += c;
+    }
+    if (sum != layers) Fail("train.layers_per_chunk", "must add up to " + n);
+    return train.layers_per_chunk;
+  }
+
+  if (!first && !last) {
+    // Megatron-core asserts num_layers % pp == 0, then (num_layers / pp) % vpp == 0.
+    if (layers % chunks != 0) {
+      Fail(layers % pp != 0 ? "train.pp" : "train.vpp",
+           n + " must be divisible by pp·vpp (" + std::to_string(chunks) +
+               "), or set first_stage_layers / last_stage_layers for an uneven split");
+    }
+    return std::vector<std::int64_t>(static_cast<std::size_t>(chunks), layers / chunks);
+  }
+
+  // Megatron-core's uneven pipeline split (TransformerConfig.__post_init__).
+  const std::string blamed = first ? "train.first_stage_layers" : "train.last_stage_layers";
+  if (pp < 2) Fail(blamed, "needs pp >= 2, got pp " + std::to_string(pp));
+  for (const auto& [field, value] :
+       {std::pair{"train.first_stage_layers", first}, std::pair{"train.last_stage_layers", last}}) {
+    if (!value) continue;
+    if (*value < 1 || *value > layers) {
+      Fail(field, "must be in [1, " + n + "], got " + std::to_string(*value));
+    }
+    if (*value % vpp != 0) {
+      Fail(field, "must be a multiple of vpp (" + std::to_string(vpp) + "), got " +
+                      std::to_string(*value));
+    }
+  }
+  const std::int64_t others = pp - (first ? 1 : 0) - (last ? 1 : 0);
+  const std::int64_t given = first.value_or(0) + last.value_or(0);
+  const std::string what =
+      first && last ? "first_stage_layers + last_stage_layers (" + std::to_string(*first) + " + " +
+                          std::to_string(*last) + " = " + std::to_string(given) + ")"
+      : first ? "first_stage_layers (" + std::to_string(*first) + ")"
+              : "last_stage_layers (" + std::to_string(*last) + ")";
+  const std::int64_t rest = layers - given;
+  if (others == 0) {
+    if (rest != 0) Fail(blamed, what + " must equal " + n + " with pp 2");
+  } else {
+    const std::int64_t need = others * vpp;  // one layer per chunk of the other stages
+    if (rest < need) {
+      Fail(blamed, what + " must be at most " + n + " - " + std::to_string(need) + ": the other " +
+                       std::to_string(others) + " stage(s) need at least vpp (" +
+                       std::to_string(vpp) + ") layers each");
+    }
+    if (rest % need != 0) {
+      Fail(blamed, "the remaining " + std::to_string(rest) + " layers (" + n + " minus " + what +
+                       ") must be divisible by the other stages × vpp (" + std::to_string(others) +
+                       " × " + std::to_string(vpp) + ")");
+    }
+  }
+  std::vector<std::int64_t> sizes;
+  sizes.reserve(static_cast<std::size_t>(chunks));
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::int64_t r = c % pp;
+    if (r == 0 && first) {
+      sizes.push_back(*first / vpp);
+    } else if (r == pp - 1 && last) {
+      sizes.push_back(*last / vpp);
+    } else {
+      sizes.push_back(rest / (others * vpp));
+    }
+  }
+  return sizes;
+}
+
 std::vector<std::int64_t> StageLayers(const ModelConfig& m, const TrainLayout& train,
                                       std::int64_t pp_rank) {
-  const std::int64_t chunks = train.pp * train.vpp;
-  std::vector<std::int64_t> sizes = train.layers_per_chunk;
-  if (sizes.empty()) {
-    const std::int64_t base = m.num_layers / chunks, rem = m.num_layers % chunks;
-    for (std::int64_t c = 0; c < chunks; ++c) sizes.push_back(base + (c < rem ? 1 : 0));
-  }
+  const std::vector<std::int64_t> sizes = LayersPerChunk(m, train);
+  const std::int64_t chunks = static_cast<std::int64_t>(sizes.size());
   std::vector<std::int64_t> layers;
   std::int64_t start = 0;
   for (std::int64_t c = 0; c < chunks; ++c) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -157,8 +158,38 @@ void CheckTrain(const ModelConfig& m, const TrainLayout& t) {
     }
   }
   const std::int64_t chunks = t.pp * t.vpp;
-  if (t.layers_per_chunk.empty()) {
-    if (chunks > m.num_layers) Fail("train.pp", "pp·vpp exceeds the layers");
+  const bool uneven = t.first_stage_layers || t.last_stage_layers;
+  if (t.layers_per_chunk.empty() && !uneven) {
+    // get_num_layers_to_build(): num_layers % pp == 0, then (num_layers / pp) % vp == 0.
+    if (m.num_layers % t.pp != 0) Fail("train.pp", "pp does not divide the layers");
+    if (m.num_layers / t.pp % t.vpp != 0) {
+      Fail("train.vpp", "vpp does not divide the layers per stage");
+    }
+  } else if (uneven) {
+    // TransformerConfig's "Uneven PP" checks.
+    const char* field =
+        t.first_stage_layers ? "train.first_stage_layers" : "train.last_stage_layers";
+    if (!t.layers_per_chunk.empty()) Fail(field, "excludes layers_per_chunk");
+    if (t.pp == 1) Fail(field, "needs pipeline parallelism");
+    std::int64_t layers = m.num_layers, stages = t.pp;
+    for (const auto& [name, n] : {std::pair{"train.first_stage_layers", t.first_stage_layers},
+                                  std::pair{"train.last_stage_layers", t.last_stage_layers}}) {
+      if (!n) continue;
+      if (*n <= 0) Fail(name, "must be larger than 0");
+      if (*n % t.vpp != 0) Fail(name, "vpp does not divide it");
+      layers -= *n;
+      stages -= 1;
+    }
+    if ((layers != 0) != (stages != 0)) {
+      Fail(field, std::to_string(layers) + " middle layers for " + std::to_string(stages) +
+                      " middle stages");
+    }
+    if (stages > 0 && (layers < 0 || layers % stages != 0)) {
+      Fail(field, "the middle stages do not divide the middle layers");
+    }
+    if (stages > 0 && layers / stages % t.vpp != 0) {
+      Fail(field, "vpp does not divide the layers per middle stage");
+    }
   } else {
     if (static_cast<std::int64_t>(t.layers_per_chunk.size()) != chunks) {
       Fail("train.layers_per_chunk", "must have pp·vpp entries");
@@ -172,16 +203,53 @@ void CheckTrain(const ModelConfig& m, const TrainLayout& t) {
   }
 }
 
+// The layers [begin, end) (global indices) of pipeline stage `pp_rank`'s virtual
+// stage `vp`, as Megatron-core's get_num_layers_to_build() (the count) and
+// get_transformer_layer_offset() (the first layer) compute them.
+std::pair<std::int64_t, std::int64_t> MegatronChunk(const ModelConfig& m, const TrainLayout& t,
+                                                    std::int64_t pp_rank, std::int64_t vp) {
+  const std::int64_t pp = t.pp, vpp = t.vpp;
+  const bool is_first = pp_rank == 0, is_last = pp_rank == pp - 1;
+  std::int64_t count = 0, offset = 0;
+  if (t.first_stage_layers || t.last_stage_layers) {
+    const std::int64_t first = t.first_stage_layers.value_or(0);
+    const std::int64_t last = t.last_stage_layers.value_or(0);
+    const std::int64_t middle_stages =
+        pp - (t.first_stage_layers ? 1 : 0) - (t.last_stage_layers ? 1 : 0);
+    const std::int64_t middle_layers = m.num_layers - first - last;
+    std::int64_t per_rank = middle_stages > 0 ? middle_layers / middle_stages : 0;
+    if (is_first && t.first_stage_layers) per_rank = first;
+    if (is_last && t.last_stage_layers) per_rank = last;
+    count = per_rank / vpp;
+    // Offset: one "round" of every stage's chunk per virtual stage.
+    const std::int64_t first_chunk = first / vpp, last_chunk = last / vpp;
+    const std::int64_t middle_chunks = middle_layers / vpp;
+    const std::int64_t round = first_chunk + middle_chunks + last_chunk;
+    const std::int64_t middle_rank = t.first_stage_layers ? pp_rank - 1 : pp_rank;
+    offset = is_first ? vp * round
+                      : vp * round + first_chunk +
+                            middle_rank * (middle_stages > 0 ? middle_chunks / middle_stages : 0);
+  } else {
+    const std::int64_t per_rank = m.num_layers / pp;
+    count = per_rank / vpp;
+    offset = vp * (m.num_layers / vpp) + pp_rank * count;
+  }
+  return {offset, offset + count};
+}
+
 // Layers of each model chunk, [begin, end) in global layer indices, chunk v·pp + r.
 std::vector<std::pair<std::int64_t, std::int64_t>> ChunkLayers(const ModelConfig& m,
                                                                const TrainLayout& t) {
   const std::int64_t chunks = t.pp * t.vpp;
   std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  if (t.layers_per_chunk.empty()) {
+    for (std::int64_t c = 0; c < chunks; ++c)
+      out.push_back(MegatronChunk(m, t, c % t.pp, c / t.pp));
+    return out;
+  }
   std::int64_t begin = 0;
   for (std::int64_t c = 0; c < chunks; ++c) {
-    std::int64_t n = t.layers_per_chunk.empty()
-                         ? m.num_layers / chunks + (c < m.num_layers % chunks ? 1 : 0)
-                         : t.layers_per_chunk[static_cast<std::size_t>(c)];
+    const std::int64_t n = t.layers_per_chunk[static_cast<std::size_t>(c)];
     out.emplace_back(begin, begin + n);
     begin += n;
   }

@@ -30,6 +30,7 @@ namespace {
 
 constexpr std::int64_t kMaxSize = 65536;
 constexpr std::int64_t kMaxReplicas = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxStageLayers = (std::int64_t{1} << 31) - 1;
 constexpr std::int64_t kMaxBucketMiB = std::int64_t{1} << 20;  // 2^40 bytes
 constexpr double kMaxGbPerS = 1e6;
 constexpr std::string_view kModelPrefix = "model_config_json: ";
@@ -189,6 +190,15 @@ std::string DescribeTrain(const v1::TrainLayout& train) {
   for (const auto& [name, value] : others) {
     if (value > 1) text += fmt::format(", {} {}", name, value);
   }
+  const auto layers = [](std::int64_t n) {
+    return fmt::format("{} layer{}", n, n == 1 ? "" : "s");
+  };
+  if (train.has_first_stage_layers()) {
+    text += fmt::format(", first stage {}", layers(train.first_stage_layers()));
+  }
+  if (train.has_last_stage_layers()) {
+    text += fmt::format(", last stage {}", layers(train.last_stage_layers()));
+  }
   return text;
 }
 
@@ -331,8 +341,11 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
   command->fallthrough();
   command->footer(
       "--train keys: tp, pp, vpp (virtual pipeline chunks per stage), ep, etp (expert tensor "
-      "parallel), cp, dp; --infer keys: tp, replicas, and ep (no value) for expert parallelism "
-      "(EP = TP). Unset keys are 1. Trainer ranks are GPUs 0..T-1; engine (replica, tp rank) is "
+      "parallel), cp, dp, and first-stage-layers, last-stage-layers (Megatron-core's uneven "
+      "pipeline split: the first / last stage's layers, the rest even over the other stages; "
+      "without them pp·vpp must divide the layers); --infer keys: tp, replicas, and ep (no "
+      "value) for expert parallelism (EP = TP). Unset sizes are 1. Trainer ranks are GPUs "
+      "0..T-1; engine (replica, tp rank) is "
       "GPU T + replica·tp + rank, or replica·tp + rank with --colocated.\n"
       "Output: a summary, or with --json the rlsched.v1.ReshardPlan without its transfers in "
       "protobuf's JSON mapping (proto field names; int64 values are strings). --plan-out "
@@ -346,7 +359,8 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
       ->required();
   command
       ->add_option("--train", args.train,
-                   "The trainer's layout, e.g. tp=8,pp=2,dp=4 (keys tp, pp, vpp, ep, etp, cp, dp)")
+                   "The trainer's layout, e.g. tp=8,pp=2,dp=4 or tp=2,pp=3,first-stage-layers=10 "
+                   "(keys tp, pp, vpp, ep, etp, cp, dp, first-stage-layers, last-stage-layers)")
       ->type_name("K=V,...")
       ->required();
   command
@@ -405,9 +419,18 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
 
 v1::TrainLayout ParseTrainOption(std::string_view text) {
   constexpr std::string_view kOption = "--train";
-  constexpr std::string_view kKeys = "tp, pp, vpp, ep, etp, cp, dp";
+  constexpr std::string_view kKeys =
+      "tp, pp, vpp, ep, etp, cp, dp, first-stage-layers, last-stage-layers";
   v1::TrainLayout train;
   for (const Entry& entry : SplitEntries(kOption, text)) {
+    if (entry.key == "first-stage-layers") {
+      train.set_first_stage_layers(IntegerValue(kOption, entry, 1, kMaxStageLayers));
+      continue;
+    }
+    if (entry.key == "last-stage-layers") {
+      train.set_last_stage_layers(IntegerValue(kOption, entry, 1, kMaxStageLayers));
+      continue;
+    }
     void (v1::TrainLayout::*set)(std::int64_t) = nullptr;
     if (entry.key == "tp") set = &v1::TrainLayout::set_tp;
     if (entry.key == "pp") set = &v1::TrainLayout::set_pp;

@@ -59,7 +59,9 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args);
 
 // The trainer layout of a --train value: comma-separated key=value pairs with keys
 // tp, pp, vpp, ep, etp, cp, dp (each at most once, an integer in [1, 65536]; unset
-// keys are 1). Throws std::invalid_argument naming the option and the key for an
+// keys are 1) and first-stage-layers, last-stage-layers (Megatron-core's uneven
+// pipeline split, TrainLayout.first_stage_layers / last_stage_layers; an integer in
+// [1, 2^31 - 1]; unset: not set). Throws std::invalid_argument naming the option and the key for an
 // unknown key, a missing or non-integer value, a value out of range, a duplicate key
 // or an empty entry, e.g. "--train: unknown key 'tq' (keys: tp, pp, ...)".
 v1::TrainLayout ParseTrainOption(std::string_view text);

@@ -42,6 +42,14 @@ double BandwidthOrDefault(std::string_view field, double value, double unset) {
   return value == 0.0 ? unset : value;
 }
 
+// A stage's layer count: in [1, kMaxChunkLayers).
+std::int64_t StageLayerCount(std::string_view field, std::int64_t value) {
+  if (value < 1 || value >= kMaxChunkLayers) {
+    Fail(field, fmt::format("must be in [1, 2^31), got {}", value));
+  }
+  return value;
+}
+
 rollout::TrainLayout ToTrainLayout(const v1::TrainLayout& train) {
   rollout::TrainLayout layout;
   layout.tp = SizeOrDefault("train.tp", train.tp(), kMaxSize, 1);
@@ -72,6 +80,16 @@ rollout::TrainLayout ToTrainLayout(const v1::TrainLayout& train) {
            fmt::format("must be in [0, 2^31), got {}", layers));
     }
     layout.layers_per_chunk.push_back(layers);
+  }
+  // Set or not (proto3 optional); when set, a layer count. What it must satisfy
+  // against the model and pp / vpp is checked by the planner.
+  if (train.has_first_stage_layers()) {
+    layout.first_stage_layers =
+        StageLayerCount("train.first_stage_layers", train.first_stage_layers());
+  }
+  if (train.has_last_stage_layers()) {
+    layout.last_stage_layers =
+        StageLayerCount("train.last_stage_layers", train.last_stage_layers());
   }
   return layout;
 }

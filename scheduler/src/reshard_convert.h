@@ -60,13 +60,16 @@ rollout::ModelConfig ToModelConfig(const v1::ReshardRequest& request);
 // The options a request asks for. Throws std::invalid_argument whose message starts
 // with the proto field's path and states the bound. Checks: train.tp, pp, vpp, ep,
 // etp, cp and dp each in [0, 65536] (0 means 1) with tp·cp·dp·pp at most 2^20;
-// train.layers_per_chunk at most 2^20 entries, each in [0, 2^31); infer.tp in
+// train.layers_per_chunk at most 2^20 entries, each in [0, 2^31);
+// train.first_stage_layers and last_stage_layers, when set, in [1, 2^31); infer.tp in
 // [0, 65536] and infer.replicas in [0, 2^20] (0 means 1) with tp·replicas at most
 // 2^20; a known infer.expert_placement, round-robin only with expert_parallel;
 // topology.gpus_per_node in [0, 65536] (0 means 8); the bandwidths finite and in
 // [0, 1e6] GB/s (0 means 400 intra-node, 50 inter-node); bucket_bytes in [0, 2^40]
-// (0 means 512 MiB); a known target_dtype (unset: bf16). What depends on the model (divisibility,
-// the widest row against the bucket) is checked by rollout::PlanReshard(). O(layers_per_chunk).
+// (0 means 512 MiB); a known target_dtype (unset: bf16). What depends on the model
+// (divisibility, the pipeline split — "train.pp: num_hidden_layers (28) must be divisible
+// by pp·vpp (3), ..." — the widest row against the bucket) is checked by
+// rollout::PlanReshard(). O(layers_per_chunk).
 rollout::ReshardOptions ToReshardOptions(const v1::ReshardRequest& request);
 
 // The plan as its wire message: every summary field, and the transfers (parameter

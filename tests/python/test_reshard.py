@@ -50,6 +50,32 @@ def test_round_trip(client):
     assert any(t.quantize == reshard_pb2.QUANTIZE_AT_SENDER for t in fp8.transfers)
 
 
+def test_first_and_last_stage_layers(client):
+    # 4 layers over 3 stages: refused unless the first / last stages' layers are given.
+    with pytest.raises(InvalidArgumentError) as info:
+        client.reshard(TINY_LLAMA, train={"pp": 3}, infer={"tp": 2})
+    assert info.value.field == "reshard.train.pp"
+    assert info.value.message == (
+        "train.pp: num_hidden_layers (4) must be divisible by pp·vpp (3), or set "
+        "first_stage_layers / last_stage_layers for an uneven split")
+    plan = client.reshard(TINY_LLAMA, train={"pp": 3, "first_stage_layers": 2},
+                          infer={"tp": 2}, include_transfers=True)
+    assert plan.trainer_ranks == 3
+    # 2 | 1 | 1: layer 1 on stage 0 (rank 0), layer 2 on stage 1 (rank 1).
+    ranks = {}
+    for t in plan.transfers:
+        if t.src_param.startswith("decoder.layers."):
+            ranks.setdefault(int(t.src_param.split(".")[2]), set()).add(t.src_rank)
+    assert ranks == {0: {0}, 1: {0}, 2: {1}, 3: {2}}
+    both = client.reshard(TINY_LLAMA, train=reshard_pb2.TrainLayout(
+        pp=3, first_stage_layers=1, last_stage_layers=1), infer={"tp": 2})
+    assert both.trainer_ranks == 3
+    with pytest.raises(InvalidArgumentError) as info:
+        client.reshard(TINY_LLAMA, train={"pp": 3, "last_stage_layers": 0}, infer={"tp": 2})
+    assert info.value.field == "reshard.train.last_stage_layers"
+    assert info.value.message == "train.last_stage_layers: must be in [1, 2^31), got 0"
+
+
 def test_module_function(rlsched_bin):
     with rlsched.Client(rlsched_bin) as client:
         previous = rlsched.set_default_client(client)

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "rlsched/rollout/model.h"
 #include "test_models.h"
@@ -157,10 +160,149 @@ TEST(LayoutTest, StagesAndVirtualChunks) {
   ModelConfig m = testing::SmallModels()[0].second;  // 4 layers
   EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 2, .vpp = 2}, 0), (std::vector<std::int64_t>{0, 2}));
   EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 2, .vpp = 2}, 1), (std::vector<std::int64_t>{1, 3}));
-  EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 3}, 0), (std::vector<std::int64_t>{0, 1}));
-  EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 3}, 2), (std::vector<std::int64_t>{3}));
+  EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 4}, 2), (std::vector<std::int64_t>{2}));
   EXPECT_EQ(StageLayers(m, TrainLayout{.pp = 2, .layers_per_chunk = {1, 3}}, 1),
             (std::vector<std::int64_t>{1, 2, 3}));
+  // 4 layers over 3 stages: Megatron-core refuses it unless the split is explicit.
+  EXPECT_THROW(StageLayers(m, TrainLayout{.pp = 3}, 0), std::invalid_argument);
+  TrainLayout uneven{.pp = 3};
+  uneven.first_stage_layers = 2;
+  EXPECT_EQ(StageLayers(m, uneven, 0), (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(StageLayers(m, uneven, 1), (std::vector<std::int64_t>{2}));
+  EXPECT_EQ(StageLayers(m, uneven, 2), (std::vector<std::int64_t>{3}));
+}
+
+// The case: 28 layers over pp 3 used to be split 10/9/9 silently.
+TEST(LayoutTest, AnUnevenSplitIsRefusedByDefault) {
+  ModelConfig m = testing::SmallModels()[0].second;
+  m.num_layers = 28;
+  EXPECT_EQ(ErrorOf([&] { Validate(m, TrainLayout{.tp = 2, .pp = 3}); }),
+            "train.pp: num_hidden_layers (28) must be divisible by pp·vpp (3), or set "
+            "first_stage_layers / last_stage_layers for an uneven split");
+  // pp divides the layers, pp·vpp does not (14 layers per stage in 3 chunks).
+  EXPECT_EQ(ErrorOf([&] { Validate(m, TrainLayout{.pp = 2, .vpp = 3}); }),
+            "train.vpp: num_hidden_layers (28) must be divisible by pp·vpp (6), or set "
+            "first_stage_layers / last_stage_layers for an uneven split");
+  // More stages than layers is the same rule.
+  EXPECT_EQ(ErrorOf([&] { Validate(m, TrainLayout{.pp = 56}); }).rfind("train.pp: ", 0), 0u);
+  EXPECT_THROW(MegatronShards(m, TrainLayout{.pp = 3}, 0), std::invalid_argument);
+  EXPECT_THROW(LayersPerChunk(m, TrainLayout{.pp = 3}), std::invalid_argument);
+  // Even splits pass.
+  Validate(m, TrainLayout{.pp = 4});
+  Validate(m, TrainLayout{.pp = 2, .vpp = 7});
+  EXPECT_EQ(LayersPerChunk(m, TrainLayout{.pp = 2, .vpp = 2}),
+            (std::vector<std::int64_t>{7, 7, 7, 7}));
+}
+
+TrainLayout Uneven(TrainLayout t, std::optional<std::int64_t> first,
+                   std::optional<std::int64_t> last) {
+  t.first_stage_layers = first;
+  t.last_stage_layers = last;
+  return t;
+}
+
+std::vector<std::int64_t> Iota(std::int64_t begin, std::int64_t end) {
+  std::vector<std::int64_t> v;
+  for (std::int64_t i = begin; i < end; ++i) v.push_back(i);
+  return v;
+}
+
+std::vector<std::int64_t> Join(std::vector<std::int64_t> a, const std::vector<std::int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Megatron-core's num_layers_in_first/last_pipeline_stage, by hand.
+TEST(LayoutTest, FirstAndLastStageLayers) {
+  ModelConfig m = testing::SmallModels()[0].second;
+  m.num_layers = 28;
+  // pp 3: 10 | 10 | 8.
+  const TrainLayout both = Uneven({.tp = 2, .pp = 3}, 10, 8);
+  Validate(m, both);
+  EXPECT_EQ(LayersPerChunk(m, both), (std::vector<std::int64_t>{10, 10, 8}));
+  EXPECT_EQ(StageLayers(m, both, 0), Iota(0, 10));
+  EXPECT_EQ(StageLayers(m, both, 1), Iota(10, 20));
+  EXPECT_EQ(StageLayers(m, both, 2), Iota(20, 28));
+  // Only the first stage given: the other 18 layers 9 | 9 (the old default's split,
+  // now asked for).
+  EXPECT_EQ(LayersPerChunk(m, Uneven({.pp = 3}, 10, std::nullopt)),
+            (std::vector<std::int64_t>{10, 9, 9}));
+  // Only the last: 24 layers over 3 stages, then 4.
+  EXPECT_EQ(LayersPerChunk(m, Uneven({.pp = 4}, std::nullopt, 4)),
+            (std::vector<std::int64_t>{8, 8, 8, 4}));
+  // pp 2 with both: nothing in between.
+  EXPECT_EQ(LayersPerChunk(m, Uneven({.pp = 2}, 27, 1)), (std::vector<std::int64_t>{27, 1}));
+  // With virtual stages (get_transformer_layer_offset): pp 3, vpp 2, first 6, last 10.
+  // Each round of chunks holds 3 (stage 0) + 6 (stage 1) + 5 (stage 2) = 14 layers.
+  const TrainLayout virt = Uneven({.pp = 3, .vpp = 2}, 6, 10);
+  EXPECT_EQ(LayersPerChunk(m, virt), (std::vector<std::int64_t>{3, 6, 5, 3, 6, 5}));
+  EXPECT_EQ(StageLayers(m, virt, 0), Join(Iota(0, 3), Iota(14, 17)));
+  EXPECT_EQ(StageLayers(m, virt, 1), Join(Iota(3, 9), Iota(17, 23)));
+  EXPECT_EQ(StageLayers(m, virt, 2), Join(Iota(9, 14), Iota(23, 28)));
+  // The shards follow: rank 2 (tp 0, stage 1) has layer 17, not layer 16; the
+  // embedding on stage 0 only, the output layer on stage 2 only.
+  const std::vector<LocalParam> stage1 = MegatronShards(m, both, 2);
+  EXPECT_NO_THROW(Find(stage1, "decoder.layers.10.mlp.linear_fc2.weight"));
+  EXPECT_NO_THROW(Find(stage1, "decoder.layers.19.self_attention.linear_qkv.weight"));
+  EXPECT_THROW(Find(stage1, "decoder.layers.9.mlp.linear_fc2.weight"), std::runtime_error);
+  EXPECT_THROW(Find(stage1, "decoder.layers.20.mlp.linear_fc2.weight"), std::runtime_error);
+  const std::vector<LocalParam> virt1 = MegatronShards(m, virt, 1);
+  EXPECT_NO_THROW(Find(virt1, "decoder.layers.17.mlp.linear_fc2.weight"));
+  EXPECT_THROW(Find(virt1, "decoder.layers.16.mlp.linear_fc2.weight"), std::runtime_error);
+  EXPECT_THROW(Find(virt1, "embedding.word_embeddings.weight"), std::runtime_error);
+  EXPECT_NO_THROW(Find(MegatronShards(m, virt, 2), "output_layer.weight"));
+}
+
+TEST(LayoutTest, BadFirstAndLastStageLayersNameTheField) {
+  ModelConfig m = testing::SmallModels()[0].second;
+  m.num_layers = 28;
+  const std::pair<TrainLayout, std::string> cases[] = {
+      {Uneven({.pp = 3}, 0, std::nullopt),
+       "train.first_stage_layers: must be in [1, num_hidden_layers (28)], got 0"},
+      {Uneven({.pp = 3}, 10, -1),
+       "train.last_stage_layers: must be in [1, num_hidden_layers (28)], got -1"},
+      {Uneven({.pp = 3}, std::nullopt, 29),
+       "train.last_stage_layers: must be in [1, num_hidden_layers (28)], got 29"},
+      {Uneven({.pp = 3, .vpp = 2}, 3, 4),
+       "train.first_stage_layers: must be a multiple of vpp (2), got 3"},
+      {Uneven({.pp = 3, .vpp = 2}, 4, 5),
+       "train.last_stage_layers: must be a multiple of vpp (2), got 5"},
+      {Uneven({.pp = 1}, 28, std::nullopt), "train.first_stage_layers: needs pp >= 2, got pp 1"},
+      {Uneven({.pp = 1}, std::nullopt, 28), "train.last_stage_layers: needs pp >= 2, got pp 1"},
+      {Uneven({.pp = 2}, 10, 10),
+       "train.first_stage_layers: first_stage_layers + last_stage_layers (10 + 10 = 20) must "
+       "equal num_hidden_layers (28) with pp 2"},
+      // The middle stage needs layers: first + last < layers when pp > 2.
+      {Uneven({.pp = 3}, 14, 14),
+       "train.first_stage_layers: first_stage_layers + last_stage_layers (14 + 14 = 28) must be "
+       "at most num_hidden_layers (28) - 1: the other 1 stage(s) need at least vpp (1) layers "
+       "each"},
+      {Uneven({.pp = 2}, 28, std::nullopt),
+       "train.first_stage_layers: first_stage_layers (28) must be at most num_hidden_layers (28) "
+       "- 1: the other 1 stage(s) need at least vpp (1) layers each"},
+      {Uneven({.pp = 3, .vpp = 2}, 16, 12),
+       "train.first_stage_layers: first_stage_layers + last_stage_layers (16 + 12 = 28) must be "
+       "at most num_hidden_layers (28) - 2: the other 1 stage(s) need at least vpp (2) layers "
+       "each"},
+      {Uneven({.pp = 4}, 10, 9),
+       "train.first_stage_layers: the remaining 9 layers (num_hidden_layers (28) minus "
+       "first_stage_layers + last_stage_layers (10 + 9 = 19)) must be divisible by the other "
+       "stages × vpp (2 × 1)"},
+      {Uneven({.pp = 3}, std::nullopt, 1),
+       "train.last_stage_layers: the remaining 27 layers (num_hidden_layers (28) minus "
+       "last_stage_layers (1)) must be divisible by the other stages × vpp (2 × 1)"},
+      // Each middle stage's layers must split into its vpp chunks.
+      {Uneven({.pp = 4, .vpp = 2}, 2, 4),
+       "train.first_stage_layers: the remaining 22 layers (num_hidden_layers (28) minus "
+       "first_stage_layers + last_stage_layers (2 + 4 = 6)) must be divisible by the other "
+       "stages × vpp (2 × 2)"},
+      {Uneven({.pp = 2, .layers_per_chunk = {14, 14}}, 14, std::nullopt),
+       "train.first_stage_layers: cannot be combined with layers_per_chunk"},
+  };
+  for (const auto& [train, message] : cases) {
+    EXPECT_EQ(ErrorOf([&] { Validate(m, train); }), message);
+    EXPECT_EQ(ErrorOf([&] { StageLayers(m, train, 0); }), message);
+  }
 }
 
 TEST(LayoutTest, RankOrders) {

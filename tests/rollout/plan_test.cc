@@ -2,14 +2,18 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "rlsched/rollout/layout.h"
 #include "rlsched/rollout/model.h"
@@ -277,6 +281,10 @@ TEST(PlanVerifyTest, EveryFamilyAtTheNamedLayoutChanges) {
       for (bool colocated : {false, true}) {
         ReshardOptions o;
         o.train = c.train;
+        if (m.num_layers % o.train.pp != 0) {
+          // An odd layer count over 2 stages: Megatron-core needs the split given.
+          o.train.first_stage_layers = m.num_layers / o.train.pp + 1;
+        }
         o.infer = c.infer;
         o.infer.replicas = 2;
         o.topology.colocated = colocated;
@@ -300,23 +308,127 @@ TEST(PlanVerifyTest, EveryFamilyAtTheNamedLayoutChanges) {
   }
 }
 
+// The (first_stage_layers, last_stage_layers) pairs that split `layers` over
+// pp = train.pp stages of vpp = train.vpp chunks, by construction: the first and
+// last counts are positive multiples of vpp, the other stages' share a positive
+// multiple of their count × vpp (0 meaning unset).
+std::vector<std::pair<std::int64_t, std::int64_t>> UnevenSplits(std::int64_t layers,
+                                                                const TrainLayout& train) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  const std::int64_t pp = train.pp, vpp = train.vpp;
+  if (pp < 2) return out;
+  for (std::int64_t first = 0; first <= layers; first += vpp) {
+    for (std::int64_t last = 0; first + last <= layers; last += vpp) {
+      if (first == 0 && last == 0) continue;
+      const std::int64_t others = pp - (first > 0) - (last > 0);
+      const std::int64_t rest = layers - first - last;
+      const bool fits = others == 0 ? rest == 0 : rest > 0 && rest % (others * vpp) == 0;
+      if (fits) out.emplace_back(first, last);
+    }
+  }
+  return out;
+}
+
+// Sets train's pipeline split for `layers` (redrawing pp and vpp until one exists):
+// even, or one of UnevenSplits() drawn at random. Returns whether the chunks differ
+// in size.
+bool PickPipelineSplit(std::int64_t layers, TrainLayout& train, std::mt19937_64& rng) {
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  while (true) {
+    const bool even = layers % (train.pp * train.vpp) == 0;
+    const auto splits = UnevenSplits(layers, train);
+    if (!splits.empty() && (!even || pick(0, 3) == 0)) {
+      const auto [first, last] =
+          splits[static_cast<std::size_t>(pick(0, static_cast<std::int64_t>(splits.size()) - 1))];
+      if (first > 0) train.first_stage_layers = first;
+      if (last > 0) train.last_stage_layers = last;
+      const std::int64_t others = train.pp - (first > 0) - (last > 0);
+      const std::int64_t middle = others > 0 ? (layers - first - last) / (others * train.vpp) : 0;
+      std::set<std::int64_t> sizes;
+      if (first > 0) sizes.insert(first / train.vpp);
+      if (last > 0) sizes.insert(last / train.vpp);
+      if (others > 0) sizes.insert(middle);
+      return sizes.size() > 1;
+    }
+    if (even) return false;
+    train.pp = pick(1, 4);
+    train.vpp = pick(1, 2);
+  }
+}
+
+// An explicit uneven pipeline split (Megatron-core's first / last stage layers) on
+// every family, with and without virtual stages: planned and verified byte for byte.
+TEST(PlanVerifyTest, FirstAndLastStageLayers) {
+  struct Split {
+    std::int64_t layers, pp, vpp;
+    std::optional<std::int64_t> first, last;
+  };
+  const Split splits[] = {
+      {5, 2, 1, 3, std::nullopt},  // 3 | 2
+      {6, 4, 1, 2, 2},             // 2 | 1 | 1 | 2
+      {7, 3, 1, std::nullopt, 1},  // 3 | 3 | 1
+      {10, 3, 2, 2, 4},            // chunks 1, 2, 2 per round
+  };
+  for (const auto& [name, small] : testing::SmallModels()) {
+    for (const Split& s : splits) {
+      ModelConfig m = small;
+      m.num_layers = s.layers;
+      ReshardOptions o;
+      o.train.tp = 2;
+      o.train.pp = s.pp;
+      o.train.vpp = s.vpp;
+      o.infer = {.tp = 2, .replicas = 2};
+      o.bucket_bytes = 4096;
+      const std::string what = name + " " + std::to_string(s.layers) + " layers, pp " +
+                               std::to_string(s.pp) + " vpp " + std::to_string(s.vpp);
+      EXPECT_THROW(PlanReshard(m, o), std::invalid_argument) << what;  // not by default
+      o.train.first_stage_layers = s.first;
+      o.train.last_stage_layers = s.last;
+      const ReshardPlan plan = PlanReshard(m, o);
+      CheckPlan(m, o, plan, what);
+      const VerifyResult v = VerifyPlan(m, o, plan);
+      EXPECT_TRUE(v.ok) << what << ": " << (v.problems.empty() ? "" : v.problems.front());
+      EXPECT_EQ(v.mismatched_elements, 0) << what;
+      EXPECT_EQ(v.unwritten_elements, 0) << what;
+      // A different split of the same layers is another layout: the plan for one does
+      // not pass for the other.
+      ReshardOptions other = o;
+      other.train.first_stage_layers.reset();
+      other.train.last_stage_layers.reset();
+      other.train.layers_per_chunk = LayersPerChunk(m, o.train);
+      std::rotate(other.train.layers_per_chunk.begin(), other.train.layers_per_chunk.begin() + 1,
+                  other.train.layers_per_chunk.end());
+      ASSERT_NE(other.train.layers_per_chunk, LayersPerChunk(m, o.train)) << what;
+      EXPECT_FALSE(VerifyPlan(m, other, plan).ok) << what;
+    }
+  }
+}
+
 // Random layouts over every family: coverage exactly once, senders hold their
 // slices, buckets within budget, and the executed plan equals vLLM's shards.
 void RandomLayouts(std::uint64_t first, std::uint64_t count) {
   const auto models = testing::SmallModels();
-  std::uint64_t planned = 0;
+  std::uint64_t planned = 0, planned_uneven = 0;
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
     std::mt19937_64 rng(seed);
     auto pick = [&](std::int64_t lo, std::int64_t hi) {
       return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
     };
-    const auto& [name, m] = models[seed % models.size()];
+    const auto& [name, small] = models[seed % models.size()];
+    ModelConfig m = small;
+    if (pick(0, 2) == 0) m.num_layers = pick(5, 8);  // room for uneven splits with vpp
     ReshardOptions o;
     o.train.tp = std::int64_t{1} << pick(0, 3);
     o.train.pp = pick(1, 4);
     o.train.dp = pick(1, 4);
     o.train.cp = pick(1, 2);
     o.train.vpp = pick(1, 2);
+    // The pipeline split: even when pp·vpp divides the layers (and sometimes anyway),
+    // else Megatron-core's uneven split with first / last stage counts drawn among
+    // those it accepts; none: redraw the stages.
+    const bool uneven = PickPipelineSplit(m.num_layers, o.train, rng);
     if (m.is_moe()) {
       o.train.ep = std::int64_t{1} << pick(0, 3);
       o.train.etp = std::int64_t{1} << pick(0, 1);
@@ -345,9 +457,12 @@ void RandomLayouts(std::uint64_t first, std::uint64_t count) {
     ASSERT_TRUE(v.ok) << what << ": " << (v.problems.empty() ? "" : v.problems.front());
     if (::testing::Test::HasFatalFailure()) return;
     ++planned;
+    if (uneven) ++planned_uneven;
   }
-  // Most random layouts fit the small models (the rest are rejected by Validate()).
+  // Most random layouts fit the small models (the rest are rejected by Validate()),
+  // some of them with an uneven pipeline split.
   EXPECT_GE(planned, count / 3);
+  EXPECT_GE(planned_uneven, count / 20);
 }
 
 // Under AddressSanitizer (CI's second run) a fifth of the seeds: each costs ~0.7 s

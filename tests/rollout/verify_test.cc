@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -94,6 +96,26 @@ TrainLayout Train(const Parallel& p) {
   t.cp = p.cp;
   t.dp = p.dp;
   return t;
+}
+
+// The global layers of trainer rank `rank`'s reference shards.
+std::set<std::int64_t> LayersOf(const ModelConfig& m, const TrainLayout& t, std::int64_t rank) {
+  std::set<std::int64_t> layers;
+  for (const auto& [name, tensor] : ReferenceMegatronShards(m, t, rank)) {
+    if (name.rfind("decoder.layers.", 0) == 0) layers.insert(std::stoll(name.substr(15)));
+  }
+  return layers;
+}
+
+// The message of the std::invalid_argument `f` throws ("" if none).
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no std::invalid_argument";
+  return "";
 }
 
 // The values of full tensor `name`.
@@ -269,19 +291,12 @@ TEST(ReferenceTest, VocabularyPadding) {
 
 TEST(ReferenceMegatronTest, LayersOverVirtualChunksAndRankOrder) {
   ModelConfig m = TinyLlama();
-  m.num_layers = 6;
-  // pp 2, vpp 2: chunks of 2, 2, 1, 1 layers; chunk v·pp + r on stage r.
+  m.num_layers = 8;
+  // pp 2, vpp 2: chunks of 2 layers; chunk v·pp + r on stage r.
   const TrainLayout t = Train({.tp = 2, .pp = 2, .vpp = 2, .dp = 2});
-  auto layers_of = [&](std::int64_t rank) {
-    std::set<std::int64_t> layers;
-    for (const auto& [name, tensor] : ReferenceMegatronShards(m, t, rank)) {
-      if (name.rfind("decoder.layers.", 0) == 0) layers.insert(std::stoll(name.substr(15)));
-    }
-    return layers;
-  };
-  EXPECT_EQ(layers_of(0), (std::set<std::int64_t>{0, 1, 4}));
-  EXPECT_EQ(layers_of(3), (std::set<std::int64_t>{0, 1, 4}));  // tp 1, dp 1
-  EXPECT_EQ(layers_of(4), (std::set<std::int64_t>{2, 3, 5}));  // stage 1
+  EXPECT_EQ(LayersOf(m, t, 0), (std::set<std::int64_t>{0, 1, 4, 5}));
+  EXPECT_EQ(LayersOf(m, t, 3), (std::set<std::int64_t>{0, 1, 4, 5}));  // tp 1, dp 1
+  EXPECT_EQ(LayersOf(m, t, 4), (std::set<std::int64_t>{2, 3, 6, 7}));  // stage 1
   const ShardMap first = ReferenceMegatronShards(m, t, 1);
   EXPECT_TRUE(first.contains("embedding.word_embeddings.weight"));
   EXPECT_FALSE(first.contains("output_layer.weight"));
@@ -292,8 +307,90 @@ TEST(ReferenceMegatronTest, LayersOverVirtualChunksAndRankOrder) {
   EXPECT_EQ(last, ReferenceMegatronShards(m, t, 5));
   EXPECT_NE(last, ReferenceMegatronShards(m, t, 6));
   // Explicit chunk sizes.
-  const TrainLayout uneven{.pp = 2, .layers_per_chunk = {1, 5}};
+  const TrainLayout uneven{.pp = 2, .layers_per_chunk = {1, 7}};
   EXPECT_EQ(ReferenceMegatronShards(m, uneven, 0).size(), 1u + 6u);  // embedding + layer 0
+}
+
+// Megatron-core's uneven pipeline split: 6 layers are not divisible by pp·vpp = 4
+// (refused), but the first stage may take 4 of them: its two chunks hold 2 layers,
+// the last stage's chunks 1 (get_transformer_layer_offset: rounds of 2 + 1 layers).
+TEST(ReferenceMegatronTest, FirstAndLastStageLayers) {
+  ModelConfig m = TinyLlama();
+  m.num_layers = 6;
+  TrainLayout t = Train({.pp = 2, .vpp = 2});
+  EXPECT_THROW(ReferenceMegatronShards(m, t, 0), std::invalid_argument);
+  t.first_stage_layers = 4;
+  EXPECT_EQ(LayersOf(m, t, 0), (std::set<std::int64_t>{0, 1, 3, 4}));
+  EXPECT_EQ(LayersOf(m, t, 1), (std::set<std::int64_t>{2, 5}));
+  t.first_stage_layers.reset();
+  t.last_stage_layers = 4;
+  EXPECT_EQ(LayersOf(m, t, 0), (std::set<std::int64_t>{0, 3}));
+  EXPECT_EQ(LayersOf(m, t, 1), (std::set<std::int64_t>{1, 2, 4, 5}));
+  // pp 4, both given: 1 | 2 | 2 | 1.
+  t = Train({.pp = 4});
+  t.first_stage_layers = 1;
+  t.last_stage_layers = 1;
+  EXPECT_EQ(LayersOf(m, t, 0), (std::set<std::int64_t>{0}));
+  EXPECT_EQ(LayersOf(m, t, 2), (std::set<std::int64_t>{3, 4}));
+  EXPECT_EQ(LayersOf(m, t, 3), (std::set<std::int64_t>{5}));
+  // Refused as Megatron-core refuses them, naming the field.
+  t.last_stage_layers = 2;  // 3 layers for 2 middle stages
+  EXPECT_EQ(
+      ErrorOf([&] { ReferenceMegatronShards(m, t, 0); }).rfind("train.first_stage_layers: ", 0),
+      0u);
+  t.first_stage_layers.reset();
+  t.last_stage_layers = 0;
+  EXPECT_EQ(
+      ErrorOf([&] { ReferenceMegatronShards(m, t, 0); }).rfind("train.last_stage_layers: ", 0), 0u);
+}
+
+// The verifier's model of Megatron-core (its offset formulas) and the layout's
+// chunk sizes agree on every split of up to 9 layers: the same layers on every
+// stage, and the same splits refused.
+TEST(ReferenceMegatronTest, AgreesWithTheLayoutOnEverySplit) {
+  ModelConfig m = TinyLlama();
+  int accepted = 0, uneven = 0, refused = 0;
+  for (std::int64_t layers = 1; layers <= 9; ++layers) {
+    m.num_layers = layers;
+    for (std::int64_t pp = 1; pp <= 4; ++pp) {
+      for (std::int64_t vpp = 1; vpp <= 3; ++vpp) {
+        for (std::int64_t first = -1; first <= layers + 1; ++first) {
+          for (std::int64_t last = -1; last <= layers + 1; ++last) {
+            TrainLayout t = Train({.pp = pp, .vpp = vpp});
+            if (first >= 0) t.first_stage_layers = first;
+            if (last >= 0) t.last_stage_layers = last;
+            SCOPED_TRACE(::testing::Message() << "layers " << layers << " pp " << pp << " vpp "
+                                              << vpp << " first " << first << " last " << last);
+            bool fits = true;
+            try {
+              LayersPerChunk(m, t);
+            } catch (const std::invalid_argument&) {
+              fits = false;
+            }
+            if (!fits) {
+              EXPECT_THROW(ReferenceMegatronShards(m, t, 0), std::invalid_argument);
+              ++refused;
+              continue;
+            }
+            std::set<std::int64_t> all;
+            for (std::int64_t r = 0; r < pp; ++r) {
+              const std::vector<std::int64_t> stage = StageLayers(m, t, r);
+              const std::set<std::int64_t> reference = LayersOf(m, t, r);
+              EXPECT_EQ(reference, std::set<std::int64_t>(stage.begin(), stage.end()))
+                  << "stage " << r;
+              all.insert(reference.begin(), reference.end());
+            }
+            EXPECT_EQ(static_cast<std::int64_t>(all.size()), layers);
+            ++accepted;
+            if ((first >= 0 || last >= 0) && layers % (pp * vpp) != 0) ++uneven;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(accepted, 300);  // 348, of which 176 uneven; 7284 refused
+  EXPECT_GT(uneven, 150);
+  EXPECT_GT(refused, 5000);
 }
 
 TEST(ReferenceTest, TiedEmbeddings) {

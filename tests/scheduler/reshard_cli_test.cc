@@ -182,6 +182,59 @@ TEST(ReshardCliTest, VerifyPassesOnTinyModels) {
   EXPECT_THAT(json.err, StartsWith("verify: ok ("));
 }
 
+// Megatron-core's uneven pipeline split, asked for with first-stage-layers /
+// last-stage-layers: in the request, in the summary, and verified byte for byte.
+TEST(ReshardCliTest, FirstAndLastStageLayers) {
+  const TempDir dir;
+  const std::string llama = dir.Write("llama.json", kTinyLlamaConfig);  // 4 layers
+  const std::vector<std::string> even = {"--model",   llama,     "--train",
+                                         "tp=2,pp=2", "--infer", "tp=2"};
+  EXPECT_FALSE(RequestFor(even, kTinyLlamaConfig).train().has_first_stage_layers());
+  EXPECT_FALSE(RequestFor(even, kTinyLlamaConfig).train().has_last_stage_layers());
+  const std::vector<std::string> options = {
+      "--model", llama,
+      "--train", "tp=2,pp=3,first-stage-layers=1,last-stage-layers=1",
+      "--infer", "tp=2,replicas=2"};
+  const v1::ReshardRequest request = RequestFor(options, kTinyLlamaConfig);
+  ASSERT_TRUE(request.train().has_first_stage_layers());
+  EXPECT_EQ(request.train().first_stage_layers(), 1);
+  ASSERT_TRUE(request.train().has_last_stage_layers());
+  EXPECT_EQ(request.train().last_stage_layers(), 1);
+  EXPECT_EQ(request.train().pp(), 3);
+  const v1::TrainLayout last_only = ParseTrainOption("pp=3,last-stage-layers=2");
+  EXPECT_FALSE(last_only.has_first_stage_layers());
+  EXPECT_EQ(last_only.last_stage_layers(), 2);
+
+  std::vector<std::string> args = {"reshard", "--verify"};
+  args.insert(args.end(), options.begin(), options.end());
+  const ProcessResult r = RunProgram(args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, IsEmpty());
+  EXPECT_THAT(r.out, HasSubstr("\ntrainer        6 GPUs: tp 2, pp 3, first stage 1 layer, last "
+                               "stage 1 layer\n"));
+  EXPECT_THAT(r.out, HasSubstr("\nverify: ok ("));
+
+  // With virtual stages: 8 layers, pp 3, vpp 2, 2 | 4 | 2.
+  const std::string eight =
+      dir.Write("eight.json", R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
+        "vocab_size": 1000, "tie_word_embeddings": false})");
+  const ProcessResult virt =
+      RunProgram({"reshard", "--verify", "--json", "--model", eight, "--train",
+                  "pp=3,vpp=2,first-stage-layers=2,last-stage-layers=2", "--infer", "tp=4"});
+  ASSERT_EQ(virt.status, 0) << virt.err;
+  EXPECT_THAT(virt.err, StartsWith("verify: ok ("));
+  EXPECT_EQ(ParsePlan(virt.out).trainer_ranks(), 3);
+  // Without them the same stages are refused.
+  const ProcessResult refused =
+      RunProgram({"reshard", "--model", eight, "--train", "pp=3,vpp=2", "--infer", "tp=4"});
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_THAT(refused.out, IsEmpty());
+  EXPECT_EQ(refused.err,
+            "error: train.pp: num_hidden_layers (8) must be divisible by pp·vpp (6), or set "
+            "first_stage_layers / last_stage_layers for an uneven split\n");
+}
+
 TEST(ReshardCliTest, VerifyRefusesALargeModel) {
   const ProcessResult r =
       RunProgram({"reshard", "--verify", "--model", SharedConfig("llama-3.1-70b.json"), "--train",
@@ -219,7 +272,16 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
   };
   const std::vector<BadCase> cases = {
       {with({"--train", "tp=2,foo=1"}),
-       "--train: unknown key 'foo' (keys: tp, pp, vpp, ep, etp, cp, dp)"},
+       "--train: unknown key 'foo' (keys: tp, pp, vpp, ep, etp, cp, dp, first-stage-layers, "
+       "last-stage-layers)"},
+      {with({"--train", "pp=2,first-stage-layers=0"}),
+       "--train: first-stage-layers must be an integer in [1, 2147483647], got '0'"},
+      {with({"--train", "pp=2,last-stage-layers=x"}),
+       "--train: last-stage-layers must be an integer in [1, 2147483647], got 'x'"},
+      {with({"--train", "pp=2,last-stage-layers"}), "--train: last-stage-layers needs a value"},
+      {with({"--train", "first-stage-layers=1,first-stage-layers=2"}),
+       "--train: duplicate key 'first-stage-layers'"},
+      {with({"--train", "first_stage_layers=1"}), "--train: unknown key 'first_stage_layers'"},
       {with({"--train", "tp=x"}), "--train: tp must be an integer in [1, 65536], got 'x'"},
       {with({"--train", "tp=2,dp=0"}), "--train: dp must be an integer in [1, 65536], got '0'"},
       {with({"--train", "tp=2,tp=4"}), "--train: duplicate key 'tp'"},
@@ -244,6 +306,17 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
       {{"--model", llama, "--train", "tp=2"}, "--infer"},
       // The planner's checks name the request's fields.
       {with({"--train", "tp=3"}), "train.tp: "},
+      {with({"--train", "tp=2,pp=3"}),
+       "error: train.pp: num_hidden_layers (4) must be divisible by pp·vpp (3), or set "
+       "first_stage_layers / last_stage_layers for an uneven split\n"},
+      {with({"--train", "pp=3,first-stage-layers=1"}),
+       "error: train.first_stage_layers: the remaining 3 layers (num_hidden_layers (4) minus "
+       "first_stage_layers (1)) must be divisible by the other stages × vpp (2 × 1)"},
+      {with({"--train", "pp=4,first-stage-layers=2,last-stage-layers=1"}),
+       "error: train.first_stage_layers: first_stage_layers + last_stage_layers (2 + 1 = 3) must "
+       "be at most num_hidden_layers (4) - 2"},
+      {with({"--train", "pp=2,vpp=2,last-stage-layers=1"}),
+       "error: train.last_stage_layers: must be a multiple of vpp (2), got 1"},
       {with({"--infer", "tp=4,replicas=2", "--colocated"}), "infer.replicas: colocated engines"},
       {with({"--plan-out", dir / "no-such-dir/plan.json"}), "--plan-out: "},
   };

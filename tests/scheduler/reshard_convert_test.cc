@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -68,6 +69,8 @@ TEST(ReshardConvertTest, ZeroMeansTheDocumentedDefault) {
   EXPECT_EQ(options.train.cp, 1);
   EXPECT_EQ(options.train.dp, 1);
   EXPECT_TRUE(options.train.layers_per_chunk.empty());
+  EXPECT_FALSE(options.train.first_stage_layers.has_value());
+  EXPECT_FALSE(options.train.last_stage_layers.has_value());
   EXPECT_EQ(options.infer.tp, 1);
   EXPECT_EQ(options.infer.replicas, 1);
   EXPECT_FALSE(options.infer.expert_parallel);
@@ -133,6 +136,56 @@ TEST(ReshardConvertTest, ValuesPassThrough) {
   const v1::ReshardPlan plan = SolveReshard(request);
   EXPECT_EQ(plan.trainer_ranks(), 8);
   EXPECT_EQ(plan.engine_ranks(), 8);
+}
+
+// Megatron-core's uneven pipeline split: refused unless the first / last stage's
+// layers are given; then passed through and planned as the planner plans it.
+TEST(ReshardConvertTest, FirstAndLastStageLayers) {
+  v1::ReshardRequest request = TinyRequest();  // 4 layers
+  request.mutable_train()->set_pp(3);
+  EXPECT_EQ(ErrorOf(request),
+            "train.pp: num_hidden_layers (4) must be divisible by pp·vpp (3), or set "
+            "first_stage_layers / last_stage_layers for an uneven split");
+
+  request.mutable_train()->set_first_stage_layers(2);
+  rollout::ReshardOptions o = ToReshardOptions(request);
+  EXPECT_EQ(o.train.first_stage_layers, std::optional<std::int64_t>(2));
+  EXPECT_FALSE(o.train.last_stage_layers.has_value());
+  request.mutable_train()->clear_first_stage_layers();
+  request.mutable_train()->set_last_stage_layers(2);
+  o = ToReshardOptions(request);
+  EXPECT_FALSE(o.train.first_stage_layers.has_value());
+  EXPECT_EQ(o.train.last_stage_layers, std::optional<std::int64_t>(2));
+
+  // Both: 1 | 2 | 1 layers, the same plan as the options built in code.
+  request.mutable_train()->set_first_stage_layers(1);
+  request.mutable_train()->set_last_stage_layers(1);
+  request.set_include_transfers(true);
+  o = ToReshardOptions(request);
+  rollout::ReshardOptions expected_options = o;
+  expected_options.train = {.tp = 2, .pp = 3, .dp = 2};
+  expected_options.train.first_stage_layers = 1;
+  expected_options.train.last_stage_layers = 1;
+  const rollout::ModelConfig model = rollout::ParseHfConfig(kTinyLlama);
+  EXPECT_EQ(rollout::StageLayers(model, o.train, 1), (std::vector<std::int64_t>{1, 2}));
+  const rollout::ReshardPlan expected = rollout::PlanReshard(model, expected_options);
+  const v1::ReshardPlan plan = SolveReshard(request);
+  EXPECT_EQ(plan.trainer_ranks(), 12);
+  ASSERT_EQ(plan.transfers_size(), static_cast<int>(expected.transfers.size()));
+  for (int i = 0; i < plan.transfers_size(); ++i) {
+    const rollout::Transfer& want = expected.transfers[static_cast<std::size_t>(i)];
+    EXPECT_EQ(plan.transfers(i).src_rank(), want.src_rank);
+    EXPECT_EQ(plan.transfers(i).src_param(), expected.param_names[want.src_param]);
+  }
+  // Layer 2 is on stage 1 (ranks 4..7), layer 3 on stage 2 (ranks 8..11).
+  for (const v1::Transfer& t : plan.transfers()) {
+    if (t.src_param().starts_with("decoder.layers.2.")) {
+      EXPECT_TRUE(t.src_rank() >= 4 && t.src_rank() < 8) << t.ShortDebugString();
+    }
+    if (t.src_param().starts_with("decoder.layers.3.")) {
+      EXPECT_GE(t.src_rank(), 8) << t.ShortDebugString();
+    }
+  }
 }
 
 TEST(ReshardConvertTest, ModelConfig) {
@@ -202,8 +255,38 @@ TEST(ReshardConvertTest, EveryErrorNamesItsField) {
          r.mutable_train()->add_layers_per_chunk(std::int64_t{1} << 40);
        },
        "train.layers_per_chunk[1]: must be in [0, 2^31)"},
+      {[](auto& r) { r.mutable_train()->set_first_stage_layers(0); },
+       "train.first_stage_layers: must be in [1, 2^31), got 0"},
+      {[](auto& r) { r.mutable_train()->set_last_stage_layers(std::int64_t{1} << 31); },
+       "train.last_stage_layers: must be in [1, 2^31), got 2147483648"},
       // Checked by the planner, which names the same fields.
       {[](auto& r) { r.mutable_train()->set_tp(3); }, "train.tp: "},
+      {[](auto& r) { r.mutable_train()->set_pp(3); },
+       "train.pp: num_hidden_layers (4) must be divisible by pp·vpp (3)"},
+      {[](auto& r) {
+         r.mutable_train()->set_vpp(3);
+         r.mutable_train()->set_first_stage_layers(2);
+       },
+       "train.first_stage_layers: must be a multiple of vpp (3), got 2"},
+      {[](auto& r) { r.mutable_train()->set_last_stage_layers(5); },
+       "train.last_stage_layers: must be in [1, num_hidden_layers (4)], got 5"},
+      {[](auto& r) {
+         r.mutable_train()->set_pp(3);
+         r.mutable_train()->set_first_stage_layers(3);
+       },
+       "train.first_stage_layers: first_stage_layers (3) must be at most num_hidden_layers (4) "
+       "- 2"},
+      {[](auto& r) {
+         r.mutable_train()->set_pp(1);
+         r.mutable_train()->set_last_stage_layers(4);
+       },
+       "train.last_stage_layers: needs pp >= 2, got pp 1"},
+      {[](auto& r) {
+         r.mutable_train()->add_layers_per_chunk(2);
+         r.mutable_train()->add_layers_per_chunk(2);
+         r.mutable_train()->set_first_stage_layers(2);
+       },
+       "train.first_stage_layers: cannot be combined with layers_per_chunk"},
       {[](auto& r) { r.mutable_train()->set_ep(2); }, "train.ep: "},
       {[](auto& r) { r.mutable_train()->add_layers_per_chunk(4); }, "train.layers_per_chunk: "},
       {[](auto& r) { r.mutable_infer()->set_tp(-1); },

@@ -16,7 +16,9 @@
 //     whole groups; `linear_fc1` holds [gate_r; up_r] per TP rank; `linear_proj`
 //     and `linear_fc2` split the input dim; vocabulary padded to a multiple of
 //     128·TP and split by rows; layers spread over pp·vpp model chunks (chunk
-//     v·pp + r on stage r), the extra layers on the first stages;
+//     v·pp + r on stage r): evenly (pp·vpp must divide the layers), or with the
+//     first / last stage's layer count given (Megatron's uneven pipeline split, the
+//     other layers even over the other stages), or per chunk (layers_per_chunk);
 //   - experts contiguous per EP rank (global expert ids in names), split by etp.
 //   vLLM (engines):
 //   - `qkv_proj` holds [Q_r; K_r; V_r], KV heads replicated when TP > kv heads;
@@ -44,6 +46,7 @@
 #define RLSCHED_ROLLOUT_LAYOUT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,8 +87,17 @@ struct TrainLayout {
   std::int64_t cp = 1;
   std::int64_t dp = 1;
   // Optional layers per model chunk (pp·vpp entries, chunk v·pp + r on stage r);
-  // empty: as even as possible, the extra layers on the first chunks.
+  // empty: the split below.
   std::vector<std::int64_t> layers_per_chunk;
+  // Megatron-core's uneven pipeline split (num_layers_in_first_pipeline_stage,
+  // num_layers_in_last_pipeline_stage): the layers of the first / last stage, all its
+  // vpp chunks together (a positive multiple of vpp; each chunk holds 1/vpp of them).
+  // The other layers are split evenly over the other stages' chunks, at least one
+  // layer each. Neither set (nor layers_per_chunk): every chunk holds
+  // num_hidden_layers / (pp·vpp), which must divide evenly. Needs pp >= 2; not with
+  // layers_per_chunk.
+  std::optional<std::int64_t> first_stage_layers;
+  std::optional<std::int64_t> last_stage_layers;
   std::int64_t world_size() const { return tp * cp * dp * pp; }
 };
 
@@ -105,12 +117,19 @@ struct InferLayout {
 
 // Throws std::invalid_argument naming the field when the layout does not fit the
 // model (e.g. "train.tp": num_kv_heads % tp != 0; "train.ep": experts % ep != 0;
-// "train.ep": tp·cp·dp % (etp·ep) != 0; "infer.tp": heads % tp != 0).
+// "train.ep": tp·cp·dp % (etp·ep) != 0; "train.pp": layers % (pp·vpp) != 0 without
+// first_stage_layers / last_stage_layers; "infer.tp": heads % tp != 0).
 void Validate(const ModelConfig& model, const TrainLayout& train);
 void Validate(const ModelConfig& model, const InferLayout& infer);
 
 TrainCoord MegatronCoord(const TrainLayout& train, std::int64_t rank);
+// The layers of each model chunk (pp·vpp entries; chunk v·pp + r is virtual stage v
+// of pipeline stage r, the chunks' layers consecutive in chunk order). Throws
+// std::invalid_argument naming the field when the split does not fit the model (the
+// pipeline checks of Validate()). O(pp·vpp).
+std::vector<std::int64_t> LayersPerChunk(const ModelConfig& model, const TrainLayout& train);
 // Global layer indices held by pipeline stage `pp_rank` (all its chunks), ascending.
+// Throws as LayersPerChunk().
 std::vector<std::int64_t> StageLayers(const ModelConfig& model, const TrainLayout& train,
                                       std::int64_t pp_rank);
 

@@ -141,8 +141,11 @@ using ShardMap = std::map<std::string, Tensor>;
 // pp. Preconditions (else std::invalid_argument naming the field): every size >= 1;
 // 0 <= rank < world_size(); tp divides the heads, the KV heads (without MLA) and the
 // dense / shared-expert FFN sizes; etp divides the expert FFN size; ep divides the
-// experts; etp·ep divides tp·cp·dp; pp·vpp <= layers, or layers_per_chunk has pp·vpp
-// positive entries summing to the layers.
+// experts; etp·ep divides tp·cp·dp; the layers split as Megatron-core allows: pp·vpp
+// divides them, or first_stage_layers / last_stage_layers as its uneven split (each
+// a positive multiple of vpp, pp >= 2, the other stages' layers a positive multiple
+// of their count × vpp; chunk offsets as get_transformer_layer_offset()), or
+// layers_per_chunk has pp·vpp non-negative entries summing to the layers.
 // Complexity: O(model elements) (the full tensors of the rank's layers are built).
 ShardMap ReferenceMegatronShards(const ModelConfig& model, const TrainLayout& train,
                                  std::int64_t rank);
