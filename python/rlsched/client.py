@@ -100,20 +100,23 @@ class BalanceResult:
 @dataclass(frozen=True)
 class MicroBatch:
     """One micro-batch: indices into the request's lengths (ascending), padded
-    tokens and cost."""
+    tokens, cost, and unpadded tokens (the sum of its lengths)."""
     indices: list[int]
     tokens: int
     cost: int
+    unpadded_tokens: int
 
 
 @dataclass(frozen=True)
 class RankPlan:
-    """One rank's micro-batches in execution order, its padded tokens, cost and
-    predicted time."""
+    """One rank's micro-batches in execution order, its padded tokens, cost,
+    predicted time, sequences and unpadded tokens."""
     micro_batches: list[MicroBatch]
     tokens: int
     cost: int
     time: int
+    sequences: int
+    unpadded_tokens: int
 
 
 @dataclass(frozen=True)
@@ -122,28 +125,46 @@ class BaselinePlan:
     predicted_step_time: int
     cap_violations: int
     micro_batches: int
+    empty_micro_batches: int
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The answer to :meth:`Client.plan_step` (mirrors ``rlsched.v1.PlanStepReply``)."""
+    """The answer to :meth:`Client.plan_step` (mirrors ``rlsched.v1.PlanStepReply``).
+
+    For a token-mean loss that does not change with the split, divide each
+    micro-batch's summed per-token loss by ``unpadded_tokens`` (the step's), times
+    the data-parallel size when the gradients are averaged across ranks; not by the
+    micro-batch's own tokens. ``empty_micro_batches`` and ``empty_ranks`` are 0
+    unless the input forces them (fewer sequences than ranks × micro-batches)."""
     ranks: list[RankPlan]
     micro_batches: int
     predicted_step_time: int
     lower_bound: int
     baseline: BaselinePlan
+    overhead: int
+    sequences: int
+    tokens: int
+    unpadded_tokens: int
+    empty_micro_batches: int
+    empty_ranks: int
 
     @classmethod
     def from_proto(cls, reply: balance_pb2.PlanStepReply) -> "StepPlan":
-        ranks = [RankPlan([MicroBatch(list(m.indices), m.tokens, m.cost)
-                           for m in r.micro_batches], r.tokens, r.cost, r.time)
+        ranks = [RankPlan([MicroBatch(list(m.indices), m.tokens, m.cost, m.unpadded_tokens)
+                           for m in r.micro_batches], r.tokens, r.cost, r.time,
+                          r.sequences, r.unpadded_tokens)
                  for r in reply.ranks]
         b = reply.baseline
         return cls(ranks=ranks, micro_batches=reply.micro_batches,
                    predicted_step_time=reply.predicted_step_time,
                    lower_bound=reply.lower_bound,
                    baseline=BaselinePlan(b.predicted_step_time, b.cap_violations,
-                                         b.micro_batches))
+                                         b.micro_batches, b.empty_micro_batches),
+                   overhead=reply.overhead, sequences=reply.sequences,
+                   tokens=reply.tokens, unpadded_tokens=reply.unpadded_tokens,
+                   empty_micro_batches=reply.empty_micro_batches,
+                   empty_ranks=reply.empty_ranks)
 
 
 # ----------------------------------------------------------------------------------
@@ -630,15 +651,19 @@ class Client:
                   groups: Optional[Iterable[int]] = None, equal_size: bool = False,
                   keep_groups: bool = False, min_micro_batches: int = 0,
                   micro_batches_multiple_of: int = 0, pad_to_multiple_of: int = 0,
-                  pipeline_stages: int = 0, overhead: int = 0, cost: CostArg = None,
-                  order: Union[None, int, str] = None,
+                  pipeline_stages: int = 0, overhead: Optional[int] = None,
+                  cost: CostArg = None, order: Union[None, int, str] = None,
                   refine_iterations: Optional[int] = None,
+                  count_tolerance: Optional[float] = None,
                   raw: bool = False) -> Union[StepPlan, balance_pb2.PlanStepReply]:
         """Plans a whole step (``rlsched.v1.PlanStepRequest``): sequences to
         `num_ranks` ranks and each rank's into micro-batches of at most
         `max_tokens_per_micro_batch` (padded) tokens, the same count on every rank.
-        `order`: None (pipeline), "pipeline", "heaviest_first". Returns a
-        :class:`StepPlan`, or the ``PlanStepReply`` with ``raw=True``."""
+        `overhead`: the cost of one micro-batch launch in cost units; None estimates
+        it from the cost model's shape (about 190 tokens for an 8B model; the reply's
+        ``overhead``). `count_tolerance`: None (0.01). `order`: None (pipeline),
+        "pipeline", "heaviest_first". Returns a :class:`StepPlan`, or the
+        ``PlanStepReply`` with ``raw=True``."""
         request = service_pb2.Request()
         message = request.plan_step
         _fill_common(message, lengths, groups, cost, refine_iterations)
@@ -650,7 +675,10 @@ class Client:
         message.micro_batches_multiple_of = micro_batches_multiple_of
         message.pad_to_multiple_of = pad_to_multiple_of
         message.pipeline_stages = pipeline_stages
-        message.overhead = overhead
+        if overhead is not None:
+            message.overhead = overhead
+        if count_tolerance is not None:
+            message.count_tolerance = count_tolerance
         message.order = _enum(balance_pb2.MicroBatchOrder, "MICRO_BATCH_ORDER_", order,
                               "plan_step.order")
         reply = self.call(request).plan_step
@@ -661,7 +689,7 @@ class Client:
                            min_micro_batches: int = 0,
                            micro_batches_multiple_of: int = 0,
                            pad_to_multiple_of: int = 0, pipeline_stages: int = 0,
-                           overhead: int = 0, cost: CostArg = None,
+                           overhead: Optional[int] = None, cost: CostArg = None,
                            order: Union[None, int, str] = None,
                            groups: Optional[Iterable[int]] = None,
                            keep_groups: bool = False,

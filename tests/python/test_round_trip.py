@@ -130,6 +130,34 @@ def test_plan_step_round_trip(client):
     assert plan.lower_bound <= plan.predicted_step_time
     assert plan.baseline.micro_batches >= 1
     assert plan.baseline.predicted_step_time > 0
+    # What a trainer needs for a loss that does not depend on the split.
+    assert plan.overhead == 100
+    assert plan.sequences == len(lengths)
+    assert plan.unpadded_tokens == sum(lengths)
+    assert plan.tokens == sum(r.tokens for r in plan.ranks)
+    for rank in plan.ranks:
+        assert rank.sequences == sum(len(mb.indices) for mb in rank.micro_batches)
+        assert rank.unpadded_tokens == sum(mb.unpadded_tokens for mb in rank.micro_batches)
+        for mb in rank.micro_batches:
+            assert mb.unpadded_tokens == sum(lengths[i] for i in mb.indices)
+    assert plan.empty_micro_batches == 0 and plan.empty_ranks == 0
+
+
+def test_plan_step_default_overhead_and_no_empty_micro_batches(client):
+    # The pipeline example that once gave ranks hundreds of empty micro-batches.
+    rng = random.Random(5)
+    lengths = [rng.randint(100, 500) + min(30000, int(rng.lognormvariate(7.0, 1.2)))
+               for _ in range(1024)]
+    plan = client.plan_step(lengths, num_ranks=8, max_tokens_per_micro_batch=32768,
+                            pipeline_stages=2)
+    assert plan.overhead > 0  # the estimate, not 0
+    assert plan.empty_micro_batches == 0
+    assert all(mb.indices for r in plan.ranks for mb in r.micro_batches)
+    assert plan.micro_batches <= min(r.sequences for r in plan.ranks)
+    # Forced: 10 sequences cannot fill 4 ranks × 4 micro-batches; the plan says so.
+    forced = client.plan_step(lengths[:10], num_ranks=4, max_tokens_per_micro_batch=32768,
+                              min_micro_batches=4)
+    assert forced.empty_micro_batches == 4 * 4 - 10
 
 
 def test_plan_micro_batches(client):
