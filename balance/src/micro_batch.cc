@@ -691,17 +691,16 @@ class CombinedRelaxation {
 };
 
 // The combined bound (see CombinedRelaxation) minimised over the admissible counts
-// m >= first (multiples of q, unbounded): a range [a, b] of counts (b = 0: all from a
-// on) is worth max(MinBudget(b), the closed form of StepLowerBound at b) + (a+p−1)·o,
-// which bounds every count in it. Best first: the range of least worth is split
-// (one new MinBudget each) until it is a single count or the evaluations run out;
-// its worth then bounds every plan, since the ranges cover every admissible count.
-// With o = 0 every range containing the unbounded end is worth the same, so that is
-// the bound. Returns the bound and the count of that single range (0: none, e.g. with
-// o = 0), a hint for the planner. O(kMaxEvaluations · MinBudget).
+// m in [first, last] (multiples of q; last = 0: unbounded): a range [a, b] of counts (b = 0: all
+// from a on) is worth max(MinBudget(b), the closed form of StepLowerBound at b) + (a+p−1)·o, which
+// bounds every count in it. Best first: the range of least worth is split (one new MinBudget each)
+// until it is a single count or the evaluations run out; its worth then bounds every plan, since
+// the ranges cover every admissible count. With o = 0 every range containing the last count is
+// worth the same, so that is the bound. Returns the bound and the count of that single range (with
+// o = 0, the last count; 0: none), a hint for the planner. O(kMaxEvaluations · MinBudget).
 std::pair<long double, std::int64_t> CombinedBound(const UnitCosts& units, bool equal_counts,
                                                    long double heaviest, std::int64_t first,
-                                                   const StepOptions& options) {
+                                                   std::int64_t last, const StepOptions& options) {
   constexpr int kMaxEvaluations = 40;
   const MicroBatchOptions& mb = options.micro_batch;
   const CombinedRelaxation relax(units, options.num_ranks, mb.pipeline_stages, equal_counts);
@@ -731,8 +730,8 @@ std::pair<long double, std::int64_t> CombinedBound(const UnitCosts& units, bool 
     bool operator>(const Range& other) const { return worth > other.worth; }
   };
   std::priority_queue<Range, std::vector<Range>, std::greater<>> ranges;
-  ranges.push({worth(first, 0), first, 0});
-  if (o == 0) return {ranges.top().worth, 0};
+  ranges.push({worth(first, last), first, last});
+  if (o == 0) return {ranges.top().worth, last};
   while (true) {
     const Range range = ranges.top();
     if (range.a == range.b) return {range.worth, range.a};
@@ -748,15 +747,20 @@ std::pair<long double, std::int64_t> CombinedBound(const UnitCosts& units, bool 
 // No plan with any rank assignment has a smaller step time (see TimeBound): the
 // heaviest rank costs at least max(total / R, largest unit), and some micro-batch
 // count m >= ceil(total tokens / R / cap) (honouring the minimum and the multiple)
-// must be used. TimeBound is convex in m, so the best m is next to the real minimiser.
-// With p > 1 also CombinedBound, whose best count is returned as a hint (0: none).
+// must be used; with `without_empty`, also m <= floor(n / R) when the first count
+// allows it (every rank then holds at least m sequences: the bound of plans without
+// an empty micro-batch). TimeBound is convex in m, so the best m is next to the real
+// minimiser. With p > 1 also CombinedBound, whose best count is returned as a hint
+// (0: none).
 struct StepBound {
   std::int64_t value = 0;
   std::int64_t count = 0;
 };
 
+enum class Empties { kAllowed, kNone };
+
 StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost, const UnitCosts& units,
-                         bool equal_counts, const StepOptions& options) {
+                         bool equal_counts, Empties empties, const StepOptions& options) {
   const MicroBatchOptions& mb = options.micro_batch;
   std::int64_t total_cost = 0;
   std::int64_t total_tokens = 0;
@@ -777,25 +781,31 @@ StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost, const
     return std::max(heaviest + spread / m, floor_term) + m * o + (p - 1.0L) * o;
   };
   const std::int64_t first = SmallestCount(CeilDiv(total_tokens, options.num_ranks), mb);
+  const std::int64_t fillable =
+      RoundDown(static_cast<std::int64_t>(padded.costs.size()) / options.num_ranks,
+                mb.micro_batches_multiple_of);
+  const std::int64_t last = empties == Empties::kNone && fillable >= first ? fillable : 0;
   const long double q = static_cast<long double>(mb.micro_batches_multiple_of);
   long double best_m = std::numeric_limits<long double>::infinity();
   if (o > 0) best_m = std::sqrt(spread / o);
   if (floor_term > heaviest && spread > 0)
     best_m = std::min(best_m, spread / (floor_term - heaviest));
+  if (last > 0) best_m = std::min(best_m, static_cast<long double>(last));
   long double value;
   if (std::isinf(best_m)) {
     value = heaviest + (p - 1.0L) * o;  // the infimum as m grows
   } else {
     const long double steps = std::max(0.0L, std::floor((best_m - first) / q));
     const long double m1 = first + steps * q;
-    value = std::min(f(m1), f(m1 + q));
+    value =
+        last > 0 && m1 + q > static_cast<long double>(last) ? f(m1) : std::min(f(m1), f(m1 + q));
     if (spread == 0) value = f(static_cast<long double>(first));
   }
   // With a pipeline, every rank's cost, largest sequence and count together.
   std::int64_t count = 0;
   if (mb.pipeline_stages > 1) {
     const auto [combined, combined_count] =
-        CombinedBound(units, equal_counts, heaviest, first, options);
+        CombinedBound(units, equal_counts, heaviest, first, last, options);
     value = std::max(value, combined);
     count = combined_count;
   }
@@ -807,8 +817,10 @@ StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost, const
 
 // The bound of plans that may split groups (the baseline's), equal sequence counts
 // when asked.
-std::int64_t UngroupedBound(const Padded& padded, bool equal_counts, const StepOptions& options) {
-  return StepLowerBound(padded, 0, {padded.costs, padded.costs}, equal_counts, options).value;
+std::int64_t UngroupedBound(const Padded& padded, bool equal_counts, Empties empties,
+                            const StepOptions& options) {
+  return StepLowerBound(padded, 0, {padded.costs, padded.costs}, equal_counts, empties, options)
+      .value;
 }
 
 }  // namespace
@@ -1640,8 +1652,13 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   const std::int64_t max_unit = options.keep_groups ? ranks.partition.lower_bound : 0;
   const Units units =
       mb.pipeline_stages > 1 ? MakeUnits(padded, groups, options.keep_groups) : Units{};
-  const StepBound bound =
-      StepLowerBound(padded, max_unit, {units.cost, units.largest}, options.equal_size, options);
+  // The bound of plans without an empty micro-batch, what the planner makes unless the
+  // input forces one (then the bound is taken again, allowing them).
+  auto bound_of = [&](Empties empties) {
+    return StepLowerBound(padded, max_unit, {units.cost, units.largest}, options.equal_size,
+                          empties, options);
+  };
+  const StepBound bound = bound_of(Empties::kNone);
 
   PlannedStep result;
   const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
@@ -1661,9 +1678,9 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
                ? std::numeric_limits<std::int64_t>::max()
                : static_cast<std::int64_t>(limit);
   };
-  // With a pipeline and an overhead the packed candidate comes first at the bound's
-  // best count: the other candidates then skip the counts, or whole plans, that cannot
-  // come near it (see PlanForRanks).
+  // With a pipeline the packed candidate comes first at the bound's best count (the
+  // most micro-batches the ranks can fill without an overhead): the other candidates
+  // then skip the counts, or whole plans, that cannot come near it (see PlanForRanks).
   const bool packed_first = pipeline && bound.count > 0;
   if (packed_first) {
     if (auto packed = PackedPlan(padded, units, movable, options, bound.value, bound.count,
@@ -1692,16 +1709,20 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   }
 
   result.baseline = Baseline(padded, options);
-  // Without groups the baseline's bound is the same one: computed once.
-  result.baseline.lower_bound =
-      options.keep_groups ? UngroupedBound(padded, false, options) : bound.value;
+  // Without groups or empty micro-batches the baseline's bound is the same one.
+  const Empties baseline_empties =
+      result.baseline.empty_micro_batches > 0 ? Empties::kAllowed : Empties::kNone;
+  result.baseline.lower_bound = options.keep_groups || baseline_empties == Empties::kAllowed
+                                    ? UngroupedBound(padded, false, baseline_empties, options)
+                                    : bound.value;
   SetTotals(padded, mb, result.baseline);
   // The baseline's plan is a valid answer when it keeps the cap (it ignores groups).
   if (!options.keep_groups && result.baseline.cap_violations == 0) {
     candidates.push_back(result.baseline);
   }
   result.plan = Choose(std::move(candidates), mb.count_tolerance);
-  result.plan.lower_bound = bound.value;
+  result.plan.lower_bound =
+      result.plan.empty_micro_batches > 0 ? bound_of(Empties::kAllowed).value : bound.value;
   result.plan.cap_violations = 0;
   SetTotals(padded, mb, result.plan);
   return result;
@@ -1713,7 +1734,9 @@ StepPlan PlanBaseline(std::span<const std::int64_t> lengths, const StepOptions& 
   options.micro_batch = Resolved(unresolved.micro_batch);
   const Padded padded = Pad(lengths, options.micro_batch);
   StepPlan plan = Baseline(padded, options);
-  plan.lower_bound = UngroupedBound(padded, options.equal_size && !options.keep_groups, options);
+  plan.lower_bound =
+      UngroupedBound(padded, options.equal_size && !options.keep_groups,
+                     plan.empty_micro_batches > 0 ? Empties::kAllowed : Empties::kNone, options);
   SetTotals(padded, options.micro_batch, plan);
   return plan;
 }

@@ -451,9 +451,11 @@ void StepSweep(std::uint64_t first, std::uint64_t count) {
 // every rank holding floor(U / R) or ceil(U / R) of the U units: sequences, or groups
 // with keep_groups), and per rank every split into at most m non-empty micro-batches
 // within the cap (a subset DP), for every admissible m up to the sequence count (more
-// micro-batches only add overhead). n <= 7.
+// micro-batches only add overhead). n <= 7. With `no_empty`, only plans whose every
+// micro-batch holds a sequence (every rank exactly m non-empty ones).
 std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths,
-                                std::span<const std::int64_t> groups, const StepOptions& options) {
+                                std::span<const std::int64_t> groups, const StepOptions& options,
+                                bool no_empty = false) {
   const MicroBatchOptions& mb = options.micro_batch;
   const int n = static_cast<int>(lengths.size());
   const int subsets = 1 << n;
@@ -523,7 +525,7 @@ std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths,
     // The rank time of subset s with m micro-batches.
     auto rank_time = [&](int s) {
       std::int64_t h = kInf;
-      for (std::int64_t j = 0; j <= std::min<std::int64_t>(m, n); ++j) {
+      for (std::int64_t j = no_empty ? m : 0; j <= std::min<std::int64_t>(m, n); ++j) {
         h = std::min(h, heaviest[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)]);
       }
       if (h == kInf) return kInf;
@@ -575,17 +577,23 @@ void BoundSweep(std::uint64_t first, std::uint64_t count) {
     for (int i = 0; i < n; ++i) groups.push_back(rng.UniformInt(0, 3));
     if (options.equal_size || options.keep_groups) options.num_ranks = rng.UniformInt(1, 3);
     SCOPED_TRACE("seed " + std::to_string(seed));
-    const std::int64_t optimum = BruteForceStepTime(lengths, groups, options);
     const PlannedStep step = PlanStep(lengths, groups, options);
+    // The bound of a plan without empty micro-batches is over such plans (tighter);
+    // with them, over every plan.
+    const std::int64_t optimum =
+        BruteForceStepTime(lengths, groups, options, step.plan.empty_micro_batches == 0);
     EXPECT_LE(step.plan.lower_bound, optimum);
     EXPECT_LE(optimum, step.plan.predicted_step_time);
+    EXPECT_LE(BruteForceStepTime(lengths, groups, options), optimum);
     // The baseline splits groups: its bound is over plans that may.
     StepOptions ungrouped = options;
     ungrouped.keep_groups = false;
     const std::int64_t ungrouped_optimum =
-        options.keep_groups ? BruteForceStepTime(lengths, groups, ungrouped) : optimum;
+        BruteForceStepTime(lengths, groups, ungrouped, step.baseline.empty_micro_batches == 0);
     EXPECT_LE(step.baseline.lower_bound, ungrouped_optimum);
-    EXPECT_LE(PlanBaseline(lengths, ungrouped).lower_bound, ungrouped_optimum);
+    const StepPlan baseline = PlanBaseline(lengths, ungrouped);
+    EXPECT_LE(baseline.lower_bound,
+              BruteForceStepTime(lengths, groups, ungrouped, baseline.empty_micro_batches == 0));
     if (::testing::Test::HasFailure()) return;
   }
 }
