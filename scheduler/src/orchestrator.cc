@@ -65,7 +65,8 @@ struct Sample {
 struct Group {
   std::int64_t prompt = 0;
   std::int64_t prompt_tokens = 0;
-  std::int64_t target = 0;  // the batch it is meant for
+  std::int64_t target = 0;        // the batch it is meant for
+  std::int64_t admitted_for = 0;  // the batch it was admitted for
   std::int64_t complete = 0;
   std::int64_t oldest = -1;  // min over its samples' oldest (>= 0 ones); -1: none
   GroupState state = GroupState::kLive;
@@ -182,6 +183,7 @@ struct Orchestrator::State {
   std::int64_t P = 1, G = 1, s = 0, quota = 1;
   bool boundary_sync = true;  // sync / one_step_off: engines sync when out of work
   bool one_batch_at_a_time = false;
+  bool strict = true;  // every trained token within s (else: the admission policy)
 
   bool started = false;
   double first_time = 0;
@@ -217,6 +219,7 @@ struct Orchestrator::State {
 
   Counters counters;
   std::vector<std::int64_t> staleness;
+  std::vector<std::int64_t> token_staleness;
   std::vector<TrainedSample> last_batch;
   std::int64_t weight_syncs = 0;
   double weight_sync_seconds = 0;
@@ -383,8 +386,10 @@ struct Orchestrator::State {
         const Prompt prompt = prompts.front();
         prompts.pop_front();
         const std::int64_t g = static_cast<std::int64_t>(groups.size());
-        groups.push_back(
-            Group{.prompt = prompt.id, .prompt_tokens = prompt.prompt_tokens, .target = b});
+        groups.push_back(Group{.prompt = prompt.id,
+                               .prompt_tokens = prompt.prompt_tokens,
+                               .target = b,
+                               .admitted_for = b});
         live.insert(g);
         const std::int64_t predicted = Predict(prompt.id);
         for (std::int64_t j = 0; j < G; ++j) {
@@ -441,7 +446,7 @@ struct Orchestrator::State {
       x.engine = best_id;
       if (x.oldest < 0 || best->version < x.oldest) {  // kept tokens may be newer
         x.oldest = best->version;
-        by_version[x.oldest].push_back(id);
+        if (strict) by_version[x.oldest].push_back(id);
         RefreshGroupOldest(id / G);
       }
       if (x.spans.empty() || x.spans.back().version != best->version) {
@@ -540,14 +545,19 @@ struct Orchestrator::State {
           next.insert(g);
         }
       }
-      // Tokens too old for the next batch are discarded: the bound is never exceeded.
+      // Strict: tokens too old for the next batch are discarded, so the bound is never
+      // exceeded (by_version is kept only then).
       while (!by_version.empty() && by_version.begin()->first < t_next - s) {
         auto node = by_version.extract(by_version.begin());
         for (const std::int64_t id : node.mapped()) {
           const Sample& x = At(id);
           const bool live = x.state == SampleState::kQueued || x.state == SampleState::kInFlight ||
                             x.state == SampleState::kComplete;
-          if (live && x.oldest == node.key()) Restart(id);
+          if (live && x.oldest == node.key()) {
+            ++counters.stale_restarts;
+            counters.stale_discarded_tokens += x.tokens;
+            Restart(id);
+          }
         }
       }
     }
@@ -579,9 +589,21 @@ struct Orchestrator::State {
         Sample& x = At(id);
         x.state = SampleState::kTrained;
         const std::int64_t age = start.step - x.oldest;
-        if (age < 0 || age > s) throw std::logic_error("staleness bound broken");
+        // Strict: every token within s. Admission: the first tokens on weights at most s
+        // behind the batch the group was admitted for.
+        if (age < 0 || (strict && age > s) || (!strict && x.oldest < group.admitted_for - s)) {
+          throw std::logic_error("staleness bound broken");
+        }
         if (static_cast<std::size_t>(age) >= staleness.size()) staleness.resize(age + 1, 0);
         ++staleness[static_cast<std::size_t>(age)];
+        for (std::size_t k = 0; k < x.spans.size(); ++k) {
+          const std::int64_t end = k + 1 < x.spans.size() ? x.spans[k + 1].first_token : x.tokens;
+          const std::int64_t token_age = start.step - x.spans[k].version;
+          if (static_cast<std::size_t>(token_age) >= token_staleness.size()) {
+            token_staleness.resize(static_cast<std::size_t>(token_age) + 1, 0);
+          }
+          token_staleness[static_cast<std::size_t>(token_age)] += end - x.spans[k].first_token;
+        }
         bool partial = false;
         for (const VersionSpan& span : x.spans) partial |= span.version != x.spans[0].version;
         counters.partial_samples += partial ? 1 : 0;
@@ -874,6 +896,7 @@ Orchestrator::Orchestrator(OrchestratorOptions options) : state_(std::make_uniqu
     case Mode::kAsync:
       st.s = options.max_staleness;
       st.boundary_sync = false;
+      st.strict = options.staleness_policy == StalenessPolicy::kStrict;
       break;
   }
   st.quota = static_cast<std::int64_t>(
@@ -930,6 +953,7 @@ Metrics Orchestrator::metrics(double now) const {
   m.weight_syncs = st.weight_syncs;
   m.weight_sync_seconds = st.weight_sync_seconds;
   m.staleness_histogram = st.staleness;
+  m.token_staleness_histogram = st.token_staleness;
   for (std::size_t k = 0; k < st.staleness.size(); ++k) {
     if (st.staleness[k] > 0) m.max_staleness = static_cast<std::int64_t>(k);
   }
@@ -952,7 +976,7 @@ void Orchestrator::CheckInvariants() const {
     ++counts[static_cast<int>(x.state)];
     const bool live = x.state == SampleState::kQueued || x.state == SampleState::kInFlight ||
                       x.state == SampleState::kComplete;
-    if (live && x.oldest >= 0 && x.oldest < st.t_next - st.s) {
+    if (st.strict && live && x.oldest >= 0 && x.oldest < st.t_next - st.s) {
       fail("sample " + Str(std::int64_t(i)) + " too stale for batch " + Str(st.t_next));
     }
     if (x.state == SampleState::kInFlight) {
@@ -986,7 +1010,15 @@ void Orchestrator::CheckInvariants() const {
   }
   if (in_flight != c.in_flight) fail("engines' samples != in_flight");
   for (std::size_t k = 0; k < st.staleness.size(); ++k) {
-    if (st.staleness[k] > 0 && static_cast<std::int64_t>(k) > st.s) fail("staleness above s");
+    if (st.strict && st.staleness[k] > 0 && static_cast<std::int64_t>(k) > st.s) {
+      fail("staleness above s");
+    }
+  }
+  if (!st.strict && (c.stale_restarts != 0 || c.stale_discarded_tokens != 0)) {
+    fail("tokens discarded for staleness under the admission policy");
+  }
+  if (c.stale_restarts > c.restarts || c.stale_discarded_tokens > c.discarded_tokens) {
+    fail("stale restarts above all restarts");
   }
   if (c.trained_groups * st.G != c.trained || c.filtered_groups * st.G != c.filtered) {
     fail("group counters");

@@ -196,6 +196,82 @@ TEST(OrchestratorTest, PartialRolloutRecordsVersionSpans) {
   core.CheckInvariants();
 }
 
+// A long sample admitted for batch 1 under version 0 is overtaken by a short one
+// admitted for batch 2 under version 1. Batch 1 closes without it. At s = 1 its
+// version-0 tokens are too old for batch 2: the strict policy discards them and
+// generates it again; the admission policy keeps them, and the sample trains at
+// step 2 with tokens of versions 0, 1 and 2.
+void RunOvertakenSample(StalenessPolicy policy) {
+  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
+                                        .max_staleness = 1,
+                                        .staleness_policy = policy,
+                                        .partial_rollout = true,
+                                        .prompts_per_step = 1,
+                                        .samples_per_prompt = 1});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 4, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 3)}, out);
+  ASSERT_EQ(Describe(out.at(0)), "dispatch e0 v0 0/0/1024 1/0/1024");  // batches 0 and 1
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
+  ASSERT_EQ(Describe(out.at(0)), "train 0 0");
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  ASSERT_EQ(Describe(out.at(0)), "sync e0 v1 interrupt");
+  core.Handle(GenerationProgressed{.time = 2, .sample = 1, .tokens = 5}, out);
+  out.clear();
+  core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Describe(out[0]), "resume e0 v1 1");
+  EXPECT_EQ(std::get<Dispatch>(out[1]).samples.at(0).sample, 2);  // batch 2, version 1
+  out.clear();
+  core.Handle(GenerationFinished{.time = 4, .sample = 2, .tokens = 3, .reward = 0}, out);
+  core.CheckInvariants();
+  if (policy == StalenessPolicy::kStrict) {
+    ASSERT_EQ(out.size(), 3u);
+    EXPECT_EQ(Describe(out[0]), "abort e0 1");
+    EXPECT_EQ(Describe(out[1]), "train 1 2");
+    EXPECT_EQ(Describe(out[2]), "dispatch e0 v1 1/0/1024");  // again, from the start
+    EXPECT_EQ(core.counters().stale_restarts, 1);
+    EXPECT_EQ(core.counters().stale_discarded_tokens, 5);
+    EXPECT_EQ(core.counters().discarded_tokens, 5);
+    return;
+  }
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]), "train 1 2");
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 5, .step = 1}, out);
+  ASSERT_EQ(Describe(out.at(0)), "sync e0 v2 interrupt");
+  core.Handle(GenerationProgressed{.time = 5, .sample = 1, .tokens = 9}, out);
+  core.Handle(WeightsLoaded{.time = 6, .engine = 0, .version = 2}, out);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 7, .sample = 1, .tokens = 12, .reward = 0}, out);
+  ASSERT_EQ(Describe(out.at(0)), "train 2 1");
+  const TrainedSample& x = core.last_batch().at(0);
+  ASSERT_EQ(x.spans.size(), 3u);
+  EXPECT_EQ(x.spans[1].first_token, 5);
+  EXPECT_EQ(x.spans[2].first_token, 9);
+  const Counters& c = core.counters();
+  EXPECT_EQ(c.restarts, 0);
+  EXPECT_EQ(c.discarded_tokens, 0);
+  EXPECT_EQ(c.stale_restarts, 0);
+  const Metrics m = core.metrics(7);
+  // Samples by their oldest token: 0 and 2 at age 0, 1 at age 2 (over s = 1).
+  EXPECT_EQ(m.staleness_histogram, (std::vector<std::int64_t>{2, 0, 1}));
+  EXPECT_EQ(m.max_staleness, 2);
+  // Tokens: 4 + 3 fresh, and sample 1's 3 of version 2, 4 of version 1, 5 of version 0.
+  EXPECT_EQ(m.token_staleness_histogram, (std::vector<std::int64_t>{4 + 3 + 3, 4, 5}));
+  core.CheckInvariants();
+}
+
+TEST(OrchestratorTest, StrictPolicyRestartsAnOvertakenSample) {
+  RunOvertakenSample(StalenessPolicy::kStrict);
+}
+
+TEST(OrchestratorTest, AdmissionPolicyKeepsAnOvertakenSamplesTokens) {
+  RunOvertakenSample(StalenessPolicy::kAdmission);
+}
+
 TEST(OrchestratorTest, FilterRefillsTheBatch) {
   OrchestratorOptions options{.mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2};
   options.filter = KeepUnlessAllEqual;
@@ -297,6 +373,7 @@ struct WorldOptions {
   std::uint64_t seed = 1;
   Mode mode = Mode::kAsync;
   std::int64_t staleness = 1;
+  StalenessPolicy policy = StalenessPolicy::kAdmission;
   bool partial = true;
   double oversample = 0.5;
   bool faults = true;
@@ -317,6 +394,7 @@ struct World {
   static OrchestratorOptions CoreOptions(const WorldOptions& o, balance::Rng& rng) {
     OrchestratorOptions core{.mode = o.mode,
                              .max_staleness = o.staleness,
+                             .staleness_policy = o.policy,
                              .partial_rollout = o.partial,
                              .oversample = o.oversample,
                              .prompts_per_step = rng.UniformInt(1, 3),
@@ -365,11 +443,18 @@ struct World {
         for (const TrainedSample& x : core.last_batch()) {
           std::int64_t oldest = x.spans.empty() ? t->version : x.spans[0].version;
           for (const VersionSpan& span : x.spans) oldest = std::min(oldest, span.version);
-          ASSERT_LE(t->version - oldest, staleness_bound());
+          if (strict()) {
+            ASSERT_LE(t->version - oldest, staleness_bound());
+          }
+          trained_tokens += x.response_tokens;
         }
         for (const auto g : t->groups) live_groups.erase(g);
       }
     }
+  }
+
+  bool strict() const {
+    return options.mode != Mode::kAsync || options.policy == StalenessPolicy::kStrict;
   }
 
   std::int64_t staleness_bound() const {
@@ -472,6 +557,7 @@ struct World {
   std::int64_t next_engine = 0;
   std::int64_t prompts_fed = 0;
   std::int64_t step = 0;
+  std::int64_t trained_tokens = 0;  // response tokens of the trained samples
   bool training = false;
   double time = 0;
 };
@@ -479,7 +565,22 @@ struct World {
 std::vector<std::string> RunWorld(const WorldOptions& options, Counters* counters = nullptr) {
   World world(options);
   for (int i = 0; i < options.events && !::testing::Test::HasFatalFailure(); ++i) world.Step();
-  EXPECT_LE(world.core.metrics(world.time).max_staleness, world.staleness_bound());
+  const Metrics m = world.core.metrics(world.time);
+  if (world.strict()) {
+    EXPECT_LE(m.max_staleness, world.staleness_bound());
+  }
+  // Every trained response token is counted once, by its own version.
+  std::int64_t tokens = 0;
+  for (const std::int64_t t : m.token_staleness_histogram) tokens += t;
+  EXPECT_EQ(tokens, world.trained_tokens);
+  const Counters& c = world.core.counters();
+  if (!world.strict()) {
+    EXPECT_EQ(c.stale_restarts, 0);
+    EXPECT_EQ(c.stale_discarded_tokens, 0);
+    if (!options.faults) {
+      EXPECT_EQ(c.discarded_tokens, 0) << "a token discarded under admission";
+    }
+  }
   if (counters != nullptr) *counters = world.core.counters();
   return world.log;
 }
@@ -489,13 +590,16 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
   // The runs must exercise what they check: training, restarts, partial rollouts,
   // filters and discarded tokens all happen somewhere.
   Counters total;
+  std::int64_t admission_steps = 0;
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    WorldOptions o{.seed = seed,
-                   .mode = modes[seed % 3],
-                   .staleness = static_cast<std::int64_t>(seed / 3 % 3),
-                   .partial = (seed / 9) % 2 == 0,
-                   .oversample = static_cast<double>(seed % 4) * 0.5,
-                   .faults = seed % 5 != 0};
+    WorldOptions o{
+        .seed = seed,
+        .mode = modes[seed % 3],
+        .staleness = static_cast<std::int64_t>(seed / 3 % 3),
+        .policy = (seed / 18) % 2 == 0 ? StalenessPolicy::kAdmission : StalenessPolicy::kStrict,
+        .partial = (seed / 9) % 2 == 0,
+        .oversample = static_cast<double>(seed % 4) * 0.5,
+        .faults = seed % 5 != 0};
     SCOPED_TRACE("seed " + std::to_string(seed));
     Counters c;
     RunWorld(o, &c);
@@ -505,6 +609,10 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
     total.partial_samples += c.partial_samples;
     total.filtered_groups += c.filtered_groups;
     total.discarded_tokens += c.discarded_tokens;
+    if (o.mode == Mode::kAsync && o.policy == StalenessPolicy::kAdmission) {
+      admission_steps += c.steps_started;
+    }
+    total.stale_restarts += c.stale_restarts;
   }
   const std::int64_t n = static_cast<std::int64_t>(count);
   EXPECT_GE(total.steps_started, 5 * n);
@@ -512,6 +620,9 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
   EXPECT_GE(total.partial_samples, n / 4);
   EXPECT_GE(total.filtered_groups, n);
   EXPECT_GE(total.discarded_tokens, n);
+  // Both policies run and train; the strict one throws stale tokens away somewhere.
+  EXPECT_GE(admission_steps, n / 2);
+  EXPECT_GE(total.stale_restarts, n / 10);
   std::printf("%lld seeds: %lld steps, %lld restarts, %lld partial samples, %lld filtered groups\n",
               static_cast<long long>(n), static_cast<long long>(total.steps_started),
               static_cast<long long>(total.restarts), static_cast<long long>(total.partial_samples),

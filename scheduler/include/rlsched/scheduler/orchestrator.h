@@ -26,11 +26,19 @@
 //   Admission. A group is admitted for a target batch b on an engine holding version
 //   v only if b − v <= s, and batch b admits at most ceil((1 + r)·P) live groups
 //   (r = oversample; filtered groups free their place, so dynamic sampling refills).
-//   Batch b closes when P complete, eligible groups exist (oldest first, then by
-//   group id); complete or running groups left over carry on to batch b + 1 and are
-//   never dropped: if they would become too stale there, their tokens are discarded
-//   and they are generated again (counted as restarts). So the bound is enforced at
-//   admission and at every batch, and never exceeded.
+//   Batch b closes when P complete groups exist (oldest first, then by group id);
+//   complete or running groups left over carry on to batch b + 1 and are never
+//   dropped. What happens to their tokens is the staleness policy's choice:
+//     admission  (async's default, the peers' rule) every generated token is kept:
+//                generation runs at most s batches ahead of the trainer and a group
+//                starts only on weights at most s versions behind the batch it was
+//                admitted for, but a long sample resumed across weight syncs may
+//                train with tokens older than s (the off-policy correction reads
+//                the version spans; Metrics::token_staleness_histogram shows the
+//                tail). Nothing is thrown away for staleness.
+//     strict     every trained token is at most s versions old: a leftover whose
+//                tokens would become too stale is discarded and generated again
+//                (counted as a restart). sync and one_step_off are always strict.
 //
 //   Weight sync. When step t finishes, version t + 1 exists. With partial rollout,
 //   every engine gets SyncWeights with interrupt = true: the driver stops its
@@ -93,6 +101,10 @@
 namespace rlsched::scheduler {
 
 enum class Mode { kSync, kOneStepOff, kAsync };
+
+// How async mode bounds staleness (see the file comment). sync and one_step_off are
+// strict whatever this says.
+enum class StalenessPolicy { kAdmission, kStrict };
 
 // ---- Events (driver → core). Times are seconds, non-decreasing across events. ----
 
@@ -211,7 +223,8 @@ using StepPlanner = std::function<balance::PlannedStep(std::span<const std::int6
 
 struct OrchestratorOptions {
   Mode mode = Mode::kSync;
-  std::int64_t max_staleness = 1;       // s for kAsync, >= 0
+  std::int64_t max_staleness = 1;                                  // s for kAsync, >= 0
+  StalenessPolicy staleness_policy = StalenessPolicy::kAdmission;  // kAsync only
   bool partial_rollout = true;          // kAsync only: interrupt and resume at a sync
   double oversample = 0;                // r >= 0: admit up to ceil((1 + r)·P) per batch
   std::int64_t prompts_per_step = 1;    // P >= 1
@@ -243,8 +256,11 @@ struct Counters {  // in samples unless named *_groups
   std::int64_t filtered_groups = 0;
   std::int64_t restarts = 0;          // samples whose tokens were discarded, generated again
   std::int64_t discarded_tokens = 0;  // tokens thrown away by restarts and failures
-  std::int64_t partial_samples = 0;   // trained samples with tokens of > 1 version
-  std::int64_t trained_tokens = 0;    // prompt + response tokens of trained samples
+  // Of those, the ones the strict policy threw away for staleness (0 under admission).
+  std::int64_t stale_restarts = 0;
+  std::int64_t stale_discarded_tokens = 0;
+  std::int64_t partial_samples = 0;  // trained samples with tokens of > 1 version
+  std::int64_t trained_tokens = 0;   // prompt + response tokens of trained samples
   std::int64_t steps_started = 0;
   std::int64_t steps_finished = 0;
 };
@@ -277,6 +293,9 @@ struct Metrics {
   double weight_sync_seconds = 0;    // their total time, command to WeightsLoaded
   std::vector<std::int64_t> staleness_histogram;  // [k] = trained samples of staleness k
   std::int64_t max_staleness = 0;                 // the largest k with samples
+  // [k] = trained response tokens generated k versions before the step that trained
+  // them (what an off-policy correction must cover).
+  std::vector<std::int64_t> token_staleness_histogram;
 };
 
 class Orchestrator {
