@@ -1,0 +1,248 @@
+// benchmarks/partial_rollout.cc — partial rollout against draining on a peer's published
+// configuration, under the admission and the strict staleness policies.
+//
+// Usage
+//   partial_rollout [--steps N] [--seed S] [--train-seconds T]
+//   Defaults: 10 steps, seed 1, a trainer step of about 117 s.
+//
+// Overview
+//   The configuration of verl's fully-async recipe (Qwen2.5-Math-7B, 512 prompts × 16
+//   samples, responses up to 28,672 tokens, 64 rollout GPUs beside 64 training GPUs):
+//   16 engines × 256 concurrent samples, lognormal response lengths with a mean of
+//   about 2,000 tokens and σ = 0.9, clipped at 28,672, correlated 0.8 across a prompt's
+//   samples, a weight sync of 0.5 s, and a trainer whose step takes about 117 s
+//   (seconds_per_cost_unit is scaled from one sync run so that the mean train step
+//   is --train-seconds). The 64 rollout GPUs are 16 engines of TP 4: the simulator's
+//   default one-GPU 7-8B constants with every time divided by 4.
+//   Rows: sync and one_step_off for reference, then async s = 1 and s = 2 with partial
+//   rollout and with draining, under each policy. Per row: samples/s, its share of
+//   the ideal bound (min(engine, trainer capacity)), trainer idle, restarts, the tokens
+//   discarded per token trained and as a share of the tokens generated, the largest
+//   sample staleness, and the share of trained tokens older than s.
+//   Every row is checked (conservation; strict: staleness <= s; admission: no token
+//   discarded); a violation makes the exit status 1. The targets of the partial-rollout
+//   issue are printed at the end (PASS/FAIL; not part of the exit status): async s = 1
+//   with partial rollout at least as fast as draining and at >= 90% of the ideal bound
+//   under admission (0 tokens discarded; with over-sampling r = 0.25 for the 90%: at
+//   s = 1 a batch without it waits for its longest group), and under strict at most 1%
+//   of the generated tokens discarded.
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rlsched/scheduler/orchestrator.h"
+#include "rlsched/scheduler/simulator.h"
+
+namespace {
+
+namespace sched = rlsched::scheduler;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kIdealTarget = 0.9;
+constexpr double kStrictDiscardTarget = 0.01;
+
+struct Row {
+  std::string label;
+  sched::Mode mode;
+  std::int64_t staleness;
+  bool partial;
+  sched::StalenessPolicy policy;
+  double oversample = 0;
+};
+
+struct Result {
+  sched::SimulationReport report;
+  double wall_seconds = 0;
+  double discarded_per_trained = 0;  // discarded tokens / trained response tokens
+  double discarded_share = 0;        // discarded / (trained response + discarded)
+  double older_than_s = 0;           // trained response tokens older than s / all
+};
+
+sched::SimulatorConfig PeerConfig(std::int64_t steps, std::uint64_t seed) {
+  sched::SimulatorConfig config = sched::DefaultSimulatorConfig();
+  config.orchestrator.prompts_per_step = 512;
+  config.orchestrator.samples_per_prompt = 16;
+  config.steps = steps;
+  // 64 rollout GPUs as 16 engines of TP 4: the default one-GPU engine's times divided
+  // by 4 (weights and KV cache read over 4 GPUs' bandwidth, 4× the compute).
+  config.engines = 16;
+  config.engine.max_concurrent = 256;
+  config.engine.decode_base_seconds /= 4;
+  config.engine.decode_per_sequence_seconds /= 4;
+  config.engine.decode_per_context_token_seconds /= 4;
+  config.engine.prefill_tokens_per_second *= 4;
+  config.trainer_ranks = 64;
+  config.step.num_ranks = 64;
+  config.step.micro_batch.max_tokens_per_micro_batch = 32768;
+  // Mean exp(mu + σ²/2) = 2,000 tokens with σ = 0.9.
+  config.lengths.sigma = 0.9;
+  config.lengths.mu = std::log(2000.0) - 0.9 * 0.9 / 2.0;
+  config.lengths.max_tokens = 28672;
+  config.lengths.length_correlation = 0.8;
+  config.weight_sync_seconds = 0.5;
+  config.dataset_prompts = 512 * 8;
+  config.seed = seed;
+  return config;
+}
+
+Result Run(sched::SimulatorConfig config, const Row& row) {
+  config.orchestrator.mode = row.mode;
+  config.orchestrator.max_staleness = row.staleness;
+  config.orchestrator.partial_rollout = row.partial;
+  config.orchestrator.staleness_policy = row.policy;
+  config.orchestrator.oversample = row.oversample;
+  const auto start = Clock::now();
+  Result r;
+  r.report = sched::Simulate(config);
+  r.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const sched::Metrics& m = r.report.metrics;
+  std::int64_t trained_tokens = 0;
+  std::int64_t old_tokens = 0;
+  for (std::size_t k = 0; k < m.token_staleness_histogram.size(); ++k) {
+    trained_tokens += m.token_staleness_histogram[k];
+    if (static_cast<std::int64_t>(k) > row.staleness) old_tokens += m.token_staleness_histogram[k];
+  }
+  const double discarded = static_cast<double>(r.report.counters.discarded_tokens);
+  if (trained_tokens > 0) {
+    r.discarded_per_trained = discarded / static_cast<double>(trained_tokens);
+    r.older_than_s = static_cast<double>(old_tokens) / static_cast<double>(trained_tokens);
+  }
+  if (trained_tokens + r.report.counters.discarded_tokens > 0) {
+    r.discarded_share = discarded / (static_cast<double>(trained_tokens) + discarded);
+  }
+  return r;
+}
+
+// Problems with a row: conservation, and its policy's own promise.
+std::string Check(const Row& row, const Result& r) {
+  const sched::Counters& c = r.report.counters;
+  if (c.admitted != c.trained + c.filtered + c.buffered + c.queued + c.in_flight) {
+    return "conservation broken";
+  }
+  const bool strict =
+      row.mode != sched::Mode::kAsync || row.policy == sched::StalenessPolicy::kStrict;
+  const std::int64_t bound = row.mode == sched::Mode::kSync         ? 0
+                             : row.mode == sched::Mode::kOneStepOff ? 1
+                                                                    : row.staleness;
+  if (strict && r.report.metrics.max_staleness > bound) return "staleness above the bound";
+  if (!strict && c.stale_discarded_tokens != 0) return "tokens discarded under admission";
+  return "";
+}
+
+int Main(int argc, char** argv) {
+  std::int64_t steps = 10;
+  std::uint64_t seed = 1;
+  double train_seconds = 117.0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--steps" && i + 1 < argc) {
+      steps = std::atoll(argv[++i]);
+    } else if (a == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--train-seconds" && i + 1 < argc) {
+      train_seconds = std::atof(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: partial_rollout [--steps N] [--seed S] [--train-seconds T]\n");
+      return 2;
+    }
+  }
+  sched::SimulatorConfig config = PeerConfig(steps, seed);
+  // Calibrate: a sync run's mean train step at the default unit cost, scaled.
+  {
+    sched::SimulatorConfig probe = config;
+    probe.orchestrator.mode = sched::Mode::kSync;
+    probe.steps = 2;
+    const sched::SimulationReport report = sched::Simulate(probe);
+    config.seconds_per_cost_unit *= train_seconds / report.mean_train_seconds;
+  }
+  using P = sched::StalenessPolicy;
+  const std::vector<Row> rows = {
+      {"sync", sched::Mode::kSync, 0, false, P::kStrict},
+      {"one_step_off", sched::Mode::kOneStepOff, 1, false, P::kStrict},
+      {"async s=1 partial, admission", sched::Mode::kAsync, 1, true, P::kAdmission},
+      {"async s=1 drain, admission", sched::Mode::kAsync, 1, false, P::kAdmission},
+      {"async s=1 partial, strict", sched::Mode::kAsync, 1, true, P::kStrict},
+      {"async s=1 drain, strict", sched::Mode::kAsync, 1, false, P::kStrict},
+      {"async s=2 partial, admission", sched::Mode::kAsync, 2, true, P::kAdmission},
+      {"async s=2 drain, admission", sched::Mode::kAsync, 2, false, P::kAdmission},
+      {"async s=2 partial, strict", sched::Mode::kAsync, 2, true, P::kStrict},
+      {"async s=2 drain, strict", sched::Mode::kAsync, 2, false, P::kStrict},
+      {"async s=1 partial, admission, r=0.25", sched::Mode::kAsync, 1, true, P::kAdmission, 0.25},
+      {"async s=1 drain, admission, r=0.25", sched::Mode::kAsync, 1, false, P::kAdmission, 0.25},
+      {"async s=1 partial, admission, r=0.5", sched::Mode::kAsync, 1, true, P::kAdmission, 0.5},
+      {"async s=1 drain, admission, r=0.5", sched::Mode::kAsync, 1, false, P::kAdmission, 0.5},
+      {"async s=1 partial, strict, r=0.5", sched::Mode::kAsync, 1, true, P::kStrict, 0.5},
+  };
+  std::printf(
+      "verl fully-async configuration: 16 engines x 256, 512 prompts x 16, lognormal lengths\n"
+      "(mean ~2,000, sigma 0.9, max 28,672, correlation 0.8), weight sync 0.5 s, trainer step\n"
+      "~%.0f s (seconds_per_cost_unit %.4g), %lld steps, seed %llu\n\n",
+      train_seconds, config.seconds_per_cost_unit, static_cast<long long>(steps),
+      static_cast<unsigned long long>(seed));
+  std::printf("%-38s %9s %8s %8s %8s %9s %10s %9s %6s %9s %7s\n", "run", "samples/s", "of ideal",
+              "tr idle", "eng idle", "restarts", "disc/train", "disc/gen", "max s", "tok > s",
+              "wall s");
+  std::vector<Result> results;
+  bool ok = true;
+  for (const Row& row : rows) {
+    results.push_back(Run(config, row));
+    const Result& r = results.back();
+    const sched::Metrics& m = r.report.metrics;
+    std::printf("%-38s %9.2f %7.1f%% %7.1f%% %7.1f%% %9lld %10.3f %8.2f%% %6lld %8.2f%% %7.2f\n",
+                row.label.c_str(), m.samples_per_second,
+                100.0 * m.samples_per_second / r.report.ideal_samples_per_second,
+                100.0 * m.trainer_idle_ratio, 100.0 * m.mean_engine_idle_ratio,
+                static_cast<long long>(r.report.counters.restarts), r.discarded_per_trained,
+                100.0 * r.discarded_share, static_cast<long long>(m.max_staleness),
+                100.0 * r.older_than_s, r.wall_seconds);
+    const std::string problem = Check(row, r);
+    if (!problem.empty()) {
+      ok = false;
+      std::printf("  CHECK FAILED: %s\n", problem.c_str());
+    }
+  }
+  auto rate = [&](std::size_t i) { return results[i].report.metrics.samples_per_second; };
+  auto ideal = [&](std::size_t i) { return rate(i) / results[i].report.ideal_samples_per_second; };
+  const auto verdict = [](bool met) { return met ? "PASS" : "FAIL"; };
+  // Rows 10 and 11: admission with r = 0.25, the over-admission the peers use (verl's
+  // staleness_threshold, slime's over-sampling) so that a batch does not wait for its
+  // longest group.
+  std::printf("\nTargets (async s = 1):\n");
+  std::printf("  admission, r=0: partial %.2f >= drain %.2f samples/s%39s\n", rate(2), rate(3),
+              verdict(rate(2) >= rate(3)));
+  std::printf("  admission, r=0.25: partial %.2f >= drain %.2f samples/s%36s\n", rate(10), rate(11),
+              verdict(rate(10) >= rate(11)));
+  std::printf("  admission, r=0.25: partial at %.1f%% of the ideal bound (>= 90%%)%27s\n",
+              100 * ideal(10), verdict(ideal(10) >= kIdealTarget));
+  std::printf("  admission: %lld tokens discarded, r=0 and 0.25 (0)%42s\n",
+              static_cast<long long>(results[2].report.counters.discarded_tokens +
+                                     results[10].report.counters.discarded_tokens),
+              verdict(results[2].report.counters.discarded_tokens +
+                          results[10].report.counters.discarded_tokens ==
+                      0));
+  std::printf("  strict: partial %.2f >= drain %.2f samples/s%46s\n", rate(4), rate(5),
+              verdict(rate(4) >= rate(5)));
+  std::printf("  strict: partial discards %.2f%% of the generated tokens (<= 1%%)%28s\n",
+              100 * results[4].discarded_share,
+              verdict(results[4].discarded_share <= kStrictDiscardTarget));
+  if (!ok) std::printf("\nSome checks FAILED (see above).\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "partial_rollout: %s\n", e.what());
+    return 1;
+  }
+}
