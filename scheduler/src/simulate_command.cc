@@ -351,11 +351,18 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   for (const ComparisonRun& run : ComparisonRuns()) {
     names += fmt::format("{}{}", names.empty() ? "" : ", ", run.name);
   }
+  const SimulatorConfig defaults = DefaultSimulatorConfig();
+  const OrchestratorOptions& d = defaults.orchestrator;
   command->footer(fmt::format(
-      "Defaults: DefaultSimulatorConfig() (64 engines of 256 concurrent samples, 64 trainer "
-      "ranks, 512 prompts × 8 samples, heavy-tailed lengths); --config FILE sets any field of "
-      "the rlsched.v1.SimulatorConfig (rollout.proto) in protobuf's JSON mapping, unset fields "
-      "keep the defaults, and flags given explicitly override the file.\n"
+      "Defaults: {} engines of {} concurrent samples, {} trainer ranks, {} prompts × {} samples, "
+      "{} steps, heavy-tailed lengths, sync mode; --config FILE sets any field of the "
+      "rlsched.v1.SimulatorConfig (rollout.proto) in protobuf's JSON mapping, unset fields keep "
+      "the defaults, and flags given explicitly override the file.\n"
+      "--max-staleness and --partial-rollout are async mode's (in the file too: "
+      "orchestrator.max_staleness, orchestrator.partial_rollout): without a mode they select "
+      "async; sync (staleness 0) and one_step_off (staleness 1) never interrupt a generation "
+      "and refuse other values; --compare sets the mode, staleness and partial rollout of "
+      "each run and refuses them.\n"
       "--lengths FILE: integers separated by whitespace, or a CSV with a header: the "
       "response_tokens column when there is one, else the length or tokens column (prompt "
       "lengths keep the config's range).\n"
@@ -363,47 +370,76 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       "--trace-run (default {}).\n"
       "Output: a summary, or with --json the rlsched.v1.SimulateReply in protobuf's JSON "
       "mapping (proto field names; int64 values are strings; no trace).",
-      names, kDefaultTraceRun));
+      defaults.engines, defaults.engine.max_concurrent, defaults.trainer_ranks, d.prompts_per_step,
+      d.samples_per_prompt, defaults.steps, names, kDefaultTraceRun));
 
   command->add_option("--config", args.config, "The SimulatorConfig as JSON")->type_name("FILE");
-  CLI::Option* mode = command->add_option("--mode", args.mode, "Orchestrator mode (default: sync)")
-                          ->type_name("sync|one_step_off|async")
-                          ->check(CLI::IsMember({"sync", "one_step_off", "async"}).description(""));
-  CLI::Option* staleness = command
-                               ->add_option("--max-staleness", args.max_staleness,
-                                            "Staleness bound s of async mode (0 behaves as sync)")
-                               ->type_name("S")
-                               ->check(IntegerIn(0, kInt64Max));
+  CLI::Option* mode =
+      command
+          ->add_option("--mode", args.mode,
+                       fmt::format("Orchestrator mode (default: {}; async when --max-staleness or "
+                                   "--partial-rollout is given)",
+                                   ModeName(d.mode)))
+          ->type_name("sync|one_step_off|async")
+          ->check(CLI::IsMember({"sync", "one_step_off", "async"}).description(""));
+  CLI::Option* staleness =
+      command
+          ->add_option("--max-staleness", args.max_staleness,
+                       fmt::format("Staleness bound s of async mode, implies --mode async "
+                                   "(default: {}; 0 behaves as sync)",
+                                   d.max_staleness))
+          ->type_name("S")
+          ->check(IntegerIn(0, kInt64Max));
+  const std::string partial_help = fmt::format(
+      "Async mode: interrupt generations at a weight sync and resume them under the "
+      "new weights; implies --mode async (default: {} in async mode)",
+      d.partial_rollout ? "on" : "off");
   CLI::Option* partial = command->add_flag_function(
-      "--partial-rollout,!--no-partial-rollout",
-      [&args](std::int64_t count) { args.partial_rollout = count > 0; },
-      "Async mode: interrupt generations at a weight sync and resume them under the new "
-      "weights (--partial-rollout=false or --no-partial-rollout: engines drain first)");
+      "--partial-rollout", [&args](std::int64_t count) { args.partial_rollout = count > 0; },
+      partial_help);
+  CLI::Option* no_partial = command->add_flag_function(
+      "--no-partial-rollout", [&args](std::int64_t) { args.partial_rollout = false; },
+      "Async mode without partial rollout: engines drain, then sync (= --partial-rollout=false); "
+      "implies --mode async");
+  no_partial->excludes(partial);
   command
       ->add_option("--oversample", args.oversample,
-                   "Over-sampling r: admit up to ceil((1 + r)·P) prompts per batch")
+                   fmt::format("Over-sampling r: admit up to ceil((1 + r)·P) prompts per batch "
+                               "(default: {:g})",
+                               d.oversample))
       ->type_name("R")
       ->check(RealIn(0.0, 1e6));
-  command->add_option("--engines", args.engines, "Inference engines")
+  command
+      ->add_option("--engines", args.engines,
+                   fmt::format("Inference engines (default: {})", defaults.engines))
       ->type_name("N")
       ->check(IntegerIn(1, kMaxSimulationEngines));
   command
       ->add_option("--engine-concurrency", args.engine_concurrency,
-                   "Samples an engine runs at once")
+                   fmt::format("Samples an engine runs at once (default: {})",
+                               defaults.engine.max_concurrent))
       ->type_name("N")
       ->check(IntegerIn(1, kInt64Max));
-  command->add_option("--trainer-ranks", args.trainer_ranks, "Data-parallel ranks of the trainer")
+  command
+      ->add_option(
+          "--trainer-ranks", args.trainer_ranks,
+          fmt::format("Data-parallel ranks of the trainer (default: {})", defaults.trainer_ranks))
       ->type_name("N")
       ->check(IntegerIn(1, kMaxSimulationTrainerRanks));
-  command->add_option("--prompts-per-step", args.prompts_per_step, "Prompts per train step P")
+  command
+      ->add_option("--prompts-per-step", args.prompts_per_step,
+                   fmt::format("Prompts per train step P (default: {})", d.prompts_per_step))
       ->type_name("P")
       ->check(IntegerIn(1, kInt64Max));
   command
-      ->add_option("--samples-per-prompt", args.samples_per_prompt,
-                   "Samples per prompt G (a GRPO group)")
+      ->add_option(
+          "--samples-per-prompt", args.samples_per_prompt,
+          fmt::format("Samples per prompt G (a GRPO group) (default: {})", d.samples_per_prompt))
       ->type_name("G")
       ->check(IntegerIn(1, kInt64Max));
-  command->add_option("--steps", args.steps, "Train steps to simulate")
+  command
+      ->add_option("--steps", args.steps,
+                   fmt::format("Train steps to simulate (default: {})", defaults.steps))
       ->type_name("N")
       ->check(IntegerIn(1, kMaxSimulationSteps));
   CLI::Option* lengths = command
@@ -412,43 +448,55 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                              ->type_name("FILE");
   CLI::Option* length_dist =
       command
-          ->add_option("--length-dist", args.length_dist,
-                       "Lognormal response lengths exp(N(MU, SIGMA)) clipped to [1, MAX]")
+          ->add_option(
+              "--length-dist", args.length_dist,
+              fmt::format("Lognormal response lengths exp(N(MU, SIGMA)) clipped to "
+                          "[1, MAX] (default: lognormal:{:g},{:g},{})",
+                          defaults.lengths.mu, defaults.lengths.sigma, defaults.lengths.max_tokens))
           ->type_name("lognormal:MU,SIGMA,MAX");
   length_dist->excludes(lengths);
   command
       ->add_option("--all-equal-rate", args.all_equal_rate,
-                   "Probability that a group's rewards are all equal")
+                   fmt::format("Probability that a group's rewards are all equal (default: {:g})",
+                               defaults.all_equal_rate))
       ->type_name("X")
       ->check(RealIn(0.0, 1.0));
   command->add_flag("--filter-all-equal", args.filter_all_equal,
-                    "Dynamic sampling: drop groups whose rewards are all equal and sample more");
-  command->add_option("--seed", args.seed, "Seed of the workload and the failures")
+                    "Dynamic sampling: drop groups whose rewards are all equal and sample more "
+                    "(needs --all-equal-rate > 0)");
+  command
+      ->add_option(
+          "--seed", args.seed,
+          fmt::format("Seed of the workload and the failures (default: {})", defaults.seed))
       ->type_name("N")
       ->check(Unsigned64());
   command
       ->add_option("--weight-sync-seconds", args.weight_sync_seconds,
-                   "Seconds to load new weights on one engine")
+                   fmt::format("Seconds to load new weights on one engine (default: {:g})",
+                               defaults.weight_sync_seconds))
       ->type_name("X")
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
   command
       ->add_option("--mtbf", args.mtbf,
-                   "Mean seconds between failures of an engine (0: never; a replacement "
-                   "joins after the config's rejoin_seconds)")
+                   fmt::format("Mean seconds between failures of an engine (default: {:g}; 0: "
+                               "never; a replacement joins after the config's rejoin_seconds)",
+                               defaults.engine_mtbf_seconds))
       ->type_name("SECONDS")
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
   CLI::Option* compare =
       command->add_flag("--compare", args.compare,
                         fmt::format("Run {} on the same workload and print one table", names));
-  compare->excludes(mode)->excludes(staleness)->excludes(partial);
-  command->add_option("--trace", args.trace, "Write the Chrome trace JSON (Perfetto) to FILE")
-      ->type_name("FILE");
+  compare->excludes(mode)->excludes(staleness)->excludes(partial)->excludes(no_partial);
+  CLI::Option* trace =
+      command->add_option("--trace", args.trace, "Write the Chrome trace JSON (Perfetto) to FILE")
+          ->type_name("FILE");
   command
       ->add_option(
           "--trace-run", args.trace_run,
           fmt::format("With --compare and --trace: the run traced (default {})", kDefaultTraceRun))
       ->type_name("NAME")
-      ->needs(compare);
+      ->needs(compare)
+      ->needs(trace);
   command->add_flag("--json", args.json, "Print the SimulateReply as one line of JSON");
   return command;
 }
@@ -563,6 +611,7 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   request.set_compare(args.compare);
   if (!args.trace_run.empty()) {
     if (!args.compare) throw std::invalid_argument("--trace-run: needs --compare");
+    if (args.trace.empty()) throw std::invalid_argument("--trace-run: needs --trace");
     request.set_trace_run(args.trace_run);
   }
   return request;

@@ -12,7 +12,17 @@
 //   without partial rollout) on the same workload and seed and prints one table.
 //   --json prints the SimulateReply on one line instead (never the trace). --trace
 //   FILE writes the Chrome trace JSON (opens in Perfetto) of the run, or with
-//   --compare of the run --trace-run names (default async_s1_partial).
+//   --compare of the run --trace-run names (default async_s1_partial; --trace-run
+//   needs --compare and --trace).
+//
+//   No option is accepted and ignored. --max-staleness and --partial-rollout /
+//   --no-partial-rollout are async mode's: given without a mode (here or in the
+//   file) they select async, where partial rollout is on unless turned off; with
+//   sync or one_step_off (staleness 0 and 1, never interrupting a generation) any
+//   other value is refused, naming the flag. The rule is ToSimulatorConfig()'s
+//   (simulate_convert.h), so it holds for the file and the flags combined;
+//   --compare refuses them (it sets them per run), and --filter-all-equal needs
+//   --all-equal-rate > 0.
 //
 //   --lengths FILE reads response lengths as `rlsched balance` reads its input
 //   (lengths_reader.h): plain integers, or a CSV with a header. For a CSV with a

@@ -89,11 +89,47 @@ Mode ToMode(v1::OrchestratorMode mode, Mode fallback) {
   }
 }
 
-void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& config) {
-  OrchestratorOptions& out = config.orchestrator;
-  out.mode = ToMode(in.mode(), out.mode);
+// The staleness bound a mode runs with: sync 0, one_step_off 1, async its
+// max_staleness.
+std::int64_t StalenessOf(const OrchestratorOptions& options) {
+  switch (options.mode) {
+    case Mode::kSync:
+      return 0;
+    case Mode::kOneStepOff:
+      return 1;
+    case Mode::kAsync:
+      return options.max_staleness;
+  }
+  return 0;
+}
+
+// The mode and async's own fields (see the file comment of simulate_convert.h):
+// max_staleness or partial_rollout without a mode select async; with sync or
+// one_step_off they may only state that mode's fixed values.
+void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorOptions& out) {
+  const bool async_fields = in.has_max_staleness() || in.has_partial_rollout();
+  out.mode = ToMode(in.mode(), async_fields ? Mode::kAsync : out.mode);
+  if (out.mode != Mode::kAsync) {
+    const std::int64_t staleness = StalenessOf(out);
+    if (in.has_max_staleness() && in.max_staleness() != staleness) {
+      Fail("orchestrator.max_staleness",
+           fmt::format("applies to mode async only (mode {} has staleness {}), got {}",
+                       ModeName(out.mode), staleness, in.max_staleness()));
+    }
+    if (in.has_partial_rollout() && in.partial_rollout()) {
+      Fail("orchestrator.partial_rollout",
+           fmt::format("applies to mode async only (mode {} never interrupts a generation: "
+                       "engines take new weights between batches), got true",
+                       ModeName(out.mode)));
+    }
+  }
   if (in.has_max_staleness()) out.max_staleness = in.max_staleness();
   if (in.has_partial_rollout()) out.partial_rollout = in.partial_rollout();
+}
+
+void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& config) {
+  OrchestratorOptions& out = config.orchestrator;
+  ApplyMode(in, out);
   if (in.has_oversample()) out.oversample = in.oversample();
   if (in.has_prompts_per_step()) out.prompts_per_step = in.prompts_per_step();
   if (in.has_samples_per_prompt()) out.samples_per_prompt = in.samples_per_prompt();
@@ -279,6 +315,27 @@ void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {
   out.set_max_staleness(in.max_staleness);
 }
 
+// With compare: the comparison set gives each run its mode, max_staleness and
+// partial_rollout, so the config must not (errors relative to the SimulateRequest).
+void CheckNoModeFields(const v1::OrchestratorOptions& o) {
+  constexpr std::string_view kWhy =
+      "compare gives each run its own (sync, one_step_off, async s = 1 and 2 with and without "
+      "partial rollout); leave it unset";
+  if (o.mode() != v1::ORCHESTRATOR_MODE_UNSPECIFIED) {
+    const std::string& name = v1::OrchestratorMode_Name(o.mode());
+    Fail("config.orchestrator.mode",
+         fmt::format("{}, got {}", kWhy,
+                     name.empty() ? std::to_string(static_cast<int>(o.mode())) : name));
+  }
+  if (o.has_max_staleness()) {
+    Fail("config.orchestrator.max_staleness", fmt::format("{}, got {}", kWhy, o.max_staleness()));
+  }
+  if (o.has_partial_rollout()) {
+    Fail("config.orchestrator.partial_rollout",
+         fmt::format("{}, got {}", kWhy, o.partial_rollout()));
+  }
+}
+
 // One simulation; its errors (e.g. the event budget) name the config field.
 v1::SimulationRun RunOne(std::string_view name, const SimulatorConfig& config, bool keep_trace) {
   SimulationReport report;
@@ -356,8 +413,9 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   const OrchestratorOptions& o = config.orchestrator;
   v1::OrchestratorOptions* orchestrator = message.mutable_orchestrator();
   orchestrator->set_mode(ToModeMessage(o.mode));
-  orchestrator->set_max_staleness(o.max_staleness);
-  orchestrator->set_partial_rollout(o.partial_rollout);
+  // The values the mode runs with (sync and one_step_off ignore the C++ fields).
+  orchestrator->set_max_staleness(StalenessOf(o));
+  orchestrator->set_partial_rollout(o.mode == Mode::kAsync && o.partial_rollout);
   orchestrator->set_oversample(o.oversample);
   orchestrator->set_prompts_per_step(o.prompts_per_step);
   orchestrator->set_samples_per_prompt(o.samples_per_prompt);
@@ -426,6 +484,7 @@ v1::SimulationReport ToSimulationReportMessage(const SimulationReport& report, b
 }
 
 v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
+  if (request.compare()) CheckNoModeFields(request.config().orchestrator());
   SimulatorConfig config;
   try {
     config = ToSimulatorConfig(request.config());
@@ -451,6 +510,11 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
     names += run.name;
   }
   if (!known) Fail("trace_run", fmt::format("must be one of {}, got '{}'", names, trace_run));
+  if (!request.trace_run().empty() && !config.trace) {
+    Fail("trace_run", fmt::format("applies only with config.trace (it names the run whose trace "
+                                  "is kept), got '{}'",
+                                  request.trace_run()));
+  }
 
   for (const ComparisonRun& run : kComparisonRuns) {
     SimulatorConfig variant = config;

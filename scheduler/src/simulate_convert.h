@@ -12,6 +12,18 @@
 //   The command (`rlsched simulate`) and the daemon (`rlsched serve`) both answer
 //   through SolveSimulate(), so they cannot disagree.
 //
+//   The mode and async's own fields. orchestrator.max_staleness and
+//   orchestrator.partial_rollout belong to ORCHESTRATOR_MODE_ASYNC (partial rollout
+//   defaults to true there): setting either without a mode selects async; with
+//   SYNC or ONE_STEP_OFF they may only state that mode's fixed values (staleness 0
+//   or 1, partial_rollout false), anything else is an error naming the field
+//   ("orchestrator.max_staleness: applies to mode async only (mode sync has
+//   staleness 0), got 2"). So a field is never accepted and ignored, and a config
+//   message (ToSimulatorConfigMessage(), which writes those values) reads back.
+//   With compare the comparison set gives each run these three fields, so the
+//   config must leave them unset ("config.orchestrator.mode: compare gives each run
+//   its own …"); trace_run needs compare and config.trace.
+//
 //   Errors are std::invalid_argument whose message starts with the message's field
 //   path (relative to the SimulatorConfig for ToSimulatorConfig(), to the
 //   SimulateRequest for SolveSimulate()) and states the bound, e.g.
@@ -83,8 +95,10 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& config);
 
 // `config` as a message with every field set (a filter is not representable beyond
 // filter_all_equal; the planner comes from `step`). The cost model is written as
-// coefficients (or tokens). ToSimulatorConfig(ToSimulatorConfigMessage(c)) gives c
-// back. O(lengths).
+// coefficients (or tokens); max_staleness and partial_rollout as the mode runs them
+// (sync: 0 and false, one_step_off: 1 and false). ToSimulatorConfig(
+// ToSimulatorConfigMessage(c)) gives c back (those two fields of sync and
+// one_step_off, which the simulation ignores, as stated here). O(lengths).
 v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config);
 
 // The report as a message; trace_json only when `include_trace`.
@@ -96,11 +110,12 @@ v1::OrchestratorMode ToModeMessage(Mode mode);
 std::string_view ModeName(Mode mode);
 
 // Validates `request` and runs the simulation(s): one run named kSingleRunName, or
-// with `compare` the ComparisonRuns() on the same config (their mode, max_staleness
-// and partial_rollout replaced), the trace kept only for trace_run (default
-// kDefaultTraceRun) when config.trace. Each run carries its config (every field set)
-// and its report. Throws std::invalid_argument naming the field ("config.engines: …",
-// "trace_run: …"). Deterministic. Complexity: that of the simulations.
+// with `compare` the ComparisonRuns() on the same config (which must leave mode,
+// max_staleness and partial_rollout unset), the trace kept only for trace_run
+// (default kDefaultTraceRun; trace_run needs config.trace) when config.trace. Each
+// run carries its config (every field set) and its report. Throws
+// std::invalid_argument naming the field ("config.engines: …", "trace_run: …").
+// Deterministic. Complexity: that of the simulations.
 v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request);
 
 }  // namespace rlsched::scheduler

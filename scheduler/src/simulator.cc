@@ -958,8 +958,8 @@ void Simulation::Drain(double now) {
     }
     if (++events_ > config_.max_events) {
       throw std::invalid_argument("max_events: must be >= the events this simulation needs, got " +
-                                  std::to_string(config_.max_events) + " (exceeded at t=" +
-                                  Num(now_) + " after " +
+                                  std::to_string(config_.max_events) +
+                                  " (exceeded at t=" + Num(now_) + " after " +
                                   std::to_string(core_.counters().steps_finished) + " steps)");
     }
     if (config_.check_invariants) {
@@ -1228,6 +1228,11 @@ void Validate(const SimulatorConfig& config) {
           "all_equal_rate: must be < 1 with filter_all_equal (every group would be dropped), "
           "got " +
           Num(config.all_equal_rate));
+    }
+    if (!(config.all_equal_rate > 0)) {
+      throw std::invalid_argument(
+          "filter_all_equal: must be false with all_equal_rate 0 (no group's rewards are all "
+          "equal, so the filter would drop nothing), got true");
     }
   }
 

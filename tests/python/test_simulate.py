@@ -32,7 +32,9 @@ def test_one_run(client):
 
 
 def test_compare_and_trace(client):
-    config = dict(SMALL, trace=True)
+    # compare gives each run its mode, staleness and partial rollout.
+    config = dict(SMALL, trace=True,
+                  orchestrator={"prompts_per_step": 8, "samples_per_prompt": 4})
     reply = client.simulate(config, compare=True, trace_run="sync")
     names = [run.name for run in reply.runs]
     assert len(names) == 6 and names[0] == "sync"
@@ -53,3 +55,20 @@ def test_invalid_config_names_the_field(client):
         client.simulate({"max_events": 10})
     assert info.value.field == "simulate.config.max_events"
     assert client.ping()  # the daemon keeps serving
+
+
+def test_async_fields_select_async_or_are_refused(client):
+    small = {"engines": 4, "trainer_ranks": 4, "steps": 2,
+             "orchestrator": {"max_staleness": 2, "prompts_per_step": 8,
+                              "samples_per_prompt": 4}}
+    options = client.simulate(small).runs[0].config.orchestrator
+    assert options.mode == rollout_pb2.ORCHESTRATOR_MODE_ASYNC
+    assert options.max_staleness == 2 and options.partial_rollout
+    sync = dict(small, orchestrator=dict(small["orchestrator"], mode="sync"))
+    with pytest.raises(InvalidArgumentError) as info:
+        client.simulate(sync)
+    assert info.value.field == "simulate.config.orchestrator.max_staleness"
+    assert "applies to mode async only" in str(info.value)
+    with pytest.raises(InvalidArgumentError) as info:
+        client.simulate(SMALL, compare=True)
+    assert info.value.field == "simulate.config.orchestrator.mode"

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ namespace {
 using ::google::protobuf::util::MessageDifferencer;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::StartsWith;
 using namespace ::rlsched::scheduler::testing;  // NOLINT: the test helpers
 
@@ -74,6 +76,131 @@ TEST(SimulateCliTest, Help) {
     EXPECT_THAT(r.out, HasSubstr(option));
   }
   EXPECT_THAT(RunProgram({"--help"}).out, HasSubstr("simulate"));
+
+  // The defaults as values, the same as the behaviour (--mode async turns partial
+  // rollout on: AsyncOptionsImplyTheMode), not as C++ names or CLI11's "{false}" of
+  // the negated flag.
+  for (const char* text :
+       {"Orchestrator mode (default: sync; async when --max-staleness or --partial-rollout",
+        "Staleness bound s of async mode, implies --mode async (default: 1;",
+        "implies --mode async (default: on in async mode)", "Inference engines (default: 64)",
+        "Samples an engine runs at once (default: 256)",
+        "Data-parallel ranks of the trainer (default: 64)",
+        "Prompts per train step P (default: 512)", "(a GRPO group) (default: 8)",
+        "Train steps to simulate (default: 10)", "(default: lognormal:6.67,1.15,16384)",
+        "all equal (default: 0)", "(needs --all-equal-rate > 0)",
+        "Seed of the workload and the failures (default: 1)", "on one engine (default: 1)",
+        "Defaults: 64 engines of 256 concurrent samples"}) {
+    EXPECT_THAT(r.out, HasSubstr(text));
+  }
+  EXPECT_THAT(r.out, Not(HasSubstr("{false}")));
+  EXPECT_THAT(r.out, Not(HasSubstr("DefaultSimulatorConfig")));
+}
+
+// The first line of the summary.
+std::string ModeLine(const ProcessResult& r) {
+  const std::vector<std::string> lines = Lines(r.out);
+  return lines.empty() ? std::string() : lines.front();
+}
+
+TEST(SimulateCliTest, AsyncOptionsImplyTheMode) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--max-staleness", "2"},
+       "mode             async, max staleness 2, partial rollout (interrupt and resume at a "
+       "sync)"},
+      {{"--partial-rollout"}, "mode             async, max staleness 1, partial rollout ("},
+      {{"--no-partial-rollout"},
+       "mode             async, max staleness 1, no partial rollout (engines drain, then sync)"},
+      {{"--partial-rollout=false", "--max-staleness", "0"},
+       "mode             async, max staleness 0, no partial rollout"},
+      // Partial rollout is on by default in async, as --help says.
+      {{"--mode", "async"}, "mode             async, max staleness 1, partial rollout ("},
+      // A mode's own values are true statements, not ignored options.
+      {{"--mode", "sync", "--max-staleness", "0", "--no-partial-rollout"}, "mode             sync"},
+      {{"--mode", "one_step_off", "--max-staleness", "1", "--partial-rollout=false"},
+       "mode             one_step_off (staleness <= 1"},
+  };
+  for (const auto& [args, line] : cases) {
+    const ProcessResult r = RunProgram(Small(args));
+    ASSERT_EQ(r.status, 0) << args[0] << "\n" << r.err;
+    EXPECT_THAT(ModeLine(r), StartsWith(line)) << args[0];
+  }
+}
+
+TEST(SimulateCliTest, AsyncOptionsOfSyncAndOneStepOffAreRefused) {
+  const TempDir dir;
+  const std::string sync_file =
+      dir.Write("sync.json", R"({"orchestrator": {"mode": "ORCHESTRATOR_MODE_SYNC"}})");
+  const std::string staleness_file =
+      dir.Write("staleness.json", R"({"orchestrator": {"max_staleness": 2}})");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--mode", "sync", "--max-staleness", "2"},
+       "--max-staleness (orchestrator.max_staleness): applies to mode async only (mode sync has "
+       "staleness 0), got 2"},
+      {{"--mode", "one_step_off", "--max-staleness", "2"},
+       "--max-staleness (orchestrator.max_staleness): applies to mode async only (mode "
+       "one_step_off has staleness 1), got 2"},
+      {{"--mode", "sync", "--partial-rollout"},
+       "--partial-rollout (orchestrator.partial_rollout): applies to mode async only (mode sync "
+       "never interrupts a generation"},
+      {{"--mode", "one_step_off", "--partial-rollout"},
+       "--partial-rollout (orchestrator.partial_rollout): applies to mode async only (mode "
+       "one_step_off never interrupts a generation"},
+      // The file and the flags combined: the file's mode, the flag's staleness…
+      {{"--config", sync_file, "--max-staleness", "1"},
+       "--max-staleness (orchestrator.max_staleness): applies to mode async only (mode sync has "
+       "staleness 0), got 1"},
+      // … and the flag's mode, the file's staleness.
+      {{"--config", staleness_file, "--mode", "sync"},
+       "--config " + staleness_file +
+           ": orchestrator.max_staleness: applies to mode async only (mode sync has staleness 0), "
+           "got 2"},
+  };
+  for (const auto& [args, text] : cases) {
+    const ProcessResult r = RunProgram(Small(args));
+    EXPECT_EQ(r.status, 2) << args[0] << " " << args[1] << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(text)) << args[0] << " " << args[1];
+    EXPECT_THAT(r.out, IsEmpty()) << args[0] << " " << args[1];
+  }
+
+  // The file alone selects async with its staleness.
+  const ProcessResult implied = RunProgram(Small({"--config", staleness_file}));
+  ASSERT_EQ(implied.status, 0) << implied.err;
+  EXPECT_THAT(ModeLine(implied), StartsWith("mode             async, max staleness 2, partial"));
+}
+
+TEST(SimulateCliTest, OptionsThatWouldBeIgnoredAreRefused) {
+  const TempDir dir;
+  const std::string async_file = dir.Write(
+      "async.json", R"({"orchestrator": {"mode": "ORCHESTRATOR_MODE_ASYNC", "max_staleness": 1}})");
+  const std::string trace = dir / "trace.json";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      // --compare sets the mode, staleness and partial rollout of each run.
+      {{"--compare", "--max-staleness", "2"}, "--max-staleness"},
+      {{"--compare", "--partial-rollout"}, "--partial-rollout"},
+      {{"--compare", "--no-partial-rollout"}, "--no-partial-rollout"},
+      {{"--compare", "--config", async_file},
+       "--config " + async_file + ": orchestrator.mode: compare gives each run its own"},
+      // --trace-run picks the run whose trace --trace writes.
+      {{"--compare", "--trace-run", "sync"}, "--trace-run requires --trace"},
+      {{"--trace", trace, "--trace-run", "sync"}, "--trace-run requires --compare"},
+      // The filter has nothing to drop when no group's rewards are all equal.
+      {{"--filter-all-equal"},
+       "--filter-all-equal (orchestrator.filter_all_equal): must be false with all_equal_rate 0"},
+      {{"--partial-rollout", "--no-partial-rollout"}, "--no-partial-rollout"},
+  };
+  for (const auto& [args, text] : cases) {
+    const ProcessResult r = RunProgram(Small(args));
+    EXPECT_EQ(r.status, 2) << args[0] << " " << args[1] << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(text)) << args[0] << " " << args[1];
+    EXPECT_THAT(r.out, IsEmpty()) << args[0] << " " << args[1];
+  }
+  EXPECT_FALSE(std::filesystem::exists(trace));
+
+  const ProcessResult filtered =
+      RunProgram(Small({"--filter-all-equal", "--all-equal-rate", "0.3", "--json"}));
+  ASSERT_EQ(filtered.status, 0) << filtered.err;
+  EXPECT_GT(ParseReply(filtered.out).runs(0).report().counters().filtered(), 0);
 }
 
 TEST(SimulateCliTest, Table) {
@@ -112,12 +239,25 @@ TEST(SimulateCliTest, JsonParsesBack) {
       Small({"--json", "--seed", "7", "--no-partial-rollout", "--mode", "async", "--mtbf", "0"}));
   EXPECT_EQ(again.out, r.out);
 
+  // --partial-rollout[=BOOL] selects async (AsyncOptionsImplyTheMode).
   const ProcessResult on = RunProgram(Small({"--json", "--partial-rollout=true"}));
   ASSERT_EQ(on.status, 0) << on.err;
-  EXPECT_TRUE(ParseReply(on.out).runs(0).config().orchestrator().partial_rollout());
+  const v1::OrchestratorOptions on_options = ParseReply(on.out).runs(0).config().orchestrator();
+  EXPECT_EQ(on_options.mode(), v1::ORCHESTRATOR_MODE_ASYNC);
+  EXPECT_TRUE(on_options.partial_rollout());
   const ProcessResult off = RunProgram(Small({"--json", "--partial-rollout=false"}));
   ASSERT_EQ(off.status, 0) << off.err;
-  EXPECT_FALSE(ParseReply(off.out).runs(0).config().orchestrator().partial_rollout());
+  const v1::OrchestratorOptions off_options = ParseReply(off.out).runs(0).config().orchestrator();
+  EXPECT_EQ(off_options.mode(), v1::ORCHESTRATOR_MODE_ASYNC);
+  EXPECT_FALSE(off_options.partial_rollout());
+
+  // A sync run's config states what sync runs with: staleness 0, no partial rollout.
+  const ProcessResult sync = RunProgram(Small({"--json"}));
+  ASSERT_EQ(sync.status, 0) << sync.err;
+  const v1::OrchestratorOptions sync_options = ParseReply(sync.out).runs(0).config().orchestrator();
+  EXPECT_EQ(sync_options.mode(), v1::ORCHESTRATOR_MODE_SYNC);
+  EXPECT_EQ(sync_options.max_staleness(), 0);
+  EXPECT_FALSE(sync_options.partial_rollout());
 }
 
 TEST(SimulateCliTest, TraceFile) {
@@ -229,7 +369,8 @@ TEST(SimulateCliTest, BadOptionsExitTwo) {
       {{"simulate", "--length-dist", "lognormal:6,1"}, "--length-dist"},
       {{"simulate", "--trace-run", "sync"}, "--trace-run"},
       {{"simulate", "--compare", "--mode", "sync"}, "--mode"},
-      {{"simulate", "--compare", "--trace-run", "async_s9"}, "--trace-run"},
+      {{"simulate", "--compare", "--trace", "t.json", "--trace-run", "async_s9"},
+       "--trace-run: must be one of sync, one_step_off"},
       {{"simulate", "--prompts-per-step", "1000000", "--steps", "100"}, "at most 1e+07"},
       {{"simulate", "--unknown"}, "--unknown"},
   };
@@ -290,6 +431,31 @@ TEST(SimulateServeTest, InvalidConfigNamesTheField) {
   request = SimulateRequest("bad-run", /*compare=*/true);
   request.mutable_simulate()->set_trace_run("nope");
   EXPECT_EQ(HandleRequest(request).error().field(), "simulate.trace_run");
+}
+
+TEST(SimulateServeTest, AsyncFieldsNameTheField) {
+  v1::Request request = SimulateRequest("sync-staleness");
+  v1::OrchestratorOptions* o = request.mutable_simulate()->mutable_config()->mutable_orchestrator();
+  o->set_mode(v1::ORCHESTRATOR_MODE_SYNC);
+  o->set_max_staleness(2);
+  v1::Reply reply = HandleRequest(request);
+  ASSERT_TRUE(reply.has_error()) << reply.ShortDebugString();
+  EXPECT_EQ(reply.error().field(), "simulate.config.orchestrator.max_staleness");
+  EXPECT_THAT(reply.error().message(), HasSubstr("applies to mode async only"));
+
+  request = SimulateRequest("compare-mode", /*compare=*/true);
+  request.mutable_simulate()->mutable_config()->mutable_orchestrator()->set_mode(
+      v1::ORCHESTRATOR_MODE_ASYNC);
+  reply = HandleRequest(request);
+  ASSERT_TRUE(reply.has_error()) << reply.ShortDebugString();
+  EXPECT_EQ(reply.error().field(), "simulate.config.orchestrator.mode");
+
+  request = SimulateRequest("implied");
+  request.mutable_simulate()->mutable_config()->mutable_orchestrator()->set_max_staleness(2);
+  reply = HandleRequest(request);
+  ASSERT_TRUE(reply.has_simulate()) << reply.ShortDebugString();
+  EXPECT_EQ(reply.simulate().runs(0).config().orchestrator().mode(), v1::ORCHESTRATOR_MODE_ASYNC);
+  EXPECT_EQ(reply.simulate().runs(0).config().orchestrator().max_staleness(), 2);
 }
 
 TEST(SimulateServeTest, OverPipes) {

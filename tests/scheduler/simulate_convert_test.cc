@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -239,6 +240,85 @@ TEST(SimulateConvertTest, ErrorsNameTheProtoField) {
   EXPECT_THAT(ErrorOf(message), StartsWith("lengths.lengths[1]: must be in [1, 2147483648]"));
 }
 
+TEST(SimulateConvertTest, AsyncFieldsWithoutAModeSelectAsync) {
+  v1::SimulatorConfig message;
+  message.mutable_orchestrator()->set_max_staleness(2);
+  SimulatorConfig config = ToSimulatorConfig(message);
+  EXPECT_EQ(config.orchestrator.mode, Mode::kAsync);
+  EXPECT_EQ(config.orchestrator.max_staleness, 2);
+  EXPECT_TRUE(config.orchestrator.partial_rollout);  // async's default
+
+  message = v1::SimulatorConfig();
+  message.mutable_orchestrator()->set_partial_rollout(false);
+  config = ToSimulatorConfig(message);
+  EXPECT_EQ(config.orchestrator.mode, Mode::kAsync);
+  EXPECT_FALSE(config.orchestrator.partial_rollout);
+
+  message = v1::SimulatorConfig();
+  message.mutable_orchestrator()->set_partial_rollout(true);
+  EXPECT_EQ(ToSimulatorConfig(message).orchestrator.mode, Mode::kAsync);
+
+  // Neither: the default mode.
+  message = v1::SimulatorConfig();
+  message.mutable_orchestrator()->set_oversample(0.5);
+  EXPECT_EQ(ToSimulatorConfig(message).orchestrator.mode, Mode::kSync);
+}
+
+TEST(SimulateConvertTest, AsyncFieldsOfSyncAndOneStepOff) {
+  const auto with = [](v1::OrchestratorMode mode, std::optional<std::int64_t> staleness,
+                       std::optional<bool> partial) {
+    v1::SimulatorConfig message;
+    message.mutable_orchestrator()->set_mode(mode);
+    if (staleness) message.mutable_orchestrator()->set_max_staleness(*staleness);
+    if (partial) message.mutable_orchestrator()->set_partial_rollout(*partial);
+    return message;
+  };
+  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, 2, std::nullopt)),
+            "orchestrator.max_staleness: applies to mode async only (mode sync has staleness 0), "
+            "got 2");
+  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, 1, std::nullopt)),
+            "orchestrator.max_staleness: applies to mode async only (mode sync has staleness 0), "
+            "got 1");
+  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF, 0, std::nullopt)),
+            "orchestrator.max_staleness: applies to mode async only (mode one_step_off has "
+            "staleness 1), got 0");
+  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, std::nullopt, true)),
+            "orchestrator.partial_rollout: applies to mode async only (mode sync never "
+            "interrupts a generation: engines take new weights between batches), got true");
+  EXPECT_THAT(ErrorOf(with(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF, 1, true)),
+              StartsWith("orchestrator.partial_rollout: applies to mode async only (mode "
+                         "one_step_off never interrupts"));
+  // The mode's own values are accepted.
+  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, 0, false)), "");
+  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF, 1, false)), "");
+  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_ASYNC, 5, true)), "");
+
+  // The message of a config states those values, so that it reads back.
+  for (const Mode mode : {Mode::kSync, Mode::kOneStepOff, Mode::kAsync}) {
+    SimulatorConfig config = DefaultSimulatorConfig();
+    config.orchestrator.mode = mode;
+    config.orchestrator.max_staleness = 3;
+    config.orchestrator.partial_rollout = true;
+    const v1::SimulatorConfig message = ToSimulatorConfigMessage(config);
+    EXPECT_EQ(message.orchestrator().max_staleness(), mode == Mode::kSync         ? 0
+                                                      : mode == Mode::kOneStepOff ? 1
+                                                                                  : 3)
+        << ModeName(mode);
+    EXPECT_EQ(message.orchestrator().partial_rollout(), mode == Mode::kAsync) << ModeName(mode);
+    EXPECT_EQ(ErrorOf(message), "") << ModeName(mode);
+    EXPECT_EQ(ToSimulatorConfig(message).orchestrator.mode, mode);
+  }
+}
+
+TEST(SimulateConvertTest, FilterNeedsAllEqualGroups) {
+  v1::SimulatorConfig message;
+  message.mutable_orchestrator()->set_filter_all_equal(true);
+  EXPECT_THAT(ErrorOf(message),
+              StartsWith("orchestrator.filter_all_equal: must be false with all_equal_rate 0"));
+  message.set_all_equal_rate(0.2);
+  EXPECT_EQ(ErrorOf(message), "");
+}
+
 // --- Parsers and the command's request ------------------------------------------------
 
 TEST(SimulateConvertTest, ParseLengthDist) {
@@ -309,6 +389,16 @@ TEST(SimulateConvertTest, FlagsOverrideTheConfigFile) {
   EXPECT_FALSE(traced.config().has_engines());
 
   args = SimulateArgs();
+  args.compare = true;
+  args.trace_run = "sync";
+  try {
+    MakeSimulateRequest(args, "", {});
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "--trace-run: needs --trace");
+  }
+
+  args = SimulateArgs();
   args.config = "c.json";
   try {
     MakeSimulateRequest(args, R"({"engines": 3, "bogus": 1})", {});
@@ -356,6 +446,46 @@ TEST(SimulateConvertTest, SolveSimulateErrorsNameTheRequestField) {
   request.set_compare(false);
   request.set_trace_run("sync");
   EXPECT_THROW(SolveSimulate(request), std::invalid_argument);
+
+  // A trace_run with no trace to keep.
+  request.set_compare(true);
+  try {
+    SolveSimulate(request);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "trace_run: applies only with config.trace (it names the run whose trace is "
+                 "kept), got 'sync'");
+  }
+  request.mutable_config()->set_trace(true);
+  request.mutable_config()->set_steps(1);
+  EXPECT_EQ(SolveSimulate(request).runs_size(), 6);
+
+  // compare gives each run its mode, staleness and partial rollout: the config may not.
+  const auto compare_error = [](const v1::OrchestratorOptions& orchestrator) -> std::string {
+    v1::SimulateRequest compare;
+    *compare.mutable_config() = SmallConfig();
+    compare.mutable_config()->mutable_orchestrator()->MergeFrom(orchestrator);
+    compare.set_compare(true);
+    try {
+      SolveSimulate(compare);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  v1::OrchestratorOptions o;
+  o.set_mode(v1::ORCHESTRATOR_MODE_ASYNC);
+  EXPECT_EQ(compare_error(o),
+            "config.orchestrator.mode: compare gives each run its own (sync, one_step_off, async "
+            "s = 1 and 2 with and without partial rollout); leave it unset, got "
+            "ORCHESTRATOR_MODE_ASYNC");
+  o = v1::OrchestratorOptions();
+  o.set_max_staleness(1);
+  EXPECT_THAT(compare_error(o), StartsWith("config.orchestrator.max_staleness: compare gives"));
+  o = v1::OrchestratorOptions();
+  o.set_partial_rollout(false);
+  EXPECT_THAT(compare_error(o), StartsWith("config.orchestrator.partial_rollout: compare gives"));
 }
 
 TEST(SimulateConvertTest, SolveSimulateOneRun) {
@@ -374,6 +504,10 @@ TEST(SimulateConvertTest, SolveSimulateOneRun) {
   EXPECT_EQ(std::accumulate(histogram.begin(), histogram.end(), std::int64_t{0}),
             report.counters().trained());
   EXPECT_EQ(report.metrics().max_staleness(), 0);  // the default mode is sync
+  // … and its config says so.
+  EXPECT_EQ(run.config().orchestrator().mode(), v1::ORCHESTRATOR_MODE_SYNC);
+  EXPECT_EQ(run.config().orchestrator().max_staleness(), 0);
+  EXPECT_FALSE(run.config().orchestrator().partial_rollout());
   EXPECT_GT(report.metrics().samples_per_second(), 0.0);
   EXPECT_GT(report.ideal_samples_per_second(), 0.0);
   EXPECT_TRUE(report.trace_json().empty());
@@ -397,6 +531,7 @@ TEST(SimulateConvertTest, SolveSimulateCompare) {
     EXPECT_EQ(run.name(), expected.name);
     EXPECT_EQ(run.config().orchestrator().mode(), ToModeMessage(expected.mode));
     EXPECT_EQ(run.config().orchestrator().partial_rollout(), expected.partial_rollout);
+    EXPECT_EQ(run.config().orchestrator().max_staleness(), expected.max_staleness);
     EXPECT_EQ(run.config().engines(), 4);  // the same workload
     EXPECT_EQ(run.config().seed(), reply.runs(0).config().seed());
     EXPECT_LE(run.report().metrics().max_staleness(), bounds[i]) << run.name();

@@ -80,8 +80,10 @@ struct SimulatorConfig {
   double weight_sync_seconds = 1.0;     // per engine, >= 0
   std::int64_t dataset_prompts = 2048;  // >= 1
   LengthDistribution lengths;
-  double all_equal_rate = 0;      // in [0, 1]; with a filter, such groups are dropped
-  bool filter_all_equal = false;  // use KeepUnlessAllEqual as the group filter
+  double all_equal_rate = 0;  // in [0, 1]; with a filter, such groups are dropped
+  // Use KeepUnlessAllEqual as the group filter; needs 0 < all_equal_rate < 1 (at 0 it
+  // would drop nothing) and samples_per_prompt >= 2.
+  bool filter_all_equal = false;
   // Faults: each engine fails after an exponential time with this mean (0: never)
   // and a replacement joins `rejoin_seconds` later.
   double engine_mtbf_seconds = 0;
