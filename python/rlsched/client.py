@@ -768,10 +768,12 @@ class Client:
         `config`: None (the default workload), a ``rlsched.v1.SimulatorConfig`` or a
         mapping in protobuf's JSON form, e.g. ``{"engines": 8, "steps": 3,
         "orchestrator": {"mode": "async", "max_staleness": 1}}`` (``mode`` may be a
-        short name: sync, one_step_off, async). Unset fields keep the simulator's
+        short name: sync, one_step_off, async; ``staleness_policy``: admission,
+        strict). Unset fields keep the simulator's
         defaults; ``"trace": True`` returns the Chrome trace JSON in the report.
         `compare`: run sync, one_step_off and async s = 1, 2 with and without partial
-        rollout on the same workload; `trace_run` names the run whose trace is kept.
+        rollout on the same workload (the config then leaves the mode, max_staleness
+        and partial_rollout unset); `trace_run` names the run whose trace is kept.
 
         Returns the ``rlsched.v1.SimulateReply`` (``runs[i].name``, ``.config`` with
         every field set, ``.report``). Raises :class:`InvalidArgumentError` naming the
@@ -782,11 +784,14 @@ class Client:
         if isinstance(config, Mapping):
             config = dict(config)
             orchestrator = config.get("orchestrator")
-            if isinstance(orchestrator, Mapping) and isinstance(orchestrator.get("mode"), str):
+            if isinstance(orchestrator, Mapping):
                 orchestrator = dict(orchestrator)
-                orchestrator["mode"] = _enum(rollout_pb2.OrchestratorMode, "ORCHESTRATOR_MODE_",
-                                             orchestrator["mode"],
-                                             "simulate.config.orchestrator.mode")
+                for field, enum, prefix in (
+                        ("mode", rollout_pb2.OrchestratorMode, "ORCHESTRATOR_MODE_"),
+                        ("staleness_policy", rollout_pb2.StalenessPolicy, "STALENESS_POLICY_")):
+                    if isinstance(orchestrator.get(field), str):
+                        orchestrator[field] = _enum(enum, prefix, orchestrator[field],
+                                                    "simulate.config.orchestrator." + field)
                 config["orchestrator"] = orchestrator
         _fill_message(message.config, config, "simulate.config")
         message.compare = compare

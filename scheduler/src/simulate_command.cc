@@ -66,6 +66,7 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--mode", "orchestrator.mode", args.mode.has_value()},
       {"--max-staleness", "orchestrator.max_staleness", args.max_staleness.has_value()},
       {"--partial-rollout", "orchestrator.partial_rollout", args.partial_rollout.has_value()},
+      {"--staleness-policy", "orchestrator.staleness_policy", args.staleness_policy.has_value()},
       {"--oversample", "orchestrator.oversample", args.oversample.has_value()},
       {"--prompts-per-step", "orchestrator.prompts_per_step", args.prompts_per_step.has_value()},
       {"--samples-per-prompt", "orchestrator.samples_per_prompt",
@@ -130,9 +131,13 @@ std::string DescribeMode(const v1::OrchestratorOptions& o) {
     case v1::ORCHESTRATOR_MODE_ONE_STEP_OFF:
       return "one_step_off (staleness <= 1, weights synced between batches)";
     case v1::ORCHESTRATOR_MODE_ASYNC:
-      return fmt::format("async, max staleness {}, {}", o.max_staleness(),
-                         o.partial_rollout() ? "partial rollout (interrupt and resume at a sync)"
-                                             : "no partial rollout (engines drain, then sync)");
+      return fmt::format(
+          "async, max staleness {}, {}, {}", o.max_staleness(),
+          o.partial_rollout() ? "partial rollout (interrupt and resume at a sync)"
+                              : "no partial rollout (engines drain, then sync)",
+          o.staleness_policy() == v1::STALENESS_POLICY_STRICT
+              ? "strict policy (tokens staler than s are discarded and generated again)"
+              : "admission policy (every generated token kept)");
     default:
       return "?";
   }
@@ -191,20 +196,35 @@ void PrintConfig(const v1::SimulatorConfig& config, bool with_mode, std::ostream
   Line(out, "seed", fmt::format("{}", config.seed()));
 }
 
+// Staleness k: trained samples whose oldest token is k versions old, and trained
+// response tokens that are.
 void PrintStaleness(const v1::OrchestratorMetrics& metrics, std::ostream& out) {
-  std::int64_t total = 0;
-  for (const std::int64_t count : metrics.staleness_histogram()) total += count;
-  std::size_t count_width = 7;
-  for (const std::int64_t count : metrics.staleness_histogram()) {
-    count_width = std::max(count_width, Digits(count));
+  std::int64_t samples = 0;
+  std::int64_t tokens = 0;
+  for (const std::int64_t count : metrics.staleness_histogram()) samples += count;
+  for (const std::int64_t count : metrics.token_staleness_histogram()) tokens += count;
+  const int rows =
+      std::max(metrics.staleness_histogram_size(), metrics.token_staleness_histogram_size());
+  auto at = [](const auto& histogram, int k) {
+    return k < histogram.size() ? histogram.Get(k) : std::int64_t{0};
+  };
+  std::size_t width = 7;
+  for (int k = 0; k < rows; ++k) {
+    width = std::max({width, Digits(at(metrics.staleness_histogram(), k)),
+                      Digits(at(metrics.token_staleness_histogram(), k))});
   }
-  out << fmt::format("{:>9}  {:>{}}  {:>6}\n", "staleness", "samples", count_width, "share");
-  for (int k = 0; k < metrics.staleness_histogram_size(); ++k) {
-    const std::int64_t count = metrics.staleness_histogram(k);
-    const double share = total > 0 ? static_cast<double>(count) / static_cast<double>(total) : 0.0;
-    out << fmt::format("{:>9}  {:>{}}  {:>6}\n", k, count, count_width, FormatShare(share));
+  auto share = [](std::int64_t part, std::int64_t whole) {
+    return FormatShare(whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0);
+  };
+  out << fmt::format("{:>9}  {:>{}}  {:>6}  {:>{}}  {:>6}\n", "staleness", "samples", width,
+                     "share", "tokens", width, "share");
+  for (int k = 0; k < rows; ++k) {
+    const std::int64_t s = at(metrics.staleness_histogram(), k);
+    const std::int64_t t = at(metrics.token_staleness_histogram(), k);
+    out << fmt::format("{:>9}  {:>{}}  {:>6}  {:>{}}  {:>6}\n", k, s, width, share(s, samples), t,
+                       width, share(t, tokens));
   }
-  if (metrics.staleness_histogram_size() == 0) out << "(no sample trained)\n";
+  if (rows == 0) out << "(no sample trained)\n";
 }
 
 std::string DescribeIdeal(const v1::SimulationReport& report) {
@@ -250,8 +270,10 @@ void PrintSummary(const v1::SimulationRun& run, std::ostream& out) {
        fmt::format("{} of trained samples ({} samples with tokens of more than one version)",
                    FormatShare(metrics.partial_rollout_ratio()), counters.partial_samples()));
   Line(out, "restarts",
-       fmt::format("{} samples regenerated, {} tokens discarded", counters.restarts(),
-                   counters.discarded_tokens()));
+       fmt::format("{} samples regenerated, {} tokens discarded ({} samples and {} tokens for "
+                   "staleness, the rest by failures)",
+                   counters.restarts(), counters.discarded_tokens(), counters.stale_restarts(),
+                   counters.stale_discarded_tokens()));
   Line(out, "samples",
        fmt::format("admitted {} = trained {} + filtered {} + buffered {} + queued {} + in "
                    "flight {}",
@@ -402,6 +424,14 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       "Async mode without partial rollout: engines drain, then sync (= --partial-rollout=false); "
       "implies --mode async");
   no_partial->excludes(partial);
+  command
+      ->add_option(
+          "--staleness-policy", args.staleness_policy,
+          "Async mode: admission (default: generation at most s batches ahead, every token "
+          "kept; the per-token staleness is reported) or strict (tokens staler than s are "
+          "discarded and generated again); implies --mode async")
+      ->type_name("admission|strict")
+      ->check(CLI::IsMember({"admission", "strict"}).description(""));
   command
       ->add_option("--oversample", args.oversample,
                    fmt::format("Over-sampling r: admit up to ceil((1 + r)·P) prompts per batch "
@@ -581,6 +611,10 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   }
   if (args.max_staleness) o.set_max_staleness(*args.max_staleness);
   if (args.partial_rollout) o.set_partial_rollout(*args.partial_rollout);
+  if (args.staleness_policy) {
+    o.set_staleness_policy(*args.staleness_policy == "strict" ? v1::STALENESS_POLICY_STRICT
+                                                              : v1::STALENESS_POLICY_ADMISSION);
+  }
   if (args.oversample) o.set_oversample(*args.oversample);
   if (args.prompts_per_step) o.set_prompts_per_step(*args.prompts_per_step);
   if (args.samples_per_prompt) o.set_samples_per_prompt(*args.samples_per_prompt);

@@ -59,7 +59,8 @@ struct SimulateArgs {
   std::string config;               // --config FILE; empty: none
   std::optional<std::string> mode;  // "sync", "one_step_off" or "async"
   std::optional<std::int64_t> max_staleness;
-  std::optional<bool> partial_rollout;  // --partial-rollout[=BOOL], --no-partial-rollout
+  std::optional<bool> partial_rollout;          // --partial-rollout[=BOOL], --no-partial-rollout
+  std::optional<std::string> staleness_policy;  // "admission" or "strict"
   std::optional<double> oversample;
   std::optional<std::int64_t> engines;
   std::optional<std::int64_t> engine_concurrency;

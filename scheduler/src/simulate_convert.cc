@@ -106,8 +106,22 @@ std::int64_t StalenessOf(const OrchestratorOptions& options) {
 // The mode and async's own fields (see the file comment of simulate_convert.h):
 // max_staleness or partial_rollout without a mode select async; with sync or
 // one_step_off they may only state that mode's fixed values.
+StalenessPolicy ToPolicy(v1::StalenessPolicy policy) {
+  switch (policy) {
+    case v1::STALENESS_POLICY_UNSPECIFIED:
+    case v1::STALENESS_POLICY_ADMISSION:
+      return StalenessPolicy::kAdmission;
+    case v1::STALENESS_POLICY_STRICT:
+      return StalenessPolicy::kStrict;
+    default:
+      Fail("orchestrator.staleness_policy",
+           fmt::format("unknown value {}", static_cast<int>(policy)));
+  }
+}
+
 void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorOptions& out) {
-  const bool async_fields = in.has_max_staleness() || in.has_partial_rollout();
+  const bool has_policy = in.staleness_policy() != v1::STALENESS_POLICY_UNSPECIFIED;
+  const bool async_fields = in.has_max_staleness() || in.has_partial_rollout() || has_policy;
   out.mode = ToMode(in.mode(), async_fields ? Mode::kAsync : out.mode);
   if (out.mode != Mode::kAsync) {
     const std::int64_t staleness = StalenessOf(out);
@@ -122,7 +136,14 @@ void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorOptions& out) {
                        "engines take new weights between batches), got true",
                        ModeName(out.mode)));
     }
+    if (has_policy && in.staleness_policy() != v1::STALENESS_POLICY_STRICT) {
+      Fail("orchestrator.staleness_policy",
+           fmt::format("applies to mode async only (mode {} keeps every token within its "
+                       "staleness: strict), got {}",
+                       ModeName(out.mode), v1::StalenessPolicy_Name(in.staleness_policy())));
+    }
   }
+  if (has_policy) out.staleness_policy = ToPolicy(in.staleness_policy());
   if (in.has_max_staleness()) out.max_staleness = in.max_staleness();
   if (in.has_partial_rollout()) out.partial_rollout = in.partial_rollout();
 }
@@ -297,6 +318,8 @@ void FillCounters(const Counters& in, v1::OrchestratorCounters& out) {
   out.set_trained_tokens(in.trained_tokens);
   out.set_steps_started(in.steps_started);
   out.set_steps_finished(in.steps_finished);
+  out.set_stale_restarts(in.stale_restarts);
+  out.set_stale_discarded_tokens(in.stale_discarded_tokens);
 }
 
 void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {
@@ -313,6 +336,8 @@ void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {
   out.mutable_staleness_histogram()->Add(in.staleness_histogram.begin(),
                                          in.staleness_histogram.end());
   out.set_max_staleness(in.max_staleness);
+  out.mutable_token_staleness_histogram()->Add(in.token_staleness_histogram.begin(),
+                                               in.token_staleness_histogram.end());
 }
 
 // With compare: the comparison set gives each run its mode, max_staleness and
@@ -416,6 +441,10 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   // The values the mode runs with (sync and one_step_off ignore the C++ fields).
   orchestrator->set_max_staleness(StalenessOf(o));
   orchestrator->set_partial_rollout(o.mode == Mode::kAsync && o.partial_rollout);
+  orchestrator->set_staleness_policy(o.mode == Mode::kAsync &&
+                                             o.staleness_policy == StalenessPolicy::kAdmission
+                                         ? v1::STALENESS_POLICY_ADMISSION
+                                         : v1::STALENESS_POLICY_STRICT);
   orchestrator->set_oversample(o.oversample);
   orchestrator->set_prompts_per_step(o.prompts_per_step);
   orchestrator->set_samples_per_prompt(o.samples_per_prompt);

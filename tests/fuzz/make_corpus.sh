@@ -65,12 +65,19 @@ frame "$plan_step" >"$out/plan_step"
 frame "$plan_step_groups" >"$out/plan_step_groups"
 frame "$invalid" >"$out/invalid"
 frame "$reshard" >"$out/reshard"
+# compare gives each run its mode, staleness and partial rollout (the config leaves
+# them unset); its async runs use the strict policy here.
 simulate='id: "s" simulate { config {
-  orchestrator { mode: ORCHESTRATOR_MODE_ASYNC max_staleness: 1 prompts_per_step: 4
+  orchestrator { staleness_policy: STALENESS_POLICY_STRICT prompts_per_step: 4
                  samples_per_prompt: 4 oversample: 0.5 filter_all_equal: true }
   steps: 3 engines: 2 trainer_ranks: 2 max_events: 5000 all_equal_rate: 0.2
   engine_mtbf_seconds: 200 } compare: true }'
 frame "$simulate" >"$out/simulate"
+simulate_async='id: "a" simulate { config {
+  orchestrator { mode: ORCHESTRATOR_MODE_ASYNC max_staleness: 1 prompts_per_step: 4
+                 samples_per_prompt: 4 oversample: 0.25 }
+  steps: 3 engines: 2 trainer_ranks: 2 max_events: 5000 engine_mtbf_seconds: 200 } }'
+frame "$simulate_async" >"$out/simulate_async"
 frame "$empty" >"$out/empty"
 {
   frame "$ping"

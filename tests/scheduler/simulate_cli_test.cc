@@ -169,6 +169,36 @@ TEST(SimulateCliTest, AsyncOptionsOfSyncAndOneStepOffAreRefused) {
   EXPECT_THAT(ModeLine(implied), StartsWith("mode             async, max staleness 2, partial"));
 }
 
+// --staleness-policy is async's: it implies async, names itself in the mode line, and
+// sync refuses admission; strict keeps the bound, admission discards nothing for it.
+TEST(SimulateCliTest, StalenessPolicy) {
+  const ProcessResult refused =
+      RunProgram(Small({"--mode", "sync", "--staleness-policy", "admission"}));
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_THAT(refused.err, HasSubstr("--staleness-policy (orchestrator.staleness_policy): applies "
+                                     "to mode async only (mode sync keeps every token within "
+                                     "its staleness: strict), got STALENESS_POLICY_ADMISSION"));
+  for (const std::string policy : {"admission", "strict"}) {
+    const ProcessResult r = RunProgram(Small({"--staleness-policy", policy, "--json"}));
+    ASSERT_EQ(r.status, 0) << r.err;
+    v1::SimulateReply reply;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(r.out, &reply).ok()) << r.out;
+    const v1::OrchestratorOptions& o = reply.runs(0).config().orchestrator();
+    EXPECT_EQ(o.mode(), v1::ORCHESTRATOR_MODE_ASYNC);
+    const v1::SimulationReport& report = reply.runs(0).report();
+    if (policy == "strict") {
+      EXPECT_EQ(o.staleness_policy(), v1::STALENESS_POLICY_STRICT);
+      EXPECT_LE(report.metrics().max_staleness(), o.max_staleness());
+    } else {
+      EXPECT_EQ(o.staleness_policy(), v1::STALENESS_POLICY_ADMISSION);
+      EXPECT_EQ(report.counters().stale_discarded_tokens(), 0);
+    }
+    const ProcessResult table = RunProgram(Small({"--staleness-policy", policy}));
+    EXPECT_THAT(ModeLine(table), HasSubstr(policy + " policy"));
+    EXPECT_THAT(table.out, ::testing::ContainsRegex("staleness +samples +share +tokens +share"));
+  }
+}
+
 TEST(SimulateCliTest, OptionsThatWouldBeIgnoredAreRefused) {
   const TempDir dir;
   const std::string async_file = dir.Write(
