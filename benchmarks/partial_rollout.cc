@@ -128,9 +128,8 @@ std::string Check(const Row& row, const Result& r) {
   }
   const bool strict =
       row.mode != sched::Mode::kAsync || row.policy == sched::StalenessPolicy::kStrict;
-  const std::int64_t bound = row.mode == sched::Mode::kSync         ? 0
-                             : row.mode == sched::Mode::kOneStepOff ? 1
-                                                                    : row.staleness;
+  const std::int64_t bound = sched::EffectiveStaleness(
+      sched::OrchestratorOptions{.mode = row.mode, .max_staleness = row.staleness});
   if (strict && r.report.metrics.max_staleness > bound) return "staleness above the bound";
   if (!strict && c.stale_discarded_tokens != 0) return "tokens discarded under admission";
   return "";

@@ -33,6 +33,7 @@ using rlsched::rollout::LinkKind;
 using rlsched::rollout::ModelConfig;
 using rlsched::rollout::ReshardOptions;
 using rlsched::rollout::ReshardPlan;
+using rlsched::rollout::TrainLayout;
 
 struct Scenario {
   const char* name;
@@ -80,43 +81,22 @@ int main(int argc, char** argv) {
       dir = a;
     }
   }
+  // 61 layers on 8 stages: 7 | 8 × 6 | 6; 94 layers on 4 stages: 23 | 24 | 24 | 23
+  // (Megatron's first/last stage layers).
+  const TrainLayout deepseek{
+      .tp = 2, .pp = 8, .ep = 32, .dp = 32, .first_stage_layers = 7, .last_stage_layers = 6};
+  const TrainLayout qwen{
+      .tp = 4, .pp = 4, .ep = 16, .dp = 16, .first_stage_layers = 23, .last_stage_layers = 23};
   const std::vector<Scenario> scenarios = {
-      // 61 layers on 8 stages: 7 | 8 × 6 | 6 (Megatron's first/last stage layers).
       {"DeepSeek-V3 TP2 PP8 EP32 (512) -> vLLM TP16 EP x 8 (128 other GPUs)", "deepseek-v3.json",
-       Options({.tp = 2,
-                .pp = 8,
-                .ep = 32,
-                .dp = 32,
-                .first_stage_layers = 7,
-                .last_stage_layers = 6},
-               {.tp = 16, .replicas = 8, .expert_parallel = true}, false)},
+       Options(deepseek, {.tp = 16, .replicas = 8, .expert_parallel = true}, false)},
       {"DeepSeek-V3 TP2 PP8 EP32 (512) -> vLLM TP16 x 8, experts split by TP", "deepseek-v3.json",
-       Options({.tp = 2,
-                .pp = 8,
-                .ep = 32,
-                .dp = 32,
-                .first_stage_layers = 7,
-                .last_stage_layers = 6},
-               {.tp = 16, .replicas = 8}, false)},
-      // 94 layers on 4 stages: 23 | 24 | 24 | 23.
+       Options(deepseek, {.tp = 16, .replicas = 8}, false)},
       {"Qwen3-235B-A22B TP4 PP4 EP16 (256) -> vLLM TP8 EP x 16 (128 other GPUs)",
        "qwen3-235b-a22b.json",
-       Options({.tp = 4,
-                .pp = 4,
-                .ep = 16,
-                .dp = 16,
-                .first_stage_layers = 23,
-                .last_stage_layers = 23},
-               {.tp = 8, .replicas = 16, .expert_parallel = true}, false)},
+       Options(qwen, {.tp = 8, .replicas = 16, .expert_parallel = true}, false)},
       {"Qwen3-235B-A22B TP4 PP4 EP16 (256) -> vLLM TP8 x 16, experts split by TP",
-       "qwen3-235b-a22b.json",
-       Options({.tp = 4,
-                .pp = 4,
-                .ep = 16,
-                .dp = 16,
-                .first_stage_layers = 23,
-                .last_stage_layers = 23},
-               {.tp = 8, .replicas = 16}, false)},
+       "qwen3-235b-a22b.json", Options(qwen, {.tp = 8, .replicas = 16}, false)},
       {"Llama-3.1-70B TP8 PP2 DP4 (64) -> vLLM TP4 x 16, colocated", "llama-3.1-70b.json",
        Options({.tp = 8, .pp = 2, .dp = 4}, {.tp = 4, .replicas = 16}, true)},
   };

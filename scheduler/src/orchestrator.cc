@@ -150,6 +150,18 @@ bool KeepUnlessAllEqual(std::span<const double> rewards) {
   return false;
 }
 
+std::int64_t EffectiveStaleness(const OrchestratorOptions& options) {
+  switch (options.mode) {
+    case Mode::kSync:
+      return 0;
+    case Mode::kOneStepOff:
+      return 1;
+    case Mode::kAsync:
+      return options.max_staleness;
+  }
+  return 0;
+}
+
 void Validate(const OrchestratorOptions& o) {
   if (o.max_staleness < 0 || o.max_staleness > 1'000'000) {
     Invalid("max_staleness", "in [0, 1000000]", Str(o.max_staleness));

@@ -89,20 +89,6 @@ Mode ToMode(v1::OrchestratorMode mode, Mode fallback) {
   }
 }
 
-// The staleness bound a mode runs with: sync 0, one_step_off 1, async its
-// max_staleness.
-std::int64_t StalenessOf(const OrchestratorOptions& options) {
-  switch (options.mode) {
-    case Mode::kSync:
-      return 0;
-    case Mode::kOneStepOff:
-      return 1;
-    case Mode::kAsync:
-      return options.max_staleness;
-  }
-  return 0;
-}
-
 // The mode and async's own fields (see the file comment of simulate_convert.h):
 // max_staleness or partial_rollout without a mode select async; with sync or
 // one_step_off they may only state that mode's fixed values.
@@ -124,7 +110,7 @@ void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorOptions& out) {
   const bool async_fields = in.has_max_staleness() || in.has_partial_rollout() || has_policy;
   out.mode = ToMode(in.mode(), async_fields ? Mode::kAsync : out.mode);
   if (out.mode != Mode::kAsync) {
-    const std::int64_t staleness = StalenessOf(out);
+    const std::int64_t staleness = EffectiveStaleness(out);
     if (in.has_max_staleness() && in.max_staleness() != staleness) {
       Fail("orchestrator.max_staleness",
            fmt::format("applies to mode async only (mode {} has staleness {}), got {}",
@@ -439,7 +425,7 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   v1::OrchestratorOptions* orchestrator = message.mutable_orchestrator();
   orchestrator->set_mode(ToModeMessage(o.mode));
   // The values the mode runs with (sync and one_step_off ignore the C++ fields).
-  orchestrator->set_max_staleness(StalenessOf(o));
+  orchestrator->set_max_staleness(EffectiveStaleness(o));
   orchestrator->set_partial_rollout(o.mode == Mode::kAsync && o.partial_rollout);
   orchestrator->set_staleness_policy(o.mode == Mode::kAsync &&
                                              o.staleness_policy == StalenessPolicy::kAdmission

@@ -127,18 +127,6 @@ std::uint64_t Hash(std::uint64_t seed, std::uint64_t tag, std::uint64_t a, std::
 // Φ, the standard normal distribution function.
 double NormalCdf(double z) { return 0.5 * std::erfc(-z / std::numbers::sqrt2); }
 
-std::int64_t EffectiveStaleness(const OrchestratorOptions& options) {
-  switch (options.mode) {
-    case Mode::kSync:
-      return 0;
-    case Mode::kOneStepOff:
-      return 1;
-    case Mode::kAsync:
-      return options.max_staleness;
-  }
-  return 0;
-}
-
 std::int64_t LiveGroupsPerBatch(const OrchestratorOptions& options) {
   return static_cast<std::int64_t>(
       std::ceil((1.0 + options.oversample) * static_cast<double>(options.prompts_per_step)));

@@ -242,6 +242,10 @@ struct OrchestratorOptions {
 // Throws std::invalid_argument naming the field and its bound.
 void Validate(const OrchestratorOptions& options);
 
+// The staleness bound the mode runs with: sync 0, one_step_off 1, async max_staleness.
+// O(1).
+std::int64_t EffectiveStaleness(const OrchestratorOptions& options);
+
 // ---- State the driver and the reports read. ----
 
 struct Counters {  // in samples unless named *_groups
