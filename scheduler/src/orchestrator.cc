@@ -70,6 +70,7 @@ struct Group {
   std::int64_t complete = 0;
   std::int64_t oldest = -1;  // min over its samples' oldest (>= 0 ones); -1: none
   GroupState state = GroupState::kLive;
+  std::int64_t indexed_oldest = -1;  // its key in State::unfinished; -1: not there
 };
 
 struct Engine {
@@ -196,6 +197,10 @@ struct Orchestrator::State {
   bool boundary_sync = true;  // sync / one_step_off: engines sync when out of work
   bool one_batch_at_a_time = false;
   bool strict = true;  // every trained token within s (else: the admission policy)
+  // Async strict without over-sampling: a batch waits for a running group whose tokens
+  // it would otherwise make too stale, instead of closing with younger groups and
+  // discarding it (the oldest are never preempted for younger ones).
+  bool wait_for_oldest = false;
 
   bool started = false;
   double first_time = 0;
@@ -209,6 +214,8 @@ struct Orchestrator::State {
   std::set<QueueKey> queue;
   std::map<std::int64_t, std::vector<std::int64_t>> by_version;
   std::set<std::pair<std::int64_t, std::int64_t>> complete;  // complete live groups
+  // Live groups not complete, with tokens, by (oldest version, id) (wait_for_oldest).
+  std::set<std::pair<std::int64_t, std::int64_t>> unfinished;
   std::map<std::int64_t, std::set<std::int64_t>> live_by_target;
   // Engines taking work by (outstanding predicted tokens, id): the dispatch choice in
   // O(log engines). Engines behind the newest version, not syncing, and idle unless
@@ -314,6 +321,20 @@ struct Orchestrator::State {
       if (o >= 0 && (oldest < 0 || o < oldest)) oldest = o;
     }
     group.oldest = oldest;
+    Reindex(g);
+  }
+
+  // Brings the group's place in `unfinished` up to date; called after every change of
+  // its oldest version, completion or state.
+  void Reindex(std::int64_t g) {
+    if (!wait_for_oldest) return;
+    Group& group = groups[static_cast<std::size_t>(g)];
+    if (group.indexed_oldest >= 0) unfinished.erase({group.indexed_oldest, g});
+    group.indexed_oldest = -1;
+    if (group.state == GroupState::kLive && group.complete < G && group.oldest >= 0) {
+      group.indexed_oldest = group.oldest;
+      unfinished.emplace(group.oldest, g);
+    }
   }
 
   // Discards a sample's tokens (they would break the bound, or their engine failed).
@@ -378,6 +399,7 @@ struct Orchestrator::State {
     if (At(id).state == SampleState::kComplete) {
       if (group.complete == G) complete.erase({group.oldest, id / G});
       --group.complete;
+      Reindex(id / G);
     }
     Withdraw(id);
     ++counters.restarts;
@@ -523,6 +545,11 @@ struct Orchestrator::State {
 
   void CloseBatches() {
     while (!Done() && static_cast<std::int64_t>(complete.size()) >= P) {
+      // A running group whose oldest tokens the next batch could not take: this batch
+      // waits for it rather than leave it to be discarded.
+      if (wait_for_oldest && !unfinished.empty() && unfinished.begin()->first <= t_next - s) {
+        break;
+      }
       ClosedBatch batch{.step = t_next, .groups = {}};
       for (std::int64_t k = 0; k < P; ++k) {
         const std::int64_t g = complete.begin()->second;
@@ -530,6 +557,7 @@ struct Orchestrator::State {
         Group& group = groups[static_cast<std::size_t>(g)];
         live_by_target[group.target].erase(g);
         group.state = GroupState::kClosed;
+        Reindex(g);
         for (std::int64_t j = 0; j < G; ++j) {
           Sample& x = At(g * G + j);
           x.state = SampleState::kClosed;
@@ -657,6 +685,7 @@ struct Orchestrator::State {
     if (group.complete == G) complete.erase({group.oldest, g});
     live_by_target[group.target].erase(g);
     group.state = GroupState::kFiltered;
+    Reindex(g);
     for (std::int64_t j = 0; j < G; ++j) {
       const std::int64_t id = g * G + j;
       Withdraw(id);
@@ -821,7 +850,9 @@ struct Orchestrator::State {
     h.first += e.tokens;
     ++h.second;
     lengths.Add(e.tokens);
-    if (++group.complete == G) OnGroupComplete(e.sample / G);
+    ++group.complete;
+    Reindex(e.sample / G);
+    if (group.complete == G) OnGroupComplete(e.sample / G);
   }
 
   void On(const GroupFiltered& e) {
@@ -909,6 +940,8 @@ Orchestrator::Orchestrator(OrchestratorOptions options) : state_(std::make_uniqu
       st.s = options.max_staleness;
       st.boundary_sync = false;
       st.strict = options.staleness_policy == StalenessPolicy::kStrict;
+      // Over-sampling closes batches without their slowest groups by design.
+      st.wait_for_oldest = st.strict && st.s > 0 && options.oversample == 0;
       break;
   }
   st.quota = static_cast<std::int64_t>(
