@@ -1,6 +1,7 @@
 #include "balance_command.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -83,13 +84,18 @@ void PrintTable(const BalanceArgs& args, const v1::BalanceRequest& request,
     tokens_width = std::max(tokens_width, Digits(part.tokens()));
     cost_width = std::max(cost_width, Digits(part.cost()));
   }
-  out << fmt::format("{:>{}}  {:>{}}  {:>{}}  {:>{}}\n", "part", part_width, "items", items_width,
-                     "tokens", tokens_width, "cost", cost_width);
+  // Small inputs: which sequence went where (indices into the input, 0-based).
+  const bool assignment = request.lengths_size() <= kMaxAssignmentItems;
+  out << fmt::format("{:>{}}  {:>{}}  {:>{}}  {:>{}}{}\n", "part", part_width, "items", items_width,
+                     "tokens", tokens_width, "cost", cost_width, assignment ? "  sequences" : "");
   const std::int64_t rows = std::min<std::int64_t>(reply.parts_size(), kMaxTableRows);
   for (std::int64_t p = 0; p < rows; ++p) {
     const v1::Part& part = reply.parts(static_cast<int>(p));
-    out << fmt::format("{:>{}}  {:>{}}  {:>{}}  {:>{}}\n", p, part_width, part.indices_size(),
-                       items_width, part.tokens(), tokens_width, part.cost(), cost_width);
+    std::string sequences;
+    if (assignment) sequences = fmt::format("  {}", fmt::join(part.indices(), " "));
+    out << fmt::format("{:>{}}  {:>{}}  {:>{}}  {:>{}}{}\n", p, part_width, part.indices_size(),
+                       items_width, part.tokens(), tokens_width, part.cost(), cost_width,
+                       sequences);
   }
   if (reply.parts_size() > rows)
     out << fmt::format("… ({} more parts)\n", reply.parts_size() - rows);
@@ -99,7 +105,14 @@ void PrintTable(const BalanceArgs& args, const v1::BalanceRequest& request,
   out << fmt::format("{:<16}{}\n", "min cost", reply.min_cost());
   out << fmt::format("{:<16}{}\n", "lower bound", reply.lower_bound());
   out << fmt::format("{:<16}{} (max cost / lower bound - 1)\n", "gap", FormatPercent(reply.gap()));
-  out << fmt::format("{:<16}{}\n", "proven optimal", reply.proven_optimal() ? "yes" : "no");
+  std::string optimal = reply.proven_optimal() ? "yes" : "no";
+  if (reply.proven_optimal() && reply.gap() > 0) {
+    // The exact search proved it: the bound (which whole groups or equal counts make
+    // loose) is below the optimum.
+    optimal =
+        fmt::format("yes: optimal; the lower bound is {} below it", FormatPercent(reply.gap()));
+  }
+  out << fmt::format("{:<16}{}\n", "proven optimal", optimal);
   out << fmt::format("naive contiguous split: max cost {}, gap {} — {}\n", naive.partition.max_load,
                      FormatPercent(naive.partition.gap), Compare(args, reply, naive.partition));
 }

@@ -46,6 +46,8 @@ inline constexpr std::int64_t kExampleSamples = 8;
 
 // Tables list at most this many parts or ranks, then "… (N more …)".
 inline constexpr std::int64_t kMaxTableRows = 64;
+// Inputs of at most this many sequences list each part's sequences in the table.
+inline constexpr std::int64_t kMaxAssignmentItems = 64;
 
 inline constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 

@@ -347,6 +347,12 @@ void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
   };
   print_row(header);
   for (const auto& row : rows) print_row(row);
+  out << "\npartial ratio: trained samples with tokens of more than one policy version (a\n"
+         "generation interrupted by a weight sync and resumed); it stays small when batches\n"
+         "close before the trainer produces new weights. restarts: samples whose tokens were\n"
+         "discarded and generated again (failed engines, or the strict staleness policy).\n"
+         "max staleness: of any trained sample's oldest token; under the admission policy\n"
+         "(the async default) every token is kept, so a long sample may exceed s.\n";
 }
 
 void WriteTraceFile(const std::string& path, const std::string& trace) {

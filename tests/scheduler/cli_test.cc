@@ -21,6 +21,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 // The one-line JSON reply in `out`.
@@ -136,6 +137,24 @@ TEST(CliTest, ManyPartsAreElided) {
   const ProcessResult r = RunProgram({"balance", "--example", "--parts", "100"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("… (36 more parts)"));
+}
+
+// Small inputs list which sequence went where; the example (1,024 sequences) does not.
+// A proven optimum above the bound says so.
+TEST(CliTest, SmallInputsShowTheAssignment) {
+  std::string input;
+  for (int length = 100; length <= 1000; length += 100) input += std::to_string(length) + "\n";
+  const ProcessResult r = RunProgram({"balance", "--parts", "3"}, input);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("part  items  tokens  cost  sequences\n"));
+  // Every index 0..9 once across the three rows (KK: 3 6 7 | 2 5 8 | 0 1 4 9).
+  EXPECT_THAT(r.out, HasSubstr("   0      3    1900  1900  3 6 7\n"));
+  EXPECT_THAT(r.out, HasSubstr("   1      3    1800  1800  2 5 8\n"));
+  EXPECT_THAT(r.out, HasSubstr("   2      4    1800  1800  0 1 4 9\n"));
+  EXPECT_THAT(r.out, HasSubstr("proven optimal  yes: optimal; the lower bound is 3.60% below it"));
+  const ProcessResult example = RunProgram({"balance", "--example"});
+  ASSERT_EQ(example.status, 0) << example.err;
+  EXPECT_THAT(example.out, Not(HasSubstr("sequences\n")));
 }
 
 TEST(CliTest, ExampleAttentionUsesTheDefaultShape) {
