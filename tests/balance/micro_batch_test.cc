@@ -99,7 +99,9 @@ void ExpectTotalsAndEmpties(std::span<const std::int64_t> lengths, const StepOpt
     if (empty > 0) {
       EXPECT_GT(options.num_ranks * plan.num_micro_batches, n) << empty << " avoidable empties";
     }
-    if (empty_ranks > 0) EXPECT_GT(options.num_ranks, n) << "an avoidable empty rank";
+    if (empty_ranks > 0) {
+      EXPECT_GT(options.num_ranks, n) << "an avoidable empty rank";
+    }
   }
 }
 
