@@ -997,6 +997,14 @@ Metrics Orchestrator::metrics(double now) const {
   }
   m.weight_syncs = st.weight_syncs;
   m.weight_sync_seconds = st.weight_sync_seconds;
+  if (st.weight_syncs > 0) {
+    m.seconds_per_weight_sync = st.weight_sync_seconds / static_cast<double>(st.weight_syncs);
+  }
+  if (st.counters.steps_finished > 0) {
+    const double steps = static_cast<double>(st.counters.steps_finished);
+    m.seconds_per_step = elapsed / steps;
+    m.trainer_wait_seconds_per_step = elapsed * m.trainer_idle_ratio / steps;
+  }
   m.staleness_histogram = st.staleness;
   m.token_staleness_histogram = st.token_staleness;
   for (std::size_t k = 0; k < st.staleness.size(); ++k) {

@@ -254,7 +254,11 @@ void PrintSummary(const v1::SimulationRun& run, std::ostream& out) {
                    FormatSeconds(metrics.elapsed_seconds()), counters.steps_finished(),
                    FormatSeconds(report.mean_generation_seconds()),
                    FormatSeconds(report.mean_train_seconds())));
-  Line(out, "trainer idle", FormatShare(metrics.trainer_idle_ratio()));
+  Line(out, "trainer idle",
+       fmt::format("{}; per step {} of {} waiting for a batch",
+                   FormatShare(metrics.trainer_idle_ratio()),
+                   FormatSeconds(metrics.trainer_wait_seconds_per_step()),
+                   FormatSeconds(metrics.seconds_per_step())));
   std::string engine_idle = FormatShare(metrics.mean_engine_idle_ratio());
   if (metrics.engine_idle_ratio_size() > 0) {
     const auto [min, max] =
@@ -264,7 +268,8 @@ void PrintSummary(const v1::SimulationRun& run, std::ostream& out) {
   }
   Line(out, "engine idle", engine_idle);
   Line(out, "weight syncs",
-       fmt::format("{}, {} in all", metrics.weight_syncs(),
+       fmt::format("{} (per engine), {} each, {} in all", metrics.weight_syncs(),
+                   FormatSeconds(metrics.seconds_per_weight_sync()),
                    FormatSeconds(metrics.weight_sync_seconds())));
   Line(out, "partial rollout",
        fmt::format("{} of trained samples ({} samples with tokens of more than one version)",

@@ -324,6 +324,9 @@ void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {
   out.set_max_staleness(in.max_staleness);
   out.mutable_token_staleness_histogram()->Add(in.token_staleness_histogram.begin(),
                                                in.token_staleness_histogram.end());
+  out.set_seconds_per_weight_sync(in.seconds_per_weight_sync);
+  out.set_seconds_per_step(in.seconds_per_step);
+  out.set_trainer_wait_seconds_per_step(in.trainer_wait_seconds_per_step);
 }
 
 // With compare: the comparison set gives each run its mode, max_staleness and

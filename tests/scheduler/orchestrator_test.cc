@@ -126,6 +126,10 @@ TEST(OrchestratorTest, SyncModeTimeline) {
   EXPECT_DOUBLE_EQ(m.engine_idle_ratio[0], 1.0 - 10.0 / 20);
   EXPECT_EQ(m.weight_syncs, 1);
   EXPECT_DOUBLE_EQ(m.weight_sync_seconds, 1);
+  EXPECT_DOUBLE_EQ(m.seconds_per_weight_sync, 1);
+  // Two steps finished in 20 s; the trainer waited 20 − 4 − 6 = 10 s for batches.
+  EXPECT_DOUBLE_EQ(m.seconds_per_step, 10);
+  EXPECT_DOUBLE_EQ(m.trainer_wait_seconds_per_step, 5);
   EXPECT_EQ(m.staleness_histogram, std::vector<std::int64_t>{4});
   EXPECT_EQ(core.counters().trained, 4);
   EXPECT_EQ(core.counters().trained_tokens, 60 + 40 + 17 + 18);

@@ -295,6 +295,11 @@ struct Metrics {
   double partial_rollout_ratio = 0;  // trained samples with tokens of > 1 version / trained
   std::int64_t weight_syncs = 0;     // completed SyncWeights (per engine)
   double weight_sync_seconds = 0;    // their total time, command to WeightsLoaded
+  double seconds_per_weight_sync = 0;  // their mean: the time one sync takes an engine
+  // Per finished train step, as the peers report them: elapsed / steps, and the time
+  // the trainer waited for a batch (verl's timing_s/gen in async mode).
+  double seconds_per_step = 0;
+  double trainer_wait_seconds_per_step = 0;
   std::vector<std::int64_t> staleness_histogram;  // [k] = trained samples of staleness k
   std::int64_t max_staleness = 0;                 // the largest k with samples
   // [k] = trained response tokens generated k versions before the step that trained
