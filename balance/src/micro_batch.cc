@@ -747,7 +747,7 @@ std::pair<long double, std::int64_t> CombinedBound(const UnitCosts& units, bool 
 // No plan with any rank assignment has a smaller step time (see TimeBound): the
 // heaviest rank costs at least max(total / R, largest unit), and some micro-batch
 // count m >= ceil(total tokens / R / cap) (honouring the minimum and the multiple)
-// must be used; with `without_empty`, also m <= floor(n / R) when the first count
+// must be used; with Empties::kNone, also m <= floor(n / R) when the first count
 // allows it (every rank then holds at least m sequences: the bound of plans without
 // an empty micro-batch). TimeBound is convex in m, so the best m is next to the real
 // minimiser. With p > 1 also CombinedBound, whose best count is returned as a hint
@@ -961,10 +961,12 @@ std::int64_t EmptyMicroBatches(const StepPlan& plan) {
 // the bound says they may help, never above the fewest sequences of a rank; of the
 // counts tried, the smallest within the tolerance of the best. With only_count > 0,
 // the ranks are filled to that count (as far as the batch allows) and the plan made
-// at it alone (raised to the smallest feasible count, rounded to the multiple, at most
-// the fewest sequences of a rank). Counts whose bound reaches stop_at (the best plan
+// at it alone (at most the fewest sequences of a rank, rounded to the multiple, unless
+// the smallest feasible count is larger). Counts whose bound reaches stop_at (the best plan
 // found elsewhere) are not planned; when no count can get below it, no plan is made
-// and the result has predicted_step_time = INT64_MAX.
+// and the result has predicted_step_time = INT64_MAX. A rank whose packing under the
+// cap needs more micro-batches than another rank has sequences can still force empty
+// ones (the plan counts them).
 StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t>> ranks,
                       const Movable& movable, const MicroBatchOptions& mb,
                       std::int64_t only_count = 0,
@@ -998,7 +1000,7 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
     const std::int64_t from = smallest_count();
     // Every rank at least `target` sequences where the batch has them.
     const std::int64_t target = std::max(from, std::min(desired, fillable));
-    if (round < 4 && fewest() < target && !movable.fixed_counts) {
+    if (fewest() < target && !movable.fixed_counts) {
       // When the batch cannot fill every rank to it: as evenly as it can.
       FillRanks(padded, movable.group_of, std::min(target, n / num_ranks), ranks);
       if (smallest_count() != from && round < 3) continue;  // the fill raised the count
@@ -1482,8 +1484,17 @@ std::vector<std::vector<std::int64_t>> PackedRanks(const Units& units, std::int6
       const std::vector<std::size_t> upgraded = members[r];
       rebuild(upgraded);
       if (spare(r, t) < 0.0) {  // the micro-batch sharing grew: undo
-        for (const std::size_t u : upgraded) mark(u, false);
-        for (const std::size_t u : before) mark(u, true);
+        // Only the short units are in the pool (the rank's long units are not, and
+        // marking them would corrupt the counts of free short units).
+        auto is_short = [&](std::size_t u) {
+          return static_cast<double>(units.largest[u]) < short_below;
+        };
+        for (const std::size_t u : upgraded) {
+          if (is_short(u)) mark(u, false);
+        }
+        for (const std::size_t u : before) {
+          if (is_short(u)) mark(u, true);
+        }
         rebuild(before);
       }
     }
@@ -1663,8 +1674,9 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   PlannedStep result;
   const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
   const bool pipeline = mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs;
-  // Candidates within the count tolerance of the best are planned too (Choose may
-  // prefer one with fewer micro-batches).
+  // Every candidate planned is kept: Choose may prefer one with fewer micro-batches
+  // within the count tolerance of the best. Candidates that cannot beat the best are
+  // not planned (stop_at), which keeps large inputs fast.
   std::vector<StepPlan> candidates;
   std::int64_t best = std::numeric_limits<std::int64_t>::max();
   auto take = [&](StepPlan plan) {
@@ -1672,12 +1684,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     best = std::min(best, plan.predicted_step_time);
     candidates.push_back(std::move(plan));
   };
-  auto stop_at = [&] {
-    const long double limit = static_cast<long double>(best) * (1.0L + mb.count_tolerance);
-    return limit >= static_cast<long double>(std::numeric_limits<std::int64_t>::max())
-               ? std::numeric_limits<std::int64_t>::max()
-               : static_cast<std::int64_t>(limit);
-  };
+  auto stop_at = [&] { return best; };
   // With a pipeline the packed candidate comes first at the bound's best count (the
   // most micro-batches the ranks can fill without an overhead): the other candidates
   // then skip the counts, or whole plans, that cannot come near it (see PlanForRanks).

@@ -130,9 +130,11 @@ struct StepPlan {
   std::vector<RankPlan> ranks;
   std::int64_t num_micro_batches = 0;    // the same on every rank
   std::int64_t predicted_step_time = 0;  // max over ranks of RankPlan::time
-  std::int64_t lower_bound = 0;          // no valid plan has a smaller step time
-  std::int64_t cap_violations = 0;       // micro-batches over the cap (0 for PlanStep)
-  std::int64_t overhead = 0;             // the per-micro-batch overhead used
+  // No valid plan has a smaller step time; when this plan has no empty micro-batch,
+  // no valid plan without one (a plan with empty micro-batches may be faster then).
+  std::int64_t lower_bound = 0;
+  std::int64_t cap_violations = 0;  // micro-batches over the cap (0 for PlanStep)
+  std::int64_t overhead = 0;        // the per-micro-batch overhead used
   // For a loss that does not depend on the split: the step's sequences and tokens
   // (padded, and the sum of the lengths), to normalise a token-mean loss globally.
   std::int64_t sequences = 0;
