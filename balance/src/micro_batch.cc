@@ -1624,6 +1624,84 @@ StepPlan Choose(std::vector<StepPlan> candidates, double tolerance) {
   return std::move(candidates[chosen]);
 }
 
+// Above this many (sequence, micro-batch) pairs the bins-first candidate is not tried.
+constexpr std::int64_t kMaxBinPairs = 20'000'000;
+
+// Bins first: the whole batch packed first-fit decreasing into R·m micro-batches under
+// the cap (every one non-empty), then m of them dealt to each rank, the costliest
+// first onto the cheapest rank with a place left (ties: lowest rank), each rank's then
+// rebalanced by Pack. For the smallest count m from the tokens' (a multiple of q) that
+// packs, while R·m <= n: a plan without empty micro-batches where a rank assignment
+// made one rank's packing need more micro-batches than another rank has sequences.
+// Not for whole groups or equal counts. nullopt when no count up to 8 tries packs.
+// O(tries · n · R·m + R²·m).
+std::optional<StepPlan> BinsFirstPlan(const Padded& padded, const StepOptions& options) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const std::int64_t num_ranks = options.num_ranks;
+  const auto n = static_cast<std::int64_t>(padded.tokens.size());
+  std::vector<std::int64_t> all(padded.tokens.size());
+  std::iota(all.begin(), all.end(), 0);
+  const RankItems items = Gather(padded, all);
+  std::int64_t m = SmallestCount(CeilDiv(items.total_tokens, num_ranks), mb);
+  for (int tries = 0; tries < 8 && num_ranks * m <= n; ++tries, m += mb.micro_batches_multiple_of) {
+    const std::int64_t bins = num_ranks * m;
+    if (n > kMaxBinPairs / bins) return std::nullopt;
+    std::optional<Assignment> packing =
+        FirstFitDecreasing(items, bins, mb.max_tokens_per_micro_batch);
+    if (!packing) continue;
+    FillEmptyBins(items, bins, *packing);
+    std::vector<std::int64_t> bin_cost(static_cast<std::size_t>(bins), 0);
+    for (std::size_t i = 0; i < packing->size(); ++i) {
+      bin_cost[static_cast<std::size_t>((*packing)[i])] += items.costs[i];
+    }
+    std::vector<std::int64_t> order(static_cast<std::size_t>(bins));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+      return bin_cost[static_cast<std::size_t>(a)] > bin_cost[static_cast<std::size_t>(b)];
+    });
+    std::vector<std::int64_t> load(static_cast<std::size_t>(num_ranks), 0);
+    std::vector<std::int64_t> placed(static_cast<std::size_t>(num_ranks), 0);
+    std::vector<std::int64_t> rank_of(static_cast<std::size_t>(bins), 0);
+    std::vector<std::int64_t> slot_of(static_cast<std::size_t>(bins), 0);
+    for (const std::int64_t b : order) {
+      std::size_t best = 0;
+      bool found = false;
+      for (std::size_t r = 0; r < load.size(); ++r) {
+        if (placed[r] == m) continue;
+        if (!found || load[r] < load[best]) {
+          best = r;
+          found = true;
+        }
+      }
+      rank_of[static_cast<std::size_t>(b)] = static_cast<std::int64_t>(best);
+      slot_of[static_cast<std::size_t>(b)] = placed[best]++;
+      load[best] += bin_cost[static_cast<std::size_t>(b)];
+    }
+    std::vector<std::vector<std::int64_t>> ranks(static_cast<std::size_t>(num_ranks));
+    for (std::size_t i = 0; i < packing->size(); ++i) {
+      ranks[static_cast<std::size_t>(rank_of[static_cast<std::size_t>((*packing)[i])])].push_back(
+          static_cast<std::int64_t>(i));
+    }
+    StepPlan plan;
+    plan.num_micro_batches = m;
+    for (const auto& rank : ranks) {
+      const RankItems mine = Gather(padded, rank);  // ascending, as `rank`
+      Assignment start(rank.size());
+      for (std::size_t j = 0; j < rank.size(); ++j) {
+        start[j] = static_cast<std::int32_t>(
+            slot_of[static_cast<std::size_t>((*packing)[static_cast<std::size_t>(rank[j])])]);
+      }
+      const std::optional<Assignment> refined =
+          Pack(mine, m, mb.max_tokens_per_micro_batch, mb.refine, start);
+      plan.ranks.push_back(MakeRankPlan(padded, mine, m, *refined, mb));
+      plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
+    }
+    plan.empty_micro_batches = EmptyMicroBatches(plan);
+    return plan;
+  }
+  return std::nullopt;
+}
+
 // The step's totals, empty ranks and overhead on a finished plan.
 void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan) {
   plan.overhead = Overhead(mb);
@@ -1726,6 +1804,13 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   // The baseline's plan is a valid answer when it keeps the cap (it ignores groups).
   if (!options.keep_groups && result.baseline.cap_violations == 0) {
     candidates.push_back(result.baseline);
+  }
+  // Empty micro-batches left by every candidate: try the bins-first assignment.
+  std::int64_t least_empty = std::numeric_limits<std::int64_t>::max();
+  for (const StepPlan& c : candidates) least_empty = std::min(least_empty, c.empty_micro_batches);
+  if (least_empty > 0 && !options.keep_groups && !options.equal_size) {
+    if (auto bins_first = BinsFirstPlan(padded, options))
+      candidates.push_back(std::move(*bins_first));
   }
   result.plan = Choose(std::move(candidates), mb.count_tolerance);
   result.plan.lower_bound =

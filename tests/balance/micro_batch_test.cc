@@ -311,6 +311,41 @@ TEST(MicroBatchTest, EqualSizeHoldsWhenThePackedCandidateUndoes) {
   for (const int s : seen) ASSERT_EQ(s, 1);
 }
 
+// An assignment whose packing makes one rank need more micro-batches than another
+// rank has sequences used to leave empty ones (found by an adversarial sweep); the
+// bins-first candidate packs the batch first. Each case gets a plan without empties:
+// the first two at the brute-force optimum, the third 2% above it (308).
+TEST(MicroBatchTest, NoEmptyMicroBatchesForcedByAnAssignmentsPacking) {
+  struct Case {
+    std::vector<std::int64_t> lengths;
+    std::int64_t ranks, cap, multiple, stages;
+    std::optional<std::int64_t> overhead;
+    std::int64_t count, time;
+  };
+  const Case cases[] = {
+      {{40, 12, 20, 24, 20, 24}, 2, 40, 2, 1, std::nullopt, 2, 464},
+      {{40, 12, 20, 24, 20, 24}, 2, 40, 2, 1, 0, 2, 76},
+      {{60, 30, 30, 42, 18, 60, 54, 36}, 2, 60, 3, 2, 20, 3, 314},
+  };
+  for (const Case& c : cases) {
+    StepOptions options;
+    options.num_ranks = c.ranks;
+    options.micro_batch.max_tokens_per_micro_batch = c.cap;
+    options.micro_batch.micro_batches_multiple_of = c.multiple;
+    options.micro_batch.pipeline_stages = c.stages;
+    options.micro_batch.overhead = c.overhead;
+    const StepPlan plan = PlanStep(c.lengths, {}, options).plan;
+    EXPECT_EQ(plan.empty_micro_batches, 0);
+    EXPECT_EQ(plan.num_micro_batches, c.count);
+    EXPECT_EQ(plan.predicted_step_time, c.time);
+    std::vector<int> seen(c.lengths.size(), 0);
+    for (const RankPlan& rank : plan.ranks) {
+      ExpectValidRank(c.lengths, options.micro_batch, rank, plan.num_micro_batches, seen);
+    }
+    for (const int s : seen) ASSERT_EQ(s, 1);
+  }
+}
+
 // Empty micro-batches the input forces are planned and counted: 1,024 sequences on
 // 64 ranks cannot fill 20 micro-batches each.
 TEST(MicroBatchTest, ForcedEmptyMicroBatchesAreCounted) {
