@@ -1596,12 +1596,18 @@ std::optional<StepPlan> PackedPlan(const Padded& padded, const Units& units, con
   return PlanForRanks(padded, packed, movable, mb, m);
 }
 
+// The fewest empty micro-batches of the candidates (INT64_MAX for none).
+std::int64_t LeastEmpty(const std::vector<StepPlan>& candidates) {
+  std::int64_t least = std::numeric_limits<std::int64_t>::max();
+  for (const StepPlan& c : candidates) least = std::min(least, c.empty_micro_batches);
+  return least;
+}
+
 // Of the candidate plans: the fewest empty micro-batches, then, of the plans within
 // the count tolerance of the best time, the fewest micro-batches, then the best time
 // (ties: the first candidate).
 StepPlan Choose(std::vector<StepPlan> candidates, double tolerance) {
-  std::int64_t least_empty = std::numeric_limits<std::int64_t>::max();
-  for (const StepPlan& c : candidates) least_empty = std::min(least_empty, c.empty_micro_batches);
+  const std::int64_t least_empty = LeastEmpty(candidates);
   std::int64_t best_time = std::numeric_limits<std::int64_t>::max();
   for (const StepPlan& c : candidates) {
     if (c.empty_micro_batches == least_empty)
@@ -1702,7 +1708,8 @@ std::optional<StepPlan> BinsFirstPlan(const Padded& padded, const StepOptions& o
   return std::nullopt;
 }
 
-// The step's totals, empty ranks and overhead on a finished plan.
+// The step's totals, empty ranks and overhead on a finished plan (its empty
+// micro-batches are counted where it is made).
 void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan) {
   plan.overhead = Overhead(mb);
   plan.sequences = static_cast<std::int64_t>(padded.tokens.size());
@@ -1711,7 +1718,6 @@ void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan
       std::accumulate(padded.lengths.begin(), padded.lengths.end(), std::int64_t{0});
   plan.empty_ranks = 0;
   for (const RankPlan& rank : plan.ranks) plan.empty_ranks += rank.sequences == 0 ? 1 : 0;
-  plan.empty_micro_batches = EmptyMicroBatches(plan);
 }
 
 }  // namespace
@@ -1754,7 +1760,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   const bool pipeline = mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs;
   // Every candidate planned is kept: Choose may prefer one with fewer micro-batches
   // within the count tolerance of the best. Candidates that cannot beat the best are
-  // not planned (stop_at), which keeps large inputs fast.
+  // not planned (PlanForRanks's stop_at), which keeps large inputs fast.
   std::vector<StepPlan> candidates;
   std::int64_t best = std::numeric_limits<std::int64_t>::max();
   auto take = [&](StepPlan plan) {
@@ -1762,7 +1768,6 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     best = std::min(best, plan.predicted_step_time);
     candidates.push_back(std::move(plan));
   };
-  auto stop_at = [&] { return best; };
   // With a pipeline the packed candidate comes first at the bound's best count (the
   // most micro-batches the ranks can fill without an overhead): the other candidates
   // then skip the counts, or whole plans, that cannot come near it (see PlanForRanks).
@@ -1774,7 +1779,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     }
   }
   // The balancer's assignment (not planned when it cannot come near the packed one).
-  StepPlan balanced = PlanForRanks(padded, PartsOf(ranks.partition), movable, mb, 0, stop_at());
+  StepPlan balanced = PlanForRanks(padded, PartsOf(ranks.partition), movable, mb, 0, best);
   const std::int64_t m0 =
       balanced.ranks.empty()
           ? std::max(bound.count,
@@ -1785,12 +1790,12 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     // Else the packed candidate at the balancer's count.
     if (!packed_first) {
       if (auto packed = PackedPlan(padded, units, movable, options, bound.value, m0,
-                                   static_cast<double>(stop_at()))) {
+                                   static_cast<double>(best))) {
         take(std::move(*packed));
       }
     }
     // And the time-aware assignment for the balancer's count.
-    take(PlanForRanks(padded, TimeAwareRanks(units, options, m0), movable, mb, 0, stop_at()));
+    take(PlanForRanks(padded, TimeAwareRanks(units, options, m0), movable, mb, 0, best));
   }
 
   result.baseline = Baseline(padded, options);
@@ -1806,9 +1811,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     candidates.push_back(result.baseline);
   }
   // Empty micro-batches left by every candidate: try the bins-first assignment.
-  std::int64_t least_empty = std::numeric_limits<std::int64_t>::max();
-  for (const StepPlan& c : candidates) least_empty = std::min(least_empty, c.empty_micro_batches);
-  if (least_empty > 0 && !options.keep_groups && !options.equal_size) {
+  if (LeastEmpty(candidates) > 0 && !options.keep_groups && !options.equal_size) {
     if (auto bins_first = BinsFirstPlan(padded, options))
       candidates.push_back(std::move(*bins_first));
   }
