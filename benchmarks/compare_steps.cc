@@ -4,7 +4,7 @@
 // Usage
 //   compare_steps [DATA_DIR]
 //   DATA_DIR holds rollout_lengths_amc23_llama3b.csv (default: the repository's
-//   ../shared/data, fixed at configure time by RLSCHED_BENCHMARK_DATA_DIR). The
+//   tests/data, fixed at configure time by RLSCHED_BENCHMARK_DATA_DIR). The
 //   real-data scenario is skipped, with a note, when the file is missing.
 //
 // Overview
@@ -60,7 +60,7 @@
 #include "rlsched/balance/synthetic.h"
 
 #ifndef RLSCHED_BENCHMARK_DATA_DIR
-#define RLSCHED_BENCHMARK_DATA_DIR "../shared/data"
+#define RLSCHED_BENCHMARK_DATA_DIR "tests/data"
 #endif
 
 namespace {

@@ -1,8 +1,8 @@
 // benchmarks/reshard_plan.cc — the weight-resharding planner on the production-sized
-// models of ../shared/configs: planning time, estimate vs lower bound vs naive.
+// models of tests/data/configs: planning time, estimate vs lower bound vs naive.
 //
 // Usage
-//   reshard_plan [CONFIG_DIR] [--calls N]     (defaults: ../shared/configs, 3 calls)
+//   reshard_plan [CONFIG_DIR] [--calls N]     (defaults: tests/data/configs, 3 calls)
 //
 // Overview
 //   For each scenario (the targets of the resharding issue), reads config.json,

@@ -16,8 +16,8 @@
 namespace rlsched::rollout {
 namespace {
 
-std::string ReadShared(const std::string& name) {
-  std::ifstream in(std::string(RLSCHED_SHARED_CONFIG_DIR) + "/" + name);
+std::string ReadConfig(const std::string& name) {
+  std::ifstream in(std::string(RLSCHED_TEST_CONFIG_DIR) + "/" + name);
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
@@ -46,18 +46,18 @@ std::string ErrorOf(const std::function<void()>& f) {
 }
 
 TEST(ModelTest, SharedConfigsHaveTheirPublishedSizes) {
-  const ModelConfig llama = ParseHfConfig(ReadShared("llama-3.1-70b.json"));
+  const ModelConfig llama = ParseHfConfig(ReadConfig("llama-3.1-70b.json"));
   EXPECT_EQ(llama.family, Family::kLlama);
   EXPECT_EQ(llama.head_dim, 128);
   EXPECT_NEAR(Parameters(llama) / 1e9, 70.55, 0.05);
 
-  const ModelConfig qwen = ParseHfConfig(ReadShared("qwen3-235b-a22b.json"));
+  const ModelConfig qwen = ParseHfConfig(ReadConfig("qwen3-235b-a22b.json"));
   EXPECT_EQ(qwen.family, Family::kQwen3Moe);
   EXPECT_TRUE(qwen.dense_layers.empty());
   EXPECT_TRUE(qwen.qk_norm);
   EXPECT_NEAR(Parameters(qwen) / 1e9, 235.1, 0.5);
 
-  const ModelConfig ds = ParseHfConfig(ReadShared("deepseek-v3.json"));
+  const ModelConfig ds = ParseHfConfig(ReadConfig("deepseek-v3.json"));
   EXPECT_EQ(ds.family, Family::kDeepseekV3);
   EXPECT_TRUE(ds.is_mla());
   EXPECT_EQ(ds.dense_layers, (std::vector<std::int64_t>{0, 1, 2}));

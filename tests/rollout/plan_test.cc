@@ -174,7 +174,7 @@ TEST(PlanTest, SmallBucketsSplitTransfers) {
 }
 
 TEST(PlanTest, Fp8QuantisesLinearWeightsAtTheSenderWhenBlocksAlign) {
-  std::ifstream in(std::string(RLSCHED_SHARED_CONFIG_DIR) + "/llama-3.1-70b.json");
+  std::ifstream in(std::string(RLSCHED_TEST_CONFIG_DIR) + "/llama-3.1-70b.json");
   std::stringstream text;
   text << in.rdbuf();
   const ModelConfig m = ParseHfConfig(text.str());

@@ -69,8 +69,8 @@ void ExpectStepPlan(const v1::PlanStepReply& reply, std::int64_t n, std::int64_t
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), n);
 }
 
-std::string SharedData(const std::string& name) {
-  return (std::filesystem::path(RLSCHED_SHARED_DATA_DIR) / name).string();
+std::string TestData(const std::string& name) {
+  return (std::filesystem::path(RLSCHED_TEST_DATA_DIR) / name).string();
 }
 
 TEST(CliTest, Version) {
@@ -213,8 +213,8 @@ TEST(CliTest, LogsGoToStderrOnly) {
 }
 
 TEST(CliTest, SharedGrpoRolloutsKeepGroups) {
-  const std::string path = SharedData("rollout_lengths_amc23_llama3b.csv");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found";
+  const std::string path = TestData("rollout_lengths_amc23_llama3b.csv");
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (tests/data)";
   const ProcessResult table =
       RunProgram({"balance", path, "--parts", "8", "--keep-groups", "--equal-size"});
   ASSERT_EQ(table.status, 0) << table.err;
@@ -235,8 +235,8 @@ TEST(CliTest, SharedGrpoRolloutsKeepGroups) {
 }
 
 TEST(CliTest, SharedReasoningLengths) {
-  const std::string path = SharedData("reasoning_lengths_intellect3_math.csv");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found";
+  const std::string path = TestData("reasoning_lengths_intellect3_math.csv");
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (tests/data)";
   const ProcessResult table = RunProgram({"balance", path, "--parts", "4", "--cost", "attention"});
   ASSERT_EQ(table.status, 0) << table.err;
   EXPECT_THAT(Lines(table.out).at(0), HasSubstr("42 sequences,"));
@@ -393,8 +393,8 @@ TEST(CliTest, PlanStepKnownBaselineFailure) {
 }
 
 TEST(CliTest, PlanStepSharedGrpoRolloutsKeepGroups) {
-  const std::string path = SharedData("rollout_lengths_amc23_llama3b.csv");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found";
+  const std::string path = TestData("rollout_lengths_amc23_llama3b.csv");
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (tests/data)";
   const std::vector<std::string> args = {
       "plan-step",    path,   "--ranks",           "8", "--keep-groups", "--equal-size",
       "--max-tokens", "8192", "--pipeline-stages", "2", "--overhead",    "500"};

@@ -150,13 +150,13 @@ TEST(LengthsReaderTest, CsvBadCells) {
   EXPECT_EQ(ParseError("length\n1\n\"2\n"), "line 3: unterminated quoted field");
 }
 
-std::filesystem::path SharedData(const std::string& name) {
-  return std::filesystem::path(RLSCHED_SHARED_DATA_DIR) / name;
+std::filesystem::path TestData(const std::string& name) {
+  return std::filesystem::path(RLSCHED_TEST_DATA_DIR) / name;
 }
 
 TEST(LengthsReaderTest, SharedGrpoRollouts) {
-  const auto path = SharedData("rollout_lengths_amc23_llama3b.csv");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found";
+  const auto path = TestData("rollout_lengths_amc23_llama3b.csv");
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (tests/data)";
   std::ifstream file(path);
   const LengthsInput input = ReadLengths(file);
   ASSERT_EQ(input.lengths.size(), 2000u);
@@ -166,8 +166,8 @@ TEST(LengthsReaderTest, SharedGrpoRollouts) {
 }
 
 TEST(LengthsReaderTest, SharedReasoningLengths) {
-  const auto path = SharedData("reasoning_lengths_intellect3_math.csv");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found";
+  const auto path = TestData("reasoning_lengths_intellect3_math.csv");
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (tests/data)";
   std::ifstream file(path);
   const LengthsInput input = ReadLengths(file);
   ASSERT_EQ(input.lengths.size(), 42u);

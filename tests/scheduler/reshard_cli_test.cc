@@ -37,7 +37,7 @@ constexpr char kTinyMoeConfig[] = R"({"model_type": "qwen3_moe", "hidden_size": 
   "vocab_size": 300})";
 
 std::string SharedConfig(const std::string& name) {
-  return (std::filesystem::path(RLSCHED_SHARED_CONFIG_DIR) / name).string();
+  return (std::filesystem::path(RLSCHED_TEST_CONFIG_DIR) / name).string();
 }
 
 // A temporary directory, removed at the end of the test.
