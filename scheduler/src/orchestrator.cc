@@ -79,6 +79,8 @@ struct Engine {
   std::int64_t max_concurrent = 1;
   std::int64_t version = -1;
   std::int64_t syncing_to = -1;  // the version being loaded; -1: none
+  bool releasing = false;        // colocated: Release sent, EngineReleased not yet
+  bool released = false;         // colocated: asleep until the next SyncWeights
   double sync_started = 0;
   std::vector<std::int64_t> in_flight;  // samples, including interrupted ones (any order)
   std::int64_t outstanding = 0;         // predicted remaining tokens in flight
@@ -95,8 +97,9 @@ struct Engine {
   std::int64_t pass_work = 0;   // and their predicted tokens
 };
 
-struct ClosedBatch {
+struct ClosedBatch {  // one trainer call's groups
   std::int64_t step = 0;
+  std::int64_t call = 0;
   std::vector<std::int64_t> groups;
 };
 
@@ -158,6 +161,9 @@ std::int64_t EffectiveStaleness(const OrchestratorOptions& options) {
     case Mode::kOneStepOff:
       return 1;
     case Mode::kAsync:
+      if (options.staleness_policy == StalenessPolicy::kFraction) {
+        return static_cast<std::int64_t>(std::ceil(options.staleness_fraction - 1e-9));
+      }
       return options.max_staleness;
   }
   return 0;
@@ -183,6 +189,24 @@ void Validate(const OrchestratorOptions& o) {
             Str(o.samples_per_prompt));
   }
   if (o.num_steps < 0) Invalid("num_steps", ">= 0", Str(o.num_steps));
+  if (!(o.staleness_fraction >= 0 && o.staleness_fraction <= 1'000'000)) {
+    Invalid("staleness_fraction", "in [0, 1000000]", Str(o.staleness_fraction));
+  }
+  if (o.staleness_fraction != 0 &&
+      (o.mode != Mode::kAsync || o.staleness_policy != StalenessPolicy::kFraction)) {
+    Invalid("staleness_fraction", "0 unless mode is async with staleness_policy fraction",
+            Str(o.staleness_fraction));
+  }
+  if (o.train_calls_per_sync < 1 || o.train_calls_per_sync > o.prompts_per_step ||
+      o.prompts_per_step % o.train_calls_per_sync != 0) {
+    Invalid("train_calls_per_sync",
+            "a divisor of prompts_per_step = " + Str(o.prompts_per_step) + " (each call trains " +
+                "prompts_per_step / train_calls_per_sync groups)",
+            Str(o.train_calls_per_sync));
+  }
+  if (o.colocated && o.mode != Mode::kSync) {
+    Invalid("colocated", "false unless mode is sync (engines and trainer alternate)", "true");
+  }
   if (!(o.length_quantile > 0 && o.length_quantile <= 1)) {
     Invalid("length_quantile", "in (0, 1]", Str(o.length_quantile));
   }
@@ -194,6 +218,12 @@ void Validate(const OrchestratorOptions& o) {
 struct Orchestrator::State {
   OrchestratorOptions options;
   std::int64_t P = 1, G = 1, s = 0, quota = 1;
+  // The places of the furthest batch generation may run ahead to (fraction: a share
+  // of quota; else quota).
+  std::int64_t last_quota = 1;
+  std::int64_t k = 1;         // trainer calls per step (streaming)
+  std::int64_t per_call = 1;  // groups per call, P / k
+  bool colocated = false;
   bool boundary_sync = true;  // sync / one_step_off: engines sync when out of work
   bool one_batch_at_a_time = false;
   bool strict = true;  // every trained token within s (else: the admission policy)
@@ -226,9 +256,11 @@ struct Orchestrator::State {
   std::int64_t alive_engines = 0;
   std::int64_t queued_work = 0;  // predicted remaining tokens of the queued samples
 
-  std::int64_t t_next = 0;  // the next batch to close
+  std::int64_t t_next = 0;     // the next batch to close
+  std::int64_t next_call = 0;  // its next call to close, in [0, k)
   std::deque<ClosedBatch> closed;
   bool training = false;
+  std::int64_t training_call = 0;  // the call of the running step
   double train_started = 0;
   double train_busy = 0;
   std::int64_t latest = 0;  // newest version (= steps finished)
@@ -259,7 +291,7 @@ struct Orchestrator::State {
   // Brings the engine's busy accounting and its place in `ready` and `behind` up to
   // date; called after every change of its samples, version, sync or liveness.
   void Update(Engine& e) {
-    const bool busy = e.alive && (!e.in_flight.empty() || e.syncing_to >= 0);
+    const bool busy = e.alive && (!e.in_flight.empty() || e.syncing_to >= 0 || e.releasing);
     if (busy != e.busy) {
       if (busy) {
         e.busy_since = now;
@@ -281,7 +313,8 @@ struct Orchestrator::State {
     }
     // Only an interrupting sync acts on a busy engine.
     const bool interrupts = !boundary_sync && options.partial_rollout;
-    if (e.alive && e.syncing_to < 0 && e.version < latest && (interrupts || e.in_flight.empty())) {
+    if (e.alive && e.syncing_to < 0 && !e.releasing && e.version < latest &&
+        (interrupts || e.in_flight.empty())) {
       behind.insert(e.id);
     } else {
       behind.erase(e.id);
@@ -416,7 +449,9 @@ struct Orchestrator::State {
     if (options.num_steps > 0) hi = std::min(hi, options.num_steps - 1);
     for (std::int64_t b = t_next; b <= hi && !prompts.empty(); ++b) {
       auto& live = live_by_target[b];
-      while (static_cast<std::int64_t>(live.size()) < quota && !prompts.empty()) {
+      std::int64_t places = b == latest + s ? last_quota : quota;
+      if (b == t_next) places -= next_call * per_call;  // streaming: its calls closed so far
+      while (static_cast<std::int64_t>(live.size()) < places && !prompts.empty()) {
         const Prompt prompt = prompts.front();
         prompts.pop_front();
         const std::int64_t g = static_cast<std::int64_t>(groups.size());
@@ -439,7 +474,7 @@ struct Orchestrator::State {
   // ---- dispatch ----
 
   bool Accepting(const Engine& e) const {
-    if (!e.alive || e.syncing_to >= 0 || e.version < 0) return false;
+    if (!e.alive || e.syncing_to >= 0 || e.version < 0 || e.releasing || e.released) return false;
     if (static_cast<std::int64_t>(e.in_flight.size()) >= e.max_concurrent) return false;
     // Draining for newer weights (async without partial rollout).
     if (!boundary_sync && e.version < latest) return false;
@@ -515,7 +550,7 @@ struct Orchestrator::State {
   // ---- weight sync ----
 
   void MaybeSync(std::int64_t id, Engine& e) {
-    if (!e.alive || e.syncing_to >= 0 || e.version >= latest) return;
+    if (!e.alive || e.syncing_to >= 0 || e.releasing || e.version >= latest) return;
     const bool idle = e.in_flight.empty();
     bool interrupt = false;
     if (!boundary_sync && options.partial_rollout) {
@@ -543,19 +578,45 @@ struct Orchestrator::State {
 
   bool Done() const { return options.num_steps > 0 && t_next >= options.num_steps; }
 
+  // Moves a live group to another target batch; its queued samples go back under the
+  // new target's key.
+  void Retarget(std::int64_t g, std::int64_t target) {
+    Group& group = groups[static_cast<std::size_t>(g)];
+    live_by_target[group.target].erase(g);
+    std::vector<std::int64_t> queued;
+    for (std::int64_t j = 0; j < G; ++j) {
+      if (At(g * G + j).state == SampleState::kQueued) {
+        Dequeue(g * G + j);
+        queued.push_back(g * G + j);
+      }
+    }
+    group.target = target;
+    for (const std::int64_t id : queued) Enqueue(id);
+    live_by_target[target].insert(g);
+  }
+
+  // Closes the next trainer calls (P / k complete groups each, oldest first); after the
+  // k-th call of batch t, batch t + 1 is next.
   void CloseBatches() {
-    while (!Done() && static_cast<std::int64_t>(complete.size()) >= P) {
+    while (!Done() && static_cast<std::int64_t>(complete.size()) >= per_call) {
       // A running group whose oldest tokens the next batch could not take: this batch
       // waits for it rather than leave it to be discarded.
       if (wait_for_oldest && !unfinished.empty() && unfinished.begin()->first <= t_next - s) {
         break;
       }
-      ClosedBatch batch{.step = t_next, .groups = {}};
-      for (std::int64_t k = 0; k < P; ++k) {
+      ClosedBatch batch{.step = t_next, .call = next_call, .groups = {}};
+      for (std::int64_t i = 0; i < per_call; ++i) {
         const std::int64_t g = complete.begin()->second;
         complete.erase(complete.begin());
         Group& group = groups[static_cast<std::size_t>(g)];
         live_by_target[group.target].erase(g);
+        // A group meant for a later batch closes into this one: the youngest group
+        // meant for this one takes its place there, as it would when carried over, so
+        // that the later batch's places are not freed (streaming closes in parts).
+        if (group.target > t_next) {
+          auto& here = live_by_target[t_next];
+          if (!here.empty()) Retarget(*here.rbegin(), group.target);
+        }
         group.state = GroupState::kClosed;
         Reindex(g);
         for (std::int64_t j = 0; j < G; ++j) {
@@ -566,24 +627,14 @@ struct Orchestrator::State {
       }
       std::sort(batch.groups.begin(), batch.groups.end());
       closed.push_back(std::move(batch));
+      if (++next_call < k) continue;
+      next_call = 0;
       ++t_next;
       // Groups meant for earlier batches carry over to the next one.
       while (!live_by_target.empty() && live_by_target.begin()->first < t_next) {
-        auto node = live_by_target.extract(live_by_target.begin());
-        auto& next = live_by_target[t_next];
-        for (const std::int64_t g : node.mapped()) {
-          // Queued samples go back under the new target's key.
-          std::vector<std::int64_t> queued;
-          for (std::int64_t j = 0; j < G; ++j) {
-            if (At(g * G + j).state == SampleState::kQueued) {
-              Dequeue(g * G + j);
-              queued.push_back(g * G + j);
-            }
-          }
-          groups[static_cast<std::size_t>(g)].target = t_next;
-          for (const std::int64_t id : queued) Enqueue(id);
-          next.insert(g);
-        }
+        const std::set<std::int64_t> carried = live_by_target.begin()->second;
+        for (const std::int64_t g : carried) Retarget(g, t_next);
+        live_by_target.erase(live_by_target.begin());
       }
       // Strict: tokens too old for the next batch are discarded, so the bound is never
       // exceeded (by_version is kept only then).
@@ -608,7 +659,9 @@ struct Orchestrator::State {
   void StartTraining() {
     if (training || closed.empty()) return;
     const ClosedBatch& batch = closed.front();
-    StartTrain start{.step = batch.step, .version = batch.step, .groups = batch.groups};
+    if (colocated && !ReleaseEngines(batch.step)) return;
+    StartTrain start{
+        .step = batch.step, .call = batch.call, .version = batch.step, .groups = batch.groups};
     std::vector<std::int64_t> group_ids;
     for (const std::int64_t g : batch.groups) {
       for (std::int64_t j = 0; j < G; ++j) {
@@ -636,13 +689,13 @@ struct Orchestrator::State {
         }
         if (static_cast<std::size_t>(age) >= staleness.size()) staleness.resize(age + 1, 0);
         ++staleness[static_cast<std::size_t>(age)];
-        for (std::size_t k = 0; k < x.spans.size(); ++k) {
-          const std::int64_t end = k + 1 < x.spans.size() ? x.spans[k + 1].first_token : x.tokens;
-          const std::int64_t token_age = start.step - x.spans[k].version;
+        for (std::size_t i = 0; i < x.spans.size(); ++i) {
+          const std::int64_t end = i + 1 < x.spans.size() ? x.spans[i + 1].first_token : x.tokens;
+          const std::int64_t token_age = start.step - x.spans[i].version;
           if (static_cast<std::size_t>(token_age) >= token_staleness.size()) {
             token_staleness.resize(static_cast<std::size_t>(token_age) + 1, 0);
           }
-          token_staleness[static_cast<std::size_t>(token_age)] += end - x.spans[k].first_token;
+          token_staleness[static_cast<std::size_t>(token_age)] += end - x.spans[i].first_token;
         }
         bool partial = false;
         for (const VersionSpan& span : x.spans) partial |= span.version != x.spans[0].version;
@@ -653,13 +706,31 @@ struct Orchestrator::State {
         x.spans = {};
       }
     }
-    counters.trained += P * G;
-    counters.buffered -= P * G;
-    counters.trained_groups += P;
-    ++counters.steps_started;
+    counters.trained += per_call * G;
+    counters.buffered -= per_call * G;
+    counters.trained_groups += per_call;
+    if (start.call == 0) ++counters.steps_started;
     training = true;
+    training_call = start.call;
     train_started = now;
     out->push_back(std::move(start));
+  }
+
+  // Colocated: the trainer may start step `step` once the whole batch is closed and
+  // every engine alive has released its memory; sends Release to the idle engines that
+  // have not. True when all are released.
+  bool ReleaseEngines(std::int64_t step) {
+    if (step >= t_next) return false;  // calls of the batch still generating
+    bool all = true;
+    for (auto& [id, e] : engines) {
+      if (!e.alive || e.released) continue;
+      all = false;
+      if (e.releasing || !e.in_flight.empty() || e.syncing_to >= 0) continue;
+      e.releasing = true;
+      Update(e);
+      out->push_back(Release{.engine = id});
+    }
+    return all;
   }
 
   // One round of decisions after an event.
@@ -771,6 +842,8 @@ struct Orchestrator::State {
     engine.max_concurrent = e.max_concurrent;
     engine.version = e.version;
     engine.syncing_to = -1;
+    engine.releasing = false;
+    engine.released = false;
     engine.alive_since = now;
     engine.busy = false;
     if (e.version < 0) {  // nothing loaded: always synced first
@@ -794,8 +867,10 @@ struct Orchestrator::State {
       }
       Enqueue(sample);
     }
-    if (e.syncing_to >= 0) {
+    if (e.syncing_to >= 0 || e.releasing || e.released) {
       e.syncing_to = -1;
+      e.releasing = false;
+      e.released = false;
       Update(e);
     }
     e.alive_total += now - e.alive_since;
@@ -873,12 +948,31 @@ struct Orchestrator::State {
                        : "a running step (none is running)",
               Str(e.step));
     }
+    if (e.call != training_call) {
+      Invalid("call", "the running call " + Str(training_call) + " of step " + Str(e.step),
+              Str(e.call));
+    }
     Advance(e.time);
     training = false;
     train_busy += now - train_started;
+    if (e.call + 1 < k) return;  // streaming: the step's next call comes first
     ++counters.steps_finished;
     latest = counters.steps_finished;
     for (auto& [id, engine] : engines) Update(engine);  // behind now; draining
+  }
+
+  void On(const EngineReleased& e) {
+    CheckTime(e.time);
+    Engine* engine = FindEngine(e.engine);
+    if (engine == nullptr) Invalid("engine", "a joined engine", Str(e.engine));
+    if (!engine->releasing) {
+      Invalid("engine", "preceded by Release (engine " + Str(e.engine) + " is not releasing)",
+              Str(e.engine));
+    }
+    Advance(e.time);
+    engine->releasing = false;
+    engine->released = true;
+    Update(*engine);
   }
 
   void On(const WeightsLoaded& e) {
@@ -906,6 +1000,7 @@ struct Orchestrator::State {
     Advance(e.time);
     engine->version = e.version;
     engine->syncing_to = -1;
+    engine->released = false;
     ++weight_syncs;
     weight_sync_seconds += now - engine->sync_started;
     Update(*engine);
@@ -937,7 +1032,7 @@ Orchestrator::Orchestrator(OrchestratorOptions options) : state_(std::make_uniqu
       st.one_batch_at_a_time = true;
       break;
     case Mode::kAsync:
-      st.s = options.max_staleness;
+      st.s = EffectiveStaleness(options);
       st.boundary_sync = false;
       st.strict = options.staleness_policy == StalenessPolicy::kStrict;
       // Over-sampling closes batches without their slowest groups by design.
@@ -946,6 +1041,18 @@ Orchestrator::Orchestrator(OrchestratorOptions options) : state_(std::make_uniqu
   }
   st.quota = static_cast<std::int64_t>(
       std::ceil((1.0 + options.oversample) * static_cast<double>(st.P) - 1e-9));
+  st.last_quota = st.quota;
+  if (options.mode == Mode::kAsync && options.staleness_policy == StalenessPolicy::kFraction) {
+    // α = 1.3: batches up to latest + 1 take quota, latest + 2 takes ⌈0.3·quota⌉.
+    const double share = options.staleness_fraction - static_cast<double>(st.s - 1);
+    if (st.s > 0 && share < 1 - 1e-9) {
+      st.last_quota =
+          static_cast<std::int64_t>(std::ceil(share * static_cast<double>(st.quota) - 1e-9));
+    }
+  }
+  st.k = options.train_calls_per_sync;
+  st.per_call = st.P / st.k;
+  st.colocated = options.colocated;
   st.options = std::move(options);
 }
 
@@ -1066,6 +1173,9 @@ void Orchestrator::CheckInvariants() const {
     if (st.strict && st.staleness[k] > 0 && static_cast<std::int64_t>(k) > st.s) {
       fail("staleness above s");
     }
+  }
+  if (st.colocated && st.training && c.in_flight != 0) {
+    fail("colocated: samples in flight while the trainer runs");
   }
   if (!st.strict && (c.stale_restarts != 0 || c.stale_discarded_tokens != 0)) {
     fail("tokens discarded for staleness under the admission policy");

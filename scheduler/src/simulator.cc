@@ -346,13 +346,13 @@ class Simulation {
   SimulationReport Run();
 
  private:
-  enum class Kind { kTick, kLoaded, kTrainDone, kFail, kJoin };
+  enum class Kind { kTick, kLoaded, kTrainDone, kFail, kJoin, kReleased };
   struct Happening {
     double time;
     std::int64_t seq;
     Kind kind;
-    std::int64_t engine;
-    std::int64_t a;  // kTick: the engine's tick version; kLoaded: version; kTrainDone: step
+    std::int64_t engine;  // kTrainDone: the call
+    std::int64_t a;       // kTick: the engine's tick version; kLoaded: version; kTrainDone: step
     bool operator>(const Happening& other) const {
       return time != other.time ? time > other.time : seq > other.seq;
     }
@@ -385,6 +385,7 @@ class Simulation {
     std::set<std::int64_t> running_ids;  // ordered: progress reports by ascending id
     std::set<std::int64_t> paused_ids;
     std::deque<std::int64_t> loading;  // versions of the SyncWeights not yet loaded
+    bool released = false;             // colocated: memory freed for the trainer
     bool dirty = false;
     // Timeline.
     Activity activity = Activity::kIdle;
@@ -420,6 +421,7 @@ class Simulation {
   void ExecuteSync(const SyncWeights& sync, double now);
   void ExecuteResume(const Resume& resume, double now);
   void ExecuteTrain(const StartTrain& train, double now);
+  void ExecuteRelease(const Release& release, double now);
 
   // Engine model.
   Engine& EngineAt(std::int64_t id, const char* what);
@@ -465,6 +467,7 @@ class Simulation {
   bool trainer_busy_ = false;
   double train_start_ = 0;
   std::int64_t train_step_ = 0;
+  double step_first_dispatch_ = 0;  // of the step training (its calls' earliest)
   double generation_seconds_ = 0;
   double train_seconds_ = 0;
   std::int64_t train_count_ = 0;
@@ -512,7 +515,10 @@ std::string Describe(const Event& event) {
         } else if constexpr (std::is_same_v<T, GroupFiltered>) {
           return t + "GroupFiltered group=" + std::to_string(e.group);
         } else if constexpr (std::is_same_v<T, TrainStepFinished>) {
-          return t + "TrainStepFinished step=" + std::to_string(e.step);
+          return t + "TrainStepFinished step=" + std::to_string(e.step) +
+                 " call=" + std::to_string(e.call);
+        } else if constexpr (std::is_same_v<T, EngineReleased>) {
+          return t + "EngineReleased engine=" + std::to_string(e.engine);
         } else {
           return t + "WeightsLoaded engine=" + std::to_string(e.engine) +
                  " version=" + std::to_string(e.version);
@@ -548,9 +554,11 @@ std::string Describe(const Command& command) {
         } else if constexpr (std::is_same_v<T, Resume>) {
           return "  -> Resume engine=" + std::to_string(c.engine) +
                  " version=" + std::to_string(c.version) + " samples=" + ids(c.samples);
+        } else if constexpr (std::is_same_v<T, Release>) {
+          return "  -> Release engine=" + std::to_string(c.engine);
         } else {
           return "  -> StartTrain step=" + std::to_string(c.step) +
-                 " groups=" + std::to_string(c.groups.size()) +
+                 " call=" + std::to_string(c.call) + " groups=" + std::to_string(c.groups.size()) +
                  " samples=" + std::to_string(c.samples.size());
         }
       },
@@ -858,7 +866,10 @@ void Simulation::ExecuteSync(const SyncWeights& sync, double now) {
   // Loading stalls decoding (without interrupt the core syncs idle engines, but a
   // busy one would simply pause). Loads queue one after another.
   engine.loading.push_back(sync.version);
-  engine.ready = std::max(engine.ready, now) + config_.weight_sync_seconds;
+  // Colocated: waking up (weights and KV cache back on the GPU) comes first.
+  const double wake = engine.released ? config_.resume_seconds : 0.0;
+  engine.released = false;
+  engine.ready = std::max(engine.ready, now) + wake + config_.weight_sync_seconds;
   Push(engine.ready, Kind::kLoaded, engine.id, sync.version);
   MarkDirty(engine);
 }
@@ -890,12 +901,13 @@ void Simulation::ExecuteTrain(const StartTrain& train, double now) {
     Fail("core started step " + std::to_string(train.step) + " without a plan, at t=" + Num(now));
   }
   const double seconds =
-      static_cast<double>(train.plan->plan.predicted_step_time) * config_.seconds_per_cost_unit;
-  double first = now;
+      static_cast<double>(train.plan->plan.predicted_step_time) * config_.seconds_per_cost_unit +
+      config_.train_call_overhead_seconds;
+  if (train.call == 0) step_first_dispatch_ = now;
   for (const std::int64_t sample : train.samples) {
     auto it = first_dispatch_.find(sample);
     if (it != first_dispatch_.end()) {
-      first = std::min(first, it->second);
+      step_first_dispatch_ = std::min(step_first_dispatch_, it->second);
       first_dispatch_.erase(it);
     }
   }
@@ -903,13 +915,26 @@ void Simulation::ExecuteTrain(const StartTrain& train, double now) {
     group_epoch_.erase(group);
     rewards_.erase(group);
   }
-  generation_seconds_ += now - first;
+  if (train.call + 1 == config_.orchestrator.train_calls_per_sync) {
+    generation_seconds_ += now - step_first_dispatch_;
+    train_count_ += 1;
+  }
   train_seconds_ += seconds;
-  train_count_ += 1;
   trainer_busy_ = true;
   train_start_ = now;
   train_step_ = train.step;
-  Push(now + seconds, Kind::kTrainDone, 0, train.step);
+  Push(now + seconds, Kind::kTrainDone, train.call, train.step);
+}
+
+void Simulation::ExecuteRelease(const Release& release, double now) {
+  Engine& engine = EngineAt(release.engine, "Release");
+  Advance(engine, now);
+  if (!engine.running_ids.empty() || !engine.paused_ids.empty() || !engine.loading.empty()) {
+    Fail("core released engine " + std::to_string(engine.id) + ", which is busy, at t=" + Num(now));
+  }
+  engine.released = true;
+  trace_.Slice(1, engine.id, "release", now, now + config_.release_seconds);
+  Push(now + config_.release_seconds, Kind::kReleased, engine.id);
 }
 
 void Simulation::Execute(const Command& command, double now) {
@@ -924,6 +949,8 @@ void Simulation::Execute(const Command& command, double now) {
           ExecuteSync(c, now);
         } else if constexpr (std::is_same_v<T, Resume>) {
           ExecuteResume(c, now);
+        } else if constexpr (std::is_same_v<T, Release>) {
+          ExecuteRelease(c, now);
         } else {
           ExecuteTrain(c, now);
         }
@@ -1026,9 +1053,20 @@ SimulationReport Simulation::Run() {
       }
       case Kind::kTrainDone:
         trainer_busy_ = false;
-        trace_.Slice(2, 0, "step " + std::to_string(h.a), train_start_, now_);
-        Deliver(TrainStepFinished{.time = now_, .step = h.a});
+        trace_.Slice(
+            2, 0,
+            "step " + std::to_string(h.a) +
+                (config_.orchestrator.train_calls_per_sync > 1 ? " call " + std::to_string(h.engine)
+                                                               : std::string()),
+            train_start_, now_);
+        Deliver(TrainStepFinished{.time = now_, .step = h.a, .call = h.engine});
         break;
+      case Kind::kReleased: {
+        Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
+        if (!engine.alive) continue;
+        Deliver(EngineReleased{.time = now_, .engine = engine.id});
+        break;
+      }
       case Kind::kFail: {
         Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
         Advance(engine, now_);
@@ -1068,7 +1106,7 @@ SimulationReport Simulation::Run() {
   report.metrics = core_.metrics(end);
   report.counters = core_.counters();
   report.events = events_;
-  if (train_count_ > 0) {
+  if (train_count_ > 0) {  // per step (all its calls)
     report.mean_generation_seconds = generation_seconds_ / static_cast<double>(train_count_);
     report.mean_train_seconds = train_seconds_ / static_cast<double>(train_count_);
   }
@@ -1096,6 +1134,10 @@ SimulationReport Simulation::Run() {
   }
   report.ideal_samples_per_second = std::min(report.engine_capacity_samples_per_second,
                                              report.trainer_capacity_samples_per_second);
+  if (config_.orchestrator.colocated) {  // the two alternate on the same GPUs
+    report.ideal_samples_per_second = 1.0 / (1.0 / report.engine_capacity_samples_per_second +
+                                             1.0 / report.trainer_capacity_samples_per_second);
+  }
   report.trace_json = trace_.Json();
   return report;
 }
@@ -1162,6 +1204,10 @@ void Validate(const SimulatorConfig& config) {
   RequireInt("trainer_ranks", config.trainer_ranks, 1, balance::kMaxParts);
   RequireReal("seconds_per_cost_unit", config.seconds_per_cost_unit, 0, true, kMaxSeconds);
   RequireReal("weight_sync_seconds", config.weight_sync_seconds, 0, false, kMaxSeconds);
+  RequireReal("train_call_overhead_seconds", config.train_call_overhead_seconds, 0, false,
+              kMaxSeconds);
+  RequireReal("release_seconds", config.release_seconds, 0, false, kMaxSeconds);
+  RequireReal("resume_seconds", config.resume_seconds, 0, false, kMaxSeconds);
   RequireInt("dataset_prompts", config.dataset_prompts, 1, kMaxDatasetPrompts);
   RequireInt("max_events", config.max_events, 1, std::numeric_limits<std::int64_t>::max());
 

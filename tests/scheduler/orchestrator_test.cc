@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -39,6 +40,48 @@ std::vector<T> All(const std::vector<Command>& commands) {
   return found;
 }
 
+// One text line per event, for failure messages.
+std::string DescribeEvent(const Event& event) {
+  std::ostringstream s;
+  std::visit(
+      [&](const auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        s << "t=" << e.time << " ";
+        if constexpr (std::is_same_v<T, PromptsAvailable>) {
+          s << "prompts " << e.prompts.size();
+        } else if constexpr (std::is_same_v<T, EngineJoined>) {
+          s << "joined e" << e.engine << " v" << e.version << " cap " << e.max_concurrent;
+        } else if constexpr (std::is_same_v<T, EngineLeft>) {
+          s << "left e" << e.engine;
+        } else if constexpr (std::is_same_v<T, EngineFailed>) {
+          s << "failed e" << e.engine;
+        } else if constexpr (std::is_same_v<T, GenerationProgressed>) {
+          s << "progress " << e.sample << " " << e.tokens;
+        } else if constexpr (std::is_same_v<T, GenerationFinished>) {
+          s << "finished " << e.sample << " " << e.tokens << " reward " << e.reward;
+        } else if constexpr (std::is_same_v<T, GroupFiltered>) {
+          s << "filtered group " << e.group;
+        } else if constexpr (std::is_same_v<T, TrainStepFinished>) {
+          s << "step done " << e.step << "." << e.call;
+        } else if constexpr (std::is_same_v<T, WeightsLoaded>) {
+          s << "loaded e" << e.engine << " v" << e.version;
+        } else {
+          s << "released e" << e.engine;
+        }
+      },
+      event);
+  return s.str();
+}
+
+// The last lines of a log, for failure messages.
+std::string Tail(const std::vector<std::string>& log, std::size_t lines = 80) {
+  std::string text;
+  for (std::size_t i = log.size() > lines ? log.size() - lines : 0; i < log.size(); ++i) {
+    text += log[i] + "\n";
+  }
+  return text;
+}
+
 // One text line per command, for comparing command streams.
 std::string Describe(const Command& command) {
   std::ostringstream s;
@@ -58,8 +101,11 @@ std::string Describe(const Command& command) {
         } else if constexpr (std::is_same_v<T, Resume>) {
           s << "resume e" << c.engine << " v" << c.version;
           for (const auto x : c.samples) s << " " << x;
+        } else if constexpr (std::is_same_v<T, Release>) {
+          s << "release e" << c.engine;
         } else {
           s << "train " << c.step;
+          if (c.call > 0) s << "." << c.call;
           for (const auto x : c.samples) s << " " << x;
         }
       },
@@ -360,6 +406,173 @@ TEST(OrchestratorTest, InvalidEventsNameTheFieldAndChangeNothing) {
   EXPECT_EQ(core.counters().in_flight, 1);
 }
 
+TEST(OrchestratorTest, FractionAdmitsAShareOfTheNextBatch) {
+  // α = 0.5, P = 4, G = 1: batch 0's four groups and ceil(0.5·4) = 2 of batch 1 start
+  // on version 0; the admission policy at s = 1 would start all eight.
+  auto admitted = [](StalenessPolicy policy, double alpha) {
+    Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
+                                          .max_staleness = 1,
+                                          .staleness_policy = policy,
+                                          .staleness_fraction = alpha,
+                                          .prompts_per_step = 4,
+                                          .samples_per_prompt = 1});
+    std::vector<Command> out;
+    core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 64, .version = 0}, out);
+    core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 20)}, out);
+    return core.counters().admitted_groups;
+  };
+  EXPECT_EQ(admitted(StalenessPolicy::kFraction, 0.5), 6);
+  EXPECT_EQ(admitted(StalenessPolicy::kFraction, 0.1), 5);
+  EXPECT_EQ(admitted(StalenessPolicy::kFraction, 0), 4);  // on-policy streaming
+  EXPECT_EQ(admitted(StalenessPolicy::kFraction, 1), 8);  // = admission at s = 1
+  EXPECT_EQ(admitted(StalenessPolicy::kFraction, 1.25), 9);
+  EXPECT_EQ(admitted(StalenessPolicy::kAdmission, 0), 8);
+  EXPECT_EQ(EffectiveStaleness({.mode = Mode::kAsync,
+                                .staleness_policy = StalenessPolicy::kFraction,
+                                .staleness_fraction = 1.25}),
+            2);
+}
+
+TEST(OrchestratorTest, FractionBoundsTheStaleGroupsOfABatch) {
+  // α = 0.5, P = 2, G = 1, one engine of 8 slots: groups 0, 1 (batch 0) and 2 (half of
+  // batch 1) start on version 0. Group 2 trains in batch 1 with version-0 tokens: one
+  // stale group = ⌈0.5·2⌉; the rest of batch 1 starts on version 1.
+  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
+                                        .staleness_policy = StalenessPolicy::kFraction,
+                                        .staleness_fraction = 0.5,
+                                        .partial_rollout = false,
+                                        .prompts_per_step = 2,
+                                        .samples_per_prompt = 1});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 8, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(std::get<Dispatch>(out[0]).samples.size(), 3u);
+  out.clear();
+  for (std::int64_t x = 0; x < 3; ++x) {
+    core.Handle(GenerationFinished{.time = 1, .sample = x, .tokens = 10}, out);
+  }
+  ASSERT_EQ(All<StartTrain>(out).size(), 1u);
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  EXPECT_EQ(Describe(out.at(0)), "sync e0 v1");
+  out.clear();
+  core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
+  // Batch 1's other place and batch 2's share: groups 3 and 4, on version 1.
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]).substr(0, 15), "dispatch e0 v1 ");
+  EXPECT_EQ(std::get<Dispatch>(out[0]).samples.size(), 2u);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 4, .sample = 3, .tokens = 10}, out);
+  const auto trains = All<StartTrain>(out);
+  ASSERT_EQ(trains.size(), 1u);
+  EXPECT_EQ(trains[0].groups, (std::vector<std::int64_t>{2, 3}));
+  ASSERT_EQ(core.last_batch().size(), 2u);
+  EXPECT_EQ(core.last_batch()[0].spans.at(0).version, 0);  // the stale one
+  EXPECT_EQ(core.last_batch()[1].spans.at(0).version, 1);
+  core.CheckInvariants();
+}
+
+TEST(OrchestratorTest, StreamingTrainsInCallsAndSyncsAfterTheLast) {
+  // P = 2 in k = 2 calls of one group: call 0 starts as soon as one group is complete;
+  // version 1 exists only when call 1 has finished.
+  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
+                                        .max_staleness = 1,
+                                        .prompts_per_step = 2,
+                                        .samples_per_prompt = 1,
+                                        .train_calls_per_sync = 2});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 8, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 1, .tokens = 10}, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]), "train 0 1");
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 2, .step = 0, .call = 0}, out);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(core.latest_version(), 0);
+  core.Handle(GenerationFinished{.time = 3, .sample = 0, .tokens = 10}, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]), "train 0.1 0");
+  out.clear();
+  EXPECT_EQ(core.counters().steps_started, 1);
+  try {
+    core.Handle(TrainStepFinished{.time = 4, .step = 0, .call = 0}, out);
+    ADD_FAILURE() << "the wrong call was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("call:", 0), 0u) << e.what();
+  }
+  core.Handle(TrainStepFinished{.time = 4, .step = 0, .call = 1}, out);
+  EXPECT_EQ(core.latest_version(), 1);
+  EXPECT_EQ(core.counters().steps_finished, 1);
+  EXPECT_EQ(Describe(out.at(0)), "sync e0 v1 interrupt");
+  core.CheckInvariants();
+}
+
+TEST(OrchestratorTest, ColocatedReleasesTheEnginesBeforeTraining) {
+  // Sync, colocated, two engines: the batch closes, both engines get Release; the
+  // trainer starts when both are released; after the step both are woken by a sync.
+  Orchestrator core(OrchestratorOptions{
+      .mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2, .colocated = true});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 1, .version = 0}, out);
+  core.Handle(EngineJoined{.time = 0, .engine = 1, .max_concurrent = 1, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 4)}, out);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 10}, out);
+  EXPECT_TRUE(out.empty());
+  core.Handle(GenerationFinished{.time = 2, .sample = 1, .tokens = 10}, out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Describe(out[0]), "release e0");
+  EXPECT_EQ(Describe(out[1]), "release e1");
+  out.clear();
+  core.Handle(EngineReleased{.time = 3, .engine = 1}, out);
+  EXPECT_TRUE(out.empty());
+  core.Handle(EngineReleased{.time = 4, .engine = 0}, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]), "train 0 0 1");
+  out.clear();
+  try {
+    core.Handle(EngineReleased{.time = 4, .engine = 0}, out);
+    ADD_FAILURE() << "a second EngineReleased was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("engine:", 0), 0u) << e.what();
+  }
+  core.Handle(TrainStepFinished{.time = 10, .step = 0}, out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Describe(out[0]), "sync e0 v1");
+  EXPECT_EQ(Describe(out[1]), "sync e1 v1");
+  out.clear();
+  core.Handle(WeightsLoaded{.time = 11, .engine = 0, .version = 1}, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]).substr(0, 15), "dispatch e0 v1 ");
+  core.CheckInvariants();
+  const Metrics m = core.metrics(11);
+  // Engine 1: busy generating [0, 2], releasing [2, 3], loading [10, 11].
+  EXPECT_DOUBLE_EQ(m.engine_idle_ratio[1], 1.0 - 4.0 / 11);
+}
+
+TEST(OrchestratorTest, NewModeOptionsAreValidated) {
+  auto expect_error = [](OrchestratorOptions o, const std::string& field) {
+    try {
+      Orchestrator core(std::move(o));
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const std::invalid_argument& error) {
+      EXPECT_EQ(std::string(error.what()).rfind(field + ":", 0), 0u) << error.what();
+    }
+  };
+  expect_error({.mode = Mode::kAsync,
+                .staleness_policy = StalenessPolicy::kFraction,
+                .staleness_fraction = -0.1},
+               "staleness_fraction");
+  expect_error({.mode = Mode::kAsync, .staleness_fraction = 0.5}, "staleness_fraction");
+  expect_error({.prompts_per_step = 4, .train_calls_per_sync = 3}, "train_calls_per_sync");
+  expect_error({.prompts_per_step = 4, .train_calls_per_sync = 0}, "train_calls_per_sync");
+  expect_error({.mode = Mode::kAsync, .colocated = true}, "colocated");
+  expect_error({.mode = Mode::kOneStepOff, .colocated = true}, "colocated");
+}
+
 TEST(OrchestratorTest, OptionsAreValidated) {
   auto expect_error = [](OrchestratorOptions o, const std::string& field) {
     try {
@@ -389,18 +602,24 @@ struct WorldOptions {
   double oversample = 0.5;
   bool faults = true;
   int events = 600;
+  double fraction = 0;     // α with StalenessPolicy::kFraction
+  bool streaming = false;  // train_calls_per_sync = prompts_per_step
+  bool colocated = false;  // Mode::kSync only
 };
 
 struct World {
   struct EngineState {
     std::int64_t max_concurrent = 1;
     bool syncing = false;
+    bool releasing = false;
+    bool released = false;
     bool interrupted = false;
     std::int64_t sync_version = 0;
     std::map<std::int64_t, std::int64_t> running;  // sample -> tokens so far
     std::set<std::int64_t> unreported;             // interrupted, progress not reported
   };
-  explicit World(const WorldOptions& o) : options(o), rng(o.seed), core(CoreOptions(o, rng)) {}
+  explicit World(const WorldOptions& o)
+      : options(o), rng(o.seed), core_options(CoreOptions(o, rng)), core(core_options) {}
 
   static OrchestratorOptions CoreOptions(const WorldOptions& o, balance::Rng& rng) {
     OrchestratorOptions core{.mode = o.mode,
@@ -411,6 +630,9 @@ struct World {
                              .prompts_per_step = rng.UniformInt(1, 3),
                              .samples_per_prompt = rng.UniformInt(1, 3),
                              .keep_partial_on_failure = rng.UniformInt(0, 1) == 1};
+    if (o.policy == StalenessPolicy::kFraction) core.staleness_fraction = o.fraction;
+    if (o.streaming) core.train_calls_per_sync = core.prompts_per_step;
+    core.colocated = o.colocated;
     // Dynamic sampling where a group can have unequal rewards.
     if (core.samples_per_prompt > 1) core.filter = KeepUnlessAllEqual;
     return core;
@@ -437,6 +659,8 @@ struct World {
       } else if (const auto* s = std::get_if<SyncWeights>(&c)) {
         EngineState& e = engines.at(s->engine);
         ASSERT_FALSE(e.syncing);
+        ASSERT_FALSE(e.releasing);
+        e.released = false;
         ASSERT_TRUE(s->interrupt || e.running.empty());
         e.syncing = true;
         e.interrupted = s->interrupt;
@@ -446,19 +670,53 @@ struct World {
         EngineState& e = engines.at(r->engine);
         for (const auto x : r->samples) ASSERT_TRUE(e.running.contains(x));
         e.interrupted = false;
+      } else if (const auto* release = std::get_if<Release>(&c)) {
+        EngineState& e = engines.at(release->engine);
+        ASSERT_TRUE(options.colocated);
+        ASSERT_TRUE(e.running.empty());
+        ASSERT_FALSE(e.syncing || e.releasing || e.released);
+        e.releasing = true;
       } else if (const auto* t = std::get_if<StartTrain>(&c)) {
         ASSERT_FALSE(training);
         training = true;
+        if (t->call == 0) stale_groups = 0;
         step = t->step;
+        call = t->call;
+        if (options.colocated) {  // the trainer has the GPUs to itself
+          for (const auto& [id, e] : engines) {
+            ASSERT_TRUE(e.released || e.syncing) << "engine " << id << " not released";
+            ASSERT_TRUE(e.running.empty());
+          }
+        }
         for (const auto x : t->samples) ASSERT_TRUE(trained.insert(x).second) << "trained twice";
+        const std::int64_t group_size =
+            static_cast<std::int64_t>(t->samples.size() / t->groups.size());
+        std::set<std::int64_t> stale;
         for (const TrainedSample& x : core.last_batch()) {
           std::int64_t oldest = x.spans.empty() ? t->version : x.spans[0].version;
           for (const VersionSpan& span : x.spans) oldest = std::min(oldest, span.version);
           if (strict()) {
             ASSERT_LE(t->version - oldest, staleness_bound());
           }
+          if (oldest < t->version) stale.insert(x.sample / group_size);
           trained_tokens += x.response_tokens;
         }
+        // Fraction α < 1: the groups with tokens older than the step's version are at
+        // most the over-sampled places plus ⌈α·quota⌉ (⌈α·P⌉ without over-sampling).
+        stale_groups += static_cast<std::int64_t>(stale.size());
+        if (options.mode == Mode::kAsync && options.policy == StalenessPolicy::kFraction &&
+            options.fraction < 1) {
+          const auto p = static_cast<double>(core_options.prompts_per_step);
+          const auto quota =
+              static_cast<std::int64_t>(std::ceil((1 + options.oversample) * p - 1e-9));
+          const auto last = static_cast<std::int64_t>(
+              std::ceil(options.fraction * static_cast<double>(quota) - 1e-9));
+          ASSERT_LE(stale_groups, quota - core_options.prompts_per_step + last)
+              << "step " << t->step << ", P " << core_options.prompts_per_step << ", G "
+              << group_size << "\n"
+              << Tail(log);
+        }
+        max_stale_groups = std::max(max_stale_groups, stale_groups);
         for (const auto g : t->groups) live_groups.erase(g);
       }
     }
@@ -468,13 +726,10 @@ struct World {
     return options.mode != Mode::kAsync || options.policy == StalenessPolicy::kStrict;
   }
 
-  std::int64_t staleness_bound() const {
-    return options.mode == Mode::kSync         ? 0
-           : options.mode == Mode::kOneStepOff ? 1
-                                               : options.staleness;
-  }
+  std::int64_t staleness_bound() const { return EffectiveStaleness(core_options); }
 
   void Feed(const Event& e) {
+    log.push_back(DescribeEvent(e));
     std::vector<Command> out;
     core.Handle(e, out);
     Apply(out);
@@ -485,8 +740,15 @@ struct World {
   void Step() {
     time += static_cast<double>(rng.UniformInt(0, 3));
     const std::int64_t roll = rng.UniformInt(0, 99);
-    // Engines that are loading report their interrupted samples, then finish loading.
+    // Engines that are loading report their interrupted samples, then finish loading;
+    // releasing ones report it.
     for (auto& [id, e] : engines) {
+      if (e.releasing && rng.UniformInt(0, 2) == 0) {
+        e.releasing = false;
+        e.released = true;
+        Feed(EngineReleased{.time = time, .engine = id});
+        return;
+      }
       if (!e.syncing || rng.UniformInt(0, 2) != 0) continue;
       if (!e.unreported.empty()) {
         const std::int64_t x = *e.unreported.begin();
@@ -504,7 +766,7 @@ struct World {
       prompts_fed += 4;
     } else if (roll < 10 && training) {
       training = false;
-      Feed(TrainStepFinished{.time = time, .step = step});
+      Feed(TrainStepFinished{.time = time, .step = step, .call = call});
     } else if (roll < 13 && options.faults && !engines.empty()) {
       auto it = std::next(engines.begin(), rng.UniformInt(0, std::int64_t(engines.size()) - 1));
       const std::int64_t id = it->first;
@@ -560,6 +822,7 @@ struct World {
 
   WorldOptions options;
   balance::Rng rng;
+  OrchestratorOptions core_options;
   Orchestrator core;
   std::map<std::int64_t, EngineState> engines;
   std::set<std::int64_t> live_groups;
@@ -568,12 +831,16 @@ struct World {
   std::int64_t next_engine = 0;
   std::int64_t prompts_fed = 0;
   std::int64_t step = 0;
-  std::int64_t trained_tokens = 0;  // response tokens of the trained samples
+  std::int64_t call = 0;
+  std::int64_t stale_groups = 0;      // of the step training, over its calls
+  std::int64_t max_stale_groups = 0;  // over the run
+  std::int64_t trained_tokens = 0;    // response tokens of the trained samples
   bool training = false;
   double time = 0;
 };
 
-std::vector<std::string> RunWorld(const WorldOptions& options, Counters* counters = nullptr) {
+std::vector<std::string> RunWorld(const WorldOptions& options, Counters* counters = nullptr,
+                                  std::int64_t* max_stale_groups = nullptr) {
   World world(options);
   for (int i = 0; i < options.events && !::testing::Test::HasFatalFailure(); ++i) world.Step();
   const Metrics m = world.core.metrics(world.time);
@@ -593,6 +860,7 @@ std::vector<std::string> RunWorld(const WorldOptions& options, Counters* counter
     }
   }
   if (counters != nullptr) *counters = world.core.counters();
+  if (max_stale_groups != nullptr) *max_stale_groups = world.max_stale_groups;
   return world.log;
 }
 
@@ -602,18 +870,29 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
   // filters and discarded tokens all happen somewhere.
   Counters total;
   std::int64_t admission_steps = 0;
+  std::int64_t fraction_steps = 0;
+  std::int64_t fraction_stale_groups = 0;
+  std::int64_t colocated_steps = 0;
+  std::int64_t streaming_steps = 0;
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    WorldOptions o{
-        .seed = seed,
-        .mode = modes[seed % 3],
-        .staleness = static_cast<std::int64_t>(seed / 3 % 3),
-        .policy = (seed / 18) % 2 == 0 ? StalenessPolicy::kAdmission : StalenessPolicy::kStrict,
-        .partial = (seed / 9) % 2 == 0,
-        .oversample = static_cast<double>(seed % 4) * 0.5,
-        .faults = seed % 5 != 0};
+    const StalenessPolicy policies[] = {StalenessPolicy::kAdmission, StalenessPolicy::kStrict,
+                                        StalenessPolicy::kFraction};
+    const double fractions[] = {0.5, 0, 0.25, 1.5};
+    WorldOptions o{.seed = seed,
+                   .mode = modes[seed % 3],
+                   .staleness = static_cast<std::int64_t>(seed / 3 % 3),
+                   .policy = policies[(seed / 18) % 3],
+                   .partial = (seed / 9) % 2 == 0,
+                   .oversample = static_cast<double>(seed % 4) * 0.5,
+                   .faults = seed % 5 != 0,
+                   .fraction = fractions[(seed / 54) % 4],
+                   .streaming = seed % 7 < 2,
+                   .colocated = seed % 3 == 0 && (seed / 6) % 2 == 0};
+    if (o.mode != Mode::kAsync) o.policy = StalenessPolicy::kAdmission;
     SCOPED_TRACE("seed " + std::to_string(seed));
     Counters c;
-    RunWorld(o, &c);
+    std::int64_t stale_groups = 0;
+    RunWorld(o, &c, &stale_groups);
     if (::testing::Test::HasFatalFailure()) return;
     total.steps_started += c.steps_started;
     total.restarts += c.restarts;
@@ -623,6 +902,13 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
     if (o.mode == Mode::kAsync && o.policy == StalenessPolicy::kAdmission) {
       admission_steps += c.steps_started;
     }
+    if (o.mode == Mode::kAsync && o.policy == StalenessPolicy::kFraction) {
+      fraction_steps += c.steps_started;
+      // The bound is reached, not vacuous: batches with stale groups do occur.
+      if (o.fraction > 0 && o.fraction < 1) fraction_stale_groups += stale_groups;
+    }
+    if (o.colocated) colocated_steps += c.steps_started;
+    if (o.streaming) streaming_steps += c.steps_started;
     total.stale_restarts += c.stale_restarts;
   }
   const std::int64_t n = static_cast<std::int64_t>(count);
@@ -633,6 +919,10 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
   EXPECT_GE(total.discarded_tokens, n);
   // Both policies run and train; the strict one throws stale tokens away somewhere.
   EXPECT_GE(admission_steps, n / 2);
+  EXPECT_GE(fraction_steps, n / 4);
+  EXPECT_GE(fraction_stale_groups, n / 20);
+  EXPECT_GE(colocated_steps, n / 8);
+  EXPECT_GE(streaming_steps, n / 4);
   EXPECT_GE(total.stale_restarts, n / 10);
   std::printf("%lld seeds: %lld steps, %lld restarts, %lld partial samples, %lld filtered groups\n",
               static_cast<long long>(n), static_cast<long long>(total.steps_started),

@@ -36,9 +36,26 @@
 //                train with tokens older than s (the off-policy correction reads
 //                the version spans; Metrics::token_staleness_histogram shows the
 //                tail). Nothing is thrown away for staleness.
+//     fraction   verl's staleness_threshold α (a real number): generation may start
+//                at most (1 + α)·quota groups per version, counting the groups left
+//                over from older versions, so (without over-sampling) at most ⌈α·P⌉
+//                groups of a batch carry tokens older than the batch's version.
+//                Nothing is thrown away for staleness; an integer α is the admission
+//                policy with s = α. Generation runs ⌈α⌉ batches ahead at most, the
+//                last of them with ⌈(α − ⌈α⌉ + 1)·quota⌉ places.
 //     strict     every trained token is at most s versions old: a leftover whose
 //                tokens would become too stale is discarded and generated again
 //                (counted as a restart). sync and one_step_off are always strict.
+//
+//   Streaming. With train_calls_per_sync = k > 1 (verl's trigger_parameter_sync_step),
+//   a batch of P groups trains in k calls of P/k groups, each closed and started as
+//   soon as P/k complete groups exist; the engines get new weights only after the
+//   k-th call (version t + 1 exists when call k − 1 of step t finishes).
+//
+//   Colocated (sync only). Engines and trainer share the GPUs and alternate: once a
+//   batch is closed (all its calls), every idle engine gets Release (free the GPU
+//   memory: KV cache, weights); the trainer starts when all are released; when the
+//   step ends, released engines get SyncWeights (wake up and load the new version).
 //
 //   Weight sync. When step t finishes, version t + 1 exists. With partial rollout,
 //   every engine gets SyncWeights with interrupt = true: the driver stops its
@@ -104,7 +121,7 @@ enum class Mode { kSync, kOneStepOff, kAsync };
 
 // How async mode bounds staleness (see the file comment). sync and one_step_off are
 // strict whatever this says.
-enum class StalenessPolicy { kAdmission, kStrict };
+enum class StalenessPolicy { kAdmission, kFraction, kStrict };
 
 // ---- Events (driver → core). Times are seconds, non-decreasing across events. ----
 
@@ -149,9 +166,16 @@ struct GroupFiltered {
   double time = 0;
   std::int64_t group = 0;
 };
+// The trainer call started last has finished (with streaming, a step is several calls).
 struct TrainStepFinished {
   double time = 0;
   std::int64_t step = 0;  // the step started last
+  std::int64_t call = 0;  // and its call, in [0, train_calls_per_sync)
+};
+// Colocated: the engine has freed its GPU memory after Release.
+struct EngineReleased {
+  double time = 0;
+  std::int64_t engine = 0;
 };
 struct WeightsLoaded {
   double time = 0;
@@ -159,9 +183,9 @@ struct WeightsLoaded {
   std::int64_t version = 0;  // the version of the SyncWeights command
 };
 
-using Event =
-    std::variant<PromptsAvailable, EngineJoined, EngineLeft, EngineFailed, GenerationProgressed,
-                 GenerationFinished, GroupFiltered, TrainStepFinished, WeightsLoaded>;
+using Event = std::variant<PromptsAvailable, EngineJoined, EngineLeft, EngineFailed,
+                           GenerationProgressed, GenerationFinished, GroupFiltered,
+                           TrainStepFinished, WeightsLoaded, EngineReleased>;
 
 // ---- Commands (core → driver). ----
 
@@ -198,17 +222,23 @@ struct Resume {
   std::int64_t version = 0;
   std::vector<std::int64_t> samples;
 };
+// Colocated: free the (idle) engine's GPU memory for the trainer, then report
+// EngineReleased. The next SyncWeights wakes it up.
+struct Release {
+  std::int64_t engine = 0;
+};
 struct StartTrain {
   std::int64_t step = 0;
+  std::int64_t call = 0;              // in [0, train_calls_per_sync): streaming's k-th call
   std::int64_t version = 0;           // == step
-  std::vector<std::int64_t> groups;   // P groups, ascending
-  std::vector<std::int64_t> samples;  // their P·G samples, ascending
+  std::vector<std::int64_t> groups;   // P / train_calls_per_sync groups, ascending
+  std::vector<std::int64_t> samples;  // their samples (G each), ascending
   std::vector<std::int64_t> lengths;  // prompt + response tokens of each sample
   // The balancer's whole-step plan of `lengths` (when a planner is set).
   std::optional<balance::PlannedStep> plan;
 };
 
-using Command = std::variant<Dispatch, Abort, SyncWeights, Resume, StartTrain>;
+using Command = std::variant<Dispatch, Abort, SyncWeights, Resume, StartTrain, Release>;
 
 // ---- Options. ----
 
@@ -225,11 +255,16 @@ struct OrchestratorOptions {
   Mode mode = Mode::kSync;
   std::int64_t max_staleness = 1;                                  // s for kAsync, >= 0
   StalenessPolicy staleness_policy = StalenessPolicy::kAdmission;  // kAsync only
+  // α for kFraction (where max_staleness is unused), in [0, 1000000].
+  double staleness_fraction = 0;
   bool partial_rollout = true;          // kAsync only: interrupt and resume at a sync
   double oversample = 0;                // r >= 0: admit up to ceil((1 + r)·P) per batch
   std::int64_t prompts_per_step = 1;    // P >= 1
   std::int64_t samples_per_prompt = 1;  // G >= 1
   std::int64_t num_steps = 0;           // stop admitting after this many batches; 0: no end
+  // Streaming: trainer calls per weight sync, k >= 1, dividing prompts_per_step.
+  std::int64_t train_calls_per_sync = 1;
+  bool colocated = false;  // kSync only: engines and trainer alternate on the same GPUs
   bool keep_partial_on_failure = false;
   GroupFilter filter;   // empty: keep every group
   StepPlanner planner;  // empty: StartTrain carries no plan
@@ -242,8 +277,8 @@ struct OrchestratorOptions {
 // Throws std::invalid_argument naming the field and its bound.
 void Validate(const OrchestratorOptions& options);
 
-// The staleness bound the mode runs with: sync 0, one_step_off 1, async max_staleness.
-// O(1).
+// The staleness bound the mode runs with, in versions: sync 0, one_step_off 1, async
+// max_staleness (fraction: ⌈α⌉, the batches generation may run ahead). O(1).
 std::int64_t EffectiveStaleness(const OrchestratorOptions& options);
 
 // ---- State the driver and the reports read. ----
@@ -292,9 +327,9 @@ struct Metrics {
   std::vector<std::int64_t> engines;
   std::vector<double> engine_idle_ratio;
   double mean_engine_idle_ratio = 0;
-  double partial_rollout_ratio = 0;  // trained samples with tokens of > 1 version / trained
-  std::int64_t weight_syncs = 0;     // completed SyncWeights (per engine)
-  double weight_sync_seconds = 0;    // their total time, command to WeightsLoaded
+  double partial_rollout_ratio = 0;    // trained samples with tokens of > 1 version / trained
+  std::int64_t weight_syncs = 0;       // completed SyncWeights (per engine)
+  double weight_sync_seconds = 0;      // their total time, command to WeightsLoaded
   double seconds_per_weight_sync = 0;  // their mean: the time one sync takes an engine
   // Per finished train step, as the peers report them: elapsed / steps, and the time
   // the trainer waited for a batch (verl's timing_s/gen in async mode).

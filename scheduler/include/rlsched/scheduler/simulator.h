@@ -76,8 +76,15 @@ struct SimulatorConfig {
   // The plan's options (cap, pipeline depth, cost model…); num_ranks comes from
   // trainer_ranks.
   balance::StepOptions step;
-  double seconds_per_cost_unit = 0;     // > 0
-  double weight_sync_seconds = 1.0;     // per engine, >= 0
+  double seconds_per_cost_unit = 0;  // > 0
+  // Added to every trainer call (reward, advantages, the optimizer step…), >= 0.
+  double train_call_overhead_seconds = 0;
+  double weight_sync_seconds = 1.0;  // per engine, >= 0
+  // Colocated (orchestrator.colocated): an engine's time to free its GPU memory for
+  // the trainer (Release), and to take it back before loading the new weights (added
+  // to weight_sync_seconds), each >= 0.
+  double release_seconds = 0;
+  double resume_seconds = 0;
   std::int64_t dataset_prompts = 2048;  // >= 1
   LengthDistribution lengths;
   double all_equal_rate = 0;  // in [0, 1]; with a filter, such groups are dropped
