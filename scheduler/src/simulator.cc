@@ -64,6 +64,7 @@ namespace {
 // ---- Bounds (Validate). They keep one simulation's memory and time bounded. ----
 constexpr std::int64_t kMaxSteps = 1'000'000;
 constexpr std::int64_t kMaxEngines = 100'000;
+constexpr std::int64_t kMaxGpusPerUnit = 4096;
 constexpr std::int64_t kMaxConcurrent = std::int64_t{1} << 20;
 constexpr std::int64_t kMaxSamplesPerStep = 10'000'000;  // ceil((1 + r)·P)·G
 constexpr std::int64_t kMaxDatasetPrompts = 100'000'000;
@@ -1202,6 +1203,8 @@ void Validate(const SimulatorConfig& config) {
         "> 0 (a decode step must take time), got 0");
   }
   RequireInt("trainer_ranks", config.trainer_ranks, 1, balance::kMaxParts);
+  RequireInt("gpus_per_engine", config.gpus_per_engine, 1, kMaxGpusPerUnit);
+  RequireInt("gpus_per_trainer_rank", config.gpus_per_trainer_rank, 1, kMaxGpusPerUnit);
   RequireReal("seconds_per_cost_unit", config.seconds_per_cost_unit, 0, true, kMaxSeconds);
   RequireReal("weight_sync_seconds", config.weight_sync_seconds, 0, false, kMaxSeconds);
   RequireReal("train_call_overhead_seconds", config.train_call_overhead_seconds, 0, false,
@@ -1290,6 +1293,92 @@ void Validate(const SimulatorConfig& config) {
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("step.") + e.what());
   }
+}
+
+void SetDecodeSpeed(EngineModel& model, const DecodeSpeed& speed) {
+  RequireInt("engine.max_concurrent", model.max_concurrent, 1, kMaxConcurrent);
+  RequireReal("single_tokens_per_second", speed.single_tokens_per_second, 0, true, 1e12);
+  const auto n = static_cast<double>(model.max_concurrent);
+  const double single = speed.single_tokens_per_second;
+  const double full = speed.full_tokens_per_second;
+  if (!std::isfinite(full) || full < single * (1 - 1e-12) || full > n * single * (1 + 1e-12)) {
+    throw std::invalid_argument(
+        "full_tokens_per_second: must be in [single_tokens_per_second, max_concurrent · "
+        "single_tokens_per_second] = [" +
+        Num(single) + ", " + Num(n * single) + "] (max_concurrent " +
+        std::to_string(model.max_concurrent) + "), got " + Num(full));
+  }
+  double per_sequence = 0;
+  if (model.max_concurrent > 1) {
+    per_sequence = std::max(0.0, (n / full - 1.0 / single) / (n - 1.0));
+  }
+  model.decode_per_sequence_seconds = per_sequence;
+  model.decode_base_seconds = std::max(0.0, 1.0 / single - per_sequence);
+}
+
+DecodeSpeed DecodeSpeedOf(const EngineModel& model) {
+  const auto n = static_cast<double>(model.max_concurrent);
+  const double alone = model.decode_base_seconds + model.decode_per_sequence_seconds;
+  const double together = model.decode_base_seconds + model.decode_per_sequence_seconds * n;
+  return {.single_tokens_per_second = alone > 0 ? 1.0 / alone : 0.0,
+          .full_tokens_per_second = together > 0 ? n / together : 0.0};
+}
+
+double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
+  SimulatorConfig probe = config;
+  probe.seconds_per_cost_unit = 1;
+  Validate(probe);
+  const OrchestratorOptions& core = config.orchestrator;
+  const std::int64_t calls = core.train_calls_per_sync;
+  const double overheads = static_cast<double>(calls) * config.train_call_overhead_seconds;
+  if (!std::isfinite(seconds) || !(seconds > overheads) || seconds > kMaxSeconds) {
+    throw std::invalid_argument("seconds: the trainer's seconds per step must be in (" +
+                                Num(overheads) + ", " + Num(kMaxSeconds) +
+                                "] (above the calls' overheads), got " + Num(seconds));
+  }
+  const Workload workload(config);
+  balance::StepOptions step = config.step;
+  step.num_ranks = config.trainer_ranks;
+  const std::int64_t per_call = core.prompts_per_step / calls;
+  double cost = 0;
+  std::int64_t group = 0;
+  for (int b = 0; b < kCalibrationBatches; ++b) {
+    for (std::int64_t c = 0; c < calls; ++c) {
+      std::vector<std::int64_t> lengths;
+      std::vector<std::int64_t> groups;
+      for (std::int64_t i = 0; i < per_call; ++i, ++group) {
+        const std::int64_t prompt = group % config.dataset_prompts;
+        const std::int64_t epoch = group / config.dataset_prompts;
+        for (std::int64_t j = 0; j < core.samples_per_prompt; ++j) {
+          lengths.push_back(workload.PromptTokens(prompt) +
+                            workload.ResponseLength(prompt, epoch, j));
+          groups.push_back(i);
+        }
+      }
+      cost +=
+          static_cast<double>(balance::PlanStep(lengths, groups, step).plan.predicted_step_time);
+    }
+  }
+  cost /= kCalibrationBatches;
+  return (seconds - overheads) / cost;
+}
+
+std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config) {
+  const std::int64_t gpus =
+      config.engines * config.gpus_per_engine + config.trainer_ranks * config.gpus_per_trainer_rank;
+  if (gpus % config.gpus_per_engine != 0 || gpus % config.gpus_per_trainer_rank != 0) {
+    return std::nullopt;
+  }
+  SimulatorConfig colocated = config;
+  colocated.engines = gpus / config.gpus_per_engine;
+  colocated.trainer_ranks = gpus / config.gpus_per_trainer_rank;
+  colocated.step.num_ranks = colocated.trainer_ranks;
+  OrchestratorOptions& core = colocated.orchestrator;
+  core.mode = Mode::kSync;
+  core.colocated = true;
+  core.staleness_policy = StalenessPolicy::kAdmission;
+  core.staleness_fraction = 0;
+  return colocated;
 }
 
 SimulationReport Simulate(const SimulatorConfig& config) {

@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -406,6 +408,20 @@ SimulatorConfig RandomConfig(std::uint64_t seed) {
     c.engine_mtbf_seconds = 5 + 50 * rng.UniformReal();
     c.rejoin_seconds = static_cast<double>(rng.UniformInt(0, 10));
   }
+  // The fraction policy, streaming and colocated mode.
+  if (c.orchestrator.mode == Mode::kAsync && rng.UniformInt(0, 2) == 0) {
+    c.orchestrator.staleness_policy = StalenessPolicy::kFraction;
+    c.orchestrator.staleness_fraction = 0.25 * static_cast<double>(rng.UniformInt(0, 6));
+  }
+  if (rng.UniformInt(0, 2) == 0) {
+    c.orchestrator.train_calls_per_sync = c.orchestrator.prompts_per_step;
+    c.train_call_overhead_seconds = 0.1;
+  }
+  if (c.orchestrator.mode == Mode::kSync && rng.UniformInt(0, 1) == 0) {
+    c.orchestrator.colocated = true;
+    c.release_seconds = static_cast<double>(rng.UniformInt(0, 2));
+    c.resume_seconds = static_cast<double>(rng.UniformInt(0, 2));
+  }
   c.check_invariants = true;
   c.seed = seed;
   return c;
@@ -421,10 +437,7 @@ void CheckRandomConfigs(std::uint64_t first, std::uint64_t count) {
     EXPECT_EQ(report.counters.steps_finished, config.steps);
     EXPECT_EQ(report.counters.trained, config.steps * config.orchestrator.prompts_per_step *
                                            config.orchestrator.samples_per_prompt);
-    const std::int64_t bound = config.orchestrator.mode == Mode::kSync ? 0
-                               : config.orchestrator.mode == Mode::kOneStepOff
-                                   ? 1
-                                   : config.orchestrator.max_staleness;
+    const std::int64_t bound = EffectiveStaleness(config.orchestrator);
     if (config.orchestrator.mode != Mode::kAsync ||
         config.orchestrator.staleness_policy == StalenessPolicy::kStrict) {
       EXPECT_LE(report.metrics.max_staleness, bound);
@@ -439,6 +452,109 @@ void CheckRandomConfigs(std::uint64_t first, std::uint64_t count) {
 TEST(SimulatorProperty, RandomConfigsFinishConserveAndKeepTheBound) { CheckRandomConfigs(1, 60); }
 
 TEST(SimulatorThorough, RandomConfigs) { CheckRandomConfigs(1000, 800); }
+
+// Colocated sync is sync with the switches added: the same decisions, each step later
+// by release_seconds (before training) and resume_seconds (before the next generation;
+// none after the last step).
+TEST(SimulatorColocated, AddsTheSwitchTimesToSync) {
+  SimulatorConfig config = SmallConfig();
+  config.orchestrator.mode = Mode::kSync;
+  const SimulationReport sync = Simulate(config);
+  config.orchestrator.colocated = true;
+  config.release_seconds = 2;
+  config.resume_seconds = 3;
+  const SimulationReport colocated = Simulate(config);
+  ExpectConserved(colocated);
+  EXPECT_EQ(colocated.counters.trained, sync.counters.trained);
+  const double steps = static_cast<double>(config.steps);
+  EXPECT_NEAR(colocated.metrics.elapsed_seconds - sync.metrics.elapsed_seconds,
+              2 * steps + 3 * (steps - 1), 1e-6);
+  // The engines are idle while the trainer runs: at least the training share.
+  EXPECT_GE(colocated.metrics.mean_engine_idle_ratio,
+            1 - colocated.metrics.trainer_idle_ratio - 1e-9);
+  // The ideal bound of alternating sides is below either side's capacity.
+  EXPECT_LT(colocated.ideal_samples_per_second,
+            std::min(colocated.engine_capacity_samples_per_second,
+                     colocated.trainer_capacity_samples_per_second));
+}
+
+TEST(SimulatorColocated, BaselineTakesAllTheGpus) {
+  SimulatorConfig config = SmallConfig();
+  config.orchestrator.mode = Mode::kAsync;
+  config.gpus_per_engine = 2;  // 4 engines × 2 + 8 ranks × 1 = 16 GPUs
+  const std::optional<SimulatorConfig> baseline = ColocatedBaseline(config);
+  ASSERT_TRUE(baseline.has_value());
+  EXPECT_EQ(baseline->engines, 8);
+  EXPECT_EQ(baseline->trainer_ranks, 16);
+  EXPECT_EQ(baseline->orchestrator.mode, Mode::kSync);
+  EXPECT_TRUE(baseline->orchestrator.colocated);
+  ExpectConserved(Simulate(*baseline));
+  config.gpus_per_engine = 3;  // 20 GPUs: not a whole number of engines
+  EXPECT_FALSE(ColocatedBaseline(config).has_value());
+}
+
+// Streaming: k calls per step, the same samples trained; the trainer starts on the
+// first P/k complete groups, so it waits less than with whole batches.
+TEST(SimulatorStreaming, TrainsInCallsAndWaitsLess) {
+  SimulatorConfig config = SmallConfig();
+  config.orchestrator.mode = Mode::kAsync;
+  config.orchestrator.staleness_policy = StalenessPolicy::kFraction;
+  config.orchestrator.staleness_fraction = 0;  // on-policy: overlap only within a step
+  const SimulationReport whole = Simulate(config);
+  config.orchestrator.train_calls_per_sync = 4;
+  const SimulationReport streamed = Simulate(config);
+  ExpectConserved(streamed);
+  EXPECT_EQ(streamed.counters.trained, whole.counters.trained);
+  EXPECT_EQ(streamed.counters.steps_finished, config.steps);
+  EXPECT_EQ(streamed.metrics.max_staleness, 0);  // α = 0: every token on-policy
+  EXPECT_LT(streamed.metrics.trainer_wait_seconds_per_step,
+            whole.metrics.trainer_wait_seconds_per_step);
+  EXPECT_LT(streamed.metrics.elapsed_seconds, whole.metrics.elapsed_seconds);
+}
+
+TEST(SimulatorUnits, DecodeSpeedRoundTrips) {
+  EngineModel model;
+  model.max_concurrent = 256;
+  SetDecodeSpeed(model, {.single_tokens_per_second = 50, .full_tokens_per_second = 6400});
+  const DecodeSpeed speed = DecodeSpeedOf(model);
+  EXPECT_NEAR(speed.single_tokens_per_second, 50, 1e-9);
+  EXPECT_NEAR(speed.full_tokens_per_second, 6400, 1e-6);
+  EXPECT_NEAR(model.decode_base_seconds + model.decode_per_sequence_seconds, 1.0 / 50, 1e-12);
+  auto message = [&](DecodeSpeed s) {
+    try {
+      SetDecodeSpeed(model, s);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message({.single_tokens_per_second = 0, .full_tokens_per_second = 1})
+                .rfind("single_tokens_per_second:", 0),
+            0U);
+  // Slower together than alone, or faster than 256 samples alone each.
+  EXPECT_EQ(message({.single_tokens_per_second = 50, .full_tokens_per_second = 40})
+                .rfind("full_tokens_per_second:", 0),
+            0U);
+  EXPECT_EQ(message({.single_tokens_per_second = 50, .full_tokens_per_second = 50 * 257})
+                .rfind("full_tokens_per_second:", 0),
+            0U);
+}
+
+// The trainer's unit cost from its seconds per step: a run's mean step is that long
+// (within 15%: the probe batches are not the run's batches).
+TEST(SimulatorUnits, TrainSecondsPerStepSetsTheUnitCost) {
+  for (const std::int64_t calls : {1, 4}) {
+    SimulatorConfig config = SmallConfig();
+    config.orchestrator.train_calls_per_sync = calls;
+    config.train_call_overhead_seconds = 0.5;
+    config.seconds_per_cost_unit = CostUnitForStepSeconds(config, 40);
+    const SimulationReport report = Simulate(config);
+    EXPECT_NEAR(report.mean_train_seconds, 40, 6) << calls << " calls";
+  }
+  SimulatorConfig config = SmallConfig();
+  config.train_call_overhead_seconds = 10;
+  EXPECT_THROW(CostUnitForStepSeconds(config, 10), std::invalid_argument);
+}
 
 // The default constants are calibrated: in sync mode a step's mean generation time is
 // its mean train time (within 0.8–1.25). All 10 default steps: the first epoch's steps

@@ -13,9 +13,15 @@
 //   (context = prompt + tokens generated so far); a newly started sample first costs
 //   prompt_tokens / prefill_tokens_per_second. Steps between two events are summed in
 //   closed form, so the cost is per sample and event, not per token.
-//   Trainer model: a step takes the whole-step plan's predicted step time ×
-//   seconds_per_cost_unit (the plan of the batch's prompt + response lengths over
-//   `trainer_ranks` ranks). Weight sync: a fixed time per engine.
+//   Trainer model: a trainer call (a step, or with streaming one of its
+//   train_calls_per_sync calls) takes the whole-step plan's predicted step time ×
+//   seconds_per_cost_unit (the plan of its prompt + response lengths over
+//   `trainer_ranks` ranks) + train_call_overhead_seconds. Weight sync: a fixed time
+//   per engine. Colocated: an engine's Release takes release_seconds and its next
+//   sync resume_seconds more.
+//   Speeds in the units users measure: SetDecodeSpeed() sets the engine model from
+//   decode tokens/s (one sample alone, and max_concurrent together), and
+//   CostUnitForStepSeconds() the trainer's unit cost from its seconds per step.
 //   Workload: a dataset of `dataset_prompts` prompts, cycled in order (epochs).
 //   Response lengths are heavy-tailed by default (lognormal μ = 6.67, σ = 1.15, at most
 //   16,384; prompts uniform in [100, 500]) or drawn from a list of lengths; a sample's
@@ -35,6 +41,7 @@
 #define RLSCHED_SCHEDULER_SIMULATOR_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +80,10 @@ struct SimulatorConfig {
   std::int64_t engines = 64;  // >= 1
   EngineModel engine;
   std::int64_t trainer_ranks = 64;  // >= 1
+  // GPUs behind one engine (its tensor-parallel size) and one trainer rank, >= 1 (for
+  // ColocatedBaseline; the models' speeds are per engine and per rank).
+  std::int64_t gpus_per_engine = 1;
+  std::int64_t gpus_per_trainer_rank = 1;
   // The plan's options (cap, pipeline depth, cost model…); num_ranks comes from
   // trainer_ranks.
   balance::StepOptions step;
@@ -109,6 +120,39 @@ SimulatorConfig DefaultSimulatorConfig();
 
 // Throws std::invalid_argument naming the field and its bound.
 void Validate(const SimulatorConfig& config);
+
+// An engine's decode speed in tokens per second, context cost aside: one sample
+// running alone, and max_concurrent samples running together.
+struct DecodeSpeed {
+  double single_tokens_per_second = 0;
+  double full_tokens_per_second = 0;
+};
+
+// Sets decode_base_seconds and decode_per_sequence_seconds so that the model decodes
+// at `speed` (its max_concurrent and context cost unchanged): 1 / single = base +
+// per_sequence, max_concurrent / full = base + per_sequence · max_concurrent. Throws
+// std::invalid_argument naming the field unless single > 0 and single <= full <=
+// max_concurrent · single (more samples never decode slower in total, nor faster
+// than alone each). O(1).
+void SetDecodeSpeed(EngineModel& model, const DecodeSpeed& speed);
+
+// The model's decode speed, context cost aside (the inverse of SetDecodeSpeed). O(1).
+DecodeSpeed DecodeSpeedOf(const EngineModel& model);
+
+// The seconds_per_cost_unit with which a trainer step (all its calls, overheads
+// included) takes `seconds` on average on the config's workload: the mean planned
+// cost of kCalibrationBatches batches drawn from the length distribution (seeded by
+// config.seed). Throws std::invalid_argument naming `seconds` when it is not above
+// the calls' overheads, or the config's field when the config is invalid.
+// O(kCalibrationBatches · PlanStep of P·G sequences).
+inline constexpr int kCalibrationBatches = 4;
+double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds);
+
+// Colocated sync on the GPUs of `config` (engines × gpus_per_engine plus
+// trainer_ranks × gpus_per_trainer_rank): as many engines and trainer ranks as those
+// GPUs hold, the same per-engine and per-rank speeds, mode sync with colocated set.
+// std::nullopt when the GPUs do not divide evenly. O(1).
+std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config);
 
 struct SimulationReport {
   Metrics metrics;
