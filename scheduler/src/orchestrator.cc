@@ -335,13 +335,13 @@ struct Orchestrator::State {
     x.state = SampleState::kQueued;
     x.engine = -1;
     x.remaining = std::max<std::int64_t>(1, x.predicted - x.tokens);
-    queue.emplace(GroupOf(id).target, -x.remaining, id);
+    queue.emplace(GroupOf(id).target, options.longest_first ? -x.remaining : 0, id);
     ++counters.queued;
     queued_work += x.remaining;
   }
   void Dequeue(std::int64_t id) {
     Sample& x = At(id);
-    queue.erase({GroupOf(id).target, -x.remaining, id});
+    queue.erase({GroupOf(id).target, options.longest_first ? -x.remaining : 0, id});
     --counters.queued;
     queued_work -= x.remaining;
   }
@@ -1158,7 +1158,8 @@ void Orchestrator::CheckInvariants() const {
   }
   if (static_cast<std::int64_t>(st.queue.size()) != c.queued) fail("queue size != queued");
   std::int64_t queued_work = 0;
-  for (const auto& [target, neg_remaining, id] : st.queue) queued_work -= neg_remaining;
+  for (const auto& [target, neg_remaining, id] : st.queue)
+    queued_work += st.samples[static_cast<std::size_t>(id)].remaining;
   if (queued_work != st.queued_work) fail("queued work");
   std::int64_t in_flight = 0;
   for (const auto& [id, e] : st.engines) {

@@ -553,6 +553,35 @@ TEST(OrchestratorTest, ColocatedReleasesTheEnginesBeforeTraining) {
   EXPECT_DOUBLE_EQ(m.engine_idle_ratio[1], 1.0 - 4.0 / 11);
 }
 
+TEST(OrchestratorTest, LongestFirstOrArrivalOrder) {
+  // Sync, one slot, P = 2 prompts (ids 0 and 1) seen twice. In step 0 prompt 0's sample
+  // takes 10 tokens and prompt 1's 100; in step 1 the longest-first dispatch starts
+  // prompt 1's sample (id 3) first, arrival order prompt 0's (id 2).
+  for (const bool longest_first : {true, false}) {
+    Orchestrator core(OrchestratorOptions{.mode = Mode::kSync,
+                                          .prompts_per_step = 2,
+                                          .samples_per_prompt = 1,
+                                          .longest_first = longest_first});
+    std::vector<Command> out;
+    core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 1, .version = 0}, out);
+    std::vector<Prompt> prompts = MakePrompts(0, 2);
+    const std::vector<Prompt> again = MakePrompts(0, 2);
+    prompts.insert(prompts.end(), again.begin(), again.end());
+    core.Handle(PromptsAvailable{.time = 0, .prompts = prompts}, out);
+    core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 10}, out);
+    core.Handle(GenerationFinished{.time = 2, .sample = 1, .tokens = 100}, out);
+    core.Handle(TrainStepFinished{.time = 3, .step = 0}, out);
+    out.clear();
+    core.Handle(WeightsLoaded{.time = 4, .engine = 0, .version = 1}, out);
+    ASSERT_EQ(out.size(), 1u);
+    const Dispatch d = std::get<Dispatch>(out[0]);
+    ASSERT_EQ(d.samples.size(), 1u);
+    EXPECT_EQ(d.samples[0].sample, longest_first ? 3 : 2);
+    EXPECT_EQ(d.samples[0].predicted_tokens, longest_first ? 100 : 10);
+    core.CheckInvariants();
+  }
+}
+
 TEST(OrchestratorTest, NewModeOptionsAreValidated) {
   auto expect_error = [](OrchestratorOptions o, const std::string& field) {
     try {
@@ -631,6 +660,7 @@ struct World {
                              .samples_per_prompt = rng.UniformInt(1, 3),
                              .keep_partial_on_failure = rng.UniformInt(0, 1) == 1};
     if (o.policy == StalenessPolicy::kFraction) core.staleness_fraction = o.fraction;
+    core.longest_first = rng.UniformInt(0, 3) != 0;
     if (o.streaming) core.train_calls_per_sync = core.prompts_per_step;
     core.colocated = o.colocated;
     // Dynamic sampling where a group can have unequal rewards.

@@ -66,8 +66,8 @@
 //   one_step_off and sync, engines sync only when idle.
 //
 //   Dispatch. Queued samples go out in order of target batch, then predicted
-//   remaining length (longest first), then id, each to an engine with a free slot
-//   whose version admits it: the engine with the least predicted outstanding work
+//   remaining length (longest first; unless longest_first is false), then id, each to an engine
+//   with a free slot whose version admits it: the engine with the least predicted outstanding work
 //   (the balancer's LPT rule; ties: lowest engine id). One event gives an engine at
 //   most its fair share of the queue (count and predicted work over the engines
 //   alive), so engines that become ready one event after another (weights loaded
@@ -268,6 +268,9 @@ struct OrchestratorOptions {
   bool keep_partial_on_failure = false;
   GroupFilter filter;   // empty: keep every group
   StepPlanner planner;  // empty: StartTrain carries no plan
+  // Dispatch queued samples longest predicted first (within a target batch); false:
+  // in admission order, first in first out, as the peers' rollout loops do.
+  bool longest_first = true;
   // The length predictor's fallback quantile of the finished lengths, in (0, 1].
   double length_quantile = 0.5;
   // Response tokens predicted before any sample has finished, >= 1.
