@@ -769,11 +769,33 @@ class Client:
         mapping in protobuf's JSON form, e.g. ``{"engines": 8, "steps": 3,
         "orchestrator": {"mode": "async", "max_staleness": 1}}`` (``mode`` may be a
         short name: sync, one_step_off, async; ``staleness_policy``: admission,
-        strict). Unset fields keep the simulator's
-        defaults; ``"trace": True`` returns the Chrome trace JSON in the report.
-        `compare`: run sync, one_step_off and async s = 1, 2 with and without partial
-        rollout on the same workload (the config then leaves the mode, max_staleness
-        and partial_rollout unset); `trace_run` names the run whose trace is kept.
+        fraction, strict). Unset fields keep the simulator's defaults; ``"trace":
+        True`` returns the Chrome trace JSON in the report. Besides those:
+
+        - ``orchestrator.staleness_fraction``: the fraction policy's alpha (verl's
+          ``staleness_threshold``, a real number >= 0); without a policy or mode it
+          selects async with the fraction policy.
+        - ``orchestrator.train_calls_per_sync``: streaming (verl's
+          ``trigger_parameter_sync_step``), trainer calls per weight sync, a divisor
+          of ``prompts_per_step``.
+        - ``orchestrator.colocated``: sync with engines and trainer taking turns on
+          the same GPUs (selects sync); ``release_seconds`` and ``resume_seconds``
+          per engine (colocated runs only).
+        - ``decode_speed``: ``{"single_tokens_per_second": ..., "full_tokens_per_second":
+          ...}``, an engine's decode speed alone and at full concurrency, instead of
+          ``engine.decode_base_seconds`` / ``decode_per_sequence_seconds``.
+        - ``train_seconds_per_step``: the trainer's mean seconds per step, instead of
+          ``seconds_per_cost_unit``; ``train_call_overhead_seconds`` per trainer call.
+        - ``gpus_per_engine``, ``gpus_per_trainer_rank``: the GPUs behind an engine
+          and a trainer rank (for the comparison's colocated_sync run).
+
+        A field that does not apply (e.g. ``staleness_fraction`` with mode sync) is
+        refused, naming it. `compare`: run colocated sync on the same GPUs
+        (``colocated_sync``, when they divide into engines and ranks), then sync,
+        one_step_off and async s = 1, 2 with and without partial rollout on the same
+        workload (the config then leaves the mode, max_staleness, partial_rollout,
+        staleness_policy, staleness_fraction and colocated unset); `trace_run` names
+        the run whose trace is kept.
 
         Returns the ``rlsched.v1.SimulateReply`` (``runs[i].name``, ``.config`` with
         every field set, ``.report``). Raises :class:`InvalidArgumentError` naming the

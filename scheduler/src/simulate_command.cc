@@ -67,6 +67,11 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--max-staleness", "orchestrator.max_staleness", args.max_staleness.has_value()},
       {"--partial-rollout", "orchestrator.partial_rollout", args.partial_rollout.has_value()},
       {"--staleness-policy", "orchestrator.staleness_policy", args.staleness_policy.has_value()},
+      {"--staleness-fraction", "orchestrator.staleness_fraction",
+       args.staleness_fraction.has_value()},
+      {"--train-calls-per-sync", "orchestrator.train_calls_per_sync",
+       args.train_calls_per_sync.has_value()},
+      {"--colocated", "orchestrator.colocated", args.colocated},
       {"--oversample", "orchestrator.oversample", args.oversample.has_value()},
       {"--prompts-per-step", "orchestrator.prompts_per_step", args.prompts_per_step.has_value()},
       {"--samples-per-prompt", "orchestrator.samples_per_prompt",
@@ -74,7 +79,14 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--filter-all-equal", "orchestrator.filter_all_equal", args.filter_all_equal},
       {"--engines", "engines", args.engines.has_value()},
       {"--engine-concurrency", "engine.max_concurrent", args.engine_concurrency.has_value()},
+      {"--engine-tokens-per-second", "decode_speed", !args.engine_tokens_per_second.empty()},
+      {"--gpus-per-engine", "gpus_per_engine", args.gpus_per_engine.has_value()},
       {"--trainer-ranks", "trainer_ranks", args.trainer_ranks.has_value()},
+      {"--gpus-per-trainer-rank", "gpus_per_trainer_rank", args.gpus_per_trainer_rank.has_value()},
+      {"--train-seconds-per-step", "train_seconds_per_step",
+       args.train_seconds_per_step.has_value()},
+      {"--train-call-overhead-seconds", "train_call_overhead_seconds",
+       args.train_call_overhead_seconds.has_value()},
       {"--steps", "steps", args.steps.has_value()},
       {"--lengths", "lengths.lengths", !args.lengths.empty()},
       {"--length-dist", "lengths.mu", !args.length_dist.empty()},
@@ -83,6 +95,8 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--all-equal-rate", "all_equal_rate", args.all_equal_rate.has_value()},
       {"--seed", "seed", args.seed.has_value()},
       {"--weight-sync-seconds", "weight_sync_seconds", args.weight_sync_seconds.has_value()},
+      {"--release-seconds", "release_seconds", args.release_seconds.has_value()},
+      {"--resume-seconds", "resume_seconds", args.resume_seconds.has_value()},
       {"--mtbf", "engine_mtbf_seconds", args.mtbf.has_value()},
   };
 }
@@ -124,17 +138,35 @@ std::string FormatSeconds(double seconds) {
 
 std::string FormatShare(double fraction) { return fmt::format("{:.1f}%", fraction * 100.0); }
 
-std::string DescribeMode(const v1::OrchestratorOptions& o) {
+std::string DescribePartial(const v1::OrchestratorOptions& o) {
+  return o.partial_rollout() ? "partial rollout (interrupt and resume at a sync)"
+                             : "no partial rollout (engines drain, then sync)";
+}
+
+std::string DescribeMode(const v1::SimulatorConfig& config) {
+  const v1::OrchestratorOptions& o = config.orchestrator();
   switch (o.mode()) {
     case v1::ORCHESTRATOR_MODE_SYNC:
+      if (o.colocated()) {
+        return fmt::format(
+            "sync, colocated (engines and trainer take turns on the same GPUs; per engine: "
+            "release {}, resume {} before its weight sync)",
+            FormatSeconds(config.release_seconds()), FormatSeconds(config.resume_seconds()));
+      }
       return "sync";
     case v1::ORCHESTRATOR_MODE_ONE_STEP_OFF:
       return "one_step_off (staleness <= 1, weights synced between batches)";
     case v1::ORCHESTRATOR_MODE_ASYNC:
+      if (o.staleness_policy() == v1::STALENESS_POLICY_FRACTION) {
+        return fmt::format(
+            "async, staleness fraction α {:g} (generation at most {} batch{} ahead), {}, fraction "
+            "policy (at most (1 + α)·P groups started per policy version, every generated token "
+            "kept)",
+            o.staleness_fraction(), o.max_staleness(), o.max_staleness() == 1 ? "" : "es",
+            DescribePartial(o));
+      }
       return fmt::format(
-          "async, max staleness {}, {}, {}", o.max_staleness(),
-          o.partial_rollout() ? "partial rollout (interrupt and resume at a sync)"
-                              : "no partial rollout (engines drain, then sync)",
+          "async, max staleness {}, {}, {}", o.max_staleness(), DescribePartial(o),
           o.staleness_policy() == v1::STALENESS_POLICY_STRICT
               ? "strict policy (tokens staler than s are discarded and generated again)"
               : "admission policy (every generated token kept)");
@@ -162,13 +194,21 @@ void Line(std::ostream& out, std::string_view label, const std::string& value) {
   out << fmt::format("{:<17}{}\n", label, value);
 }
 
-// The workload and the models; the mode too unless `with_mode` is false (--compare).
-void PrintConfig(const v1::SimulatorConfig& config, bool with_mode, std::ostream& out) {
+// The workload and the models of `run`, and the trainer's mean seconds per step it
+// measured; the mode too unless `with_mode` is false (--compare).
+void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out) {
+  const v1::SimulatorConfig& config = run.config();
   const v1::OrchestratorOptions& o = config.orchestrator();
-  if (with_mode) Line(out, "mode", DescribeMode(o));
+  if (with_mode) Line(out, "mode", DescribeMode(config));
   std::string engines =
-      fmt::format("{} × {} concurrent samples; weight sync {} per engine", config.engines(),
-                  config.engine().max_concurrent(), FormatSeconds(config.weight_sync_seconds()));
+      fmt::format("{} × {} concurrent samples", config.engines(), config.engine().max_concurrent());
+  if (config.gpus_per_engine() > 1)
+    engines += fmt::format(" on {} GPUs each", config.gpus_per_engine());
+  engines += fmt::format("; decode {:.4g} tokens/s alone, {:.4g} tokens/s at full concurrency",
+                         config.decode_speed().single_tokens_per_second(),
+                         config.decode_speed().full_tokens_per_second());
+  engines +=
+      fmt::format("; weight sync {} per engine", FormatSeconds(config.weight_sync_seconds()));
   if (config.engine_mtbf_seconds() > 0) {
     engines += fmt::format("; failures: MTBF {}, rejoin after {}",
                            FormatSeconds(config.engine_mtbf_seconds()),
@@ -176,15 +216,33 @@ void PrintConfig(const v1::SimulatorConfig& config, bool with_mode, std::ostream
   }
   Line(out, "engines", engines);
   const v1::StepPlanOptions& step = config.step();
-  Line(
-      out, "trainer",
-      fmt::format("{} ranks; micro-batches of at most {} tokens, {} pipeline stage{}; {:g} s "
-                  "per cost unit",
-                  config.trainer_ranks(), step.max_tokens_per_micro_batch(), step.pipeline_stages(),
-                  step.pipeline_stages() == 1 ? "" : "s", config.seconds_per_cost_unit()));
+  std::string trainer = fmt::format("{} ranks", config.trainer_ranks());
+  if (config.gpus_per_trainer_rank() > 1) {
+    trainer += fmt::format(" on {} GPUs each", config.gpus_per_trainer_rank());
+  }
+  trainer += fmt::format(
+      "; mean {} per step; micro-batches of at most {} tokens, {} pipeline stage{}; {:g} s per "
+      "cost unit",
+      FormatSeconds(run.report().mean_train_seconds()), step.max_tokens_per_micro_batch(),
+      step.pipeline_stages(), step.pipeline_stages() == 1 ? "" : "s",
+      config.seconds_per_cost_unit());
+  if (config.train_call_overhead_seconds() > 0) {
+    trainer += fmt::format(" + {} per call", FormatSeconds(config.train_call_overhead_seconds()));
+  }
+  Line(out, "trainer", trainer);
+  Line(out, "GPUs",
+       fmt::format("{} = {} engines × {} + {} trainer ranks × {}",
+                   config.engines() * config.gpus_per_engine() +
+                       config.trainer_ranks() * config.gpus_per_trainer_rank(),
+                   config.engines(), config.gpus_per_engine(), config.trainer_ranks(),
+                   config.gpus_per_trainer_rank()));
   std::string batch =
       fmt::format("{} prompts × {} samples", o.prompts_per_step(), o.samples_per_prompt());
   if (o.oversample() > 0) batch += fmt::format(", over-sampling {}", FormatShare(o.oversample()));
+  if (o.train_calls_per_sync() > 1) {
+    batch += fmt::format(", streamed: {} trainer calls of {} prompts per weight sync",
+                         o.train_calls_per_sync(), o.prompts_per_step() / o.train_calls_per_sync());
+  }
   batch +=
       fmt::format("; {} steps; dataset of {} prompts", config.steps(), config.dataset_prompts());
   Line(out, "batch", batch);
@@ -240,7 +298,7 @@ void PrintSummary(const v1::SimulationRun& run, std::ostream& out) {
   const v1::SimulationReport& report = run.report();
   const v1::OrchestratorMetrics& metrics = report.metrics();
   const v1::OrchestratorCounters& counters = report.counters();
-  PrintConfig(run.config(), /*with_mode=*/true, out);
+  PrintConfig(run, /*with_mode=*/true, out);
   out << '\n';
   Line(out, "throughput",
        fmt::format("{} samples/s, {:.0f} tokens/s", FormatRate(metrics.samples_per_second()),
@@ -293,11 +351,18 @@ void PrintSummary(const v1::SimulationRun& run, std::ostream& out) {
 }
 
 void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
-  const v1::SimulationRun& first = reply.runs(0);
-  PrintConfig(first.config(), /*with_mode=*/false, out);
-  Line(out, "ideal bound", DescribeIdeal(first.report()));
+  // The config and the ideal bound are the sync run's (colocated_sync, when it runs,
+  // has other engine and rank counts: its own note below).
+  const v1::SimulationRun* colocated = nullptr;
+  const v1::SimulationRun* sync = &reply.runs(0);
+  for (const v1::SimulationRun& run : reply.runs()) {
+    if (run.name() == kColocatedRunName) colocated = &run;
+    if (run.name() == "sync") sync = &run;
+  }
+  PrintConfig(*sync, /*with_mode=*/false, out);
+  Line(out, "ideal bound", DescribeIdeal(sync->report()));
   out << '\n';
-  const double sync_rate = first.report().metrics().samples_per_second();
+  const double sync_rate = sync->report().metrics().samples_per_second();
   const std::vector<std::string> header = {
       "run",        "mode",         "staleness",   "partial",       "samples/s",     "× sync",
       "% of ideal", "trainer idle", "engine idle", "max staleness", "partial ratio", "restarts"};
@@ -308,7 +373,7 @@ void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
     const v1::OrchestratorMetrics& metrics = report.metrics();
     const bool async = o.mode() == v1::ORCHESTRATOR_MODE_ASYNC;
     std::string mode = "?";
-    if (o.mode() == v1::ORCHESTRATOR_MODE_SYNC) mode = "sync";
+    if (o.mode() == v1::ORCHESTRATOR_MODE_SYNC) mode = o.colocated() ? "sync, colocated" : "sync";
     if (o.mode() == v1::ORCHESTRATOR_MODE_ONE_STEP_OFF) mode = "one_step_off";
     if (async) mode = "async";
     const std::int64_t bound = o.mode() == v1::ORCHESTRATOR_MODE_SYNC           ? 0
@@ -352,6 +417,25 @@ void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
   };
   print_row(header);
   for (const auto& row : rows) print_row(row);
+  const v1::SimulatorConfig& base = sync->config();
+  const std::int64_t gpus =
+      base.engines() * base.gpus_per_engine() + base.trainer_ranks() * base.gpus_per_trainer_rank();
+  if (colocated != nullptr) {
+    const v1::SimulatorConfig& c = colocated->config();
+    out << fmt::format(
+        "\n{}: sync on the same {} GPUs, engines and trainer taking turns: {} engines and {} "
+        "trainer ranks; per engine release {}, resume {}.\n",
+        kColocatedRunName, gpus, c.engines(), c.trainer_ranks(), FormatSeconds(c.release_seconds()),
+        FormatSeconds(c.resume_seconds()));
+  } else {
+    out << fmt::format(
+        "\nnote: no {} run: the {} GPUs ({} engines × {} + {} trainer ranks × {}) do not divide "
+        "into engines of {} GPU{} and trainer ranks of {} GPU{}.\n",
+        kColocatedRunName, gpus, base.engines(), base.gpus_per_engine(), base.trainer_ranks(),
+        base.gpus_per_trainer_rank(), base.gpus_per_engine(),
+        base.gpus_per_engine() == 1 ? "" : "s", base.gpus_per_trainer_rank(),
+        base.gpus_per_trainer_rank() == 1 ? "" : "s");
+  }
   out << "\npartial ratio: trained samples with tokens of more than one policy version (a\n"
          "generation interrupted by a weight sync and resumed); it stays small when batches\n"
          "close before the trainer produces new weights. restarts: samples whose tokens were\n"
@@ -391,27 +475,33 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       "{} steps, heavy-tailed lengths, sync mode; --config FILE sets any field of the "
       "rlsched.v1.SimulatorConfig (rollout.proto) in protobuf's JSON mapping, unset fields keep "
       "the defaults, and flags given explicitly override the file.\n"
-      "--max-staleness and --partial-rollout are async mode's (in the file too: "
-      "orchestrator.max_staleness, orchestrator.partial_rollout): without a mode they select "
-      "async; sync (staleness 0) and one_step_off (staleness 1) never interrupt a generation "
-      "and refuse other values; --compare sets the mode, staleness and partial rollout of "
-      "each run and refuses them.\n"
+      "--max-staleness, --partial-rollout, --staleness-policy and --staleness-fraction are "
+      "async mode's (in the file too: orchestrator.max_staleness, …): without a mode they "
+      "select async (--staleness-fraction with the fraction policy); sync (staleness 0) and "
+      "one_step_off (staleness 1) never interrupt a generation and refuse other values. "
+      "--colocated is sync's: it selects sync and refuses the other modes. --compare sets "
+      "the mode, staleness, policy and partial rollout of each run and refuses them.\n"
+      "--engine-tokens-per-second and --train-seconds-per-step give the speeds in the units "
+      "users measure; they override the file's engine.decode_base_seconds, "
+      "engine.decode_per_sequence_seconds and seconds_per_cost_unit.\n"
       "--lengths FILE: integers separated by whitespace, or a CSV with a header: the "
       "response_tokens column when there is one, else the length or tokens column (prompt "
       "lengths keep the config's range).\n"
-      "--compare runs {} on the same workload and seed; --trace then writes the trace of "
-      "--trace-run (default {}).\n"
+      "--compare runs {} (colocated sync on the same GPUs, when they divide into engines of "
+      "--gpus-per-engine and ranks of --gpus-per-trainer-rank), then {} on the same workload "
+      "and seed; --trace then writes the trace of --trace-run (default {}).\n"
       "Output: a summary, or with --json the rlsched.v1.SimulateReply in protobuf's JSON "
       "mapping (proto field names; int64 values are strings; no trace).",
       defaults.engines, defaults.engine.max_concurrent, defaults.trainer_ranks, d.prompts_per_step,
-      d.samples_per_prompt, defaults.steps, names, kDefaultTraceRun));
+      d.samples_per_prompt, defaults.steps, kColocatedRunName, names, kDefaultTraceRun));
 
   command->add_option("--config", args.config, "The SimulatorConfig as JSON")->type_name("FILE");
   CLI::Option* mode =
       command
           ->add_option("--mode", args.mode,
                        fmt::format("Orchestrator mode (default: {}; async when --max-staleness or "
-                                   "--partial-rollout is given)",
+                                   "--partial-rollout is given, or --staleness-policy or "
+                                   "--staleness-fraction; sync with --colocated)",
                                    ModeName(d.mode)))
           ->type_name("sync|one_step_off|async")
           ->check(CLI::IsMember({"sync", "one_step_off", "async"}).description(""));
@@ -439,10 +529,53 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       ->add_option(
           "--staleness-policy", args.staleness_policy,
           "Async mode: admission (default: generation at most s batches ahead, every token "
-          "kept; the per-token staleness is reported) or strict (tokens staler than s are "
-          "discarded and generated again); implies --mode async")
-      ->type_name("admission|strict")
-      ->check(CLI::IsMember({"admission", "strict"}).description(""));
+          "kept; the per-token staleness is reported), fraction (verl's staleness_threshold, "
+          "see --staleness-fraction) or strict (tokens staler than s are discarded and "
+          "generated again); implies --mode async")
+      ->type_name("admission|fraction|strict")
+      ->check(CLI::IsMember({"admission", "fraction", "strict"}).description(""));
+  command
+      ->add_option(
+          "--staleness-fraction", args.staleness_fraction,
+          fmt::format("Async mode's fraction policy α, a real number (verl's "
+                      "staleness_threshold): at most (1 + α)·P groups start per policy version, "
+                      "so at most ⌈α·P⌉ groups of a batch carry older tokens, and generation "
+                      "runs at most ⌈α⌉ batches ahead; nothing is discarded. Implies --mode "
+                      "async --staleness-policy fraction; not with --max-staleness (default: "
+                      "{:g})",
+                      d.staleness_fraction))
+      ->type_name("A")
+      ->check(RealIn(0.0, 1e6));
+  command
+      ->add_option("--train-calls-per-sync", args.train_calls_per_sync,
+                   fmt::format("Streaming (verl's trigger_parameter_sync_step): trainer calls per "
+                               "weight sync K, a divisor of --prompts-per-step; each call trains "
+                               "P/K prompts as soon as they are complete, the engines get new "
+                               "weights after the K-th (default: {})",
+                               d.train_calls_per_sync))
+      ->type_name("K")
+      ->check(IntegerIn(1, kInt64Max));
+  command->add_flag(
+      "--colocated", args.colocated,
+      fmt::format("Sync mode with engines and trainer taking turns on the same GPUs: a closed "
+                  "batch releases the engines, the trainer runs, the engines resume with the "
+                  "new weights; implies --mode sync (default: {})",
+                  d.colocated ? "on" : "off"));
+  command
+      ->add_option("--release-seconds", args.release_seconds,
+                   fmt::format("Colocated: seconds an engine takes to free its GPU memory for "
+                               "the trainer (default: {:g}); needs --colocated or --compare",
+                               defaults.release_seconds))
+      ->type_name("S")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  command
+      ->add_option("--resume-seconds", args.resume_seconds,
+                   fmt::format("Colocated: seconds an engine takes to take its GPU memory back, "
+                               "before loading the new weights (default: {:g}); needs "
+                               "--colocated or --compare",
+                               defaults.resume_seconds))
+      ->type_name("S")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
   command
       ->add_option("--oversample", args.oversample,
                    fmt::format("Over-sampling r: admit up to ceil((1 + r)·P) prompts per batch "
@@ -461,12 +594,50 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                                defaults.engine.max_concurrent))
       ->type_name("N")
       ->check(IntegerIn(1, kInt64Max));
+  const DecodeSpeed speed = DecodeSpeedOf(defaults.engine);
+  command
+      ->add_option("--engine-tokens-per-second", args.engine_tokens_per_second,
+                   fmt::format("Decode speed of one engine in tokens/s: one sample alone, and "
+                               "--engine-concurrency samples together (all of them); sets the "
+                               "engine model's decode time (default: {:.4g},{:.4g})",
+                               speed.single_tokens_per_second, speed.full_tokens_per_second))
+      ->type_name("SINGLE,FULL");
+  command
+      ->add_option("--gpus-per-engine", args.gpus_per_engine,
+                   fmt::format("GPUs behind one engine (its tensor-parallel size), for "
+                               "--compare's colocated_sync run on the same GPUs (default: {})",
+                               defaults.gpus_per_engine))
+      ->type_name("N")
+      ->check(IntegerIn(1, 4096));
   command
       ->add_option(
           "--trainer-ranks", args.trainer_ranks,
           fmt::format("Data-parallel ranks of the trainer (default: {})", defaults.trainer_ranks))
       ->type_name("N")
       ->check(IntegerIn(1, kMaxSimulationTrainerRanks));
+  command
+      ->add_option("--gpus-per-trainer-rank", args.gpus_per_trainer_rank,
+                   fmt::format("GPUs behind one trainer rank, for --compare's colocated_sync run "
+                               "on the same GPUs (default: {})",
+                               defaults.gpus_per_trainer_rank))
+      ->type_name("N")
+      ->check(IntegerIn(1, 4096));
+  command
+      ->add_option("--train-seconds-per-step", args.train_seconds_per_step,
+                   fmt::format("The trainer's mean seconds per step on this workload (all its "
+                               "calls, overheads included); sets the seconds per cost unit "
+                               "(default: unset, {:g} s per cost unit; the summary prints the "
+                               "mean seconds per step)",
+                               defaults.seconds_per_cost_unit))
+      ->type_name("T")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  command
+      ->add_option("--train-call-overhead-seconds", args.train_call_overhead_seconds,
+                   fmt::format("Seconds added to every trainer call (reward, advantages, the "
+                               "optimizer step) (default: {:g})",
+                               defaults.train_call_overhead_seconds))
+      ->type_name("S")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
   command
       ->add_option("--prompts-per-step", args.prompts_per_step,
                    fmt::format("Prompts per train step P (default: {})", d.prompts_per_step))
@@ -526,7 +697,9 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
   CLI::Option* compare =
       command->add_flag("--compare", args.compare,
-                        fmt::format("Run {} on the same workload and print one table", names));
+                        fmt::format("Run {} (when the GPUs divide), {} on the same workload and "
+                                    "print one table",
+                                    kColocatedRunName, names));
   compare->excludes(mode)->excludes(staleness)->excludes(partial)->excludes(no_partial);
   CLI::Option* trace =
       command->add_option("--trace", args.trace, "Write the Chrome trace JSON (Perfetto) to FILE")
@@ -540,6 +713,31 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       ->needs(trace);
   command->add_flag("--json", args.json, "Print the SimulateReply as one line of JSON");
   return command;
+}
+
+v1::DecodeSpeed ParseEngineTokensPerSecond(std::string_view text) {
+  const auto fail = [text]() {
+    throw std::invalid_argument(
+        fmt::format("--engine-tokens-per-second: must be SINGLE,FULL (decode tokens/s of one "
+                    "engine: one sample alone, and at full concurrency; finite, > 0), got '{}'",
+                    text));
+  };
+  const std::size_t comma = text.find(',');
+  if (comma == std::string_view::npos) fail();
+  double values[2] = {0.0, 0.0};
+  const std::string_view parts[2] = {text.substr(0, comma), text.substr(comma + 1)};
+  for (int i = 0; i < 2; ++i) {
+    const std::string_view part = parts[i];
+    const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), values[i]);
+    if (part.empty() || ptr != part.data() + part.size() || ec != std::errc() ||
+        !std::isfinite(values[i]) || !(values[i] > 0.0)) {
+      fail();
+    }
+  }
+  v1::DecodeSpeed speed;
+  speed.set_single_tokens_per_second(values[0]);
+  speed.set_full_tokens_per_second(values[1]);
+  return speed;
 }
 
 v1::LengthDistribution ParseLengthDist(std::string_view text) {
@@ -623,9 +821,28 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   if (args.max_staleness) o.set_max_staleness(*args.max_staleness);
   if (args.partial_rollout) o.set_partial_rollout(*args.partial_rollout);
   if (args.staleness_policy) {
-    o.set_staleness_policy(*args.staleness_policy == "strict" ? v1::STALENESS_POLICY_STRICT
-                                                              : v1::STALENESS_POLICY_ADMISSION);
+    const std::string& policy = *args.staleness_policy;
+    if (policy == "admission") {
+      o.set_staleness_policy(v1::STALENESS_POLICY_ADMISSION);
+    } else if (policy == "fraction") {
+      o.set_staleness_policy(v1::STALENESS_POLICY_FRACTION);
+    } else if (policy == "strict") {
+      o.set_staleness_policy(v1::STALENESS_POLICY_STRICT);
+    } else {
+      throw std::invalid_argument(fmt::format(
+          "--staleness-policy: must be admission, fraction or strict, got '{}'", policy));
+    }
   }
+  if (args.staleness_fraction) {
+    if (args.max_staleness) {
+      throw std::invalid_argument(
+          "--max-staleness: does not apply with --staleness-fraction (the fraction policy's α "
+          "bounds the staleness: generation runs at most ⌈α⌉ batches ahead); give one of them");
+    }
+    o.set_staleness_fraction(*args.staleness_fraction);
+  }
+  if (args.train_calls_per_sync) o.set_train_calls_per_sync(*args.train_calls_per_sync);
+  if (args.colocated) o.set_colocated(true);
   if (args.oversample) o.set_oversample(*args.oversample);
   if (args.prompts_per_step) o.set_prompts_per_step(*args.prompts_per_step);
   if (args.samples_per_prompt) o.set_samples_per_prompt(*args.samples_per_prompt);
@@ -633,7 +850,23 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   if (args.engines) config.set_engines(*args.engines);
   if (args.engine_concurrency)
     config.mutable_engine()->set_max_concurrent(*args.engine_concurrency);
+  if (!args.engine_tokens_per_second.empty()) {
+    // The speed replaces the file's decode times.
+    *config.mutable_decode_speed() = ParseEngineTokensPerSecond(args.engine_tokens_per_second);
+    config.mutable_engine()->clear_decode_base_seconds();
+    config.mutable_engine()->clear_decode_per_sequence_seconds();
+  }
+  if (args.gpus_per_engine) config.set_gpus_per_engine(*args.gpus_per_engine);
   if (args.trainer_ranks) config.set_trainer_ranks(*args.trainer_ranks);
+  if (args.gpus_per_trainer_rank) config.set_gpus_per_trainer_rank(*args.gpus_per_trainer_rank);
+  if (args.train_seconds_per_step) {
+    // The step time replaces the file's cost unit.
+    config.set_train_seconds_per_step(*args.train_seconds_per_step);
+    config.clear_seconds_per_cost_unit();
+  }
+  if (args.train_call_overhead_seconds) {
+    config.set_train_call_overhead_seconds(*args.train_call_overhead_seconds);
+  }
   if (args.steps) config.set_steps(*args.steps);
   if (!args.length_dist.empty()) {
     const v1::LengthDistribution dist = ParseLengthDist(args.length_dist);
@@ -651,6 +884,8 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   if (args.all_equal_rate) config.set_all_equal_rate(*args.all_equal_rate);
   if (args.seed) config.set_seed(*args.seed);
   if (args.weight_sync_seconds) config.set_weight_sync_seconds(*args.weight_sync_seconds);
+  if (args.release_seconds) config.set_release_seconds(*args.release_seconds);
+  if (args.resume_seconds) config.set_resume_seconds(*args.resume_seconds);
   if (args.mtbf) config.set_engine_mtbf_seconds(*args.mtbf);
   if (!args.trace.empty()) config.set_trace(true);
   request.set_compare(args.compare);

@@ -8,21 +8,36 @@
 //   prints a summary: the workload, the throughput against the ideal bound
 //   (min(engine capacity, trainer capacity) in samples/s), idle ratios, weight syncs,
 //   partial rollouts, restarts, the counters and the staleness histogram. --compare
-//   runs the comparison set (sync; one_step_off; async s = 1 and s = 2, each with and
-//   without partial rollout) on the same workload and seed and prints one table.
+//   runs the comparison set (colocated sync on the same GPUs when they divide into
+//   engines of --gpus-per-engine and ranks of --gpus-per-trainer-rank, else a note
+//   says why not; sync; one_step_off; async s = 1 and s = 2, each with and without
+//   partial rollout) on the same workload and seed and prints one table.
 //   --json prints the SimulateReply on one line instead (never the trace). --trace
 //   FILE writes the Chrome trace JSON (opens in Perfetto) of the run, or with
 //   --compare of the run --trace-run names (default async_s1_partial; --trace-run
 //   needs --compare and --trace).
 //
-//   No option is accepted and ignored. --max-staleness and --partial-rollout /
-//   --no-partial-rollout are async mode's: given without a mode (here or in the
-//   file) they select async, where partial rollout is on unless turned off; with
-//   sync or one_step_off (staleness 0 and 1, never interrupting a generation) any
-//   other value is refused, naming the flag. The rule is ToSimulatorConfig()'s
-//   (simulate_convert.h), so it holds for the file and the flags combined;
-//   --compare refuses them (it sets them per run), and --filter-all-equal needs
-//   --all-equal-rate > 0.
+//   No option is accepted and ignored. --max-staleness, --partial-rollout /
+//   --no-partial-rollout, --staleness-policy and --staleness-fraction are async
+//   mode's: given without a mode (here or in the file) they select async (where
+//   partial rollout is on unless turned off; --staleness-fraction selects the
+//   fraction policy too); with sync or one_step_off (staleness 0 and 1, never
+//   interrupting a generation) any other value is refused, naming the flag.
+//   --colocated is sync's: it selects sync, --mode async or one_step_off refuse it,
+//   and async's flags then state sync's values or are refused. --staleness-fraction
+//   is refused with the admission or strict policy and with --max-staleness (α
+//   bounds the staleness). The rule is ToSimulatorConfig()'s (simulate_convert.h),
+//   so it holds for the file and the flags combined; --compare refuses the mode
+//   flags (it sets them per run), --release-seconds and --resume-seconds need a
+//   colocated run (--colocated, or --compare's colocated_sync), and
+//   --filter-all-equal needs --all-equal-rate > 0.
+//
+//   Speeds in users' units: --engine-tokens-per-second SINGLE,FULL sets the engine
+//   model's decode time from tokens/s (one sample alone, and --engine-concurrency
+//   samples together), --train-seconds-per-step the trainer's cost unit from its mean
+//   seconds per step; each overrides the file's engine.decode_* and
+//   seconds_per_cost_unit. The summary prints both speeds back (the decode speed from
+//   the engine model, the mean seconds per step of the run).
 //
 //   --lengths FILE reads response lengths as `rlsched balance` reads its input
 //   (lengths_reader.h): plain integers, or a CSV with a header. For a CSV with a
@@ -60,11 +75,21 @@ struct SimulateArgs {
   std::optional<std::string> mode;  // "sync", "one_step_off" or "async"
   std::optional<std::int64_t> max_staleness;
   std::optional<bool> partial_rollout;          // --partial-rollout[=BOOL], --no-partial-rollout
-  std::optional<std::string> staleness_policy;  // "admission" or "strict"
+  std::optional<std::string> staleness_policy;  // "admission", "fraction" or "strict"
+  std::optional<double> staleness_fraction;     // α of the fraction policy
+  std::optional<std::int64_t> train_calls_per_sync;
+  bool colocated = false;
+  std::optional<double> release_seconds;
+  std::optional<double> resume_seconds;
   std::optional<double> oversample;
   std::optional<std::int64_t> engines;
   std::optional<std::int64_t> engine_concurrency;
+  std::string engine_tokens_per_second;  // --engine-tokens-per-second SINGLE,FULL; empty: none
+  std::optional<std::int64_t> gpus_per_engine;
   std::optional<std::int64_t> trainer_ranks;
+  std::optional<std::int64_t> gpus_per_trainer_rank;
+  std::optional<double> train_seconds_per_step;
+  std::optional<double> train_call_overhead_seconds;
   std::optional<std::int64_t> prompts_per_step;
   std::optional<std::int64_t> samples_per_prompt;
   std::optional<std::int64_t> steps;
@@ -89,6 +114,11 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args);
 // finite and >= 0, MAX an integer in [1, 2^31]). Throws std::invalid_argument naming
 // --length-dist and the bound.
 v1::LengthDistribution ParseLengthDist(std::string_view text);
+
+// The decode speed of an --engine-tokens-per-second value "SINGLE,FULL" (two finite
+// reals > 0; their bounds against each other and max_concurrent are the converter's).
+// Throws std::invalid_argument naming --engine-tokens-per-second.
+v1::DecodeSpeed ParseEngineTokensPerSecond(std::string_view text);
 
 // Response lengths from text in --lengths' formats (see the file comment). Throws
 // std::invalid_argument naming the line and the bound ("line 3: …"), or "no lengths".

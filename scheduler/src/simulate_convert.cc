@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -28,10 +29,14 @@ constexpr std::array<ComparisonRun, 6> kComparisonRuns = {{
 
 // The OrchestratorOptions fields: a message of the simulator's Validate() that starts
 // with one of these (without "orchestrator.") is about them.
-constexpr std::array<std::string_view, 11> kOrchestratorFields = {
+constexpr std::array<std::string_view, 15> kOrchestratorFields = {
     "mode",
     "max_staleness",
     "partial_rollout",
+    "staleness_policy",
+    "staleness_fraction",
+    "train_calls_per_sync",
+    "colocated",
     "oversample",
     "prompts_per_step",
     "samples_per_prompt",
@@ -89,14 +94,13 @@ Mode ToMode(v1::OrchestratorMode mode, Mode fallback) {
   }
 }
 
-// The mode and async's own fields (see the file comment of simulate_convert.h):
-// max_staleness or partial_rollout without a mode select async; with sync or
-// one_step_off they may only state that mode's fixed values.
 StalenessPolicy ToPolicy(v1::StalenessPolicy policy) {
   switch (policy) {
     case v1::STALENESS_POLICY_UNSPECIFIED:
     case v1::STALENESS_POLICY_ADMISSION:
       return StalenessPolicy::kAdmission;
+    case v1::STALENESS_POLICY_FRACTION:
+      return StalenessPolicy::kFraction;
     case v1::STALENESS_POLICY_STRICT:
       return StalenessPolicy::kStrict;
     default:
@@ -105,33 +109,85 @@ StalenessPolicy ToPolicy(v1::StalenessPolicy policy) {
   }
 }
 
+// The mode and its own fields (see the file comment of simulate_convert.h):
+// max_staleness, partial_rollout, staleness_policy or staleness_fraction without a
+// mode select async, colocated selects sync; with another mode they may only state
+// that mode's fixed values.
 void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorOptions& out) {
   const bool has_policy = in.staleness_policy() != v1::STALENESS_POLICY_UNSPECIFIED;
-  const bool async_fields = in.has_max_staleness() || in.has_partial_rollout() || has_policy;
-  out.mode = ToMode(in.mode(), async_fields ? Mode::kAsync : out.mode);
+  const bool async_fields = in.has_max_staleness() || in.has_partial_rollout() || has_policy ||
+                            in.has_staleness_fraction();
+  const bool colocated = in.has_colocated() && in.colocated();
+  const bool mode_given = in.mode() != v1::ORCHESTRATOR_MODE_UNSPECIFIED;
+  out.mode = ToMode(in.mode(), colocated ? Mode::kSync : async_fields ? Mode::kAsync : out.mode);
+  if (colocated && out.mode != Mode::kSync) {
+    Fail("orchestrator.colocated",
+         fmt::format("applies to mode sync only (engines and trainer take turns on the same "
+                     "GPUs; mode {} overlaps generation and training), got true",
+                     ModeName(out.mode)));
+  }
+  const double fraction = in.staleness_fraction();
+  if (in.has_staleness_fraction() && !(fraction >= 0 && fraction <= 1e6)) {
+    Fail("orchestrator.staleness_fraction",
+         fmt::format("must be in [0, 1000000], got {}", fraction));
+  }
   if (out.mode != Mode::kAsync) {
+    // "mode sync", or when colocated chose it over async's fields, why sync.
+    const std::string mode = !mode_given && colocated && async_fields
+                                 ? std::string("colocated selects mode sync, which")
+                                 : fmt::format("mode {}", ModeName(out.mode));
     const std::int64_t staleness = EffectiveStaleness(out);
     if (in.has_max_staleness() && in.max_staleness() != staleness) {
       Fail("orchestrator.max_staleness",
-           fmt::format("applies to mode async only (mode {} has staleness {}), got {}",
-                       ModeName(out.mode), staleness, in.max_staleness()));
+           fmt::format("applies to mode async only ({} has staleness {}), got {}", mode, staleness,
+                       in.max_staleness()));
     }
     if (in.has_partial_rollout() && in.partial_rollout()) {
       Fail("orchestrator.partial_rollout",
-           fmt::format("applies to mode async only (mode {} never interrupts a generation: "
+           fmt::format("applies to mode async only ({} never interrupts a generation: "
                        "engines take new weights between batches), got true",
-                       ModeName(out.mode)));
+                       mode));
     }
     if (has_policy && in.staleness_policy() != v1::STALENESS_POLICY_STRICT) {
       Fail("orchestrator.staleness_policy",
-           fmt::format("applies to mode async only (mode {} keeps every token within its "
+           fmt::format("applies to mode async only ({} keeps every token within its "
                        "staleness: strict), got {}",
-                       ModeName(out.mode), v1::StalenessPolicy_Name(in.staleness_policy())));
+                       mode, v1::StalenessPolicy_Name(in.staleness_policy())));
+    }
+    if (fraction != 0) {
+      Fail("orchestrator.staleness_fraction",
+           fmt::format("applies to mode async with the fraction policy only ({} has staleness "
+                       "{}), got {}",
+                       mode, staleness, fraction));
+    }
+  } else {
+    // The policy: given, or FRACTION when staleness_fraction is set without one.
+    if (has_policy) {
+      out.staleness_policy = ToPolicy(in.staleness_policy());
+    } else if (in.has_staleness_fraction()) {
+      out.staleness_policy = StalenessPolicy::kFraction;
+    }
+    if (out.staleness_policy != StalenessPolicy::kFraction && fraction != 0) {
+      Fail("orchestrator.staleness_fraction",
+           fmt::format("applies to the fraction policy only (the {} policy bounds staleness by "
+                       "max_staleness), got {}",
+                       out.staleness_policy == StalenessPolicy::kStrict ? "strict" : "admission",
+                       fraction));
+    }
+    if (out.staleness_policy == StalenessPolicy::kFraction) {
+      out.staleness_fraction = fraction;
+      const std::int64_t ahead = EffectiveStaleness(out);
+      if (in.has_max_staleness() && in.max_staleness() != ahead) {
+        Fail("orchestrator.max_staleness",
+             fmt::format("does not apply to the fraction policy (staleness_fraction {} bounds "
+                         "staleness: generation runs ceil({}) = {} batches ahead at most), got {}",
+                         fraction, fraction, ahead, in.max_staleness()));
+      }
     }
   }
-  if (has_policy) out.staleness_policy = ToPolicy(in.staleness_policy());
   if (in.has_max_staleness()) out.max_staleness = in.max_staleness();
   if (in.has_partial_rollout()) out.partial_rollout = in.partial_rollout();
+  if (in.has_colocated()) out.colocated = in.colocated();
 }
 
 void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& config) {
@@ -145,6 +201,7 @@ void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& confi
   if (in.has_length_quantile()) out.length_quantile = in.length_quantile();
   if (in.has_initial_prediction()) out.initial_prediction = in.initial_prediction();
   if (in.has_num_steps()) out.num_steps = in.num_steps();
+  if (in.has_train_calls_per_sync()) out.train_calls_per_sync = in.train_calls_per_sync();
 }
 
 void ApplyEngine(const v1::EngineModel& in, EngineModel& out) {
@@ -159,6 +216,42 @@ void ApplyEngine(const v1::EngineModel& in, EngineModel& out) {
   if (in.has_decode_per_context_token_seconds()) {
     out.decode_per_context_token_seconds = in.decode_per_context_token_seconds();
   }
+}
+
+// The decode speed in tokens/s (see the file comment of simulate_convert.h), after the
+// engine's own fields.
+void ApplyDecodeSpeed(const v1::SimulatorConfig& message, EngineModel& engine) {
+  if (!message.has_decode_speed()) return;
+  const DecodeSpeed speed{
+      .single_tokens_per_second = message.decode_speed().single_tokens_per_second(),
+      .full_tokens_per_second = message.decode_speed().full_tokens_per_second()};
+  EngineModel model = engine;
+  try {
+    SetDecodeSpeed(model, speed);
+  } catch (const std::invalid_argument& e) {
+    const std::string_view what = e.what();
+    if (what.starts_with("engine.")) throw;
+    throw std::invalid_argument(fmt::format("decode_speed.{}", what));
+  }
+  const v1::EngineModel& fields = message.engine();
+  if (fields.has_decode_base_seconds() || fields.has_decode_per_sequence_seconds()) {
+    // Both given: the speed may only state what the fields give.
+    const DecodeSpeed given = DecodeSpeedOf(engine);
+    const auto same = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::abs(b); };
+    if (!same(speed.single_tokens_per_second, given.single_tokens_per_second) ||
+        !same(speed.full_tokens_per_second, given.full_tokens_per_second)) {
+      Fail("decode_speed",
+           fmt::format("contradicts engine.decode_base_seconds and "
+                       "engine.decode_per_sequence_seconds, which give {:.9g} tokens/s alone and "
+                       "{:.9g} at full concurrency (max_concurrent {}); set the speed or those "
+                       "fields, not both, got {:.9g} and {:.9g}",
+                       given.single_tokens_per_second, given.full_tokens_per_second,
+                       engine.max_concurrent, speed.single_tokens_per_second,
+                       speed.full_tokens_per_second));
+    }
+    return;
+  }
+  engine = model;
 }
 
 void ApplyLengths(const v1::LengthDistribution& in, LengthDistribution& out) {
@@ -329,12 +422,12 @@ void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {
   out.set_trainer_wait_seconds_per_step(in.trainer_wait_seconds_per_step);
 }
 
-// With compare: the comparison set gives each run its mode, max_staleness and
-// partial_rollout, so the config must not (errors relative to the SimulateRequest).
+// With compare: the comparison set gives each run its mode fields, so the config must
+// not (errors relative to the SimulateRequest).
 void CheckNoModeFields(const v1::OrchestratorOptions& o) {
   constexpr std::string_view kWhy =
-      "compare gives each run its own (sync, one_step_off, async s = 1 and 2 with and without "
-      "partial rollout); leave it unset";
+      "compare gives each run its own (colocated sync, sync, one_step_off, async s = 1 and 2 "
+      "with and without partial rollout, under the admission policy); leave it unset";
   if (o.mode() != v1::ORCHESTRATOR_MODE_UNSPECIFIED) {
     const std::string& name = v1::OrchestratorMode_Name(o.mode());
     Fail("config.orchestrator.mode",
@@ -347,6 +440,39 @@ void CheckNoModeFields(const v1::OrchestratorOptions& o) {
   if (o.has_partial_rollout()) {
     Fail("config.orchestrator.partial_rollout",
          fmt::format("{}, got {}", kWhy, o.partial_rollout()));
+  }
+  if (o.staleness_policy() != v1::STALENESS_POLICY_UNSPECIFIED) {
+    const std::string& name = v1::StalenessPolicy_Name(o.staleness_policy());
+    Fail("config.orchestrator.staleness_policy",
+         fmt::format("{}, got {}", kWhy,
+                     name.empty() ? std::to_string(static_cast<int>(o.staleness_policy())) : name));
+  }
+  if (o.has_staleness_fraction()) {
+    Fail("config.orchestrator.staleness_fraction",
+         fmt::format("{}, got {}", kWhy, o.staleness_fraction()));
+  }
+  if (o.has_colocated()) {
+    Fail("config.orchestrator.colocated", fmt::format("{}, got {}", kWhy, o.colocated()));
+  }
+}
+
+// The GPUs of `config` as text: "12 GPUs (4 engines × 2 + 4 trainer ranks × 1)".
+std::string DescribeGpus(const SimulatorConfig& config) {
+  return fmt::format(
+      "{} GPUs ({} engines × {} + {} trainer ranks × {})",
+      config.engines * config.gpus_per_engine + config.trainer_ranks * config.gpus_per_trainer_rank,
+      config.engines, config.gpus_per_engine, config.trainer_ranks, config.gpus_per_trainer_rank);
+}
+
+// release_seconds and resume_seconds, when no run is colocated (`why`: why not).
+void CheckNoColocatedFields(const SimulatorConfig& config, std::string_view why) {
+  if (config.release_seconds != 0) {
+    Fail("config.release_seconds",
+         fmt::format("applies only to colocated runs ({}), got {}", why, config.release_seconds));
+  }
+  if (config.resume_seconds != 0) {
+    Fail("config.resume_seconds",
+         fmt::format("applies only to colocated runs ({}), got {}", why, config.resume_seconds));
   }
 }
 
@@ -399,11 +525,26 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& message) {
   if (message.has_steps()) config.steps = message.steps();
   if (message.has_engines()) config.engines = message.engines();
   ApplyEngine(message.engine(), config.engine);
+  ApplyDecodeSpeed(message, config.engine);
   if (message.has_trainer_ranks()) config.trainer_ranks = message.trainer_ranks();
+  if (message.has_gpus_per_engine()) config.gpus_per_engine = message.gpus_per_engine();
+  if (message.has_gpus_per_trainer_rank()) {
+    config.gpus_per_trainer_rank = message.gpus_per_trainer_rank();
+  }
   ApplyStep(message.step(), config.step);
   if (message.has_seconds_per_cost_unit()) {
+    if (message.has_train_seconds_per_step()) {
+      Fail("train_seconds_per_step",
+           fmt::format("sets seconds_per_cost_unit, so not both (seconds_per_cost_unit {}), got {}",
+                       message.seconds_per_cost_unit(), message.train_seconds_per_step()));
+    }
     config.seconds_per_cost_unit = message.seconds_per_cost_unit();
   }
+  if (message.has_train_call_overhead_seconds()) {
+    config.train_call_overhead_seconds = message.train_call_overhead_seconds();
+  }
+  if (message.has_release_seconds()) config.release_seconds = message.release_seconds();
+  if (message.has_resume_seconds()) config.resume_seconds = message.resume_seconds();
   if (message.has_weight_sync_seconds()) config.weight_sync_seconds = message.weight_sync_seconds();
   if (message.has_dataset_prompts()) config.dataset_prompts = message.dataset_prompts();
   ApplyLengths(message.lengths(), config.lengths);
@@ -419,6 +560,24 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& message) {
     throw std::invalid_argument(ToWirePath(e.what()));
   }
   CheckLimits(config);
+  if (message.has_train_seconds_per_step()) {
+    // The trainer's speed in seconds per step, on the otherwise converted config.
+    const double seconds = message.train_seconds_per_step();
+    try {
+      config.seconds_per_cost_unit = CostUnitForStepSeconds(config, seconds);
+    } catch (const std::invalid_argument& e) {
+      constexpr std::string_view kSeconds = "seconds:";
+      const std::string_view what = e.what();
+      if (!what.starts_with(kSeconds)) throw std::invalid_argument(ToWirePath(what));
+      throw std::invalid_argument(
+          fmt::format("train_seconds_per_step:{}", what.substr(kSeconds.size())));
+    }
+    try {
+      Validate(config);
+    } catch (const std::invalid_argument& e) {
+      Fail("train_seconds_per_step", fmt::format("gives {} (got {})", e.what(), seconds));
+    }
+  }
   return config;
 }
 
@@ -430,10 +589,15 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   // The values the mode runs with (sync and one_step_off ignore the C++ fields).
   orchestrator->set_max_staleness(EffectiveStaleness(o));
   orchestrator->set_partial_rollout(o.mode == Mode::kAsync && o.partial_rollout);
-  orchestrator->set_staleness_policy(o.mode == Mode::kAsync &&
-                                             o.staleness_policy == StalenessPolicy::kAdmission
-                                         ? v1::STALENESS_POLICY_ADMISSION
-                                         : v1::STALENESS_POLICY_STRICT);
+  const bool async = o.mode == Mode::kAsync;
+  const bool fraction = async && o.staleness_policy == StalenessPolicy::kFraction;
+  orchestrator->set_staleness_policy(!async || o.staleness_policy == StalenessPolicy::kStrict
+                                         ? v1::STALENESS_POLICY_STRICT
+                                     : fraction ? v1::STALENESS_POLICY_FRACTION
+                                                : v1::STALENESS_POLICY_ADMISSION);
+  orchestrator->set_staleness_fraction(fraction ? o.staleness_fraction : 0.0);
+  orchestrator->set_train_calls_per_sync(o.train_calls_per_sync);
+  orchestrator->set_colocated(o.mode == Mode::kSync && o.colocated);
   orchestrator->set_oversample(o.oversample);
   orchestrator->set_prompts_per_step(o.prompts_per_step);
   orchestrator->set_samples_per_prompt(o.samples_per_prompt);
@@ -451,7 +615,12 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   engine->set_decode_base_seconds(config.engine.decode_base_seconds);
   engine->set_decode_per_sequence_seconds(config.engine.decode_per_sequence_seconds);
   engine->set_decode_per_context_token_seconds(config.engine.decode_per_context_token_seconds);
+  const DecodeSpeed speed = DecodeSpeedOf(config.engine);
+  message.mutable_decode_speed()->set_single_tokens_per_second(speed.single_tokens_per_second);
+  message.mutable_decode_speed()->set_full_tokens_per_second(speed.full_tokens_per_second);
   message.set_trainer_ranks(config.trainer_ranks);
+  message.set_gpus_per_engine(config.gpus_per_engine);
+  message.set_gpus_per_trainer_rank(config.gpus_per_trainer_rank);
 
   const v1::PlanStepRequest step_request = ToPlanStepRequest(config.step);
   v1::StepPlanOptions* step = message.mutable_step();
@@ -468,7 +637,12 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   step->set_refine_iterations(step_request.refine_iterations());
 
   message.set_seconds_per_cost_unit(config.seconds_per_cost_unit);
+  message.set_train_call_overhead_seconds(config.train_call_overhead_seconds);
   message.set_weight_sync_seconds(config.weight_sync_seconds);
+  // As the run runs them: only a colocated engine releases its GPUs.
+  const bool colocated = o.mode == Mode::kSync && o.colocated;
+  message.set_release_seconds(colocated ? config.release_seconds : 0.0);
+  message.set_resume_seconds(colocated ? config.resume_seconds : 0.0);
   message.set_dataset_prompts(config.dataset_prompts);
   v1::LengthDistribution* lengths = message.mutable_lengths();
   lengths->set_mu(config.lengths.mu);
@@ -514,26 +688,73 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
     if (!request.trace_run().empty()) {
       Fail("trace_run", fmt::format("applies only with compare, got '{}'", request.trace_run()));
     }
+    if (!config.orchestrator.colocated) {
+      CheckNoColocatedFields(config,
+                             "orchestrator.colocated, or compare's colocated_sync run; this run "
+                             "is not colocated");
+    }
     *reply.add_runs() = RunOne(kSingleRunName, config, config.trace);
     return reply;
   }
 
+  // Colocated sync on the same GPUs, when they divide.
+  const std::optional<SimulatorConfig> colocated = ColocatedBaseline(config);
+  if (colocated) {
+    try {
+      Validate(*colocated);
+      CheckLimits(*colocated);
+    } catch (const std::invalid_argument& e) {
+      const std::string what = ToWirePath(e.what());
+      std::string_view path = LeadingFieldPath(what);
+      std::string_view rest = what;
+      if (!path.empty()) {
+        rest.remove_prefix(path.size() + 1);  // "path:"
+        if (rest.starts_with(' ')) rest.remove_prefix(1);
+      }
+      if (path.empty()) path = "gpus_per_engine";
+      Fail(fmt::format("config.{}", path),
+           fmt::format("in compare's {} run (colocated sync on the {}: {} engines and {} trainer "
+                       "ranks): {}",
+                       kColocatedRunName, DescribeGpus(config), colocated->engines,
+                       colocated->trainer_ranks, rest));
+    }
+  } else {
+    CheckNoColocatedFields(
+        config, fmt::format("compare's {} run, which does not run: the {} do not divide into "
+                            "engines of {} and trainer ranks of {}",
+                            kColocatedRunName, DescribeGpus(config), config.gpus_per_engine,
+                            config.gpus_per_trainer_rank));
+  }
+
   const std::string_view trace_run =
       request.trace_run().empty() ? kDefaultTraceRun : std::string_view(request.trace_run());
-  bool known = false;
+  bool known = trace_run == kColocatedRunName;
   std::string names;
   for (const ComparisonRun& run : kComparisonRuns) {
     known = known || run.name == trace_run;
-    names += names.empty() ? "" : ", ";
     names += run.name;
+    names += ", ";
   }
+  names += kColocatedRunName;
   if (!known) Fail("trace_run", fmt::format("must be one of {}, got '{}'", names, trace_run));
   if (!request.trace_run().empty() && !config.trace) {
     Fail("trace_run", fmt::format("applies only with config.trace (it names the run whose trace "
                                   "is kept), got '{}'",
                                   request.trace_run()));
   }
+  if (trace_run == kColocatedRunName && !colocated) {
+    Fail("trace_run",
+         fmt::format("{} does not run: the {} do not divide into engines of {} and trainer ranks "
+                     "of {}, got '{}'",
+                     kColocatedRunName, DescribeGpus(config), config.gpus_per_engine,
+                     config.gpus_per_trainer_rank, trace_run));
+  }
 
+  if (colocated) {
+    SimulatorConfig variant = *colocated;
+    variant.trace = config.trace && trace_run == kColocatedRunName;
+    *reply.add_runs() = RunOne(kColocatedRunName, variant, variant.trace);
+  }
   for (const ComparisonRun& run : kComparisonRuns) {
     SimulatorConfig variant = config;
     variant.orchestrator.mode = run.mode;

@@ -8,7 +8,9 @@
 //   say only what it changes; an empty message is the default config. The result is
 //   validated (scheduler::Validate() and the daemon's limits below). The report goes
 //   back as a rlsched.v1.SimulationReport. SolveSimulate() answers a SimulateRequest:
-//   one run, or the comparison set (ComparisonRuns()) on the same workload and seed.
+//   one run, or the comparison set on the same workload and seed: colocated sync on
+//   the same GPUs (kColocatedRunName, ColocatedBaseline(); only when the GPUs divide)
+//   and then ComparisonRuns().
 //   The command (`rlsched simulate`) and the daemon (`rlsched serve`) both answer
 //   through SolveSimulate(), so they cannot disagree.
 //
@@ -20,9 +22,27 @@
 //   ("orchestrator.max_staleness: applies to mode async only (mode sync has
 //   staleness 0), got 2"). So a field is never accepted and ignored, and a config
 //   message (ToSimulatorConfigMessage(), which writes those values) reads back.
-//   With compare the comparison set gives each run these three fields, so the
-//   config must leave them unset ("config.orchestrator.mode: compare gives each run
-//   its own …"); trace_run needs compare and config.trace.
+//   The same for the other mode fields: staleness_policy selects async (sync and
+//   one_step_off accept STRICT only); staleness_fraction selects async with the
+//   FRACTION policy (anything else accepts 0 only), and under FRACTION max_staleness
+//   may only state ceil(staleness_fraction); colocated = true selects sync (ASYNC and
+//   ONE_STEP_OFF refuse it, and async's fields then state sync's values or are
+//   refused, "… (colocated selects mode sync, which has staleness 0) …").
+//   With compare the comparison set gives each run its mode fields, so the config
+//   must leave mode, max_staleness, partial_rollout, staleness_policy,
+//   staleness_fraction and colocated unset ("config.orchestrator.mode: compare gives
+//   each run its own …"); trace_run needs compare and config.trace.
+//   release_seconds and resume_seconds apply to colocated runs only: SolveSimulate()
+//   refuses them (non-zero) for a single run that is not colocated, and for a
+//   comparison whose colocated_sync run does not run.
+//
+//   Speeds in users' units. decode_speed (tokens/s alone and at full concurrency)
+//   sets engine.decode_base_seconds and decode_per_sequence_seconds (SetDecodeSpeed
+//   for the config's max_concurrent); with either of those fields set it may only
+//   state the speed they give (relative tolerance 1e-9), so that a run's config,
+//   which states both, reads back. train_seconds_per_step sets seconds_per_cost_unit
+//   (CostUnitForStepSeconds on the otherwise converted config) and refuses
+//   seconds_per_cost_unit beside it.
 //
 //   Errors are std::invalid_argument whose message starts with the message's field
 //   path (relative to the SimulatorConfig for ToSimulatorConfig(), to the
@@ -75,6 +95,9 @@ inline constexpr std::int64_t kMaxSimulationLengths = 10'000'000;
 inline constexpr std::string_view kSingleRunName = "simulation";
 // The comparison run whose trace is kept by default.
 inline constexpr std::string_view kDefaultTraceRun = "async_s1_partial";
+// The comparison's first run: colocated sync on the same GPUs (ColocatedBaseline()),
+// when they divide.
+inline constexpr std::string_view kColocatedRunName = "colocated_sync";
 
 // One run of the comparison set: the base config with these orchestrator options.
 struct ComparisonRun {
@@ -85,7 +108,8 @@ struct ComparisonRun {
 };
 
 // sync; one_step_off; async s = 1 with and without partial rollout; async s = 2 with
-// and without partial rollout — in that order.
+// and without partial rollout — in that order (after kColocatedRunName, which is not
+// one of these: it changes the engines and trainer ranks too).
 std::span<const ComparisonRun> ComparisonRuns();
 
 // The config a message asks for (see the file comment): DefaultSimulatorConfig() with
@@ -95,10 +119,14 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& config);
 
 // `config` as a message with every field set (a filter is not representable beyond
 // filter_all_equal; the planner comes from `step`). The cost model is written as
-// coefficients (or tokens); max_staleness and partial_rollout as the mode runs them
-// (sync: 0 and false, one_step_off: 1 and false). ToSimulatorConfig(
-// ToSimulatorConfigMessage(c)) gives c back (those two fields of sync and
-// one_step_off, which the simulation ignores, as stated here). O(lengths).
+// coefficients (or tokens); max_staleness, partial_rollout, staleness_policy and
+// staleness_fraction as the mode runs them (sync: 0, false, STRICT, 0; one_step_off:
+// 1, false, STRICT, 0; async: FRACTION's max_staleness is ceil(staleness_fraction),
+// other policies' staleness_fraction 0); release_seconds and resume_seconds as 0
+// unless colocated; decode_speed = DecodeSpeedOf(engine) beside the engine's fields;
+// train_seconds_per_step unset (seconds_per_cost_unit states it).
+// ToSimulatorConfig(ToSimulatorConfigMessage(c)) gives c back (those fields, which
+// the simulation ignores, as stated here). O(lengths).
 v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config);
 
 // The report as a message; trace_json only when `include_trace`.
@@ -110,11 +138,12 @@ v1::OrchestratorMode ToModeMessage(Mode mode);
 std::string_view ModeName(Mode mode);
 
 // Validates `request` and runs the simulation(s): one run named kSingleRunName, or
-// with `compare` the ComparisonRuns() on the same config (which must leave mode,
-// max_staleness and partial_rollout unset), the trace kept only for trace_run
-// (default kDefaultTraceRun; trace_run needs config.trace) when config.trace. Each
-// run carries its config (every field set) and its report. Throws
-// std::invalid_argument naming the field ("config.engines: …", "trace_run: …").
+// with `compare` kColocatedRunName on ColocatedBaseline(config) when that has a value,
+// then the ComparisonRuns() on the same config (which must leave the mode fields
+// unset, see the file comment), the trace kept only for trace_run (default
+// kDefaultTraceRun; trace_run needs config.trace) when config.trace. Each run carries
+// its config (every field set) and its report. Throws std::invalid_argument naming
+// the field ("config.engines: …", "trace_run: …").
 // Deterministic. Complexity: that of the simulations.
 v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request);
 

@@ -65,19 +65,37 @@ frame "$plan_step" >"$out/plan_step"
 frame "$plan_step_groups" >"$out/plan_step_groups"
 frame "$invalid" >"$out/invalid"
 frame "$reshard" >"$out/reshard"
-# compare gives each run its mode, staleness and partial rollout (the config leaves
-# them unset); its async runs use the strict policy here.
+# compare gives each run its mode, staleness, policy and partial rollout (the config
+# leaves them unset), and runs colocated sync on the same GPUs first (2 engines of 2
+# GPUs + 2 ranks of 1 GPU: 3 engines and 6 ranks), streamed in 2 calls per sync.
 simulate='id: "s" simulate { config {
-  orchestrator { staleness_policy: STALENESS_POLICY_STRICT prompts_per_step: 4
-                 samples_per_prompt: 4 oversample: 0.5 filter_all_equal: true }
-  steps: 3 engines: 2 trainer_ranks: 2 max_events: 5000 all_equal_rate: 0.2
+  orchestrator { prompts_per_step: 4 samples_per_prompt: 4 oversample: 0.5
+                 filter_all_equal: true train_calls_per_sync: 2 }
+  steps: 3 engines: 2 trainer_ranks: 2 gpus_per_engine: 2 gpus_per_trainer_rank: 1
+  release_seconds: 0.5 resume_seconds: 1.5 max_events: 5000 all_equal_rate: 0.2
   engine_mtbf_seconds: 200 } compare: true }'
 frame "$simulate" >"$out/simulate"
 simulate_async='id: "a" simulate { config {
   orchestrator { mode: ORCHESTRATOR_MODE_ASYNC max_staleness: 1 prompts_per_step: 4
-                 samples_per_prompt: 4 oversample: 0.25 }
+                 samples_per_prompt: 4 oversample: 0.25
+                 staleness_policy: STALENESS_POLICY_STRICT }
   steps: 3 engines: 2 trainer_ranks: 2 max_events: 5000 engine_mtbf_seconds: 200 } }'
 frame "$simulate_async" >"$out/simulate_async"
+# The fraction policy (staleness_fraction alone selects async), streaming, and the
+# speeds in users' units (tokens/s, seconds per step).
+simulate_fraction='id: "f" simulate { config {
+  orchestrator { staleness_fraction: 1.5 prompts_per_step: 4 samples_per_prompt: 4
+                 train_calls_per_sync: 2 }
+  steps: 3 engines: 2 trainer_ranks: 2 max_events: 5000 train_call_overhead_seconds: 0.5
+  decode_speed { single_tokens_per_second: 40 full_tokens_per_second: 2000 }
+  train_seconds_per_step: 30 engine_mtbf_seconds: 300 } }'
+frame "$simulate_fraction" >"$out/simulate_fraction"
+# Colocated sync: engines released for the trainer, resumed with the new weights.
+simulate_colocated='id: "c" simulate { config {
+  orchestrator { colocated: true prompts_per_step: 4 samples_per_prompt: 2 }
+  steps: 3 engines: 2 trainer_ranks: 2 max_events: 5000 release_seconds: 2
+  resume_seconds: 3 } }'
+frame "$simulate_colocated" >"$out/simulate_colocated"
 frame "$empty" >"$out/empty"
 {
   frame "$ping"

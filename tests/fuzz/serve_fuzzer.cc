@@ -107,7 +107,8 @@ bool CheapReshard(const v1::ReshardRequest& reshard) {
 }
 
 // Simulate: the event budget must be set and small; samples per step, engines,
-// ranks and listed lengths bounded too (their setup does not count as events).
+// ranks (those of compare's colocated_sync run too) and listed lengths bounded too
+// (their setup does not count as events).
 bool CheapSimulate(const v1::SimulateRequest& request) {
   const v1::SimulatorConfig& config = request.config();
   const v1::OrchestratorOptions& core = config.orchestrator();
@@ -115,6 +116,14 @@ bool CheapSimulate(const v1::SimulateRequest& request) {
   if (!config.has_engines() || config.engines() > kMaxSimulateEngines) return false;
   if (!config.has_trainer_ranks() || config.trainer_ranks() > kMaxParts) return false;
   if (!core.has_prompts_per_step() || !core.has_samples_per_prompt()) return false;
+  if (request.compare()) {
+    // The colocated_sync run: the GPUs shared by as many engines and ranks as they hold.
+    const std::int64_t per_engine = std::max<std::int64_t>(config.gpus_per_engine(), 1);
+    const std::int64_t per_rank = std::max<std::int64_t>(config.gpus_per_trainer_rank(), 1);
+    if (per_engine > 4096 || per_rank > 4096) return true;  // rejected at once
+    const std::int64_t gpus = config.engines() * per_engine + config.trainer_ranks() * per_rank;
+    if (gpus / per_engine > kMaxSimulateEngines || gpus / per_rank > kMaxParts) return false;
+  }
   const double samples = static_cast<double>(core.prompts_per_step()) *
                          static_cast<double>(core.samples_per_prompt()) *
                          (1.0 + std::max(core.oversample(), 0.0));

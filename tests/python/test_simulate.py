@@ -40,16 +40,21 @@ def test_compare_and_trace(client):
                   orchestrator={"prompts_per_step": 8, "samples_per_prompt": 4})
     reply = client.simulate(config, compare=True, trace_run="sync")
     names = [run.name for run in reply.runs]
-    assert len(names) == 6 and names[0] == "sync"
-    trace = json.loads(reply.runs[0].report.trace_json)
+    # colocated sync on the same 8 GPUs first, then the six.
+    assert names == ["colocated_sync", "sync", "one_step_off", "async_s1_partial",
+                     "async_s1", "async_s2_partial", "async_s2"]
+    trace = json.loads(reply.runs[1].report.trace_json)
     assert trace["traceEvents"]
-    assert all(run.report.trace_json == "" for run in reply.runs[1:])
+    assert all(run.report.trace_json == "" for run in reply.runs if run.name != "sync")
+    colocated = reply.runs[0].config
+    assert colocated.orchestrator.colocated and colocated.engines == 8
+    assert colocated.trainer_ranks == 8
     by_name = {run.name: run.report for run in reply.runs}
     for name, report in by_name.items():
         # sync and one_step_off keep their bound (strict); the async runs use the
         # admission policy and discard no token for staleness.
-        if name in ("sync", "one_step_off"):
-            assert report.metrics.max_staleness <= (0 if name == "sync" else 1), name
+        if name in ("colocated_sync", "sync", "one_step_off"):
+            assert report.metrics.max_staleness <= (1 if name == "one_step_off" else 0), name
         assert report.counters.stale_discarded_tokens == 0, name
 
 
@@ -85,3 +90,59 @@ def test_async_fields_select_async_or_are_refused(client):
     with pytest.raises(InvalidArgumentError) as info:
         client.simulate(SMALL, compare=True)
     assert info.value.field == "simulate.config.orchestrator.mode"
+
+
+def test_fraction_policy_and_streaming(client):
+    config = dict(SMALL, orchestrator={"staleness_policy": "fraction", "staleness_fraction": 1.5,
+                                       "train_calls_per_sync": 2, "prompts_per_step": 8,
+                                       "samples_per_prompt": 4},
+                  decode_speed={"single_tokens_per_second": 40, "full_tokens_per_second": 200},
+                  train_seconds_per_step=20)
+    run = client.simulate(config).runs[0]
+    options = run.config.orchestrator
+    assert options.mode == rollout_pb2.ORCHESTRATOR_MODE_ASYNC
+    assert options.staleness_policy == rollout_pb2.STALENESS_POLICY_FRACTION
+    assert options.staleness_fraction == 1.5 and options.max_staleness == 2
+    assert options.train_calls_per_sync == 2
+    assert run.config.decode_speed.single_tokens_per_second == pytest.approx(40)
+    assert run.config.decode_speed.full_tokens_per_second == pytest.approx(200)
+    assert not run.config.HasField("train_seconds_per_step")
+    c = run.report.counters
+    assert c.steps_finished == 3 and c.trained == 3 * 8 * 4
+    # The fraction policy discards nothing for staleness.
+    assert c.stale_restarts == 0 and c.stale_discarded_tokens == 0
+    assert run.report.metrics.max_staleness <= 2
+    # staleness_fraction alone selects async with the fraction policy.
+    implied = dict(SMALL, orchestrator={"staleness_fraction": 0.5, "prompts_per_step": 8,
+                                        "samples_per_prompt": 4})
+    options = client.simulate(implied).runs[0].config.orchestrator
+    assert options.mode == rollout_pb2.ORCHESTRATOR_MODE_ASYNC
+    assert options.staleness_policy == rollout_pb2.STALENESS_POLICY_FRACTION
+
+
+def test_new_fields_that_do_not_apply_are_refused(client):
+    sync = dict(SMALL, orchestrator=dict(SMALL["orchestrator"], mode="sync",
+                                         max_staleness=0, staleness_fraction=0.5))
+    with pytest.raises(InvalidArgumentError) as info:
+        client.simulate(sync)
+    assert info.value.field == "simulate.config.orchestrator.staleness_fraction"
+    colocated = dict(SMALL, orchestrator=dict(SMALL["orchestrator"], colocated=True))
+    with pytest.raises(InvalidArgumentError) as info:
+        client.simulate(colocated)
+    assert info.value.field == "simulate.config.orchestrator.colocated"
+    with pytest.raises(InvalidArgumentError) as info:
+        client.simulate(dict(SMALL, release_seconds=2))
+    assert info.value.field == "simulate.config.release_seconds"
+    with pytest.raises(InvalidArgumentError) as info:
+        client.simulate(dict(SMALL, train_seconds_per_step=10, seconds_per_cost_unit=1e-3))
+    assert info.value.field == "simulate.config.train_seconds_per_step"
+    with pytest.raises(InvalidArgumentError) as info:
+        client.simulate({"orchestrator": {"staleness_policy": "fractional"}})
+    assert info.value.field == "simulate.config.orchestrator.staleness_policy"
+    assert "fraction" in str(info.value)
+    ok = dict(SMALL, orchestrator={"colocated": True, "prompts_per_step": 8,
+                                   "samples_per_prompt": 4},
+              release_seconds=1, resume_seconds=2)
+    run = client.simulate(ok).runs[0]
+    assert run.config.orchestrator.mode == rollout_pb2.ORCHESTRATOR_MODE_SYNC
+    assert run.config.orchestrator.colocated and run.config.resume_seconds == 2

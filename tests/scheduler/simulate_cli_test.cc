@@ -27,11 +27,11 @@ using ::testing::Not;
 using ::testing::StartsWith;
 using namespace ::rlsched::scheduler::testing;  // NOLINT: the test helpers
 
-// A small, fast workload: 4 engines, 8 prompts × 4 samples, 3 steps.
-std::vector<std::string> Small(std::vector<std::string> args) {
+// A small, fast workload: 4 engines, 8 prompts × 4 samples, 3 steps (or `steps`).
+std::vector<std::string> Small(std::vector<std::string> args, const char* steps = "3") {
   args.insert(args.begin(), "simulate");
   for (const char* arg : {"--engines", "4", "--engine-concurrency", "16", "--trainer-ranks", "4",
-                          "--prompts-per-step", "8", "--samples-per-prompt", "4", "--steps", "3",
+                          "--prompts-per-step", "8", "--samples-per-prompt", "4", "--steps", steps,
                           "--length-dist", "lognormal:6,1,2048"}) {
     args.emplace_back(arg);
   }
@@ -72,6 +72,19 @@ TEST(SimulateCliTest, Help) {
                              "--trace",
                              "--trace-run",
                              "--compare",
+                             "--staleness-policy",
+                             "admission|fraction|strict",
+                             "--staleness-fraction",
+                             "--train-calls-per-sync",
+                             "--colocated",
+                             "--release-seconds",
+                             "--resume-seconds",
+                             "--train-call-overhead-seconds",
+                             "--engine-tokens-per-second",
+                             "--train-seconds-per-step",
+                             "--gpus-per-engine",
+                             "--gpus-per-trainer-rank",
+                             "colocated_sync",
                              "response_tokens"}) {
     EXPECT_THAT(r.out, HasSubstr(option));
   }
@@ -90,7 +103,19 @@ TEST(SimulateCliTest, Help) {
         "Train steps to simulate (default: 10)", "(default: lognormal:6.67,1.15,16384)",
         "all equal (default: 0)", "(needs --all-equal-rate > 0)",
         "Seed of the workload and the failures (default: 1)", "on one engine (default: 1)",
-        "Defaults: 64 engines of 256 concurrent samples"}) {
+        "Defaults: 64 engines of 256 concurrent samples",
+        // The new options: their units and real defaults.
+        "not with --max-staleness (default: 0)", "after the K-th (default: 1)",
+        "implies --mode sync (default: off)",
+        "free its GPU memory for the trainer (default: 0); needs --colocated or --compare",
+        "loading the new weights (default: 0); needs --colocated or --compare",
+        "the optimizer step) (default: 0)",
+        "Decode speed of one engine in tokens/s: one sample alone, and --engine-concurrency "
+        "samples together",
+        "(default: 49.75,5614)", "(default: unset, 0.00381 s per cost unit;",
+        "tensor-parallel size), for --compare's colocated_sync run on the same GPUs (default: 1)",
+        "GPUs behind one trainer rank, for --compare's colocated_sync run on the same GPUs "
+        "(default: 1)"}) {
     EXPECT_THAT(r.out, HasSubstr(text));
   }
   EXPECT_THAT(r.out, Not(HasSubstr("{false}")));
@@ -370,19 +395,41 @@ TEST(SimulateCliTest, CompareTable) {
         "engine idle", "max staleness", "partial ratio", "restarts"}) {
     EXPECT_THAT(*header, HasSubstr(column));
   }
-  ASSERT_GE(lines.end() - header, 7);
-  const char* names[] = {"sync ",     "one_step_off ",     "async_s1_partial ",
-                         "async_s1 ", "async_s2_partial ", "async_s2 "};
-  for (int i = 0; i < 6; ++i) EXPECT_THAT(header[1 + i], StartsWith(names[i]));
-  EXPECT_THAT(header[1], HasSubstr("1.00"));  // sync × sync
+  // colocated_sync first (the 8 GPUs divide), then the six.
+  ASSERT_GE(lines.end() - header, 8);
+  const char* names[] = {"colocated_sync ",   "sync ",     "one_step_off ",
+                         "async_s1_partial ", "async_s1 ", "async_s2_partial ",
+                         "async_s2 "};
+  for (int i = 0; i < 7; ++i) EXPECT_THAT(header[1 + i], StartsWith(names[i]));
+  EXPECT_THAT(header[1], HasSubstr("sync, colocated"));
+  EXPECT_THAT(header[2], HasSubstr("1.00"));  // sync × sync
   EXPECT_THAT(r.out, HasSubstr("ideal bound"));
+  EXPECT_THAT(r.out, HasSubstr("colocated_sync: sync on the same 8 GPUs, engines and trainer "
+                               "taking turns: 8 engines and 8 trainer ranks"));
+  EXPECT_THAT(r.out, Not(HasSubstr("note: no colocated_sync run")));
+
+  // GPUs that do not divide: the six runs and one note.
+  const ProcessResult odd = RunProgram(Small({"--compare", "--gpus-per-engine", "3"}));
+  ASSERT_EQ(odd.status, 0) << odd.err;
+  const std::vector<std::string> odd_lines = Lines(odd.out);
+  const auto odd_header = std::find_if(odd_lines.begin(), odd_lines.end(),
+                                       [](const auto& line) { return line.starts_with("run "); });
+  ASSERT_GE(odd_lines.end() - odd_header, 7) << odd.out;
+  EXPECT_THAT(odd_header[1], StartsWith("sync "));
+  for (const std::string& line : odd_lines) EXPECT_THAT(line, Not(StartsWith("colocated_sync")));
+  EXPECT_THAT(odd.out, HasSubstr("note: no colocated_sync run: the 16 GPUs (4 engines × 3 + 4 "
+                                 "trainer ranks × 1) do not divide into engines of 3 GPUs and "
+                                 "trainer ranks of 1 GPU."));
+  EXPECT_EQ(std::count(odd.out.begin(), odd.out.end(), '\n') + 1,
+            std::count(r.out.begin(), r.out.end(), '\n'))
+      << "one row fewer, one note line in place of the colocated_sync line";
 
   const TempDir dir;
   const std::string path = dir / "trace.json";
   const ProcessResult traced =
       RunProgram(Small({"--compare", "--json", "--trace", path, "--trace-run", "one_step_off"}));
   ASSERT_EQ(traced.status, 0) << traced.err;
-  EXPECT_EQ(ParseReply(traced.out).runs_size(), 6);
+  EXPECT_EQ(ParseReply(traced.out).runs_size(), 7);
   EXPECT_THAT(ReadFile(path), HasSubstr("traceEvents"));
 }
 
@@ -410,6 +457,218 @@ TEST(SimulateCliTest, BadOptionsExitTwo) {
     EXPECT_THAT(r.err, HasSubstr(text)) << args[1];
     EXPECT_THAT(r.out, IsEmpty()) << args[1];
   }
+}
+
+// --- The fraction policy, streaming, colocation, speeds in users' units -----------------
+
+// The line of the summary starting with `label`.
+std::string LineOf(const ProcessResult& r, std::string_view label) {
+  for (const std::string& line : Lines(r.out)) {
+    if (line.starts_with(label)) return line;
+  }
+  return "";
+}
+
+TEST(SimulateCliTest, StalenessFractionAndStreaming) {
+  const ProcessResult r =
+      RunProgram(Small({"--staleness-fraction", "0.5", "--train-calls-per-sync", "2", "--json"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  const v1::OrchestratorOptions& o = run.config().orchestrator();
+  EXPECT_EQ(o.mode(), v1::ORCHESTRATOR_MODE_ASYNC);  // implied
+  EXPECT_EQ(o.staleness_policy(), v1::STALENESS_POLICY_FRACTION);
+  EXPECT_EQ(o.staleness_fraction(), 0.5);
+  EXPECT_EQ(o.max_staleness(), 1);
+  EXPECT_EQ(o.train_calls_per_sync(), 2);
+  EXPECT_EQ(run.report().counters().trained(), 96);
+  EXPECT_EQ(run.report().counters().stale_restarts(), 0);
+
+  const ProcessResult table =
+      RunProgram(Small({"--staleness-fraction", "1.5", "--train-calls-per-sync", "4"}));
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_THAT(ModeLine(table), StartsWith("mode             async, staleness fraction α 1.5 "
+                                          "(generation at most 2 batches ahead), partial rollout"));
+  EXPECT_THAT(ModeLine(table), HasSubstr("fraction policy"));
+  EXPECT_THAT(LineOf(table, "batch"),
+              HasSubstr("8 prompts × 4 samples, streamed: 4 trainer calls of 2 prompts per "
+                        "weight sync; 3 steps"));
+  // k = 1 says nothing of streaming.
+  EXPECT_THAT(LineOf(RunProgram(Small({})), "batch"), Not(HasSubstr("streamed")));
+
+  // --staleness-policy fraction alone: α = 0.
+  const ProcessResult policy = RunProgram(Small({"--staleness-policy", "fraction", "--json"}));
+  ASSERT_EQ(policy.status, 0) << policy.err;
+  const v1::OrchestratorOptions p = ParseReply(policy.out).runs(0).config().orchestrator();
+  EXPECT_EQ(p.staleness_policy(), v1::STALENESS_POLICY_FRACTION);
+  EXPECT_EQ(p.staleness_fraction(), 0.0);
+}
+
+TEST(SimulateCliTest, Colocated) {
+  const ProcessResult r = RunProgram(
+      Small({"--colocated", "--release-seconds", "1.5", "--resume-seconds", "2", "--json"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  EXPECT_EQ(run.config().orchestrator().mode(), v1::ORCHESTRATOR_MODE_SYNC);  // implied
+  EXPECT_TRUE(run.config().orchestrator().colocated());
+  EXPECT_EQ(run.config().release_seconds(), 1.5);
+  EXPECT_EQ(run.config().resume_seconds(), 2.0);
+  EXPECT_EQ(run.report().counters().trained(), 96);
+  EXPECT_EQ(run.report().metrics().max_staleness(), 0);
+
+  const ProcessResult table = RunProgram(
+      Small({"--colocated", "--release-seconds", "1.5", "--mode", "sync", "--max-staleness", "0"}));
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_THAT(ModeLine(table),
+              StartsWith("mode             sync, colocated (engines and trainer take turns on the "
+                         "same GPUs; per engine: release 1.50 s, resume 0 s"));
+}
+
+TEST(SimulateCliTest, SpeedsInUsersUnits) {
+  const ProcessResult r =
+      RunProgram(Small({"--engine-tokens-per-second", "40,500", "--train-seconds-per-step", "20",
+                        "--train-call-overhead-seconds", "0.5", "--gpus-per-engine", "2",
+                        "--gpus-per-trainer-rank", "4", "--json"},
+                       "4"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  EXPECT_NEAR(run.config().decode_speed().single_tokens_per_second(), 40, 1e-9);
+  EXPECT_NEAR(run.config().decode_speed().full_tokens_per_second(), 500, 1e-9);
+  EXPECT_NEAR(run.config().engine().decode_base_seconds() +
+                  run.config().engine().decode_per_sequence_seconds(),
+              1.0 / 40, 1e-12);
+  EXPECT_FALSE(run.config().has_train_seconds_per_step());
+  EXPECT_NEAR(run.report().mean_train_seconds(), 20, 0.15 * 20);
+  EXPECT_EQ(run.config().train_call_overhead_seconds(), 0.5);
+  EXPECT_EQ(run.config().gpus_per_engine(), 2);
+  EXPECT_EQ(run.config().gpus_per_trainer_rank(), 4);
+
+  const ProcessResult table =
+      RunProgram(Small({"--engine-tokens-per-second", "40,500", "--train-seconds-per-step", "20",
+                        "--train-call-overhead-seconds", "0.5", "--gpus-per-engine", "2",
+                        "--gpus-per-trainer-rank", "4"},
+                       "4"));
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_THAT(LineOf(table, "engines"),
+              HasSubstr("4 × 16 concurrent samples on 2 GPUs each; decode 40 tokens/s alone, 500 "
+                        "tokens/s at full concurrency"));
+  EXPECT_THAT(
+      LineOf(table, "trainer"),
+      AllOf(::testing::ContainsRegex("4 ranks on 4 GPUs each; mean (1[7-9]|2[0-3])\\.[0-9]+ "
+                                     "s per step"),
+            HasSubstr("+ 0.5 s per call")));
+  EXPECT_THAT(LineOf(table, "GPUs"), HasSubstr("24 = 4 engines × 2 + 4 trainer ranks × 4"));
+
+  // The flags replace the file's decode times and cost unit.
+  const TempDir dir;
+  const std::string config = dir.Write(
+      "speeds.json", R"({"engine": {"decode_base_seconds": 0.5}, "seconds_per_cost_unit": 1})");
+  const ProcessResult file =
+      RunProgram(Small({"--config", config, "--engine-tokens-per-second", "40,500",
+                        "--train-seconds-per-step", "20", "--json"}));
+  ASSERT_EQ(file.status, 0) << file.err;
+  EXPECT_NEAR(ParseReply(file.out).runs(0).config().decode_speed().single_tokens_per_second(), 40,
+              1e-9);
+
+  // A run's config reads back as --config, speeds and all.
+  const std::string again = dir.Write("again.json", [&] {
+    std::string json;
+    EXPECT_TRUE(google::protobuf::util::MessageToJsonString(run.config(), &json).ok());
+    return json;
+  }());
+  const ProcessResult replay = RunProgram({"simulate", "--config", again, "--json"});
+  ASSERT_EQ(replay.status, 0) << replay.err;
+  EXPECT_TRUE(MessageDifferencer::Equals(ParseReply(replay.out).runs(0), run));
+}
+
+TEST(SimulateCliTest, NewOptionsThatDoNotApplyAreRefused) {
+  const TempDir dir;
+  const std::string async_file =
+      dir.Write("async.json", R"({"orchestrator": {"mode": "ORCHESTRATOR_MODE_ASYNC"}})");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--staleness-fraction", "0.5", "--mode", "sync"},
+       "--staleness-fraction (orchestrator.staleness_fraction): applies to mode async with the "
+       "fraction policy only (mode sync has staleness 0), got 0.5"},
+      {{"--staleness-fraction", "0.5", "--mode", "one_step_off"},
+       "--staleness-fraction (orchestrator.staleness_fraction): applies to mode async with the "
+       "fraction policy only (mode one_step_off has staleness 1), got 0.5"},
+      {{"--staleness-fraction", "0.5", "--staleness-policy", "strict"},
+       "--staleness-fraction (orchestrator.staleness_fraction): applies to the fraction policy "
+       "only (the strict policy bounds staleness by max_staleness), got 0.5"},
+      {{"--staleness-fraction", "0.5", "--staleness-policy", "admission"},
+       "--staleness-fraction (orchestrator.staleness_fraction): applies to the fraction policy "
+       "only (the admission policy bounds staleness by max_staleness), got 0.5"},
+      {{"--staleness-fraction", "0.5", "--max-staleness", "1"},
+       "--max-staleness: does not apply with --staleness-fraction"},
+      {{"--staleness-policy", "fraction", "--max-staleness", "2"},
+       "--max-staleness (orchestrator.max_staleness): does not apply to the fraction policy"},
+      {{"--staleness-policy", "fraction", "--mode", "sync"},
+       "--staleness-policy (orchestrator.staleness_policy): applies to mode async only (mode "
+       "sync keeps every token within its staleness: strict), got STALENESS_POLICY_FRACTION"},
+      {{"--staleness-fraction", "-1"}, "--staleness-fraction"},
+      {{"--colocated", "--mode", "async"},
+       "--colocated (orchestrator.colocated): applies to mode sync only (engines and trainer "
+       "take turns on the same GPUs; mode async overlaps generation and training), got true"},
+      {{"--colocated", "--mode", "one_step_off"},
+       "--colocated (orchestrator.colocated): applies to mode sync only"},
+      {{"--colocated", "--config", async_file},
+       "--colocated (orchestrator.colocated): applies to mode sync only"},
+      {{"--colocated", "--max-staleness", "2"},
+       "--max-staleness (orchestrator.max_staleness): applies to mode async only (colocated "
+       "selects mode sync, which has staleness 0), got 2"},
+      {{"--colocated", "--partial-rollout"},
+       "--partial-rollout (orchestrator.partial_rollout): applies to mode async only (colocated "
+       "selects mode sync, which never interrupts"},
+      {{"--colocated", "--staleness-fraction", "0.5"},
+       "--staleness-fraction (orchestrator.staleness_fraction): applies to mode async with the "
+       "fraction policy only (colocated selects mode sync"},
+      {{"--colocated", "--staleness-policy", "admission"},
+       "--staleness-policy (orchestrator.staleness_policy): applies to mode async only "
+       "(colocated selects mode sync"},
+      {{"--release-seconds", "2"},
+       "--release-seconds (release_seconds): applies only to colocated runs"},
+      {{"--resume-seconds", "2", "--mode", "async"},
+       "--resume-seconds (resume_seconds): applies only to colocated runs"},
+      {{"--compare", "--colocated"},
+       "--colocated (orchestrator.colocated): compare gives each run its own"},
+      {{"--compare", "--staleness-fraction", "1"},
+       "--staleness-fraction (orchestrator.staleness_fraction): compare gives each run its own"},
+      {{"--compare", "--staleness-policy", "strict"},
+       "--staleness-policy (orchestrator.staleness_policy): compare gives each run its own"},
+      {{"--compare", "--gpus-per-engine", "3", "--release-seconds", "1"},
+       "--release-seconds (release_seconds): applies only to colocated runs (compare's "
+       "colocated_sync run, which does not run: the 16 GPUs"},
+      {{"--train-calls-per-sync", "3"},
+       "--train-calls-per-sync (orchestrator.train_calls_per_sync): must be a divisor of "
+       "prompts_per_step = 8"},
+      {{"--train-calls-per-sync", "0"}, "--train-calls-per-sync"},
+      {{"--engine-tokens-per-second", "40"}, "--engine-tokens-per-second: must be SINGLE,FULL"},
+      {{"--engine-tokens-per-second", "40,1000"},
+       "--engine-tokens-per-second (decode_speed.full_tokens_per_second): must be in"},
+      {{"--train-seconds-per-step", "0"},
+       "--train-seconds-per-step (train_seconds_per_step): the trainer's seconds per step must "
+       "be in (0,"},
+      {{"--train-seconds-per-step", "1", "--train-call-overhead-seconds", "1"},
+       "--train-seconds-per-step (train_seconds_per_step): the trainer's seconds per step must "
+       "be in (1,"},
+      {{"--train-call-overhead-seconds", "-1"}, "--train-call-overhead-seconds"},
+      {{"--gpus-per-engine", "0"}, "--gpus-per-engine"},
+      {{"--gpus-per-trainer-rank", "5000"}, "--gpus-per-trainer-rank"},
+  };
+  for (const auto& [args, text] : cases) {
+    const ProcessResult r = RunProgram(Small(args));
+    EXPECT_EQ(r.status, 2) << args[0] << " " << args[1] << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(text)) << args[0] << " " << args[1];
+    EXPECT_THAT(r.out, IsEmpty()) << args[0] << " " << args[1];
+  }
+  // A mode's own values are statements, not ignored options.
+  const ProcessResult own =
+      RunProgram(Small({"--colocated", "--max-staleness", "0", "--no-partial-rollout",
+                        "--staleness-policy", "strict"}));
+  EXPECT_EQ(own.status, 0) << own.err;
+  const ProcessResult zero =
+      RunProgram(Small({"--colocated", "--staleness-fraction", "0", "--json"}));
+  ASSERT_EQ(zero.status, 0) << zero.err;
+  EXPECT_TRUE(ParseReply(zero.out).runs(0).config().orchestrator().colocated());
 }
 
 // --- The daemon's simulate request -----------------------------------------------------
@@ -488,6 +747,42 @@ TEST(SimulateServeTest, AsyncFieldsNameTheField) {
   EXPECT_EQ(reply.simulate().runs(0).config().orchestrator().max_staleness(), 2);
 }
 
+TEST(SimulateServeTest, NewFieldsNameTheField) {
+  v1::Request request = SimulateRequest("sync-fraction");
+  v1::OrchestratorOptions* o = request.mutable_simulate()->mutable_config()->mutable_orchestrator();
+  o->set_mode(v1::ORCHESTRATOR_MODE_SYNC);
+  o->set_staleness_fraction(0.5);
+  v1::Reply reply = HandleRequest(request);
+  ASSERT_TRUE(reply.has_error()) << reply.ShortDebugString();
+  EXPECT_EQ(reply.error().code(), v1::ERROR_CODE_INVALID_ARGUMENT);
+  EXPECT_EQ(reply.error().field(), "simulate.config.orchestrator.staleness_fraction");
+
+  request = SimulateRequest("speed");
+  request.mutable_simulate()
+      ->mutable_config()
+      ->mutable_decode_speed()
+      ->set_single_tokens_per_second(0);
+  EXPECT_EQ(HandleRequest(request).error().field(),
+            "simulate.config.decode_speed.single_tokens_per_second");
+
+  request = SimulateRequest("release");
+  request.mutable_simulate()->mutable_config()->set_release_seconds(1);
+  EXPECT_EQ(HandleRequest(request).error().field(), "simulate.config.release_seconds");
+
+  request = SimulateRequest("compare-colocated", /*compare=*/true);
+  request.mutable_simulate()->mutable_config()->mutable_orchestrator()->set_colocated(true);
+  EXPECT_EQ(HandleRequest(request).error().field(), "simulate.config.orchestrator.colocated");
+
+  request = SimulateRequest("fraction");
+  request.mutable_simulate()->mutable_config()->mutable_orchestrator()->set_staleness_fraction(0.5);
+  request.mutable_simulate()->mutable_config()->mutable_orchestrator()->set_train_calls_per_sync(2);
+  reply = HandleRequest(request);
+  ASSERT_TRUE(reply.has_simulate()) << reply.ShortDebugString();
+  const v1::OrchestratorOptions& ran = reply.simulate().runs(0).config().orchestrator();
+  EXPECT_EQ(ran.staleness_policy(), v1::STALENESS_POLICY_FRACTION);
+  EXPECT_EQ(ran.train_calls_per_sync(), 2);
+}
+
 TEST(SimulateServeTest, OverPipes) {
   const std::vector<v1::Request> requests = {SimulateRequest("a"), Ping("b"),
                                              SimulateRequest("c", /*compare=*/true)};
@@ -497,7 +792,7 @@ TEST(SimulateServeTest, OverPipes) {
   ASSERT_TRUE(replies);
   ExpectReplies(*replies, Expected(requests));
   ASSERT_EQ(replies->size(), 3u);
-  EXPECT_EQ((*replies)[2].simulate().runs_size(), 6);
+  EXPECT_EQ((*replies)[2].simulate().runs_size(), 7);  // colocated_sync and the six
 
   const ProcessResult json = RunProgram({"serve", "--format=json"}, JsonLines({requests[0]}));
   EXPECT_EQ(json.status, 0) << json.err;
