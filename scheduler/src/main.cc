@@ -9,6 +9,7 @@
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "balance_command.h"
 #include "plan_step_command.h"
@@ -21,6 +22,14 @@
 #endif
 
 namespace {
+
+// Where to read about the command that failed: the subcommand's --help when one was
+// named, else the program's.
+std::string UsageHint(const CLI::App& app) {
+  const auto named = app.get_subcommands();
+  if (named.empty()) return "run 'rlsched --help' for usage";
+  return "run 'rlsched " + named.front()->get_name() + " --help' for usage";
+}
 
 constexpr int kExitBadInput = 2;
 constexpr int kExitFailure = 1;
@@ -58,7 +67,7 @@ int Run(int argc, char** argv) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
       return app.exit(e);  // --help, --version: printed to stdout
     }
-    std::cerr << "error: " << e.what() << "\nrun 'rlsched --help' for usage\n";
+    std::cerr << "error: " << e.what() << '\n' << UsageHint(app) << '\n';
     return kExitBadInput;
   }
   spdlog::set_level(spdlog::level::from_str(log_level));

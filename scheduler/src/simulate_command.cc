@@ -77,6 +77,7 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--samples-per-prompt", "orchestrator.samples_per_prompt",
        args.samples_per_prompt.has_value()},
       {"--filter-all-equal", "orchestrator.filter_all_equal", args.filter_all_equal},
+      {"--dispatch", "orchestrator.longest_first", !args.dispatch.empty()},
       {"--engines", "engines", args.engines.has_value()},
       {"--engine-concurrency", "engine.max_concurrent", args.engine_concurrency.has_value()},
       {"--engine-tokens-per-second", "decode_speed", !args.engine_tokens_per_second.empty()},
@@ -677,6 +678,14 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                     "Dynamic sampling: drop groups whose rewards are all equal and sample more "
                     "(needs --all-equal-rate > 0)");
   command
+      ->add_option("--dispatch", args.dispatch,
+                   fmt::format("Order of the queued samples: longest-first (by predicted length) "
+                               "or arrival (first in first out, as the peers' rollout loops) "
+                               "(default: {})",
+                               defaults.orchestrator.longest_first ? "longest-first" : "arrival"))
+      ->type_name("longest-first|arrival")
+      ->check(CLI::IsMember({"longest-first", "arrival"}));
+  command
       ->add_option(
           "--seed", args.seed,
           fmt::format("Seed of the workload and the failures (default: {})", defaults.seed))
@@ -847,6 +856,7 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   if (args.prompts_per_step) o.set_prompts_per_step(*args.prompts_per_step);
   if (args.samples_per_prompt) o.set_samples_per_prompt(*args.samples_per_prompt);
   if (args.filter_all_equal) o.set_filter_all_equal(true);
+  if (!args.dispatch.empty()) o.set_longest_first(args.dispatch == "longest-first");
   if (args.engines) config.set_engines(*args.engines);
   if (args.engine_concurrency)
     config.mutable_engine()->set_max_concurrent(*args.engine_concurrency);

@@ -97,6 +97,7 @@ struct SimulateArgs {
   std::string length_dist;  // --length-dist lognormal:MU,SIGMA,MAX; empty: none
   std::optional<double> all_equal_rate;
   bool filter_all_equal = false;
+  std::string dispatch;  // longest-first | arrival; empty: the config's
   std::optional<std::uint64_t> seed;
   std::optional<double> weight_sync_seconds;
   std::optional<double> mtbf;

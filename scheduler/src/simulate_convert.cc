@@ -29,7 +29,7 @@ constexpr std::array<ComparisonRun, 6> kComparisonRuns = {{
 
 // The OrchestratorOptions fields: a message of the simulator's Validate() that starts
 // with one of these (without "orchestrator.") is about them.
-constexpr std::array<std::string_view, 15> kOrchestratorFields = {
+constexpr std::array<std::string_view, 16> kOrchestratorFields = {
     "mode",
     "max_staleness",
     "partial_rollout",
@@ -44,6 +44,7 @@ constexpr std::array<std::string_view, 15> kOrchestratorFields = {
     "keep_partial_on_failure",
     "length_quantile",
     "initial_prediction",
+    "longest_first",
     "filter",
 };
 
@@ -200,6 +201,7 @@ void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& confi
   if (in.has_filter_all_equal()) config.filter_all_equal = in.filter_all_equal();
   if (in.has_length_quantile()) out.length_quantile = in.length_quantile();
   if (in.has_initial_prediction()) out.initial_prediction = in.initial_prediction();
+  if (in.has_longest_first()) out.longest_first = in.longest_first();
   if (in.has_num_steps()) out.num_steps = in.num_steps();
   if (in.has_train_calls_per_sync()) out.train_calls_per_sync = in.train_calls_per_sync();
 }
@@ -605,6 +607,7 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   orchestrator->set_filter_all_equal(config.filter_all_equal);
   orchestrator->set_length_quantile(o.length_quantile);
   orchestrator->set_initial_prediction(o.initial_prediction);
+  orchestrator->set_longest_first(o.longest_first);
   orchestrator->set_num_steps(o.num_steps);
 
   message.set_steps(config.steps);

@@ -506,6 +506,7 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
       {{"plan-step", "--max-tokens", "8", "--example", "file.txt"}, "", "excludes"},
       {{"plan-step", "--max-tokens", "8", "--parts", "2"}, "1\n", "--parts"},
   };
+  int hints = 0;
   for (const BadCase& c : cases) {
     std::string command;
     for (const std::string& arg : c.args) command += " " + arg;
@@ -515,7 +516,21 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
     EXPECT_THAT(r.out, IsEmpty());
     EXPECT_THAT(r.err, StartsWith("error: "));
     EXPECT_THAT(r.err, HasSubstr(c.message));
+    // A command line that does not parse: the hint names the subcommand's own --help
+    // when there is one.
+    if (r.err.find("for usage") != std::string::npos) {
+      std::string named;
+      for (const std::string& arg : c.args) {
+        if (arg == "balance" || arg == "plan-step") {
+          named = arg + " ";
+          break;
+        }
+      }
+      EXPECT_THAT(r.err, HasSubstr("run 'rlsched " + named + "--help' for usage"));
+      ++hints;
+    }
   }
+  EXPECT_GE(hints, 10);
 }
 
 }  // namespace
