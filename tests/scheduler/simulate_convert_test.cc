@@ -102,6 +102,7 @@ TEST(SimulateConvertTest, RoundTripOfEveryField) {
   config.orchestrator.keep_partial_on_failure = true;
   config.orchestrator.length_quantile = 0.75;
   config.orchestrator.initial_prediction = 333;
+  config.orchestrator.longest_first = false;
   config.steps = 3;
   config.engines = 5;
   config.engine.max_concurrent = 17;
@@ -148,6 +149,7 @@ TEST(SimulateConvertTest, RoundTripOfEveryField) {
   EXPECT_EQ(back.orchestrator.max_staleness, 2);
   EXPECT_FALSE(back.orchestrator.partial_rollout);
   EXPECT_TRUE(back.filter_all_equal);
+  EXPECT_FALSE(back.orchestrator.longest_first);
   EXPECT_EQ(back.step.micro_batch.cost.quadratic(), 0.001);
   EXPECT_EQ(back.step.micro_batch.refine.max_iterations, 77);
   EXPECT_TRUE(back.step.keep_groups);
