@@ -82,8 +82,9 @@ struct Engine {
   bool releasing = false;        // colocated: Release sent, EngineReleased not yet
   bool released = false;         // colocated: asleep until the next SyncWeights
   double sync_started = 0;
-  std::vector<std::int64_t> in_flight;  // samples, including interrupted ones (any order)
-  std::int64_t outstanding = 0;         // predicted remaining tokens in flight
+  std::vector<std::int64_t> in_flight;           // samples, including interrupted ones (any order)
+  std::multiset<std::int64_t> in_flight_oldest;  // their oldest versions (wait_for_oldest)
+  std::int64_t outstanding = 0;                  // predicted remaining tokens in flight
   // Accounting for the idle ratio.
   double alive_since = 0;
   double alive_total = 0;  // closed alive intervals
@@ -390,6 +391,7 @@ struct Orchestrator::State {
     e.in_flight.pop_back();
     x.slot = -1;
     e.outstanding -= x.remaining;
+    if (wait_for_oldest) e.in_flight_oldest.erase(e.in_flight_oldest.find(x.oldest));
     x.interrupted = false;
     x.progress_reported = false;
     --counters.in_flight;
@@ -478,6 +480,12 @@ struct Orchestrator::State {
     if (static_cast<std::int64_t>(e.in_flight.size()) >= e.max_concurrent) return false;
     // Draining for newer weights (async without partial rollout).
     if (!boundary_sync && e.version < latest) return false;
+    // Strict: the oldest are never slowed down for younger ones. An engine running a
+    // sample that the next batch waits for takes no new work until it finishes.
+    if (wait_for_oldest && !e.in_flight_oldest.empty() &&
+        *e.in_flight_oldest.begin() <= t_next - s) {
+      return false;
+    }
     return true;
   }
 
@@ -523,6 +531,7 @@ struct Orchestrator::State {
       }
       x.slot = static_cast<std::int64_t>(best->in_flight.size());
       best->in_flight.push_back(id);
+      if (wait_for_oldest) best->in_flight_oldest.insert(x.oldest);
       best->outstanding += x.remaining;
       ++counters.in_flight;
       Update(*best);
@@ -630,6 +639,9 @@ struct Orchestrator::State {
       if (++next_call < k) continue;
       next_call = 0;
       ++t_next;
+      if (wait_for_oldest) {  // the samples the next batch waits for have changed
+        for (auto& [id, engine] : engines) Update(engine);
+      }
       // Groups meant for earlier batches carry over to the next one.
       while (!live_by_target.empty() && live_by_target.begin()->first < t_next) {
         const std::set<std::int64_t> carried = live_by_target.begin()->second;

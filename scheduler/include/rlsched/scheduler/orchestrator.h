@@ -45,7 +45,11 @@
 //                last of them with ⌈(α − ⌈α⌉ + 1)·quota⌉ places.
 //     strict     every trained token is at most s versions old: a leftover whose
 //                tokens would become too stale is discarded and generated again
-//                (counted as a restart). sync and one_step_off are always strict.
+//                (counted as a restart). Without over-sampling a batch waits for a
+//                running group that the next batch could no longer take instead, and
+//                an engine running one of its samples takes no younger work until it
+//                finishes (the oldest are never slowed down for younger ones). sync
+//                and one_step_off are always strict.
 //
 //   Streaming. With train_calls_per_sync = k > 1 (verl's trigger_parameter_sync_step),
 //   a batch of P groups trains in k calls of P/k groups, each closed and started as
