@@ -44,6 +44,11 @@ class ParamBuilder {
       : index_(index), out_(out) {
     out_.push_back({std::move(name), std::move(shape), {}});
   }
+  // Room for `pieces` pieces in all.
+  ParamBuilder& Reserve(std::size_t pieces) {
+    out_.back().pieces.reserve(pieces);
+    return *this;
+  }
   // Rows [r0, r1) (all columns) of full tensor `t` at local (leading..., row, 0).
   ParamBuilder& Rows(std::int32_t t, std::int64_t r0, std::int64_t r1,
                      std::vector<std::int64_t> offset) {
@@ -106,7 +111,9 @@ void GateUp(ParamBuilder& b, std::int32_t gate, std::int64_t ffn, std::int64_t s
             std::int64_t rank, const std::vector<std::int64_t>& lead) {
   const std::int64_t per = ffn / size;
   auto at = [&](std::int64_t row) {
-    std::vector<std::int64_t> o = lead;
+    std::vector<std::int64_t> o;
+    o.reserve(lead.size() + 2);
+    o.assign(lead.begin(), lead.end());
     o.push_back(row);
     o.push_back(0);
     return o;
@@ -358,11 +365,13 @@ std::vector<LocalParam> VllmShards(const ModelConfig& m, const TensorIndex& inde
       const std::int64_t per = m.moe_intermediate_size / moe_tp;
       const std::int64_t n = static_cast<std::int64_t>(experts.size());
       ParamBuilder w13(index, out, l + "mlp.experts.w13_weight", {n, 2 * per, h});
+      w13.Reserve(static_cast<std::size_t>(2 * n));
       for (std::int64_t j = 0; j < n; ++j) {
         GateUp(w13, index.ExpertGate(layer, experts[j]), m.moe_intermediate_size, moe_tp, moe_rank,
                {j});
       }
       ParamBuilder w2(index, out, l + "mlp.experts.w2_weight", {n, h, per});
+      w2.Reserve(static_cast<std::size_t>(n));
       for (std::int64_t j = 0; j < n; ++j) {
         w2.Cols(index.ExpertGate(layer, experts[j]) + 2, moe_rank * per, (moe_rank + 1) * per,
                 {j, 0, 0});

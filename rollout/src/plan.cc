@@ -41,18 +41,22 @@ bool Intersect(const Rect& a, const Rect& b, Rect& out) {
 }
 
 // The local slice of `region` (inside piece `p`) in a local tensor of rank
-// p.offset.size().
-std::vector<Range> LocalSlice(const Piece& p, const Rect& region, bool is_vector) {
+// p.offset.size(), written to out[0, rank).
+void LocalSliceInto(const Piece& p, const Rect& region, bool is_vector, Range* out) {
   const std::size_t d = p.offset.size();
-  std::vector<Range> s(d);
-  for (std::size_t i = 0; i < d; ++i) s[i] = {p.offset[i], p.offset[i] + 1};
+  for (std::size_t i = 0; i < d; ++i) out[i] = {p.offset[i], p.offset[i] + 1};
   const std::size_t row_dim = is_vector ? d - 1 : d - 2;
-  s[row_dim] = {p.offset[row_dim] + region.r0 - p.row_begin,
-                p.offset[row_dim] + region.r1 - p.row_begin};
+  out[row_dim] = {p.offset[row_dim] + region.r0 - p.row_begin,
+                  p.offset[row_dim] + region.r1 - p.row_begin};
   if (!is_vector) {
-    s[d - 1] = {p.offset[d - 1] + region.c0 - p.col_begin,
-                p.offset[d - 1] + region.c1 - p.col_begin};
+    out[d - 1] = {p.offset[d - 1] + region.c0 - p.col_begin,
+                  p.offset[d - 1] + region.c1 - p.col_begin};
   }
+}
+
+std::vector<Range> LocalSlice(const Piece& p, const Rect& region, bool is_vector) {
+  std::vector<Range> s(p.offset.size());
+  LocalSliceInto(p, region, is_vector, s.data());
   return s;
 }
 
@@ -71,6 +75,7 @@ struct SourceRect {
   std::vector<Holding> holdings;
   std::vector<std::int64_t> holders;  // union over holdings, ascending
   std::int32_t holder_set = 0;        // id of the distinct holder set
+  std::int32_t tensor = 0;            // the full tensor
 };
 
 // One region to deliver: a rectangle of a full tensor, into one vLLM piece on
@@ -84,9 +89,23 @@ struct Job {
   std::int32_t dst_piece;
   std::int64_t bytes;
   Quantize quantize;
+  bool is_vector;  // the full tensor's
 };
 
 constexpr std::int64_t kBlock = 128;  // fp8 block edge
+
+// The loops that visit the records in key or bucket order (not the order they are
+// stored in) are bound by memory latency: they ask for a record kPrefetchRec steps
+// ahead and for its destinations and slices kPrefetchData steps ahead.
+constexpr std::size_t kPrefetchRec = 16, kPrefetchData = 8;
+
+void PrefetchAddress(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p);
+#else
+  (void)p;
+#endif
+}
 
 // Bytes of a slice with `rows` x `cols` elements (the last two dims of its local
 // tensor; cols = 1 for a vector) as sent: fp8 + an fp32 scale per block when the
@@ -97,6 +116,26 @@ std::int64_t SliceBytes(std::int64_t rows, std::int64_t cols, std::int64_t eleme
   return rows * cols + ((rows + kBlock - 1) / kBlock) * ((cols + kBlock - 1) / kBlock) * 4;
 }
 
+// One transfer as Assign() emits it, before splitting and bucketing: a job's region
+// from `src_rank` to dsts_[dst_begin, + dst_count), its source slice
+// ranges_[ranges, + src_dims) and its destination slice the dst_dims ranges after
+// that; for a part of a split transfer, rows [part_begin, part_begin + part_rows) of
+// those slices. The Transfer is built only once the plan's order is known, from these
+// flat arrays (the layouts' pieces are not visited again).
+struct Rec {
+  std::int64_t src_rank = 0;
+  std::int64_t bytes = 0;
+  std::size_t dst_begin = 0;
+  std::size_t ranges = 0;
+  std::int64_t part_begin = 0;
+  std::int64_t part_rows = -1;  // -1: the whole region
+  std::int32_t dst_count = 0;
+  std::int32_t src_param = 0;  // ids in ReshardPlan::param_names
+  std::int32_t dst_param = 0;
+  std::int16_t src_dims = 0, dst_dims = 0;
+  Quantize quantize = Quantize::kNone;
+};
+
 class Planner {
  public:
   Planner(const ModelConfig& m, const ReshardOptions& o) : m_(m), o_(o), index_(m) {}
@@ -104,7 +143,7 @@ class Planner {
   ReshardPlan Run();
 
  private:
-  std::int64_t Node(std::int64_t gpu) const { return gpu / o_.topology.gpus_per_node; }
+  std::int64_t Node(std::int64_t gpu) const { return node_of_[static_cast<std::size_t>(gpu)]; }
   double Bandwidth(LinkKind k) const {
     const bool intra = k == LinkKind::kIntraIn || k == LinkKind::kIntraOut;
     return (intra ? o_.topology.intra_node_gb_per_s : o_.topology.inter_node_gb_per_s) * 1e9;
@@ -118,13 +157,17 @@ class Planner {
   std::int64_t& Load(std::int64_t rank, LinkKind k) {
     return link_bytes_[rank * kLinks + static_cast<int>(k)];
   }
+  bool Local(const Rec& r) const { return r.dst_count == 1 && dsts_[r.dst_begin] == r.src_rank; }
 
   void BuildSources();
   void BuildJobs();
   void Assign();
-  void Emit(const Job& job, const SourceRect& src, std::int64_t sender, std::int32_t holding,
-            std::vector<std::int64_t> dsts);
+  // Appends the record of job `job` sent by `sender` from `holding` to the ranks
+  // dsts_[dst_begin, end).
+  void Emit(std::int32_t job, std::int64_t sender, std::int32_t holding, std::size_t dst_begin);
   void Bucket();
+  // Fills `x` (default-constructed) from `r`.
+  void Materialize(const Rec& r, std::int64_t bucket, Transfer& x) const;
   void Cost();
 
   const ModelConfig& m_;
@@ -139,6 +182,10 @@ class Planner {
   // Ids in plan_.param_names of each class's / tp rank's params, -1 until used.
   std::vector<std::vector<std::int32_t>> source_name_ids_, engine_name_ids_;
   std::vector<Job> jobs_;
+  std::vector<Rec> recs_;              // in emission order
+  std::vector<std::int64_t> dsts_;     // the records' destination ranks
+  std::vector<Range> ranges_;          // the records' slices
+  std::vector<std::int64_t> node_of_;  // per GPU
   std::vector<std::int64_t> link_bytes_;
   // Lower-bound accumulators.
   std::vector<std::int64_t> need_remote_;    // per engine rank: bytes not held by itself
@@ -193,7 +240,7 @@ void Planner::BuildSources() {
   by_tensor_.assign(index_.tensors().size(), {});
   std::map<std::vector<std::int64_t>, std::int32_t> sets;
   for (std::size_t i = 0; i < entries.size();) {
-    SourceRect s{entries[i].rect, {}, {}, 0};
+    SourceRect s{entries[i].rect, {}, {}, 0, entries[i].tensor};
     const std::int32_t tensor = entries[i].tensor;
     for (; i < entries.size() && entries[i].tensor == tensor && entries[i].rect == s.rect; ++i) {
       s.holdings.push_back(entries[i].h);
@@ -213,10 +260,17 @@ void Planner::BuildSources() {
 }
 
 void Planner::BuildJobs() {
+  std::size_t most = 0;  // jobs: at most one per engine piece and source rect
   for (std::int64_t t = 0; t < o_.infer.tp; ++t) {
     engine_params_.push_back(internal::VllmShards(m_, index_, o_.infer, t));
-    const auto& params = engine_params_.back();
-    engine_name_ids_.emplace_back(params.size(), -1);
+    engine_name_ids_.emplace_back(engine_params_.back().size(), -1);
+    for (const LocalParam& param : engine_params_.back()) {
+      for (const Piece& piece : param.pieces) most += by_tensor_[piece.tensor].size();
+    }
+  }
+  jobs_.reserve(most);
+  for (std::int64_t t = 0; t < o_.infer.tp; ++t) {
+    const auto& params = engine_params_[t];
     for (std::size_t p = 0; p < params.size(); ++p) {
       for (std::size_t k = 0; k < params[p].pieces.size(); ++k) {
         const Piece& piece = params[p].pieces[k];
@@ -245,7 +299,8 @@ void Planner::BuildJobs() {
           jobs_.push_back(
               {s, piece.tensor, region, t, static_cast<std::int32_t>(p),
                static_cast<std::int32_t>(k),
-               SliceBytes(region.r1 - region.r0, region.c1 - region.c0, full.element_bytes, q), q});
+               SliceBytes(region.r1 - region.r0, region.c1 - region.c0, full.element_bytes, q), q,
+               full.is_vector});
         }
         if (covered != piece.Elements()) {
           throw std::logic_error("rollout: the trainer shards do not cover " + full.name);
@@ -255,45 +310,83 @@ void Planner::BuildJobs() {
   }
 }
 
-void Planner::Emit(const Job& job, const SourceRect& src, std::int64_t sender, std::int32_t holding,
-                   std::vector<std::int64_t> dsts) {
-  const Holding& h = src.holdings[holding];
-  const LocalParam& sp = classes_[h.cls].params[h.param];
-  const LocalParam& dp = engine_params_[job.tp_rank][job.dst_param];
-  const bool vec = index_.tensors()[job.tensor].is_vector;
+void Planner::Emit(std::int32_t job_index, std::int64_t sender, std::int32_t holding,
+                   std::size_t dst_begin) {
+  const Job& job = jobs_[job_index];
+  const Holding& h = sources_[job.source].holdings[holding];
   // Names get their ids on first use (a deterministic order), cached per param.
   auto id = [&](std::int32_t& cached, const std::string& name) {
     if (cached < 0) cached = Name(name);
     return cached;
   };
-  Transfer x;
-  x.src_rank = sender;
-  x.src_param = id(source_name_ids_[h.cls][h.param], sp.name);
-  x.src_slice = LocalSlice(sp.pieces[h.piece], job.region, vec);
-  x.dst_ranks = std::move(dsts);
-  x.dst_param = id(engine_name_ids_[job.tp_rank][job.dst_param], dp.name);
-  x.dst_slice = LocalSlice(dp.pieces[job.dst_piece], job.region, vec);
-  x.bytes = job.bytes;
-  x.quantize = job.quantize;
-  plan_.transfers.push_back(std::move(x));
+  const LocalParam& sp = classes_[h.cls].params[h.param];
+  const LocalParam& dp = engine_params_[job.tp_rank][job.dst_param];
+  const Piece& src_piece = sp.pieces[h.piece];
+  const Piece& dst_piece = dp.pieces[job.dst_piece];
+  const bool vec = job.is_vector;
+  Rec r;
+  r.src_rank = sender;
+  r.bytes = job.bytes;
+  r.dst_begin = dst_begin;
+  r.dst_count = static_cast<std::int32_t>(dsts_.size() - dst_begin);
+  r.quantize = job.quantize;
+  r.src_param = id(source_name_ids_[h.cls][h.param], sp.name);
+  r.dst_param = id(engine_name_ids_[job.tp_rank][job.dst_param], dp.name);
+  r.ranges = ranges_.size();
+  r.src_dims = static_cast<std::int16_t>(src_piece.offset.size());
+  r.dst_dims = static_cast<std::int16_t>(dst_piece.offset.size());
+  ranges_.resize(ranges_.size() + r.src_dims + r.dst_dims);
+  LocalSliceInto(src_piece, job.region, vec, &ranges_[r.ranges]);
+  LocalSliceInto(dst_piece, job.region, vec, &ranges_[r.ranges + r.src_dims]);
+  recs_.push_back(r);
 }
 
 void Planner::Assign() {
-  plan_.transfers.reserve(jobs_.size() + jobs_.size() / 4);
+  recs_.reserve(jobs_.size() + jobs_.size() / 4);
+  // Every job reaches each replica once (a local copy, or in one transfer).
+  dsts_.reserve(jobs_.size() * static_cast<std::size_t>(o_.infer.replicas));
+  ranges_.reserve(recs_.capacity() * 5);
   const std::int64_t trainer = o_.train.world_size();
   const std::int64_t engines = o_.infer.tp * o_.infer.replicas;
-  link_bytes_.assign(
-      static_cast<std::size_t>(std::max(trainer, engines + (o_.topology.colocated ? 0 : trainer))) *
-          kLinks,
-      0);
+  const std::int64_t ranks = std::max(trainer, engines + (o_.topology.colocated ? 0 : trainer));
+  link_bytes_.assign(static_cast<std::size_t>(ranks) * kLinks, 0);
+  node_of_.resize(static_cast<std::size_t>(ranks));
+  for (std::int64_t g = 0; g < ranks; ++g) node_of_[g] = g / o_.topology.gpus_per_node;
   need_remote_.assign(engines, 0);
   need_offnode_.assign(engines, 0);
+  // Largest jobs first, ties in job order: a counting sort over the distinct sizes
+  // (few: the same shapes repeat over layers and experts).
   std::vector<std::int32_t> order(jobs_.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::int32_t a, std::int32_t b) { return jobs_[a].bytes > jobs_[b].bytes; });
+  {
+    std::unordered_map<std::int64_t, std::int32_t> size_ids;
+    std::vector<std::int64_t> sizes;                  // by id
+    std::vector<std::int32_t> size_of(jobs_.size());  // per job
+    for (std::size_t j = 0; j < jobs_.size(); ++j) {
+      const auto [it, inserted] =
+          size_ids.try_emplace(jobs_[j].bytes, static_cast<std::int32_t>(sizes.size()));
+      if (inserted) sizes.push_back(jobs_[j].bytes);
+      size_of[j] = it->second;
+    }
+    std::vector<std::int32_t> by_size(sizes.size());  // ids, largest size first
+    std::iota(by_size.begin(), by_size.end(), 0);
+    std::sort(by_size.begin(), by_size.end(),
+              [&](std::int32_t a, std::int32_t b) { return sizes[a] > sizes[b]; });
+    std::vector<std::size_t> next(sizes.size());  // per id: its next place in `order`
+    std::size_t place = 0;
+    std::vector<std::size_t> count(sizes.size(), 0);
+    for (std::int32_t id : size_of) ++count[id];
+    for (std::int32_t id : by_size) {
+      next[id] = place;
+      place += count[id];
+    }
+    for (std::size_t j = 0; j < jobs_.size(); ++j) {
+      order[next[size_of[j]]++] = static_cast<std::int32_t>(j);
+    }
+  }
   std::vector<std::int64_t> remote;  // engine GPUs without the bytes, ascending
-  for (std::int32_t j : order) {
+  std::vector<std::int64_t> far;     // those on nodes without a holder
+  const std::int64_t gpn = o_.topology.gpus_per_node;
+  for (const std::int32_t j : order) {
     const Job& job = jobs_[j];
     const SourceRect& src = sources_[job.source];
     // The holding (param) a holder rank sends from: the first that lists its class.
@@ -306,13 +399,16 @@ void Planner::Assign() {
       return 0;
     };
     remote.clear();
-    std::vector<std::int64_t> far;
-    bool needs_nic = false;
+    far.clear();
+    const std::int64_t lowest = src.holders.front(), highest = src.holders.back();
     for (std::int64_t rep = 0; rep < o_.infer.replicas; ++rep) {
       const std::int64_t e = rep * o_.infer.tp + job.tp_rank;
       const std::int64_t gpu = EngineRank(o_, rep, job.tp_rank);
-      if (std::binary_search(src.holders.begin(), src.holders.end(), gpu)) {
-        Emit(job, src, gpu, holding_of(gpu), {gpu});
+      if (gpu >= lowest && gpu <= highest &&
+          std::binary_search(src.holders.begin(), src.holders.end(), gpu)) {
+        const std::size_t begin = dsts_.size();
+        dsts_.push_back(gpu);
+        Emit(j, gpu, holding_of(gpu), begin);
         plan_.bytes_local += job.bytes;
         continue;
       }
@@ -323,83 +419,119 @@ void Planner::Assign() {
     for (std::size_t first = 0, last = 0; first < remote.size(); first = last) {
       const std::int64_t node = Node(remote[first]);
       while (last < remote.size() && Node(remote[last]) == node) ++last;
-      std::vector<std::int64_t> dsts(remote.begin() + first, remote.begin() + last);
-      // Holders on this node send over the intra-node links; else over the NICs.
+      // Holders on this node send over the intra-node links; else over the NICs. The
+      // holders ascend, so a node's are consecutive: the first least loaded.
+      auto on_node = src.holders.end(), off_node = src.holders.end();
+      if (highest >= node * gpn && lowest < (node + 1) * gpn) {
+        on_node = std::lower_bound(src.holders.begin(), src.holders.end(), node * gpn);
+        off_node = std::lower_bound(on_node, src.holders.end(), (node + 1) * gpn);
+      }
       std::int64_t best = -1;
-      for (std::int64_t h : src.holders) {
-        if (Node(h) != node) continue;
-        if (best < 0 || Load(h, LinkKind::kIntraOut) < Load(best, LinkKind::kIntraOut)) best = h;
+      for (auto h = on_node; h != off_node; ++h) {
+        if (best < 0 || Load(*h, LinkKind::kIntraOut) < Load(best, LinkKind::kIntraOut)) best = *h;
       }
       if (best < 0) {
-        for (std::int64_t d : dsts) {
+        for (std::size_t k = first; k < last; ++k) {
+          const std::int64_t d = remote[k];
           far.push_back(d);
           const std::int64_t e = o_.topology.colocated ? d : d - o_.train.world_size();
           need_offnode_[e] += job.bytes;
         }
-        needs_nic = true;
         continue;
       }
       Load(best, LinkKind::kIntraOut) += job.bytes;
-      for (std::int64_t d : dsts) Load(d, LinkKind::kIntraIn) += job.bytes;
-      Emit(job, src, best, holding_of(best), dsts);
+      const std::size_t begin = dsts_.size();
+      for (std::size_t k = first; k < last; ++k) {
+        Load(remote[k], LinkKind::kIntraIn) += job.bytes;
+        dsts_.push_back(remote[k]);
+      }
+      Emit(j, best, holding_of(best), begin);
     }
-    if (needs_nic) {
+    if (!far.empty()) {
       std::sort(far.begin(), far.end());
       std::int64_t best = src.holders.front();
       for (std::int64_t h : src.holders) {
         if (Load(h, LinkKind::kNicOut) < Load(best, LinkKind::kNicOut)) best = h;
       }
       Load(best, LinkKind::kNicOut) += job.bytes;
-      for (std::int64_t d : far) Load(d, LinkKind::kNicIn) += job.bytes;
+      const std::size_t begin = dsts_.size();
+      for (std::int64_t d : far) {
+        Load(d, LinkKind::kNicIn) += job.bytes;
+        dsts_.push_back(d);
+      }
       set_nic_bytes_[src.holder_set] += job.bytes;
-      Emit(job, src, best, holding_of(best), std::move(far));
+      Emit(j, best, holding_of(best), begin);
     }
     plan_.bytes_received += job.bytes * o_.infer.replicas;
+  }
+}
+
+void Planner::Materialize(const Rec& r, std::int64_t bucket, Transfer& x) const {
+  const Range* src = ranges_.data() + r.ranges;
+  const Range* dst = src + r.src_dims;
+  x.bucket = bucket;
+  x.src_rank = r.src_rank;
+  x.src_param = r.src_param;
+  x.src_slice.assign(src, src + r.src_dims);
+  x.dst_ranks.assign(dsts_.begin() + static_cast<std::ptrdiff_t>(r.dst_begin),
+                     dsts_.begin() + static_cast<std::ptrdiff_t>(r.dst_begin + r.dst_count));
+  x.dst_param = r.dst_param;
+  x.dst_slice.assign(dst, dst + r.dst_dims);
+  x.bytes = r.bytes;
+  x.quantize = r.quantize;
+  if (r.part_rows >= 0) {
+    // Rows are the second-to-last dim of a matrix slice; the last of a vector one.
+    const std::size_t sd = x.src_slice.size(), dd = x.dst_slice.size();
+    const std::size_t src_row = sd >= 2 ? sd - 2 : 0, dst_row = dd >= 2 ? dd - 2 : 0;
+    const std::int64_t s0 = x.src_slice[src_row].begin + r.part_begin;
+    const std::int64_t d0 = x.dst_slice[dst_row].begin + r.part_begin;
+    x.src_slice[src_row] = {s0, s0 + r.part_rows};
+    x.dst_slice[dst_row] = {d0, d0 + r.part_rows};
   }
 }
 
 void Planner::Bucket() {
   // Split transfers above the budget by rows of their region.
   const std::int64_t budget = o_.bucket_bytes;
-  const bool any_large = std::any_of(plan_.transfers.begin(), plan_.transfers.end(),
-                                     [&](const Transfer& x) { return x.bytes > budget; });
+  const bool any_large =
+      std::any_of(recs_.begin(), recs_.end(), [&](const Rec& r) { return r.bytes > budget; });
   if (any_large) {
-    std::vector<Transfer> split;
-    split.reserve(plan_.transfers.size());
-    for (Transfer& x : plan_.transfers) {
+    std::vector<Rec> split;
+    split.reserve(recs_.size());
+    for (const Rec& x : recs_) {
       if (x.bytes <= budget) {
-        split.push_back(std::move(x));
+        split.push_back(x);
         continue;
       }
       // Rows are the second-to-last dim of a matrix slice; the last of a vector one.
-      const std::size_t sd = x.src_slice.size(), dd = x.dst_slice.size();
-      const std::size_t src_row = sd >= 2 ? sd - 2 : 0, dst_row = dd >= 2 ? dd - 2 : 0;
-      const std::int64_t rows = x.src_slice[src_row].end - x.src_slice[src_row].begin;
-      const std::int64_t cols = sd >= 2 ? x.src_slice[sd - 1].end - x.src_slice[sd - 1].begin : 1;
+      const Range* src_slice = ranges_.data() + x.ranges;
+      const auto sd = static_cast<std::size_t>(x.src_dims);
+      const std::size_t src_row = sd >= 2 ? sd - 2 : 0;
+      const std::int64_t rows = src_slice[src_row].end - src_slice[src_row].begin;
+      const std::int64_t cols = sd >= 2 ? src_slice[sd - 1].end - src_slice[sd - 1].begin : 1;
+      const Quantize quantize = x.quantize;
       std::int64_t step = 1;
-      if (x.quantize == Quantize::kAtSender) {  // whole blocks per part
+      if (quantize == Quantize::kAtSender) {  // whole blocks per part
         step = kBlock;
-        while (step < rows && SliceBytes(step + kBlock, cols, 1, x.quantize) <= budget) {
+        while (step < rows && SliceBytes(step + kBlock, cols, 1, quantize) <= budget) {
           step += kBlock;
         }
       } else {
         step = std::max<std::int64_t>(1, budget / (x.bytes / rows));
       }
       for (std::int64_t r = 0; r < rows; r += step) {
-        Transfer part = x;
+        Rec part = x;
         const std::int64_t n = std::min(step, rows - r);
-        part.src_slice[src_row] = {x.src_slice[src_row].begin + r,
-                                   x.src_slice[src_row].begin + r + n};
-        part.dst_slice[dst_row] = {x.dst_slice[dst_row].begin + r,
-                                   x.dst_slice[dst_row].begin + r + n};
-        part.bytes = x.quantize == Quantize::kAtSender ? SliceBytes(n, cols, 1, x.quantize)
-                                                       : n * (x.bytes / rows);
-        split.push_back(std::move(part));
+        part.part_begin = r;
+        part.part_rows = n;
+        part.bytes = quantize == Quantize::kAtSender ? SliceBytes(n, cols, 1, quantize)
+                                                     : n * (x.bytes / rows);
+        split.push_back(part);
       }
     }
-    plan_.transfers = std::move(split);
+    recs_ = std::move(split);
   }
-  const std::vector<Transfer>& xs = plan_.transfers;
+  const std::vector<Rec>& xs = recs_;
   const std::size_t ranks = link_bytes_.size() / kLinks;
   // Order: each receiver's streams (bytes in over its intra-node link, over its NIC,
   // and by local copy) should progress through the buckets at the same pace, so that
@@ -408,14 +540,16 @@ void Planner::Bucket() {
   // current order: largest regions first); first fit then follows the keys. Senders
   // are not paced: each sends a small share of what its receivers take in.
   constexpr int kStreams = 3;  // intra-node in, NIC in, local copy
-  auto streams = [&](const Transfer& x, auto&& visit) {
-    const int kind = x.local() ? 2 : Node(x.dst_ranks.front()) == Node(x.src_rank) ? 0 : 1;
-    for (std::int64_t d : x.dst_ranks) visit(d * kStreams + kind);
+  auto streams = [&](const Rec& x, auto&& visit) {
+    const std::int64_t* d = dsts_.data() + x.dst_begin;
+    const int kind = Local(x) ? 2 : Node(d[0]) == Node(x.src_rank) ? 0 : 1;
+    for (std::int32_t k = 0; k < x.dst_count; ++k) visit(d[k] * kStreams + kind);
   };
   std::vector<std::int64_t> total(ranks * kStreams, 0), done(ranks * kStreams, 0);
-  for (const Transfer& x : xs) {
+  for (const Rec& x : xs) {
     streams(x, [&](std::size_t s) { total[s] += x.bytes; });
   }
+  // (key, index): sorted, the order of a stable sort by key.
   std::vector<std::pair<double, std::size_t>> keys(xs.size());
   for (std::size_t i = 0; i < xs.size(); ++i) {
     double key = 0.0;
@@ -425,36 +559,50 @@ void Planner::Bucket() {
     });
     keys[i] = {key, i};
   }
-  std::stable_sort(keys.begin(), keys.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(keys.begin(), keys.end());
 
   // First fit: the earliest bucket in which the sender and every receiver have room.
+  // Bytes per rank and bucket, sent and received, each rank's buckets contiguous and
+  // grown by doubling.
   std::vector<std::vector<std::int64_t>> sent(ranks), received(ranks);
   std::vector<std::int64_t> first_open(ranks, 0);  // first bucket a rank can receive in
-  auto room = [&](std::vector<std::int64_t>& used, std::int64_t b, std::int64_t bytes) {
-    return static_cast<std::int64_t>(used.size()) <= b || used[b] + bytes <= budget;
-  };
   auto add = [&](std::vector<std::int64_t>& used, std::int64_t b, std::int64_t bytes) {
     if (static_cast<std::int64_t>(used.size()) <= b) used.resize(b + 1, 0);
     used[b] += bytes;
   };
   std::vector<std::int64_t> bucket(xs.size());
-  for (const auto& [key, i] : keys) {
-    const Transfer& x = xs[i];
-    const bool local = x.local();
+  auto prefetch = [&](std::size_t n) {
+    if (n + kPrefetchRec < keys.size()) PrefetchAddress(&xs[keys[n + kPrefetchRec].second]);
+    if (n + kPrefetchData < keys.size()) {
+      PrefetchAddress(&dsts_[xs[keys[n + kPrefetchData].second].dst_begin]);
+    }
+  };
+  for (std::size_t n = 0; n < keys.size(); ++n) {
+    prefetch(n);
+    const std::size_t i = keys[n].second;
+    const Rec& x = xs[i];
+    const bool local = Local(x);
+    const std::int64_t* dst = dsts_.data() + x.dst_begin;
+    const std::int32_t count = x.dst_count;
     std::int64_t b = 0;
-    for (std::int64_t d : x.dst_ranks) b = std::max(b, first_open[d]);
-    while (true) {
-      bool fits = local || room(sent[x.src_rank], b, x.bytes);
-      for (std::size_t k = 0; fits && k < x.dst_ranks.size(); ++k) {
-        fits = room(received[x.dst_ranks[k]], b, x.bytes);
-      }
-      if (fits) break;
-      ++b;
+    for (std::int32_t k = 0; k < count; ++k) b = std::max(b, first_open[dst[k]]);
+    // The first b at which every one has room. Each rank's buckets where it has no
+    // room are skipped in one contiguous scan; b only grows, so the first b that no
+    // scan moves is the answer.
+    const std::int64_t bytes = x.bytes;
+    auto skip_full = [&](const std::vector<std::int64_t>& used) {
+      const auto size = static_cast<std::int64_t>(used.size());
+      while (b < size && used[b] + bytes > budget) ++b;
+    };
+    for (std::int64_t settled = -1; settled != b;) {
+      settled = b;
+      if (!local) skip_full(sent[x.src_rank]);
+      for (std::int32_t k = 0; k < count; ++k) skip_full(received[dst[k]]);
     }
     bucket[i] = b;
     if (!local) add(sent[x.src_rank], b, x.bytes);
-    for (std::int64_t d : x.dst_ranks) {
+    for (std::int32_t k = 0; k < count; ++k) {
+      const std::int64_t d = dst[k];
       auto& u = received[d];
       add(u, b, x.bytes);
       while (first_open[d] < static_cast<std::int64_t>(u.size()) && u[first_open[d]] >= budget) {
@@ -463,17 +611,26 @@ void Planner::Bucket() {
     }
     plan_.num_buckets = std::max(plan_.num_buckets, b + 1);
   }
-  // By bucket, in key order within a bucket (a counting sort), moved once.
+  // By bucket, in key order within a bucket (a counting sort); each Transfer is built
+  // once, in its final place.
   std::vector<std::size_t> start(plan_.num_buckets + 1, 0);
   for (std::int64_t b : bucket) ++start[b + 1];
   for (std::int64_t b = 0; b < plan_.num_buckets; ++b) start[b + 1] += start[b];
-  std::vector<Transfer> ordered(xs.size());
-  for (const auto& [key, i] : keys) {
-    Transfer& x = plan_.transfers[i];
-    x.bucket = bucket[i];
-    ordered[start[x.bucket]++] = std::move(x);
+  std::vector<std::size_t> ordered(xs.size());
+  for (const auto& [key, i] : keys) ordered[start[bucket[i]]++] = i;
+  plan_.transfers.reserve(xs.size());
+  for (std::size_t n = 0; n < ordered.size(); ++n) {
+    if (n + kPrefetchRec < ordered.size()) {
+      PrefetchAddress(&xs[ordered[n + kPrefetchRec]]);
+    }
+    if (n + kPrefetchData < ordered.size()) {
+      const Rec& ahead = xs[ordered[n + kPrefetchData]];
+      PrefetchAddress(&dsts_[ahead.dst_begin]);
+      PrefetchAddress(&ranges_[ahead.ranges]);
+    }
+    const std::size_t i = ordered[n];
+    Materialize(xs[i], bucket[i], plan_.transfers.emplace_back());
   }
-  plan_.transfers = std::move(ordered);
 }
 
 void Planner::Cost() {
@@ -532,12 +689,8 @@ void Planner::Cost() {
   // engine rank (each receives the whole model).
   std::int64_t gather_intra = 0, gather_nic = 0, model_bytes = 0;
   for (const SourceRect& s : sources_) {
-    const std::int32_t tensor = [&] {
-      const Holding& h = s.holdings.front();
-      return classes_[h.cls].params[h.param].pieces[h.piece].tensor;
-    }();
-    const std::int64_t bytes =
-        (s.rect.r1 - s.rect.r0) * (s.rect.c1 - s.rect.c0) * index_.tensors()[tensor].element_bytes;
+    const std::int64_t bytes = (s.rect.r1 - s.rect.r0) * (s.rect.c1 - s.rect.c0) *
+                               index_.tensors()[s.tensor].element_bytes;
     model_bytes += bytes;
     if (s.holders.front() == 0) continue;
     const bool in_node = Node(s.holders.front()) == Node(0);
@@ -559,7 +712,15 @@ ReshardPlan Planner::Run() {
   BuildSources();
   BuildJobs();
   Assign();
+  // The records hold what the rest needs of the jobs and the shards.
+  std::vector<Job>().swap(jobs_);
+  std::vector<std::vector<LocalParam>>().swap(engine_params_);
+  std::vector<SourceClass>().swap(classes_);
   Bucket();
+  // The records are in plan_.transfers now.
+  std::vector<Rec>().swap(recs_);
+  std::vector<std::int64_t>().swap(dsts_);
+  std::vector<Range>().swap(ranges_);
   Cost();
   return std::move(plan_);
 }

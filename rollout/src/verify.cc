@@ -810,231 +810,330 @@ ShardMap ReferenceVllmShards(const ModelConfig& model, const InferLayout& infer,
   return VllmAt(model, infer, src, tp_rank);
 }
 
-VerifyResult VerifyPlan(const ModelConfig& model, const ReshardOptions& options,
-                        const ReshardPlan& plan) {
-  const TrainLayout& train = options.train;
-  const InferLayout& infer = options.infer;
-  CheckTrain(model, train);
-  CheckInfer(model, infer);
-  if (infer.replicas < 1) Fail("infer.replicas", "must be >= 1");
+// ---------------------------------------------------------------------------------
+// VerifyPlan(), one check at a time.
 
-  // Refuse before building anything: the engine tensors alone hold every element
-  // once per replica.
-  std::int64_t parameters = 0;
-  for (const FullTensor& t : HfTensors(model)) parameters += t.Elements();
-  if (parameters > kMaxVerifyElements / (infer.replicas + 2)) {
-    Fail("model", "too large for VerifyPlan (" + std::to_string(parameters) +
-                      " parameters; at most about " +
-                      std::to_string(kMaxVerifyElements / (infer.replicas + 2)) + ")");
-  }
+namespace {
 
-  VerifyResult result;
-  Reporter report(result);
-  std::int64_t allocated = 0;
-  auto account = [&](const ShardMap& shards, std::int64_t factor) {
-    for (const auto& [name, t] : shards) allocated += t.Elements() * factor;
-    if (allocated > kMaxVerifyElements) {
-      Fail("model", "too large for VerifyPlan (more than " + std::to_string(kMaxVerifyElements) +
-                        " elements across ranks)");
-    }
-  };
+// What VerifyPlan() builds and accumulates: the reference shards of every rank, the
+// engine buffers the transfers write into, and the plan's totals as executed.
+struct Verification {
+  Verification(const ModelConfig& m, const ReshardOptions& o, const ReshardPlan& p, VerifyResult& r)
+      : model(m), options(o), plan(p), result(r), report(r) {}
 
-  // Trainer ranks: one reference per distinct coordinate.
-  FullSource src(model);
-  const std::int64_t trainers = train.world_size();
-  std::map<MegatronCoords, ShardMap> by_coords;
-  std::vector<const ShardMap*> trainer(static_cast<std::size_t>(trainers));
-  for (std::int64_t rank = 0; rank < trainers; ++rank) {
-    const MegatronCoords c = CoordsOf(train, rank);
-    auto it = by_coords.find(c);
-    if (it == by_coords.end()) {
-      it = by_coords.emplace(c, MegatronAt(model, train, src, c)).first;
-      account(it->second, 1);
-    }
-    trainer[static_cast<std::size_t>(rank)] = &it->second;
-  }
+  const ModelConfig& model;
+  const ReshardOptions& options;
+  const ReshardPlan& plan;
+  VerifyResult& result;
+  Reporter report;
+  std::int64_t allocated = 0;  // elements held, against kMaxVerifyElements
 
-  // Engine ranks: references per TP rank, a zeroed buffer per (replica, TP rank).
-  std::vector<ShardMap> engine_ref;
-  for (std::int64_t r = 0; r < infer.tp; ++r) {
-    engine_ref.push_back(VllmAt(model, infer, src, r));
-    account(engine_ref.back(), 1);
-  }
-  std::map<std::int64_t, EngineBuffer> engines;
-  for (std::int64_t replica = 0; replica < infer.replicas; ++replica) {
-    for (std::int64_t r = 0; r < infer.tp; ++r) {
-      const std::int64_t gid = (options.topology.colocated ? 0 : trainers) + replica * infer.tp + r;
-      if (EngineRank(options, replica, r) != gid) {
-        ++result.bookkeeping_errors;
-        report.Add("EngineRank(replica " + std::to_string(replica) + ", tp_rank " +
-                   std::to_string(r) + ") = " + std::to_string(EngineRank(options, replica, r)) +
-                   ", plan.h documents " + std::to_string(gid));
-      }
-      EngineBuffer& b = engines[gid];
-      b.tp_rank = r;
-      for (const auto& [name, t] : engine_ref[static_cast<std::size_t>(r)]) {
-        Tensor zero = Tensor::Filled(t.shape, 0);
-        zero.padding_rows = t.padding_rows;
-        b.tensors.emplace(name, std::move(zero));
-        b.writes.emplace(name, std::vector<std::uint8_t>(t.data.size(), 0));
-      }
-      account(engine_ref[static_cast<std::size_t>(r)], 2);
-    }
-  }
-
-  // Plan-level counts.
-  auto check_count = [&](const char* what, std::int64_t got, std::int64_t want) {
-    if (got != want) {
-      ++result.bookkeeping_errors;
-      report.Add(std::string("plan.") + what + " = " + std::to_string(got) + ", expected " +
-                 std::to_string(want));
-    }
-  };
-  check_count("trainer_ranks", plan.trainer_ranks, trainers);
-  check_count("engine_ranks", plan.engine_ranks, infer.replicas * infer.tp);
+  std::map<MegatronCoords, ShardMap> by_coords;  // one reference per distinct coordinate
+  std::vector<const ShardMap*> trainer;          // per trainer rank
+  std::vector<ShardMap> engine_ref;              // per engine TP rank
+  std::map<std::int64_t, EngineBuffer> engines;  // per engine GPU
 
   std::int64_t bytes_received = 0, bytes_local = 0, bytes_moved = 0;
   std::int64_t last_bucket = 0;
   // Per bucket: bytes out of each rank (non-local transfers) and into each rank (all).
   std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> sent, received;
-  const auto num_params = static_cast<std::int64_t>(plan.param_names.size());
+};
 
-  for (std::size_t ti = 0; ti < plan.transfers.size(); ++ti) {
-    const Transfer& t = plan.transfers[ti];
-    ++result.transfers;
-    const std::string where = "transfer " + std::to_string(ti) + ": ";
-    auto bad = [&](const std::string& why) {
-      ++result.bad_transfers;
-      report.Add(where + why);
-    };
-    bytes_received += t.bytes * static_cast<std::int64_t>(t.dst_ranks.size());
-    (t.local() ? bytes_local : bytes_moved) += t.bytes;
-    if (t.bucket < 0 || t.bucket >= plan.num_buckets || t.bucket < last_bucket) {
-      ++result.bookkeeping_errors;
-      report.Add(where + "bucket " + std::to_string(t.bucket) + " out of order or range");
-    }
-    last_bucket = std::max(last_bucket, t.bucket);
-    if (!t.local()) sent[{t.bucket, t.src_rank}] += t.bytes;
-    for (std::int64_t d : t.dst_ranks) received[{t.bucket, d}] += t.bytes;
+// Throws std::invalid_argument before anything is built for layouts the reference
+// cannot build and for models whose engine tensors alone (every element once per
+// replica) exceed kMaxVerifyElements.
+void RefuseUnverifiable(const ModelConfig& model, const ReshardOptions& options) {
+  CheckTrain(model, options.train);
+  CheckInfer(model, options.infer);
+  if (options.infer.replicas < 1) Fail("infer.replicas", "must be >= 1");
+  std::int64_t parameters = 0;
+  for (const FullTensor& t : HfTensors(model)) parameters += t.Elements();
+  if (parameters > kMaxVerifyElements / (options.infer.replicas + 2)) {
+    Fail("model", "too large for VerifyPlan (" + std::to_string(parameters) +
+                      " parameters; at most about " +
+                      std::to_string(kMaxVerifyElements / (options.infer.replicas + 2)) + ")");
+  }
+}
 
-    if (t.src_rank < 0 || t.src_rank >= trainers) {
-      bad("source rank " + std::to_string(t.src_rank) + " is not a trainer rank");
-      continue;
+// Counts `shards` `factor` times against kMaxVerifyElements; throws beyond it.
+void Account(Verification& v, const ShardMap& shards, std::int64_t factor) {
+  for (const auto& [name, t] : shards) v.allocated += t.Elements() * factor;
+  if (v.allocated > kMaxVerifyElements) {
+    Fail("model", "too large for VerifyPlan (more than " + std::to_string(kMaxVerifyElements) +
+                      " elements across ranks)");
+  }
+}
+
+// Trainer ranks: one reference per distinct coordinate.
+void BuildTrainerReferences(Verification& v, FullSource& src) {
+  const std::int64_t trainers = v.options.train.world_size();
+  v.trainer.assign(static_cast<std::size_t>(trainers), nullptr);
+  for (std::int64_t rank = 0; rank < trainers; ++rank) {
+    const MegatronCoords c = CoordsOf(v.options.train, rank);
+    auto it = v.by_coords.find(c);
+    if (it == v.by_coords.end()) {
+      it = v.by_coords.emplace(c, MegatronAt(v.model, v.options.train, src, c)).first;
+      Account(v, it->second, 1);
     }
-    if (t.src_param < 0 || t.src_param >= num_params || t.dst_param < 0 ||
-        t.dst_param >= num_params) {
-      bad("param index out of range");
-      continue;
-    }
-    const std::string& src_name = plan.param_names[static_cast<std::size_t>(t.src_param)];
-    const std::string& dst_name = plan.param_names[static_cast<std::size_t>(t.dst_param)];
-    const ShardMap& src_shards = *trainer[static_cast<std::size_t>(t.src_rank)];
-    auto src_it = src_shards.find(src_name);
-    if (src_it == src_shards.end()) {
-      bad("trainer rank " + std::to_string(t.src_rank) + " has no " + src_name);
-      continue;
-    }
-    const Tensor& source = src_it->second;
-    if (std::string e = SliceError(source.shape, t.src_slice); !e.empty()) {
-      bad("source " + src_name + " on rank " + std::to_string(t.src_rank) + ": " + e);
-      continue;
-    }
-    const std::int64_t elements = SliceElements(t.src_slice);
-    if (!t.src_slice.empty() && t.src_slice[0].end > source.PaddingBegin() &&
-        t.src_slice[0].begin < t.src_slice[0].end && elements > 0) {
-      const std::int64_t rows =
-          t.src_slice[0].end - std::max(t.src_slice[0].begin, source.PaddingBegin());
-      result.padding_read_elements += elements / (t.src_slice[0].end - t.src_slice[0].begin) * rows;
-      bad("source " + src_name + " on rank " + std::to_string(t.src_rank) + " slice " +
-          SliceString(t.src_slice) + " reads padding rows from " +
-          std::to_string(source.PaddingBegin()));
-    }
-    // fp8 target: vLLM's linear weights are quantised, by the sender only when the
-    // destination slice covers whole 128 x 128 blocks (fp8 bytes + fp32 scales).
-    const bool quantised = options.target_dtype == TargetDtype::kFp8Block128 &&
-                           (dst_name.ends_with("_proj.weight") ||
-                            dst_name.ends_with(".w13_weight") || dst_name.ends_with(".w2_weight"));
-    std::int64_t expected_bytes = elements * ElementBytes(model, dst_name);
-    if (!quantised && t.quantize != Quantize::kNone) bad(dst_name + " must not be quantised");
-    if (quantised && t.quantize == Quantize::kNone) bad(dst_name + " must be quantised");
-    if (quantised && t.quantize == Quantize::kAtSender && t.dst_slice.size() >= 2) {
-      const std::size_t d = t.dst_slice.size();
-      const Range rows = t.dst_slice[d - 2], cols = t.dst_slice[d - 1];
-      if (rows.begin % 128 != 0 || cols.begin % 128 != 0) {
-        bad("quantised by the sender but " + dst_name + " slice " + SliceString(t.dst_slice) +
-            " does not start on a 128 x 128 block");
+    v.trainer[static_cast<std::size_t>(rank)] = &it->second;
+  }
+}
+
+// Engine ranks: references per TP rank, a zeroed buffer per (replica, TP rank), and
+// EngineRank() against the numbering plan.h documents.
+void BuildEngineBuffers(Verification& v, FullSource& src) {
+  const InferLayout& infer = v.options.infer;
+  const std::int64_t trainers = v.options.train.world_size();
+  for (std::int64_t r = 0; r < infer.tp; ++r) {
+    v.engine_ref.push_back(VllmAt(v.model, infer, src, r));
+    Account(v, v.engine_ref.back(), 1);
+  }
+  for (std::int64_t replica = 0; replica < infer.replicas; ++replica) {
+    for (std::int64_t r = 0; r < infer.tp; ++r) {
+      const std::int64_t gid =
+          (v.options.topology.colocated ? 0 : trainers) + replica * infer.tp + r;
+      if (EngineRank(v.options, replica, r) != gid) {
+        ++v.result.bookkeeping_errors;
+        v.report.Add("EngineRank(replica " + std::to_string(replica) + ", tp_rank " +
+                     std::to_string(r) +
+                     ") = " + std::to_string(EngineRank(v.options, replica, r)) +
+                     ", plan.h documents " + std::to_string(gid));
       }
-      const std::int64_t blocks =
-          (rows.end - rows.begin + 127) / 128 * ((cols.end - cols.begin + 127) / 128);
-      expected_bytes = elements + 4 * blocks;
+      EngineBuffer& b = v.engines[gid];
+      b.tp_rank = r;
+      for (const auto& [name, t] : v.engine_ref[static_cast<std::size_t>(r)]) {
+        Tensor zero = Tensor::Filled(t.shape, 0);
+        zero.padding_rows = t.padding_rows;
+        b.tensors.emplace(name, std::move(zero));
+        b.writes.emplace(name, std::vector<std::uint8_t>(t.data.size(), 0));
+      }
+      Account(v, v.engine_ref[static_cast<std::size_t>(r)], 2);
     }
-    if (t.bytes != expected_bytes) {
-      bad("bytes " + std::to_string(t.bytes) + " for " + std::to_string(elements) +
-          " elements of " + dst_name);
+  }
+}
+
+// A plan-level count that must equal what the verifier derived.
+void CheckCount(Verification& v, const char* what, std::int64_t got, std::int64_t want) {
+  if (got != want) {
+    ++v.result.bookkeeping_errors;
+    v.report.Add(std::string("plan.") + what + " = " + std::to_string(got) + ", expected " +
+                 std::to_string(want));
+  }
+}
+
+void CheckRankCounts(Verification& v) {
+  CheckCount(v, "trainer_ranks", v.plan.trainer_ranks, v.options.train.world_size());
+  CheckCount(v, "engine_ranks", v.plan.engine_ranks, v.options.infer.replicas * v.options.infer.tp);
+}
+
+// A fault of transfer `where` ("transfer N: ").
+void Bad(Verification& v, const std::string& where, const std::string& why) {
+  ++v.result.bad_transfers;
+  v.report.Add(where + why);
+}
+
+// Adds the transfer to the byte totals and the per-bucket loads, and checks that
+// buckets are in range and never decrease.
+void TallyTransfer(Verification& v, const Transfer& t, const std::string& where) {
+  v.bytes_received += t.bytes * static_cast<std::int64_t>(t.dst_ranks.size());
+  (t.local() ? v.bytes_local : v.bytes_moved) += t.bytes;
+  if (t.bucket < 0 || t.bucket >= v.plan.num_buckets || t.bucket < v.last_bucket) {
+    ++v.result.bookkeeping_errors;
+    v.report.Add(where + "bucket " + std::to_string(t.bucket) + " out of order or range");
+  }
+  v.last_bucket = std::max(v.last_bucket, t.bucket);
+  if (!t.local()) v.sent[{t.bucket, t.src_rank}] += t.bytes;
+  for (std::int64_t d : t.dst_ranks) v.received[{t.bucket, d}] += t.bytes;
+}
+
+// The source tensor the transfer reads, or nullptr (and the fault reported) for an
+// unknown rank or name or a slice that does not fit.
+const Tensor* FindSource(Verification& v, const Transfer& t, const std::string& where) {
+  if (t.src_rank < 0 || t.src_rank >= v.options.train.world_size()) {
+    Bad(v, where, "source rank " + std::to_string(t.src_rank) + " is not a trainer rank");
+    return nullptr;
+  }
+  const auto num_params = static_cast<std::int64_t>(v.plan.param_names.size());
+  if (t.src_param < 0 || t.src_param >= num_params || t.dst_param < 0 ||
+      t.dst_param >= num_params) {
+    Bad(v, where, "param index out of range");
+    return nullptr;
+  }
+  const std::string& src_name = v.plan.param_names[static_cast<std::size_t>(t.src_param)];
+  const ShardMap& src_shards = *v.trainer[static_cast<std::size_t>(t.src_rank)];
+  auto src_it = src_shards.find(src_name);
+  if (src_it == src_shards.end()) {
+    Bad(v, where, "trainer rank " + std::to_string(t.src_rank) + " has no " + src_name);
+    return nullptr;
+  }
+  const Tensor& source = src_it->second;
+  if (std::string e = SliceError(source.shape, t.src_slice); !e.empty()) {
+    Bad(v, where, "source " + src_name + " on rank " + std::to_string(t.src_rank) + ": " + e);
+    return nullptr;
+  }
+  return &source;
+}
+
+// A read of the source's padding rows is counted and reported (the transfer is
+// still executed).
+void CheckPaddingRead(Verification& v, const Transfer& t, const Tensor& source,
+                      std::int64_t elements, const std::string& where) {
+  if (!t.src_slice.empty() && t.src_slice[0].end > source.PaddingBegin() &&
+      t.src_slice[0].begin < t.src_slice[0].end && elements > 0) {
+    const std::string& src_name = v.plan.param_names[static_cast<std::size_t>(t.src_param)];
+    const std::int64_t rows =
+        t.src_slice[0].end - std::max(t.src_slice[0].begin, source.PaddingBegin());
+    v.result.padding_read_elements += elements / (t.src_slice[0].end - t.src_slice[0].begin) * rows;
+    Bad(v, where,
+        "source " + src_name + " on rank " + std::to_string(t.src_rank) + " slice " +
+            SliceString(t.src_slice) + " reads padding rows from " +
+            std::to_string(source.PaddingBegin()));
+  }
+}
+
+// fp8 target: vLLM's linear weights are quantised, by the sender only when the
+// destination slice covers whole 128 x 128 blocks (fp8 bytes + fp32 scales); the
+// transfer's bytes must match.
+void CheckQuantizeAndBytes(Verification& v, const Transfer& t, std::int64_t elements,
+                           const std::string& where) {
+  const std::string& dst_name = v.plan.param_names[static_cast<std::size_t>(t.dst_param)];
+  const bool quantised = v.options.target_dtype == TargetDtype::kFp8Block128 &&
+                         (dst_name.ends_with("_proj.weight") || dst_name.ends_with(".w13_weight") ||
+                          dst_name.ends_with(".w2_weight"));
+  std::int64_t expected_bytes = elements * ElementBytes(v.model, dst_name);
+  if (!quantised && t.quantize != Quantize::kNone)
+    Bad(v, where, dst_name + " must not be quantised");
+  if (quantised && t.quantize == Quantize::kNone) Bad(v, where, dst_name + " must be quantised");
+  if (quantised && t.quantize == Quantize::kAtSender && t.dst_slice.size() >= 2) {
+    const std::size_t d = t.dst_slice.size();
+    const Range rows = t.dst_slice[d - 2], cols = t.dst_slice[d - 1];
+    if (rows.begin % 128 != 0 || cols.begin % 128 != 0) {
+      Bad(v, where,
+          "quantised by the sender but " + dst_name + " slice " + SliceString(t.dst_slice) +
+              " does not start on a 128 x 128 block");
     }
-    if (t.dst_ranks.empty()) bad("no destination ranks");
-    if (!std::is_sorted(t.dst_ranks.begin(), t.dst_ranks.end()) ||
-        std::adjacent_find(t.dst_ranks.begin(), t.dst_ranks.end()) != t.dst_ranks.end()) {
-      bad("destination ranks not strictly ascending");
+    const std::int64_t blocks =
+        (rows.end - rows.begin + 127) / 128 * ((cols.end - cols.begin + 127) / 128);
+    expected_bytes = elements + 4 * blocks;
+  }
+  if (t.bytes != expected_bytes) {
+    Bad(v, where,
+        "bytes " + std::to_string(t.bytes) + " for " + std::to_string(elements) + " elements of " +
+            dst_name);
+  }
+}
+
+void CheckDestinationRanks(Verification& v, const Transfer& t, const std::string& where) {
+  if (t.dst_ranks.empty()) Bad(v, where, "no destination ranks");
+  if (!std::is_sorted(t.dst_ranks.begin(), t.dst_ranks.end()) ||
+      std::adjacent_find(t.dst_ranks.begin(), t.dst_ranks.end()) != t.dst_ranks.end()) {
+    Bad(v, where, "destination ranks not strictly ascending");
+  }
+}
+
+// Copies the source slice into every destination's tensor, counting the writes of
+// each element (and those of padding rows).
+void ExecuteTransfer(Verification& v, const Transfer& t, const Tensor& source,
+                     std::int64_t elements, const std::string& where) {
+  const std::string& dst_name = v.plan.param_names[static_cast<std::size_t>(t.dst_param)];
+  std::vector<std::uint16_t> values;
+  values.reserve(static_cast<std::size_t>(elements));
+  ForEachOffset(source.shape, t.src_slice, [&](std::int64_t off) {
+    values.push_back(source.data[static_cast<std::size_t>(off)]);
+  });
+  for (std::int64_t d : t.dst_ranks) {
+    auto eng = v.engines.find(d);
+    if (eng == v.engines.end()) {
+      Bad(v, where, "destination " + std::to_string(d) + " is not an engine rank");
+      continue;
     }
-    std::vector<std::uint16_t> values;
-    values.reserve(static_cast<std::size_t>(elements));
-    ForEachOffset(source.shape, t.src_slice, [&](std::int64_t off) {
-      values.push_back(source.data[static_cast<std::size_t>(off)]);
+    EngineBuffer& buf = eng->second;
+    auto dst_it = buf.tensors.find(dst_name);
+    if (dst_it == buf.tensors.end()) {
+      Bad(v, where,
+          "engine rank " + std::to_string(d) + " (tp " + std::to_string(buf.tp_rank) + ") has no " +
+              dst_name);
+      continue;
+    }
+    Tensor& dest = dst_it->second;
+    if (std::string e = SliceError(dest.shape, t.dst_slice); !e.empty()) {
+      Bad(v, where, "destination " + dst_name + " on rank " + std::to_string(d) + ": " + e);
+      continue;
+    }
+    if (SliceElements(t.dst_slice) != elements) {
+      Bad(v, where,
+          "source " + SliceString(t.src_slice) + " and destination " + SliceString(t.dst_slice) +
+              " differ in elements");
+      continue;
+    }
+    std::vector<std::uint8_t>& writes = buf.writes[dst_name];
+    const std::int64_t row = dest.RowElements();
+    const std::int64_t pad_from = dest.PaddingBegin() * row;
+    std::size_t k = 0;
+    ForEachOffset(dest.shape, t.dst_slice, [&](std::int64_t off) {
+      const auto o = static_cast<std::size_t>(off);
+      dest.data[o] = values[k++];
+      if (writes[o] < 255) ++writes[o];
+      if (off >= pad_from) ++v.result.padding_written_elements;
+      ++v.result.elements_written;
     });
-    for (std::int64_t d : t.dst_ranks) {
-      auto eng = engines.find(d);
-      if (eng == engines.end()) {
-        bad("destination " + std::to_string(d) + " is not an engine rank");
-        continue;
-      }
-      EngineBuffer& buf = eng->second;
-      auto dst_it = buf.tensors.find(dst_name);
-      if (dst_it == buf.tensors.end()) {
-        bad("engine rank " + std::to_string(d) + " (tp " + std::to_string(buf.tp_rank) +
-            ") has no " + dst_name);
-        continue;
-      }
-      Tensor& dest = dst_it->second;
-      if (std::string e = SliceError(dest.shape, t.dst_slice); !e.empty()) {
-        bad("destination " + dst_name + " on rank " + std::to_string(d) + ": " + e);
-        continue;
-      }
-      if (SliceElements(t.dst_slice) != elements) {
-        bad("source " + SliceString(t.src_slice) + " and destination " + SliceString(t.dst_slice) +
-            " differ in elements");
-        continue;
-      }
-      std::vector<std::uint8_t>& writes = buf.writes[dst_name];
-      const std::int64_t row = dest.RowElements();
-      const std::int64_t pad_from = dest.PaddingBegin() * row;
-      std::size_t k = 0;
-      ForEachOffset(dest.shape, t.dst_slice, [&](std::int64_t off) {
-        const auto o = static_cast<std::size_t>(off);
-        dest.data[o] = values[k++];
-        if (writes[o] < 255) ++writes[o];
-        if (off >= pad_from) ++result.padding_written_elements;
-        ++result.elements_written;
-      });
-    }
   }
-  check_count("bytes_received", plan.bytes_received, bytes_received);
-  check_count("bytes_local", plan.bytes_local, bytes_local);
-  check_count("bytes_moved", plan.bytes_moved, bytes_moved);
-  for (const auto* loads : {&sent, &received}) {
-    for (const auto& [key, bytes] : *loads) {
-      if (bytes > options.bucket_bytes) {
-        ++result.bookkeeping_errors;
-        report.Add("bucket " + std::to_string(key.first) + ": rank " + std::to_string(key.second) +
-                   (loads == &sent ? " sends " : " receives ") + std::to_string(bytes) +
-                   " bytes > bucket_bytes");
-      }
-    }
-  }
+}
 
-  // Compare every engine rank with its reference.
-  for (const auto& [gid, buf] : engines) {
-    const ShardMap& ref = engine_ref[static_cast<std::size_t>(buf.tp_rank)];
+// One transfer: its bookkeeping, its checks, then its execution (unless it cannot be
+// executed: unknown source, slice out of bounds).
+void VerifyTransfer(Verification& v, std::size_t ti) {
+  const Transfer& t = v.plan.transfers[ti];
+  ++v.result.transfers;
+  const std::string where = "transfer " + std::to_string(ti) + ": ";
+  TallyTransfer(v, t, where);
+  const Tensor* source = FindSource(v, t, where);
+  if (source == nullptr) return;
+  const std::int64_t elements = SliceElements(t.src_slice);
+  CheckPaddingRead(v, t, *source, elements, where);
+  CheckQuantizeAndBytes(v, t, elements, where);
+  CheckDestinationRanks(v, t, where);
+  ExecuteTransfer(v, t, *source, elements, where);
+}
+
+// The plan's byte totals against the executed transfers'.
+void CheckByteTotals(Verification& v) {
+  CheckCount(v, "bytes_received", v.plan.bytes_received, v.bytes_received);
+  CheckCount(v, "bytes_local", v.plan.bytes_local, v.bytes_local);
+  CheckCount(v, "bytes_moved", v.plan.bytes_moved, v.bytes_moved);
+}
+
+// No rank sends, or receives, more than options.bucket_bytes in one bucket.
+void CheckBucketBudget(Verification& v) {
+  for (const auto* loads : {&v.sent, &v.received}) {
+    for (const auto& [key, bytes] : *loads) {
+      if (bytes > v.options.bucket_bytes) {
+        ++v.result.bookkeeping_errors;
+        v.report.Add("bucket " + std::to_string(key.first) + ": rank " +
+                     std::to_string(key.second) + (loads == &v.sent ? " sends " : " receives ") +
+                     std::to_string(bytes) + " bytes > bucket_bytes");
+      }
+    }
+  }
+}
+
+// "i, j, k": the multi-index of row-major offset `offset` in `shape`.
+std::string IndexString(const std::vector<std::int64_t>& shape, std::int64_t offset) {
+  std::string index;
+  std::int64_t rest = offset;
+  for (std::size_t dd = shape.size(); dd-- > 0;) {
+    const std::int64_t dim = std::max<std::int64_t>(1, shape[dd]);
+    index = std::to_string(rest % dim) + (index.empty() ? "" : ", ") + index;
+    rest /= dim;
+  }
+  return index;
+}
+
+// Every engine tensor against its reference: unwritten, written twice, wrong value;
+// the first problem element of each tensor is described.
+void CompareWithReferences(Verification& v) {
+  for (const auto& [gid, buf] : v.engines) {
+    const ShardMap& ref = v.engine_ref[static_cast<std::size_t>(buf.tp_rank)];
     for (const auto& [name, dest] : buf.tensors) {
       const Tensor& want = ref.at(name);
       const std::vector<std::uint8_t>& writes = buf.writes.at(name);
@@ -1046,16 +1145,16 @@ VerifyResult VerifyPlan(const ModelConfig& model, const ReshardOptions& options,
         std::string k;
         if (writes[i] == 0) {
           if (off < pad_from) {
-            ++result.unwritten_elements;
+            ++v.result.unwritten_elements;
             k = "never written";
           }
         } else {
           if (writes[i] > 1) {
-            ++result.double_written_elements;
+            ++v.result.double_written_elements;
             k = "written " + std::to_string(writes[i]) + " times";
           }
           if (dest.data[i] != want.data[i]) {
-            ++result.mismatched_elements;
+            ++v.result.mismatched_elements;
             k = "wrong value";
           }
         }
@@ -1065,27 +1164,43 @@ VerifyResult VerifyPlan(const ModelConfig& model, const ReshardOptions& options,
         }
       }
       if (first_bad >= 0) {
-        // The multi-index of the first problem element.
-        std::string index;
-        std::int64_t rest = first_bad;
-        for (std::size_t dd = dest.shape.size(); dd-- > 0;) {
-          const std::int64_t dim = std::max<std::int64_t>(1, dest.shape[dd]);
-          index = std::to_string(rest % dim) + (index.empty() ? "" : ", ") + index;
-          rest /= dim;
-        }
-        report.Add(name + " on engine rank " + std::to_string(gid) + " (tp " +
-                   std::to_string(buf.tp_rank) + ") at [" + index + "]: " + kind);
+        v.report.Add(name + " on engine rank " + std::to_string(gid) + " (tp " +
+                     std::to_string(buf.tp_rank) + ") at [" + IndexString(dest.shape, first_bad) +
+                     "]: " + kind);
       }
     }
   }
+}
+
+// The padding-write summary and the verdict.
+void Conclude(Verification& v) {
+  VerifyResult& result = v.result;
   if (result.padding_written_elements > 0) {
-    report.Add(std::to_string(result.padding_written_elements) +
-               " destination padding elements written");
+    v.report.Add(std::to_string(result.padding_written_elements) +
+                 " destination padding elements written");
   }
   result.ok = result.mismatched_elements == 0 && result.double_written_elements == 0 &&
               result.unwritten_elements == 0 && result.padding_written_elements == 0 &&
               result.padding_read_elements == 0 && result.bad_transfers == 0 &&
               result.bookkeeping_errors == 0;
+}
+
+}  // namespace
+
+VerifyResult VerifyPlan(const ModelConfig& model, const ReshardOptions& options,
+                        const ReshardPlan& plan) {
+  RefuseUnverifiable(model, options);
+  VerifyResult result;
+  Verification v(model, options, plan, result);
+  FullSource src(model);
+  BuildTrainerReferences(v, src);
+  BuildEngineBuffers(v, src);
+  CheckRankCounts(v);
+  for (std::size_t ti = 0; ti < plan.transfers.size(); ++ti) VerifyTransfer(v, ti);
+  CheckByteTotals(v);
+  CheckBucketBudget(v);
+  CompareWithReferences(v);
+  Conclude(v);
   return result;
 }
 

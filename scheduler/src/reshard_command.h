@@ -10,7 +10,9 @@
 //   copied locally and moved, the transfers, the buckets, the busiest link, and the
 //   plan's estimated time against its lower bound and against the naive method. With
 //   --json the summary ReshardPlan (no transfers) on one line instead; --plan-out
-//   FILE writes the whole ReshardPlan, transfers included, as JSON; --verify executes
+//   FILE writes the whole ReshardPlan, transfers included, as JSON, or for a FILE
+//   ending in .binpb the binary plan file of reshard.proto (an index, then each GPU's
+//   transfers; reshard_convert.h reads it back), both streamed; --verify executes
 //   the plan on reference data (rollout::VerifyPlan(); small models only) and fails
 //   (std::runtime_error, exit status 1) if it is wrong.
 //
@@ -48,7 +50,7 @@ struct ReshardArgs {
   double inter_node_gb_per_s = 50.0;
   std::int64_t bucket_mb = 512;       // MiB
   std::string target_dtype = "bf16";  // --target-dtype: "bf16" or "fp8"
-  std::string plan_out;               // empty: no plan file
+  std::string plan_out;               // empty: no plan file; *.binpb: binary, else JSON
   bool verify = false;
   bool json = false;
 };

@@ -6,7 +6,17 @@
 //   every field against the bounds written in reshard.proto (0 means the documented
 //   default), runs rollout::PlanReshard() and fills a rlsched.v1.ReshardPlan. The
 //   command (`rlsched reshard`) and the daemon (`rlsched serve`) both answer through
-//   these functions, so they cannot disagree. Nothing here does I/O or logging.
+//   these functions, so they cannot disagree. Nothing here opens files or logs; the
+//   plan-file functions read and write the streams they are given.
+//
+//   Plan files (`rlsched reshard --plan-out`): WriteReshardPlanJson() streams the whole
+//   plan as JSON, byte for byte the text of ToJson(ToReshardPlanMessage(plan, true))
+//   without building that message or text (a plan of 10^6 transfers is ~0.3 GB of
+//   JSON). WriteReshardPlanBinary() writes the binary plan file of reshard.proto
+//   (ReshardPlanIndex, then one ReshardRankPart per GPU, varint-delimited);
+//   ReadReshardPlanIndex() and ReadReshardRankPart() read it back, one GPU's part
+//   without parsing the others, and RankPartTransfers() expands a part's transfers to
+//   plain Transfer messages.
 //
 //   Errors are std::invalid_argument whose message starts with the request's field
 //   path: "train.tp: must be in [0, 65536] (0 means 1), got -1",
@@ -27,12 +37,16 @@
 //   rlsched::v1::ReshardPlan plan = rlsched::scheduler::SolveReshard(request);
 //   // plan.estimate_seconds(), plan.lower_bound_seconds(), plan.naive_seconds()
 //
-// Thread-safety: every function is pure; concurrent calls are safe.
+// Thread-safety: every function is pure (the plan-file functions touch only the
+// streams they are given); concurrent calls on different streams are safe.
 
 #ifndef RLSCHED_SCHEDULER_RESHARD_CONVERT_H_
 #define RLSCHED_SCHEDULER_RESHARD_CONVERT_H_
 
 #include <cstdint>
+#include <istream>
+#include <ostream>
+#include <vector>
 
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
@@ -75,6 +89,40 @@ rollout::ReshardOptions ToReshardOptions(const v1::ReshardRequest& request);
 // The plan as its wire message: every summary field, and the transfers (parameter
 // names resolved through plan.param_names) when `include_transfers`. O(transfers).
 v1::ReshardPlan ToReshardPlanMessage(const rollout::ReshardPlan& plan, bool include_transfers);
+
+// Writes the plan with every transfer as JSON, then a newline: the same bytes as
+// ToJson(ToReshardPlanMessage(plan, true)) + '\n' (protobuf's JSON mapping, proto field
+// names, int64 values as strings), streamed through a small buffer. Throws
+// std::runtime_error when `out` fails. O(transfers) time, O(param names) memory.
+void WriteReshardPlanJson(const rollout::ReshardPlan& plan, std::ostream& out);
+
+// The format_version of the binary plan files this code writes and reads.
+inline constexpr std::int32_t kPlanFileFormatVersion = 1;
+
+// Writes the binary plan file (reshard.proto, "The binary plan file"): a
+// ReshardPlanIndex, then a ReshardRankPart for every GPU that sends or receives,
+// ascending, each varint-delimited. `out` must be seekable (a file or a string
+// stream; the index, written first, is rewritten with the parts' offsets at the end)
+// and positioned at the file's start. Throws std::runtime_error when `out` fails.
+// O(transfers × GPUs per transfer) time; memory O(transfers) indices plus one part.
+void WriteReshardPlanBinary(const rollout::ReshardPlan& plan, std::ostream& out);
+
+// The index of a binary plan file: its first message (read from the stream's start).
+// Throws std::runtime_error for a stream that is not a binary plan file of
+// kPlanFileFormatVersion.
+v1::ReshardPlanIndex ReadReshardPlanIndex(std::istream& in);
+
+// GPU `rank`'s part of the binary plan file `in` whose index is `index`: seeks to it
+// and parses it alone. A GPU with no part (no transfers) gets an empty part. Throws
+// std::invalid_argument for a negative rank, std::runtime_error for a malformed file.
+// O(part size + log GPUs).
+v1::ReshardRankPart ReadReshardRankPart(std::istream& in, const v1::ReshardPlanIndex& index,
+                                        std::int64_t rank);
+
+// A part's transfers as plain Transfer messages (names and receivers resolved), in the
+// part's order: equal to the plan's transfers that the part's GPU sends or receives.
+// Throws std::runtime_error for an index out of the part's tables. O(part size).
+std::vector<v1::Transfer> RankPartTransfers(const v1::ReshardRankPart& part);
 
 // Validates `request` (ToModelConfig(), ToReshardOptions()), plans the resharding
 // (rollout::PlanReshard()) and returns the plan, with the transfers only when

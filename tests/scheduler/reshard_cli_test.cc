@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "balance_convert.h"
 #include "reshard_command.h"
 #include "reshard_convert.h"
 #include "serve.h"
@@ -141,10 +142,64 @@ TEST(ReshardCliTest, PlanOutWritesTheTransfers) {
   v1::ReshardPlan stripped = plan;
   stripped.clear_transfers();
   EXPECT_TRUE(MessageDifferencer::Equals(stripped, summary));
+  // Byte for byte the printer's text of the whole message.
+  EXPECT_EQ(written, ToJson(SolveReshard(request)) + "\n");
   // Proto field names, enums by name.
   EXPECT_THAT(written, HasSubstr("\"src_param\":\""));
   EXPECT_THAT(written, HasSubstr("\"dst_slice\":[{\"begin\":"));
   EXPECT_THAT(written, HasSubstr("\"kind\":\"LINK_KIND_"));
+}
+
+// --plan-out FILE.binpb: the binary plan file; each GPU reads its own transfers.
+TEST(ReshardCliTest, PlanOutBinpbWritesEachGpusPart) {
+  const TempDir dir;
+  const std::string config = dir.Write("config.json", kTinyMoeConfig);
+  const std::string out = dir / "plan.binpb";
+  const std::vector<std::string> options = {"--model",
+                                            config,
+                                            "--train",
+                                            "tp=2,pp=2,ep=2,dp=2",
+                                            "--infer",
+                                            "tp=2,replicas=3",
+                                            "--colocated",
+                                            "--gpus-per-node",
+                                            "4",
+                                            "--bucket-mb",
+                                            "1"};
+  std::vector<std::string> args = {"reshard", "--plan-out", out, "--json"};
+  args.insert(args.end(), options.begin(), options.end());
+  const ProcessResult r = RunProgram(args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const v1::ReshardPlan summary = ParsePlan(r.out);
+
+  std::ifstream file(out, std::ios::binary);
+  ASSERT_TRUE(file);
+  const v1::ReshardPlanIndex index = ReadReshardPlanIndex(file);
+  EXPECT_TRUE(MessageDifferencer::Equals(index.summary(), summary));
+  v1::ReshardRequest request = RequestFor(options, kTinyMoeConfig);
+  request.set_include_transfers(true);
+  const v1::ReshardPlan plan = SolveReshard(request);
+  ASSERT_GT(plan.transfers_size(), 0);
+  int with_transfers = 0;
+  for (std::int64_t rank = 0; rank < plan.trainer_ranks(); ++rank) {
+    SCOPED_TRACE(rank);
+    const std::vector<v1::Transfer> got = RankPartTransfers(ReadReshardRankPart(file, index, rank));
+    std::vector<v1::Transfer> want;
+    for (const v1::Transfer& t : plan.transfers()) {
+      if (t.src_rank() == rank ||
+          std::find(t.dst_ranks().begin(), t.dst_ranks().end(), rank) != t.dst_ranks().end()) {
+        want.push_back(t);
+      }
+    }
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(MessageDifferencer::Equals(got[i], want[i])) << got[i].ShortDebugString();
+    }
+    with_transfers += got.empty() ? 0 : 1;
+  }
+  EXPECT_GT(with_transfers, 1);
+  // Not JSON: the first bytes are the index's size varint.
+  EXPECT_NE(ReadFile(out).front(), '{');
 }
 
 TEST(ReshardCliTest, VerifyPassesOnTinyModels) {

@@ -4,15 +4,19 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "balance_convert.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
 
@@ -451,6 +455,156 @@ TEST(ReshardConvertTest, IsDeterministic) {
   v1::ReshardRequest request = TinyRequest();
   request.set_include_transfers(true);
   EXPECT_TRUE(MessageDifferencer::Equals(SolveReshard(request), SolveReshard(request)));
+}
+
+// Plans of every kind the plan files must carry: broadcasts over the NICs and within
+// nodes, local copies, split transfers, expert parallelism, fp8.
+std::vector<std::pair<std::string, rollout::ReshardPlan>> PlansToWrite() {
+  const rollout::ModelConfig llama = rollout::ParseHfConfig(kTinyLlama);
+  const rollout::ModelConfig moe = rollout::ParseHfConfig(kTinyMoe);
+  std::vector<std::pair<std::string, rollout::ReshardPlan>> plans;
+  rollout::ReshardOptions o;
+  o.train = {.tp = 2, .pp = 2, .dp = 2};
+  o.infer = {.tp = 4, .replicas = 2};
+  plans.emplace_back("llama separate", rollout::PlanReshard(llama, o));
+  o.topology.colocated = true;
+  o.topology.gpus_per_node = 4;
+  o.bucket_bytes = 4096;  // splits and many buckets
+  plans.emplace_back("llama colocated, small buckets", rollout::PlanReshard(llama, o));
+  o = {};
+  o.train = {.tp = 2, .pp = 2, .ep = 4, .cp = 2};
+  o.infer = {.tp = 4, .replicas = 3, .expert_parallel = true, .round_robin_experts = true};
+  o.topology.gpus_per_node = 3;
+  o.target_dtype = rollout::TargetDtype::kFp8Block128;
+  plans.emplace_back("moe expert parallel, fp8", rollout::PlanReshard(moe, o));
+  return plans;
+}
+
+// The transfers of `plan` (as wire messages) that `rank` sends or receives, in order.
+std::vector<v1::Transfer> TransfersOf(const v1::ReshardPlan& plan, std::int64_t rank) {
+  std::vector<v1::Transfer> out;
+  for (const v1::Transfer& t : plan.transfers()) {
+    if (t.src_rank() == rank ||
+        std::find(t.dst_ranks().begin(), t.dst_ranks().end(), rank) != t.dst_ranks().end()) {
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+// The streamed JSON is the printer's text byte for byte.
+TEST(ReshardConvertTest, PlanJsonIsTheMessagesJson) {
+  for (const auto& [name, plan] : PlansToWrite()) {
+    SCOPED_TRACE(name);
+    std::ostringstream out;
+    WriteReshardPlanJson(plan, out);
+    EXPECT_EQ(out.str(), ToJson(ToReshardPlanMessage(plan, /*include_transfers=*/true)) + "\n");
+  }
+  // Names that need escaping, and a plan without transfers.
+  rollout::ReshardPlan plan;
+  plan.param_names = {"a\"b\\c", "tab\there <&> \u00e9", "plain.name_1-x/y"};
+  plan.transfers.push_back({.bucket = 0,
+                            .src_rank = 1,
+                            .src_param = 0,
+                            .src_slice = {{0, 3}, {2, 5}},
+                            .dst_ranks = {4, 9},
+                            .dst_param = 1,
+                            .dst_slice = {{7, 10}},
+                            .bytes = 18,
+                            .quantize = rollout::Quantize::kAtDestination});
+  plan.transfers.push_back(
+      {.bucket = 2, .src_rank = 3, .src_param = 2, .dst_ranks = {3}, .dst_param = 2});
+  plan.num_buckets = 3;
+  plan.estimate_seconds = 0.1 + 0.2;
+  plan.bucket_seconds = {1e-7, 1.0 / 3.0, 12345.678};
+  std::ostringstream out;
+  WriteReshardPlanJson(plan, out);
+  EXPECT_EQ(out.str(), ToJson(ToReshardPlanMessage(plan, true)) + "\n");
+  plan.transfers.clear();
+  std::ostringstream empty;
+  WriteReshardPlanJson(plan, empty);
+  EXPECT_EQ(empty.str(), ToJson(ToReshardPlanMessage(plan, true)) + "\n");
+}
+
+// Write the binary plan, read back each GPU's part alone: the GPU's transfers of the
+// in-memory plan, in order, with their positions in the plan.
+TEST(ReshardConvertTest, BinaryPlanGivesEachGpuItsTransfers) {
+  for (const auto& [name, plan] : PlansToWrite()) {
+    SCOPED_TRACE(name);
+    std::stringstream file;
+    WriteReshardPlanBinary(plan, file);
+    const std::string bytes = file.str();
+    const v1::ReshardPlan full = ToReshardPlanMessage(plan, /*include_transfers=*/true);
+
+    const v1::ReshardPlanIndex index = ReadReshardPlanIndex(file);
+    EXPECT_EQ(index.format_version(), kPlanFileFormatVersion);
+    EXPECT_TRUE(MessageDifferencer::Equals(index.summary(), ToReshardPlanMessage(plan, false)));
+    std::int64_t gpus = 0, pairs = 0, last_rank = -1;
+    std::set<std::uint64_t> offsets;
+    for (const v1::ReshardRankPartEntry& e : index.parts()) {
+      EXPECT_GT(e.rank(), last_rank);  // ascending
+      last_rank = e.rank();
+      EXPECT_LT(e.offset() + e.size() - 1, bytes.size());
+      offsets.insert(e.offset());
+      pairs += e.num_transfers();
+      gpus = std::max(gpus, e.rank() + 1);
+    }
+    std::int64_t expected_pairs = 0;
+    for (const rollout::Transfer& t : plan.transfers) {
+      expected_pairs += static_cast<std::int64_t>(t.dst_ranks.size()) + (t.local() ? 0 : 1);
+    }
+    EXPECT_EQ(pairs, expected_pairs);
+    if (name == "llama separate") {
+      // Both replicas' engine GPUs of a TP rank receive the same broadcasts: one part.
+      EXPECT_LT(offsets.size(), static_cast<std::size_t>(index.parts_size()));
+    }
+
+    // Every GPU, in an order other than the file's, plus one past the last.
+    for (std::int64_t rank = gpus; rank >= 0; --rank) {
+      SCOPED_TRACE(rank);
+      const v1::ReshardRankPart part = ReadReshardRankPart(file, index, rank);
+      const std::vector<v1::Transfer> want = TransfersOf(full, rank);
+      const std::vector<v1::Transfer> got = RankPartTransfers(part);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(MessageDifferencer::Equals(got[i], want[i]))
+            << got[i].ShortDebugString() << "\nvs\n"
+            << want[i].ShortDebugString();
+        const auto position = static_cast<int>(part.transfers(static_cast<int>(i)).index());
+        EXPECT_TRUE(MessageDifferencer::Equals(got[i], full.transfers(position)));
+      }
+    }
+  }
+}
+
+TEST(ReshardConvertTest, BinaryPlanErrors) {
+  const rollout::ReshardPlan plan = PlansToWrite().front().second;
+  std::stringstream file;
+  WriteReshardPlanBinary(plan, file);
+  const v1::ReshardPlanIndex index = ReadReshardPlanIndex(file);
+  EXPECT_THROW(ReadReshardRankPart(file, index, -1), std::invalid_argument);
+
+  std::stringstream empty;
+  EXPECT_THROW(ReadReshardPlanIndex(empty), std::runtime_error);
+  std::stringstream json;
+  WriteReshardPlanJson(plan, json);
+  EXPECT_THROW(ReadReshardPlanIndex(json), std::runtime_error);
+  // The index points past a truncated file.
+  std::stringstream truncated(file.str().substr(0, file.str().size() / 2));
+  bool threw = false;
+  for (const v1::ReshardRankPartEntry& e : index.parts()) {
+    try {
+      ReadReshardRankPart(truncated, index, e.rank());
+    } catch (const std::runtime_error& error) {
+      threw = true;
+      EXPECT_THAT(error.what(), StartsWith("plan file: GPU "));
+    }
+  }
+  EXPECT_TRUE(threw);
+  // The writer needs the file's start.
+  std::stringstream late;
+  late << "x";
+  EXPECT_THROW(WriteReshardPlanBinary(plan, late), std::runtime_error);
 }
 
 }  // namespace
