@@ -1,5 +1,5 @@
-// benchmarks/compare_steps.cc — whole-step planning (PlanStep) against the baseline
-// pipeline frameworks use today (PlanBaseline) and against the lower bound.
+// benchmarks/compare_steps.cc — whole-step planning (PlanStep) against the common
+// recipe as verl runs it (PlanBaseline) and against the lower bound.
 //
 // Usage
 //   compare_steps [DATA_DIR]
@@ -9,14 +9,19 @@
 //
 // Overview
 //   Every setting runs balance::PlanStep() on each input and reports, for our plan
-//   (PlannedStep::plan) and the baseline (PlannedStep::baseline: balanced KK across
-//   ranks, m = ceil(tokens / cap) per rank, KK into micro-batches):
+//   (PlannedStep::plan) and the baseline (PlannedStep::baseline: the recipe as verl
+//   runs it, see micro_batch.h: verl's Karmarkar-Karp with equal counts across ranks
+//   on its workload key 24576·L + L², m = ceil(tokens / cap) per rank, the max over
+//   ranks, then the same Karmarkar-Karp into m micro-batches, timed with our cost
+//   model):
 //     - ours / baseline predicted step time, median and worst, over the inputs where
 //       the baseline keeps the cap (a baseline that breaks it is not a valid plan),
 //       and the improvement 1 - ours / baseline, median and best;
 //     - the gap to the lower bound, ours / lower_bound - 1, median and worst;
 //     - cap violations: ours (must be 0) and the baseline's (total micro-batches over
 //       the cap, and inputs with any);
+//     - the baseline's over-cap micro-batches on their own: total, inputs with any,
+//       the most on one input, and their share of its micro-batches;
 //     - the mean micro-batch count per rank, ours and the baseline's;
 //     - wall time per PlanStep() call, mean and max (steady_clock; PlanStep also
 //       computes the baseline), and PlanBaseline() alone, mean.
@@ -109,7 +114,9 @@ struct Stats {
   std::int64_t our_violations = 0;
   std::int64_t baseline_violations = 0;
   int baseline_violating_inputs = 0;
-  double our_micro_batches = 0.0;  // summed over inputs
+  std::int64_t baseline_max_violations = 0;       // the most on one input
+  std::int64_t baseline_total_micro_batches = 0;  // over every rank and input
+  double our_micro_batches = 0.0;                 // summed over inputs
   double baseline_micro_batches = 0.0;
   std::vector<double> step_seconds;  // per PlanStep call
   double baseline_seconds = 0.0;     // PlanBaseline alone, summed over inputs
@@ -392,6 +399,8 @@ void RunSetting(const Setting& setting, Stats& stats) {
     stats.our_violations += plan.cap_violations;
     stats.baseline_violations += base.cap_violations;
     if (base.cap_violations > 0) ++stats.baseline_violating_inputs;
+    stats.baseline_max_violations = std::max(stats.baseline_max_violations, base.cap_violations);
+    stats.baseline_total_micro_batches += options.num_ranks * base.num_micro_batches;
     stats.our_micro_batches += static_cast<double>(plan.num_micro_batches);
     stats.baseline_micro_batches += static_cast<double>(base.num_micro_batches);
     const double ours_time = static_cast<double>(plan.predicted_step_time);
@@ -474,6 +483,28 @@ void PrintTables(const std::vector<Setting>& settings, const std::vector<Stats>&
                 static_cast<long long>(st.our_violations), base, st.our_micro_batches / inputs,
                 st.baseline_micro_batches / inputs, Millis(Mean(st.step_seconds)).c_str(),
                 Millis(Max(st.step_seconds)).c_str(), Millis(st.baseline_seconds / inputs).c_str());
+  }
+}
+
+// The baseline's micro-batches over the cap (the recipe never checks it): total, inputs
+// with any, the most on one input, and the share of all its micro-batches.
+void PrintBaselineOverCap(const std::vector<Setting>& settings, const std::vector<Stats>& stats) {
+  std::printf(
+      "\nThe baseline's micro-batches over the cap (verl's recipe does not check the cap;\n"
+      "each is a possible out-of-memory): total over the inputs, inputs with any, the most\n"
+      "on one input, and the share of the baseline's micro-batches (ours: 0 everywhere)\n");
+  std::printf("  %-33s %9s %9s %9s %9s\n", "setting", "over-cap", "inputs", "max/input", "share");
+  for (std::size_t s = 0; s < settings.size(); ++s) {
+    const Stats& st = stats[s];
+    char inputs[32];
+    std::snprintf(inputs, sizeof(inputs), "%d/%d", st.baseline_violating_inputs, st.inputs);
+    const double share = st.baseline_total_micro_batches == 0
+                             ? std::nan("")
+                             : static_cast<double>(st.baseline_violations) /
+                                   static_cast<double>(st.baseline_total_micro_batches);
+    std::printf("  %-33s %9lld %9s %9lld %9s\n", settings[s].label.c_str(),
+                static_cast<long long>(st.baseline_violations), inputs,
+                static_cast<long long>(st.baseline_max_violations), Percent(share).c_str());
   }
 }
 
@@ -625,8 +656,10 @@ int Main(int argc, char** argv) {
   }
 
   std::printf(
-      "PlanStep (ours) vs PlanBaseline (balanced KK across ranks, m = ceil(tokens/cap),\n"
-      "KK into micro-batches) and vs the lower bound. Cost: %s\n"
+      "PlanStep (ours) vs PlanBaseline (the recipe as verl runs it: KK with equal counts\n"
+      "across ranks on 24576*L + L^2, m = ceil(tokens/cap) per rank, the max over ranks, KK\n"
+      "on the same key into m micro-batches; its time from our cost model) and vs the lower\n"
+      "bound. Cost: %s\n"
       "(ModelShape{} = Llama-3.1-8B). o = per-micro-batch overhead in cost units\n"
       "(%lld = the linear work of %lld tokens); p = pipeline stages (p = 4 with\n"
       "micro_batches_multiple_of = 4). Rows without 'trace': %d batches GrpoBatch(%lld,\n"
@@ -643,6 +676,7 @@ int Main(int argc, char** argv) {
   std::vector<Stats> stats(settings.size());
   for (std::size_t s = 0; s < settings.size(); ++s) RunSetting(settings[s], stats[s]);
   PrintTables(settings, stats);
+  PrintBaselineOverCap(settings, stats);
   PrintAnatomy(settings, stats);
 
   bool ok = true;

@@ -21,8 +21,11 @@ void CheckLengths(std::span<const std::int64_t> lengths) {
   }
 }
 
-void CheckGroups(std::span<const std::int64_t> groups, std::size_t num_lengths, bool keep_groups) {
-  if (keep_groups && groups.empty() && num_lengths > 0) {
+// Throws unless `groups` is empty or one id >= 0 per length, and not empty when
+// `options` keep groups (of a non-empty batch).
+void CheckGroups(std::span<const std::int64_t> groups, std::size_t num_lengths,
+                 const BalanceOptions& options) {
+  if (options.keep_groups && groups.empty() && num_lengths > 0) {
     throw std::invalid_argument("groups: keep_groups requires one group id per length");
   }
   if (!groups.empty() && groups.size() != num_lengths) {
@@ -54,7 +57,7 @@ std::vector<std::int64_t> PartTokens(std::span<const std::int64_t> lengths,
 BalanceResult Balance(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
                       const BalanceOptions& options) {
   CheckLengths(lengths);
-  CheckGroups(groups, lengths.size(), options.keep_groups);
+  CheckGroups(groups, lengths.size(), options);
   internal::CheckNumParts(options.partition.num_parts);
   const std::vector<std::int64_t> costs = options.cost.Costs(lengths);
   internal::CheckWeights(costs, "cost");
@@ -90,7 +93,8 @@ BalanceResult Balance(std::span<const std::int64_t> lengths, std::span<const std
     for (std::size_t i = 0; i < lengths.size(); ++i) {
       assignment[i] = unit_part[static_cast<std::size_t>(unit_of[i])];
     }
-    result.partition = MakePartition(costs, options.partition.num_parts, false, assignment);
+    result.partition =
+        MakePartition(costs, options.partition.num_parts, PartSizes::kAny, assignment);
     // The groups' bound is the stronger one (and the only valid one in equal-size
     // mode, where counts are of groups).
     result.partition.lower_bound = units.lower_bound;
@@ -108,8 +112,8 @@ BalanceResult Evaluate(std::span<const std::int64_t> lengths, const BalanceOptio
   const std::vector<std::int64_t> costs = options.cost.Costs(lengths);
   internal::CheckWeights(costs, "cost");
   BalanceResult result;
-  result.partition =
-      MakePartition(costs, options.partition.num_parts, options.partition.equal_size, assignment);
+  result.partition = MakePartition(costs, options.partition.num_parts,
+                                   PartSizesFor(options.partition.equal_size), assignment);
   result.tokens = PartTokens(lengths, result.partition);
   return result;
 }

@@ -67,7 +67,11 @@ ShapeWork WorkOf(const ModelShape& shape) {
   return {parameters, 3.0 * 2.0 * parameters, 3.0 * layers * 2.0 * h};
 }
 
-void CheckOverheadField(double value, bool positive, const char* name) {
+// The smallest value an overhead-model field may take.
+enum class AtLeast { kPositive, kZero };
+
+void CheckOverheadField(double value, AtLeast at_least, const char* name) {
+  const bool positive = at_least == AtLeast::kPositive;
   if (!std::isfinite(value) || value < 0.0 || (positive && value == 0.0)) {
     throw std::invalid_argument(std::string("overhead_model.") + name + ": must be finite and " +
                                 (positive ? "> 0" : ">= 0") + ", got " + std::to_string(value));
@@ -78,12 +82,12 @@ void CheckOverheadField(double value, bool positive, const char* name) {
 
 double MicroBatchOverheadTokens(const ModelShape& shape, const MicroBatchOverheadModel& model) {
   CheckShape(shape);
-  CheckOverheadField(model.flops_per_second, true, "flops_per_second");
-  CheckOverheadField(model.memory_bytes_per_second, true, "memory_bytes_per_second");
-  CheckOverheadField(model.bytes_per_parameter, false, "bytes_per_parameter");
-  CheckOverheadField(model.kernels_per_layer, false, "kernels_per_layer");
-  CheckOverheadField(model.kernel_latency_seconds, false, "kernel_latency_seconds");
-  CheckOverheadField(model.framework_seconds, false, "framework_seconds");
+  CheckOverheadField(model.flops_per_second, AtLeast::kPositive, "flops_per_second");
+  CheckOverheadField(model.memory_bytes_per_second, AtLeast::kPositive, "memory_bytes_per_second");
+  CheckOverheadField(model.bytes_per_parameter, AtLeast::kZero, "bytes_per_parameter");
+  CheckOverheadField(model.kernels_per_layer, AtLeast::kZero, "kernels_per_layer");
+  CheckOverheadField(model.kernel_latency_seconds, AtLeast::kZero, "kernel_latency_seconds");
+  CheckOverheadField(model.framework_seconds, AtLeast::kZero, "framework_seconds");
   const ShapeWork work = WorkOf(shape);
   const double weights =
       3.0 * model.bytes_per_parameter * work.parameters / model.memory_bytes_per_second;

@@ -106,12 +106,12 @@ class CompleteGreedy {
  public:
   // `sorted`: the weights heaviest first. `best`: the incumbent's max load; only
   // strictly better answers are recorded. Stops at `lower_bound`.
-  CompleteGreedy(std::span<const std::int64_t> sorted, std::int64_t num_parts, bool equal_size,
+  CompleteGreedy(std::span<const std::int64_t> sorted, std::int64_t num_parts, PartSizes sizes,
                  std::int64_t best, std::int64_t lower_bound, Budget& budget)
       : w_(sorted),
         n_(static_cast<std::int64_t>(sorted.size())),
         k_(num_parts),
-        equal_size_(equal_size),
+        equal_size_(sizes == PartSizes::kEqual),
         floor_(n_ / num_parts),
         extra_(n_ % num_parts),
         suffix_(sorted.size() + 1, 0),
@@ -312,12 +312,12 @@ class BinCompletion {
 
   // `sorted`: the weights heaviest first, all of them placed (in equal-size mode)
   // or only the positive ones (the caller places the zeros).
-  BinCompletion(std::span<const std::int64_t> sorted, std::int64_t num_parts, bool equal_size,
+  BinCompletion(std::span<const std::int64_t> sorted, std::int64_t num_parts, PartSizes sizes,
                 Budget& budget)
       : w_(sorted),
         n_(static_cast<std::int64_t>(sorted.size())),
         k_(num_parts),
-        equal_size_(equal_size),
+        equal_size_(sizes == PartSizes::kEqual),
         floor_(n_ / num_parts),
         extra_(n_ % num_parts),
         used_(sorted.size(), false),
@@ -504,7 +504,7 @@ std::int64_t Times(std::int64_t a, std::int64_t b) {
 
 // Throws unless `incumbent` is a valid answer for the instance.
 void CheckIncumbent(const Assignment& incumbent, std::size_t num_items, std::int64_t num_parts,
-                    bool equal_size) {
+                    PartSizes sizes) {
   if (incumbent.size() != num_items) {
     throw std::invalid_argument("incumbent: must be empty or have one entry per item (" +
                                 std::to_string(num_items) + "), got " +
@@ -519,7 +519,7 @@ void CheckIncumbent(const Assignment& incumbent, std::size_t num_items, std::int
     }
     ++counts[static_cast<std::size_t>(incumbent[i])];
   }
-  if (!equal_size) return;
+  if (sizes != PartSizes::kEqual) return;
   const std::int64_t n = static_cast<std::int64_t>(num_items);
   const std::int64_t low = n / num_parts;
   const std::int64_t high = low + (n % num_parts != 0 ? 1 : 0);
@@ -536,7 +536,7 @@ void CheckIncumbent(const Assignment& incumbent, std::size_t num_items, std::int
 }  // namespace
 
 ExactResult ExactSearch(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                        bool equal_size, const Assignment& incumbent, const ExactOptions& options) {
+                        PartSizes sizes, const Assignment& incumbent, const ExactOptions& options) {
   internal::CheckNumParts(num_parts);
   internal::CheckWeights(weights, "weights");
   if (options.max_nodes < 0) {
@@ -549,9 +549,9 @@ ExactResult ExactSearch(std::span<const std::int64_t> weights, std::int64_t num_
   const std::vector<std::int32_t> order = internal::HeaviestFirst(weights);
   ExactResult result;
   if (incumbent.empty() && !weights.empty()) {
-    result.assignment = internal::GreedyLptSorted(weights, order, num_parts, equal_size);
+    result.assignment = internal::GreedyLptSorted(weights, order, num_parts, sizes);
   } else {
-    CheckIncumbent(incumbent, weights.size(), num_parts, equal_size);
+    CheckIncumbent(incumbent, weights.size(), num_parts, sizes);
     result.assignment = incumbent;
   }
   {
@@ -567,7 +567,7 @@ ExactResult ExactSearch(std::span<const std::int64_t> weights, std::int64_t num_
     sorted[j] = weights[static_cast<std::size_t>(order[j])];
   }
   result.lower_bound =
-      std::max(LowerBound(weights, num_parts, equal_size), PigeonholeBound(sorted, num_parts));
+      std::max(LowerBound(weights, num_parts, sizes), PigeonholeBound(sorted, num_parts));
   if (result.max_load <= result.lower_bound) {
     result.proven_optimal = true;
     result.lower_bound = result.max_load;
@@ -585,17 +585,17 @@ ExactResult ExactSearch(std::span<const std::int64_t> weights, std::int64_t num_
   // most one item, which n parts of exactly one item model as well).
   const std::int64_t n = static_cast<std::int64_t>(weights.size());
   const std::int64_t used_parts = std::min(num_parts, n);
-  CompleteGreedy greedy(sorted, used_parts, equal_size, best, result.lower_bound, budget);
+  CompleteGreedy greedy(sorted, used_parts, sizes, best, result.lower_bound, budget);
   // Phase 2 on the positive weights (or on all of them, for the counts).
   std::int64_t active = n;
-  if (!equal_size) {
+  if (sizes != PartSizes::kEqual) {
     while (active > 0 && sorted[static_cast<std::size_t>(active - 1)] == 0) --active;
   }
   const bool packing = active <= kMaxBinCompletionItems;
   // (Built on nothing when phase 2 is off: its memory is O(parts · n).)
   BinCompletion packer(
       std::span<const std::int64_t>(sorted).first(static_cast<std::size_t>(packing ? active : 0)),
-      packing ? std::min(used_parts, std::max<std::int64_t>(active, 1)) : 1, equal_size, budget);
+      packing ? std::min(used_parts, std::max<std::int64_t>(active, 1)) : 1, sizes, budget);
 
   // The phases take turns, with slices doubling each round: phase 1 resumes where it
   // stopped, phase 2 restarts (with the best answer so far).

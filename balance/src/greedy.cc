@@ -14,7 +14,8 @@ namespace internal {
 
 Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
                            std::span<const std::int32_t> order, std::int64_t num_parts,
-                           bool equal_size) {
+                           PartSizes sizes) {
+  const bool equal_size = sizes == PartSizes::kEqual;
   const std::int64_t n = static_cast<std::int64_t>(weights.size());
 
   // Lightest part first, then lowest index.
@@ -53,11 +54,10 @@ Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
 }  // namespace internal
 
 Assignment GreedyLpt(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                     bool equal_size) {
+                     PartSizes sizes) {
   internal::CheckNumParts(num_parts);
   internal::CheckWeights(weights, "weights");
-  return internal::GreedyLptSorted(weights, internal::HeaviestFirst(weights), num_parts,
-                                   equal_size);
+  return internal::GreedyLptSorted(weights, internal::HeaviestFirst(weights), num_parts, sizes);
 }
 
 }  // namespace rlsched::balance

@@ -38,17 +38,18 @@ std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights);
 // KarmarkarKarp() and GreedyLpt() without input checks, on `order` = HeaviestFirst().
 Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
                                std::span<const std::int32_t> order, std::int64_t num_parts,
-                               bool equal_size);
+                               PartSizes sizes);
 Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
                            std::span<const std::int32_t> order, std::int64_t num_parts,
-                           bool equal_size);
+                           PartSizes sizes);
 
 // Refine() without input checks, and optionally with a second dimension: `sizes`
 // (one per item, or empty for none) whose per-part sum a step never takes above
 // `capacity` (nor above the part's current sum when that is already over).
+// `part_sizes` is the count constraint (Refine()'s `sizes`).
 std::int64_t RefineWithCapacity(std::span<const std::int64_t> weights,
                                 std::span<const std::int64_t> sizes, std::int64_t capacity,
-                                std::int64_t num_parts, bool equal_size,
+                                std::int64_t num_parts, PartSizes part_sizes,
                                 const RefineOptions& options, std::int64_t lower_bound,
                                 Assignment& assignment);
 

@@ -258,19 +258,18 @@ namespace internal {
 
 Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
                                std::span<const std::int32_t> order, std::int64_t num_parts,
-                               bool equal_size) {
+                               PartSizes sizes) {
   Differencer differencer(weights, order, num_parts);
-  return equal_size ? differencer.RunEqualSize() : differencer.RunUnconstrained();
+  return sizes == PartSizes::kEqual ? differencer.RunEqualSize() : differencer.RunUnconstrained();
 }
 
 }  // namespace internal
 
 Assignment KarmarkarKarp(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                         bool equal_size) {
+                         PartSizes sizes) {
   internal::CheckNumParts(num_parts);
   internal::CheckWeights(weights, "weights");
-  return internal::KarmarkarKarpSorted(weights, internal::HeaviestFirst(weights), num_parts,
-                                       equal_size);
+  return internal::KarmarkarKarpSorted(weights, internal::HeaviestFirst(weights), num_parts, sizes);
 }
 
 }  // namespace rlsched::balance

@@ -69,14 +69,14 @@ void CheckAssignment(std::span<const std::int32_t> assignment, std::size_t num_i
 }  // namespace internal
 
 std::int64_t LowerBound(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                        bool equal_size) {
+                        PartSizes sizes) {
   internal::CheckNumParts(num_parts);
   const std::int64_t sum = internal::CheckWeights(weights, "weights");
   if (weights.empty()) return 0;
   const std::int64_t largest = *std::max_element(weights.begin(), weights.end());
   std::int64_t bound = std::max(largest, sum / num_parts + (sum % num_parts != 0 ? 1 : 0));
   const std::int64_t per_part = static_cast<std::int64_t>(weights.size()) / num_parts;
-  if (equal_size && per_part >= 2) {
+  if (sizes == PartSizes::kEqual && per_part >= 2) {
     // The part holding the largest item also holds at least per_part - 1 others.
     std::vector<std::int64_t> copy(weights.begin(), weights.end());
     const auto nth = copy.begin() + (per_part - 1);
@@ -108,11 +108,11 @@ Assignment ContiguousSplit(std::int64_t num_items, std::int64_t num_parts) {
 }
 
 Partition MakePartition(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                        bool equal_size, const Assignment& assignment) {
+                        PartSizes sizes, const Assignment& assignment) {
   internal::CheckNumParts(num_parts);
   internal::CheckAssignment(assignment, weights.size(), num_parts);
   Partition result;
-  result.lower_bound = LowerBound(weights, num_parts, equal_size);
+  result.lower_bound = LowerBound(weights, num_parts, sizes);
   const std::size_t k = static_cast<std::size_t>(num_parts);
   result.offsets.assign(k + 1, 0);
   result.loads.assign(k, 0);
@@ -163,33 +163,33 @@ Partition PartitionItems(std::span<const std::int64_t> weights, const PartitionO
     throw std::invalid_argument("exact.now: a clock is required with exact.time_limit");
   }
   const std::int64_t k = options.num_parts;
-  const bool equal = options.equal_size;
-  const std::int64_t bound = LowerBound(weights, k, equal);
+  const PartSizes sizes = PartSizesFor(options.equal_size);
+  const std::int64_t bound = LowerBound(weights, k, sizes);
   const std::vector<std::int32_t> order = internal::HeaviestFirst(weights);
   Assignment assignment;
   if (options.algorithm == Algorithm::kGreedy) {
-    assignment = internal::GreedyLptSorted(weights, order, k, equal);
+    assignment = internal::GreedyLptSorted(weights, order, k, sizes);
   } else {
-    assignment = internal::KarmarkarKarpSorted(weights, order, k, equal);
+    assignment = internal::KarmarkarKarpSorted(weights, order, k, sizes);
     // LPT as the fallback, unless KK already meets the bound.
     const std::int64_t kk_max = MaxLoad(weights, k, assignment);
     if (kk_max > bound) {
-      Assignment lpt = internal::GreedyLptSorted(weights, order, k, equal);
+      Assignment lpt = internal::GreedyLptSorted(weights, order, k, sizes);
       if (MaxLoad(weights, k, lpt) < kk_max) assignment = std::move(lpt);
     }
   }
-  const std::int64_t steps = Refine(weights, k, equal, options.refine, bound, assignment);
+  const std::int64_t steps = Refine(weights, k, sizes, options.refine, bound, assignment);
   // Small instances: the exact search improves the answer and may prove it optimal.
   bool proven = false;
   std::int64_t nodes = 0;
   if (options.exact.max_nodes > 0 && static_cast<std::int64_t>(weights.size()) <= kExactMaxItems &&
       k <= kExactMaxParts && MaxLoad(weights, k, assignment) > bound) {
-    ExactResult exact = ExactSearch(weights, k, equal, assignment, options.exact);
+    ExactResult exact = ExactSearch(weights, k, sizes, assignment, options.exact);
     assignment = std::move(exact.assignment);
     proven = exact.proven_optimal;
     nodes = exact.nodes;
   }
-  Partition result = MakePartition(weights, k, equal, assignment);
+  Partition result = MakePartition(weights, k, sizes, assignment);
   result.refine_steps = steps;
   result.exact_nodes = nodes;
   result.proven_optimal = result.proven_optimal || proven;

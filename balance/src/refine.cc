@@ -45,7 +45,7 @@ struct Step {
 class LocalSearch {
  public:
   LocalSearch(std::span<const std::int64_t> weights, std::span<const std::int64_t> sizes,
-              std::int64_t capacity, std::int64_t num_parts, bool equal_size,
+              std::int64_t capacity, std::int64_t num_parts, PartSizes part_sizes,
               const Assignment& assignment)
       : weights_(weights),
         sizes_(sizes),
@@ -53,7 +53,7 @@ class LocalSearch {
         size_loads_(static_cast<std::size_t>(num_parts), 0),
         items_(static_cast<std::size_t>(num_parts)),
         loads_(static_cast<std::size_t>(num_parts), 0),
-        equal_size_(equal_size),
+        equal_size_(part_sizes == PartSizes::kEqual),
         floor_count_(static_cast<std::int64_t>(weights.size()) / num_parts),
         part_of_(assignment.size()),
         lightest_first_(internal::HeaviestFirst(weights)) {
@@ -259,7 +259,7 @@ namespace internal {
 
 std::int64_t RefineWithCapacity(std::span<const std::int64_t> weights,
                                 std::span<const std::int64_t> sizes, std::int64_t capacity,
-                                std::int64_t num_parts, bool equal_size,
+                                std::int64_t num_parts, PartSizes part_sizes,
                                 const RefineOptions& options, std::int64_t lower_bound,
                                 Assignment& assignment) {
   if (options.max_iterations < 0) {
@@ -279,7 +279,7 @@ std::int64_t RefineWithCapacity(std::span<const std::int64_t> weights,
   }
   const auto start = timed ? options.now() : std::chrono::nanoseconds{0};
 
-  LocalSearch search(weights, sizes, capacity, num_parts, equal_size, assignment);
+  LocalSearch search(weights, sizes, capacity, num_parts, part_sizes, assignment);
   std::int64_t steps = 0;
   while (steps < options.max_iterations && search.Improve(lower_bound)) {
     ++steps;
@@ -291,13 +291,13 @@ std::int64_t RefineWithCapacity(std::span<const std::int64_t> weights,
 
 }  // namespace internal
 
-std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_parts, bool equal_size,
+std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_parts, PartSizes sizes,
                     const RefineOptions& options, std::int64_t lower_bound,
                     Assignment& assignment) {
   internal::CheckNumParts(num_parts);
   internal::CheckWeights(weights, "weights");
   internal::CheckAssignment(assignment, weights.size(), num_parts);
-  return internal::RefineWithCapacity(weights, {}, 0, num_parts, equal_size, options, lower_bound,
+  return internal::RefineWithCapacity(weights, {}, 0, num_parts, sizes, options, lower_bound,
                                       assignment);
 }
 

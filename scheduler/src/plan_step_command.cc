@@ -199,7 +199,8 @@ void PrintTable(const PlanStepArgs& args, const v1::PlanStepRequest& request,
                                                    1.0
                                              : 0.0;
   out << fmt::format("{:<16}{} (step time / lower bound - 1)\n", "gap", FormatPercent(gap));
-  out << "\nbaseline (Karmarkar-Karp across ranks, then ceil(tokens / cap) micro-batches):\n";
+  out << "\nbaseline (the common recipe, as verl runs it: Karmarkar-Karp on 24576·L + L² across "
+         "ranks, then ceil(tokens / cap) micro-batches, the max over ranks; our cost model):\n";
   out << fmt::format("{:<16}{} per rank", "micro-batches", reply.baseline().micro_batches());
   if (reply.baseline().empty_micro_batches() > 0) {
     out << fmt::format(" ({} empty)", reply.baseline().empty_micro_batches());
@@ -223,9 +224,10 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
   command->footer(fmt::format(
       "{}\nOutput: a table, or with --json the rlsched.v1.PlanStepReply in protobuf's JSON "
       "mapping (proto field names; int64 values are strings).\n"
-      "The plan is compared with the baseline pipeline frameworks use today: Karmarkar-Karp across "
-      "ranks on cost, then per rank ceil(tokens / cap) micro-batches (the max over ranks) by "
-      "Karmarkar-Karp on cost — which can put a micro-batch over the cap.",
+      "The plan is compared with the common recipe as verl runs it: Karmarkar-Karp across ranks on "
+      "verl's workload key 24576·L + L², then per rank ceil(tokens / cap) micro-batches (the max "
+      "over ranks) by Karmarkar-Karp on the same key — which can put a micro-batch over the cap; "
+      "its step time is predicted with our cost model.",
       kInputHelp));
 
   command->add_option("--ranks", args.ranks, "Number of data-parallel ranks R")

@@ -700,7 +700,21 @@ void ExpectValidPlan(const v1::PlanStepRequest& request, const v1::PlanStepReply
   const v1::BaselinePlan& baseline = reply.baseline();
   EXPECT_GE(baseline.micro_batches(), micro_batch.min_micro_batches);
   EXPECT_EQ(baseline.micro_batches() % micro_batch.micro_batches_multiple_of, 0);
-  EXPECT_GE(baseline.cap_violations(), 0);
+  // The recipe's plan (PlanBaseline), its micro-batches over the cap counted here from
+  // their sequences' padded lengths.
+  const balance::StepPlan recipe = balance::PlanBaseline(
+      std::vector<std::int64_t>(request.lengths().begin(), request.lengths().end()), options);
+  std::int64_t over_cap = 0;
+  for (const balance::RankPlan& rank : recipe.ranks) {
+    for (const balance::MicroBatch& batch : rank.micro_batches) {
+      std::int64_t tokens = 0;
+      for (const std::int64_t i : batch.indices) tokens += tokens_of[static_cast<std::size_t>(i)];
+      over_cap += tokens > cap ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(baseline.cap_violations(), over_cap);
+  EXPECT_EQ(baseline.micro_batches(), recipe.num_micro_batches);
+  EXPECT_EQ(baseline.predicted_step_time(), recipe.predicted_step_time);
   EXPECT_LE(baseline.cap_violations(), request.num_ranks() * baseline.micro_batches());
   if (!request.keep_groups() && baseline.cap_violations() == 0 &&
       baseline.empty_micro_batches() <= reply.empty_micro_batches()) {
@@ -789,8 +803,8 @@ TEST(SolvePlanStepTest, MoreRanksThanSequences) {
   EXPECT_EQ(reply.predicted_step_time(), 4096 + 7);
 }
 
-// The failure of the usual pipeline (m = ceil(tokens / cap), then Karmarkar-Karp on
-// cost): 8 sequences of 7 tokens under a cap of 8 give 7 micro-batches, one of 14.
+// The failure of the common recipe (m = ceil(tokens / cap), then Karmarkar-Karp on
+// its workload key): 8 sequences of 7 tokens under a cap of 8 give 7 micro-batches, one of 14.
 TEST(SolvePlanStepTest, KnownBaselineFailureKeepsTheCap) {
   v1::PlanStepRequest request;
   for (int i = 0; i < 8; ++i) request.add_lengths(7);

@@ -102,7 +102,14 @@ struct ExactResult {
 //   only when n <= 1,024 (it recurses once per item and part).
 // The clock is read once at the start and then every 4,096 nodes.
 ExactResult ExactSearch(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                        bool equal_size, const Assignment& incumbent, const ExactOptions& options);
+                        PartSizes sizes, const Assignment& incumbent, const ExactOptions& options);
+
+// The same with `equal_size` for PartSizesFor(equal_size).
+inline ExactResult ExactSearch(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                               bool equal_size, const Assignment& incumbent,
+                               const ExactOptions& options) {
+  return ExactSearch(weights, num_parts, PartSizesFor(equal_size), incumbent, options);
+}
 
 }  // namespace rlsched::balance
 

@@ -36,23 +36,40 @@
 //   those it could not avoid. It also reports a lower bound on the step time, and the
 //   step's sequence and token totals for a globally normalised loss.
 //
-//   PlanBaseline() is what frameworks do today, for comparison: balanced KK across
-//   ranks on cost, then per rank m = ceil(tokens / cap) (the max across ranks, with the
-//   same minimum and multiple), then KK on cost into m micro-batches — which can break
-//   the cap (8 sequences of 7 tokens under a cap of 8 give 7 micro-batches, one of 14).
+//   Karmarkar-Karp on cost across ranks and into m = ceil(tokens / cap) micro-batches
+//   per rank is one of PlanStep's candidates, used when it keeps the cap.
+//
+//   PlanBaseline() is the common recipe as verl runs it, for comparison (verl commit
+//   b178a3cd56f58b2d502255daba591e92833930a7): the batch split across the ranks by
+//   verl's Karmarkar-Karp with equal counts on verl's workload key 24576·L + L²
+//   (RayPPOTrainer._balance_batch, calculate_workload), then per rank
+//   min(sequences, ceil(tokens / cap)) micro-batches from the unpadded lengths (at least
+//   the minimum), the max over the ranks rounded up to the multiple, filled by the same
+//   Karmarkar-Karp on the same key and ordered as verl orders them
+//   (rearrange_micro_batches). Nothing in it checks the cap: it can break it (8
+//   sequences of 7 tokens under a cap of 8 give 7 micro-batches, one of 14;
+//   GrpoBatch(512, 8, 1) on 16 ranks under 32,768 gives 152 of 224). Its step time is
+//   predicted with the options' cost model, as the plan's. It ignores groups and
+//   equal_size; where verl would stop on an assertion (n not a multiple of the ranks,
+//   a rank with fewer sequences than the count) it goes on, with ranks differing by one
+//   sequence and empty micro-batches counted.
 //
 //   Padding: every length is first rounded up to a multiple of `pad_to_multiple_of`
 //   (e.g. 2·CP·TP); tokens and costs count the padding.
 //
 // Example
+//   rlsched::balance::SyntheticBatch batch = rlsched::balance::GrpoBatch(512, 8, /*seed=*/1);
 //   rlsched::balance::StepOptions options;
 //   options.num_ranks = 64;
 //   options.micro_batch.max_tokens_per_micro_batch = 32768;
 //   options.micro_batch.pipeline_stages = 4;
 //   options.micro_batch.micro_batches_multiple_of = 4;
-//   rlsched::balance::PlannedStep step = rlsched::balance::PlanStep(lengths, groups, options);
+//   rlsched::balance::PlannedStep step =
+//       rlsched::balance::PlanStep(batch.lengths, batch.groups, options);
 //   // step.plan.ranks[r].micro_batches[j].indices: rank r's j-th micro-batch;
-//   // step.plan.unpadded_tokens: the denominator of a token-mean loss over the step
+//   // step.plan.unpadded_tokens: the denominator of a token-mean loss over the step;
+//   // step.baseline.cap_violations: the common recipe's micro-batches over the cap
+//   (GrpoBatch is in rlsched/balance/synthetic.h; any lengths and group ids will do.)
 //
 // Thread-safety: pure; concurrent calls are safe. Deterministic.
 
@@ -133,8 +150,10 @@ struct StepPlan {
   // No valid plan has a smaller step time; when this plan has no empty micro-batch,
   // no valid plan without one (a plan with empty micro-batches may be faster then).
   std::int64_t lower_bound = 0;
-  std::int64_t cap_violations = 0;  // micro-batches over the cap (0 for PlanStep)
-  std::int64_t overhead = 0;        // the per-micro-batch overhead used
+  // Micro-batches whose (padded) tokens exceed the cap: 0 for PlanStep's plan, counted
+  // for the baseline.
+  std::int64_t cap_violations = 0;
+  std::int64_t overhead = 0;  // the per-micro-batch overhead used
   // For a loss that does not depend on the split: the step's sequences and tokens
   // (padded, and the sum of the lengths), to normalise a token-mean loss globally.
   std::int64_t sequences = 0;
@@ -149,19 +168,22 @@ struct StepPlan {
 
 struct PlannedStep {
   StepPlan plan;      // never breaks the cap; cap_violations == 0
-  StepPlan baseline;  // PlanBaseline() on the same input, for comparison
+  StepPlan baseline;  // PlanBaseline() on the same input, for comparison; not used by `plan`
 };
 
-// Plans a whole step (see the file comment). The plan never breaks the cap; its
-// predicted time is never worse than the baseline's when the baseline keeps the cap
-// (without keep_groups the baseline's plan is itself a candidate).
+// Plans a whole step (see the file comment). The plan never breaks the cap; without
+// keep_groups its predicted time is within count_tolerance of Karmarkar-Karp on cost's
+// (a candidate) when that keeps the cap and has no more empty micro-batches. The
+// baseline is not a candidate: the plan does not depend on it.
 // Preconditions: as PlanMicroBatches() and Balance() (groups).
 // Complexity: O(n log n) per micro-batch count tried (at most a few dozen).
 PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
                      const StepOptions& options);
 
-// The pipeline frameworks use today (see the file comment); cap_violations counts its
-// micro-batches above the cap; lower_bound as PlanStep's.
+// The common recipe as verl runs it (see the file comment); cap_violations counts its
+// micro-batches above the cap; lower_bound as PlanStep's (a bound on plans under the
+// cap: a baseline that breaks the cap may be below it). O(n log n + n·k log k) for the
+// rank split and, per rank, O(n_r · min(n_r, m) · log m) for its micro-batches.
 StepPlan PlanBaseline(std::span<const std::int64_t> lengths, const StepOptions& options);
 
 }  // namespace rlsched::balance

@@ -110,6 +110,15 @@ struct PartitionOptions {
 // The part of each item: assignment[i] in [0, k).
 using Assignment = std::vector<std::int32_t>;
 
+// How many items a part may hold: any number, or floor(n/k) or ceil(n/k) (equal
+// size, as PartitionOptions::equal_size). The functions below take it; each also has
+// an overload taking `bool equal_size` (true for kEqual).
+enum class PartSizes { kAny, kEqual };
+
+constexpr PartSizes PartSizesFor(bool equal_size) {
+  return equal_size ? PartSizes::kEqual : PartSizes::kAny;
+}
+
 // A partition in compressed form: part p holds indices[offsets[p] .. offsets[p+1]),
 // ascending. Memory O(n + k).
 struct Partition {
@@ -152,36 +161,59 @@ struct Partition {
 Partition PartitionItems(std::span<const std::int64_t> weights, const PartitionOptions& options);
 
 // The lower bound on the max load of any partition:
-//   max(max weight, ceil(sum / k)), and in equal-size mode with c = floor(n/k) >= 1
+//   max(max weight, ceil(sum / k)), and with PartSizes::kEqual and c = floor(n/k) >= 1
 //   also max weight + the sum of the c - 1 smallest other weights.
 // Same preconditions as PartitionItems(). O(n) (a selection for the c - 1 smallest).
 std::int64_t LowerBound(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                        bool equal_size);
+                        PartSizes sizes);
 
 // The constructive algorithms alone, without refinement or fallback.
 // Same preconditions as PartitionItems(); complexity as stated there.
 Assignment KarmarkarKarp(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                         bool equal_size);
+                         PartSizes sizes);
 Assignment GreedyLpt(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                     bool equal_size);
+                     PartSizes sizes);
 
 // What a framework does when it does not balance: part p takes the p-th contiguous
 // run of floor(n/k) or ceil(n/k) items (the longer runs first).
 Assignment ContiguousSplit(std::int64_t num_items, std::int64_t num_parts);
 
 // Improves `assignment` in place by the local search described above; returns the
-// number of improving steps. With equal_size every part's count stays within
-// {floor(n/k), ceil(n/k)}; without it items move freely. Stops at options.max_iterations, at the
+// number of improving steps. With PartSizes::kEqual every part's count stays within
+// {floor(n/k), ceil(n/k)}; with kAny items move freely. Stops at options.max_iterations, at the
 // time limit, when no improving step exists, or when the max load reaches `lower_bound` (pass 0 if
 // unknown). Preconditions: as PartitionItems(), and `assignment` is a valid assignment for them.
-std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_parts, bool equal_size,
+std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_parts, PartSizes sizes,
                     const RefineOptions& options, std::int64_t lower_bound, Assignment& assignment);
 
 // Builds the compressed form, loads, bound and gap of `assignment`; proven_optimal is
 // max_load == lower_bound (it knows of no search), refine_steps and exact_nodes 0.
 // Preconditions: as PartitionItems(); assignment.size() == weights.size(), entries in [0, k).
 Partition MakePartition(std::span<const std::int64_t> weights, std::int64_t num_parts,
-                        bool equal_size, const Assignment& assignment);
+                        PartSizes sizes, const Assignment& assignment);
+
+// The same with `equal_size` for PartSizesFor(equal_size).
+inline std::int64_t LowerBound(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                               bool equal_size) {
+  return LowerBound(weights, num_parts, PartSizesFor(equal_size));
+}
+inline Assignment KarmarkarKarp(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                                bool equal_size) {
+  return KarmarkarKarp(weights, num_parts, PartSizesFor(equal_size));
+}
+inline Assignment GreedyLpt(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                            bool equal_size) {
+  return GreedyLpt(weights, num_parts, PartSizesFor(equal_size));
+}
+inline std::int64_t Refine(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                           bool equal_size, const RefineOptions& options, std::int64_t lower_bound,
+                           Assignment& assignment) {
+  return Refine(weights, num_parts, PartSizesFor(equal_size), options, lower_bound, assignment);
+}
+inline Partition MakePartition(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                               bool equal_size, const Assignment& assignment) {
+  return MakePartition(weights, num_parts, PartSizesFor(equal_size), assignment);
+}
 
 }  // namespace rlsched::balance
 

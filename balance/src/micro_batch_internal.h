@@ -1,0 +1,160 @@
+// Pieces shared by the micro-batch planner's sources (private header): the padded
+// batch, one rank's sequences, packing them into micro-batches under the cap, the
+// step-level helpers, and the units a rank assignment moves.
+//
+//   micro_batch.cc         one rank's micro-batches (PlanMicroBatches); padding,
+//                          packing, ordering and timing a rank
+//   step_bound.cc          the lower bound on the step time (step_bound.h)
+//   rank_packer.cc         the long sequences packed onto few ranks (rank_packer.h,
+//                          with segment_tree.h and fenwick_tree.h)
+//   plan_step.cc           the whole step (PlanStep): candidate rank assignments; the
+//                          step-level helpers declared here
+//   step_baseline.cc       the common recipe as verl runs it (PlanBaseline, RecipePlan)
+//   recipe_partition.cc    verl's Karmarkar-Karp and workload key (recipe_partition.h)
+
+#ifndef RLSCHED_BALANCE_SRC_MICRO_BATCH_INTERNAL_H_
+#define RLSCHED_BALANCE_SRC_MICRO_BATCH_INTERNAL_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/partition.h"
+
+namespace rlsched::balance::internal {
+
+// At most this many micro-batch counts are tried above the smallest feasible one.
+inline constexpr int kMaxCountsTried = 32;
+
+inline std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+inline std::int64_t RoundUp(std::int64_t a, std::int64_t multiple) {
+  return CeilDiv(a, multiple) * multiple;
+}
+inline std::int64_t RoundDown(std::int64_t a, std::int64_t multiple) {
+  return a / multiple * multiple;
+}
+
+// Throws std::invalid_argument naming the field unless the options are as documented
+// in micro_batch.h.
+void CheckOptions(const MicroBatchOptions& options);
+void CheckStepOptions(const StepOptions& options);
+
+// The options with the overhead resolved (the cost model's estimate when unset).
+MicroBatchOptions Resolved(const MicroBatchOptions& options);
+
+// The overhead of resolved options.
+inline std::int64_t Overhead(const MicroBatchOptions& options) { return *options.overhead; }
+
+// The sequences of one rank, padded: `tokens` and `costs` by local index, `global`
+// maps a local index to its sequence index.
+struct RankItems {
+  std::vector<std::int64_t> tokens;
+  std::vector<std::int64_t> costs;
+  std::vector<std::int64_t> global;
+  std::int64_t total_tokens = 0;
+  std::int64_t total_unpadded = 0;
+  std::int64_t total_cost = 0;
+};
+
+// Padded lengths and their costs for the whole batch, checked against the cap.
+struct Padded {
+  std::span<const std::int64_t> lengths;  // unpadded
+  std::vector<std::int64_t> tokens;
+  std::vector<std::int64_t> costs;
+};
+
+// Checks and pads `lengths` (resolved options): std::invalid_argument when a length
+// is out of range or above the cap once padded, or when totals overflow.
+Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& options);
+
+// The sequences `indices` of the batch, in that order.
+RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices);
+
+// First-fit decreasing on tokens into m bins of `cap` tokens; nullopt when an item
+// fits in no bin.
+std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,
+                                             std::int64_t cap);
+
+// With at least m items, no bin stays empty: an empty bin takes the item with the
+// fewest tokens from the bin holding the most items (it can only lower that bin).
+void FillEmptyBins(const RankItems& items, std::int64_t m, Assignment& assignment);
+
+// A packing of `items` into exactly m bins under the cap with balanced cost, or
+// nullopt if none of the constructions fits. `extra` is one more starting point
+// (e.g. a packing found for fewer bins, which stays valid with empty bins added).
+std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int64_t cap,
+                               const RefineOptions& refine, const std::optional<Assignment>& extra);
+
+// Σ (cost_i + overhead) + (p − 1) · max (cost_i + overhead) (resolved options).
+std::int64_t RankTime(const std::vector<MicroBatch>& batches, const MicroBatchOptions& options);
+
+// Builds the rank's micro-batches from a packing into m bins and orders them
+// (options.order).
+RankPlan MakeRankPlan(const Padded& padded, const RankItems& items, std::int64_t m,
+                      const Assignment& assignment, const MicroBatchOptions& options);
+
+// The smallest count allowed before feasibility: >= ceil(tokens / cap), >= the
+// minimum, a multiple of the given value.
+std::int64_t SmallestCount(std::int64_t total_tokens, const MicroBatchOptions& options);
+
+// A lower bound on the time of any plan of one rank with m micro-batches, for a rank
+// of total cost `rank_cost` whose largest sequence costs `max_item`: the micro-batch
+// times add up to rank_cost + m·o, and the largest is at least
+// max(rank_cost / m, max_item) + o.
+double TimeBound(double rank_cost, double max_item, std::int64_t m,
+                 const MicroBatchOptions& options);
+
+// A rank's feasible packings, the smallest count first.
+struct RankSearch {
+  RankItems items;
+  std::int64_t feasible_count = 0;    // smallest count with a packing found
+  std::optional<Assignment> packing;  // that packing
+};
+
+// The smallest count from `from` on (in steps of the multiple) that Pack() packs.
+RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOptions& options);
+
+// The smallest count whose time is within `tolerance` of the best of `tried`
+// ((count, time) pairs).
+std::int64_t SmallestWithin(const std::vector<std::pair<std::int64_t, std::int64_t>>& tried,
+                            double tolerance);
+
+// The padded tokens of the batch.
+std::int64_t TotalTokens(const Padded& padded);
+
+// Micro-batches without a sequence.
+std::int64_t EmptyMicroBatches(const StepPlan& plan);
+
+// The common recipe as verl runs it (step_baseline.cc): PlanBaseline() without the
+// lower bound and the totals, on padded lengths (resolved options).
+StepPlan RecipePlan(const Padded& padded, const StepOptions& options);
+
+// Karmarkar-Karp on cost across ranks (equal counts), then per rank m = the largest
+// SmallestCount() and Karmarkar-Karp on cost into m micro-batches, which may break the
+// cap (counted in cap_violations): a candidate of PlanStep() when it keeps it.
+StepPlan KarmarkarKarpOnCost(const Padded& padded, const StepOptions& options);
+
+// The step's totals, empty ranks and overhead on a finished plan (its empty
+// micro-batches are counted where it is made).
+void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan);
+
+// The units a rank assignment moves: one per sequence, or one per group (members in
+// index order), with their cost and their largest sequence's cost.
+struct Units {
+  std::vector<std::vector<std::int64_t>> members;
+  std::vector<std::int64_t> cost;
+  std::vector<std::int64_t> largest;
+};
+
+// The costs of units alone (sequences: their costs twice).
+struct UnitCosts {
+  std::span<const std::int64_t> cost;
+  std::span<const std::int64_t> largest;
+};
+
+}  // namespace rlsched::balance::internal
+
+#endif  // RLSCHED_BALANCE_SRC_MICRO_BATCH_INTERNAL_H_

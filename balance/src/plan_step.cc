@@ -1,0 +1,756 @@
+// The whole step planned at once (PlanStep): candidate assignments of sequences to
+// ranks (the balancer's, the long sequences packed together, a time-aware greedy,
+// the whole batch packed first, and Karmarkar-Karp on cost), each planned at the
+// micro-batch counts that may help, and the best kept.
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "internal.h"
+#include "micro_batch_internal.h"
+#include "rank_packer.h"
+#include "rlsched/balance/balance.h"
+#include "rlsched/balance/micro_batch.h"
+#include "step_bound.h"
+
+namespace rlsched::balance {
+namespace internal {
+
+void CheckStepOptions(const StepOptions& options) {
+  if (options.num_ranks < 1 || options.num_ranks > kMaxParts) {
+    throw std::invalid_argument("num_ranks: must be in [1, " + std::to_string(kMaxParts) +
+                                "], got " + std::to_string(options.num_ranks));
+  }
+  CheckOptions(options.micro_batch);
+  const MicroBatchOptions& mb = options.micro_batch;
+  const std::int64_t per_rank = std::max(mb.min_micro_batches, mb.micro_batches_multiple_of);
+  if (per_rank > kMaxItems / options.num_ranks) {
+    throw std::invalid_argument(
+        "num_ranks × max(min_micro_batches, micro_batches_multiple_of): must be <= " +
+        std::to_string(kMaxItems) + ", got " + std::to_string(options.num_ranks) + " × " +
+        std::to_string(per_rank));
+  }
+}
+
+std::int64_t EmptyMicroBatches(const StepPlan& plan) {
+  std::int64_t empty = 0;
+  for (const RankPlan& rank : plan.ranks) {
+    for (const MicroBatch& b : rank.micro_batches) empty += b.indices.empty() ? 1 : 0;
+  }
+  return empty;
+}
+
+std::int64_t TotalTokens(const Padded& padded) {
+  return std::accumulate(padded.tokens.begin(), padded.tokens.end(), std::int64_t{0});
+}
+
+void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan) {
+  plan.overhead = Overhead(mb);
+  plan.sequences = static_cast<std::int64_t>(padded.tokens.size());
+  plan.tokens = TotalTokens(padded);
+  plan.unpadded_tokens =
+      std::accumulate(padded.lengths.begin(), padded.lengths.end(), std::int64_t{0});
+  plan.empty_ranks = 0;
+  for (const RankPlan& rank : plan.ranks) plan.empty_ranks += rank.sequences == 0 ? 1 : 0;
+}
+
+// Karmarkar-Karp on cost across ranks (equal counts), then per rank
+// m = ceil(tokens / cap) (the max across ranks, with the minimum and the multiple) and
+// Karmarkar-Karp on cost into m micro-batches, which may break the cap: a candidate
+// when it keeps it. (It was PlanStep's baseline before the recipe as verl runs it,
+// step_baseline.cc, replaced it there; it stays a candidate, so the plan is the same.)
+StepPlan KarmarkarKarpOnCost(const Padded& padded, const StepOptions& options) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const Partition ranks =
+      MakePartition(padded.costs, options.num_ranks, PartSizes::kEqual,
+                    KarmarkarKarp(padded.costs, options.num_ranks, PartSizes::kEqual));
+  std::vector<RankItems> items;
+  std::int64_t m = 0;
+  for (std::int64_t r = 0; r < options.num_ranks; ++r) {
+    items.push_back(Gather(padded, ranks.part(r)));
+    m = std::max(m, SmallestCount(items.back().total_tokens, mb));
+  }
+  StepPlan plan;
+  plan.num_micro_batches = m;
+  for (const RankItems& rank : items) {
+    const Assignment assignment = internal::KarmarkarKarpSorted(
+        rank.costs, internal::HeaviestFirst(rank.costs), m, PartSizes::kAny);
+    plan.ranks.push_back(MakeRankPlan(padded, rank, m, assignment, mb));
+    for (const MicroBatch& b : plan.ranks.back().micro_batches) {
+      plan.cap_violations += b.tokens > mb.max_tokens_per_micro_batch ? 1 : 0;
+    }
+    plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
+  }
+  plan.empty_micro_batches = EmptyMicroBatches(plan);
+  return plan;
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::CeilDiv;
+using internal::CheckStepOptions;
+using internal::Empties;
+using internal::EmptyMicroBatches;
+using internal::FillEmptyBins;
+using internal::FindFeasible;
+using internal::FirstFitDecreasing;
+using internal::Gather;
+using internal::kMaxCountsTried;
+using internal::MakeRankPlan;
+using internal::Overhead;
+using internal::Pack;
+using internal::PackedRanks;
+using internal::Pad;
+using internal::Padded;
+using internal::RankItems;
+using internal::RankSearch;
+using internal::Resolved;
+using internal::RoundDown;
+using internal::RoundUp;
+using internal::SetTotals;
+using internal::SmallestCount;
+using internal::SmallestWithin;
+using internal::StepBound;
+using internal::StepLowerBound;
+using internal::TimeBound;
+using internal::TotalTokens;
+using internal::UngroupedBound;
+using internal::Units;
+
+// What a rank assignment moves: every sequence on its own, or a group's sequences
+// together.
+enum class Grouping { kSequences, kGroups };
+
+// The units a rank assignment moves: one per sequence, or one per group (members in
+// index order), with their cost and their largest sequence's cost.
+Units MakeUnits(const Padded& padded, std::span<const std::int64_t> groups, Grouping grouping) {
+  std::vector<std::vector<std::int64_t>> units;
+  if (grouping == Grouping::kGroups) {
+    std::vector<std::int64_t> by_group(groups.size());
+    std::iota(by_group.begin(), by_group.end(), 0);
+    std::stable_sort(by_group.begin(), by_group.end(), [&](std::int64_t a, std::int64_t b) {
+      return groups[static_cast<std::size_t>(a)] < groups[static_cast<std::size_t>(b)];
+    });
+    for (std::size_t j = 0; j < by_group.size(); ++j) {
+      const std::int64_t i = by_group[j];
+      if (j == 0 || groups[static_cast<std::size_t>(i)] !=
+                        groups[static_cast<std::size_t>(by_group[j - 1])]) {
+        units.emplace_back();
+      }
+      units.back().push_back(i);
+    }
+  } else {
+    for (std::size_t i = 0; i < padded.costs.size(); ++i) {
+      units.push_back({static_cast<std::int64_t>(i)});
+    }
+  }
+  std::vector<std::int64_t> unit_cost(units.size(), 0);
+  std::vector<std::int64_t> unit_max(units.size(), 0);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    for (const std::int64_t i : units[u]) {
+      unit_cost[u] += padded.costs[static_cast<std::size_t>(i)];
+      unit_max[u] = std::max(unit_max[u], padded.costs[static_cast<std::size_t>(i)]);
+    }
+  }
+  return {std::move(units), std::move(unit_cost), std::move(unit_max)};
+}
+
+// What an assignment of sequences to ranks may move: units (sequences, or whole
+// groups when `group_of` holds the group of each sequence); none when the ranks' unit
+// counts are fixed (equal counts).
+struct Movable {
+  std::span<const std::int64_t> group_of;
+  bool fixed_counts = false;
+};
+
+// Moves units (sequences; whole groups when `unit_of` holds the group of each
+// sequence) so that every rank holds at least `target` sequences, as far as the batch
+// allows: each rank short of it (lowest index first) takes the cheapest unit (ties:
+// first sequence) of the rank holding the most sequences (ties: lowest index) that can
+// give one and keep `target`. Moving the cheapest units off the fullest ranks changes
+// the ranks' costs least. O(n log n + moves · log R).
+void FillRanks(const Padded& padded, std::span<const std::int64_t> unit_of, std::int64_t target,
+               std::vector<std::vector<std::int64_t>>& ranks) {
+  const std::size_t num_ranks = ranks.size();
+  std::vector<std::int64_t> count(num_ranks);
+  bool short_rank = false;
+  for (std::size_t r = 0; r < num_ranks; ++r) {
+    count[r] = static_cast<std::int64_t>(ranks[r].size());
+    short_rank = short_rank || count[r] < target;
+  }
+  if (!short_rank) return;
+  struct Unit {
+    std::int64_t cost = 0;
+    std::vector<std::int64_t> members;  // ascending
+    bool moved = false;
+  };
+  std::vector<std::vector<Unit>> units(num_ranks);
+  std::vector<char> built(num_ranks, 0);
+  auto build = [&](std::size_t r) {
+    if (built[r]) return;
+    built[r] = 1;
+    std::vector<Unit>& list = units[r];
+    if (unit_of.empty()) {
+      for (const std::int64_t i : ranks[r]) {
+        list.push_back({padded.costs[static_cast<std::size_t>(i)], {i}});
+      }
+    } else {
+      std::vector<std::int64_t> by_group = ranks[r];
+      std::stable_sort(by_group.begin(), by_group.end(), [&](std::int64_t a, std::int64_t b) {
+        return unit_of[static_cast<std::size_t>(a)] < unit_of[static_cast<std::size_t>(b)];
+      });
+      for (std::size_t j = 0; j < by_group.size(); ++j) {
+        const std::size_t i = static_cast<std::size_t>(by_group[j]);
+        if (j == 0 || unit_of[i] != unit_of[static_cast<std::size_t>(by_group[j - 1])]) {
+          list.emplace_back();
+        }
+        list.back().cost += padded.costs[i];
+        list.back().members.push_back(by_group[j]);
+      }
+    }
+    std::stable_sort(list.begin(), list.end(), [](const Unit& a, const Unit& b) {
+      return std::tie(a.cost, a.members.front()) < std::tie(b.cost, b.members.front());
+    });
+  };
+  // Donors by sequence count (stale entries skipped); exhausted donors leave for good.
+  std::priority_queue<std::pair<std::int64_t, std::int64_t>> donors;  // (count, −rank)
+  for (std::size_t r = 0; r < num_ranks; ++r) {
+    donors.emplace(count[r], -static_cast<std::int64_t>(r));
+  }
+  std::vector<std::size_t> next(num_ranks, 0);  // the first unit not moved
+  std::vector<std::vector<std::int64_t>> incoming(num_ranks);
+  for (std::size_t d = 0; d < num_ranks; ++d) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> set_aside;  // d itself
+    while (count[d] < target && !donors.empty()) {
+      const auto [c, negative] = donors.top();
+      donors.pop();
+      const std::size_t r = static_cast<std::size_t>(-negative);
+      if (c != count[r]) continue;  // stale
+      if (r == d) {
+        set_aside.emplace_back(c, negative);
+        continue;
+      }
+      if (count[r] <= target) {  // no donor left with a sequence to spare
+        donors.emplace(c, negative);
+        break;
+      }
+      build(r);
+      std::vector<Unit>& list = units[r];
+      while (next[r] < list.size() && list[next[r]].moved) ++next[r];
+      Unit* give = nullptr;
+      for (std::size_t j = next[r]; j < list.size(); ++j) {
+        if (!list[j].moved &&
+            static_cast<std::int64_t>(list[j].members.size()) <= count[r] - target) {
+          give = &list[j];
+          break;
+        }
+      }
+      if (give == nullptr) continue;  // every unit too large: exhausted
+      give->moved = true;
+      const auto size = static_cast<std::int64_t>(give->members.size());
+      count[r] -= size;
+      count[d] += size;
+      incoming[d].insert(incoming[d].end(), give->members.begin(), give->members.end());
+      donors.emplace(count[r], negative);
+    }
+    for (const auto& entry : set_aside) donors.push(entry);
+    if (count[d] < target) {
+      // Nothing left to give (the batch is short, or groups too large): stop.
+      if (donors.empty() || donors.top().first <= target) break;
+    }
+  }
+  for (std::size_t r = 0; r < num_ranks; ++r) {
+    if (!built[r] && incoming[r].empty()) continue;
+    std::vector<std::int64_t> kept;
+    if (built[r]) {
+      for (const Unit& unit : units[r]) {
+        if (!unit.moved) kept.insert(kept.end(), unit.members.begin(), unit.members.end());
+      }
+    } else {
+      kept = std::move(ranks[r]);
+    }
+    kept.insert(kept.end(), incoming[r].begin(), incoming[r].end());
+    std::sort(kept.begin(), kept.end());
+    ranks[r] = std::move(kept);
+  }
+}
+
+// The best plan for a given assignment of sequences to ranks (rank r holds
+// `ranks[r]`; `movable`: what FillRanks may move): every rank first filled to the smallest count
+// (FillRanks), then the smallest count every rank can pack, then larger counts while
+// the bound says they may help, never above the fewest sequences of a rank; of the
+// counts tried, the smallest within the tolerance of the best. With only_count > 0,
+// the ranks are filled to that count (as far as the batch allows) and the plan made
+// at it alone (at most the fewest sequences of a rank, rounded to the multiple, unless
+// the smallest feasible count is larger). Counts whose bound reaches stop_at (the best plan
+// found elsewhere) are not planned; when no count can get below it, no plan is made
+// and the result has predicted_step_time = INT64_MAX. A rank whose packing under the
+// cap needs more micro-batches than another rank has sequences can still force empty
+// ones (the plan counts them).
+StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t>> ranks,
+                      const Movable& movable, const MicroBatchOptions& mb,
+                      std::int64_t only_count = 0,
+                      std::int64_t stop_at = std::numeric_limits<std::int64_t>::max()) {
+  const std::int64_t cap = mb.max_tokens_per_micro_batch;
+  const std::int64_t q = mb.micro_batches_multiple_of;
+  const auto num_ranks = static_cast<std::int64_t>(ranks.size());
+  const auto n = static_cast<std::int64_t>(padded.tokens.size());
+  // The most sequences every rank can hold, as a multiple of q (with fixed counts,
+  // what the ranks hold).
+  std::int64_t fillable = RoundDown(n / num_ranks, q);
+  auto smallest_count = [&] {
+    std::int64_t from = 0;
+    for (const auto& rank : ranks) {
+      std::int64_t tokens = 0;
+      for (const std::int64_t i : rank) tokens += padded.tokens[static_cast<std::size_t>(i)];
+      from = std::max(from, SmallestCount(tokens, mb));
+    }
+    return from;
+  };
+  auto fewest = [&] {
+    std::int64_t least = std::numeric_limits<std::int64_t>::max();
+    for (const auto& rank : ranks) least = std::min(least, static_cast<std::int64_t>(rank.size()));
+    return least;
+  };
+  if (movable.fixed_counts) fillable = std::min(fillable, RoundDown(fewest(), q));
+  std::vector<RankSearch> searches;
+  std::int64_t m = 0;
+  std::int64_t desired = only_count > 0 ? RoundUp(only_count, q) : 0;
+  for (int round = 0;; ++round) {
+    const std::int64_t from = smallest_count();
+    // Every rank at least `target` sequences where the batch has them.
+    const std::int64_t target = std::max(from, std::min(desired, fillable));
+    if (fewest() < target && !movable.fixed_counts) {
+      // When the batch cannot fill every rank to it: as evenly as it can.
+      FillRanks(padded, movable.group_of, std::min(target, n / num_ranks), ranks);
+      if (smallest_count() != from && round < 3) continue;  // the fill raised the count
+    }
+    const std::int64_t start = std::max(from, std::min(desired, RoundDown(fewest(), q)));
+    // No count from `start` on gives a rank less than C_r + (p − 1)·L_r +
+    // (start + p − 1)·o (see TimeBound): then no plan here reaches stop_at.
+    searches.clear();
+    for (const auto& rank : ranks) {
+      searches.push_back(RankSearch{Gather(padded, rank), 0, std::nullopt});
+    }
+    if (stop_at < std::numeric_limits<std::int64_t>::max()) {
+      const double p1 = static_cast<double>(mb.pipeline_stages - 1);
+      const double overheads =
+          (static_cast<double>(start) + p1) * static_cast<double>(Overhead(mb));
+      double least = 0.0;
+      for (const RankSearch& search : searches) {
+        const auto& costs = search.items.costs;
+        const double largest =
+            costs.empty() ? 0.0
+                          : static_cast<double>(*std::max_element(costs.begin(), costs.end()));
+        least = std::max(least,
+                         static_cast<double>(search.items.total_cost) + p1 * largest + overheads);
+      }
+      if (least >= static_cast<double>(stop_at)) {
+        StepPlan none;
+        none.predicted_step_time = std::numeric_limits<std::int64_t>::max();
+        return none;
+      }
+    }
+    m = start;
+    for (RankSearch& search : searches) {
+      search = FindFeasible(std::move(search.items), start, mb);
+      m = std::max(m, search.feasible_count);
+    }
+    // A packing needed more micro-batches than some rank has sequences: fill again.
+    if (round < 3 && m > fewest() && fewest() < fillable && !movable.fixed_counts) {
+      desired = std::max(desired, m);
+      continue;
+    }
+    break;
+  }
+  auto plan_with = [&](std::int64_t count) {
+    StepPlan plan;
+    plan.num_micro_batches = count;
+    for (const RankSearch& search : searches) {
+      const auto packing = search.feasible_count == count
+                               ? search.packing
+                               : Pack(search.items, count, cap, mb.refine, search.packing);
+      plan.ranks.push_back(MakeRankPlan(padded, search.items, count, *packing, mb));
+      plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
+    }
+    plan.empty_micro_batches = EmptyMicroBatches(plan);
+    return plan;
+  };
+  auto bound_with = [&](std::int64_t count) {
+    double bound = 0;
+    for (const RankSearch& search : searches) {
+      const auto& costs = search.items.costs;
+      const double max_item =
+          costs.empty() ? 0.0 : static_cast<double>(*std::max_element(costs.begin(), costs.end()));
+      bound = std::max(
+          bound, TimeBound(static_cast<double>(search.items.total_cost), max_item, count, mb));
+    }
+    return bound;
+  };
+
+  if (only_count > 0) return plan_with(m);
+  // Never more micro-batches than the fewest sequences of a rank.
+  const std::int64_t last = std::max(m, RoundDown(fewest(), q));
+  StepPlan best = plan_with(m);
+  std::vector<std::pair<std::int64_t, std::int64_t>> tried{{m, best.predicted_step_time}};
+  for (int counted = 0; counted < kMaxCountsTried && m + q <= last; ++counted) {
+    m += q;
+    const double bound = bound_with(m);
+    if (bound >= static_cast<double>(best.predicted_step_time)) break;
+    if (bound >= static_cast<double>(stop_at)) continue;  // a larger count may still beat it
+    StepPlan plan = plan_with(m);
+    tried.emplace_back(m, plan.predicted_step_time);
+    if (plan.predicted_step_time < best.predicted_step_time) best = std::move(plan);
+  }
+  const std::int64_t chosen = SmallestWithin(tried, mb.count_tolerance);
+  if (chosen != best.num_micro_batches) best = plan_with(chosen);
+  return best;
+}
+
+std::vector<std::vector<std::int64_t>> PartsOf(const Partition& partition) {
+  std::vector<std::vector<std::int64_t>> parts;
+  for (std::int64_t r = 0; r < partition.num_parts(); ++r) {
+    const auto part = partition.part(r);
+    parts.emplace_back(part.begin(), part.end());
+  }
+  return parts;
+}
+
+// Above this many (unit, rank) pairs the time-aware assignment is not tried.
+constexpr std::int64_t kMaxGreedyPairs = 64'000'000;
+
+// With a pipeline a rank's time also grows with its largest sequence:
+// about C + (p − 1)·max(C / m, largest). This assigns the units (sequences, or whole
+// groups) heaviest first to the rank whose estimate after it is least (ties: lowest rank),
+// honouring equal counts, for the given m. A second candidate beside the balancer's
+// cost-only assignment. O(units · ranks).
+std::vector<std::vector<std::int64_t>> TimeAwareRanks(const Units& all, const StepOptions& options,
+                                                      std::int64_t m) {
+  const std::vector<std::vector<std::int64_t>>& units = all.members;
+  const std::vector<std::int64_t>& unit_cost = all.cost;
+  const std::vector<std::int64_t>& unit_max = all.largest;
+  const std::vector<std::int32_t> order = internal::HeaviestFirst(unit_cost);
+
+  const std::int64_t num_ranks = options.num_ranks;
+  const std::int64_t num_units = static_cast<std::int64_t>(units.size());
+  const std::int64_t floor = num_units / num_ranks;
+  const std::int64_t extra = num_units % num_ranks;
+  std::int64_t extra_used = 0;
+  const double p = static_cast<double>(options.micro_batch.pipeline_stages);
+  const double md = static_cast<double>(m);
+  auto estimate = [&](double cost, double largest) {
+    return cost + (p - 1.0) * std::max(cost / md, largest);
+  };
+  std::vector<double> cost(static_cast<std::size_t>(num_ranks), 0.0);
+  std::vector<double> largest(static_cast<std::size_t>(num_ranks), 0.0);
+  std::vector<std::int64_t> count(static_cast<std::size_t>(num_ranks), 0);
+  std::vector<std::vector<std::int64_t>> ranks(static_cast<std::size_t>(num_ranks));
+  for (const std::int32_t u : order) {
+    const double c = static_cast<double>(unit_cost[static_cast<std::size_t>(u)]);
+    const double a = static_cast<double>(unit_max[static_cast<std::size_t>(u)]);
+    std::size_t best = 0;
+    double best_estimate = 0.0;
+    bool found = false;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      if (options.equal_size &&
+          (count[r] == floor + 1 || (count[r] == floor && extra_used == extra))) {
+        continue;  // full
+      }
+      const double after = estimate(cost[r] + c, std::max(largest[r], a));
+      if (!found || after < best_estimate) {
+        best = r;
+        best_estimate = after;
+        found = true;
+      }
+    }
+    cost[best] += c;
+    largest[best] = std::max(largest[best], a);
+    if (++count[best] == floor + 1) ++extra_used;
+    for (const std::int64_t i : units[static_cast<std::size_t>(u)]) ranks[best].push_back(i);
+  }
+  for (auto& rank : ranks) std::sort(rank.begin(), rank.end());
+  return ranks;
+}
+
+// The long sequences packed together (PackedRanks; equal counts when asked) at count
+// m: ranks holding several long sequences pay the bubble behind one of them, so the
+// others can take more cost. Planned only when the packing's relaxed time (each rank's
+// heaviest micro-batch at max(C_r / m, its largest sequence, the pigeonhole sums
+// below), a bound on its plan before PlanForRanks fills its ranks to m sequences) is
+// below `best`; nullopt otherwise. O(PackedRanks + one PlanForRanks count).
+std::optional<StepPlan> PackedPlan(const Padded& padded, const Units& units, const Movable& movable,
+                                   const StepOptions& options, std::int64_t bound, std::int64_t m,
+                                   double best) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const double p1 = static_cast<double>(mb.pipeline_stages - 1);
+  const double o = static_cast<double>(Overhead(mb));
+  const double md = static_cast<double>(m);
+  const double overheads = (md + p1) * o;
+  double total = 0.0;
+  for (const std::int64_t c : padded.costs) total += static_cast<double>(c);
+  const double mean = total / static_cast<double>(options.num_ranks);
+  // No packing's budget (the time less the overheads) is below the bound's.
+  const double least = std::max(mean, static_cast<double>(bound) - overheads);
+  const std::vector<std::vector<std::int64_t>> packed =
+      PackedRanks(units, options.num_ranks, mb.pipeline_stages, m, least,
+                  std::min(best, 4.0 * least), PartSizesFor(options.equal_size));
+  if (packed.empty()) return std::nullopt;
+  double relaxed = 0.0;
+  std::vector<std::int64_t> costs;
+  for (const auto& rank : packed) {
+    costs.clear();
+    for (const std::int64_t i : rank) costs.push_back(padded.costs[static_cast<std::size_t>(i)]);
+    double cost = 0.0, largest = 0.0;
+    for (const std::int64_t c : costs) {
+      cost += static_cast<double>(c);
+      largest = std::max(largest, static_cast<double>(c));
+    }
+    // k + 1 of the k·m + 1 largest sequences share a micro-batch.
+    if (static_cast<std::int64_t>(costs.size()) > m) {
+      std::sort(costs.begin(), costs.end(), std::greater<>());
+      for (std::int64_t k = 1; k * m < static_cast<std::int64_t>(costs.size()); ++k) {
+        double shared = 0.0;
+        for (std::int64_t j = k * m - k; j <= k * m; ++j) {
+          shared += static_cast<double>(costs[static_cast<std::size_t>(j)]);
+        }
+        largest = std::max(largest, shared);
+      }
+    }
+    relaxed = std::max(relaxed, cost + p1 * std::max(cost / md, largest) + overheads);
+  }
+  if (relaxed >= best) return std::nullopt;
+  return PlanForRanks(padded, packed, movable, mb, m);
+}
+
+// The fewest empty micro-batches of the candidates (INT64_MAX for none).
+std::int64_t LeastEmpty(const std::vector<StepPlan>& candidates) {
+  std::int64_t least = std::numeric_limits<std::int64_t>::max();
+  for (const StepPlan& c : candidates) least = std::min(least, c.empty_micro_batches);
+  return least;
+}
+
+// Of the candidate plans: the fewest empty micro-batches, then, of the plans within
+// the count tolerance of the best time, the fewest micro-batches, then the best time
+// (ties: the first candidate).
+StepPlan Choose(std::vector<StepPlan> candidates, double tolerance) {
+  const std::int64_t least_empty = LeastEmpty(candidates);
+  std::int64_t best_time = std::numeric_limits<std::int64_t>::max();
+  for (const StepPlan& c : candidates) {
+    if (c.empty_micro_batches == least_empty)
+      best_time = std::min(best_time, c.predicted_step_time);
+  }
+  const long double limit = static_cast<long double>(best_time) * (1.0L + tolerance);
+  std::size_t chosen = candidates.size();
+  for (std::size_t j = 0; j < candidates.size(); ++j) {
+    const StepPlan& c = candidates[j];
+    if (c.empty_micro_batches != least_empty ||
+        static_cast<long double>(c.predicted_step_time) > limit) {
+      continue;
+    }
+    if (chosen == candidates.size() || std::tie(c.num_micro_batches, c.predicted_step_time) <
+                                           std::tie(candidates[chosen].num_micro_batches,
+                                                    candidates[chosen].predicted_step_time)) {
+      chosen = j;
+    }
+  }
+  return std::move(candidates[chosen]);
+}
+
+// Above this many (sequence, micro-batch) pairs the bins-first candidate is not tried.
+constexpr std::int64_t kMaxBinPairs = 20'000'000;
+
+// Bins first: the whole batch packed first-fit decreasing into R·m micro-batches under
+// the cap (every one non-empty), then m of them dealt to each rank, the costliest
+// first onto the cheapest rank with a place left (ties: lowest rank), each rank's then
+// rebalanced by Pack. For the smallest count m from the tokens' (a multiple of q) that
+// packs, while R·m <= n: a plan without empty micro-batches where a rank assignment
+// made one rank's packing need more micro-batches than another rank has sequences.
+// Not for whole groups or equal counts. nullopt when no count up to 8 tries packs.
+// O(tries · n · R·m + R²·m).
+std::optional<StepPlan> BinsFirstPlan(const Padded& padded, const StepOptions& options) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const std::int64_t num_ranks = options.num_ranks;
+  const auto n = static_cast<std::int64_t>(padded.tokens.size());
+  std::vector<std::int64_t> all(padded.tokens.size());
+  std::iota(all.begin(), all.end(), 0);
+  const RankItems items = Gather(padded, all);
+  std::int64_t m = SmallestCount(CeilDiv(items.total_tokens, num_ranks), mb);
+  for (int tries = 0; tries < 8 && num_ranks * m <= n; ++tries, m += mb.micro_batches_multiple_of) {
+    const std::int64_t bins = num_ranks * m;
+    if (n > kMaxBinPairs / bins) return std::nullopt;
+    std::optional<Assignment> packing =
+        FirstFitDecreasing(items, bins, mb.max_tokens_per_micro_batch);
+    if (!packing) continue;
+    FillEmptyBins(items, bins, *packing);
+    std::vector<std::int64_t> bin_cost(static_cast<std::size_t>(bins), 0);
+    for (std::size_t i = 0; i < packing->size(); ++i) {
+      bin_cost[static_cast<std::size_t>((*packing)[i])] += items.costs[i];
+    }
+    std::vector<std::int64_t> order(static_cast<std::size_t>(bins));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+      return bin_cost[static_cast<std::size_t>(a)] > bin_cost[static_cast<std::size_t>(b)];
+    });
+    std::vector<std::int64_t> load(static_cast<std::size_t>(num_ranks), 0);
+    std::vector<std::int64_t> placed(static_cast<std::size_t>(num_ranks), 0);
+    std::vector<std::int64_t> rank_of(static_cast<std::size_t>(bins), 0);
+    std::vector<std::int64_t> slot_of(static_cast<std::size_t>(bins), 0);
+    for (const std::int64_t b : order) {
+      std::size_t best = 0;
+      bool found = false;
+      for (std::size_t r = 0; r < load.size(); ++r) {
+        if (placed[r] == m) continue;
+        if (!found || load[r] < load[best]) {
+          best = r;
+          found = true;
+        }
+      }
+      rank_of[static_cast<std::size_t>(b)] = static_cast<std::int64_t>(best);
+      slot_of[static_cast<std::size_t>(b)] = placed[best]++;
+      load[best] += bin_cost[static_cast<std::size_t>(b)];
+    }
+    std::vector<std::vector<std::int64_t>> ranks(static_cast<std::size_t>(num_ranks));
+    for (std::size_t i = 0; i < packing->size(); ++i) {
+      ranks[static_cast<std::size_t>(rank_of[static_cast<std::size_t>((*packing)[i])])].push_back(
+          static_cast<std::int64_t>(i));
+    }
+    StepPlan plan;
+    plan.num_micro_batches = m;
+    for (const auto& rank : ranks) {
+      const RankItems mine = Gather(padded, rank);  // ascending, as `rank`
+      Assignment start(rank.size());
+      for (std::size_t j = 0; j < rank.size(); ++j) {
+        start[j] = static_cast<std::int32_t>(
+            slot_of[static_cast<std::size_t>((*packing)[static_cast<std::size_t>(rank[j])])]);
+      }
+      const std::optional<Assignment> refined =
+          Pack(mine, m, mb.max_tokens_per_micro_batch, mb.refine, start);
+      plan.ranks.push_back(MakeRankPlan(padded, mine, m, *refined, mb));
+      plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
+    }
+    plan.empty_micro_batches = EmptyMicroBatches(plan);
+    return plan;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
+                     const StepOptions& unresolved) {
+  CheckStepOptions(unresolved);
+  StepOptions options = unresolved;
+  options.micro_batch = Resolved(unresolved.micro_batch);
+  const MicroBatchOptions& mb = options.micro_batch;
+  const Padded padded = Pad(lengths, mb);
+  const Movable movable{options.keep_groups ? groups : std::span<const std::int64_t>{},
+                        options.equal_size};
+
+  // Sequences to ranks: the balancer on the padded lengths' cost.
+  BalanceOptions balance;
+  balance.partition.num_parts = options.num_ranks;
+  balance.partition.equal_size = options.equal_size;
+  balance.partition.refine = mb.refine;
+  balance.cost = mb.cost;
+  balance.keep_groups = options.keep_groups;
+  const BalanceResult ranks = Balance(padded.tokens, groups, balance);
+
+  // The lower bound first: its best count guides the packed candidate below. With
+  // whole groups the heaviest rank holds at least the balancer's bound over groups.
+  // With a pipeline the bound also knows the units (whole groups) and equal counts.
+  const std::int64_t max_unit = options.keep_groups ? ranks.partition.lower_bound : 0;
+  const Units units = mb.pipeline_stages > 1 ? MakeUnits(padded, groups,
+                                                         options.keep_groups ? Grouping::kGroups
+                                                                             : Grouping::kSequences)
+                                             : Units{};
+  // The bound of plans without an empty micro-batch, what the planner makes unless the
+  // input forces one (then the bound is taken again, allowing them).
+  auto bound_of = [&](Empties empties) {
+    return StepLowerBound(padded, max_unit, {units.cost, units.largest},
+                          PartSizesFor(options.equal_size), empties, options);
+  };
+  const StepBound bound = bound_of(Empties::kNone);
+
+  PlannedStep result;
+  const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
+  const bool pipeline = mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs;
+  // Every candidate planned is kept: Choose may prefer one with fewer micro-batches
+  // within the count tolerance of the best. Candidates that cannot beat the best are
+  // not planned (PlanForRanks's stop_at), which keeps large inputs fast.
+  std::vector<StepPlan> candidates;
+  std::int64_t best = std::numeric_limits<std::int64_t>::max();
+  auto take = [&](StepPlan plan) {
+    if (plan.ranks.empty()) return;  // pruned
+    best = std::min(best, plan.predicted_step_time);
+    candidates.push_back(std::move(plan));
+  };
+  // With a pipeline the packed candidate comes first at the bound's best count (the
+  // most micro-batches the ranks can fill without an overhead): the other candidates
+  // then skip the counts, or whole plans, that cannot come near it (see PlanForRanks).
+  const bool packed_first = pipeline && bound.count > 0;
+  if (packed_first) {
+    if (auto packed = PackedPlan(padded, units, movable, options, bound.value, bound.count,
+                                 std::numeric_limits<double>::infinity())) {
+      take(std::move(*packed));
+    }
+  }
+  // The balancer's assignment (not planned when it cannot come near the packed one).
+  StepPlan balanced = PlanForRanks(padded, PartsOf(ranks.partition), movable, mb, 0, best);
+  const std::int64_t m0 =
+      balanced.ranks.empty()
+          ? std::max(bound.count,
+                     SmallestCount(CeilDiv(TotalTokens(padded), options.num_ranks), mb))
+          : balanced.num_micro_batches;
+  take(std::move(balanced));
+  if (pipeline) {
+    // Else the packed candidate at the balancer's count.
+    if (!packed_first) {
+      if (auto packed = PackedPlan(padded, units, movable, options, bound.value, m0,
+                                   static_cast<double>(best))) {
+        take(std::move(*packed));
+      }
+    }
+    // And the time-aware assignment for the balancer's count.
+    take(PlanForRanks(padded, TimeAwareRanks(units, options, m0), movable, mb, 0, best));
+  }
+
+  // The common recipe, for comparison (it ignores groups).
+  result.baseline = internal::RecipePlan(padded, options);
+  // Without groups or empty micro-batches the baseline's bound is the same one.
+  const Empties baseline_empties =
+      result.baseline.empty_micro_batches > 0 ? Empties::kAllowed : Empties::kNone;
+  result.baseline.lower_bound =
+      options.keep_groups || baseline_empties == Empties::kAllowed
+          ? UngroupedBound(padded, PartSizes::kAny, baseline_empties, options)
+          : bound.value;
+  SetTotals(padded, mb, result.baseline);
+  // Karmarkar-Karp on cost is a valid answer when it keeps the cap (it ignores groups).
+  if (!options.keep_groups) {
+    StepPlan on_cost = internal::KarmarkarKarpOnCost(padded, options);
+    if (on_cost.cap_violations == 0) candidates.push_back(std::move(on_cost));
+  }
+  // Empty micro-batches left by every candidate: try the bins-first assignment.
+  if (LeastEmpty(candidates) > 0 && !options.keep_groups && !options.equal_size) {
+    if (auto bins_first = BinsFirstPlan(padded, options))
+      candidates.push_back(std::move(*bins_first));
+  }
+  result.plan = Choose(std::move(candidates), mb.count_tolerance);
+  result.plan.lower_bound =
+      result.plan.empty_micro_batches > 0 ? bound_of(Empties::kAllowed).value : bound.value;
+  result.plan.cap_violations = 0;
+  SetTotals(padded, mb, result.plan);
+  return result;
+}
+
+}  // namespace rlsched::balance

@@ -1,0 +1,53 @@
+// The common recipe's balancing, as verl runs it (private header): its workload key
+// and its Karmarkar-Karp, for PlanBaseline() (step_baseline.cc).
+//
+// Source: verl, verl/utils/seqlen_balancing.py (calculate_workload, karmarkar_karp,
+// get_seqlen_balanced_partitions), read at commit
+// b178a3cd56f58b2d502255daba591e92833930a7. This is a re-implementation of the same
+// method with the same order and ties, not a copy: rlsched's own Karmarkar-Karp
+// (karmarkar_karp.cc) breaks ties differently and cuts equal-size chunks from the
+// heaviest end, so it gives other partitions on the same keys.
+
+#ifndef RLSCHED_BALANCE_SRC_RECIPE_PARTITION_H_
+#define RLSCHED_BALANCE_SRC_RECIPE_PARTITION_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "rlsched/balance/partition.h"
+
+namespace rlsched::balance::internal {
+
+// An exact sum of workloads (n of them, each below 2^63).
+__extension__ typedef __int128 RecipeSum;
+
+// verl's per-sequence workload, 24576·L + L² (its estimate of a 7B model's FLOPs,
+// hidden size 4096, up to a factor). Precondition: 0 <= length <= kMaxLength (then
+// it fits in int64).
+inline std::int64_t RecipeWorkload(std::int64_t length) { return 24576 * length + length * length; }
+
+// verl's Karmarkar-Karp into `num_parts` parts, returned in its order (a part's
+// indices ascending, the parts as its final partial solution sorts them: by sum, then
+// item count, then first item, descending; empty parts last).
+//
+// The method: every item starts as a partial solution of k part sums (kAny: the item
+// alone in one part; kEqual: the items sorted ascending by (value, index) and cut
+// into chunks of k consecutive items, one item per part, from the lightest end). The
+// two partial solutions of largest spread (heaviest − lightest part; ties: the one
+// whose heaviest part is greater, by (sum, item count, first item)) are popped and
+// combined, the i-th heaviest part of the first with the i-th lightest of the second,
+// until one is left.
+//
+// Where verl asserts: with kEqual and n not a multiple of k, the last (heaviest)
+// chunk holds the n mod k items left (verl requires k to divide n); fewer items than
+// parts, or an empty part, are allowed (verl asserts n >= k and no empty part). Sums
+// are exact (128-bit). Precondition: values >= 0, num_parts >= 1.
+// O(merges · s log s), s the parts a partial solution fills: O(n log k) with kEqual,
+// O(n · min(n, k) · log k) at worst with kAny.
+std::vector<std::vector<std::int64_t>> RecipeKarmarkarKarp(std::span<const std::int64_t> values,
+                                                           std::int64_t num_parts, PartSizes sizes);
+
+}  // namespace rlsched::balance::internal
+
+#endif  // RLSCHED_BALANCE_SRC_RECIPE_PARTITION_H_
