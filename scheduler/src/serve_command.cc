@@ -133,11 +133,26 @@ void LogProtobufMessage(google::protobuf::LogLevel level, const char* filename, 
 
 }  // namespace
 
+namespace {
+
+// The request kinds the daemon answers, from the Request message's oneof.
+std::string RequestKinds() {
+  const google::protobuf::OneofDescriptor* kind =
+      v1::Request::descriptor()->FindOneofByName("kind");
+  std::string kinds;
+  for (int i = 0; i < kind->field_count(); ++i) {
+    kinds += (i == 0 ? "" : ", ") + kind->field(i)->name();
+  }
+  return kinds;
+}
+
+}  // namespace
+
 CLI::App* AddServeCommand(CLI::App& app, ServeArgs& args) {
-  CLI::App* command = app.add_subcommand("serve",
-                                         "Run the daemon (balance, plan_step, reshard): read "
-                                         "rlsched.v1.Request messages, write one rlsched.v1.Reply "
-                                         "per request, in request order");
+  CLI::App* command = app.add_subcommand(
+      "serve", fmt::format("Run the daemon ({}): read rlsched.v1.Request messages, write one "
+                           "rlsched.v1.Reply per request, in request order",
+                           RequestKinds()));
   command->fallthrough();
   command->footer(
       "Wire format: each message preceded by its size as a varint (protobuf's delimited format), "
