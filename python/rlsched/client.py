@@ -121,7 +121,9 @@ class RankPlan:
 
 @dataclass(frozen=True)
 class BaselinePlan:
-    """The figures of the pipeline frameworks use today, on the same input."""
+    """verl's recipe on the same input (its workload key, its micro-batch count and
+    order), scored with rlsched's cost model; ``cap_violations`` counts its micro-batches
+    over the token cap."""
     predicted_step_time: int
     cap_violations: int
     micro_batches: int
