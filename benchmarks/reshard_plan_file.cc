@@ -35,10 +35,10 @@
 #include <sstream>
 #include <string>
 
-#include "balance_convert.h"
-#include "reshard_convert.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
+#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/reshard_convert.h"
 
 namespace {
 
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   start = Clock::now();
   {
     std::ofstream file(json_path, std::ios::binary | std::ios::trunc);
-    rlsched::scheduler::WriteReshardPlanJson(plan, file);
+    rlsched::wire::WriteReshardPlanJson(plan, file);
   }
   const double json_ms = Ms(start);
   const double json_mb = PeakMb();
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
   start = Clock::now();
   {
     std::ofstream file(bin_path, std::ios::binary | std::ios::trunc);
-    rlsched::scheduler::WriteReshardPlanBinary(plan, file);
+    rlsched::wire::WriteReshardPlanBinary(plan, file);
   }
   const double bin_ms = Ms(start);
   const double bin_mb = PeakMb();
@@ -136,10 +136,9 @@ int main(int argc, char** argv) {
 
   start = Clock::now();
   std::ifstream bin(bin_path, std::ios::binary);
-  const rlsched::v1::ReshardPlanIndex index = rlsched::scheduler::ReadReshardPlanIndex(bin);
+  const rlsched::v1::ReshardPlanIndex index = rlsched::wire::ReadReshardPlanIndex(bin);
   const std::int64_t gpu = plan.trainer_ranks;  // the first engine GPU
-  const rlsched::v1::ReshardRankPart part =
-      rlsched::scheduler::ReadReshardRankPart(bin, index, gpu);
+  const rlsched::v1::ReshardRankPart part = rlsched::wire::ReadReshardRankPart(bin, index, gpu);
   const double read_ms = Ms(start);
   std::printf("  read GPU %lld's part: %d transfers, %.1f MB, %.0f ms (index of %d GPUs)\n",
               static_cast<long long>(gpu), part.transfers_size(),
@@ -148,8 +147,8 @@ int main(int argc, char** argv) {
   if (message_json) {
     ResetPeak();
     start = Clock::now();
-    const std::string json = rlsched::scheduler::ToJson(
-        rlsched::scheduler::ToReshardPlanMessage(plan, /*include_transfers=*/true));
+    const std::string json = rlsched::wire::ToJson(
+        rlsched::wire::ToReshardPlanMessage(plan, /*include_transfers=*/true));
     std::printf("  ToJson(message) %7.1f MB (not written)    %7.0f ms  peak %5.0f MB\n",
                 static_cast<double>(json.size()) / 1e6, Ms(start), PeakMb());
   }

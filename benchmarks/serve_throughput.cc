@@ -45,9 +45,9 @@
 #include <thread>
 #include <vector>
 
-#include "balance_convert.h"
 #include "rlsched/balance/synthetic.h"
 #include "rlsched/v1/service.pb.h"
+#include "rlsched/wire/balance_convert.h"
 
 namespace {
 
@@ -245,7 +245,7 @@ int Run(const Args& args) {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, requests.size(), 1),
                         [&](const tbb::blocked_range<std::size_t>& range) {
                           for (std::size_t i = range.begin(); i != range.end(); ++i) {
-                            solved[i] = rlsched::scheduler::SolveBalance(requests[i].balance());
+                            solved[i] = rlsched::wire::SolveBalance(requests[i].balance());
                           }
                         });
     });

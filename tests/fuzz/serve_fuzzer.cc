@@ -35,7 +35,7 @@
 #include "rlsched/rollout/model.h"
 #include "serve.h"
 
-namespace rlsched::scheduler {
+namespace rlsched::app {
 namespace {
 
 // Bounds on the work the harness lets a request ask for.
@@ -234,10 +234,11 @@ void CheckReply(const v1::Request& request, const v1::Reply& reply) {
 }
 
 }  // namespace
-}  // namespace rlsched::scheduler
+}  // namespace rlsched::app
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using namespace rlsched::scheduler;  // NOLINT
+  using namespace rlsched::app;   // NOLINT
+  using namespace rlsched::wire;  // NOLINT
   using rlsched::v1::Reply;
   static const bool quiet = [] {
     google::protobuf::SetLogHandler(nullptr);  // e.g. "invalid UTF-8" on every such frame
@@ -268,7 +269,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } else if (!Cheap(decoded.request)) {
       continue;  // valid or not, too much work for a fuzzer's execution
     } else {
-      reply = HandleRequest(decoded.request);
+      reply = Solve(decoded.request);
       CheckReply(decoded.request, reply);
     }
     output += EncodeReply(reply, WireFormat::kDelimited);

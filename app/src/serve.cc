@@ -1,0 +1,400 @@
+#include "serve.h"
+
+#include <fmt/format.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+#include <tbb/parallel_pipeline.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/solve.h"
+
+namespace rlsched::app {
+
+using namespace ::rlsched::wire;  // NOLINT: the conversions the commands call
+
+using wire::ErrorReply;
+using wire::RequestKindName;
+using wire::Solve;
+using wire::ToJson;
+namespace {
+
+using Frame = RequestReader::Frame;
+
+constexpr int kMaxVarintBytes = 10;
+constexpr int kMaxThreads = 1024;
+
+bool IsBlank(std::string_view line) {
+  return line.find_first_not_of(" \t\r\f\v") == std::string_view::npos;
+}
+
+// The string "id" of a JSON object, or "" when `json` is not one.
+std::string RecoverJsonId(std::string_view json) {
+  google::protobuf::Struct object;
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &object);
+  if (!status.ok()) return std::string();
+  const auto it = object.fields().find("id");
+  if (it == object.fields().end() || !it->second.has_string_value()) return std::string();
+  return it->second.string_value();
+}
+
+// One request on its way through the pipeline.
+struct Job {
+  std::int64_t sequence = 0;  // 0-based position in the stream
+  std::string payload;
+  Answer answer;
+  std::optional<ServeOutcome> stop;  // serving stops after this job's reply
+  double solve_ms = 0.0;
+};
+
+std::string_view DescribeOutcome(ServeOutcome outcome) {
+  switch (outcome) {
+    case ServeOutcome::kEndOfInput:
+      return "end of input";
+    case ServeOutcome::kBadFrame:
+      return "stopped at a bad frame";
+    case ServeOutcome::kOutputFailed:
+      return "stopped: the output failed";
+    case ServeOutcome::kInternalError:
+      return "stopped: out of memory";
+  }
+  return "?";
+}
+
+// The INTERNAL reply framed, or "" if even that fails (out of memory).
+std::string InternalErrorFrame(std::string_view what, WireFormat format) {
+  try {
+    return EncodeReply(ErrorReply("", v1::ERROR_CODE_INTERNAL, what), format);
+  } catch (...) {
+    return std::string();
+  }
+}
+
+}  // namespace
+
+DecodedRequest DecodeRequest(std::string_view payload, WireFormat format) {
+  DecodedRequest decoded;
+  if (format == WireFormat::kDelimited) {
+    // The reader caps a frame at kMaxMessageBytesLimit, which fits an int.
+    if (payload.size() > static_cast<std::size_t>(kMaxMessageBytesLimit) ||
+        !decoded.request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+      decoded.request.Clear();
+      decoded.error =
+          ErrorReply("", v1::ERROR_CODE_MALFORMED_REQUEST,
+                     fmt::format("a frame of {} bytes does not parse as a rlsched.v1.Request",
+                                 payload.size()));
+    }
+    return decoded;
+  }
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(payload.data(), payload.size()), &decoded.request);
+  if (!status.ok()) {
+    decoded.request.Clear();
+    decoded.error =
+        ErrorReply(RecoverJsonId(payload), v1::ERROR_CODE_INVALID_JSON,
+                   fmt::format("not a JSON rlsched.v1.Request: {}", std::string(status.message())));
+  }
+  return decoded;
+}
+
+std::string EncodeReply(const v1::Reply& reply, WireFormat format) {
+  if (format == WireFormat::kJson) return ToJson(reply) + '\n';
+  using google::protobuf::io::CodedOutputStream;
+  const std::size_t size = reply.ByteSizeLong();
+  if (size > static_cast<std::size_t>(kMaxMessageBytesLimit)) {
+    throw std::runtime_error(fmt::format("the reply has {} bytes, above protobuf's limit", size));
+  }
+  const auto size32 = static_cast<std::uint32_t>(size);
+  std::string frame(CodedOutputStream::VarintSize32(size32) + size, '\0');
+  auto* out = reinterpret_cast<std::uint8_t*>(frame.data());
+  out = CodedOutputStream::WriteVarint32ToArray(size32, out);
+  reply.SerializeWithCachedSizesToArray(out);
+  return frame;
+}
+
+Answer AnswerPayload(std::string_view payload, WireFormat format) {
+  DecodedRequest decoded = DecodeRequest(payload, format);
+  const v1::Reply reply = decoded.error ? std::move(*decoded.error) : Solve(decoded.request);
+  Answer answer;
+  answer.id = reply.id();
+  answer.kind = decoded.request.kind_case();
+  answer.error_code = reply.has_error() ? reply.error().code() : v1::ERROR_CODE_UNSPECIFIED;
+  try {
+    answer.frame = EncodeReply(reply, format);
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    answer.error_code = v1::ERROR_CODE_INTERNAL;
+    answer.frame = EncodeReply(
+        ErrorReply(reply.id(), v1::ERROR_CODE_INTERNAL,
+                   fmt::format("internal error: cannot encode the reply: {}", e.what())),
+        format);
+  }
+  return answer;
+}
+
+RequestReader::RequestReader(google::protobuf::io::ZeroCopyInputStream& input, WireFormat format,
+                             std::int64_t max_message_bytes)
+    : input_(input), format_(format), max_message_bytes_(max_message_bytes) {}
+
+bool RequestReader::Fill() {
+  while (chunk_size_ == 0) {
+    if (ended_) return false;
+    const void* data = nullptr;
+    int size = 0;
+    if (!input_.Next(&data, &size)) {
+      ended_ = true;
+      return false;
+    }
+    chunk_ = static_cast<const char*>(data);
+    chunk_size_ = size;
+  }
+  return true;
+}
+
+RequestReader::Frame RequestReader::Fail(std::string error) {
+  Frame frame;
+  frame.kind = Frame::Kind::kBadFrame;
+  frame.error = std::move(error);
+  final_ = frame;
+  return frame;
+}
+
+RequestReader::Frame RequestReader::Next() {
+  if (final_) return *final_;
+  return format_ == WireFormat::kDelimited ? NextDelimited() : NextLine();
+}
+
+RequestReader::Frame RequestReader::NextDelimited() {
+  // The size: base-128 varint, least significant group first, at most 64 bits.
+  std::uint64_t size = 0;
+  for (int i = 0;; ++i) {
+    if (!Fill()) {
+      if (i == 0) {
+        final_ = Frame{};
+        return *final_;
+      }
+      return Fail(fmt::format("the stream ends inside a length prefix, after frame {}", frames_));
+    }
+    const auto byte = static_cast<unsigned char>(*chunk_);
+    ++chunk_;
+    --chunk_size_;
+    if (i == kMaxVarintBytes - 1 && byte > 1) {
+      return Fail(
+          fmt::format("malformed length prefix after frame {}: more than 64 bits", frames_));
+    }
+    size |= static_cast<std::uint64_t>(byte & 0x7f) << (7 * i);
+    if ((byte & 0x80) == 0) break;
+  }
+  if (size > static_cast<std::uint64_t>(max_message_bytes_)) {
+    return Fail(fmt::format("length prefix of {} bytes after frame {} exceeds the cap of {} bytes",
+                            size, frames_, max_message_bytes_));
+  }
+  Frame frame;
+  frame.kind = Frame::Kind::kPayload;
+  while (frame.payload.size() < size) {
+    if (!Fill()) {
+      return Fail(fmt::format("the stream ends inside frame {}: {} of {} bytes", frames_ + 1,
+                              frame.payload.size(), size));
+    }
+    const std::int64_t take =
+        std::min<std::int64_t>(chunk_size_, static_cast<std::int64_t>(size - frame.payload.size()));
+    frame.payload.append(chunk_, static_cast<std::size_t>(take));
+    chunk_ += take;
+    chunk_size_ -= take;
+  }
+  ++frames_;
+  return frame;
+}
+
+RequestReader::Frame RequestReader::NextLine() {
+  Frame frame;
+  frame.kind = Frame::Kind::kPayload;
+  std::string& line = frame.payload;
+  while (true) {
+    if (!Fill()) {
+      if (IsBlank(line)) {
+        final_ = Frame{};
+        return *final_;
+      }
+      break;  // a last line without '\n'
+    }
+    const void* newline = std::memchr(chunk_, '\n', static_cast<std::size_t>(chunk_size_));
+    const std::int64_t take =
+        newline == nullptr ? chunk_size_ : static_cast<const char*>(newline) - chunk_;
+    if (static_cast<std::int64_t>(line.size()) + take > max_message_bytes_) {
+      return Fail(
+          fmt::format("line {} exceeds the cap of {} bytes", lines_ + 1, max_message_bytes_));
+    }
+    line.append(chunk_, static_cast<std::size_t>(take));
+    chunk_ += take;
+    chunk_size_ -= take;
+    if (newline == nullptr) continue;
+    ++chunk_;  // the '\n'
+    --chunk_size_;
+    ++lines_;
+    if (!IsBlank(line)) break;
+    line.clear();
+  }
+  ++frames_;
+  return frame;
+}
+
+ServeOutcome Serve(const ServeOptions& options, google::protobuf::io::ZeroCopyInputStream& input,
+                   ReplySink& output) {
+  if (options.threads < 0 || options.threads > kMaxThreads) {
+    throw std::invalid_argument(
+        fmt::format("threads: must be in [0, {}], got {}", kMaxThreads, options.threads));
+  }
+  if (options.max_message_bytes < 1 || options.max_message_bytes > kMaxMessageBytesLimit) {
+    throw std::invalid_argument(fmt::format("max_message_bytes: must be in [1, {}], got {}",
+                                            kMaxMessageBytesLimit, options.max_message_bytes));
+  }
+  const int threads = options.threads > 0 ? options.threads : tbb::info::default_concurrency();
+  const WireFormat format = options.format;
+  const auto tokens = static_cast<std::size_t>(2 * threads);
+  spdlog::info("serving {} on {} thread{}, at most {} requests in flight, frames up to {} bytes",
+               format == WireFormat::kJson ? "JSON lines" : "length-delimited protobuf", threads,
+               threads == 1 ? "" : "s", tokens, options.max_message_bytes);
+
+  RequestReader reader(input, format, options.max_message_bytes);
+  // Read by the input stage, set by the output stage (the two may run concurrently).
+  std::atomic<bool> stopping{false};
+  bool input_done = false;                           // the input stage's own
+  bool read_failed = false;                          // the input stage's own
+  std::int64_t sequence = 0;                         // the input stage's own
+  ServeOutcome outcome = ServeOutcome::kEndOfInput;  // the output stage's own
+  std::int64_t replies = 0;                          // the output stage's own
+  std::int64_t errors = 0;                           // the output stage's own
+  const auto start = std::chrono::steady_clock::now();
+
+  // Serial, in order: the next frame, or the end. A bad frame becomes the last job.
+  auto read = [&](tbb::flow_control& control) -> Job* {
+    if (input_done || stopping.load(std::memory_order_acquire)) {
+      control.stop();
+      return nullptr;
+    }
+    try {
+      auto job = std::make_unique<Job>();
+      job->sequence = sequence++;
+      Frame frame = reader.Next();
+      switch (frame.kind) {
+        case Frame::Kind::kPayload:
+          job->payload = std::move(frame.payload);
+          return job.release();
+        case Frame::Kind::kEnd:
+          input_done = true;
+          control.stop();
+          return nullptr;
+        case Frame::Kind::kBadFrame:
+          spdlog::error("bad frame: {}; replying BAD_FRAME and stopping", frame.error);
+          job->answer.error_code = v1::ERROR_CODE_BAD_FRAME;
+          job->answer.frame =
+              EncodeReply(ErrorReply("", v1::ERROR_CODE_BAD_FRAME, frame.error), format);
+          job->stop = ServeOutcome::kBadFrame;
+          input_done = true;
+          return job.release();
+      }
+    } catch (const std::exception& e) {  // out of memory for a frame
+      spdlog::error("cannot read request {}: {}; stopping", sequence - 1, e.what());
+    } catch (...) {
+      spdlog::error("cannot read request {}; stopping", sequence - 1);
+    }
+    read_failed = true;
+    input_done = true;
+    control.stop();
+    return nullptr;
+  };
+
+  // Parallel: decode, solve, encode. Skipped once serving stops.
+  auto solve = [&](Job* job) -> Job* {
+    if (job->stop || stopping.load(std::memory_order_acquire)) return job;
+    const auto solve_start = std::chrono::steady_clock::now();
+    try {
+      job->answer = AnswerPayload(job->payload, format);
+    } catch (...) {  // std::bad_alloc: even the error reply failed
+      job->answer.error_code = v1::ERROR_CODE_INTERNAL;
+      job->answer.frame = InternalErrorFrame("internal error: out of memory", format);
+    }
+    job->payload = std::string();
+    job->solve_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - solve_start)
+            .count();
+    return job;
+  };
+
+  // Serial, in order: write and flush the reply.
+  auto write = [&](Job* raw) {
+    const std::unique_ptr<Job> job(raw);
+    if (outcome != ServeOutcome::kEndOfInput) return;  // stopped: drop the rest
+    try {
+      const Answer& answer = job->answer;
+      if (answer.frame.empty()) {  // out of memory even for an error reply
+        spdlog::error("cannot answer request {}: out of memory; stopping", job->sequence);
+        outcome = ServeOutcome::kInternalError;
+        stopping.store(true, std::memory_order_release);
+        return;
+      }
+      if (!output.Write(answer.frame)) {
+        spdlog::error("cannot write the reply to request {}: the output is closed; stopping",
+                      job->sequence);
+        outcome = ServeOutcome::kOutputFailed;
+        stopping.store(true, std::memory_order_release);
+        return;
+      }
+      ++replies;
+      if (answer.error_code != v1::ERROR_CODE_UNSPECIFIED) ++errors;
+      spdlog::debug("request {} (id '{}', {}): {} in {:.3f} ms", job->sequence, answer.id,
+                    RequestKindName(answer.kind),
+                    answer.error_code == v1::ERROR_CODE_UNSPECIFIED
+                        ? std::string_view("ok")
+                        : std::string_view(v1::ErrorCode_Name(answer.error_code)),
+                    job->solve_ms);
+      if (job->stop) {
+        outcome = *job->stop;
+        stopping.store(true, std::memory_order_release);
+      }
+    } catch (...) {  // out of memory in the sink
+      spdlog::error("cannot write the reply to request {}; stopping", job->sequence);
+      outcome = ServeOutcome::kInternalError;
+      stopping.store(true, std::memory_order_release);
+    }
+  };
+
+  // More threads than the hardware has: raise oneTBB's process-wide cap while serving.
+  std::optional<tbb::global_control> parallelism;
+  if (threads > tbb::info::default_concurrency()) {
+    parallelism.emplace(tbb::global_control::max_allowed_parallelism,
+                        static_cast<std::size_t>(threads));
+  }
+  tbb::task_arena arena(threads);
+  arena.execute([&] {
+    tbb::parallel_pipeline(
+        tokens, tbb::make_filter<void, Job*>(tbb::filter_mode::serial_in_order, read) &
+                    tbb::make_filter<Job*, Job*>(tbb::filter_mode::parallel, solve) &
+                    tbb::make_filter<Job*, void>(tbb::filter_mode::serial_in_order, write));
+  });
+
+  if (read_failed && outcome == ServeOutcome::kEndOfInput) outcome = ServeOutcome::kInternalError;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("served {} request{} ({} error{}) in {:.3f} s; {}", replies, replies == 1 ? "" : "s",
+               errors, errors == 1 ? "" : "s", seconds, DescribeOutcome(outcome));
+  return outcome;
+}
+
+}  // namespace rlsched::app

@@ -1,0 +1,958 @@
+#include "simulate_command.h"
+
+#include <fmt/format.h>
+#include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+#include "command_common.h"
+#include "lengths_reader.h"
+#include "rlsched/balance/partition.h"
+#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/simulate_convert.h"
+#include "serve.h"
+
+namespace rlsched::app {
+
+using namespace ::rlsched::wire;       // NOLINT: the conversions the commands call
+using namespace ::rlsched::scheduler;  // NOLINT: the simulator's defaults and speeds
+namespace {
+
+constexpr std::string_view kLogNormalPrefix = "lognormal:";
+// The largest --config or --lengths file read.
+constexpr std::int64_t kMaxInputFileBytes = std::int64_t{1} << 30;
+
+// The whole file `path`, for `option`'s errors.
+std::string ReadWholeFile(std::string_view option, const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw std::invalid_argument(fmt::format("{} {}: is a directory", option, path));
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw std::invalid_argument(
+        fmt::format("{} {}: cannot open: {}", option, path, std::strerror(errno)));
+  }
+  std::string text;
+  char buffer[1 << 16];
+  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(file.gcount()));
+    if (static_cast<std::int64_t>(text.size()) > kMaxInputFileBytes) {
+      throw std::invalid_argument(
+          fmt::format("{} {}: larger than {} bytes", option, path, kMaxInputFileBytes));
+    }
+  }
+  if (file.bad()) throw std::runtime_error(fmt::format("{} {}: cannot read", option, path));
+  return text;
+}
+
+// The flag that sets a field of the config (path relative to the SimulatorConfig).
+struct FlagField {
+  std::string_view flag;
+  std::string_view path;
+  bool given;
+};
+
+std::vector<FlagField> FlagFields(const SimulateArgs& args) {
+  return {
+      {"--mode", "orchestrator.mode", args.mode.has_value()},
+      {"--max-staleness", "orchestrator.max_staleness", args.max_staleness.has_value()},
+      {"--partial-rollout", "orchestrator.partial_rollout", args.partial_rollout.has_value()},
+      {"--staleness-policy", "orchestrator.staleness_policy", args.staleness_policy.has_value()},
+      {"--staleness-fraction", "orchestrator.staleness_fraction",
+       args.staleness_fraction.has_value()},
+      {"--train-calls-per-sync", "orchestrator.train_calls_per_sync",
+       args.train_calls_per_sync.has_value()},
+      {"--colocated", "orchestrator.colocated", args.colocated},
+      {"--oversample", "orchestrator.oversample", args.oversample.has_value()},
+      {"--prompts-per-step", "orchestrator.prompts_per_step", args.prompts_per_step.has_value()},
+      {"--samples-per-prompt", "orchestrator.samples_per_prompt",
+       args.samples_per_prompt.has_value()},
+      {"--filter-all-equal", "orchestrator.filter_all_equal", args.filter_all_equal},
+      {"--dispatch", "orchestrator.longest_first", !args.dispatch.empty()},
+      {"--engines", "engines", args.engines.has_value()},
+      {"--engine-concurrency", "engine.max_concurrent", args.engine_concurrency.has_value()},
+      {"--engine-tokens-per-second", "decode_speed", !args.engine_tokens_per_second.empty()},
+      {"--gpus-per-engine", "gpus_per_engine", args.gpus_per_engine.has_value()},
+      {"--trainer-ranks", "trainer_ranks", args.trainer_ranks.has_value()},
+      {"--gpus-per-trainer-rank", "gpus_per_trainer_rank", args.gpus_per_trainer_rank.has_value()},
+      {"--train-seconds-per-step", "train_seconds_per_step",
+       args.train_seconds_per_step.has_value()},
+      {"--train-call-overhead-seconds", "train_call_overhead_seconds",
+       args.train_call_overhead_seconds.has_value()},
+      {"--steps", "steps", args.steps.has_value()},
+      {"--lengths", "lengths.lengths", !args.lengths.empty()},
+      {"--length-dist", "lengths.mu", !args.length_dist.empty()},
+      {"--length-dist", "lengths.sigma", !args.length_dist.empty()},
+      {"--length-dist", "lengths.max_tokens", !args.length_dist.empty()},
+      {"--all-equal-rate", "all_equal_rate", args.all_equal_rate.has_value()},
+      {"--seed", "seed", args.seed.has_value()},
+      {"--weight-sync-seconds", "weight_sync_seconds", args.weight_sync_seconds.has_value()},
+      {"--release-seconds", "release_seconds", args.release_seconds.has_value()},
+      {"--resume-seconds", "resume_seconds", args.resume_seconds.has_value()},
+      {"--mtbf", "engine_mtbf_seconds", args.mtbf.has_value()},
+  };
+}
+
+bool HasPathPrefix(std::string_view path, std::string_view prefix) {
+  if (!path.starts_with(prefix)) return false;
+  const std::string_view tail = path.substr(prefix.size());
+  return tail.empty() || tail.front() == '.' || tail.front() == '[';
+}
+
+// A SolveSimulate() error ("config.<path>: …", "trace_run: …") in the command's
+// terms: the flag that set the field, or the --config file, and the field.
+std::string ToCommandError(const SimulateArgs& args, std::string_view message) {
+  constexpr std::string_view kConfig = "config.";
+  if (message.starts_with("trace_run:")) {
+    return fmt::format("--trace-run{}", message.substr(std::string_view("trace_run").size()));
+  }
+  if (!message.starts_with(kConfig)) return std::string(message);
+  message.remove_prefix(kConfig.size());
+  const std::string_view path = LeadingFieldPath(message);
+  if (!path.empty()) {
+    for (const FlagField& field : FlagFields(args)) {
+      if (field.given && HasPathPrefix(path, field.path)) {
+        return fmt::format("{} ({}){}", field.flag, path, message.substr(path.size()));
+      }
+    }
+  }
+  if (!args.config.empty()) return fmt::format("--config {}: {}", args.config, message);
+  return std::string(message);
+}
+
+std::string FormatRate(double value) { return fmt::format("{:.2f}", value); }
+
+std::string FormatSeconds(double seconds) {
+  if (seconds >= 100.0) return fmt::format("{:.0f} s", seconds);
+  if (seconds >= 1.0) return fmt::format("{:.2f} s", seconds);
+  return fmt::format("{:.3g} s", seconds);
+}
+
+std::string FormatShare(double fraction) { return fmt::format("{:.1f}%", fraction * 100.0); }
+
+std::string DescribePartial(const v1::OrchestratorOptions& o) {
+  return o.partial_rollout() ? "partial rollout (interrupt and resume at a sync)"
+                             : "no partial rollout (engines drain, then sync)";
+}
+
+std::string DescribeMode(const v1::SimulatorConfig& config) {
+  const v1::OrchestratorOptions& o = config.orchestrator();
+  switch (o.mode()) {
+    case v1::ORCHESTRATOR_MODE_SYNC:
+      if (o.colocated()) {
+        return fmt::format(
+            "sync, colocated (engines and trainer take turns on the same GPUs; per engine: "
+            "release {}, resume {} before its weight sync)",
+            FormatSeconds(config.release_seconds()), FormatSeconds(config.resume_seconds()));
+      }
+      return "sync";
+    case v1::ORCHESTRATOR_MODE_ONE_STEP_OFF:
+      return "one_step_off (staleness <= 1, weights synced between batches)";
+    case v1::ORCHESTRATOR_MODE_ASYNC:
+      if (o.staleness_policy() == v1::STALENESS_POLICY_FRACTION) {
+        return fmt::format(
+            "async, staleness fraction α {:g} (generation at most {} batch{} ahead), {}, fraction "
+            "policy (at most (1 + α)·P groups started per policy version, every generated token "
+            "kept)",
+            o.staleness_fraction(), o.max_staleness(), o.max_staleness() == 1 ? "" : "es",
+            DescribePartial(o));
+      }
+      return fmt::format(
+          "async, max staleness {}, {}, {}", o.max_staleness(), DescribePartial(o),
+          o.staleness_policy() == v1::STALENESS_POLICY_STRICT
+              ? "strict policy (tokens staler than s are discarded and generated again)"
+              : "admission policy (every generated token kept)");
+    default:
+      return "?";
+  }
+}
+
+std::string DescribeLengths(const v1::LengthDistribution& lengths) {
+  std::string text;
+  if (lengths.lengths_size() > 0) {
+    text = fmt::format("response lengths drawn from {} given lengths", lengths.lengths_size());
+  } else {
+    text = fmt::format("response lengths lognormal (μ {}, σ {}), at most {} tokens", lengths.mu(),
+                       lengths.sigma(), lengths.max_tokens());
+  }
+  text += fmt::format(
+      "; prompts {}–{} tokens; correlation ρ {} across a prompt's samples and "
+      "epochs",
+      lengths.min_prompt_tokens(), lengths.max_prompt_tokens(), lengths.length_correlation());
+  return text;
+}
+
+void Line(std::ostream& out, std::string_view label, const std::string& value) {
+  out << fmt::format("{:<17}{}\n", label, value);
+}
+
+// The workload and the models of `run`, and the trainer's mean seconds per step it
+// measured; the mode too unless `with_mode` is false (--compare).
+void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out) {
+  const v1::SimulatorConfig& config = run.config();
+  const v1::OrchestratorOptions& o = config.orchestrator();
+  if (with_mode) Line(out, "mode", DescribeMode(config));
+  std::string engines =
+      fmt::format("{} × {} concurrent samples", config.engines(), config.engine().max_concurrent());
+  if (config.gpus_per_engine() > 1)
+    engines += fmt::format(" on {} GPUs each", config.gpus_per_engine());
+  engines += fmt::format("; decode {:.4g} tokens/s alone, {:.4g} tokens/s at full concurrency",
+                         config.decode_speed().single_tokens_per_second(),
+                         config.decode_speed().full_tokens_per_second());
+  engines +=
+      fmt::format("; weight sync {} per engine", FormatSeconds(config.weight_sync_seconds()));
+  if (config.engine_mtbf_seconds() > 0) {
+    engines += fmt::format("; failures: MTBF {}, rejoin after {}",
+                           FormatSeconds(config.engine_mtbf_seconds()),
+                           FormatSeconds(config.rejoin_seconds()));
+  }
+  Line(out, "engines", engines);
+  const v1::StepPlanOptions& step = config.step();
+  std::string trainer = fmt::format("{} ranks", config.trainer_ranks());
+  if (config.gpus_per_trainer_rank() > 1) {
+    trainer += fmt::format(" on {} GPUs each", config.gpus_per_trainer_rank());
+  }
+  trainer += fmt::format(
+      "; mean {} per step; micro-batches of at most {} tokens, {} pipeline stage{}; {:g} s per "
+      "cost unit",
+      FormatSeconds(run.report().mean_train_seconds()), step.max_tokens_per_micro_batch(),
+      step.pipeline_stages(), step.pipeline_stages() == 1 ? "" : "s",
+      config.seconds_per_cost_unit());
+  if (config.train_call_overhead_seconds() > 0) {
+    trainer += fmt::format(" + {} per call", FormatSeconds(config.train_call_overhead_seconds()));
+  }
+  Line(out, "trainer", trainer);
+  Line(out, "GPUs",
+       fmt::format("{} = {} engines × {} + {} trainer ranks × {}",
+                   config.engines() * config.gpus_per_engine() +
+                       config.trainer_ranks() * config.gpus_per_trainer_rank(),
+                   config.engines(), config.gpus_per_engine(), config.trainer_ranks(),
+                   config.gpus_per_trainer_rank()));
+  std::string batch =
+      fmt::format("{} prompts × {} samples", o.prompts_per_step(), o.samples_per_prompt());
+  if (o.oversample() > 0) batch += fmt::format(", over-sampling {}", FormatShare(o.oversample()));
+  if (o.train_calls_per_sync() > 1) {
+    batch += fmt::format(", streamed: {} trainer calls of {} prompts per weight sync",
+                         o.train_calls_per_sync(), o.prompts_per_step() / o.train_calls_per_sync());
+  }
+  batch +=
+      fmt::format("; {} steps; dataset of {} prompts", config.steps(), config.dataset_prompts());
+  Line(out, "batch", batch);
+  Line(out, "lengths", DescribeLengths(config.lengths()));
+  std::string rewards =
+      fmt::format("all equal in {} of groups", FormatShare(config.all_equal_rate()));
+  if (o.filter_all_equal()) rewards += "; such groups are filtered (dynamic sampling)";
+  Line(out, "rewards", rewards);
+  Line(out, "seed", fmt::format("{}", config.seed()));
+}
+
+// Staleness k: trained samples whose oldest token is k versions old, and trained
+// response tokens that are.
+void PrintStaleness(const v1::OrchestratorMetrics& metrics, std::ostream& out) {
+  std::int64_t samples = 0;
+  std::int64_t tokens = 0;
+  for (const std::int64_t count : metrics.staleness_histogram()) samples += count;
+  for (const std::int64_t count : metrics.token_staleness_histogram()) tokens += count;
+  const int rows =
+      std::max(metrics.staleness_histogram_size(), metrics.token_staleness_histogram_size());
+  auto at = [](const auto& histogram, int k) {
+    return k < histogram.size() ? histogram.Get(k) : std::int64_t{0};
+  };
+  std::size_t width = 7;
+  for (int k = 0; k < rows; ++k) {
+    width = std::max({width, Digits(at(metrics.staleness_histogram(), k)),
+                      Digits(at(metrics.token_staleness_histogram(), k))});
+  }
+  auto share = [](std::int64_t part, std::int64_t whole) {
+    return FormatShare(whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0);
+  };
+  out << fmt::format("{:>9}  {:>{}}  {:>6}  {:>{}}  {:>6}\n", "staleness", "samples", width,
+                     "share", "tokens", width, "share");
+  for (int k = 0; k < rows; ++k) {
+    const std::int64_t s = at(metrics.staleness_histogram(), k);
+    const std::int64_t t = at(metrics.token_staleness_histogram(), k);
+    out << fmt::format("{:>9}  {:>{}}  {:>6}  {:>{}}  {:>6}\n", k, s, width, share(s, samples), t,
+                       width, share(t, tokens));
+  }
+  if (rows == 0) out << "(no sample trained)\n";
+}
+
+std::string DescribeIdeal(const v1::SimulationReport& report) {
+  return fmt::format("{} samples/s = min(engine capacity {}, trainer capacity {})",
+                     FormatRate(report.ideal_samples_per_second()),
+                     FormatRate(report.engine_capacity_samples_per_second()),
+                     FormatRate(report.trainer_capacity_samples_per_second()));
+}
+
+double Ratio(double a, double b) { return b > 0.0 ? a / b : 0.0; }
+
+void PrintSummary(const v1::SimulationRun& run, std::ostream& out) {
+  const v1::SimulationReport& report = run.report();
+  const v1::OrchestratorMetrics& metrics = report.metrics();
+  const v1::OrchestratorCounters& counters = report.counters();
+  PrintConfig(run, /*with_mode=*/true, out);
+  out << '\n';
+  Line(out, "throughput",
+       fmt::format("{} samples/s, {:.0f} tokens/s", FormatRate(metrics.samples_per_second()),
+                   metrics.tokens_per_second()));
+  Line(out, "ideal bound",
+       fmt::format(
+           "{}; reached {}", DescribeIdeal(report),
+           FormatShare(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second()))));
+  Line(out, "elapsed",
+       fmt::format("{} (virtual) for {} steps; per step: generation {}, training {}",
+                   FormatSeconds(metrics.elapsed_seconds()), counters.steps_finished(),
+                   FormatSeconds(report.mean_generation_seconds()),
+                   FormatSeconds(report.mean_train_seconds())));
+  Line(out, "trainer idle",
+       fmt::format("{}; per step {} of {} waiting for a batch",
+                   FormatShare(metrics.trainer_idle_ratio()),
+                   FormatSeconds(metrics.trainer_wait_seconds_per_step()),
+                   FormatSeconds(metrics.seconds_per_step())));
+  std::string engine_idle = FormatShare(metrics.mean_engine_idle_ratio());
+  if (metrics.engine_idle_ratio_size() > 0) {
+    const auto [min, max] =
+        std::minmax_element(metrics.engine_idle_ratio().begin(), metrics.engine_idle_ratio().end());
+    engine_idle += fmt::format(" mean (min {}, max {} over {} engines)", FormatShare(*min),
+                               FormatShare(*max), metrics.engine_idle_ratio_size());
+  }
+  Line(out, "engine idle", engine_idle);
+  Line(out, "weight syncs",
+       fmt::format("{} (per engine), {} each, {} in all", metrics.weight_syncs(),
+                   FormatSeconds(metrics.seconds_per_weight_sync()),
+                   FormatSeconds(metrics.weight_sync_seconds())));
+  Line(out, "partial rollout",
+       fmt::format("{} of trained samples ({} samples with tokens of more than one version)",
+                   FormatShare(metrics.partial_rollout_ratio()), counters.partial_samples()));
+  Line(out, "restarts",
+       fmt::format("{} samples regenerated, {} tokens discarded ({} samples and {} tokens for "
+                   "staleness, the rest by failures)",
+                   counters.restarts(), counters.discarded_tokens(), counters.stale_restarts(),
+                   counters.stale_discarded_tokens()));
+  Line(out, "samples",
+       fmt::format("admitted {} = trained {} + filtered {} + buffered {} + queued {} + in "
+                   "flight {}",
+                   counters.admitted(), counters.trained(), counters.filtered(),
+                   counters.buffered(), counters.queued(), counters.in_flight()));
+  Line(out, "groups",
+       fmt::format("admitted {}, trained {}, filtered {}", counters.admitted_groups(),
+                   counters.trained_groups(), counters.filtered_groups()));
+  Line(out, "events", fmt::format("{}", report.events()));
+  out << '\n';
+  PrintStaleness(metrics, out);
+}
+
+void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
+  // The config and the ideal bound are the sync run's (colocated_sync, when it runs,
+  // has other engine and rank counts: its own note below).
+  const v1::SimulationRun* colocated = nullptr;
+  const v1::SimulationRun* sync = &reply.runs(0);
+  for (const v1::SimulationRun& run : reply.runs()) {
+    if (run.name() == kColocatedRunName) colocated = &run;
+    if (run.name() == "sync") sync = &run;
+  }
+  PrintConfig(*sync, /*with_mode=*/false, out);
+  Line(out, "ideal bound", DescribeIdeal(sync->report()));
+  out << '\n';
+  const double sync_rate = sync->report().metrics().samples_per_second();
+  const std::vector<std::string> header = {
+      "run",        "mode",         "staleness",   "partial",       "samples/s",     "× sync",
+      "% of ideal", "trainer idle", "engine idle", "max staleness", "partial ratio", "restarts"};
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::SimulationRun& run : reply.runs()) {
+    const v1::OrchestratorOptions& o = run.config().orchestrator();
+    const v1::SimulationReport& report = run.report();
+    const v1::OrchestratorMetrics& metrics = report.metrics();
+    const bool async = o.mode() == v1::ORCHESTRATOR_MODE_ASYNC;
+    std::string mode = "?";
+    if (o.mode() == v1::ORCHESTRATOR_MODE_SYNC) mode = o.colocated() ? "sync, colocated" : "sync";
+    if (o.mode() == v1::ORCHESTRATOR_MODE_ONE_STEP_OFF) mode = "one_step_off";
+    if (async) mode = "async";
+    const std::int64_t bound = o.mode() == v1::ORCHESTRATOR_MODE_SYNC           ? 0
+                               : o.mode() == v1::ORCHESTRATOR_MODE_ONE_STEP_OFF ? 1
+                                                                                : o.max_staleness();
+    rows.push_back({
+        run.name(),
+        mode,
+        fmt::format("{}", bound),
+        async ? (o.partial_rollout() ? "yes" : "no") : "-",
+        FormatRate(metrics.samples_per_second()),
+        fmt::format("{:.2f}", Ratio(metrics.samples_per_second(), sync_rate)),
+        FormatShare(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second())),
+        FormatShare(metrics.trainer_idle_ratio()),
+        FormatShare(metrics.mean_engine_idle_ratio()),
+        fmt::format("{}", metrics.max_staleness()),
+        FormatShare(metrics.partial_rollout_ratio()),
+        fmt::format("{}", report.counters().restarts()),
+    });
+  }
+  // Display widths: "×" is one column but two bytes.
+  const auto width = [](const std::string& text) {
+    std::size_t columns = 0;
+    for (const char c : text) columns += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
+    return columns;
+  };
+  std::vector<std::size_t> widths(header.size());
+  for (std::size_t c = 0; c < header.size(); ++c) widths[c] = width(header[c]);
+  for (const auto& row : rows) {
+    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], width(row[c]));
+  }
+  const auto print_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      const std::string pad(widths[c] - width(row[c]), ' ');
+      if (c > 0) line += "  ";
+      line += c < 2 ? row[c] + pad : pad + row[c];  // names left, numbers right
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << '\n';
+  };
+  print_row(header);
+  for (const auto& row : rows) print_row(row);
+  const v1::SimulatorConfig& base = sync->config();
+  const std::int64_t gpus =
+      base.engines() * base.gpus_per_engine() + base.trainer_ranks() * base.gpus_per_trainer_rank();
+  if (colocated != nullptr) {
+    const v1::SimulatorConfig& c = colocated->config();
+    out << fmt::format(
+        "\n{}: sync on the same {} GPUs, engines and trainer taking turns: {} engines and {} "
+        "trainer ranks; per engine release {}, resume {}.\n",
+        kColocatedRunName, gpus, c.engines(), c.trainer_ranks(), FormatSeconds(c.release_seconds()),
+        FormatSeconds(c.resume_seconds()));
+  } else {
+    out << fmt::format(
+        "\nnote: no {} run: the {} GPUs ({} engines × {} + {} trainer ranks × {}) do not divide "
+        "into engines of {} GPU{} and trainer ranks of {} GPU{}.\n",
+        kColocatedRunName, gpus, base.engines(), base.gpus_per_engine(), base.trainer_ranks(),
+        base.gpus_per_trainer_rank(), base.gpus_per_engine(),
+        base.gpus_per_engine() == 1 ? "" : "s", base.gpus_per_trainer_rank(),
+        base.gpus_per_trainer_rank() == 1 ? "" : "s");
+  }
+  out << "\npartial ratio: trained samples with tokens of more than one policy version (a\n"
+         "generation interrupted by a weight sync and resumed); it stays small when batches\n"
+         "close before the trainer produces new weights. restarts: samples whose tokens were\n"
+         "discarded and generated again (failed engines, or the strict staleness policy).\n"
+         "max staleness: of any trained sample's oldest token; under the admission policy\n"
+         "(the async default) every token is kept, so a long sample may exceed s.\n";
+}
+
+void WriteTraceFile(const std::string& path, const std::string& trace) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (!file) {
+    throw std::invalid_argument(
+        fmt::format("--trace {}: cannot open: {}", path, std::strerror(errno)));
+  }
+  file << trace;
+  file.close();
+  if (!file) throw std::runtime_error(fmt::format("--trace {}: cannot write", path));
+}
+
+}  // namespace
+
+CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "simulate",
+      "Simulate RL post-training in virtual time: the orchestrator drives modelled inference "
+      "engines and a modelled trainer; prints throughput against the ideal bound, idle "
+      "ratios, staleness and partial rollouts");
+  command->fallthrough();
+  std::string names;
+  for (const ComparisonRun& run : ComparisonRuns()) {
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", run.name);
+  }
+  const SimulatorConfig defaults = DefaultSimulatorConfig();
+  const OrchestratorOptions& d = defaults.orchestrator;
+  command->footer(fmt::format(
+      "Defaults: {} engines of {} concurrent samples, {} trainer ranks, {} prompts × {} samples, "
+      "{} steps, heavy-tailed lengths, sync mode; --config FILE sets any field of the "
+      "rlsched.v1.SimulatorConfig (rollout.proto) in protobuf's JSON mapping, unset fields keep "
+      "the defaults, and flags given explicitly override the file.\n"
+      "--max-staleness, --partial-rollout, --staleness-policy and --staleness-fraction are "
+      "async mode's (in the file too: orchestrator.max_staleness, …): without a mode they "
+      "select async (--staleness-fraction with the fraction policy); sync (staleness 0) and "
+      "one_step_off (staleness 1) never interrupt a generation and refuse other values. "
+      "--colocated is sync's: it selects sync and refuses the other modes. --compare sets "
+      "the mode, staleness, policy and partial rollout of each run and refuses them.\n"
+      "--engine-tokens-per-second and --train-seconds-per-step give the speeds in the units "
+      "users measure; they override the file's engine.decode_base_seconds, "
+      "engine.decode_per_sequence_seconds and seconds_per_cost_unit.\n"
+      "--lengths FILE: integers separated by whitespace, or a CSV with a header: the "
+      "response_tokens column when there is one, else the length or tokens column (prompt "
+      "lengths keep the config's range).\n"
+      "--compare runs {} (colocated sync on the same GPUs, when they divide into engines of "
+      "--gpus-per-engine and ranks of --gpus-per-trainer-rank), then {} on the same workload "
+      "and seed; --trace then writes the trace of --trace-run (default {}).\n"
+      "Output: a summary, or with --json the rlsched.v1.SimulateReply in protobuf's JSON "
+      "mapping (proto field names; int64 values are strings; no trace).",
+      defaults.engines, defaults.engine.max_concurrent, defaults.trainer_ranks, d.prompts_per_step,
+      d.samples_per_prompt, defaults.steps, kColocatedRunName, names, kDefaultTraceRun));
+
+  command->add_option("--config", args.config, "The SimulatorConfig as JSON")->type_name("FILE");
+  CLI::Option* mode =
+      command
+          ->add_option("--mode", args.mode,
+                       fmt::format("Orchestrator mode (default: {}; async when --max-staleness or "
+                                   "--partial-rollout is given, or --staleness-policy or "
+                                   "--staleness-fraction; sync with --colocated)",
+                                   ModeName(d.mode)))
+          ->type_name("sync|one_step_off|async")
+          ->check(CLI::IsMember({"sync", "one_step_off", "async"}).description(""));
+  CLI::Option* staleness =
+      command
+          ->add_option("--max-staleness", args.max_staleness,
+                       fmt::format("Staleness bound s of async mode, implies --mode async "
+                                   "(default: {}; 0 behaves as sync)",
+                                   d.max_staleness))
+          ->type_name("S")
+          ->check(IntegerIn(0, kInt64Max));
+  const std::string partial_help = fmt::format(
+      "Async mode: interrupt generations at a weight sync and resume them under the "
+      "new weights; implies --mode async (default: {} in async mode)",
+      d.partial_rollout ? "on" : "off");
+  CLI::Option* partial = command->add_flag_function(
+      "--partial-rollout", [&args](std::int64_t count) { args.partial_rollout = count > 0; },
+      partial_help);
+  CLI::Option* no_partial = command->add_flag_function(
+      "--no-partial-rollout", [&args](std::int64_t) { args.partial_rollout = false; },
+      "Async mode without partial rollout: engines drain, then sync (= --partial-rollout=false); "
+      "implies --mode async");
+  no_partial->excludes(partial);
+  command
+      ->add_option(
+          "--staleness-policy", args.staleness_policy,
+          "Async mode: admission (default: generation at most s batches ahead, every token "
+          "kept; the per-token staleness is reported), fraction (verl's staleness_threshold, "
+          "see --staleness-fraction) or strict (tokens staler than s are discarded and "
+          "generated again); implies --mode async")
+      ->type_name("admission|fraction|strict")
+      ->check(CLI::IsMember({"admission", "fraction", "strict"}).description(""));
+  command
+      ->add_option(
+          "--staleness-fraction", args.staleness_fraction,
+          fmt::format("Async mode's fraction policy α, a real number (verl's "
+                      "staleness_threshold): at most (1 + α)·P groups start per policy version, "
+                      "so at most ⌈α·P⌉ groups of a batch carry older tokens, and generation "
+                      "runs at most ⌈α⌉ batches ahead; nothing is discarded. Implies --mode "
+                      "async --staleness-policy fraction; not with --max-staleness (default: "
+                      "{:g})",
+                      d.staleness_fraction))
+      ->type_name("A")
+      ->check(RealIn(0.0, 1e6));
+  command
+      ->add_option("--train-calls-per-sync", args.train_calls_per_sync,
+                   fmt::format("Streaming (verl's trigger_parameter_sync_step): trainer calls per "
+                               "weight sync K, a divisor of --prompts-per-step; each call trains "
+                               "P/K prompts as soon as they are complete, the engines get new "
+                               "weights after the K-th (default: {})",
+                               d.train_calls_per_sync))
+      ->type_name("K")
+      ->check(IntegerIn(1, kInt64Max));
+  command->add_flag(
+      "--colocated", args.colocated,
+      fmt::format("Sync mode with engines and trainer taking turns on the same GPUs: a closed "
+                  "batch releases the engines, the trainer runs, the engines resume with the "
+                  "new weights; implies --mode sync (default: {})",
+                  d.colocated ? "on" : "off"));
+  command
+      ->add_option("--release-seconds", args.release_seconds,
+                   fmt::format("Colocated: seconds an engine takes to free its GPU memory for "
+                               "the trainer (default: {:g}); needs --colocated or --compare",
+                               defaults.release_seconds))
+      ->type_name("S")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  command
+      ->add_option("--resume-seconds", args.resume_seconds,
+                   fmt::format("Colocated: seconds an engine takes to take its GPU memory back, "
+                               "before loading the new weights (default: {:g}); needs "
+                               "--colocated or --compare",
+                               defaults.resume_seconds))
+      ->type_name("S")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  command
+      ->add_option("--oversample", args.oversample,
+                   fmt::format("Over-sampling r: admit up to ceil((1 + r)·P) prompts per batch "
+                               "(default: {:g})",
+                               d.oversample))
+      ->type_name("R")
+      ->check(RealIn(0.0, 1e6));
+  command
+      ->add_option("--engines", args.engines,
+                   fmt::format("Inference engines (default: {})", defaults.engines))
+      ->type_name("N")
+      ->check(IntegerIn(1, kMaxSimulationEngines));
+  command
+      ->add_option("--engine-concurrency", args.engine_concurrency,
+                   fmt::format("Samples an engine runs at once (default: {})",
+                               defaults.engine.max_concurrent))
+      ->type_name("N")
+      ->check(IntegerIn(1, kInt64Max));
+  const DecodeSpeed speed = DecodeSpeedOf(defaults.engine);
+  command
+      ->add_option("--engine-tokens-per-second", args.engine_tokens_per_second,
+                   fmt::format("Decode speed of one engine in tokens/s: one sample alone, and "
+                               "--engine-concurrency samples together (all of them); sets the "
+                               "engine model's decode time (default: {:.4g},{:.4g})",
+                               speed.single_tokens_per_second, speed.full_tokens_per_second))
+      ->type_name("SINGLE,FULL");
+  command
+      ->add_option("--gpus-per-engine", args.gpus_per_engine,
+                   fmt::format("GPUs behind one engine (its tensor-parallel size), for "
+                               "--compare's colocated_sync run on the same GPUs (default: {})",
+                               defaults.gpus_per_engine))
+      ->type_name("N")
+      ->check(IntegerIn(1, 4096));
+  command
+      ->add_option(
+          "--trainer-ranks", args.trainer_ranks,
+          fmt::format("Data-parallel ranks of the trainer (default: {})", defaults.trainer_ranks))
+      ->type_name("N")
+      ->check(IntegerIn(1, kMaxSimulationTrainerRanks));
+  command
+      ->add_option("--gpus-per-trainer-rank", args.gpus_per_trainer_rank,
+                   fmt::format("GPUs behind one trainer rank, for --compare's colocated_sync run "
+                               "on the same GPUs (default: {})",
+                               defaults.gpus_per_trainer_rank))
+      ->type_name("N")
+      ->check(IntegerIn(1, 4096));
+  command
+      ->add_option("--train-seconds-per-step", args.train_seconds_per_step,
+                   fmt::format("The trainer's mean seconds per step on this workload (all its "
+                               "calls, overheads included); sets the seconds per cost unit "
+                               "(default: unset, {:g} s per cost unit; the summary prints the "
+                               "mean seconds per step)",
+                               defaults.seconds_per_cost_unit))
+      ->type_name("T")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  command
+      ->add_option("--train-call-overhead-seconds", args.train_call_overhead_seconds,
+                   fmt::format("Seconds added to every trainer call (reward, advantages, the "
+                               "optimizer step) (default: {:g})",
+                               defaults.train_call_overhead_seconds))
+      ->type_name("S")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  command
+      ->add_option("--prompts-per-step", args.prompts_per_step,
+                   fmt::format("Prompts per train step P (default: {})", d.prompts_per_step))
+      ->type_name("P")
+      ->check(IntegerIn(1, kInt64Max));
+  command
+      ->add_option(
+          "--samples-per-prompt", args.samples_per_prompt,
+          fmt::format("Samples per prompt G (a GRPO group) (default: {})", d.samples_per_prompt))
+      ->type_name("G")
+      ->check(IntegerIn(1, kInt64Max));
+  command
+      ->add_option("--steps", args.steps,
+                   fmt::format("Train steps to simulate (default: {})", defaults.steps))
+      ->type_name("N")
+      ->check(IntegerIn(1, kMaxSimulationSteps));
+  CLI::Option* lengths = command
+                             ->add_option("--lengths", args.lengths,
+                                          "Draw response lengths from this file (see below)")
+                             ->type_name("FILE");
+  CLI::Option* length_dist =
+      command
+          ->add_option(
+              "--length-dist", args.length_dist,
+              fmt::format("Lognormal response lengths exp(N(MU, SIGMA)) clipped to "
+                          "[1, MAX] (default: lognormal:{:g},{:g},{})",
+                          defaults.lengths.mu, defaults.lengths.sigma, defaults.lengths.max_tokens))
+          ->type_name("lognormal:MU,SIGMA,MAX");
+  length_dist->excludes(lengths);
+  command
+      ->add_option("--all-equal-rate", args.all_equal_rate,
+                   fmt::format("Probability that a group's rewards are all equal (default: {:g})",
+                               defaults.all_equal_rate))
+      ->type_name("X")
+      ->check(RealIn(0.0, 1.0));
+  command->add_flag("--filter-all-equal", args.filter_all_equal,
+                    "Dynamic sampling: drop groups whose rewards are all equal and sample more "
+                    "(needs --all-equal-rate > 0)");
+  command
+      ->add_option("--dispatch", args.dispatch,
+                   fmt::format("Order of the queued samples: longest-first (by predicted length) "
+                               "or arrival (first in first out, as the peers' rollout loops) "
+                               "(default: {})",
+                               defaults.orchestrator.longest_first ? "longest-first" : "arrival"))
+      ->type_name("longest-first|arrival")
+      ->check(CLI::IsMember({"longest-first", "arrival"}));
+  command
+      ->add_option(
+          "--seed", args.seed,
+          fmt::format("Seed of the workload and the failures (default: {})", defaults.seed))
+      ->type_name("N")
+      ->check(Unsigned64());
+  command
+      ->add_option("--weight-sync-seconds", args.weight_sync_seconds,
+                   fmt::format("Seconds to load new weights on one engine (default: {:g})",
+                               defaults.weight_sync_seconds))
+      ->type_name("X")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  command
+      ->add_option("--mtbf", args.mtbf,
+                   fmt::format("Mean seconds between failures of an engine (default: {:g}; 0: "
+                               "never; a replacement joins after the config's rejoin_seconds)",
+                               defaults.engine_mtbf_seconds))
+      ->type_name("SECONDS")
+      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  CLI::Option* compare =
+      command->add_flag("--compare", args.compare,
+                        fmt::format("Run {} (when the GPUs divide), {} on the same workload and "
+                                    "print one table",
+                                    kColocatedRunName, names));
+  compare->excludes(mode)->excludes(staleness)->excludes(partial)->excludes(no_partial);
+  CLI::Option* trace =
+      command->add_option("--trace", args.trace, "Write the Chrome trace JSON (Perfetto) to FILE")
+          ->type_name("FILE");
+  command
+      ->add_option(
+          "--trace-run", args.trace_run,
+          fmt::format("With --compare and --trace: the run traced (default {})", kDefaultTraceRun))
+      ->type_name("NAME")
+      ->needs(compare)
+      ->needs(trace);
+  command->add_flag("--json", args.json, "Print the SimulateReply as one line of JSON");
+  return command;
+}
+
+v1::DecodeSpeed ParseEngineTokensPerSecond(std::string_view text) {
+  const auto fail = [text]() {
+    throw std::invalid_argument(
+        fmt::format("--engine-tokens-per-second: must be SINGLE,FULL (decode tokens/s of one "
+                    "engine: one sample alone, and at full concurrency; finite, > 0), got '{}'",
+                    text));
+  };
+  const std::size_t comma = text.find(',');
+  if (comma == std::string_view::npos) fail();
+  double values[2] = {0.0, 0.0};
+  const std::string_view parts[2] = {text.substr(0, comma), text.substr(comma + 1)};
+  for (int i = 0; i < 2; ++i) {
+    const std::string_view part = parts[i];
+    const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), values[i]);
+    if (part.empty() || ptr != part.data() + part.size() || ec != std::errc() ||
+        !std::isfinite(values[i]) || !(values[i] > 0.0)) {
+      fail();
+    }
+  }
+  v1::DecodeSpeed speed;
+  speed.set_single_tokens_per_second(values[0]);
+  speed.set_full_tokens_per_second(values[1]);
+  return speed;
+}
+
+v1::LengthDistribution ParseLengthDist(std::string_view text) {
+  const auto fail = [text]() -> void {
+    throw std::invalid_argument(fmt::format(
+        "--length-dist: must be lognormal:MU,SIGMA,MAX (MU finite, SIGMA finite and >= 0, MAX "
+        "an integer in [1, {}]), got '{}'",
+        balance::kMaxLength, text));
+  };
+  if (!text.starts_with(kLogNormalPrefix)) fail();
+  std::string_view rest = text.substr(kLogNormalPrefix.size());
+  std::vector<std::string_view> parts;
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    parts.push_back(rest.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  if (parts.size() != 3) fail();
+  double mu = 0.0;
+  double sigma = 0.0;
+  std::int64_t max = 0;
+  const auto parse_real = [&fail](std::string_view part, double& value) {
+    const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
+    if (part.empty() || ptr != part.data() + part.size() || ec != std::errc() ||
+        !std::isfinite(value)) {
+      fail();
+    }
+  };
+  parse_real(parts[0], mu);
+  parse_real(parts[1], sigma);
+  const auto [ptr, ec] = std::from_chars(parts[2].data(), parts[2].data() + parts[2].size(), max);
+  if (parts[2].empty() || ptr != parts[2].data() + parts[2].size() || ec != std::errc() ||
+      sigma < 0.0 || max < 1 || max > balance::kMaxLength) {
+    fail();
+  }
+  v1::LengthDistribution dist;
+  dist.set_mu(mu);
+  dist.set_sigma(sigma);
+  dist.set_max_tokens(max);
+  return dist;
+}
+
+std::vector<std::int64_t> ParseResponseLengths(std::string_view text) {
+  LengthsInput input = ParseLengths(text, kMaxSimulationLengths, LengthColumn::kResponse);
+  for (std::size_t i = 0; i < input.lengths.size(); ++i) {
+    if (input.lengths[i] < 1) {
+      throw std::invalid_argument(
+          fmt::format("length {} (entry {}) must be >= 1", input.lengths[i], i + 1));
+    }
+  }
+  return std::move(input.lengths);
+}
+
+v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_view config_json,
+                                        const std::vector<std::int64_t>& response_lengths) {
+  v1::SimulateRequest request;
+  v1::SimulatorConfig& config = *request.mutable_config();
+  if (!config_json.empty()) {
+    const auto status = google::protobuf::util::JsonStringToMessage(
+        google::protobuf::StringPiece(config_json.data(), config_json.size()), &config);
+    if (!status.ok()) {
+      throw std::invalid_argument(
+          fmt::format("--config {}: not a JSON rlsched.v1.SimulatorConfig: {}", args.config,
+                      std::string(status.message())));
+    }
+  }
+  v1::OrchestratorOptions& o = *config.mutable_orchestrator();
+  if (args.mode) {
+    if (*args.mode == "sync") {
+      o.set_mode(v1::ORCHESTRATOR_MODE_SYNC);
+    } else if (*args.mode == "one_step_off") {
+      o.set_mode(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF);
+    } else if (*args.mode == "async") {
+      o.set_mode(v1::ORCHESTRATOR_MODE_ASYNC);
+    } else {
+      throw std::invalid_argument(
+          fmt::format("--mode: must be sync, one_step_off or async, got '{}'", *args.mode));
+    }
+  }
+  if (args.max_staleness) o.set_max_staleness(*args.max_staleness);
+  if (args.partial_rollout) o.set_partial_rollout(*args.partial_rollout);
+  if (args.staleness_policy) {
+    const std::string& policy = *args.staleness_policy;
+    if (policy == "admission") {
+      o.set_staleness_policy(v1::STALENESS_POLICY_ADMISSION);
+    } else if (policy == "fraction") {
+      o.set_staleness_policy(v1::STALENESS_POLICY_FRACTION);
+    } else if (policy == "strict") {
+      o.set_staleness_policy(v1::STALENESS_POLICY_STRICT);
+    } else {
+      throw std::invalid_argument(fmt::format(
+          "--staleness-policy: must be admission, fraction or strict, got '{}'", policy));
+    }
+  }
+  if (args.staleness_fraction) {
+    if (args.max_staleness) {
+      throw std::invalid_argument(
+          "--max-staleness: does not apply with --staleness-fraction (the fraction policy's α "
+          "bounds the staleness: generation runs at most ⌈α⌉ batches ahead); give one of them");
+    }
+    o.set_staleness_fraction(*args.staleness_fraction);
+  }
+  if (args.train_calls_per_sync) o.set_train_calls_per_sync(*args.train_calls_per_sync);
+  if (args.colocated) o.set_colocated(true);
+  if (args.oversample) o.set_oversample(*args.oversample);
+  if (args.prompts_per_step) o.set_prompts_per_step(*args.prompts_per_step);
+  if (args.samples_per_prompt) o.set_samples_per_prompt(*args.samples_per_prompt);
+  if (args.filter_all_equal) o.set_filter_all_equal(true);
+  if (!args.dispatch.empty()) o.set_longest_first(args.dispatch == "longest-first");
+  if (args.engines) config.set_engines(*args.engines);
+  if (args.engine_concurrency)
+    config.mutable_engine()->set_max_concurrent(*args.engine_concurrency);
+  if (!args.engine_tokens_per_second.empty()) {
+    // The speed replaces the file's decode times.
+    *config.mutable_decode_speed() = ParseEngineTokensPerSecond(args.engine_tokens_per_second);
+    config.mutable_engine()->clear_decode_base_seconds();
+    config.mutable_engine()->clear_decode_per_sequence_seconds();
+  }
+  if (args.gpus_per_engine) config.set_gpus_per_engine(*args.gpus_per_engine);
+  if (args.trainer_ranks) config.set_trainer_ranks(*args.trainer_ranks);
+  if (args.gpus_per_trainer_rank) config.set_gpus_per_trainer_rank(*args.gpus_per_trainer_rank);
+  if (args.train_seconds_per_step) {
+    // The step time replaces the file's cost unit.
+    config.set_train_seconds_per_step(*args.train_seconds_per_step);
+    config.clear_seconds_per_cost_unit();
+  }
+  if (args.train_call_overhead_seconds) {
+    config.set_train_call_overhead_seconds(*args.train_call_overhead_seconds);
+  }
+  if (args.steps) config.set_steps(*args.steps);
+  if (!args.length_dist.empty()) {
+    const v1::LengthDistribution dist = ParseLengthDist(args.length_dist);
+    v1::LengthDistribution& lengths = *config.mutable_lengths();
+    lengths.set_mu(dist.mu());
+    lengths.set_sigma(dist.sigma());
+    lengths.set_max_tokens(dist.max_tokens());
+    lengths.clear_lengths();
+  }
+  if (!response_lengths.empty()) {
+    v1::LengthDistribution& lengths = *config.mutable_lengths();
+    lengths.clear_lengths();
+    lengths.mutable_lengths()->Add(response_lengths.begin(), response_lengths.end());
+  }
+  if (args.all_equal_rate) config.set_all_equal_rate(*args.all_equal_rate);
+  if (args.seed) config.set_seed(*args.seed);
+  if (args.weight_sync_seconds) config.set_weight_sync_seconds(*args.weight_sync_seconds);
+  if (args.release_seconds) config.set_release_seconds(*args.release_seconds);
+  if (args.resume_seconds) config.set_resume_seconds(*args.resume_seconds);
+  if (args.mtbf) config.set_engine_mtbf_seconds(*args.mtbf);
+  if (!args.trace.empty()) config.set_trace(true);
+  request.set_compare(args.compare);
+  if (!args.trace_run.empty()) {
+    if (!args.compare) throw std::invalid_argument("--trace-run: needs --compare");
+    if (args.trace.empty()) throw std::invalid_argument("--trace-run: needs --trace");
+    request.set_trace_run(args.trace_run);
+  }
+  return request;
+}
+
+void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
+  const std::string config_json =
+      args.config.empty() ? std::string() : ReadWholeFile("--config", args.config);
+  std::vector<std::int64_t> response_lengths;
+  if (!args.lengths.empty()) {
+    const std::string text = ReadWholeFile("--lengths", args.lengths);
+    try {
+      response_lengths = ParseResponseLengths(text);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("--lengths {}: {}", args.lengths, e.what()));
+    }
+    spdlog::info("read {} response lengths from {}", response_lengths.size(), args.lengths);
+  }
+  const v1::SimulateRequest request = MakeSimulateRequest(args, config_json, response_lengths);
+
+  const auto start = std::chrono::steady_clock::now();
+  v1::SimulateReply reply;
+  try {
+    reply = SolveSimulate(request);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(ToCommandError(args, e.what()));
+  }
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  spdlog::info("simulated {} run{} in {:.3f} s", reply.runs_size(),
+               reply.runs_size() == 1 ? "" : "s", elapsed.count());
+
+  if (!args.trace.empty()) {
+    for (v1::SimulationRun& run : *reply.mutable_runs()) {
+      if (run.report().trace_json().empty()) continue;
+      WriteTraceFile(args.trace, run.report().trace_json());
+      spdlog::info("wrote the trace of {} to {}", run.name(), args.trace);
+    }
+  }
+  for (v1::SimulationRun& run : *reply.mutable_runs()) run.mutable_report()->clear_trace_json();
+
+  if (args.json) {
+    out << ToJson(reply) << '\n';
+  } else if (args.compare) {
+    PrintComparison(reply, out);
+  } else {
+    PrintSummary(reply.runs(0), out);
+  }
+  FlushOutput(out);
+}
+
+}  // namespace rlsched::app

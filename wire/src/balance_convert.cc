@@ -1,0 +1,329 @@
+#include "rlsched/wire/balance_convert.h"
+
+#include <fmt/format.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "rlsched/balance/partition.h"
+
+namespace rlsched::wire {
+
+namespace {
+
+[[noreturn]] void Fail(std::string_view field, std::string_view what) {
+  throw std::invalid_argument(fmt::format("{}: {}", field, what));
+}
+
+void CheckAtLeastOne(std::string_view field, std::int64_t value) {
+  if (value < 1) Fail(field, fmt::format("must be >= 1, got {}", value));
+}
+
+void CheckNonNegativeFinite(std::string_view field, double value) {
+  if (!std::isfinite(value) || value < 0.0) {
+    Fail(field, fmt::format("must be finite and >= 0, got {}", value));
+  }
+}
+
+balance::ModelShape ToModelShape(const v1::ModelShape& model) {
+  CheckAtLeastOne("cost.model.hidden_size", model.hidden_size());
+  CheckAtLeastOne("cost.model.num_layers", model.num_layers());
+  CheckAtLeastOne("cost.model.ffn_hidden_size", model.ffn_hidden_size());
+  CheckAtLeastOne("cost.model.num_attention_heads", model.num_attention_heads());
+  CheckAtLeastOne("cost.model.vocab_size", model.vocab_size());
+  if (model.num_kv_heads() < 0) {
+    Fail("cost.model.num_kv_heads",
+         fmt::format("must be >= 0 (0 means num_attention_heads), got {}", model.num_kv_heads()));
+  }
+  if (model.hidden_size() % model.num_attention_heads() != 0) {
+    Fail("cost.model.num_attention_heads",
+         fmt::format("must divide hidden_size ({}), got {}", model.hidden_size(),
+                     model.num_attention_heads()));
+  }
+  const std::int64_t kv_heads =
+      model.num_kv_heads() == 0 ? model.num_attention_heads() : model.num_kv_heads();
+  if (model.num_attention_heads() % kv_heads != 0) {
+    Fail("cost.model.num_kv_heads", fmt::format("must divide num_attention_heads ({}), got {}",
+                                                model.num_attention_heads(), kv_heads));
+  }
+  balance::ModelShape shape;
+  shape.hidden_size = model.hidden_size();
+  shape.num_layers = model.num_layers();
+  shape.ffn_hidden_size = model.ffn_hidden_size();
+  shape.num_attention_heads = model.num_attention_heads();
+  shape.num_kv_heads = kv_heads;
+  shape.vocab_size = model.vocab_size();
+  shape.gated_mlp = !model.plain_mlp();
+  return shape;
+}
+
+balance::CostModel ToCostModel(const v1::CostModel& cost) {
+  switch (cost.kind()) {
+    case v1::COST_KIND_UNSPECIFIED:
+    case v1::COST_KIND_TOKENS:
+      if (cost.has_model() || cost.has_coefficients()) {
+        Fail("cost", "model and coefficients apply only to COST_KIND_ATTENTION");
+      }
+      if (cost.per_sequence() != 0.0) {
+        Fail("cost.per_sequence", "applies only to COST_KIND_ATTENTION with a model");
+      }
+      return balance::CostModel::Tokens();
+    case v1::COST_KIND_ATTENTION:
+      break;
+    default:
+      Fail("cost.kind", fmt::format("unknown value {}", static_cast<int>(cost.kind())));
+  }
+  if (cost.has_model() == cost.has_coefficients()) {
+    Fail("cost", "COST_KIND_ATTENTION needs exactly one of model and coefficients");
+  }
+  if (cost.has_model()) {
+    const balance::ModelShape shape = ToModelShape(cost.model());
+    CheckNonNegativeFinite("cost.per_sequence", cost.per_sequence());
+    return balance::CostModel::Attention(shape, cost.per_sequence());
+  }
+  if (cost.per_sequence() != 0.0) {
+    Fail("cost.per_sequence", "applies only with a model; use coefficients.constant");
+  }
+  const v1::CostCoefficients& coefficients = cost.coefficients();
+  CheckNonNegativeFinite("cost.coefficients.linear", coefficients.linear());
+  CheckNonNegativeFinite("cost.coefficients.quadratic", coefficients.quadratic());
+  CheckNonNegativeFinite("cost.coefficients.constant", coefficients.constant());
+  if (!(coefficients.linear() + coefficients.quadratic() > 0.0)) {
+    Fail("cost.coefficients", "linear + quadratic must be > 0");
+  }
+  return balance::CostModel::Attention(coefficients.linear(), coefficients.quadratic(),
+                                       coefficients.constant());
+}
+
+balance::Algorithm ToAlgorithm(v1::Algorithm algorithm) {
+  switch (algorithm) {
+    case v1::ALGORITHM_UNSPECIFIED:
+    case v1::ALGORITHM_KARMARKAR_KARP:
+      return balance::Algorithm::kKarmarkarKarp;
+    case v1::ALGORITHM_GREEDY:
+      return balance::Algorithm::kGreedy;
+    default:
+      Fail("algorithm", fmt::format("unknown value {}", static_cast<int>(algorithm)));
+  }
+}
+
+balance::MicroBatchOrder ToMicroBatchOrder(v1::MicroBatchOrder order) {
+  switch (order) {
+    case v1::MICRO_BATCH_ORDER_UNSPECIFIED:
+    case v1::MICRO_BATCH_ORDER_PIPELINE:
+      return balance::MicroBatchOrder::kPipeline;
+    case v1::MICRO_BATCH_ORDER_HEAVIEST_FIRST:
+      return balance::MicroBatchOrder::kHeaviestFirst;
+    default:
+      Fail("order", fmt::format("unknown value {}", static_cast<int>(order)));
+  }
+}
+
+using Int64Field = google::protobuf::RepeatedField<std::int64_t>;
+
+std::span<const std::int64_t> AsSpan(const Int64Field& field) {
+  return {field.data(), static_cast<std::size_t>(field.size())};
+}
+
+// The number of parts or ranks, in [1, kMaxParts].
+void CheckNumParts(std::string_view field, std::int64_t value) {
+  if (value < 1 || value > balance::kMaxParts) {
+    Fail(field, fmt::format("must be in [1, {}], got {}", balance::kMaxParts, value));
+  }
+}
+
+// An option where 0 means 1 (unset), in [0, max]; returns its value.
+std::int64_t ZeroMeansOne(std::string_view field, std::int64_t value, std::int64_t max) {
+  if (value < 0 || value > max) {
+    const std::string bound = max == std::numeric_limits<std::int64_t>::max()
+                                  ? std::string(">= 0")
+                                  : fmt::format("in [0, {}]", max);
+    Fail(field, fmt::format("must be {} (0 means 1), got {}", bound, value));
+  }
+  return value == 0 ? 1 : value;
+}
+
+// The sequence fields every request has: at most kMaxItems lengths, each in
+// [0, kMaxLength]; groups empty or one id >= 0 per length; keep_groups needs groups.
+void CheckSequences(const Int64Field& lengths, const Int64Field& groups, bool keep_groups) {
+  const std::int64_t n = lengths.size();
+  if (n > balance::kMaxItems) {
+    Fail("lengths", fmt::format("at most {} entries, got {}", balance::kMaxItems, n));
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t length = lengths.Get(static_cast<int>(i));
+    if (length < 0 || length > balance::kMaxLength) {
+      Fail(fmt::format("lengths[{}]", i),
+           fmt::format("must be in [0, {}], got {}", balance::kMaxLength, length));
+    }
+  }
+  if (groups.size() != 0) {
+    if (groups.size() != n) {
+      Fail("groups", fmt::format("must be empty or have one entry per length ({}), got {}", n,
+                                 groups.size()));
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t group = groups.Get(static_cast<int>(i));
+      if (group < 0) Fail(fmt::format("groups[{}]", i), fmt::format("must be >= 0, got {}", group));
+    }
+  }
+  if (keep_groups && groups.size() == 0) {
+    Fail("keep_groups", "requires groups (one group id per length)");
+  }
+}
+
+// The refinement budget of an optional refine_iterations field: unset keeps the
+// library's default; 0 disables refinement.
+balance::RefineOptions ToRefineOptions(bool has_refine_iterations, std::int64_t refine_iterations) {
+  balance::RefineOptions refine;
+  if (has_refine_iterations) {
+    if (refine_iterations < 0) {
+      Fail("refine_iterations", fmt::format("must be >= 0, got {}", refine_iterations));
+    }
+    refine.enabled = refine_iterations > 0;
+    refine.max_iterations = refine_iterations;
+  }
+  return refine;
+}
+
+}  // namespace
+
+balance::BalanceOptions ToBalanceOptions(const v1::BalanceRequest& request) {
+  CheckNumParts("num_parts", request.num_parts());
+  CheckSequences(request.lengths(), request.groups(), request.keep_groups());
+
+  balance::BalanceOptions options;
+  options.partition.num_parts = request.num_parts();
+  options.partition.equal_size = request.equal_size();
+  options.partition.algorithm = ToAlgorithm(request.algorithm());
+  options.partition.refine =
+      ToRefineOptions(request.has_refine_iterations(), request.refine_iterations());
+  options.keep_groups = request.keep_groups();
+  options.cost = ToCostModel(request.cost());
+  return options;
+}
+
+v1::BalanceReply SolveBalance(const v1::BalanceRequest& request) {
+  const balance::BalanceOptions options = ToBalanceOptions(request);
+  const balance::BalanceResult result =
+      balance::Balance(AsSpan(request.lengths()), AsSpan(request.groups()), options);
+  const balance::Partition& partition = result.partition;
+
+  v1::BalanceReply reply;
+  reply.mutable_parts()->Reserve(static_cast<int>(partition.num_parts()));
+  for (std::int64_t p = 0; p < partition.num_parts(); ++p) {
+    const std::span<const std::int64_t> indices = partition.part(p);
+    v1::Part* part = reply.add_parts();
+    part->mutable_indices()->Reserve(static_cast<int>(indices.size()));
+    for (const std::int64_t index : indices) part->add_indices(index);
+    part->set_tokens(result.tokens[static_cast<std::size_t>(p)]);
+    part->set_cost(partition.loads[static_cast<std::size_t>(p)]);
+  }
+  reply.set_max_cost(partition.max_load);
+  reply.set_min_cost(partition.min_load);
+  reply.set_lower_bound(partition.lower_bound);
+  reply.set_gap(partition.gap);
+  reply.set_proven_optimal(partition.proven_optimal);
+  return reply;
+}
+
+balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request) {
+  CheckNumParts("num_ranks", request.num_ranks());
+  CheckSequences(request.lengths(), request.groups(), request.keep_groups());
+
+  balance::StepOptions options;
+  options.num_ranks = request.num_ranks();
+  options.equal_size = request.equal_size();
+  options.keep_groups = request.keep_groups();
+  balance::MicroBatchOptions& micro_batch = options.micro_batch;
+  CheckAtLeastOne("max_tokens_per_micro_batch", request.max_tokens_per_micro_batch());
+  micro_batch.max_tokens_per_micro_batch = request.max_tokens_per_micro_batch();
+  micro_batch.min_micro_batches =
+      ZeroMeansOne("min_micro_batches", request.min_micro_batches(), balance::kMaxParts);
+  micro_batch.micro_batches_multiple_of = ZeroMeansOne(
+      "micro_batches_multiple_of", request.micro_batches_multiple_of(), balance::kMaxParts);
+  micro_batch.pad_to_multiple_of = ZeroMeansOne("pad_to_multiple_of", request.pad_to_multiple_of(),
+                                                std::numeric_limits<std::int64_t>::max());
+  micro_batch.pipeline_stages =
+      ZeroMeansOne("pipeline_stages", request.pipeline_stages(), balance::kMaxParts);
+  if (request.has_overhead()) {
+    if (request.overhead() < 0) {
+      Fail("overhead", fmt::format("must be >= 0, got {}", request.overhead()));
+    }
+    micro_batch.overhead = request.overhead();
+  }
+  if (request.has_count_tolerance()) {
+    if (!(request.count_tolerance() >= 0.0 && request.count_tolerance() <= 1.0)) {
+      Fail("count_tolerance", fmt::format("must be in [0, 1], got {}", request.count_tolerance()));
+    }
+    micro_batch.count_tolerance = request.count_tolerance();
+  }
+  micro_batch.order = ToMicroBatchOrder(request.order());
+  micro_batch.refine =
+      ToRefineOptions(request.has_refine_iterations(), request.refine_iterations());
+  micro_batch.cost = ToCostModel(request.cost());
+  return options;
+}
+
+v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request) {
+  const balance::StepOptions options = ToStepOptions(request);
+  // The library names a sequence above the cap and the cap; its message passes through.
+  const balance::PlannedStep step =
+      balance::PlanStep(AsSpan(request.lengths()), AsSpan(request.groups()), options);
+  const balance::StepPlan& plan = step.plan;
+
+  v1::PlanStepReply reply;
+  reply.mutable_ranks()->Reserve(static_cast<int>(plan.ranks.size()));
+  for (const balance::RankPlan& rank_plan : plan.ranks) {
+    v1::RankPlan* rank = reply.add_ranks();
+    rank->mutable_micro_batches()->Reserve(static_cast<int>(rank_plan.micro_batches.size()));
+    for (const balance::MicroBatch& batch : rank_plan.micro_batches) {
+      v1::MicroBatch* micro_batch = rank->add_micro_batches();
+      micro_batch->mutable_indices()->Add(batch.indices.begin(), batch.indices.end());
+      micro_batch->set_tokens(batch.tokens);
+      micro_batch->set_cost(batch.cost);
+      micro_batch->set_unpadded_tokens(batch.unpadded_tokens);
+    }
+    rank->set_tokens(rank_plan.tokens);
+    rank->set_cost(rank_plan.cost);
+    rank->set_time(rank_plan.time);
+    rank->set_sequences(rank_plan.sequences);
+    rank->set_unpadded_tokens(rank_plan.unpadded_tokens);
+  }
+  reply.set_micro_batches(plan.num_micro_batches);
+  reply.set_predicted_step_time(plan.predicted_step_time);
+  reply.set_lower_bound(plan.lower_bound);
+  v1::BaselinePlan* baseline = reply.mutable_baseline();
+  baseline->set_predicted_step_time(step.baseline.predicted_step_time);
+  baseline->set_cap_violations(step.baseline.cap_violations);
+  baseline->set_micro_batches(step.baseline.num_micro_batches);
+  baseline->set_empty_micro_batches(step.baseline.empty_micro_batches);
+  reply.set_overhead(plan.overhead);
+  reply.set_sequences(plan.sequences);
+  reply.set_tokens(plan.tokens);
+  reply.set_unpadded_tokens(plan.unpadded_tokens);
+  reply.set_empty_micro_batches(plan.empty_micro_batches);
+  reply.set_empty_ranks(plan.empty_ranks);
+  return reply;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions print_options;
+  print_options.preserve_proto_field_names = true;
+  print_options.always_print_primitive_fields = true;
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &json, print_options);
+  if (!status.ok()) {
+    throw std::runtime_error(
+        fmt::format("cannot print {} as JSON: {}", message.GetTypeName(), status.ToString()));
+  }
+  return json;
+}
+
+}  // namespace rlsched::wire

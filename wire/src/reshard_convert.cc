@@ -1,0 +1,764 @@
+#include "rlsched/wire/reshard_convert.h"
+
+#include <fmt/format.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/util/delimited_message_util.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "rlsched/rollout/layout.h"
+#include "rlsched/wire/balance_convert.h"
+
+namespace rlsched::wire {
+
+namespace {
+
+constexpr std::int64_t kMaxSize = 65536;                   // one parallel size
+constexpr std::int64_t kMaxRanks = std::int64_t{1} << 20;  // GPUs on either side
+constexpr std::int64_t kMaxChunkLayers = std::int64_t{1} << 31;
+constexpr std::int64_t kMaxBucketBytes = std::int64_t{1} << 40;
+constexpr double kMaxGbPerS = 1e6;
+
+[[noreturn]] void Fail(std::string_view field, std::string_view what) {
+  throw std::invalid_argument(fmt::format("{}: {}", field, what));
+}
+
+// A size where 0 means `unset` (the default), in [0, max]; returns its value.
+std::int64_t SizeOrDefault(std::string_view field, std::int64_t value, std::int64_t max,
+                           std::int64_t unset) {
+  if (value < 0 || value > max) {
+    Fail(field, fmt::format("must be in [0, {}] (0 means {}), got {}", max, unset, value));
+  }
+  return value == 0 ? unset : value;
+}
+
+// A bandwidth where 0 means `unset`, finite and in [0, kMaxGbPerS].
+double BandwidthOrDefault(std::string_view field, double value, double unset) {
+  if (!std::isfinite(value) || value < 0.0 || value > kMaxGbPerS) {
+    Fail(field, fmt::format("must be finite and in [0, {}] GB/s (0 means {}), got {}", kMaxGbPerS,
+                            unset, value));
+  }
+  return value == 0.0 ? unset : value;
+}
+
+// A stage's layer count: in [1, kMaxChunkLayers).
+std::int64_t StageLayerCount(std::string_view field, std::int64_t value) {
+  if (value < 1 || value >= kMaxChunkLayers) {
+    Fail(field, fmt::format("must be in [1, 2^31), got {}", value));
+  }
+  return value;
+}
+
+rollout::TrainLayout ToTrainLayout(const v1::TrainLayout& train) {
+  rollout::TrainLayout layout;
+  layout.tp = SizeOrDefault("train.tp", train.tp(), kMaxSize, 1);
+  layout.pp = SizeOrDefault("train.pp", train.pp(), kMaxSize, 1);
+  layout.vpp = SizeOrDefault("train.vpp", train.vpp(), kMaxSize, 1);
+  layout.ep = SizeOrDefault("train.ep", train.ep(), kMaxSize, 1);
+  layout.etp = SizeOrDefault("train.etp", train.etp(), kMaxSize, 1);
+  layout.cp = SizeOrDefault("train.cp", train.cp(), kMaxSize, 1);
+  layout.dp = SizeOrDefault("train.dp", train.dp(), kMaxSize, 1);
+  // Multiplied one factor at a time: each is at most 2^16 and the product stops at 2^20.
+  std::int64_t world = 1;
+  for (const std::int64_t size : {layout.tp, layout.cp, layout.dp, layout.pp}) {
+    world *= size;
+    if (world > kMaxRanks) {
+      Fail("train", fmt::format("tp·cp·dp·pp must be at most {}, got tp {}, cp {}, dp {}, pp {}",
+                                kMaxRanks, layout.tp, layout.cp, layout.dp, layout.pp));
+    }
+  }
+  if (train.layers_per_chunk_size() > kMaxRanks) {
+    Fail("train.layers_per_chunk",
+         fmt::format("at most {} entries, got {}", kMaxRanks, train.layers_per_chunk_size()));
+  }
+  layout.layers_per_chunk.reserve(static_cast<std::size_t>(train.layers_per_chunk_size()));
+  for (int i = 0; i < train.layers_per_chunk_size(); ++i) {
+    const std::int64_t layers = train.layers_per_chunk(i);
+    if (layers < 0 || layers >= kMaxChunkLayers) {
+      Fail(fmt::format("train.layers_per_chunk[{}]", i),
+           fmt::format("must be in [0, 2^31), got {}", layers));
+    }
+    layout.layers_per_chunk.push_back(layers);
+  }
+  // Set or not (proto3 optional); when set, a layer count. What it must satisfy
+  // against the model and pp / vpp is checked by the planner.
+  if (train.has_first_stage_layers()) {
+    layout.first_stage_layers =
+        StageLayerCount("train.first_stage_layers", train.first_stage_layers());
+  }
+  if (train.has_last_stage_layers()) {
+    layout.last_stage_layers =
+        StageLayerCount("train.last_stage_layers", train.last_stage_layers());
+  }
+  return layout;
+}
+
+rollout::InferLayout ToInferLayout(const v1::InferLayout& infer) {
+  rollout::InferLayout layout;
+  layout.tp = SizeOrDefault("infer.tp", infer.tp(), kMaxSize, 1);
+  layout.replicas = SizeOrDefault("infer.replicas", infer.replicas(), kMaxRanks, 1);
+  if (layout.tp * layout.replicas > kMaxRanks) {
+    Fail("infer.replicas", fmt::format("tp·replicas must be at most {}, got tp {}, replicas {}",
+                                       kMaxRanks, layout.tp, layout.replicas));
+  }
+  layout.expert_parallel = infer.expert_parallel();
+  switch (infer.expert_placement()) {
+    case v1::EXPERT_PLACEMENT_UNSPECIFIED:
+    case v1::EXPERT_PLACEMENT_CONTIGUOUS:
+      break;
+    case v1::EXPERT_PLACEMENT_ROUND_ROBIN:
+      if (!infer.expert_parallel()) {
+        Fail("infer.expert_placement", "EXPERT_PLACEMENT_ROUND_ROBIN needs expert_parallel");
+      }
+      layout.round_robin_experts = true;
+      break;
+    default:
+      Fail("infer.expert_placement",
+           fmt::format("unknown value {}", static_cast<int>(infer.expert_placement())));
+  }
+  return layout;
+}
+
+rollout::Topology ToTopology(const v1::Topology& topology) {
+  const rollout::Topology defaults;
+  rollout::Topology result;
+  result.colocated = topology.colocated();
+  result.gpus_per_node = SizeOrDefault("topology.gpus_per_node", topology.gpus_per_node(), kMaxSize,
+                                       defaults.gpus_per_node);
+  result.intra_node_gb_per_s = BandwidthOrDefault(
+      "topology.intra_node_gb_per_s", topology.intra_node_gb_per_s(), defaults.intra_node_gb_per_s);
+  result.inter_node_gb_per_s = BandwidthOrDefault(
+      "topology.inter_node_gb_per_s", topology.inter_node_gb_per_s(), defaults.inter_node_gb_per_s);
+  return result;
+}
+
+// An upper estimate, in bytes, of the model's tensors: every kind of layer counted
+// on every layer (attention with and without MLA, a dense MLP and the experts), in
+// floating point so that no size can overflow.
+double EstimateModelBytes(const rollout::ModelConfig& m) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const double h = d(m.hidden_size), heads = d(m.num_heads);
+  const double attention =
+      h * (heads + 2.0 * d(m.num_kv_heads)) * d(m.head_dim) + heads * d(m.head_dim) * h +
+      h * d(m.q_lora_rank) +
+      (d(m.q_lora_rank) + h) * heads * (d(m.qk_nope_head_dim) + d(m.qk_rope_head_dim)) +
+      h * (d(m.kv_lora_rank) + d(m.qk_rope_head_dim)) +
+      d(m.kv_lora_rank) * heads * (d(m.qk_nope_head_dim) + d(m.v_head_dim)) +
+      heads * d(m.v_head_dim) * h + 2.0 * (h + d(m.head_dim)) + d(m.q_lora_rank) +
+      d(m.kv_lora_rank) + 3.0 * h * (heads + 2.0 * d(m.num_kv_heads));
+  const double mlp =
+      3.0 * h * d(m.intermediate_size) +
+      3.0 * h * d(m.moe_intermediate_size) * (d(m.num_experts) + d(m.num_shared_experts)) +
+      (h + 1.0) * d(m.num_experts) + 2.0 * h;
+  const double elements = 2.0 * d(m.vocab_size) * h + h + d(m.num_layers) * (attention + mlp);
+  return elements * static_cast<double>(std::max<std::int64_t>(m.dtype_bytes, 4));
+}
+
+rollout::TargetDtype ToTargetDtype(v1::TargetDtype dtype) {
+  switch (dtype) {
+    case v1::TARGET_DTYPE_UNSPECIFIED:
+    case v1::TARGET_DTYPE_BF16:
+      return rollout::TargetDtype::kBf16;
+    case v1::TARGET_DTYPE_FP8_BLOCK128:
+      return rollout::TargetDtype::kFp8Block128;
+    default:
+      Fail("target_dtype", fmt::format("unknown value {}", static_cast<int>(dtype)));
+  }
+}
+
+v1::Quantize ToQuantize(rollout::Quantize quantize) {
+  switch (quantize) {
+    case rollout::Quantize::kNone:
+      return v1::QUANTIZE_NONE;
+    case rollout::Quantize::kAtSender:
+      return v1::QUANTIZE_AT_SENDER;
+    case rollout::Quantize::kAtDestination:
+      return v1::QUANTIZE_AT_DESTINATION;
+  }
+  return v1::QUANTIZE_NONE;
+}
+
+v1::LinkKind ToLinkKind(rollout::LinkKind kind) {
+  switch (kind) {
+    case rollout::LinkKind::kIntraOut:
+      return v1::LINK_KIND_INTRA_NODE_OUT;
+    case rollout::LinkKind::kIntraIn:
+      return v1::LINK_KIND_INTRA_NODE_IN;
+    case rollout::LinkKind::kNicOut:
+      return v1::LINK_KIND_NIC_OUT;
+    case rollout::LinkKind::kNicIn:
+      return v1::LINK_KIND_NIC_IN;
+  }
+  return v1::LINK_KIND_UNSPECIFIED;
+}
+
+void AddRanges(const std::vector<rollout::Range>& slice,
+               google::protobuf::RepeatedPtrField<v1::Range>* out) {
+  out->Reserve(static_cast<int>(slice.size()));
+  for (const rollout::Range& range : slice) {
+    v1::Range* r = out->Add();
+    r->set_begin(range.begin);
+    r->set_end(range.end);
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Plan files.
+
+// Output through a buffer of about kFlushBytes.
+class BufferedOut {
+ public:
+  static constexpr std::size_t kFlushBytes = std::size_t{1} << 20;
+
+  explicit BufferedOut(std::ostream& out) : out_(out) { buffer_.reserve(kFlushBytes + 4096); }
+  std::string& buffer() { return buffer_; }
+  void MaybeFlush() {
+    if (buffer_.size() >= kFlushBytes) Flush();
+  }
+  void Flush() {
+    out_.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+    if (!out_) throw std::runtime_error("plan file: cannot write");
+    buffer_.clear();
+  }
+
+ private:
+  std::ostream& out_;
+  std::string buffer_;
+};
+
+// Appends `"value"` (protobuf's JSON mapping of an int64).
+void AppendQuotedInt(std::string& out, std::int64_t value) {
+  char text[24];
+  text[0] = '"';
+  char* end = std::to_chars(text + 1, text + sizeof text - 1, value).ptr;
+  *end++ = '"';
+  out.append(text, end);
+}
+
+// A string as protobuf's JSON printer writes it, quotes included. Names of letters,
+// digits and . _ - / need no escaping; anything else goes through protobuf.
+std::string QuotedJsonString(const std::string& text) {
+  const bool plain = std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-' || c == '/';
+  });
+  if (plain) return '"' + text + '"';
+  v1::Transfer holder;
+  holder.set_src_param(text);
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(holder, &json, options).ok()) {
+    throw std::runtime_error("plan file: cannot print a parameter name as JSON");
+  }
+  constexpr std::string_view kPrefix = "{\"src_param\":";
+  if (!json.starts_with(kPrefix) || !json.ends_with('}')) {
+    throw std::logic_error("plan file: unexpected JSON for a parameter name: " + json);
+  }
+  return json.substr(kPrefix.size(), json.size() - kPrefix.size() - 1);
+}
+
+void AppendJsonSlice(std::string& out, const std::vector<rollout::Range>& slice) {
+  out += '[';
+  for (std::size_t i = 0; i < slice.size(); ++i) {
+    out += i == 0 ? "{\"begin\":" : ",{\"begin\":";
+    AppendQuotedInt(out, slice[i].begin);
+    out += ",\"end\":";
+    AppendQuotedInt(out, slice[i].end);
+    out += '}';
+  }
+  out += ']';
+}
+
+// Protobuf's binary encoding, appended to a string.
+void PutVarint(std::string& out, std::uint64_t value) {
+  std::uint8_t bytes[10];
+  std::uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(value, bytes);
+  out.append(reinterpret_cast<const char*>(bytes), static_cast<std::size_t>(end - bytes));
+}
+std::size_t VarintSize(std::uint64_t value) {
+  return google::protobuf::io::CodedOutputStream::VarintSize64(value);
+}
+// A varint field (int32, int64, enum: negative values as their 64-bit two's
+// complement); omitted when 0, as proto3 serialises.
+void PutVarintField(std::string& out, int field, std::int64_t value) {
+  if (value == 0) return;
+  PutVarint(out, static_cast<std::uint64_t>(field) << 3);
+  PutVarint(out, static_cast<std::uint64_t>(value));
+}
+void PutLengthPrefix(std::string& out, int field, std::size_t length) {
+  PutVarint(out, (static_cast<std::uint64_t>(field) << 3) | 2);
+  PutVarint(out, length);
+}
+// A packed repeated int64 field of begin, end pairs; omitted when empty.
+void PutPackedSlice(std::string& out, int field, const std::vector<rollout::Range>& slice) {
+  if (slice.empty()) return;
+  std::size_t length = 0;
+  for (const rollout::Range& r : slice) {
+    length += VarintSize(static_cast<std::uint64_t>(r.begin)) +
+              VarintSize(static_cast<std::uint64_t>(r.end));
+  }
+  PutLengthPrefix(out, field, length);
+  for (const rollout::Range& r : slice) {
+    PutVarint(out, static_cast<std::uint64_t>(r.begin));
+    PutVarint(out, static_cast<std::uint64_t>(r.end));
+  }
+}
+
+// The GPUs each transfer involves (its sender and its receivers, each once), and for
+// each GPU the transfers it is in, ascending (a CSR index).
+struct RankMembership {
+  std::vector<std::size_t> start;  // per GPU, into `transfers`; GPUs + 1 entries
+  std::vector<std::uint32_t> transfers;
+};
+
+RankMembership MembershipOf(const rollout::ReshardPlan& plan) {
+  if (plan.transfers.size() > std::numeric_limits<std::uint32_t>::max()) {
+    throw std::runtime_error("plan file: more than 2^32 transfers");
+  }
+  std::int64_t gpus = 0;
+  for (const rollout::Transfer& t : plan.transfers) {
+    gpus = std::max(gpus, t.src_rank + 1);
+    for (std::int64_t d : t.dst_ranks) gpus = std::max(gpus, d + 1);
+  }
+  RankMembership m;
+  m.start.assign(static_cast<std::size_t>(gpus) + 1, 0);
+  auto each_gpu = [](const rollout::Transfer& t, auto&& visit) {
+    visit(t.src_rank);
+    for (std::int64_t d : t.dst_ranks) {
+      if (d != t.src_rank) visit(d);
+    }
+  };
+  for (const rollout::Transfer& t : plan.transfers) {
+    each_gpu(t, [&](std::int64_t g) { ++m.start[static_cast<std::size_t>(g) + 1]; });
+  }
+  for (std::size_t g = 1; g < m.start.size(); ++g) m.start[g] += m.start[g - 1];
+  m.transfers.resize(m.start.back());
+  std::vector<std::size_t> next(m.start.begin(), m.start.end() - 1);
+  for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
+    each_gpu(plan.transfers[i], [&](std::int64_t g) {
+      m.transfers[next[static_cast<std::size_t>(g)]++] = static_cast<std::uint32_t>(i);
+    });
+  }
+  return m;
+}
+
+// Encodes one GPU's ReshardRankPart. Names and receiver sets get part-local ids in
+// order of first use; `group_of` gives each transfer's plan-wide receiver set id and
+// `groups` the sets' first transfers.
+class RankPartEncoder {
+ public:
+  RankPartEncoder(const rollout::ReshardPlan& plan, const std::vector<std::uint32_t>& group_of,
+                  const std::vector<std::uint32_t>& groups)
+      : plan_(plan),
+        group_of_(group_of),
+        groups_(groups),
+        name_ids_(plan.param_names.size(), -1),
+        group_ids_(groups.size(), -1) {}
+
+  // The part holding `transfers` (ascending plan indices), as a delimited message
+  // appended to `out`.
+  void Encode(const std::uint32_t* transfers, std::size_t count, std::string& out) {
+    body_.clear();
+    for (std::size_t k = 0; k < count; ++k) EncodeTransfer(transfers[k]);
+    head_.clear();
+    for (std::int32_t name : names_) {
+      const std::string& text = plan_.param_names[static_cast<std::size_t>(name)];
+      PutLengthPrefix(head_, 1, text.size());
+      head_ += text;
+    }
+    for (std::uint32_t group : groups_used_) {
+      const std::vector<std::int64_t>& ranks = plan_.transfers[groups_[group]].dst_ranks;
+      std::size_t packed = 0;
+      for (std::int64_t r : ranks) packed += VarintSize(static_cast<std::uint64_t>(r));
+      const std::size_t message =
+          ranks.empty() ? 0 : VarintSize(packed) + 1 + packed;  // tag 1, length, ranks
+      PutLengthPrefix(head_, 2, message);
+      if (!ranks.empty()) {
+        PutLengthPrefix(head_, 1, packed);
+        for (std::int64_t r : ranks) PutVarint(head_, static_cast<std::uint64_t>(r));
+      }
+    }
+    PutVarint(out, head_.size() + body_.size());
+    out += head_;
+    out += body_;
+    // Reset the part-local ids for the next part.
+    for (std::int32_t name : names_) name_ids_[static_cast<std::size_t>(name)] = -1;
+    for (std::uint32_t group : groups_used_) group_ids_[group] = -1;
+    names_.clear();
+    groups_used_.clear();
+  }
+
+ private:
+  std::int32_t NameId(std::int32_t name) {
+    std::int32_t& id = name_ids_[static_cast<std::size_t>(name)];
+    if (id < 0) {
+      id = static_cast<std::int32_t>(names_.size());
+      names_.push_back(name);
+    }
+    return id;
+  }
+  std::int32_t GroupId(std::uint32_t group) {
+    std::int32_t& id = group_ids_[group];
+    if (id < 0) {
+      id = static_cast<std::int32_t>(groups_used_.size());
+      groups_used_.push_back(group);
+    }
+    return id;
+  }
+  void EncodeTransfer(std::uint32_t index) {
+    const rollout::Transfer& t = plan_.transfers[index];
+    transfer_.clear();
+    PutVarintField(transfer_, 1, index);
+    PutVarintField(transfer_, 2, t.bucket);
+    PutVarintField(transfer_, 3, t.src_rank);
+    PutVarintField(transfer_, 4, NameId(t.src_param));
+    PutPackedSlice(transfer_, 5, t.src_slice);
+    PutVarintField(transfer_, 6, GroupId(group_of_[index]));
+    PutVarintField(transfer_, 7, NameId(t.dst_param));
+    PutPackedSlice(transfer_, 8, t.dst_slice);
+    PutVarintField(transfer_, 9, t.bytes);
+    PutVarintField(transfer_, 10, ToQuantize(t.quantize));
+    PutLengthPrefix(body_, 3, transfer_.size());
+    body_ += transfer_;
+  }
+
+  const rollout::ReshardPlan& plan_;
+  const std::vector<std::uint32_t>& group_of_;
+  const std::vector<std::uint32_t>& groups_;
+  std::vector<std::int32_t> name_ids_, group_ids_;  // part-local ids, -1: unused
+  std::vector<std::int32_t> names_;                 // plan name ids by part-local id
+  std::vector<std::uint32_t> groups_used_;          // plan group ids by part-local id
+  std::string head_, body_, transfer_;
+};
+
+// Serialises `message` varint-delimited to `out`.
+void WriteDelimited(const google::protobuf::Message& message, std::ostream& out) {
+  if (!google::protobuf::util::SerializeDelimitedToOstream(message, &out) || !out) {
+    throw std::runtime_error("plan file: cannot write");
+  }
+}
+
+[[noreturn]] void BadPlanFile(std::string_view what) {
+  throw std::runtime_error(fmt::format("plan file: {}", what));
+}
+
+}  // namespace
+
+rollout::ModelConfig ToModelConfig(const v1::ReshardRequest& request) {
+  const std::string& text = request.model_config_json();
+  if (static_cast<std::int64_t>(text.size()) > kMaxModelConfigBytes) {
+    Fail("model_config_json",
+         fmt::format("must be at most {} bytes, got {}", kMaxModelConfigBytes, text.size()));
+  }
+  rollout::ModelConfig model;
+  try {
+    model = rollout::ParseHfConfig(text);
+  } catch (const std::invalid_argument& e) {
+    Fail("model_config_json", e.what());
+  }
+  // ParseHfConfig() keeps every size below 2^31; products of three of them are not.
+  const double layer_experts =
+      static_cast<double>(model.num_layers) * (static_cast<double>(model.num_experts) + 1.0);
+  if (layer_experts > static_cast<double>(kMaxLayerExperts)) {
+    Fail("model_config_json",
+         fmt::format("the model is too large: num_hidden_layers × (experts + 1) must be at most "
+                     "{}, got {} × {}",
+                     kMaxLayerExperts, model.num_layers, model.num_experts + 1));
+  }
+  const double bytes = EstimateModelBytes(model);
+  if (bytes > kMaxModelBytes) {
+    Fail("model_config_json",
+         fmt::format("the model is too large: about {:.3g} bytes of tensors, at most 2^42 ({:.3g})",
+                     bytes, kMaxModelBytes));
+  }
+  return model;
+}
+
+rollout::ReshardOptions ToReshardOptions(const v1::ReshardRequest& request) {
+  rollout::ReshardOptions options;
+  options.train = ToTrainLayout(request.train());
+  options.infer = ToInferLayout(request.infer());
+  options.topology = ToTopology(request.topology());
+  options.bucket_bytes =
+      SizeOrDefault("bucket_bytes", request.bucket_bytes(), kMaxBucketBytes, kDefaultBucketBytes);
+  options.target_dtype = ToTargetDtype(request.target_dtype());
+  return options;
+}
+
+v1::ReshardPlan ToReshardPlanMessage(const rollout::ReshardPlan& plan, bool include_transfers) {
+  v1::ReshardPlan message;
+  if (include_transfers) {
+    message.mutable_transfers()->Reserve(static_cast<int>(plan.transfers.size()));
+    for (const rollout::Transfer& transfer : plan.transfers) {
+      v1::Transfer* t = message.add_transfers();
+      t->set_bucket(transfer.bucket);
+      t->set_src_rank(transfer.src_rank);
+      t->set_src_param(plan.param_names.at(static_cast<std::size_t>(transfer.src_param)));
+      AddRanges(transfer.src_slice, t->mutable_src_slice());
+      t->mutable_dst_ranks()->Add(transfer.dst_ranks.begin(), transfer.dst_ranks.end());
+      t->set_dst_param(plan.param_names.at(static_cast<std::size_t>(transfer.dst_param)));
+      AddRanges(transfer.dst_slice, t->mutable_dst_slice());
+      t->set_bytes(transfer.bytes);
+      t->set_quantize(ToQuantize(transfer.quantize));
+    }
+  }
+  message.set_num_transfers(static_cast<std::int64_t>(plan.transfers.size()));
+  message.set_num_buckets(plan.num_buckets);
+  message.set_trainer_ranks(plan.trainer_ranks);
+  message.set_engine_ranks(plan.engine_ranks);
+  message.set_bytes_received(plan.bytes_received);
+  message.set_bytes_local(plan.bytes_local);
+  message.set_bytes_moved(plan.bytes_moved);
+  message.set_estimate_seconds(plan.estimate_seconds);
+  message.set_lower_bound_seconds(plan.lower_bound_seconds);
+  message.set_naive_seconds(plan.naive_seconds);
+  v1::LinkLoad* busiest = message.mutable_busiest_link();
+  busiest->set_rank(plan.busiest_link.rank);
+  busiest->set_kind(ToLinkKind(plan.busiest_link.kind));
+  busiest->set_bytes(plan.busiest_link.bytes);
+  busiest->set_seconds(plan.busiest_link.seconds);
+  message.mutable_bucket_seconds()->Add(plan.bucket_seconds.begin(), plan.bucket_seconds.end());
+  return message;
+}
+
+void WriteReshardPlanJson(const rollout::ReshardPlan& plan, std::ostream& out) {
+  // The summary's JSON, `{"transfers":[],...}`, is protobuf's own; the transfers are
+  // written in between, in the printer's format: fields in number order, every field
+  // printed, int64 values quoted, enums by name.
+  const std::string summary = ToJson(ToReshardPlanMessage(plan, /*include_transfers=*/false));
+  constexpr std::string_view kHead = "{\"transfers\":[";
+  if (!summary.starts_with(kHead) || summary.size() <= kHead.size() ||
+      summary[kHead.size()] != ']') {
+    throw std::logic_error("plan file: unexpected JSON for the summary: " + summary);
+  }
+  std::vector<std::string> names;
+  names.reserve(plan.param_names.size());
+  for (const std::string& name : plan.param_names) names.push_back(QuotedJsonString(name));
+  const auto quantize = [](rollout::Quantize q) {
+    return fmt::format("\"{}\"", v1::Quantize_Name(ToQuantize(q)));
+  };
+  const std::string quantize_names[] = {quantize(rollout::Quantize::kNone),
+                                        quantize(rollout::Quantize::kAtSender),
+                                        quantize(rollout::Quantize::kAtDestination)};
+  BufferedOut buffered(out);
+  std::string& b = buffered.buffer();
+  b += kHead;
+  for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
+    const rollout::Transfer& t = plan.transfers[i];
+    b += i == 0 ? "{\"bucket\":" : ",{\"bucket\":";
+    AppendQuotedInt(b, t.bucket);
+    b += ",\"src_rank\":";
+    AppendQuotedInt(b, t.src_rank);
+    b += ",\"src_param\":";
+    b += names.at(static_cast<std::size_t>(t.src_param));
+    b += ",\"src_slice\":";
+    AppendJsonSlice(b, t.src_slice);
+    b += ",\"dst_ranks\":[";
+    for (std::size_t k = 0; k < t.dst_ranks.size(); ++k) {
+      if (k > 0) b += ',';
+      AppendQuotedInt(b, t.dst_ranks[k]);
+    }
+    b += "],\"dst_param\":";
+    b += names.at(static_cast<std::size_t>(t.dst_param));
+    b += ",\"dst_slice\":";
+    AppendJsonSlice(b, t.dst_slice);
+    b += ",\"bytes\":";
+    AppendQuotedInt(b, t.bytes);
+    b += ",\"quantize\":";
+    b += quantize_names[static_cast<int>(t.quantize)];
+    b += '}';
+    buffered.MaybeFlush();
+  }
+  b.append(summary, kHead.size(), std::string::npos);
+  b += '\n';
+  buffered.Flush();
+}
+
+void WriteReshardPlanBinary(const rollout::ReshardPlan& plan, std::ostream& out) {
+  const RankMembership members = MembershipOf(plan);
+  // Plan-wide ids of the receiver sets: the first transfer with each set.
+  std::vector<std::uint32_t> group_of(plan.transfers.size()), groups;
+  {
+    std::unordered_map<std::string, std::uint32_t> ids;
+    std::string key;
+    for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
+      const std::vector<std::int64_t>& d = plan.transfers[i].dst_ranks;
+      key.assign(reinterpret_cast<const char*>(d.data()), d.size() * sizeof(std::int64_t));
+      const auto [it, inserted] = ids.try_emplace(key, static_cast<std::uint32_t>(groups.size()));
+      if (inserted) groups.push_back(static_cast<std::uint32_t>(i));
+      group_of[i] = it->second;
+    }
+  }
+  // The index, first with placeholder offsets and sizes (fixed64, non-zero, so that
+  // its size does not change), rewritten once the parts are written.
+  v1::ReshardPlanIndex index;
+  index.set_format_version(kPlanFileFormatVersion);
+  *index.mutable_summary() = ToReshardPlanMessage(plan, /*include_transfers=*/false);
+  for (std::size_t g = 0; g + 1 < members.start.size(); ++g) {
+    const std::size_t count = members.start[g + 1] - members.start[g];
+    if (count == 0) continue;
+    v1::ReshardRankPartEntry* entry = index.add_parts();
+    entry->set_rank(static_cast<std::int64_t>(g));
+    entry->set_offset(1);
+    entry->set_size(1);
+    entry->set_num_transfers(static_cast<std::int64_t>(count));
+  }
+  const std::streampos start = out.tellp();
+  if (start == std::streampos(-1)) BadPlanFile("the output is not seekable");
+  if (start != std::streampos(0)) BadPlanFile("the output is not at the file's start");
+  WriteDelimited(index, out);
+  std::uint64_t offset = VarintSize(index.ByteSizeLong()) + index.ByteSizeLong();
+
+  // GPUs with the same transfers share a part: by a hash of the list, then compared.
+  const auto list_hash = [&](std::size_t g) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (std::size_t k = members.start[g]; k < members.start[g + 1]; ++k) {
+      h = (h ^ members.transfers[k]) * 0x100000001b3ull;
+    }
+    return h;
+  };
+  const auto same_list = [&](std::size_t a, std::size_t b) {
+    return std::equal(
+        members.transfers.begin() + static_cast<std::ptrdiff_t>(members.start[a]),
+        members.transfers.begin() + static_cast<std::ptrdiff_t>(members.start[a + 1]),
+        members.transfers.begin() + static_cast<std::ptrdiff_t>(members.start[b]),
+        members.transfers.begin() + static_cast<std::ptrdiff_t>(members.start[b + 1]));
+  };
+  std::unordered_multimap<std::uint64_t, int> written;  // list hash -> index entry
+  RankPartEncoder encoder(plan, group_of, groups);
+  BufferedOut buffered(out);
+  int entry = 0;
+  for (std::size_t g = 0; g + 1 < members.start.size(); ++g) {
+    const std::size_t count = members.start[g + 1] - members.start[g];
+    if (count == 0) continue;
+    v1::ReshardRankPartEntry* e = index.mutable_parts(entry);
+    const std::uint64_t hash = list_hash(g);
+    const auto [first, last] = written.equal_range(hash);
+    const auto same = std::find_if(first, last, [&](const auto& w) {
+      return same_list(static_cast<std::size_t>(index.parts(w.second).rank()), g);
+    });
+    if (same != last) {
+      e->set_offset(index.parts(same->second).offset());
+      e->set_size(index.parts(same->second).size());
+    } else {
+      std::string& b = buffered.buffer();
+      const std::size_t before = b.size();
+      encoder.Encode(members.transfers.data() + members.start[g], count, b);
+      const std::uint64_t size = b.size() - before;
+      e->set_offset(offset);
+      e->set_size(size);
+      offset += size;
+      written.emplace(hash, entry);
+      buffered.MaybeFlush();
+    }
+    ++entry;
+  }
+  buffered.Flush();
+  const std::streampos end = out.tellp();
+  out.seekp(start);
+  WriteDelimited(index, out);
+  if (out.tellp() - start !=
+      static_cast<std::streamoff>(VarintSize(index.ByteSizeLong()) + index.ByteSizeLong())) {
+    BadPlanFile("the index changed size");
+  }
+  out.seekp(end);
+  if (!out) BadPlanFile("cannot write");
+}
+
+v1::ReshardPlanIndex ReadReshardPlanIndex(std::istream& in) {
+  in.clear();
+  in.seekg(0);
+  if (!in) BadPlanFile("cannot seek to the start");
+  google::protobuf::io::IstreamInputStream stream(&in);
+  v1::ReshardPlanIndex index;
+  bool clean_eof = false;
+  if (!google::protobuf::util::ParseDelimitedFromZeroCopyStream(&index, &stream, &clean_eof)) {
+    BadPlanFile(clean_eof ? "empty" : "the index (first message) does not parse");
+  }
+  if (index.format_version() != kPlanFileFormatVersion) {
+    BadPlanFile(fmt::format("format_version {}, expected {}", index.format_version(),
+                            kPlanFileFormatVersion));
+  }
+  return index;
+}
+
+v1::ReshardRankPart ReadReshardRankPart(std::istream& in, const v1::ReshardPlanIndex& index,
+                                        std::int64_t rank) {
+  if (rank < 0) throw std::invalid_argument(fmt::format("rank: must be >= 0, got {}", rank));
+  v1::ReshardRankPart part;
+  const auto& parts = index.parts();
+  const auto it = std::lower_bound(
+      parts.begin(), parts.end(), rank,
+      [](const v1::ReshardRankPartEntry& e, std::int64_t r) { return e.rank() < r; });
+  if (it == parts.end() || it->rank() != rank) return part;
+  if (it->offset() > static_cast<std::uint64_t>(std::numeric_limits<std::streamoff>::max())) {
+    BadPlanFile(fmt::format("GPU {}: offset {} out of range", rank, it->offset()));
+  }
+  in.clear();
+  in.seekg(static_cast<std::streamoff>(it->offset()));
+  if (!in) BadPlanFile(fmt::format("GPU {}: cannot seek to offset {}", rank, it->offset()));
+  google::protobuf::io::IstreamInputStream stream(&in);
+  if (!google::protobuf::util::ParseDelimitedFromZeroCopyStream(&part, &stream, nullptr)) {
+    BadPlanFile(fmt::format("GPU {}: the part at offset {} does not parse", rank, it->offset()));
+  }
+  if (part.transfers_size() != it->num_transfers()) {
+    BadPlanFile(fmt::format("GPU {}: the part at offset {} has {} transfers, the index says {}",
+                            rank, it->offset(), part.transfers_size(), it->num_transfers()));
+  }
+  return part;
+}
+
+std::vector<v1::Transfer> RankPartTransfers(const v1::ReshardRankPart& part) {
+  const auto name = [&](std::int32_t id) -> const std::string& {
+    if (id < 0 || id >= part.param_names_size()) {
+      BadPlanFile(fmt::format("parameter name {} out of range", id));
+    }
+    return part.param_names(id);
+  };
+  const auto slice = [&](const google::protobuf::RepeatedField<std::int64_t>& flat,
+                         google::protobuf::RepeatedPtrField<v1::Range>* out) {
+    if (flat.size() % 2 != 0) BadPlanFile("a slice with an odd number of values");
+    for (int i = 0; i < flat.size(); i += 2) {
+      v1::Range* r = out->Add();
+      r->set_begin(flat[i]);
+      r->set_end(flat[i + 1]);
+    }
+  };
+  std::vector<v1::Transfer> transfers;
+  transfers.reserve(static_cast<std::size_t>(part.transfers_size()));
+  for (const v1::RankTransfer& t : part.transfers()) {
+    v1::Transfer& x = transfers.emplace_back();
+    x.set_bucket(t.bucket());
+    x.set_src_rank(t.src_rank());
+    x.set_src_param(name(t.src_param()));
+    slice(t.src_slice(), x.mutable_src_slice());
+    if (t.dst_group() < 0 || t.dst_group() >= part.dst_groups_size()) {
+      BadPlanFile(fmt::format("receiver set {} out of range", t.dst_group()));
+    }
+    *x.mutable_dst_ranks() = part.dst_groups(t.dst_group()).ranks();
+    x.set_dst_param(name(t.dst_param()));
+    slice(t.dst_slice(), x.mutable_dst_slice());
+    x.set_bytes(t.bytes());
+    x.set_quantize(t.quantize());
+  }
+  return transfers;
+}
+
+v1::ReshardPlan SolveReshard(const v1::ReshardRequest& request) {
+  const rollout::ModelConfig model = ToModelConfig(request);
+  const rollout::ReshardOptions options = ToReshardOptions(request);
+  return ToReshardPlanMessage(rollout::PlanReshard(model, options), request.include_transfers());
+}
+
+}  // namespace rlsched::wire
