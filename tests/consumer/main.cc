@@ -1,5 +1,6 @@
-// Uses the installed rlsched::balance and rlsched::scheduler; exits non-zero if the
-// partition or a small simulation is wrong.
+// Uses the installed rlsched::balance and rlsched::scheduler (and rlsched::wire when
+// installed); exits non-zero if the partition, a small simulation or a solved request
+// is wrong.
 
 #include <cstdint>
 #include <cstdio>
@@ -7,6 +8,9 @@
 
 #include "rlsched/balance/partition.h"
 #include "rlsched/scheduler/simulator.h"
+#ifdef RLSCHED_CONSUMER_WIRE
+#include "rlsched/wire/solve.h"
+#endif
 
 int main() {
   const std::vector<std::int64_t> lengths = {4096, 512, 700, 3000, 2048, 128, 900, 1500};
@@ -55,5 +59,15 @@ int main() {
   check(report.counters.trained == 3 * 2 * 2, "every batch trained");
   std::printf("consumer: max load %lld, lower bound %lld, gap %.4f\n",
               static_cast<long long>(p.max_load), static_cast<long long>(p.lower_bound), p.gap);
+#ifdef RLSCHED_CONSUMER_WIRE
+  // A Request solved in process, as the daemon would.
+  rlsched::v1::Request request;
+  request.set_id("c");
+  for (const std::int64_t length : lengths) request.mutable_balance()->add_lengths(length);
+  request.mutable_balance()->set_num_parts(3);
+  const rlsched::v1::Reply reply = rlsched::wire::Solve(request);
+  check(reply.id() == "c" && reply.has_balance(), "wire::Solve answers the balance request");
+  check(reply.balance().parts_size() == 3, "three parts from wire::Solve");
+#endif
   return failures == 0 ? 0 : 1;
 }

@@ -37,7 +37,8 @@ endif()
 run_step("install" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}" ${config_args})
 
 foreach(file bin/rlsched share/rlsched/proto/rlsched/v1/balance.proto
-             include/rlsched/balance/partition.h)
+             include/rlsched/balance/partition.h include/rlsched/wire/solve.h
+             include/rlsched/v1/service.pb.h)
   if(NOT EXISTS "${prefix}/${file}")
     message(FATAL_ERROR "the install lacks ${file} (prefix ${prefix})")
   endif()
