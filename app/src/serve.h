@@ -3,7 +3,7 @@
 // Overview
 //   The daemon reads rlsched.v1.Request messages from a byte stream and writes one
 //   rlsched.v1.Reply per request, in request order, each echoing the request's id.
-//   Two wire formats (DESIGN.md §3):
+//   Two wire formats (proto/rlsched/v1/service.proto, README "The daemon"):
 //     - kDelimited: each message preceded by its size as a base-128 varint (the
 //       standard delimited format of the protobuf libraries);
 //     - kJson: one JSON object per line, in protobuf's JSON mapping (proto field

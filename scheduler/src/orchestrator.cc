@@ -1,4 +1,3 @@
-// core: ready
 // The orchestrator's decision core (see rlsched/scheduler/orchestrator.h).
 //
 // State layout: samples and groups live in vectors indexed by id (ids are dense and
