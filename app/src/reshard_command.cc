@@ -112,11 +112,19 @@ CLI::Validator Bandwidth() {
       "");
 }
 
-// The text of the --model file, at most kMaxModelConfigBytes.
-std::string ReadModelFile(const std::string& path) {
+// The text of the --model file (a Hugging Face model folder: its config.json), at most
+// kMaxModelConfigBytes.
+std::string ReadModelFile(const std::string& given) {
   std::error_code error;
-  if (std::filesystem::is_directory(path, error)) {
-    throw std::invalid_argument(fmt::format("--model: {}: is a directory", path));
+  std::string path = given;
+  if (std::filesystem::is_directory(given, error)) {
+    path = (std::filesystem::path(given) / "config.json").string();
+    if (!std::filesystem::is_regular_file(path, error)) {
+      throw std::invalid_argument(
+          fmt::format("--model: {}: a folder without config.json (give the model's folder or "
+                      "its config.json)",
+                      given));
+    }
   }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
@@ -373,9 +381,9 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
 
   command
       ->add_option("--model", args.model,
-                   "The model's Hugging Face config.json (Llama, "
-                   "Qwen2/2.5, Qwen3, Qwen3-MoE, DeepSeek-V3)")
-      ->type_name("FILE")
+                   "The model's Hugging Face config.json, or its model folder (which holds "
+                   "config.json): Llama, Qwen2/2.5, Qwen3, Qwen3-MoE, DeepSeek-V3")
+      ->type_name("FILE|DIR")
       ->required();
   command
       ->add_option("--train", args.train,

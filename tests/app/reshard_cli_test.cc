@@ -306,6 +306,23 @@ struct BadCase {
   std::string message;            // in stderr
 };
 
+// A Hugging Face model folder: its config.json.
+TEST(ReshardCliTest, ModelFolderReadsItsConfig) {
+  const TempDir dir;
+  dir.Write("config.json", kTinyLlamaConfig);
+  const std::string file = dir.Write("llama.json", kTinyLlamaConfig);
+  const std::vector<std::string> rest = {"--train", "tp=2,pp=2", "--infer", "tp=4", "--json"};
+  std::vector<std::string> from_folder = {"reshard", "--model", dir / ""};
+  std::vector<std::string> from_file = {"reshard", "--model", file};
+  from_folder.insert(from_folder.end(), rest.begin(), rest.end());
+  from_file.insert(from_file.end(), rest.begin(), rest.end());
+  const ProcessResult a = RunProgram(from_folder);
+  const ProcessResult b = RunProgram(from_file);
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
 TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
   const TempDir dir;
   const std::string llama = dir.Write("llama.json", kTinyLlamaConfig);
@@ -358,6 +375,7 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
       {with({"--model", dir / "missing.json"}), "--model: " + (dir / "missing.json")},
       {with({"--model", garbage}), "--model " + garbage + ": config: not valid JSON"},
       {with({"--model", big}), "--model: " + big + ": larger than 1048576 bytes"},
+      {with({"--model", dir / ""}), "a folder without config.json"},
       {{"--train", "tp=2", "--infer", "tp=2"}, "--model"},
       {{"--model", llama, "--infer", "tp=2"}, "--train"},
       {{"--model", llama, "--train", "tp=2"}, "--infer"},
