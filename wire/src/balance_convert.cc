@@ -221,7 +221,7 @@ v1::BalanceReply SolveBalance(const v1::BalanceRequest& request) {
     const std::span<const std::int64_t> indices = partition.part(p);
     v1::Part* part = reply.add_parts();
     part->mutable_indices()->Reserve(static_cast<int>(indices.size()));
-    for (const std::int64_t index : indices) part->add_indices(index);
+    for (const std::int64_t index : indices) part->add_indices(static_cast<std::int32_t>(index));
     part->set_tokens(result.tokens[static_cast<std::size_t>(p)]);
     part->set_cost(partition.loads[static_cast<std::size_t>(p)]);
   }
@@ -285,7 +285,9 @@ v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request) {
     rank->mutable_micro_batches()->Reserve(static_cast<int>(rank_plan.micro_batches.size()));
     for (const balance::MicroBatch& batch : rank_plan.micro_batches) {
       v1::MicroBatch* micro_batch = rank->add_micro_batches();
-      micro_batch->mutable_indices()->Add(batch.indices.begin(), batch.indices.end());
+      for (const std::int64_t index : batch.indices) {
+        micro_batch->add_indices(static_cast<std::int32_t>(index));
+      }
       micro_batch->set_tokens(batch.tokens);
       micro_batch->set_cost(batch.cost);
       micro_batch->set_unpadded_tokens(batch.unpadded_tokens);
