@@ -187,7 +187,8 @@ void RunBalanceCommand(const BalanceArgs& args, std::istream& in, std::ostream& 
                reply.gap());
 
   if (args.json) {
-    out << ToJson(reply) << '\n';
+    WriteJson(reply, out);  // streamed, part by part
+    out << '\n';
   } else {
     PrintTable(args, request, reply, out);
   }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -818,6 +819,26 @@ TEST(SolvePlanStepTest, KnownBaselineFailureKeepsTheCap) {
   }
   EXPECT_EQ(reply.baseline().micro_batches(), 7);
   EXPECT_EQ(reply.baseline().cap_violations(), 1);
+}
+
+// The streamed writer prints ToJson's text byte for byte.
+TEST(ToJsonTest, WriteJsonOfABalanceReplyIsToJson) {
+  for (const std::int64_t parts : {1, 3, 64}) {
+    for (const std::uint64_t seed : {1, 2}) {
+      v1::BalanceRequest request;
+      for (const std::int64_t length : balance::HeavyTailedLengths(500, seed)) {
+        request.add_lengths(length);
+      }
+      request.set_num_parts(parts);
+      const v1::BalanceReply reply = SolveBalance(request);
+      std::ostringstream streamed;
+      WriteJson(reply, streamed);
+      EXPECT_EQ(streamed.str(), ToJson(reply)) << parts << " parts, seed " << seed;
+    }
+  }
+  std::ostringstream empty;
+  WriteJson(v1::BalanceReply(), empty);
+  EXPECT_EQ(empty.str(), ToJson(v1::BalanceReply()));
 }
 
 TEST(ToJsonTest, PlanStepFieldNames) {
