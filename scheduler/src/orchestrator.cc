@@ -223,7 +223,6 @@ struct Orchestrator::State {
   std::int64_t last_quota = 1;
   std::int64_t k = 1;         // trainer calls per step (streaming)
   std::int64_t per_call = 1;  // groups per call, P / k
-  bool colocated = false;
   bool boundary_sync = true;  // sync / one_step_off: engines sync when out of work
   bool one_batch_at_a_time = false;
   bool strict = true;  // every trained token within s (else: the admission policy)
@@ -330,18 +329,24 @@ struct Orchestrator::State {
     return options.initial_prediction;
   }
 
+  // A queued sample's key: its target batch, then (longest first) its predicted
+  // remaining tokens, then its id.
+  QueueKey KeyOf(std::int64_t id) {
+    return {GroupOf(id).target, options.longest_first ? -At(id).remaining : 0, id};
+  }
+
   void Enqueue(std::int64_t id) {
     Sample& x = At(id);
     x.state = SampleState::kQueued;
     x.engine = -1;
     x.remaining = std::max<std::int64_t>(1, x.predicted - x.tokens);
-    queue.emplace(GroupOf(id).target, options.longest_first ? -x.remaining : 0, id);
+    queue.insert(KeyOf(id));
     ++counters.queued;
     queued_work += x.remaining;
   }
   void Dequeue(std::int64_t id) {
     Sample& x = At(id);
-    queue.erase({GroupOf(id).target, options.longest_first ? -x.remaining : 0, id});
+    queue.erase(KeyOf(id));
     --counters.queued;
     queued_work -= x.remaining;
   }
@@ -670,7 +675,7 @@ struct Orchestrator::State {
   void StartTraining() {
     if (training || closed.empty()) return;
     const ClosedBatch& batch = closed.front();
-    if (colocated && !ReleaseEngines(batch.step)) return;
+    if (options.colocated && !ReleaseEngines(batch.step)) return;
     StartTrain start{
         .step = batch.step, .call = batch.call, .version = batch.step, .groups = batch.groups};
     std::vector<std::int64_t> group_ids;
@@ -1063,7 +1068,6 @@ Orchestrator::Orchestrator(OrchestratorOptions options) : state_(std::make_uniqu
   }
   st.k = options.train_calls_per_sync;
   st.per_call = st.P / st.k;
-  st.colocated = options.colocated;
   st.options = std::move(options);
 }
 
@@ -1186,7 +1190,7 @@ void Orchestrator::CheckInvariants() const {
       fail("staleness above s");
     }
   }
-  if (st.colocated && st.training && c.in_flight != 0) {
+  if (st.options.colocated && st.training && c.in_flight != 0) {
     fail("colocated: samples in flight while the trainer runs");
   }
   if (!st.strict && (c.stale_restarts != 0 || c.stale_discarded_tokens != 0)) {

@@ -133,16 +133,21 @@ std::int64_t LiveGroupsPerBatch(const OrchestratorOptions& options) {
       std::ceil((1.0 + options.oversample) * static_cast<double>(options.prompts_per_step)));
 }
 
+// The trainer's plan options: config.step on trainer_ranks ranks.
+balance::StepOptions TrainerStep(const SimulatorConfig& config) {
+  balance::StepOptions step = config.step;
+  step.num_ranks = config.trainer_ranks;
+  return step;
+}
+
 // The orchestrator options the simulation runs with: the planner, filter and step
 // count come from the simulator's config.
 OrchestratorOptions CoreOptions(const SimulatorConfig& config) {
   OrchestratorOptions options = config.orchestrator;
   options.num_steps = config.steps;
   if (config.filter_all_equal) options.filter = KeepUnlessAllEqual;
-  balance::StepOptions step = config.step;
-  step.num_ranks = config.trainer_ranks;
-  options.planner = [step](std::span<const std::int64_t> lengths,
-                           std::span<const std::int64_t> groups) {
+  options.planner = [step = TrainerStep(config)](std::span<const std::int64_t> lengths,
+                                                 std::span<const std::int64_t> groups) {
     return balance::PlanStep(lengths, groups, step);
   };
   return options;
@@ -1274,8 +1279,7 @@ void Validate(const SimulatorConfig& config) {
   }
 
   // The step options, by planning the longest possible sequence alone.
-  balance::StepOptions step = config.step;
-  step.num_ranks = config.trainer_ranks;
+  const balance::StepOptions step = TrainerStep(config);
   const std::int64_t longest_sequence = lengths.max_prompt_tokens + longest;
   const std::int64_t cap = step.micro_batch.max_tokens_per_micro_batch;
   const std::int64_t pad = std::max<std::int64_t>(step.micro_batch.pad_to_multiple_of, 1);
@@ -1337,8 +1341,7 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
                                 "] (above the calls' overheads), got " + Num(seconds));
   }
   const Workload workload(config);
-  balance::StepOptions step = config.step;
-  step.num_ranks = config.trainer_ranks;
+  const balance::StepOptions step = TrainerStep(config);
   const std::int64_t per_call = core.prompts_per_step / calls;
   double cost = 0;
   std::int64_t group = 0;
@@ -1349,9 +1352,9 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
       for (std::int64_t i = 0; i < per_call; ++i, ++group) {
         const std::int64_t prompt = group % config.dataset_prompts;
         const std::int64_t epoch = group / config.dataset_prompts;
+        const std::int64_t prompt_tokens = workload.PromptTokens(prompt);
         for (std::int64_t j = 0; j < core.samples_per_prompt; ++j) {
-          lengths.push_back(workload.PromptTokens(prompt) +
-                            workload.ResponseLength(prompt, epoch, j));
+          lengths.push_back(prompt_tokens + workload.ResponseLength(prompt, epoch, j));
           groups.push_back(i);
         }
       }
@@ -1372,7 +1375,6 @@ std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config) 
   SimulatorConfig colocated = config;
   colocated.engines = gpus / config.gpus_per_engine;
   colocated.trainer_ranks = gpus / config.gpus_per_trainer_rank;
-  colocated.step.num_ranks = colocated.trainer_ranks;
   OrchestratorOptions& core = colocated.orchestrator;
   core.mode = Mode::kSync;
   core.colocated = true;
