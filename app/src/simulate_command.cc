@@ -19,6 +19,7 @@
 #include "command_common.h"
 #include "lengths_reader.h"
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 #include "rlsched/wire/balance_convert.h"
 #include "rlsched/wire/simulate_convert.h"
 #include "serve.h"
@@ -111,25 +112,22 @@ bool HasPathPrefix(std::string_view path, std::string_view prefix) {
   return tail.empty() || tail.front() == '.' || tail.front() == '[';
 }
 
-// A SolveSimulate() error ("config.<path>: …", "trace_run: …") in the command's
-// terms: the flag that set the field, or the --config file, and the field.
-std::string ToCommandError(const SimulateArgs& args, std::string_view message) {
+// A SolveSimulate() error (field "config.<path>", "trace_run") in the command's terms:
+// the flag that set the field, or the --config file, and the field.
+std::string ToCommandError(const SimulateArgs& args, const FieldError& e) {
   constexpr std::string_view kConfig = "config.";
-  if (message.starts_with("trace_run:")) {
-    return fmt::format("--trace-run{}", message.substr(std::string_view("trace_run").size()));
-  }
-  if (!message.starts_with(kConfig)) return std::string(message);
-  message.remove_prefix(kConfig.size());
-  const std::string_view path = LeadingFieldPath(message);
-  if (!path.empty()) {
-    for (const FlagField& field : FlagFields(args)) {
-      if (field.given && HasPathPrefix(path, field.path)) {
-        return fmt::format("{} ({}){}", field.flag, path, message.substr(path.size()));
-      }
+  const std::string_view field = e.field();
+  if (field == "trace_run") return e.Renamed("--trace-run").what();
+  if (!field.starts_with(kConfig)) return e.what();
+  const std::string_view path = field.substr(kConfig.size());
+  for (const FlagField& flag : FlagFields(args)) {
+    if (flag.given && HasPathPrefix(path, flag.path)) {
+      return e.Renamed(fmt::format("{} ({})", flag.flag, path)).what();
     }
   }
-  if (!args.config.empty()) return fmt::format("--config {}: {}", args.config, message);
-  return std::string(message);
+  const std::string in_wire_terms = e.Renamed(std::string(path)).what();
+  if (!args.config.empty()) return fmt::format("--config {}: {}", args.config, in_wire_terms);
+  return in_wire_terms;
 }
 
 std::string FormatRate(double value) { return fmt::format("{:.2f}", value); }
@@ -929,8 +927,8 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
   v1::SimulateReply reply;
   try {
     reply = SolveSimulate(request);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(ToCommandError(args, e.what()));
+  } catch (const FieldError& e) {
+    throw std::invalid_argument(ToCommandError(args, e));
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   spdlog::info("simulated {} run{} in {:.3f} s", reply.runs_size(),

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "internal.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::balance {
 namespace {
@@ -15,8 +16,7 @@ void CheckLengths(std::span<const std::int64_t> lengths) {
   internal::CheckWeights(lengths, "lengths");
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] > kMaxLength) {
-      throw std::invalid_argument("lengths[" + std::to_string(i) + "]: must be <= 2^31, got " +
-                                  std::to_string(lengths[i]));
+      rlsched::FailBound("lengths[" + std::to_string(i) + "]", "<= 2^31", lengths[i]);
     }
   }
 }
@@ -26,17 +26,16 @@ void CheckLengths(std::span<const std::int64_t> lengths) {
 void CheckGroups(std::span<const std::int64_t> groups, std::size_t num_lengths,
                  const BalanceOptions& options) {
   if (options.keep_groups && groups.empty() && num_lengths > 0) {
-    throw std::invalid_argument("groups: keep_groups requires one group id per length");
+    rlsched::Fail("groups", "keep_groups requires one group id per length");
   }
   if (!groups.empty() && groups.size() != num_lengths) {
-    throw std::invalid_argument("groups: must be empty or have one id per length (" +
+    rlsched::Fail("groups", "must be empty or have one id per length (" +
                                 std::to_string(num_lengths) + "), got " +
                                 std::to_string(groups.size()));
   }
   for (std::size_t i = 0; i < groups.size(); ++i) {
     if (groups[i] < 0) {
-      throw std::invalid_argument("groups[" + std::to_string(i) + "]: must be >= 0, got " +
-                                  std::to_string(groups[i]));
+      rlsched::FailBound("groups[" + std::to_string(i) + "]", ">= 0", groups[i]);
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::balance {
 namespace {
@@ -15,15 +16,13 @@ constexpr double kMaxCost = 4.611686018427387904e18;  // 2^62
 
 void CheckCoefficient(double value, const char* name) {
   if (!std::isfinite(value) || value < 0.0) {
-    throw std::invalid_argument(std::string("cost.") + name + ": must be finite and >= 0, got " +
-                                std::to_string(value));
+    rlsched::FailBound(name, "finite and >= 0", value);
   }
 }
 
 void CheckShapeField(std::int64_t value, const char* name) {
   if (value < 1) {
-    throw std::invalid_argument(std::string("model.") + name + ": must be >= 1, got " +
-                                std::to_string(value));
+    rlsched::FailBound(std::string("model.") + name, ">= 1", value);
   }
 }
 
@@ -35,14 +34,14 @@ void CheckShape(const ModelShape& shape) {
   CheckShapeField(shape.num_kv_heads, "num_kv_heads");
   CheckShapeField(shape.vocab_size, "vocab_size");
   if (shape.hidden_size % shape.num_attention_heads != 0) {
-    throw std::invalid_argument("model.num_attention_heads: must divide hidden_size (" +
-                                std::to_string(shape.hidden_size) + "), got " +
-                                std::to_string(shape.num_attention_heads));
+    rlsched::Fail("model.num_attention_heads", "must divide hidden_size (" +
+                                                   std::to_string(shape.hidden_size) + "), got " +
+                                                   std::to_string(shape.num_attention_heads));
   }
   if (shape.num_attention_heads % shape.num_kv_heads != 0) {
-    throw std::invalid_argument("model.num_kv_heads: must divide num_attention_heads (" +
-                                std::to_string(shape.num_attention_heads) + "), got " +
-                                std::to_string(shape.num_kv_heads));
+    rlsched::Fail("model.num_kv_heads", "must divide num_attention_heads (" +
+                                            std::to_string(shape.num_attention_heads) + "), got " +
+                                            std::to_string(shape.num_kv_heads));
   }
 }
 
@@ -73,8 +72,8 @@ enum class AtLeast { kPositive, kZero };
 void CheckOverheadField(double value, AtLeast at_least, const char* name) {
   const bool positive = at_least == AtLeast::kPositive;
   if (!std::isfinite(value) || value < 0.0 || (positive && value == 0.0)) {
-    throw std::invalid_argument(std::string("overhead_model.") + name + ": must be finite and " +
-                                (positive ? "> 0" : ">= 0") + ", got " + std::to_string(value));
+    rlsched::FailBound(std::string("overhead_model.") + name,
+                       positive ? "finite and > 0" : "finite and >= 0", value);
   }
 }
 
@@ -111,12 +110,10 @@ CostModel CostModel::Tokens() {
 }
 
 CostModel CostModel::Attention(double linear, double quadratic, double constant) {
-  CheckCoefficient(linear, "linear");
-  CheckCoefficient(quadratic, "quadratic");
-  CheckCoefficient(constant, "constant");
-  if (linear + quadratic <= 0.0) {
-    throw std::invalid_argument("cost: linear + quadratic must be > 0");
-  }
+  CheckCoefficient(linear, "coefficients.linear");
+  CheckCoefficient(quadratic, "coefficients.quadratic");
+  CheckCoefficient(constant, "coefficients.constant");
+  if (linear + quadratic <= 0.0) rlsched::Fail("coefficients", "linear + quadratic must be > 0");
   return CostModel(Kind::kAttention, linear, quadratic, constant,
                    OverheadFor(ModelShape{}, linear));
 }
@@ -131,15 +128,14 @@ CostModel CostModel::Attention(const ModelShape& shape, double constant) {
 
 std::int64_t CostModel::Cost(std::int64_t length) const {
   if (length < 0 || length > kMaxLength) {
-    throw std::invalid_argument("lengths: each length must be in [0, 2^31], got " +
-                                std::to_string(length));
+    rlsched::Fail("lengths", "each length must be in [0, 2^31], got " + std::to_string(length));
   }
   if (kind_ == Kind::kTokens) return length;
   const double l = static_cast<double>(length);
   const double cost = linear_ * l + quadratic_ * l * l + constant_;
   if (!(cost < kMaxCost)) {
-    throw std::invalid_argument("cost: the cost of a sequence of length " + std::to_string(length) +
-                                " exceeds 2^62");
+    rlsched::Fail("cost",
+                  "the cost of a sequence of length " + std::to_string(length) + " exceeds 2^62");
   }
   return std::llround(cost);
 }
@@ -148,8 +144,7 @@ std::vector<std::int64_t> CostModel::Costs(std::span<const std::int64_t> lengths
   std::vector<std::int64_t> costs(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] < 0 || lengths[i] > kMaxLength) {
-      throw std::invalid_argument("lengths[" + std::to_string(i) + "]: must be in [0, 2^31], got " +
-                                  std::to_string(lengths[i]));
+      rlsched::FailBound("lengths[" + std::to_string(i) + "]", "in [0, 2^31]", lengths[i]);
     }
     costs[i] = Cost(lengths[i]);
   }

@@ -23,7 +23,6 @@
 #include "rlsched/balance/exact.h"
 
 #include <algorithm>
-#include <cassert>
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
@@ -32,6 +31,7 @@
 
 #include "internal.h"
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::balance {
 namespace {
@@ -278,7 +278,7 @@ class CompleteGreedy {
       ++counts[static_cast<std::size_t>(p)];
     }
     for (p = 0; static_cast<std::int64_t>(best_parts_.size()) < n_; ++p) {
-      assert(p < k_);
+      RLSCHED_CHECK(p < k_);
       if (counts[static_cast<std::size_t>(p)] == floor_ && full < extra_) {
         best_parts_.push_back(p);
         ++full;
@@ -367,7 +367,7 @@ class BinCompletion {
   void FillPart(std::int64_t part, std::int64_t waste, std::int64_t extra_left) {
     if (part == k_ - 1) {
       // The last part takes every item left; the waste budget guarantees it fits.
-      assert(total_ - filled_ <= capacity_);
+      RLSCHED_CHECK(total_ - filled_ <= capacity_);
       Record(part);
       return;
     }
@@ -506,16 +506,15 @@ std::int64_t Times(std::int64_t a, std::int64_t b) {
 void CheckIncumbent(const Assignment& incumbent, std::size_t num_items, std::int64_t num_parts,
                     PartSizes sizes) {
   if (incumbent.size() != num_items) {
-    throw std::invalid_argument("incumbent: must be empty or have one entry per item (" +
-                                std::to_string(num_items) + "), got " +
-                                std::to_string(incumbent.size()));
+    rlsched::Fail("incumbent", "must be empty or have one entry per item (" +
+                                   std::to_string(num_items) + "), got " +
+                                   std::to_string(incumbent.size()));
   }
   std::vector<std::int64_t> counts(static_cast<std::size_t>(num_parts), 0);
   for (std::size_t i = 0; i < incumbent.size(); ++i) {
     if (incumbent[i] < 0 || incumbent[i] >= num_parts) {
-      throw std::invalid_argument("incumbent[" + std::to_string(i) + "]: must be in [0, " +
-                                  std::to_string(num_parts) + "), got " +
-                                  std::to_string(incumbent[i]));
+      rlsched::FailBound("incumbent[" + std::to_string(i) + "]",
+                         "in [0, " + std::to_string(num_parts) + ")", incumbent[i]);
     }
     ++counts[static_cast<std::size_t>(incumbent[i])];
   }
@@ -525,10 +524,10 @@ void CheckIncumbent(const Assignment& incumbent, std::size_t num_items, std::int
   const std::int64_t high = low + (n % num_parts != 0 ? 1 : 0);
   for (std::size_t p = 0; p < counts.size(); ++p) {
     if (counts[p] < low || counts[p] > high) {
-      throw std::invalid_argument("incumbent: part " + std::to_string(p) + " holds " +
-                                  std::to_string(counts[p]) + " items; equal_size needs " +
-                                  std::to_string(low) + (high != low ? " or " : "") +
-                                  (high != low ? std::to_string(high) : std::string()));
+      rlsched::Fail("incumbent", "part " + std::to_string(p) + " holds " +
+                                     std::to_string(counts[p]) + " items; equal_size needs " +
+                                     std::to_string(low) + (high != low ? " or " : "") +
+                                     (high != low ? std::to_string(high) : std::string()));
     }
   }
 }
@@ -540,11 +539,10 @@ ExactResult ExactSearch(std::span<const std::int64_t> weights, std::int64_t num_
   internal::CheckNumParts(num_parts);
   internal::CheckWeights(weights, "weights");
   if (options.max_nodes < 0) {
-    throw std::invalid_argument("exact.max_nodes: must be >= 0, got " +
-                                std::to_string(options.max_nodes));
+    rlsched::Fail("exact.max_nodes", "must be >= 0, got " + std::to_string(options.max_nodes));
   }
   if (options.time_limit.count() > 0 && !options.now) {
-    throw std::invalid_argument("exact.now: a clock is required with exact.time_limit");
+    rlsched::Fail("exact.now", "a clock is required with exact.time_limit");
   }
   const std::vector<std::int32_t> order = internal::HeaviestFirst(weights);
   ExactResult result;

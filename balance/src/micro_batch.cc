@@ -15,6 +15,7 @@
 
 #include "internal.h"
 #include "micro_batch_internal.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::balance {
 namespace internal {
@@ -24,8 +25,7 @@ constexpr std::int64_t kMaxPipelineStages = 65536;
 
 void CheckAtLeast(std::int64_t value, std::int64_t min, const char* field) {
   if (value < min) {
-    throw std::invalid_argument(std::string(field) + ": must be >= " + std::to_string(min) +
-                                ", got " + std::to_string(value));
+    rlsched::FailBound(std::string(field), ">= " + std::to_string(min), value);
   }
 }
 
@@ -97,21 +97,19 @@ void CheckOptions(const MicroBatchOptions& options) {
   CheckAtLeast(options.pad_to_multiple_of, 1, "pad_to_multiple_of");
   CheckAtLeast(options.pipeline_stages, 1, "pipeline_stages");
   if (options.pipeline_stages > kMaxPipelineStages) {
-    throw std::invalid_argument(
-        "pipeline_stages: must be <= " + std::to_string(kMaxPipelineStages) + ", got " +
-        std::to_string(options.pipeline_stages));
+    rlsched::Fail("pipeline_stages", "must be <= " + std::to_string(kMaxPipelineStages) + ", got " +
+                                         std::to_string(options.pipeline_stages));
   }
   if (options.overhead) CheckAtLeast(*options.overhead, 0, "overhead");
   if (!(options.count_tolerance >= 0.0 && options.count_tolerance <= 1.0)) {
-    throw std::invalid_argument("count_tolerance: must be in [0, 1], got " +
-                                std::to_string(options.count_tolerance));
+    rlsched::Fail("count_tolerance",
+                  "must be in [0, 1], got " + std::to_string(options.count_tolerance));
   }
   if (options.min_micro_batches > kMaxParts) {
-    throw std::invalid_argument("min_micro_batches: must be <= " + std::to_string(kMaxParts));
+    rlsched::Fail("min_micro_batches", "must be <= " + std::to_string(kMaxParts));
   }
   if (options.micro_batches_multiple_of > kMaxParts) {
-    throw std::invalid_argument("micro_batches_multiple_of: must be <= " +
-                                std::to_string(kMaxParts));
+    rlsched::Fail("micro_batches_multiple_of", "must be <= " + std::to_string(kMaxParts));
   }
 }
 
@@ -128,15 +126,14 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
   padded.tokens.resize(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] > kMaxLength) {
-      throw std::invalid_argument("lengths[" + std::to_string(i) + "]: must be <= 2^31, got " +
-                                  std::to_string(lengths[i]));
+      rlsched::FailBound("lengths[" + std::to_string(i) + "]", "<= 2^31", lengths[i]);
     }
     const std::int64_t t = RoundUp(lengths[i], options.pad_to_multiple_of);
     if (t > options.max_tokens_per_micro_batch) {
-      throw std::invalid_argument("lengths[" + std::to_string(i) + "]: sequence of " +
-                                  std::to_string(t) +
-                                  " tokens (padded) exceeds max_tokens_per_micro_batch = " +
-                                  std::to_string(options.max_tokens_per_micro_batch));
+      rlsched::Fail("lengths[" + std::to_string(i) + "]",
+                    "sequence of " + std::to_string(t) +
+                        " tokens (padded) exceeds max_tokens_per_micro_batch = " +
+                        std::to_string(options.max_tokens_per_micro_batch));
     }
     padded.tokens[i] = t;
   }

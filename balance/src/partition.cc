@@ -7,21 +7,22 @@
 
 #include "internal.h"
 #include "rlsched/balance/exact.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::balance {
 namespace internal {
 
 void CheckNumParts(std::int64_t num_parts) {
   if (num_parts < 1 || num_parts > kMaxParts) {
-    throw std::invalid_argument("num_parts: must be in [1, " + std::to_string(kMaxParts) +
-                                "], got " + std::to_string(num_parts));
+    rlsched::Fail("num_parts", "must be in [1, " + std::to_string(kMaxParts) + "], got " +
+                                   std::to_string(num_parts));
   }
 }
 
 std::int64_t CheckedAdd(std::int64_t a, std::int64_t b, std::string_view field) {
   std::int64_t sum = 0;
   if (__builtin_add_overflow(a, b, &sum)) {
-    throw std::invalid_argument(std::string(field) + ": the total overflows int64");
+    rlsched::Fail(std::string(field), "the total overflows int64");
   }
   return sum;
 }
@@ -29,21 +30,20 @@ std::int64_t CheckedAdd(std::int64_t a, std::int64_t b, std::string_view field) 
 std::int64_t CheckedMul(std::int64_t a, std::int64_t b, std::string_view field) {
   std::int64_t product = 0;
   if (__builtin_mul_overflow(a, b, &product)) {
-    throw std::invalid_argument(std::string(field) + ": the total overflows int64");
+    rlsched::Fail(std::string(field), "the total overflows int64");
   }
   return product;
 }
 
 std::int64_t CheckWeights(std::span<const std::int64_t> weights, std::string_view field) {
   if (static_cast<std::int64_t>(weights.size()) > kMaxItems) {
-    throw std::invalid_argument(std::string(field) + ": at most " + std::to_string(kMaxItems) +
-                                " entries, got " + std::to_string(weights.size()));
+    rlsched::Fail(std::string(field), "at most " + std::to_string(kMaxItems) + " entries, got " +
+                                          std::to_string(weights.size()));
   }
   std::int64_t sum = 0;
   for (std::size_t i = 0; i < weights.size(); ++i) {
     if (weights[i] < 0) {
-      throw std::invalid_argument(std::string(field) + "[" + std::to_string(i) +
-                                  "]: must be >= 0, got " + std::to_string(weights[i]));
+      rlsched::FailBound(std::string(field) + "[" + std::to_string(i) + "]", ">= 0", weights[i]);
     }
     sum = CheckedAdd(sum, weights[i], field);
   }
@@ -53,15 +53,13 @@ std::int64_t CheckWeights(std::span<const std::int64_t> weights, std::string_vie
 void CheckAssignment(std::span<const std::int32_t> assignment, std::size_t num_items,
                      std::int64_t num_parts) {
   if (assignment.size() != num_items) {
-    throw std::invalid_argument("assignment: must have one entry per item (" +
-                                std::to_string(num_items) + "), got " +
-                                std::to_string(assignment.size()));
+    rlsched::Fail("assignment", "must have one entry per item (" + std::to_string(num_items) +
+                                    "), got " + std::to_string(assignment.size()));
   }
   for (std::size_t i = 0; i < assignment.size(); ++i) {
     if (assignment[i] < 0 || assignment[i] >= num_parts) {
-      throw std::invalid_argument("assignment[" + std::to_string(i) + "]: must be in [0, " +
-                                  std::to_string(num_parts) + "), got " +
-                                  std::to_string(assignment[i]));
+      rlsched::FailBound("assignment[" + std::to_string(i) + "]",
+                         "in [0, " + std::to_string(num_parts) + ")", assignment[i]);
     }
   }
 }
@@ -91,8 +89,8 @@ std::int64_t LowerBound(std::span<const std::int64_t> weights, std::int64_t num_
 Assignment ContiguousSplit(std::int64_t num_items, std::int64_t num_parts) {
   internal::CheckNumParts(num_parts);
   if (num_items < 0 || num_items > kMaxItems) {
-    throw std::invalid_argument("num_items: must be in [0, " + std::to_string(kMaxItems) +
-                                "], got " + std::to_string(num_items));
+    rlsched::Fail("num_items", "must be in [0, " + std::to_string(kMaxItems) + "], got " +
+                                   std::to_string(num_items));
   }
   const std::int64_t floor = num_items / num_parts;
   const std::int64_t extra = num_items % num_parts;
@@ -156,11 +154,11 @@ Partition PartitionItems(std::span<const std::int64_t> weights, const PartitionO
   internal::CheckNumParts(options.num_parts);
   internal::CheckWeights(weights, "weights");
   if (options.exact.max_nodes < 0) {
-    throw std::invalid_argument("exact.max_nodes: must be >= 0, got " +
-                                std::to_string(options.exact.max_nodes));
+    rlsched::Fail("exact.max_nodes",
+                  "must be >= 0, got " + std::to_string(options.exact.max_nodes));
   }
   if (options.exact.time_limit.count() > 0 && !options.exact.now) {
-    throw std::invalid_argument("exact.now: a clock is required with exact.time_limit");
+    rlsched::Fail("exact.now", "a clock is required with exact.time_limit");
   }
   const std::int64_t k = options.num_parts;
   const PartSizes sizes = PartSizesFor(options.equal_size);

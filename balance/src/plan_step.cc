@@ -20,6 +20,7 @@
 #include "rank_packer.h"
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/micro_batch.h"
+#include "rlsched/common/error.h"
 #include "step_bound.h"
 
 namespace rlsched::balance {
@@ -27,17 +28,16 @@ namespace internal {
 
 void CheckStepOptions(const StepOptions& options) {
   if (options.num_ranks < 1 || options.num_ranks > kMaxParts) {
-    throw std::invalid_argument("num_ranks: must be in [1, " + std::to_string(kMaxParts) +
-                                "], got " + std::to_string(options.num_ranks));
+    rlsched::Fail("num_ranks", "must be in [1, " + std::to_string(kMaxParts) + "], got " +
+                                   std::to_string(options.num_ranks));
   }
   CheckOptions(options.micro_batch);
   const MicroBatchOptions& mb = options.micro_batch;
   const std::int64_t per_rank = std::max(mb.min_micro_batches, mb.micro_batches_multiple_of);
   if (per_rank > kMaxItems / options.num_ranks) {
-    throw std::invalid_argument(
-        "num_ranks × max(min_micro_batches, micro_batches_multiple_of): must be <= " +
-        std::to_string(kMaxItems) + ", got " + std::to_string(options.num_ranks) + " × " +
-        std::to_string(per_rank));
+    rlsched::FailBound("num_ranks × max(min_micro_batches, micro_batches_multiple_of)",
+                       "<= " + std::to_string(kMaxItems),
+                       std::to_string(options.num_ranks) + " × " + std::to_string(per_rank));
   }
 }
 

@@ -19,7 +19,6 @@
 // (or above its own size, for a part already over it).
 
 #include <algorithm>
-#include <cassert>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -27,6 +26,7 @@
 
 #include "internal.h"
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::balance {
 namespace {
@@ -203,7 +203,7 @@ class LocalSearch {
   void Remove(std::int32_t part, std::int32_t item) {
     auto& list = Items(part);
     const auto it = std::lower_bound(list.begin(), list.end(), item, Lighter());
-    assert(it != list.end() && *it == item);
+    RLSCHED_CHECK(it != list.end() && *it == item);
     list.erase(it);
   }
 
@@ -263,11 +263,11 @@ std::int64_t RefineWithCapacity(std::span<const std::int64_t> weights,
                                 const RefineOptions& options, std::int64_t lower_bound,
                                 Assignment& assignment) {
   if (options.max_iterations < 0) {
-    throw std::invalid_argument("refine.max_iterations: must be >= 0");
+    rlsched::Fail("refine.max_iterations", "must be >= 0");
   }
   const bool timed = options.time_limit.count() > 0;
   if (timed && !options.now) {
-    throw std::invalid_argument("refine.now: a clock is required with refine.time_limit");
+    rlsched::Fail("refine.now", "a clock is required with refine.time_limit");
   }
   if (!options.enabled || options.max_iterations == 0 || weights.empty()) return 0;
   {  // Nothing to do at the bound: skip building the search's structures.

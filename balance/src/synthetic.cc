@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "rlsched/common/error.h"
+
 namespace rlsched::balance {
 namespace {
 
@@ -21,7 +23,7 @@ std::int64_t Response(Rng& rng) {
 }
 
 void CheckCount(std::int64_t n, const char* field) {
-  if (n < 0) throw std::invalid_argument(std::string(field) + ": must be >= 0");
+  if (n < 0) rlsched::FailBound(std::string(field), ">= 0", n);
 }
 
 }  // namespace

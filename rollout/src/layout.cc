@@ -2,20 +2,16 @@
 
 #include "rlsched/rollout/layout.h"
 
-#include <cassert>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "layout_internal.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::rollout {
 namespace {
-
-[[noreturn]] void Fail(const std::string& field, const std::string& what) {
-  throw std::invalid_argument(field + ": " + what);
-}
 
 void CheckDivides(const std::string& field, std::int64_t divisor, const char* what,
                   std::int64_t value) {
@@ -137,7 +133,7 @@ TensorIndex::TensorIndex(const ModelConfig& model) : tensors_(HfTensors(model)) 
 
 std::int32_t TensorIndex::operator[](const std::string& name) const {
   auto it = index_.find(name);
-  assert(it != index_.end() && "unknown tensor name");
+  RLSCHED_CHECK(it != index_.end());  // a known tensor name
   return it->second;
 }
 

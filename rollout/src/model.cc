@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "rlsched/common/error.h"
+
 namespace rlsched::rollout {
 namespace {
 
@@ -16,7 +18,7 @@ using Json = nlohmann::json;
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 31;
 
 [[noreturn]] void Fail(const std::string& field, const std::string& what) {
-  throw std::invalid_argument("config." + field + ": " + what);
+  rlsched::Fail("config." + field, what);
 }
 
 // An integer field; `fallback` when absent (or null), an error when absent and
@@ -99,8 +101,8 @@ bool ModelConfig::IsMoeLayer(std::int64_t layer) const {
 
 ModelConfig ParseHfConfig(std::string_view json_text) {
   Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw std::invalid_argument("config: not valid JSON");
-  if (!j.is_object()) throw std::invalid_argument("config: must be a JSON object");
+  if (j.is_discarded()) rlsched::Fail("config", "not valid JSON");
+  if (!j.is_object()) rlsched::Fail("config", "must be a JSON object");
 
   ModelConfig m;
   m.family = FamilyOf(j);

@@ -3,7 +3,6 @@
 #include "rlsched/rollout/plan.h"
 
 #include <algorithm>
-#include <cassert>
 #include <map>
 #include <numeric>
 #include <stdexcept>
@@ -13,15 +12,12 @@
 #include <utility>
 
 #include "layout_internal.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::rollout {
 namespace {
 
 using internal::TensorIndex;
-
-[[noreturn]] void Fail(const std::string& field, const std::string& what) {
-  throw std::invalid_argument(field + ": " + what);
-}
 
 constexpr int kLinks = 4;  // LinkKind values per GPU
 
@@ -302,9 +298,7 @@ void Planner::BuildJobs() {
                SliceBytes(region.r1 - region.r0, region.c1 - region.c0, full.element_bytes, q), q,
                full.is_vector});
         }
-        if (covered != piece.Elements()) {
-          throw std::logic_error("rollout: the trainer shards do not cover " + full.name);
-        }
+        RLSCHED_CHECK(covered == piece.Elements());  // the trainer shards cover the piece
       }
     }
   }
@@ -395,7 +389,7 @@ void Planner::Assign() {
         const auto& hs = classes_[src.holdings[i].cls].holders;
         if (std::binary_search(hs.begin(), hs.end(), rank)) return static_cast<std::int32_t>(i);
       }
-      assert(false && "holder without holding");
+      RLSCHED_CHECK(!"every holder has a holding");
       return 0;
     };
     remote.clear();

@@ -18,12 +18,10 @@
 #include <utility>
 #include <vector>
 
+#include "rlsched/common/error.h"
+
 namespace rlsched::rollout {
 namespace {
-
-[[noreturn]] void Fail(const std::string& field, const std::string& what) {
-  throw std::invalid_argument(field + ": " + what);
-}
 
 std::int64_t Product(const std::vector<std::int64_t>& dims, std::size_t from) {
   std::int64_t p = 1;
@@ -656,7 +654,7 @@ struct EngineBuffer {
 
 Tensor Tensor::Filled(std::vector<std::int64_t> shape, std::uint16_t value) {
   for (std::int64_t d : shape) {
-    if (d < 0) throw std::invalid_argument("shape: dims must be >= 0, got " + ShapeString(shape));
+    if (d < 0) rlsched::Fail("shape", "dims must be >= 0, got " + ShapeString(shape));
   }
   Tensor t;
   t.data.assign(static_cast<std::size_t>(Product(shape, 0)), value);
@@ -712,16 +710,16 @@ Tensor Cols(const Tensor& t, std::int64_t begin, std::int64_t end) {
 }
 
 Tensor ConcatRows(const std::vector<Tensor>& parts) {
-  if (parts.empty()) throw std::invalid_argument("ConcatRows: no parts");
+  if (parts.empty()) rlsched::Fail("ConcatRows", "no parts");
   Tensor out;
   out.shape = parts[0].shape;
-  if (out.shape.empty()) throw std::invalid_argument("ConcatRows: scalar parts");
+  if (out.shape.empty()) rlsched::Fail("ConcatRows", "scalar parts");
   out.shape[0] = 0;
   for (const Tensor& p : parts) {
     if (p.shape.size() != out.shape.size() ||
         !std::equal(p.shape.begin() + 1, p.shape.end(), out.shape.begin() + 1)) {
-      throw std::invalid_argument("ConcatRows: " + ShapeString(p.shape) + " does not match " +
-                                  ShapeString(parts[0].shape));
+      rlsched::Fail("ConcatRows",
+                    "" + ShapeString(p.shape) + " does not match " + ShapeString(parts[0].shape));
     }
     out.shape[0] += p.shape[0];
     out.data.insert(out.data.end(), p.data.begin(), p.data.end());
@@ -730,14 +728,14 @@ Tensor ConcatRows(const std::vector<Tensor>& parts) {
 }
 
 Tensor Stack(const std::vector<Tensor>& parts) {
-  if (parts.empty()) throw std::invalid_argument("Stack: no parts");
+  if (parts.empty()) rlsched::Fail("Stack", "no parts");
   Tensor out;
   out.shape = parts[0].shape;
   out.shape.insert(out.shape.begin(), static_cast<std::int64_t>(parts.size()));
   for (const Tensor& p : parts) {
     if (p.shape != parts[0].shape) {
-      throw std::invalid_argument("Stack: " + ShapeString(p.shape) + " does not match " +
-                                  ShapeString(parts[0].shape));
+      rlsched::Fail("Stack",
+                    "" + ShapeString(p.shape) + " does not match " + ShapeString(parts[0].shape));
     }
     out.data.insert(out.data.end(), p.data.begin(), p.data.end());
   }
@@ -746,7 +744,7 @@ Tensor Stack(const std::vector<Tensor>& parts) {
 
 Tensor Reshape(const Tensor& t, std::vector<std::int64_t> shape) {
   if (Product(shape, 0) != t.Elements()) {
-    throw std::invalid_argument("Reshape: " + ShapeString(t.shape) + " to " + ShapeString(shape));
+    rlsched::Fail("Reshape", "" + ShapeString(t.shape) + " to " + ShapeString(shape));
   }
   Tensor out;
   out.shape = std::move(shape);
@@ -756,8 +754,7 @@ Tensor Reshape(const Tensor& t, std::vector<std::int64_t> shape) {
 
 Tensor PadRows(const Tensor& t, std::int64_t rows, std::uint16_t value) {
   if (t.shape.empty() || rows < t.shape[0]) {
-    throw std::invalid_argument("PadRows: " + std::to_string(rows) + " rows for " +
-                                ShapeString(t.shape));
+    rlsched::Fail("PadRows", "" + std::to_string(rows) + " rows for " + ShapeString(t.shape));
   }
   Tensor out = t;
   out.padding_rows = t.padding_rows + rows - t.shape[0];

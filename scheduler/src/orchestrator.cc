@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include "rlsched/common/error.h"
+
 namespace rlsched::scheduler {
 namespace {
 
@@ -38,7 +40,7 @@ constexpr std::int64_t kMaxTokens = std::int64_t{1} << 40;
 
 [[noreturn]] void Invalid(const std::string& field, const std::string& bound,
                           const std::string& got) {
-  throw std::invalid_argument(field + ": must be " + bound + ", got " + got);
+  rlsched::FailBound(field, bound, got);
 }
 
 std::string Str(std::int64_t v) { return std::to_string(v); }
@@ -428,7 +430,7 @@ struct Orchestrator::State {
         --counters.buffered;
         break;
       default:
-        throw std::logic_error("withdrawal of a sample that is not live");
+        RLSCHED_CHECK(!"a withdrawn sample is live");
     }
   }
 
@@ -700,9 +702,7 @@ struct Orchestrator::State {
         const std::int64_t age = start.step - x.oldest;
         // Strict: every token within s. Admission: the first tokens on weights at most s
         // behind the batch the group was admitted for.
-        if (age < 0 || (strict && age > s) || (!strict && x.oldest < group.admitted_for - s)) {
-          throw std::logic_error("staleness bound broken");
-        }
+        RLSCHED_CHECK(age >= 0 && (strict ? age <= s : x.oldest >= group.admitted_for - s));
         if (static_cast<std::size_t>(age) >= staleness.size()) staleness.resize(age + 1, 0);
         ++staleness[static_cast<std::size_t>(age)];
         for (std::size_t i = 0; i < x.spans.size(); ++i) {

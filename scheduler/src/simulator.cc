@@ -57,6 +57,7 @@
 #include "rlsched/balance/micro_batch.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/balance/synthetic.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::scheduler {
 namespace {
@@ -92,28 +93,17 @@ std::string Num(double value) {
 }
 
 void RequireInt(const std::string& field, std::int64_t value, std::int64_t lo, std::int64_t hi) {
-  if (value < lo) {
-    throw std::invalid_argument(field + ": must be >= " + std::to_string(lo) + ", got " +
-                                std::to_string(value));
-  }
-  if (value > hi) {
-    throw std::invalid_argument(field + ": must be <= " + std::to_string(hi) + ", got " +
-                                std::to_string(value));
-  }
+  if (value < lo) rlsched::FailBound(field, ">= " + std::to_string(lo), value);
+  if (value > hi) rlsched::FailBound(field, "<= " + std::to_string(hi), value);
 }
 
 // lo < value (open) or lo <= value (closed), value <= hi, finite.
 void RequireReal(const std::string& field, double value, double lo, bool lo_open, double hi) {
-  if (!std::isfinite(value)) {
-    throw std::invalid_argument(field + ": must be finite, got " + Num(value));
-  }
+  if (!std::isfinite(value)) rlsched::FailBound(field, "finite", Num(value));
   if (lo_open ? !(value > lo) : !(value >= lo)) {
-    throw std::invalid_argument(field + ": must be " + (lo_open ? "> " : ">= ") + Num(lo) +
-                                ", got " + Num(value));
+    rlsched::FailBound(field, (lo_open ? "> " : ">= ") + Num(lo), Num(value));
   }
-  if (value > hi) {
-    throw std::invalid_argument(field + ": must be <= " + Num(hi) + ", got " + Num(value));
-  }
+  if (value > hi) rlsched::FailBound(field, "<= " + Num(hi), Num(value));
 }
 
 // A 64-bit hash of a few values: chained SplitMix64 outputs. Seeds the per-item
@@ -978,10 +968,10 @@ void Simulation::Drain(double now) {
       Fail(std::string("core rejected ") + Describe(event) + ": " + e.what());
     }
     if (++events_ > config_.max_events) {
-      throw std::invalid_argument("max_events: must be >= the events this simulation needs, got " +
-                                  std::to_string(config_.max_events) +
-                                  " (exceeded at t=" + Num(now_) + " after " +
-                                  std::to_string(core_.counters().steps_finished) + " steps)");
+      rlsched::Fail("max_events", "must be >= the events this simulation needs, got " +
+                                      std::to_string(config_.max_events) +
+                                      " (exceeded at t=" + Num(now_) + " after " +
+                                      std::to_string(core_.counters().steps_finished) + " steps)");
     }
     if (config_.check_invariants) {
       for (const Command& command : commands) Log(Describe(command));
@@ -1203,9 +1193,9 @@ void Validate(const SimulatorConfig& config) {
   RequireReal("engine.decode_per_context_token_seconds", engine.decode_per_context_token_seconds, 0,
               false, kMaxSeconds);
   if (!(engine.decode_base_seconds + engine.decode_per_sequence_seconds > 0)) {
-    throw std::invalid_argument(
-        "engine.decode_base_seconds: decode_base_seconds + decode_per_sequence_seconds must be "
-        "> 0 (a decode step must take time), got 0");
+    rlsched::Fail("engine.decode_base_seconds",
+                  "decode_base_seconds + decode_per_sequence_seconds must be "
+                  "> 0 (a decode step must take time), got 0");
   }
   RequireInt("trainer_ranks", config.trainer_ranks, 1, balance::kMaxParts);
   RequireInt("gpus_per_engine", config.gpus_per_engine, 1, kMaxGpusPerUnit);
@@ -1245,36 +1235,36 @@ void Validate(const SimulatorConfig& config) {
   // The orchestrator, as the simulation runs it.
   try {
     Validate(CoreOptions(config));
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string("orchestrator.") + e.what());
+  } catch (const rlsched::FieldError& e) {
+    throw e.Within("orchestrator");
   }
   const OrchestratorOptions& core = config.orchestrator;
   const double per_step =
       std::ceil((1.0 + core.oversample) * static_cast<double>(core.prompts_per_step)) *
       static_cast<double>(core.samples_per_prompt);
   if (!(per_step <= static_cast<double>(kMaxSamplesPerStep))) {
-    throw std::invalid_argument(
-        "orchestrator.prompts_per_step: ceil((1 + oversample)·prompts_per_step)·"
-        "samples_per_prompt must be <= " +
-        std::to_string(kMaxSamplesPerStep) + ", got " + Num(per_step));
+    rlsched::Fail("orchestrator.prompts_per_step",
+                  "ceil((1 + oversample)·prompts_per_step)·"
+                  "samples_per_prompt must be <= " +
+                      std::to_string(kMaxSamplesPerStep) + ", got " + Num(per_step));
   }
   if (config.filter_all_equal) {
     if (core.samples_per_prompt < 2) {
-      throw std::invalid_argument(
-          "orchestrator.samples_per_prompt: must be >= 2 with filter_all_equal (a group of one "
-          "is always all-equal and dropped), got " +
-          std::to_string(core.samples_per_prompt));
+      rlsched::Fail("orchestrator.samples_per_prompt",
+                    "must be >= 2 with filter_all_equal (a group of one "
+                    "is always all-equal and dropped), got " +
+                        std::to_string(core.samples_per_prompt));
     }
     if (!(config.all_equal_rate < 1)) {
-      throw std::invalid_argument(
-          "all_equal_rate: must be < 1 with filter_all_equal (every group would be dropped), "
-          "got " +
-          Num(config.all_equal_rate));
+      rlsched::Fail("all_equal_rate",
+                    "must be < 1 with filter_all_equal (every group would be dropped), "
+                    "got " +
+                        Num(config.all_equal_rate));
     }
     if (!(config.all_equal_rate > 0)) {
-      throw std::invalid_argument(
-          "filter_all_equal: must be false with all_equal_rate 0 (no group's rewards are all "
-          "equal, so the filter would drop nothing), got true");
+      rlsched::Fail("filter_all_equal",
+                    "must be false with all_equal_rate 0 (no group's rewards are all "
+                    "equal, so the filter would drop nothing), got true");
     }
   }
 
@@ -1285,17 +1275,17 @@ void Validate(const SimulatorConfig& config) {
   const std::int64_t pad = std::max<std::int64_t>(step.micro_batch.pad_to_multiple_of, 1);
   const std::int64_t padded = (longest_sequence + pad - 1) / pad * pad;
   if (cap >= 1 && padded > cap) {
-    throw std::invalid_argument(
-        "step.micro_batch.max_tokens_per_micro_batch: must be >= the longest sequence, "
-        "lengths.max_prompt_tokens + the longest response (padded: " +
-        std::to_string(padded) + "), got " + std::to_string(cap));
+    rlsched::Fail("step.micro_batch.max_tokens_per_micro_batch",
+                  "must be >= the longest sequence, "
+                  "lengths.max_prompt_tokens + the longest response (padded: " +
+                      std::to_string(padded) + "), got " + std::to_string(cap));
   }
   try {
     const std::int64_t one[] = {std::max<std::int64_t>(longest_sequence, 1)};
     const std::int64_t group[] = {0};
     (void)balance::PlanStep(one, group, step);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string("step.") + e.what());
+  } catch (const rlsched::FieldError& e) {
+    throw e.Within("step");
   }
 }
 
@@ -1306,11 +1296,11 @@ void SetDecodeSpeed(EngineModel& model, const DecodeSpeed& speed) {
   const double single = speed.single_tokens_per_second;
   const double full = speed.full_tokens_per_second;
   if (!std::isfinite(full) || full < single * (1 - 1e-12) || full > n * single * (1 + 1e-12)) {
-    throw std::invalid_argument(
-        "full_tokens_per_second: must be in [single_tokens_per_second, max_concurrent · "
-        "single_tokens_per_second] = [" +
-        Num(single) + ", " + Num(n * single) + "] (max_concurrent " +
-        std::to_string(model.max_concurrent) + "), got " + Num(full));
+    rlsched::Fail("full_tokens_per_second",
+                  "must be in [single_tokens_per_second, max_concurrent · "
+                  "single_tokens_per_second] = [" +
+                      Num(single) + ", " + Num(n * single) + "] (max_concurrent " +
+                      std::to_string(model.max_concurrent) + "), got " + Num(full));
   }
   double per_sequence = 0;
   if (model.max_concurrent > 1) {
@@ -1336,9 +1326,9 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
   const std::int64_t calls = core.train_calls_per_sync;
   const double overheads = static_cast<double>(calls) * config.train_call_overhead_seconds;
   if (!std::isfinite(seconds) || !(seconds > overheads) || seconds > kMaxSeconds) {
-    throw std::invalid_argument("seconds: the trainer's seconds per step must be in (" +
-                                Num(overheads) + ", " + Num(kMaxSeconds) +
-                                "] (above the calls' overheads), got " + Num(seconds));
+    rlsched::Fail("seconds", "the trainer's seconds per step must be in (" + Num(overheads) + ", " +
+                                 Num(kMaxSeconds) + "] (above the calls' overheads), got " +
+                                 Num(seconds));
   }
   const Workload workload(config);
   const balance::StepOptions step = TrainerStep(config);

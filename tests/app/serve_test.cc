@@ -167,17 +167,6 @@ TEST(HandleRequestTest, IsDeterministic) {
   EXPECT_EQ(Solve(request).SerializeAsString(), Solve(request).SerializeAsString());
 }
 
-TEST(LeadingFieldPathTest, Examples) {
-  EXPECT_EQ(LeadingFieldPath("num_parts: must be in [1, 1048576], got 0"), "num_parts");
-  EXPECT_EQ(LeadingFieldPath("lengths[3]: must be"), "lengths[3]");
-  EXPECT_EQ(LeadingFieldPath("cost.model.hidden_size: must be >= 1"), "cost.model.hidden_size");
-  EXPECT_EQ(LeadingFieldPath("the total overflows int64"), "");
-  EXPECT_EQ(LeadingFieldPath("lengths"), "");
-  EXPECT_EQ(LeadingFieldPath(": x"), "");
-  EXPECT_EQ(LeadingFieldPath("3x: y"), "");
-  EXPECT_EQ(LeadingFieldPath(""), "");
-}
-
 TEST(ErrorReplyTest, Fields) {
   const v1::Reply reply = ErrorReply("x", v1::ERROR_CODE_BAD_FRAME, "why", "where");
   EXPECT_EQ(reply.id(), "x");

@@ -65,8 +65,10 @@ TEST(CostModelTest, PerSequenceConstant) {
 }
 
 TEST(CostModelTest, BadInputNamesTheField) {
-  EXPECT_THAT(ErrorOf([] { CostModel::Attention(-1.0, 0.0, 0.0); }), HasSubstr("cost.linear"));
-  EXPECT_THAT(ErrorOf([] { CostModel::Attention(1.0, NAN, 0.0); }), HasSubstr("cost.quadratic"));
+  EXPECT_THAT(ErrorOf([] { CostModel::Attention(-1.0, 0.0, 0.0); }),
+              HasSubstr("coefficients.linear"));
+  EXPECT_THAT(ErrorOf([] { CostModel::Attention(1.0, NAN, 0.0); }),
+              HasSubstr("coefficients.quadratic"));
   EXPECT_THAT(ErrorOf([] { CostModel::Attention(0.0, 0.0, 1.0); }),
               HasSubstr("linear + quadratic"));
   ModelShape shape;

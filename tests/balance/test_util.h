@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::balance::testing {
 
@@ -109,12 +110,13 @@ inline void ExpectValidPartition(std::span<const std::int64_t> weights, std::int
   }
 }
 
-// The message of the std::invalid_argument that f() throws, or "no error".
+// The message of the rlsched::FieldError that f() throws, or "no error" (any other
+// exception fails the test: invalid input raises FieldError).
 template <typename F>
 std::string ErrorOf(F&& f) {
   try {
     f();
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     return e.what();
   }
   return "no error";

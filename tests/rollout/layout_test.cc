@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "rlsched/common/error.h"
 #include "rlsched/rollout/model.h"
 #include "test_models.h"
 
@@ -39,7 +40,7 @@ const LocalParam& Find(const std::vector<LocalParam>& params, const std::string&
 std::string ErrorOf(const std::function<void()>& f) {
   try {
     f();
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     return e.what();
   }
   return "";

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "rlsched/common/error.h"
 #include "rlsched/rollout/layout.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/verify.h"
@@ -228,7 +229,7 @@ TEST(PlanTest, BadOptionsNameTheField) {
   try {
     PlanReshard(m, o);
     FAIL() << "a bucket smaller than a row is accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     EXPECT_NE(std::string(e.what()).find("bucket_bytes"), std::string::npos);
   }
   o.bucket_bytes = 1 << 20;
@@ -294,7 +295,7 @@ TEST(PlanVerifyTest, EveryFamilyAtTheNamedLayoutChanges) {
         ReshardPlan plan;
         try {
           plan = PlanReshard(m, o);
-        } catch (const std::invalid_argument& e) {
+        } catch (const rlsched::FieldError& e) {
           // Only colocated with fewer trainer than engine GPUs may not fit.
           EXPECT_TRUE(colocated) << what << ": " << e.what();
           continue;

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "rlsched/common/error.h"
 #include "rlsched/rollout/layout.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
@@ -111,7 +112,7 @@ std::set<std::int64_t> LayersOf(const ModelConfig& m, const TrainLayout& t, std:
 std::string ErrorOf(const std::function<void()>& f) {
   try {
     f();
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     return e.what();
   }
   ADD_FAILURE() << "no std::invalid_argument";

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "rlsched/balance/synthetic.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::scheduler {
 namespace {
@@ -507,7 +508,7 @@ TEST(OrchestratorTest, StreamingTrainsInCallsAndSyncsAfterTheLast) {
   try {
     core.Handle(TrainStepFinished{.time = 4, .step = 0, .call = 0}, out);
     ADD_FAILURE() << "the wrong call was accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     EXPECT_EQ(std::string(e.what()).rfind("call:", 0), 0u) << e.what();
   }
   core.Handle(TrainStepFinished{.time = 4, .step = 0, .call = 1}, out);
@@ -543,7 +544,7 @@ TEST(OrchestratorTest, ColocatedReleasesTheEnginesBeforeTraining) {
   try {
     core.Handle(EngineReleased{.time = 4, .engine = 0}, out);
     ADD_FAILURE() << "a second EngineReleased was accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     EXPECT_EQ(std::string(e.what()).rfind("engine:", 0), 0u) << e.what();
   }
   core.Handle(TrainStepFinished{.time = 10, .step = 0}, out);

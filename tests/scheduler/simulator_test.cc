@@ -16,6 +16,7 @@
 
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/balance/synthetic.h"
+#include "rlsched/common/error.h"
 #include "rlsched/scheduler/orchestrator.h"
 
 namespace rlsched::scheduler {
@@ -79,7 +80,7 @@ void ExpectConserved(const SimulationReport& report) {
 std::string ValidateMessage(const SimulatorConfig& config) {
   try {
     Validate(config);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     return e.what();
   }
   return "(no error)";
@@ -523,7 +524,7 @@ TEST(SimulatorUnits, DecodeSpeedRoundTrips) {
   auto message = [&](DecodeSpeed s) {
     try {
       SetDecodeSpeed(model, s);
-    } catch (const std::invalid_argument& e) {
+    } catch (const rlsched::FieldError& e) {
       return std::string(e.what());
     }
     return std::string();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "rlsched/balance/synthetic.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::wire {
 namespace {
@@ -62,7 +63,7 @@ template <typename Request>
 std::string ConversionError(const Request& request) {
   try {
     Convert(request);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     return e.what();
   }
   ADD_FAILURE() << "no std::invalid_argument for " << request.ShortDebugString();
@@ -567,7 +568,7 @@ TEST(StepConvertTest, ValidationErrorsNameTheField) {
 std::string SolveError(const v1::PlanStepRequest& request) {
   try {
     SolvePlanStep(request);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     return e.what();
   }
   ADD_FAILURE() << "no std::invalid_argument for " << request.ShortDebugString();

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "rlsched/common/error.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
 #include "rlsched/wire/balance_convert.h"
@@ -54,7 +55,7 @@ v1::ReshardRequest TinyRequest() {
 std::string ErrorOf(const v1::ReshardRequest& request) {
   try {
     SolveReshard(request);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     return e.what();
   }
   ADD_FAILURE() << "no std::invalid_argument for " << request.ShortDebugString();

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "rlsched/common/error.h"
+
 namespace rlsched::wire {
 namespace {
 
@@ -42,7 +44,7 @@ void ExpectSameConfig(const SimulatorConfig& config, const SimulatorConfig& expe
 std::string ErrorOf(const v1::SimulatorConfig& message) {
   try {
     ToSimulatorConfig(message);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     return e.what();
   }
   return "";
@@ -342,7 +344,7 @@ TEST(SimulateConvertTest, SolveSimulateErrorsNameTheRequestField) {
       {
         try {
           SolveSimulate(request);
-        } catch (const std::invalid_argument& e) {
+        } catch (const rlsched::FieldError& e) {
           EXPECT_THAT(e.what(), StartsWith("config.engines:"));
           throw;
         }
@@ -356,7 +358,7 @@ TEST(SimulateConvertTest, SolveSimulateErrorsNameTheRequestField) {
   try {
     SolveSimulate(request);
     ADD_FAILURE() << "accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     EXPECT_THAT(e.what(), StartsWith("trace_run: must be one of sync, one_step_off"));
   }
   request.set_compare(false);
@@ -368,7 +370,7 @@ TEST(SimulateConvertTest, SolveSimulateErrorsNameTheRequestField) {
   try {
     SolveSimulate(request);
     ADD_FAILURE() << "accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     EXPECT_STREQ(e.what(),
                  "trace_run: applies only with config.trace (it names the run whose trace is "
                  "kept), got 'sync'");
@@ -385,7 +387,7 @@ TEST(SimulateConvertTest, SolveSimulateErrorsNameTheRequestField) {
     compare.set_compare(true);
     try {
       SolveSimulate(compare);
-    } catch (const std::invalid_argument& e) {
+    } catch (const rlsched::FieldError& e) {
       return e.what();
     }
     return "";
@@ -861,7 +863,7 @@ TEST(SimulateConvertTest, SolveSimulateColocated) {
   try {
     SolveSimulate(request);
     ADD_FAILURE() << "accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     EXPECT_THAT(e.what(), StartsWith("config.release_seconds: applies only to colocated runs"));
   }
   request.mutable_config()->clear_release_seconds();
@@ -913,7 +915,7 @@ TEST(SimulateConvertTest, CompareRunsColocatedSyncWhenTheGpusDivide) {
   try {
     SolveSimulate(request);
     ADD_FAILURE() << "accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     EXPECT_THAT(e.what(), AllOf(StartsWith("config.release_seconds: applies only to colocated "
                                            "runs (compare's colocated_sync run, which does not "
                                            "run: the 16 GPUs"),
@@ -923,7 +925,7 @@ TEST(SimulateConvertTest, CompareRunsColocatedSyncWhenTheGpusDivide) {
   try {
     SolveSimulate(request);
     ADD_FAILURE() << "accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     EXPECT_THAT(e.what(), StartsWith("trace_run: colocated_sync does not run: the 16 GPUs"));
   }
   request.clear_trace_run();
@@ -952,7 +954,7 @@ TEST(SimulateConvertTest, CompareRefusesAColocatedRunBeyondTheLimits) {
   try {
     SolveSimulate(request);
     ADD_FAILURE() << "accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rlsched::FieldError& e) {
     EXPECT_THAT(e.what(), AllOf(StartsWith("config.engines: in compare's colocated_sync run"),
                                 HasSubstr("100004 engines")));
   }

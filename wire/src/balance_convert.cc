@@ -13,46 +13,24 @@
 #include <string_view>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::wire {
 
 namespace {
 
-[[noreturn]] void Fail(std::string_view field, std::string_view what) {
-  throw std::invalid_argument(fmt::format("{}: {}", field, what));
-}
-
 void CheckAtLeastOne(std::string_view field, std::int64_t value) {
   if (value < 1) Fail(field, fmt::format("must be >= 1, got {}", value));
 }
 
-void CheckNonNegativeFinite(std::string_view field, double value) {
-  if (!std::isfinite(value) || value < 0.0) {
-    Fail(field, fmt::format("must be finite and >= 0, got {}", value));
-  }
-}
-
+// The library validates the shape (CostModel::Attention()); only the wire's own
+// convention is checked here: num_kv_heads 0 means num_attention_heads.
 balance::ModelShape ToModelShape(const v1::ModelShape& model) {
-  CheckAtLeastOne("cost.model.hidden_size", model.hidden_size());
-  CheckAtLeastOne("cost.model.num_layers", model.num_layers());
-  CheckAtLeastOne("cost.model.ffn_hidden_size", model.ffn_hidden_size());
-  CheckAtLeastOne("cost.model.num_attention_heads", model.num_attention_heads());
-  CheckAtLeastOne("cost.model.vocab_size", model.vocab_size());
   if (model.num_kv_heads() < 0) {
-    Fail("cost.model.num_kv_heads",
-         fmt::format("must be >= 0 (0 means num_attention_heads), got {}", model.num_kv_heads()));
-  }
-  if (model.hidden_size() % model.num_attention_heads() != 0) {
-    Fail("cost.model.num_attention_heads",
-         fmt::format("must divide hidden_size ({}), got {}", model.hidden_size(),
-                     model.num_attention_heads()));
+    FailBound("model.num_kv_heads", ">= 0 (0 means num_attention_heads)", model.num_kv_heads());
   }
   const std::int64_t kv_heads =
       model.num_kv_heads() == 0 ? model.num_attention_heads() : model.num_kv_heads();
-  if (model.num_attention_heads() % kv_heads != 0) {
-    Fail("cost.model.num_kv_heads", fmt::format("must divide num_attention_heads ({}), got {}",
-                                                model.num_attention_heads(), kv_heads));
-  }
   balance::ModelShape shape;
   shape.hidden_size = model.hidden_size();
   shape.num_layers = model.num_layers();
@@ -64,42 +42,43 @@ balance::ModelShape ToModelShape(const v1::ModelShape& model) {
   return shape;
 }
 
-balance::CostModel ToCostModel(const v1::CostModel& cost) {
+balance::CostModel CostModelOf(const v1::CostModel& cost) {
   switch (cost.kind()) {
     case v1::COST_KIND_UNSPECIFIED:
     case v1::COST_KIND_TOKENS:
       if (cost.has_model() || cost.has_coefficients()) {
-        Fail("cost", "model and coefficients apply only to COST_KIND_ATTENTION");
+        Fail("", "model and coefficients apply only to COST_KIND_ATTENTION");
       }
       if (cost.per_sequence() != 0.0) {
-        Fail("cost.per_sequence", "applies only to COST_KIND_ATTENTION with a model");
+        Fail("per_sequence", "applies only to COST_KIND_ATTENTION with a model");
       }
       return balance::CostModel::Tokens();
     case v1::COST_KIND_ATTENTION:
       break;
     default:
-      Fail("cost.kind", fmt::format("unknown value {}", static_cast<int>(cost.kind())));
+      Fail("kind", fmt::format("unknown value {}", static_cast<int>(cost.kind())));
   }
   if (cost.has_model() == cost.has_coefficients()) {
-    Fail("cost", "COST_KIND_ATTENTION needs exactly one of model and coefficients");
+    Fail("", "COST_KIND_ATTENTION needs exactly one of model and coefficients");
   }
   if (cost.has_model()) {
-    const balance::ModelShape shape = ToModelShape(cost.model());
-    CheckNonNegativeFinite("cost.per_sequence", cost.per_sequence());
-    return balance::CostModel::Attention(shape, cost.per_sequence());
+    return balance::CostModel::Attention(ToModelShape(cost.model()), cost.per_sequence());
   }
   if (cost.per_sequence() != 0.0) {
-    Fail("cost.per_sequence", "applies only with a model; use coefficients.constant");
+    Fail("per_sequence", "applies only with a model; use coefficients.constant");
   }
   const v1::CostCoefficients& coefficients = cost.coefficients();
-  CheckNonNegativeFinite("cost.coefficients.linear", coefficients.linear());
-  CheckNonNegativeFinite("cost.coefficients.quadratic", coefficients.quadratic());
-  CheckNonNegativeFinite("cost.coefficients.constant", coefficients.constant());
-  if (!(coefficients.linear() + coefficients.quadratic() > 0.0)) {
-    Fail("cost.coefficients", "linear + quadratic must be > 0");
-  }
   return balance::CostModel::Attention(coefficients.linear(), coefficients.quadratic(),
                                        coefficients.constant());
+}
+
+// The request's cost field; errors name their path under "cost".
+balance::CostModel ToCostModel(const v1::CostModel& cost) {
+  try {
+    return CostModelOf(cost);
+  } catch (const FieldError& e) {
+    throw e.Within("cost");
+  }
 }
 
 balance::Algorithm ToAlgorithm(v1::Algorithm algorithm) {

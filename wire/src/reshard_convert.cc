@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "rlsched/common/error.h"
 #include "rlsched/rollout/layout.h"
 #include "rlsched/wire/balance_convert.h"
 
@@ -28,10 +29,6 @@ constexpr std::int64_t kMaxRanks = std::int64_t{1} << 20;  // GPUs on either sid
 constexpr std::int64_t kMaxChunkLayers = std::int64_t{1} << 31;
 constexpr std::int64_t kMaxBucketBytes = std::int64_t{1} << 40;
 constexpr double kMaxGbPerS = 1e6;
-
-[[noreturn]] void Fail(std::string_view field, std::string_view what) {
-  throw std::invalid_argument(fmt::format("{}: {}", field, what));
-}
 
 // A size where 0 means `unset` (the default), in [0, max]; returns its value.
 std::int64_t SizeOrDefault(std::string_view field, std::int64_t value, std::int64_t max,
@@ -695,7 +692,7 @@ v1::ReshardPlanIndex ReadReshardPlanIndex(std::istream& in) {
 
 v1::ReshardRankPart ReadReshardRankPart(std::istream& in, const v1::ReshardPlanIndex& index,
                                         std::int64_t rank) {
-  if (rank < 0) throw std::invalid_argument(fmt::format("rank: must be >= 0, got {}", rank));
+  if (rank < 0) FailBound("rank", ">= 0", rank);
   v1::ReshardRankPart part;
   const auto& parts = index.parts();
   const auto it = std::lower_bound(

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 #include "rlsched/v1/balance.pb.h"
 #include "rlsched/wire/balance_convert.h"
 #include "rlsched/wire/solve.h"
@@ -50,10 +51,6 @@ constexpr std::array<std::string_view, 16> kOrchestratorFields = {
     "filter",
 };
 
-[[noreturn]] void Fail(std::string_view field, std::string_view what) {
-  throw std::invalid_argument(fmt::format("{}: {}", field, what));
-}
-
 // Whether `path` is `prefix` or starts with it followed by '.' or '['.
 bool HasPathPrefix(std::string_view path, std::string_view prefix) {
   if (!path.starts_with(prefix)) return false;
@@ -61,25 +58,24 @@ bool HasPathPrefix(std::string_view path, std::string_view prefix) {
   return tail.empty() || tail.front() == '.' || tail.front() == '[';
 }
 
-// `message` with its leading field path rewritten from the C++ config's names to the
-// wire's (see the file comment of simulate_convert.h).
-std::string ToWirePath(std::string_view message) {
-  const std::string_view path = LeadingFieldPath(message);
-  if (path.empty()) return std::string(message);
+// `e` with its field path rewritten from the C++ config's names to the wire's (see the
+// file comment of simulate_convert.h).
+FieldError ToWire(const FieldError& e) {
+  const std::string_view path = e.field();
   constexpr std::string_view kMicroBatch = "step.micro_batch";
   if (HasPathPrefix(path, kMicroBatch)) {
     // step.micro_batch.X -> step.X
-    return fmt::format("step{}", message.substr(kMicroBatch.size()));
+    return e.Renamed(fmt::format("step{}", path.substr(kMicroBatch.size())));
   }
   constexpr std::string_view kNumRanks = "step.num_ranks";
   if (HasPathPrefix(path, kNumRanks)) {
-    return fmt::format("trainer_ranks{}", message.substr(kNumRanks.size()));
+    return e.Renamed(fmt::format("trainer_ranks{}", path.substr(kNumRanks.size())));
   }
-  if (HasPathPrefix(path, "filter_all_equal")) return fmt::format("orchestrator.{}", message);
+  if (HasPathPrefix(path, "filter_all_equal")) return e.Within("orchestrator");
   for (const std::string_view field : kOrchestratorFields) {
-    if (HasPathPrefix(path, field)) return fmt::format("orchestrator.{}", message);
+    if (HasPathPrefix(path, field)) return e.Within("orchestrator");
   }
-  return std::string(message);
+  return e;
 }
 
 Mode ToMode(v1::OrchestratorMode mode, Mode fallback) {
@@ -232,10 +228,9 @@ void ApplyDecodeSpeed(const v1::SimulatorConfig& message, EngineModel& engine) {
   EngineModel model = engine;
   try {
     SetDecodeSpeed(model, speed);
-  } catch (const std::invalid_argument& e) {
-    const std::string_view what = e.what();
-    if (what.starts_with("engine.")) throw;
-    throw std::invalid_argument(fmt::format("decode_speed.{}", what));
+  } catch (const FieldError& e) {
+    if (HasPathPrefix(e.field(), "engine")) throw;
+    throw e.Within("decode_speed");
   }
   const v1::EngineModel& fields = message.engine();
   if (fields.has_decode_base_seconds() || fields.has_decode_per_sequence_seconds()) {
@@ -352,8 +347,8 @@ void ApplyStep(const v1::StepPlanOptions& in, balance::StepOptions& out) {
   balance::StepOptions options;
   try {
     options = ToStepOptions(request);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("step.{}", e.what()));
+  } catch (const FieldError& e) {
+    throw e.Within("step");
   }
   options.num_ranks = out.num_ranks;
   options.keep_groups = keep_groups;
@@ -485,8 +480,8 @@ v1::SimulationRun RunOne(std::string_view name, const SimulatorConfig& config, b
   SimulationReport report;
   try {
     report = Simulate(config);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("config.{}", e.what()));
+  } catch (const FieldError& e) {
+    throw e.Within("config");
   }
   v1::SimulationRun run;
   run.set_name(std::string(name));
@@ -560,8 +555,8 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& message) {
   if (message.has_max_events()) config.max_events = message.max_events();
   try {
     Validate(config);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(ToWirePath(e.what()));
+  } catch (const FieldError& e) {
+    throw ToWire(e);
   }
   CheckLimits(config);
   if (message.has_train_seconds_per_step()) {
@@ -569,12 +564,9 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& message) {
     const double seconds = message.train_seconds_per_step();
     try {
       config.seconds_per_cost_unit = CostUnitForStepSeconds(config, seconds);
-    } catch (const std::invalid_argument& e) {
-      constexpr std::string_view kSeconds = "seconds:";
-      const std::string_view what = e.what();
-      if (!what.starts_with(kSeconds)) throw std::invalid_argument(ToWirePath(what));
-      throw std::invalid_argument(
-          fmt::format("train_seconds_per_step:{}", what.substr(kSeconds.size())));
+    } catch (const FieldError& e) {
+      if (e.field() == "seconds") throw e.Renamed("train_seconds_per_step");
+      throw ToWire(e);
     }
     try {
       Validate(config);
@@ -685,8 +677,8 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
   SimulatorConfig config;
   try {
     config = ToSimulatorConfig(request.config());
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("config.{}", e.what()));
+  } catch (const FieldError& e) {
+    throw e.Within("config");
   }
   v1::SimulateReply reply;
   if (!request.compare()) {
@@ -708,15 +700,10 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
     try {
       Validate(*colocated);
       CheckLimits(*colocated);
-    } catch (const std::invalid_argument& e) {
-      const std::string what = ToWirePath(e.what());
-      std::string_view path = LeadingFieldPath(what);
-      std::string_view rest = what;
-      if (!path.empty()) {
-        rest.remove_prefix(path.size() + 1);  // "path:"
-        if (rest.starts_with(' ')) rest.remove_prefix(1);
-      }
-      if (path.empty()) path = "gpus_per_engine";
+    } catch (const FieldError& e) {
+      const FieldError wire = ToWire(e);
+      const std::string path = wire.field().empty() ? "gpus_per_engine" : wire.field();
+      const std::string& rest = wire.requirement();
       Fail(fmt::format("config.{}", path),
            fmt::format("in compare's {} run (colocated sync on the {}: {} engines and {} trainer "
                        "ranks): {}",

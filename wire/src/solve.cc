@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "rlsched/common/error.h"
 #include "rlsched/wire/balance_convert.h"
 #include "rlsched/wire/reshard_convert.h"
 #include "rlsched/wire/simulate_convert.h"
@@ -19,12 +20,6 @@
 
 namespace rlsched::wire {
 namespace {
-
-bool IsPathStart(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; }
-
-bool IsPathChar(char c) {
-  return IsPathStart(c) || (c >= '0' && c <= '9') || c == '.' || c == '[' || c == ']';
-}
 
 std::string EmptyRequestMessage(const v1::Request& request) {
   std::string message = "the request sets none of balance, plan_step, ping, reshard, simulate";
@@ -67,14 +62,6 @@ v1::Reply ErrorReply(std::string_view id, v1::ErrorCode code, std::string_view m
   return reply;
 }
 
-std::string_view LeadingFieldPath(std::string_view message) {
-  if (message.empty() || !IsPathStart(message.front())) return {};
-  std::size_t end = 1;
-  while (end < message.size() && IsPathChar(message[end])) ++end;
-  if (end == message.size() || message[end] != ':') return {};
-  return message.substr(0, end);
-}
-
 v1::Reply Solve(const v1::Request& request) {
   const std::string_view kind = RequestKindName(request.kind_case());
   try {
@@ -100,11 +87,11 @@ v1::Reply Solve(const v1::Request& request) {
         return ErrorReply(request.id(), v1::ERROR_CODE_EMPTY_REQUEST, EmptyRequestMessage(request));
     }
     return reply;
+  } catch (const FieldError& e) {
+    return ErrorReply(request.id(), v1::ERROR_CODE_INVALID_ARGUMENT, e.what(),
+                      e.Within(kind).field());
   } catch (const std::invalid_argument& e) {
-    const std::string_view path = LeadingFieldPath(e.what());
-    std::string field(kind);
-    if (!path.empty()) field += fmt::format(".{}", path);
-    return ErrorReply(request.id(), v1::ERROR_CODE_INVALID_ARGUMENT, e.what(), field);
+    return ErrorReply(request.id(), v1::ERROR_CODE_INVALID_ARGUMENT, e.what(), kind);
   } catch (const std::exception& e) {
     return ErrorReply(request.id(), v1::ERROR_CODE_INTERNAL,
                       fmt::format("internal error in {}: {}", kind, e.what()));

@@ -32,17 +32,11 @@ std::string_view ServeVersion();
 v1::Reply ErrorReply(std::string_view id, v1::ErrorCode code, std::string_view message,
                      std::string_view field = {});
 
-// The field path a validation message starts with: "lengths[3]" for
-// "lengths[3]: must be in [0, 2147483648], got -1", "cost.model.hidden_size" for
-// "cost.model.hidden_size: must be >= 1, got 0"; empty when the message does not start
-// with a path ([A-Za-z_][A-Za-z0-9_.[\]]*) followed by ':'. Pure.
-std::string_view LeadingFieldPath(std::string_view message);
-
 // Answers one request: a BalanceReply (SolveBalance()), a PlanStepReply
 // (SolvePlanStep()), a ReshardPlan (SolveReshard()), a SimulateReply
 // (SolveSimulate()), a Pong, or an Error — INVALID_ARGUMENT for
-// std::invalid_argument (field = the request kind + "." + LeadingFieldPath() of the
-// message, or just the kind when the message names no field), EMPTY_REQUEST when no kind
+// an invalid request (field = the request kind + "." + FieldError::field(), e.g.
+// "balance.lengths[3]", or just the kind when no one field is at fault), EMPTY_REQUEST when no kind
 // is set, INTERNAL for any other exception. The reply echoes request.id().
 // Deterministic. Throws only std::bad_alloc, when even the error reply cannot be
 // built. Complexity: that of the solve.
