@@ -9,7 +9,7 @@
 //   big_instance 16k [CALLS]   n = 16,384, k = 128, any size         (default 200 calls)
 //
 // Overview
-//   Each mode generates HeavyTailedLengths(n, seed 1), then calls
+//   Each mode generates workload::HeavyTailedLengths(n, seed 1), then calls
 //   balance::PartitionItems() with default options (KK + LPT fallback + refinement)
 //   CALLS times (16k: after one untimed warm-up call), and prints the wall time per
 //   call (mean, min, max) and, right after those calls, the process's peak resident
@@ -35,11 +35,12 @@
 #include <vector>
 
 #include "rlsched/balance/partition.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 namespace {
 
 namespace balance = rlsched::balance;
+namespace workload = rlsched::workload;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::uint64_t kSeed = 1;
@@ -113,7 +114,7 @@ int RunMode(const Mode& mode, int calls) {
               std::string(mode.name).c_str(), static_cast<long long>(mode.n),
               static_cast<long long>(mode.num_parts), mode.equal_size ? "equal-size" : "any size",
               static_cast<unsigned long long>(kSeed), calls);
-  const std::vector<std::int64_t> weights = balance::HeavyTailedLengths(mode.n, kSeed);
+  const std::vector<std::int64_t> weights = workload::HeavyTailedLengths(mode.n, kSeed);
   const double rss_input = PeakRssBytes();
 
   balance::PartitionOptions options;

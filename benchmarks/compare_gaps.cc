@@ -47,7 +47,7 @@
 
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/balance/partition.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 #ifndef RLSCHED_BENCHMARK_DATA_DIR
 #define RLSCHED_BENCHMARK_DATA_DIR "tests/data"
@@ -56,6 +56,7 @@
 namespace {
 
 namespace balance = rlsched::balance;
+namespace workload = rlsched::workload;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kNumSeeds = 100;
@@ -372,7 +373,7 @@ bool PrintReport(const Scenario& scenario, const ScenarioReport& report) {
 std::vector<std::vector<std::int64_t>> HeavyTailedBatches(std::int64_t n) {
   std::vector<std::vector<std::int64_t>> batches;
   for (int seed = 1; seed <= kNumSeeds; ++seed) {
-    batches.push_back(balance::HeavyTailedLengths(n, static_cast<std::uint64_t>(seed)));
+    batches.push_back(workload::HeavyTailedLengths(n, static_cast<std::uint64_t>(seed)));
   }
   return batches;
 }

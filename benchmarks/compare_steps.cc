@@ -26,7 +26,7 @@
 //     - wall time per PlanStep() call, mean and max (steady_clock; PlanStep also
 //       computes the baseline), and PlanBaseline() alone, mean.
 //   Inputs:
-//     (a) 100 seeded GRPO batches GrpoBatch(512, 8, seed), seeds 1..100 (4,096
+//     (a) 100 seeded GRPO batches workload::GrpoBatch(512, 8, seed), seeds 1..100 (4,096
 //         heavy-tailed sequences each), cap 32,768 tokens, cost
 //         CostModel::Attention(ModelShape{}) (Llama-3.1-8B), for num_ranks in
 //         {16, 64}, pipeline depth p in {1, 4} (p = 4 with micro_batches_multiple_of
@@ -62,7 +62,7 @@
 
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/balance/micro_batch.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 #ifndef RLSCHED_BENCHMARK_DATA_DIR
 #define RLSCHED_BENCHMARK_DATA_DIR "tests/data"
@@ -71,6 +71,7 @@
 namespace {
 
 namespace balance = rlsched::balance;
+namespace workload = rlsched::workload;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kNumSeeds = 100;
@@ -615,8 +616,8 @@ int Main(int argc, char** argv) {
 
   std::vector<Input> batches;
   for (int seed = 1; seed <= kNumSeeds; ++seed) {
-    balance::SyntheticBatch batch =
-        balance::GrpoBatch(kPrompts, kSamples, static_cast<std::uint64_t>(seed));
+    workload::SyntheticBatch batch =
+        workload::GrpoBatch(kPrompts, kSamples, static_cast<std::uint64_t>(seed));
     batches.push_back({std::move(batch.lengths), std::move(batch.groups)});
   }
   std::vector<Input> trace;
@@ -662,7 +663,7 @@ int Main(int argc, char** argv) {
       "bound. Cost: %s\n"
       "(ModelShape{} = Llama-3.1-8B). o = per-micro-batch overhead in cost units\n"
       "(%lld = the linear work of %lld tokens); p = pipeline stages (p = 4 with\n"
-      "micro_batches_multiple_of = 4). Rows without 'trace': %d batches GrpoBatch(%lld,\n"
+      "micro_batches_multiple_of = 4). Rows without 'trace': %d batches workload::GrpoBatch(%lld,\n"
       "%lld, seed 1..%d) = %lld sequences, cap %lld tokens. 'trace' rows: %s, %d ranks,\n"
       "cap %lld, one input planned %d times. Times: steady_clock, single-threaded.\n\n",
       balance::CostModel::Attention(balance::ModelShape{}).Describe().c_str(),

@@ -8,7 +8,7 @@
 //
 // Overview
 //   For n in {10, 20, 30, 40} × k in {2, 4, 8} × equal-size off/on, runs
-//   balance::ExactSearch on HeavyTailedLengths(n, seed) from the KK + refinement
+//   balance::ExactSearch on workload::HeavyTailedLengths(n, seed) from the KK + refinement
 //   answer (PartitionItems with the exact search off), with no node limit and the time
 //   limit above (a steady_clock NowFn), and prints per row: the fraction proven
 //   optimal, the median and max nodes and wall time of the search, and the gap of
@@ -30,11 +30,12 @@
 
 #include "rlsched/balance/exact.h"
 #include "rlsched/balance/partition.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 namespace {
 
 namespace balance = rlsched::balance;
+namespace workload = rlsched::workload;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::int64_t kSizes[] = {10, 20, 30, 40};
@@ -101,7 +102,7 @@ int RunRow(Row& row, int seeds, std::chrono::milliseconds time_limit) {
   options.now = [] { return std::chrono::nanoseconds(Clock::now().time_since_epoch()); };
   for (int seed = 1; seed <= seeds; ++seed) {
     const std::vector<std::int64_t> weights =
-        balance::HeavyTailedLengths(row.n, static_cast<std::uint64_t>(seed));
+        workload::HeavyTailedLengths(row.n, static_cast<std::uint64_t>(seed));
     balance::PartitionOptions partition;
     partition.num_parts = row.k;
     partition.equal_size = row.equal_size;
@@ -153,7 +154,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   std::printf(
-      "Exact search on HeavyTailedLengths(n, seed), seeds 1..%d, from KK + refinement,\n"
+      "Exact search on workload::HeavyTailedLengths(n, seed), seeds 1..%d, from KK + refinement,\n"
       "no node limit, %d ms time limit (steady_clock). gap = KK+refine max load / search's "
       "- 1.\n\n",
       seeds, limit_ms);

@@ -2,7 +2,7 @@
 //
 // Overview
 //   Times the three ways to split a batch of heavy-tailed sequence lengths
-//   (HeavyTailedLengths(n, seed 1), generated once per n outside the timed loop):
+//   (workload::HeavyTailedLengths(n, seed 1), generated once per n outside the timed loop):
 //     BM_KarmarkarKarp     balance::KarmarkarKarp() alone (no fallback, no refinement);
 //     BM_GreedyLpt         balance::GreedyLpt() alone;
 //     BM_PartitionRefined  balance::PartitionItems() with default options: KK, the LPT
@@ -30,11 +30,12 @@
 #include <vector>
 
 #include "rlsched/balance/partition.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 namespace {
 
 namespace balance = rlsched::balance;
+namespace workload = rlsched::workload;
 
 constexpr std::uint64_t kSeed = 1;
 
@@ -43,7 +44,7 @@ constexpr std::uint64_t kSeed = 1;
 const std::vector<std::int64_t>& Lengths(std::int64_t n) {
   static std::map<std::int64_t, std::vector<std::int64_t>> cache;
   auto it = cache.find(n);
-  if (it == cache.end()) it = cache.emplace(n, balance::HeavyTailedLengths(n, kSeed)).first;
+  if (it == cache.end()) it = cache.emplace(n, workload::HeavyTailedLengths(n, kSeed)).first;
   return it->second;
 }
 

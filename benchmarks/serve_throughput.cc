@@ -6,7 +6,7 @@
 //   (defaults: T = 2, R = 400, N = 10, PATH = the rlsched built beside this program)
 //
 // Overview
-//   R balance requests, request i = HeavyTailedLengths(4096, seed i + 1) into k = 32
+//   R balance requests, request i = workload::HeavyTailedLengths(4096, seed i + 1) into k = 32
 //   equal-size parts (default cost and refinement), built and serialized before any
 //   timing. After a warm-up round, each round times:
 //     in-process  tbb::parallel_for over SolveBalance() in a task arena of T threads
@@ -45,13 +45,14 @@
 #include <thread>
 #include <vector>
 
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 #include "rlsched/v1/service.pb.h"
 #include "rlsched/wire/balance_convert.h"
 
 namespace {
 
 namespace balance = rlsched::balance;
+namespace workload = rlsched::workload;
 namespace v1 = rlsched::v1;
 using Clock = std::chrono::steady_clock;
 
@@ -227,7 +228,7 @@ int Run(const Args& args) {
     v1::Request& request = requests[static_cast<std::size_t>(i)];
     request.set_id(std::to_string(i));
     const std::vector<std::int64_t> lengths =
-        balance::HeavyTailedLengths(kItems, static_cast<std::uint64_t>(i) + 1);
+        workload::HeavyTailedLengths(kItems, static_cast<std::uint64_t>(i) + 1);
     v1::BalanceRequest* balance_request = request.mutable_balance();
     balance_request->mutable_lengths()->Add(lengths.begin(), lengths.end());
     balance_request->set_num_parts(kParts);

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "rlsched/balance/partition.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 namespace rlsched::app {
 namespace {
@@ -206,7 +206,8 @@ void AddRefineOption(CLI::App& command, std::optional<std::int64_t>& refine_iter
 LengthsInput ReadInput(const InputArgs& args, std::istream& in) {
   LengthsInput input;
   if (args.example) {
-    balance::SyntheticBatch batch = balance::GrpoBatch(kExamplePrompts, kExampleSamples, args.seed);
+    workload::SyntheticBatch batch =
+        workload::GrpoBatch(kExamplePrompts, kExampleSamples, args.seed);
     input.lengths = std::move(batch.lengths);
     input.groups = std::move(batch.groups);
   } else if (args.file == "-") {

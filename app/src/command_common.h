@@ -40,7 +40,7 @@
 
 namespace rlsched::app {
 
-// The built-in example: balance::GrpoBatch(kExamplePrompts, kExampleSamples, seed).
+// The built-in example: workload::GrpoBatch(kExamplePrompts, kExampleSamples, seed).
 inline constexpr std::int64_t kExamplePrompts = 128;
 inline constexpr std::int64_t kExampleSamples = 8;
 

@@ -56,8 +56,8 @@
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/balance/micro_batch.h"
 #include "rlsched/balance/partition.h"
-#include "rlsched/balance/synthetic.h"
 #include "rlsched/common/error.h"
+#include "rlsched/common/workload.h"
 
 namespace rlsched::scheduler {
 namespace {
@@ -110,8 +110,8 @@ void RequireReal(const std::string& field, double value, double lo, bool lo_open
 // random streams, so a draw depends only on its key, not on the order of events.
 std::uint64_t Hash(std::uint64_t seed, std::uint64_t tag, std::uint64_t a, std::uint64_t b = 0,
                    std::uint64_t c = 0) {
-  std::uint64_t h = balance::Rng(seed).Next();
-  for (const std::uint64_t v : {tag, a, b, c}) h = balance::Rng(h ^ v).Next();
+  std::uint64_t h = workload::Rng(seed).Next();
+  for (const std::uint64_t v : {tag, a, b, c}) h = workload::Rng(h ^ v).Next();
   return h;
 }
 
@@ -157,7 +157,7 @@ class Workload {
 
   // Uniform in [min_prompt_tokens, max_prompt_tokens], fixed per prompt id.
   std::int64_t PromptTokens(std::int64_t prompt) const {
-    balance::Rng rng(Hash(seed_, kTagPromptTokens, static_cast<std::uint64_t>(prompt)));
+    workload::Rng rng(Hash(seed_, kTagPromptTokens, static_cast<std::uint64_t>(prompt)));
     return rng.UniformInt(lengths_.min_prompt_tokens, lengths_.max_prompt_tokens);
   }
 
@@ -165,10 +165,10 @@ class Workload {
   // distribution's quantile at Φ(ρ·z_prompt + √(1 − ρ²)·z_sample). O(1).
   std::int64_t ResponseLength(std::int64_t prompt, std::int64_t epoch, std::int64_t index) const {
     const double z_prompt =
-        balance::Rng(Hash(seed_, kTagPromptLength, static_cast<std::uint64_t>(prompt))).Normal();
+        workload::Rng(Hash(seed_, kTagPromptLength, static_cast<std::uint64_t>(prompt))).Normal();
     const double z_sample =
-        balance::Rng(Hash(seed_, kTagSampleLength, static_cast<std::uint64_t>(prompt),
-                          static_cast<std::uint64_t>(epoch), static_cast<std::uint64_t>(index)))
+        workload::Rng(Hash(seed_, kTagSampleLength, static_cast<std::uint64_t>(prompt),
+                           static_cast<std::uint64_t>(epoch), static_cast<std::uint64_t>(index)))
             .Normal();
     const double rho = lengths_.length_correlation;
     const double z = rho * z_prompt + std::sqrt(std::max(0.0, 1.0 - rho * rho)) * z_sample;
@@ -200,7 +200,7 @@ class Workload {
       }
       count = static_cast<std::int64_t>(lengths_.lengths.size());
     } else {
-      balance::Rng rng(Hash(seed_, kTagMoments, 0));
+      workload::Rng rng(Hash(seed_, kTagMoments, 0));
       for (; count < kMomentSamples; ++count) {
         const auto length = static_cast<double>(Quantile(rng.Normal()));
         sum += length;
@@ -217,7 +217,7 @@ class Workload {
   // The rewards of a group: with probability all_equal_rate all equal (0 or 1),
   // else independent 0/1 with one flipped when they came out all equal. O(G).
   std::vector<double> GroupRewards(std::int64_t group) const {
-    balance::Rng rng(Hash(seed_, kTagReward, static_cast<std::uint64_t>(group)));
+    workload::Rng rng(Hash(seed_, kTagReward, static_cast<std::uint64_t>(group)));
     const auto g = static_cast<std::size_t>(samples_per_prompt_);
     std::vector<double> rewards(g);
     if (rng.UniformReal() < all_equal_rate_) {
@@ -731,7 +731,7 @@ void Simulation::JoinEngine(double now, std::int64_t version) {
                        .max_concurrent = config_.engine.max_concurrent,
                        .version = version});
   if (config_.engine_mtbf_seconds > 0) {
-    balance::Rng rng(Hash(config_.seed, kTagFailure, static_cast<std::uint64_t>(id)));
+    workload::Rng rng(Hash(config_.seed, kTagFailure, static_cast<std::uint64_t>(id)));
     const double u = 1.0 - rng.UniformReal();  // (0, 1]
     Push(now - config_.engine_mtbf_seconds * std::log(u), Kind::kFail, id);
   }

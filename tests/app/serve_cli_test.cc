@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 #include "serve.h"
 #include "serve_test_util.h"
 #include "subprocess.h"
@@ -242,14 +242,14 @@ std::vector<v1::Reply> ExpectSafeExit(const std::string& input) {
   return *replies;
 }
 
-std::string RandomBytes(balance::Rng& rng, std::int64_t size) {
+std::string RandomBytes(workload::Rng& rng, std::int64_t size) {
   std::string bytes;
   for (std::int64_t i = 0; i < size; ++i) bytes += static_cast<char>(rng.Next() & 0xff);
   return bytes;
 }
 
 TEST(ServeCliTest, RandomByteStreams) {
-  balance::Rng rng(20240611);
+  workload::Rng rng(20240611);
   for (int stream = 0; stream < 200; ++stream) {
     std::string input;
     std::int64_t frames = -1;  // well-framed payloads, when every frame is whole

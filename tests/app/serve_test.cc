@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 #include "rlsched/wire/balance_convert.h"
 #include "rlsched/wire/reshard_convert.h"
 #include "serve_test_util.h"
@@ -160,7 +160,7 @@ TEST(HandleRequestTest, InvalidArgumentNamesTheField) {
 TEST(HandleRequestTest, IsDeterministic) {
   v1::Request request;
   request.set_id("big");
-  const auto lengths = balance::HeavyTailedLengths(2048, 7);
+  const auto lengths = workload::HeavyTailedLengths(2048, 7);
   request.mutable_balance()->mutable_lengths()->Add(lengths.begin(), lengths.end());
   request.mutable_balance()->set_num_parts(16);
   request.mutable_balance()->set_equal_size(true);
@@ -383,7 +383,7 @@ TEST(ServeTest, RepliesInOrderOnAnyThreadCount) {
   for (int i = 0; i < 40; ++i) {
     v1::Request request;
     request.set_id("r" + std::to_string(i));
-    const auto lengths = balance::HeavyTailedLengths(i % 3 == 0 ? 4096 : 16, 100 + i);
+    const auto lengths = workload::HeavyTailedLengths(i % 3 == 0 ? 4096 : 16, 100 + i);
     request.mutable_balance()->mutable_lengths()->Add(lengths.begin(), lengths.end());
     request.mutable_balance()->set_num_parts(8);
     request.mutable_balance()->set_equal_size(i % 2 == 0);

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 #include "test_util.h"
 
 namespace rlsched::balance {
@@ -25,7 +25,7 @@ BalanceOptions Options(std::int64_t k) {
 }
 
 TEST(BalanceTest, TokensAndCostsPerPart) {
-  const std::vector<std::int64_t> lengths = HeavyTailedLengths(300, 2);
+  const std::vector<std::int64_t> lengths = workload::HeavyTailedLengths(300, 2);
   BalanceOptions options = Options(8);
   options.cost = CostModel::Attention(ModelShape{});
   const BalanceResult r = Balance(lengths, {}, options);
@@ -44,7 +44,7 @@ TEST(BalanceTest, TokensAndCostsPerPart) {
 }
 
 TEST(BalanceTest, GroupsStayWholeAndEqualSizeCountsGroups) {
-  const SyntheticBatch batch = GrpoBatch(40, 5, 4);
+  const workload::SyntheticBatch batch = workload::GrpoBatch(40, 5, 4);
   BalanceOptions options = Options(8);
   options.keep_groups = true;
   options.partition.equal_size = true;

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "rlsched/balance/partition.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 #include "test_util.h"
 
 namespace rlsched::balance {
@@ -86,7 +86,7 @@ struct Instance {
 // A small random instance: n in [0, max_n], k in [1, max_k], weights from one of
 // several families (small values with many ties and zeros, wide values, heavy-tailed).
 Instance SmallInstance(std::uint64_t seed, std::int64_t max_n, std::int64_t max_k) {
-  Rng rng(seed * 6151 + 3);
+  workload::Rng rng(seed * 6151 + 3);
   Instance inst;
   inst.k = rng.UniformInt(1, max_k);
   inst.equal_size = rng.UniformInt(0, 1) == 1;
@@ -104,7 +104,7 @@ Instance SmallInstance(std::uint64_t seed, std::int64_t max_n, std::int64_t max_
       }
       break;
     default:
-      inst.weights = HeavyTailedLengths(n, seed);
+      inst.weights = workload::HeavyTailedLengths(n, seed);
       break;
   }
   return inst;
@@ -124,7 +124,7 @@ Assignment SomeIncumbent(const Instance& inst, std::uint64_t seed) {
       // Everything in part 0, or the contiguous split shuffled in equal-size mode.
       Assignment a =
           inst.equal_size ? ContiguousSplit(n, inst.k) : Assignment(static_cast<std::size_t>(n), 0);
-      Rng rng(seed);
+      workload::Rng rng(seed);
       for (std::size_t i = a.size(); i > 1; --i) {
         std::swap(a[i - 1], a[static_cast<std::size_t>(rng.UniformInt(0, i - 1))]);
       }
@@ -310,7 +310,7 @@ TEST(ExactSearchTest, TinyBudgetsNeverHurtAndNeverLie) {
 // 40 wide random weights in 4 parts: no partition meets the bound, and none is
 // proven optimal in a few thousand nodes.
 std::vector<std::int64_t> HardWeights() {
-  Rng rng(77);
+  workload::Rng rng(77);
   std::vector<std::int64_t> w;
   for (int i = 0; i < 40; ++i) w.push_back(rng.UniformInt(1, 1'000'000'000'000));
   return w;
@@ -448,7 +448,7 @@ TEST(ExactSearchTest, PartitionItemsProvesSmallInstancesOptimal) {
 TEST(ExactSearchTest, PartitionItemsRunsTheSearchOnlyWhenSmallAndEnabled) {
   // Wide random weights: KK + refinement stays above the bound, so the search runs
   // whenever it is allowed to.
-  Rng rng(5);
+  workload::Rng rng(5);
   std::vector<std::int64_t> w;
   for (std::int64_t i = 0; i < kExactMaxItems + 1; ++i) {
     w.push_back(rng.UniformInt(1, 1'000'000'000'000));
@@ -473,11 +473,11 @@ TEST(ExactSearchTest, PartitionItemsRunsTheSearchOnlyWhenSmallAndEnabled) {
 // A heavy-tailed instance of n in [10, 40] and k in [2, 8]; the answers found from
 // two different incumbents must agree whenever both are proven.
 void CrossCheck(std::uint64_t seed) {
-  Rng rng(seed);
+  workload::Rng rng(seed);
   const std::int64_t n = rng.UniformInt(10, 40);
   const std::int64_t k = rng.UniformInt(2, 8);
   const bool equal_size = rng.UniformInt(0, 1) == 1;
-  const std::vector<std::int64_t> w = HeavyTailedLengths(n, seed);
+  const std::vector<std::int64_t> w = workload::HeavyTailedLengths(n, seed);
   ExactOptions options;
   options.max_nodes = 200'000;
   const ExactResult from_kk =

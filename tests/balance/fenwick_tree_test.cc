@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 namespace rlsched::balance::internal {
 namespace {
@@ -59,7 +59,7 @@ TEST(FenwickTreeTest, EmptyAndOne) {
 // integers) on sizes up to 100, checked against a plain array after every update.
 TEST(FenwickTreeTest, AgreesWithAnArray) {
   for (std::uint64_t seed = 1; seed <= 300; ++seed) {
-    Rng rng(seed * 7727 + 3);
+    workload::Rng rng(seed * 7727 + 3);
     const auto size = static_cast<std::size_t>(rng.UniformInt(0, 100));
     const bool counts = rng.UniformInt(0, 1) == 0;
     const std::int64_t initial = counts ? rng.UniformInt(0, 1) : rng.UniformInt(0, 4);

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "micro_batch_internal.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 #include "test_util.h"
 
 namespace rlsched::balance {
@@ -200,7 +200,7 @@ TEST(MicroBatchTest, EmptyRankAndEmptyInput) {
 // The step planner's reported failure: the built-in example (128 prompts × 8, seed
 // 1) on 8 ranks at p = 2 had 380 micro-batches per rank, 361 of them empty on rank 0.
 TEST(MicroBatchTest, NoEmptyMicroBatchesAtPipelineDepthTwo) {
-  const SyntheticBatch batch = GrpoBatch(128, 8, 1);
+  const workload::SyntheticBatch batch = workload::GrpoBatch(128, 8, 1);
   for (const std::optional<std::int64_t> overhead :
        {std::optional<std::int64_t>{}, std::optional<std::int64_t>{0},
         std::optional<std::int64_t>{50}}) {
@@ -221,7 +221,7 @@ TEST(MicroBatchTest, NoEmptyMicroBatchesAtPipelineDepthTwo) {
 
 // Without a given overhead the plan uses the cost model's estimate.
 TEST(MicroBatchTest, DefaultOverheadIsTheCostModelsEstimate) {
-  const SyntheticBatch batch = GrpoBatch(16, 8, 3);
+  const workload::SyntheticBatch batch = workload::GrpoBatch(16, 8, 3);
   StepOptions options;
   options.num_ranks = 4;
   options.micro_batch.max_tokens_per_micro_batch = 32768;
@@ -350,7 +350,7 @@ TEST(MicroBatchTest, NoEmptyMicroBatchesForcedByAnAssignmentsPacking) {
 // Empty micro-batches the input forces are planned and counted: 1,024 sequences on
 // 64 ranks cannot fill 20 micro-batches each.
 TEST(MicroBatchTest, ForcedEmptyMicroBatchesAreCounted) {
-  const SyntheticBatch batch = GrpoBatch(128, 8, 1);
+  const workload::SyntheticBatch batch = workload::GrpoBatch(128, 8, 1);
   StepOptions options;
   options.num_ranks = 64;
   options.micro_batch.max_tokens_per_micro_batch = 32768;
@@ -377,7 +377,7 @@ TEST(MicroBatchPropertyTest, RealLengthData) {
                            Data{"reasoning_lengths_intellect3_math.csv", 65536}}) {
     const testing::LengthData lengths = testing::ReadLengthData(data.file);
     ASSERT_GT(lengths.lengths.size(), 40u) << data.file;
-    Rng rng(std::hash<std::string>{}(data.file) % 1000);
+    workload::Rng rng(std::hash<std::string>{}(data.file) % 1000);
     for (int trial = 0; trial < 40; ++trial) {
       StepOptions options;
       options.num_ranks = rng.UniformInt(1, 16);
@@ -455,10 +455,10 @@ TEST(MicroBatchTest, BadInputNamesTheField) {
 // Seeded whole-step instances.
 void StepSweep(std::uint64_t first, std::uint64_t count) {
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    Rng rng(seed * 31 + 7);
+    workload::Rng rng(seed * 31 + 7);
     const std::int64_t prompts = rng.UniformInt(0, 48);
     const std::int64_t samples = rng.UniformInt(1, 8);
-    const SyntheticBatch batch = GrpoBatch(prompts, samples, seed);
+    const workload::SyntheticBatch batch = workload::GrpoBatch(prompts, samples, seed);
     StepOptions options;
     options.num_ranks = rng.UniformInt(1, 12);
     options.equal_size = rng.UniformInt(0, 1) == 1;
@@ -646,7 +646,7 @@ std::int64_t BruteForceStepTime(std::span<const std::int64_t> lengths,
 // (seeded small instances, brute force; with equal counts and whole groups too).
 void BoundSweep(std::uint64_t first, std::uint64_t count) {
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    Rng rng(seed * 7919 + 13);
+    workload::Rng rng(seed * 7919 + 13);
     const int n = static_cast<int>(rng.UniformInt(1, 7));
     std::vector<std::int64_t> lengths;
     for (int i = 0; i < n; ++i) {
@@ -694,8 +694,9 @@ void BoundSweep(std::uint64_t first, std::uint64_t count) {
 // bound stays at or below the plan at every pipeline depth and overhead.
 void HeavyTailedBoundSweep(std::uint64_t first, std::uint64_t count) {
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    Rng rng(seed * 104729 + 1);
-    const SyntheticBatch batch = GrpoBatch(rng.UniformInt(1, 64), rng.UniformInt(1, 8), seed);
+    workload::Rng rng(seed * 104729 + 1);
+    const workload::SyntheticBatch batch =
+        workload::GrpoBatch(rng.UniformInt(1, 64), rng.UniformInt(1, 8), seed);
     StepOptions options;
     options.num_ranks = rng.UniformInt(1, 32);
     options.equal_size = rng.UniformInt(0, 2) == 0;

@@ -12,7 +12,7 @@
 
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/partition.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 #include "test_util.h"
 
 namespace rlsched::balance {
@@ -30,7 +30,7 @@ struct Instance {
 
 // One random instance of a family picked by `seed`.
 Instance MakeInstance(std::uint64_t seed) {
-  Rng rng(seed * 7919 + 17);
+  workload::Rng rng(seed * 7919 + 17);
   Instance inst;
   inst.equal_size = rng.UniformInt(0, 1) == 1;
   const std::int64_t family = rng.UniformInt(0, 8);
@@ -43,7 +43,7 @@ Instance MakeInstance(std::uint64_t seed) {
       break;
     case 1:
       inst.kind = "heavy-tailed";
-      inst.weights = HeavyTailedLengths(n, seed);
+      inst.weights = workload::HeavyTailedLengths(n, seed);
       break;
     case 2:
       inst.kind = "all-equal";
@@ -51,27 +51,28 @@ Instance MakeInstance(std::uint64_t seed) {
       break;
     case 3:
       inst.kind = "one-giant";
-      inst.weights = HeavyTailedLengths(n, seed);
+      inst.weights = workload::HeavyTailedLengths(n, seed);
       inst.weights.push_back(1'000'000);
       break;
     case 4:
       inst.kind = "n<k";
       k = rng.UniformInt(2, 60);
-      inst.weights = HeavyTailedLengths(rng.UniformInt(0, k - 1), seed);
+      inst.weights = workload::HeavyTailedLengths(rng.UniformInt(0, k - 1), seed);
       break;
     case 5:
       inst.kind = "n=k";
-      inst.weights = HeavyTailedLengths(k, seed);
+      inst.weights = workload::HeavyTailedLengths(k, seed);
       break;
     case 6:
       inst.kind = "n=k+1";
-      inst.weights = HeavyTailedLengths(k + 1, seed);
+      inst.weights = workload::HeavyTailedLengths(k + 1, seed);
       break;
     case 7:
       inst.kind = "equal-size n%k!=0";
       k = rng.UniformInt(2, 40);
       inst.equal_size = true;
-      inst.weights = HeavyTailedLengths(k * rng.UniformInt(1, 8) + rng.UniformInt(1, k - 1), seed);
+      inst.weights =
+          workload::HeavyTailedLengths(k * rng.UniformInt(1, 8) + rng.UniformInt(1, k - 1), seed);
       break;
     default:
       inst.kind = "few distinct values";
@@ -132,8 +133,9 @@ TEST(PropertyTest, ThoroughRandomInstances) { Sweep(1000, 20000); }
 // GRPO batches with keep_groups: groups whole, every sequence once, counts of groups.
 void GroupSweep(std::uint64_t first, std::uint64_t count) {
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    Rng rng(seed);
-    const SyntheticBatch batch = GrpoBatch(rng.UniformInt(0, 60), rng.UniformInt(1, 16), seed);
+    workload::Rng rng(seed);
+    const workload::SyntheticBatch batch =
+        workload::GrpoBatch(rng.UniformInt(0, 60), rng.UniformInt(1, 16), seed);
     BalanceOptions options;
     options.partition.num_parts = rng.UniformInt(1, 24);
     options.partition.equal_size = rng.UniformInt(0, 1) == 1;
@@ -198,7 +200,7 @@ std::int64_t Optimum(const std::vector<std::int64_t>& w, std::int64_t k, bool eq
 }
 
 TEST(PropertyTest, LowerBoundNeverExceedsTheOptimum) {
-  Rng rng(42);
+  workload::Rng rng(42);
   for (int trial = 0; trial < 300; ++trial) {
     const std::int64_t n = rng.UniformInt(1, 8);
     const std::int64_t k = rng.UniformInt(1, 3);

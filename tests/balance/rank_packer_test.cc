@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "micro_batch_internal.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 namespace rlsched::balance::internal {
 namespace {
 
 // Units of a seeded GRPO batch: one per sequence, or one per group.
-Units MakeTestUnits(const SyntheticBatch& batch, bool groups) {
+Units MakeTestUnits(const workload::SyntheticBatch& batch, bool groups) {
   Units units;
   for (std::size_t i = 0; i < batch.lengths.size(); ++i) {
     const auto index = static_cast<std::int64_t>(i);
@@ -77,8 +77,9 @@ void ExpectValidRanks(const Units& units, std::int64_t num_ranks, PartSizes coun
 // packing is valid and deterministic; a budget below the mean rank never packs.
 TEST(RankPackerTest, PacksEveryUnitOnce) {
   for (std::uint64_t seed = 1; seed <= 400; ++seed) {
-    Rng rng(seed * 2654435761u + 11);
-    const SyntheticBatch batch = GrpoBatch(rng.UniformInt(1, 40), rng.UniformInt(1, 8), seed);
+    workload::Rng rng(seed * 2654435761u + 11);
+    const workload::SyntheticBatch batch =
+        workload::GrpoBatch(rng.UniformInt(1, 40), rng.UniformInt(1, 8), seed);
     const bool groups = rng.UniformInt(0, 2) == 0;
     const Units units = MakeTestUnits(batch, groups);
     const std::int64_t num_ranks = rng.UniformInt(1, 16);

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 namespace rlsched::balance::internal {
 namespace {
@@ -69,7 +69,7 @@ TEST(MaxSegmentTreeTest, OneAndNone) {
 // small set so ties are frequent, checked against a plain array after every step.
 TEST(MaxSegmentTreeTest, AgreesWithAnArray) {
   for (std::uint64_t seed = 1; seed <= 300; ++seed) {
-    Rng rng(seed * 6151 + 17);
+    workload::Rng rng(seed * 6151 + 17);
     const auto size = static_cast<std::size_t>(rng.UniformInt(1, 70));
     const double initial = static_cast<double>(rng.UniformInt(-3, 3));
     MaxSegmentTree tree(size, initial);

@@ -13,7 +13,7 @@
 
 #include "recipe_partition.h"
 #include "rlsched/balance/micro_batch.h"
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 namespace rlsched::balance {
 namespace {
@@ -257,7 +257,7 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpHandCases) {
 // partition as the plain transcription, both modes, any n and k.
 TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscription) {
   for (std::uint64_t seed = 1; seed <= 400; ++seed) {
-    Rng rng(seed * 40503 + 9);
+    workload::Rng rng(seed * 40503 + 9);
     const auto n = static_cast<std::size_t>(rng.UniformInt(0, 30));
     const auto k = static_cast<std::size_t>(rng.UniformInt(1, 9));
     const int kind = static_cast<int>(rng.UniformInt(0, 2));
@@ -283,8 +283,9 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscription) {
 // order, with its micro-batches over the cap counted, timed with our cost model.
 TEST(StepBaselineTest, MatchesTheTranscriptionOnRandomSteps) {
   for (std::uint64_t seed = 1; seed <= 300; ++seed) {
-    Rng rng(seed * 1299709 + 5);
-    const SyntheticBatch batch = GrpoBatch(rng.UniformInt(0, 24), rng.UniformInt(1, 8), seed);
+    workload::Rng rng(seed * 1299709 + 5);
+    const workload::SyntheticBatch batch =
+        workload::GrpoBatch(rng.UniformInt(0, 24), rng.UniformInt(1, 8), seed);
     std::vector<std::int64_t> lengths = batch.lengths;
     if (rng.UniformInt(0, 3) == 0) {
       for (std::int64_t& l : lengths) l = l % 7 * 500;  // ties and zeros
@@ -344,14 +345,14 @@ TEST(StepBaselineTest, MatchesTheTranscriptionOnRandomSteps) {
   }
 }
 
-// 4,096 heavy-tailed sequences (GrpoBatch(512, 8, 1)) on 16 ranks under a cap of
+// 4,096 heavy-tailed sequences (workload::GrpoBatch(512, 8, 1)) on 16 ranks under a cap of
 // 32,768: every rank holds about 450,000 tokens, so the recipe's count is
 // ceil(tokens / cap) = 14, about 32,300 tokens a micro-batch, and balancing the
 // workload key does not keep every micro-batch under the cap. The count is > 0 and is
 // the number of micro-batches whose sequences add up to more than the cap, and the
 // transcription's.
 TEST(StepBaselineTest, OverCapOnAHeavyTailedBatch) {
-  const SyntheticBatch batch = GrpoBatch(512, 8, 1);
+  const workload::SyntheticBatch batch = workload::GrpoBatch(512, 8, 1);
   StepOptions options;
   options.num_ranks = 16;
   options.micro_batch.max_tokens_per_micro_batch = 32768;

@@ -19,8 +19,8 @@
 #include <variant>
 #include <vector>
 
-#include "rlsched/balance/synthetic.h"
 #include "rlsched/common/error.h"
+#include "rlsched/common/workload.h"
 
 namespace rlsched::scheduler {
 namespace {
@@ -658,7 +658,7 @@ struct World {
   explicit World(const WorldOptions& o)
       : options(o), rng(o.seed), core_options(CoreOptions(o, rng)), core(core_options) {}
 
-  static OrchestratorOptions CoreOptions(const WorldOptions& o, balance::Rng& rng) {
+  static OrchestratorOptions CoreOptions(const WorldOptions& o, workload::Rng& rng) {
     OrchestratorOptions core{.mode = o.mode,
                              .max_staleness = o.staleness,
                              .staleness_policy = o.policy,
@@ -859,7 +859,7 @@ struct World {
   }
 
   WorldOptions options;
-  balance::Rng rng;
+  workload::Rng rng;
   OrchestratorOptions core_options;
   Orchestrator core;
   std::map<std::int64_t, EngineState> engines;

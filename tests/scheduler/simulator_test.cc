@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "rlsched/balance/cost_model.h"
-#include "rlsched/balance/synthetic.h"
 #include "rlsched/common/error.h"
+#include "rlsched/common/workload.h"
 #include "rlsched/scheduler/orchestrator.h"
 
 namespace rlsched::scheduler {
@@ -378,7 +378,7 @@ TEST(SimulatorFaults, FailuresFinishAndConserve) {
 // A random small configuration: any mode, staleness, over-sampling, dynamic sampling,
 // failures, list or lognormal lengths, tiny engines (so slots are scarce).
 SimulatorConfig RandomConfig(std::uint64_t seed) {
-  balance::Rng rng(seed * 7919);
+  workload::Rng rng(seed * 7919);
   SimulatorConfig c = DefaultSimulatorConfig();
   const std::int64_t mode = rng.UniformInt(0, 2);
   c.orchestrator.mode = mode == 0 ? Mode::kSync : mode == 1 ? Mode::kOneStepOff : Mode::kAsync;

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/balance/synthetic.h"
 #include "rlsched/common/error.h"
+#include "rlsched/common/workload.h"
 
 namespace rlsched::wire {
 namespace {
@@ -334,12 +334,12 @@ TEST(SolveBalanceTest, MorePartsThanSequences) {
 }
 
 TEST(SolveBalanceTest, RandomRequestsAreValidAndDeterministic) {
-  balance::Rng rng(2024);
+  workload::Rng rng(2024);
   for (int trial = 0; trial < 60; ++trial) {
     SCOPED_TRACE(trial);
     const std::int64_t prompts = rng.UniformInt(1, 40);
     const std::int64_t samples = rng.UniformInt(1, 8);
-    const balance::SyntheticBatch batch = balance::GrpoBatch(prompts, samples, rng.Next());
+    const workload::SyntheticBatch batch = workload::GrpoBatch(prompts, samples, rng.Next());
     v1::BalanceRequest request;
     request.mutable_lengths()->Add(batch.lengths.begin(), batch.lengths.end());
     if (rng.UniformInt(0, 1) == 1) {
@@ -369,7 +369,7 @@ TEST(SolveBalanceTest, RandomRequestsAreValidAndDeterministic) {
 
 TEST(SolveBalanceTest, EqualSizeCountsHold) {
   v1::BalanceRequest request;
-  const std::vector<std::int64_t> lengths = balance::HeavyTailedLengths(103, 7);
+  const std::vector<std::int64_t> lengths = workload::HeavyTailedLengths(103, 7);
   request.mutable_lengths()->Add(lengths.begin(), lengths.end());
   request.set_num_parts(10);
   request.set_equal_size(true);
@@ -726,9 +726,9 @@ void ExpectValidPlan(const v1::PlanStepRequest& request, const v1::PlanStepReply
   }
 }
 
-v1::PlanStepRequest RandomStepRequest(balance::Rng& rng) {
-  const balance::SyntheticBatch batch =
-      balance::GrpoBatch(rng.UniformInt(1, 30), rng.UniformInt(1, 8), rng.Next());
+v1::PlanStepRequest RandomStepRequest(workload::Rng& rng) {
+  const workload::SyntheticBatch batch =
+      workload::GrpoBatch(rng.UniformInt(1, 30), rng.UniformInt(1, 8), rng.Next());
   v1::PlanStepRequest request;
   request.mutable_lengths()->Add(batch.lengths.begin(), batch.lengths.end());
   if (rng.UniformInt(0, 1) == 1) {
@@ -775,7 +775,7 @@ v1::PlanStepRequest RandomStepRequest(balance::Rng& rng) {
 }
 
 TEST(SolvePlanStepTest, RandomRequestsAreValidAndDeterministic) {
-  balance::Rng rng(2025);
+  workload::Rng rng(2025);
   for (int trial = 0; trial < 300; ++trial) {
     const v1::PlanStepRequest request = RandomStepRequest(rng);
     SCOPED_TRACE(::testing::Message()
@@ -827,7 +827,7 @@ TEST(ToJsonTest, WriteJsonOfABalanceReplyIsToJson) {
   for (const std::int64_t parts : {1, 3, 64}) {
     for (const std::uint64_t seed : {1, 2}) {
       v1::BalanceRequest request;
-      for (const std::int64_t length : balance::HeavyTailedLengths(500, seed)) {
+      for (const std::int64_t length : workload::HeavyTailedLengths(500, seed)) {
         request.add_lengths(length);
       }
       request.set_num_parts(parts);

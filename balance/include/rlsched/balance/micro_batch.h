@@ -48,7 +48,7 @@
 //   Karmarkar-Karp on the same key and ordered as verl orders them
 //   (rearrange_micro_batches). Nothing in it checks the cap: it can break it (8
 //   sequences of 7 tokens under a cap of 8 give 7 micro-batches, one of 14;
-//   GrpoBatch(512, 8, 1) on 16 ranks under 32,768 gives 152 of 224). Its step time is
+//   workload::GrpoBatch(512, 8, 1) on 16 ranks under 32,768 gives 152 of 224). Its step time is
 //   predicted with the options' cost model, as the plan's. It ignores groups and
 //   equal_size; where verl would stop on an assertion (n not a multiple of the ranks,
 //   a rank with fewer sequences than the count) it goes on, with ranks differing by one
@@ -58,7 +58,7 @@
 //   (e.g. 2·CP·TP); tokens and costs count the padding.
 //
 // Example
-//   rlsched::balance::SyntheticBatch batch = rlsched::balance::GrpoBatch(512, 8, /*seed=*/1);
+//   rlsched::workload::SyntheticBatch batch = rlsched::workload::GrpoBatch(512, 8, /*seed=*/1);
 //   rlsched::balance::StepOptions options;
 //   options.num_ranks = 64;
 //   options.micro_batch.max_tokens_per_micro_batch = 32768;
@@ -69,7 +69,7 @@
 //   // step.plan.ranks[r].micro_batches[j].indices: rank r's j-th micro-batch;
 //   // step.plan.unpadded_tokens: the denominator of a token-mean loss over the step;
 //   // step.baseline.cap_violations: the common recipe's micro-batches over the cap
-//   (GrpoBatch is in rlsched/balance/synthetic.h; any lengths and group ids will do.)
+//   (workload::GrpoBatch is in rlsched/common/workload.h; any lengths and group ids will do.)
 //
 // Thread-safety: pure; concurrent calls are safe. Deterministic.
 

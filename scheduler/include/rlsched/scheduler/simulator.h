@@ -23,11 +23,11 @@
 //   decode tokens/s (one sample alone, and max_concurrent together), and
 //   CostUnitForStepSeconds() the trainer's unit cost from its seconds per step.
 //   Workload: a dataset of `dataset_prompts` prompts, cycled in order (epochs).
-//   Response lengths are heavy-tailed by default (lognormal μ = 6.67, σ = 1.15, at most
-//   16,384; prompts uniform in [100, 500]) or drawn from a list of lengths; a sample's
-//   length is the distribution's quantile at Φ(ρ·z_prompt + √(1 − ρ²)·z_sample), so
-//   lengths keep their distribution and correlate (ρ = length_correlation) across a
-//   prompt's samples and epochs. A group's rewards are all equal with probability
+//   Response lengths are heavy-tailed by default (rlsched/common/workload.h: lognormal
+//   μ = 6.67, σ = 1.15, at most 16,384; prompts uniform in [100, 500]) or drawn from a list of
+//   lengths; a sample's length is the distribution's quantile at Φ(ρ·z_prompt + √(1 −
+//   ρ²)·z_sample), so lengths keep their distribution and correlate (ρ = length_correlation) across
+//   a prompt's samples and epochs. A group's rewards are all equal with probability
 //   `all_equal_rate`, else random.
 //
 //   Defaults: 64 engines of 256 concurrent samples, 64 trainer ranks, 512 prompts × 8
@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "rlsched/balance/micro_batch.h"
+#include "rlsched/common/workload.h"
 #include "rlsched/scheduler/orchestrator.h"
 
 namespace rlsched::scheduler {
@@ -61,13 +62,13 @@ struct EngineModel {
 struct LengthDistribution {
   // Lognormal response lengths (when `lengths` is empty): exp(N(mu, sigma)), rounded,
   // clipped to [1, max_tokens].
-  double mu = 6.67;
-  double sigma = 1.15;
-  std::int64_t max_tokens = 16384;
+  double mu = workload::kResponseMu;
+  double sigma = workload::kResponseSigma;
+  std::int64_t max_tokens = workload::kMaxResponseTokens;
   // Otherwise response lengths are drawn from this list (each >= 1).
   std::vector<std::int64_t> lengths;
-  std::int64_t min_prompt_tokens = 100;
-  std::int64_t max_prompt_tokens = 500;
+  std::int64_t min_prompt_tokens = workload::kMinPromptTokens;
+  std::int64_t max_prompt_tokens = workload::kMaxPromptTokens;
   double length_correlation = 0.8;  // ρ in [0, 1]
 };
 

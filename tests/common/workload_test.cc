@@ -1,19 +1,19 @@
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <vector>
 
-namespace rlsched::balance {
+namespace rlsched::workload {
 namespace {
 
-TEST(SyntheticTest, SameSeedSameBatch) {
+TEST(WorkloadTest, SameSeedSameBatch) {
   EXPECT_EQ(HeavyTailedLengths(1000, 7), HeavyTailedLengths(1000, 7));
   EXPECT_NE(HeavyTailedLengths(1000, 7), HeavyTailedLengths(1000, 8));
 }
 
-TEST(SyntheticTest, HeavyTailedShape) {
+TEST(WorkloadTest, HeavyTailedShape) {
   std::vector<std::int64_t> lengths = HeavyTailedLengths(100'000, 1);
   for (const std::int64_t l : lengths) {
     ASSERT_GE(l, 101);
@@ -28,7 +28,7 @@ TEST(SyntheticTest, HeavyTailedShape) {
   EXPECT_GT(lengths.back(), 16384);  // the clipped tail is reached
 }
 
-TEST(SyntheticTest, GrpoBatchGroups) {
+TEST(WorkloadTest, GrpoBatchGroups) {
   const SyntheticBatch batch = GrpoBatch(16, 8, 3);
   ASSERT_EQ(batch.lengths.size(), 128u);
   ASSERT_EQ(batch.groups.size(), 128u);
@@ -37,7 +37,7 @@ TEST(SyntheticTest, GrpoBatchGroups) {
   }
 }
 
-TEST(SyntheticTest, UniformIntCoversTheRange) {
+TEST(WorkloadTest, UniformIntCoversTheRange) {
   Rng rng(5);
   std::vector<int> hits(5, 0);
   for (int i = 0; i < 5000; ++i) ++hits[static_cast<std::size_t>(rng.UniformInt(10, 14) - 10)];
@@ -46,4 +46,4 @@ TEST(SyntheticTest, UniformIntCoversTheRange) {
 }
 
 }  // namespace
-}  // namespace rlsched::balance
+}  // namespace rlsched::workload

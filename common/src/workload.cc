@@ -1,4 +1,4 @@
-#include "rlsched/balance/synthetic.h"
+#include "rlsched/common/workload.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,18 +8,12 @@
 
 #include "rlsched/common/error.h"
 
-namespace rlsched::balance {
+namespace rlsched::workload {
 namespace {
-
-constexpr double kResponseMu = 6.67;
-constexpr double kResponseSigma = 1.15;
-constexpr std::int64_t kMaxResponse = 16384;
-constexpr std::int64_t kMinPrompt = 100;
-constexpr std::int64_t kMaxPrompt = 500;
 
 std::int64_t Response(Rng& rng) {
   const double value = std::exp(kResponseMu + kResponseSigma * rng.Normal());
-  return std::clamp<std::int64_t>(std::llround(std::min(value, 1e12)), 1, kMaxResponse);
+  return std::clamp<std::int64_t>(std::llround(std::min(value, 1e12)), 1, kMaxResponseTokens);
 }
 
 void CheckCount(std::int64_t n, const char* field) {
@@ -58,7 +52,7 @@ std::vector<std::int64_t> HeavyTailedLengths(std::int64_t n, std::uint64_t seed)
   Rng rng(seed);
   std::vector<std::int64_t> lengths(static_cast<std::size_t>(n));
   for (auto& length : lengths) {
-    const std::int64_t prompt = rng.UniformInt(kMinPrompt, kMaxPrompt);
+    const std::int64_t prompt = rng.UniformInt(kMinPromptTokens, kMaxPromptTokens);
     length = prompt + Response(rng);
   }
   return lengths;
@@ -72,7 +66,7 @@ SyntheticBatch GrpoBatch(std::int64_t prompts, std::int64_t samples, std::uint64
   batch.lengths.reserve(static_cast<std::size_t>(prompts * samples));
   batch.groups.reserve(static_cast<std::size_t>(prompts * samples));
   for (std::int64_t p = 0; p < prompts; ++p) {
-    const std::int64_t prompt = rng.UniformInt(kMinPrompt, kMaxPrompt);
+    const std::int64_t prompt = rng.UniformInt(kMinPromptTokens, kMaxPromptTokens);
     for (std::int64_t s = 0; s < samples; ++s) {
       batch.lengths.push_back(prompt + Response(rng));
       batch.groups.push_back(p);
@@ -81,4 +75,4 @@ SyntheticBatch GrpoBatch(std::int64_t prompts, std::int64_t samples, std::uint64
   return batch;
 }
 
-}  // namespace rlsched::balance
+}  // namespace rlsched::workload
