@@ -25,13 +25,18 @@ using namespace rlsched::scheduler;
 
 struct FastWorld {
   explicit FastWorld(Mode mode, std::int64_t staleness, bool partial)
-      : core(OrchestratorOptions{.mode = mode,
+      : core(Options(mode, staleness, partial)) {}
+
+  static OrchestratorOptions Options(Mode mode, std::int64_t staleness, bool partial) {
+    OrchestratorOptions options{{.mode = mode,
                                  .max_staleness = staleness,
                                  .partial_rollout = partial,
                                  .oversample = 0.25,
                                  .prompts_per_step = 512,
-                                 .samples_per_prompt = 8,
-                                 .filter = KeepUnlessAllEqual}) {}
+                                 .samples_per_prompt = 8}};
+    options.filter = KeepUnlessAllEqual;
+    return options;
+  }
 
   void Feed(const Event& event) {
     out.clear();

@@ -103,7 +103,6 @@ sched::SimulatorConfig Workload(std::int64_t steps, std::uint64_t seed, double m
 
 sched::SimulatorConfig Colocated(sched::SimulatorConfig config) {
   config.engines = 32;
-  config.trainer_ranks = 128;
   config.step.num_ranks = 128;
   config.orchestrator.mode = sched::Mode::kSync;
   config.orchestrator.colocated = true;
@@ -116,7 +115,6 @@ sched::SimulatorConfig Colocated(sched::SimulatorConfig config) {
 
 sched::SimulatorConfig FullyAsync(sched::SimulatorConfig config, double fraction) {
   config.engines = 16;
-  config.trainer_ranks = 64;
   config.step.num_ranks = 64;
   config.orchestrator.mode = sched::Mode::kAsync;
   config.orchestrator.staleness_policy = sched::StalenessPolicy::kFraction;

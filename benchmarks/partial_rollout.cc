@@ -81,7 +81,6 @@ sched::SimulatorConfig PeerConfig(std::int64_t steps, std::uint64_t seed) {
   config.engine.decode_per_sequence_seconds /= 4;
   config.engine.decode_per_context_token_seconds /= 4;
   config.engine.prefill_tokens_per_second *= 4;
-  config.trainer_ranks = 64;
   config.step.num_ranks = 64;
   config.step.micro_batch.max_tokens_per_micro_batch = 32768;
   // Mean exp(mu + σ²/2) = 2,000 tokens with σ = 0.9.
@@ -133,11 +132,11 @@ std::string Check(const Row& row, const Result& r) {
   }
   const bool strict =
       row.mode != sched::Mode::kAsync || row.policy == sched::StalenessPolicy::kStrict;
-  const std::int64_t bound = sched::EffectiveStaleness(
-      sched::OrchestratorOptions{.mode = row.mode,
-                                 .max_staleness = row.staleness,
-                                 .staleness_policy = row.policy,
-                                 .staleness_fraction = row.fraction});
+  const std::int64_t bound =
+      sched::EffectiveStaleness(sched::OrchestratorOptions{{.mode = row.mode,
+                                                            .max_staleness = row.staleness,
+                                                            .staleness_policy = row.policy,
+                                                            .staleness_fraction = row.fraction}});
   if (strict && r.report.metrics.max_staleness > bound) return "staleness above the bound";
   if (!strict && c.stale_discarded_tokens != 0) return "tokens discarded under admission";
   return "";

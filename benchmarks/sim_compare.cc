@@ -102,7 +102,7 @@ int Main(int argc, char** argv) {
       "workload: %lld engines x %lld concurrent, %lld trainer ranks, %lld prompts x %lld "
       "samples, %lld steps, oversample %.2f, seed %llu\n",
       static_cast<long long>(base.engines), static_cast<long long>(base.engine.max_concurrent),
-      static_cast<long long>(base.trainer_ranks),
+      static_cast<long long>(base.step.num_ranks),
       static_cast<long long>(base.orchestrator.prompts_per_step),
       static_cast<long long>(base.orchestrator.samples_per_prompt),
       static_cast<long long>(base.steps), base.orchestrator.oversample,

@@ -471,7 +471,7 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
     names += fmt::format("{}{}", names.empty() ? "" : ", ", run.name);
   }
   const SimulatorConfig defaults = DefaultSimulatorConfig();
-  const OrchestratorOptions& d = defaults.orchestrator;
+  const OrchestratorPolicy& d = defaults.orchestrator;
   command->footer(fmt::format(
       "Defaults: {} engines of {} concurrent samples, {} trainer ranks, {} prompts × {} samples, "
       "{} steps, heavy-tailed lengths, sync mode; --config FILE sets any field of the "
@@ -494,7 +494,7 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       "and seed; --trace then writes the trace of --trace-run (default {}).\n"
       "Output: a summary, or with --json the rlsched.v1.SimulateReply in protobuf's JSON "
       "mapping (proto field names; int64 values are strings; no trace).",
-      defaults.engines, defaults.engine.max_concurrent, defaults.trainer_ranks, d.prompts_per_step,
+      defaults.engines, defaults.engine.max_concurrent, defaults.step.num_ranks, d.prompts_per_step,
       d.samples_per_prompt, defaults.steps, kColocatedRunName, names, kDefaultTraceRun));
 
   command->add_option("--config", args.config, "The SimulatorConfig as JSON")->type_name("FILE");
@@ -614,7 +614,7 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   command
       ->add_option(
           "--trainer-ranks", args.trainer_ranks,
-          fmt::format("Data-parallel ranks of the trainer (default: {})", defaults.trainer_ranks))
+          fmt::format("Data-parallel ranks of the trainer (default: {})", defaults.step.num_ranks))
       ->type_name("N")
       ->check(IntegerIn(1, kMaxSimulationTrainerRanks));
   command

@@ -156,7 +156,7 @@ bool KeepUnlessAllEqual(std::span<const double> rewards) {
   return false;
 }
 
-std::int64_t EffectiveStaleness(const OrchestratorOptions& options) {
+std::int64_t EffectiveStaleness(const OrchestratorPolicy& options) {
   switch (options.mode) {
     case Mode::kSync:
       return 0;

@@ -118,26 +118,19 @@ std::uint64_t Hash(std::uint64_t seed, std::uint64_t tag, std::uint64_t a, std::
 // Φ, the standard normal distribution function.
 double NormalCdf(double z) { return 0.5 * std::erfc(-z / std::numbers::sqrt2); }
 
-std::int64_t LiveGroupsPerBatch(const OrchestratorOptions& options) {
+std::int64_t LiveGroupsPerBatch(const OrchestratorPolicy& options) {
   return static_cast<std::int64_t>(
       std::ceil((1.0 + options.oversample) * static_cast<double>(options.prompts_per_step)));
-}
-
-// The trainer's plan options: config.step on trainer_ranks ranks.
-balance::StepOptions TrainerStep(const SimulatorConfig& config) {
-  balance::StepOptions step = config.step;
-  step.num_ranks = config.trainer_ranks;
-  return step;
 }
 
 // The orchestrator options the simulation runs with: the planner, filter and step
 // count come from the simulator's config.
 OrchestratorOptions CoreOptions(const SimulatorConfig& config) {
-  OrchestratorOptions options = config.orchestrator;
+  OrchestratorOptions options{config.orchestrator};
   options.num_steps = config.steps;
   if (config.filter_all_equal) options.filter = KeepUnlessAllEqual;
-  options.planner = [step = TrainerStep(config)](std::span<const std::int64_t> lengths,
-                                                 std::span<const std::int64_t> groups) {
+  options.planner = [step = config.step](std::span<const std::int64_t> lengths,
+                                         std::span<const std::int64_t> groups) {
     return balance::PlanStep(lengths, groups, step);
   };
   return options;
@@ -1168,7 +1161,6 @@ SimulatorConfig DefaultSimulatorConfig() {
   config.engine.decode_base_seconds = 0.02;
   config.engine.decode_per_sequence_seconds = 1e-4;
   config.engine.decode_per_context_token_seconds = 3e-8;
-  config.trainer_ranks = 64;
   config.step.num_ranks = 64;
   config.step.micro_batch.max_tokens_per_micro_batch = 32768;
   // p = 1: the trainer model needs no pipeline here; the plan's 1F1B formula applies
@@ -1197,7 +1189,7 @@ void Validate(const SimulatorConfig& config) {
                   "decode_base_seconds + decode_per_sequence_seconds must be "
                   "> 0 (a decode step must take time), got 0");
   }
-  RequireInt("trainer_ranks", config.trainer_ranks, 1, balance::kMaxParts);
+  RequireInt("step.num_ranks", config.step.num_ranks, 1, balance::kMaxParts);
   RequireInt("gpus_per_engine", config.gpus_per_engine, 1, kMaxGpusPerUnit);
   RequireInt("gpus_per_trainer_rank", config.gpus_per_trainer_rank, 1, kMaxGpusPerUnit);
   RequireReal("seconds_per_cost_unit", config.seconds_per_cost_unit, 0, true, kMaxSeconds);
@@ -1238,7 +1230,7 @@ void Validate(const SimulatorConfig& config) {
   } catch (const rlsched::FieldError& e) {
     throw e.Within("orchestrator");
   }
-  const OrchestratorOptions& core = config.orchestrator;
+  const OrchestratorPolicy& core = config.orchestrator;
   const double per_step =
       std::ceil((1.0 + core.oversample) * static_cast<double>(core.prompts_per_step)) *
       static_cast<double>(core.samples_per_prompt);
@@ -1269,7 +1261,7 @@ void Validate(const SimulatorConfig& config) {
   }
 
   // The step options, by planning the longest possible sequence alone.
-  const balance::StepOptions step = TrainerStep(config);
+  const balance::StepOptions& step = config.step;
   const std::int64_t longest_sequence = lengths.max_prompt_tokens + longest;
   const std::int64_t cap = step.micro_batch.max_tokens_per_micro_batch;
   const std::int64_t pad = std::max<std::int64_t>(step.micro_batch.pad_to_multiple_of, 1);
@@ -1322,7 +1314,7 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
   SimulatorConfig probe = config;
   probe.seconds_per_cost_unit = 1;
   Validate(probe);
-  const OrchestratorOptions& core = config.orchestrator;
+  const OrchestratorPolicy& core = config.orchestrator;
   const std::int64_t calls = core.train_calls_per_sync;
   const double overheads = static_cast<double>(calls) * config.train_call_overhead_seconds;
   if (!std::isfinite(seconds) || !(seconds > overheads) || seconds > kMaxSeconds) {
@@ -1331,7 +1323,7 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
                                  Num(seconds));
   }
   const Workload workload(config);
-  const balance::StepOptions step = TrainerStep(config);
+  const balance::StepOptions& step = config.step;
   const std::int64_t per_call = core.prompts_per_step / calls;
   double cost = 0;
   std::int64_t group = 0;
@@ -1357,15 +1349,15 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
 }
 
 std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config) {
-  const std::int64_t gpus =
-      config.engines * config.gpus_per_engine + config.trainer_ranks * config.gpus_per_trainer_rank;
+  const std::int64_t gpus = config.engines * config.gpus_per_engine +
+                            config.step.num_ranks * config.gpus_per_trainer_rank;
   if (gpus % config.gpus_per_engine != 0 || gpus % config.gpus_per_trainer_rank != 0) {
     return std::nullopt;
   }
   SimulatorConfig colocated = config;
   colocated.engines = gpus / config.gpus_per_engine;
-  colocated.trainer_ranks = gpus / config.gpus_per_trainer_rank;
-  OrchestratorOptions& core = colocated.orchestrator;
+  colocated.step.num_ranks = gpus / config.gpus_per_trainer_rank;
+  OrchestratorPolicy& core = colocated.orchestrator;
   core.mode = Mode::kSync;
   core.colocated = true;
   core.staleness_policy = StalenessPolicy::kAdmission;

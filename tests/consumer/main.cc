@@ -50,7 +50,7 @@ int main() {
   // The orchestrator in the simulator: 2 engines, 2 prompts × 2 samples, 3 steps.
   rlsched::scheduler::SimulatorConfig sim = rlsched::scheduler::DefaultSimulatorConfig();
   sim.engines = 2;
-  sim.trainer_ranks = 2;
+  sim.step.num_ranks = 2;
   sim.steps = 3;
   sim.orchestrator.prompts_per_step = 2;
   sim.orchestrator.samples_per_prompt = 2;

@@ -116,8 +116,10 @@ std::string Describe(const Command& command) {
 
 TEST(OrchestratorTest, SyncModeTimeline) {
   // One engine of 4 slots, P = 1 prompt × G = 2 samples, 2 steps.
-  Orchestrator core(OrchestratorOptions{
-      .mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2, .num_steps = 2});
+  OrchestratorOptions options{
+      {.mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2}};
+  options.num_steps = 2;
+  Orchestrator core(options);
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 4, .version = 0}, out);
   EXPECT_TRUE(out.empty());
@@ -186,7 +188,7 @@ TEST(OrchestratorTest, OversampledLeftoversRestartInSyncMode) {
   // r = 1: two groups for one place; the slower group's tokens are from version 0,
   // too old for batch 1 at s = 0, so it is aborted and generated again.
   Orchestrator core(OrchestratorOptions{
-      .mode = Mode::kSync, .oversample = 1.0, .prompts_per_step = 1, .samples_per_prompt = 1});
+      {.mode = Mode::kSync, .oversample = 1.0, .prompts_per_step = 1, .samples_per_prompt = 1}});
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
   core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 4)}, out);
@@ -204,11 +206,11 @@ TEST(OrchestratorTest, OversampledLeftoversRestartInSyncMode) {
 }
 
 TEST(OrchestratorTest, PartialRolloutRecordsVersionSpans) {
-  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
-                                        .max_staleness = 1,
-                                        .partial_rollout = true,
-                                        .prompts_per_step = 1,
-                                        .samples_per_prompt = 1});
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 1,
+                                         .partial_rollout = true,
+                                         .prompts_per_step = 1,
+                                         .samples_per_prompt = 1}});
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
   core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
@@ -254,12 +256,12 @@ TEST(OrchestratorTest, PartialRolloutRecordsVersionSpans) {
 // with the short one and keeps the long sample's tokens: it trains at step 2 with tokens of
 // versions 0, 1 and 2.
 void RunOvertakenSample(StalenessPolicy policy) {
-  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
-                                        .max_staleness = 1,
-                                        .staleness_policy = policy,
-                                        .partial_rollout = true,
-                                        .prompts_per_step = 1,
-                                        .samples_per_prompt = 1});
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 1,
+                                         .staleness_policy = policy,
+                                         .partial_rollout = true,
+                                         .prompts_per_step = 1,
+                                         .samples_per_prompt = 1}});
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 4, .version = 0}, out);
   core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 3)}, out);
@@ -338,7 +340,8 @@ TEST(OrchestratorTest, AdmissionPolicyKeepsAnOvertakenSamplesTokens) {
 }
 
 TEST(OrchestratorTest, FilterRefillsTheBatch) {
-  OrchestratorOptions options{.mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2};
+  OrchestratorOptions options{
+      {.mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2}};
   options.filter = KeepUnlessAllEqual;
   Orchestrator core(options);
   std::vector<Command> out;
@@ -362,11 +365,11 @@ TEST(OrchestratorTest, FilterRefillsTheBatch) {
 }
 
 TEST(OrchestratorTest, FailedEngineRequeuesItsWork) {
-  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
-                                        .max_staleness = 2,
-                                        .prompts_per_step = 1,
-                                        .samples_per_prompt = 2,
-                                        .keep_partial_on_failure = false});
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 2,
+                                         .prompts_per_step = 1,
+                                         .samples_per_prompt = 2,
+                                         .keep_partial_on_failure = false}});
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 3, .max_concurrent = 2, .version = 0}, out);
   core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 1)}, out);
@@ -385,7 +388,7 @@ TEST(OrchestratorTest, FailedEngineRequeuesItsWork) {
 }
 
 TEST(OrchestratorTest, InvalidEventsNameTheFieldAndChangeNothing) {
-  Orchestrator core(OrchestratorOptions{.prompts_per_step = 1, .samples_per_prompt = 1});
+  Orchestrator core(OrchestratorOptions{{.prompts_per_step = 1, .samples_per_prompt = 1}});
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 5, .engine = 0, .max_concurrent = 1, .version = 0}, out);
   auto expect_error = [&](const Event& e, const std::string& field) {
@@ -418,12 +421,12 @@ TEST(OrchestratorTest, FractionAdmitsAShareOfTheNextBatch) {
   // α = 0.5, P = 4, G = 1: batch 0's four groups and ceil(0.5·4) = 2 of batch 1 start
   // on version 0; the admission policy at s = 1 would start all eight.
   auto admitted = [](StalenessPolicy policy, double alpha) {
-    Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
-                                          .max_staleness = 1,
-                                          .staleness_policy = policy,
-                                          .staleness_fraction = alpha,
-                                          .prompts_per_step = 4,
-                                          .samples_per_prompt = 1});
+    Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                           .max_staleness = 1,
+                                           .staleness_policy = policy,
+                                           .staleness_fraction = alpha,
+                                           .prompts_per_step = 4,
+                                           .samples_per_prompt = 1}});
     std::vector<Command> out;
     core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 64, .version = 0}, out);
     core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 20)}, out);
@@ -445,12 +448,12 @@ TEST(OrchestratorTest, FractionBoundsTheStaleGroupsOfABatch) {
   // α = 0.5, P = 2, G = 1, one engine of 8 slots: groups 0, 1 (batch 0) and 2 (half of
   // batch 1) start on version 0. Group 2 trains in batch 1 with version-0 tokens: one
   // stale group = ⌈0.5·2⌉; the rest of batch 1 starts on version 1.
-  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
-                                        .staleness_policy = StalenessPolicy::kFraction,
-                                        .staleness_fraction = 0.5,
-                                        .partial_rollout = false,
-                                        .prompts_per_step = 2,
-                                        .samples_per_prompt = 1});
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .staleness_policy = StalenessPolicy::kFraction,
+                                         .staleness_fraction = 0.5,
+                                         .partial_rollout = false,
+                                         .prompts_per_step = 2,
+                                         .samples_per_prompt = 1}});
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 8, .version = 0}, out);
   core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
@@ -484,11 +487,11 @@ TEST(OrchestratorTest, FractionBoundsTheStaleGroupsOfABatch) {
 TEST(OrchestratorTest, StreamingTrainsInCallsAndSyncsAfterTheLast) {
   // P = 2 in k = 2 calls of one group: call 0 starts as soon as one group is complete;
   // version 1 exists only when call 1 has finished.
-  Orchestrator core(OrchestratorOptions{.mode = Mode::kAsync,
-                                        .max_staleness = 1,
-                                        .prompts_per_step = 2,
-                                        .samples_per_prompt = 1,
-                                        .train_calls_per_sync = 2});
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 1,
+                                         .prompts_per_step = 2,
+                                         .samples_per_prompt = 1,
+                                         .train_calls_per_sync = 2}});
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 8, .version = 0}, out);
   core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
@@ -522,7 +525,7 @@ TEST(OrchestratorTest, ColocatedReleasesTheEnginesBeforeTraining) {
   // Sync, colocated, two engines: the batch closes, both engines get Release; the
   // trainer starts when both are released; after the step both are woken by a sync.
   Orchestrator core(OrchestratorOptions{
-      .mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2, .colocated = true});
+      {.mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2, .colocated = true}});
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 1, .version = 0}, out);
   core.Handle(EngineJoined{.time = 0, .engine = 1, .max_concurrent = 1, .version = 0}, out);
@@ -566,10 +569,10 @@ TEST(OrchestratorTest, LongestFirstOrArrivalOrder) {
   // takes 10 tokens and prompt 1's 100; in step 1 the longest-first dispatch starts
   // prompt 1's sample (id 3) first, arrival order prompt 0's (id 2).
   for (const bool longest_first : {true, false}) {
-    Orchestrator core(OrchestratorOptions{.mode = Mode::kSync,
-                                          .prompts_per_step = 2,
-                                          .samples_per_prompt = 1,
-                                          .longest_first = longest_first});
+    Orchestrator core(OrchestratorOptions{{.mode = Mode::kSync,
+                                           .prompts_per_step = 2,
+                                           .samples_per_prompt = 1,
+                                           .longest_first = longest_first}});
     std::vector<Command> out;
     core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 1, .version = 0}, out);
     std::vector<Prompt> prompts = MakePrompts(0, 2);
@@ -591,9 +594,9 @@ TEST(OrchestratorTest, LongestFirstOrArrivalOrder) {
 }
 
 TEST(OrchestratorTest, NewModeOptionsAreValidated) {
-  auto expect_error = [](OrchestratorOptions o, const std::string& field) {
+  auto expect_error = [](OrchestratorPolicy policy, const std::string& field) {
     try {
-      Orchestrator core(std::move(o));
+      Orchestrator core(OrchestratorOptions{policy});
       ADD_FAILURE() << "no error for " << field;
     } catch (const std::invalid_argument& error) {
       EXPECT_EQ(std::string(error.what()).rfind(field + ":", 0), 0u) << error.what();
@@ -619,13 +622,18 @@ TEST(OrchestratorTest, OptionsAreValidated) {
       EXPECT_EQ(std::string(error.what()).rfind(field + ":", 0), 0u) << error.what();
     }
   };
-  expect_error({.max_staleness = -1}, "max_staleness");
-  expect_error({.oversample = -0.5}, "oversample");
-  expect_error({.prompts_per_step = 0}, "prompts_per_step");
-  expect_error({.samples_per_prompt = 0}, "samples_per_prompt");
-  expect_error({.num_steps = -1}, "num_steps");
-  expect_error({.length_quantile = 0}, "length_quantile");
-  expect_error({.initial_prediction = 0}, "initial_prediction");
+  auto policy_error = [&](OrchestratorPolicy policy, const std::string& field) {
+    expect_error(OrchestratorOptions{policy}, field);
+  };
+  policy_error({.max_staleness = -1}, "max_staleness");
+  policy_error({.oversample = -0.5}, "oversample");
+  policy_error({.prompts_per_step = 0}, "prompts_per_step");
+  policy_error({.samples_per_prompt = 0}, "samples_per_prompt");
+  OrchestratorOptions negative_steps;
+  negative_steps.num_steps = -1;
+  expect_error(negative_steps, "num_steps");
+  policy_error({.length_quantile = 0}, "length_quantile");
+  policy_error({.initial_prediction = 0}, "initial_prediction");
 }
 
 // ---- A random world that executes the commands and reports random events. ----
@@ -659,14 +667,14 @@ struct World {
       : options(o), rng(o.seed), core_options(CoreOptions(o, rng)), core(core_options) {}
 
   static OrchestratorOptions CoreOptions(const WorldOptions& o, workload::Rng& rng) {
-    OrchestratorOptions core{.mode = o.mode,
-                             .max_staleness = o.staleness,
-                             .staleness_policy = o.policy,
-                             .partial_rollout = o.partial,
-                             .oversample = o.oversample,
-                             .prompts_per_step = rng.UniformInt(1, 3),
-                             .samples_per_prompt = rng.UniformInt(1, 3),
-                             .keep_partial_on_failure = rng.UniformInt(0, 1) == 1};
+    OrchestratorOptions core{{.mode = o.mode,
+                              .max_staleness = o.staleness,
+                              .staleness_policy = o.policy,
+                              .partial_rollout = o.partial,
+                              .oversample = o.oversample,
+                              .prompts_per_step = rng.UniformInt(1, 3),
+                              .samples_per_prompt = rng.UniformInt(1, 3),
+                              .keep_partial_on_failure = rng.UniformInt(0, 1) == 1}};
     if (o.policy == StalenessPolicy::kFraction) core.staleness_fraction = o.fraction;
     core.longest_first = rng.UniformInt(0, 3) != 0;
     if (o.streaming) core.train_calls_per_sync = core.prompts_per_step;

@@ -31,7 +31,7 @@ SimulatorConfig SmallConfig() {
   config.steps = 6;
   config.engines = 4;
   config.engine.max_concurrent = 16;
-  config.trainer_ranks = 8;
+  config.step.num_ranks = 8;
   config.lengths.mu = 5.5;
   config.lengths.max_tokens = 2048;
   config.dataset_prompts = 64;
@@ -57,7 +57,7 @@ SimulatorConfig TinyConfig() {
   config.engine.decode_base_seconds = 1.0;
   config.engine.decode_per_sequence_seconds = 0;
   config.engine.decode_per_context_token_seconds = 0;
-  config.trainer_ranks = 1;
+  config.step.num_ranks = 1;
   config.step.micro_batch.max_tokens_per_micro_batch = 1024;
   config.step.micro_batch.cost = balance::CostModel::Tokens();
   config.step.micro_batch.overhead = 0;  // the timelines below are computed by hand
@@ -110,7 +110,7 @@ TEST(SimulatorValidate, NamesTheField) {
          c.engine.decode_base_seconds = 0;
          c.engine.decode_per_sequence_seconds = 0;
        }},
-      {"trainer_ranks: must be >= 1", [](SimulatorConfig& c) { c.trainer_ranks = 0; }},
+      {"step.num_ranks: must be >= 1", [](SimulatorConfig& c) { c.step.num_ranks = 0; }},
       {"seconds_per_cost_unit: must be > 0",
        [](SimulatorConfig& c) { c.seconds_per_cost_unit = 0; }},
       {"weight_sync_seconds: must be finite",
@@ -393,7 +393,7 @@ SimulatorConfig RandomConfig(std::uint64_t seed) {
   c.steps = rng.UniformInt(1, 8);
   c.engines = rng.UniformInt(1, 6);
   c.engine.max_concurrent = rng.UniformInt(1, 12);
-  c.trainer_ranks = rng.UniformInt(1, 4);
+  c.step.num_ranks = rng.UniformInt(1, 4);
   c.lengths.mu = 4.0;
   c.lengths.max_tokens = 1024;
   if (rng.UniformInt(0, 3) == 0) c.lengths.lengths = {1, 5, 50, 300};
@@ -486,7 +486,7 @@ TEST(SimulatorColocated, BaselineTakesAllTheGpus) {
   const std::optional<SimulatorConfig> baseline = ColocatedBaseline(config);
   ASSERT_TRUE(baseline.has_value());
   EXPECT_EQ(baseline->engines, 8);
-  EXPECT_EQ(baseline->trainer_ranks, 16);
+  EXPECT_EQ(baseline->step.num_ranks, 16);
   EXPECT_EQ(baseline->orchestrator.mode, Mode::kSync);
   EXPECT_TRUE(baseline->orchestrator.colocated);
   ExpectConserved(Simulate(*baseline));

@@ -112,7 +112,7 @@ TEST(SimulateConvertTest, RoundTripOfEveryField) {
   config.engine.decode_base_seconds = 0.03;
   config.engine.decode_per_sequence_seconds = 1e-4;
   config.engine.decode_per_context_token_seconds = 1e-8;
-  config.trainer_ranks = 6;
+  config.step.num_ranks = 6;
   config.step.equal_size = true;
   config.step.keep_groups = true;
   config.step.micro_batch.max_tokens_per_micro_batch = 40000;

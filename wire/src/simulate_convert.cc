@@ -30,7 +30,7 @@ constexpr std::array<ComparisonRun, 6> kComparisonRuns = {{
     {"async_s2", Mode::kAsync, 2, false},
 }};
 
-// The OrchestratorOptions fields: a message of the simulator's Validate() that starts
+// The OrchestratorPolicy fields: a message of the simulator's Validate() that starts
 // with one of these (without "orchestrator.") is about them.
 constexpr std::array<std::string_view, 16> kOrchestratorFields = {
     "mode",
@@ -112,7 +112,7 @@ StalenessPolicy ToPolicy(v1::StalenessPolicy policy) {
 // max_staleness, partial_rollout, staleness_policy or staleness_fraction without a
 // mode select async, colocated selects sync; with another mode they may only state
 // that mode's fixed values.
-void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorOptions& out) {
+void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorPolicy& out) {
   const bool has_policy = in.staleness_policy() != v1::STALENESS_POLICY_UNSPECIFIED;
   const bool async_fields = in.has_max_staleness() || in.has_partial_rollout() || has_policy ||
                             in.has_staleness_fraction();
@@ -190,7 +190,7 @@ void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorOptions& out) {
 }
 
 void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& config) {
-  OrchestratorOptions& out = config.orchestrator;
+  OrchestratorPolicy& out = config.orchestrator;
   ApplyMode(in, out);
   if (in.has_oversample()) out.oversample = in.oversample();
   if (in.has_prompts_per_step()) out.prompts_per_step = in.prompts_per_step();
@@ -200,7 +200,9 @@ void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& confi
   if (in.has_length_quantile()) out.length_quantile = in.length_quantile();
   if (in.has_initial_prediction()) out.initial_prediction = in.initial_prediction();
   if (in.has_longest_first()) out.longest_first = in.longest_first();
-  if (in.has_num_steps()) out.num_steps = in.num_steps();
+  if (in.has_num_steps()) {
+    Fail("num_steps", "does not apply to a simulation, which runs `steps` train steps");
+  }
   if (in.has_train_calls_per_sync()) out.train_calls_per_sync = in.train_calls_per_sync();
 }
 
@@ -364,11 +366,11 @@ void CheckLimits(const SimulatorConfig& config) {
     Fail("engines",
          fmt::format("must be in [1, {}], got {}", kMaxSimulationEngines, config.engines));
   }
-  if (config.trainer_ranks > kMaxSimulationTrainerRanks) {
+  if (config.step.num_ranks > kMaxSimulationTrainerRanks) {
     Fail("trainer_ranks", fmt::format("must be in [1, {}], got {}", kMaxSimulationTrainerRanks,
-                                      config.trainer_ranks));
+                                      config.step.num_ranks));
   }
-  const OrchestratorOptions& o = config.orchestrator;
+  const OrchestratorPolicy& o = config.orchestrator;
   const double samples = static_cast<double>(config.steps) *
                          static_cast<double>(o.prompts_per_step) *
                          static_cast<double>(o.samples_per_prompt) * (1.0 + o.oversample);
@@ -457,10 +459,11 @@ void CheckNoModeFields(const v1::OrchestratorOptions& o) {
 
 // The GPUs of `config` as text: "12 GPUs (4 engines × 2 + 4 trainer ranks × 1)".
 std::string DescribeGpus(const SimulatorConfig& config) {
-  return fmt::format(
-      "{} GPUs ({} engines × {} + {} trainer ranks × {})",
-      config.engines * config.gpus_per_engine + config.trainer_ranks * config.gpus_per_trainer_rank,
-      config.engines, config.gpus_per_engine, config.trainer_ranks, config.gpus_per_trainer_rank);
+  return fmt::format("{} GPUs ({} engines × {} + {} trainer ranks × {})",
+                     config.engines * config.gpus_per_engine +
+                         config.step.num_ranks * config.gpus_per_trainer_rank,
+                     config.engines, config.gpus_per_engine, config.step.num_ranks,
+                     config.gpus_per_trainer_rank);
 }
 
 // release_seconds and resume_seconds, when no run is colocated (`why`: why not).
@@ -525,7 +528,7 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& message) {
   if (message.has_engines()) config.engines = message.engines();
   ApplyEngine(message.engine(), config.engine);
   ApplyDecodeSpeed(message, config.engine);
-  if (message.has_trainer_ranks()) config.trainer_ranks = message.trainer_ranks();
+  if (message.has_trainer_ranks()) config.step.num_ranks = message.trainer_ranks();
   if (message.has_gpus_per_engine()) config.gpus_per_engine = message.gpus_per_engine();
   if (message.has_gpus_per_trainer_rank()) {
     config.gpus_per_trainer_rank = message.gpus_per_trainer_rank();
@@ -579,7 +582,7 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& message) {
 
 v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   v1::SimulatorConfig message;
-  const OrchestratorOptions& o = config.orchestrator;
+  const OrchestratorPolicy& o = config.orchestrator;
   v1::OrchestratorOptions* orchestrator = message.mutable_orchestrator();
   orchestrator->set_mode(ToModeMessage(o.mode));
   // The values the mode runs with (sync and one_step_off ignore the C++ fields).
@@ -602,7 +605,6 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   orchestrator->set_length_quantile(o.length_quantile);
   orchestrator->set_initial_prediction(o.initial_prediction);
   orchestrator->set_longest_first(o.longest_first);
-  orchestrator->set_num_steps(o.num_steps);
 
   message.set_steps(config.steps);
   message.set_engines(config.engines);
@@ -615,7 +617,7 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   const DecodeSpeed speed = DecodeSpeedOf(config.engine);
   message.mutable_decode_speed()->set_single_tokens_per_second(speed.single_tokens_per_second);
   message.mutable_decode_speed()->set_full_tokens_per_second(speed.full_tokens_per_second);
-  message.set_trainer_ranks(config.trainer_ranks);
+  message.set_trainer_ranks(config.step.num_ranks);
   message.set_gpus_per_engine(config.gpus_per_engine);
   message.set_gpus_per_trainer_rank(config.gpus_per_trainer_rank);
 
@@ -708,7 +710,7 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
            fmt::format("in compare's {} run (colocated sync on the {}: {} engines and {} trainer "
                        "ranks): {}",
                        kColocatedRunName, DescribeGpus(config), colocated->engines,
-                       colocated->trainer_ranks, rest));
+                       colocated->step.num_ranks, rest));
     }
   } else {
     CheckNoColocatedFields(

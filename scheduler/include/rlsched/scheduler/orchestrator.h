@@ -255,7 +255,10 @@ bool KeepUnlessAllEqual(std::span<const double> rewards);
 using StepPlanner = std::function<balance::PlannedStep(std::span<const std::int64_t> lengths,
                                                        std::span<const std::int64_t> groups)>;
 
-struct OrchestratorOptions {
+// The orchestrator's policy: the values that decide what it does. A simulation's
+// config carries this part (SimulatorConfig::orchestrator); the embedder's hooks are in
+// OrchestratorOptions.
+struct OrchestratorPolicy {
   Mode mode = Mode::kSync;
   std::int64_t max_staleness = 1;                                  // s for kAsync, >= 0
   StalenessPolicy staleness_policy = StalenessPolicy::kAdmission;  // kAsync only
@@ -265,13 +268,10 @@ struct OrchestratorOptions {
   double oversample = 0;                // r >= 0: admit up to ceil((1 + r)·P) per batch
   std::int64_t prompts_per_step = 1;    // P >= 1
   std::int64_t samples_per_prompt = 1;  // G >= 1
-  std::int64_t num_steps = 0;           // stop admitting after this many batches; 0: no end
   // Streaming: trainer calls per weight sync, k >= 1, dividing prompts_per_step.
   std::int64_t train_calls_per_sync = 1;
   bool colocated = false;  // kSync only: engines and trainer alternate on the same GPUs
   bool keep_partial_on_failure = false;
-  GroupFilter filter;   // empty: keep every group
-  StepPlanner planner;  // empty: StartTrain carries no plan
   // Dispatch queued samples longest predicted first (within a target batch); false:
   // in admission order, first in first out, as the peers' rollout loops do.
   bool longest_first = true;
@@ -281,12 +281,20 @@ struct OrchestratorOptions {
   std::int64_t initial_prediction = 1024;
 };
 
+// The policy and the embedder's hooks. Written with the policy's designated
+// initializers in inner braces: OrchestratorOptions{{.mode = Mode::kAsync, ...}}.
+struct OrchestratorOptions : OrchestratorPolicy {
+  std::int64_t num_steps = 0;  // stop admitting after this many batches; 0: no end
+  GroupFilter filter;          // empty: keep every group
+  StepPlanner planner;         // empty: StartTrain carries no plan
+};
+
 // Throws std::invalid_argument naming the field and its bound.
 void Validate(const OrchestratorOptions& options);
 
 // The staleness bound the mode runs with, in versions: sync 0, one_step_off 1, async
 // max_staleness (fraction: ⌈α⌉, the batches generation may run ahead). O(1).
-std::int64_t EffectiveStaleness(const OrchestratorOptions& options);
+std::int64_t EffectiveStaleness(const OrchestratorPolicy& options);
 
 // ---- State the driver and the reports read. ----
 

@@ -16,7 +16,7 @@
 //   Trainer model: a trainer call (a step, or with streaming one of its
 //   train_calls_per_sync calls) takes the whole-step plan's predicted step time ×
 //   seconds_per_cost_unit (the plan of its prompt + response lengths over
-//   `trainer_ranks` ranks) + train_call_overhead_seconds. Weight sync: a fixed time
+//   `step.num_ranks` ranks) + train_call_overhead_seconds. Weight sync: a fixed time
 //   per engine. Colocated: an engine's Release takes release_seconds and its next
 //   sync resume_seconds more.
 //   Speeds in the units users measure: SetDecodeSpeed() sets the engine model from
@@ -73,21 +73,19 @@ struct LengthDistribution {
 };
 
 struct SimulatorConfig {
-  // Mode, staleness, oversample, P, G, … Simulate() sets num_steps = steps, the
-  // planner (PlanStep with `step` on trainer_ranks ranks) and, with
-  // filter_all_equal, the filter; its own values of those are ignored.
-  OrchestratorOptions orchestrator;
+  // Mode, staleness, oversample, P, G, … The simulation adds the hooks: num_steps =
+  // steps, the planner (PlanStep with `step`) and, with filter_all_equal, the filter.
+  OrchestratorPolicy orchestrator;
   std::int64_t steps = 10;    // train steps to run, >= 1
   std::int64_t engines = 64;  // >= 1
   EngineModel engine;
-  std::int64_t trainer_ranks = 64;  // >= 1
   // GPUs behind one engine (its tensor-parallel size) and one trainer rank, >= 1 (for
   // ColocatedBaseline; the models' speeds are per engine and per rank).
   std::int64_t gpus_per_engine = 1;
   std::int64_t gpus_per_trainer_rank = 1;
-  // The plan's options (cap, pipeline depth, cost model…); num_ranks comes from
-  // trainer_ranks.
-  balance::StepOptions step;
+  // The trainer's step plan: its data-parallel ranks (step.num_ranks, the proto's
+  // trainer_ranks), cap, pipeline depth, cost model…
+  balance::StepOptions step = {.num_ranks = 64};
   double seconds_per_cost_unit = 0;  // > 0
   // Added to every trainer call (reward, advantages, the optimizer step…), >= 0.
   double train_call_overhead_seconds = 0;
@@ -150,7 +148,7 @@ inline constexpr int kCalibrationBatches = 4;
 double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds);
 
 // Colocated sync on the GPUs of `config` (engines × gpus_per_engine plus
-// trainer_ranks × gpus_per_trainer_rank): as many engines and trainer ranks as those
+// step.num_ranks × gpus_per_trainer_rank): as many engines and trainer ranks as those
 // GPUs hold, the same per-engine and per-rank speeds, mode sync with colocated set.
 // std::nullopt when the GPUs do not divide evenly. O(1).
 std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config);
