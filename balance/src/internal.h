@@ -32,13 +32,17 @@ std::int64_t CheckedMul(std::int64_t a, std::int64_t b, std::string_view field);
 
 // Item indices by weight descending, ties by index ascending. An LSD radix sort
 // (11-bit digits, as many passes as the largest weight needs): O(n · passes).
-// Precondition: weights validated by CheckWeights.
-std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights);
+// Precondition: weights validated by CheckWeights. With `sorted`, also the weights in
+// that order (sorted[s] = weights[order[s]]), which the radix sort has at hand.
+std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights,
+                                        std::vector<std::int64_t>* sorted = nullptr);
 
 // KarmarkarKarp() and GreedyLpt() without input checks, on `order` = HeaviestFirst().
+// `sorted_weights`, when given (of order's size), are the weights in that order; else
+// KarmarkarKarpSorted gathers them (its hot loop reads them in order, not at random).
 Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
                                std::span<const std::int32_t> order, std::int64_t num_parts,
-                               PartSizes sizes);
+                               PartSizes sizes, std::span<const std::int64_t> sorted_weights = {});
 Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
                            std::span<const std::int32_t> order, std::int64_t num_parts,
                            PartSizes sizes);

@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <optional>
 #include <queue>
 #include <vector>
 
@@ -36,11 +35,18 @@ struct Slot {
 };
 
 // Order of slots: lighter first, then by first item (a total order: lists are disjoint).
-bool Lighter(const Slot& a, const Slot& b) {
-  return a.load != b.load ? a.load < b.load : a.head < b.head;
-}
+// Function objects, so that the sorts and heap operations inline them.
+struct LighterSlot {
+  bool operator()(const Slot& a, const Slot& b) const {
+    return a.load != b.load ? a.load < b.load : a.head < b.head;
+  }
+};
+constexpr LighterSlot Lighter{};
 // std's heap functions keep the comparator's greatest at the root: invert for a min-heap.
-bool Heavier(const Slot& a, const Slot& b) { return Lighter(b, a); }
+struct HeavierSlot {
+  bool operator()(const Slot& a, const Slot& b) const { return Lighter(b, a); }
+};
+constexpr HeavierSlot Heavier{};
 
 struct Tuple {
   std::vector<Slot> slots;  // a min-heap; ascending when `sorted`
@@ -63,12 +69,12 @@ struct SmallerSpread {
 
 class Differencer {
  public:
-  Differencer(std::span<const std::int64_t> weights, std::span<const std::int32_t> order,
+  // `sorted[s]` is the weight of item order[s].
+  Differencer(std::span<const std::int64_t> sorted, std::span<const std::int32_t> order,
               std::int64_t num_parts)
-      : weights_(weights),
-        order_(order),
-        k_(static_cast<std::size_t>(num_parts)),
-        next_(weights.size(), -1) {}
+      : sorted_(sorted), order_(order), k_(static_cast<std::size_t>(num_parts)) {
+    next_.assign(order.size(), -1);
+  }
 
   Assignment RunUnconstrained() {
     const std::int64_t n = static_cast<std::int64_t>(order_.size());
@@ -76,39 +82,46 @@ class Differencer {
     // Three sources of units, each by spread: the sorted single items (spread =
     // weight, seq = position), the tuple just combined (`carry`, usually the next to
     // be taken: this saves a heap round trip per step), and a heap of the other tuples.
-    std::priority_queue<Unit, std::vector<Unit>, SmallerSpread> heap;
-    std::optional<Unit> carry;
+    std::vector<Unit> heap;  // a max-heap by SmallerSpread
+    heap.reserve(64);
+    Unit carry{0, 0, -1};
+    bool has_carry = false;
     std::int64_t next_single = 0;
     std::int64_t next_seq = n;
+    // The greatest of the three sources' fronts, by (spread, −seq), removed from its source.
     auto pop = [&]() -> Unit {
       Unit best{-1, 0, -1};
       int source = -1;
-      auto consider = [&](const Unit& unit, int from) {
-        if (source < 0 || SmallerSpread()(best, unit)) {
-          best = unit;
-          source = from;
-        }
-      };
       if (next_single < n) {
-        consider(Unit{Weight(order_[static_cast<std::size_t>(next_single)]), next_single, -1}, 0);
+        best = Unit{sorted_[static_cast<std::size_t>(next_single)], next_single, -1};
+        source = 0;
       }
-      if (carry) consider(*carry, 1);
-      if (!heap.empty()) consider(heap.top(), 2);
-      if (source == 0) ++next_single;
-      if (source == 1) carry.reset();
-      // Source 2 implies a non-empty heap; testing it again quiets a g++ 12
-      // -Warray-bounds false positive.
-      if (source == 2 && !heap.empty()) heap.pop();
+      if (has_carry && (source < 0 || SmallerSpread()(best, carry))) {
+        best = carry;
+        source = 1;
+      }
+      if (!heap.empty() && (source < 0 || SmallerSpread()(best, heap.front()))) {
+        best = heap.front();
+        source = 2;
+      }
+      if (source == 0) {
+        ++next_single;
+      } else if (source == 1) {
+        has_carry = false;
+      } else {
+        std::pop_heap(heap.begin(), heap.end(), SmallerSpread());
+        heap.pop_back();
+      }
       return best;
     };
-    if (n == 1) return Extract(NewTuple({SingleOf(pop())}));
+    if (n == 1) return Extract(NewTuple(SingleOf(pop())));
     while (true) {
       Unit x = pop();
       Unit y = pop();
       if (x.tuple < 0) std::swap(x, y);
       std::int32_t id = x.tuple;
       if (id < 0) {
-        id = NewTuple({SingleOf(x)});
+        id = NewTuple(SingleOf(x));
         AddSingle(pool_[static_cast<std::size_t>(id)], SingleOf(y));
       } else if (y.tuple < 0) {
         AddSingle(pool_[static_cast<std::size_t>(id)], SingleOf(y));
@@ -116,9 +129,13 @@ class Differencer {
         Combine(pool_[static_cast<std::size_t>(id)], pool_[static_cast<std::size_t>(y.tuple)]);
         FreeTuple(y.tuple);
       }
-      if (next_single == n && heap.empty() && !carry) return Extract(id);
-      if (carry) heap.push(*carry);
+      if (next_single == n && heap.empty() && !has_carry) return Extract(id);
+      if (has_carry) {
+        heap.push_back(carry);
+        std::push_heap(heap.begin(), heap.end(), SmallerSpread());
+      }
       carry = Unit{Spread(pool_[static_cast<std::size_t>(id)]), next_seq++, id};
+      has_carry = true;
     }
   }
 
@@ -131,11 +148,12 @@ class Differencer {
     std::int64_t next_seq = 0;
     for (std::size_t start = 0; start < n; start += k_) {
       const std::size_t end = std::min(n, start + k_);
-      std::vector<Slot> chunk;
-      chunk.reserve(end - start);
-      for (std::size_t i = end; i-- > start;) chunk.push_back(Single(order_[i]));
-      const std::int32_t id = NewTuple(std::move(chunk));
-      heap.push(Unit{Spread(pool_[static_cast<std::size_t>(id)]), next_seq++, id});
+      const std::int32_t id = AllocateTuple();
+      Tuple& t = pool_[static_cast<std::size_t>(id)];
+      t.slots.reserve(end - start);
+      for (std::size_t s = end; s-- > start;) t.slots.push_back(Single(s));
+      t.max_load = t.slots.back().load;
+      heap.push(Unit{Spread(t), next_seq++, id});
     }
     while (heap.size() > 1) {
       const Unit x = heap.top();
@@ -150,32 +168,50 @@ class Differencer {
   }
 
  private:
-  std::int64_t Weight(std::int32_t item) const { return weights_[static_cast<std::size_t>(item)]; }
-  Slot Single(std::int32_t item) const { return Slot{Weight(item), item, item}; }
-  Slot SingleOf(const Unit& unit) const {
-    return Single(order_[static_cast<std::size_t>(unit.seq)]);
+  // A freed tuple keeps its slots' storage for the next one up to this many slots
+  // (most tuples are small; a few large ones give theirs back, so memory stays O(n + k)).
+  static constexpr std::size_t kKeptCapacity = 64;
+
+  // The single item at sorted position `s`.
+  Slot Single(std::size_t s) const {
+    const std::int32_t item = order_[s];
+    return Slot{sorted_[s], item, item};
   }
+  Slot SingleOf(const Unit& unit) const { return Single(static_cast<std::size_t>(unit.seq)); }
 
   std::int64_t Spread(const Tuple& t) const {
     return t.max_load - (t.slots.size() == k_ ? t.slots.front().load : 0);
   }
 
-  // `slots` ascending.
-  std::int32_t NewTuple(std::vector<Slot> slots) {
-    Tuple t{std::move(slots), 0, true};
-    t.max_load = t.slots.back().load;
+  // An empty tuple from the free list (its storage reused) or a new one.
+  std::int32_t AllocateTuple() {
     if (!free_.empty()) {
       const std::int32_t id = free_.back();
       free_.pop_back();
-      pool_[static_cast<std::size_t>(id)] = std::move(t);
       return id;
     }
-    pool_.push_back(std::move(t));
+    pool_.emplace_back();
     return static_cast<std::int32_t>(pool_.size() - 1);
   }
 
+  std::int32_t NewTuple(const Slot& slot) {
+    const std::int32_t id = AllocateTuple();
+    Tuple& t = pool_[static_cast<std::size_t>(id)];
+    t.slots.push_back(slot);
+    t.max_load = slot.load;
+    t.sorted = true;
+    return id;
+  }
+
   void FreeTuple(std::int32_t id) {
-    pool_[static_cast<std::size_t>(id)] = Tuple{};
+    Tuple& t = pool_[static_cast<std::size_t>(id)];
+    if (t.slots.capacity() > kKeptCapacity) {
+      std::vector<Slot>().swap(t.slots);
+    } else {
+      t.slots.clear();
+    }
+    t.max_load = 0;
+    t.sorted = true;
     free_.push_back(id);
   }
 
@@ -212,38 +248,52 @@ class Differencer {
     const std::size_t na = a.slots.size();
     const std::size_t nb = b.slots.size();
     const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
-    overlap_.clear();
-    for (std::size_t j = 0; j < m; ++j) overlap_.push_back(Join(a.slots[j], b.slots[m - 1 - j]));
+    overlap_.resize(m);
+    for (std::size_t j = 0; j < m; ++j) overlap_[j] = Join(a.slots[j], b.slots[m - 1 - j]);
     std::sort(overlap_.begin(), overlap_.end(), Lighter);
-    scratch_.clear();
-    std::merge(a.slots.begin() + static_cast<std::ptrdiff_t>(m), a.slots.end(),
-               b.slots.begin() + static_cast<std::ptrdiff_t>(m), b.slots.end(),
-               std::back_inserter(scratch_), Lighter);
-    a.slots.clear();
-    std::merge(scratch_.begin(), scratch_.end(), overlap_.begin(), overlap_.end(),
-               std::back_inserter(a.slots), Lighter);
+    scratch_.resize(na + nb - 2 * m);
+    const auto rest = std::merge(a.slots.begin() + static_cast<std::ptrdiff_t>(m), a.slots.end(),
+                                 b.slots.begin() + static_cast<std::ptrdiff_t>(m), b.slots.end(),
+                                 scratch_.begin(), Lighter);
+    a.slots.resize(na + nb - m);
+    std::merge(scratch_.begin(), rest, overlap_.begin(), overlap_.end(), a.slots.begin(), Lighter);
     assert(a.slots.size() == std::min(k_, na + nb));
     a.max_load = a.slots.back().load;
   }
 
-  // Part p is the p-th heaviest slot.
+  // Part p is the p-th heaviest slot. The slots' lists are walked a few at a time,
+  // interleaved, so that their cache misses overlap instead of queueing one behind
+  // another.
   Assignment Extract(std::int32_t id) {
     Tuple& t = pool_[static_cast<std::size_t>(id)];
     Sort(t);
-    Assignment assignment(weights_.size(), 0);
+    Assignment assignment(order_.size(), 0);
     const std::size_t size = t.slots.size();
-    for (std::size_t s = 0; s < size; ++s) {
-      const std::int32_t part = static_cast<std::int32_t>(size - 1 - s);
-      for (std::int32_t item = t.slots[s].head; item != -1;
-           item = next_[static_cast<std::size_t>(item)]) {
-        assignment[static_cast<std::size_t>(item)] = part;
+    constexpr std::size_t kLanes = 8;
+    for (std::size_t first = 0; first < size; first += kLanes) {
+      const std::size_t lanes = std::min(kLanes, size - first);
+      std::int32_t item[kLanes];
+      std::int32_t part[kLanes];
+      for (std::size_t l = 0; l < lanes; ++l) {
+        item[l] = t.slots[first + l].head;
+        part[l] = static_cast<std::int32_t>(size - 1 - (first + l));
+      }
+      std::size_t active = lanes;
+      while (active > 0) {
+        active = 0;
+        for (std::size_t l = 0; l < lanes; ++l) {
+          if (item[l] == -1) continue;
+          assignment[static_cast<std::size_t>(item[l])] = part[l];
+          item[l] = next_[static_cast<std::size_t>(item[l])];
+          ++active;
+        }
       }
     }
     return assignment;
   }
 
-  std::span<const std::int64_t> weights_;
-  std::span<const std::int32_t> order_;  // heaviest first
+  std::span<const std::int64_t> sorted_;  // heaviest first: the weight of order_[s]
+  std::span<const std::int32_t> order_;   // heaviest first
   std::size_t k_;
   std::vector<std::int32_t> next_;
   std::vector<Tuple> pool_;
@@ -258,8 +308,16 @@ namespace internal {
 
 Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
                                std::span<const std::int32_t> order, std::int64_t num_parts,
-                               PartSizes sizes) {
-  Differencer differencer(weights, order, num_parts);
+                               PartSizes sizes, std::span<const std::int64_t> sorted_weights) {
+  std::vector<std::int64_t> gathered;
+  if (sorted_weights.size() != order.size()) {
+    gathered.resize(order.size());
+    for (std::size_t s = 0; s < order.size(); ++s) {
+      gathered[s] = weights[static_cast<std::size_t>(order[s])];
+    }
+    sorted_weights = gathered;
+  }
+  Differencer differencer(sorted_weights, order, num_parts);
   return sizes == PartSizes::kEqual ? differencer.RunEqualSize() : differencer.RunUnconstrained();
 }
 
@@ -269,7 +327,9 @@ Assignment KarmarkarKarp(std::span<const std::int64_t> weights, std::int64_t num
                          PartSizes sizes) {
   internal::CheckNumParts(num_parts);
   internal::CheckWeights(weights, "weights");
-  return internal::KarmarkarKarpSorted(weights, internal::HeaviestFirst(weights), num_parts, sizes);
+  std::vector<std::int64_t> sorted;
+  const std::vector<std::int32_t> order = internal::HeaviestFirst(weights, &sorted);
+  return internal::KarmarkarKarpSorted(weights, order, num_parts, sizes, sorted);
 }
 
 }  // namespace rlsched::balance

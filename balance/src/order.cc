@@ -7,7 +7,8 @@
 
 namespace rlsched::balance::internal {
 
-std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights) {
+std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights,
+                                        std::vector<std::int64_t>* sorted) {
   const std::size_t n = weights.size();
   std::vector<std::int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -17,6 +18,12 @@ std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights) {
       const std::int64_t wb = weights[static_cast<std::size_t>(b)];
       return wa != wb ? wa > wb : a < b;
     });
+    if (sorted != nullptr) {
+      sorted->resize(n);
+      for (std::size_t s = 0; s < n; ++s) {
+        (*sorted)[s] = weights[static_cast<std::size_t>(order[s])];
+      }
+    }
     return order;
   }
   // Ascending keys max - w give descending weights; each pass is stable, so equal
@@ -47,6 +54,12 @@ std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights) {
     }
     keys.swap(key_tmp);
     order.swap(order_tmp);
+  }
+  if (sorted != nullptr) {
+    sorted->resize(n);
+    for (std::size_t s = 0; s < n; ++s) {
+      (*sorted)[s] = static_cast<std::int64_t>(max - keys[s]);
+    }
   }
   return order;
 }

@@ -163,12 +163,13 @@ Partition PartitionItems(std::span<const std::int64_t> weights, const PartitionO
   const std::int64_t k = options.num_parts;
   const PartSizes sizes = PartSizesFor(options.equal_size);
   const std::int64_t bound = LowerBound(weights, k, sizes);
-  const std::vector<std::int32_t> order = internal::HeaviestFirst(weights);
+  std::vector<std::int64_t> sorted;
+  const std::vector<std::int32_t> order = internal::HeaviestFirst(weights, &sorted);
   Assignment assignment;
   if (options.algorithm == Algorithm::kGreedy) {
     assignment = internal::GreedyLptSorted(weights, order, k, sizes);
   } else {
-    assignment = internal::KarmarkarKarpSorted(weights, order, k, sizes);
+    assignment = internal::KarmarkarKarpSorted(weights, order, k, sizes, sorted);
     // LPT as the fallback, unless KK already meets the bound.
     const std::int64_t kk_max = MaxLoad(weights, k, assignment);
     if (kk_max > bound) {

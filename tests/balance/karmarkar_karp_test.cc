@@ -1,0 +1,118 @@
+// KarmarkarKarp() gives, item for item, the assignment of the implementation it
+// replaced (karmarkar_karp_reference.h) on seeded random instances of every shape: ties
+// everywhere, zeros, n < k, n a few times k, and big heavy-tailed batches; and every
+// result is a valid assignment with the loads adding up.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "karmarkar_karp_reference.h"
+#include "rlsched/balance/partition.h"
+#include "rlsched/common/workload.h"
+
+namespace rlsched::balance {
+namespace {
+
+struct Instance {
+  std::string kind;
+  std::vector<std::int64_t> weights;
+  std::int64_t k = 1;
+};
+
+Instance MakeInstance(std::uint64_t seed, std::int64_t max_n) {
+  workload::Rng rng(seed * 104729 + 3);
+  Instance inst;
+  const std::int64_t n = rng.UniformInt(0, max_n);
+  inst.k = rng.UniformInt(0, 3) == 0 ? rng.UniformInt(1, 8) : rng.UniformInt(1, 1200);
+  switch (rng.UniformInt(0, 5)) {
+    case 0:
+      inst.kind = "heavy-tailed";
+      inst.weights = workload::HeavyTailedLengths(n, seed);
+      break;
+    case 1:
+      inst.kind = "few values";  // ties between items, slots and tuples
+      for (std::int64_t i = 0; i < n; ++i) inst.weights.push_back(rng.UniformInt(0, 3) * 64);
+      break;
+    case 2:
+      inst.kind = "all equal";
+      inst.weights.assign(static_cast<std::size_t>(n), rng.UniformInt(0, 9));
+      break;
+    case 3:
+      inst.kind = "uniform";
+      for (std::int64_t i = 0; i < n; ++i) inst.weights.push_back(rng.UniformInt(0, 1'000'000));
+      break;
+    case 4:
+      inst.kind = "wide";  // large weights: many radix digits
+      for (std::int64_t i = 0; i < n; ++i) {
+        inst.weights.push_back(rng.UniformInt(0, std::int64_t{1} << 40));
+      }
+      break;
+    default:
+      inst.kind = "n around k";
+      inst.k = rng.UniformInt(1, 300);
+      inst.weights = workload::HeavyTailedLengths(rng.UniformInt(0, 3 * inst.k), seed);
+      break;
+  }
+  return inst;
+}
+
+void ExpectSameAsReference(const Instance& inst, const std::string& label) {
+  for (const PartSizes sizes : {PartSizes::kAny, PartSizes::kEqual}) {
+    const Assignment got = KarmarkarKarp(inst.weights, inst.k, sizes);
+    const Assignment want = testing::reference_kk::KarmarkarKarp(inst.weights, inst.k, sizes);
+    ASSERT_EQ(got.size(), inst.weights.size()) << label;
+    std::vector<std::int64_t> loads(static_cast<std::size_t>(inst.k), 0);
+    std::int64_t total = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_GE(got[i], 0) << label;
+      ASSERT_LT(got[i], inst.k) << label;
+      loads[static_cast<std::size_t>(got[i])] += inst.weights[i];
+      total += inst.weights[i];
+    }
+    std::int64_t sum = 0;
+    for (const std::int64_t l : loads) sum += l;
+    EXPECT_EQ(sum, total) << label;
+    ASSERT_EQ(got, want) << label << (sizes == PartSizes::kEqual ? " equal size" : " any size");
+  }
+}
+
+TEST(KarmarkarKarpTest, SameAsTheReferenceOnSmallInstances) {
+  for (std::uint64_t seed = 1; seed <= 600; ++seed) {
+    const Instance inst = MakeInstance(seed, 600);
+    ExpectSameAsReference(inst, inst.kind + " seed " + std::to_string(seed) + " n " +
+                                    std::to_string(inst.weights.size()) + " k " +
+                                    std::to_string(inst.k));
+  }
+}
+
+TEST(KarmarkarKarpTest, SameAsTheReferenceOnMediumInstances) {
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    const Instance inst = MakeInstance(seed + 5000, 20'000);
+    ExpectSameAsReference(inst, inst.kind + " seed " + std::to_string(seed + 5000) + " n " +
+                                    std::to_string(inst.weights.size()) + " k " +
+                                    std::to_string(inst.k));
+  }
+}
+
+TEST(KarmarkarKarpTest, SameAsTheReferenceOnTheBenchmarkSizes) {
+  for (const std::int64_t n : {4096, 65536}) {
+    const std::vector<std::int64_t> weights = workload::HeavyTailedLengths(n, 1);
+    for (const std::int64_t k : {64, 256, 1024}) {
+      ExpectSameAsReference({"heavy-tailed", weights, k},
+                            "n " + std::to_string(n) + " k " + std::to_string(k));
+    }
+  }
+}
+
+TEST(KarmarkarKarpThoroughTest, SameAsTheReferenceOnManyInstances) {
+  for (std::uint64_t seed = 1; seed <= 4000; ++seed) {
+    const Instance inst = MakeInstance(seed + 100'000, 3000);
+    ExpectSameAsReference(inst, inst.kind + " seed " + std::to_string(seed + 100'000));
+  }
+}
+
+}  // namespace
+}  // namespace rlsched::balance
