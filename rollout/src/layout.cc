@@ -22,7 +22,7 @@ void CheckDivides(const std::string& field, std::int64_t divisor, const char* wh
 }
 
 // Whether some layer has a dense MLP of intermediate_size.
-bool HasDenseMlp(const ModelConfig& m) { return !m.is_moe() || !m.dense_layers.empty(); }
+bool HasDenseMlp(const ModelConfig& m) { return !m.is_moe() || m.NumMoeLayers() < m.num_layers; }
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "layout_internal.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::rollout {
@@ -30,8 +31,11 @@ std::int64_t Int(const Json& j, const char* field, std::int64_t fallback = -1) {
     return fallback;
   }
   if (!it->is_number_integer()) Fail(field, "must be an integer");
+  if (it->is_number_unsigned() && it->get<std::uint64_t>() >= std::uint64_t{1} << 63) {
+    rlsched::FailBound("config." + std::string(field), "in [0, 2^31)", it->get<std::uint64_t>());
+  }
   const std::int64_t v = it->get<std::int64_t>();
-  if (v < 0 || v >= kMaxDim) Fail(field, "must be in [0, 2^31), got " + std::to_string(v));
+  if (v < 0 || v >= kMaxDim) rlsched::FailBound("config." + std::string(field), "in [0, 2^31)", v);
   return v;
 }
 
@@ -75,7 +79,20 @@ void CheckPositive(const char* field, std::int64_t v) {
   if (v <= 0 || v >= kMaxDim) Fail(field, "must be in [1, 2^31), got " + std::to_string(v));
 }
 
-std::string Layer(std::int64_t i) { return "model.layers." + std::to_string(i) + "."; }
+// The number of i in [0, n) with i % step == phase (0 <= phase < step).
+std::int64_t CountInPhase(std::int64_t n, std::int64_t step, std::int64_t phase) {
+  return n > phase ? (n - phase - 1) / step + 1 : 0;
+}
+
+// Whether `layer` has routed experts by the step rules alone (not the list).
+bool MoeByRule(const ModelConfig& m, std::int64_t layer) {
+  return layer >= m.first_dense_layers && layer % m.moe_layer_step == m.moe_layer_phase;
+}
+
+// The config key that sets the routed experts' count, for errors.
+const char* ExpertsKey(const ModelConfig& m) {
+  return m.family == Family::kDeepseekV3 ? "n_routed_experts" : "num_experts";
+}
 
 }  // namespace
 
@@ -96,7 +113,45 @@ std::string_view FamilyName(Family family) {
 }
 
 bool ModelConfig::IsMoeLayer(std::int64_t layer) const {
-  return is_moe() && !std::binary_search(dense_layers.begin(), dense_layers.end(), layer);
+  return is_moe() && MoeByRule(*this, layer) &&
+         !std::binary_search(dense_layers.begin(), dense_layers.end(), layer);
+}
+
+std::int64_t ModelConfig::NumMoeLayers() const {
+  if (!is_moe() || moe_layer_step < 1 || moe_layer_phase < 0 || moe_layer_phase >= moe_layer_step) {
+    return 0;
+  }
+  const std::int64_t first = std::clamp<std::int64_t>(first_dense_layers, 0, num_layers);
+  std::int64_t n = CountInPhase(num_layers, moe_layer_step, moe_layer_phase) -
+                   CountInPhase(first, moe_layer_step, moe_layer_phase);
+  for (std::size_t i = 0; i < dense_layers.size(); ++i) {
+    const std::int64_t layer = dense_layers[i];
+    const bool repeated = i > 0 && dense_layers[i - 1] == layer;
+    if (!repeated && layer >= 0 && layer < num_layers && MoeByRule(*this, layer)) --n;
+  }
+  return n;
+}
+
+ModelSize SizeOf(const ModelConfig& m) {
+  ModelSize size;
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  auto add = [&](double count, double rows, double cols, double element_bytes) {
+    size.tensors += count;
+    size.bytes += count * rows * cols * element_bytes;
+  };
+  add(1.0, d(m.vocab_size), d(m.hidden_size), d(m.dtype_bytes));  // the embedding
+  const double moe_layers = d(m.NumMoeLayers());
+  const double dense_layers = d(m.num_layers) - moe_layers;
+  for (const bool moe : {false, true}) {
+    const double layers = moe ? moe_layers : dense_layers;
+    if (layers <= 0.0) continue;
+    internal::LayerTensors(m, 0, moe, /*experts_once=*/true, [&](const internal::TensorShape& t) {
+      add(layers * d(t.count), d(t.rows), d(t.cols), d(t.element_bytes));
+    });
+  }
+  add(1.0, d(m.hidden_size), 1.0, d(m.dtype_bytes));  // the final norm
+  if (!m.tie_word_embeddings) add(1.0, d(m.vocab_size), d(m.hidden_size), d(m.dtype_bytes));
+  return size;
 }
 
 ModelConfig ParseHfConfig(std::string_view json_text) {
@@ -133,31 +188,42 @@ ModelConfig ParseHfConfig(std::string_view json_text) {
   if (m.family == Family::kQwen3Moe) {
     m.num_experts = Int(j, "num_experts");
     m.moe_intermediate_size = Int(j, "moe_intermediate_size");
-    const std::int64_t step = Int(j, "decoder_sparse_step", 1);
-    CheckPositive("decoder_sparse_step", step);
-    std::vector<std::int64_t> mlp_only;
+    // Transformers: layer i is sparse when i is not in mlp_only_layers and
+    // (i + 1) % decoder_sparse_step == 0.
+    m.moe_layer_step = Int(j, "decoder_sparse_step", 1);
+    CheckPositive("decoder_sparse_step", m.moe_layer_step);
+    m.moe_layer_phase = m.moe_layer_step - 1;
     if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
       if (!it->is_array()) Fail("mlp_only_layers", "must be a list of layer indices");
-      for (const Json& v : *it) {
-        if (!v.is_number_integer()) Fail("mlp_only_layers", "must be a list of layer indices");
-        mlp_only.push_back(v.get<std::int64_t>());
+      m.dense_layers.reserve(it->size());  // entries of the text: O(its size)
+      for (std::size_t i = 0; i < it->size(); ++i) {
+        const Json& v = (*it)[i];
+        const auto field = [i] { return "config.mlp_only_layers[" + std::to_string(i) + "]"; };
+        const auto bound = [&] {
+          return "in [0, num_hidden_layers = " + std::to_string(m.num_layers) + ")";
+        };
+        if (!v.is_number_integer()) rlsched::Fail(field(), "must be a layer index (an integer)");
+        if (v.is_number_unsigned() && v.get<std::uint64_t>() >= std::uint64_t{1} << 63) {
+          rlsched::FailBound(field(), bound(), v.get<std::uint64_t>());
+        }
+        const std::int64_t layer = v.get<std::int64_t>();
+        if (layer < 0 || layer >= m.num_layers) rlsched::FailBound(field(), bound(), layer);
+        m.dense_layers.push_back(layer);
       }
-    }
-    for (std::int64_t i = 0; i < m.num_layers; ++i) {
-      const bool listed = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
-      if (listed || (i + 1) % step != 0) m.dense_layers.push_back(i);
+      std::sort(m.dense_layers.begin(), m.dense_layers.end());
+      m.dense_layers.erase(std::unique(m.dense_layers.begin(), m.dense_layers.end()),
+                           m.dense_layers.end());
     }
   }
   if (m.family == Family::kDeepseekV3) {
     m.num_experts = Int(j, "n_routed_experts");
     m.moe_intermediate_size = Int(j, "moe_intermediate_size");
     m.num_shared_experts = Int(j, "n_shared_experts", 0);
-    const std::int64_t first_dense = Int(j, "first_k_dense_replace", 0);
-    const std::int64_t freq = Int(j, "moe_layer_freq", 1);
-    CheckPositive("moe_layer_freq", freq);
-    for (std::int64_t i = 0; i < m.num_layers; ++i) {
-      if (i < first_dense || i % freq != 0) m.dense_layers.push_back(i);
-    }
+    // Transformers: layer i is sparse when i >= first_k_dense_replace and
+    // i % moe_layer_freq == 0.
+    m.first_dense_layers = Int(j, "first_k_dense_replace", 0);
+    m.moe_layer_step = Int(j, "moe_layer_freq", 1);
+    CheckPositive("moe_layer_freq", m.moe_layer_step);
     auto topk = j.find("topk_method");
     m.router_bias = topk == j.end() || (topk->is_string() && *topk == "noaux_tc");
     m.q_lora_rank = Int(j, "q_lora_rank", 0);
@@ -193,7 +259,20 @@ void Validate(const ModelConfig& m) {
   }
   if (m.is_moe()) {
     CheckPositive("moe_intermediate_size", m.moe_intermediate_size);
-    if (m.num_experts >= kMaxDim) Fail("num_experts", "must be below 2^31");
+    if (m.num_experts >= kMaxDim) Fail(ExpertsKey(m), "must be below 2^31");
+  }
+  if (m.first_dense_layers < 0 || m.first_dense_layers >= kMaxDim) {
+    rlsched::FailBound("config.first_k_dense_replace", "in [0, 2^31)", m.first_dense_layers);
+  }
+  const char* step_key =
+      m.family == Family::kDeepseekV3 ? "config.moe_layer_freq" : "config.decoder_sparse_step";
+  if (m.moe_layer_step < 1 || m.moe_layer_step >= kMaxDim) {
+    rlsched::FailBound(step_key, "in [1, 2^31)", m.moe_layer_step);
+  }
+  if (m.moe_layer_phase < 0 || m.moe_layer_phase >= m.moe_layer_step) {
+    rlsched::FailBound("config.moe_layer_phase",
+                       "in [0, " + std::to_string(m.moe_layer_step) + ") (the layer step)",
+                       m.moe_layer_phase);
   }
   if (m.is_mla()) {
     CheckPositive("qk_nope_head_dim", m.qk_nope_head_dim);
@@ -201,78 +280,60 @@ void Validate(const ModelConfig& m) {
     CheckPositive("v_head_dim", m.v_head_dim);
   }
   if (m.dtype_bytes != 2 && m.dtype_bytes != 4) Fail("torch_dtype", "must be 2 or 4 bytes");
-  if (!std::is_sorted(m.dense_layers.begin(), m.dense_layers.end())) {
-    Fail("dense_layers", "must be ascending");
+  for (std::size_t i = 0; i < m.dense_layers.size(); ++i) {
+    const std::int64_t layer = m.dense_layers[i];
+    if (layer < 0 || layer >= m.num_layers) {
+      rlsched::FailBound("config.mlp_only_layers[" + std::to_string(i) + "]",
+                         "in [0, num_hidden_layers = " + std::to_string(m.num_layers) + ")", layer);
+    }
+    if (i > 0 && m.dense_layers[i - 1] >= layer) Fail("mlp_only_layers", "must be ascending");
+  }
+  // The size limits, before anything is built from the model.
+  const ModelSize size = SizeOf(m);
+  if (size.tensors > static_cast<double>(kMaxFullTensors)) {
+    // Blame the layers when there are far more than any model has (a layer has at
+    // least 9 tensors), else the routed experts when they make most of the tensors.
+    const double expert_tensors =
+        3.0 * static_cast<double>(m.num_experts) * static_cast<double>(m.NumMoeLayers());
+    const bool experts = m.num_layers <= kMaxFullTensors / 64 && expert_tensors > size.tensors / 2;
+    const std::string field =
+        std::string("config.") + (experts ? ExpertsKey(m) : "num_hidden_layers");
+    rlsched::FailBound(
+        field,
+        "such that the model has at most " + std::to_string(kMaxFullTensors) +
+            " tensors (kMaxFullTensors: " + std::to_string(m.num_layers) + " layers" +
+            (m.is_moe() ? ", " + std::to_string(m.NumMoeLayers()) + " of them with " +
+                              std::to_string(m.num_experts) + " routed experts"
+                        : std::string()) +
+            ")",
+        NumberText(static_cast<std::int64_t>(experts ? m.num_experts : m.num_layers)) +
+            ", which makes " + NumberText(size.tensors) + " tensors");
+  }
+  if (size.bytes > kMaxModelBytes) {
+    rlsched::FailBound("config", "a model of at most 2^42 bytes of tensors (kMaxModelBytes)",
+                       "about " + NumberText(size.bytes) + " bytes");
   }
 }
 
 std::vector<FullTensor> HfTensors(const ModelConfig& m) {
-  std::vector<FullTensor> out;
-  const std::int64_t h = m.hidden_size;
-  auto matrix = [&](std::string name, std::int64_t rows, std::int64_t cols) {
-    out.push_back({std::move(name), rows, cols, false, m.dtype_bytes});
-  };
-  auto vector = [&](std::string name, std::int64_t rows, std::int64_t bytes) {
-    out.push_back({std::move(name), rows, 1, true, bytes});
-  };
-  auto mlp = [&](const std::string& prefix, std::int64_t ffn) {
-    matrix(prefix + "gate_proj.weight", ffn, h);
-    matrix(prefix + "up_proj.weight", ffn, h);
-    matrix(prefix + "down_proj.weight", h, ffn);
-  };
-
-  matrix("model.embed_tokens.weight", m.vocab_size, h);
-  for (std::int64_t i = 0; i < m.num_layers; ++i) {
-    const std::string l = Layer(i);
-    vector(l + "input_layernorm.weight", h, m.dtype_bytes);
-    const std::string a = l + "self_attn.";
-    if (m.is_mla()) {
-      const std::int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-      if (m.q_lora_rank > 0) {
-        matrix(a + "q_a_proj.weight", m.q_lora_rank, h);
-        vector(a + "q_a_layernorm.weight", m.q_lora_rank, m.dtype_bytes);
-        matrix(a + "q_b_proj.weight", m.num_heads * qk, m.q_lora_rank);
-      } else {
-        matrix(a + "q_proj.weight", m.num_heads * qk, h);
-      }
-      matrix(a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, h);
-      vector(a + "kv_a_layernorm.weight", m.kv_lora_rank, m.dtype_bytes);
-      matrix(a + "kv_b_proj.weight", m.num_heads * (m.qk_nope_head_dim + m.v_head_dim),
-             m.kv_lora_rank);
-      matrix(a + "o_proj.weight", h, m.num_heads * m.v_head_dim);
-    } else {
-      const std::int64_t q = m.num_heads * m.head_dim;
-      const std::int64_t kv = m.num_kv_heads * m.head_dim;
-      matrix(a + "q_proj.weight", q, h);
-      matrix(a + "k_proj.weight", kv, h);
-      matrix(a + "v_proj.weight", kv, h);
-      if (m.qkv_bias) {
-        vector(a + "q_proj.bias", q, m.dtype_bytes);
-        vector(a + "k_proj.bias", kv, m.dtype_bytes);
-        vector(a + "v_proj.bias", kv, m.dtype_bytes);
-      }
-      if (m.qk_norm) {
-        vector(a + "q_norm.weight", m.head_dim, m.dtype_bytes);
-        vector(a + "k_norm.weight", m.head_dim, m.dtype_bytes);
-      }
-      matrix(a + "o_proj.weight", h, q);
-    }
-    vector(l + "post_attention_layernorm.weight", h, m.dtype_bytes);
-    if (m.IsMoeLayer(i)) {
-      matrix(l + "mlp.gate.weight", m.num_experts, h);
-      if (m.router_bias) vector(l + "mlp.gate.e_score_correction_bias", m.num_experts, 4);
-      for (std::int64_t e = 0; e < m.num_experts; ++e) {
-        mlp(l + "mlp.experts." + std::to_string(e) + ".", m.moe_intermediate_size);
-      }
-      if (m.num_shared_experts > 0) {
-        mlp(l + "mlp.shared_experts.", m.num_shared_experts * m.moe_intermediate_size);
-      }
-    } else {
-      mlp(l + "mlp.", m.intermediate_size);
-    }
+  const ModelSize size = SizeOf(m);
+  if (size.tensors > static_cast<double>(kMaxFullTensors)) {
+    Validate(m);  // throws naming the key
+    RLSCHED_CHECK(!"Validate() refuses a model above kMaxFullTensors");
   }
-  vector("model.norm.weight", h, m.dtype_bytes);
-  if (!m.tie_word_embeddings) matrix("lm_head.weight", m.vocab_size, h);
+  std::vector<FullTensor> out;
+  out.reserve(static_cast<std::size_t>(size.tensors));
+  const std::int64_t h = m.hidden_size;
+  out.push_back({"model.embed_tokens.weight", m.vocab_size, h, false, m.dtype_bytes});
+  for (std::int64_t i = 0; i < m.num_layers; ++i) {
+    internal::LayerTensors(
+        m, i, m.IsMoeLayer(i), /*experts_once=*/false, [&](internal::TensorShape&& t) {
+          out.push_back({std::move(t.name), t.rows, t.cols, t.is_vector, t.element_bytes});
+        });
+  }
+  out.push_back({"model.norm.weight", h, 1, true, m.dtype_bytes});
+  if (!m.tie_word_embeddings)
+    out.push_back({"lm_head.weight", m.vocab_size, h, false, m.dtype_bytes});
   return out;
 }
 

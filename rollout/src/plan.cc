@@ -3,6 +3,7 @@
 #include "rlsched/rollout/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <stdexcept>
@@ -130,6 +131,58 @@ struct Rec {
   std::int32_t dst_param = 0;
   std::int16_t src_dims = 0, dst_dims = 0;
   Quantize quantize = Quantize::kNone;
+};
+
+// One rank's room (budget minus bytes) in each bucket, one direction: a max-tree over
+// the buckets used so far (a power of two of leaves, doubled as needed; buckets past
+// the leaves are empty). FirstFit() is first fit in O(log buckets).
+class RoomTree {
+ public:
+  explicit RoomTree(std::int64_t budget) : budget_(budget) {}
+
+  // The first bucket >= b with room for `bytes` (<= budget).
+  std::int64_t FirstFit(std::int64_t b, std::int64_t bytes) const {
+    if (b >= leaves_) return b;
+    std::size_t i = static_cast<std::size_t>(b + leaves_);
+    if (tree_[i] >= bytes) return b;
+    // Up until a right sibling holds room, then down to its leftmost leaf with room.
+    for (;;) {
+      if (i == 1) return leaves_;  // none in the tree: the first bucket past it
+      if ((i & 1) == 0 && tree_[i + 1] >= bytes) {
+        ++i;
+        break;
+      }
+      i >>= 1;
+    }
+    while (i < static_cast<std::size_t>(leaves_)) {
+      i *= 2;
+      if (tree_[i] < bytes) ++i;
+    }
+    return static_cast<std::int64_t>(i) - leaves_;
+  }
+
+  // Puts `bytes` in bucket b (which has room for them).
+  void Take(std::int64_t b, std::int64_t bytes) {
+    if (b >= leaves_) Grow(b + 1);
+    std::size_t i = static_cast<std::size_t>(b + leaves_);
+    tree_[i] -= bytes;
+    for (i >>= 1; i >= 1; i >>= 1) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+  }
+
+ private:
+  void Grow(std::int64_t buckets) {
+    std::int64_t leaves = std::max<std::int64_t>(leaves_, 1);
+    while (leaves < buckets) leaves *= 2;
+    std::vector<std::int64_t> tree(static_cast<std::size_t>(2 * leaves), budget_);
+    std::copy(tree_.begin() + leaves_, tree_.end(), tree.begin() + leaves);
+    for (std::int64_t i = leaves - 1; i >= 1; --i) tree[i] = std::max(tree[2 * i], tree[2 * i + 1]);
+    tree_ = std::move(tree);
+    leaves_ = leaves;
+  }
+
+  std::int64_t budget_;
+  std::int64_t leaves_ = 0;
+  std::vector<std::int64_t> tree_;  // 1-based: node i has children 2i, 2i + 1
 };
 
 class Planner {
@@ -556,14 +609,10 @@ void Planner::Bucket() {
   std::sort(keys.begin(), keys.end());
 
   // First fit: the earliest bucket in which the sender and every receiver have room.
-  // Bytes per rank and bucket, sent and received, each rank's buckets contiguous and
-  // grown by doubling.
-  std::vector<std::vector<std::int64_t>> sent(ranks), received(ranks);
-  std::vector<std::int64_t> first_open(ranks, 0);  // first bucket a rank can receive in
-  auto add = [&](std::vector<std::int64_t>& used, std::int64_t b, std::int64_t bytes) {
-    if (static_cast<std::int64_t>(used.size()) <= b) used.resize(b + 1, 0);
-    used[b] += bytes;
-  };
+  // Each rank's room per bucket, sent and received, is a max-tree (RoomTree): the
+  // first bucket at or after b with room for a transfer is found in O(log buckets).
+  // b only grows, so the first b that no rank moves is the answer.
+  std::vector<RoomTree> sent(ranks, RoomTree(budget)), received(ranks, RoomTree(budget));
   std::vector<std::int64_t> bucket(xs.size());
   auto prefetch = [&](std::size_t n) {
     if (n + kPrefetchRec < keys.size()) PrefetchAddress(&xs[keys[n + kPrefetchRec].second]);
@@ -578,31 +627,16 @@ void Planner::Bucket() {
     const bool local = Local(x);
     const std::int64_t* dst = dsts_.data() + x.dst_begin;
     const std::int32_t count = x.dst_count;
-    std::int64_t b = 0;
-    for (std::int32_t k = 0; k < count; ++k) b = std::max(b, first_open[dst[k]]);
-    // The first b at which every one has room. Each rank's buckets where it has no
-    // room are skipped in one contiguous scan; b only grows, so the first b that no
-    // scan moves is the answer.
     const std::int64_t bytes = x.bytes;
-    auto skip_full = [&](const std::vector<std::int64_t>& used) {
-      const auto size = static_cast<std::int64_t>(used.size());
-      while (b < size && used[b] + bytes > budget) ++b;
-    };
+    std::int64_t b = 0;
     for (std::int64_t settled = -1; settled != b;) {
       settled = b;
-      if (!local) skip_full(sent[x.src_rank]);
-      for (std::int32_t k = 0; k < count; ++k) skip_full(received[dst[k]]);
+      if (!local) b = sent[x.src_rank].FirstFit(b, bytes);
+      for (std::int32_t k = 0; k < count; ++k) b = received[dst[k]].FirstFit(b, bytes);
     }
     bucket[i] = b;
-    if (!local) add(sent[x.src_rank], b, x.bytes);
-    for (std::int32_t k = 0; k < count; ++k) {
-      const std::int64_t d = dst[k];
-      auto& u = received[d];
-      add(u, b, x.bytes);
-      while (first_open[d] < static_cast<std::int64_t>(u.size()) && u[first_open[d]] >= budget) {
-        ++first_open[d];
-      }
-    }
+    if (!local) sent[x.src_rank].Take(b, bytes);
+    for (std::int32_t k = 0; k < count; ++k) received[dst[k]].Take(b, bytes);
     plan_.num_buckets = std::max(plan_.num_buckets, b + 1);
   }
   // By bucket, in key order within a bucket (a counting sort); each Transfer is built
@@ -721,6 +755,66 @@ ReshardPlan Planner::Run() {
 
 }  // namespace
 
+TransferEstimate EstimateTransfers(const ModelConfig& m, const ReshardOptions& o) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const double tp = d(o.infer.tp);
+  // Regions of a tensor cut into `a` trainer slices (non-overlapping), held in `p`
+  // engine pieces (each a 1/p share, or the whole tensor when replicated): each
+  // piece meets at most min(a, ceil(a / p) + 1) slices.
+  const auto regions = [](double a, double p) { return p * std::min(a, std::ceil(a / p) + 1.0); };
+  const double kv_copies = o.infer.tp > m.num_kv_heads ? tp / d(m.num_kv_heads) : 1.0;
+  TransferEstimate e;
+  double engine_bytes = 0.0;  // one replica's
+  auto add = [&](double count, internal::Split split, double bytes) {
+    double a = 1.0, p = tp, copies = 1.0;
+    switch (split) {
+      case internal::Split::kReplicated:
+        copies = tp;
+        break;
+      case internal::Split::kGrouped:
+        a = std::max(d(m.num_kv_heads), d(o.train.tp));
+        copies = kv_copies;
+        break;
+      case internal::Split::kTensorParallel:
+        a = d(o.train.tp);
+        break;
+      case internal::Split::kExpert:
+        a = d(o.train.etp);
+        if (o.infer.expert_parallel) p = 1.0;
+        break;
+    }
+    e.slices += count * regions(a, p);
+    engine_bytes += count * bytes * copies;
+  };
+  const double vocab_bytes = d(m.vocab_size) * d(m.hidden_size) * d(m.dtype_bytes);
+  add(m.tie_word_embeddings ? 1.0 : 2.0, internal::Split::kTensorParallel, vocab_bytes);
+  add(1.0, internal::Split::kReplicated, d(m.hidden_size) * d(m.dtype_bytes));  // final norm
+  const double moe_layers = d(m.NumMoeLayers());
+  for (const bool moe : {false, true}) {
+    const double layers = moe ? moe_layers : d(m.num_layers) - moe_layers;
+    if (layers <= 0.0) continue;
+    internal::LayerTensors(m, 0, moe, /*experts_once=*/true, [&](const internal::TensorShape& t) {
+      add(layers * d(t.count), t.split, d(t.rows) * d(t.cols) * d(t.element_bytes));
+    });
+  }
+  // A region's transfers: a local copy per replica whose GPU holds it, one per node
+  // with a holder (intra-node), one over the NICs for the rest. Separate engine GPUs
+  // share a node with the trainer's only where the ranges meet: at most 2 transfers.
+  // Colocated: at most 2 per holder + 1 (holders: the DP × CP copies of a dense
+  // slice, the expert-DP copies of an expert's).
+  const double replicas = d(o.infer.replicas);
+  double holders = d(o.train.cp) * d(o.train.dp);
+  if (m.is_moe()) {
+    holders = std::max(
+        holders, d(o.train.tp) * d(o.train.cp) * d(o.train.dp) / (d(o.train.ep) * d(o.train.etp)));
+  }
+  if (m.tie_word_embeddings) holders *= 2;  // the embedding and the last stage's copy
+  e.receivers = std::min(replicas, o.topology.colocated ? 2.0 * holders + 1.0 : 2.0);
+  e.bucket_parts = 2.0 * engine_bytes * e.receivers / d(o.bucket_bytes);
+  e.transfers = e.slices * e.receivers + e.bucket_parts;
+  return e;
+}
+
 std::int64_t EngineRank(const ReshardOptions& o, std::int64_t replica, std::int64_t tp_rank) {
   const std::int64_t local = replica * o.infer.tp + tp_rank;
   return o.topology.colocated ? local : o.train.world_size() + local;
@@ -740,6 +834,27 @@ ReshardPlan PlanReshard(const ModelConfig& model, const ReshardOptions& o) {
   if (t.colocated && o.infer.tp * o.infer.replicas > o.train.world_size()) {
     Fail("infer.replicas", "colocated engines need tp·replicas <= the trainer's GPUs (" +
                                std::to_string(o.train.world_size()) + ")");
+  }
+  if (o.bucket_bytes < 1 || o.bucket_bytes > (std::int64_t{1} << 40)) {
+    FailBound("bucket_bytes", "in [1, 2^40]", o.bucket_bytes);
+  }
+  // The work, before any of it is done.
+  const TransferEstimate work = EstimateTransfers(model, o);
+  if (work.transfers > static_cast<double>(kMaxPlanTransfers)) {
+    const std::string why = ", which makes about " + NumberText(std::round(work.transfers)) +
+                            " transfers (" + NumberText(work.slices) + " tensor slices × up to " +
+                            NumberText(work.receivers) + " receiver groups each, + " +
+                            NumberText(std::round(work.bucket_parts)) +
+                            " parts from splitting at the bucket budget)";
+    const std::string bound = "such that the plan has at most " + NumberText(kMaxPlanTransfers) +
+                              " transfers (kMaxPlanTransfers, by EstimateTransfers())";
+    if (work.bucket_parts > work.slices * work.receivers) {
+      FailBound("bucket_bytes", bound, NumberText(o.bucket_bytes) + why);
+    }
+    if (work.receivers > 1.0) {
+      FailBound("infer.replicas", bound, NumberText(o.infer.replicas) + why);
+    }
+    FailBound("config.num_hidden_layers", bound, NumberText(model.num_layers) + why);
   }
   std::int64_t widest_row = 0;
   for (const FullTensor& f : HfTensors(model)) {

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reshard_command.h"
@@ -328,6 +329,33 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
   const std::string llama = dir.Write("llama.json", kTinyLlamaConfig);
   const std::string garbage = dir.Write("garbage.json", "{\"model_type\": ");
   const std::string big = dir.Write("big.json", std::string((1 << 20) + 1, ' '));
+  // Issue 19: inputs that used to run out of memory or time, refused at once.
+  const std::string tiny_million =
+      dir.Write("tiny-million.json",
+                R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 1000000, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "vocab_size": 64})");
+  const std::string tiny_100k =
+      dir.Write("tiny-100k.json",
+                R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 100000, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "vocab_size": 64})");
+  std::string deepseek_text;
+  {
+    std::ifstream in(SharedConfig("deepseek-v3.json"));
+    std::stringstream s;
+    s << in.rdbuf();
+    deepseek_text = s.str();
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"num_hidden_layers", "61"},
+                                     {"moe_layer_freq", "1"}}) {
+      const std::string from = "\"" + key + "\": " + value;
+      const std::size_t at = deepseek_text.find(from);
+      ASSERT_NE(at, std::string::npos) << from;
+      deepseek_text.replace(at, from.size(),
+                            "\"" + key + "\": " + (value == "61" ? "2147483647" : "2"));
+    }
+  }
+  const std::string deepseek_huge = dir.Write("deepseek-huge.json", deepseek_text);
   const std::vector<std::string> base = {"--model", llama, "--train", "tp=2", "--infer", "tp=2"};
   auto with = [&](std::vector<std::string> changes) {
     // `changes` replaces the option of the same name in `base`, or is appended.
@@ -394,6 +422,16 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
        "error: train.last_stage_layers: must be a multiple of vpp (2), got 1"},
       {with({"--infer", "tp=4,replicas=2", "--colocated"}), "infer.replicas: colocated engines"},
       {with({"--plan-out", dir / "no-such-dir/plan.json"}), "--plan-out: "},
+      {with({"--model", tiny_million}),
+       "error: --model " + tiny_million +
+           ": config.num_hidden_layers: must be such that the model has at most 1048576 tensors "
+           "(kMaxFullTensors: 1000000 layers), got 1000000, which makes 9000003 tensors\n"},
+      {with({"--model", deepseek_huge}),
+       "error: --model " + deepseek_huge +
+           ": config.num_hidden_layers: must be such that the model has at most 1048576 tensors"},
+      {{"--model", tiny_100k, "--train", "dp=64", "--infer", "replicas=64", "--colocated"},
+       "error: infer.replicas: must be such that the plan has at most 8388608 transfers "
+       "(kMaxPlanTransfers, by EstimateTransfers()), got 64, which makes about "},
   };
   for (const BadCase& c : cases) {
     std::vector<std::string> args = {"reshard"};

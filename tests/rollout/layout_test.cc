@@ -61,7 +61,11 @@ TEST(ModelTest, SharedConfigsHaveTheirPublishedSizes) {
   const ModelConfig ds = ParseHfConfig(ReadConfig("deepseek-v3.json"));
   EXPECT_EQ(ds.family, Family::kDeepseekV3);
   EXPECT_TRUE(ds.is_mla());
-  EXPECT_EQ(ds.dense_layers, (std::vector<std::int64_t>{0, 1, 2}));
+  EXPECT_EQ(ds.first_dense_layers, 3);
+  EXPECT_TRUE(ds.dense_layers.empty());
+  EXPECT_EQ(ds.NumMoeLayers(), 58);
+  EXPECT_FALSE(ds.IsMoeLayer(2));
+  EXPECT_TRUE(ds.IsMoeLayer(3));
   EXPECT_EQ(ds.num_shared_experts, 1);
   // 671B without the multi-token-prediction layer.
   EXPECT_NEAR(Parameters(ds) / 1e9, 671.0, 1.0);

@@ -226,14 +226,29 @@ TEST(ReshardConvertTest, EveryErrorNamesItsField) {
            "intermediate_size": 2000000000, "num_hidden_layers": 2000000000,
            "num_attention_heads": 1, "vocab_size": 2000000000})");
        },
+       "model_config_json: config.num_hidden_layers: must be such that the model has at most "
+       "1048576 tensors"},
+      {[](auto& r) {
+         // 3.1 TB in bf16 (within rollout::kMaxModelBytes), above the request's bound.
+         r.set_model_config_json(R"({"model_type": "llama", "hidden_size": 8192,
+           "intermediate_size": 28672, "num_hidden_layers": 1800, "num_attention_heads": 64,
+           "num_key_value_heads": 8, "vocab_size": 128256})");
+       },
        "model_config_json: the model is too large"},
+      {[](auto& r) {
+         r.set_model_config_json(R"({"model_type": "llama", "hidden_size": 2000000000,
+           "intermediate_size": 2000000000, "num_hidden_layers": 2,
+           "num_attention_heads": 1, "vocab_size": 2000000000})");
+       },
+       "model_config_json: config: must be a model of at most 2^42 bytes of tensors"},
       {[](auto& r) {
          r.set_model_config_json(R"({"model_type": "llama", "hidden_size": 8,
            "intermediate_size": 8, "num_hidden_layers": 2000000,
            "num_attention_heads": 1, "vocab_size": 8})");
        },
-       "model_config_json: the model is too large: num_hidden_layers × (experts + 1) must be at "
-       "most 1048576, got 2000000 × 1"},
+       "model_config_json: config.num_hidden_layers: must be such that the model has at most "
+       "1048576 tensors (kMaxFullTensors: 2000000 layers), got 2000000, which makes 18000003 "
+       "tensors"},
       {[](auto& r) { r.mutable_train()->set_tp(-1); },
        "train.tp: must be in [0, 65536] (0 means 1), got -1"},
       {[](auto& r) { r.mutable_train()->set_pp(65537); },

@@ -55,8 +55,16 @@ struct ModelConfig {
   std::int64_t num_experts = 0;
   std::int64_t moe_intermediate_size = 0;
   std::int64_t num_shared_experts = 0;  // DeepSeek: shared experts fused into one MLP
-  // Layers with a dense MLP in an MoE model, ascending (DeepSeek: the first
-  // first_k_dense_replace; Qwen3-MoE: mlp_only_layers and decoder_sparse_step).
+  // Which layers of an MoE model have routed experts, as rules (never one entry per
+  // layer, so that reading a config costs O(its text), not O(num_hidden_layers)): layer
+  // i does when i >= first_dense_layers, i % moe_layer_step == moe_layer_phase and i is
+  // not listed in dense_layers; the others have a dense MLP of intermediate_size.
+  // DeepSeek: first_k_dense_replace, moe_layer_freq (phase 0); Qwen3-MoE:
+  // decoder_sparse_step (phase step - 1) and mlp_only_layers.
+  std::int64_t first_dense_layers = 0;  // in [0, 2^31)
+  std::int64_t moe_layer_step = 1;      // in [1, 2^31)
+  std::int64_t moe_layer_phase = 0;     // in [0, moe_layer_step)
+  // Layers listed as dense, strictly ascending, each in [0, num_layers).
   std::vector<std::int64_t> dense_layers;
   bool router_bias = false;  // DeepSeek's e_score_correction_bias
 
@@ -71,16 +79,42 @@ struct ModelConfig {
 
   bool is_moe() const { return num_experts > 0; }
   bool is_mla() const { return kv_lora_rank > 0; }
-  // Whether `layer` has routed experts.
+  // Whether `layer` has routed experts. O(log dense_layers).
   bool IsMoeLayer(std::int64_t layer) const;
+  // How many of the num_layers layers have routed experts (0 for a dense model).
+  // O(dense_layers).
+  std::int64_t NumMoeLayers() const;
 };
 
-// Parses config.json text. Throws std::invalid_argument naming the field for
-// malformed JSON, an unknown model_type/architecture, a missing or out-of-range
-// field (sizes must be positive and below 2^31; heads must divide evenly).
+// The largest model ParseHfConfig() and Validate() accept, counted before anything is
+// built from it, so that no input can make HfTensors() or the layouts allocate without
+// bound: at most kMaxFullTensors tensors (DeepSeek-V3 has 47,653) and at most
+// kMaxModelBytes bytes of tensors (2^42, 4.4 TB; DeepSeek-V3 in bf16 is 1.3 TB), which
+// keeps every byte count of a plan over up to 2^20 GPUs within int64.
+inline constexpr std::int64_t kMaxFullTensors = std::int64_t{1} << 20;
+inline constexpr double kMaxModelBytes = 4398046511104.0;  // 2^42
+
+// The number of full tensors (HfTensors(model).size()) and their bytes, computed from
+// the model's sizes without listing them, in floating point (no overflow for any
+// sizes). O(dense_layers + num_experts).
+struct ModelSize {
+  double tensors = 0.0;
+  double bytes = 0.0;
+};
+ModelSize SizeOf(const ModelConfig& model);
+
+// Parses config.json text. Throws rlsched::FieldError naming the key ("config.<key>")
+// for malformed JSON, an unknown model_type/architecture, a missing or out-of-range
+// field (sizes must be positive and below 2^31; heads must divide evenly;
+// mlp_only_layers' entries in [0, num_hidden_layers)), or a model above
+// kMaxFullTensors or kMaxModelBytes (naming num_hidden_layers, or the experts' key when
+// the experts make the model too large, with the count and the bound).
+// O(text size + log of the list's length per entry): no number in the text makes it
+// loop or allocate more.
 ModelConfig ParseHfConfig(std::string_view json_text);
 
-// Checks the invariants ParseHfConfig() establishes (for configs built in code).
+// Checks the invariants ParseHfConfig() establishes (for configs built in code),
+// including the size limits above. O(dense_layers + num_experts).
 void Validate(const ModelConfig& model);
 
 // A full (unsharded) tensor: a matrix [rows, cols], or a vector [rows] with
@@ -97,6 +131,7 @@ struct FullTensor {
 
 // Every full tensor of the model, in a fixed order (embedding, then layer by layer,
 // then the final norm and lm_head unless tied). MTP layers are not included.
+// Throws as Validate() for a model above kMaxFullTensors before listing any.
 // Complexity O(layers * (experts + 1)).
 std::vector<FullTensor> HfTensors(const ModelConfig& model);
 

@@ -131,9 +131,33 @@ struct ReshardPlan {
 // The global GPU id of engine (replica, tp_rank).
 std::int64_t EngineRank(const ReshardOptions& options, std::int64_t replica, std::int64_t tp_rank);
 
-// Plans the resharding. Throws std::invalid_argument naming the field for a layout
-// that does not fit the model, a non-positive bandwidth or gpus_per_node, or a bucket
-// smaller than one row of some tensor (with an fp8 target: 128 rows) ("bucket_bytes").
+// The most transfers PlanReshard() plans, by EstimateTransfers(), checked before any
+// layout is built: 2^23 (a plan holds about 0.2 KB per transfer while it is built;
+// DeepSeek-V3 on 640 GPUs with 1 MiB buckets estimates ~TODO).
+inline constexpr std::int64_t kMaxPlanTransfers = std::int64_t{1} << 23;
+
+// An upper estimate of the transfers PlanReshard(model, options) emits, from the
+// model's sizes and the layouts alone (nothing is built): per full tensor the slices
+// its trainer and engine splits cut it into, times the receiver groups of a slice
+// (the transfers one region needs), plus the parts the bucket
+// budget splits them into (each at least half the budget). Receiver groups: 2 on
+// separate GPUs (the engines share at most one node with the trainer), else at most
+// 2 per trainer copy of the slice + 1. Preconditions: the checks
+// of Validate(model, train / infer). O(dense_layers) time, O(1) memory.
+struct TransferEstimate {
+  double slices = 0.0;        // regions of full tensors to deliver, summed over engine TP ranks
+  double receivers = 0.0;     // transfers per region at most (receiver groups)
+  double bucket_parts = 0.0;  // extra transfers from splitting at the bucket budget
+  double transfers = 0.0;     // slices × receivers + bucket_parts
+};
+TransferEstimate EstimateTransfers(const ModelConfig& model, const ReshardOptions& options);
+
+// Plans the resharding. Throws rlsched::FieldError naming the field for a layout
+// that does not fit the model, a non-positive bandwidth or gpus_per_node, a bucket
+// smaller than one row of some tensor (with an fp8 target: 128 rows) ("bucket_bytes"),
+// or a plan whose EstimateTransfers() is above kMaxPlanTransfers (refused before
+// planning, naming "bucket_bytes" when the budget's splitting makes most of the
+// estimate, else "infer.replicas" or "config.num_hidden_layers", with the estimate).
 ReshardPlan PlanReshard(const ModelConfig& model, const ReshardOptions& options);
 
 }  // namespace rlsched::rollout
