@@ -338,7 +338,7 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
   const std::string tiny_100k =
       dir.Write("tiny-100k.json",
                 R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 16,
-        "num_hidden_layers": 100000, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "num_hidden_layers": 10000, "num_attention_heads": 2, "num_key_value_heads": 1,
         "vocab_size": 64})");
   std::string deepseek_text;
   {
@@ -424,14 +424,14 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
       {with({"--plan-out", dir / "no-such-dir/plan.json"}), "--plan-out: "},
       {with({"--model", tiny_million}),
        "error: --model " + tiny_million +
-           ": config.num_hidden_layers: must be such that the model has at most 1048576 tensors "
+           ": config.num_hidden_layers: must be such that the model has at most 131072 tensors "
            "(kMaxFullTensors: 1000000 layers), got 1000000, which makes 9000003 tensors\n"},
       {with({"--model", deepseek_huge}),
        "error: --model " + deepseek_huge +
-           ": config.num_hidden_layers: must be such that the model has at most 1048576 tensors"},
-      {{"--model", tiny_100k, "--train", "dp=64", "--infer", "replicas=64", "--colocated"},
+           ": config.num_hidden_layers: must be such that the model has at most 131072 tensors"},
+      {{"--model", tiny_100k, "--train", "dp=128", "--infer", "replicas=128", "--colocated"},
        "error: infer.replicas: must be such that the plan has at most 8388608 transfers "
-       "(kMaxPlanTransfers, by EstimateTransfers()), got 64, which makes about "},
+       "(kMaxPlanTransfers, by EstimateTransfers()), got 128, which makes about "},
   };
   for (const BadCase& c : cases) {
     std::vector<std::string> args = {"reshard"};

@@ -71,7 +71,7 @@ TEST(LimitsTest, DeepseekWithTwoToTheThirtyOneLayersIsRefusedWhileParsing) {
   text = WithKey(text, "moe_layer_freq", "2");
   const FieldError e = ErrorWithin(1.0, [&] { ParseHfConfig(text); });
   EXPECT_EQ(e.field(), "config.num_hidden_layers");
-  EXPECT_NE(e.bound().find("at most 1048576 tensors"), std::string::npos) << e.what();
+  EXPECT_NE(e.bound().find("at most 131072 tensors"), std::string::npos) << e.what();
   EXPECT_NE(e.value().find("2147483647"), std::string::npos) << e.what();
 }
 
@@ -81,7 +81,7 @@ TEST(LimitsTest, Qwen3MoeWithASparseStepAndTwoToTheThirtyOneLayersIsRefused) {
   text = WithKey(text, "decoder_sparse_step", "2");
   const FieldError e = ErrorWithin(1.0, [&] { ParseHfConfig(text); });
   EXPECT_EQ(e.field(), "config.num_hidden_layers");
-  EXPECT_NE(e.bound().find("1048576"), std::string::npos) << e.what();
+  EXPECT_NE(e.bound().find("131072"), std::string::npos) << e.what();
 }
 
 TEST(LimitsTest, ALongMlpOnlyLayersListIsReadInLinearTime) {
@@ -121,7 +121,7 @@ TEST(LimitsTest, ALongMlpOnlyLayersListIsReadInLinearTime) {
 TEST(LimitsTest, ATinyModelWithAMillionLayersIsRefusedWhileParsing) {
   const FieldError e = ErrorWithin(1.0, [] { ParseHfConfig(kTinyLlama); });
   EXPECT_EQ(e.field(), "config.num_hidden_layers");
-  EXPECT_NE(e.bound().find("at most 1048576 tensors (kMaxFullTensors"), std::string::npos)
+  EXPECT_NE(e.bound().find("at most 131072 tensors (kMaxFullTensors"), std::string::npos)
       << e.what();
   EXPECT_EQ(e.value(), "1000000, which makes 9000003 tensors");
 }
@@ -149,22 +149,22 @@ TEST(LimitsTest, HfTensorsRefusesAModelBuiltInCodeAboveTheLimit) {
 }
 
 TEST(LimitsTest, APlanAboveTheTransferLimitIsRefusedBeforePlanning) {
-  // 100,000 layers pass the tensor limit (900,003 tensors); to 64 colocated replicas
-  // the plan would be tens of millions of transfers.
-  std::string text = WithKey(kTinyLlama, "num_hidden_layers", "100000");
+  // 10,000 layers pass the tensor limit (90,003 tensors); to 128 colocated replicas
+  // the plan would be about 11.5 million transfers.
+  std::string text = WithKey(kTinyLlama, "num_hidden_layers", "10000");
   const ModelConfig m = ParseHfConfig(text);
   ReshardOptions o;
-  o.train = {.tp = 1, .dp = 64};
-  o.infer = {.tp = 1, .replicas = 64};
+  o.train = {.tp = 1, .dp = 128};
+  o.infer = {.tp = 1, .replicas = 128};
   o.topology.colocated = true;
   const FieldError e = ErrorWithin(2.0, [&] { PlanReshard(m, o); });
   EXPECT_EQ(e.field(), "infer.replicas");
   EXPECT_NE(e.bound().find("at most 8388608 transfers (kMaxPlanTransfers"), std::string::npos)
       << e.what();
-  EXPECT_NE(e.value().find("64, which makes about "), std::string::npos) << e.what();
+  EXPECT_NE(e.value().find("128, which makes about "), std::string::npos) << e.what();
   EXPECT_GT(EstimateTransfers(m, o).transfers, static_cast<double>(kMaxPlanTransfers));
 
-  // One replica, one GPU: about 900,000 transfers, planned.
+  // One replica, one GPU: about 90,000 transfers, planned.
   o.train = {};
   o.infer = {};
   o.topology.colocated = false;

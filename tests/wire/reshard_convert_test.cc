@@ -227,7 +227,7 @@ TEST(ReshardConvertTest, EveryErrorNamesItsField) {
            "num_attention_heads": 1, "vocab_size": 2000000000})");
        },
        "model_config_json: config.num_hidden_layers: must be such that the model has at most "
-       "1048576 tensors"},
+       "131072 tensors"},
       {[](auto& r) {
          // 3.1 TB in bf16 (within rollout::kMaxModelBytes), above the request's bound.
          r.set_model_config_json(R"({"model_type": "llama", "hidden_size": 8192,
@@ -247,7 +247,7 @@ TEST(ReshardConvertTest, EveryErrorNamesItsField) {
            "num_attention_heads": 1, "vocab_size": 8})");
        },
        "model_config_json: config.num_hidden_layers: must be such that the model has at most "
-       "1048576 tensors (kMaxFullTensors: 2000000 layers), got 2000000, which makes 18000003 "
+       "131072 tensors (kMaxFullTensors: 2000000 layers), got 2000000, which makes 18000003 "
        "tensors"},
       {[](auto& r) { r.mutable_train()->set_tp(-1); },
        "train.tp: must be in [0, 65536] (0 means 1), got -1"},

@@ -88,10 +88,10 @@ struct ModelConfig {
 
 // The largest model ParseHfConfig() and Validate() accept, counted before anything is
 // built from it, so that no input can make HfTensors() or the layouts allocate without
-// bound: at most kMaxFullTensors tensors (DeepSeek-V3 has 47,653) and at most
-// kMaxModelBytes bytes of tensors (2^42, 4.4 TB; DeepSeek-V3 in bf16 is 1.3 TB), which
-// keeps every byte count of a plan over up to 2^20 GPUs within int64.
-inline constexpr std::int64_t kMaxFullTensors = std::int64_t{1} << 20;
+// bound: at most kMaxFullTensors tensors, 2^17 (DeepSeek-V3 has 47,653; planning costs about 30 µs
+// per tensor) and at most kMaxModelBytes bytes of tensors (2^42, 4.4 TB; DeepSeek-V3 in bf16 is 1.3
+// TB), which keeps every byte count of a plan over up to 2^20 GPUs within int64.
+inline constexpr std::int64_t kMaxFullTensors = std::int64_t{1} << 17;
 inline constexpr double kMaxModelBytes = 4398046511104.0;  // 2^42
 
 // The number of full tensors (HfTensors(model).size()) and their bytes, computed from
