@@ -8,8 +8,11 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <queue>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -53,40 +56,123 @@ bool WithinCap(const Loads& loads, std::int64_t cap) {
                      [cap](std::int64_t t) { return t <= cap; });
 }
 
-// Moves items out of bins over the cap into the cheapest bins with room.
-// Returns false when some bin stays over the cap.
-bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap, Assignment& assignment) {
-  Loads loads = LoadsOf(items, m, assignment);
-  std::vector<std::int32_t> by_tokens(items.tokens.size());
-  std::iota(by_tokens.begin(), by_tokens.end(), 0);
-  std::stable_sort(by_tokens.begin(), by_tokens.end(), [&](std::int32_t a, std::int32_t b) {
-    return items.tokens[static_cast<std::size_t>(a)] > items.tokens[static_cast<std::size_t>(b)];
-  });
-  for (const std::int32_t i : by_tokens) {
-    const std::size_t from = static_cast<std::size_t>(assignment[static_cast<std::size_t>(i)]);
-    if (loads.tokens[from] <= cap) continue;
-    const std::int64_t t = items.tokens[static_cast<std::size_t>(i)];
-    std::int64_t best = -1;
-    for (std::int64_t b = 0; b < m; ++b) {
-      const std::size_t to = static_cast<std::size_t>(b);
-      if (to == from || loads.tokens[to] + t > cap) continue;
-      if (best < 0 || loads.costs[to] < loads.costs[static_cast<std::size_t>(best)]) best = b;
-    }
-    if (best < 0) continue;
-    const std::size_t to = static_cast<std::size_t>(best);
-    assignment[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(best);
-    loads.tokens[from] -= t;
-    loads.tokens[to] += t;
-    loads.costs[from] -= items.costs[static_cast<std::size_t>(i)];
-    loads.costs[to] += items.costs[static_cast<std::size_t>(i)];
-  }
-  return WithinCap(loads, cap);
-}
-
 // Longest first onto the bin with the fewest tokens (first fit by index on ties).
 Assignment LptOnTokens(const RankItems& items, std::int64_t m) {
   return GreedyLptSorted(items.tokens, HeaviestFirst(items.tokens), m, PartSizes::kAny);
 }
+
+}  // namespace
+
+// Moves items out of bins over the cap into the cheapest bins with room: the items by
+// tokens, largest first (ties: lowest index), each still in a bin over the cap to the bin
+// of least cost (ties: lowest index) among those with room for it. Returns false when
+// some bin stays over the cap.
+//
+// O(n log n + n log m): as the items come largest first, the room a bin needs, t, only
+// shrinks, so the bins with tokens <= cap − t only grow but for the two bins a move
+// changes. Those are kept ordered by (cost, index) (`eligible`); the others wait in a
+// min-heap by tokens (`waiting`, stale entries skipped by a per-bin version) until the
+// threshold reaches them. (A scan of all m bins per item made this O(n·m), and m grows
+// with n: quadratic in the rank's sequences.)
+bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap, Assignment& assignment) {
+  Loads loads = LoadsOf(items, m, assignment);
+  if (WithinCap(loads, cap)) return true;  // no item would move
+  const std::size_t bins = static_cast<std::size_t>(m);
+  std::set<std::pair<std::int64_t, std::int64_t>> eligible;  // (cost, bin)
+  struct Waiting {
+    std::int64_t tokens;
+    std::int64_t bin;
+    std::uint32_t version;
+    bool operator>(const Waiting& o) const {
+      return tokens != o.tokens ? tokens > o.tokens : bin > o.bin;
+    }
+  };
+  std::priority_queue<Waiting, std::vector<Waiting>, std::greater<>> waiting;
+  std::vector<std::uint32_t> version(bins, 0);
+  std::vector<char> is_eligible(bins, 0);
+  for (std::size_t b = 0; b < bins; ++b) {
+    waiting.push(Waiting{loads.tokens[b], static_cast<std::int64_t>(b), 0});
+  }
+  std::int64_t threshold = std::numeric_limits<std::int64_t>::min();
+  // Bin b's tokens or cost are about to change: out of both structures.
+  auto detach = [&](std::size_t b) {
+    if (is_eligible[b]) {
+      eligible.erase({loads.costs[b], static_cast<std::int64_t>(b)});
+      is_eligible[b] = 0;
+    } else {
+      ++version[b];  // its waiting entry is stale
+    }
+  };
+  auto attach = [&](std::size_t b) {
+    if (loads.tokens[b] <= threshold) {
+      eligible.emplace(loads.costs[b], static_cast<std::int64_t>(b));
+      is_eligible[b] = 1;
+    } else {
+      waiting.push(Waiting{loads.tokens[b], static_cast<std::int64_t>(b), version[b]});
+    }
+  };
+  for (const std::int32_t i : HeaviestFirst(items.tokens)) {
+    const std::size_t from = static_cast<std::size_t>(assignment[static_cast<std::size_t>(i)]);
+    if (loads.tokens[from] <= cap) continue;
+    const std::int64_t t = items.tokens[static_cast<std::size_t>(i)];
+    threshold = cap - t;  // never below an earlier one: t only shrinks
+    while (!waiting.empty() && waiting.top().tokens <= threshold) {
+      const Waiting w = waiting.top();
+      waiting.pop();
+      const std::size_t b = static_cast<std::size_t>(w.bin);
+      if (w.version != version[b] || is_eligible[b]) continue;  // stale
+      eligible.emplace(loads.costs[b], w.bin);
+      is_eligible[b] = 1;
+    }
+    // `from` is over the cap, so above the threshold: never eligible.
+    if (eligible.empty()) continue;
+    const std::size_t to = static_cast<std::size_t>(eligible.begin()->second);
+    detach(from);
+    detach(to);
+    assignment[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(to);
+    loads.tokens[from] -= t;
+    loads.tokens[to] += t;
+    loads.costs[from] -= items.costs[static_cast<std::size_t>(i)];
+    loads.costs[to] += items.costs[static_cast<std::size_t>(i)];
+    attach(from);
+    attach(to);
+  }
+  return WithinCap(loads, cap);
+}
+
+namespace {
+
+// The largest room of a fixed number of bins (int64, exact), with the first bin whose
+// room is at least a need: first-fit in O(log m) per item.
+class RoomTree {
+ public:
+  RoomTree(std::size_t size, std::int64_t room) {
+    while (leaves_ < size) leaves_ *= 2;
+    tree_.assign(2 * leaves_, -1);  // padding: never fits (every need is >= 0)
+    std::fill(tree_.begin() + static_cast<std::ptrdiff_t>(leaves_),
+              tree_.begin() + static_cast<std::ptrdiff_t>(leaves_ + size), room);
+    for (std::size_t i = leaves_; i-- > 1;) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+  }
+  // The smallest bin with room >= need, or -1.
+  std::int64_t FirstAtLeast(std::int64_t need) const {
+    if (tree_[1] < need) return -1;
+    std::size_t node = 1;
+    while (node < leaves_) node = tree_[2 * node] >= need ? 2 * node : 2 * node + 1;
+    return static_cast<std::int64_t>(node - leaves_);
+  }
+  std::int64_t Get(std::size_t i) const { return tree_[leaves_ + i]; }
+  void Set(std::size_t i, std::int64_t room) {
+    std::size_t node = leaves_ + i;
+    tree_[node] = room;
+    for (node /= 2; node >= 1; node /= 2) {
+      tree_[node] = std::max(tree_[2 * node], tree_[2 * node + 1]);
+    }
+  }
+
+ private:
+  std::size_t leaves_ = 1;
+  std::vector<std::int64_t> tree_;
+};
 
 }  // namespace
 
@@ -158,14 +244,14 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
 
 std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,
                                              std::int64_t cap) {
-  std::vector<std::int64_t> room(static_cast<std::size_t>(m), cap);
+  RoomTree room(static_cast<std::size_t>(m), cap);
   Assignment assignment(items.tokens.size(), 0);
   for (const std::int32_t i : internal::HeaviestFirst(items.tokens)) {
     const std::int64_t t = items.tokens[static_cast<std::size_t>(i)];
-    const auto it = std::find_if(room.begin(), room.end(), [t](std::int64_t r) { return r >= t; });
-    if (it == room.end()) return std::nullopt;
-    *it -= t;
-    assignment[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(it - room.begin());
+    const std::int64_t bin = room.FirstAtLeast(t);
+    if (bin < 0) return std::nullopt;
+    room.Set(static_cast<std::size_t>(bin), room.Get(static_cast<std::size_t>(bin)) - t);
+    assignment[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(bin);
   }
   return assignment;
 }
@@ -173,20 +259,41 @@ std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_
 void FillEmptyBins(const RankItems& items, std::int64_t m, Assignment& assignment) {
   if (static_cast<std::int64_t>(assignment.size()) < m) return;
   Loads loads = LoadsOf(items, m, assignment);
-  for (std::int64_t b = 0; b < m; ++b) {
-    if (loads.counts[static_cast<std::size_t>(b)] > 0) continue;
-    const auto donor = static_cast<std::int32_t>(
-        std::max_element(loads.counts.begin(), loads.counts.end()) - loads.counts.begin());
-    std::int64_t pick = -1;
-    for (std::size_t i = 0; i < assignment.size(); ++i) {
-      if (assignment[i] != donor) continue;
-      if (pick < 0 || items.tokens[i] < items.tokens[static_cast<std::size_t>(pick)]) {
-        pick = static_cast<std::int64_t>(i);
-      }
-    }
+  const std::size_t bins = static_cast<std::size_t>(m);
+  if (std::find(loads.counts.begin(), loads.counts.end(), 0) == loads.counts.end()) return;
+  // Each empty bin, lowest first, takes the item with the fewest tokens (ties: lowest
+  // index) of the bin holding the most items (ties: lowest bin). With at least m items a
+  // bin without one leaves another with two or more: a donor is never a bin that took an
+  // item here, so its items are its own, taken in (tokens, index) order.
+  // O(n log n + m log m).
+  std::vector<std::int32_t> by_bin(assignment.size());
+  std::iota(by_bin.begin(), by_bin.end(), 0);
+  std::sort(by_bin.begin(), by_bin.end(), [&](std::int32_t a, std::int32_t b) {
+    const auto ia = static_cast<std::size_t>(a);
+    const auto ib = static_cast<std::size_t>(b);
+    return std::tie(assignment[ia], items.tokens[ia], a) <
+           std::tie(assignment[ib], items.tokens[ib], b);
+  });
+  std::vector<std::size_t> next(bins + 1, 0);  // the first item of bin b not given away
+  for (std::size_t b = 0; b < bins; ++b) {
+    next[b + 1] = next[b] + static_cast<std::size_t>(loads.counts[b]);
+  }
+  std::set<std::pair<std::int64_t, std::int64_t>> fullest;  // (−count, bin)
+  for (std::size_t b = 0; b < bins; ++b) {
+    fullest.emplace(-loads.counts[b], static_cast<std::int64_t>(b));
+  }
+  auto set_count = [&](std::size_t b, std::int64_t count) {
+    fullest.erase({-loads.counts[b], static_cast<std::int64_t>(b)});
+    loads.counts[b] = count;
+    fullest.emplace(-count, static_cast<std::int64_t>(b));
+  };
+  for (std::size_t b = 0; b < bins; ++b) {
+    if (loads.counts[b] > 0) continue;
+    const auto donor = static_cast<std::size_t>(fullest.begin()->second);
+    const std::int32_t pick = by_bin[next[donor]++];
     assignment[static_cast<std::size_t>(pick)] = static_cast<std::int32_t>(b);
-    --loads.counts[static_cast<std::size_t>(donor)];
-    ++loads.counts[static_cast<std::size_t>(b)];
+    set_count(donor, loads.counts[donor] - 1);
+    set_count(b, 1);
   }
 }
 
@@ -250,12 +357,28 @@ RankPlan MakeRankPlan(const Padded& padded, const RankItems& items, std::int64_t
     b.cost += items.costs[i];
   }
   for (MicroBatch& b : batches) std::sort(b.indices.begin(), b.indices.end());
-  // Heaviest first; ties by first sequence, empty micro-batches last.
-  std::stable_sort(batches.begin(), batches.end(), [](const MicroBatch& a, const MicroBatch& b) {
-    if (a.cost != b.cost) return a.cost > b.cost;
-    if (a.indices.empty() != b.indices.empty()) return b.indices.empty();
-    return !a.indices.empty() && a.indices.front() < b.indices.front();
-  });
+  // Heaviest first; ties by first sequence, empty micro-batches last (in bin order). The
+  // non-empty ones are sorted by index, then every batch moved once: O(s log s + m) for
+  // s non-empty batches, however many empty ones a forced count adds.
+  {
+    std::vector<std::size_t> full;
+    std::vector<std::size_t> empty;
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+      (batches[b].indices.empty() ? empty : full).push_back(b);
+    }
+    std::sort(full.begin(), full.end(), [&](std::size_t a, std::size_t b) {
+      const MicroBatch& x = batches[a];
+      const MicroBatch& y = batches[b];
+      if (x.cost != y.cost) return x.cost > y.cost;
+      return x.indices.front() < y.indices.front();  // distinct: no index in two batches
+    });
+    // Costs are >= 0, so an empty batch (cost 0) is never above a non-empty one.
+    std::vector<MicroBatch> sorted;
+    sorted.reserve(batches.size());
+    for (const std::size_t b : full) sorted.push_back(std::move(batches[b]));
+    for (const std::size_t b : empty) sorted.push_back(std::move(batches[b]));
+    batches = std::move(sorted);
+  }
   RankPlan plan;
   if (options.order == MicroBatchOrder::kPipeline) {
     // Lightest at both ends: the heaviest in the middle, then alternately outwards.

@@ -74,9 +74,14 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
 RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices);
 
 // First-fit decreasing on tokens into m bins of `cap` tokens; nullopt when an item
-// fits in no bin.
+// fits in no bin. O(n log n + n log m).
 std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,
                                              std::int64_t cap);
+
+// Moves items out of bins over the cap (m bins, `cap` tokens) into the cheapest bins
+// with room, largest items first; false when some bin stays over the cap.
+// O(n log n + n log m).
+bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap, Assignment& assignment);
 
 // With at least m items, no bin stays empty: an empty bin takes the item with the
 // fewest tokens from the bin holding the most items (it can only lower that bin).

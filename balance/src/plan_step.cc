@@ -33,11 +33,24 @@ void CheckStepOptions(const StepOptions& options) {
   }
   CheckOptions(options.micro_batch);
   const MicroBatchOptions& mb = options.micro_batch;
-  const std::int64_t per_rank = std::max(mb.min_micro_batches, mb.micro_batches_multiple_of);
-  if (per_rank > kMaxItems / options.num_ranks) {
-    rlsched::FailBound("num_ranks × max(min_micro_batches, micro_batches_multiple_of)",
-                       "<= " + std::to_string(kMaxItems),
-                       std::to_string(options.num_ranks) + " × " + std::to_string(per_rank));
+  // The count the options force on every rank, whatever the sequences need: the
+  // minimum rounded up to the multiple (<= 2^21 each, so no overflow below).
+  const std::int64_t forced = RoundUp(mb.min_micro_batches, mb.micro_batches_multiple_of);
+  if (forced > kMaxForcedMicroBatches / options.num_ranks) {
+    // The option that drives the count: the multiple when it alone reaches the forced
+    // count, else the minimum.
+    const char* field = mb.micro_batches_multiple_of >= mb.min_micro_batches
+                            ? "micro_batches_multiple_of"
+                            : "min_micro_batches";
+    rlsched::FailBound(field,
+                       "such that num_ranks × the micro-batch count <= " +
+                           std::to_string(kMaxForcedMicroBatches) + " (kMaxForcedMicroBatches)",
+                       std::to_string(mb.micro_batches_multiple_of >= mb.min_micro_batches
+                                          ? mb.micro_batches_multiple_of
+                                          : mb.min_micro_batches) +
+                           ", which makes at least " + std::to_string(options.num_ranks) + " × " +
+                           std::to_string(forced) + " = " +
+                           std::to_string(options.num_ranks * forced) + " micro-batches");
   }
 }
 

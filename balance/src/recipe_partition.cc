@@ -31,9 +31,19 @@ bool Lighter(const Part& a, const Part& b) {
   return a.head < b.head;
 }
 
-// A partial solution: its non-empty parts, heaviest first; the other k − size() are
-// empty (lighter than any non-empty part, whose count is >= 1).
-using Solution = std::vector<Part>;
+struct HeavierPart {
+  bool operator()(const Part& a, const Part& b) const { return Lighter(b, a); }
+};
+
+// A partial solution: its non-empty parts as a binary min-heap by Lighter (the
+// lightest at the root; ascending, which is a heap too, when `sorted`) and a copy of its
+// heaviest part; the other k − parts.size() parts are empty (lighter than any non-empty
+// part, whose count is >= 1).
+struct Solution {
+  std::vector<Part> parts;
+  Part heaviest;
+  bool sorted = true;
+};
 
 class Differencing {
  public:
@@ -52,28 +62,35 @@ class Differencing {
       for (std::size_t offset = 0; offset < n; offset += k_) {
         Solution chunk;
         for (std::size_t i = offset; i < std::min(n, offset + k_); ++i) {
-          chunk.push_back(Single(sorted[i].second));
+          chunk.parts.push_back(Single(sorted[i].second));
         }
-        SortParts(chunk);
+        std::sort(chunk.parts.begin(), chunk.parts.end(), Lighter);
+        chunk.heaviest = chunk.parts.back();
         Push(std::move(chunk));
       }
     } else {
-      for (std::size_t i = 0; i < n; ++i) Push({Single(static_cast<std::int64_t>(i))});
+      for (std::size_t i = 0; i < n; ++i) {
+        const Part part = Single(static_cast<std::int64_t>(i));
+        Push(Solution{{part}, part, true});
+      }
     }
     while (heap_.size() > 1) {
-      const std::size_t first = heap_.top();
+      const std::size_t first = heap_.top().id;
       heap_.pop();
-      const std::size_t second = heap_.top();
+      const std::size_t second = heap_.top().id;
       heap_.pop();
       Combine(solutions_[first], solutions_[second]);
       solutions_[second] = Solution();
-      heap_.push(first);
+      heap_.push(EntryOf(first));
     }
     std::vector<std::vector<std::int64_t>> parts(k_);
     if (heap_.empty()) return parts;
-    const Solution& last = solutions_[heap_.top()];
-    for (std::size_t p = 0; p < last.size(); ++p) {
-      for (std::int64_t i = last[p].head; i >= 0; i = next_[static_cast<std::size_t>(i)]) {
+    Solution& last = solutions_[heap_.top().id];
+    SortAscending(last);
+    const std::size_t size = last.parts.size();
+    for (std::size_t p = 0; p < size; ++p) {  // heaviest first
+      for (std::int64_t i = last.parts[size - 1 - p].head; i >= 0;
+           i = next_[static_cast<std::size_t>(i)]) {
         parts[p].push_back(i);
       }
       std::sort(parts[p].begin(), parts[p].end());
@@ -83,33 +100,40 @@ class Differencing {
 
  private:
   // verl pops the partial solution of largest spread first; ties: the one whose
-  // heaviest part is heavier. A strict total order (no two share an item).
+  // heaviest part is heavier. A strict total order (no two share an item). The heap
+  // holds each solution's key beside its index (a solution changes only while out of
+  // the heap), so comparisons read no solution.
+  struct Entry {
+    Wide spread;
+    Part heaviest;
+    std::size_t id;
+  };
   struct PopsLater {
-    const Differencing* self;
-    bool operator()(std::size_t a, std::size_t b) const {
-      const Solution& x = self->solutions_[a];
-      const Solution& y = self->solutions_[b];
-      const Wide spread_x = self->Spread(x);
-      const Wide spread_y = self->Spread(y);
-      if (spread_x != spread_y) return spread_x < spread_y;
-      return Lighter(x.front(), y.front());
+    bool operator()(const Entry& x, const Entry& y) const {
+      if (x.spread != y.spread) return x.spread < y.spread;
+      return Lighter(x.heaviest, y.heaviest);
     }
   };
 
   Part Single(std::int64_t i) const { return Part{values_[static_cast<std::size_t>(i)], 1, i, i}; }
 
   Wide Spread(const Solution& s) const {
-    return s.front().sum - (s.size() == k_ ? s.back().sum : Wide{0});
+    return s.heaviest.sum - (s.parts.size() == k_ ? s.parts.front().sum : Wide{0});
   }
 
-  // (No two parts are equal: any sort gives verl's stable order.)
-  static void SortParts(Solution& s) {
-    std::sort(s.begin(), s.end(), [](const Part& a, const Part& b) { return Lighter(b, a); });
+  static void SortAscending(Solution& s) {
+    if (!s.sorted) std::sort(s.parts.begin(), s.parts.end(), Lighter);
+    s.sorted = true;
+  }
+
+  Entry EntryOf(std::size_t id) const {
+    const Solution& s = solutions_[id];
+    return Entry{Spread(s), s.heaviest, id};
   }
 
   void Push(Solution s) {
     solutions_.push_back(std::move(s));
-    heap_.push(solutions_.size() - 1);
+    heap_.push(EntryOf(solutions_.size() - 1));
   }
 
   // b's items appended to a's.
@@ -125,21 +149,74 @@ class Differencing {
     a.count += b.count;
   }
 
-  // Part i of the result: a's i-th heaviest with b's i-th lightest (b's part k − 1 − i),
-  // for the i where either is non-empty; then heaviest first. In place, into a.
-  void Combine(Solution& a, const Solution& b) {
-    const std::size_t na = a.size();
-    const std::size_t nb = b.size();
-    for (std::size_t i = k_ - std::min(k_, nb); i < na; ++i) Splice(a[i], b[k_ - 1 - i]);
-    for (std::size_t i = std::max(na, k_ - nb); i < k_; ++i) a.push_back(b[k_ - 1 - i]);
-    SortParts(a);
+  // The lightest part of the heap `parts`, removed.
+  static Part PopLightest(std::vector<Part>& parts) {
+    std::pop_heap(parts.begin(), parts.end(), HeavierPart());
+    const Part part = parts.back();
+    parts.pop_back();
+    return part;
+  }
+
+  static void PushPart(std::vector<Part>& parts, const Part& part, Part& heaviest) {
+    parts.push_back(part);
+    std::push_heap(parts.begin(), parts.end(), HeavierPart());
+    if (Lighter(heaviest, part)) heaviest = part;
+  }
+
+  // verl's combination: a's j-th heaviest part with b's j-th lightest, counting the
+  // empty parts as the lightest (a's i-th part, heaviest first, with b's (k − 1 − i)-th);
+  // the result in a. Equivalently a's j-th lightest with b's j-th heaviest: the pairs of
+  // two non-empty parts are j in [k − |a|, |b|), m = |a| + |b| − k of them; below them
+  // b's heaviest parts meet empty parts of a, above them a's heaviest meet empty parts
+  // of b and stay. Only the smaller solution is sorted, and only the m parts of the
+  // larger one that change leave its heap and come back: O(s log s + s log k) with s
+  // the smaller solution's size, O(log k) when one of them is a single item (the
+  // common step), where a sort of all k parts per step made the method quadratic.
+  void Combine(Solution& a, Solution& b) {
+    const std::size_t na = a.parts.size();
+    const std::size_t nb = b.parts.size();
+    const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
+    const std::size_t empty_a = k_ - na;
+    popped_.clear();
+    if (nb <= na) {
+      SortAscending(b);  // b's j-th heaviest is b.parts[nb − 1 − j]
+      a.sorted = false;
+      // a's m lightest, lightest first: the t-th meets b's (k − |a| + t)-th heaviest.
+      for (std::size_t t = 0; t < m; ++t) popped_.push_back(PopLightest(a.parts));
+      for (std::size_t t = 0; t < m; ++t) {
+        Splice(popped_[t], b.parts[nb - 1 - (empty_a + t)]);
+        PushPart(a.parts, popped_[t], a.heaviest);
+      }
+      // b's heaviest parts that meet empty parts of a.
+      for (std::size_t j = 0; j < std::min(nb, empty_a); ++j) {
+        PushPart(a.parts, b.parts[nb - 1 - j], a.heaviest);
+      }
+    } else {
+      SortAscending(a);  // a's j-th lightest non-empty part is a.parts[j − (k − |a|)]
+      b.sorted = false;
+      // b's m lightest, lightest first: the t-th is b's (|b| − 1 − t)-th heaviest and
+      // meets a's part m − 1 − t (ascending).
+      for (std::size_t t = 0; t < m; ++t) popped_.push_back(PopLightest(b.parts));
+      Part heaviest = b.heaviest;
+      for (std::size_t t = 0; t < m; ++t) {
+        Part joined = a.parts[m - 1 - t];
+        Splice(joined, popped_[t]);
+        PushPart(b.parts, joined, heaviest);
+      }
+      // a's heaviest parts that meet empty parts of b.
+      for (std::size_t u = m; u < na; ++u) PushPart(b.parts, a.parts[u], heaviest);
+      a.parts.swap(b.parts);
+      a.heaviest = heaviest;
+      a.sorted = false;
+    }
   }
 
   std::span<const std::int64_t> values_;
   std::size_t k_;
   std::vector<std::int64_t> next_;  // by item: the next item of its part, -1 at the end
   std::vector<Solution> solutions_;
-  std::priority_queue<std::size_t, std::vector<std::size_t>, PopsLater> heap_{PopsLater{this}};
+  std::vector<Part> popped_;
+  std::priority_queue<Entry, std::vector<Entry>, PopsLater> heap_;
 };
 
 }  // namespace

@@ -90,13 +90,24 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
     }
     std::vector<std::vector<std::int64_t>> parts =
         RecipeKarmarkarKarp(local, count, PartSizes::kAny);
-    auto key = [&](const std::vector<std::int64_t>& part) {
+    // By (sum, first item) descending, stably: each key computed once, the parts moved
+    // once (sorting the parts themselves cost O(m log m) vector moves and key sums).
+    std::vector<std::pair<RecipeSum, std::int64_t>> keys(parts.size());
+    for (std::size_t p = 0; p < parts.size(); ++p) {
       RecipeSum sum = 0;
-      for (const std::int64_t j : part) sum += local[static_cast<std::size_t>(j)];
-      return std::pair{sum, part.empty() ? std::int64_t{0} : part.front()};
-    };
-    std::stable_sort(parts.begin(), parts.end(),
-                     [&](const auto& a, const auto& b) { return key(a) > key(b); });
+      for (const std::int64_t j : parts[p]) sum += local[static_cast<std::size_t>(j)];
+      keys[p] = {sum, parts[p].empty() ? std::int64_t{0} : parts[p].front()};
+    }
+    std::vector<std::size_t> by_key(parts.size());
+    std::iota(by_key.begin(), by_key.end(), std::size_t{0});
+    std::stable_sort(by_key.begin(), by_key.end(),
+                     [&](std::size_t a, std::size_t b) { return keys[a] > keys[b]; });
+    {
+      std::vector<std::vector<std::int64_t>> sorted;
+      sorted.reserve(parts.size());
+      for (const std::size_t p : by_key) sorted.push_back(std::move(parts[p]));
+      parts = std::move(sorted);
+    }
     parts = EvensReversedThenOdds(parts);
     RankPlan rank_plan;
     for (const std::vector<std::int64_t>& part : parts) {

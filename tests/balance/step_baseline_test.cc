@@ -278,6 +278,34 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscription) {
   }
 }
 
+// Larger seeded inputs, where solutions of many parts meet single items and each other
+// (the combination that pops only the parts that change): the transcription's partition.
+TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscriptionOnLargerInputs) {
+  for (std::uint64_t seed = 1; seed <= 120; ++seed) {
+    workload::Rng rng(seed * 7841 + 11);
+    const auto n = static_cast<std::size_t>(rng.UniformInt(0, 600));
+    const auto k = static_cast<std::size_t>(rng.UniformInt(1, 80));
+    const int kind = static_cast<int>(rng.UniformInt(0, 2));
+    std::vector<std::int64_t> values;
+    if (kind == 0) {
+      for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 3));
+    } else if (kind == 1) {
+      values = workload::HeavyTailedLengths(static_cast<std::int64_t>(n), seed);
+      for (std::int64_t& v : values) v = internal::RecipeWorkload(v);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 1'000'000));
+    }
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    for (const bool equal : {false, true}) {
+      EXPECT_EQ(internal::RecipeKarmarkarKarp(values, static_cast<std::int64_t>(k),
+                                              equal ? PartSizes::kEqual : PartSizes::kAny),
+                ReferenceKarmarkarKarp(values, k, equal))
+          << (equal ? "equal" : "any");
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 // Seeded steps (any rank count, padding, minimum and multiple; sequence counts that
 // verl would refuse included): PlanBaseline is the transcription's plan, in the same
 // order, with its micro-batches over the cap counted, timed with our cost model.

@@ -1,0 +1,299 @@
+// The packing pieces of the micro-batch planner on seeded random instances: the repair
+// under the cap, first-fit decreasing and the filling of empty bins give, item for item,
+// the answers of the plain O(n·m) scans they replaced (transcribed below), and keep every
+// invariant: each item in exactly one bin, token and cost totals preserved, the cap kept
+// where they report success. And PlanStep() refuses a micro-batch count forced beyond
+// kMaxForcedMicroBatches, naming the option, the bound and the estimate, before it
+// allocates.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "micro_batch_internal.h"
+#include "rlsched/balance/micro_batch.h"
+#include "rlsched/common/error.h"
+#include "rlsched/common/workload.h"
+
+namespace rlsched::balance {
+namespace {
+
+using internal::RankItems;
+using ::testing::HasSubstr;
+
+// --- The scans as they were (balance/src/micro_batch.cc at commit 17302f7). ---
+
+struct Loads {
+  std::vector<std::int64_t> tokens, costs, counts;
+};
+
+Loads LoadsOf(const RankItems& items, std::int64_t m, const Assignment& a) {
+  Loads loads{std::vector<std::int64_t>(static_cast<std::size_t>(m), 0),
+              std::vector<std::int64_t>(static_cast<std::size_t>(m), 0),
+              std::vector<std::int64_t>(static_cast<std::size_t>(m), 0)};
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto b = static_cast<std::size_t>(a[i]);
+    loads.tokens[b] += items.tokens[i];
+    loads.costs[b] += items.costs[i];
+    ++loads.counts[b];
+  }
+  return loads;
+}
+
+bool ReferenceRepair(const RankItems& items, std::int64_t m, std::int64_t cap, Assignment& a) {
+  Loads loads = LoadsOf(items, m, a);
+  std::vector<std::int32_t> by_tokens(items.tokens.size());
+  std::iota(by_tokens.begin(), by_tokens.end(), 0);
+  std::stable_sort(by_tokens.begin(), by_tokens.end(), [&](std::int32_t x, std::int32_t y) {
+    return items.tokens[static_cast<std::size_t>(x)] > items.tokens[static_cast<std::size_t>(y)];
+  });
+  for (const std::int32_t i : by_tokens) {
+    const auto from = static_cast<std::size_t>(a[static_cast<std::size_t>(i)]);
+    if (loads.tokens[from] <= cap) continue;
+    const std::int64_t t = items.tokens[static_cast<std::size_t>(i)];
+    std::int64_t best = -1;
+    for (std::int64_t b = 0; b < m; ++b) {
+      const auto to = static_cast<std::size_t>(b);
+      if (to == from || loads.tokens[to] + t > cap) continue;
+      if (best < 0 || loads.costs[to] < loads.costs[static_cast<std::size_t>(best)]) best = b;
+    }
+    if (best < 0) continue;
+    const auto to = static_cast<std::size_t>(best);
+    a[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(best);
+    loads.tokens[from] -= t;
+    loads.tokens[to] += t;
+    loads.costs[from] -= items.costs[static_cast<std::size_t>(i)];
+    loads.costs[to] += items.costs[static_cast<std::size_t>(i)];
+  }
+  return std::all_of(loads.tokens.begin(), loads.tokens.end(),
+                     [cap](std::int64_t x) { return x <= cap; });
+}
+
+std::optional<Assignment> ReferenceFirstFit(const RankItems& items, std::int64_t m,
+                                            std::int64_t cap) {
+  std::vector<std::int64_t> room(static_cast<std::size_t>(m), cap);
+  Assignment a(items.tokens.size(), 0);
+  std::vector<std::int32_t> order(items.tokens.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
+    return items.tokens[static_cast<std::size_t>(x)] > items.tokens[static_cast<std::size_t>(y)];
+  });
+  for (const std::int32_t i : order) {
+    const std::int64_t t = items.tokens[static_cast<std::size_t>(i)];
+    const auto it = std::find_if(room.begin(), room.end(), [t](std::int64_t r) { return r >= t; });
+    if (it == room.end()) return std::nullopt;
+    *it -= t;
+    a[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(it - room.begin());
+  }
+  return a;
+}
+
+void ReferenceFillEmptyBins(const RankItems& items, std::int64_t m, Assignment& a) {
+  if (static_cast<std::int64_t>(a.size()) < m) return;
+  Loads loads = LoadsOf(items, m, a);
+  for (std::int64_t b = 0; b < m; ++b) {
+    if (loads.counts[static_cast<std::size_t>(b)] > 0) continue;
+    const auto donor = static_cast<std::int32_t>(
+        std::max_element(loads.counts.begin(), loads.counts.end()) - loads.counts.begin());
+    std::int64_t pick = -1;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (a[i] != donor) continue;
+      if (pick < 0 || items.tokens[i] < items.tokens[static_cast<std::size_t>(pick)]) {
+        pick = static_cast<std::int64_t>(i);
+      }
+    }
+    a[static_cast<std::size_t>(pick)] = static_cast<std::int32_t>(b);
+    --loads.counts[static_cast<std::size_t>(donor)];
+    ++loads.counts[static_cast<std::size_t>(b)];
+  }
+}
+
+// --- Instances. ---
+
+struct Instance {
+  RankItems items;
+  std::int64_t m = 1;
+  std::int64_t cap = 1;
+  Assignment start;  // some assignment into m bins, often over the cap
+};
+
+Instance MakeInstance(std::uint64_t seed) {
+  workload::Rng rng(seed * 2654435761ULL + 1);
+  Instance inst;
+  const std::int64_t n = rng.UniformInt(0, 400);
+  const bool few_values = rng.UniformInt(0, 2) == 0;  // ties everywhere
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = few_values ? 16 * rng.UniformInt(1, 4) : rng.UniformInt(1, 5000);
+    inst.items.tokens.push_back(t);
+    inst.items.costs.push_back(rng.UniformInt(0, 2) == 0 ? t : t + t * t / 1000);
+    inst.items.global.push_back(i);
+    inst.items.total_tokens += t;
+    inst.items.total_cost += inst.items.costs.back();
+  }
+  const std::int64_t largest =
+      n == 0 ? 1 : *std::max_element(inst.items.tokens.begin(), inst.items.tokens.end());
+  inst.m = rng.UniformInt(1, 60);
+  // From tight (most bins over the cap) to loose.
+  const std::int64_t per_bin = inst.items.total_tokens / inst.m + 1;
+  inst.cap = std::max(largest, per_bin * rng.UniformInt(80, 160) / 100);
+  const std::int64_t skew = rng.UniformInt(0, 2);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t b = rng.UniformInt(0, inst.m - 1);
+    if (skew == 1) b = std::min(b, rng.UniformInt(0, inst.m - 1));  // crowded low bins
+    if (skew == 2) b = std::min<std::int64_t>(b, 2);                // few bins used, many empty
+    inst.start.push_back(static_cast<std::int32_t>(b));
+  }
+  return inst;
+}
+
+void ExpectValid(const Instance& inst, const Assignment& a, bool cap_kept,
+                 const std::string& what) {
+  ASSERT_EQ(a.size(), inst.items.tokens.size()) << what;
+  for (const std::int32_t b : a) {
+    ASSERT_GE(b, 0) << what;
+    ASSERT_LT(b, inst.m) << what;
+  }
+  const Loads loads = LoadsOf(inst.items, inst.m, a);
+  EXPECT_EQ(std::accumulate(loads.tokens.begin(), loads.tokens.end(), std::int64_t{0}),
+            inst.items.total_tokens)
+      << what;
+  EXPECT_EQ(std::accumulate(loads.costs.begin(), loads.costs.end(), std::int64_t{0}),
+            inst.items.total_cost)
+      << what;
+  EXPECT_EQ(std::accumulate(loads.counts.begin(), loads.counts.end(), std::int64_t{0}),
+            static_cast<std::int64_t>(a.size()))
+      << what;
+  if (cap_kept) {
+    for (const std::int64_t t : loads.tokens) EXPECT_LE(t, inst.cap) << what;
+  }
+}
+
+TEST(PackingTest, RepairIsTheScanItReplaced) {
+  int repaired = 0;
+  for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
+    const Instance inst = MakeInstance(seed);
+    const std::string what = "seed " + std::to_string(seed);
+    Assignment got = inst.start;
+    Assignment want = inst.start;
+    const bool ok = internal::Repair(inst.items, inst.m, inst.cap, got);
+    ASSERT_EQ(ok, ReferenceRepair(inst.items, inst.m, inst.cap, want)) << what;
+    ASSERT_EQ(got, want) << what;
+    ExpectValid(inst, got, ok, what);
+    repaired += ok && got != inst.start ? 1 : 0;
+  }
+  EXPECT_GT(repaired, 100);  // the instances exercise it
+}
+
+TEST(PackingTest, FirstFitDecreasingIsTheScanItReplaced) {
+  int packed = 0;
+  for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
+    const Instance inst = MakeInstance(seed);
+    const std::string what = "seed " + std::to_string(seed);
+    const auto got = internal::FirstFitDecreasing(inst.items, inst.m, inst.cap);
+    const auto want = ReferenceFirstFit(inst.items, inst.m, inst.cap);
+    ASSERT_EQ(got.has_value(), want.has_value()) << what;
+    if (!got) continue;
+    ASSERT_EQ(*got, *want) << what;
+    ExpectValid(inst, *got, true, what);
+    ++packed;
+  }
+  EXPECT_GT(packed, 100);
+}
+
+TEST(PackingTest, FillEmptyBinsIsTheScanItReplaced) {
+  int filled = 0;
+  for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
+    const Instance inst = MakeInstance(seed);
+    const std::string what = "seed " + std::to_string(seed);
+    Assignment got = inst.start;
+    Assignment want = inst.start;
+    internal::FillEmptyBins(inst.items, inst.m, got);
+    ReferenceFillEmptyBins(inst.items, inst.m, want);
+    ASSERT_EQ(got, want) << what;
+    ExpectValid(inst, got, false, what);
+    if (static_cast<std::int64_t>(got.size()) >= inst.m) {
+      const Loads loads = LoadsOf(inst.items, inst.m, got);
+      for (const std::int64_t c : loads.counts) EXPECT_GE(c, 1) << what;
+    }
+    filled += got != inst.start ? 1 : 0;
+  }
+  EXPECT_GT(filled, 100);
+}
+
+// Pack() on the same instances: under the cap whenever it answers, every item once.
+TEST(PackingTest, PackKeepsTheInvariants) {
+  for (std::uint64_t seed = 1; seed <= 600; ++seed) {
+    const Instance inst = MakeInstance(seed);
+    const auto packing =
+        internal::Pack(inst.items, inst.m, inst.cap, RefineOptions{}, std::nullopt);
+    if (!packing) continue;
+    ExpectValid(inst, *packing, true, "seed " + std::to_string(seed));
+  }
+}
+
+StepOptions ForcedStep(std::int64_t ranks, std::int64_t min, std::int64_t multiple) {
+  StepOptions options;
+  options.num_ranks = ranks;
+  options.micro_batch.max_tokens_per_micro_batch = 4096;
+  options.micro_batch.min_micro_batches = min;
+  options.micro_batch.micro_batches_multiple_of = multiple;
+  return options;
+}
+
+FieldError RefusalOf(const StepOptions& options) {
+  const std::vector<std::int64_t> lengths = {100, 200, 300};
+  try {
+    PlanStep(lengths, {}, options);
+  } catch (const FieldError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no FieldError";
+  return FieldError("", "");
+}
+
+TEST(PackingTest, AForcedCountAboveTheLimitIsRefusedBeforeAllocating) {
+  const auto start = std::chrono::steady_clock::now();
+  // The request: 3 sequences, 8 ranks, a multiple of 2^20.
+  FieldError e = RefusalOf(ForcedStep(8, 1, std::int64_t{1} << 20));
+  EXPECT_EQ(e.field(), "micro_batches_multiple_of");
+  EXPECT_THAT(e.bound(), HasSubstr("<= 4194304"));
+  EXPECT_THAT(e.value(), HasSubstr("1048576"));
+  EXPECT_THAT(e.value(), HasSubstr("8 × 1048576 = 8388608 micro-batches"));
+  EXPECT_THAT(std::string(e.what()), HasSubstr("micro_batches_multiple_of: must be"));
+  // The minimum drives it.
+  e = RefusalOf(ForcedStep(64, 70'000, 1));
+  EXPECT_EQ(e.field(), "min_micro_batches");
+  EXPECT_THAT(e.value(), HasSubstr("64 × 70000 = 4480000"));
+  // Both: the minimum rounded up to the multiple (3 × 2^18 → 2^20 per rank).
+  e = RefusalOf(ForcedStep(8, 3 * (1 << 18), 1 << 20));
+  EXPECT_EQ(e.field(), "micro_batches_multiple_of");
+  e = RefusalOf(ForcedStep(8, 1 << 20, 1 << 19));
+  EXPECT_EQ(e.field(), "min_micro_batches");
+  EXPECT_THAT(e.value(), HasSubstr("8 × 1048576 = 8388608"));
+  // PlanBaseline checks the same options.
+  EXPECT_THROW(PlanBaseline(std::vector<std::int64_t>{1, 2}, ForcedStep(8, 1, 1 << 20)),
+               FieldError);
+  // Refused at once: nothing of the size of the plan was built.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
+TEST(PackingTest, AForcedCountAtTheLimitIsPlannedWithEmptyMicroBatchesCounted) {
+  // 2^20 micro-batches for 3 sequences: allowed (a quarter of the limit), linear in the
+  // count, the empty ones counted.
+  const std::vector<std::int64_t> lengths = {100, 200, 300};
+  StepOptions options = ForcedStep(1, 1, 1 << 20);
+  const PlannedStep step = PlanStep(lengths, {}, options);
+  EXPECT_EQ(step.plan.num_micro_batches, 1 << 20);
+  EXPECT_EQ(step.plan.empty_micro_batches, (1 << 20) - 3);
+  EXPECT_EQ(step.plan.sequences, 3);
+  EXPECT_EQ(step.plan.cap_violations, 0);
+}
+
+}  // namespace
+}  // namespace rlsched::balance
