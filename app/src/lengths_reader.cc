@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cstddef>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -39,6 +40,28 @@ std::string Lower(std::string_view s) {
 
 [[noreturn]] void FailAt(std::int64_t line, std::string_view what) {
   throw std::invalid_argument(fmt::format("line {}: {}", line, what));
+}
+
+// std::getline() that stops at kMaxLineBytes: the next line of `in` (without its
+// '\n') into `line`; false when nothing is left. Throws naming line `number` when the
+// line is longer, having read at most kMaxLineBytes + 1 of its bytes.
+bool ReadLine(std::istream& in, std::string& line, std::int64_t number) {
+  line.clear();
+  const std::istream::sentry sentry(in, /*noskipws=*/true);
+  if (!sentry) return false;
+  std::streambuf& buffer = *in.rdbuf();
+  for (bool extracted = false;; extracted = true) {
+    const int c = buffer.sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(extracted ? std::ios::eofbit : std::ios::eofbit | std::ios::failbit);
+      return extracted;
+    }
+    if (c == '\n') return true;
+    if (std::ssize(line) == kMaxLineBytes) {
+      FailAt(number, fmt::format("longer than {} bytes", kMaxLineBytes));
+    }
+    line.push_back(static_cast<char>(c));
+  }
 }
 
 // The integer spelled by all of `token`, or nullopt; `overflow` is set when it is an
@@ -233,7 +256,7 @@ LengthsInput ReadLengths(std::istream& in, std::int64_t max_lengths, LengthColum
   std::optional<CsvLayout> csv;
   bool seen_content = false;
   std::string line;
-  for (std::int64_t line_number = 1; std::getline(in, line); ++line_number) {
+  for (std::int64_t line_number = 1; ReadLine(in, line, line_number); ++line_number) {
     std::string_view view = line;
     if (line_number == 1 && view.starts_with(kByteOrderMark)) {
       view.remove_prefix(kByteOrderMark.size());

@@ -43,12 +43,17 @@ struct LengthsInput {
   std::vector<std::int64_t> groups;   // empty, or one id >= 0 per length
 };
 
+// The longest line ReadLengths() reads, '\n' excluded: 16 MiB (over a million lengths
+// on one line; a longer line is refused as soon as its bytes pass the bound).
+inline constexpr std::int64_t kMaxLineBytes = std::int64_t{16} << 20;
+
 // Parses `in` to its end (see the file comment). Throws std::invalid_argument naming
-// the line (1-based) and the bound for: a token that is not an integer, a CSV header
-// without a length column, a row with the wrong number of fields, a negative length
-// or group, a length above 2^31, more than 100,000,000 lengths, and an input without
-// any length ("no lengths"). `max_lengths` lowers the entry limit (for tests).
-// Throws std::runtime_error if the stream fails. O(size of the input).
+// the line (1-based) and the bound for: a line longer than kMaxLineBytes, a token that
+// is not an integer, a CSV header without a length column, a row with the wrong number
+// of fields, a negative length or group, a length above 2^31, more than 100,000,000
+// lengths, and an input without any length ("no lengths"). `max_lengths` lowers the
+// entry limit. Throws std::runtime_error if the stream fails. O(size of the input);
+// memory O(lengths + kMaxLineBytes) whatever the input.
 LengthsInput ReadLengths(std::istream& in, std::int64_t max_lengths = balance::kMaxItems,
                          LengthColumn column = LengthColumn::kSequence);
 

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
 #include <tbb/global_control.h>
@@ -16,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <utility>
 
@@ -41,15 +41,64 @@ bool IsBlank(std::string_view line) {
   return line.find_first_not_of(" \t\r\f\v") == std::string_view::npos;
 }
 
-// The string "id" of a JSON object, or "" when `json` is not one.
-std::string RecoverJsonId(std::string_view json) {
-  google::protobuf::Struct object;
-  const auto status = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &object);
-  if (!status.ok()) return std::string();
-  const auto it = object.fields().find("id");
-  if (it == object.fields().end() || !it->second.has_string_value()) return std::string();
-  return it->second.string_value();
+// What one SAX pass over a JSON line finds: the top-level string "id" of a JSON object
+// ("" when the line is not JSON; for a line nested too deep, the id seen before the
+// limit), and whether the line nests deeper than kMaxJsonDepth. It stops at the first error or at
+// the depth limit, so it takes O(line) time and O(kMaxJsonDepth) memory whatever the line.
+class JsonScan : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  std::string id;
+  bool too_deep = false;
+
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override { return Value(); }
+  bool string(string_t& value) override {
+    if (depth_ == 1 && key_is_id_) id = value;
+    return Value();
+  }
+  bool binary(binary_t&) override { return Value(); }
+  bool start_object(std::size_t) override { return Open(); }
+  bool key(string_t& key) override {
+    key_is_id_ = depth_ == 1 && key == "id";
+    return true;
+  }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t) override { return Open(); }
+  bool end_array() override { return Close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    id.clear();  // not JSON: no id
+    return false;
+  }
+
+ private:
+  bool Value() {
+    key_is_id_ = false;
+    return true;
+  }
+  bool Open() {
+    key_is_id_ = false;
+    if (++depth_ > kMaxJsonDepth) {
+      too_deep = true;
+      return false;
+    }
+    return true;
+  }
+  bool Close() {
+    --depth_;
+    return true;
+  }
+  int depth_ = 0;
+  bool key_is_id_ = false;
+};
+
+JsonScan ScanJson(std::string_view json) {
+  JsonScan scan;
+  nlohmann::json::sax_parse(json.begin(), json.end(), &scan, nlohmann::json::input_format_t::json,
+                            /*strict=*/true);
+  return scan;
 }
 
 // One request on its way through the pipeline.
@@ -100,12 +149,21 @@ DecodedRequest DecodeRequest(std::string_view payload, WireFormat format) {
     }
     return decoded;
   }
+  // One linear pass first: protobuf's parser takes time and stack that grow faster
+  // than the line with nesting, and a request nests a few levels only.
+  const JsonScan scan = ScanJson(payload);
+  if (scan.too_deep) {
+    decoded.error = ErrorReply(
+        scan.id, v1::ERROR_CODE_INVALID_JSON,
+        fmt::format("not a JSON rlsched.v1.Request: nested deeper than {} levels", kMaxJsonDepth));
+    return decoded;
+  }
   const auto status = google::protobuf::util::JsonStringToMessage(
       google::protobuf::StringPiece(payload.data(), payload.size()), &decoded.request);
   if (!status.ok()) {
     decoded.request.Clear();
     decoded.error =
-        ErrorReply(RecoverJsonId(payload), v1::ERROR_CODE_INVALID_JSON,
+        ErrorReply(scan.id, v1::ERROR_CODE_INVALID_JSON,
                    fmt::format("not a JSON rlsched.v1.Request: {}", std::string(status.message())));
   }
   return decoded;

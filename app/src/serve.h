@@ -79,6 +79,10 @@ enum class WireFormat {
   kJson,       // one JSON object per line
 };
 
+// The deepest nesting of objects and arrays a JSON line may have (a Request nests
+// fewer than 10 levels); a deeper line is INVALID_JSON after one linear scan.
+inline constexpr int kMaxJsonDepth = 64;
+
 // The default cap on one frame (the varint size, or a JSON line without its '\n').
 inline constexpr std::int64_t kDefaultMaxMessageBytes = std::int64_t{64} << 20;
 // The largest cap: protobuf's limit on one message (2 GiB - 1).

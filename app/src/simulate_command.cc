@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
@@ -31,11 +32,11 @@ using namespace ::rlsched::scheduler;  // NOLINT: the simulator's defaults and s
 namespace {
 
 constexpr std::string_view kLogNormalPrefix = "lognormal:";
-// The largest --config or --lengths file read.
-constexpr std::int64_t kMaxInputFileBytes = std::int64_t{1} << 30;
+// The largest --config file read: the daemon's default cap on a request.
+constexpr std::int64_t kMaxInputFileBytes = kDefaultMaxMessageBytes;
 
-// The whole file `path`, for `option`'s errors.
-std::string ReadWholeFile(std::string_view option, const std::string& path) {
+// `path` opened for `option`, or an error naming both.
+std::ifstream OpenFile(std::string_view option, const std::string& path) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
     throw std::invalid_argument(fmt::format("{} {}: is a directory", option, path));
@@ -45,6 +46,12 @@ std::string ReadWholeFile(std::string_view option, const std::string& path) {
     throw std::invalid_argument(
         fmt::format("{} {}: cannot open: {}", option, path, std::strerror(errno)));
   }
+  return file;
+}
+
+// The whole file `path`, for `option`'s errors; at most kMaxInputFileBytes.
+std::string ReadWholeFile(std::string_view option, const std::string& path) {
+  std::ifstream file = OpenFile(option, path);
   std::string text;
   char buffer[1 << 16];
   while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
@@ -103,6 +110,7 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--release-seconds", "release_seconds", args.release_seconds.has_value()},
       {"--resume-seconds", "resume_seconds", args.resume_seconds.has_value()},
       {"--mtbf", "engine_mtbf_seconds", args.mtbf.has_value()},
+      {"--max-events", "max_events", args.max_events.has_value()},
   };
 }
 
@@ -336,9 +344,9 @@ void PrintSummary(const v1::SimulationRun& run, std::ostream& out) {
                    FormatShare(metrics.partial_rollout_ratio()), counters.partial_samples()));
   Line(out, "restarts",
        fmt::format("{} samples regenerated, {} tokens discarded ({} samples and {} tokens for "
-                   "staleness, the rest by failures)",
+                   "staleness, the rest by {} engine failures)",
                    counters.restarts(), counters.discarded_tokens(), counters.stale_restarts(),
-                   counters.stale_discarded_tokens()));
+                   counters.stale_discarded_tokens(), counters.engine_failures()));
   Line(out, "samples",
        fmt::format("admitted {} = trained {} + filtered {} + buffered {} + queued {} + in "
                    "flight {}",
@@ -705,6 +713,15 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                                defaults.engine_mtbf_seconds))
       ->type_name("SECONDS")
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+  command
+      ->add_option("--max-events", args.max_events,
+                   fmt::format("The work budget: a run whose estimated sample attempts (steps × "
+                               "prompts × samples, times the restarts failures cause) exceed it "
+                               "is refused before it starts, and one that needs more events "
+                               "stops (default: {}; about 10^5 to 10^6 events a second)",
+                               defaults.max_events))
+      ->type_name("N")
+      ->check(IntegerIn(1, std::numeric_limits<std::int64_t>::max()));
   CLI::Option* compare =
       command->add_flag("--compare", args.compare,
                         fmt::format("Run {} (when the GPUs divide), {} on the same workload and "
@@ -792,7 +809,12 @@ v1::LengthDistribution ParseLengthDist(std::string_view text) {
 }
 
 std::vector<std::int64_t> ParseResponseLengths(std::string_view text) {
-  LengthsInput input = ParseLengths(text, kMaxSimulationLengths, LengthColumn::kResponse);
+  std::istringstream in{std::string(text)};
+  return ReadResponseLengths(in);
+}
+
+std::vector<std::int64_t> ReadResponseLengths(std::istream& in) {
+  LengthsInput input = ReadLengths(in, kMaxSimulationLengths, LengthColumn::kResponse);
   for (std::size_t i = 0; i < input.lengths.size(); ++i) {
     if (input.lengths[i] < 1) {
       throw std::invalid_argument(
@@ -898,6 +920,7 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   if (args.release_seconds) config.set_release_seconds(*args.release_seconds);
   if (args.resume_seconds) config.set_resume_seconds(*args.resume_seconds);
   if (args.mtbf) config.set_engine_mtbf_seconds(*args.mtbf);
+  if (args.max_events) config.set_max_events(*args.max_events);
   if (!args.trace.empty()) config.set_trace(true);
   request.set_compare(args.compare);
   if (!args.trace_run.empty()) {
@@ -913,9 +936,9 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
       args.config.empty() ? std::string() : ReadWholeFile("--config", args.config);
   std::vector<std::int64_t> response_lengths;
   if (!args.lengths.empty()) {
-    const std::string text = ReadWholeFile("--lengths", args.lengths);
+    std::ifstream file = OpenFile("--lengths", args.lengths);
     try {
-      response_lengths = ParseResponseLengths(text);
+      response_lengths = ReadResponseLengths(file);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(fmt::format("--lengths {}: {}", args.lengths, e.what()));
     }

@@ -59,6 +59,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <istream>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -101,6 +102,7 @@ struct SimulateArgs {
   std::optional<std::uint64_t> seed;
   std::optional<double> weight_sync_seconds;
   std::optional<double> mtbf;
+  std::optional<std::int64_t> max_events;
   bool compare = false;
   std::string trace;      // --trace FILE; empty: none
   std::string trace_run;  // --trace-run NAME (with --compare); empty: async_s1_partial
@@ -124,6 +126,8 @@ v1::DecodeSpeed ParseEngineTokensPerSecond(std::string_view text);
 // Response lengths from text in --lengths' formats (see the file comment). Throws
 // std::invalid_argument naming the line and the bound ("line 3: …"), or "no lengths".
 std::vector<std::int64_t> ParseResponseLengths(std::string_view text);
+// The same from a stream (a --lengths file), read line by line.
+std::vector<std::int64_t> ReadResponseLengths(std::istream& in);
 
 // The request `args` ask for: the --config file's config (`config_json`, empty for
 // none) with the flags written over it, and the lengths of --lengths

@@ -906,6 +906,7 @@ struct Orchestrator::State {
     CheckTime(e.time);
     if (FindEngine(e.engine) == nullptr) Invalid("engine", "a joined engine", Str(e.engine));
     Advance(e.time);
+    ++counters.engine_failures;
     RemoveEngine(e.engine, options.keep_partial_on_failure);
   }
 

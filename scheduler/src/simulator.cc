@@ -342,6 +342,7 @@ class Simulation {
     Kind kind;
     std::int64_t engine;  // kTrainDone: the call
     std::int64_t a;       // kTick: the engine's tick version; kLoaded: version; kTrainDone: step
+    std::int64_t incarnation = 0;  // kLoaded, kReleased: of the engine's slot when pushed
     bool operator>(const Happening& other) const {
       return time != other.time ? time > other.time : seq > other.seq;
     }
@@ -360,6 +361,9 @@ class Simulation {
 
   struct Engine {
     std::int64_t id = 0;
+    // The engines that held this slot before (a replacement takes a failed engine's
+    // slot and id, so that memory stays O(engines) however often engines fail).
+    std::int64_t incarnation = 0;
     bool alive = true;
     std::int64_t version = 0;
     // Decode state.
@@ -394,10 +398,12 @@ class Simulation {
   };
 
   // Happenings.
-  void Push(double time, Kind kind, std::int64_t engine, std::int64_t a = 0) {
-    queue_.push({time, next_seq_++, kind, engine, a});
+  void Push(double time, Kind kind, std::int64_t engine, std::int64_t a = 0,
+            std::int64_t incarnation = 0) {
+    queue_.push({time, next_seq_++, kind, engine, a, incarnation});
   }
-  void JoinEngine(double now, std::int64_t version);
+  // A new engine in slot `slot` (a failed engine's, or a new one when -1).
+  void JoinEngine(double now, std::int64_t version, std::int64_t slot);
   void OnTick(Engine& engine, double now);
 
   // Core events and commands.
@@ -439,6 +445,7 @@ class Simulation {
 
   std::priority_queue<Happening, std::vector<Happening>, std::greater<>> queue_;
   std::int64_t next_seq_ = 0;
+  std::int64_t joins_ = 0;  // engines that joined so far, replacements included
   std::deque<Event> pending_;
   std::vector<Engine> engines_;  // index = engine id
   std::vector<std::int64_t> dirty_;
@@ -709,22 +716,33 @@ void Simulation::UpdateActivity(Engine& engine, double now) {
   engine.since = now;
 }
 
-void Simulation::JoinEngine(double now, std::int64_t version) {
+void Simulation::JoinEngine(double now, std::int64_t version, std::int64_t slot) {
+  const std::int64_t join = joins_++;
   Engine engine;
-  engine.id = static_cast<std::int64_t>(engines_.size());
   engine.version = version;
   engine.time = now;
   engine.ready = now;
   engine.since = now;
-  engines_.push_back(std::move(engine));
-  const std::int64_t id = engines_.back().id;
-  trace_.Thread(1, id, "engine " + std::to_string(id));
+  if (slot < 0) {
+    engine.id = static_cast<std::int64_t>(engines_.size());
+    engines_.push_back(std::move(engine));
+    trace_.Thread(1, engines_.back().id, "engine " + std::to_string(engines_.back().id));
+  } else {
+    Engine& old = engines_[static_cast<std::size_t>(slot)];
+    engine.id = slot;
+    engine.incarnation = old.incarnation + 1;
+    engine.tick_version = old.tick_version + 1;  // the old engine's ticks stay stale
+    old = std::move(engine);
+    trace_.Instant(1, slot, "joined", now);
+  }
+  const std::int64_t id = slot < 0 ? engines_.back().id : slot;
   Deliver(EngineJoined{.time = now,
                        .engine = id,
                        .max_concurrent = config_.engine.max_concurrent,
                        .version = version});
   if (config_.engine_mtbf_seconds > 0) {
-    workload::Rng rng(Hash(config_.seed, kTagFailure, static_cast<std::uint64_t>(id)));
+    // Seeded by the join's number: each engine that ever joins draws its own time.
+    workload::Rng rng(Hash(config_.seed, kTagFailure, static_cast<std::uint64_t>(join)));
     const double u = 1.0 - rng.UniformReal();  // (0, 1]
     Push(now - config_.engine_mtbf_seconds * std::log(u), Kind::kFail, id);
   }
@@ -859,7 +877,7 @@ void Simulation::ExecuteSync(const SyncWeights& sync, double now) {
   const double wake = engine.released ? config_.resume_seconds : 0.0;
   engine.released = false;
   engine.ready = std::max(engine.ready, now) + wake + config_.weight_sync_seconds;
-  Push(engine.ready, Kind::kLoaded, engine.id, sync.version);
+  Push(engine.ready, Kind::kLoaded, engine.id, sync.version, engine.incarnation);
   MarkDirty(engine);
 }
 
@@ -923,7 +941,7 @@ void Simulation::ExecuteRelease(const Release& release, double now) {
   }
   engine.released = true;
   trace_.Slice(1, engine.id, "release", now, now + config_.release_seconds);
-  Push(now + config_.release_seconds, Kind::kReleased, engine.id);
+  Push(now + config_.release_seconds, Kind::kReleased, engine.id, 0, engine.incarnation);
 }
 
 void Simulation::Execute(const Command& command, double now) {
@@ -1009,7 +1027,7 @@ void Simulation::Settle(double now) {
 }
 
 SimulationReport Simulation::Run() {
-  for (std::int64_t e = 0; e < config_.engines; ++e) JoinEngine(0.0, /*version=*/0);
+  for (std::int64_t e = 0; e < config_.engines; ++e) JoinEngine(0.0, /*version=*/0, /*slot=*/-1);
   Settle(0.0);
   while (!core_.done()) {
     if (queue_.empty()) {
@@ -1032,7 +1050,7 @@ SimulationReport Simulation::Run() {
       }
       case Kind::kLoaded: {
         Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
-        if (!engine.alive) continue;
+        if (!engine.alive || engine.incarnation != h.incarnation) continue;
         Advance(engine, now_);
         engine.loading.pop_front();
         engine.version = h.a;
@@ -1052,7 +1070,7 @@ SimulationReport Simulation::Run() {
         break;
       case Kind::kReleased: {
         Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
-        if (!engine.alive) continue;
+        if (!engine.alive || engine.incarnation != h.incarnation) continue;
         Deliver(EngineReleased{.time = now_, .engine = engine.id});
         break;
       }
@@ -1070,12 +1088,12 @@ SimulationReport Simulation::Run() {
         engine.alive = false;
         trace_.Instant(1, engine.id, "failed", now_);
         Deliver(EngineFailed{.time = now_, .engine = engine.id});
-        Push(now_ + config_.rejoin_seconds, Kind::kJoin, -1);
+        Push(now_ + config_.rejoin_seconds, Kind::kJoin, engine.id);
         break;
       }
       case Kind::kJoin:
         // A replacement holds no weights: the core syncs it first.
-        JoinEngine(now_, /*version=*/-1);
+        JoinEngine(now_, /*version=*/-1, /*slot=*/h.engine);
         break;
     }
     Settle(now_);
@@ -1281,6 +1299,70 @@ void Validate(const SimulatorConfig& config) {
   }
 }
 
+void CheckWorkBudget(const SimulatorConfig& config) {
+  const double attempts = EstimatedSampleAttempts(config);
+  if (!(attempts <= static_cast<double>(config.max_events))) {
+    const double samples = static_cast<double>(config.steps) *
+                           static_cast<double>(config.orchestrator.prompts_per_step) *
+                           static_cast<double>(config.orchestrator.samples_per_prompt);
+    if (config.engine_mtbf_seconds > 0 && samples <= static_cast<double>(config.max_events)) {
+      rlsched::Fail(
+          "engine_mtbf_seconds",
+          "too short for this workload: engine failures every " + Num(config.engine_mtbf_seconds) +
+              " s on average restart each sample about " + Num(attempts / samples) +
+              " times (a response of L tokens runs at least L·" +
+              Num(config.engine.decode_base_seconds + config.engine.decode_per_sequence_seconds) +
+              " s), so the run needs about " + Num(attempts) +
+              " sample attempts, above the work budget max_events = " +
+              std::to_string(config.max_events) +
+              "; raise engine_mtbf_seconds or max_events, or keep partial work on "
+              "failure (orchestrator.keep_partial_on_failure)");
+    }
+    rlsched::Fail("max_events",
+                  "must be >= the run's estimated sample attempts (steps · "
+                  "prompts_per_step · samples_per_prompt = " +
+                      Num(samples) + " samples, " + Num(attempts) + " attempts), got " +
+                      std::to_string(config.max_events));
+  }
+}
+
+double EstimatedSampleAttempts(const SimulatorConfig& config) {
+  const OrchestratorPolicy& core = config.orchestrator;
+  const double samples = static_cast<double>(config.steps) *
+                         static_cast<double>(core.prompts_per_step) *
+                         static_cast<double>(core.samples_per_prompt);
+  const double mtbf = config.engine_mtbf_seconds;
+  if (!(mtbf > 0)) return samples;
+  const double seconds_per_token =
+      config.engine.decode_base_seconds + config.engine.decode_per_sequence_seconds;
+  auto attempts = [&](double tokens) {
+    const double x = tokens * seconds_per_token / mtbf;
+    return core.keep_partial_on_failure ? 1.0 + x : std::exp(x);
+  };
+  const LengthDistribution& lengths = config.lengths;
+  double mean = 0;
+  if (!lengths.lengths.empty()) {
+    for (const std::int64_t length : lengths.lengths) mean += attempts(static_cast<double>(length));
+    mean /= static_cast<double>(lengths.lengths.size());
+  } else {
+    // E over L = clip(round(exp(μ + σ·z)), 1, max_tokens), z ~ N(0, 1): the midpoint
+    // rule on [−8, 8] (the mass outside is below 1e-15).
+    constexpr int kPoints = 1600;
+    constexpr double kWidth = 16.0 / kPoints;
+    double weight = 0;
+    for (int i = 0; i < kPoints; ++i) {
+      const double z = -8.0 + (i + 0.5) * kWidth;
+      const double w = std::exp(-0.5 * z * z);
+      const double length = std::clamp(std::round(std::exp(lengths.mu + lengths.sigma * z)), 1.0,
+                                       static_cast<double>(lengths.max_tokens));
+      mean += w * attempts(length);
+      weight += w;
+    }
+    mean /= weight;
+  }
+  return samples * mean;
+}
+
 void SetDecodeSpeed(EngineModel& model, const DecodeSpeed& speed) {
   RequireInt("engine.max_concurrent", model.max_concurrent, 1, kMaxConcurrent);
   RequireReal("single_tokens_per_second", speed.single_tokens_per_second, 0, true, 1e12);
@@ -1367,6 +1449,7 @@ std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config) 
 
 SimulationReport Simulate(const SimulatorConfig& config) {
   Validate(config);
+  CheckWorkBudget(config);
   Simulation simulation(config);
   return simulation.Run();
 }

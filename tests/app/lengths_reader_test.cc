@@ -27,6 +27,16 @@ std::string ParseError(const std::string& text, std::int64_t max_lengths = balan
   return "";
 }
 
+TEST(LengthsReaderTest, LongLinesAreRefusedAtTheBound) {
+  // A line of kMaxLineBytes is read; one byte more is refused, naming the line.
+  std::string text = "7\n" + std::string(kMaxLineBytes - 1, ' ') + "5\n9";
+  EXPECT_THAT(ParseLengths(text).lengths, ElementsAre(7, 5, 9));
+  text = "7\n" + std::string(kMaxLineBytes, ' ') + "5\n9";
+  EXPECT_THAT(ParseError(text), HasSubstr("line 2: longer than 16777216 bytes"));
+  // A NUL-filled "line" (a device read by mistake) stops at the bound too.
+  EXPECT_THAT(ParseError(std::string(kMaxLineBytes + 10, '\0')), HasSubstr("line 1: longer than"));
+}
+
 TEST(LengthsReaderTest, OnePerLine) {
   const LengthsInput input = ParseLengths("100\n200\n300\n");
   EXPECT_THAT(input.lengths, ElementsAre(100, 200, 300));

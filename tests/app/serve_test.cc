@@ -25,6 +25,7 @@ using namespace ::rlsched::wire;  // NOLINT: the conversions
 using ::google::protobuf::util::MessageDifferencer;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::StartsWith;
 using namespace ::rlsched::wire::testing;  // NOLINT: the test helpers
 using Kind = RequestReader::Frame::Kind;
@@ -216,6 +217,10 @@ TEST(DecodeRequestTest, Json) {
            {R"({"id": "z", "ping": {}})"
             "trailing",
             ""},
+           // Nested deeper than kMaxJsonDepth: refused after one scan, with the id.
+           {R"({"id": "d", "x": )" + std::string(100'000, '[') + std::string(100'000, ']') + "}",
+            "d"},
+           {std::string(kMaxJsonDepth + 1, '[') + std::string(kMaxJsonDepth + 1, ']'), ""},
        }) {
     SCOPED_TRACE(line);
     const DecodedRequest decoded = DecodeRequest(line, WireFormat::kJson);
@@ -224,6 +229,14 @@ TEST(DecodeRequestTest, Json) {
     EXPECT_EQ(decoded.error->error().code(), v1::ERROR_CODE_INVALID_JSON);
     EXPECT_THAT(decoded.error->error().message(), StartsWith("not a JSON rlsched.v1.Request: "));
   }
+  // At the limit the line is parsed (and is no Request: an unknown field).
+  const DecodedRequest at_limit =
+      DecodeRequest(R"({"id": "l", "x": )" + std::string(kMaxJsonDepth - 1, '[') +
+                        std::string(kMaxJsonDepth - 1, ']') + "}",
+                    WireFormat::kJson);
+  ASSERT_TRUE(at_limit.error);
+  EXPECT_EQ(at_limit.error->id(), "l");
+  EXPECT_THAT(at_limit.error->error().message(), Not(HasSubstr("nested deeper")));
 }
 
 TEST(EncodeReplyTest, DelimitedAndJson) {

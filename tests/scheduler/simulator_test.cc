@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -348,6 +349,55 @@ TEST(SimulatorModes, PartialRolloutResumesSamples) {
 
 // Engines fail (mean time between failures ~ a few steps) and replacements join: every
 // mode still finishes its steps and conserves its samples.
+TEST(SimulatorBudget, EstimateFromTheWorkload) {
+  SimulatorConfig config = SmallConfig();
+  const double samples = static_cast<double>(config.steps * 16 * 4);
+  EXPECT_EQ(EstimatedSampleAttempts(config), samples);  // no failures: one attempt each
+  // Failures: more attempts as they get frequent; keeping partial work needs fewer.
+  double previous = samples;
+  for (const double mtbf : {1e6, 1e4, 1e3, 300.0, 100.0}) {
+    config.engine_mtbf_seconds = mtbf;
+    config.orchestrator.keep_partial_on_failure = false;
+    const double restart = EstimatedSampleAttempts(config);
+    config.orchestrator.keep_partial_on_failure = true;
+    const double keep = EstimatedSampleAttempts(config);
+    EXPECT_GT(restart, previous) << mtbf;
+    EXPECT_GE(restart, keep) << mtbf;
+    EXPECT_GT(keep, samples) << mtbf;
+    previous = restart;
+  }
+  // A list of lengths: E[exp(L·t/m)] by hand.
+  config.lengths.lengths = {100, 300};
+  config.engine_mtbf_seconds = 50;
+  config.orchestrator.keep_partial_on_failure = false;
+  const double t = config.engine.decode_base_seconds + config.engine.decode_per_sequence_seconds;
+  EXPECT_NEAR(EstimatedSampleAttempts(config),
+              samples * (std::exp(100 * t / 50) + std::exp(300 * t / 50)) / 2, 1e-6 * samples);
+}
+
+TEST(SimulatorBudget, RefusesBeforeRunning) {
+  SimulatorConfig config = SmallConfig();
+  config.engine_mtbf_seconds = 1e-9;  // every engine fails at once, forever
+  try {
+    (void)Simulate(config);
+    ADD_FAILURE() << "no error";
+  } catch (const FieldError& e) {
+    EXPECT_EQ(e.field(), "engine_mtbf_seconds");
+    EXPECT_NE(std::string(e.what()).find("max_events"), std::string::npos) << e.what();
+  }
+  config = SmallConfig();
+  config.max_events = 10;
+  try {
+    (void)Simulate(config);
+    ADD_FAILURE() << "no error";
+  } catch (const FieldError& e) {
+    EXPECT_EQ(e.field(), "max_events");
+  }
+  // Within the budget it runs; the budget is the estimate, not a guess.
+  config.max_events = static_cast<std::int64_t>(EstimatedSampleAttempts(config)) * 4;
+  EXPECT_EQ(Simulate(config).counters.steps_finished, config.steps);
+}
+
 TEST(SimulatorFaults, FailuresFinishAndConserve) {
   for (const ModeCase& m : kModes) {
     for (const bool keep : {false, true}) {
@@ -369,8 +419,9 @@ TEST(SimulatorFaults, FailuresFinishAndConserve) {
       } else {
         EXPECT_EQ(report.counters.stale_discarded_tokens, 0);
       }
-      // Replacements have new ids: more engines than the 4 initial ones.
-      EXPECT_GT(report.metrics.engines.size(), 4U);
+      // Engines failed, and each replacement took its failed engine's slot.
+      EXPECT_GT(report.counters.engine_failures, 0);
+      EXPECT_EQ(report.metrics.engines.size(), 4U);
     }
   }
 }

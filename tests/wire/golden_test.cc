@@ -103,7 +103,7 @@ TEST(GoldenTest, Simulate) {
   config->mutable_orchestrator()->set_samples_per_prompt(4);
   config->mutable_lengths()->set_max_tokens(2048);
   config->set_seed(7);
-  ExpectDigest(request, 0xd70a25ad30d71facULL);
+  ExpectDigest(request, 0xf9d9bb9dcf3cf235ULL);
 }
 
 }  // namespace

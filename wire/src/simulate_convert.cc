@@ -400,6 +400,7 @@ void FillCounters(const Counters& in, v1::OrchestratorCounters& out) {
   out.set_steps_finished(in.steps_finished);
   out.set_stale_restarts(in.stale_restarts);
   out.set_stale_discarded_tokens(in.stale_discarded_tokens);
+  out.set_engine_failures(in.engine_failures);
 }
 
 void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {
@@ -562,6 +563,11 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& message) {
     throw ToWire(e);
   }
   CheckLimits(config);
+  try {
+    CheckWorkBudget(config);
+  } catch (const FieldError& e) {
+    throw ToWire(e);
+  }
   if (message.has_train_seconds_per_step()) {
     // The trainer's speed in seconds per step, on the otherwise converted config.
     const double seconds = message.train_seconds_per_step();

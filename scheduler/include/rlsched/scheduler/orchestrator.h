@@ -317,6 +317,7 @@ struct Counters {  // in samples unless named *_groups
   std::int64_t trained_tokens = 0;   // prompt + response tokens of trained samples
   std::int64_t steps_started = 0;
   std::int64_t steps_finished = 0;
+  std::int64_t engine_failures = 0;  // EngineFailed events
 };
 
 struct VersionSpan {

@@ -109,9 +109,11 @@ struct SimulatorConfig {
   bool trace = false;  // record the timeline (SimulationReport::trace_json)
   // Call Orchestrator::CheckInvariants() after every event (O(n) each; for tests).
   bool check_invariants = false;
-  // A run that needs more events than this stops with std::invalid_argument naming
-  // `max_events` (frequent failures over a long virtual time can need billions), >= 1.
-  std::int64_t max_events = 100'000'000;
+  // The work budget, >= 1: Simulate() refuses a run whose EstimatedSampleAttempts()
+  // exceed it (CheckWorkBudget), and a run that needs more events than this stops with a FieldError
+  // naming `max_events`. The default runs about 2,000 steps of 512 × 8 samples and
+  // takes at most about a minute (10^5 to 10^6 events a second).
+  std::int64_t max_events = 10'000'000;
 };
 
 // The defaults described in the file comment.
@@ -119,6 +121,22 @@ SimulatorConfig DefaultSimulatorConfig();
 
 // Throws std::invalid_argument naming the field and its bound.
 void Validate(const SimulatorConfig& config);
+
+// Refuses, with a FieldError, a valid config whose EstimatedSampleAttempts() exceed
+// its max_events: naming engine_mtbf_seconds when failures make it so, else
+// max_events. Simulate() calls it after Validate(). O(EstimatedSampleAttempts).
+void CheckWorkBudget(const SimulatorConfig& config);
+
+// The sample attempts (dispatches) the run needs at least, in expectation, before it
+// starts: steps · P · G samples, each attempted E[a(L)] times over the response
+// lengths L. A sample runs at least d = L · (decode_base + decode_per_sequence) seconds
+// (alone on its engine, prefill and context cost aside); under failures of mean time m
+// (engine_mtbf_seconds) it survives an attempt with probability exp(−d/m), so a(L) =
+// exp(d/m) when a failure discards its tokens, 1 + d/m with keep_partial_on_failure;
+// without failures a(L) = 1. Each attempt is at least one event. +inf when it
+// overflows. O(1) for lognormal lengths, O(list) for a list. Precondition:
+// Validate(config) passes.
+double EstimatedSampleAttempts(const SimulatorConfig& config);
 
 // An engine's decode speed in tokens per second, context cost aside: one sample
 // running alone, and max_concurrent samples running together.
