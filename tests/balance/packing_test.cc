@@ -262,7 +262,7 @@ TEST(PackingTest, AForcedCountAboveTheLimitIsRefusedBeforeAllocating) {
   // The request: 3 sequences, 8 ranks, a multiple of 2^20.
   FieldError e = RefusalOf(ForcedStep(8, 1, std::int64_t{1} << 20));
   EXPECT_EQ(e.field(), "micro_batches_multiple_of");
-  EXPECT_THAT(e.bound(), HasSubstr("<= 4194304"));
+  EXPECT_THAT(e.bound(), HasSubstr("<= 1048576"));
   EXPECT_THAT(e.value(), HasSubstr("1048576"));
   EXPECT_THAT(e.value(), HasSubstr("8 × 1048576 = 8388608 micro-batches"));
   EXPECT_THAT(std::string(e.what()), HasSubstr("micro_batches_multiple_of: must be"));
@@ -276,6 +276,15 @@ TEST(PackingTest, AForcedCountAboveTheLimitIsRefusedBeforeAllocating) {
   e = RefusalOf(ForcedStep(8, 1 << 20, 1 << 19));
   EXPECT_EQ(e.field(), "min_micro_batches");
   EXPECT_THAT(e.value(), HasSubstr("8 × 1048576 = 8388608"));
+  // Just above the limit: 4,097 per rank on 256 ranks, 1,025 on 1,024, 2^20 + 1 on one.
+  e = RefusalOf(ForcedStep(256, 4097, 1));
+  EXPECT_EQ(e.field(), "min_micro_batches");
+  EXPECT_THAT(e.value(), HasSubstr("256 × 4097 = 1048832"));
+  e = RefusalOf(ForcedStep(1024, 1, 1025));
+  EXPECT_EQ(e.field(), "micro_batches_multiple_of");
+  EXPECT_THAT(e.value(), HasSubstr("1024 × 1025 = 1049600"));
+  e = RefusalOf(ForcedStep(1, (1 << 20) + 1, 1));
+  EXPECT_EQ(e.field(), "min_micro_batches");
   // PlanBaseline checks the same options.
   EXPECT_THROW(PlanBaseline(std::vector<std::int64_t>{1, 2}, ForcedStep(8, 1, 1 << 20)),
                FieldError);
@@ -284,7 +293,7 @@ TEST(PackingTest, AForcedCountAboveTheLimitIsRefusedBeforeAllocating) {
 }
 
 TEST(PackingTest, AForcedCountAtTheLimitIsPlannedWithEmptyMicroBatchesCounted) {
-  // 2^20 micro-batches for 3 sequences: allowed (a quarter of the limit), linear in the
+  // 2^20 micro-batches for 3 sequences on one rank: allowed (the limit), linear in the
   // count, the empty ones counted.
   const std::vector<std::int64_t> lengths = {100, 200, 300};
   StepOptions options = ForcedStep(1, 1, 1 << 20);

@@ -137,16 +137,17 @@ struct RankPlan {
 RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths, const MicroBatchOptions& options);
 
 // The most micro-batches (num_ranks × the per-rank count) that min_micro_batches and
-// micro_batches_multiple_of may force on a step plan: 2^22 = 4,194,304. Beyond what the
+// micro_batches_multiple_of may force on a step plan: 2^20 = 1,048,576. Beyond what the
 // sequences need, a forced count only adds empty micro-batches, and every micro-batch of
 // a plan is an object in the plan, in the daemon's reply and in its JSON (tens of
 // bytes to ~2 KB each on the way out): 3 sequences with a multiple of 2^20 on 8 ranks
-// used to take a minute and 12 GB. 2^22 is 4,096 micro-batches on each of 1,024 ranks,
-// far above any trainer's step. The count the sequences themselves need (their tokens
-// over the cap; at most one micro-batch per sequence) is not limited by it: that is
-// bounded by the input (kMaxItems). PlanStep() and PlanBaseline() refuse a request
-// whose forced count exceeds it before they allocate anything for the plan.
-inline constexpr std::int64_t kMaxForcedMicroBatches = std::int64_t{1} << 22;
+// used to take a minute and 12 GB. 2^20 is 4,096 micro-batches on each of 256 ranks,
+// 1,024 on each of 1,024 ranks, far above any trainer's step. The count the sequences
+// themselves need (their tokens over the cap; at most one micro-batch per sequence) is
+// not limited by it: that is bounded by the input (kMaxItems). PlanStep() and
+// PlanBaseline() refuse a request whose forced count exceeds it before they allocate
+// anything for the plan.
+inline constexpr std::int64_t kMaxForcedMicroBatches = std::int64_t{1} << 20;
 
 struct StepOptions {
   std::int64_t num_ranks = 1;  // data-parallel ranks, in [1, kMaxParts]
