@@ -354,7 +354,8 @@ void RunPlanStepCommand(const PlanStepArgs& args, std::istream& in, std::ostream
   }
 
   if (args.json) {
-    out << ToJson(reply) << '\n';
+    WriteJson(reply, out);  // streamed, rank by rank
+    out << '\n';
   } else {
     PrintTable(args, request, reply, out);
   }

@@ -4,6 +4,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -840,6 +841,66 @@ TEST(ToJsonTest, WriteJsonOfABalanceReplyIsToJson) {
   std::ostringstream empty;
   WriteJson(v1::BalanceReply(), empty);
   EXPECT_EQ(empty.str(), ToJson(v1::BalanceReply()));
+}
+
+// The streamed writer of a plan prints ToJson's text byte for byte: plans with several
+// micro-batches per rank, pipeline stages and padding, attention cost, empty ranks and
+// empty micro-batches forced by the minimum, and hand-made replies (negative values,
+// ranks without micro-batches, no baseline).
+TEST(ToJsonTest, WriteJsonOfAPlanStepReplyIsToJson) {
+  const auto expect_same = [](const v1::PlanStepReply& reply, const std::string& what) {
+    std::ostringstream streamed;
+    WriteJson(reply, streamed);
+    EXPECT_EQ(streamed.str(), ToJson(reply)) << what;
+  };
+  for (const std::int64_t ranks : {1, 3, 16}) {
+    for (const std::uint64_t seed : {1, 2, 3}) {
+      v1::PlanStepRequest request;
+      for (const std::int64_t length : workload::HeavyTailedLengths(400, seed)) {
+        request.add_lengths(std::min<std::int64_t>(length, 16384));
+      }
+      request.set_num_ranks(ranks);
+      request.set_max_tokens_per_micro_batch(16384);
+      request.set_pipeline_stages(seed == 1 ? 1 : 4);
+      request.set_micro_batches_multiple_of(seed == 3 ? 4 : 1);
+      request.set_pad_to_multiple_of(seed == 2 ? 8 : 1);
+      if (seed == 3) {
+        request.mutable_cost()->set_kind(v1::COST_KIND_ATTENTION);
+        request.mutable_cost()->mutable_coefficients()->set_linear(1.0);
+        request.mutable_cost()->mutable_coefficients()->set_quadratic(0.001);
+      }
+      expect_same(SolvePlanStep(request),
+                  std::to_string(ranks) + " ranks, seed " + std::to_string(seed));
+    }
+  }
+  // Fewer sequences than ranks and a forced minimum: empty ranks and micro-batches.
+  v1::PlanStepRequest sparse;
+  sparse.add_lengths(5);
+  sparse.add_lengths(0);
+  sparse.add_lengths(9);
+  sparse.set_num_ranks(5);
+  sparse.set_max_tokens_per_micro_batch(10);
+  sparse.set_min_micro_batches(3);
+  const v1::PlanStepReply sparse_reply = SolvePlanStep(sparse);
+  ASSERT_GT(sparse_reply.empty_ranks(), 0);
+  expect_same(sparse_reply, "sparse");
+
+  v1::PlanStepReply made;
+  made.add_ranks();  // no micro-batches, every field 0
+  v1::RankPlan* rank = made.add_ranks();
+  rank->set_tokens(-3);
+  rank->set_cost(std::numeric_limits<std::int64_t>::max());
+  rank->set_time(std::numeric_limits<std::int64_t>::min());
+  rank->add_micro_batches();  // empty
+  v1::MicroBatch* batch = rank->add_micro_batches();
+  batch->add_indices(std::numeric_limits<std::int32_t>::max());
+  batch->add_indices(-1);
+  batch->set_unpadded_tokens(-7);
+  made.set_lower_bound(-1);
+  expect_same(made, "made, no baseline");
+  made.mutable_baseline()->set_cap_violations(2);
+  expect_same(made, "made, with a baseline");
+  expect_same(v1::PlanStepReply(), "empty");
 }
 
 TEST(ToJsonTest, PlanStepFieldNames) {

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <ostream>
 #include <span>
@@ -311,6 +313,117 @@ void WriteJson(const v1::BalanceReply& reply, std::ostream& out) {
     out << ToJson(reply.parts(i));
   }
   out << ']' << std::string_view(tail).substr(kEmptyParts.size());
+}
+
+namespace {
+
+// The JSON of a MicroBatch and of a RankPlan's fields after micro_batches, as protobuf's
+// printer writes them (field order, int64 as strings, int32 as numbers, every field).
+void AppendJson(const v1::MicroBatch& batch, std::string& text) {
+  text += "{\"indices\":[";
+  for (int i = 0; i < batch.indices_size(); ++i) {
+    if (i > 0) text += ',';
+    fmt::format_to(std::back_inserter(text), "{}", batch.indices(i));
+  }
+  fmt::format_to(std::back_inserter(text),
+                 "],\"tokens\":\"{}\",\"cost\":\"{}\",\"unpadded_tokens\":\"{}\"}}", batch.tokens(),
+                 batch.cost(), batch.unpadded_tokens());
+}
+
+void AppendRankTail(const v1::RankPlan& rank, std::string& text) {
+  fmt::format_to(std::back_inserter(text),
+                 "],\"tokens\":\"{}\",\"cost\":\"{}\",\"time\":\"{}\",\"sequences\":\"{}\","
+                 "\"unpadded_tokens\":\"{}\"}}",
+                 rank.tokens(), rank.cost(), rank.time(), rank.sequences(), rank.unpadded_tokens());
+}
+
+// A rank's JSON as AppendJson and AppendRankTail write it, with at most `limit`
+// micro-batches.
+void AppendJson(const v1::RankPlan& rank, int limit, std::string& text) {
+  text += "{\"micro_batches\":[";
+  const int count = std::min(limit, rank.micro_batches_size());
+  for (int j = 0; j < count; ++j) {
+    if (j > 0) text += ',';
+    AppendJson(rank.micro_batches(j), text);
+  }
+  AppendRankTail(rank, text);
+}
+
+// Whether AppendJson writes what ToJson does for these messages: the fields it knows
+// (RankPlan 1..6, MicroBatch 1..4) and a probe (the first rank's
+// scalars and its first micro-batch) printed identically.
+bool HandWrittenJsonFits(const v1::PlanStepReply& reply) {
+  if (v1::RankPlan::descriptor()->field_count() != 6 ||
+      v1::MicroBatch::descriptor()->field_count() != 4) {
+    return false;
+  }
+  if (reply.ranks_size() == 0) return true;
+  const v1::RankPlan& first = reply.ranks(0);
+  v1::RankPlan probe;
+  probe.set_tokens(first.tokens());
+  probe.set_cost(first.cost());
+  probe.set_time(first.time());
+  probe.set_sequences(first.sequences());
+  probe.set_unpadded_tokens(first.unpadded_tokens());
+  if (first.micro_batches_size() > 0) {
+    v1::MicroBatch* batch = probe.add_micro_batches();
+    const v1::MicroBatch& source = first.micro_batches(0);
+    batch->mutable_indices()->CopyFrom(source.indices());
+    batch->set_tokens(source.tokens());
+    batch->set_cost(source.cost());
+    batch->set_unpadded_tokens(source.unpadded_tokens());
+  }
+  std::string text;
+  AppendJson(probe, 1, text);
+  return text == ToJson(probe);
+}
+
+}  // namespace
+
+void WriteJson(const v1::PlanStepReply& reply, std::ostream& out) {
+  // The other fields as ToJson prints them, ranks (field 1, printed first) empty: built
+  // field by field, not copied, so that the ranks are not copied either.
+  v1::PlanStepReply rest;
+  rest.set_micro_batches(reply.micro_batches());
+  rest.set_predicted_step_time(reply.predicted_step_time());
+  rest.set_lower_bound(reply.lower_bound());
+  if (reply.has_baseline()) *rest.mutable_baseline() = reply.baseline();
+  rest.set_overhead(reply.overhead());
+  rest.set_sequences(reply.sequences());
+  rest.set_tokens(reply.tokens());
+  rest.set_unpadded_tokens(reply.unpadded_tokens());
+  rest.set_empty_micro_batches(reply.empty_micro_batches());
+  rest.set_empty_ranks(reply.empty_ranks());
+  const std::string tail = ToJson(rest);
+  constexpr std::string_view kEmptyRanks = "{\"ranks\":[]";
+  if (v1::PlanStepReply::descriptor()->field_count() != 11 ||
+      !std::string_view(tail).starts_with(kEmptyRanks) || !HandWrittenJsonFits(reply)) {
+    out << ToJson(reply);  // a layout this writer does not know: the whole message
+    return;
+  }
+  constexpr std::size_t kFlushBytes = std::size_t{1} << 16;
+  std::string text = "{\"ranks\":[";
+  for (int r = 0; r < reply.ranks_size(); ++r) {
+    if (r > 0) text += ',';
+    const v1::RankPlan& rank = reply.ranks(r);
+    text += "{\"micro_batches\":[";
+    for (int j = 0; j < rank.micro_batches_size(); ++j) {
+      if (j > 0) text += ',';
+      AppendJson(rank.micro_batches(j), text);
+      if (text.size() >= kFlushBytes) {
+        out << text;
+        text.clear();
+      }
+    }
+    AppendRankTail(rank, text);
+    if (text.size() >= kFlushBytes) {
+      out << text;
+      text.clear();
+    }
+  }
+  text += ']';
+  text += std::string_view(tail).substr(kEmptyRanks.size());
+  out << text;
 }
 
 std::string ToJson(const google::protobuf::Message& message) {

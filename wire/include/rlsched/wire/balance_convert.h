@@ -91,6 +91,15 @@ std::string ToJson(const google::protobuf::Message& message);
 // O(reply size).
 void WriteJson(const v1::BalanceReply& reply, std::ostream& out);
 
+// Writes ToJson(reply) to `out`, byte for byte, rank by rank: the ranks and their
+// micro-batches are printed here (about 20 ns per micro-batch instead of protobuf's
+// ~15 µs, and the memory of a rank's text instead of the whole reply's ~1.8 KB per
+// micro-batch), the other fields by ToJson. A proto layout this writer does not know
+// (a field added to RankPlan or MicroBatch, or a printer that formats a probe rank
+// differently) falls back to ToJson(reply). Throws std::runtime_error as ToJson does.
+// O(reply size).
+void WriteJson(const v1::PlanStepReply& reply, std::ostream& out);
+
 }  // namespace rlsched::wire
 
 #endif  // RLSCHED_WIRE_BALANCE_CONVERT_H_
