@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <numeric>
 #include <queue>
 #include <utility>
 #include <vector>
@@ -69,20 +70,38 @@ class Differencing {
         Push(std::move(chunk));
       }
     } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        const Part part = Single(static_cast<std::int64_t>(i));
-        Push(Solution{{part}, part, true});
-      }
+      // The single items wait outside the heap, in the order they would leave it:
+      // merged with the heap's top at every pop, they need neither a heap entry nor a
+      // solution of their own until they meet.
+      singles_.resize(n);
+      std::iota(singles_.begin(), singles_.end(), std::int64_t{0});
+      std::sort(singles_.begin(), singles_.end(), [&](std::int64_t x, std::int64_t y) {
+        return PopsLater()(SingleEntry(y), SingleEntry(x));
+      });
     }
-    while (heap_.size() > 1) {
-      const std::size_t first = heap_.top().id;
-      heap_.pop();
-      const std::size_t second = heap_.top().id;
-      heap_.pop();
-      Combine(solutions_[first], solutions_[second]);
-      solutions_[second] = Solution();
+    while (heap_.size() + (singles_.size() - next_single_) > 1) {
+      // The first popped becomes the combination; a single item popped second is
+      // combined from a scratch solution.
+      const std::size_t first = PopSolution();
+      Solution* second = nullptr;
+      std::size_t second_id = 0;
+      if (SinglePopsNext()) {
+        const Part part = Single(singles_[next_single_++]);
+        scratch_.parts.clear();
+        scratch_.parts.push_back(part);
+        scratch_.heaviest = part;
+        scratch_.sorted = true;
+        second = &scratch_;
+      } else {
+        second_id = heap_.top().id;
+        heap_.pop();
+        second = &solutions_[second_id];
+      }
+      Combine(solutions_[first], *second);
+      if (second != &scratch_) solutions_[second_id] = Solution();
       heap_.push(EntryOf(first));
     }
+    if (heap_.empty() && next_single_ < singles_.size()) heap_.push(EntryOf(PopSolution()));
     std::vector<std::vector<std::int64_t>> parts(k_);
     if (heap_.empty()) return parts;
     Solution& last = solutions_[heap_.top().id];
@@ -116,6 +135,30 @@ class Differencing {
   };
 
   Part Single(std::int64_t i) const { return Part{values_[static_cast<std::size_t>(i)], 1, i, i}; }
+
+  // The heap entry item i would have as a solution of its own.
+  Entry SingleEntry(std::int64_t i) const {
+    const Part part = Single(i);
+    return Entry{k_ == 1 ? Wide{0} : part.sum, part, 0};
+  }
+
+  // Whether the next single item leaves before the heap's top (or the heap is empty).
+  bool SinglePopsNext() const {
+    if (next_single_ == singles_.size()) return false;
+    return heap_.empty() || PopsLater()(heap_.top(), SingleEntry(singles_[next_single_]));
+  }
+
+  // The next partial solution in verl's order, off the heap or a single item made one.
+  std::size_t PopSolution() {
+    if (SinglePopsNext()) {
+      const Part part = Single(singles_[next_single_++]);
+      solutions_.push_back(Solution{{part}, part, true});
+      return solutions_.size() - 1;
+    }
+    const std::size_t id = heap_.top().id;
+    heap_.pop();
+    return id;
+  }
 
   Wide Spread(const Solution& s) const {
     return s.heaviest.sum - (s.parts.size() == k_ ? s.parts.front().sum : Wide{0});
@@ -216,6 +259,9 @@ class Differencing {
   std::vector<std::int64_t> next_;  // by item: the next item of its part, -1 at the end
   std::vector<Solution> solutions_;
   std::vector<Part> popped_;
+  std::vector<std::int64_t> singles_;  // kAny: the items in the order they leave
+  std::size_t next_single_ = 0;
+  Solution scratch_;
   std::priority_queue<Entry, std::vector<Entry>, PopsLater> heap_;
 };
 
