@@ -184,9 +184,11 @@ std::string EncodeReply(const v1::Reply& reply, WireFormat format) {
   return frame;
 }
 
-Answer AnswerPayload(std::string_view payload, WireFormat format) {
+Answer AnswerPayload(std::string_view payload, WireFormat format,
+                     const std::function<bool()>& should_stop) {
   DecodedRequest decoded = DecodeRequest(payload, format);
-  const v1::Reply reply = decoded.error ? std::move(*decoded.error) : Solve(decoded.request);
+  const v1::Reply reply =
+      decoded.error ? std::move(*decoded.error) : Solve(decoded.request, should_stop);
   Answer answer;
   answer.id = reply.id();
   answer.kind = decoded.request.kind_case();
@@ -318,6 +320,12 @@ ServeOutcome Serve(const ServeOptions& options, google::protobuf::io::ZeroCopyIn
     throw std::invalid_argument(
         fmt::format("threads: must be in [0, {}], got {}", kMaxThreads, options.threads));
   }
+  if (!(options.request_timeout_seconds >= 0 &&
+        options.request_timeout_seconds <= kMaxRequestTimeoutSeconds)) {
+    throw std::invalid_argument(fmt::format("request_timeout_seconds: must be in [0, {}], got {}",
+                                            kMaxRequestTimeoutSeconds,
+                                            options.request_timeout_seconds));
+  }
   if (options.max_message_bytes < 1 || options.max_message_bytes > kMaxMessageBytesLimit) {
     throw std::invalid_argument(fmt::format("max_message_bytes: must be in [1, {}], got {}",
                                             kMaxMessageBytesLimit, options.max_message_bytes));
@@ -382,8 +390,15 @@ ServeOutcome Serve(const ServeOptions& options, google::protobuf::io::ZeroCopyIn
   auto solve = [&](Job* job) -> Job* {
     if (job->stop || stopping.load(std::memory_order_acquire)) return job;
     const auto solve_start = std::chrono::steady_clock::now();
+    std::function<bool()> should_stop;
+    if (options.request_timeout_seconds > 0) {
+      const auto deadline =
+          solve_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(options.request_timeout_seconds));
+      should_stop = [deadline] { return std::chrono::steady_clock::now() >= deadline; };
+    }
     try {
-      job->answer = AnswerPayload(job->payload, format);
+      job->answer = AnswerPayload(job->payload, format, should_stop);
     } catch (...) {  // std::bad_alloc: even the error reply failed
       job->answer.error_code = v1::ERROR_CODE_INTERNAL;
       job->answer.frame = InternalErrorFrame("internal error: out of memory", format);

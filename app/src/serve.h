@@ -34,6 +34,9 @@
 //     a JSON line not a Request    INVALID_JSON (the id when the line is a JSON object
 //                                  with a string "id", else ""); serving continues;
 //     a failure on a valid request INTERNAL; serving continues;
+//     a request past its deadline  DEADLINE_EXCEEDED (ServeOptions::request_timeout_seconds,
+//                                  checked between a simulation's events); serving
+//                                  continues;
 //     a length prefix above the cap, a malformed prefix, the stream ending inside
 //     a frame, a JSON line above the cap
 //                                  BAD_FRAME (id ""), then Serve() returns kBadFrame:
@@ -63,6 +66,7 @@
 #include <google/protobuf/io/zero_copy_stream.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -112,10 +116,11 @@ struct Answer {
   v1::ErrorCode error_code = v1::ERROR_CODE_UNSPECIFIED;   // UNSPECIFIED: not an error
 };
 
-// DecodeRequest(), Solve() (unless decoding failed) and EncodeReply(): the
-// framed reply to one payload. An encoding failure gives an INTERNAL reply. Throws
-// only std::bad_alloc. Deterministic.
-Answer AnswerPayload(std::string_view payload, WireFormat format);
+// DecodeRequest(), Solve() (unless decoding failed; with `should_stop`) and
+// EncodeReply(): the framed reply to one payload. An encoding failure gives an INTERNAL
+// reply. Throws only std::bad_alloc. Deterministic unless `should_stop` stops it.
+Answer AnswerPayload(std::string_view payload, WireFormat format,
+                     const std::function<bool()>& should_stop = {});
 
 // Splits a byte stream into frames. Memory: O(max_message_bytes) at most, allocated
 // only as bytes arrive — a hostile size prefix allocates nothing.
@@ -188,8 +193,15 @@ class StringReplySink : public ReplySink {
   std::string bytes_;
 };
 
+// A request's deadline: 60 s from the start of its solve by default; at most a day.
+inline constexpr double kDefaultRequestTimeoutSeconds = 60;
+inline constexpr double kMaxRequestTimeoutSeconds = 86400;
+
 struct ServeOptions {
   WireFormat format = WireFormat::kDelimited;
+  // Seconds a request may run (from the start of its solve) before it is stopped with
+  // a DEADLINE_EXCEEDED reply, in [0, kMaxRequestTimeoutSeconds]; 0: no limit.
+  double request_timeout_seconds = kDefaultRequestTimeoutSeconds;
   int threads = 0;  // worker threads, >= 1; 0: the hardware's concurrency
   std::int64_t max_message_bytes = kDefaultMaxMessageBytes;  // in [1, kMaxMessageBytesLimit]
 };

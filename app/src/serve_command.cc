@@ -159,8 +159,9 @@ CLI::App* AddServeCommand(CLI::App& app, ServeArgs& args) {
       "or with --format=json one JSON object per line in protobuf's JSON mapping.\n"
       "A bad request gets an error reply naming the field and serving goes on. A bad frame (a "
       "size above --max-message-bytes, a malformed size, a stream ending inside a frame) gets a "
-      "BAD_FRAME reply with id \"\" and exit status 2. EOF: exit status 0 once every reply is "
-      "written. A closed output: exit status 1. Logs go to stderr.");
+      "BAD_FRAME reply with id \"\" and exit status 2. A request still running after "
+      "--request-timeout gets a DEADLINE_EXCEEDED reply and serving goes on. EOF: exit status 0 "
+      "once every reply is written. A closed output: exit status 1. Logs go to stderr.");
   command->add_option("--input", args.input, "Read requests from PATH (a file or a named pipe)")
       ->type_name("PATH")
       ->capture_default_str();
@@ -185,6 +186,14 @@ CLI::App* AddServeCommand(CLI::App& app, ServeArgs& args) {
       ->type_name("N")
       ->check(IntegerIn(1, kMaxMessageBytesLimit))
       ->capture_default_str();
+  command
+      ->add_option("--request-timeout", args.request_timeout_seconds,
+                   "Seconds a request may run before it is stopped with a DEADLINE_EXCEEDED "
+                   "reply; 0: no limit. Checked between a simulation's events; the other "
+                   "requests are bounded by their size limits")
+      ->type_name("SECONDS")
+      ->check(RealIn(0.0, kMaxRequestTimeoutSeconds))
+      ->capture_default_str();
   return command;
 }
 
@@ -200,6 +209,7 @@ int RunServeCommand(const ServeArgs& args) {
   options.format = args.format == kJsonFormat ? WireFormat::kJson : WireFormat::kDelimited;
   options.threads = static_cast<int>(args.threads.value_or(0));
   options.max_message_bytes = args.max_message_bytes;
+  options.request_timeout_seconds = args.request_timeout_seconds;
 
   const OpenedFd input_fd(args.input, STDIN_FILENO, O_RDONLY, "--input");
   const OpenedFd output_fd(args.output, STDOUT_FILENO, O_WRONLY | O_CREAT | O_TRUNC, "--output");

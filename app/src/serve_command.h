@@ -47,6 +47,7 @@ struct ServeArgs {
   std::string format = "delimited";     // or "json"
   std::optional<std::int64_t> threads;  // unset: the hardware's concurrency
   std::int64_t max_message_bytes = kDefaultMaxMessageBytes;
+  double request_timeout_seconds = kDefaultRequestTimeoutSeconds;
 };
 
 // Adds the `serve` subcommand to `app`, writing into `args` (which must outlive the

@@ -59,6 +59,9 @@ __all__ = [
 _MAX_FRAME = (1 << 31) - 1
 _READ_CHUNK = 1 << 16
 _CLOSE_WAIT_SECONDS = 5.0
+# A call's default time limit: the daemon stops a request after its --request-timeout
+# (60 s by default) and answers DEADLINE_EXCEEDED; this leaves room for the frames.
+DEFAULT_TIMEOUT_SECONDS = 120.0
 
 
 # ----------------------------------------------------------------------------------
@@ -318,8 +321,11 @@ class Client:
         binary: the ``rlsched`` program; default: the ``RLSCHED_BIN`` environment
             variable, else ``rlsched`` on ``PATH``.
         args: extra arguments after ``serve`` (e.g. ``["--log-level", "warn"]``).
-        timeout: seconds one call may take (write + solve + read); ``None`` waits
-            forever. On a timeout the daemon is killed; the next call starts anew.
+        timeout: seconds one call may take (write + solve + read); default
+            ``DEFAULT_TIMEOUT_SECONDS`` (120 s, above the daemon's own 60 s
+            ``--request-timeout``, after which it answers ``DEADLINE_EXCEEDED``);
+            ``None`` waits forever. On a timeout the daemon is killed and
+            :class:`DaemonError` raised; the next call starts anew.
         stderr: where the daemon's logs go (as for ``subprocess.Popen``); default:
             this process's stderr.
         env: the daemon's environment (default: this process's).
@@ -329,7 +335,7 @@ class Client:
     """
 
     def __init__(self, binary: Optional[Union[str, os.PathLike]] = None, *,
-                 args: Sequence[str] = (), timeout: Optional[float] = None,
+                 args: Sequence[str] = (), timeout: Optional[float] = DEFAULT_TIMEOUT_SECONDS,
                  stderr: Any = None, env: Optional[Mapping[str, str]] = None) -> None:
         self._binary = os.fspath(binary) if binary is not None else None
         self._args = list(args)

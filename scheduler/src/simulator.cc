@@ -324,8 +324,9 @@ class Trace {
 // ---- The simulation. ----
 class Simulation {
  public:
-  explicit Simulation(const SimulatorConfig& config)
+  Simulation(const SimulatorConfig& config, const StopCheck& should_stop)
       : config_(config),
+        should_stop_(should_stop),
         core_(CoreOptions(config)),
         workload_(config),
         trace_(config.trace),
@@ -438,6 +439,7 @@ class Simulation {
   void Log(std::string line);
 
   const SimulatorConfig& config_;
+  const StopCheck& should_stop_;
   Orchestrator core_;
   Workload workload_;
   Trace trace_;
@@ -978,7 +980,12 @@ void Simulation::Drain(double now) {
     } catch (const std::exception& e) {
       Fail(std::string("core rejected ") + Describe(event) + ": " + e.what());
     }
-    if (++events_ > config_.max_events) {
+    if (++events_ % kStopCheckEvents == 0 && should_stop_ && should_stop_()) {
+      throw rlsched::Stopped("simulation stopped by its caller after " + std::to_string(events_) +
+                             " events (t=" + Num(now_) + ", " +
+                             std::to_string(core_.counters().steps_finished) + " steps)");
+    }
+    if (events_ > config_.max_events) {
       rlsched::Fail("max_events", "must be >= the events this simulation needs, got " +
                                       std::to_string(config_.max_events) +
                                       " (exceeded at t=" + Num(now_) + " after " +
@@ -1447,10 +1454,10 @@ std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config) 
   return colocated;
 }
 
-SimulationReport Simulate(const SimulatorConfig& config) {
+SimulationReport Simulate(const SimulatorConfig& config, const StopCheck& should_stop) {
   Validate(config);
   CheckWorkBudget(config);
-  Simulation simulation(config);
+  Simulation simulation(config, should_stop);
   return simulation.Run();
 }
 

@@ -421,6 +421,41 @@ TEST(ServeTest, RepliesInOrderOnAnyThreadCount) {
   }
 }
 
+TEST(ServeTest, DeadlineStopsASimulationAndServingGoesOn) {
+  // A simulation of 10 steps × 4,096 samples (over 40,000 events), with a deadline that
+  // has passed at its first stop check; the ping behind it is answered.
+  v1::Request simulate;
+  simulate.set_id("sim");
+  simulate.mutable_simulate()->mutable_config()->set_steps(10);
+  const std::string input = Framed(simulate) + Framed(Ping("after"));
+  for (const double timeout : {1e-9, 0.0}) {
+    SCOPED_TRACE(timeout);
+    google::protobuf::io::ArrayInputStream stream(input.data(), static_cast<int>(input.size()));
+    ServeOptions options;
+    options.threads = 2;
+    options.request_timeout_seconds = timeout;
+    StringReplySink sink;
+    EXPECT_EQ(Serve(options, stream, sink), ServeOutcome::kEndOfInput);
+    const auto replies = ParseReplies(sink.bytes());
+    ASSERT_TRUE(replies);
+    ASSERT_EQ(replies->size(), 2u);
+    EXPECT_EQ((*replies)[0].id(), "sim");
+    if (timeout > 0) {
+      EXPECT_EQ((*replies)[0].error().code(), v1::ERROR_CODE_DEADLINE_EXCEEDED);
+      EXPECT_THAT((*replies)[0].error().message(), StartsWith("simulate: simulation stopped"));
+    } else {  // 0: no deadline
+      EXPECT_TRUE((*replies)[0].has_simulate()) << (*replies)[0].DebugString();
+    }
+    EXPECT_EQ((*replies)[1].id(), "after");
+    EXPECT_TRUE((*replies)[1].has_pong());
+  }
+  ServeOptions bad;
+  bad.request_timeout_seconds = -1;
+  google::protobuf::io::ArrayInputStream empty(input.data(), 0);
+  StringReplySink sink;
+  EXPECT_THROW(Serve(bad, empty, sink), std::invalid_argument);
+}
+
 TEST(ServeTest, EmptyInput) {
   StringReplySink sink;
   EXPECT_EQ(ServeString("", sink, WireFormat::kDelimited, 2), ServeOutcome::kEndOfInput);

@@ -398,6 +398,27 @@ TEST(SimulatorBudget, RefusesBeforeRunning) {
   EXPECT_EQ(Simulate(config).counters.steps_finished, config.steps);
 }
 
+TEST(SimulatorBudget, StopCheckIsAskedBetweenEvents) {
+  SimulatorConfig config = SmallConfig();
+  config.check_invariants = false;
+  config.steps = 20;
+  config.orchestrator.prompts_per_step = 64;  // 20 × 64 × 4 samples: several checks
+  std::int64_t asked = 0;
+  const SimulationReport report = Simulate(config, [&] {
+    ++asked;
+    return false;
+  });
+  EXPECT_EQ(asked, report.events / kStopCheckEvents);
+  asked = 0;
+  EXPECT_THROW(Simulate(config,
+                        [&] {
+                          ++asked;
+                          return asked == 2;
+                        }),
+               Stopped);
+  EXPECT_EQ(asked, 2);
+}
+
 TEST(SimulatorFaults, FailuresFinishAndConserve) {
   for (const ModeCase& m : kModes) {
     for (const bool keep : {false, true}) {

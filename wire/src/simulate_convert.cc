@@ -480,10 +480,11 @@ void CheckNoColocatedFields(const SimulatorConfig& config, std::string_view why)
 }
 
 // One simulation; its errors (e.g. the event budget) name the config field.
-v1::SimulationRun RunOne(std::string_view name, const SimulatorConfig& config, bool keep_trace) {
+v1::SimulationRun RunOne(std::string_view name, const SimulatorConfig& config, bool keep_trace,
+                         const StopCheck& should_stop) {
   SimulationReport report;
   try {
-    report = Simulate(config);
+    report = Simulate(config, should_stop);
   } catch (const FieldError& e) {
     throw e.Within("config");
   }
@@ -680,7 +681,7 @@ v1::SimulationReport ToSimulationReportMessage(const SimulationReport& report, b
   return message;
 }
 
-v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
+v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request, const StopCheck& should_stop) {
   if (request.compare()) CheckNoModeFields(request.config().orchestrator());
   SimulatorConfig config;
   try {
@@ -698,7 +699,7 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
                              "orchestrator.colocated, or compare's colocated_sync run; this run "
                              "is not colocated");
     }
-    *reply.add_runs() = RunOne(kSingleRunName, config, config.trace);
+    *reply.add_runs() = RunOne(kSingleRunName, config, config.trace, should_stop);
     return reply;
   }
 
@@ -753,7 +754,7 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
   if (colocated) {
     SimulatorConfig variant = *colocated;
     variant.trace = config.trace && trace_run == kColocatedRunName;
-    *reply.add_runs() = RunOne(kColocatedRunName, variant, variant.trace);
+    *reply.add_runs() = RunOne(kColocatedRunName, variant, variant.trace, should_stop);
   }
   for (const ComparisonRun& run : kComparisonRuns) {
     SimulatorConfig variant = config;
@@ -761,7 +762,7 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request) {
     variant.orchestrator.max_staleness = run.max_staleness;
     variant.orchestrator.partial_rollout = run.partial_rollout;
     variant.trace = config.trace && run.name == trace_run;
-    *reply.add_runs() = RunOne(run.name, variant, variant.trace);
+    *reply.add_runs() = RunOne(run.name, variant, variant.trace, should_stop);
   }
   return reply;
 }

@@ -62,7 +62,7 @@ v1::Reply ErrorReply(std::string_view id, v1::ErrorCode code, std::string_view m
   return reply;
 }
 
-v1::Reply Solve(const v1::Request& request) {
+v1::Reply Solve(const v1::Request& request, const std::function<bool()>& should_stop) {
   const std::string_view kind = RequestKindName(request.kind_case());
   try {
     v1::Reply reply;
@@ -81,7 +81,7 @@ v1::Reply Solve(const v1::Request& request) {
         *reply.mutable_reshard() = SolveReshard(request.reshard());
         break;
       case v1::Request::kSimulate:
-        *reply.mutable_simulate() = SolveSimulate(request.simulate());
+        *reply.mutable_simulate() = SolveSimulate(request.simulate(), should_stop);
         break;
       case v1::Request::KIND_NOT_SET:
         return ErrorReply(request.id(), v1::ERROR_CODE_EMPTY_REQUEST, EmptyRequestMessage(request));
@@ -92,6 +92,9 @@ v1::Reply Solve(const v1::Request& request) {
                       e.Within(kind).field());
   } catch (const std::invalid_argument& e) {
     return ErrorReply(request.id(), v1::ERROR_CODE_INVALID_ARGUMENT, e.what(), kind);
+  } catch (const Stopped& e) {
+    return ErrorReply(request.id(), v1::ERROR_CODE_DEADLINE_EXCEEDED,
+                      fmt::format("{}: {}", kind, e.what()));
   } catch (const std::exception& e) {
     return ErrorReply(request.id(), v1::ERROR_CODE_INTERNAL,
                       fmt::format("internal error in {}: {}", kind, e.what()));

@@ -53,6 +53,13 @@ class FieldError : public std::invalid_argument {
   std::string value_;
 };
 
+// A long computation stopped because its caller's stop check said so (e.g. a daemon's
+// per-request deadline); not the caller's input and not a bug.
+class Stopped : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Throws FieldError(field, requirement).
 [[noreturn]] void Fail(std::string_view field, std::string_view requirement);
 

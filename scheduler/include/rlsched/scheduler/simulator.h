@@ -41,6 +41,7 @@
 #define RLSCHED_SCHEDULER_SIMULATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -187,8 +188,15 @@ struct SimulationReport {
   std::string trace_json;   // Chrome trace JSON when config.trace, else empty
 };
 
-// Runs the simulation. Throws std::invalid_argument on an invalid config.
-SimulationReport Simulate(const SimulatorConfig& config);
+// Asked between events (once every kStopCheckEvents): true stops the run. A caller
+// bounds the wall time of a run with it (the daemon's deadline) while the simulator
+// itself reads no clock. Empty: never stop.
+using StopCheck = std::function<bool()>;
+inline constexpr std::int64_t kStopCheckEvents = 1024;
+
+// Runs the simulation. Throws std::invalid_argument on an invalid config or one above
+// its work budget (CheckWorkBudget), rlsched::Stopped when `should_stop` says so.
+SimulationReport Simulate(const SimulatorConfig& config, const StopCheck& should_stop = {});
 
 }  // namespace rlsched::scheduler
 

@@ -148,8 +148,10 @@ std::string_view ModeName(Mode mode);
 // kDefaultTraceRun; trace_run needs config.trace) when config.trace. Each run carries
 // its config (every field set) and its report. Throws std::invalid_argument naming
 // the field ("config.engines: …", "trace_run: …").
-// Deterministic. Complexity: that of the simulations.
-v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request);
+// Deterministic. Complexity: that of the simulations. `should_stop` is handed to each
+// simulation (Simulate()): rlsched::Stopped when it says so.
+v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request,
+                                const scheduler::StopCheck& should_stop = {});
 
 }  // namespace rlsched::wire
 

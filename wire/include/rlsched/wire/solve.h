@@ -19,6 +19,7 @@
 #ifndef RLSCHED_WIRE_SOLVE_H_
 #define RLSCHED_WIRE_SOLVE_H_
 
+#include <functional>
 #include <string_view>
 
 #include "rlsched/v1/service.pb.h"
@@ -38,9 +39,11 @@ v1::Reply ErrorReply(std::string_view id, v1::ErrorCode code, std::string_view m
 // an invalid request (field = the request kind + "." + FieldError::field(), e.g.
 // "balance.lengths[3]", or just the kind when no one field is at fault), EMPTY_REQUEST when no kind
 // is set, INTERNAL for any other exception. The reply echoes request.id().
+// DEADLINE_EXCEEDED when `should_stop` stopped the solve (it is asked between the
+// simulator's events; the other kinds are bounded by their size limits instead).
 // Deterministic. Throws only std::bad_alloc, when even the error reply cannot be
 // built. Complexity: that of the solve.
-v1::Reply Solve(const v1::Request& request);
+v1::Reply Solve(const v1::Request& request, const std::function<bool()>& should_stop = {});
 
 // The request kind's field name in Request ("balance", "plan_step", …; "none"). Pure.
 std::string_view RequestKindName(v1::Request::KindCase kind);
