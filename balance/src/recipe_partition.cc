@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <numeric>
+#include <functional>
 #include <queue>
 #include <utility>
 #include <vector>
@@ -73,11 +73,13 @@ class Differencing {
       // The single items wait outside the heap, in the order they would leave it:
       // merged with the heap's top at every pop, they need neither a heap entry nor a
       // solution of their own until they meet.
+      // That order is by (value, index) descending: a single's spread is its value
+      // (0 for every one when k = 1), then its heaviest part (value, 1, index) decides.
+      std::vector<std::pair<std::int64_t, std::int64_t>> order(n);  // (value, index)
+      for (std::size_t i = 0; i < n; ++i) order[i] = {values_[i], static_cast<std::int64_t>(i)};
+      std::sort(order.begin(), order.end(), std::greater<>());
       singles_.resize(n);
-      std::iota(singles_.begin(), singles_.end(), std::int64_t{0});
-      std::sort(singles_.begin(), singles_.end(), [&](std::int64_t x, std::int64_t y) {
-        return PopsLater()(SingleEntry(y), SingleEntry(x));
-      });
+      for (std::size_t i = 0; i < n; ++i) singles_[i] = order[i].second;
     }
     while (heap_.size() + (singles_.size() - next_single_) > 1) {
       // The first popped becomes the combination; a single item popped second is

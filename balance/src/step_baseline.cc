@@ -69,9 +69,14 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
       RecipeKarmarkarKarp(workload, options.num_ranks, PartSizes::kEqual);
   std::int64_t count = 0;
   for (std::vector<std::int64_t>& rank : ranks) {
-    std::stable_sort(rank.begin(), rank.end(), [&](std::int64_t a, std::int64_t b) {
-      return workload[static_cast<std::size_t>(a)] < workload[static_cast<std::size_t>(b)];
-    });  // by (workload, index): `rank` is ascending
+    {  // by (workload, index), stably: `rank` is ascending
+      std::vector<std::pair<std::int64_t, std::int64_t>> keyed(rank.size());
+      for (std::size_t j = 0; j < rank.size(); ++j) {
+        keyed[j] = {workload[static_cast<std::size_t>(rank[j])], rank[j]};
+      }
+      std::sort(keyed.begin(), keyed.end());
+      for (std::size_t j = 0; j < rank.size(); ++j) rank[j] = keyed[j].second;
+    }
     rank = EvensThenOddsReversed(rank);
     std::int64_t tokens = 0;  // the lengths, unpadded, as verl counts them
     for (const std::int64_t i : rank) tokens += lengths[static_cast<std::size_t>(i)];
