@@ -38,6 +38,31 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
+// At most kMaxEchoBytes of the input, for an error message ("…" marks a cut).
+constexpr std::size_t kMaxEchoBytes = 80;
+std::string Echo(std::string_view input) {
+  if (input.size() <= kMaxEchoBytes) return std::string(input);
+  return std::string(input.substr(0, kMaxEchoBytes)) + "…";
+}
+
+// A CSV header: some field (split at commas and whitespace, an opening quote aside)
+// starts with a letter. "0x10" and "1e3" start with digits: numbers gone wrong, not
+// names, so they are reported as not integers.
+bool LooksLikeHeader(std::string_view line) {
+  bool field_start = true;
+  for (const char c : line) {
+    if (c == ',' || IsSpace(c)) {
+      field_start = true;
+    } else if (field_start && c == '"') {
+      continue;
+    } else {
+      if (field_start && IsLetter(c)) return true;
+      field_start = false;
+    }
+  }
+  return false;
+}
+
 [[noreturn]] void FailAt(std::int64_t line, std::string_view what) {
   throw std::invalid_argument(fmt::format("line {}: {}", line, what));
 }
@@ -120,9 +145,10 @@ void ParsePlainLine(std::int64_t line_number, std::string_view line, Collector& 
     bool overflow = false;
     const std::optional<std::int64_t> value = ParseInteger(token, overflow);
     if (overflow) {
-      FailAt(line_number, fmt::format("length {} must be in [0, {}]", token, balance::kMaxLength));
+      FailAt(line_number,
+             fmt::format("length {} must be in [0, {}]", Echo(token), balance::kMaxLength));
     }
-    if (!value) FailAt(line_number, fmt::format("'{}' is not an integer", token));
+    if (!value) FailAt(line_number, fmt::format("'{}' is not an integer", Echo(token)));
     collector.AddLength(line_number, *value, "length");
     i = j;
   }
@@ -173,7 +199,7 @@ CsvLayout ParseHeader(std::int64_t line_number, std::string_view line, LengthCol
     std::optional<std::size_t> found;
     for (std::size_t i = 0; i < names.size(); ++i) {
       if (Lower(names[i]) != name) continue;
-      if (found) FailAt(line_number, fmt::format("duplicate column '{}'", name));
+      if (found) FailAt(line_number, fmt::format("duplicate column '{}'", Echo(name)));
       found = i;
     }
     return found;
@@ -210,7 +236,7 @@ std::int64_t ParseCell(std::int64_t line_number, const std::string& cell, std::s
   const std::optional<std::int64_t> value = ParseInteger(cell, overflow);
   if (overflow) return 0;
   if (!value) {
-    FailAt(line_number, fmt::format("column '{}': '{}' is not an integer", column, cell));
+    FailAt(line_number, fmt::format("column '{}': '{}' is not an integer", column, Echo(cell)));
   }
   return *value;
 }
@@ -230,7 +256,7 @@ void ParseCsvRow(std::int64_t line_number, std::string_view line, const CsvLayou
         ParseCell(line_number, fields[layout.length_columns[c]], name, overflow);
     if (overflow || value < 0 || value > balance::kMaxLength) {
       FailAt(line_number, fmt::format("{} {} must be in [0, {}]", name,
-                                      fields[layout.length_columns[c]], balance::kMaxLength));
+                                      Echo(fields[layout.length_columns[c]]), balance::kMaxLength));
     }
     length += value;  // at most 2 * 2^31: no overflow
   }
@@ -243,7 +269,7 @@ void ParseCsvRow(std::int64_t line_number, std::string_view line, const CsvLayou
         ParseCell(line_number, fields[*layout.group_column], "group", overflow);
     if (overflow) {
       FailAt(line_number,
-             fmt::format("group {} does not fit in int64", fields[*layout.group_column]));
+             fmt::format("group {} does not fit in int64", Echo(fields[*layout.group_column])));
     }
     collector.AddGroup(line_number, group);
   }
@@ -264,9 +290,7 @@ LengthsInput ReadLengths(std::istream& in, std::int64_t max_lengths, LengthColum
     if (Trim(view).empty()) continue;
     if (!seen_content) {
       seen_content = true;
-      bool has_letter = false;
-      for (const char c : view) has_letter = has_letter || IsLetter(c);
-      if (has_letter) {
+      if (LooksLikeHeader(view)) {
         csv = ParseHeader(line_number, view, column);
         continue;
       }

@@ -37,6 +37,25 @@ TEST(LengthsReaderTest, LongLinesAreRefusedAtTheBound) {
   EXPECT_THAT(ParseError(std::string(kMaxLineBytes + 10, '\0')), HasSubstr("line 1: longer than"));
 }
 
+TEST(LengthsReaderTest, NumbersGoneWrongAreNotAHeader) {
+  // A first line with a letter inside a number is not taken for a CSV header.
+  EXPECT_THAT(ParseError("0x10\n5\n"), HasSubstr("line 1: '0x10' is not an integer"));
+  EXPECT_THAT(ParseError("1e3 7\n"), HasSubstr("line 1: '1e3' is not an integer"));
+  EXPECT_THAT(ParseLengths("\"length\"\n4\n").lengths, ElementsAre(4));
+  EXPECT_THAT(ParseLengths("id, length\n7, 4\n").lengths, ElementsAre(4));
+}
+
+TEST(LengthsReaderTest, ErrorsEchoAtMost80Bytes) {
+  const std::string token(1000, '9');
+  const std::string junk = "1" + std::string(1000, 'x');
+  for (const std::string& text :
+       {token + "\n", junk + "\n", "length\n" + junk + "\n", "length,group\n5," + token + "\n"}) {
+    const std::string error = ParseError(text);
+    EXPECT_LT(error.size(), 200u) << error;
+    EXPECT_THAT(error, HasSubstr("…")) << error;
+  }
+}
+
 TEST(LengthsReaderTest, OnePerLine) {
   const LengthsInput input = ParseLengths("100\n200\n300\n");
   EXPECT_THAT(input.lengths, ElementsAre(100, 200, 300));
