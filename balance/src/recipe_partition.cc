@@ -4,10 +4,11 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <functional>
 #include <queue>
 #include <utility>
 #include <vector>
+
+#include "internal.h"
 
 namespace rlsched::balance::internal {
 namespace {
@@ -54,32 +55,38 @@ class Differencing {
   std::vector<std::vector<std::int64_t>> Run(PartSizes sizes) {
     const std::size_t n = values_.size();
     solutions_.reserve(sizes == PartSizes::kEqual ? n / k_ + 1 : n);
+    // The items by (value, index) descending: the radix order (value descending, index
+    // ascending) with each run of equal values reversed.
+    std::vector<std::int64_t> sorted_values;
+    std::vector<std::int32_t> order = HeaviestFirst(values_, &sorted_values);
+    for (std::size_t run = 0; run < n;) {
+      std::size_t end = run + 1;
+      while (end < n && sorted_values[end] == sorted_values[run]) ++end;
+      std::reverse(order.begin() + static_cast<std::ptrdiff_t>(run),
+                   order.begin() + static_cast<std::ptrdiff_t>(end));
+      run = end;
+    }
     if (sizes == PartSizes::kEqual) {
-      std::vector<std::pair<std::int64_t, std::int64_t>> sorted(n);  // (value, index)
-      for (std::size_t i = 0; i < n; ++i) {
-        sorted[i] = {values_[i], static_cast<std::int64_t>(i)};
-      }
-      std::sort(sorted.begin(), sorted.end());
+      // Ascending by (value, index), cut into chunks of k from the lightest end; a
+      // chunk is then ascending by Lighter, a heap.
       for (std::size_t offset = 0; offset < n; offset += k_) {
         Solution chunk;
+        chunk.parts.reserve(std::min(k_, n - offset));
         for (std::size_t i = offset; i < std::min(n, offset + k_); ++i) {
-          chunk.parts.push_back(Single(sorted[i].second));
+          const std::size_t s = n - 1 - i;
+          const auto item = static_cast<std::int64_t>(order[s]);
+          chunk.parts.push_back(Part{sorted_values[s], 1, item, item});
         }
-        std::sort(chunk.parts.begin(), chunk.parts.end(), Lighter);
         chunk.heaviest = chunk.parts.back();
         Push(std::move(chunk));
       }
     } else {
       // The single items wait outside the heap, in the order they would leave it:
       // merged with the heap's top at every pop, they need neither a heap entry nor a
-      // solution of their own until they meet.
-      // That order is by (value, index) descending: a single's spread is its value
-      // (0 for every one when k = 1), then its heaviest part (value, 1, index) decides.
-      std::vector<std::pair<std::int64_t, std::int64_t>> order(n);  // (value, index)
-      for (std::size_t i = 0; i < n; ++i) order[i] = {values_[i], static_cast<std::int64_t>(i)};
-      std::sort(order.begin(), order.end(), std::greater<>());
-      singles_.resize(n);
-      for (std::size_t i = 0; i < n; ++i) singles_[i] = order[i].second;
+      // solution of their own until they meet. That order is by (value, index)
+      // descending: a single's spread is its value (0 for every one when k = 1), then
+      // its heaviest part (value, 1, index) decides.
+      singles_.assign(order.begin(), order.end());
     }
     while (heap_.size() + (singles_.size() - next_single_) > 1) {
       // The first popped becomes the combination; a single item popped second is
