@@ -1,0 +1,161 @@
+// benchmarks/plan_step_scale.cc — PlanStep()'s time as a multiple of Balance()'s on the
+// same lengths and ranks (issue 19: plan-step scales with the input).
+//
+// Overview
+//   For every n in {262144, 1048576, 4194304} (or the lengths of a file, one per line),
+//   lengths min(32768, floor(lognormal(7, 1)) + 1) drawn with workload::Rng (seed 2;
+//   the shape of the issue's 4M-line file, not the same numbers), times in one run:
+//     balance    balance::Balance(lengths, {}, options), 64 parts, tokens cost
+//                (what `rlsched balance --parts 64` computes);
+//     plan-step  balance::PlanStep(lengths, {}, options), 64 ranks, a cap of 32,768
+//                (what `rlsched plan-step --ranks 64 --max-tokens 32768` computes, the
+//                common recipe's baseline included);
+//     baseline   balance::PlanBaseline(lengths, options) alone (the common recipe, a
+//                part of plan-step's time);
+//   and prints plan-step / balance. The two are interleaved, `repeats` times each, and
+//   each keeps its fastest run (the least disturbed by other work on a shared
+//   machine). The last column is an FNV-1a digest of the plan's micro-batches, so two
+//   builds can be checked to give the same plans.
+//
+//   The target of issue 19: plan-step / balance <= 2. The exit status is 1 when a case
+//   misses it (0 with --no-check).
+//
+// Usage
+//   plan_step_scale [--repeats N] [--no-check] [--max-n N] [FILE]
+//   # N defaults to 3; about a minute in Release
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "rlsched/balance/balance.h"
+#include "rlsched/balance/micro_batch.h"
+#include "rlsched/common/workload.h"
+
+namespace {
+
+namespace balance = rlsched::balance;
+namespace workload = rlsched::workload;
+
+using Clock = std::chrono::steady_clock;
+
+constexpr double kTargetRatio = 2.0;
+constexpr std::int64_t kRanks = 64;
+constexpr std::int64_t kCap = 32768;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::vector<std::int64_t> LogNormalLengths(std::int64_t n, std::uint64_t seed) {
+  workload::Rng rng(seed);
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(n));
+  for (std::int64_t& length : lengths) {
+    const double x = std::exp(7.0 + rng.Normal());
+    length = std::min<std::int64_t>(kCap, static_cast<std::int64_t>(x) + 1);
+  }
+  return lengths;
+}
+
+std::uint64_t Digest(const balance::StepPlan& plan) {
+  std::uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](std::uint64_t v) {
+    h ^= v;
+    h *= 1099511628211ULL;
+  };
+  for (const balance::RankPlan& rank : plan.ranks) {
+    for (const balance::MicroBatch& batch : rank.micro_batches) {
+      for (const std::int64_t i : batch.indices) mix(static_cast<std::uint64_t>(i));
+      mix(~std::uint64_t{0});
+    }
+  }
+  mix(static_cast<std::uint64_t>(plan.predicted_step_time));
+  return h;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeats = 3;
+  bool check = true;
+  std::int64_t max_n = std::int64_t{1} << 22;
+  std::string file;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) {
+      repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--no-check") == 0) {
+      check = false;
+    } else if (std::strcmp(argv[i], "--max-n") == 0 && i + 1 < argc) {
+      max_n = std::max<std::int64_t>(1, std::atoll(argv[++i]));
+    } else if (argv[i][0] != '-' && file.empty()) {
+      file = argv[i];
+    } else {
+      std::fprintf(stderr,
+                   "usage: plan_step_scale [--repeats N] [--no-check] [--max-n N] [FILE]\n");
+      return 2;
+    }
+  }
+  std::vector<std::vector<std::int64_t>> inputs;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    std::vector<std::int64_t> lengths;
+    for (std::int64_t length = 0; in >> length;) lengths.push_back(length);
+    if (lengths.empty()) {
+      std::fprintf(stderr, "no lengths in %s\n", file.c_str());
+      return 2;
+    }
+    inputs.push_back(std::move(lengths));
+  } else {
+    for (const std::int64_t n : {262144, 1048576, 4194304}) {
+      if (n <= max_n) inputs.push_back(LogNormalLengths(n, 2));
+    }
+  }
+
+  balance::BalanceOptions balance_options;
+  balance_options.partition.num_parts = kRanks;
+  balance::StepOptions step_options;
+  step_options.num_ranks = kRanks;
+  step_options.micro_batch.max_tokens_per_micro_batch = kCap;
+
+  std::printf("%9s %6s %12s %12s %12s %8s  %s\n", "n", "ranks", "balance ms", "plan-step ms",
+              "baseline ms", "ratio", "digest");
+  bool missed = false;
+  double worst = 0.0;
+  for (const std::vector<std::int64_t>& lengths : inputs) {
+    double balance_s = std::numeric_limits<double>::infinity();
+    double step_s = balance_s;
+    double baseline_s = balance_s;
+    std::uint64_t digest = 0;
+    for (int r = 0; r < repeats; ++r) {
+      auto start = Clock::now();
+      const balance::BalanceResult balanced = balance::Balance(lengths, {}, balance_options);
+      balance_s = std::min(balance_s, Seconds(Clock::now() - start));
+      if (balanced.partition.num_parts() != kRanks) return 3;
+
+      start = Clock::now();
+      const balance::PlannedStep step = balance::PlanStep(lengths, {}, step_options);
+      step_s = std::min(step_s, Seconds(Clock::now() - start));
+      digest = Digest(step.plan);
+
+      start = Clock::now();
+      const balance::StepPlan baseline = balance::PlanBaseline(lengths, step_options);
+      baseline_s = std::min(baseline_s, Seconds(Clock::now() - start));
+      if (baseline.predicted_step_time != step.baseline.predicted_step_time) return 3;
+    }
+    const double ratio = step_s / balance_s;
+    worst = std::max(worst, ratio);
+    const bool miss = ratio > kTargetRatio;
+    missed = missed || miss;
+    std::printf("%9zu %6lld %12.1f %12.1f %12.1f %8.2f  %016llx%s\n", lengths.size(),
+                static_cast<long long>(kRanks), balance_s * 1e3, step_s * 1e3, baseline_s * 1e3,
+                ratio, static_cast<unsigned long long>(digest), miss ? "  > target" : "");
+  }
+  std::printf("worst plan-step/balance: %.2f (target <= %.1f)\n", worst, kTargetRatio);
+  return check && missed ? 1 : 0;
+}
