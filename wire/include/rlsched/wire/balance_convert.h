@@ -92,12 +92,13 @@ std::string ToJson(const google::protobuf::Message& message);
 void WriteJson(const v1::BalanceReply& reply, std::ostream& out);
 
 // Writes ToJson(reply) to `out`, byte for byte, rank by rank: the ranks and their
-// micro-batches are printed here (about 20 ns per micro-batch instead of protobuf's
-// ~15 µs, and the memory of a rank's text instead of the whole reply's ~1.8 KB per
-// micro-batch), the other fields by ToJson. A proto layout this writer does not know
-// (a field added to RankPlan or MicroBatch, or a printer that formats a probe rank
-// differently) falls back to ToJson(reply). Throws std::runtime_error as ToJson does.
-// O(reply size).
+// micro-batches are printed here (about 0.3 µs per micro-batch instead of protobuf's
+// ~15 µs; 3 sequences forced into 2^20 micro-batches: 1.1 s and 220 MB for the whole
+// `plan-step --json`, 18.9 s and 1.9 GB through ToJson), the other fields by ToJson,
+// and the text goes out in pieces of 64 KB instead of one string of the whole reply
+// (~60 bytes per empty micro-batch). A proto layout this writer does not know (a field
+// added to RankPlan or MicroBatch, or a printer that formats a probe rank differently)
+// falls back to ToJson(reply). Throws std::runtime_error as ToJson does. O(reply size).
 void WriteJson(const v1::PlanStepReply& reply, std::ostream& out);
 
 }  // namespace rlsched::wire
