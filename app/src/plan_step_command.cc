@@ -8,9 +8,11 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 #include "rlsched/wire/balance_convert.h"
 
 namespace rlsched::app {
@@ -332,11 +334,41 @@ v1::PlanStepRequest MakePlanStepRequest(const PlanStepArgs& args, const LengthsI
   return request;
 }
 
+namespace {
+
+// A SolvePlanStep() error in the command's terms: the flag that set the field, then
+// the field ("--multiple-of (micro_batches_multiple_of): …"); other fields as they are.
+FieldError ToCommandError(const FieldError& e) {
+  static constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
+      {"num_ranks", "--ranks"},
+      {"max_tokens_per_micro_batch", "--max-tokens"},
+      {"min_micro_batches", "--min-micro-batches"},
+      {"micro_batches_multiple_of", "--multiple-of"},
+      {"pad_to_multiple_of", "--pad-to"},
+      {"pipeline_stages", "--pipeline-stages"},
+      {"overhead", "--overhead"},
+      {"count_tolerance", "--count-tolerance"},
+      {"refine_iterations", "--refine-iterations"},
+  };
+  for (const auto& [field, flag] : kFlags) {
+    if (e.field() == field) return e.Renamed(fmt::format("{} ({})", flag, field));
+  }
+  return e;
+}
+
+}  // namespace
+
 void RunPlanStepCommand(const PlanStepArgs& args, std::istream& in, std::ostream& out) {
   const LengthsInput input = ReadInput(args.input, in);
   const v1::PlanStepRequest request = MakePlanStepRequest(args, input);
   const auto start = std::chrono::steady_clock::now();
-  const v1::PlanStepReply reply = SolvePlanStep(request);
+  const v1::PlanStepReply reply = [&] {
+    try {
+      return SolvePlanStep(request);
+    } catch (const FieldError& e) {
+      throw ToCommandError(e);
+    }
+  }();
   const std::chrono::duration<double, std::milli> elapsed =
       std::chrono::steady_clock::now() - start;
   spdlog::info(

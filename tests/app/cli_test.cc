@@ -304,6 +304,19 @@ TEST(CliTest, PlanStepManyRanksAreElided) {
   EXPECT_THAT(r.out, HasSubstr("… (36 more ranks)"));
 }
 
+TEST(CliTest, PlanStepErrorsNameTheFlag) {
+  // A forced micro-batch count above kMaxForcedMicroBatches, refused before planning.
+  ProcessResult r = RunProgram(
+      {"plan-step", "--example", "--multiple-of", "1048576", "--max-tokens", "32768", "--json"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("error: --multiple-of (micro_batches_multiple_of): must be"));
+  EXPECT_THAT(r.err, HasSubstr("8 × 1048576 = 8388608 micro-batches"));
+  r = RunProgram(
+      {"plan-step", "--example", "--min-micro-batches", "1000000", "--max-tokens", "32768"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("error: --min-micro-batches (min_micro_batches): must be"));
+}
+
 TEST(CliTest, PlanStepListsMicroBatches) {
   const std::string input = "100\n200\n300\n400\n500\n600\n";
   const ProcessResult r =
