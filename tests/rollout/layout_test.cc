@@ -17,12 +17,7 @@
 namespace rlsched::rollout {
 namespace {
 
-std::string ReadConfig(const std::string& name) {
-  std::ifstream in(std::string(RLSCHED_TEST_CONFIG_DIR) + "/" + name);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing::ReadConfig;
 
 std::int64_t Parameters(const ModelConfig& m) {
   std::int64_t n = 0;

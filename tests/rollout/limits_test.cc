@@ -22,12 +22,7 @@
 namespace rlsched::rollout {
 namespace {
 
-std::string ReadConfig(const std::string& name) {
-  std::ifstream in(std::string(RLSCHED_TEST_CONFIG_DIR) + "/" + name);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing::ReadConfig;
 
 // `text` with the value of "key": ... replaced by `value` (the key must be present).
 std::string WithKey(std::string text, const std::string& key, const std::string& value) {

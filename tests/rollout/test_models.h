@@ -3,12 +3,23 @@
 #ifndef RLSCHED_TESTS_ROLLOUT_TEST_MODELS_H_
 #define RLSCHED_TESTS_ROLLOUT_TEST_MODELS_H_
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "rlsched/rollout/model.h"
 
 namespace rlsched::rollout::testing {
+
+// The text of a shipped config (tests/data/configs/`name`; the build defines
+// RLSCHED_TEST_CONFIG_DIR), "" when it cannot be read.
+inline std::string ReadConfig(const std::string& name) {
+  std::ifstream in(std::string(RLSCHED_TEST_CONFIG_DIR) + "/" + name);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 // Dimensions are small but keep the structure: GQA (4 query heads per group), a
 // vocabulary that needs padding on both sides, biases, norms, dense and MoE layers.
