@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "command_common.h"
+#include "rlsched/common/error.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
 #include "rlsched/rollout/verify.h"
@@ -530,6 +531,25 @@ v1::ReshardRequest MakeReshardRequest(const ReshardArgs& args, std::string model
   return request;
 }
 
+namespace {
+
+// A planner error in the command's terms: the flag that set the field, then the field
+// ("--bucket-mb (bucket_bytes): …", "--model FILE (config.num_hidden_layers): …").
+FieldError ToCommandError(const ReshardArgs& args, const FieldError& e) {
+  const std::string_view field = e.field();
+  auto under = [&](std::string_view prefix) {
+    return field == prefix || (field.starts_with(prefix) && field.size() > prefix.size() &&
+                               (field[prefix.size()] == '.' || field[prefix.size()] == '['));
+  };
+  if (under("bucket_bytes")) return e.Renamed(fmt::format("--bucket-mb ({})", field));
+  if (under("train")) return e.Renamed(fmt::format("--train ({})", field));
+  if (under("infer")) return e.Renamed(fmt::format("--infer ({})", field));
+  if (under("config")) return e.Renamed(fmt::format("--model {} ({})", args.model, field));
+  return e;
+}
+
+}  // namespace
+
 void RunReshardCommand(const ReshardArgs& args, std::ostream& out, std::ostream& err) {
   const v1::ReshardRequest request = MakeReshardRequest(args, ReadModelFile(args.model));
   const rollout::ModelConfig model = ParseModel(args, request);
@@ -537,7 +557,13 @@ void RunReshardCommand(const ReshardArgs& args, std::ostream& out, std::ostream&
   if (args.verify) CheckVerifiable(model);
 
   const auto start = std::chrono::steady_clock::now();
-  const rollout::ReshardPlan plan = rollout::PlanReshard(model, options);
+  const rollout::ReshardPlan plan = [&] {
+    try {
+      return rollout::PlanReshard(model, options);
+    } catch (const FieldError& e) {
+      throw ToCommandError(args, e);
+    }
+  }();
   const std::chrono::duration<double, std::milli> elapsed =
       std::chrono::steady_clock::now() - start;
   spdlog::info(

@@ -288,9 +288,10 @@ TEST(ReshardCliTest, FirstAndLastStageLayers) {
       RunProgram({"reshard", "--model", eight, "--train", "pp=3,vpp=2", "--infer", "tp=4"});
   EXPECT_EQ(refused.status, 2);
   EXPECT_THAT(refused.out, IsEmpty());
-  EXPECT_EQ(refused.err,
-            "error: train.pp: num_hidden_layers (8) must be divisible by pp·vpp (6), or set "
-            "first_stage_layers / last_stage_layers for an uneven split\n");
+  EXPECT_EQ(
+      refused.err,
+      "error: --train (train.pp): num_hidden_layers (8) must be divisible by pp·vpp (6), or set "
+      "first_stage_layers / last_stage_layers for an uneven split\n");
 }
 
 TEST(ReshardCliTest, VerifyRefusesALargeModel) {
@@ -407,20 +408,23 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
       {{"--train", "tp=2", "--infer", "tp=2"}, "--model"},
       {{"--model", llama, "--infer", "tp=2"}, "--train"},
       {{"--model", llama, "--train", "tp=2"}, "--infer"},
-      // The planner's checks name the request's fields.
-      {with({"--train", "tp=3"}), "train.tp: "},
+      // The planner's checks name the flag, then the request's field.
+      {with({"--train", "tp=3"}), "--train (train.tp): "},
       {with({"--train", "tp=2,pp=3"}),
-       "error: train.pp: num_hidden_layers (4) must be divisible by pp·vpp (3), or set "
+       "error: --train (train.pp): num_hidden_layers (4) must be divisible by pp·vpp (3), or set "
        "first_stage_layers / last_stage_layers for an uneven split\n"},
       {with({"--train", "pp=3,first-stage-layers=1"}),
-       "error: train.first_stage_layers: the remaining 3 layers (num_hidden_layers (4) minus "
+       "error: --train (train.first_stage_layers): the remaining 3 layers (num_hidden_layers (4) "
+       "minus "
        "first_stage_layers (1)) must be divisible by the other stages × vpp (2 × 1)"},
       {with({"--train", "pp=4,first-stage-layers=2,last-stage-layers=1"}),
-       "error: train.first_stage_layers: first_stage_layers + last_stage_layers (2 + 1 = 3) must "
+       "error: --train (train.first_stage_layers): first_stage_layers + last_stage_layers (2 + 1 = "
+       "3) must "
        "be at most num_hidden_layers (4) - 2"},
       {with({"--train", "pp=2,vpp=2,last-stage-layers=1"}),
-       "error: train.last_stage_layers: must be a multiple of vpp (2), got 1"},
-      {with({"--infer", "tp=4,replicas=2", "--colocated"}), "infer.replicas: colocated engines"},
+       "error: --train (train.last_stage_layers): must be a multiple of vpp (2), got 1"},
+      {with({"--infer", "tp=4,replicas=2", "--colocated"}),
+       "--infer (infer.replicas): colocated engines"},
       {with({"--plan-out", dir / "no-such-dir/plan.json"}), "--plan-out: "},
       {with({"--model", tiny_million}),
        "error: --model " + tiny_million +
@@ -430,7 +434,7 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
        "error: --model " + deepseek_huge +
            ": config.num_hidden_layers: must be such that the model has at most 131072 tensors"},
       {{"--model", tiny_100k, "--train", "dp=128", "--infer", "replicas=128", "--colocated"},
-       "error: infer.replicas: must be such that the plan has at most 8388608 transfers "
+       "error: --infer (infer.replicas): must be such that the plan has at most 8388608 transfers "
        "(kMaxPlanTransfers, by EstimateTransfers()), got 128, which makes about "},
   };
   for (const BadCase& c : cases) {
