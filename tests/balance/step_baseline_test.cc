@@ -239,6 +239,16 @@ TEST(StepBaselineTest, HandCaseTwoRanksTheCountIsTheMax) {
   EXPECT_EQ(four.empty_micro_batches, 2);
 }
 
+// RecipeKarmarkarKarp is the transcription's partition, any size and equal size.
+void ExpectTheTranscriptionsPartition(const std::vector<std::int64_t>& values, std::size_t k) {
+  for (const bool equal : {false, true}) {
+    EXPECT_EQ(internal::RecipeKarmarkarKarp(values, static_cast<std::int64_t>(k),
+                                            equal ? PartSizes::kEqual : PartSizes::kAny),
+              ReferenceKarmarkarKarp(values, k, equal))
+        << (equal ? "equal" : "any");
+  }
+}
+
 // The same partition as the plain transcription on hand-checkable inputs.
 TEST(StepBaselineTest, RecipeKarmarkarKarpHandCases) {
   // Equal size, 2 parts: chunks {2}{1}, {5}{3}, {0}{4} as in the hand case above.
@@ -268,12 +278,7 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscription) {
                                    : rng.UniformInt(std::int64_t{1} << 61, std::int64_t{1} << 62));
     }
     SCOPED_TRACE("seed " + std::to_string(seed));
-    for (const bool equal : {false, true}) {
-      EXPECT_EQ(internal::RecipeKarmarkarKarp(values, static_cast<std::int64_t>(k),
-                                              equal ? PartSizes::kEqual : PartSizes::kAny),
-                ReferenceKarmarkarKarp(values, k, equal))
-          << (equal ? "equal" : "any");
-    }
+    ExpectTheTranscriptionsPartition(values, k);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -296,12 +301,7 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscriptionOnLargerInputs)
       for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 1'000'000));
     }
     SCOPED_TRACE("seed " + std::to_string(seed));
-    for (const bool equal : {false, true}) {
-      EXPECT_EQ(internal::RecipeKarmarkarKarp(values, static_cast<std::int64_t>(k),
-                                              equal ? PartSizes::kEqual : PartSizes::kAny),
-                ReferenceKarmarkarKarp(values, k, equal))
-          << (equal ? "equal" : "any");
-    }
+    ExpectTheTranscriptionsPartition(values, k);
     if (::testing::Test::HasFailure()) return;
   }
 }
