@@ -1,0 +1,204 @@
+// rlsched/scheduler/runtime.h — the live runtime: the orchestrator's decision core, the
+// step planner and the resharding planner joined on a oneTBB flow graph, driving real
+// engines and a real trainer through small backend interfaces.
+//
+// Overview
+//   Runtime owns a tbb::flow::graph:
+//
+//     Post(event) ─▶ core ─┬─ engine commands ─▶ weight sync ─▶ engines (EngineBackend)
+//       (any thread)  │    ├─ StartTrain ─▶ step planner ─▶ trainer (TrainerBackend)
+//                     │    └─ observations ─▶ sink (event log hook, progress, trace)
+//
+//   - core: one serial node that owns the Orchestrator. It stamps each event with the
+//     injected clock (never earlier than the previous event: the core needs
+//     non-decreasing times), handles it, and sends the commands on. An event the core
+//     refuses (an unknown sample, a step that was not started…) is counted in
+//     RuntimeStatus::rejected_events and logged; the state is unchanged and the run
+//     goes on.
+//   - weight sync: a serial node on the engines' path. For SyncWeights it attaches
+//     the engine's part of the resharding plan (rollout::PlanReshard of the trainer →
+//     engine layout, computed at the first sync and cached): the transfers whose
+//     destination ranks belong to the engine's replica (engine e is replica
+//     e mod infer.replicas). Engine commands keep the core's order end to end.
+//   - step planner: a parallel node that calls balance::PlanStep on a closed batch's
+//     lengths, so StartTrain reaches the trainer with its plan (which sample to which
+//     rank and micro-batch) without holding up the core.
+//   - sink: a serial node that hands every stamped event to the event-log hook (in the
+//     core's order), reports each finished step, and records the Chrome/Perfetto trace.
+//
+//   Backends are interfaces: an in-process engine or trainer (tests, emulation) or a
+//   remote worker connection. They are called from the graph's threads, one command at
+//   a time per backend, and may call Post() from inside (an engine that answers at
+//   once). An EngineBackend that throws is taken as that engine failing (EngineFailed
+//   is posted); a TrainerBackend that throws ends the run with that error (Wait* throw
+//   it).
+//
+// Example
+//   RuntimeOptions options;
+//   options.orchestrator = {{.mode = Mode::kAsync, .max_staleness = 1,
+//                            .prompts_per_step = 64, .samples_per_prompt = 8}};
+//   options.orchestrator.num_steps = 10;
+//   options.step = balance::StepOptions{.num_ranks = 8};
+//   SteadyClock clock;
+//   Runtime runtime(options, my_engines, my_trainer, clock);
+//   runtime.Post(EngineJoined{.engine = 0, .max_concurrent = 256});
+//   runtime.Post(PromptsAvailable{.prompts = {...}});
+//   runtime.WaitUntilDone(std::chrono::minutes(10));
+//
+// Thread-safety: Post(), Status(), TraceJson() and the Wait* functions may be called
+// from any thread. Deterministic: the same events in the same order, stamped with the
+// same times, give the same commands in the same order (to each backend).
+
+#ifndef RLSCHED_SCHEDULER_RUNTIME_H_
+#define RLSCHED_SCHEDULER_RUNTIME_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rlsched/balance/micro_batch.h"
+#include "rlsched/rollout/model.h"
+#include "rlsched/rollout/plan.h"
+#include "rlsched/scheduler/orchestrator.h"
+
+namespace rlsched::scheduler {
+
+// Seconds since some start, non-decreasing. Now() may be called from any thread.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual double Now() const = 0;
+};
+
+// Wall time: std::chrono::steady_clock, seconds since construction.
+class SteadyClock final : public Clock {
+ public:
+  SteadyClock();
+  double Now() const override;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+// A clock a test (or a replay) sets by hand. Thread-safe.
+class ManualClock final : public Clock {
+ public:
+  explicit ManualClock(double start = 0) : now_(start) {}
+  double Now() const override;
+  // Throws std::invalid_argument naming `time` when it is earlier than Now().
+  void Set(double time);
+  void Advance(double seconds);  // seconds >= 0
+
+ private:
+  mutable std::mutex mutex_;
+  double now_;
+};
+
+// The trainer → engine weight layout, for the weight-sync plan.
+struct WeightSyncLayout {
+  rollout::ModelConfig model;
+  rollout::ReshardOptions reshard;  // train layout, one engine replica's layout × replicas
+};
+
+// An engine's part of a weight sync: the transfers its replica's ranks receive.
+struct EngineTransfers {
+  std::shared_ptr<const rollout::ReshardPlan> plan;  // the whole plan, shared by all engines
+  std::int64_t replica = 0;                          // engine id mod infer.replicas
+  std::vector<std::int64_t> transfers;               // indices into plan->transfers, ascending
+  std::int64_t bytes = 0;                            // received by the replica's ranks, summed
+};
+
+class EngineBackend {
+ public:
+  virtual ~EngineBackend() = default;
+  // One command for an engine: Dispatch, Abort, SyncWeights, Resume or Release, in the
+  // core's order. For SyncWeights, `transfers` is the engine's part of the plan when a
+  // weight-sync layout is configured, else null.
+  virtual void Execute(const Command& command, const EngineTransfers* transfers) = 0;
+};
+
+class TrainerBackend {
+ public:
+  virtual ~TrainerBackend() = default;
+  // A trainer call; `call.plan` is set when RuntimeOptions::step is.
+  virtual void Train(const StartTrain& call) = 0;
+};
+
+// Reported when a step's last trainer call has finished.
+struct StepProgress {
+  std::int64_t step = 0;  // the step that finished
+  double time = 0;        // its TrainStepFinished's stamped time
+  Counters counters;
+  Metrics metrics;  // over [first event, time]
+};
+
+struct RuntimeOptions {
+  // The decision core's policy and hooks. Its planner must be empty: the runtime plans
+  // every trainer call in its own node (`step`).
+  OrchestratorOptions orchestrator;
+  std::optional<balance::StepOptions> step;     // plan each StartTrain with PlanStep
+  std::optional<WeightSyncLayout> weight_sync;  // attach each engine's transfers
+  bool check_invariants = false;                // Orchestrator::CheckInvariants() per event
+  bool trace = false;                           // record the Chrome trace (TraceJson())
+  // Every event the core received, stamped, in order (called from the sink's thread):
+  // the event log. A rejected event is passed too (replay rejects it the same way).
+  std::function<void(const Event&)> on_event;
+  // Every command, in the core's order (the sink's thread; StartTrain without its plan).
+  std::function<void(const Command&)> on_command;
+  std::function<void(const StepProgress&)> on_step;
+};
+
+// Throws std::invalid_argument naming the field (orchestrator.*, step.*,
+// weight_sync.*, "orchestrator.planner" when set).
+void Validate(const RuntimeOptions& options);
+
+struct RuntimeStatus {
+  Counters counters;
+  Metrics metrics;                          // up to the clock's now
+  std::int64_t events = 0;                  // handled by the core
+  std::int64_t rejected_events = 0;         // refused by the core (state unchanged)
+  std::string last_rejection;               // the last refusal's message
+  std::int64_t engine_failures_posted = 0;  // by the runtime, for backends that threw
+  bool done = false;                        // num_steps > 0 and that many steps finished
+};
+
+class Runtime {
+ public:
+  // Throws std::invalid_argument on invalid options. The backends and the clock must
+  // outlive the Runtime.
+  Runtime(RuntimeOptions options, EngineBackend& engines, TrainerBackend& trainer,
+          const Clock& clock);
+  ~Runtime();  // Stop()
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Hands an event to the core (its `time` is replaced by the clock's). Thread-safe,
+  // returns at once; false (and the event dropped) after Stop().
+  bool Post(Event event);
+  // Waits until every event posted so far, and everything it caused, has been handled
+  // (the graph is idle). Not while another thread keeps posting.
+  void WaitIdle();
+  // Waits until the core is done (num_steps finished): true; false on timeout.
+  // Rethrows a trainer backend's error.
+  bool WaitUntilDone(std::chrono::milliseconds timeout);
+  // Refuses further events and waits for the graph to be idle. Idempotent.
+  void Stop();
+
+  RuntimeStatus Status() const;
+  // The run's Chrome trace JSON (chrome://tracing, Perfetto) when options.trace: the
+  // trainer's calls and the engines' weight syncs as spans, the events as instants.
+  std::string TraceJson() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rlsched::scheduler
+
+#endif  // RLSCHED_SCHEDULER_RUNTIME_H_

@@ -1,0 +1,516 @@
+// The live runtime (runtime.h): the decision core, the step planner and the weight-sync
+// plan on a oneTBB flow graph.
+
+#include "rlsched/scheduler/runtime.h"
+
+#include <oneapi/tbb/flow_graph.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "rlsched/common/error.h"
+
+namespace rlsched::scheduler {
+
+// ---- Clocks. ----
+
+SteadyClock::SteadyClock() : start_(std::chrono::steady_clock::now()) {}
+
+double SteadyClock::Now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+double ManualClock::Now() const {
+  std::lock_guard lock(mutex_);
+  return now_;
+}
+
+void ManualClock::Set(double time) {
+  std::lock_guard lock(mutex_);
+  if (!(time >= now_)) FailBound("time", ">= the clock's now (" + NumberText(now_) + ")", time);
+  now_ = time;
+}
+
+void ManualClock::Advance(double seconds) {
+  std::lock_guard lock(mutex_);
+  if (!(seconds >= 0)) FailBound("seconds", ">= 0", seconds);
+  now_ += seconds;
+}
+
+// ---- Options. ----
+
+void Validate(const RuntimeOptions& options) {
+  if (options.orchestrator.planner) {
+    Fail("orchestrator.planner", "must be empty: the runtime plans each trainer call (step)");
+  }
+  try {
+    Validate(options.orchestrator);
+  } catch (const FieldError& e) {
+    throw e.Within("orchestrator");
+  }
+  if (options.step) {
+    try {
+      const std::int64_t one[] = {1};
+      const std::int64_t group[] = {0};
+      (void)balance::PlanStep(one, group, *options.step);
+    } catch (const FieldError& e) {
+      throw e.Within("step");
+    }
+  }
+  if (options.weight_sync) {
+    const WeightSyncLayout& layout = *options.weight_sync;
+    try {
+      rollout::Validate(layout.model);
+    } catch (const FieldError& e) {
+      throw e.Within("weight_sync.model");
+    }
+    try {
+      rollout::Validate(layout.model, layout.reshard.train);
+    } catch (const FieldError& e) {
+      throw e.Within("weight_sync.reshard");
+    }
+    try {
+      rollout::Validate(layout.model, layout.reshard.infer);
+    } catch (const FieldError& e) {
+      throw e.Within("weight_sync.reshard");
+    }
+  }
+}
+
+namespace {
+
+// What the core hands the sink after each event.
+struct Observation {
+  Event event;  // stamped
+  std::vector<Command> commands;
+  std::optional<StepProgress> progress;
+  bool rejected = false;
+};
+
+// An engine command with its part of the weight-sync plan.
+struct EngineWork {
+  Command command;
+  std::shared_ptr<const EngineTransfers> transfers;
+};
+
+double EventTime(const Event& event) {
+  return std::visit([](const auto& e) { return e.time; }, event);
+}
+
+void SetEventTime(Event& event, double time) {
+  std::visit([time](auto& e) { e.time = time; }, event);
+}
+
+// The engine an event or command is about, or -1 (the trainer, the data loader).
+std::int64_t EngineOf(const Event& event) {
+  return std::visit(
+      [](const auto& e) -> std::int64_t {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, EngineJoined> || std::is_same_v<T, EngineLeft> ||
+                      std::is_same_v<T, EngineFailed> || std::is_same_v<T, WeightsLoaded> ||
+                      std::is_same_v<T, EngineReleased>) {
+          return e.engine;
+        } else {
+          return -1;
+        }
+      },
+      event);
+}
+
+const char* EventName(const Event& event) {
+  static constexpr const char* kNames[] = {
+      "PromptsAvailable",     "EngineJoined",       "EngineLeft",    "EngineFailed",
+      "GenerationProgressed", "GenerationFinished", "GroupFiltered", "TrainStepFinished",
+      "WeightsLoaded",        "EngineReleased"};
+  static_assert(std::size(kNames) == std::variant_size_v<Event>);
+  return kNames[event.index()];
+}
+
+// The Chrome trace: one process, the trainer as thread 0, engine e as thread e + 1.
+class Trace {
+ public:
+  void Instant(double time, std::int64_t engine, const char* name) {
+    events_.push_back({{"name", name},
+                       {"ph", "i"},
+                       {"s", "t"},
+                       {"ts", Micros(time)},
+                       {"pid", 0},
+                       {"tid", engine + 1}});
+  }
+  void Span(double begin, double end, std::int64_t engine, std::string name) {
+    events_.push_back({{"name", std::move(name)},
+                       {"ph", "X"},
+                       {"ts", Micros(begin)},
+                       {"dur", Micros(end) - Micros(begin)},
+                       {"pid", 0},
+                       {"tid", engine + 1}});
+  }
+  void ThreadName(std::int64_t engine, const std::string& name) {
+    events_.push_back({{"name", "thread_name"},
+                       {"ph", "M"},
+                       {"pid", 0},
+                       {"tid", engine + 1},
+                       {"args", {{"name", name}}}});
+  }
+  std::string Json() const {
+    return nlohmann::json{{"traceEvents", events_}, {"displayTimeUnit", "ms"}}.dump();
+  }
+
+ private:
+  static std::int64_t Micros(double seconds) { return static_cast<std::int64_t>(seconds * 1e6); }
+  nlohmann::json::array_t events_;
+};
+
+}  // namespace
+
+struct Runtime::Impl {
+  using CoreNode =
+      tbb::flow::multifunction_node<Event, std::tuple<Command, StartTrain, Observation>>;
+  using WeightSyncNode = tbb::flow::function_node<Command, EngineWork>;
+  using EngineNode = tbb::flow::function_node<EngineWork, tbb::flow::continue_msg>;
+  using PlanNode = tbb::flow::function_node<StartTrain, StartTrain>;
+  using TrainerNode = tbb::flow::function_node<StartTrain, tbb::flow::continue_msg>;
+  using SinkNode = tbb::flow::function_node<Observation, tbb::flow::continue_msg>;
+
+  Impl(RuntimeOptions runtime_options, EngineBackend& engine_backend,
+       TrainerBackend& trainer_backend, const Clock& run_clock)
+      : options(std::move(runtime_options)),
+        engines(engine_backend),
+        trainer(trainer_backend),
+        clock(run_clock),
+        core(options.orchestrator),
+        core_node(graph, tbb::flow::serial,
+                  [this](const Event& event, CoreNode::output_ports_type& ports) {
+                    HandleEvent(event, ports);
+                  }),
+        weight_sync_node(graph, tbb::flow::serial,
+                         [this](const Command& command) { return AttachTransfers(command); }),
+        engine_node(graph, tbb::flow::serial,
+                    [this](const EngineWork& work) {
+                      SendToEngine(work);
+                      return tbb::flow::continue_msg();
+                    }),
+        plan_node(graph, tbb::flow::unlimited,
+                  [this](StartTrain call) { return PlanCall(std::move(call)); }),
+        trainer_node(graph, tbb::flow::serial,
+                     [this](const StartTrain& call) {
+                       SendToTrainer(call);
+                       return tbb::flow::continue_msg();
+                     }),
+        sink_node(graph, tbb::flow::serial, [this](const Observation& observation) {
+          Observe(observation);
+          return tbb::flow::continue_msg();
+        }) {
+    tbb::flow::make_edge(tbb::flow::output_port<0>(core_node), weight_sync_node);
+    tbb::flow::make_edge(weight_sync_node, engine_node);
+    tbb::flow::make_edge(tbb::flow::output_port<1>(core_node), plan_node);
+    tbb::flow::make_edge(plan_node, trainer_node);
+    tbb::flow::make_edge(tbb::flow::output_port<2>(core_node), sink_node);
+  }
+
+  // ---- The core node. ----
+
+  void HandleEvent(Event event, CoreNode::output_ports_type& ports) {
+    std::vector<Command> commands;
+    Observation observation;
+    bool observe = false;
+    {
+      std::lock_guard lock(mutex);
+      const double time = std::max(clock.Now(), last_time);
+      SetEventTime(event, time);
+      try {
+        core.Handle(event, commands);
+        last_time = time;
+        ++events;
+        if (options.check_invariants) core.CheckInvariants();
+      } catch (const std::invalid_argument& e) {
+        ++rejected_events;
+        last_rejection = e.what();
+        commands.clear();
+        spdlog::warn("runtime: event {} refused: {}", EventName(event), e.what());
+        observation.rejected = true;
+      }
+      const auto* finished = std::get_if<TrainStepFinished>(&event);
+      if (finished != nullptr && !observation.rejected &&
+          core.counters().steps_finished == finished->step + 1 &&
+          finished->call + 1 == options.orchestrator.train_calls_per_sync) {
+        observation.progress = StepProgress{.step = finished->step,
+                                            .time = time,
+                                            .counters = core.counters(),
+                                            .metrics = core.metrics(time)};
+      }
+      if (core.done()) done_cv.notify_all();
+      observe = options.on_event || options.on_command || options.trace ||
+                (options.on_step && observation.progress);
+      if (observe) {
+        observation.event = event;
+        if (options.on_command || options.trace) observation.commands = commands;
+      }
+    }
+    for (Command& command : commands) {
+      if (auto* start = std::get_if<StartTrain>(&command)) {
+        std::get<1>(ports).try_put(std::move(*start));
+      } else {
+        std::get<0>(ports).try_put(std::move(command));
+      }
+    }
+    if (observe) std::get<2>(ports).try_put(std::move(observation));
+  }
+
+  // ---- The engines' path. ----
+
+  EngineWork AttachTransfers(const Command& command) {
+    EngineWork work{.command = command};
+    const auto* sync = std::get_if<SyncWeights>(&command);
+    if (sync == nullptr || !options.weight_sync) return work;
+    try {
+      if (!plan) BuildPlan();
+      const std::int64_t replicas = options.weight_sync->reshard.infer.replicas;
+      work.transfers = replica_transfers[static_cast<std::size_t>(sync->engine % replicas)];
+    } catch (const std::exception& e) {
+      Fatal(std::string("weight sync plan: ") + e.what());
+    }
+    return work;
+  }
+
+  void BuildPlan() {
+    const WeightSyncLayout& layout = *options.weight_sync;
+    plan = std::make_shared<const rollout::ReshardPlan>(
+        rollout::PlanReshard(layout.model, layout.reshard));
+    const rollout::InferLayout& infer = layout.reshard.infer;
+    std::map<std::int64_t, std::int64_t> replica_of_rank;
+    for (std::int64_t r = 0; r < infer.replicas; ++r) {
+      for (std::int64_t t = 0; t < infer.tp; ++t) {
+        replica_of_rank[rollout::EngineRank(layout.reshard, r, t)] = r;
+      }
+    }
+    std::vector<EngineTransfers> parts(static_cast<std::size_t>(infer.replicas));
+    for (std::int64_t r = 0; r < infer.replicas; ++r) {
+      parts[static_cast<std::size_t>(r)].plan = plan;
+      parts[static_cast<std::size_t>(r)].replica = r;
+    }
+    for (std::size_t i = 0; i < plan->transfers.size(); ++i) {
+      const rollout::Transfer& transfer = plan->transfers[i];
+      std::int64_t last_replica = -1;
+      for (const std::int64_t rank : transfer.dst_ranks) {  // ascending: replicas ascend
+        const auto it = replica_of_rank.find(rank);
+        if (it == replica_of_rank.end()) continue;
+        EngineTransfers& part = parts[static_cast<std::size_t>(it->second)];
+        if (it->second != last_replica) part.transfers.push_back(static_cast<std::int64_t>(i));
+        part.bytes += transfer.bytes;
+        last_replica = it->second;
+      }
+    }
+    replica_transfers.clear();
+    for (EngineTransfers& part : parts) {
+      replica_transfers.push_back(std::make_shared<const EngineTransfers>(std::move(part)));
+    }
+  }
+
+  void SendToEngine(const EngineWork& work) {
+    try {
+      engines.Execute(work.command, work.transfers.get());
+    } catch (const std::exception& e) {
+      const std::int64_t engine = std::visit(
+          [](const auto& c) -> std::int64_t {
+            if constexpr (requires { c.engine; }) {
+              return c.engine;
+            } else {
+              return -1;
+            }
+          },
+          work.command);
+      spdlog::error("runtime: engine {} failed to take a command: {}", engine, e.what());
+      if (engine >= 0) {
+        {
+          std::lock_guard lock(mutex);
+          ++engine_failures_posted;
+        }
+        Post(EngineFailed{.engine = engine});
+      }
+    }
+  }
+
+  // ---- The trainer's path. ----
+
+  StartTrain PlanCall(StartTrain call) {
+    if (!options.step) return call;
+    try {
+      const std::int64_t G = options.orchestrator.samples_per_prompt;
+      std::vector<std::int64_t> group_of(call.samples.size());
+      for (std::size_t i = 0; i < call.samples.size(); ++i) group_of[i] = call.samples[i] / G;
+      call.plan = balance::PlanStep(call.lengths, group_of, *options.step);
+    } catch (const std::exception& e) {
+      Fatal(std::string("step plan: ") + e.what());
+    }
+    return call;
+  }
+
+  void SendToTrainer(const StartTrain& call) {
+    if (failed()) return;
+    try {
+      trainer.Train(call);
+    } catch (const std::exception& e) {
+      Fatal(std::string("trainer: ") + e.what());
+    }
+  }
+
+  // ---- The sink. ----
+
+  void Observe(const Observation& observation) {
+    if (options.on_event) options.on_event(observation.event);
+    if (options.on_command) {
+      for (const Command& command : observation.commands) options.on_command(command);
+    }
+    if (observation.progress && options.on_step) options.on_step(*observation.progress);
+    if (options.trace) Record(observation);
+  }
+
+  void Record(const Observation& observation) {
+    std::lock_guard lock(trace_mutex);
+    const double time = EventTime(observation.event);
+    const std::int64_t engine = EngineOf(observation.event);
+    trace.Instant(time, engine, observation.rejected ? "rejected" : EventName(observation.event));
+    if (const auto* joined = std::get_if<EngineJoined>(&observation.event)) {
+      if (named_engines.insert(joined->engine).second) {
+        trace.ThreadName(joined->engine, "engine " + std::to_string(joined->engine));
+      }
+    }
+    if (!trainer_named) {
+      trace.ThreadName(-1, "trainer");
+      trainer_named = true;
+    }
+    if (observation.rejected) return;
+    if (const auto* finished = std::get_if<TrainStepFinished>(&observation.event)) {
+      if (train_started) {
+        trace.Span(
+            *train_started, time, -1,
+            "step " + std::to_string(finished->step) + " call " + std::to_string(finished->call));
+        train_started.reset();
+      }
+    }
+    if (const auto* loaded = std::get_if<WeightsLoaded>(&observation.event)) {
+      const auto it = sync_started.find(loaded->engine);
+      if (it != sync_started.end()) {
+        trace.Span(it->second, time, loaded->engine, "sync v" + std::to_string(loaded->version));
+        sync_started.erase(it);
+      }
+    }
+    for (const Command& command : observation.commands) {
+      if (std::holds_alternative<StartTrain>(command)) train_started = time;
+      if (const auto* sync = std::get_if<SyncWeights>(&command)) sync_started[sync->engine] = time;
+    }
+  }
+
+  // ---- Errors and waiting. ----
+
+  void Fatal(const std::string& message) {
+    spdlog::error("runtime: {}", message);
+    std::lock_guard lock(mutex);
+    if (fatal_error.empty()) fatal_error = message;
+    done_cv.notify_all();
+  }
+
+  bool failed() {
+    std::lock_guard lock(mutex);
+    return !fatal_error.empty();
+  }
+
+  bool Post(Event event) {
+    if (stopped.load()) return false;
+    core_node.try_put(std::move(event));
+    return true;
+  }
+
+  RuntimeOptions options;
+  EngineBackend& engines;
+  TrainerBackend& trainer;
+  const Clock& clock;
+
+  mutable std::mutex mutex;  // guards the core and the figures below
+  Orchestrator core;
+  double last_time = 0;
+  std::int64_t events = 0;
+  std::int64_t rejected_events = 0;
+  std::string last_rejection;
+  std::int64_t engine_failures_posted = 0;
+  std::string fatal_error;
+  std::condition_variable done_cv;
+  std::atomic<bool> stopped{false};
+
+  // The weight-sync node's cache (its thread only).
+  std::shared_ptr<const rollout::ReshardPlan> plan;
+  std::vector<std::shared_ptr<const EngineTransfers>> replica_transfers;
+
+  // The sink's trace (its thread, and TraceJson()).
+  mutable std::mutex trace_mutex;
+  Trace trace;
+  std::optional<double> train_started;
+  std::map<std::int64_t, double> sync_started;
+  std::set<std::int64_t> named_engines;
+  bool trainer_named = false;
+
+  // The graph last: its nodes go first, then the graph (after Stop() drained it).
+  tbb::flow::graph graph;
+  CoreNode core_node;
+  WeightSyncNode weight_sync_node;
+  EngineNode engine_node;
+  PlanNode plan_node;
+  TrainerNode trainer_node;
+  SinkNode sink_node;
+};
+
+Runtime::Runtime(RuntimeOptions options, EngineBackend& engines, TrainerBackend& trainer,
+                 const Clock& clock) {
+  Validate(options);
+  impl_ = std::make_unique<Impl>(std::move(options), engines, trainer, clock);
+}
+
+Runtime::~Runtime() { Stop(); }
+
+bool Runtime::Post(Event event) { return impl_->Post(std::move(event)); }
+
+void Runtime::WaitIdle() { impl_->graph.wait_for_all(); }
+
+bool Runtime::WaitUntilDone(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(impl_->mutex);
+  const bool ended = impl_->done_cv.wait_for(
+      lock, timeout, [this] { return impl_->core.done() || !impl_->fatal_error.empty(); });
+  if (!impl_->fatal_error.empty()) throw std::runtime_error(impl_->fatal_error);
+  return ended;
+}
+
+void Runtime::Stop() {
+  impl_->stopped.store(true);
+  impl_->graph.wait_for_all();
+}
+
+RuntimeStatus Runtime::Status() const {
+  std::lock_guard lock(impl_->mutex);
+  return RuntimeStatus{
+      .counters = impl_->core.counters(),
+      .metrics = impl_->core.metrics(std::max(impl_->clock.Now(), impl_->last_time)),
+      .events = impl_->events,
+      .rejected_events = impl_->rejected_events,
+      .last_rejection = impl_->last_rejection,
+      .engine_failures_posted = impl_->engine_failures_posted,
+      .done = impl_->core.done()};
+}
+
+std::string Runtime::TraceJson() const {
+  std::lock_guard lock(impl_->trace_mutex);
+  return impl_->trace.Json();
+}
+
+}  // namespace rlsched::scheduler

@@ -1,0 +1,530 @@
+// The live runtime (runtime.h) with in-process engines and trainer: under a manual
+// clock (one event at a time, deterministic), and in real time with a driver thread
+// posting while the graph runs.
+
+#include "rlsched/scheduler/runtime.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rlsched/rollout/model.h"
+
+namespace rlsched::scheduler {
+namespace {
+
+// Emulated engines and trainer. Every sample decodes one token per `seconds_per_token`
+// from its dispatch (or resume), its length a fixed function of its id; a weight sync
+// takes `sync_seconds`, a trainer call `train_seconds`. Answers are queued as events due
+// at a time; a driver posts them in time order.
+class Cluster final : public EngineBackend, public TrainerBackend {
+ public:
+  struct Timing {
+    double seconds_per_token = 1e-3;
+    double sync_seconds = 0.5;
+    double release_seconds = 0.2;
+    double train_seconds = 3.0;
+  };
+  Cluster(const Clock& clock, Timing timing) : clock_(clock), timing_(timing) {}
+
+  static std::int64_t LengthOf(std::int64_t sample) {
+    // Heavy-ish tail: most samples short, one in 16 long.
+    const std::uint64_t h = static_cast<std::uint64_t>(sample) * 0x9E3779B97F4A7C15ULL;
+    const std::int64_t base = 20 + static_cast<std::int64_t>((h >> 33) % 400);
+    return (h >> 60) == 0 ? base * 8 : base;
+  }
+
+  void Execute(const Command& command, const EngineTransfers* transfers) override {
+    std::lock_guard lock(mutex_);
+    const double now = clock_.Now();
+    if (const auto* dispatch = std::get_if<Dispatch>(&command)) {
+      if (fail_dispatch_engine_ == dispatch->engine) {
+        // The connection is gone, and the engine's generations with it.
+        fail_dispatch_engine_ = -1;
+        std::erase_if(running_, [engine = dispatch->engine](const auto& entry) {
+          return entry.second.engine == engine;
+        });
+        throw std::runtime_error("connection reset");
+      }
+      for (const SampleWork& work : dispatch->samples) {
+        Start(dispatch->engine, work.sample, work.resume_from, now);
+        ++dispatched_;
+      }
+    } else if (const auto* abort = std::get_if<Abort>(&command)) {
+      for (const std::int64_t s : abort->samples) running_.erase(s);
+    } else if (const auto* sync = std::get_if<SyncWeights>(&command)) {
+      ++syncs_;
+      if (transfers != nullptr) sync_transfers_.push_back(*transfers);
+      if (sync->interrupt) {
+        for (auto& [sample, run] : running_) {
+          if (run.engine != sync->engine || run.paused) continue;
+          const auto decoded =
+              static_cast<std::int64_t>((now - run.start) / timing_.seconds_per_token);
+          run.tokens = std::min(run.resume_from + decoded, LengthOf(sample));
+          run.paused = true;
+          ++run.epoch;
+          Due(now, GenerationProgressed{.sample = sample, .tokens = run.tokens});
+        }
+      }
+      Due(now + timing_.sync_seconds,
+          WeightsLoaded{.engine = sync->engine, .version = sync->version});
+    } else if (const auto* resume = std::get_if<Resume>(&command)) {
+      for (const std::int64_t s : resume->samples) {
+        const Run run = running_.at(s);
+        Start(resume->engine, s, run.tokens, now);
+      }
+    } else if (const auto* release = std::get_if<Release>(&command)) {
+      Due(now + timing_.release_seconds, EngineReleased{.engine = release->engine});
+    }
+  }
+
+  void Train(const StartTrain& call) override {
+    std::lock_guard lock(mutex_);
+    if (fail_training_) throw std::runtime_error("out of memory");
+    for (const std::int64_t s : call.samples) trained_.push_back(s);
+    calls_.push_back(call);
+    Due(clock_.Now() + timing_.train_seconds,
+        TrainStepFinished{.step = call.step, .call = call.call});
+  }
+
+  // The earliest due event (ties: the order they were queued), skipping finishes of runs
+  // that were interrupted, aborted or restarted since.
+  std::optional<std::pair<double, Event>> PopDue() {
+    std::lock_guard lock(mutex_);
+    while (!due_.empty()) {
+      Pending next = due_.top();
+      due_.pop();
+      if (next.sample >= 0) {
+        const auto it = running_.find(next.sample);
+        if (it == running_.end() || it->second.epoch != next.epoch || it->second.paused) continue;
+        running_.erase(it);
+      }
+      return std::make_pair(next.time, next.event);
+    }
+    return std::nullopt;
+  }
+  std::optional<double> NextDueTime() {
+    std::lock_guard lock(mutex_);
+    if (due_.empty()) return std::nullopt;
+    return due_.top().time;
+  }
+
+  void FailNextDispatchTo(std::int64_t engine) {
+    std::lock_guard lock(mutex_);
+    fail_dispatch_engine_ = engine;
+  }
+  void FailTraining() {
+    std::lock_guard lock(mutex_);
+    fail_training_ = true;
+  }
+
+  std::vector<std::int64_t> trained() {
+    std::lock_guard lock(mutex_);
+    return trained_;
+  }
+  std::vector<StartTrain> calls() {
+    std::lock_guard lock(mutex_);
+    return calls_;
+  }
+  std::vector<EngineTransfers> sync_transfers() {
+    std::lock_guard lock(mutex_);
+    return sync_transfers_;
+  }
+  std::int64_t syncs() {
+    std::lock_guard lock(mutex_);
+    return syncs_;
+  }
+
+ private:
+  struct Run {
+    std::int64_t engine = 0;
+    double start = 0;
+    std::int64_t resume_from = 0;
+    std::int64_t tokens = 0;
+    bool paused = false;
+    std::int64_t epoch = 0;
+  };
+  struct Pending {
+    double time = 0;
+    std::int64_t seq = 0;
+    Event event;
+    std::int64_t sample = -1;  // a GenerationFinished's sample
+    std::int64_t epoch = 0;
+    bool operator<(const Pending& other) const {  // the priority queue's top is the earliest
+      return time != other.time ? time > other.time : seq > other.seq;
+    }
+  };
+
+  void Start(std::int64_t engine, std::int64_t sample, std::int64_t resume_from, double now) {
+    Run& run = running_[sample];
+    const std::int64_t epoch = run.epoch + 1;
+    run = Run{.engine = engine,
+              .start = now,
+              .resume_from = resume_from,
+              .tokens = resume_from,
+              .epoch = epoch};
+    const std::int64_t length = LengthOf(sample);
+    const double finish =
+        now + static_cast<double>(std::max<std::int64_t>(length - resume_from, 0)) *
+                  timing_.seconds_per_token;
+    const double reward = (sample % 3 == 0) ? 1.0 : 0.0;
+    due_.push(
+        Pending{.time = finish,
+                .seq = seq_++,
+                .event = GenerationFinished{.sample = sample, .tokens = length, .reward = reward},
+                .sample = sample,
+                .epoch = epoch});
+  }
+  void Due(double time, Event event) {
+    due_.push(Pending{.time = time, .seq = seq_++, .event = std::move(event)});
+  }
+
+  const Clock& clock_;
+  Timing timing_;
+  std::mutex mutex_;
+  std::priority_queue<Pending> due_;
+  std::int64_t seq_ = 0;
+  std::map<std::int64_t, Run> running_;
+  std::vector<std::int64_t> trained_;
+  std::vector<StartTrain> calls_;
+  std::vector<EngineTransfers> sync_transfers_;
+  std::int64_t dispatched_ = 0;
+  std::int64_t syncs_ = 0;
+  std::int64_t fail_dispatch_engine_ = -1;
+  bool fail_training_ = false;
+};
+
+std::vector<Prompt> Prompts(std::int64_t count) {
+  std::vector<Prompt> prompts;
+  for (std::int64_t i = 0; i < count; ++i)
+    prompts.push_back({.id = i, .prompt_tokens = 50 + i % 70});
+  return prompts;
+}
+
+RuntimeOptions AsyncOptions(std::int64_t steps) {
+  RuntimeOptions options;
+  options.orchestrator = {{.mode = Mode::kAsync,
+                           .max_staleness = 1,
+                           .partial_rollout = true,
+                           .prompts_per_step = 8,
+                           .samples_per_prompt = 4}};
+  options.orchestrator.num_steps = steps;
+  options.step = balance::StepOptions{.num_ranks = 4};
+  options.step->micro_batch.max_tokens_per_micro_batch = 8192;
+  options.check_invariants = true;
+  return options;
+}
+
+// Runs under the manual clock: posts the joins and the prompts at time 0, then the
+// cluster's answers one at a time in time order, waiting for the graph to be idle after
+// each. Returns the number of events posted.
+std::int64_t Drive(Runtime& runtime, Cluster& cluster, ManualClock& clock, std::int64_t engines,
+                   std::int64_t prompts, std::int64_t max_events = 200000) {
+  for (std::int64_t e = 0; e < engines; ++e) {
+    runtime.Post(EngineJoined{.engine = e, .max_concurrent = 8});
+  }
+  runtime.Post(PromptsAvailable{.prompts = Prompts(prompts)});
+  runtime.WaitIdle();
+  std::int64_t posted = 0;
+  while (!runtime.Status().done && posted < max_events) {
+    const auto next = cluster.PopDue();
+    if (!next) break;
+    clock.Set(std::max(clock.Now(), next->first));
+    runtime.Post(next->second);
+    runtime.WaitIdle();
+    ++posted;
+  }
+  return posted;
+}
+
+// Every sample trained at most once, and the trainer's own count equals the core's.
+void ExpectTrainedOnce(Cluster& cluster, const RuntimeStatus& status) {
+  const std::vector<std::int64_t> trained = cluster.trained();
+  const std::set<std::int64_t> unique(trained.begin(), trained.end());
+  EXPECT_EQ(unique.size(), trained.size());
+  EXPECT_EQ(static_cast<std::int64_t>(trained.size()), status.counters.trained);
+  const Counters& c = status.counters;
+  EXPECT_EQ(c.admitted, c.trained + c.filtered + c.buffered + c.queued + c.in_flight);
+}
+
+TEST(RuntimeTest, SyncRunTrainsEveryStepWithItsPlan) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  RuntimeOptions options = AsyncOptions(3);
+  options.orchestrator.mode = Mode::kSync;
+  Runtime runtime(options, cluster, cluster, clock);
+  Drive(runtime, cluster, clock, 4, 64);
+  const RuntimeStatus status = runtime.Status();
+  ASSERT_TRUE(status.done);
+  EXPECT_EQ(status.counters.steps_finished, 3);
+  EXPECT_EQ(status.rejected_events, 0);
+  ExpectTrainedOnce(cluster, status);
+  EXPECT_EQ(status.counters.trained, 3 * 8 * 4);
+  for (const StartTrain& call : cluster.calls()) {
+    ASSERT_TRUE(call.plan.has_value());
+    // The plan places every sample of the call exactly once.
+    std::vector<int> seen(call.samples.size(), 0);
+    for (const balance::RankPlan& rank : call.plan->plan.ranks) {
+      for (const balance::MicroBatch& batch : rank.micro_batches) {
+        for (const std::int64_t i : batch.indices) ++seen.at(static_cast<std::size_t>(i));
+      }
+    }
+    for (const int count : seen) EXPECT_EQ(count, 1);
+    EXPECT_EQ(call.plan->plan.ranks.size(), 4u);
+    EXPECT_EQ(call.plan->plan.empty_micro_batches, 0);
+  }
+  EXPECT_TRUE(runtime.WaitUntilDone(std::chrono::milliseconds(0)));
+}
+
+// Strict: every trained token at most s = 1 versions old. Admission (async's default):
+// no token thrown away, a resumed sample may be older.
+TEST(RuntimeTest, AsyncPartialRolloutKeepsEachPolicysBoundAndConservation) {
+  for (const StalenessPolicy policy : {StalenessPolicy::kStrict, StalenessPolicy::kAdmission}) {
+    SCOPED_TRACE(policy == StalenessPolicy::kStrict ? "strict" : "admission");
+    ManualClock clock;
+    Cluster cluster(clock, {});
+    std::vector<StepProgress> progress;
+    RuntimeOptions options = AsyncOptions(6);
+    options.orchestrator.staleness_policy = policy;
+    options.on_step = [&](const StepProgress& p) { progress.push_back(p); };
+    Runtime runtime(options, cluster, cluster, clock);
+    Drive(runtime, cluster, clock, 6, 256);
+    const RuntimeStatus status = runtime.Status();
+    ASSERT_TRUE(status.done) << status.last_rejection;
+    EXPECT_EQ(status.rejected_events, 0) << status.last_rejection;
+    ExpectTrainedOnce(cluster, status);
+    EXPECT_GT(status.counters.partial_samples, 0);  // partial rollout happened
+    if (policy == StalenessPolicy::kStrict) {
+      EXPECT_LE(status.metrics.max_staleness, 1);
+    } else {
+      EXPECT_EQ(status.counters.discarded_tokens, 0);
+    }
+    ASSERT_EQ(progress.size(), 6u);
+    for (std::size_t i = 0; i < progress.size(); ++i) {
+      EXPECT_EQ(progress[i].step, static_cast<std::int64_t>(i));
+      EXPECT_EQ(progress[i].counters.steps_finished, static_cast<std::int64_t>(i) + 1);
+    }
+  }
+}
+
+// The commands a run gives, as text, to compare runs.
+std::string Describe(const Command& command) {
+  std::ostringstream out;
+  std::visit(
+      [&out](const auto& c) {
+        using T = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<T, Dispatch>) {
+          out << "dispatch " << c.engine << " v" << c.version;
+          for (const SampleWork& w : c.samples) out << ' ' << w.sample << '+' << w.resume_from;
+        } else if constexpr (std::is_same_v<T, Abort>) {
+          out << "abort " << c.engine;
+          for (const std::int64_t s : c.samples) out << ' ' << s;
+        } else if constexpr (std::is_same_v<T, SyncWeights>) {
+          out << "sync " << c.engine << " v" << c.version << (c.interrupt ? " interrupt" : "");
+        } else if constexpr (std::is_same_v<T, Resume>) {
+          out << "resume " << c.engine << " v" << c.version;
+          for (const std::int64_t s : c.samples) out << ' ' << s;
+        } else if constexpr (std::is_same_v<T, Release>) {
+          out << "release " << c.engine;
+        } else {
+          out << "train " << c.step << '.' << c.call;
+          for (const std::int64_t s : c.samples) out << ' ' << s;
+        }
+      },
+      command);
+  return out.str();
+}
+
+TEST(RuntimeTest, SameEventsGiveSameCommandsAndTheLogReplays) {
+  std::vector<std::string> first;
+  std::vector<std::string> second;
+  std::vector<Event> log;
+  for (int run = 0; run < 2; ++run) {
+    ManualClock clock;
+    Cluster cluster(clock, {});
+    RuntimeOptions options = AsyncOptions(4);
+    std::vector<std::string>& out = run == 0 ? first : second;
+    options.on_command = [&out](const Command& c) { out.push_back(Describe(c)); };
+    if (run == 0) options.on_event = [&log](const Event& e) { log.push_back(e); };
+    Runtime runtime(options, cluster, cluster, clock);
+    Drive(runtime, cluster, clock, 5, 128);
+    runtime.Stop();
+  }
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(first, second);
+
+  // A fresh core fed the logged (stamped) events gives the same commands.
+  OrchestratorOptions core_options = AsyncOptions(4).orchestrator;
+  Orchestrator core(core_options);
+  std::vector<std::string> replayed;
+  for (const Event& event : log) {
+    std::vector<Command> commands;
+    core.Handle(event, commands);
+    for (const Command& c : commands) replayed.push_back(Describe(c));
+  }
+  EXPECT_EQ(replayed, first);
+}
+
+TEST(RuntimeTest, RefusedEventsAreCountedAndTheRunGoesOn) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  Runtime runtime(AsyncOptions(2), cluster, cluster, clock);
+  runtime.Post(GenerationFinished{.sample = 123456, .tokens = 5});  // never dispatched
+  runtime.Post(TrainStepFinished{.step = 7});                       // never started
+  runtime.WaitIdle();
+  Drive(runtime, cluster, clock, 3, 64);
+  const RuntimeStatus status = runtime.Status();
+  EXPECT_TRUE(status.done);
+  EXPECT_EQ(status.rejected_events, 2);
+  EXPECT_NE(status.last_rejection.find("step"), std::string::npos) << status.last_rejection;
+  ExpectTrainedOnce(cluster, status);
+}
+
+TEST(RuntimeTest, AnEngineThatCannotTakeACommandFailsAndItsSamplesFinishElsewhere) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  cluster.FailNextDispatchTo(2);
+  Runtime runtime(AsyncOptions(3), cluster, cluster, clock);
+  Drive(runtime, cluster, clock, 4, 128);
+  const RuntimeStatus status = runtime.Status();
+  EXPECT_EQ(status.engine_failures_posted, 1);
+  EXPECT_EQ(status.counters.engine_failures, 1);
+  EXPECT_TRUE(status.done);
+  ExpectTrainedOnce(cluster, status);
+}
+
+TEST(RuntimeTest, ATrainerErrorEndsTheRun) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  cluster.FailTraining();
+  Runtime runtime(AsyncOptions(3), cluster, cluster, clock);
+  Drive(runtime, cluster, clock, 2, 64, 2000);
+  EXPECT_THROW(
+      {
+        try {
+          runtime.WaitUntilDone(std::chrono::milliseconds(0));
+        } catch (const std::runtime_error& e) {
+          EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::runtime_error);
+}
+
+TEST(RuntimeTest, EachEngineGetsItsReplicasTransfers) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  RuntimeOptions options = AsyncOptions(2);
+  options.weight_sync = WeightSyncLayout{
+      .model = rollout::ParseHfConfig(
+          R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+              "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
+              "vocab_size": 1000, "tie_word_embeddings": false})"),
+      .reshard = {.train = {.tp = 2, .pp = 2, .dp = 1}, .infer = {.tp = 2, .replicas = 3}}};
+  Runtime runtime(options, cluster, cluster, clock);
+  Drive(runtime, cluster, clock, 6, 64);
+  ASSERT_TRUE(runtime.Status().done);
+  const std::vector<EngineTransfers> parts = cluster.sync_transfers();
+  ASSERT_EQ(static_cast<std::int64_t>(parts.size()), cluster.syncs());
+  ASSERT_FALSE(parts.empty());
+  const rollout::ReshardPlan& plan = *parts.front().plan;
+  std::map<std::int64_t, std::int64_t> bytes_of_replica;
+  for (const EngineTransfers& part : parts) {
+    EXPECT_EQ(part.plan.get(), &plan);  // computed once, shared
+    EXPECT_TRUE(std::is_sorted(part.transfers.begin(), part.transfers.end()));
+    EXPECT_FALSE(part.transfers.empty());
+    bytes_of_replica[part.replica] = part.bytes;
+  }
+  ASSERT_EQ(bytes_of_replica.size(), 3u);  // 6 engines on 3 replicas' layouts
+  std::int64_t total = 0;
+  for (const auto& [replica, bytes] : bytes_of_replica) total += bytes;
+  EXPECT_EQ(total, plan.bytes_received);
+}
+
+TEST(RuntimeTest, OptionsAreValidatedWithTheFieldNamed) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  RuntimeOptions options = AsyncOptions(2);
+  options.orchestrator.prompts_per_step = 0;
+  try {
+    Runtime runtime(options, cluster, cluster, clock);
+    FAIL() << "accepted prompts_per_step = 0";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("orchestrator.prompts_per_step"), std::string::npos)
+        << e.what();
+  }
+  options = AsyncOptions(2);
+  options.orchestrator.planner = [](auto, auto) { return balance::PlannedStep{}; };
+  EXPECT_THROW(Runtime(options, cluster, cluster, clock), std::invalid_argument);
+  options = AsyncOptions(2);
+  options.step->micro_batch.max_tokens_per_micro_batch = 0;
+  try {
+    Runtime runtime(options, cluster, cluster, clock);
+    FAIL() << "accepted a zero cap";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("step."), std::string::npos) << e.what();
+  }
+}
+
+TEST(RuntimeTest, ManualClockRefusesGoingBack) {
+  ManualClock clock(5);
+  EXPECT_THROW(clock.Set(4), std::invalid_argument);
+  EXPECT_THROW(clock.Advance(-1), std::invalid_argument);
+  clock.Advance(2);
+  EXPECT_EQ(clock.Now(), 7);
+}
+
+// Real time: the cluster's answers are posted by a driver thread when they fall due
+// (time-scaled), while the graph's threads run the core and the backends.
+TEST(RuntimeTest, RealTimeRunWithAConcurrentDriver) {
+  SteadyClock clock;
+  Cluster cluster(clock, {.seconds_per_token = 2e-6,
+                          .sync_seconds = 1e-3,
+                          .release_seconds = 1e-3,
+                          .train_seconds = 5e-3});
+  RuntimeOptions options = AsyncOptions(5);
+  options.orchestrator.staleness_policy = StalenessPolicy::kStrict;
+  options.trace = true;
+  Runtime runtime(options, cluster, cluster, clock);
+  std::atomic<bool> stop{false};
+  std::thread driver([&] {
+    while (!stop.load()) {
+      const std::optional<double> due = cluster.NextDueTime();
+      if (!due || *due > clock.Now()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      if (auto next = cluster.PopDue()) runtime.Post(next->second);
+    }
+  });
+  for (std::int64_t e = 0; e < 6; ++e) runtime.Post(EngineJoined{.engine = e, .max_concurrent = 8});
+  runtime.Post(PromptsAvailable{.prompts = Prompts(256)});
+  const bool done = runtime.WaitUntilDone(std::chrono::seconds(120));
+  stop.store(true);
+  driver.join();
+  runtime.Stop();
+  ASSERT_TRUE(done);
+  const RuntimeStatus status = runtime.Status();
+  EXPECT_EQ(status.rejected_events, 0) << status.last_rejection;
+  ExpectTrainedOnce(cluster, status);
+  EXPECT_LE(status.metrics.max_staleness, 1);
+  const std::string trace = runtime.TraceJson();
+  EXPECT_NE(trace.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(trace.find("step 0 call 0"), std::string::npos);
+  EXPECT_NE(trace.find("\"trainer\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rlsched::scheduler
