@@ -253,13 +253,8 @@ balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request) {
   return options;
 }
 
-v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request) {
-  const balance::StepOptions options = ToStepOptions(request);
-  // The library names a sequence above the cap and the cap; its message passes through.
-  const balance::PlannedStep step =
-      balance::PlanStep(AsSpan(request.lengths()), AsSpan(request.groups()), options);
+v1::PlanStepReply ToPlanStepReply(const balance::PlannedStep& step) {
   const balance::StepPlan& plan = step.plan;
-
   v1::PlanStepReply reply;
   reply.mutable_ranks()->Reserve(static_cast<int>(plan.ranks.size()));
   for (const balance::RankPlan& rank_plan : plan.ranks) {
@@ -295,6 +290,13 @@ v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request) {
   reply.set_empty_micro_batches(plan.empty_micro_batches);
   reply.set_empty_ranks(plan.empty_ranks);
   return reply;
+}
+
+v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request) {
+  const balance::StepOptions options = ToStepOptions(request);
+  // The library names a sequence above the cap and the cap; its message passes through.
+  return ToPlanStepReply(
+      balance::PlanStep(AsSpan(request.lengths()), AsSpan(request.groups()), options));
 }
 
 void WriteJson(const v1::BalanceReply& reply, std::ostream& out) {

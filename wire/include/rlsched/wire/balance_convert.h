@@ -80,6 +80,9 @@ balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request);
 // Deterministic. Complexity: that of balance::PlanStep().
 v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request);
 
+// A step plan (and its baseline's figures) as SolvePlanStep() answers it. O(plan).
+v1::PlanStepReply ToPlanStepReply(const balance::PlannedStep& step);
+
 // `message` in protobuf's JSON mapping on one line: proto field names (snake_case),
 // default-valued fields printed, enums by name (int64 values are JSON strings, as the
 // mapping requires). Throws std::runtime_error if protobuf refuses to print it.

@@ -1,0 +1,294 @@
+// The decision core's events and commands on the wire, and the event log
+// (orchestrator_convert.h).
+
+#include "rlsched/wire/orchestrator_convert.h"
+
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/util/delimited_message_util.h>
+
+#include <sstream>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+
+#include "rlsched/common/error.h"
+#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/simulate_convert.h"
+
+namespace rlsched::wire {
+
+namespace s = scheduler;
+
+v1::OrchestratorEvent ToEventMessage(const s::Event& event) {
+  v1::OrchestratorEvent m;
+  std::visit(
+      [&m](const auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, s::PromptsAvailable>) {
+          v1::PromptsAvailable* x = m.mutable_prompts_available();
+          x->set_time(e.time);
+          x->mutable_prompts()->Reserve(static_cast<int>(e.prompts.size()));
+          for (const s::Prompt& p : e.prompts) {
+            v1::Prompt* prompt = x->add_prompts();
+            prompt->set_id(p.id);
+            prompt->set_prompt_tokens(p.prompt_tokens);
+          }
+        } else if constexpr (std::is_same_v<T, s::EngineJoined>) {
+          v1::EngineJoined* x = m.mutable_engine_joined();
+          x->set_time(e.time);
+          x->set_engine(e.engine);
+          x->set_max_concurrent(e.max_concurrent);
+          x->set_version(e.version);
+        } else if constexpr (std::is_same_v<T, s::EngineLeft>) {
+          m.mutable_engine_left()->set_time(e.time);
+          m.mutable_engine_left()->set_engine(e.engine);
+        } else if constexpr (std::is_same_v<T, s::EngineFailed>) {
+          m.mutable_engine_failed()->set_time(e.time);
+          m.mutable_engine_failed()->set_engine(e.engine);
+        } else if constexpr (std::is_same_v<T, s::GenerationProgressed>) {
+          v1::GenerationProgressed* x = m.mutable_generation_progressed();
+          x->set_time(e.time);
+          x->set_sample(e.sample);
+          x->set_tokens(e.tokens);
+        } else if constexpr (std::is_same_v<T, s::GenerationFinished>) {
+          v1::GenerationFinished* x = m.mutable_generation_finished();
+          x->set_time(e.time);
+          x->set_sample(e.sample);
+          x->set_tokens(e.tokens);
+          x->set_reward(e.reward);
+        } else if constexpr (std::is_same_v<T, s::GroupFiltered>) {
+          m.mutable_group_filtered()->set_time(e.time);
+          m.mutable_group_filtered()->set_group(e.group);
+        } else if constexpr (std::is_same_v<T, s::TrainStepFinished>) {
+          v1::TrainStepFinished* x = m.mutable_train_step_finished();
+          x->set_time(e.time);
+          x->set_step(e.step);
+          x->set_call(e.call);
+        } else if constexpr (std::is_same_v<T, s::WeightsLoaded>) {
+          v1::WeightsLoaded* x = m.mutable_weights_loaded();
+          x->set_time(e.time);
+          x->set_engine(e.engine);
+          x->set_version(e.version);
+        } else {
+          static_assert(std::is_same_v<T, s::EngineReleased>);
+          m.mutable_engine_released()->set_time(e.time);
+          m.mutable_engine_released()->set_engine(e.engine);
+        }
+      },
+      event);
+  return m;
+}
+
+s::Event ToEvent(const v1::OrchestratorEvent& m) {
+  switch (m.kind_case()) {
+    case v1::OrchestratorEvent::kPromptsAvailable: {
+      s::PromptsAvailable e{.time = m.prompts_available().time()};
+      e.prompts.reserve(static_cast<std::size_t>(m.prompts_available().prompts_size()));
+      for (const v1::Prompt& p : m.prompts_available().prompts()) {
+        e.prompts.push_back({.id = p.id(), .prompt_tokens = p.prompt_tokens()});
+      }
+      return e;
+    }
+    case v1::OrchestratorEvent::kEngineJoined: {
+      const v1::EngineJoined& x = m.engine_joined();
+      return s::EngineJoined{.time = x.time(),
+                             .engine = x.engine(),
+                             .max_concurrent = x.max_concurrent(),
+                             .version = x.version()};
+    }
+    case v1::OrchestratorEvent::kEngineLeft:
+      return s::EngineLeft{.time = m.engine_left().time(), .engine = m.engine_left().engine()};
+    case v1::OrchestratorEvent::kEngineFailed:
+      return s::EngineFailed{.time = m.engine_failed().time(),
+                             .engine = m.engine_failed().engine()};
+    case v1::OrchestratorEvent::kGenerationProgressed: {
+      const v1::GenerationProgressed& x = m.generation_progressed();
+      return s::GenerationProgressed{.time = x.time(), .sample = x.sample(), .tokens = x.tokens()};
+    }
+    case v1::OrchestratorEvent::kGenerationFinished: {
+      const v1::GenerationFinished& x = m.generation_finished();
+      return s::GenerationFinished{
+          .time = x.time(), .sample = x.sample(), .tokens = x.tokens(), .reward = x.reward()};
+    }
+    case v1::OrchestratorEvent::kGroupFiltered:
+      return s::GroupFiltered{.time = m.group_filtered().time(),
+                              .group = m.group_filtered().group()};
+    case v1::OrchestratorEvent::kTrainStepFinished: {
+      const v1::TrainStepFinished& x = m.train_step_finished();
+      return s::TrainStepFinished{.time = x.time(), .step = x.step(), .call = x.call()};
+    }
+    case v1::OrchestratorEvent::kWeightsLoaded: {
+      const v1::WeightsLoaded& x = m.weights_loaded();
+      return s::WeightsLoaded{.time = x.time(), .engine = x.engine(), .version = x.version()};
+    }
+    case v1::OrchestratorEvent::kEngineReleased:
+      return s::EngineReleased{.time = m.engine_released().time(),
+                               .engine = m.engine_released().engine()};
+    case v1::OrchestratorEvent::KIND_NOT_SET:
+      break;
+  }
+  Fail("kind", "must be set (one of prompts_available, engine_joined, …, engine_released)");
+}
+
+v1::OrchestratorCommand ToCommandMessage(const s::Command& command) {
+  v1::OrchestratorCommand m;
+  std::visit(
+      [&m](const auto& c) {
+        using T = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<T, s::Dispatch>) {
+          v1::Dispatch* x = m.mutable_dispatch();
+          x->set_engine(c.engine);
+          x->set_version(c.version);
+          for (const s::SampleWork& w : c.samples) {
+            v1::SampleWork* work = x->add_samples();
+            work->set_sample(w.sample);
+            work->set_group(w.group);
+            work->set_prompt(w.prompt);
+            work->set_prompt_tokens(w.prompt_tokens);
+            work->set_resume_from(w.resume_from);
+            work->set_predicted_tokens(w.predicted_tokens);
+          }
+        } else if constexpr (std::is_same_v<T, s::Abort>) {
+          m.mutable_abort()->set_engine(c.engine);
+          m.mutable_abort()->mutable_samples()->Add(c.samples.begin(), c.samples.end());
+        } else if constexpr (std::is_same_v<T, s::SyncWeights>) {
+          v1::SyncWeights* x = m.mutable_sync_weights();
+          x->set_engine(c.engine);
+          x->set_version(c.version);
+          x->set_interrupt(c.interrupt);
+        } else if constexpr (std::is_same_v<T, s::Resume>) {
+          v1::Resume* x = m.mutable_resume();
+          x->set_engine(c.engine);
+          x->set_version(c.version);
+          x->mutable_samples()->Add(c.samples.begin(), c.samples.end());
+        } else if constexpr (std::is_same_v<T, s::Release>) {
+          m.mutable_release()->set_engine(c.engine);
+        } else {
+          static_assert(std::is_same_v<T, s::StartTrain>);
+          v1::StartTrain* x = m.mutable_start_train();
+          x->set_step(c.step);
+          x->set_call(c.call);
+          x->set_version(c.version);
+          x->mutable_groups()->Add(c.groups.begin(), c.groups.end());
+          x->mutable_samples()->Add(c.samples.begin(), c.samples.end());
+          x->mutable_lengths()->Add(c.lengths.begin(), c.lengths.end());
+          if (c.plan) *x->mutable_plan() = ToPlanStepReply(*c.plan);
+        }
+      },
+      command);
+  return m;
+}
+
+s::OrchestratorOptions RunOrchestratorOptions(const s::SimulatorConfig& config) {
+  s::OrchestratorOptions options{config.orchestrator};
+  options.num_steps = config.steps;
+  if (config.filter_all_equal) options.filter = s::KeepUnlessAllEqual;
+  return options;
+}
+
+// ---- The event log. ----
+
+EventLogWriter::EventLogWriter(std::ostream& out, const s::SimulatorConfig& config) : out_(out) {
+  v1::EventLogRecord header;
+  *header.mutable_header() = ToSimulatorConfigMessage(config);
+  Write(header);
+}
+
+void EventLogWriter::Append(const s::Event& event) {
+  v1::EventLogRecord record;
+  *record.mutable_event() = ToEventMessage(event);
+  Write(record);
+}
+
+void EventLogWriter::Append(const s::Command& command) {
+  v1::EventLogRecord record;
+  *record.mutable_command() = ToCommandMessage(command);
+  Write(record);
+}
+
+void EventLogWriter::Flush() {
+  out_.flush();
+  if (!out_) throw std::runtime_error("event log: write failed");
+}
+
+void EventLogWriter::Write(const v1::EventLogRecord& record) {
+  if (!google::protobuf::util::SerializeDelimitedToOstream(record, &out_) || !out_) {
+    throw std::runtime_error("event log: write failed");
+  }
+}
+
+EventLog ReadEventLog(std::istream& in) {
+  google::protobuf::io::IstreamInputStream stream(&in);
+  EventLog log;
+  bool has_header = false;
+  for (std::int64_t index = 0;; ++index) {
+    v1::EventLogRecord record;
+    bool clean_eof = false;
+    if (!google::protobuf::util::ParseDelimitedFromZeroCopyStream(&record, &stream, &clean_eof)) {
+      if (clean_eof) break;
+      Fail("record " + std::to_string(index), "truncated or not an EventLogRecord");
+    }
+    if (index == 0) {
+      if (!record.has_header()) Fail("record 0", "must be the header (the run's config)");
+      try {
+        log.config = ToSimulatorConfig(record.header());
+      } catch (const FieldError& e) {
+        throw e.Within("record 0.header");
+      }
+      has_header = true;
+      continue;
+    }
+    if (record.kind_case() == v1::EventLogRecord::kHeader) {
+      Fail("record " + std::to_string(index), "a second header");
+    }
+    if (record.kind_case() == v1::EventLogRecord::KIND_NOT_SET) {
+      Fail("record " + std::to_string(index), "kind: must be set");
+    }
+    log.records.push_back(std::move(record));
+  }
+  if (!has_header) Fail("record 0", "missing: the log is empty");
+  return log;
+}
+
+ReplayResult Replay(const EventLog& log) {
+  s::Orchestrator core(RunOrchestratorOptions(log.config));
+  ReplayResult result;
+  std::vector<v1::OrchestratorCommand> replayed;
+  std::vector<const v1::OrchestratorCommand*> logged;
+  for (std::size_t i = 0; i < log.records.size(); ++i) {
+    const v1::EventLogRecord& record = log.records[i];
+    if (record.has_command()) {
+      logged.push_back(&record.command());
+      continue;
+    }
+    s::Event event;
+    try {
+      event = ToEvent(record.event());
+    } catch (const FieldError& e) {
+      throw e.Within("record " + std::to_string(i + 1) + ".event");
+    }
+    ++result.events;
+    std::vector<s::Command> commands;
+    try {
+      core.Handle(event, commands);
+    } catch (const std::invalid_argument&) {
+      ++result.rejected_events;
+    }
+    for (const s::Command& command : commands) replayed.push_back(ToCommandMessage(command));
+  }
+  result.commands = static_cast<std::int64_t>(replayed.size());
+  const std::size_t n = std::max(replayed.size(), logged.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string a = i < logged.size() ? logged[i]->ShortDebugString() : "none";
+    const std::string b = i < replayed.size() ? replayed[i].ShortDebugString() : "none";
+    if (a != b) {
+      result.first_difference = static_cast<std::int64_t>(i);
+      result.logged = a;
+      result.replayed = b;
+      break;
+    }
+  }
+  return result;
+}
+
+}  // namespace rlsched::wire
