@@ -1,9 +1,16 @@
 // Karmarkar-Karp (largest differencing method) for k parts, with sparse tuples.
 //
 // A tuple is a partial solution: up to k non-empty parts ("slots"), each with a load
-// and a linked list of items (through `next_`); the missing slots are empty parts of
-// load 0, lighter than every slot. Loads are absolute (never normalised), so a tuple's
-// spread is max - min when all k slots are used, else max - 0.
+// and a first item; the slot's other items are found through the log of joins (a
+// join of two slots records that the second's first item goes with the first's). The
+// missing slots are empty parts of load 0, lighter than every slot. Loads are
+// absolute (never normalised), so a tuple's spread is max - min when all k slots are
+// used, else max - 0.
+//
+// A slot is one integer key, load · 2^32 + first item: slots order by load, then by
+// first item (a total order: lists are disjoint), with one integer comparison. The key
+// is 64 bits wide when the weights add up to less than 2^32 (every load does then),
+// else 128 bits.
 //
 // Combining A and B pairs A's j-th heaviest part with B's j-th lightest. In ascending
 // order (lightest first) with m = max(0, |A| + |B| - k):
@@ -19,6 +26,8 @@
 
 #include <algorithm>
 #include <cassert>
+#include <functional>
+#include <numeric>
 #include <queue>
 #include <vector>
 
@@ -28,31 +37,7 @@
 namespace rlsched::balance {
 namespace {
 
-struct Slot {
-  std::int64_t load;
-  std::int32_t head;  // first item of the slot's list
-  std::int32_t tail;  // last item
-};
-
-// Order of slots: lighter first, then by first item (a total order: lists are disjoint).
-// Function objects, so that the sorts and heap operations inline them.
-struct LighterSlot {
-  bool operator()(const Slot& a, const Slot& b) const {
-    return a.load != b.load ? a.load < b.load : a.head < b.head;
-  }
-};
-constexpr LighterSlot Lighter{};
-// std's heap functions keep the comparator's greatest at the root: invert for a min-heap.
-struct HeavierSlot {
-  bool operator()(const Slot& a, const Slot& b) const { return Lighter(b, a); }
-};
-constexpr HeavierSlot Heavier{};
-
-struct Tuple {
-  std::vector<Slot> slots;  // a min-heap; ascending when `sorted`
-  std::int64_t max_load = 0;
-  bool sorted = true;
-};
+__extension__ typedef unsigned __int128 WideKey;
 
 // A unit waiting to be combined: either a single item or a tuple in the pool.
 struct Unit {
@@ -67,13 +52,22 @@ struct SmallerSpread {
   }
 };
 
+// One join of two slots: `item` (the first item of one) goes to the part of `with`
+// (the other's first item).
+struct Link {
+  std::int32_t item;
+  std::int32_t with;
+};
+
+// `Key`: std::uint64_t or WideKey (see the file comment).
+template <typename Key>
 class Differencer {
  public:
   // `sorted[s]` is the weight of item order[s].
   Differencer(std::span<const std::int64_t> sorted, std::span<const std::int32_t> order,
               std::int64_t num_parts)
       : sorted_(sorted), order_(order), k_(static_cast<std::size_t>(num_parts)) {
-    next_.assign(order.size(), -1);
+    joins_.reserve(order.size());
   }
 
   Assignment RunUnconstrained() {
@@ -152,7 +146,7 @@ class Differencer {
       Tuple& t = pool_[static_cast<std::size_t>(id)];
       t.slots.reserve(end - start);
       for (std::size_t s = end; s-- > start;) t.slots.push_back(Single(s));
-      t.max_load = t.slots.back().load;
+      t.max_slot = t.slots.back();
       heap.push(Unit{Spread(t), next_seq++, id});
     }
     while (heap.size() > 1) {
@@ -168,19 +162,32 @@ class Differencer {
   }
 
  private:
+  struct Tuple {
+    std::vector<Key> slots;  // a min-heap; ascending when `sorted`
+    Key max_slot = 0;
+    bool sorted = true;
+  };
+
+  static constexpr int kHeadBits = 32;
+
+  static std::int64_t Load(Key slot) { return static_cast<std::int64_t>(slot >> kHeadBits); }
+  static std::int32_t Head(Key slot) {
+    return static_cast<std::int32_t>(static_cast<std::uint32_t>(slot));
+  }
+
   // A freed tuple keeps its slots' storage for the next one up to this many slots
   // (most tuples are small; a few large ones give theirs back, so memory stays O(n + k)).
   static constexpr std::size_t kKeptCapacity = 64;
 
   // The single item at sorted position `s`.
-  Slot Single(std::size_t s) const {
-    const std::int32_t item = order_[s];
-    return Slot{sorted_[s], item, item};
+  Key Single(std::size_t s) const {
+    return static_cast<Key>(sorted_[s]) << kHeadBits |
+           static_cast<Key>(static_cast<std::uint32_t>(order_[s]));
   }
-  Slot SingleOf(const Unit& unit) const { return Single(static_cast<std::size_t>(unit.seq)); }
+  Key SingleOf(const Unit& unit) const { return Single(static_cast<std::size_t>(unit.seq)); }
 
   std::int64_t Spread(const Tuple& t) const {
-    return t.max_load - (t.slots.size() == k_ ? t.slots.front().load : 0);
+    return Load(t.max_slot) - (t.slots.size() == k_ ? Load(t.slots.front()) : 0);
   }
 
   // An empty tuple from the free list (its storage reused) or a new one.
@@ -194,11 +201,11 @@ class Differencer {
     return static_cast<std::int32_t>(pool_.size() - 1);
   }
 
-  std::int32_t NewTuple(const Slot& slot) {
+  std::int32_t NewTuple(Key slot) {
     const std::int32_t id = AllocateTuple();
     Tuple& t = pool_[static_cast<std::size_t>(id)];
     t.slots.push_back(slot);
-    t.max_load = slot.load;
+    t.max_slot = slot;
     t.sorted = true;
     return id;
   }
@@ -206,38 +213,40 @@ class Differencer {
   void FreeTuple(std::int32_t id) {
     Tuple& t = pool_[static_cast<std::size_t>(id)];
     if (t.slots.capacity() > kKeptCapacity) {
-      std::vector<Slot>().swap(t.slots);
+      std::vector<Key>().swap(t.slots);
     } else {
       t.slots.clear();
     }
-    t.max_load = 0;
+    t.max_slot = 0;
     t.sorted = true;
     free_.push_back(id);
   }
 
-  // Concatenates b's items after a's.
-  Slot Join(const Slot& a, const Slot& b) {
-    next_[static_cast<std::size_t>(a.tail)] = b.head;
-    return Slot{a.load + b.load, a.head, b.tail};
+  // The union of two slots: both loads, a's first item. The join is logged (b's first
+  // item goes where a's goes); Extract replays the log backwards.
+  Key Join(Key a, Key b) {
+    const std::int32_t head_b = Head(b);
+    joins_.push_back(Link{head_b, Head(a)});
+    return a + (b - static_cast<Key>(static_cast<std::uint32_t>(head_b)));
   }
 
-  void AddSingle(Tuple& t, const Slot& s) {
+  void AddSingle(Tuple& t, Key s) {
     auto& slots = t.slots;
-    Slot added = s;
+    Key added = s;
     if (slots.size() == k_) {  // joins the lightest part
-      std::pop_heap(slots.begin(), slots.end(), Heavier);
+      std::pop_heap(slots.begin(), slots.end(), std::greater<Key>());
       added = Join(slots.back(), s);
       slots.back() = added;
     } else {  // opens a new part
       slots.push_back(added);
     }
     t.sorted = false;
-    std::push_heap(slots.begin(), slots.end(), Heavier);
-    t.max_load = std::max(t.max_load, added.load);
+    std::push_heap(slots.begin(), slots.end(), std::greater<Key>());
+    t.max_slot = std::max(t.max_slot, added);
   }
 
   void Sort(Tuple& t) {
-    if (!t.sorted) std::sort(t.slots.begin(), t.slots.end(), Lighter);
+    if (!t.sorted) std::sort(t.slots.begin(), t.slots.end());
     t.sorted = true;
   }
 
@@ -250,44 +259,33 @@ class Differencer {
     const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
     overlap_.resize(m);
     for (std::size_t j = 0; j < m; ++j) overlap_[j] = Join(a.slots[j], b.slots[m - 1 - j]);
-    std::sort(overlap_.begin(), overlap_.end(), Lighter);
+    std::sort(overlap_.begin(), overlap_.end());
     scratch_.resize(na + nb - 2 * m);
     const auto rest = std::merge(a.slots.begin() + static_cast<std::ptrdiff_t>(m), a.slots.end(),
                                  b.slots.begin() + static_cast<std::ptrdiff_t>(m), b.slots.end(),
-                                 scratch_.begin(), Lighter);
+                                 scratch_.begin());
     a.slots.resize(na + nb - m);
-    std::merge(scratch_.begin(), rest, overlap_.begin(), overlap_.end(), a.slots.begin(), Lighter);
+    std::merge(scratch_.begin(), rest, overlap_.begin(), overlap_.end(), a.slots.begin());
     assert(a.slots.size() == std::min(k_, na + nb));
-    a.max_load = a.slots.back().load;
+    a.max_slot = a.slots.back();
   }
 
-  // Part p is the p-th heaviest slot. The slots' lists are walked a few at a time,
-  // interleaved, so that their cache misses overlap instead of queueing one behind
-  // another.
+  // Part p is the p-th heaviest slot. A slot's first item goes to its part; then, in
+  // the reverse order of the joins, every joined item goes where the item it joined
+  // went (which is final by then: it was joined later, or never). The steps are
+  // independent loads, not a chain of them.
   Assignment Extract(std::int32_t id) {
     Tuple& t = pool_[static_cast<std::size_t>(id)];
     Sort(t);
     Assignment assignment(order_.size(), 0);
     const std::size_t size = t.slots.size();
-    constexpr std::size_t kLanes = 8;
-    for (std::size_t first = 0; first < size; first += kLanes) {
-      const std::size_t lanes = std::min(kLanes, size - first);
-      std::int32_t item[kLanes];
-      std::int32_t part[kLanes];
-      for (std::size_t l = 0; l < lanes; ++l) {
-        item[l] = t.slots[first + l].head;
-        part[l] = static_cast<std::int32_t>(size - 1 - (first + l));
-      }
-      std::size_t active = lanes;
-      while (active > 0) {
-        active = 0;
-        for (std::size_t l = 0; l < lanes; ++l) {
-          if (item[l] == -1) continue;
-          assignment[static_cast<std::size_t>(item[l])] = part[l];
-          item[l] = next_[static_cast<std::size_t>(item[l])];
-          ++active;
-        }
-      }
+    for (std::size_t s = 0; s < size; ++s) {
+      assignment[static_cast<std::size_t>(Head(t.slots[s]))] =
+          static_cast<std::int32_t>(size - 1 - s);
+    }
+    for (std::size_t j = joins_.size(); j-- > 0;) {
+      assignment[static_cast<std::size_t>(joins_[j].item)] =
+          assignment[static_cast<std::size_t>(joins_[j].with)];
     }
     return assignment;
   }
@@ -295,11 +293,11 @@ class Differencer {
   std::span<const std::int64_t> sorted_;  // heaviest first: the weight of order_[s]
   std::span<const std::int32_t> order_;   // heaviest first
   std::size_t k_;
-  std::vector<std::int32_t> next_;
+  std::vector<Link> joins_;  // every join, in order
   std::vector<Tuple> pool_;
   std::vector<std::int32_t> free_;
-  std::vector<Slot> scratch_;
-  std::vector<Slot> overlap_;
+  std::vector<Key> scratch_;
+  std::vector<Key> overlap_;
 };
 
 }  // namespace
@@ -317,7 +315,14 @@ Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
     }
     sorted_weights = gathered;
   }
-  Differencer differencer(sorted_weights, order, num_parts);
+  // Every load is at most the total.
+  std::int64_t total = 0;
+  for (const std::int64_t w : sorted_weights) total += w;
+  if (total < (std::int64_t{1} << 32)) {
+    Differencer<std::uint64_t> differencer(sorted_weights, order, num_parts);
+    return sizes == PartSizes::kEqual ? differencer.RunEqualSize() : differencer.RunUnconstrained();
+  }
+  Differencer<WideKey> differencer(sorted_weights, order, num_parts);
   return sizes == PartSizes::kEqual ? differencer.RunEqualSize() : differencer.RunUnconstrained();
 }
 
