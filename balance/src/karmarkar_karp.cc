@@ -25,8 +25,10 @@
 // only when two tuples of several slots meet.
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <queue>
 #include <vector>
@@ -52,6 +54,96 @@ struct SmallerSpread {
   }
 };
 
+// The tuples waiting to be combined, besides the one just made (the carry), in
+// kAny mode: a max-queue by (spread, −seq) in which every unit pushed has a spread no
+// greater than the last one popped. That holds: the units other than the carry (the
+// single items and this queue) leave in descending order, and the carry joins the queue
+// only after two of them left before it. So a radix heap serves: bucket b > 0 holds
+// the spreads whose highest bit differing from `last_` (the last spread popped) is bit
+// b − 1, bucket 0 those equal to it; a bucket's spreads all exceed those of higher
+// buckets. Units are pushed in seq order and a bucket is only ever filled while empty
+// or appended to, so every bucket is in seq order: bucket 0 is a FIFO queue (ties of
+// spread leave oldest first, as the order wants), and a run of equal spreads costs
+// O(1) a unit where a binary heap paid O(log size). A unit moves to a lower bucket at
+// most 64 times.
+class WaitingTuples {
+ public:
+  bool empty() const { return size_ == 0; }
+
+  void Push(const Unit& unit) {
+    assert(unit.spread <= last_);
+    const int b = BucketOf(unit.spread);
+    std::vector<Unit>& bucket = buckets_[static_cast<std::size_t>(b)];
+    bucket.push_back(unit);
+    nonempty_ |= std::uint64_t{1} << b;
+    ++size_;
+    // A unit in a lower bucket beats the cached top; in its bucket, only a greater spread
+    // does (the cached one is older).
+    if (top_valid_ && (b < top_bucket_ ||
+                       (b == top_bucket_ &&
+                        unit.spread > buckets_[static_cast<std::size_t>(b)][top_index_].spread))) {
+      top_bucket_ = b;
+      top_index_ = bucket.size() - 1;
+    }
+  }
+
+  // The greatest unit. Precondition: !empty().
+  const Unit& Top() {
+    if (head_ < buckets_[0].size()) return buckets_[0][head_];
+    if (!top_valid_) {
+      // The lowest non-empty bucket holds the greatest spreads; the first greatest is
+      // the oldest.
+      top_bucket_ = std::countr_zero(nonempty_ & ~std::uint64_t{1});
+      const std::vector<Unit>& bucket = buckets_[static_cast<std::size_t>(top_bucket_)];
+      top_index_ = 0;
+      for (std::size_t i = 1; i < bucket.size(); ++i) {
+        if (bucket[i].spread > bucket[top_index_].spread) top_index_ = i;
+      }
+      top_valid_ = true;
+    }
+    return buckets_[static_cast<std::size_t>(top_bucket_)][top_index_];
+  }
+
+  // Removes Top(). Precondition: !empty().
+  void Pop() {
+    if (head_ == buckets_[0].size()) {
+      // Bucket 0 is empty: the top's spread becomes `last_`, and its bucket moves down
+      // (into empty buckets, in order), the top and its equals into bucket 0.
+      Top();
+      std::vector<Unit>& bucket = buckets_[static_cast<std::size_t>(top_bucket_)];
+      last_ = bucket[top_index_].spread;
+      for (const Unit& unit : bucket) {
+        const int b = BucketOf(unit.spread);
+        buckets_[static_cast<std::size_t>(b)].push_back(unit);
+        nonempty_ |= std::uint64_t{1} << b;
+      }
+      bucket.clear();
+      nonempty_ &= ~(std::uint64_t{1} << top_bucket_);
+      top_valid_ = false;
+    }
+    --size_;
+    if (++head_ == buckets_[0].size()) {
+      buckets_[0].clear();
+      head_ = 0;
+      nonempty_ &= ~std::uint64_t{1};
+    }
+  }
+
+ private:
+  int BucketOf(std::int64_t spread) const {
+    return std::bit_width(static_cast<std::uint64_t>(last_ ^ spread));
+  }
+
+  std::int64_t last_ = std::numeric_limits<std::int64_t>::max();
+  std::vector<Unit> buckets_[64];
+  std::size_t head_ = 0;  // bucket 0's first unit not yet popped
+  std::uint64_t nonempty_ = 0;
+  std::size_t size_ = 0;
+  bool top_valid_ = false;  // whether top_bucket_/top_index_ hold the top (bucket 0 empty)
+  int top_bucket_ = 0;
+  std::size_t top_index_ = 0;
+};
+
 // One join of two slots: `item` (the first item of one) goes to the part of `with`
 // (the other's first item).
 struct Link {
@@ -75,9 +167,8 @@ class Differencer {
     if (n == 0) return {};
     // Three sources of units, each by spread: the sorted single items (spread =
     // weight, seq = position), the tuple just combined (`carry`, usually the next to
-    // be taken: this saves a heap round trip per step), and a heap of the other tuples.
-    std::vector<Unit> heap;  // a max-heap by SmallerSpread
-    heap.reserve(64);
+    // be taken: this saves a queue round trip per step), and the other tuples.
+    WaitingTuples heap;
     Unit carry{0, 0, -1};
     bool has_carry = false;
     std::int64_t next_single = 0;
@@ -94,8 +185,8 @@ class Differencer {
         best = carry;
         source = 1;
       }
-      if (!heap.empty() && (source < 0 || SmallerSpread()(best, heap.front()))) {
-        best = heap.front();
+      if (!heap.empty() && (source < 0 || SmallerSpread()(best, heap.Top()))) {
+        best = heap.Top();
         source = 2;
       }
       if (source == 0) {
@@ -103,8 +194,7 @@ class Differencer {
       } else if (source == 1) {
         has_carry = false;
       } else {
-        std::pop_heap(heap.begin(), heap.end(), SmallerSpread());
-        heap.pop_back();
+        heap.Pop();
       }
       return best;
     };
@@ -124,10 +214,7 @@ class Differencer {
         FreeTuple(y.tuple);
       }
       if (next_single == n && heap.empty() && !has_carry) return Extract(id);
-      if (has_carry) {
-        heap.push_back(carry);
-        std::push_heap(heap.begin(), heap.end(), SmallerSpread());
-      }
+      if (has_carry) heap.Push(carry);
       carry = Unit{Spread(pool_[static_cast<std::size_t>(id)]), next_seq++, id};
       has_carry = true;
     }
