@@ -142,6 +142,33 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options);
 // cap (counted in cap_violations): a candidate of PlanStep() when it keeps it.
 StepPlan KarmarkarKarpOnCost(const Padded& padded, const StepOptions& options);
 
+// Its two halves: the rank assignment with each rank's sequences gathered and the
+// count m, then the plan at m.
+struct OnCostRanks {
+  std::vector<RankItems> items;
+  std::int64_t count = 0;
+};
+OnCostRanks KarmarkarKarpOnCostRanks(const Padded& padded, const StepOptions& options);
+StepPlan KarmarkarKarpOnCost(const Padded& padded, const StepOptions& options,
+                             const OnCostRanks& ranks);
+
+// Lower bounds on KarmarkarKarpOnCost()'s count and predicted step time, from its
+// ranks (both exact with one pipeline stage: a rank's time is then its cost plus m
+// overheads) or, with none given, from the batch alone; nullopt when planning it could
+// overflow (RankTime would throw, so it must be planned to say so).
+struct OnCostBound {
+  std::int64_t count = 0;
+  std::int64_t time = 0;
+};
+std::optional<OnCostBound> OnCostLowerBound(const Padded& padded, const StepOptions& options,
+                                            const OnCostRanks* ranks);
+
+// PlanStep() (Pruning::kBounds), or with every candidate planned that it skips by a
+// bound (Pruning::kNone): the same plan, which tests check.
+enum class Pruning { kBounds, kNone };
+PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
+                     const StepOptions& options, Pruning pruning);
+
 // The step's totals, empty ranks and overhead on a finished plan (its empty
 // micro-batches are counted where it is made).
 void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan);

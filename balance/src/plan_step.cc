@@ -81,20 +81,26 @@ void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan
 // Karmarkar-Karp on cost into m micro-batches, which may break the cap: a candidate
 // when it keeps it. (It was PlanStep's baseline before the recipe as verl runs it,
 // step_baseline.cc, replaced it there; it stays a candidate, so the plan is the same.)
-StepPlan KarmarkarKarpOnCost(const Padded& padded, const StepOptions& options) {
+OnCostRanks KarmarkarKarpOnCostRanks(const Padded& padded, const StepOptions& options) {
   const MicroBatchOptions& mb = options.micro_batch;
   const Partition ranks =
       MakePartition(padded.costs, options.num_ranks, PartSizes::kEqual,
                     KarmarkarKarp(padded.costs, options.num_ranks, PartSizes::kEqual));
-  std::vector<RankItems> items;
-  std::int64_t m = 0;
+  OnCostRanks result;
   for (std::int64_t r = 0; r < options.num_ranks; ++r) {
-    items.push_back(Gather(padded, ranks.part(r)));
-    m = std::max(m, SmallestCount(items.back().total_tokens, mb));
+    result.items.push_back(Gather(padded, ranks.part(r)));
+    result.count = std::max(result.count, SmallestCount(result.items.back().total_tokens, mb));
   }
+  return result;
+}
+
+StepPlan KarmarkarKarpOnCost(const Padded& padded, const StepOptions& options,
+                             const OnCostRanks& ranks) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const std::int64_t m = ranks.count;
   StepPlan plan;
   plan.num_micro_batches = m;
-  for (const RankItems& rank : items) {
+  for (const RankItems& rank : ranks.items) {
     const Assignment assignment = internal::KarmarkarKarpSorted(
         rank.costs, internal::HeaviestFirst(rank.costs), m, PartSizes::kAny);
     plan.ranks.push_back(MakeRankPlan(padded, rank, m, assignment, mb));
@@ -105,6 +111,45 @@ StepPlan KarmarkarKarpOnCost(const Padded& padded, const StepOptions& options) {
   }
   plan.empty_micro_batches = EmptyMicroBatches(plan);
   return plan;
+}
+
+StepPlan KarmarkarKarpOnCost(const Padded& padded, const StepOptions& options) {
+  return KarmarkarKarpOnCost(padded, options, KarmarkarKarpOnCostRanks(padded, options));
+}
+
+std::optional<OnCostBound> OnCostLowerBound(const Padded& padded, const StepOptions& options,
+                                            const OnCostRanks* ranks) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  __extension__ typedef __int128 Wide;
+  const Wide p1 = mb.pipeline_stages - 1;
+  const Wide o = Overhead(mb);
+  const std::int64_t total_cost =
+      std::accumulate(padded.costs.begin(), padded.costs.end(), std::int64_t{0});
+  // No rank time of the plan can overflow (RankTime would throw): its count is at most
+  // the whole batch's, its cost at most the total.
+  const Wide most = Wide{total_cost} + Wide{SmallestCount(TotalTokens(padded), mb)} * o +
+                    p1 * (Wide{total_cost} + o);
+  if (most > Wide{std::numeric_limits<std::int64_t>::max()}) return std::nullopt;
+  // A rank's time is C + m·o + (p − 1)·(its heaviest micro-batch's cost + o), and that
+  // micro-batch costs at least ceil(C / m) and its largest sequence.
+  auto rank_bound = [&](std::int64_t cost, std::int64_t largest, std::int64_t m) {
+    return static_cast<std::int64_t>(Wide{cost} + Wide{m} * o +
+                                     p1 * (Wide{std::max(CeilDiv(cost, m), largest)} + o));
+  };
+  if (ranks == nullptr) {
+    // Some rank costs at least the mean, and the count is at least the one for the
+    // mean's tokens (the rank with the most tokens has at least the mean's).
+    const std::int64_t m = SmallestCount(CeilDiv(TotalTokens(padded), options.num_ranks), mb);
+    return OnCostBound{m, static_cast<std::int64_t>(Wide{CeilDiv(total_cost, options.num_ranks)} +
+                                                    Wide{m} * o + p1 * o)};
+  }
+  OnCostBound bound{ranks->count, 0};
+  for (const RankItems& rank : ranks->items) {
+    const std::int64_t largest =
+        rank.costs.empty() ? 0 : *std::max_element(rank.costs.begin(), rank.costs.end());
+    bound.time = std::max(bound.time, rank_bound(rank.total_cost, largest, ranks->count));
+  }
+  return bound;
 }
 
 }  // namespace internal
@@ -555,8 +600,8 @@ std::int64_t LeastEmpty(const std::vector<StepPlan>& candidates) {
 
 // Of the candidate plans: the fewest empty micro-batches, then, of the plans within
 // the count tolerance of the best time, the fewest micro-batches, then the best time
-// (ties: the first candidate).
-StepPlan Choose(std::vector<StepPlan> candidates, double tolerance) {
+// (ties: the first candidate). Returns its index.
+std::size_t ChosenIndex(const std::vector<StepPlan>& candidates, double tolerance) {
   const std::int64_t least_empty = LeastEmpty(candidates);
   std::int64_t best_time = std::numeric_limits<std::int64_t>::max();
   for (const StepPlan& c : candidates) {
@@ -577,7 +622,31 @@ StepPlan Choose(std::vector<StepPlan> candidates, double tolerance) {
       chosen = j;
     }
   }
-  return std::move(candidates[chosen]);
+  return chosen;
+}
+
+StepPlan Choose(std::vector<StepPlan> candidates, double tolerance) {
+  return std::move(candidates[ChosenIndex(candidates, tolerance)]);
+}
+
+// Whether one more candidate, appended to `candidates`, with at least `count`
+// micro-batches and a predicted time of at least `time`, leaves the plan unchanged,
+// whatever its empty micro-batches and cap violations: a candidate without empty
+// micro-batches exists (the new one cannot lower the fewest, nor call for the
+// bins-first plan), the best time of those is at most `time` (the new one cannot
+// lower it, so the tolerance's limit stays), and the chosen one's (count, time) is at
+// most (count, time) (the new one cannot beat it: Choose takes a strictly smaller pair,
+// and the first on ties).
+bool CannotChangeTheChoice(const std::vector<StepPlan>& candidates, std::int64_t count,
+                           std::int64_t time, double tolerance) {
+  if (candidates.empty() || LeastEmpty(candidates) > 0) return false;
+  std::int64_t best_time = std::numeric_limits<std::int64_t>::max();
+  for (const StepPlan& c : candidates) {
+    if (c.empty_micro_batches == 0) best_time = std::min(best_time, c.predicted_step_time);
+  }
+  if (best_time > time) return false;
+  const StepPlan& chosen = candidates[ChosenIndex(candidates, tolerance)];
+  return std::tie(chosen.num_micro_batches, chosen.predicted_step_time) <= std::tie(count, time);
 }
 
 // Above this many (sequence, micro-batch) pairs the bins-first candidate is not tried.
@@ -662,6 +731,13 @@ std::optional<StepPlan> BinsFirstPlan(const Padded& padded, const StepOptions& o
 
 PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
                      const StepOptions& unresolved) {
+  return internal::PlanStep(lengths, groups, unresolved, internal::Pruning::kBounds);
+}
+
+namespace internal {
+
+PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
+                     const StepOptions& unresolved, Pruning pruning) {
   CheckStepOptions(unresolved);
   StepOptions options = unresolved;
   options.micro_batch = Resolved(unresolved.micro_batch);
@@ -749,9 +825,23 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
           : bound.value;
   SetTotals(padded, mb, result.baseline);
   // Karmarkar-Karp on cost is a valid answer when it keeps the cap (it ignores groups).
+  // Planned only when it could change the plan (CannotChangeTheChoice): its bounds from
+  // the batch, then from its ranks (exact with one pipeline stage), come first.
   if (!options.keep_groups) {
-    StepPlan on_cost = internal::KarmarkarKarpOnCost(padded, options);
-    if (on_cost.cap_violations == 0) candidates.push_back(std::move(on_cost));
+    auto may_change = [&](const internal::OnCostRanks* on_cost_ranks) {
+      if (pruning == Pruning::kNone) return true;
+      const auto least = internal::OnCostLowerBound(padded, options, on_cost_ranks);
+      return !least ||
+             !CannotChangeTheChoice(candidates, least->count, least->time, mb.count_tolerance);
+    };
+    if (may_change(nullptr)) {
+      const internal::OnCostRanks on_cost_ranks =
+          internal::KarmarkarKarpOnCostRanks(padded, options);
+      if (may_change(&on_cost_ranks)) {
+        StepPlan on_cost = internal::KarmarkarKarpOnCost(padded, options, on_cost_ranks);
+        if (on_cost.cap_violations == 0) candidates.push_back(std::move(on_cost));
+      }
+    }
   }
   // Empty micro-batches left by every candidate: try the bins-first assignment.
   if (LeastEmpty(candidates) > 0 && !options.keep_groups && !options.equal_size) {
@@ -765,5 +855,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   SetTotals(padded, mb, result.plan);
   return result;
 }
+
+}  // namespace internal
 
 }  // namespace rlsched::balance

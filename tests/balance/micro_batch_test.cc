@@ -726,6 +726,77 @@ TEST(StepBoundTest, ThoroughNeverAboveTheOptimum) { BoundSweep(1'000, 20'000); }
 TEST(StepBoundTest, HeavyTailedBatches) { HeavyTailedBoundSweep(1, 60); }
 TEST(StepBoundTest, ThoroughHeavyTailedBatches) { HeavyTailedBoundSweep(1'000, 1'000); }
 
+// Two plans with the same micro-batches (in order), counts, times and totals.
+void ExpectSamePlan(const StepPlan& a, const StepPlan& b) {
+  EXPECT_EQ(a.num_micro_batches, b.num_micro_batches);
+  EXPECT_EQ(a.predicted_step_time, b.predicted_step_time);
+  EXPECT_EQ(a.lower_bound, b.lower_bound);
+  EXPECT_EQ(a.empty_micro_batches, b.empty_micro_batches);
+  EXPECT_EQ(a.cap_violations, b.cap_violations);
+  ASSERT_EQ(a.ranks.size(), b.ranks.size());
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+    EXPECT_EQ(a.ranks[r].time, b.ranks[r].time);
+    ASSERT_EQ(a.ranks[r].micro_batches.size(), b.ranks[r].micro_batches.size());
+    for (std::size_t j = 0; j < a.ranks[r].micro_batches.size(); ++j) {
+      EXPECT_EQ(a.ranks[r].micro_batches[j].indices, b.ranks[r].micro_batches[j].indices);
+    }
+  }
+}
+
+// Candidates skipped by a bound (Karmarkar-Karp on cost) never change the plan: the
+// plan with them skipped is the plan with every candidate planned. The instances
+// include plans that are Karmarkar-Karp on cost's (counted: a skip that dropped the
+// chosen candidate would show), and one and several pipeline stages.
+void PruningSweep(std::uint64_t first, std::uint64_t count) {
+  std::int64_t on_cost_chosen = 0;
+  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+    workload::Rng rng(seed * 17 + 3);
+    const workload::SyntheticBatch batch =
+        workload::GrpoBatch(rng.UniformInt(0, 64), rng.UniformInt(1, 8), seed);
+    StepOptions options;
+    options.num_ranks = rng.UniformInt(1, 12);
+    options.equal_size = rng.UniformInt(0, 3) == 0;
+    options.keep_groups = rng.UniformInt(0, 5) == 0;
+    MicroBatchOptions& mb = options.micro_batch;
+    mb.pad_to_multiple_of = rng.UniformInt(0, 1) == 1 ? 1 : rng.UniformInt(2, 128);
+    mb.max_tokens_per_micro_batch = rng.UniformInt(17'000, 60'000);
+    mb.min_micro_batches = rng.UniformInt(1, 3);
+    mb.micro_batches_multiple_of = rng.UniformInt(1, 3);
+    mb.pipeline_stages = rng.UniformInt(0, 2) == 0 ? rng.UniformInt(2, 4) : 1;
+    mb.count_tolerance = rng.UniformInt(0, 2) == 0 ? 0.0 : 0.01 * rng.UniformInt(0, 10);
+    if (rng.UniformInt(0, 2) > 0)
+      mb.overhead = rng.UniformInt(0, 1) == 0 ? 0 : rng.UniformInt(1, 5000);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const PlannedStep pruned =
+        internal::PlanStep(batch.lengths, batch.groups, options, internal::Pruning::kBounds);
+    const PlannedStep full =
+        internal::PlanStep(batch.lengths, batch.groups, options, internal::Pruning::kNone);
+    ExpectSamePlan(pruned.plan, full.plan);
+    ExpectSamePlan(pruned.baseline, full.baseline);
+    if (!options.keep_groups) {
+      StepOptions resolved = options;
+      resolved.micro_batch = internal::Resolved(mb);
+      const StepPlan on_cost = internal::KarmarkarKarpOnCost(
+          internal::Pad(batch.lengths, resolved.micro_batch), resolved);
+      bool same = on_cost.cap_violations == 0 &&
+                  on_cost.predicted_step_time == full.plan.predicted_step_time &&
+                  on_cost.num_micro_batches == full.plan.num_micro_batches;
+      for (std::size_t r = 0; same && r < on_cost.ranks.size(); ++r) {
+        for (std::size_t j = 0; same && j < on_cost.ranks[r].micro_batches.size(); ++j) {
+          same = on_cost.ranks[r].micro_batches[j].indices ==
+                 full.plan.ranks[r].micro_batches[j].indices;
+        }
+      }
+      on_cost_chosen += same ? 1 : 0;
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(on_cost_chosen, 0) << "no instance where Karmarkar-Karp on cost is the plan";
+}
+
+TEST(MicroBatchPropertyTest, PruningKeepsThePlan) { PruningSweep(1, 300); }
+TEST(MicroBatchPropertyTest, ThoroughPruningKeepsThePlan) { PruningSweep(10'000, 3000); }
+
 TEST(MicroBatchPropertyTest, RandomSteps) { StepSweep(1, 150); }
 TEST(MicroBatchPropertyTest, ThoroughRandomSteps) { StepSweep(10'000, 1500); }
 
