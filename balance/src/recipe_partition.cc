@@ -15,13 +15,18 @@ namespace {
 
 using Wide = RecipeSum;
 
-// One part of a partial solution: its items as a list spliced through `next` (in the
-// order added), its sum and count. Items are the input positions.
+// One part of a partial solution: its sum and count, its first item (the input index
+// that breaks ties) and its items as a list spliced through `next` (in the order
+// added). The list links items by their position in the ascending (value, index)
+// order, not by index: a solution's parts then end in items of one run of positions
+// (the chunk, or the single item, it met last), so splicing writes to a few cache lines
+// instead of one line per part across the whole input.
 struct Part {
   Wide sum = 0;
-  std::int64_t count = 0;
-  std::int64_t head = -1;
-  std::int64_t tail = -1;
+  std::int32_t count = 0;
+  std::int32_t head = -1;      // input index of the first item
+  std::int32_t head_pos = -1;  // position of the first item
+  std::int32_t tail_pos = -1;  // position of the last item
 };
 
 // verl's order of parts: by sum, then item count, then item list (of (index, value)
@@ -40,7 +45,8 @@ struct HeavierPart {
 // A partial solution: its non-empty parts as a binary min-heap by Lighter (the
 // lightest at the root; ascending, which is a heap too, when `sorted`) and a copy of its
 // heaviest part; the other k − parts.size() parts are empty (lighter than any non-empty
-// part, whose count is >= 1).
+// part, whose count is >= 1). Lighter is a strict total order, so which heap of the
+// parts a solution holds never changes what it pops.
 struct Solution {
   std::vector<Part> parts;
   Part heaviest;
@@ -55,28 +61,29 @@ class Differencing {
   std::vector<std::vector<std::int64_t>> Run(PartSizes sizes) {
     const std::size_t n = values_.size();
     solutions_.reserve(sizes == PartSizes::kEqual ? n / k_ + 1 : n);
-    // The items by (value, index) descending: the radix order (value descending, index
-    // ascending) with each run of equal values reversed.
-    std::vector<std::int64_t> sorted_values;
-    std::vector<std::int32_t> order = HeaviestFirst(values_, &sorted_values);
+    // The items ascending by (value, index): the radix order (value descending, index
+    // ascending) reversed, with each run of equal values reversed back.
+    {
+      std::vector<std::int64_t> sorted_values;
+      const std::vector<std::int32_t> order = HeaviestFirst(values_, &sorted_values);
+      index_.assign(order.rbegin(), order.rend());
+      value_.assign(sorted_values.rbegin(), sorted_values.rend());
+    }
     for (std::size_t run = 0; run < n;) {
       std::size_t end = run + 1;
-      while (end < n && sorted_values[end] == sorted_values[run]) ++end;
-      std::reverse(order.begin() + static_cast<std::ptrdiff_t>(run),
-                   order.begin() + static_cast<std::ptrdiff_t>(end));
+      while (end < n && value_[end] == value_[run]) ++end;
+      std::reverse(index_.begin() + static_cast<std::ptrdiff_t>(run),
+                   index_.begin() + static_cast<std::ptrdiff_t>(end));
       run = end;
     }
     if (sizes == PartSizes::kEqual) {
-      // Ascending by (value, index), cut into chunks of k from the lightest end; a
-      // chunk is then ascending by Lighter, a heap.
+      // Cut into chunks of k from the lightest end; a chunk is then ascending by
+      // Lighter, a heap.
       for (std::size_t offset = 0; offset < n; offset += k_) {
         Solution chunk;
         chunk.parts.reserve(std::min(k_, n - offset));
-        for (std::size_t i = offset; i < std::min(n, offset + k_); ++i) {
-          const std::size_t s = n - 1 - i;
-          const auto item = static_cast<std::int64_t>(order[s]);
-          chunk.parts.push_back(Part{sorted_values[s], 1, item, item});
-        }
+        for (std::size_t p = offset; p < std::min(n, offset + k_); ++p)
+          chunk.parts.push_back(Item(p));
         chunk.heaviest = chunk.parts.back();
         Push(std::move(chunk));
       }
@@ -84,18 +91,18 @@ class Differencing {
       // The single items wait outside the heap, in the order they would leave it:
       // merged with the heap's top at every pop, they need neither a heap entry nor a
       // solution of their own until they meet. That order is by (value, index)
-      // descending: a single's spread is its value (0 for every one when k = 1), then
-      // its heaviest part (value, 1, index) decides.
-      singles_.assign(order.begin(), order.end());
+      // descending, the positions from the last: a single's spread is its value (0 for
+      // every one when k = 1), then its heaviest part (value, 1, index) decides.
+      singles_left_ = n;
     }
-    while (heap_.size() + (singles_.size() - next_single_) > 1) {
+    while (heap_.size() + singles_left_ > 1) {
       // The first popped becomes the combination; a single item popped second is
       // combined from a scratch solution.
       const std::size_t first = PopSolution();
       Solution* second = nullptr;
       std::size_t second_id = 0;
       if (SinglePopsNext()) {
-        const Part part = Single(singles_[next_single_++]);
+        const Part part = Item(--singles_left_);
         scratch_.parts.clear();
         scratch_.parts.push_back(part);
         scratch_.heaviest = part;
@@ -110,36 +117,39 @@ class Differencing {
       if (second != &scratch_) solutions_[second_id] = Solution();
       heap_.push(EntryOf(first));
     }
-    if (heap_.empty() && next_single_ < singles_.size()) heap_.push(EntryOf(PopSolution()));
+    if (heap_.empty() && singles_left_ > 0) heap_.push(EntryOf(PopSolution()));
     std::vector<std::vector<std::int64_t>> parts(k_);
     if (heap_.empty()) return parts;
     Solution& last = solutions_[heap_.top().id];
     SortAscending(last);
     const std::size_t size = last.parts.size();
-    // Every item's part (heaviest first), the lists walked interleaved (independent
-    // loads instead of one chain of cache misses), then the parts filled in index order
-    // (ascending without a sort).
-    std::vector<std::int32_t> part_of(values_.size(), -1);
-    std::vector<std::pair<std::int64_t, std::int32_t>> walks;  // (item, part)
+    // Every position's part (heaviest first), written over its link once read, the
+    // lists walked interleaved (independent loads instead of one chain of cache
+    // misses); then every item's part, and the parts filled in index order (ascending
+    // without a sort).
+    std::vector<std::pair<std::int32_t, std::int32_t>> walks;  // (position, part)
     walks.reserve(size);
     for (std::size_t p = 0; p < size; ++p) {
-      walks.emplace_back(last.parts[size - 1 - p].head, static_cast<std::int32_t>(p));
+      walks.emplace_back(last.parts[size - 1 - p].head_pos, static_cast<std::int32_t>(p));
       parts[p].reserve(static_cast<std::size_t>(last.parts[size - 1 - p].count));
     }
     while (!walks.empty()) {
       for (std::size_t w = 0; w < walks.size();) {
-        auto& [item, part] = walks[w];
-        if (item < 0) {
+        auto& [position, part] = walks[w];
+        if (position < 0) {
           walks[w] = walks.back();
           walks.pop_back();
           continue;
         }
-        part_of[static_cast<std::size_t>(item)] = part;
-        item = next_[static_cast<std::size_t>(item)];
+        std::int32_t& link = next_[static_cast<std::size_t>(position)];
+        position = link;
+        link = part;
         ++w;
       }
     }
-    for (std::size_t i = 0; i < part_of.size(); ++i) {
+    std::vector<std::int32_t> part_of(n);
+    for (std::size_t p = 0; p < n; ++p) part_of[static_cast<std::size_t>(index_[p])] = next_[p];
+    for (std::size_t i = 0; i < n; ++i) {
       parts[static_cast<std::size_t>(part_of[i])].push_back(static_cast<std::int64_t>(i));
     }
     return parts;
@@ -162,24 +172,28 @@ class Differencing {
     }
   };
 
-  Part Single(std::int64_t i) const { return Part{values_[static_cast<std::size_t>(i)], 1, i, i}; }
+  // The item at position p alone in a part.
+  Part Item(std::size_t p) const {
+    const auto position = static_cast<std::int32_t>(p);
+    return Part{value_[p], 1, index_[p], position, position};
+  }
 
-  // The heap entry item i would have as a solution of its own.
-  Entry SingleEntry(std::int64_t i) const {
-    const Part part = Single(i);
+  // The heap entry the next single item would have as a solution of its own.
+  Entry NextSingleEntry() const {
+    const Part part = Item(singles_left_ - 1);
     return Entry{k_ == 1 ? Wide{0} : part.sum, part, 0};
   }
 
   // Whether the next single item leaves before the heap's top (or the heap is empty).
   bool SinglePopsNext() const {
-    if (next_single_ == singles_.size()) return false;
-    return heap_.empty() || PopsLater()(heap_.top(), SingleEntry(singles_[next_single_]));
+    if (singles_left_ == 0) return false;
+    return heap_.empty() || PopsLater()(heap_.top(), NextSingleEntry());
   }
 
   // The next partial solution in verl's order, off the heap or a single item made one.
   std::size_t PopSolution() {
     if (SinglePopsNext()) {
-      const Part part = Single(singles_[next_single_++]);
+      const Part part = Item(--singles_left_);
       solutions_.push_back(Solution{{part}, part, true});
       return solutions_.size() - 1;
     }
@@ -214,18 +228,10 @@ class Differencing {
       a = b;
       return;
     }
-    next_[static_cast<std::size_t>(a.tail)] = b.head;
-    a.tail = b.tail;
+    next_[static_cast<std::size_t>(a.tail_pos)] = b.head_pos;
+    a.tail_pos = b.tail_pos;
     a.sum += b.sum;
     a.count += b.count;
-  }
-
-  // The lightest part of the heap `parts`, removed.
-  static Part PopLightest(std::vector<Part>& parts) {
-    std::pop_heap(parts.begin(), parts.end(), HeavierPart());
-    const Part part = parts.back();
-    parts.pop_back();
-    return part;
   }
 
   static void PushPart(std::vector<Part>& parts, const Part& part, Part& heaviest) {
@@ -234,46 +240,99 @@ class Differencing {
     if (Lighter(heaviest, part)) heaviest = part;
   }
 
+  // The heap `parts` with its lightest part (the root) replaced by `part`: one sift
+  // down instead of a pop and a push.
+  static void ReplaceLightest(std::vector<Part>& parts, const Part& part, Part& heaviest) {
+    const std::size_t size = parts.size();
+    std::size_t hole = 0;
+    for (;;) {
+      std::size_t child = 2 * hole + 1;
+      if (child >= size) break;
+      if (child + 1 < size && Lighter(parts[child + 1], parts[child])) ++child;
+      if (!Lighter(parts[child], part)) break;
+      parts[hole] = parts[child];
+      hole = child;
+    }
+    parts[hole] = part;
+    if (Lighter(heaviest, part)) heaviest = part;
+  }
+
+  // The m lightest parts of the solution `s`, lightest first, each changed by
+  // join(t, part) in place, and the result a heap again with `heaviest` its heaviest
+  // part: for m = 1 one sift down; for m at least half the parts a sort, then a heap
+  // made of the whole (its heaviest found again); else m pops and m pushes.
+  template <typename Join>
+  void JoinLightest(Solution& s, std::size_t m, Join join, Part& heaviest) {
+    if (m == 0) return;
+    std::vector<Part>& parts = s.parts;
+    if (m == 1) {
+      Part part = parts.front();
+      join(0, part);
+      ReplaceLightest(parts, part, heaviest);
+    } else if (2 * m >= parts.size()) {
+      SortAscending(s);
+      for (std::size_t t = 0; t < m; ++t) join(t, parts[t]);
+      heaviest = parts.front();
+      for (const Part& part : parts) {
+        if (Lighter(heaviest, part)) heaviest = part;
+      }
+      std::make_heap(parts.begin(), parts.end(), HeavierPart());
+    } else {
+      popped_.clear();
+      for (std::size_t t = 0; t < m; ++t) {
+        std::pop_heap(parts.begin(), parts.end(), HeavierPart());
+        popped_.push_back(parts.back());
+        parts.pop_back();
+      }
+      for (std::size_t t = 0; t < m; ++t) {
+        join(t, popped_[t]);
+        PushPart(parts, popped_[t], heaviest);
+      }
+    }
+    s.sorted = false;
+  }
+
   // verl's combination: a's j-th heaviest part with b's j-th lightest, counting the
   // empty parts as the lightest (a's i-th part, heaviest first, with b's (k − 1 − i)-th);
   // the result in a. Equivalently a's j-th lightest with b's j-th heaviest: the pairs of
   // two non-empty parts are j in [k − |a|, |b|), m = |a| + |b| − k of them; below them
   // b's heaviest parts meet empty parts of a, above them a's heaviest meet empty parts
   // of b and stay. Only the smaller solution is sorted, and only the m parts of the
-  // larger one that change leave its heap and come back: O(s log s + s log k) with s
-  // the smaller solution's size, O(log k) when one of them is a single item (the
-  // common step), where a sort of all k parts per step made the method quadratic.
+  // larger one that change are touched (JoinLightest): O(s log s + s log k) with s the
+  // smaller solution's size, O(log k) when one of them is a single item (the common
+  // step), where a sort of all k parts per step made the method quadratic. A joined
+  // part lists a's items first.
   void Combine(Solution& a, Solution& b) {
     const std::size_t na = a.parts.size();
     const std::size_t nb = b.parts.size();
     const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
     const std::size_t empty_a = k_ - na;
-    popped_.clear();
     if (nb <= na) {
       SortAscending(b);  // b's j-th heaviest is b.parts[nb − 1 − j]
-      a.sorted = false;
       // a's m lightest, lightest first: the t-th meets b's (k − |a| + t)-th heaviest.
-      for (std::size_t t = 0; t < m; ++t) popped_.push_back(PopLightest(a.parts));
-      for (std::size_t t = 0; t < m; ++t) {
-        Splice(popped_[t], b.parts[nb - 1 - (empty_a + t)]);
-        PushPart(a.parts, popped_[t], a.heaviest);
-      }
+      Part heaviest = a.heaviest;
+      JoinLightest(
+          a, m, [&](std::size_t t, Part& part) { Splice(part, b.parts[nb - 1 - (empty_a + t)]); },
+          heaviest);
       // b's heaviest parts that meet empty parts of a.
       for (std::size_t j = 0; j < std::min(nb, empty_a); ++j) {
-        PushPart(a.parts, b.parts[nb - 1 - j], a.heaviest);
+        PushPart(a.parts, b.parts[nb - 1 - j], heaviest);
       }
+      a.heaviest = heaviest;
+      a.sorted = false;
     } else {
       SortAscending(a);  // a's j-th lightest non-empty part is a.parts[j − (k − |a|)]
-      b.sorted = false;
       // b's m lightest, lightest first: the t-th is b's (|b| − 1 − t)-th heaviest and
-      // meets a's part m − 1 − t (ascending).
-      for (std::size_t t = 0; t < m; ++t) popped_.push_back(PopLightest(b.parts));
+      // meets a's part m − 1 − t (ascending), which comes first in the joined part.
       Part heaviest = b.heaviest;
-      for (std::size_t t = 0; t < m; ++t) {
-        Part joined = a.parts[m - 1 - t];
-        Splice(joined, popped_[t]);
-        PushPart(b.parts, joined, heaviest);
-      }
+      JoinLightest(
+          b, m,
+          [&](std::size_t t, Part& part) {
+            Part joined = a.parts[m - 1 - t];
+            Splice(joined, part);
+            part = joined;
+          },
+          heaviest);
       // a's heaviest parts that meet empty parts of b.
       for (std::size_t u = m; u < na; ++u) PushPart(b.parts, a.parts[u], heaviest);
       a.parts.swap(b.parts);
@@ -284,11 +343,12 @@ class Differencing {
 
   std::span<const std::int64_t> values_;
   std::size_t k_;
-  std::vector<std::int64_t> next_;  // by item: the next item of its part, -1 at the end
+  std::vector<std::int32_t> index_;  // by position: the input index
+  std::vector<std::int64_t> value_;  // by position: the value
+  std::vector<std::int32_t> next_;   // by position: the next position of its part, -1 at the end
   std::vector<Solution> solutions_;
   std::vector<Part> popped_;
-  std::vector<std::int64_t> singles_;  // kAny: the items in the order they leave
-  std::size_t next_single_ = 0;
+  std::size_t singles_left_ = 0;  // kAny: positions [0, singles_left_) not yet popped
   Solution scratch_;
   std::priority_queue<Entry, std::vector<Entry>, PopsLater> heap_;
 };
