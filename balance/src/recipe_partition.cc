@@ -13,16 +13,15 @@
 namespace rlsched::balance::internal {
 namespace {
 
-using Wide = RecipeSum;
-
 // One part of a partial solution: its sum and count, its first item (the input index
 // that breaks ties) and its items as a list spliced through `next` (in the order
 // added). The list links items by their position in the ascending (value, index)
 // order, not by index: a solution's parts then end in items of one run of positions
 // (the chunk, or the single item, it met last), so splicing writes to a few cache lines
 // instead of one line per part across the whole input.
+template <typename Sum>
 struct Part {
-  Wide sum = 0;
+  Sum sum = 0;
   std::int32_t count = 0;
   std::int32_t head = -1;      // input index of the first item
   std::int32_t head_pos = -1;  // position of the first item
@@ -32,14 +31,18 @@ struct Part {
 // verl's order of parts: by sum, then item count, then item list (of (index, value)
 // pairs). Two parts compared here never share an item, so the lists differ at their
 // first items, which decide.
-bool Lighter(const Part& a, const Part& b) {
+template <typename Sum>
+bool Lighter(const Part<Sum>& a, const Part<Sum>& b) {
   if (a.sum != b.sum) return a.sum < b.sum;
   if (a.count != b.count) return a.count < b.count;
   return a.head < b.head;
 }
 
 struct HeavierPart {
-  bool operator()(const Part& a, const Part& b) const { return Lighter(b, a); }
+  template <typename Sum>
+  bool operator()(const Part<Sum>& a, const Part<Sum>& b) const {
+    return Lighter(b, a);
+  }
 };
 
 // A partial solution: its non-empty parts as a binary min-heap by Lighter (the
@@ -47,35 +50,30 @@ struct HeavierPart {
 // heaviest part; the other k − parts.size() parts are empty (lighter than any non-empty
 // part, whose count is >= 1). Lighter is a strict total order, so which heap of the
 // parts a solution holds never changes what it pops.
+template <typename Sum>
 struct Solution {
-  std::vector<Part> parts;
-  Part heaviest;
+  std::vector<Part<Sum>> parts;
+  Part<Sum> heaviest;
   bool sorted = true;
 };
 
+template <typename Sum>
 class Differencing {
  public:
-  Differencing(std::span<const std::int64_t> values, std::int64_t num_parts)
-      : values_(values), k_(static_cast<std::size_t>(num_parts)), next_(values.size(), -1) {}
+  using Part = internal::Part<Sum>;
+  using Solution = internal::Solution<Sum>;
 
-  std::vector<std::vector<std::int64_t>> Run(PartSizes sizes) {
-    const std::size_t n = values_.size();
+  // `index`: the items ascending by (value, index), `value`: their values in that order.
+  Differencing(std::vector<std::int32_t> index, std::vector<std::int64_t> value,
+               std::int64_t num_parts)
+      : k_(static_cast<std::size_t>(num_parts)),
+        index_(std::move(index)),
+        value_(std::move(value)),
+        next_(index_.size(), -1) {}
+
+  std::vector<std::vector<std::int64_t>> Run(PartSizes sizes, RecipeOrder order) {
+    const std::size_t n = index_.size();
     solutions_.reserve(sizes == PartSizes::kEqual ? n / k_ + 1 : n);
-    // The items ascending by (value, index): the radix order (value descending, index
-    // ascending) reversed, with each run of equal values reversed back.
-    {
-      std::vector<std::int64_t> sorted_values;
-      const std::vector<std::int32_t> order = HeaviestFirst(values_, &sorted_values);
-      index_.assign(order.rbegin(), order.rend());
-      value_.assign(sorted_values.rbegin(), sorted_values.rend());
-    }
-    for (std::size_t run = 0; run < n;) {
-      std::size_t end = run + 1;
-      while (end < n && value_[end] == value_[run]) ++end;
-      std::reverse(index_.begin() + static_cast<std::ptrdiff_t>(run),
-                   index_.begin() + static_cast<std::ptrdiff_t>(end));
-      run = end;
-    }
     if (sizes == PartSizes::kEqual) {
       // Cut into chunks of k from the lightest end; a chunk is then ascending by
       // Lighter, a heap.
@@ -147,6 +145,12 @@ class Differencing {
         ++w;
       }
     }
+    if (order == RecipeOrder::kValue) {
+      for (std::size_t p = 0; p < n; ++p) {
+        parts[static_cast<std::size_t>(next_[p])].push_back(index_[p]);
+      }
+      return parts;
+    }
     std::vector<std::int32_t> part_of(n);
     for (std::size_t p = 0; p < n; ++p) part_of[static_cast<std::size_t>(index_[p])] = next_[p];
     for (std::size_t i = 0; i < n; ++i) {
@@ -161,7 +165,7 @@ class Differencing {
   // holds each solution's key beside its index (a solution changes only while out of
   // the heap), so comparisons read no solution.
   struct Entry {
-    Wide spread;
+    Sum spread;
     Part heaviest;
     std::size_t id;
   };
@@ -181,7 +185,7 @@ class Differencing {
   // The heap entry the next single item would have as a solution of its own.
   Entry NextSingleEntry() const {
     const Part part = Item(singles_left_ - 1);
-    return Entry{k_ == 1 ? Wide{0} : part.sum, part, 0};
+    return Entry{k_ == 1 ? Sum{0} : part.sum, part, 0};
   }
 
   // Whether the next single item leaves before the heap's top (or the heap is empty).
@@ -202,12 +206,12 @@ class Differencing {
     return id;
   }
 
-  Wide Spread(const Solution& s) const {
-    return s.heaviest.sum - (s.parts.size() == k_ ? s.parts.front().sum : Wide{0});
+  Sum Spread(const Solution& s) const {
+    return s.heaviest.sum - (s.parts.size() == k_ ? s.parts.front().sum : Sum{0});
   }
 
   static void SortAscending(Solution& s) {
-    if (!s.sorted) std::sort(s.parts.begin(), s.parts.end(), Lighter);
+    if (!s.sorted) std::sort(s.parts.begin(), s.parts.end(), Lighter<Sum>);
     s.sorted = true;
   }
 
@@ -341,7 +345,6 @@ class Differencing {
     }
   }
 
-  std::span<const std::int64_t> values_;
   std::size_t k_;
   std::vector<std::int32_t> index_;  // by position: the input index
   std::vector<std::int64_t> value_;  // by position: the value
@@ -353,12 +356,54 @@ class Differencing {
   std::priority_queue<Entry, std::vector<Entry>, PopsLater> heap_;
 };
 
+template <typename Sum>
+std::vector<std::vector<std::int64_t>> RunDifferencing(std::span<const std::int64_t> values,
+                                                       std::span<const std::int32_t> ascending,
+                                                       std::int64_t num_parts, PartSizes sizes,
+                                                       RecipeOrder order) {
+  std::vector<std::int32_t> index(ascending.begin(), ascending.end());
+  std::vector<std::int64_t> value(index.size());
+  for (std::size_t p = 0; p < index.size(); ++p) {
+    value[p] = values[static_cast<std::size_t>(index[p])];
+  }
+  return Differencing<Sum>(std::move(index), std::move(value), num_parts).Run(sizes, order);
+}
+
 }  // namespace
 
+std::vector<std::int32_t> RecipeAscending(std::span<const std::int64_t> values) {
+  // The radix order (value descending, index ascending) reversed, with each run of
+  // equal values reversed back.
+  std::vector<std::int64_t> sorted_values;
+  std::vector<std::int32_t> order = HeaviestFirst(values, &sorted_values);
+  std::reverse(order.begin(), order.end());
+  std::reverse(sorted_values.begin(), sorted_values.end());
+  const std::size_t n = order.size();
+  for (std::size_t run = 0; run < n;) {
+    std::size_t end = run + 1;
+    while (end < n && sorted_values[end] == sorted_values[run]) ++end;
+    std::reverse(order.begin() + static_cast<std::ptrdiff_t>(run),
+                 order.begin() + static_cast<std::ptrdiff_t>(end));
+    run = end;
+  }
+  return order;
+}
+
+std::vector<std::vector<std::int64_t>> RecipeKarmarkarKarpSorted(
+    std::span<const std::int64_t> values, std::span<const std::int32_t> ascending,
+    std::int64_t num_parts, PartSizes sizes, RecipeOrder order) {
+  // Sums in int64 when the total fits (exact either way, and faster).
+  std::int64_t total = 0;
+  bool fits = true;
+  for (const std::int64_t v : values) fits = fits && !__builtin_add_overflow(total, v, &total);
+  return fits ? RunDifferencing<std::int64_t>(values, ascending, num_parts, sizes, order)
+              : RunDifferencing<RecipeSum>(values, ascending, num_parts, sizes, order);
+}
+
 std::vector<std::vector<std::int64_t>> RecipeKarmarkarKarp(std::span<const std::int64_t> values,
-                                                           std::int64_t num_parts,
-                                                           PartSizes sizes) {
-  return Differencing(values, num_parts).Run(sizes);
+                                                           std::int64_t num_parts, PartSizes sizes,
+                                                           RecipeOrder order) {
+  return RecipeKarmarkarKarpSorted(values, RecipeAscending(values), num_parts, sizes, order);
 }
 
 }  // namespace rlsched::balance::internal

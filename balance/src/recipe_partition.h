@@ -27,9 +27,13 @@ __extension__ typedef __int128 RecipeSum;
 // it fits in int64).
 inline std::int64_t RecipeWorkload(std::int64_t length) { return 24576 * length + length * length; }
 
+// How RecipeKarmarkarKarp() lists a part's items: by index ascending, or by (value,
+// index) ascending.
+enum class RecipeOrder { kIndex, kValue };
+
 // verl's Karmarkar-Karp into `num_parts` parts, returned in its order (a part's
-// indices ascending, the parts as its final partial solution sorts them: by sum, then
-// item count, then first item, descending; empty parts last).
+// items as `order` says, the parts as its final partial solution sorts them: by sum,
+// then item count, then first item, descending; empty parts last).
 //
 // The method: every item starts as a partial solution of k part sums (kAny: the item
 // alone in one part; kEqual: the items sorted ascending by (value, index) and cut
@@ -42,11 +46,22 @@ inline std::int64_t RecipeWorkload(std::int64_t length) { return 24576 * length 
 // Where verl asserts: with kEqual and n not a multiple of k, the last (heaviest)
 // chunk holds the n mod k items left (verl requires k to divide n); fewer items than
 // parts, or an empty part, are allowed (verl asserts n >= k and no empty part). Sums
-// are exact (128-bit). Precondition: values >= 0, num_parts >= 1.
+// are exact (64-bit when the total fits, else 128-bit). Precondition: values >= 0,
+// num_parts >= 1, at most kMaxItems values.
 // O(merges · s log s), s the parts a partial solution fills: O(n log k) with kEqual,
 // O(n · min(n, k) · log k) at worst with kAny.
 std::vector<std::vector<std::int64_t>> RecipeKarmarkarKarp(std::span<const std::int64_t> values,
-                                                           std::int64_t num_parts, PartSizes sizes);
+                                                           std::int64_t num_parts, PartSizes sizes,
+                                                           RecipeOrder order = RecipeOrder::kIndex);
+
+// The items ascending by (value, index) (a radix sort, O(n · passes)).
+std::vector<std::int32_t> RecipeAscending(std::span<const std::int64_t> values);
+
+// RecipeKarmarkarKarp() given RecipeAscending(values) (or the same order found
+// another way), which it does not check.
+std::vector<std::vector<std::int64_t>> RecipeKarmarkarKarpSorted(
+    std::span<const std::int64_t> values, std::span<const std::int32_t> ascending,
+    std::int64_t num_parts, PartSizes sizes, RecipeOrder order);
 
 }  // namespace rlsched::balance::internal
 

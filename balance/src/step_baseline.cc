@@ -35,17 +35,6 @@ namespace rlsched::balance {
 namespace internal {
 namespace {
 
-// Even positions, then odd positions reversed: [a0 a2 a4 … a5 a3 a1].
-template <typename T>
-std::vector<T> EvensThenOddsReversed(const std::vector<T>& v) {
-  std::vector<T> out;
-  for (std::size_t j = 0; j < v.size(); j += 2) out.push_back(v[j]);
-  for (std::size_t j = v.size() / 2 * 2; j-- > 0;) {
-    if (j % 2 == 1) out.push_back(v[j]);
-  }
-  return out;
-}
-
 // Even positions reversed, then odd positions: [… a4 a2 a0 a1 a3 a5 …].
 template <typename T>
 std::vector<T> EvensReversedThenOdds(const std::vector<T>& v) {
@@ -54,6 +43,21 @@ std::vector<T> EvensReversedThenOdds(const std::vector<T>& v) {
   for (std::size_t j = 1; j < v.size(); j += 2) out.push_back(v[j]);
   return out;
 }
+
+// Even positions, then odd positions reversed ([a0 a2 a4 … a5 a3 a1]) of `size`
+// items: the position in the input of output position j.
+std::size_t EvensThenOddsReversedSource(std::size_t size, std::size_t j) {
+  const std::size_t evens = (size + 1) / 2;
+  return j < evens ? 2 * j : 2 * (size - 1 - j) + 1;
+}
+
+// One sequence of a rank, by its position in the recipe's order.
+struct Sequence {
+  std::int64_t index;
+  std::int64_t tokens;
+  std::int64_t unpadded_tokens;
+  std::int64_t cost;
+};
 
 }  // namespace
 
@@ -64,20 +68,12 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
   std::vector<std::int64_t> workload(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) workload[i] = RecipeWorkload(lengths[i]);
 
-  // Sequences to ranks, each rank's in the recipe's order.
-  std::vector<std::vector<std::int64_t>> ranks =
-      RecipeKarmarkarKarp(workload, options.num_ranks, PartSizes::kEqual);
+  // Sequences to ranks, each rank's by (workload, index) ascending: verl sorts a rank's
+  // sequences so (stably, from index order) before it reorders them.
+  const std::vector<std::vector<std::int64_t>> ranks =
+      RecipeKarmarkarKarp(workload, options.num_ranks, PartSizes::kEqual, RecipeOrder::kValue);
   std::int64_t count = 0;
-  for (std::vector<std::int64_t>& rank : ranks) {
-    {  // by (workload, index), stably: `rank` is ascending
-      std::vector<std::pair<std::int64_t, std::int64_t>> keyed(rank.size());
-      for (std::size_t j = 0; j < rank.size(); ++j) {
-        keyed[j] = {workload[static_cast<std::size_t>(rank[j])], rank[j]};
-      }
-      std::sort(keyed.begin(), keyed.end());
-      for (std::size_t j = 0; j < rank.size(); ++j) rank[j] = keyed[j].second;
-    }
-    rank = EvensThenOddsReversed(rank);
+  for (const std::vector<std::int64_t>& rank : ranks) {
     std::int64_t tokens = 0;  // the lengths, unpadded, as verl counts them
     for (const std::int64_t i : rank) tokens += lengths[static_cast<std::size_t>(i)];
     const std::int64_t wanted =
@@ -88,13 +84,39 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
 
   StepPlan plan;
   plan.num_micro_batches = count;
+  std::vector<Sequence> sequences;  // by position in the rank's order
+  std::vector<std::int64_t> local;  // their workloads
+  std::vector<std::int32_t> ascending;
   for (const std::vector<std::int64_t>& rank : ranks) {
-    std::vector<std::int64_t> local(rank.size());  // by position in the rank's order
-    for (std::size_t j = 0; j < rank.size(); ++j) {
-      local[j] = workload[static_cast<std::size_t>(rank[j])];
+    // The rank in the recipe's order: by (workload, index), then the even positions
+    // followed by the odd ones reversed. Gathered once, in that order.
+    const std::size_t size = rank.size();
+    sequences.resize(size);
+    local.resize(size);
+    for (std::size_t j = 0; j < size; ++j) {
+      const auto i = static_cast<std::size_t>(rank[EvensThenOddsReversedSource(size, j)]);
+      sequences[j] =
+          Sequence{static_cast<std::int64_t>(i), padded.tokens[i], lengths[i], padded.costs[i]};
+      local[j] = workload[i];
+    }
+    // Those positions by (workload, position) ascending, from the (workload, index)
+    // order: in a run of equal workloads, the even ones come first in the recipe's order
+    // (ascending), then the odd ones (descending).
+    ascending.clear();
+    for (std::size_t run = 0; run < size;) {
+      std::size_t end = run + 1;
+      const std::int64_t w = workload[static_cast<std::size_t>(rank[run])];
+      while (end < size && workload[static_cast<std::size_t>(rank[end])] == w) ++end;
+      for (std::size_t s = run + run % 2; s < end; s += 2) {
+        ascending.push_back(static_cast<std::int32_t>(s / 2));
+      }
+      for (std::size_t s = end; s-- > run;) {
+        if (s % 2 == 1) ascending.push_back(static_cast<std::int32_t>(size - 1 - (s - 1) / 2));
+      }
+      run = end;
     }
     std::vector<std::vector<std::int64_t>> parts =
-        RecipeKarmarkarKarp(local, count, PartSizes::kAny);
+        RecipeKarmarkarKarpSorted(local, ascending, count, PartSizes::kAny, RecipeOrder::kIndex);
     // By (sum, first item) descending, stably: each key computed once, the parts moved
     // once (sorting the parts themselves cost O(m log m) vector moves and key sums).
     std::vector<std::pair<RecipeSum, std::int64_t>> keys(parts.size());
@@ -107,22 +129,17 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
     std::iota(by_key.begin(), by_key.end(), std::size_t{0});
     std::stable_sort(by_key.begin(), by_key.end(),
                      [&](std::size_t a, std::size_t b) { return keys[a] > keys[b]; });
-    {
-      std::vector<std::vector<std::int64_t>> sorted;
-      sorted.reserve(parts.size());
-      for (const std::size_t p : by_key) sorted.push_back(std::move(parts[p]));
-      parts = std::move(sorted);
-    }
-    parts = EvensReversedThenOdds(parts);
     RankPlan rank_plan;
-    for (const std::vector<std::int64_t>& part : parts) {
+    rank_plan.micro_batches.reserve(parts.size());
+    for (const std::size_t p : EvensReversedThenOdds(by_key)) {
       MicroBatch batch;
-      for (const std::int64_t j : part) {
-        const auto i = static_cast<std::size_t>(rank[static_cast<std::size_t>(j)]);
-        batch.indices.push_back(static_cast<std::int64_t>(i));
-        batch.tokens += padded.tokens[i];
-        batch.unpadded_tokens += lengths[i];
-        batch.cost += padded.costs[i];
+      batch.indices.reserve(parts[p].size());
+      for (const std::int64_t j : parts[p]) {
+        const Sequence& q = sequences[static_cast<std::size_t>(j)];
+        batch.indices.push_back(q.index);
+        batch.tokens += q.tokens;
+        batch.unpadded_tokens += q.unpadded_tokens;
+        batch.cost += q.cost;
       }
       std::sort(batch.indices.begin(), batch.indices.end());
       plan.cap_violations += batch.tokens > cap ? 1 : 0;

@@ -239,13 +239,25 @@ TEST(StepBaselineTest, HandCaseTwoRanksTheCountIsTheMax) {
   EXPECT_EQ(four.empty_micro_batches, 2);
 }
 
-// RecipeKarmarkarKarp is the transcription's partition, any size and equal size.
+// RecipeKarmarkarKarp is the transcription's partition, any size and equal size; with
+// RecipeOrder::kValue the same parts, each by (value, index) ascending.
 void ExpectTheTranscriptionsPartition(const std::vector<std::int64_t>& values, std::size_t k) {
   for (const bool equal : {false, true}) {
-    EXPECT_EQ(internal::RecipeKarmarkarKarp(values, static_cast<std::int64_t>(k),
-                                            equal ? PartSizes::kEqual : PartSizes::kAny),
-              ReferenceKarmarkarKarp(values, k, equal))
+    const PartSizes sizes = equal ? PartSizes::kEqual : PartSizes::kAny;
+    const Parts reference = ReferenceKarmarkarKarp(values, k, equal);
+    EXPECT_EQ(internal::RecipeKarmarkarKarp(values, static_cast<std::int64_t>(k), sizes), reference)
         << (equal ? "equal" : "any");
+    Parts by_value = reference;
+    for (std::vector<std::int64_t>& part : by_value) {
+      std::sort(part.begin(), part.end(), [&](std::int64_t a, std::int64_t b) {
+        return std::pair(values[static_cast<std::size_t>(a)], a) <
+               std::pair(values[static_cast<std::size_t>(b)], b);
+      });
+    }
+    EXPECT_EQ(internal::RecipeKarmarkarKarp(values, static_cast<std::int64_t>(k), sizes,
+                                            internal::RecipeOrder::kValue),
+              by_value)
+        << (equal ? "equal" : "any") << ", by value";
   }
 }
 
