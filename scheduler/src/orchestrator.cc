@@ -72,6 +72,7 @@ struct Group {
   std::int64_t oldest = -1;  // min over its samples' oldest (>= 0 ones); -1: none
   GroupState state = GroupState::kLive;
   std::int64_t indexed_oldest = -1;  // its key in State::unfinished; -1: not there
+  bool generating = false;  // a sample dispatched, not all complete (max_generating_groups)
 };
 
 struct Engine {
@@ -209,6 +210,9 @@ void Validate(const OrchestratorOptions& o) {
   if (o.colocated && o.mode != Mode::kSync) {
     Invalid("colocated", "false unless mode is sync (engines and trainer alternate)", "true");
   }
+  if (o.max_generating_groups < 0) {
+    Invalid("max_generating_groups", ">= 0", Str(o.max_generating_groups));
+  }
   if (!(o.length_quantile > 0 && o.length_quantile <= 1)) {
     Invalid("length_quantile", "in (0, 1]", Str(o.length_quantile));
   }
@@ -243,6 +247,10 @@ struct Orchestrator::State {
   std::map<std::int64_t, Engine> engines;
 
   std::set<QueueKey> queue;
+  // max_generating_groups: the queued samples of generating groups (also in `queue`),
+  // and the number of generating groups.
+  std::set<QueueKey> generating_queue;
+  std::int64_t generating_groups = 0;
   std::map<std::int64_t, std::vector<std::int64_t>> by_version;
   std::set<std::pair<std::int64_t, std::int64_t>> complete;  // complete live groups
   // Live groups not complete, with tokens, by (oldest version, id) (wait_for_oldest).
@@ -343,12 +351,14 @@ struct Orchestrator::State {
     x.engine = -1;
     x.remaining = std::max<std::int64_t>(1, x.predicted - x.tokens);
     queue.insert(KeyOf(id));
+    if (GroupOf(id).generating) generating_queue.insert(KeyOf(id));
     ++counters.queued;
     queued_work += x.remaining;
   }
   void Dequeue(std::int64_t id) {
     Sample& x = At(id);
     queue.erase(KeyOf(id));
+    generating_queue.erase(KeyOf(id));
     --counters.queued;
     queued_work -= x.remaining;
   }
@@ -505,8 +515,12 @@ struct Orchestrator::State {
     const std::int64_t share =
         (static_cast<std::int64_t>(queue.size()) + alive_engines - 1) / alive_engines;
     const std::int64_t work_share = (queued_work + alive_engines - 1) / alive_engines;
+    const std::int64_t cap = options.max_generating_groups;
     while (!queue.empty()) {
-      const auto [target, neg_remaining, id] = *queue.begin();
+      const bool full = cap > 0 && generating_groups >= cap;
+      if (full && generating_queue.empty()) break;
+      const QueueKey key = full ? *generating_queue.begin() : *queue.begin();
+      const auto [target, neg_remaining, id] = key;
       Sample& x = At(id);
       // The engine's version must keep the sample within the bound at its target.
       const std::int64_t need = target - s;
@@ -523,9 +537,11 @@ struct Orchestrator::State {
       ++best->pass_count;
       best->pass_work += x.remaining;
       queued_work -= x.remaining;
-      queue.erase(queue.begin());
+      queue.erase(key);
+      generating_queue.erase(key);
       --counters.queued;
       x.state = SampleState::kInFlight;
+      if (cap > 0) StartGenerating(id / G);
       x.engine = best_id;
       if (x.oldest < 0 || best->version < x.oldest) {  // kept tokens may be newer
         x.oldest = best->version;
@@ -560,6 +576,24 @@ struct Orchestrator::State {
       e.pass_count = 0;
       e.pass_work = 0;
     }
+  }
+
+  // max_generating_groups: group g holds a place from its first dispatch; its other
+  // queued samples go to generating_queue. O(G log n) once per group start.
+  void StartGenerating(std::int64_t g) {
+    Group& group = groups[static_cast<std::size_t>(g)];
+    if (group.generating) return;
+    group.generating = true;
+    ++generating_groups;
+    for (std::int64_t j = 0; j < G; ++j) {
+      if (At(g * G + j).state == SampleState::kQueued) generating_queue.insert(KeyOf(g * G + j));
+    }
+  }
+  void StopGenerating(std::int64_t g) {
+    Group& group = groups[static_cast<std::size_t>(g)];
+    if (!group.generating) return;
+    group.generating = false;
+    --generating_groups;
   }
 
   // ---- weight sync ----
@@ -771,6 +805,7 @@ struct Orchestrator::State {
     Group& group = groups[static_cast<std::size_t>(g)];
     if (group.complete == G) complete.erase({group.oldest, g});
     live_by_target[group.target].erase(g);
+    StopGenerating(g);
     group.state = GroupState::kFiltered;
     Reindex(g);
     for (std::int64_t j = 0; j < G; ++j) {
@@ -944,7 +979,10 @@ struct Orchestrator::State {
     lengths.Add(e.tokens);
     ++group.complete;
     Reindex(e.sample / G);
-    if (group.complete == G) OnGroupComplete(e.sample / G);
+    if (group.complete == G) {
+      StopGenerating(e.sample / G);
+      OnGroupComplete(e.sample / G);
+    }
   }
 
   void On(const GroupFiltered& e) {
@@ -1177,6 +1215,22 @@ void Orchestrator::CheckInvariants() const {
   for (const auto& [target, neg_remaining, id] : st.queue)
     queued_work += st.samples[static_cast<std::size_t>(id)].remaining;
   if (queued_work != st.queued_work) fail("queued work");
+  std::int64_t generating = 0;
+  std::size_t generating_queued = 0;
+  for (const Group& group : st.groups) generating += group.generating ? 1 : 0;
+  for (const QueueKey& key : st.queue) {
+    const bool in_generating = st.generating_queue.count(key) != 0;
+    if (in_generating != st.groups[static_cast<std::size_t>(std::get<2>(key) / st.G)].generating) {
+      fail("generating_queue disagrees with the groups generating");
+    }
+    generating_queued += in_generating ? 1 : 0;
+  }
+  if (generating != st.generating_groups || generating_queued != st.generating_queue.size()) {
+    fail("generating groups miscounted");
+  }
+  if (st.options.max_generating_groups > 0 && generating > st.options.max_generating_groups) {
+    fail("more groups generating than max_generating_groups");
+  }
   std::int64_t in_flight = 0;
   for (const auto& [id, e] : st.engines) {
     if (!e.alive && !e.in_flight.empty()) fail("a removed engine holds samples");

@@ -593,6 +593,34 @@ TEST(OrchestratorTest, LongestFirstOrArrivalOrder) {
   }
 }
 
+TEST(OrchestratorTest, GeneratingGroupsAreCapped) {
+  // Sync, P = 3 prompts of G = 2 samples, one engine of 8 slots, at most 2 groups
+  // generating: groups 0 and 1 start; group 2 starts when group 0 is complete, not
+  // when one of its samples is.
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kSync,
+                                         .prompts_per_step = 3,
+                                         .samples_per_prompt = 2,
+                                         .longest_first = false,
+                                         .max_generating_groups = 2}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 8, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 3)}, out);
+  auto dispatched = [](const std::vector<Command>& commands) {
+    std::vector<std::int64_t> samples;
+    for (const Dispatch& d : All<Dispatch>(commands)) {
+      for (const SampleWork& w : d.samples) samples.push_back(w.sample);
+    }
+    return samples;
+  };
+  EXPECT_EQ(dispatched(out), (std::vector<std::int64_t>{0, 1, 2, 3}));
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 5}, out);
+  EXPECT_TRUE(dispatched(out).empty());
+  core.Handle(GenerationFinished{.time = 2, .sample = 1, .tokens = 5}, out);
+  EXPECT_EQ(dispatched(out), (std::vector<std::int64_t>{4, 5}));
+  core.CheckInvariants();
+}
+
 TEST(OrchestratorTest, NewModeOptionsAreValidated) {
   auto expect_error = [](OrchestratorPolicy policy, const std::string& field) {
     try {
@@ -634,6 +662,7 @@ TEST(OrchestratorTest, OptionsAreValidated) {
   expect_error(negative_steps, "num_steps");
   policy_error({.length_quantile = 0}, "length_quantile");
   policy_error({.initial_prediction = 0}, "initial_prediction");
+  policy_error({.max_generating_groups = -1}, "max_generating_groups");
 }
 
 // ---- A random world that executes the commands and reports random events. ----
@@ -650,6 +679,7 @@ struct WorldOptions {
   double fraction = 0;     // α with StalenessPolicy::kFraction
   bool streaming = false;  // train_calls_per_sync = prompts_per_step
   bool colocated = false;  // Mode::kSync only
+  std::int64_t max_generating_groups = 0;
 };
 
 struct World {
@@ -679,6 +709,7 @@ struct World {
     core.longest_first = rng.UniformInt(0, 3) != 0;
     if (o.streaming) core.train_calls_per_sync = core.prompts_per_step;
     core.colocated = o.colocated;
+    core.max_generating_groups = o.max_generating_groups;
     // Dynamic sampling where a group can have unequal rewards.
     if (core.samples_per_prompt > 1) core.filter = KeepUnlessAllEqual;
     return core;
@@ -696,6 +727,15 @@ struct World {
           live_groups.insert(w.group);
         }
         ASSERT_LE(static_cast<std::int64_t>(e.running.size()), e.max_concurrent);
+        if (options.max_generating_groups > 0) {  // running samples' groups generate
+          std::set<std::int64_t> generating;
+          for (const auto& [id, engine] : engines) {
+            for (const auto& [x, tokens] : engine.running) {
+              generating.insert(x / core_options.samples_per_prompt);
+            }
+          }
+          ASSERT_LE(static_cast<std::int64_t>(generating.size()), options.max_generating_groups);
+        }
       } else if (const auto* a = std::get_if<Abort>(&c)) {
         EngineState& e = engines.at(a->engine);
         for (const auto x : a->samples) {
@@ -924,16 +964,18 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
     const StalenessPolicy policies[] = {StalenessPolicy::kAdmission, StalenessPolicy::kStrict,
                                         StalenessPolicy::kFraction};
     const double fractions[] = {0.5, 0, 0.25, 1.5};
-    WorldOptions o{.seed = seed,
-                   .mode = modes[seed % 3],
-                   .staleness = static_cast<std::int64_t>(seed / 3 % 3),
-                   .policy = policies[(seed / 18) % 3],
-                   .partial = (seed / 9) % 2 == 0,
-                   .oversample = static_cast<double>(seed % 4) * 0.5,
-                   .faults = seed % 5 != 0,
-                   .fraction = fractions[(seed / 54) % 4],
-                   .streaming = seed % 7 < 2,
-                   .colocated = seed % 3 == 0 && (seed / 6) % 2 == 0};
+    WorldOptions o{
+        .seed = seed,
+        .mode = modes[seed % 3],
+        .staleness = static_cast<std::int64_t>(seed / 3 % 3),
+        .policy = policies[(seed / 18) % 3],
+        .partial = (seed / 9) % 2 == 0,
+        .oversample = static_cast<double>(seed % 4) * 0.5,
+        .faults = seed % 5 != 0,
+        .fraction = fractions[(seed / 54) % 4],
+        .streaming = seed % 7 < 2,
+        .colocated = seed % 3 == 0 && (seed / 6) % 2 == 0,
+        .max_generating_groups = seed % 11 < 3 ? static_cast<std::int64_t>(seed % 3) + 1 : 0};
     if (o.mode != Mode::kAsync) o.policy = StalenessPolicy::kAdmission;
     SCOPED_TRACE("seed " + std::to_string(seed));
     Counters c;
@@ -988,15 +1030,18 @@ TEST(OrchestratorPropertyTest, SameSeedSameCommands) {
 }
 
 TEST(OrchestratorPropertyTest, WorkProgresses) {
-  // Without faults every mode keeps training.
-  for (const Mode mode : {Mode::kSync, Mode::kOneStepOff, Mode::kAsync}) {
-    World world(WorldOptions{.seed = 7, .mode = mode, .faults = false, .events = 2000});
-    for (int i = 0; i < 2000; ++i) world.Step();
-    const Counters& c = world.core.counters();
-    EXPECT_GE(c.steps_started, 5) << static_cast<int>(mode) << " admitted " << c.admitted
-                                  << " queued " << c.queued << " in flight " << c.in_flight
-                                  << " buffered " << c.buffered << " engines "
-                                  << world.engines.size() << " log " << world.log.size();
+  // Without faults every mode keeps training, with at most one group generating too.
+  for (const std::int64_t cap : {0, 1}) {
+    for (const Mode mode : {Mode::kSync, Mode::kOneStepOff, Mode::kAsync}) {
+      World world(WorldOptions{
+          .seed = 7, .mode = mode, .faults = false, .events = 2000, .max_generating_groups = cap});
+      for (int i = 0; i < 2000; ++i) world.Step();
+      const Counters& c = world.core.counters();
+      EXPECT_GE(c.steps_started, 5)
+          << static_cast<int>(mode) << " admitted " << c.admitted << " queued " << c.queued
+          << " in flight " << c.in_flight << " buffered " << c.buffered << " engines "
+          << world.engines.size() << " log " << world.log.size();
+    }
   }
 }
 

@@ -275,6 +275,11 @@ struct OrchestratorPolicy {
   // Dispatch queued samples longest predicted first (within a target batch); false:
   // in admission order, first in first out, as the peers' rollout loops do.
   bool longest_first = true;
+  // At most this many groups generating at once, >= 0 (0: no limit): a group holds its
+  // place from the dispatch of its first sample until all its samples are complete
+  // (verl's fully-async rollouter runs at most 16 prompts per inference server, each
+  // with all its samples). Queued samples of generating groups go first when full.
+  std::int64_t max_generating_groups = 0;
   // The length predictor's fallback quantile of the finished lengths, in (0, 1].
   double length_quantile = 0.5;
   // Response tokens predicted before any sample has finished, >= 1.
