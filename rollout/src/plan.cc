@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <stdexcept>
@@ -12,6 +13,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "bucket_rooms.h"
 #include "layout_internal.h"
 #include "rlsched/common/error.h"
 
@@ -133,58 +135,6 @@ struct Rec {
   Quantize quantize = Quantize::kNone;
 };
 
-// One rank's room (budget minus bytes) in each bucket, one direction: a max-tree over
-// the buckets used so far (a power of two of leaves, doubled as needed; buckets past
-// the leaves are empty). FirstFit() is first fit in O(log buckets).
-class RoomTree {
- public:
-  explicit RoomTree(std::int64_t budget) : budget_(budget) {}
-
-  // The first bucket >= b with room for `bytes` (<= budget).
-  std::int64_t FirstFit(std::int64_t b, std::int64_t bytes) const {
-    if (b >= leaves_) return b;
-    std::size_t i = static_cast<std::size_t>(b + leaves_);
-    if (tree_[i] >= bytes) return b;
-    // Up until a right sibling holds room, then down to its leftmost leaf with room.
-    for (;;) {
-      if (i == 1) return leaves_;  // none in the tree: the first bucket past it
-      if ((i & 1) == 0 && tree_[i + 1] >= bytes) {
-        ++i;
-        break;
-      }
-      i >>= 1;
-    }
-    while (i < static_cast<std::size_t>(leaves_)) {
-      i *= 2;
-      if (tree_[i] < bytes) ++i;
-    }
-    return static_cast<std::int64_t>(i) - leaves_;
-  }
-
-  // Puts `bytes` in bucket b (which has room for them).
-  void Take(std::int64_t b, std::int64_t bytes) {
-    if (b >= leaves_) Grow(b + 1);
-    std::size_t i = static_cast<std::size_t>(b + leaves_);
-    tree_[i] -= bytes;
-    for (i >>= 1; i >= 1; i >>= 1) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
-  }
-
- private:
-  void Grow(std::int64_t buckets) {
-    std::int64_t leaves = std::max<std::int64_t>(leaves_, 1);
-    while (leaves < buckets) leaves *= 2;
-    std::vector<std::int64_t> tree(static_cast<std::size_t>(2 * leaves), budget_);
-    std::copy(tree_.begin() + leaves_, tree_.end(), tree.begin() + leaves);
-    for (std::int64_t i = leaves - 1; i >= 1; --i) tree[i] = std::max(tree[2 * i], tree[2 * i + 1]);
-    tree_ = std::move(tree);
-    leaves_ = leaves;
-  }
-
-  std::int64_t budget_;
-  std::int64_t leaves_ = 0;
-  std::vector<std::int64_t> tree_;  // 1-based: node i has children 2i, 2i + 1
-};
-
 class Planner {
  public:
   Planner(const ModelConfig& m, const ReshardOptions& o) : m_(m), o_(o), index_(m) {}
@@ -215,6 +165,11 @@ class Planner {
   // dsts_[dst_begin, end).
   void Emit(std::int32_t job, std::int64_t sender, std::int32_t holding, std::size_t dst_begin);
   void Bucket();
+  // Bucket()'s first fit of the records in the order of `keys` (key, record), rooms
+  // held as T: bucket[record].
+  template <class T>
+  void FirstFit(const std::vector<std::pair<double, std::size_t>>& keys,
+                std::vector<std::int64_t>& bucket);
   // Fills `x` (default-constructed) from `r`.
   void Materialize(const Rec& r, std::int64_t bucket, Transfer& x) const;
   void Cost();
@@ -609,11 +564,44 @@ void Planner::Bucket() {
   std::sort(keys.begin(), keys.end());
 
   // First fit: the earliest bucket in which the sender and every receiver have room.
-  // Each rank's room per bucket, sent and received, is a max-tree (RoomTree): the
-  // first bucket at or after b with room for a transfer is found in O(log buckets).
-  // b only grows, so the first b that no rank moves is the answer.
-  std::vector<RoomTree> sent(ranks, RoomTree(budget)), received(ranks, RoomTree(budget));
+  // Each rank's room per bucket, sent and received, is a BucketRooms: the first bucket
+  // at or after b with room for a transfer is found in O(log buckets). b only grows,
+  // so the first b that no rank moves is the answer.
   std::vector<std::int64_t> bucket(xs.size());
+  if (budget <= std::numeric_limits<std::int32_t>::max()) {
+    FirstFit<std::int32_t>(keys, bucket);
+  } else {
+    FirstFit<std::int64_t>(keys, bucket);
+  }
+  // By bucket, in key order within a bucket (a counting sort); each Transfer is built
+  // once, in its final place.
+  std::vector<std::size_t> start(plan_.num_buckets + 1, 0);
+  for (std::int64_t b : bucket) ++start[b + 1];
+  for (std::int64_t b = 0; b < plan_.num_buckets; ++b) start[b + 1] += start[b];
+  std::vector<std::size_t> ordered(xs.size());
+  for (const auto& [key, i] : keys) ordered[start[bucket[i]]++] = i;
+  plan_.transfers.reserve(xs.size());
+  for (std::size_t n = 0; n < ordered.size(); ++n) {
+    if (n + kPrefetchRec < ordered.size()) {
+      PrefetchAddress(&xs[ordered[n + kPrefetchRec]]);
+    }
+    if (n + kPrefetchData < ordered.size()) {
+      const Rec& ahead = xs[ordered[n + kPrefetchData]];
+      PrefetchAddress(&dsts_[ahead.dst_begin]);
+      PrefetchAddress(&ranges_[ahead.ranges]);
+    }
+    const std::size_t i = ordered[n];
+    Materialize(xs[i], bucket[i], plan_.transfers.emplace_back());
+  }
+}
+
+template <class T>
+void Planner::FirstFit(const std::vector<std::pair<double, std::size_t>>& keys,
+                       std::vector<std::int64_t>& bucket) {
+  const std::vector<Rec>& xs = recs_;
+  const std::size_t ranks = link_bytes_.size() / kLinks;
+  using Rooms = internal::BucketRooms<T>;
+  std::vector<Rooms> sent(ranks, Rooms(o_.bucket_bytes)), received(ranks, Rooms(o_.bucket_bytes));
   auto prefetch = [&](std::size_t n) {
     if (n + kPrefetchRec < keys.size()) PrefetchAddress(&xs[keys[n + kPrefetchRec].second]);
     if (n + kPrefetchData < keys.size()) {
@@ -638,26 +626,6 @@ void Planner::Bucket() {
     if (!local) sent[x.src_rank].Take(b, bytes);
     for (std::int32_t k = 0; k < count; ++k) received[dst[k]].Take(b, bytes);
     plan_.num_buckets = std::max(plan_.num_buckets, b + 1);
-  }
-  // By bucket, in key order within a bucket (a counting sort); each Transfer is built
-  // once, in its final place.
-  std::vector<std::size_t> start(plan_.num_buckets + 1, 0);
-  for (std::int64_t b : bucket) ++start[b + 1];
-  for (std::int64_t b = 0; b < plan_.num_buckets; ++b) start[b + 1] += start[b];
-  std::vector<std::size_t> ordered(xs.size());
-  for (const auto& [key, i] : keys) ordered[start[bucket[i]]++] = i;
-  plan_.transfers.reserve(xs.size());
-  for (std::size_t n = 0; n < ordered.size(); ++n) {
-    if (n + kPrefetchRec < ordered.size()) {
-      PrefetchAddress(&xs[ordered[n + kPrefetchRec]]);
-    }
-    if (n + kPrefetchData < ordered.size()) {
-      const Rec& ahead = xs[ordered[n + kPrefetchData]];
-      PrefetchAddress(&dsts_[ahead.dst_begin]);
-      PrefetchAddress(&ranges_[ahead.ranges]);
-    }
-    const std::size_t i = ordered[n];
-    Materialize(xs[i], bucket[i], plan_.transfers.emplace_back());
   }
 }
 
