@@ -224,16 +224,19 @@ class Differencer {
     const std::size_t n = order_.size();
     if (n == 0) return {};
     // Chunks of k consecutive sorted items: one item per part, so every part ends
-    // with one item from each full chunk and at most one from the last chunk.
+    // with one item from each full chunk and at most one from the last chunk. A chunk
+    // is listed lightest weight first, ties by index descending; the combinations
+    // below read their tuples in that listed order (merging, as if ascending), which
+    // the assignments depend on.
     std::priority_queue<Unit, std::vector<Unit>, SmallerSpread> heap;
     std::int64_t next_seq = 0;
     for (std::size_t start = 0; start < n; start += k_) {
       const std::size_t end = std::min(n, start + k_);
       const std::int32_t id = AllocateTuple();
       Tuple& t = pool_[static_cast<std::size_t>(id)];
-      t.slots.reserve(end - start);
-      for (std::size_t s = end; s-- > start;) t.slots.push_back(Single(s));
-      t.max_slot = t.slots.back();
+      t.base.reserve(end - start);
+      for (std::size_t s = end; s-- > start;) t.base.push_back(Single(s));
+      t.max_slot = t.base.back();
       heap.push(Unit{Spread(t), next_seq++, id});
     }
     while (heap.size() > 1) {
@@ -241,7 +244,8 @@ class Differencer {
       heap.pop();
       const Unit y = heap.top();
       heap.pop();
-      Combine(pool_[static_cast<std::size_t>(x.tuple)], pool_[static_cast<std::size_t>(y.tuple)]);
+      CombineListed(pool_[static_cast<std::size_t>(x.tuple)],
+                    pool_[static_cast<std::size_t>(y.tuple)]);
       FreeTuple(y.tuple);
       heap.push(Unit{Spread(pool_[static_cast<std::size_t>(x.tuple)]), next_seq++, x.tuple});
     }
@@ -249,10 +253,19 @@ class Differencer {
   }
 
  private:
+  // A tuple's slots in two parts: `base`, ascending from position `lo` (its lighter
+  // slots leave from the front), and `recent`, a binary min-heap of the slots added
+  // since `base` was last rebuilt. A step then touches only the slots it changes: the
+  // lightest is the lighter of two fronts, a new slot goes into the heap, and the
+  // heap is sorted and merged into `base` only when a combination would otherwise pop
+  // most of it. (The equal-size mode lists its tuples in `base` alone, lo = 0.)
   struct Tuple {
-    std::vector<Key> slots;  // a min-heap; ascending when `sorted`
-    Key max_slot = 0;
-    bool sorted = true;
+    std::vector<Key> base;
+    std::size_t lo = 0;
+    std::vector<Key> recent;
+    Key max_slot = 0;  // the heaviest slot, when the tuple is not empty
+
+    std::size_t size() const { return base.size() - lo + recent.size(); }
   };
 
   static constexpr int kHeadBits = 32;
@@ -261,6 +274,10 @@ class Differencer {
   static std::int32_t Head(Key slot) {
     return static_cast<std::int32_t>(static_cast<std::uint32_t>(slot));
   }
+
+  // A combination rebuilds and merges whole tuples unless one has more than this many
+  // times the other's slots; then only the m lightest of each leave their heaps.
+  static constexpr std::size_t kLopsided = 8;
 
   // A freed tuple keeps its slots' storage for the next one up to this many slots
   // (most tuples are small; a few large ones give theirs back, so memory stays O(n + k)).
@@ -273,8 +290,30 @@ class Differencer {
   }
   Key SingleOf(const Unit& unit) const { return Single(static_cast<std::size_t>(unit.seq)); }
 
+  // The lightest slot. Precondition: t.size() > 0.
+  static Key Lightest(const Tuple& t) {
+    if (t.recent.empty()) return t.base[t.lo];
+    if (t.lo == t.base.size()) return t.recent.front();
+    return std::min(t.base[t.lo], t.recent.front());
+  }
+
+  static Key PopLightest(Tuple& t) {
+    if (t.recent.empty() || (t.lo < t.base.size() && t.base[t.lo] < t.recent.front())) {
+      return t.base[t.lo++];
+    }
+    std::pop_heap(t.recent.begin(), t.recent.end(), std::greater<Key>());
+    const Key slot = t.recent.back();
+    t.recent.pop_back();
+    return slot;
+  }
+
+  static void PushRecent(Tuple& t, Key slot) {
+    t.recent.push_back(slot);
+    std::push_heap(t.recent.begin(), t.recent.end(), std::greater<Key>());
+  }
+
   std::int64_t Spread(const Tuple& t) const {
-    return Load(t.max_slot) - (t.slots.size() == k_ ? Load(t.slots.front()) : 0);
+    return Load(t.max_slot) - (t.size() == k_ ? Load(Lightest(t)) : 0);
   }
 
   // An empty tuple from the free list (its storage reused) or a new one.
@@ -291,21 +330,25 @@ class Differencer {
   std::int32_t NewTuple(Key slot) {
     const std::int32_t id = AllocateTuple();
     Tuple& t = pool_[static_cast<std::size_t>(id)];
-    t.slots.push_back(slot);
+    t.base.push_back(slot);
     t.max_slot = slot;
-    t.sorted = true;
     return id;
+  }
+
+  static void Release(std::vector<Key>& slots) {
+    if (slots.capacity() > kKeptCapacity) {
+      std::vector<Key>().swap(slots);
+    } else {
+      slots.clear();
+    }
   }
 
   void FreeTuple(std::int32_t id) {
     Tuple& t = pool_[static_cast<std::size_t>(id)];
-    if (t.slots.capacity() > kKeptCapacity) {
-      std::vector<Key>().swap(t.slots);
-    } else {
-      t.slots.clear();
-    }
+    Release(t.base);
+    Release(t.recent);
+    t.lo = 0;
     t.max_slot = 0;
-    t.sorted = true;
     free_.push_back(id);
   }
 
@@ -318,56 +361,131 @@ class Differencer {
   }
 
   void AddSingle(Tuple& t, Key s) {
-    auto& slots = t.slots;
     Key added = s;
-    if (slots.size() == k_) {  // joins the lightest part
-      std::pop_heap(slots.begin(), slots.end(), std::greater<Key>());
-      added = Join(slots.back(), s);
-      slots.back() = added;
-    } else {  // opens a new part
-      slots.push_back(added);
-    }
-    t.sorted = false;
-    std::push_heap(slots.begin(), slots.end(), std::greater<Key>());
+    if (t.size() == k_) added = Join(PopLightest(t), s);  // joins the lightest part
+    PushRecent(t, added);                                 // or opens a new part
     t.max_slot = std::max(t.max_slot, added);
   }
 
-  void Sort(Tuple& t) {
-    if (!t.sorted) std::sort(t.slots.begin(), t.slots.end());
-    t.sorted = true;
+  // Sorts `recent` into `base`: all of t ascending in base, lo = 0.
+  void Rebuild(Tuple& t) {
+    if (t.recent.empty()) return;
+    std::sort(t.recent.begin(), t.recent.end());
+    if (t.lo == t.base.size()) {
+      t.base.swap(t.recent);
+    } else {
+      scratch_.resize(t.size());
+      std::merge(t.base.begin() + static_cast<std::ptrdiff_t>(t.lo), t.base.end(), t.recent.begin(),
+                 t.recent.end(), scratch_.begin());
+      t.base.swap(scratch_);
+    }
+    t.recent.clear();
+    t.lo = 0;
   }
 
-  // Combines `b` into `a` (see the file comment).
+  // Before `pops` slots leave t lightest first: rebuilds `base` when that costs less
+  // than popping the heap (about pops · 2 log r comparisons against r log r + |base|).
+  void Prepare(Tuple& t, std::size_t pops) {
+    const std::size_t r = t.recent.size();
+    if (r == 0) return;
+    const auto log_r = static_cast<std::size_t>(std::bit_width(r));
+    if (r * log_r + (t.base.size() - t.lo) < 2 * std::min(pops, r) * log_r) Rebuild(t);
+  }
+
+  // Combines `b` into `a` (see the file comment). Between a large and a small tuple,
+  // the m lightest slots of each leave (ascending) and are joined in pairs, and the
+  // small remainder and the joined slots go into the large remainder's heap, which
+  // becomes a's: O(s log k) for a small tuple of s slots, where merging was O(k).
   void Combine(Tuple& a, Tuple& b) {
-    Sort(a);
-    Sort(b);
-    const std::size_t na = a.slots.size();
-    const std::size_t nb = b.slots.size();
+    const std::size_t na = a.size();
+    const std::size_t nb = b.size();
+    if (kLopsided * std::min(na, nb) >= std::max(na, nb)) {
+      // Comparable sizes: both sorted, then three merges.
+      Rebuild(a);
+      Rebuild(b);
+      CombineListed(a, b);
+      return;
+    }
     const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
+    if (m > 0) {
+      Prepare(a, m);
+      Prepare(b, m);
+      low_a_.resize(m);
+      low_b_.resize(m);
+      for (std::size_t j = 0; j < m; ++j) low_a_[j] = PopLightest(a);
+      for (std::size_t j = 0; j < m; ++j) low_b_[j] = PopLightest(b);
+    }
+    // The heaviest slot of a non-empty remainder is its tuple's heaviest.
+    Key max_slot = 0;
+    if (a.size() > 0) max_slot = a.max_slot;
+    if (b.size() > 0) max_slot = std::max(max_slot, b.max_slot);
+    Tuple& large = a.size() >= b.size() ? a : b;
+    Tuple& small = a.size() >= b.size() ? b : a;
+    std::vector<Key>& heap = large.recent;
+    const std::size_t before = heap.size();
+    for (std::size_t j = 0; j < m; ++j) {
+      const Key joined = Join(low_a_[j], low_b_[m - 1 - j]);
+      max_slot = std::max(max_slot, joined);
+      heap.push_back(joined);
+    }
+    heap.insert(heap.end(), small.base.begin() + static_cast<std::ptrdiff_t>(small.lo),
+                small.base.end());
+    heap.insert(heap.end(), small.recent.begin(), small.recent.end());
+    if (heap.size() - before > before) {
+      std::make_heap(heap.begin(), heap.end(), std::greater<Key>());
+    } else {
+      for (std::size_t i = before + 1; i <= heap.size(); ++i) {
+        std::push_heap(heap.begin(), heap.begin() + static_cast<std::ptrdiff_t>(i),
+                       std::greater<Key>());
+      }
+    }
+    small.base.clear();
+    small.recent.clear();
+    small.lo = 0;
+    if (&large != &a) {
+      a.base.swap(b.base);
+      a.recent.swap(b.recent);
+      std::swap(a.lo, b.lo);
+    }
+    a.max_slot = max_slot;
+    assert(a.size() == std::min(k_, na + nb));
+  }
+
+  // The combination of two tuples listed in `base` alone (ascending in kAny mode; see
+  // RunEqualSize for the other): a's j-th listed slot meets b's (m − 1 − j)-th, the
+  // overlap is sorted, and the three runs are merged into a's `base`.
+  void CombineListed(Tuple& a, Tuple& b) {
+    const std::size_t na = a.size();
+    const std::size_t nb = b.size();
+    const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
+    const Key* const first_a = a.base.data() + a.lo;
+    const Key* const first_b = b.base.data() + b.lo;
     overlap_.resize(m);
-    for (std::size_t j = 0; j < m; ++j) overlap_[j] = Join(a.slots[j], b.slots[m - 1 - j]);
+    for (std::size_t j = 0; j < m; ++j) overlap_[j] = Join(first_a[j], first_b[m - 1 - j]);
     std::sort(overlap_.begin(), overlap_.end());
     scratch_.resize(na + nb - 2 * m);
-    const auto rest = std::merge(a.slots.begin() + static_cast<std::ptrdiff_t>(m), a.slots.end(),
-                                 b.slots.begin() + static_cast<std::ptrdiff_t>(m), b.slots.end(),
-                                 scratch_.begin());
-    a.slots.resize(na + nb - m);
-    std::merge(scratch_.begin(), rest, overlap_.begin(), overlap_.end(), a.slots.begin());
-    assert(a.slots.size() == std::min(k_, na + nb));
-    a.max_slot = a.slots.back();
+    const auto rest =
+        std::merge(first_a + m, first_a + na, first_b + m, first_b + nb, scratch_.begin());
+    merged_.resize(na + nb - m);
+    std::merge(scratch_.begin(), rest, overlap_.begin(), overlap_.end(), merged_.begin());
+    a.base.swap(merged_);
+    a.lo = 0;
+    assert(a.base.size() == std::min(k_, na + nb));
+    a.max_slot = a.base.back();
   }
 
-  // Part p is the p-th heaviest slot. A slot's first item goes to its part; then, in
-  // the reverse order of the joins, every joined item goes where the item it joined
-  // went (which is final by then: it was joined later, or never). The steps are
-  // independent loads, not a chain of them.
+  // Part p is the p-th heaviest slot (in the equal-size mode, the p-th from the end of
+  // the listed order). A slot's first item goes to its part; then, in the reverse
+  // order of the joins, every joined item goes where the item it joined went (which is
+  // final by then: it was joined later, or never). The steps are independent loads,
+  // not a chain of them.
   Assignment Extract(std::int32_t id) {
     Tuple& t = pool_[static_cast<std::size_t>(id)];
-    Sort(t);
+    Rebuild(t);
     Assignment assignment(order_.size(), 0);
-    const std::size_t size = t.slots.size();
+    const std::size_t size = t.size();
     for (std::size_t s = 0; s < size; ++s) {
-      assignment[static_cast<std::size_t>(Head(t.slots[s]))] =
+      assignment[static_cast<std::size_t>(Head(t.base[t.lo + s]))] =
           static_cast<std::int32_t>(size - 1 - s);
     }
     for (std::size_t j = joins_.size(); j-- > 0;) {
@@ -385,6 +503,9 @@ class Differencer {
   std::vector<std::int32_t> free_;
   std::vector<Key> scratch_;
   std::vector<Key> overlap_;
+  std::vector<Key> merged_;
+  std::vector<Key> low_a_;
+  std::vector<Key> low_b_;
 };
 
 }  // namespace
