@@ -14,6 +14,7 @@
 #include "balance_command.h"
 #include "plan_step_command.h"
 #include "reshard_command.h"
+#include "run_command.h"
 #include "serve_command.h"
 #include "simulate_command.h"
 
@@ -60,6 +61,10 @@ int Run(int argc, char** argv) {
   CLI::App* reshard = rlsched::app::AddReshardCommand(app, reshard_args);
   rlsched::app::SimulateArgs simulate_args;
   CLI::App* simulate = rlsched::app::AddSimulateCommand(app, simulate_args);
+  rlsched::app::RunArgs run_args;
+  CLI::App* run = rlsched::app::AddRunCommand(app, run_args);
+  rlsched::app::ReplayArgs replay_args;
+  CLI::App* replay = rlsched::app::AddReplayCommand(app, replay_args);
 
   try {
     app.parse(argc, argv);
@@ -72,13 +77,16 @@ int Run(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (app.get_subcommands().empty()) {
-    std::cerr << "error: a command is required: balance, plan-step, serve, reshard, simulate\n"
+    std::cerr << "error: a command is required: balance, plan-step, serve, reshard, simulate, "
+                 "run, replay\n"
                  "run 'rlsched --help' for usage\n";
     return kExitBadInput;
   }
 
   try {
     if (serve->parsed()) return rlsched::app::RunServeCommand(serve_args);
+    if (run->parsed()) return rlsched::app::RunRunCommand(run_args);
+    if (replay->parsed()) return rlsched::app::RunReplayCommand(replay_args);
     if (balance->parsed()) rlsched::app::RunBalanceCommand(balance_args, std::cin, std::cout);
     if (plan_step->parsed()) {
       rlsched::app::RunPlanStepCommand(plan_step_args, std::cin, std::cout);

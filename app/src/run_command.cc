@@ -1,0 +1,453 @@
+// `rlsched run` and `rlsched replay` (run_command.h).
+
+#include "run_command.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "command_common.h"
+#include "rlsched/common/workload.h"
+#include "rlsched/scheduler/runtime.h"
+#include "rlsched/v1/runtime.pb.h"
+#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/orchestrator_convert.h"
+#include "rlsched/wire/simulate_convert.h"
+#include "worker_server.h"
+
+extern char** environ;
+
+namespace rlsched::app {
+
+namespace {
+
+constexpr std::int64_t kMaxRunFileBytes = std::int64_t{64} << 20;
+
+std::string ReadRunFile(std::string_view option, const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw std::invalid_argument(
+        fmt::format("{} {}: cannot open: {}", option, path, std::strerror(errno)));
+  }
+  std::string text;
+  char buffer[1 << 16];
+  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(file.gcount()));
+    if (static_cast<std::int64_t>(text.size()) > kMaxRunFileBytes) {
+      throw std::invalid_argument(
+          fmt::format("{} {}: larger than {} bytes", option, path, kMaxRunFileBytes));
+    }
+  }
+  return text;
+}
+
+// The run's clock: wall seconds / time_scale (emulated workers run that much faster).
+class ScaledClock final : public scheduler::Clock {
+ public:
+  explicit ScaledClock(double scale) : scale_(scale) {}
+  double Now() const override { return wall_.Now() / scale_; }
+  double wall() const { return wall_.Now(); }
+
+ private:
+  scheduler::SteadyClock wall_;
+  double scale_;
+};
+
+// A child process (an emulated worker), killed and reaped on destruction.
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    std::vector<char*> envp;
+    for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    const int error = posix_spawn(&pid_, args[0], nullptr, nullptr, args.data(), envp.data());
+    if (error != 0) {
+      throw std::runtime_error(fmt::format("cannot start {}: {}", argv[0], std::strerror(error)));
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  // Whether the child has exited (reaped; its status in `status`).
+  bool Exited(int& status) {
+    if (pid_ <= 0) return true;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    pid_ = -1;
+    return true;
+  }
+  ~Child() {
+    if (pid_ <= 0) return;
+    // Workers leave on Goodbye; give them a moment, then stop them.
+    for (int i = 0; i < 50; ++i) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// Throws when one of the emulated workers has exited, naming it and its status.
+void CheckChildren(std::vector<std::unique_ptr<Child>>& children,
+                   const std::vector<std::string>& names, std::string_view when) {
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    int status = 0;
+    if (children[i]->Exited(status)) {
+      throw std::runtime_error(
+          fmt::format("the emulated worker ({}) exited {} (status {})", names[i], when,
+                      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)));
+    }
+  }
+}
+
+std::string RandomToken() {
+  std::random_device device;
+  std::string token;
+  for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", device());
+  return token;
+}
+
+std::string Trimmed(std::string text) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return {};
+  const auto last = text.find_last_not_of(" \t\r\n");
+  return text.substr(first, last - first + 1);
+}
+
+// The environment for the emulated workers: ours, the token, and the Python path of
+// the package and its generated modules (this build's, before the caller's).
+std::vector<std::string> WorkerEnvironment(const std::string& token) {
+  std::vector<std::string> env;
+  std::string python_path = RLSCHED_PYTHON_DIRS;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (entry.starts_with("PYTHONPATH=")) {
+      python_path += ":" + std::string(entry.substr(11));
+    } else if (!entry.starts_with("RLSCHED_WORKER_TOKEN=")) {
+      env.emplace_back(entry);
+    }
+  }
+  env.push_back("PYTHONPATH=" + python_path);
+  env.push_back("RLSCHED_WORKER_TOKEN=" + token);
+  return env;
+}
+
+std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
+
+}  // namespace
+
+CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "run",
+      "Run live: the orchestrator, the step planner and the weight-sync plan driving engine "
+      "and trainer workers attached over gRPC (or emulated ones it starts)");
+  command
+      ->add_option("--config", args.config,
+                   "The run config: a JSON rlsched.v1.SimulatorConfig (the same file "
+                   "`simulate --config` reads; default: simulate's defaults)")
+      ->type_name("FILE");
+  command
+      ->add_option("--listen", args.listen,
+                   "Where workers attach: unix:PATH or HOST:PORT (default: a Unix socket "
+                   "in the temporary directory)")
+      ->type_name("ADDRESS");
+  command
+      ->add_option("--token-file", args.token_file,
+                   "The shared token workers present (required unless every worker is "
+                   "emulated; then a random one)")
+      ->type_name("FILE");
+  command->add_option("--steps", args.steps, "Train steps to run (default: the config's steps)")
+      ->check(IntegerIn(1, 1'000'000));
+  command
+      ->add_option("--emulated-engines", args.emulated_engines,
+                   "Start this many emulated engines as child processes (default 0)")
+      ->check(IntegerIn(0, 4096));
+  command->add_flag("--emulated-trainer", args.emulated_trainer,
+                    "Start an emulated trainer as a child process");
+  command
+      ->add_option("--time-scale", args.time_scale,
+                   "Emulated workers: wall seconds per run second (default 0.005: a run "
+                   "second lasts 5 ms); the report's times are run seconds")
+      ->check(RealIn(1e-6, 1e6));
+  command
+      ->add_option("--event-log", args.event_log,
+                   "Write every event and command (delimited rlsched.v1.EventLogRecord) "
+                   "for `rlsched replay`")
+      ->type_name("FILE");
+  command->add_option("--trace", args.trace, "Write the run's Chrome/Perfetto trace JSON")
+      ->type_name("FILE");
+  command->add_flag("--json", args.json, "Print a rlsched.v1.RunReport as JSON at the end");
+  command
+      ->add_option("--heartbeat-timeout", args.heartbeat_timeout_seconds,
+                   "Seconds of silence after which a worker is dropped (default 10; 0: never)")
+      ->check(RealIn(0, 86400));
+  command
+      ->add_option("--timeout", args.timeout_seconds,
+                   "Give up after this many wall seconds (default 600)")
+      ->check(RealIn(0, 1e7, true));
+  return command;
+}
+
+int RunRunCommand(const RunArgs& args) {
+  // The config, as `simulate --config` reads it.
+  v1::SimulatorConfig config_message;
+  if (!args.config.empty()) {
+    const std::string text = ReadRunFile("--config", args.config);
+    const auto status = google::protobuf::util::JsonStringToMessage(text, &config_message);
+    if (!status.ok()) {
+      throw std::invalid_argument(
+          fmt::format("--config {}: not a JSON rlsched.v1.SimulatorConfig: {}", args.config,
+                      std::string(status.message())));
+    }
+  }
+  if (args.steps) config_message.set_steps(*args.steps);
+  scheduler::SimulatorConfig config;
+  try {
+    config = wire::ToSimulatorConfig(config_message);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(
+        fmt::format("--config {}: {}", args.config.empty() ? "(default)" : args.config, e.what()));
+  }
+  const bool all_emulated = args.emulated_engines > 0 && args.emulated_trainer;
+  std::string token;
+  if (!args.token_file.empty()) {
+    token = Trimmed(ReadRunFile("--token-file", args.token_file));
+    if (token.empty()) throw std::invalid_argument("--token-file " + args.token_file + ": empty");
+  } else if (all_emulated) {
+    token = RandomToken();
+  } else {
+    throw std::invalid_argument(
+        "--token-file: required when workers attach from outside (without --emulated-engines "
+        "and --emulated-trainer)");
+  }
+  const std::string listen =
+      args.listen.empty() ? fmt::format("unix:/tmp/rlsched-run-{}.sock", getpid()) : args.listen;
+  const double scale = (args.emulated_engines > 0 || args.emulated_trainer) ? args.time_scale : 1.0;
+  ScaledClock clock(scale);
+
+  // The event log.
+  std::ofstream log_file;
+  std::unique_ptr<wire::EventLogWriter> log;
+  std::mutex log_mutex;
+  if (!args.event_log.empty()) {
+    log_file.open(args.event_log, std::ios::binary | std::ios::trunc);
+    if (!log_file) {
+      throw std::invalid_argument(
+          fmt::format("--event-log {}: cannot open: {}", args.event_log, std::strerror(errno)));
+    }
+    log = std::make_unique<wire::EventLogWriter>(log_file, config);
+  }
+
+  WorkerServerOptions server_options{.listen = listen,
+                                     .token = token,
+                                     .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds};
+  *server_options.welcome.mutable_config() = wire::ToSimulatorConfigMessage(config);
+  server_options.welcome.set_time_scale(scale);
+  WorkerServer server(server_options);
+
+  // The data loader: the dataset's prompts in order, cycled, ahead of the trainer.
+  const std::int64_t P = config.orchestrator.prompts_per_step;
+  const auto per_batch = static_cast<std::int64_t>(
+      std::ceil((1.0 + config.orchestrator.oversample) * static_cast<double>(P)));
+  std::int64_t next_prompt = 0;
+  scheduler::Runtime* runtime_ptr = nullptr;
+  auto prompts = [&](std::int64_t count) {
+    scheduler::PromptsAvailable event;
+    for (std::int64_t i = 0; i < count; ++i, ++next_prompt) {
+      const std::int64_t id = next_prompt % config.dataset_prompts;
+      workload::Rng prompt_rng(config.seed * 0x9E3779B97F4A7C15ULL +
+                               static_cast<std::uint64_t>(id));
+      event.prompts.push_back(
+          {.id = id,
+           .prompt_tokens = prompt_rng.UniformInt(config.lengths.min_prompt_tokens,
+                                                  config.lengths.max_prompt_tokens)});
+    }
+    return event;
+  };
+  std::int64_t filtered_seen = 0;
+
+  scheduler::RuntimeOptions options;
+  options.orchestrator = wire::RunOrchestratorOptions(config);
+  options.step = config.step;
+  options.trace = !args.trace.empty();
+  if (log) {
+    options.on_event = [&](const scheduler::Event& event) {
+      std::lock_guard lock(log_mutex);
+      log->Append(event);
+    };
+    options.on_command = [&](const scheduler::Command& command) {
+      std::lock_guard lock(log_mutex);
+      log->Append(command);
+    };
+  }
+  options.on_step = [&](const scheduler::StepProgress& p) {
+    const scheduler::Metrics& m = p.metrics;
+    std::cerr << fmt::format(
+        "step {:>4}  t {:>9.1f} s  samples/s {:>8.2f}  staleness max {}  trainer idle {}  engine "
+        "idle {}  restarts {}\n",
+        p.step, p.time, m.samples_per_second, m.max_staleness, Percent(m.trainer_idle_ratio),
+        Percent(m.mean_engine_idle_ratio), p.counters.restarts);
+    // Refill: a batch's worth, and the groups filtered since.
+    const std::int64_t refill = per_batch + (p.counters.filtered_groups - filtered_seen);
+    filtered_seen = p.counters.filtered_groups;
+    if (runtime_ptr != nullptr) runtime_ptr->Post(prompts(refill));
+  };
+
+  scheduler::Runtime runtime(options, server, server, clock);
+  runtime_ptr = &runtime;
+  server.Start(runtime);
+  const bool unix_socket = listen.starts_with("unix:");
+  spdlog::info("run: listening on {}{}", listen,
+               unix_socket ? "" : fmt::format(" (port {})", server.port()));
+
+  std::vector<std::unique_ptr<Child>> children;
+  std::vector<std::string> child_names;
+  if (args.emulated_engines > 0 || args.emulated_trainer) {
+    const std::vector<std::string> env = WorkerEnvironment(token);
+    const std::string address = unix_socket ? listen : fmt::format("localhost:{}", server.port());
+    auto start = [&](std::vector<std::string> extra) {
+      std::vector<std::string> argv = {RLSCHED_WORKER_PYTHON, "-m", "rlsched.worker.emulated",
+                                       "--address", address};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      children.push_back(std::make_unique<Child>(argv, env));
+      child_names.push_back(fmt::format("{}", fmt::join(extra.begin(), extra.begin() + 2, " ")) +
+                            (extra.size() > 2 && extra[1] == "engine" ? " " + extra[3] : ""));
+    };
+    for (std::int64_t e = 0; e < args.emulated_engines; ++e) {
+      start({"--role", "engine", "--engine", std::to_string(e), "--max-concurrent",
+             std::to_string(config.engine.max_concurrent)});
+    }
+    if (args.emulated_trainer) start({"--role", "trainer"});
+    // The run starts when the emulated workers are there (their start-up is not the
+    // run's time): the prompts go out then.
+    const double wait_until = clock.wall() + std::min(args.timeout_seconds, 60.0);
+    while (server.engines_attached() < args.emulated_engines ||
+           (args.emulated_trainer && !server.trainer_attached())) {
+      CheckChildren(children, child_names, "at start-up");
+      if (clock.wall() > wait_until) {
+        throw std::runtime_error("the emulated workers did not attach within 60 s");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  runtime.Post(prompts((scheduler::EffectiveStaleness(config.orchestrator) + 3) * per_batch));
+
+  // Wait for the steps, watching the emulated workers: one that exits before the end
+  // ends the run with its status.
+  bool done = false;
+  try {
+    const double give_up = clock.wall() + args.timeout_seconds;
+    while (!done && clock.wall() < give_up) {
+      done = runtime.WaitUntilDone(std::chrono::milliseconds(200));
+      if (!done) CheckChildren(children, child_names, "before the end");
+    }
+  } catch (const std::exception& e) {
+    server.Shutdown(std::string("failed: ") + e.what(), std::chrono::milliseconds(1000));
+    runtime.Stop();
+    throw;
+  }
+  const double wall = clock.wall();
+  server.Shutdown(done ? "done" : "timeout", std::chrono::milliseconds(2000));
+  runtime.Stop();
+  children.clear();
+  if (log) {
+    std::lock_guard lock(log_mutex);
+    log->Flush();
+  }
+  if (!args.trace.empty()) {
+    std::ofstream trace(args.trace, std::ios::binary | std::ios::trunc);
+    trace << runtime.TraceJson();
+    if (!trace) throw std::runtime_error("--trace " + args.trace + ": cannot write");
+  }
+
+  const scheduler::RuntimeStatus status = runtime.Status();
+  if (args.json) {
+    scheduler::SimulationReport as_report;
+    as_report.metrics = status.metrics;
+    as_report.counters = status.counters;
+    const v1::SimulationReport converted = wire::ToSimulationReportMessage(as_report, false);
+    v1::RunReport report;
+    *report.mutable_metrics() = converted.metrics();
+    *report.mutable_counters() = converted.counters();
+    report.set_events(status.events);
+    report.set_rejected_events(status.rejected_events);
+    report.set_workers_refused(server.refused());
+    report.set_wall_seconds(wall);
+    report.set_time_scale(scale);
+    report.set_done(done);
+    std::cout << wire::ToJson(report) << '\n';
+  } else {
+    std::cout << fmt::format(
+        "run {}: {} steps, {} samples trained in {:.1f} s ({:.1f} s of wall time), {:.2f} "
+        "samples/s, staleness max {}, events {} (refused {})\n",
+        done ? "done" : "stopped (timeout)", status.counters.steps_finished,
+        status.counters.trained, status.metrics.elapsed_seconds, wall,
+        status.metrics.samples_per_second, status.metrics.max_staleness, status.events,
+        status.rejected_events);
+  }
+  FlushOutput(std::cout);
+  if (!done) {
+    std::cerr << fmt::format("rlsched run: the run did not finish within --timeout {} s\n",
+                             args.timeout_seconds);
+    return 1;
+  }
+  return 0;
+}
+
+CLI::App* AddReplayCommand(CLI::App& app, ReplayArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "replay",
+      "Feed a run's event log (run --event-log) to a fresh decision core and check "
+      "that the same commands come out");
+  command->add_option("log", args.log, "The event log")->required()->type_name("FILE");
+  return command;
+}
+
+int RunReplayCommand(const ReplayArgs& args) {
+  std::ifstream in(args.log, std::ios::binary);
+  if (!in) {
+    throw std::invalid_argument(fmt::format("{}: cannot open: {}", args.log, std::strerror(errno)));
+  }
+  wire::EventLog log;
+  try {
+    log = wire::ReadEventLog(in);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: {}", args.log, e.what()));
+  }
+  const wire::ReplayResult result = wire::Replay(log);
+  if (result.first_difference) {
+    std::cout << fmt::format(
+        "replay: {} events, the commands differ at command {}:\n  logged:   {}\n  replayed: {}\n",
+        result.events, *result.first_difference, result.logged, result.replayed);
+    return 1;
+  }
+  std::cout << fmt::format(
+      "replay: {} events, {} commands, identical ({} events refused, as in the run)\n",
+      result.events, result.commands, result.rejected_events);
+  return 0;
+}
+
+}  // namespace rlsched::app

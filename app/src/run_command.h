@@ -1,0 +1,55 @@
+// run_command.h — `rlsched run`: a live run, the runtime (rlsched/scheduler/runtime.h)
+// driving engine and trainer workers attached over gRPC (worker_server.h); and
+// `rlsched replay`: a run's event log fed to a fresh decision core.
+//
+// Overview
+//   run reads a run config (a JSON rlsched.v1.SimulatorConfig: the fields that mean the
+//   same thing in a simulation and a run, so one config can be simulated and run),
+//   listens on --listen, and waits for workers; with --emulated-engines N and
+//   --emulated-trainer it starts emulated workers as child processes (Python,
+//   python/rlsched/worker/emulated.py: real processes on real sockets) whose time runs
+//   --time-scale times faster. The data loader is the program: prompts 0, 1, 2, … of
+//   the config's dataset (cycled), with the config's prompt lengths, posted ahead of
+//   the trainer. A line per finished step goes to stderr; --json prints a
+//   rlsched.v1.RunReport at the end. --event-log writes every event and command
+//   (wire/orchestrator_convert.h), which `rlsched replay` checks.
+
+#ifndef RLSCHED_APP_RUN_COMMAND_H_
+#define RLSCHED_APP_RUN_COMMAND_H_
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace rlsched::app {
+
+struct RunArgs {
+  std::string config;      // run.json; empty: the default config
+  std::string listen;      // empty: a Unix socket in the temporary directory
+  std::string token_file;  // empty: a random token (emulated workers only)
+  std::optional<std::int64_t> steps;
+  std::int64_t emulated_engines = 0;
+  bool emulated_trainer = false;
+  double time_scale = 0.005;
+  std::string event_log;
+  std::string trace;
+  bool json = false;
+  double heartbeat_timeout_seconds = 10;
+  double timeout_seconds = 600;
+};
+
+CLI::App* AddRunCommand(CLI::App& app, RunArgs& args);
+// Returns the exit status: 0 when the run finished its steps.
+int RunRunCommand(const RunArgs& args);
+
+struct ReplayArgs {
+  std::string log;
+};
+CLI::App* AddReplayCommand(CLI::App& app, ReplayArgs& args);
+// 0 when the replayed commands equal the logged ones, 1 when they differ.
+int RunReplayCommand(const ReplayArgs& args);
+
+}  // namespace rlsched::app
+
+#endif  // RLSCHED_APP_RUN_COMMAND_H_

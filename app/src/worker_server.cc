@@ -1,0 +1,308 @@
+// The gRPC server of a live run (worker_server.h).
+
+#include "worker_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <stdexcept>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "rlsched/common/error.h"
+#include "rlsched/wire/orchestrator_convert.h"
+
+namespace rlsched::app {
+
+namespace {
+
+std::int64_t NowMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The engine an engine-scoped event names, or nullopt for the others.
+std::optional<std::int64_t> EngineOfEvent(const scheduler::Event& event) {
+  return std::visit(
+      [](const auto& e) -> std::optional<std::int64_t> {
+        if constexpr (requires { e.engine; }) {
+          return e.engine;
+        } else {
+          return std::nullopt;
+        }
+      },
+      event);
+}
+
+}  // namespace
+
+struct WorkerServer::Connection {
+  grpc::ServerContext* context = nullptr;
+  grpc::ServerReaderWriter<v1::SchedulerMessage, v1::WorkerMessage>* stream = nullptr;
+  std::mutex write_mutex;
+  v1::WorkerRole role = v1::WORKER_ROLE_UNSPECIFIED;
+  std::int64_t engine = -1;
+  std::atomic<std::int64_t> last_seen_ms{0};
+  std::atomic<bool> left{false};
+  bool closed = false;  // the handler returned: the stream is gone (guarded by write_mutex)
+  std::string peer;
+};
+
+WorkerServer::WorkerServer(WorkerServerOptions options) : options_(std::move(options)) {}
+
+WorkerServer::~WorkerServer() { Shutdown("the scheduler stopped", std::chrono::milliseconds(500)); }
+
+void WorkerServer::Start(scheduler::Runtime& runtime) {
+  runtime_ = &runtime;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(this);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    throw std::runtime_error("--listen: cannot listen on " + options_.listen);
+  }
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+void WorkerServer::Shutdown(const std::string& reason, std::chrono::milliseconds grace) {
+  std::vector<std::shared_ptr<Connection>> connections;
+  {
+    std::lock_guard lock(mutex_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    for (const auto& [key, connection] : all_) connections.push_back(connection);
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+  v1::SchedulerMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason(reason);
+  for (const auto& connection : connections) Send(*connection, goodbye);
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + grace);
+}
+
+std::int64_t WorkerServer::engines_attached() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<std::int64_t>(engines_.size());
+}
+
+bool WorkerServer::trainer_attached() const {
+  std::lock_guard lock(mutex_);
+  return trainer_ != nullptr;
+}
+
+bool WorkerServer::Send(Connection& connection, const v1::SchedulerMessage& message) {
+  std::lock_guard lock(connection.write_mutex);
+  return !connection.closed && connection.stream->Write(message);
+}
+
+grpc::Status WorkerServer::Refuse(Connection& connection, grpc::StatusCode code,
+                                  const std::string& why) {
+  ++refused_;
+  spdlog::warn("run: refused worker {}: {}", connection.peer, why);
+  v1::SchedulerMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason("refused: " + why);
+  Send(connection, goodbye);
+  return grpc::Status(code, why);
+}
+
+grpc::Status WorkerServer::Attach(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::SchedulerMessage, v1::WorkerMessage>* stream) {
+  auto connection = std::make_shared<Connection>();
+  connection->context = context;
+  connection->stream = stream;
+  connection->peer = context->peer();
+  connection->last_seen_ms = NowMillis();
+
+  v1::WorkerMessage first;
+  if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
+  if (!first.has_hello()) {
+    return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT,
+                  "the first message must be hello");
+  }
+  const v1::Hello& hello = first.hello();
+  if (hello.token() != options_.token) {
+    return Refuse(*connection, grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token");
+  }
+  connection->role = hello.role();
+  if (!hello.name().empty()) connection->peer += " (" + hello.name() + ")";
+  std::optional<scheduler::StartTrain> resend;
+  {
+    std::lock_guard lock(mutex_);
+    if (shut_down_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the run is over");
+    if (hello.role() == v1::WORKER_ROLE_ENGINE) {
+      if (hello.engine() < 0) {
+        return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT,
+                      "hello.engine: must be >= 0, got " + std::to_string(hello.engine()));
+      }
+      if (hello.max_concurrent() < 1) {
+        return Refuse(
+            *connection, grpc::StatusCode::INVALID_ARGUMENT,
+            "hello.max_concurrent: must be >= 1, got " + std::to_string(hello.max_concurrent()));
+      }
+      if (engines_.contains(hello.engine())) {
+        return Refuse(*connection, grpc::StatusCode::ALREADY_EXISTS,
+                      "engine " + std::to_string(hello.engine()) + " is already attached");
+      }
+      connection->engine = hello.engine();
+      engines_[hello.engine()] = connection;
+    } else if (hello.role() == v1::WORKER_ROLE_TRAINER) {
+      if (trainer_ != nullptr) {
+        return Refuse(*connection, grpc::StatusCode::ALREADY_EXISTS,
+                      "a trainer is already attached");
+      }
+      trainer_ = connection;
+      resend = pending_call_;
+    } else {
+      return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT,
+                    "hello.role: must be engine or trainer");
+    }
+    all_[connection.get()] = connection;
+  }
+
+  v1::SchedulerMessage welcome;
+  *welcome.mutable_welcome() = options_.welcome;
+  Send(*connection, welcome);
+  if (connection->role == v1::WORKER_ROLE_ENGINE) {
+    spdlog::info("run: engine {} attached from {}", connection->engine, connection->peer);
+    runtime_->Post(scheduler::EngineJoined{.engine = hello.engine(),
+                                           .max_concurrent = hello.max_concurrent(),
+                                           .version = hello.version()});
+  } else {
+    spdlog::info("run: trainer attached from {}", connection->peer);
+    if (resend) {
+      spdlog::info("run: sending trainer call {}.{} again", resend->step, resend->call);
+      v1::SchedulerMessage message;
+      *message.mutable_command() = wire::ToCommandMessage(*resend);
+      Send(*connection, message);
+    }
+  }
+
+  v1::WorkerMessage message;
+  while (stream->Read(&message)) {
+    connection->last_seen_ms = NowMillis();
+    if (!message.has_event()) continue;  // heartbeats only refresh last_seen
+    scheduler::Event event;
+    try {
+      event = wire::ToEvent(message.event());
+    } catch (const std::invalid_argument& e) {
+      spdlog::warn("run: worker {} sent an invalid event: {}", connection->peer, e.what());
+      continue;
+    }
+    const bool trainer_event = std::holds_alternative<scheduler::TrainStepFinished>(event);
+    if (connection->role == v1::WORKER_ROLE_TRAINER) {
+      if (!trainer_event && !std::holds_alternative<scheduler::GroupFiltered>(event)) {
+        spdlog::warn("run: the trainer sent an engine's event; ignored");
+        continue;
+      }
+      if (const auto* finished = std::get_if<scheduler::TrainStepFinished>(&event)) {
+        std::lock_guard lock(mutex_);
+        if (pending_call_ && pending_call_->step == finished->step &&
+            pending_call_->call == finished->call) {
+          pending_call_.reset();
+        }
+      }
+    } else {
+      const std::optional<std::int64_t> engine = EngineOfEvent(event);
+      if (trainer_event || std::holds_alternative<scheduler::EngineJoined>(event) ||
+          std::holds_alternative<scheduler::EngineFailed>(event) ||
+          std::holds_alternative<scheduler::PromptsAvailable>(event) ||
+          (engine && *engine != connection->engine)) {
+        spdlog::warn("run: engine {} sent an event it may not send; ignored", connection->engine);
+        continue;
+      }
+      if (std::holds_alternative<scheduler::EngineLeft>(event)) connection->left = true;
+    }
+    runtime_->Post(std::move(event));
+  }
+
+  bool shut_down = false;
+  {
+    std::lock_guard lock(mutex_);
+    shut_down = shut_down_;
+    all_.erase(connection.get());
+    if (connection->role == v1::WORKER_ROLE_ENGINE) {
+      engines_.erase(connection->engine);
+    } else if (trainer_ == connection) {
+      trainer_.reset();
+    }
+  }
+  {
+    std::lock_guard lock(connection->write_mutex);  // no write is under way, none follows
+    connection->closed = true;
+  }
+  if (!shut_down) {
+    if (connection->role == v1::WORKER_ROLE_ENGINE && !connection->left) {
+      spdlog::warn("run: engine {} lost ({}); its samples go back to the queue", connection->engine,
+                   context->IsCancelled() ? "silent or cancelled" : "stream closed");
+      runtime_->Post(scheduler::EngineFailed{.engine = connection->engine});
+    } else if (connection->role == v1::WORKER_ROLE_TRAINER) {
+      spdlog::warn("run: the trainer is lost; the run waits until a trainer attaches");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+void WorkerServer::Execute(const scheduler::Command& command, const scheduler::EngineTransfers*) {
+  const std::int64_t engine = std::visit(
+      [](const auto& c) -> std::int64_t {
+        if constexpr (requires { c.engine; }) {
+          return c.engine;
+        } else {
+          return -1;
+        }
+      },
+      command);
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = engines_.find(engine);
+    if (it != engines_.end()) connection = it->second;
+  }
+  if (connection == nullptr) {
+    throw std::runtime_error("engine " + std::to_string(engine) + " is not attached");
+  }
+  v1::SchedulerMessage message;
+  *message.mutable_command() = wire::ToCommandMessage(command);
+  if (!Send(*connection, message)) {
+    connection->context->TryCancel();
+    throw std::runtime_error("engine " + std::to_string(engine) + ": the stream is closed");
+  }
+}
+
+void WorkerServer::Train(const scheduler::StartTrain& call) {
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard lock(mutex_);
+    pending_call_ = call;
+    connection = trainer_;
+  }
+  if (connection == nullptr) {
+    spdlog::warn("run: no trainer attached; call {}.{} waits for one", call.step, call.call);
+    return;
+  }
+  v1::SchedulerMessage message;
+  *message.mutable_command() = wire::ToCommandMessage(call);
+  if (!Send(*connection, message)) connection->context->TryCancel();  // sent again on attach
+}
+
+void WorkerServer::Watch() {
+  const auto timeout_ms = static_cast<std::int64_t>(options_.heartbeat_timeout_seconds * 1000);
+  std::unique_lock lock(mutex_);
+  while (!shut_down_) {
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(200));
+    if (shut_down_ || timeout_ms <= 0) continue;
+    const std::int64_t now = NowMillis();
+    for (const auto& [key, connection] : all_) {
+      if (now - connection->last_seen_ms.load() > timeout_ms) {
+        spdlog::warn("run: worker {} silent for over {} s; dropping it", connection->peer,
+                     options_.heartbeat_timeout_seconds);
+        connection->context->TryCancel();
+        connection->last_seen_ms = now;  // once per timeout
+      }
+    }
+  }
+}
+
+}  // namespace rlsched::app

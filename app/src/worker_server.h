@@ -1,0 +1,100 @@
+// worker_server.h — the gRPC server of a live run (`rlsched run`): engines and the
+// trainer attach with Scheduler.Attach (proto/rlsched/v1/runtime.proto), and the
+// runtime's commands go to them.
+//
+// Overview
+//   A worker opens the Attach stream and says Hello (role, engine id, max_concurrent,
+//   the version it holds, the run's token). A wrong or missing token, a second
+//   connection for an attached engine id or a second trainer is refused (Goodbye with
+//   the reason, UNAUTHENTICATED or ALREADY_EXISTS) and logged. An engine's Hello is
+//   posted as EngineJoined (the same id attaching again after a failure is a rejoin);
+//   then each event it sends is posted to the runtime, after checking that it speaks
+//   for itself (engine-scoped events carry its own id; a trainer sends
+//   TrainStepFinished and GroupFiltered only). A dropped stream, or no message for
+//   longer than the heartbeat timeout (the stream is cancelled), is EngineFailed for
+//   an engine; for the trainer the run waits: the unfinished trainer call is sent
+//   again when a trainer attaches, and nothing generated is lost.
+//
+// Thread-safety: the gRPC handlers run on the server's threads, Execute() and Train()
+// on the runtime's; a connection's writes are serialised.
+
+#ifndef RLSCHED_APP_WORKER_SERVER_H_
+#define RLSCHED_APP_WORKER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "rlsched/scheduler/runtime.h"
+#include "rlsched/v1/runtime.grpc.pb.h"
+
+namespace rlsched::app {
+
+struct WorkerServerOptions {
+  std::string listen;  // "unix:PATH" or "HOST:PORT" (port 0: any free port)
+  std::string token;   // the shared token every worker presents
+  double heartbeat_timeout_seconds = 10;
+  v1::Welcome welcome;  // what every worker is told (the run's config, the time scale)
+};
+
+class WorkerServer final : public v1::Scheduler::Service,
+                           public scheduler::EngineBackend,
+                           public scheduler::TrainerBackend {
+ public:
+  explicit WorkerServer(WorkerServerOptions options);
+  ~WorkerServer() override;
+
+  // Starts listening; workers' events go to `runtime`. Throws std::runtime_error when
+  // the address cannot be bound (naming it).
+  void Start(scheduler::Runtime& runtime);
+  // Says Goodbye(reason) to every worker and stops (waiting up to `grace` for their
+  // streams to close). Idempotent.
+  void Shutdown(const std::string& reason, std::chrono::milliseconds grace);
+  int port() const { return port_; }  // the bound TCP port (0 for a Unix socket)
+
+  std::int64_t engines_attached() const;
+  bool trainer_attached() const;
+  std::int64_t refused() const { return refused_.load(); }
+
+  grpc::Status Attach(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::SchedulerMessage, v1::WorkerMessage>* stream) override;
+  void Execute(const scheduler::Command& command,
+               const scheduler::EngineTransfers* transfers) override;
+  void Train(const scheduler::StartTrain& call) override;
+
+ private:
+  struct Connection;
+  bool Send(Connection& connection, const v1::SchedulerMessage& message);
+  grpc::Status Refuse(Connection& connection, grpc::StatusCode code, const std::string& why);
+  void Watch();
+
+  WorkerServerOptions options_;
+  scheduler::Runtime* runtime_ = nullptr;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+
+  mutable std::mutex mutex_;  // guards the maps and the pending call
+  std::map<std::int64_t, std::shared_ptr<Connection>> engines_;
+  std::shared_ptr<Connection> trainer_;
+  std::map<Connection*, std::shared_ptr<Connection>> all_;
+  std::optional<scheduler::StartTrain> pending_call_;  // sent, not yet finished
+  std::atomic<std::int64_t> refused_{0};
+  bool shut_down_ = false;
+
+  std::condition_variable watch_cv_;
+  std::thread watcher_;
+};
+
+}  // namespace rlsched::app
+
+#endif  // RLSCHED_APP_WORKER_SERVER_H_

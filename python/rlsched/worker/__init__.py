@@ -1,0 +1,14 @@
+"""Workers of a live run (``rlsched run``): inference engines and the trainer attach
+to the scheduler over gRPC (``rlsched.v1.Scheduler/Attach``, proto/rlsched/v1/runtime.proto).
+
+Subclass :class:`EngineWorker` (implement ``dispatch``, ``abort``, ``sync_weights``,
+``resume`` and ``release``; report with ``finished``, ``progressed``,
+``weights_loaded``, ``released``) or :class:`TrainerWorker` (implement
+``start_train``; report with ``step_finished``), then call ``run()``. The base class
+handles the stream, the hello with the run's token, heartbeats and retries while the
+scheduler is not yet listening. :mod:`rlsched.worker.emulated` has emulated workers.
+"""
+
+from rlsched.worker.base import EngineWorker, TrainerWorker, Worker  # noqa: F401
+
+__all__ = ["EngineWorker", "TrainerWorker", "Worker"]

@@ -1,0 +1,186 @@
+"""The worker side of ``rlsched.v1.Scheduler/Attach`` (see the package docstring)."""
+
+import os
+import queue
+import threading
+import time
+from typing import Optional
+
+import grpc
+
+from rlsched.v1 import rollout_pb2, runtime_pb2
+
+ATTACH_METHOD = "/rlsched.v1.Scheduler/Attach"
+
+
+class Worker:
+    """A connection to the scheduler: hello, then events out and commands in.
+
+    ``token`` defaults to the environment's ``RLSCHED_WORKER_TOKEN``. Commands are
+    handled on the thread that calls :meth:`run`, one at a time, in order; events may
+    be sent from any thread.
+    """
+
+    role = runtime_pb2.WORKER_ROLE_UNSPECIFIED
+
+    def __init__(self, address: str, token: Optional[str] = None, *,
+                 name: Optional[str] = None, heartbeat_seconds: float = 1.0,
+                 connect_timeout_seconds: float = 30.0):
+        self.address = address
+        self.token = token if token is not None else os.environ.get("RLSCHED_WORKER_TOKEN", "")
+        self.name = name or f"{os.uname().nodename}:{os.getpid()}"
+        self.heartbeat_seconds = heartbeat_seconds
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self.welcome: Optional[runtime_pb2.Welcome] = None
+        self.goodbye: Optional[str] = None
+        self._out: "queue.Queue[Optional[runtime_pb2.WorkerMessage]]" = queue.Queue()
+        self._done = threading.Event()
+
+    # ---- What a subclass provides. ----
+
+    def hello(self) -> runtime_pb2.Hello:
+        return runtime_pb2.Hello(role=self.role, token=self.token, name=self.name)
+
+    def on_welcome(self, welcome: runtime_pb2.Welcome) -> None:
+        """Called once, before any command."""
+
+    def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
+        raise NotImplementedError
+
+    def on_stop(self) -> None:
+        """Called when the session ends (Goodbye, or the scheduler went away)."""
+
+    # ---- Sending. ----
+
+    def send_event(self, **kind) -> None:
+        """Sends an OrchestratorEvent with one field set, e.g. ``generation_finished=...``.
+        The scheduler stamps the time."""
+        self._out.put(runtime_pb2.WorkerMessage(event=rollout_pb2.OrchestratorEvent(**kind)))
+
+    # ---- The session. ----
+
+    def _requests(self):
+        yield runtime_pb2.WorkerMessage(hello=self.hello())
+        while True:
+            message = self._out.get()
+            if message is None:
+                return
+            yield message
+
+    def _heartbeats(self) -> None:
+        while not self._done.wait(self.heartbeat_seconds):
+            self._out.put(runtime_pb2.WorkerMessage(heartbeat=runtime_pb2.Heartbeat()))
+
+    def run(self) -> Optional[str]:
+        """Attaches and handles commands until the scheduler says Goodbye (returns its
+        reason) or goes away (raises grpc.RpcError). Retries while the scheduler is
+        not listening yet, up to ``connect_timeout_seconds``."""
+        deadline = time.monotonic() + self.connect_timeout_seconds
+        channel = grpc.insecure_channel(self.address)
+        try:
+            grpc.channel_ready_future(channel).result(
+                timeout=max(0.0, deadline - time.monotonic()))
+            attach = channel.stream_stream(
+                ATTACH_METHOD,
+                request_serializer=runtime_pb2.WorkerMessage.SerializeToString,
+                response_deserializer=runtime_pb2.SchedulerMessage.FromString)
+            heartbeat = threading.Thread(target=self._heartbeats, daemon=True)
+            heartbeat.start()
+            try:
+                for message in attach(self._requests()):
+                    kind = message.WhichOneof("kind")
+                    if kind == "welcome":
+                        self.welcome = message.welcome
+                        self.on_welcome(message.welcome)
+                    elif kind == "command":
+                        self.on_command(message.command)
+                    elif kind == "goodbye":
+                        self.goodbye = message.goodbye.reason
+                        break
+            except grpc.RpcError:
+                if self.goodbye is None:
+                    raise
+            finally:
+                self._done.set()
+                self._out.put(None)
+                self.on_stop()
+            return self.goodbye
+        finally:
+            channel.close()
+
+
+class EngineWorker(Worker):
+    """An inference engine. ``engine`` is its id; ``version`` the weights it holds
+    (-1: none)."""
+
+    role = runtime_pb2.WORKER_ROLE_ENGINE
+
+    def __init__(self, address: str, engine: int, max_concurrent: int, *,
+                 version: int = -1, **kwargs):
+        super().__init__(address, **kwargs)
+        self.engine = engine
+        self.max_concurrent = max_concurrent
+        self.version = version
+
+    def hello(self) -> runtime_pb2.Hello:
+        hello = super().hello()
+        hello.engine = self.engine
+        hello.max_concurrent = self.max_concurrent
+        hello.version = self.version
+        return hello
+
+    def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
+        kind = command.WhichOneof("kind")
+        getattr(self, kind)(getattr(command, kind))
+
+    # The commands (rollout.proto's messages).
+    def dispatch(self, dispatch: rollout_pb2.Dispatch) -> None:
+        raise NotImplementedError
+
+    def abort(self, abort: rollout_pb2.Abort) -> None:
+        raise NotImplementedError
+
+    def sync_weights(self, sync: rollout_pb2.SyncWeights) -> None:
+        raise NotImplementedError
+
+    def resume(self, resume: rollout_pb2.Resume) -> None:
+        raise NotImplementedError
+
+    def release(self, release: rollout_pb2.Release) -> None:
+        raise NotImplementedError
+
+    # The reports.
+    def finished(self, sample: int, tokens: int, reward: float) -> None:
+        self.send_event(generation_finished=rollout_pb2.GenerationFinished(
+            sample=sample, tokens=tokens, reward=reward))
+
+    def progressed(self, sample: int, tokens: int) -> None:
+        self.send_event(generation_progressed=rollout_pb2.GenerationProgressed(
+            sample=sample, tokens=tokens))
+
+    def weights_loaded(self, version: int) -> None:
+        self.version = version
+        self.send_event(weights_loaded=rollout_pb2.WeightsLoaded(
+            engine=self.engine, version=version))
+
+    def released(self) -> None:
+        self.send_event(engine_released=rollout_pb2.EngineReleased(engine=self.engine))
+
+
+class TrainerWorker(Worker):
+    """The trainer: one call at a time (``start_train``), then ``step_finished``."""
+
+    role = runtime_pb2.WORKER_ROLE_TRAINER
+
+    def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
+        if command.WhichOneof("kind") == "start_train":
+            self.start_train(command.start_train)
+
+    def start_train(self, call: rollout_pb2.StartTrain) -> None:
+        raise NotImplementedError
+
+    def step_finished(self, step: int, call: int) -> None:
+        self.send_event(train_step_finished=rollout_pb2.TrainStepFinished(step=step, call=call))
+
+    def filtered(self, group: int) -> None:
+        self.send_event(group_filtered=rollout_pb2.GroupFiltered(group=group))

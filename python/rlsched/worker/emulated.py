@@ -1,0 +1,258 @@
+"""Emulated workers for tests and what-if runs of ``rlsched run``.
+
+The engine follows the simulator's engine model (continuous batching: a decode step
+takes ``decode_base + decode_per_sequence · running + decode_per_context_token ·
+Σ context`` seconds and gives every running sample a token; a sample first prefills
+its prompt and the tokens it resumes from at ``prefill_tokens_per_second``; a weight
+sync takes ``weight_sync_seconds``), with lengths drawn from the run config's length
+distribution (lognormal or a list, correlated across a prompt's samples). The trainer
+takes each call's predicted step time × ``seconds_per_cost_unit`` +
+``train_call_overhead_seconds``. Every time runs ``time_scale`` times faster (the
+scheduler's Welcome says how much).
+
+Run one with ``python3 -m rlsched.worker.emulated --address unix:PATH --role engine
+--engine 3`` (``rlsched run --emulated-engines N --emulated-trainer`` starts them).
+``--report FILE`` writes what the worker itself counted (JSON), for tests.
+"""
+
+import argparse
+import heapq
+import json
+import math
+import random
+import sys
+import threading
+import time
+from statistics import NormalDist
+from typing import Dict, List, Optional
+
+from rlsched.worker.base import EngineWorker, TrainerWorker
+
+_NORMAL = NormalDist()
+
+
+class _Clock:
+    """Run seconds: wall seconds / time_scale since the welcome."""
+
+    def __init__(self, scale: float):
+        self.scale = scale if scale > 0 else 1.0
+        self.start = time.monotonic()
+
+    def now(self) -> float:
+        return (time.monotonic() - self.start) / self.scale
+
+
+class _Sample:
+    __slots__ = ("tokens", "length", "prompt_tokens", "ready_at", "paused")
+
+    def __init__(self, tokens: float, length: int, prompt_tokens: int, ready_at: float):
+        self.tokens = tokens
+        self.length = length
+        self.prompt_tokens = prompt_tokens
+        self.ready_at = ready_at
+        self.paused = False
+
+
+class EmulatedEngine(EngineWorker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Condition()
+        self._running: Dict[int, _Sample] = {}
+        self._timers: List = []  # (run time, seq, callable)
+        self._seq = 0
+        self._stop = False
+        self._released = False
+        self.finished_count = 0
+        self._thread: Optional[threading.Thread] = None
+
+    # ---- The model, from the welcome's config. ----
+
+    def on_welcome(self, welcome) -> None:
+        config = welcome.config
+        self.clock = _Clock(welcome.time_scale)
+        engine = config.engine
+        self.base = engine.decode_base_seconds
+        self.per_sequence = engine.decode_per_sequence_seconds
+        self.per_context = engine.decode_per_context_token_seconds
+        self.prefill = engine.prefill_tokens_per_second or float("inf")
+        self.sync_seconds = config.weight_sync_seconds
+        self.release_seconds = config.release_seconds
+        self.resume_seconds = config.resume_seconds
+        self.seed = config.seed
+        self.samples_per_prompt = max(1, config.orchestrator.samples_per_prompt)
+        lengths = config.lengths
+        self.mu, self.sigma, self.max_tokens = lengths.mu, lengths.sigma, lengths.max_tokens
+        self.length_list = sorted(lengths.lengths)
+        self.rho = lengths.length_correlation
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def length_of(self, sample: int, prompt: int) -> int:
+        z_prompt = random.Random(f"{self.seed}:p:{prompt}").gauss(0.0, 1.0)
+        z_sample = random.Random(f"{self.seed}:s:{sample}").gauss(0.0, 1.0)
+        z = self.rho * z_prompt + math.sqrt(max(0.0, 1.0 - self.rho ** 2)) * z_sample
+        if self.length_list:
+            n = len(self.length_list)
+            return self.length_list[min(n - 1, max(0, int(_NORMAL.cdf(z) * n)))]
+        value = math.exp(min(self.mu + self.sigma * z, 40.0))
+        return int(min(max(round(value), 1), self.max_tokens))
+
+    def reward_of(self, sample: int) -> float:
+        return float(random.Random(f"{self.seed}:r:{sample}").random() < 0.5)
+
+    # ---- Commands (the reader thread). ----
+
+    def dispatch(self, dispatch) -> None:
+        with self._lock:
+            now = self._advance()
+            for work in dispatch.samples:
+                prefill = (work.prompt_tokens + work.resume_from) / self.prefill
+                self._running[work.sample] = _Sample(
+                    float(work.resume_from), self.length_of(work.sample, work.prompt),
+                    work.prompt_tokens, now + prefill)
+            self._lock.notify()
+
+    def abort(self, abort) -> None:
+        with self._lock:
+            self._advance()
+            for sample in abort.samples:
+                self._running.pop(sample, None)
+            self._lock.notify()
+
+    def sync_weights(self, sync) -> None:
+        with self._lock:
+            now = self._advance()
+            if sync.interrupt:
+                for sample, run in self._running.items():
+                    if not run.paused:
+                        run.paused = True
+                        self.progressed(sample, int(run.tokens))
+            delay = self.sync_seconds + (self.resume_seconds if self._released else 0.0)
+            self._released = False
+            self._at(now + delay, lambda: self.weights_loaded(sync.version))
+
+    def resume(self, resume) -> None:
+        with self._lock:
+            now = self._advance()
+            for sample in resume.samples:
+                run = self._running.get(sample)
+                if run is not None:
+                    run.paused = False
+                    # No KV cache survives a weight update: the prefix is prefilled again.
+                    run.ready_at = now + (run.prompt_tokens + run.tokens) / self.prefill
+            self._lock.notify()
+
+    def release(self, release) -> None:
+        with self._lock:
+            now = self._advance()
+            self._released = True
+            self._at(now + self.release_seconds, self.released)
+
+    def on_stop(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+
+    # ---- The engine's time (the loop thread; the lock held). ----
+
+    def _at(self, when: float, action) -> None:
+        heapq.heappush(self._timers, (when, self._seq, action))
+        self._seq += 1
+        self._lock.notify()
+
+    def _step_seconds(self, active: List[_Sample]) -> float:
+        context = sum(s.prompt_tokens + s.tokens for s in active)
+        return self.base + self.per_sequence * len(active) + self.per_context * context
+
+    def _advance(self) -> float:
+        """Decodes up to now: every ready, unpaused sample gains elapsed / step tokens."""
+        now = self.clock.now()
+        last = getattr(self, "_last", now)
+        self._last = now
+        active = [s for s in self._running.values() if not s.paused and s.ready_at <= last]
+        if active and now > last:
+            step = self._step_seconds(active)
+            gained = (now - last) / step if step > 0 else float("inf")
+            for run in active:
+                run.tokens = min(float(run.length), run.tokens + gained)
+        return now
+
+    def _loop(self) -> None:
+        with self._lock:
+            while not self._stop:
+                now = self._advance()
+                for sample in [s for s, r in self._running.items()
+                               if not r.paused and r.tokens >= r.length]:
+                    run = self._running.pop(sample)
+                    self.finished_count += 1
+                    self.finished(sample, run.length, self.reward_of(sample))
+                while self._timers and self._timers[0][0] <= now:
+                    heapq.heappop(self._timers)[2]()
+                # Sleep until the next finish, prefill end or timer.
+                wake = float("inf")
+                active = [r for r in self._running.values() if not r.paused and r.ready_at <= now]
+                if active:
+                    step = self._step_seconds(active)
+                    wake = now + min(r.length - r.tokens for r in active) * step
+                for run in self._running.values():
+                    if not run.paused and run.ready_at > now:
+                        wake = min(wake, run.ready_at)
+                if self._timers:
+                    wake = min(wake, self._timers[0][0])
+                wall = None if wake == float("inf") else max(
+                    0.0005, (wake - now) * self.clock.scale)
+                self._lock.wait(timeout=wall)
+
+
+class EmulatedTrainer(TrainerWorker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trained: List[int] = []
+        self.calls = 0
+
+    def on_welcome(self, welcome) -> None:
+        config = welcome.config
+        self.scale = welcome.time_scale if welcome.time_scale > 0 else 1.0
+        self.seconds_per_cost_unit = config.seconds_per_cost_unit
+        self.overhead = config.train_call_overhead_seconds
+
+    def start_train(self, call) -> None:
+        seconds = call.plan.predicted_step_time * self.seconds_per_cost_unit + self.overhead
+        self.trained.extend(call.samples)
+        self.calls += 1
+        timer = threading.Timer(seconds * self.scale, self.step_finished, (call.step, call.call))
+        timer.daemon = True
+        timer.start()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--address", required=True, help="unix:PATH or HOST:PORT")
+    parser.add_argument("--role", choices=["engine", "trainer"], required=True)
+    parser.add_argument("--engine", type=int, default=0, help="the engine's id")
+    parser.add_argument("--max-concurrent", type=int, default=256)
+    parser.add_argument("--version", type=int, default=-1, help="weights held (-1: none)")
+    parser.add_argument("--token", default=None,
+                        help="the run's token (default: $RLSCHED_WORKER_TOKEN)")
+    parser.add_argument("--report", default=None, help="write what this worker counted (JSON)")
+    args = parser.parse_args(argv)
+    if args.role == "engine":
+        worker = EmulatedEngine(args.address, args.engine, args.max_concurrent,
+                                version=args.version, token=args.token)
+    else:
+        worker = EmulatedTrainer(args.address, token=args.token)
+    reason = worker.run()
+    if args.report:
+        report = {"goodbye": reason}
+        if args.role == "engine":
+            report["finished"] = worker.finished_count
+        else:
+            report["trained"] = worker.trained
+            report["calls"] = worker.calls
+        with open(args.report, "w") as out:
+            json.dump(report, out)
+    return 0 if reason is not None and not reason.startswith("refused") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
