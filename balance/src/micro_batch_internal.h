@@ -134,7 +134,8 @@ std::int64_t TotalTokens(const Padded& padded);
 std::int64_t EmptyMicroBatches(const StepPlan& plan);
 
 // The common recipe as verl runs it (step_baseline.cc): PlanBaseline() without the
-// lower bound and the totals, on padded lengths (resolved options).
+// lower bound and the totals, on padded lengths (resolved options, those `padded` was
+// made with).
 StepPlan RecipePlan(const Padded& padded, const StepOptions& options);
 
 // Karmarkar-Karp on cost across ranks (equal counts), then per rank m = the largest

@@ -86,18 +86,25 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
   plan.num_micro_batches = count;
   std::vector<Sequence> sequences;  // by position in the rank's order
   std::vector<std::int64_t> local;  // their workloads
+  std::vector<std::int64_t> sorted_workload;
   std::vector<std::int32_t> ascending;
   for (const std::vector<std::int64_t>& rank : ranks) {
     // The rank in the recipe's order: by (workload, index), then the even positions
-    // followed by the odd ones reversed. Gathered once, in that order.
+    // followed by the odd ones reversed. Gathered once, in that order, from the length
+    // alone (one read at a random place instead of four): its padding, cost and
+    // workload follow from it as Pad() and RecipeWorkload() make them.
     const std::size_t size = rank.size();
     sequences.resize(size);
     local.resize(size);
+    sorted_workload.resize(size);
     for (std::size_t j = 0; j < size; ++j) {
-      const auto i = static_cast<std::size_t>(rank[EvensThenOddsReversedSource(size, j)]);
-      sequences[j] =
-          Sequence{static_cast<std::int64_t>(i), padded.tokens[i], lengths[i], padded.costs[i]};
-      local[j] = workload[i];
+      const std::size_t s = EvensThenOddsReversedSource(size, j);
+      const auto i = static_cast<std::size_t>(rank[s]);
+      const std::int64_t length = lengths[i];
+      const std::int64_t tokens = RoundUp(length, mb.pad_to_multiple_of);
+      sequences[j] = Sequence{static_cast<std::int64_t>(i), tokens, length, mb.cost.Cost(tokens)};
+      local[j] = RecipeWorkload(length);
+      sorted_workload[s] = local[j];
     }
     // Those positions by (workload, position) ascending, from the (workload, index)
     // order: in a run of equal workloads, the even ones come first in the recipe's order
@@ -105,8 +112,7 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
     ascending.clear();
     for (std::size_t run = 0; run < size;) {
       std::size_t end = run + 1;
-      const std::int64_t w = workload[static_cast<std::size_t>(rank[run])];
-      while (end < size && workload[static_cast<std::size_t>(rank[end])] == w) ++end;
+      while (end < size && sorted_workload[end] == sorted_workload[run]) ++end;
       for (std::size_t s = run + run % 2; s < end; s += 2) {
         ascending.push_back(static_cast<std::int32_t>(s / 2));
       }
