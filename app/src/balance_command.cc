@@ -129,13 +129,21 @@ CLI::App* AddBalanceCommand(CLI::App& app, BalanceArgs& args) {
   command->fallthrough();
   command->footer(fmt::format(
       "{}\nOutput: a table, or with --json the rlsched.v1.BalanceReply in protobuf's JSON "
-      "mapping (proto field names; int64 values are strings).",
+      "mapping (proto field names; int64 values are strings).\n"
+      "Fields of rlsched.v1.BalanceRequest (the daemon's names): "
+      "--ranks num_parts, --equal-size equal_size, --keep-groups keep_groups, --algorithm "
+      "algorithm (kk KARMARKAR_KARP, lpt GREEDY), --refine-iterations refine_iterations, the "
+      "cost options cost.*; the lengths and the group column lengths, groups.",
       kInputHelp));
 
-  command->add_option("--parts", args.parts, "Number of parts K (data-parallel ranks)")
+  command
+      ->add_option("--ranks,--parts", args.parts,
+                   fmt::format("Number of parts K: the data-parallel ranks (verl's and Megatron's "
+                               "data-parallel size). {}",
+                               RangeHelp(IntegerRangeText(1, balance::kMaxParts),
+                                         fmt::format("{}", BalanceArgs{}.parts))))
       ->type_name("K")
-      ->check(IntegerIn(1, balance::kMaxParts))
-      ->capture_default_str();
+      ->check(IntegerIn(1, balance::kMaxParts));
   command->add_flag("--equal-size", args.equal_size,
                     "Every part holds floor(n/K) or ceil(n/K) sequences (groups with "
                     "--keep-groups)");
@@ -143,11 +151,11 @@ CLI::App* AddBalanceCommand(CLI::App& app, BalanceArgs& args) {
                     "All sequences of a group (the CSV's group column) go to one part");
   command
       ->add_option("--algorithm", args.algorithm,
-                   "kk: Karmarkar-Karp (keeps greedy LPT's answer when better); lpt: greedy "
-                   "longest first")
+                   fmt::format("kk: Karmarkar-Karp (keeps greedy LPT's answer when better); lpt: "
+                               "greedy longest first (default: {})",
+                               BalanceArgs{}.algorithm))
       ->type_name("kk|lpt")
-      ->check(CLI::IsMember({"kk", "lpt"}).description(""))
-      ->capture_default_str();
+      ->check(CLI::IsMember({"kk", "lpt"}).description(""));
   AddRefineOption(*command, args.refine_iterations);
   command->add_flag("--json", args.json, "Print the BalanceReply as one line of JSON");
   AddInputOptions(*command, args.input, "Balance");

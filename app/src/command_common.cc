@@ -60,6 +60,21 @@ LengthsInput ReadFile(const std::string& path) {
 
 }  // namespace
 
+std::string IntegerRangeText(std::int64_t min, std::int64_t max) {
+  return max == kInt64Max ? fmt::format("integer >= {}", min)
+                          : fmt::format("integer in [{}, {}]", min, max);
+}
+
+std::string RealRangeText(double min, double max, bool min_open) {
+  if (std::isinf(max)) return fmt::format("number {} {}", min_open ? ">" : ">=", min);
+  return fmt::format("number in {}{}, {}]", min_open ? "(" : "[", min, max);
+}
+
+std::string RangeHelp(const std::string& range, std::string_view default_text) {
+  if (default_text.empty()) return fmt::format("Range: {}.", range);
+  return fmt::format("Range: {}; default: {}.", range, default_text);
+}
+
 CLI::Validator Unsigned64() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
@@ -67,24 +82,23 @@ CLI::Validator Unsigned64() {
         const char* end = text.data() + text.size();
         const auto [ptr, ec] = std::from_chars(text.data(), end, value);
         if (text.empty() || ptr != end || ec != std::errc()) {
-          return fmt::format("must be an integer in [0, 2^64), got '{}'", text);
+          return fmt::format("must be an {}, got '{}'", kUnsigned64Range, text);
         }
         return std::string();
       },
       "");
 }
 
-CLI::Validator RealIn(double min, double max) {
-  const std::string bound =
-      std::isinf(max) ? fmt::format(">= {}", min) : fmt::format("in [{}, {}]", min, max);
+CLI::Validator RealIn(double min, double max, bool min_open) {
+  const std::string bound = RealRangeText(min, max, min_open);
   return CLI::Validator(
-      [min, max, bound](std::string& text) -> std::string {
+      [min, max, min_open, bound](std::string& text) -> std::string {
         double value = 0.0;
         const char* end = text.data() + text.size();
         const auto [ptr, ec] = std::from_chars(text.data(), end, value);
         if (text.empty() || ptr != end || ec != std::errc() || !std::isfinite(value) ||
-            value < min || value > max) {
-          return fmt::format("must be a finite number {}, got '{}'", bound, text);
+            value < min || (min_open && value == min) || value > max) {
+          return fmt::format("must be a {}, got '{}'", bound, text);
         }
         return std::string();
       },
@@ -92,15 +106,14 @@ CLI::Validator RealIn(double min, double max) {
 }
 
 CLI::Validator IntegerIn(std::int64_t min, std::int64_t max) {
-  const std::string bound =
-      max == kInt64Max ? fmt::format(">= {}", min) : fmt::format("in [{}, {}]", min, max);
+  const std::string bound = IntegerRangeText(min, max);
   return CLI::Validator(
       [min, max, bound](std::string& text) -> std::string {
         std::int64_t value = 0;
         const char* end = text.data() + text.size();
         const auto [ptr, ec] = std::from_chars(text.data(), end, value);
         if (text.empty() || ptr != end || ec != std::errc() || value < min || value > max) {
-          return fmt::format("must be an integer {}, got '{}'", bound, text);
+          return fmt::format("must be an {}, got '{}'", bound, text);
         }
         return std::string();
       },
@@ -109,7 +122,9 @@ CLI::Validator IntegerIn(std::int64_t min, std::int64_t max) {
 
 void AddInputOptions(CLI::App& command, InputArgs& args, std::string_view verb) {
   CLI::Option* file =
-      command.add_option("FILE", args.file, "File with the sequence lengths; '-' or none: stdin")
+      command
+          .add_option("FILE", args.file,
+                      "File with the sequence lengths in tokens (see below); '-' or none: stdin")
           ->type_name("");
   CLI::Option* example = command.add_flag(
       "--example", args.example,
@@ -117,11 +132,13 @@ void AddInputOptions(CLI::App& command, InputArgs& args, std::string_view verb) 
                   "heavy-tailed lengths ({} sequences)",
                   verb, kExamplePrompts, kExampleSamples, kExamplePrompts * kExampleSamples));
   example->excludes(file);
-  command.add_option("--seed", args.seed, "Seed of the --example batch")
+  command
+      .add_option("--seed", args.seed,
+                  fmt::format("Seed of the --example batch. {}",
+                              RangeHelp(std::string(kUnsigned64Range), "1")))
       ->type_name("N")
       ->check(Unsigned64())
-      ->needs(example)
-      ->capture_default_str();
+      ->needs(example);
 }
 
 void AddCostOptions(CLI::App& command, CostArgs& args) {
@@ -129,65 +146,100 @@ void AddCostOptions(CLI::App& command, CostArgs& args) {
   command
       .add_option(
           "--cost", args.kind,
-          fmt::format("Cost of a sequence of L tokens: tokens (= L) or attention "
-                      "(linear·L + quadratic·L² + constant). Attention takes its coefficients "
-                      "from the model shape options below, or from the coefficient options; "
-                      "with neither, from a Llama-3.1-8B shape (hidden {}, {} layers, FFN {}, "
-                      "{} heads, {} KV heads, vocab {}). Default: tokens, or attention when a "
-                      "shape or coefficient option is given",
+          fmt::format("Cost of a sequence of L tokens, in cost units: tokens (= L) or attention "
+                      "(linear·L + quadratic·L² + constant, in units of one token's linear "
+                      "work). Attention takes its coefficients from the model shape options "
+                      "below, or from the coefficient options; with neither, from a "
+                      "Llama-3.1-8B shape (hidden {}, {} layers, FFN {}, {} heads, {} KV heads, "
+                      "vocab {}). Default: tokens, or attention when a shape or coefficient "
+                      "option is given (field cost.kind)",
                       shape.hidden_size, shape.num_layers, shape.ffn_hidden_size,
                       shape.num_attention_heads, shape.num_kv_heads, shape.vocab_size))
       ->type_name("tokens|attention")
       ->check(CLI::IsMember({"tokens", "attention"}).description(""));
 
-  // Shape and coefficients exclude each other; MakeCostModel() says so.
+  // Shape and coefficients exclude each other; MakeCostModel() says so. The names are
+  // Megatron-core's and Hugging Face's (--num-heads is the short alias).
   const std::string shape_group =
-      "Model shape (attention cost; unset values are Llama-3.1-8B's; not with coefficients)";
-  command.add_option("--hidden-size", args.hidden_size, "Hidden size")
+      "Model shape (attention cost; unset values are Llama-3.1-8B's; not with coefficients; "
+      "fields cost.model.*)";
+  const std::string positive = IntegerRangeText(1, kInt64Max);
+  command
+      .add_option(
+          "--hidden-size", args.hidden_size,
+          fmt::format("Hidden size. {}", RangeHelp(positive, fmt::format("{}", shape.hidden_size))))
       ->type_name("N")
       ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
-  command.add_option("--num-layers", args.num_layers, "Number of transformer layers")
+  command
+      .add_option("--num-layers", args.num_layers,
+                  fmt::format("Number of transformer layers. {}",
+                              RangeHelp(positive, fmt::format("{}", shape.num_layers))))
       ->type_name("N")
       ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
-  command.add_option("--ffn-hidden-size", args.ffn_hidden_size, "FFN (intermediate) size")
+  command
+      .add_option("--ffn-hidden-size", args.ffn_hidden_size,
+                  fmt::format("FFN (intermediate) size. {}",
+                              RangeHelp(positive, fmt::format("{}", shape.ffn_hidden_size))))
       ->type_name("N")
       ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
-  command.add_option("--num-heads", args.num_heads, "Attention heads; divides the hidden size")
+  command
+      .add_option("--num-attention-heads,--num-heads", args.num_heads,
+                  fmt::format("Attention heads; divides the hidden size. {}",
+                              RangeHelp(positive, fmt::format("{}", shape.num_attention_heads))))
       ->type_name("N")
       ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
   command
       .add_option("--num-kv-heads", args.num_kv_heads,
-                  "Key/value heads; divides the heads (0: as many as heads)")
+                  fmt::format("Key/value heads (Megatron's query groups); divides the heads; 0: as "
+                              "many as heads. {}",
+                              RangeHelp(IntegerRangeText(0, kInt64Max),
+                                        fmt::format("{}", shape.num_kv_heads))))
       ->type_name("N")
       ->check(IntegerIn(0, kInt64Max))
       ->group(shape_group);
-  command.add_option("--vocab-size", args.vocab_size, "Vocabulary size")
+  command
+      .add_option("--vocab-size", args.vocab_size,
+                  fmt::format("Vocabulary size. {}",
+                              RangeHelp(positive, fmt::format("{}", shape.vocab_size))))
       ->type_name("N")
       ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
-  command.add_flag("--plain-mlp", args.plain_mlp, "Two-matrix MLP instead of a gated one")
+  command
+      .add_flag("--plain-mlp", args.plain_mlp,
+                "Two-matrix MLP instead of a gated one (default: gated, as Llama's)")
       ->group(shape_group);
+  const std::string non_negative = RealRangeText(0.0, std::numeric_limits<double>::infinity());
   command
       .add_option("--per-sequence", args.per_sequence,
-                  "Extra cost per sequence, in units of one token's linear work")
+                  fmt::format("Extra cost per sequence, in cost units (one token's linear work); "
+                              "a sequence's cost must stay below 2^62. {}",
+                              RangeHelp(non_negative, "0")))
       ->type_name("X")
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(shape_group);
 
-  const std::string coefficient_group = "Coefficients (attention cost; not with a model shape)";
-  command.add_option("--linear", args.linear, "Cost per token (default 1)")
+  const std::string coefficient_group =
+      "Coefficients (attention cost; not with a model shape; fields cost.coefficients.*; "
+      "linear + quadratic must be > 0, and a sequence's cost below 2^62)";
+  command
+      .add_option("--linear", args.linear,
+                  fmt::format("Cost units per token. {}", RangeHelp(non_negative, "1")))
       ->type_name("X")
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
-  command.add_option("--quadratic", args.quadratic, "Cost per squared token (default 0)")
+  command
+      .add_option("--quadratic", args.quadratic,
+                  fmt::format("Cost units per squared token. {}", RangeHelp(non_negative, "0")))
       ->type_name("X")
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
-  command.add_option("--constant", args.constant, "Cost per sequence (default 0)")
+  command
+      .add_option("--constant", args.constant,
+                  fmt::format("Cost units per sequence. {}", RangeHelp(non_negative, "0")))
       ->type_name("X")
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
@@ -195,10 +247,11 @@ void AddCostOptions(CLI::App& command, CostArgs& args) {
 
 void AddRefineOption(CLI::App& command, std::optional<std::int64_t>& refine_iterations) {
   command
-      .add_option("--refine-iterations", refine_iterations,
-                  fmt::format("Local-search budget in improving steps; 0 disables it "
-                              "(default {})",
-                              balance::RefineOptions{}.max_iterations))
+      .add_option(
+          "--refine-iterations", refine_iterations,
+          fmt::format("Local-search budget in improving steps; 0 disables it. {}",
+                      RangeHelp(IntegerRangeText(0, kInt64Max),
+                                fmt::format("{}", balance::RefineOptions{}.max_iterations))))
       ->type_name("N")
       ->check(IntegerIn(0, kInt64Max));
 }
@@ -260,8 +313,8 @@ v1::CostModel MakeCostModel(const CostArgs& args) {
   const std::int64_t num_heads = args.num_heads.value_or(defaults.num_attention_heads);
   const std::int64_t num_kv_heads = args.num_kv_heads.value_or(defaults.num_kv_heads);
   if (hidden_size % num_heads != 0) {
-    throw std::invalid_argument(fmt::format("--num-heads: must divide the hidden size ({}), got {}",
-                                            hidden_size, num_heads));
+    throw std::invalid_argument(fmt::format(
+        "--num-attention-heads: must divide the hidden size ({}), got {}", hidden_size, num_heads));
   }
   if (num_kv_heads != 0 && num_heads % num_kv_heads != 0) {
     throw std::invalid_argument(fmt::format(

@@ -82,16 +82,31 @@ struct CostArgs {
   std::optional<double> constant;
 };
 
+// The range texts of the validators below, as the help and the errors state them:
+// "integer in [1, 1048576]", "integer >= 0" (max == kInt64Max), "number in [0, 1]",
+// "number in (0, 1000000]" (min_open), "number >= 0" (max infinite). Every numeric
+// option's help says "Range: <text>", so that a test can read the range from --help
+// and check the bounds against what the program accepts.
+std::string IntegerRangeText(std::int64_t min, std::int64_t max);
+std::string RealRangeText(double min, double max, bool min_open = false);
+
+// "Range: <range>; default: <default>." for an option's help (no default when
+// `default_text` is empty).
+std::string RangeHelp(const std::string& range, std::string_view default_text = "");
+
 // An integer option in [min, max] (max == kInt64Max: no upper bound); the error reads
 // "--opt: must be an integer in [min, max], got 'x'".
 CLI::Validator IntegerIn(std::int64_t min, std::int64_t max);
 
-// A finite real number in [min, max] (max infinite: no upper bound); the error reads
-// "--opt: must be a finite number >= min (or in [min, max]), got 'x'".
-CLI::Validator RealIn(double min, double max);
+// A finite real number in [min, max] ((min, max] when `min_open`; max infinite: no
+// upper bound); the error reads "--opt: must be a number in [min, max], got 'x'".
+CLI::Validator RealIn(double min, double max, bool min_open = false);
+
+// The range of Unsigned64(): [0, 2^64 - 1].
+inline constexpr std::string_view kUnsigned64Range = "integer in [0, 18446744073709551615]";
 
 // An unsigned 64-bit integer (no sign); the error reads
-// "--opt: must be an integer in [0, 2^64), got 'x'".
+// "--opt: must be an integer in [0, 18446744073709551615], got 'x'".
 CLI::Validator Unsigned64();
 
 // Adds FILE, --example and --seed to `command`, writing into `args` (which must

@@ -45,9 +45,10 @@ int Run(int argc, char** argv) {
   CLI::App app("rlsched — scheduling for RL post-training of LLMs", "rlsched");
   app.set_version_flag("--version", "rlsched " RLSCHED_VERSION);
   std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "Logging to stderr")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
-      ->capture_default_str();
+  app.add_option("--log-level", log_level, "Logging to stderr (default: warn)")
+      ->type_name("trace|debug|info|warn|error|critical|off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"})
+                  .description(""));
   app.require_subcommand(0, 1);  // none is reported below, naming the commands
   app.footer("Run 'rlsched COMMAND --help' for a command's options.");
 

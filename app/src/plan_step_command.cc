@@ -22,6 +22,8 @@ namespace {
 
 constexpr std::string_view kPipelineOrder = "pipeline";
 constexpr std::string_view kHeaviestFirstOrder = "heaviest-first";
+// The most pipeline stages the step planner accepts (balance::internal's bound).
+constexpr std::int64_t kMaxPipelineStages = 65536;
 
 std::string DescribeMicroBatches(const v1::PlanStepRequest& request) {
   std::string text =
@@ -228,71 +230,108 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
   command->footer(fmt::format(
       "{}\nOutput: a table, or with --json the rlsched.v1.PlanStepReply in protobuf's JSON "
       "mapping (proto field names; int64 values are strings).\n"
+      "Fields of rlsched.v1.PlanStepRequest (the daemon's names): --ranks num_ranks, "
+      "--max-token-len max_tokens_per_micro_batch, --min-micro-batches min_micro_batches, "
+      "--micro-batches-multiple-of micro_batches_multiple_of, --pad-to-multiple-of "
+      "pad_to_multiple_of, --pipeline-model-parallel-size pipeline_stages, --overhead overhead, "
+      "--count-tolerance count_tolerance, --order order (heaviest-first HEAVIEST_FIRST), "
+      "--equal-size equal_size, --keep-groups keep_groups, --refine-iterations "
+      "refine_iterations, the cost options cost.*.\n"
       "The plan is compared with the common recipe as verl runs it: Karmarkar-Karp across ranks on "
       "verl's workload key 24576·L + L², then per rank ceil(tokens / cap) micro-batches (the max "
       "over ranks) by Karmarkar-Karp on the same key — which can put a micro-batch over the cap; "
       "its step time is predicted with our cost model.",
       kInputHelp));
 
-  command->add_option("--ranks", args.ranks, "Number of data-parallel ranks R")
-      ->type_name("R")
-      ->check(IntegerIn(1, balance::kMaxParts))
-      ->capture_default_str();
+  const PlanStepArgs defaults;
   command
-      ->add_option("--max-tokens", args.max_tokens,
-                   "Hard cap on the (padded) tokens of one micro-batch; a longer sequence is "
-                   "an error")
-      ->type_name("N")
+      ->add_option("--ranks", args.ranks,
+                   fmt::format("Number of data-parallel ranks R (verl's and Megatron's "
+                               "data-parallel size). {}",
+                               RangeHelp(IntegerRangeText(1, balance::kMaxParts),
+                                         fmt::format("{}", defaults.ranks))))
+      ->type_name("R")
+      ->check(IntegerIn(1, balance::kMaxParts));
+  command
+      ->add_option("--max-token-len,--max-tokens,--max-tokens-per-micro-batch", args.max_tokens,
+                   fmt::format("Hard cap on the (padded) tokens of one micro-batch, in tokens "
+                               "(verl's max_token_len per GPU, ppo_max_token_len_per_gpu with "
+                               "use_dynamic_bsz); a longer sequence is an error. {}",
+                               RangeHelp(IntegerRangeText(1, kInt64Max), "none, required")))
+      ->type_name("TOKENS")
       ->check(IntegerIn(1, kInt64Max))
       ->required();
-  command->add_option("--min-micro-batches", args.min_micro_batches, "At least N per rank")
-      ->type_name("N")
-      ->check(IntegerIn(1, balance::kMaxParts))
-      ->capture_default_str();
   command
-      ->add_option("--multiple-of", args.multiple_of,
-                   "The micro-batch count is a multiple of N (e.g. the pipeline-parallel size, "
-                   "as Megatron's interleaved schedule requires)")
+      ->add_option("--min-micro-batches", args.min_micro_batches,
+                   fmt::format("At least N micro-batches per rank; R × the count must stay <= {}. "
+                               "{}",
+                               balance::kMaxForcedMicroBatches,
+                               RangeHelp(IntegerRangeText(1, balance::kMaxParts),
+                                         fmt::format("{}", defaults.min_micro_batches))))
       ->type_name("N")
-      ->check(IntegerIn(1, balance::kMaxParts))
-      ->capture_default_str();
+      ->check(IntegerIn(1, balance::kMaxParts));
   command
-      ->add_option("--pad-to", args.pad_to,
-                   "Pad every length up to a multiple of N (e.g. 2·CP·TP) before it counts "
-                   "against the cap and the cost")
+      ->add_option(
+          "--micro-batches-multiple-of,--multiple-of", args.multiple_of,
+          fmt::format("The micro-batch count is a multiple of N (e.g. the pipeline-parallel "
+                      "size, as Megatron's interleaved schedule requires); R × the count "
+                      "must stay <= {}. {}",
+                      balance::kMaxForcedMicroBatches,
+                      RangeHelp(IntegerRangeText(1, balance::kMaxParts),
+                                fmt::format("{}", defaults.multiple_of))))
       ->type_name("N")
-      ->check(IntegerIn(1, kInt64Max))
-      ->capture_default_str();
+      ->check(IntegerIn(1, balance::kMaxParts));
   command
-      ->add_option("--pipeline-stages", args.pipeline_stages,
-                   "Pipeline-parallel stages p: a rank's time is Σ t_i + (p − 1)·max t_i "
-                   "(1F1B), t_i = cost_i + overhead")
+      ->add_option(
+          "--pad-to-multiple-of,--pad-to", args.pad_to,
+          fmt::format(
+              "Pad every length up to a multiple of N tokens (e.g. 2·CP·TP) before "
+              "it counts against the cap and the cost; the padded lengths' total must stay "
+              "below 2^63. {}",
+              RangeHelp(IntegerRangeText(1, kInt64Max), fmt::format("{}", defaults.pad_to))))
+      ->type_name("N")
+      ->check(IntegerIn(1, kInt64Max));
+  command
+      ->add_option(
+          "--pipeline-model-parallel-size,--pipeline-stages,--pp", args.pipeline_stages,
+          fmt::format("Pipeline-parallel stages p (Megatron's pipeline_model_parallel_size): "
+                      "a rank's time is Σ t_i + (p − 1)·max t_i (1F1B), t_i = cost_i + "
+                      "overhead. {}",
+                      RangeHelp(IntegerRangeText(1, kMaxPipelineStages),
+                                fmt::format("{}", defaults.pipeline_stages))))
       ->type_name("P")
-      ->check(IntegerIn(1, balance::kMaxParts))
-      ->capture_default_str();
+      ->check(IntegerIn(1, kMaxPipelineStages));
   command
-      ->add_option("--overhead", args.overhead,
-                   "Cost of one micro-batch launch (forward + backward) in cost units (tokens "
-                   "of linear work). Default: estimated from the model shape (streaming the "
-                   "weights, kernel launches, the framework's own work on an H100-class GPU): "
-                   "190 for the default Llama-3.1-8B shape; 0 makes micro-batches free")
+      ->add_option(
+          "--overhead", args.overhead,
+          fmt::format(
+              "Cost of one micro-batch launch (forward + backward) in cost units "
+              "(tokens of linear work); 0 makes micro-batches free; a rank's time with it must "
+              "stay below 2^63. {}",
+              RangeHelp(IntegerRangeText(0, kInt64Max),
+                        "estimated from the model shape (streaming the weights, "
+                        "kernel launches, the framework's own work on an "
+                        "H100-class GPU): 190 for the default Llama-3.1-8B "
+                        "shape")))
       ->type_name("X")
       ->check(IntegerIn(0, kInt64Max));
   command
       ->add_option("--count-tolerance", args.count_tolerance,
-                   "The micro-batch count is the smallest whose predicted step time is within "
-                   "this fraction of the best count's")
+                   fmt::format("The micro-batch count is the smallest whose predicted step time is "
+                               "within this fraction of the best count's. {}",
+                               RangeHelp(RealRangeText(0.0, 1.0),
+                                         fmt::format("{:g}", defaults.count_tolerance))))
       ->type_name("F")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
+      ->check(RealIn(0.0, 1.0));
   command
-      ->add_option("--order", args.order,
-                   "Order of a rank's micro-batches: pipeline (light ones at both ends, the "
-                   "heaviest in the middle) or heaviest-first")
+      ->add_option(
+          "--order", args.order,
+          fmt::format("Order of a rank's micro-batches: pipeline (light ones at both ends, "
+                      "the heaviest in the middle) or heaviest-first (default: {})",
+                      defaults.order))
       ->type_name("pipeline|heaviest-first")
       ->check(CLI::IsMember({std::string(kPipelineOrder), std::string(kHeaviestFirstOrder)})
-                  .description(""))
-      ->capture_default_str();
+                  .description(""));
   command->add_flag("--equal-size", args.equal_size,
                     "Every rank holds floor(n/R) or ceil(n/R) sequences (groups with "
                     "--keep-groups)");
@@ -337,21 +376,30 @@ v1::PlanStepRequest MakePlanStepRequest(const PlanStepArgs& args, const LengthsI
 namespace {
 
 // A SolvePlanStep() error in the command's terms: the flag that set the field, then
-// the field ("--multiple-of (micro_batches_multiple_of): …"); other fields as they are.
+// the field ("--micro-batches-multiple-of (micro_batches_multiple_of): …"); other fields as they
+// are.
 FieldError ToCommandError(const FieldError& e) {
   static constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
       {"num_ranks", "--ranks"},
-      {"max_tokens_per_micro_batch", "--max-tokens"},
+      {"max_tokens_per_micro_batch", "--max-token-len"},
       {"min_micro_batches", "--min-micro-batches"},
-      {"micro_batches_multiple_of", "--multiple-of"},
-      {"pad_to_multiple_of", "--pad-to"},
-      {"pipeline_stages", "--pipeline-stages"},
+      {"micro_batches_multiple_of", "--micro-batches-multiple-of"},
+      {"pad_to_multiple_of", "--pad-to-multiple-of"},
+      {"pipeline_stages", "--pipeline-model-parallel-size"},
       {"overhead", "--overhead"},
       {"count_tolerance", "--count-tolerance"},
       {"refine_iterations", "--refine-iterations"},
   };
   for (const auto& [field, flag] : kFlags) {
     if (e.field() == field) return e.Renamed(fmt::format("{} ({})", flag, field));
+  }
+  // A sequence above the cap: the cap by the flag that set it.
+  constexpr std::string_view kCapField = "max_tokens_per_micro_batch";
+  const std::size_t cap = e.requirement().find(kCapField);
+  if (e.field().starts_with("lengths") && cap != std::string::npos) {
+    std::string requirement = e.requirement();
+    requirement.replace(cap, kCapField.size(), "--max-token-len");
+    return FieldError(e.field(), requirement);
   }
   return e;
 }

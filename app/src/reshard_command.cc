@@ -44,8 +44,8 @@ struct Entry {
   std::optional<std::string> value;
 };
 
-// Splits `text` at commas into key[=value] entries. Throws std::invalid_argument
-// naming `option` for an empty entry or a repeated key.
+// Splits `text` at commas into key[=value] entries, '_' in a key read as '-'. Throws
+// std::invalid_argument naming `option` for an empty entry or a repeated key.
 std::vector<Entry> SplitEntries(std::string_view option, std::string_view text) {
   if (text.empty()) throw std::invalid_argument(fmt::format("{}: must not be empty", option));
   std::vector<Entry> entries;
@@ -60,6 +60,8 @@ std::vector<Entry> SplitEntries(std::string_view option, std::string_view text) 
     Entry entry;
     const std::size_t equals = item.find('=');
     entry.key = std::string(item.substr(0, equals));
+    // '_' spells '-' (first_stage_layers, the proto's and Megatron's spelling).
+    std::replace(entry.key.begin(), entry.key.end(), '_', '-');
     if (equals != std::string_view::npos) entry.value = std::string(item.substr(equals + 1));
     if (entry.key.empty()) {
       throw std::invalid_argument(fmt::format("{}: entry '{}' has no key", option, item));
@@ -95,22 +97,6 @@ std::int64_t IntegerValue(std::string_view option, const Entry& entry, std::int6
                                             option, entry.key, min, max, text));
   }
   return value;
-}
-
-// A finite real number in (0, kMaxGbPerS].
-CLI::Validator Bandwidth() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        double value = 0.0;
-        const char* end = text.data() + text.size();
-        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-        if (text.empty() || ptr != end || ec != std::errc() || !std::isfinite(value) ||
-            value <= 0.0 || value > kMaxGbPerS) {
-          return fmt::format("must be a number in (0, {}], got '{}'", kMaxGbPerS, text);
-        }
-        return std::string();
-      },
-      "");
 }
 
 // The text of the --model file (a Hugging Face model folder: its config.json), at most
@@ -378,7 +364,14 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
       "writes the plan with every transfer in the same mapping; a FILE ending in .binpb "
       "gets the binary plan file of reshard.proto instead: a ReshardPlanIndex, then one "
       "ReshardRankPart per GPU, varint-delimited, so that an executor reads only its own "
-      "GPU's transfers.");
+      "GPU's transfers.\n"
+      "Fields of rlsched.v1.ReshardRequest (the daemon's names): --model model_config_json (the "
+      "file's text), --train train.* (first-stage-layers first_stage_layers, "
+      "last-stage-layers last_stage_layers), --infer infer.tp, infer.replicas, ep "
+      "infer.expert_parallel, --round-robin-experts infer.expert_placement ROUND_ROBIN, "
+      "--colocated, --gpus-per-node, --intra-node-gb-per-s, --inter-node-gb-per-s topology.*, "
+      "--bucket-mib bucket_bytes (× 2^20), --target-dtype target_dtype, --plan-out "
+      "include_transfers.");
 
   command
       ->add_option("--model", args.model,
@@ -388,13 +381,20 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
       ->required();
   command
       ->add_option("--train", args.train,
-                   "The trainer's layout, e.g. tp=8,pp=2,dp=4 or tp=2,pp=3,first-stage-layers=10 "
-                   "(keys tp, pp, vpp, ep, etp, cp, dp, first-stage-layers, last-stage-layers)")
+                   fmt::format("The trainer's layout (Megatron-core's parallel sizes), e.g. "
+                               "tp=8,pp=2,dp=4 or tp=2,pp=3,first-stage-layers=10: keys tp, pp, "
+                               "vpp, ep, etp, cp, dp (each an {}; default 1) and "
+                               "first-stage-layers, last-stage-layers (layers, each an {}; "
+                               "default: an even split); '_' may replace '-' in a key",
+                               IntegerRangeText(1, kMaxSize), IntegerRangeText(1, kMaxStageLayers)))
       ->type_name("K=V,...")
       ->required();
   command
       ->add_option("--infer", args.infer,
-                   "The engines' layout, e.g. tp=4,replicas=16 (add ep for expert parallelism)")
+                   fmt::format("The engines' layout (vLLM), e.g. tp=4,replicas=16: keys tp (an "
+                               "{}; default 1), replicas (an {}; default 1), and ep without a "
+                               "value for expert parallelism (EP = TP)",
+                               IntegerRangeText(1, kMaxSize), IntegerRangeText(1, kMaxReplicas)))
       ->type_name("K=V,...")
       ->required();
   command->add_flag("--round-robin-experts", args.round_robin_experts,
@@ -402,36 +402,48 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
                     "contiguous blocks)");
   command->add_flag("--colocated", args.colocated,
                     "The engines run on the trainer's GPUs (default: on separate GPUs)");
-  command->add_option("--gpus-per-node", args.gpus_per_node, "GPUs per node")
+  const ReshardArgs defaults;
+  command
+      ->add_option("--gpus-per-node", args.gpus_per_node,
+                   fmt::format("GPUs per node (field topology.gpus_per_node). {}",
+                               RangeHelp(IntegerRangeText(1, kMaxSize),
+                                         fmt::format("{}", defaults.gpus_per_node))))
       ->type_name("N")
-      ->check(IntegerIn(1, kMaxSize))
-      ->capture_default_str();
+      ->check(IntegerIn(1, kMaxSize));
+  const std::string bandwidth = RealRangeText(0.0, kMaxGbPerS, /*min_open=*/true);
   command
-      ->add_option("--intra-node-gb-per-s", args.intra_node_gb_per_s,
-                   "Intra-node bandwidth per GPU and direction, GB/s (10^9 bytes)")
-      ->type_name("X")
-      ->check(Bandwidth())
-      ->capture_default_str();
+      ->add_option(
+          "--intra-node-gb-per-s", args.intra_node_gb_per_s,
+          fmt::format("Intra-node bandwidth per GPU and direction, in GB/s (10^9 bytes "
+                      "per second; field topology.intra_node_gb_per_s). {}",
+                      RangeHelp(bandwidth, fmt::format("{:g}", defaults.intra_node_gb_per_s))))
+      ->type_name("GB/S")
+      ->check(RealIn(0.0, kMaxGbPerS, /*min_open=*/true));
   command
-      ->add_option("--inter-node-gb-per-s", args.inter_node_gb_per_s,
-                   "Inter-node (NIC) bandwidth per GPU and direction, GB/s")
-      ->type_name("X")
-      ->check(Bandwidth())
-      ->capture_default_str();
+      ->add_option(
+          "--inter-node-gb-per-s", args.inter_node_gb_per_s,
+          fmt::format("Inter-node (NIC) bandwidth per GPU and direction, in GB/s (10^9 "
+                      "bytes per second; field topology.inter_node_gb_per_s). {}",
+                      RangeHelp(bandwidth, fmt::format("{:g}", defaults.inter_node_gb_per_s))))
+      ->type_name("GB/S")
+      ->check(RealIn(0.0, kMaxGbPerS, /*min_open=*/true));
   command
-      ->add_option("--bucket-mb", args.bucket_mb,
-                   "Bytes a GPU may send, and receive, in one bucket, in MiB")
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxBucketMiB))
-      ->capture_default_str();
+      ->add_option("--bucket-mib,--bucket-mb", args.bucket_mb,
+                   fmt::format("Bytes a GPU may send, and receive, in one bucket, in MiB (2^20 "
+                               "bytes; verl's update_weights_bucket_megabytes; field bucket_bytes "
+                               "= MiB × 2^20). {}",
+                               RangeHelp(IntegerRangeText(1, kMaxBucketMiB),
+                                         fmt::format("{}", defaults.bucket_mb))))
+      ->type_name("MIB")
+      ->check(IntegerIn(1, kMaxBucketMiB));
   command
       ->add_option("--target-dtype", args.target_dtype,
-                   "What the engines run: bf16 (the trainer's weights as they are) or fp8 "
-                   "(linear weights in fp8 e4m3 with a scale per 128 x 128 block, quantised by "
-                   "the sender when a slice covers whole blocks)")
-      ->type_name("bf16|fp8")
-      ->check(CLI::IsMember({"bf16", "fp8"}).description(""))
-      ->capture_default_str();
+                   "What the engines run: bf16 (the trainer's weights as they are) or fp8_block128 "
+                   "(alias fp8: linear weights in fp8 e4m3 with a scale per 128 x 128 block, "
+                   "quantised by the sender when a slice covers whole blocks); field target_dtype, "
+                   "TARGET_DTYPE_BF16 or TARGET_DTYPE_FP8_BLOCK128 (default: bf16)")
+      ->type_name("bf16|fp8_block128")
+      ->check(CLI::IsMember({"bf16", "fp8_block128", "fp8"}).description(""));
   command
       ->add_option("--plan-out", args.plan_out,
                    "Write the plan with every transfer to FILE: JSON, or with the extension "
@@ -515,17 +527,17 @@ v1::ReshardRequest MakeReshardRequest(const ReshardArgs& args, std::string model
   topology->set_intra_node_gb_per_s(args.intra_node_gb_per_s);
   topology->set_inter_node_gb_per_s(args.inter_node_gb_per_s);
   if (args.bucket_mb < 1 || args.bucket_mb > kMaxBucketMiB) {
-    throw std::invalid_argument(fmt::format("--bucket-mb: must be an integer in [1, {}], got {}",
-                                            kMaxBucketMiB, args.bucket_mb));
+    throw std::invalid_argument(fmt::format("--bucket-mib: must be an {}, got {}",
+                                            IntegerRangeText(1, kMaxBucketMiB), args.bucket_mb));
   }
   request.set_bucket_bytes(args.bucket_mb << 20);
-  if (args.target_dtype == "fp8") {
+  if (args.target_dtype == "fp8_block128" || args.target_dtype == "fp8") {
     request.set_target_dtype(v1::TARGET_DTYPE_FP8_BLOCK128);
   } else if (args.target_dtype == "bf16") {
     request.set_target_dtype(v1::TARGET_DTYPE_BF16);
   } else {
-    throw std::invalid_argument(
-        fmt::format("--target-dtype: must be bf16 or fp8, got '{}'", args.target_dtype));
+    throw std::invalid_argument(fmt::format(
+        "--target-dtype: must be bf16 or fp8_block128 (alias fp8), got '{}'", args.target_dtype));
   }
   request.set_include_transfers(!args.plan_out.empty());
   return request;
@@ -534,14 +546,14 @@ v1::ReshardRequest MakeReshardRequest(const ReshardArgs& args, std::string model
 namespace {
 
 // A planner error in the command's terms: the flag that set the field, then the field
-// ("--bucket-mb (bucket_bytes): …", "--model FILE (config.num_hidden_layers): …").
+// ("--bucket-mib (bucket_bytes): …", "--model FILE (config.num_hidden_layers): …").
 FieldError ToCommandError(const ReshardArgs& args, const FieldError& e) {
   const std::string_view field = e.field();
   auto under = [&](std::string_view prefix) {
     return field == prefix || (field.starts_with(prefix) && field.size() > prefix.size() &&
                                (field[prefix.size()] == '.' || field[prefix.size()] == '['));
   };
-  if (under("bucket_bytes")) return e.Renamed(fmt::format("--bucket-mb ({})", field));
+  if (under("bucket_bytes")) return e.Renamed(fmt::format("--bucket-mib ({})", field));
   if (under("train")) return e.Renamed(fmt::format("--train ({})", field));
   if (under("infer")) return e.Renamed(fmt::format("--infer ({})", field));
   if (under("config")) return e.Renamed(fmt::format("--model {} ({})", args.model, field));

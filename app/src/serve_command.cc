@@ -162,38 +162,48 @@ CLI::App* AddServeCommand(CLI::App& app, ServeArgs& args) {
       "BAD_FRAME reply with id \"\" and exit status 2. A request still running after "
       "--request-timeout gets a DEADLINE_EXCEEDED reply and serving goes on. EOF: exit status 0 "
       "once every reply is written. A closed output: exit status 1. Logs go to stderr.");
-  command->add_option("--input", args.input, "Read requests from PATH (a file or a named pipe)")
-      ->type_name("PATH")
-      ->capture_default_str();
-  command->add_option("--output", args.output, "Write replies to PATH (a file or a named pipe)")
-      ->type_name("PATH")
-      ->capture_default_str();
+  const ServeArgs defaults;
+  command
+      ->add_option("--input", args.input,
+                   "Read requests from PATH (a file or a named pipe; '-': stdin) (default: -)")
+      ->type_name("PATH");
+  command
+      ->add_option("--output", args.output,
+                   "Write replies to PATH (a file or a named pipe; '-': stdout) (default: -)")
+      ->type_name("PATH");
   command
       ->add_option("--format", args.format,
-                   "delimited: varint length-delimited protobuf; json: one JSON object per line")
+                   fmt::format("delimited: varint length-delimited protobuf; json: one JSON object "
+                               "per line (default: {})",
+                               defaults.format))
       ->type_name("delimited|json")
       ->check(
-          CLI::IsMember({std::string(kDelimitedFormat), std::string(kJsonFormat)}).description(""))
-      ->capture_default_str();
+          CLI::IsMember({std::string(kDelimitedFormat), std::string(kJsonFormat)}).description(""));
   command
       ->add_option("--threads", args.threads,
-                   "Worker threads solving requests (default: the hardware's concurrency)")
+                   fmt::format("Worker threads solving requests. {}",
+                               RangeHelp(IntegerRangeText(1, 1024), "the hardware's concurrency")))
       ->type_name("N")
       ->check(IntegerIn(1, 1024));
   command
       ->add_option("--max-message-bytes", args.max_message_bytes,
-                   "Largest accepted request frame (a JSON line without its newline)")
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxMessageBytesLimit))
-      ->capture_default_str();
+                   fmt::format("Largest accepted request frame, in bytes (a JSON line without its "
+                               "newline; {} = 64 MiB). {}",
+                               kDefaultMaxMessageBytes,
+                               RangeHelp(IntegerRangeText(1, kMaxMessageBytesLimit),
+                                         fmt::format("{}", defaults.max_message_bytes))))
+      ->type_name("BYTES")
+      ->check(IntegerIn(1, kMaxMessageBytesLimit));
   command
       ->add_option("--request-timeout", args.request_timeout_seconds,
-                   "Seconds a request may run before it is stopped with a DEADLINE_EXCEEDED "
-                   "reply; 0: no limit. Checked between a simulation's events; the other "
-                   "requests are bounded by their size limits")
+                   fmt::format("Seconds a request may run before it is stopped with a "
+                               "DEADLINE_EXCEEDED reply; 0: no limit. Checked between a "
+                               "simulation's events; the other requests are bounded by their size "
+                               "limits. {}",
+                               RangeHelp(RealRangeText(0.0, kMaxRequestTimeoutSeconds),
+                                         fmt::format("{:g}", defaults.request_timeout_seconds))))
       ->type_name("SECONDS")
-      ->check(RealIn(0.0, kMaxRequestTimeoutSeconds))
-      ->capture_default_str();
+      ->check(RealIn(0.0, kMaxRequestTimeoutSeconds));
   return command;
 }
 

@@ -32,6 +32,19 @@ using namespace ::rlsched::scheduler;  // NOLINT: the simulator's defaults and s
 namespace {
 
 constexpr std::string_view kLogNormalPrefix = "lognormal:";
+// The simulator's bounds (scheduler/src/simulator.cc and orchestrator.cc validate
+// them; the flags state and check the same ranges).
+constexpr double kMaxSeconds = 1e9;                             // any time constant
+constexpr std::int64_t kMaxConcurrent = std::int64_t{1} << 20;  // engine.max_concurrent
+constexpr std::int64_t kMaxStaleness = 1'000'000;               // orchestrator.max_staleness
+constexpr double kMaxOversample = 100.0;                        // orchestrator.oversample
+constexpr double kMaxStalenessFraction = 1e6;                   // orchestrator.staleness_fraction
+constexpr std::int64_t kMaxSamplesPerStep = 10'000'000;         // ceil((1 + r)·P)·G
+constexpr std::int64_t kMaxGroupSize = std::int64_t{1} << 20;   // samples_per_prompt
+constexpr std::int64_t kMaxGpusPerUnit = 4096;                  // gpus_per_engine, _trainer_rank
+constexpr double kMaxMu = 100.0;                                // lengths.mu in [-100, 100]
+constexpr double kMaxSigma = 20.0;                              // lengths.sigma in [0, 20]
+constexpr double kMaxSingleTokensPerSecond = 1e12;              // decode_speed
 // The largest --config file read: the daemon's default cap on a request.
 constexpr std::int64_t kMaxInputFileBytes = kDefaultMaxMessageBytes;
 
@@ -518,11 +531,12 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   CLI::Option* staleness =
       command
           ->add_option("--max-staleness", args.max_staleness,
-                       fmt::format("Staleness bound s of async mode, implies --mode async "
-                                   "(default: {}; 0 behaves as sync)",
-                                   d.max_staleness))
+                       fmt::format("Staleness bound s of async mode, in policy versions (train "
+                                   "steps); implies --mode async; 0 behaves as sync. {}",
+                                   RangeHelp(IntegerRangeText(0, kMaxStaleness),
+                                             fmt::format("{}", d.max_staleness))))
           ->type_name("S")
-          ->check(IntegerIn(0, kInt64Max));
+          ->check(IntegerIn(0, kMaxStaleness));
   const std::string partial_help = fmt::format(
       "Async mode: interrupt generations at a weight sync and resume them under the "
       "new weights; implies --mode async (default: {} in async mode)",
@@ -551,18 +565,20 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
                       "staleness_threshold): at most (1 + α)·P groups start per policy version, "
                       "so at most ⌈α·P⌉ groups of a batch carry older tokens, and generation "
                       "runs at most ⌈α⌉ batches ahead; nothing is discarded. Implies --mode "
-                      "async --staleness-policy fraction; not with --max-staleness (default: "
-                      "{:g})",
-                      d.staleness_fraction))
+                      "async --staleness-policy fraction; not with --max-staleness. {}",
+                      RangeHelp(RealRangeText(0.0, kMaxStalenessFraction),
+                                fmt::format("{:g}", d.staleness_fraction))))
       ->type_name("A")
-      ->check(RealIn(0.0, 1e6));
+      ->check(RealIn(0.0, kMaxStalenessFraction));
   command
       ->add_option("--train-calls-per-sync", args.train_calls_per_sync,
                    fmt::format("Streaming (verl's trigger_parameter_sync_step): trainer calls per "
                                "weight sync K, a divisor of --prompts-per-step; each call trains "
                                "P/K prompts as soon as they are complete, the engines get new "
-                               "weights after the K-th (default: {})",
-                               d.train_calls_per_sync))
+                               "weights after the K-th. {}",
+                               RangeHelp(IntegerRangeText(1, kInt64Max) +
+                                             ", a divisor of --prompts-per-step",
+                                         fmt::format("{}", d.train_calls_per_sync))))
       ->type_name("K")
       ->check(IntegerIn(1, kInt64Max));
   command->add_flag(
@@ -574,94 +590,117 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   command
       ->add_option("--release-seconds", args.release_seconds,
                    fmt::format("Colocated: seconds an engine takes to free its GPU memory for "
-                               "the trainer (default: {:g}); needs --colocated or --compare",
-                               defaults.release_seconds))
-      ->type_name("S")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+                               "the trainer; needs --colocated or --compare. {}",
+                               RangeHelp(RealRangeText(0.0, kMaxSeconds),
+                                         fmt::format("{:g}", defaults.release_seconds))))
+      ->type_name("SECONDS")
+      ->check(RealIn(0.0, kMaxSeconds));
   command
       ->add_option("--resume-seconds", args.resume_seconds,
                    fmt::format("Colocated: seconds an engine takes to take its GPU memory back, "
-                               "before loading the new weights (default: {:g}); needs "
-                               "--colocated or --compare",
-                               defaults.resume_seconds))
-      ->type_name("S")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+                               "before loading the new weights; needs --colocated or --compare. {}",
+                               RangeHelp(RealRangeText(0.0, kMaxSeconds),
+                                         fmt::format("{:g}", defaults.resume_seconds))))
+      ->type_name("SECONDS")
+      ->check(RealIn(0.0, kMaxSeconds));
   command
       ->add_option("--oversample", args.oversample,
-                   fmt::format("Over-sampling r: admit up to ceil((1 + r)·P) prompts per batch "
-                               "(default: {:g})",
-                               d.oversample))
+                   fmt::format("Over-sampling r, a fraction of P: admit up to ceil((1 + r)·P) "
+                               "prompts per batch. {}",
+                               RangeHelp(RealRangeText(0.0, kMaxOversample),
+                                         fmt::format("{:g}", d.oversample))))
       ->type_name("R")
-      ->check(RealIn(0.0, 1e6));
+      ->check(RealIn(0.0, kMaxOversample));
   command
       ->add_option("--engines", args.engines,
-                   fmt::format("Inference engines (default: {})", defaults.engines))
+                   fmt::format("Inference engines (field engines). {}",
+                               RangeHelp(IntegerRangeText(1, kMaxSimulationEngines),
+                                         fmt::format("{}", defaults.engines))))
       ->type_name("N")
       ->check(IntegerIn(1, kMaxSimulationEngines));
   command
       ->add_option("--engine-concurrency", args.engine_concurrency,
-                   fmt::format("Samples an engine runs at once (default: {})",
-                               defaults.engine.max_concurrent))
+                   fmt::format("Samples an engine runs at once (field engine.max_concurrent). {}",
+                               RangeHelp(IntegerRangeText(1, kMaxConcurrent),
+                                         fmt::format("{}", defaults.engine.max_concurrent))))
       ->type_name("N")
-      ->check(IntegerIn(1, kInt64Max));
+      ->check(IntegerIn(1, kMaxConcurrent));
   const DecodeSpeed speed = DecodeSpeedOf(defaults.engine);
   command
       ->add_option("--engine-tokens-per-second", args.engine_tokens_per_second,
-                   fmt::format("Decode speed of one engine in tokens/s: one sample alone, and "
-                               "--engine-concurrency samples together (all of them); sets the "
-                               "engine model's decode time (default: {:.4g},{:.4g})",
-                               speed.single_tokens_per_second, speed.full_tokens_per_second))
+                   fmt::format("Decode speed of one engine in tokens per second: one sample "
+                               "alone (SINGLE, a number in (0, {:.0f}]), and --engine-concurrency "
+                               "samples together (FULL, all of them, in [SINGLE, concurrency × "
+                               "SINGLE]); sets the engine model's decode time (field "
+                               "decode_speed; default: {:.4g},{:.4g})",
+                               kMaxSingleTokensPerSecond, speed.single_tokens_per_second,
+                               speed.full_tokens_per_second))
       ->type_name("SINGLE,FULL");
   command
       ->add_option("--gpus-per-engine", args.gpus_per_engine,
                    fmt::format("GPUs behind one engine (its tensor-parallel size), for "
-                               "--compare's colocated_sync run on the same GPUs (default: {})",
-                               defaults.gpus_per_engine))
+                               "--compare's colocated_sync run on the same GPUs. {}",
+                               RangeHelp(IntegerRangeText(1, kMaxGpusPerUnit),
+                                         fmt::format("{}", defaults.gpus_per_engine))))
       ->type_name("N")
-      ->check(IntegerIn(1, 4096));
+      ->check(IntegerIn(1, kMaxGpusPerUnit));
   command
-      ->add_option(
-          "--trainer-ranks", args.trainer_ranks,
-          fmt::format("Data-parallel ranks of the trainer (default: {})", defaults.step.num_ranks))
+      ->add_option("--trainer-ranks", args.trainer_ranks,
+                   fmt::format("Data-parallel ranks of the trainer (its data-parallel size; field "
+                               "trainer_ranks). {}",
+                               RangeHelp(IntegerRangeText(1, kMaxSimulationTrainerRanks),
+                                         fmt::format("{}", defaults.step.num_ranks))))
       ->type_name("N")
       ->check(IntegerIn(1, kMaxSimulationTrainerRanks));
   command
       ->add_option("--gpus-per-trainer-rank", args.gpus_per_trainer_rank,
                    fmt::format("GPUs behind one trainer rank, for --compare's colocated_sync run "
-                               "on the same GPUs (default: {})",
-                               defaults.gpus_per_trainer_rank))
+                               "on the same GPUs. {}",
+                               RangeHelp(IntegerRangeText(1, kMaxGpusPerUnit),
+                                         fmt::format("{}", defaults.gpus_per_trainer_rank))))
       ->type_name("N")
-      ->check(IntegerIn(1, 4096));
+      ->check(IntegerIn(1, kMaxGpusPerUnit));
   command
       ->add_option("--train-seconds-per-step", args.train_seconds_per_step,
                    fmt::format("The trainer's mean seconds per step on this workload (all its "
-                               "calls, overheads included); sets the seconds per cost unit "
-                               "(default: unset, {:g} s per cost unit; the summary prints the "
-                               "mean seconds per step)",
-                               defaults.seconds_per_cost_unit))
-      ->type_name("T")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
-  command
-      ->add_option("--train-call-overhead-seconds", args.train_call_overhead_seconds,
-                   fmt::format("Seconds added to every trainer call (reward, advantages, the "
-                               "optimizer step) (default: {:g})",
-                               defaults.train_call_overhead_seconds))
-      ->type_name("S")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
-  command
-      ->add_option("--prompts-per-step", args.prompts_per_step,
-                   fmt::format("Prompts per train step P (default: {})", d.prompts_per_step))
-      ->type_name("P")
-      ->check(IntegerIn(1, kInt64Max));
+                               "calls, overheads included; above the calls' overheads); sets the "
+                               "seconds per cost unit. {}",
+                               RangeHelp(RealRangeText(0.0, kMaxSeconds, /*min_open=*/true),
+                                         fmt::format("unset, {:g} s per cost unit (the summary "
+                                                     "prints the mean seconds per step)",
+                                                     defaults.seconds_per_cost_unit))))
+      ->type_name("SECONDS")
+      ->check(RealIn(0.0, kMaxSeconds, /*min_open=*/true));
   command
       ->add_option(
-          "--samples-per-prompt", args.samples_per_prompt,
-          fmt::format("Samples per prompt G (a GRPO group) (default: {})", d.samples_per_prompt))
+          "--train-call-overhead-seconds", args.train_call_overhead_seconds,
+          fmt::format("Seconds added to every trainer call (reward, advantages, the "
+                      "optimizer step). {}",
+                      RangeHelp(RealRangeText(0.0, kMaxSeconds),
+                                fmt::format("{:g}", defaults.train_call_overhead_seconds))))
+      ->type_name("SECONDS")
+      ->check(RealIn(0.0, kMaxSeconds));
+  command
+      ->add_option("--prompts-per-step", args.prompts_per_step,
+                   fmt::format("Prompts per train step P (verl's train_batch_size); "
+                               "ceil((1 + r)·P)·G must stay <= {}. {}",
+                               kMaxSamplesPerStep,
+                               RangeHelp(IntegerRangeText(1, kMaxSamplesPerStep),
+                                         fmt::format("{}", d.prompts_per_step))))
+      ->type_name("P")
+      ->check(IntegerIn(1, kMaxSamplesPerStep));
+  command
+      ->add_option("--samples-per-prompt", args.samples_per_prompt,
+                   fmt::format("Samples per prompt G, a GRPO group (verl's rollout.n). {}",
+                               RangeHelp(IntegerRangeText(1, kMaxGroupSize),
+                                         fmt::format("{}", d.samples_per_prompt))))
       ->type_name("G")
-      ->check(IntegerIn(1, kInt64Max));
+      ->check(IntegerIn(1, kMaxGroupSize));
   command
       ->add_option("--steps", args.steps,
-                   fmt::format("Train steps to simulate (default: {})", defaults.steps))
+                   fmt::format("Train steps to simulate. {}",
+                               RangeHelp(IntegerRangeText(1, kMaxSimulationSteps),
+                                         fmt::format("{}", defaults.steps))))
       ->type_name("N")
       ->check(IntegerIn(1, kMaxSimulationSteps));
   CLI::Option* lengths = command
@@ -672,15 +711,18 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       command
           ->add_option(
               "--length-dist", args.length_dist,
-              fmt::format("Lognormal response lengths exp(N(MU, SIGMA)) clipped to "
-                          "[1, MAX] (default: lognormal:{:g},{:g},{})",
-                          defaults.lengths.mu, defaults.lengths.sigma, defaults.lengths.max_tokens))
+              fmt::format("Lognormal response lengths in tokens, exp(N(MU, SIGMA)) clipped to "
+                          "[1, MAX]; MU a number in [{:g}, {:g}], SIGMA in [0, {:g}], MAX an "
+                          "integer in [1, {}] (default: lognormal:{:g},{:g},{})",
+                          -kMaxMu, kMaxMu, kMaxSigma, balance::kMaxLength, defaults.lengths.mu,
+                          defaults.lengths.sigma, defaults.lengths.max_tokens))
           ->type_name("lognormal:MU,SIGMA,MAX");
   length_dist->excludes(lengths);
   command
       ->add_option("--all-equal-rate", args.all_equal_rate,
-                   fmt::format("Probability that a group's rewards are all equal (default: {:g})",
-                               defaults.all_equal_rate))
+                   fmt::format("Probability that a group's rewards are all equal. {}",
+                               RangeHelp(RealRangeText(0.0, 1.0),
+                                         fmt::format("{:g}", defaults.all_equal_rate))))
       ->type_name("X")
       ->check(RealIn(0.0, 1.0));
   command->add_flag("--filter-all-equal", args.filter_all_equal,
@@ -697,31 +739,36 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   command
       ->add_option(
           "--seed", args.seed,
-          fmt::format("Seed of the workload and the failures (default: {})", defaults.seed))
+          fmt::format("Seed of the workload and the failures. {}",
+                      RangeHelp(std::string(kUnsigned64Range), fmt::format("{}", defaults.seed))))
       ->type_name("N")
       ->check(Unsigned64());
   command
       ->add_option("--weight-sync-seconds", args.weight_sync_seconds,
-                   fmt::format("Seconds to load new weights on one engine (default: {:g})",
-                               defaults.weight_sync_seconds))
-      ->type_name("X")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+                   fmt::format("Seconds to load new weights on one engine. {}",
+                               RangeHelp(RealRangeText(0.0, kMaxSeconds),
+                                         fmt::format("{:g}", defaults.weight_sync_seconds))))
+      ->type_name("SECONDS")
+      ->check(RealIn(0.0, kMaxSeconds));
   command
       ->add_option("--mtbf", args.mtbf,
-                   fmt::format("Mean seconds between failures of an engine (default: {:g}; 0: "
-                               "never; a replacement joins after the config's rejoin_seconds)",
-                               defaults.engine_mtbf_seconds))
+                   fmt::format("Mean seconds between failures of an engine (field "
+                               "engine_mtbf_seconds); 0: never; a replacement joins after the "
+                               "config's rejoin_seconds. {}",
+                               RangeHelp(RealRangeText(0.0, kMaxSeconds),
+                                         fmt::format("{:g}", defaults.engine_mtbf_seconds))))
       ->type_name("SECONDS")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()));
+      ->check(RealIn(0.0, kMaxSeconds));
   command
       ->add_option("--max-events", args.max_events,
                    fmt::format("The work budget: a run whose estimated sample attempts (steps × "
                                "prompts × samples, times the restarts failures cause) exceed it "
                                "is refused before it starts, and one that needs more events "
-                               "stops (default: {}; about 10^5 to 10^6 events a second)",
-                               defaults.max_events))
+                               "stops (about 10^5 to 10^6 events a second). {}",
+                               RangeHelp(IntegerRangeText(1, kInt64Max),
+                                         fmt::format("{}", defaults.max_events))))
       ->type_name("N")
-      ->check(IntegerIn(1, std::numeric_limits<std::int64_t>::max()));
+      ->check(IntegerIn(1, kInt64Max));
   CLI::Option* compare =
       command->add_flag("--compare", args.compare,
                         fmt::format("Run {} (when the GPUs divide), {} on the same workload and "
@@ -745,9 +792,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
 v1::DecodeSpeed ParseEngineTokensPerSecond(std::string_view text) {
   const auto fail = [text]() {
     throw std::invalid_argument(
-        fmt::format("--engine-tokens-per-second: must be SINGLE,FULL (decode tokens/s of one "
-                    "engine: one sample alone, and at full concurrency; finite, > 0), got '{}'",
-                    text));
+        fmt::format("--engine-tokens-per-second: must be SINGLE,FULL (decode tokens per second of "
+                    "one engine: one sample alone, a number in (0, {:.0f}], and at full "
+                    "concurrency, > 0), got '{}'",
+                    kMaxSingleTokensPerSecond, text));
   };
   const std::size_t comma = text.find(',');
   if (comma == std::string_view::npos) fail();
@@ -757,7 +805,8 @@ v1::DecodeSpeed ParseEngineTokensPerSecond(std::string_view text) {
     const std::string_view part = parts[i];
     const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), values[i]);
     if (part.empty() || ptr != part.data() + part.size() || ec != std::errc() ||
-        !std::isfinite(values[i]) || !(values[i] > 0.0)) {
+        !std::isfinite(values[i]) || !(values[i] > 0.0) ||
+        (i == 0 && values[i] > kMaxSingleTokensPerSecond)) {
       fail();
     }
   }
@@ -770,9 +819,9 @@ v1::DecodeSpeed ParseEngineTokensPerSecond(std::string_view text) {
 v1::LengthDistribution ParseLengthDist(std::string_view text) {
   const auto fail = [text]() -> void {
     throw std::invalid_argument(fmt::format(
-        "--length-dist: must be lognormal:MU,SIGMA,MAX (MU finite, SIGMA finite and >= 0, MAX "
-        "an integer in [1, {}]), got '{}'",
-        balance::kMaxLength, text));
+        "--length-dist: must be lognormal:MU,SIGMA,MAX (MU a number in [{:g}, {:g}], SIGMA a "
+        "number in [0, {:g}], MAX an integer in [1, {}]), got '{}'",
+        -kMaxMu, kMaxMu, kMaxSigma, balance::kMaxLength, text));
   };
   if (!text.starts_with(kLogNormalPrefix)) fail();
   std::string_view rest = text.substr(kLogNormalPrefix.size());
@@ -798,7 +847,8 @@ v1::LengthDistribution ParseLengthDist(std::string_view text) {
   parse_real(parts[1], sigma);
   const auto [ptr, ec] = std::from_chars(parts[2].data(), parts[2].data() + parts[2].size(), max);
   if (parts[2].empty() || ptr != parts[2].data() + parts[2].size() || ec != std::errc() ||
-      sigma < 0.0 || max < 1 || max > balance::kMaxLength) {
+      mu < -kMaxMu || mu > kMaxMu || sigma < 0.0 || sigma > kMaxSigma || max < 1 ||
+      max > balance::kMaxLength) {
     fail();
   }
   v1::LengthDistribution dist;

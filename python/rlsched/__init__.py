@@ -6,9 +6,15 @@ subprocess, started on first use, thread-safe, closed at exit)::
     import rlsched
     parts = rlsched.get_seqlen_balanced_partitions(seqlens, k_partitions=8,
                                                    equal_size=True)
-    micro_batches = rlsched.plan_micro_batches(seqlens, max_tokens_per_micro_batch=16384)
+    micro_batches = rlsched.plan_micro_batches(seqlens, max_token_len=16384)
     plan = rlsched.reshard(open("config.json").read(), train={"tp": 8, "pp": 2, "dp": 4},
-                           infer={"tp": 4, "replicas": 16}, topology={"colocated": True})
+                           infer={"tp": 4, "replicas": 16}, topology={"colocated": True},
+                           bucket_mib=512, target_dtype="fp8_block128")
+
+The arguments have the CLI's names (``num_ranks`` for ``--ranks``, ``max_token_len``
+for ``--max-token-len``, ``pipeline_model_parallel_size``, ``bucket_mib``); where a
+request field is named otherwise (``num_parts``, ``max_tokens_per_micro_batch``,
+``pipeline_stages``, ``bucket_bytes``) the field's name is accepted too.
 
 The daemon is ``$RLSCHED_BIN serve`` (else ``rlsched serve`` from ``PATH``). Errors
 are :class:`RlschedError` (``.code``, ``.message``, ``.field``);
@@ -86,9 +92,9 @@ def ping() -> str:
     return default_client().ping()
 
 
-def balance(lengths, num_parts, **kwargs):
+def balance(lengths, num_ranks=None, **kwargs):
     """:meth:`Client.balance` on the default client."""
-    return default_client().balance(lengths, num_parts, **kwargs)
+    return default_client().balance(lengths, num_ranks, **kwargs)
 
 
 def plan_step(lengths, **kwargs):
@@ -96,10 +102,9 @@ def plan_step(lengths, **kwargs):
     return default_client().plan_step(lengths, **kwargs)
 
 
-def plan_micro_batches(lengths, max_tokens_per_micro_batch, **kwargs):
+def plan_micro_batches(lengths, max_token_len=None, **kwargs):
     """:meth:`Client.plan_micro_batches` on the default client."""
-    return default_client().plan_micro_batches(lengths, max_tokens_per_micro_batch,
-                                               **kwargs)
+    return default_client().plan_micro_batches(lengths, max_token_len, **kwargs)
 
 
 def reshard(model_config_json, **kwargs):

@@ -62,6 +62,10 @@ _CLOSE_WAIT_SECONDS = 5.0
 # A call's default time limit: the daemon stops a request after its --request-timeout
 # (60 s by default) and answers DEADLINE_EXCEEDED; this leaves room for the frames.
 DEFAULT_TIMEOUT_SECONDS = 120.0
+# reshard's bucket budget: at most 2^40 bytes (the daemon's bound), in MiB.
+_MAX_BUCKET_MIB = 1 << 20
+# Short names of target dtypes, as the CLI's --target-dtype takes them.
+_DTYPE_ALIASES = {"fp8": "fp8_block128"}
 
 
 # ----------------------------------------------------------------------------------
@@ -269,6 +273,45 @@ def _fill_message(message: Message, value: Any, field: str, enums=()) -> None:
         json_format.ParseDict(data, message)
     except json_format.ParseError as error:
         raise InvalidArgumentError(f"{field}: {error}", field) from None
+
+
+def _aliased(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    """The value of argument `name`, given under its name or under its older alias
+    (None: not given); both given is an error naming the two."""
+    if value is not None and alias_value is not None:
+        raise InvalidArgumentError(
+            f"{name}: given twice, as {name} and as its alias {alias}; give one", name)
+    return value if value is not None else alias_value
+
+
+def _named(error: InvalidArgumentError, names: Mapping[str, str]) -> InvalidArgumentError:
+    """A daemon error on a request field in the client's terms: the argument that set
+    the field, then the field ("max_token_len (plan_step.max_tokens_per_micro_batch):
+    must be >= 1, got 0"); `names` maps fields to arguments. Other errors unchanged."""
+    argument = names.get(error.field)
+    if argument is None:
+        # A sequence above the cap names the cap by its argument too.
+        if error.field.startswith("plan_step.lengths") and \
+                "max_tokens_per_micro_batch" in error.message:
+            return InvalidArgumentError(
+                error.message.replace("max_tokens_per_micro_batch", "max_token_len"),
+                error.field, error.code)
+        return error
+    relative = error.field.split(".", 1)[-1]
+    message = error.message
+    if message.startswith(relative + ": "):
+        message = message[len(relative) + 2:]
+    return InvalidArgumentError(f"{argument} ({error.field}): {message}", error.field,
+                                error.code)
+
+
+# The Python arguments of the request fields whose names differ (verl's and
+# Megatron's names; the CLI's flags are the same words).
+_BALANCE_NAMES = {"balance.num_parts": "num_ranks"}
+_PLAN_STEP_NAMES = {
+    "plan_step.max_tokens_per_micro_batch": "max_token_len",
+    "plan_step.pipeline_stages": "pipeline_model_parallel_size",
+}
 
 
 def _fill_common(message, lengths, groups, cost, refine_iterations) -> None:
@@ -630,88 +673,122 @@ class Client:
         request.ping.SetInParent()
         return self.call(request).pong.version
 
-    def balance(self, lengths: Iterable[int], num_parts: int, *,
+    def balance(self, lengths: Iterable[int], num_ranks: Optional[int] = None, *,
                 groups: Optional[Iterable[int]] = None, equal_size: bool = False,
                 keep_groups: bool = False, cost: CostArg = None,
                 algorithm: Union[None, int, str] = None,
                 refine_iterations: Optional[int] = None,
+                num_parts: Optional[int] = None,
                 raw: bool = False) -> Union[BalanceResult, balance_pb2.BalanceReply]:
-        """Splits sequences of the given lengths into `num_parts` parts, the heaviest
-        as light as possible (``rlsched.v1.BalanceRequest``; see balance.proto for
-        every field). `cost`: None (tokens), "tokens", "attention" with a mapping
+        """Splits sequences of the given lengths into `num_ranks` parts (the
+        data-parallel size; field ``num_parts``, also accepted under that name), the
+        heaviest as light as possible (``rlsched.v1.BalanceRequest``; see
+        balance.proto for every field). `cost`: None (tokens), "tokens", "attention" with a mapping
         such as ``{"kind": "attention", "model": {"hidden_size": 4096, ...}}``, or
         a ``rlsched.v1.CostModel``. `algorithm`: None, "karmarkar_karp", "greedy".
         Returns a :class:`BalanceResult`, or the ``BalanceReply`` with ``raw=True``.
         """
+        num_ranks = _aliased("num_ranks", num_ranks, "num_parts", num_parts)
+        if num_ranks is None:
+            raise InvalidArgumentError("num_ranks: required (the number of parts)", "num_ranks")
         request = service_pb2.Request()
         message = request.balance
         _fill_common(message, lengths, groups, cost, refine_iterations)
-        message.num_parts = num_parts
+        message.num_parts = num_ranks
         message.equal_size = equal_size
         message.keep_groups = keep_groups
         message.algorithm = _enum(balance_pb2.Algorithm, "ALGORITHM_", algorithm,
                                   "balance.algorithm")
-        reply = self.call(request).balance
+        try:
+            reply = self.call(request).balance
+        except InvalidArgumentError as error:
+            raise _named(error, _BALANCE_NAMES) from None
         return reply if raw else BalanceResult.from_proto(reply)
 
     def plan_step(self, lengths: Iterable[int], *, num_ranks: int,
-                  max_tokens_per_micro_batch: int,
+                  max_token_len: Optional[int] = None,
                   groups: Optional[Iterable[int]] = None, equal_size: bool = False,
                   keep_groups: bool = False, min_micro_batches: int = 0,
                   micro_batches_multiple_of: int = 0, pad_to_multiple_of: int = 0,
-                  pipeline_stages: int = 0, overhead: Optional[int] = None,
+                  pipeline_model_parallel_size: Optional[int] = None,
+                  overhead: Optional[int] = None,
                   cost: CostArg = None, order: Union[None, int, str] = None,
                   refine_iterations: Optional[int] = None,
                   count_tolerance: Optional[float] = None,
+                  max_tokens_per_micro_batch: Optional[int] = None,
+                  pipeline_stages: Optional[int] = None,
                   raw: bool = False) -> Union[StepPlan, balance_pb2.PlanStepReply]:
         """Plans a whole step (``rlsched.v1.PlanStepRequest``): sequences to
-        `num_ranks` ranks and each rank's into micro-batches of at most
-        `max_tokens_per_micro_batch` (padded) tokens, the same count on every rank.
+        `num_ranks` ranks (the data-parallel size) and each rank's into micro-batches
+        of at most `max_token_len` (padded) tokens, the same count on every rank.
+        The names are the CLI's flags: `max_token_len` is verl's token cap per GPU
+        (field ``max_tokens_per_micro_batch``, also accepted under that name);
+        `pipeline_model_parallel_size` is Megatron's (field ``pipeline_stages``, also
+        accepted; None or 0: 1); `min_micro_batches`, `micro_batches_multiple_of`,
+        `pad_to_multiple_of`: 0 means 1.
         `overhead`: the cost of one micro-batch launch in cost units; None estimates
         it from the cost model's shape (about 190 tokens for an 8B model; the reply's
         ``overhead``). `count_tolerance`: None (0.01). `order`: None (pipeline),
         "pipeline", "heaviest_first". Returns a :class:`StepPlan`, or the
         ``PlanStepReply`` with ``raw=True``."""
+        max_token_len = _aliased("max_token_len", max_token_len,
+                                 "max_tokens_per_micro_batch", max_tokens_per_micro_batch)
+        if max_token_len is None:
+            raise InvalidArgumentError(
+                "max_token_len: required (the most tokens in one micro-batch)", "max_token_len")
+        pipeline_model_parallel_size = _aliased(
+            "pipeline_model_parallel_size", pipeline_model_parallel_size, "pipeline_stages",
+            pipeline_stages)
         request = service_pb2.Request()
         message = request.plan_step
         _fill_common(message, lengths, groups, cost, refine_iterations)
         message.num_ranks = num_ranks
-        message.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        message.max_tokens_per_micro_batch = max_token_len
         message.equal_size = equal_size
         message.keep_groups = keep_groups
         message.min_micro_batches = min_micro_batches
         message.micro_batches_multiple_of = micro_batches_multiple_of
         message.pad_to_multiple_of = pad_to_multiple_of
-        message.pipeline_stages = pipeline_stages
+        message.pipeline_stages = pipeline_model_parallel_size or 0
         if overhead is not None:
             message.overhead = overhead
         if count_tolerance is not None:
             message.count_tolerance = count_tolerance
         message.order = _enum(balance_pb2.MicroBatchOrder, "MICRO_BATCH_ORDER_", order,
                               "plan_step.order")
-        reply = self.call(request).plan_step
+        try:
+            reply = self.call(request).plan_step
+        except InvalidArgumentError as error:
+            raise _named(error, _PLAN_STEP_NAMES) from None
         return reply if raw else StepPlan.from_proto(reply)
 
     def plan_micro_batches(self, lengths: Iterable[int],
-                           max_tokens_per_micro_batch: int, *,
+                           max_token_len: Optional[int] = None, *,
                            min_micro_batches: int = 0,
                            micro_batches_multiple_of: int = 0,
-                           pad_to_multiple_of: int = 0, pipeline_stages: int = 0,
+                           pad_to_multiple_of: int = 0,
+                           pipeline_model_parallel_size: Optional[int] = None,
                            overhead: Optional[int] = None, cost: CostArg = None,
                            order: Union[None, int, str] = None,
                            groups: Optional[Iterable[int]] = None,
                            keep_groups: bool = False,
-                           refine_iterations: Optional[int] = None) -> list[list[int]]:
-        """One rank's micro-batches: :meth:`plan_step` with ``num_ranks=1``. Returns
-        the micro-batches in execution order, each a list of ascending indices into
-        `lengths`; none holds more than `max_tokens_per_micro_batch` (padded) tokens.
+                           refine_iterations: Optional[int] = None,
+                           max_tokens_per_micro_batch: Optional[int] = None,
+                           pipeline_stages: Optional[int] = None) -> list[list[int]]:
+        """One rank's micro-batches: :meth:`plan_step` with ``num_ranks=1`` (the
+        same arguments and aliases). Returns the micro-batches in execution order,
+        each a list of ascending indices into `lengths`; none holds more than
+        `max_token_len` (padded) tokens.
         """
         plan = self.plan_step(
-            lengths, num_ranks=1, max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+            lengths, num_ranks=1, max_token_len=max_token_len,
+            max_tokens_per_micro_batch=max_tokens_per_micro_batch,
             groups=groups, keep_groups=keep_groups,
             min_micro_batches=min_micro_batches,
             micro_batches_multiple_of=micro_batches_multiple_of,
-            pad_to_multiple_of=pad_to_multiple_of, pipeline_stages=pipeline_stages,
+            pad_to_multiple_of=pad_to_multiple_of,
+            pipeline_model_parallel_size=pipeline_model_parallel_size,
+            pipeline_stages=pipeline_stages,
             overhead=overhead, cost=cost, order=order,
             refine_iterations=refine_iterations, raw=True)
         return [list(m.indices) for m in plan.ranks[0].micro_batches]
@@ -720,8 +797,9 @@ class Client:
                 train: Union[Mapping[str, Any], reshard_pb2.TrainLayout],
                 infer: Union[Mapping[str, Any], reshard_pb2.InferLayout],
                 topology: Union[None, Mapping[str, Any], reshard_pb2.Topology] = None,
-                bucket_bytes: int = 0, include_transfers: bool = False,
+                bucket_mib: Optional[int] = None, include_transfers: bool = False,
                 target_dtype: Union[None, int, str] = None,
+                bucket_bytes: Optional[int] = None,
                 raw: bool = False) -> reshard_pb2.ReshardPlan:
         """Plans the weight transfer after a train step from the trainer's layout
         (Megatron-core) to the inference engines' layout (vLLM)
@@ -736,9 +814,13 @@ class Client:
         ``expert_placement``: "contiguous" or "round_robin"). `topology`: e.g.
         ``{"colocated": True, "gpus_per_node": 8}`` (and ``intra_node_gb_per_s``,
         ``inter_node_gb_per_s``). Each may also be the message itself.
-        `bucket_bytes`: 0 means 512 MiB. The transfers come back only with
+        `bucket_mib`: the bytes a GPU may send, and receive, in one bucket, in MiB
+        (2^20 bytes; the CLI's ``--bucket-mib``, verl's
+        ``update_weights_bucket_megabytes``); or `bucket_bytes` in bytes (the field;
+        not both); None or 0: 512 MiB. The transfers come back only with
         `include_transfers` (a large model has 10^5-10^6). `target_dtype`: None
-        (bf16), "bf16" or "fp8_block128".
+        (bf16), "bf16" or "fp8_block128" (alias "fp8"), as the CLI's
+        ``--target-dtype``.
 
         Returns the ``rlsched.v1.ReshardPlan`` message (`raw` is accepted for
         symmetry with the other calls; the message is returned either way). Raises
@@ -761,11 +843,30 @@ class Client:
                       [("expert_placement", reshard_pb2.ExpertPlacement,
                         "EXPERT_PLACEMENT_")])
         _fill_message(message.topology, topology, "reshard.topology")
-        message.bucket_bytes = bucket_bytes
+        if bucket_mib is not None and bucket_bytes is not None:
+            raise InvalidArgumentError(
+                "bucket_mib: given with bucket_bytes, the same budget in bytes; give one",
+                "bucket_mib")
+        if bucket_mib is not None:
+            if (not isinstance(bucket_mib, int) or isinstance(bucket_mib, bool)
+                    or not 0 <= bucket_mib <= _MAX_BUCKET_MIB):
+                raise InvalidArgumentError(
+                    f"bucket_mib: must be an integer in [0, {_MAX_BUCKET_MIB}] (0: 512), got "
+                    f"{bucket_mib!r}", "bucket_mib")
+            message.bucket_bytes = bucket_mib << 20
+        elif bucket_bytes is not None:
+            message.bucket_bytes = bucket_bytes
         message.include_transfers = include_transfers
+        if isinstance(target_dtype, str) and target_dtype.lower() in _DTYPE_ALIASES:
+            target_dtype = _DTYPE_ALIASES[target_dtype.lower()]
         message.target_dtype = _enum(reshard_pb2.TargetDtype, "TARGET_DTYPE_", target_dtype,
                                      "reshard.target_dtype")
-        return self.call(request).reshard
+        try:
+            return self.call(request).reshard
+        except InvalidArgumentError as error:
+            if bucket_mib is not None:
+                raise _named(error, {"reshard.bucket_bytes": "bucket_mib"}) from None
+            raise
 
     def simulate(self, config: Union[None, Mapping[str, Any], rollout_pb2.SimulatorConfig] = None,
                  *, compare: bool = False,

@@ -89,15 +89,34 @@ TEST(CliTest, Help) {
   EXPECT_THAT(r.out, HasSubstr("plan-step"));
   const ProcessResult balance = RunProgram({"balance", "--help"});
   EXPECT_EQ(balance.status, 0);
-  EXPECT_THAT(balance.out, HasSubstr("--parts"));
+  EXPECT_THAT(balance.out, HasSubstr("--ranks,--parts K"));
+  EXPECT_THAT(balance.out, HasSubstr("Range: integer in [1, 1048576]; default: 8."));
+  EXPECT_THAT(balance.out, HasSubstr("--num-attention-heads,--num-heads"));
+  // Defaults in words, not CLI11's bracketed values.
+  EXPECT_THAT(balance.out, Not(HasSubstr("[kk]")));
   EXPECT_THAT(balance.out, HasSubstr("Llama-3.1-8B"));
   const ProcessResult plan_step = RunProgram({"plan-step", "--help"});
   EXPECT_EQ(plan_step.status, 0);
-  for (const char* option :
-       {"--ranks", "--max-tokens", "--min-micro-batches", "--multiple-of", "--pad-to",
-        "--pipeline-stages", "--overhead", "--order", "--equal-size", "--keep-groups",
-        "--refine-iterations", "--micro-batches", "--json", "--example", "--seed", "--cost",
-        "--hidden-size", "--linear", "Llama-3.1-8B"}) {
+  for (const char* option : {"--ranks",
+                             "--max-token-len,--max-tokens,--max-tokens-per-micro-batch TOKENS",
+                             "--min-micro-batches",
+                             "--micro-batches-multiple-of,--multiple-of",
+                             "--pad-to-multiple-of,--pad-to",
+                             "--pipeline-model-parallel-size,--pipeline-stages,--pp",
+                             "Range: integer in [1, 65536]; default: 1.",
+                             "--overhead",
+                             "--order",
+                             "--equal-size",
+                             "--keep-groups",
+                             "--refine-iterations",
+                             "--micro-batches",
+                             "--json",
+                             "--example",
+                             "--seed",
+                             "--cost",
+                             "--hidden-size",
+                             "--linear",
+                             "Llama-3.1-8B"}) {
     EXPECT_THAT(plan_step.out, HasSubstr(option));
   }
 }
@@ -297,6 +316,36 @@ TEST(CliTest, PlanStepExampleIsBalanceExample) {
   }
 }
 
+// One name per concept: the older spellings are aliases of the same options.
+TEST(CliTest, AliasesAreTheSameOptions) {
+  const ProcessResult canonical = RunProgram(
+      {"plan-step", "--example", "--json", "--ranks", "4", "--max-token-len", "16384",
+       "--pipeline-model-parallel-size", "2", "--micro-batches-multiple-of", "2",
+       "--pad-to-multiple-of", "8", "--num-attention-heads", "32", "--cost", "attention"});
+  ASSERT_EQ(canonical.status, 0) << canonical.err;
+  const ProcessResult aliases =
+      RunProgram({"plan-step", "--example", "--json", "--ranks", "4", "--max-tokens", "16384",
+                  "--pipeline-stages", "2", "--multiple-of", "2", "--pad-to", "8", "--num-heads",
+                  "32", "--cost", "attention"});
+  const ProcessResult field_names = RunProgram(
+      {"plan-step", "--example", "--json", "--ranks", "4", "--max-tokens-per-micro-batch", "16384",
+       "--pp", "2", "--multiple-of", "2", "--pad-to", "8", "--cost", "attention"});
+  EXPECT_EQ(aliases.out, canonical.out);
+  EXPECT_EQ(field_names.out, canonical.out);
+
+  const ProcessResult ranks = RunProgram({"balance", "--example", "--json", "--ranks", "5"});
+  const ProcessResult parts = RunProgram({"balance", "--example", "--json", "--parts", "5"});
+  ASSERT_EQ(ranks.status, 0) << ranks.err;
+  EXPECT_EQ(parts.out, ranks.out);
+  EXPECT_THAT(ranks.out, Not(HasSubstr("\"parts\":[]")));
+
+  // An error quotes the canonical name, whichever spelling was typed.
+  const ProcessResult bad = RunProgram({"plan-step", "--max-tokens", "0"}, "1\n");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.err, StartsWith("error: --max-token-len: must be an integer >= 1, got '0'\n"));
+  EXPECT_THAT(bad.err, HasSubstr("run 'rlsched plan-step --help' for usage"));
+}
+
 TEST(CliTest, PlanStepManyRanksAreElided) {
   const ProcessResult r =
       RunProgram({"plan-step", "--example", "--ranks", "100", "--max-tokens", "32768"});
@@ -309,7 +358,8 @@ TEST(CliTest, PlanStepErrorsNameTheFlag) {
   ProcessResult r = RunProgram(
       {"plan-step", "--example", "--multiple-of", "1048576", "--max-tokens", "32768", "--json"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("error: --multiple-of (micro_batches_multiple_of): must be"));
+  EXPECT_THAT(r.err,
+              HasSubstr("error: --micro-batches-multiple-of (micro_batches_multiple_of): must be"));
   EXPECT_THAT(r.err, HasSubstr("8 × 1048576 = 8388608 micro-batches"));
   r = RunProgram(
       {"plan-step", "--example", "--min-micro-batches", "1000000", "--max-tokens", "32768"});
@@ -451,7 +501,7 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
       {{"balance"}, "1\n99999999999\n", "must be in [0, 2147483648]"},
       {{"balance"}, "group,prompt_tokens\n1,2\n", "the header has no length column"},
       {{"balance"}, "length,group\n1\n", "line 2: expected 2 fields"},
-      {{"balance", "--parts", "0"}, "1\n", "--parts: must be an integer in [1, 1048576], got '0'"},
+      {{"balance", "--parts", "0"}, "1\n", "--ranks: must be an integer in [1, 1048576], got '0'"},
       {{"balance", "--parts", "x"}, "1\n", "--parts"},
       {{"balance", "/nonexistent/lengths.txt"}, "", "/nonexistent/lengths.txt: cannot open"},
       {{"balance", "/"}, "", "/: is a directory"},
@@ -465,8 +515,10 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
       {{"balance", "--hidden-size", "4096", "--linear", "2"},
        "1\n",
        "--linear, --quadratic, --constant: cannot be combined with model shape options"},
-      {{"balance", "--quadratic", "-1"}, "1\n", "--quadratic: must be a finite number >= 0"},
-      {{"balance", "--num-heads", "3"}, "1\n", "--num-heads: must divide the hidden size (4096)"},
+      {{"balance", "--quadratic", "-1"}, "1\n", "--quadratic: must be a number >= 0"},
+      {{"balance", "--num-heads", "3"},
+       "1\n",
+       "--num-attention-heads: must divide the hidden size (4096)"},
       {{"balance", "--num-heads", "16", "--num-kv-heads", "3"}, "1\n", "--num-kv-heads"},
       {{"balance", "--num-layers", "0"}, "1\n", "--num-layers: must be an integer >= 1, got '0'"},
       {{"balance", "--linear", "0"}, "1\n", "cost.coefficients: linear + quadratic must be > 0"},
@@ -474,19 +526,23 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
       {{"balance", "--parts", "2", "--constant", "4611686018427387904"}, "1\n", "error: "},
       {{"balance", "--refine-iterations", "-1"}, "1\n", "--refine-iterations"},
       {{"balance", "--seed", "3"}, "1\n", "--seed"},
-      {{"balance", "--example", "--seed", "-1"}, "", "--seed: must be an integer in [0, 2^64)"},
+      {{"balance", "--example", "--seed", "-1"},
+       "",
+       "--seed: must be an integer in [0, 18446744073709551615]"},
       {{"balance", "--parts", "3", "--parts", "4"}, "1\n", "--parts"},
       {{"balance", "-", "extra"}, "1\n", "extra"},
       {{"balance", "--example", "file.txt"}, "", "excludes"},
-      {{"plan-step"}, "1\n", "--max-tokens is required"},
-      {{"plan-step", "--max-tokens", "0"}, "1\n", "--max-tokens: must be an integer >= 1, got '0'"},
+      {{"plan-step"}, "1\n", "--max-token-len is required"},
+      {{"plan-step", "--max-tokens", "0"},
+       "1\n",
+       "--max-token-len: must be an integer >= 1, got '0'"},
       {{"plan-step", "--max-tokens", "8"},
        "3\n9\n",
        "lengths[1]: sequence of 9 tokens (padded) "
-       "exceeds max_tokens_per_micro_batch = 8"},
+       "exceeds --max-token-len = 8"},
       {{"plan-step", "--max-tokens", "6", "--pad-to", "4"},
        "5\n",
-       "lengths[0]: sequence of 8 tokens (padded) exceeds max_tokens_per_micro_batch = 6"},
+       "lengths[0]: sequence of 8 tokens (padded) exceeds --max-token-len = 6"},
       {{"plan-step", "--max-tokens", "8"}, "", "stdin: no lengths"},
       {{"plan-step", "--max-tokens", "8"}, "1\nx\n", "stdin: line 2: 'x' is not an integer"},
       {{"plan-step", "--max-tokens", "8", "/nonexistent/lengths.txt"},
@@ -500,7 +556,12 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
        "--min-micro-batches"},
       {{"plan-step", "--max-tokens", "8", "--multiple-of", "1048577"}, "1\n", "--multiple-of"},
       {{"plan-step", "--max-tokens", "8", "--pad-to", "-8"}, "1\n", "--pad-to"},
-      {{"plan-step", "--max-tokens", "8", "--pipeline-stages", "0"}, "1\n", "--pipeline-stages"},
+      {{"plan-step", "--max-tokens", "8", "--pipeline-stages", "0"},
+       "1\n",
+       "--pipeline-model-parallel-size: must be an integer in [1, 65536], got '0'"},
+      {{"plan-step", "--max-tokens", "8", "--pp", "65537"},
+       "1\n",
+       "--pipeline-model-parallel-size: must be an integer in [1, 65536], got '65537'"},
       {{"plan-step", "--max-tokens", "8", "--overhead", "-1"},
        "1\n",
        "--overhead: must be an integer >= 0, got '-1'"},

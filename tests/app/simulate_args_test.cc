@@ -32,9 +32,23 @@ TEST(SimulateArgsTest, ParseLengthDist) {
   EXPECT_EQ(dist.mu(), 6.5);
   EXPECT_EQ(dist.sigma(), 1.2);
   EXPECT_EQ(dist.max_tokens(), 8192);
+  // The bounds themselves: MU in [-100, 100], SIGMA in [0, 20], MAX in [1, 2^31].
+  for (const char* edge : {"lognormal:-100,0,1", "lognormal:100,20,2147483648"}) {
+    EXPECT_NO_THROW(ParseLengthDist(edge)) << edge;
+  }
+  try {
+    ParseLengthDist("lognormal:101,1,100");
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("MU a number in [-100, 100], SIGMA a number in [0, 20], MAX "
+                                    "an integer in [1, 2147483648]"));
+  }
   for (const char* bad : {"", "lognormal:", "lognormal:1,2", "lognormal:1,2,3,4", "normal:1,2,3",
                           "lognormal:1,-1,100", "lognormal:1,1,0", "lognormal:x,1,100",
-                          "lognormal:1,1,1.5", "lognormal:nan,1,100"}) {
+                          "lognormal:1,1,1.5", "lognormal:nan,1,100",
+                          // Just outside the simulator's bounds, which the message states.
+                          "lognormal:100.000001,1,100", "lognormal:-100.000001,1,100",
+                          "lognormal:1,20.000001,100", "lognormal:1,1,2147483649"}) {
     try {
       ParseLengthDist(bad);
       ADD_FAILURE() << bad << " was accepted";
@@ -120,8 +134,10 @@ TEST(SimulateArgsTest, ParseEngineTokensPerSecond) {
   const v1::DecodeSpeed speed = ParseEngineTokensPerSecond("40,500.5");
   EXPECT_EQ(speed.single_tokens_per_second(), 40.0);
   EXPECT_EQ(speed.full_tokens_per_second(), 500.5);
-  for (const char* bad :
-       {"", "40", "40,", ",500", "40,500,6", "0,500", "-1,500", "x,500", "40,inf", "40,nan"}) {
+  // SINGLE's upper bound, the simulator's, is accepted.
+  EXPECT_EQ(ParseEngineTokensPerSecond("1e12,1e12").single_tokens_per_second(), 1e12);
+  for (const char* bad : {"", "40", "40,", ",500", "40,500,6", "0,500", "-1,500", "x,500", "40,inf",
+                          "40,nan", "1000000000000.001,2e12"}) {
     try {
       ParseEngineTokensPerSecond(bad);
       ADD_FAILURE() << bad << " was accepted";

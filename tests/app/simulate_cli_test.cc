@@ -97,27 +97,41 @@ TEST(SimulateCliTest, Help) {
   // the negated flag.
   for (const char* text :
        {"Orchestrator mode (default: sync; async when --max-staleness or --partial-rollout",
-        "Staleness bound s of async mode, implies --mode async (default: 1;",
-        "implies --mode async (default: on in async mode)", "Inference engines (default: 64)",
-        "Samples an engine runs at once (default: 256)",
-        "Data-parallel ranks of the trainer (default: 64)",
-        "Prompts per train step P (default: 512)", "(a GRPO group) (default: 8)",
-        "Train steps to simulate (default: 10)", "(default: lognormal:6.67,1.15,16384)",
-        "all equal (default: 0)", "(needs --all-equal-rate > 0)",
-        "Seed of the workload and the failures (default: 1)", "on one engine (default: 1)",
+        "Staleness bound s of async mode, in policy versions (train steps); implies --mode "
+        "async; 0 behaves as sync. Range: integer in [0, 1000000]; default: 1.",
+        "implies --mode async (default: on in async mode)",
+        "Inference engines (field engines). Range: integer in [1, 100000]; default: 64.",
+        "Samples an engine runs at once (field engine.max_concurrent). Range: integer in [1, "
+        "1048576]; default: 256.",
+        "Data-parallel ranks of the trainer (its data-parallel size; field trainer_ranks). "
+        "Range: integer in [1, 1048576]; default: 64.",
+        "Range: integer in [1, 10000000]; default: 512.",
+        "Samples per prompt G, a GRPO group (verl's rollout.n). Range: integer in [1, 1048576]; "
+        "default: 8.",
+        "Train steps to simulate. Range: integer in [1, 100000]; default: 10.",
+        "(default: lognormal:6.67,1.15,16384)", "all equal. Range: number in [0, 1]; default: 0.",
+        "(needs --all-equal-rate > 0)",
+        "Seed of the workload and the failures. Range: integer in [0, 18446744073709551615]; "
+        "default: 1.",
+        "Seconds to load new weights on one engine. Range: number in [0, 1000000000]; default: 1.",
         "Defaults: 64 engines of 256 concurrent samples",
-        // The new options: their units and real defaults.
-        "not with --max-staleness (default: 0)", "after the K-th (default: 1)",
+        // The newer options: their units and real defaults.
+        "not with --max-staleness. Range: number in [0, 1000000]; default: 0.",
+        "after the K-th. Range: integer >= 1, a divisor of --prompts-per-step; default: 1.",
         "implies --mode sync (default: off)",
-        "free its GPU memory for the trainer (default: 0); needs --colocated or --compare",
-        "loading the new weights (default: 0); needs --colocated or --compare",
-        "the optimizer step) (default: 0)",
-        "Decode speed of one engine in tokens/s: one sample alone, and --engine-concurrency "
-        "samples together",
-        "(default: 49.75,5614)", "(default: unset, 0.00381 s per cost unit;",
-        "tensor-parallel size), for --compare's colocated_sync run on the same GPUs (default: 1)",
-        "GPUs behind one trainer rank, for --compare's colocated_sync run on the same GPUs "
-        "(default: 1)"}) {
+        "free its GPU memory for the trainer; needs --colocated or --compare. Range: number in "
+        "[0, 1000000000]; default: 0.",
+        "before loading the new weights; needs --colocated or --compare. Range: number in [0, "
+        "1000000000]; default: 0.",
+        "the optimizer step). Range: number in [0, 1000000000]; default: 0.",
+        "Decode speed of one engine in tokens per second: one sample alone (SINGLE, a number in "
+        "(0, 1000000000000]), and --engine-concurrency samples together",
+        "default: 49.75,5614)", "default: unset, 0.00381 s per cost unit",
+        "Range: number in (0, 1000000000]",
+        "tensor-parallel size), for --compare's colocated_sync run on the same GPUs. Range: "
+        "integer in [1, 4096]; default: 1.",
+        "GPUs behind one trainer rank, for --compare's colocated_sync run on the same GPUs. "
+        "Range: integer in [1, 4096]; default: 1."}) {
     EXPECT_THAT(r.out, HasSubstr(text));
   }
   EXPECT_THAT(r.out, Not(HasSubstr("{false}")));
