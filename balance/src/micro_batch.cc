@@ -56,11 +56,6 @@ bool WithinCap(const Loads& loads, std::int64_t cap) {
                      [cap](std::int64_t t) { return t <= cap; });
 }
 
-// Longest first onto the bin with the fewest tokens (first fit by index on ties).
-Assignment LptOnTokens(const RankItems& items, std::int64_t m) {
-  return GreedyLptSorted(items.tokens, HeaviestFirst(items.tokens), m, PartSizes::kAny);
-}
-
 }  // namespace
 
 // Moves items out of bins over the cap into the cheapest bins with room: the items by
@@ -75,6 +70,11 @@ Assignment LptOnTokens(const RankItems& items, std::int64_t m) {
 // threshold reaches them. (A scan of all m bins per item made this O(n·m), and m grows
 // with n: quadratic in the rank's sequences.)
 bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap, Assignment& assignment) {
+  return Repair(items, m, cap, HeaviestFirst(items.tokens), assignment);
+}
+
+bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap,
+            std::span<const std::int32_t> by_tokens, Assignment& assignment) {
   Loads loads = LoadsOf(items, m, assignment);
   if (WithinCap(loads, cap)) return true;  // no item would move
   const std::size_t bins = static_cast<std::size_t>(m);
@@ -111,7 +111,7 @@ bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap, Assignment
       waiting.push(Waiting{loads.tokens[b], static_cast<std::int64_t>(b), version[b]});
     }
   };
-  for (const std::int32_t i : HeaviestFirst(items.tokens)) {
+  for (const std::int32_t i : by_tokens) {
     const std::size_t from = static_cast<std::size_t>(assignment[static_cast<std::size_t>(i)]);
     if (loads.tokens[from] <= cap) continue;
     const std::int64_t t = items.tokens[static_cast<std::size_t>(i)];
@@ -244,9 +244,15 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
 
 std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,
                                              std::int64_t cap) {
+  return FirstFitDecreasing(items, m, cap, HeaviestFirst(items.tokens));
+}
+
+std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,
+                                             std::int64_t cap,
+                                             std::span<const std::int32_t> by_tokens) {
   RoomTree room(static_cast<std::size_t>(m), cap);
   Assignment assignment(items.tokens.size(), 0);
-  for (const std::int32_t i : internal::HeaviestFirst(items.tokens)) {
+  for (const std::int32_t i : by_tokens) {
     const std::int64_t t = items.tokens[static_cast<std::size_t>(i)];
     const std::int64_t bin = room.FirstAtLeast(t);
     if (bin < 0) return std::nullopt;
@@ -307,12 +313,18 @@ std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int6
     return one_each;
   }
   std::vector<Assignment> starts;
-  Assignment kk = KarmarkarKarpSorted(items.costs, HeaviestFirst(items.costs), m, PartSizes::kAny);
-  if (Repair(items, m, cap, kk)) starts.push_back(std::move(kk));
-  Assignment lpt = LptOnTokens(items, m);
+  // The items by tokens, heaviest first, sorted once for the repair, the greedy and
+  // first-fit; by cost the same order when costs are the tokens (the tokens' cost model
+  // without padding).
+  const std::vector<std::int32_t> by_tokens = HeaviestFirst(items.tokens);
+  Assignment kk = KarmarkarKarpSorted(
+      items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
+      PartSizes::kAny);
+  if (Repair(items, m, cap, by_tokens, kk)) starts.push_back(std::move(kk));
+  Assignment lpt = GreedyLptSorted(items.tokens, by_tokens, m, PartSizes::kAny);
   if (WithinCap(LoadsOf(items, m, lpt), cap)) starts.push_back(std::move(lpt));
   if (starts.empty()) {
-    if (auto ffd = FirstFitDecreasing(items, m, cap)) starts.push_back(std::move(*ffd));
+    if (auto ffd = FirstFitDecreasing(items, m, cap, by_tokens)) starts.push_back(std::move(*ffd));
   }
   if (extra) starts.push_back(*extra);
   if (starts.empty()) return std::nullopt;

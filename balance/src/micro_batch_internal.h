@@ -77,11 +77,18 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices);
 // fits in no bin. O(n log n + n log m).
 std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,
                                              std::int64_t cap);
+// The same, given HeaviestFirst(items.tokens).
+std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,
+                                             std::int64_t cap,
+                                             std::span<const std::int32_t> by_tokens);
 
 // Moves items out of bins over the cap (m bins, `cap` tokens) into the cheapest bins
 // with room, largest items first; false when some bin stays over the cap.
 // O(n log n + n log m).
 bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap, Assignment& assignment);
+// The same, given HeaviestFirst(items.tokens).
+bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap,
+            std::span<const std::int32_t> by_tokens, Assignment& assignment);
 
 // With at least m items, no bin stays empty: an empty bin takes the item with the
 // fewest tokens from the bin holding the most items (it can only lower that bin).
