@@ -107,6 +107,49 @@ TEST(KarmarkarKarpTest, SameAsTheReferenceOnTheBenchmarkSizes) {
   }
 }
 
+// Slots are 64-bit keys when the weights add up to less than 2^32, else 128-bit ones:
+// totals on both sides of 2^32, with loads close to it in single parts (few parts, one
+// item holding nearly all of it, or all of it among zeros).
+TEST(KarmarkarKarpTest, SameAsTheReferenceAroundTheKeyWidth) {
+  constexpr std::int64_t kWide = std::int64_t{1} << 32;
+  workload::Rng rng(77);
+  for (const std::int64_t total : {kWide - 2, kWide - 1, kWide, kWide + 1}) {
+    for (const std::int64_t n : {1, 2, 7, 300, 2000}) {
+      for (const std::int64_t k : {1, 2, 3, 64}) {
+        std::vector<std::int64_t> weights;
+        std::int64_t sum = 0;
+        for (std::int64_t i = 0; i + 1 < n; ++i) {
+          weights.push_back(rng.UniformInt(0, 3 * (total / n) / 2));
+          sum += weights.back();
+        }
+        weights.push_back(total - sum);  // a large last item when n is small
+        ExpectSameAsReference({"total " + std::to_string(total), weights, k},
+                              "total " + std::to_string(total) + " n " + std::to_string(n) + " k " +
+                                  std::to_string(k));
+      }
+    }
+  }
+}
+
+// Small tuples meeting ones over 8 times their size (where only the m lightest slots
+// of each leave their heaps): weights spread over six orders of magnitude give
+// hundreds of such meetings at k = 256 and 1024; few distinct values give a few, among
+// long runs of equal spreads.
+TEST(KarmarkarKarpTest, SameAsTheReferenceWhenSmallTuplesMeetLargeOnes) {
+  for (const std::int64_t k : {64, 256, 1024}) {
+    workload::Rng rng(static_cast<std::uint64_t>(k));
+    const std::int64_t n = 20 * k + 5;
+    std::vector<std::int64_t> spread_out;
+    std::vector<std::int64_t> few_values;
+    for (std::int64_t i = 0; i < n; ++i) {
+      spread_out.push_back(rng.UniformInt(1, 1 << 20) * rng.UniformInt(1, 1 << 10));
+      few_values.push_back(rng.UniformInt(0, 3) * 64);
+    }
+    ExpectSameAsReference({"spread out", spread_out, k}, "spread out k " + std::to_string(k));
+    ExpectSameAsReference({"few values", few_values, k}, "few values k " + std::to_string(k));
+  }
+}
+
 TEST(KarmarkarKarpThoroughTest, SameAsTheReferenceOnManyInstances) {
   for (std::uint64_t seed = 1; seed <= 4000; ++seed) {
     const Instance inst = MakeInstance(seed + 100'000, 3000);
