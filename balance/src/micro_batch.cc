@@ -58,6 +58,39 @@ bool WithinCap(const Loads& loads, std::int64_t cap) {
 
 }  // namespace
 
+Assignment LptOnTokens(const RankItems& items, std::int64_t m,
+                       std::span<const std::int32_t> by_tokens) {
+  const auto n = static_cast<std::int64_t>(items.tokens.size());
+  // Only as many bins as items can receive one (as GreedyLptSorted).
+  const auto bins = static_cast<std::size_t>(std::min(m, std::max<std::int64_t>(n, 1)));
+  struct Open {
+    std::int64_t load;
+    std::int32_t bin;
+  };
+  auto lighter = [](const Open& x, const Open& y) {
+    return x.load != y.load ? x.load < y.load : x.bin < y.bin;
+  };
+  std::vector<Open> heap(bins);  // ascending, so a min-heap
+  for (std::size_t b = 0; b < bins; ++b) heap[b] = Open{0, static_cast<std::int32_t>(b)};
+  Assignment assignment(items.tokens.size(), 0);
+  for (const std::int32_t i : by_tokens) {
+    Open top = heap.front();
+    assignment[static_cast<std::size_t>(i)] = top.bin;
+    top.load += items.tokens[static_cast<std::size_t>(i)];
+    std::size_t hole = 0;
+    for (;;) {
+      std::size_t child = 2 * hole + 1;
+      if (child >= bins) break;
+      if (child + 1 < bins && lighter(heap[child + 1], heap[child])) ++child;
+      if (!lighter(heap[child], top)) break;
+      heap[hole] = heap[child];
+      hole = child;
+    }
+    heap[hole] = top;
+  }
+  return assignment;
+}
+
 // Moves items out of bins over the cap into the cheapest bins with room: the items by
 // tokens, largest first (ties: lowest index), each still in a bin over the cap to the bin
 // of least cost (ties: lowest index) among those with room for it. Returns false when
@@ -231,6 +264,9 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
 
 RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
   RankItems items;
+  items.tokens.reserve(indices.size());
+  items.costs.reserve(indices.size());
+  items.global.reserve(indices.size());
   for (const std::int64_t i : indices) {
     items.tokens.push_back(padded.tokens[static_cast<std::size_t>(i)]);
     items.costs.push_back(padded.costs[static_cast<std::size_t>(i)]);
@@ -321,7 +357,7 @@ std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int6
       items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
       PartSizes::kAny);
   if (Repair(items, m, cap, by_tokens, kk)) starts.push_back(std::move(kk));
-  Assignment lpt = GreedyLptSorted(items.tokens, by_tokens, m, PartSizes::kAny);
+  Assignment lpt = LptOnTokens(items, m, by_tokens);
   if (WithinCap(LoadsOf(items, m, lpt), cap)) starts.push_back(std::move(lpt));
   if (starts.empty()) {
     if (auto ffd = FirstFitDecreasing(items, m, cap, by_tokens)) starts.push_back(std::move(*ffd));
@@ -361,6 +397,11 @@ std::int64_t RankTime(const std::vector<MicroBatch>& batches, const MicroBatchOp
 RankPlan MakeRankPlan(const Padded& padded, const RankItems& items, std::int64_t m,
                       const Assignment& assignment, const MicroBatchOptions& options) {
   std::vector<MicroBatch> batches(static_cast<std::size_t>(m));
+  {
+    std::vector<std::size_t> sizes(static_cast<std::size_t>(m), 0);
+    for (const std::int32_t b : assignment) ++sizes[static_cast<std::size_t>(b)];
+    for (std::size_t b = 0; b < batches.size(); ++b) batches[b].indices.reserve(sizes[b]);
+  }
   for (std::size_t i = 0; i < assignment.size(); ++i) {
     MicroBatch& b = batches[static_cast<std::size_t>(assignment[i])];
     b.indices.push_back(items.global[i]);
@@ -368,7 +409,12 @@ RankPlan MakeRankPlan(const Padded& padded, const RankItems& items, std::int64_t
     b.unpadded_tokens += padded.lengths[static_cast<std::size_t>(items.global[i])];
     b.cost += items.costs[i];
   }
-  for (MicroBatch& b : batches) std::sort(b.indices.begin(), b.indices.end());
+  // Already ascending when the rank's sequences are (Gather of an ascending rank).
+  for (MicroBatch& b : batches) {
+    if (!std::is_sorted(b.indices.begin(), b.indices.end())) {
+      std::sort(b.indices.begin(), b.indices.end());
+    }
+  }
   // Heaviest first; ties by first sequence, empty micro-batches last (in bin order). The
   // non-empty ones are sorted by index, then every batch moved once: O(s log s + m) for
   // s non-empty batches, however many empty ones a forced count adds.

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "internal.h"
 #include "micro_batch_internal.h"
 #include "rlsched/balance/micro_batch.h"
 #include "rlsched/common/error.h"
@@ -188,6 +189,28 @@ TEST(PackingTest, RepairIsTheScanItReplaced) {
     repaired += ok && got != inst.start ? 1 : 0;
   }
   EXPECT_GT(repaired, 100);  // the instances exercise it
+}
+
+// Pack's greedy on tokens is the library's LPT (pop and push per item) made with one
+// sift down per item: the same assignment, ties (equal loads) included.
+TEST(PackingTest, LptOnTokensIsTheGreedy) {
+  int differs_from_round_robin = 0;
+  for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
+    const Instance inst = MakeInstance(seed);
+    const std::string what = "seed " + std::to_string(seed);
+    const std::vector<std::int32_t> by_tokens = internal::HeaviestFirst(inst.items.tokens);
+    const Assignment got = internal::LptOnTokens(inst.items, inst.m, by_tokens);
+    ASSERT_EQ(got, internal::GreedyLptSorted(inst.items.tokens, by_tokens, inst.m, PartSizes::kAny))
+        << what;
+    for (std::size_t s = 0; s < by_tokens.size(); ++s) {
+      if (got[static_cast<std::size_t>(by_tokens[s])] !=
+          static_cast<std::int32_t>(static_cast<std::int64_t>(s) % inst.m)) {
+        ++differs_from_round_robin;  // the heap's order mattered
+        break;
+      }
+    }
+  }
+  EXPECT_GT(differs_from_round_robin, 100);
 }
 
 TEST(PackingTest, FirstFitDecreasingIsTheScanItReplaced) {
