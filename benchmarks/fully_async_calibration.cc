@@ -3,7 +3,9 @@
 //
 // Usage
 //   fully_async_calibration [--steps N] [--seed S] [--mean-length L]
-//   Defaults: 12 steps, seed 1, a mean response of 2,000 tokens.
+//       [--engine roofline|scaled] [--trainer colocated|per-run] [--no-group-cap]
+//   Defaults: 12 steps, seed 1, a mean response of 2,000 tokens, the roofline engine,
+//   the colocated run's update_actor as the async trainer, the rollouter's group cap.
 //
 // The published runs (verl's fully-async recipe README, tables "128-card 7B
 // Asynchronous Mode Experiment" and "128-card Stale Ablation": Qwen2.5-Math-7B, DAPO,
@@ -19,11 +21,17 @@
 //
 // Calibration (what a user repeats with their own colocated run):
 //   1. Engines: 32 engines of TP 4 on the 128 GPUs, 256 samples each (8,192 at once:
-//      one whole step). The default one-GPU engine model with every time divided by
-//      4 fixes the shape (how decode time grows with the running samples and their
-//      context); one colocated probe run then scales every engine time by one factor
-//      so that generation takes the published 177.85 s per step. The resulting decode
-//      speeds are printed (tokens/s alone and at full concurrency).
+//      one whole step). The shape of the engine model (how decode time grows with the
+//      running samples and their context, and prefill) comes from published figures
+//      of the GPU and the model, at peak (RooflineEngine: H20's 148 TFLOP/s and
+//      4.0 TB/s; Qwen2.5-Math-7B's 7.62e9 parameters and 56 KiB of KV cache per
+//      token): per sample 2 FLOP per parameter, per context token its K and V read,
+//      the weights read once per step, prefill at peak compute. The one figure no
+//      spec sheet gives, a fixed overhead per decode step (launches, all-reduce
+//      latency, sampling), is found by bisection so that a colocated run generates
+//      in the published 177.85 s per step. The resulting decode speeds are printed.
+//      (--engine scaled: the earlier calibration, the default one-GPU model's times
+//      divided by 4, all scaled by one factor to the same generation time.)
 //   2. Trainer, colocated: 128 ranks, 167.73 s per step (old_log_prob + update_actor),
 //      set with CostUnitForStepSeconds; the other 10.72 s are the switch between the
 //      sides, half as release_seconds and half as resume_seconds.
@@ -32,7 +40,12 @@
 //      published async update_actor (98.77–113.16 s on 64 GPUs) is no slower than the
 //      colocated one on 128, so the trainer time is taken as measured, not scaled by
 //      the GPU count. Weight sync 0.5 s per engine (interrupt, load, re-prefill on
-//      resume).
+//      resume). (--trainer per-run: each async run's own published update_actor.)
+//   4. Rollouter: verl's fully-async rollouter runs at most 16 prompts per inference
+//      server at once, each with all its samples, a prompt's place held until its
+//      last sample is done (max_concurrent_samples = servers · 16 in
+//      fully_async_rollouter.py): max_generating_groups = 16 · engines.
+//      (--no-group-cap: no such limit.)
 //   The workload is an assumption (the recipe publishes no length distribution):
 //   lognormal responses with mean --mean-length, σ = 0.9, clipped at 28,672,
 //   correlated 0.8 across a prompt's samples; prompts 100–500 tokens.
@@ -68,14 +81,15 @@ struct Published {
   const char* label;
   double fraction;  // staleness_threshold
   double step_seconds;
-  double wait_seconds;  // timing_s/gen
+  double wait_seconds;    // timing_s/gen
+  double update_seconds;  // update_actor
 };
 
 constexpr Published kPublished[] = {
-    {"stream, threshold 0", 0.0, 231.34, 128.47},
-    {"threshold 0.1, partial", 0.1, 171.30, 58.17},
-    {"threshold 0.3, partial", 0.3, 146.11, 38.88},
-    {"threshold 0.5, partial", 0.5, 150.63, 33.14},
+    {"stream, threshold 0", 0.0, 231.34, 128.47, 98.77},
+    {"threshold 0.1, partial", 0.1, 171.30, 58.17, 109.12},
+    {"threshold 0.3, partial", 0.3, 146.11, 38.88, 103.22},
+    {"threshold 0.5, partial", 0.5, 150.63, 33.14, 113.16},
 };
 
 sched::SimulatorConfig Workload(std::int64_t steps, std::uint64_t seed, double mean_length) {
@@ -113,7 +127,8 @@ sched::SimulatorConfig Colocated(sched::SimulatorConfig config) {
   return config;
 }
 
-sched::SimulatorConfig FullyAsync(sched::SimulatorConfig config, double fraction) {
+sched::SimulatorConfig FullyAsync(sched::SimulatorConfig config, double fraction,
+                                  double train_seconds, bool group_cap) {
   config.engines = 16;
   config.step.num_ranks = 64;
   config.orchestrator.mode = sched::Mode::kAsync;
@@ -122,8 +137,37 @@ sched::SimulatorConfig FullyAsync(sched::SimulatorConfig config, double fraction
   config.orchestrator.partial_rollout = true;
   config.orchestrator.train_calls_per_sync = 4;
   config.weight_sync_seconds = 0.5;
-  config.seconds_per_cost_unit = sched::CostUnitForStepSeconds(config, kAsyncTrain);
+  config.seconds_per_cost_unit = sched::CostUnitForStepSeconds(config, train_seconds);
+  // The recipe's rollouter: at most 16 prompts (each with all its samples) per server.
+  if (group_cap) config.orchestrator.max_generating_groups = 16 * config.engines;
   return config;
+}
+
+// Published figures of the hardware and the model (a roofline of one engine).
+//   NVIDIA H20: 148 TFLOP/s dense BF16 and 4.0 TB/s HBM3 per GPU.
+//   Qwen2.5-Math-7B (its config.json): 7.62e9 parameters in BF16, 28 layers, 4 KV
+//   heads of 128: 2 · 28 · 4 · 128 · 2 = 57,344 bytes of KV cache per token.
+constexpr double kPeakFlops = 148e12;
+constexpr double kMemoryBandwidth = 4.0e12;
+constexpr double kParameters = 7.62e9;
+constexpr double kKvBytesPerToken = 2.0 * 28 * 4 * 128 * 2;
+constexpr double kTensorParallel = 4;
+
+// One engine of kTensorParallel GPUs at the hardware's peak, plus `overhead` seconds
+// per decode step (kernel launches, the all-reduces' latency, sampling, scheduling:
+// what no spec sheet gives, calibrated on the colocated run):
+//   decode_base = overhead + the weights read once (2 bytes per parameter);
+//   per sequence = its forward pass, 2 FLOP per parameter, at peak compute;
+//   per context token = its K and V read at peak bandwidth;
+//   prefill = peak compute / 2 FLOP per parameter.
+sched::EngineModel RooflineEngine(double overhead) {
+  sched::EngineModel model;
+  model.max_concurrent = 256;
+  model.decode_base_seconds = overhead + 2 * kParameters / (kTensorParallel * kMemoryBandwidth);
+  model.decode_per_sequence_seconds = 2 * kParameters / (kTensorParallel * kPeakFlops);
+  model.decode_per_context_token_seconds = kKvBytesPerToken / (kTensorParallel * kMemoryBandwidth);
+  model.prefill_tokens_per_second = kTensorParallel * kPeakFlops / (2 * kParameters);
+  return model;
 }
 
 void ScaleEngine(sched::EngineModel& model, double factor) {
@@ -141,27 +185,56 @@ int Main(int argc, char** argv) {
   std::int64_t steps = 12;
   std::uint64_t seed = 1;
   double mean_length = 2000;
+  bool roofline = true;
+  bool per_run_trainer = false;
+  bool group_cap = true;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--steps" && i + 1 < argc) {
       steps = std::atoll(argv[++i]);
     } else if (a == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--engine" && i + 1 < argc &&
+               (std::string_view(argv[i + 1]) == "roofline" ||
+                std::string_view(argv[i + 1]) == "scaled")) {
+      roofline = std::string_view(argv[++i]) == "roofline";
+    } else if (a == "--trainer" && i + 1 < argc &&
+               (std::string_view(argv[i + 1]) == "colocated" ||
+                std::string_view(argv[i + 1]) == "per-run")) {
+      per_run_trainer = std::string_view(argv[++i]) == "per-run";
+    } else if (a == "--no-group-cap") {
+      group_cap = false;
     } else if (a == "--mean-length" && i + 1 < argc) {
       mean_length = std::atof(argv[++i]);
     } else {
-      std::fprintf(stderr,
-                   "usage: fully_async_calibration [--steps N] [--seed S] [--mean-length L]\n");
+      std::fprintf(
+          stderr,
+          "usage: fully_async_calibration [--steps N] [--seed S] [--mean-length L]\n"
+          "    [--engine roofline|scaled] [--trainer colocated|per-run] [--no-group-cap]\n");
       return 2;
     }
   }
   sched::SimulatorConfig workload = Workload(steps, seed, mean_length);
 
-  // 1. Scale the engines so that colocated generation takes the published time (twice:
-  // the fixed prefill of resumed work makes the time slightly non-linear in the scale).
-  for (int round = 0; round < 2; ++round) {
-    const sched::SimulationReport report = sched::Simulate(Colocated(workload));
-    ScaleEngine(workload.engine, kColocatedGeneration / report.mean_generation_seconds);
+  if (roofline) {
+    // 1. The per-step overhead that makes colocated generation take the published time
+    // (bisection: the time grows with the overhead).
+    double lo = 0;
+    double hi = 0.1;
+    for (int round = 0; round < 30; ++round) {
+      const double mid = 0.5 * (lo + hi);
+      workload.engine = RooflineEngine(mid);
+      const sched::SimulationReport report = sched::Simulate(Colocated(workload));
+      (report.mean_generation_seconds < kColocatedGeneration ? lo : hi) = mid;
+    }
+    workload.engine = RooflineEngine(0.5 * (lo + hi));
+  } else {
+    // 1. Scale the engines so that colocated generation takes the published time (twice:
+    // the fixed prefill of resumed work makes the time slightly non-linear in the scale).
+    for (int round = 0; round < 2; ++round) {
+      const sched::SimulationReport report = sched::Simulate(Colocated(workload));
+      ScaleEngine(workload.engine, kColocatedGeneration / report.mean_generation_seconds);
+    }
   }
   const sched::DecodeSpeed speed = sched::DecodeSpeedOf(workload.engine);
 
@@ -178,12 +251,28 @@ int Main(int argc, char** argv) {
       "  engine decode: %.0f tokens/s alone, %.0f tokens/s at 256 samples (context aside)\n",
       speed.single_tokens_per_second, speed.full_tokens_per_second);
   std::printf(
+      "  engine model: decode step %.3f ms + %.2f us per sample + %.2f ns per context token, "
+      "prefill %.0f tokens/s\n",
+      1e3 * workload.engine.decode_base_seconds, 1e6 * workload.engine.decode_per_sequence_seconds,
+      1e9 * workload.engine.decode_per_context_token_seconds,
+      workload.engine.prefill_tokens_per_second);
+  std::printf(
       "  colocated: generation %.2f s/step (published %.2f), train %.2f s/step "
       "(published %.2f), switch %.2f s\n",
       colocated.mean_generation_seconds, kColocatedGeneration, colocated.mean_train_seconds,
       kColocatedTrain, kColocatedOther);
-  std::printf("  fully async trainer: %.2f s/step in 4 calls on 64 ranks; weight sync 0.5 s\n\n",
-              kAsyncTrain);
+  if (per_run_trainer) {
+    std::printf(
+        "  fully async trainer: each run's published update_actor in 4 calls on 64 ranks; "
+        "weight sync 0.5 s\n");
+  } else {
+    std::printf("  fully async trainer: %.2f s/step in 4 calls on 64 ranks; weight sync 0.5 s\n",
+                kAsyncTrain);
+  }
+  std::printf("  engines: %s; rollouter: %s\n\n",
+              roofline ? "roofline (H20, Qwen2.5-Math-7B) + calibrated step overhead"
+                       : "default shape / 4, scaled",
+              group_cap ? "at most 16 prompts per engine generating" : "no group cap");
 
   std::printf("%-26s %10s %10s %10s %10s %9s %9s %7s %6s\n", "run", "s/step", "published", "wait s",
               "published", "speedup", "published", "ratio", "");
@@ -192,7 +281,9 @@ int Main(int argc, char** argv) {
               kColocatedGeneration, "1.00", "1.00", "", "");
   int failures = 0;
   for (const Published& published : kPublished) {
-    const sched::SimulatorConfig config = FullyAsync(workload, published.fraction);
+    const sched::SimulatorConfig config =
+        FullyAsync(workload, published.fraction,
+                   per_run_trainer ? published.update_seconds : kAsyncTrain, group_cap);
     const sched::SimulationReport report = sched::Simulate(config);
     const double step = SecondsPerStep(report);
     const double speedup = colocated_step / step;
@@ -213,7 +304,7 @@ int Main(int argc, char** argv) {
   // What rlsched's own dispatch adds on the same cluster (not published).
   std::printf("\nWith rlsched's dispatch (longest predicted first) instead of arrival order:\n");
   for (const double fraction : {0.0, 0.5}) {
-    sched::SimulatorConfig config = FullyAsync(workload, fraction);
+    sched::SimulatorConfig config = FullyAsync(workload, fraction, kAsyncTrain, group_cap);
     config.orchestrator.longest_first = true;
     const sched::SimulationReport report = sched::Simulate(config);
     std::printf("  threshold %.1f: %.2f s/step, trainer wait %.2f s, %.2fx colocated sync\n",
