@@ -1,0 +1,258 @@
+"""`rlsched run` end to end: the real program, real worker processes (the emulated
+workers of rlsched.worker.emulated) on a real Unix socket, faults included.
+
+The workers count what they did themselves (--report), so conservation is checked by
+the workers, not only by the scheduler's counters.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from rlsched.v1 import runtime_pb2  # noqa: F401  (the generated modules are there)
+
+_PYTHON = "/usr/bin/python3"
+
+# 8 engines × 32, async s = 1 with partial rollout under the strict policy (every
+# trained token at most one version old), 32 prompts × 4 per step, a 30 s trainer
+# step, lengths of mean ~330 tokens up to 4,096.
+_CONFIG = {
+    "orchestrator": {
+        "mode": "ORCHESTRATOR_MODE_ASYNC",
+        "max_staleness": 1,
+        "partial_rollout": True,
+        "staleness_policy": "STALENESS_POLICY_STRICT",
+        "prompts_per_step": 32,
+        "samples_per_prompt": 4,
+    },
+    "steps": 10,
+    "engines": 8,
+    "engine": {"max_concurrent": 32},
+    "trainer_ranks": 4,
+    "train_seconds_per_step": 30,
+    "weight_sync_seconds": 0.5,
+    "lengths": {"mu": 5.5, "sigma": 1.0, "max_tokens": 4096},
+}
+
+
+def _write_config(tmp_path, **changes):
+    config = json.loads(json.dumps(_CONFIG))
+    config.update(changes)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+class _Run:
+    """`rlsched run` waiting for workers on a Unix socket, and the workers the test starts."""
+
+    def __init__(self, rlsched_bin, tmp_path, config, extra=()):
+        self.tmp = tmp_path
+        self.socket = f"unix:{tmp_path}/run.sock"
+        self.token_file = tmp_path / "token"
+        self.token_file.write_text("s3cret\n")
+        self.log = str(tmp_path / "events.log")
+        self.process = subprocess.Popen(
+            [rlsched_bin, "--log-level", "info", "run", "--config", config, "--listen",
+             self.socket, "--token-file", str(self.token_file), "--event-log", self.log,
+             "--json", "--timeout", "240", *(extra or ("--time-scale", "0.005"))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.workers = {}
+        self.err_lines = []
+        self._reader = threading.Thread(target=self._read_err, daemon=True)
+        self._reader.start()
+        self._wait_for_socket()
+
+    def _read_err(self):
+        for line in self.process.stderr:
+            self.err_lines.append(line)
+
+    def wait_for(self, text, timeout=60):
+        """Waits until the program's stderr has a line containing `text`."""
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in list(self.err_lines)):
+            assert self.process.poll() is None, "".join(self.err_lines)[-3000:]
+            assert time.monotonic() < deadline, f"no '{text}' in: " + "".join(self.err_lines)[-3000:]
+            time.sleep(0.02)
+
+    def _wait_for_socket(self):
+        path = self.socket[len("unix:"):]
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path):
+            assert self.process.poll() is None, self.process.communicate()
+            assert time.monotonic() < deadline, "rlsched run did not listen"
+            time.sleep(0.05)
+
+    def start(self, name, *args, token="s3cret"):
+        env = dict(os.environ, RLSCHED_WORKER_TOKEN=token)
+        report = str(self.tmp / f"{name}.json")
+        self.workers[name] = (subprocess.Popen(
+            [_PYTHON, "-m", "rlsched.worker.emulated", "--address", self.socket,
+             "--report", report, *args],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), report)
+        return self.workers[name][0]
+
+    def engine(self, engine):
+        return self.start(f"engine{engine}", "--role", "engine", "--engine", str(engine),
+                          "--max-concurrent", "32")
+
+    def trainer(self, name="trainer"):
+        return self.start(name, "--role", "trainer")
+
+    def finish(self, timeout=240):
+        out = self.process.stdout.read()
+        self.process.wait(timeout=timeout)
+        self._reader.join(timeout=30)
+        err = "".join(self.err_lines)
+        for process, _ in self.workers.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        return self.process.returncode, out, err
+
+    def report(self, name):
+        with open(self.workers[name][1]) as f:
+            return json.load(f)
+
+    def close(self):
+        for process, _ in self.workers.values():
+            if process.poll() is None:
+                process.kill()
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def run_factory(rlsched_bin, tmp_path):
+    runs = []
+
+    def make(config=None, extra=()):
+        run = _Run(rlsched_bin, tmp_path, config or _write_config(tmp_path), extra)
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.close()
+
+
+def _replay(rlsched_bin, log):
+    result = subprocess.run([rlsched_bin, "replay", log], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "identical" in result.stdout
+
+
+def test_ten_steps_with_eight_engines_conserve_samples_as_the_workers_count_them(
+        rlsched_bin, run_factory):
+    run = run_factory()
+    for engine in range(8):
+        run.engine(engine)
+    run.trainer()
+    status, out, err = run.finish()
+    assert status == 0, err[-3000:]
+    report = json.loads(out)
+    assert report["done"]
+    counters = report["counters"]
+    trained = int(counters["trained"])
+    assert trained == 10 * 32 * 4
+    # The trainer's own count: every trained sample once.
+    trainer = run.report("trainer")
+    assert len(trainer["trained"]) == trained
+    assert len(set(trainer["trained"])) == trained
+    assert trainer["goodbye"] == "done"
+    # The engines' own count: every sample the core counts as generated was finished by
+    # some engine (restarted samples finish once more).
+    finished = sum(run.report(f"engine{e}")["finished"] for e in range(8))
+    admitted = int(counters["admitted"])
+    in_core = (trained + int(counters.get("filtered", 0)) + int(counters.get("buffered", 0)))
+    assert admitted == in_core + int(counters.get("queued", 0)) + int(counters.get("in_flight", 0))
+    assert finished >= trained + int(counters.get("buffered", 0))
+    # Strict: every trained token at most one version old.
+    assert int(report["metrics"]["max_staleness"]) <= 1
+    assert int(report.get("rejected_events", 0)) == 0
+    _replay(rlsched_bin, run.log)
+
+
+def test_a_killed_engine_a_late_engine_and_a_returning_trainer(rlsched_bin, run_factory):
+    # Slower (a run second lasts 20 ms), so that the faults land mid-run.
+    run = run_factory(extra=("--time-scale", "0.02"))
+    for engine in range(4):
+        run.engine(engine)
+    trainer = run.trainer("trainer_first")
+    # Let the run get going, then kill an engine mid-generation and the trainer.
+    run.wait_for("engine 1 attached")
+    run.wait_for("trainer attached")
+    run.wait_for("step    0")
+    run.workers["engine1"][0].send_signal(signal.SIGKILL)
+    trainer.send_signal(signal.SIGKILL)
+    time.sleep(0.5)
+    run.engine(7)            # an engine joins mid-run
+    run.trainer("trainer")   # the trainer comes back: the unfinished call is sent again
+    status, out, err = run.finish()
+    assert status == 0, err[-3000:]
+    report = json.loads(out)
+    assert report["done"]
+    assert int(report["counters"]["trained"]) == 10 * 32 * 4
+    assert int(report["counters"]["engine_failures"]) >= 1
+    assert "engine 1 lost" in err
+    assert "the trainer is lost" in err
+    _replay(rlsched_bin, run.log)
+
+
+def test_a_worker_with_a_wrong_token_is_refused(rlsched_bin, run_factory, tmp_path):
+    run = run_factory(_write_config(tmp_path, steps=2))
+    intruder = run.start("intruder", "--role", "engine", "--engine", "0", token="guess")
+    assert intruder.wait(timeout=60) == 1
+    assert run.report("intruder")["goodbye"] == "refused: wrong or missing token"
+    for engine in range(2):
+        run.engine(engine)
+    run.trainer()
+    status, out, err = run.finish()
+    assert status == 0, err[-3000:]
+    report = json.loads(out)
+    assert int(report["workers_refused"]) == 1
+    assert "wrong or missing token" in err
+
+
+def test_emulated_workers_started_by_the_program(rlsched_bin, tmp_path):
+    config = _write_config(tmp_path, steps=3)
+    result = subprocess.run(
+        [rlsched_bin, "run", "--config", config, "--emulated-engines", "4", "--emulated-trainer",
+         "--json"], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["done"]
+    assert int(report["counters"]["trained"]) == 3 * 32 * 4
+    assert result.stderr.count("step ") >= 3  # a progress line per step
+
+
+def test_bad_arguments_are_refused_clearly(rlsched_bin, tmp_path):
+    result = subprocess.run([rlsched_bin, "run", "--listen", f"unix:{tmp_path}/x.sock"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "--token-file" in result.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"steps": 0}')
+    result = subprocess.run([rlsched_bin, "run", "--config", str(bad), "--emulated-engines", "1",
+                             "--emulated-trainer"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "steps" in result.stderr
+    log = tmp_path / "not-a-log"
+    log.write_bytes(b"\x05abc")
+    result = subprocess.run([rlsched_bin, "replay", str(log)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode != 0
+    assert "record 0" in result.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
