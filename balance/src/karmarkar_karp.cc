@@ -78,10 +78,12 @@ class WaitingTuples {
     nonempty_ |= std::uint64_t{1} << b;
     ++size_;
     // A unit in a lower bucket beats the cached top; in its bucket, only a greater spread
-    // does (the cached one is older).
-    if (top_valid_ && (b < top_bucket_ ||
-                       (b == top_bucket_ &&
-                        unit.spread > buckets_[static_cast<std::size_t>(b)][top_index_].spread))) {
+    // does (the cached one is older). Bucket 0 is read before the cache, which only
+    // ever points into buckets 1.. .
+    if (top_valid_ && b > 0 &&
+        (b < top_bucket_ ||
+         (b == top_bucket_ &&
+          unit.spread > buckets_[static_cast<std::size_t>(b)][top_index_].spread))) {
       top_bucket_ = b;
       top_index_ = bucket.size() - 1;
     }
