@@ -18,11 +18,25 @@
 //   - A[m, |A|) and B[m, |B|) pair with empty parts and stay as they are;
 // so the result is the merge of three sorted runs, O(k) after sorting the overlap.
 //
-// Slots are kept as a binary min-heap (lightest at the root), which a sorted array
-// is. Adding one item — the common step, and the only one while the largest items
-// are spread out — then costs O(log k): into a full tuple it joins the lightest slot
-// (sift down), into a non-full one it opens a new slot (sift up). The heap is sorted
-// only when two tuples of several slots meet.
+// A tuple keeps its slots as a sorted run plus a binary min-heap of the slots added
+// since the run was last rebuilt (see Tuple). Adding one item — the common step, and
+// the only one while the largest items are spread out — costs O(log k): into a full
+// tuple it joins the lightest slot (the lighter of the run's front and the heap's
+// root), into a non-full one it opens a new slot; both go into the heap. A combination
+// of tuples of comparable sizes sorts only the heaps and merges them into the runs
+// (O(r log r + k) for r added slots, where sorting all k slots after each addition made
+// tuples of k = 1024 slots cost more than the sort of the whole input); between a
+// large and a small tuple, only the m lightest of each leave and the small one's slots
+// join the large one's heap (O(s log k) for s slots).
+//
+// The order of waiting units is kept by a radix heap (WaitingTuples), which the
+// monotone spreads of largest differencing allow; runs of equal spreads, common in
+// token counts, cost O(1) a unit there.
+//
+// Time, n items and k parts: the radix order (HeaviestFirst), then O(n log k) for the
+// single additions plus the combinations' sorts and merges; the measured ratio to
+// std::sort of the weights is in benchmarks/kk_vs_sort.cc. Memory: O(n) (the tuples
+// hold at most n slots between them; the join log at most n - 1 pairs of items).
 
 #include <algorithm>
 #include <bit>
