@@ -97,14 +97,18 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
     sequences.resize(size);
     local.resize(size);
     sorted_workload.resize(size);
+    // The lengths first, in a loop of independent loads (many cache misses in flight).
     for (std::size_t j = 0; j < size; ++j) {
-      const std::size_t s = EvensThenOddsReversedSource(size, j);
-      const auto i = static_cast<std::size_t>(rank[s]);
-      const std::int64_t length = lengths[i];
-      const std::int64_t tokens = RoundUp(length, mb.pad_to_multiple_of);
-      sequences[j] = Sequence{static_cast<std::int64_t>(i), tokens, length, mb.cost.Cost(tokens)};
-      local[j] = RecipeWorkload(length);
-      sorted_workload[s] = local[j];
+      const auto i = static_cast<std::size_t>(rank[EvensThenOddsReversedSource(size, j)]);
+      sequences[j].index = static_cast<std::int64_t>(i);
+      sequences[j].unpadded_tokens = lengths[i];
+    }
+    for (std::size_t j = 0; j < size; ++j) {
+      Sequence& q = sequences[j];
+      q.tokens = RoundUp(q.unpadded_tokens, mb.pad_to_multiple_of);
+      q.cost = mb.cost.Cost(q.tokens);
+      local[j] = RecipeWorkload(q.unpadded_tokens);
+      sorted_workload[EvensThenOddsReversedSource(size, j)] = local[j];
     }
     // Those positions by (workload, position) ascending, from the (workload, index)
     // order: in a run of equal workloads, the even ones come first in the recipe's order
