@@ -40,9 +40,12 @@ std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights,
 // KarmarkarKarp() and GreedyLpt() without input checks, on `order` = HeaviestFirst().
 // `sorted_weights`, when given (of order's size), are the weights in that order; else
 // KarmarkarKarpSorted gathers them (its hot loop reads them in order, not at random).
+// `total`, when known (>= 0), is the weights' sum (CheckWeights returns it); else
+// KarmarkarKarpSorted adds them up.
 Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
                                std::span<const std::int32_t> order, std::int64_t num_parts,
-                               PartSizes sizes, std::span<const std::int64_t> sorted_weights = {});
+                               PartSizes sizes, std::span<const std::int64_t> sorted_weights = {},
+                               std::int64_t total = -1);
 Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
                            std::span<const std::int32_t> order, std::int64_t num_parts,
                            PartSizes sizes);

@@ -530,7 +530,8 @@ namespace internal {
 
 Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
                                std::span<const std::int32_t> order, std::int64_t num_parts,
-                               PartSizes sizes, std::span<const std::int64_t> sorted_weights) {
+                               PartSizes sizes, std::span<const std::int64_t> sorted_weights,
+                               std::int64_t total) {
   std::vector<std::int64_t> gathered;
   if (sorted_weights.size() != order.size()) {
     gathered.resize(order.size());
@@ -540,8 +541,10 @@ Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
     sorted_weights = gathered;
   }
   // Every load is at most the total.
-  std::int64_t total = 0;
-  for (const std::int64_t w : sorted_weights) total += w;
+  if (total < 0) {
+    total = 0;
+    for (const std::int64_t w : sorted_weights) total += w;
+  }
   if (total < (std::int64_t{1} << 32)) {
     Differencer<std::uint64_t> differencer(sorted_weights, order, num_parts);
     return sizes == PartSizes::kEqual ? differencer.RunEqualSize() : differencer.RunUnconstrained();
@@ -555,10 +558,10 @@ Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
 Assignment KarmarkarKarp(std::span<const std::int64_t> weights, std::int64_t num_parts,
                          PartSizes sizes) {
   internal::CheckNumParts(num_parts);
-  internal::CheckWeights(weights, "weights");
+  const std::int64_t total = internal::CheckWeights(weights, "weights");
   std::vector<std::int64_t> sorted;
   const std::vector<std::int32_t> order = internal::HeaviestFirst(weights, &sorted);
-  return internal::KarmarkarKarpSorted(weights, order, num_parts, sizes, sorted);
+  return internal::KarmarkarKarpSorted(weights, order, num_parts, sizes, sorted, total);
 }
 
 }  // namespace rlsched::balance
