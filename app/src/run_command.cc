@@ -245,7 +245,8 @@ int RunRunCommand(const RunArgs& args) {
   }
   const std::string listen =
       args.listen.empty() ? fmt::format("unix:/tmp/rlsched-run-{}.sock", getpid()) : args.listen;
-  const double scale = (args.emulated_engines > 0 || args.emulated_trainer) ? args.time_scale : 1.0;
+  const double scale =
+      args.time_scale.value_or(args.emulated_engines > 0 || args.emulated_trainer ? 0.005 : 1.0);
   ScaledClock clock(scale);
 
   // The event log.
@@ -370,8 +371,8 @@ int RunRunCommand(const RunArgs& args) {
     throw;
   }
   const double wall = clock.wall();
+  runtime.Stop();  // no more events; what they caused is sent
   server.Shutdown(done ? "done" : "timeout", std::chrono::milliseconds(2000));
-  runtime.Stop();
   children.clear();
   if (log) {
     std::lock_guard lock(log_mutex);

@@ -31,7 +31,7 @@ struct RunArgs {
   std::optional<std::int64_t> steps;
   std::int64_t emulated_engines = 0;
   bool emulated_trainer = false;
-  double time_scale = 0.005;
+  std::optional<double> time_scale;  // unset: 0.005 with emulated workers, else 1
   std::string event_log;
   std::string trace;
   bool json = false;

@@ -257,6 +257,7 @@ void WorkerServer::Execute(const scheduler::Command& command, const scheduler::E
   std::shared_ptr<Connection> connection;
   {
     std::lock_guard lock(mutex_);
+    if (shut_down_) return;  // the run is over: the workers have been told
     const auto it = engines_.find(engine);
     if (it != engines_.end()) connection = it->second;
   }
