@@ -97,7 +97,7 @@ int Run(int argc, char** argv) {
     }
     if (simulate->parsed()) rlsched::app::RunSimulateCommand(simulate_args, std::cout);
   } catch (const std::invalid_argument& e) {
-    std::cerr << "error: " << e.what() << '\n';
+    std::cerr << "error: " << e.what() << '\n' << UsageHint(app) << '\n';
     return kExitBadInput;
   }
   return 0;

@@ -319,16 +319,16 @@ TEST(CliTest, PlanStepExampleIsBalanceExample) {
 // One name per concept: the older spellings are aliases of the same options.
 TEST(CliTest, AliasesAreTheSameOptions) {
   const ProcessResult canonical = RunProgram(
-      {"plan-step", "--example", "--json", "--ranks", "4", "--max-token-len", "16384",
+      {"plan-step", "--example", "--json", "--ranks", "4", "--max-token-len", "32768",
        "--pipeline-model-parallel-size", "2", "--micro-batches-multiple-of", "2",
        "--pad-to-multiple-of", "8", "--num-attention-heads", "32", "--cost", "attention"});
   ASSERT_EQ(canonical.status, 0) << canonical.err;
   const ProcessResult aliases =
-      RunProgram({"plan-step", "--example", "--json", "--ranks", "4", "--max-tokens", "16384",
+      RunProgram({"plan-step", "--example", "--json", "--ranks", "4", "--max-tokens", "32768",
                   "--pipeline-stages", "2", "--multiple-of", "2", "--pad-to", "8", "--num-heads",
                   "32", "--cost", "attention"});
   const ProcessResult field_names = RunProgram(
-      {"plan-step", "--example", "--json", "--ranks", "4", "--max-tokens-per-micro-batch", "16384",
+      {"plan-step", "--example", "--json", "--ranks", "4", "--max-tokens-per-micro-batch", "32768",
        "--pp", "2", "--multiple-of", "2", "--pad-to", "8", "--cost", "attention"});
   EXPECT_EQ(aliases.out, canonical.out);
   EXPECT_EQ(field_names.out, canonical.out);
@@ -344,6 +344,11 @@ TEST(CliTest, AliasesAreTheSameOptions) {
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.err, StartsWith("error: --max-token-len: must be an integer >= 1, got '0'\n"));
   EXPECT_THAT(bad.err, HasSubstr("run 'rlsched plan-step --help' for usage"));
+  // So does an error the planner raises after parsing.
+  const ProcessResult planner = RunProgram({"plan-step", "--max-token-len", "8"}, "3\n9\n");
+  EXPECT_EQ(planner.status, 2);
+  EXPECT_THAT(planner.err, HasSubstr("exceeds --max-token-len = 8\nrun 'rlsched plan-step --help' "
+                                     "for usage\n"));
 }
 
 TEST(CliTest, PlanStepManyRanksAreElided) {
@@ -502,7 +507,7 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
       {{"balance"}, "group,prompt_tokens\n1,2\n", "the header has no length column"},
       {{"balance"}, "length,group\n1\n", "line 2: expected 2 fields"},
       {{"balance", "--parts", "0"}, "1\n", "--ranks: must be an integer in [1, 1048576], got '0'"},
-      {{"balance", "--parts", "x"}, "1\n", "--parts"},
+      {{"balance", "--parts", "x"}, "1\n", "--ranks: must be an integer in [1, 1048576], got 'x'"},
       {{"balance", "/nonexistent/lengths.txt"}, "", "/nonexistent/lengths.txt: cannot open"},
       {{"balance", "/"}, "", "/: is a directory"},
       {{"balance", "--frobnicate"}, "1\n", "frobnicate"},
@@ -529,7 +534,8 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
       {{"balance", "--example", "--seed", "-1"},
        "",
        "--seed: must be an integer in [0, 18446744073709551615]"},
-      {{"balance", "--parts", "3", "--parts", "4"}, "1\n", "--parts"},
+      {{"balance", "--parts", "3", "--parts", "4"}, "1\n", "--ranks: At Most 1 required"},
+      {{"balance", "--ranks", "3", "--parts", "4"}, "1\n", "--ranks: At Most 1 required"},
       {{"balance", "-", "extra"}, "1\n", "extra"},
       {{"balance", "--example", "file.txt"}, "", "excludes"},
       {{"plan-step"}, "1\n", "--max-token-len is required"},
@@ -554,7 +560,9 @@ TEST(CliTest, BadInputExitsWithStatusTwo) {
       {{"plan-step", "--max-tokens", "8", "--min-micro-batches", "0"},
        "1\n",
        "--min-micro-batches"},
-      {{"plan-step", "--max-tokens", "8", "--multiple-of", "1048577"}, "1\n", "--multiple-of"},
+      {{"plan-step", "--max-tokens", "8", "--multiple-of", "1048577"},
+       "1\n",
+       "--micro-batches-multiple-of: must be an integer in [1, 1048576], got '1048577'"},
       {{"plan-step", "--max-tokens", "8", "--pad-to", "-8"}, "1\n", "--pad-to"},
       {{"plan-step", "--max-tokens", "8", "--pipeline-stages", "0"},
        "1\n",

@@ -292,7 +292,8 @@ TEST(ReshardCliTest, FirstAndLastStageLayers) {
   EXPECT_EQ(
       refused.err,
       "error: --train (train.pp): num_hidden_layers (8) must be divisible by pp·vpp (6), or set "
-      "first_stage_layers / last_stage_layers for an uneven split\n");
+      "first_stage_layers / last_stage_layers for an uneven split\nrun 'rlsched reshard --help' "
+      "for usage\n");
 }
 
 TEST(ReshardCliTest, VerifyRefusesALargeModel) {
@@ -389,6 +390,12 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
        "--train: duplicate key 'first-stage-layers'"},
       {with({"--train", "tp=x"}), "--train: tp must be an integer in [1, 65536], got 'x'"},
       {with({"--train", "tp=2,dp=0"}), "--train: dp must be an integer in [1, 65536], got '0'"},
+      // Just above the bounds the help states.
+      {with({"--train", "dp=65537"}), "--train: dp must be an integer in [1, 65536], got '65537'"},
+      {with({"--train", "pp=2,last_stage_layers=2147483648"}),
+       "--train: last-stage-layers must be an integer in [1, 2147483647], got '2147483648'"},
+      {with({"--infer", "replicas=1048577"}),
+       "--infer: replicas must be an integer in [1, 1048576], got '1048577'"},
       {with({"--train", "tp=2,tp=4"}), "--train: duplicate key 'tp'"},
       {with({"--train", "tp"}), "--train: tp needs a value"},
       {with({"--train", "tp=2,,dp=2"}), "--train: empty entry"},

@@ -661,8 +661,7 @@ TEST(SimulateCliTest, NewOptionsThatDoNotApplyAreRefused) {
       {{"--engine-tokens-per-second", "40,1000"},
        "--engine-tokens-per-second (decode_speed.full_tokens_per_second): must be in"},
       {{"--train-seconds-per-step", "0"},
-       "--train-seconds-per-step (train_seconds_per_step): the trainer's seconds per step must "
-       "be in (0,"},
+       "--train-seconds-per-step: must be a number in (0, 1000000000], got '0'"},
       {{"--train-seconds-per-step", "1", "--train-call-overhead-seconds", "1"},
        "--train-seconds-per-step (train_seconds_per_step): the trainer's seconds per step must "
        "be in (1,"},
