@@ -2,7 +2,8 @@
 // models of tests/data/configs: planning time, estimate vs lower bound vs naive.
 //
 // Usage
-//   reshard_plan [CONFIG_DIR] [--calls N]     (defaults: tests/data/configs, 3 calls)
+//   reshard_plan [CONFIG_DIR] [--calls N] [--bucket-mb N]
+//                (defaults: tests/data/configs, 3 calls, 1024 MiB buckets)
 //
 // Overview
 //   For each scenario (the targets of the resharding issue), reads config.json,
@@ -11,7 +12,9 @@
 //   lower bound and the naive gather-on-rank-0-then-broadcast estimate, with the ratios
 //   estimate / lower bound (target <= 1.10) and naive / estimate. Peak RSS
 //   (getrusage) is printed at the end. Bandwidths: 400 GB/s intra-node, 50 GB/s per
-//   GPU inter-node, 8 GPUs per node; buckets of 1 GiB per rank and direction.
+//   GPU inter-node, 8 GPUs per node; buckets of 1 GiB per rank and direction, or
+//   --bucket-mb (small buckets make many more transfers and buckets: the first fit's
+//   cost; the targets of the resharding issue, and the exit status, apply to 1 GiB).
 
 #include <sys/resource.h>
 
@@ -19,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -55,6 +59,8 @@ const char* KindName(LinkKind k) {
   return "?";
 }
 
+std::int64_t bucket_mib = 1024;
+
 ReshardOptions Options(rlsched::rollout::TrainLayout train, rlsched::rollout::InferLayout infer,
                        bool colocated) {
   ReshardOptions o;
@@ -64,7 +70,7 @@ ReshardOptions Options(rlsched::rollout::TrainLayout train, rlsched::rollout::In
   o.topology.gpus_per_node = 8;
   o.topology.intra_node_gb_per_s = 400;
   o.topology.inter_node_gb_per_s = 50;
-  o.bucket_bytes = std::int64_t{1} << 30;
+  o.bucket_bytes = bucket_mib << 20;
   return o;
 }
 
@@ -77,6 +83,8 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--calls" && i + 1 < argc) {
       calls = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--bucket-mb" && i + 1 < argc) {
+      bucket_mib = std::clamp<std::int64_t>(std::atoll(argv[++i]), 1, std::int64_t{1} << 20);
     } else {
       dir = a;
     }
@@ -136,8 +144,13 @@ int main(int argc, char** argv) {
     std::printf(
         "   naive (gather on rank 0, broadcast whole tensors) %.1f s = %.1fx the estimate\n",
         plan.naive_seconds, plan.naive_seconds / plan.estimate_seconds);
-    std::printf("   plan under 2 s: %s\n\n", ms[ms.size() / 2] < 2000 ? "met" : "NOT met");
-    ok = ok && ratio <= 1.10 && ms[ms.size() / 2] < 2000;
+    if (bucket_mib == 1024) {
+      std::printf("   plan under 2 s: %s\n\n", ms[ms.size() / 2] < 2000 ? "met" : "NOT met");
+      ok = ok && ratio <= 1.10 && ms[ms.size() / 2] < 2000;
+    } else {
+      std::printf("   (%lld MiB buckets: no plan-time target)\n\n",
+                  static_cast<long long>(bucket_mib));
+    }
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
