@@ -179,8 +179,10 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
                    "The shared token workers present (required unless every worker is "
                    "emulated; then a random one)")
       ->type_name("FILE");
-  command->add_option("--steps", args.steps, "Train steps to run (default: the config's steps)")
-      ->check(IntegerIn(1, 1'000'000));
+  command
+      ->add_option("--steps", args.steps,
+                   "Train steps to run (default: the config's steps); the config's `steps`")
+      ->check(IntegerIn(1, wire::kMaxSimulationSteps));
   command
       ->add_option("--emulated-engines", args.emulated_engines,
                    "Start this many emulated engines as child processes (default 0)")
@@ -189,8 +191,9 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
                     "Start an emulated trainer as a child process");
   command
       ->add_option("--time-scale", args.time_scale,
-                   "Emulated workers: wall seconds per run second (default 0.005: a run "
-                   "second lasts 5 ms); the report's times are run seconds")
+                   "Wall seconds per run second, told to the workers: emulated ones run "
+                   "that much faster (default 0.005 with emulated workers, a run second "
+                   "lasting 5 ms; else 1); the report's times are run seconds")
       ->check(RealIn(1e-6, 1e6));
   command
       ->add_option("--event-log", args.event_log,

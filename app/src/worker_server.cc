@@ -245,15 +245,7 @@ grpc::Status WorkerServer::Attach(
 }
 
 void WorkerServer::Execute(const scheduler::Command& command, const scheduler::EngineTransfers*) {
-  const std::int64_t engine = std::visit(
-      [](const auto& c) -> std::int64_t {
-        if constexpr (requires { c.engine; }) {
-          return c.engine;
-        } else {
-          return -1;
-        }
-      },
-      command);
+  const std::int64_t engine = scheduler::EngineOf(command);
   std::shared_ptr<Connection> connection;
   {
     std::lock_guard lock(mutex_);

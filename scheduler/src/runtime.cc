@@ -48,6 +48,18 @@ void ManualClock::Advance(double seconds) {
   now_ += seconds;
 }
 
+std::int64_t EngineOf(const Command& command) {
+  return std::visit(
+      [](const auto& c) -> std::int64_t {
+        if constexpr (requires { c.engine; }) {
+          return c.engine;
+        } else {
+          return -1;
+        }
+      },
+      command);
+}
+
 // ---- Options. ----
 
 void Validate(const RuntimeOptions& options) {
@@ -322,15 +334,7 @@ struct Runtime::Impl {
     try {
       engines.Execute(work.command, work.transfers.get());
     } catch (const std::exception& e) {
-      const std::int64_t engine = std::visit(
-          [](const auto& c) -> std::int64_t {
-            if constexpr (requires { c.engine; }) {
-              return c.engine;
-            } else {
-              return -1;
-            }
-          },
-          work.command);
+      const std::int64_t engine = EngineOf(work.command);
       spdlog::error("runtime: engine {} failed to take a command: {}", engine, e.what());
       if (engine >= 0) {
         {

@@ -113,6 +113,9 @@ struct EngineTransfers {
   std::int64_t bytes = 0;                            // received by the replica's ranks, summed
 };
 
+// The engine a command is for; -1 for StartTrain (the trainer's). O(1).
+std::int64_t EngineOf(const Command& command);
+
 class EngineBackend {
  public:
   virtual ~EngineBackend() = default;
