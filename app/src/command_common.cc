@@ -376,4 +376,33 @@ void FlushOutput(std::ostream& out) {
   if (!out) throw std::runtime_error("cannot write the output");
 }
 
+std::ifstream OpenFile(std::string_view option, const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw std::invalid_argument(fmt::format("{} {}: is a directory", option, path));
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw std::invalid_argument(
+        fmt::format("{} {}: cannot open: {}", option, path, std::strerror(errno)));
+  }
+  return file;
+}
+
+std::string ReadWholeFile(std::string_view option, const std::string& path,
+                          std::int64_t max_bytes) {
+  std::ifstream file = OpenFile(option, path);
+  std::string text;
+  char buffer[1 << 16];
+  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(file.gcount()));
+    if (static_cast<std::int64_t>(text.size()) > max_bytes) {
+      throw std::invalid_argument(
+          fmt::format("{} {}: larger than {} bytes", option, path, max_bytes));
+    }
+  }
+  if (file.bad()) throw std::runtime_error(fmt::format("{} {}: cannot read", option, path));
+  return text;
+}
+
 }  // namespace rlsched::app

@@ -27,6 +27,7 @@
 #include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <istream>
 #include <limits>
 #include <optional>
@@ -151,6 +152,11 @@ std::size_t Digits(std::int64_t value);
 
 // Flushes `out`; throws std::runtime_error if writing failed.
 void FlushOutput(std::ostream& out);
+
+// `path` opened for `option` (the flag that named it), or an error naming both.
+std::ifstream OpenFile(std::string_view option, const std::string& path);
+// The whole file `path`, at most `max_bytes`, for `option`'s errors.
+std::string ReadWholeFile(std::string_view option, const std::string& path, std::int64_t max_bytes);
 
 }  // namespace rlsched::app
 

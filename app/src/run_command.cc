@@ -31,6 +31,7 @@
 #include "rlsched/wire/balance_convert.h"
 #include "rlsched/wire/orchestrator_convert.h"
 #include "rlsched/wire/simulate_convert.h"
+#include "serve.h"
 #include "worker_server.h"
 
 extern char** environ;
@@ -39,25 +40,8 @@ namespace rlsched::app {
 
 namespace {
 
-constexpr std::int64_t kMaxRunFileBytes = std::int64_t{64} << 20;
-
-std::string ReadRunFile(std::string_view option, const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw std::invalid_argument(
-        fmt::format("{} {}: cannot open: {}", option, path, std::strerror(errno)));
-  }
-  std::string text;
-  char buffer[1 << 16];
-  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(file.gcount()));
-    if (static_cast<std::int64_t>(text.size()) > kMaxRunFileBytes) {
-      throw std::invalid_argument(
-          fmt::format("{} {}: larger than {} bytes", option, path, kMaxRunFileBytes));
-    }
-  }
-  return text;
-}
+// The largest --config or --token-file read: the daemon's default cap on a request.
+constexpr std::int64_t kMaxRunFileBytes = kDefaultMaxMessageBytes;
 
 // The run's clock: wall seconds / time_scale (emulated workers run that much faster).
 class ScaledClock final : public scheduler::Clock {
@@ -218,7 +202,7 @@ int RunRunCommand(const RunArgs& args) {
   // The config, as `simulate --config` reads it.
   v1::SimulatorConfig config_message;
   if (!args.config.empty()) {
-    const std::string text = ReadRunFile("--config", args.config);
+    const std::string text = ReadWholeFile("--config", args.config, kMaxRunFileBytes);
     const auto status = google::protobuf::util::JsonStringToMessage(text, &config_message);
     if (!status.ok()) {
       throw std::invalid_argument(
@@ -237,7 +221,7 @@ int RunRunCommand(const RunArgs& args) {
   const bool all_emulated = args.emulated_engines > 0 && args.emulated_trainer;
   std::string token;
   if (!args.token_file.empty()) {
-    token = Trimmed(ReadRunFile("--token-file", args.token_file));
+    token = Trimmed(ReadWholeFile("--token-file", args.token_file, kMaxRunFileBytes));
     if (token.empty()) throw std::invalid_argument("--token-file " + args.token_file + ": empty");
   } else if (all_emulated) {
     token = RandomToken();

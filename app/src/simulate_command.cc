@@ -48,36 +48,6 @@ constexpr double kMaxSingleTokensPerSecond = 1e12;              // decode_speed
 // The largest --config file read: the daemon's default cap on a request.
 constexpr std::int64_t kMaxInputFileBytes = kDefaultMaxMessageBytes;
 
-// `path` opened for `option`, or an error naming both.
-std::ifstream OpenFile(std::string_view option, const std::string& path) {
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error)) {
-    throw std::invalid_argument(fmt::format("{} {}: is a directory", option, path));
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw std::invalid_argument(
-        fmt::format("{} {}: cannot open: {}", option, path, std::strerror(errno)));
-  }
-  return file;
-}
-
-// The whole file `path`, for `option`'s errors; at most kMaxInputFileBytes.
-std::string ReadWholeFile(std::string_view option, const std::string& path) {
-  std::ifstream file = OpenFile(option, path);
-  std::string text;
-  char buffer[1 << 16];
-  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(file.gcount()));
-    if (static_cast<std::int64_t>(text.size()) > kMaxInputFileBytes) {
-      throw std::invalid_argument(
-          fmt::format("{} {}: larger than {} bytes", option, path, kMaxInputFileBytes));
-    }
-  }
-  if (file.bad()) throw std::runtime_error(fmt::format("{} {}: cannot read", option, path));
-  return text;
-}
-
 // The flag that sets a field of the config (path relative to the SimulatorConfig).
 struct FlagField {
   std::string_view flag;
@@ -982,8 +952,9 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
 }
 
 void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
-  const std::string config_json =
-      args.config.empty() ? std::string() : ReadWholeFile("--config", args.config);
+  const std::string config_json = args.config.empty()
+                                      ? std::string()
+                                      : ReadWholeFile("--config", args.config, kMaxInputFileBytes);
   std::vector<std::int64_t> response_lengths;
   if (!args.lengths.empty()) {
     std::ifstream file = OpenFile("--lengths", args.lengths);
