@@ -22,19 +22,6 @@ std::int64_t NowMillis() {
       .count();
 }
 
-// The engine an engine-scoped event names, or nullopt for the others.
-std::optional<std::int64_t> EngineOfEvent(const scheduler::Event& event) {
-  return std::visit(
-      [](const auto& e) -> std::optional<std::int64_t> {
-        if constexpr (requires { e.engine; }) {
-          return e.engine;
-        } else {
-          return std::nullopt;
-        }
-      },
-      event);
-}
-
 }  // namespace
 
 struct WorkerServer::Connection {
@@ -204,7 +191,7 @@ grpc::Status WorkerServer::Attach(
         }
       }
     } else {
-      const std::optional<std::int64_t> engine = EngineOfEvent(event);
+      const std::optional<std::int64_t> engine = scheduler::EngineOf(event);
       if (trainer_event || std::holds_alternative<scheduler::EngineJoined>(event) ||
           std::holds_alternative<scheduler::EngineFailed>(event) ||
           std::holds_alternative<scheduler::PromptsAvailable>(event) ||

@@ -48,6 +48,18 @@ void ManualClock::Advance(double seconds) {
   now_ += seconds;
 }
 
+std::optional<std::int64_t> EngineOf(const Event& event) {
+  return std::visit(
+      [](const auto& e) -> std::optional<std::int64_t> {
+        if constexpr (requires { e.engine; }) {
+          return e.engine;
+        } else {
+          return std::nullopt;
+        }
+      },
+      event);
+}
+
 std::int64_t EngineOf(const Command& command) {
   return std::visit(
       [](const auto& c) -> std::int64_t {
@@ -122,22 +134,6 @@ double EventTime(const Event& event) {
 
 void SetEventTime(Event& event, double time) {
   std::visit([time](auto& e) { e.time = time; }, event);
-}
-
-// The engine an event or command is about, or -1 (the trainer, the data loader).
-std::int64_t EngineOf(const Event& event) {
-  return std::visit(
-      [](const auto& e) -> std::int64_t {
-        using T = std::decay_t<decltype(e)>;
-        if constexpr (std::is_same_v<T, EngineJoined> || std::is_same_v<T, EngineLeft> ||
-                      std::is_same_v<T, EngineFailed> || std::is_same_v<T, WeightsLoaded> ||
-                      std::is_same_v<T, EngineReleased>) {
-          return e.engine;
-        } else {
-          return -1;
-        }
-      },
-      event);
 }
 
 const char* EventName(const Event& event) {
@@ -384,7 +380,7 @@ struct Runtime::Impl {
   void Record(const Observation& observation) {
     std::lock_guard lock(trace_mutex);
     const double time = EventTime(observation.event);
-    const std::int64_t engine = EngineOf(observation.event);
+    const std::int64_t engine = EngineOf(observation.event).value_or(-1);
     trace.Instant(time, engine, observation.rejected ? "rejected" : EventName(observation.event));
     if (const auto* joined = std::get_if<EngineJoined>(&observation.event)) {
       if (named_engines.insert(joined->engine).second) {
