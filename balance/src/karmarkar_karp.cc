@@ -78,7 +78,9 @@ struct SmallerSpread {
 // buckets. Units are pushed in seq order and a bucket is only ever filled while empty
 // or appended to, so every bucket is in seq order: bucket 0 is a FIFO queue (ties of
 // spread leave oldest first, as the order wants), and a run of equal spreads costs
-// O(1) a unit where a binary heap paid O(log size). A unit moves to a lower bucket at
+// O(1) a unit where a binary heap paid O(log size). Every other bucket keeps the
+// position of its greatest unit (the oldest of equals), updated as units are appended,
+// so the top is found without scanning a bucket. A unit moves to a lower bucket at
 // most 64 times.
 class WaitingTuples {
  public:
@@ -86,38 +88,16 @@ class WaitingTuples {
 
   void Push(const Unit& unit) {
     assert(unit.spread <= last_);
-    const int b = BucketOf(unit.spread);
-    std::vector<Unit>& bucket = buckets_[static_cast<std::size_t>(b)];
-    bucket.push_back(unit);
-    nonempty_ |= std::uint64_t{1} << b;
+    Append(BucketOf(unit.spread), unit);
     ++size_;
-    // A unit in a lower bucket beats the cached top; in its bucket, only a greater spread
-    // does (the cached one is older). Bucket 0 is read before the cache, which only
-    // ever points into buckets 1.. .
-    if (top_valid_ && b > 0 &&
-        (b < top_bucket_ ||
-         (b == top_bucket_ &&
-          unit.spread > buckets_[static_cast<std::size_t>(b)][top_index_].spread))) {
-      top_bucket_ = b;
-      top_index_ = bucket.size() - 1;
-    }
   }
 
   // The greatest unit. Precondition: !empty().
-  const Unit& Top() {
+  const Unit& Top() const {
     if (head_ < buckets_[0].size()) return buckets_[0][head_];
-    if (!top_valid_) {
-      // The lowest non-empty bucket holds the greatest spreads; the first greatest is
-      // the oldest.
-      top_bucket_ = std::countr_zero(nonempty_ & ~std::uint64_t{1});
-      const std::vector<Unit>& bucket = buckets_[static_cast<std::size_t>(top_bucket_)];
-      top_index_ = 0;
-      for (std::size_t i = 1; i < bucket.size(); ++i) {
-        if (bucket[i].spread > bucket[top_index_].spread) top_index_ = i;
-      }
-      top_valid_ = true;
-    }
-    return buckets_[static_cast<std::size_t>(top_bucket_)][top_index_];
+    // The lowest non-empty bucket holds the greatest spreads.
+    const int b = std::countr_zero(nonempty_ & ~std::uint64_t{1});
+    return buckets_[b][greatest_[b]];
   }
 
   // Removes Top(). Precondition: !empty().
@@ -125,17 +105,12 @@ class WaitingTuples {
     if (head_ == buckets_[0].size()) {
       // Bucket 0 is empty: the top's spread becomes `last_`, and its bucket moves down
       // (into empty buckets, in order), the top and its equals into bucket 0.
-      Top();
-      std::vector<Unit>& bucket = buckets_[static_cast<std::size_t>(top_bucket_)];
-      last_ = bucket[top_index_].spread;
-      for (const Unit& unit : bucket) {
-        const int b = BucketOf(unit.spread);
-        buckets_[static_cast<std::size_t>(b)].push_back(unit);
-        nonempty_ |= std::uint64_t{1} << b;
-      }
+      const int top = std::countr_zero(nonempty_ & ~std::uint64_t{1});
+      std::vector<Unit>& bucket = buckets_[top];
+      last_ = bucket[greatest_[top]].spread;
+      nonempty_ &= ~(std::uint64_t{1} << top);
+      for (const Unit& unit : bucket) Append(BucketOf(unit.spread), unit);
       bucket.clear();
-      nonempty_ &= ~(std::uint64_t{1} << top_bucket_);
-      top_valid_ = false;
     }
     --size_;
     if (++head_ == buckets_[0].size()) {
@@ -150,14 +125,23 @@ class WaitingTuples {
     return std::bit_width(static_cast<std::uint64_t>(last_ ^ spread));
   }
 
+  void Append(int b, const Unit& unit) {
+    std::vector<Unit>& bucket = buckets_[b];
+    if (bucket.empty()) {
+      greatest_[b] = 0;
+    } else if (unit.spread > bucket[greatest_[b]].spread) {
+      greatest_[b] = bucket.size();
+    }
+    bucket.push_back(unit);
+    nonempty_ |= std::uint64_t{1} << b;
+  }
+
   std::int64_t last_ = std::numeric_limits<std::int64_t>::max();
   std::vector<Unit> buckets_[64];
-  std::size_t head_ = 0;  // bucket 0's first unit not yet popped
+  std::size_t greatest_[64] = {};  // the position of each bucket's greatest unit
+  std::size_t head_ = 0;           // bucket 0's first unit not yet popped
   std::uint64_t nonempty_ = 0;
   std::size_t size_ = 0;
-  bool top_valid_ = false;  // whether top_bucket_/top_index_ hold the top (bucket 0 empty)
-  int top_bucket_ = 0;
-  std::size_t top_index_ = 0;
 };
 
 // One join of two slots: `item` (the first item of one) goes to the part of `with`
