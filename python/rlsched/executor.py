@@ -1,0 +1,489 @@
+"""rlsched.executor: runs a weight-resharding plan on ``torch.distributed``.
+
+The planner (``rlsched reshard --plan-out``, ``rlsched.reshard(...)``) says which slice
+of which trainer tensor goes to which engine ranks in which bucket; this module moves
+the bytes. Every rank of one ``torch.distributed`` world (trainer ranks and engine
+ranks numbered as the plan numbers them: trainer ``0..T-1``, engine (replica, tp rank)
+``T + replica*tp + tp_rank`` on separate GPUs or ``replica*tp + tp_rank`` colocated)
+calls :func:`execute` with the same plan::
+
+    plan = load_plan("plan.json", rank)          # or "plan.binpb": this rank's part only
+    stats = execute(plan, sources=megatron_state,  # Megatron names -> local shards
+                    destinations=vllm_params)      # vLLM names -> preallocated tensors
+
+Names are canonical (``rlsched/rollout/layout.h``): Megatron's with the global layer
+index and global expert id, vLLM's after its loader's stacking (``qkv_proj``,
+``gate_up_proj``, ``experts.w13_weight``). An engine may pass ``on_slice(vllm_name,
+tensor, dst_slice)`` instead of (or beside) ``destinations``: it is called for every
+slice as its bucket completes, ``tensor`` a view of the staging buffer shaped like the
+destination slice, valid during the call only.
+
+How it moves bytes. Buckets run in order. Inside a bucket, the transfers of one
+(source rank, destination set) are packed into one contiguous buffer and moved with one
+collective: a broadcast over a process group made once per distinct member set (source
+plus destinations, created in the same order on every rank and cached), a send/recv
+pair when there is one destination, a plain copy when the destination is the source
+rank itself. Every rank issues its collectives in one global order (bucket, source,
+destinations), asynchronously, then waits for the bucket, so that collectives on
+different groups run at the same time and no two ranks wait on each other in opposite
+orders. Staging memory: the buffers of one bucket, i.e. the bytes this rank sends plus
+the bytes it receives over links in that bucket (at most the plan's bucket budget each
+way; local copies need none), plus at most 7 bytes of alignment per transfer.
+
+Checks before any byte moves (every rank checks its part, then the ranks exchange
+their findings in one ``all_gather_object``, so that every rank raises the same
+:class:`PlanMismatchError` and none is left waiting in a collective): the world size
+against the plan's trainer and engine ranks, each sent tensor present with the slice's
+number of dims, the slice inside its shape and bytes equal to elements x element size,
+each destination tensor present and the slice inside it with the same element size and
+shape, source and destination slices with the same shape (dims of size 1 aside), and no
+destination tensor written more elements than it has. The plan file does not record the
+layouts it was made for, so a plan for another layout with the same world size and the
+same tensor shapes is caught only by comparing the results (``reshard_run --check``).
+
+fp8 targets (``--target-dtype fp8_block128``): not executed yet; a plan with quantised
+transfers is refused before any byte moves (field ``quantize``).
+
+Thread-safety: one call of :func:`execute` per rank at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+QUANTIZE_NONE = 0
+QUANTIZE_AT_SENDER = 1
+QUANTIZE_AT_DESTINATION = 2
+_QUANTIZE_NAMES = {"QUANTIZE_NONE": QUANTIZE_NONE, "QUANTIZE_AT_SENDER": QUANTIZE_AT_SENDER,
+                   "QUANTIZE_AT_DESTINATION": QUANTIZE_AT_DESTINATION}
+
+# Buffer offsets are rounded up to this many bytes so that any element type can be
+# viewed in place.
+_ALIGN = 8
+# At most this many problems are listed in a PlanMismatchError.
+MAX_PROBLEMS = 20
+
+Slice = Tuple[Tuple[int, int], ...]
+
+
+class PlanMismatchError(ValueError):
+    """The plan does not fit this world or these tensors; raised on every rank before
+    any byte moves. ``problems`` lists them as ``(rank, field, text)``."""
+
+    def __init__(self, problems: Sequence[Tuple[int, str, str]], total: int):
+        self.problems = list(problems)
+        self.total = total
+        lines = [f"rank {rank}: {field}: {text}" for rank, field, text in self.problems]
+        more = f" (and {total - len(self.problems)} more)" if total > len(self.problems) else ""
+        super().__init__(f"the plan does not fit this world: {total} problem(s){more}:\n  "
+                         + "\n  ".join(lines))
+
+
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    """One transfer of the plan (``rlsched.v1.Transfer``), slices as (begin, end) pairs."""
+    index: int
+    bucket: int
+    src_rank: int
+    src_param: str
+    src_slice: Slice
+    dst_ranks: Tuple[int, ...]
+    dst_param: str
+    dst_slice: Slice
+    bytes: int
+    quantize: int = QUANTIZE_NONE
+
+    @property
+    def local(self) -> bool:
+        return self.dst_ranks == (self.src_rank,)
+
+    @property
+    def elements(self) -> int:
+        return _slice_elements(self.src_slice)
+
+
+@dataclasses.dataclass
+class RankPlan:
+    """The transfers one rank sends or receives (plan order), and the plan's summary."""
+    rank: int
+    trainer_ranks: int
+    engine_ranks: int
+    num_buckets: int
+    world_size: int  # what the plan needs: trainer + engine ranks, or the larger colocated
+    colocated: bool
+    transfers: List[Transfer]
+    summary: dict  # the plan's summary fields (bytes_moved, estimate_seconds, ...)
+
+
+# ---------------------------------------------------------------------------------
+# Reading plans.
+
+def _slice_elements(s: Slice) -> int:
+    n = 1
+    for b, e in s:
+        n *= e - b
+    return n
+
+
+def _json_ranges(ranges) -> Slice:
+    return tuple((int(r.get("begin", 0)), int(r.get("end", 0))) for r in ranges)
+
+
+def _json_transfer(index: int, t: dict) -> Transfer:
+    q = t.get("quantize", "QUANTIZE_NONE")
+    return Transfer(index=index, bucket=int(t.get("bucket", 0)), src_rank=int(t.get("src_rank", 0)),
+                    src_param=t["src_param"], src_slice=_json_ranges(t.get("src_slice", [])),
+                    dst_ranks=tuple(int(r) for r in t.get("dst_ranks", [])),
+                    dst_param=t["dst_param"], dst_slice=_json_ranges(t.get("dst_slice", [])),
+                    bytes=int(t.get("bytes", 0)),
+                    quantize=_QUANTIZE_NAMES.get(q, q) if isinstance(q, str) else int(q))
+
+
+def _plan_world(trainer_ranks: int, engine_ranks: int, max_rank: int) -> Tuple[int, bool]:
+    """(world size, colocated): separate GPUs put the last engine rank at T + E - 1."""
+    colocated = max_rank < max(trainer_ranks, engine_ranks)
+    return (max(trainer_ranks, engine_ranks) if colocated else trainer_ranks + engine_ranks,
+            colocated)
+
+
+_SUMMARY_FIELDS = ("num_transfers", "num_buckets", "trainer_ranks", "engine_ranks",
+                   "bytes_received", "bytes_local", "bytes_moved", "estimate_seconds",
+                   "lower_bound_seconds", "naive_seconds")
+
+
+def plan_from_json(plan: dict, rank: int) -> RankPlan:
+    """The part of a JSON plan (``rlsched.v1.ReshardPlan`` in protobuf's JSON mapping,
+    as ``rlsched reshard --plan-out plan.json`` writes it) that `rank` takes part in."""
+    transfers = [_json_transfer(i, t) for i, t in enumerate(plan.get("transfers", []))]
+    if not transfers and int(plan.get("num_transfers", 0)) > 0:
+        raise ValueError("transfers: the plan has none listed (plan it with include_transfers / "
+                         "--plan-out)")
+    trainer_ranks = int(plan.get("trainer_ranks", 0))
+    engine_ranks = int(plan.get("engine_ranks", 0))
+    max_rank = max((max(t.src_rank, *t.dst_ranks) for t in transfers if t.dst_ranks), default=-1)
+    world, colocated = _plan_world(trainer_ranks, engine_ranks, max_rank)
+    mine = [t for t in transfers if t.src_rank == rank or rank in t.dst_ranks]
+    summary = {k: plan.get(k) for k in _SUMMARY_FIELDS if k in plan}
+    summary["num_transfers"] = len(transfers)
+    return RankPlan(rank=rank, trainer_ranks=trainer_ranks, engine_ranks=engine_ranks,
+                    num_buckets=int(plan.get("num_buckets", 0)), world_size=world,
+                    colocated=colocated, transfers=mine, summary=summary)
+
+
+def _read_delimited(f, message_type):
+    from google.protobuf.internal.decoder import _DecodeVarint32  # noqa: PLC0415
+    head = f.read(10)
+    if not head:
+        raise ValueError("binary plan: unexpected end of file")
+    size, used = _DecodeVarint32(head, 0)
+    f.seek(f.tell() - len(head) + used)
+    data = f.read(size)
+    if len(data) != size:
+        raise ValueError(f"binary plan: a message of {size} bytes is cut short ({len(data)} read)")
+    message = message_type()
+    message.ParseFromString(data)
+    return message
+
+
+def plan_from_binpb(path: str, rank: int) -> RankPlan:
+    """This rank's part of a binary plan file (``--plan-out plan.binpb``): the index, then
+    only the part at this rank's offset."""
+    from rlsched._proto import reshard_pb2  # noqa: PLC0415
+    with open(path, "rb") as f:
+        index = _read_delimited(f, reshard_pb2.ReshardPlanIndex)
+        if index.format_version != 1:
+            raise ValueError(f"format_version: binary plan format {index.format_version}, "
+                             "this executor reads 1")
+        s = index.summary
+        max_rank = max((p.rank for p in index.parts), default=-1)
+        world, colocated = _plan_world(s.trainer_ranks, s.engine_ranks, max_rank)
+        transfers: List[Transfer] = []
+        for entry in index.parts:
+            if entry.rank != rank:
+                continue
+            f.seek(entry.offset)
+            part = _read_delimited(f, reshard_pb2.ReshardRankPart)
+            names = list(part.param_names)
+            groups = [tuple(g.ranks) for g in part.dst_groups]
+            for t in part.transfers:
+                transfers.append(Transfer(
+                    index=t.index, bucket=t.bucket, src_rank=t.src_rank,
+                    src_param=names[t.src_param],
+                    src_slice=tuple(zip(t.src_slice[0::2], t.src_slice[1::2])),
+                    dst_ranks=groups[t.dst_group], dst_param=names[t.dst_param],
+                    dst_slice=tuple(zip(t.dst_slice[0::2], t.dst_slice[1::2])),
+                    bytes=t.bytes, quantize=int(t.quantize)))
+    summary = {k: getattr(s, k) for k in _SUMMARY_FIELDS}
+    return RankPlan(rank=rank, trainer_ranks=s.trainer_ranks, engine_ranks=s.engine_ranks,
+                    num_buckets=s.num_buckets, world_size=world, colocated=colocated,
+                    transfers=transfers, summary=summary)
+
+
+def load_plan(path: str, rank: int) -> RankPlan:
+    """Reads `rank`'s part of a plan file: binary (``.binpb``) or JSON (anything else)."""
+    if path.endswith(".binpb"):
+        return plan_from_binpb(path, rank)
+    with open(path, "r", encoding="utf-8") as f:
+        return plan_from_json(json.load(f), rank)
+
+
+# ---------------------------------------------------------------------------------
+# Checks.
+
+def _squeezed(shape: Iterable[int]) -> Tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+def _slice_shape(s: Slice) -> Tuple[int, ...]:
+    return tuple(e - b for b, e in s)
+
+
+def _slice_text(s: Slice) -> str:
+    return "[" + ", ".join(f"{b}:{e}" for b, e in s) + "]"
+
+
+def _check_slice(problems, rank, field, name, tensor, s: Slice, t: Transfer) -> bool:
+    where = f"transfer {t.index} (bucket {t.bucket})"
+    if len(s) != tensor.dim():
+        problems.append((rank, field, f"{len(s)} dims for '{name}' of shape {list(tensor.shape)} "
+                                      f"in {where}"))
+        return False
+    for d, ((b, e), size) in enumerate(zip(s, tensor.shape)):
+        if not 0 <= b <= e <= size:
+            problems.append((rank, f"{field}[{d}]",
+                             f"[{b}, {e}) outside dim {d} of '{name}' (size {size}, shape "
+                             f"{list(tensor.shape)}) in {where}"))
+            return False
+    return True
+
+
+def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Tensor"],
+               destinations: Optional[Mapping[str, "torch.Tensor"]]) -> List[Tuple[int, str, str]]:
+    """This rank's problems with the plan, as (rank, field, text); empty when it fits."""
+    rank = plan.rank
+    problems: List[Tuple[int, str, str]] = []
+    if world_size != plan.world_size:
+        layout = "colocated" if plan.colocated else "on separate GPUs"
+        problems.append((rank, "world_size",
+                         f"the plan is for {plan.world_size} ranks ({plan.trainer_ranks} trainer, "
+                         f"{plan.engine_ranks} engine, {layout}), this world has {world_size}"))
+        return problems
+    written: Dict[str, int] = {}
+    for t in plan.transfers:
+        where = f"transfer {t.index} (bucket {t.bucket})"
+        if t.quantize != QUANTIZE_NONE:
+            problems.append((rank, "quantize", f"{where} is quantised to fp8; this executor moves "
+                                               "bf16/fp32 plans only (plan with bf16)"))
+            continue
+        if not t.dst_ranks or list(t.dst_ranks) != sorted(set(t.dst_ranks)):
+            problems.append((rank, "dst_ranks", f"{list(t.dst_ranks)} not strictly ascending in "
+                                                f"{where}"))
+            continue
+        if not 0 <= t.src_rank < plan.trainer_ranks:
+            problems.append((rank, "src_rank", f"{t.src_rank} not a trainer rank in [0, "
+                                               f"{plan.trainer_ranks}) in {where}"))
+            continue
+        if _squeezed(_slice_shape(t.src_slice)) != _squeezed(_slice_shape(t.dst_slice)):
+            problems.append((rank, "dst_slice", f"{_slice_text(t.dst_slice)} has another shape "
+                                                f"than src_slice {_slice_text(t.src_slice)} in "
+                                                f"{where}"))
+            continue
+        if t.src_rank == rank:
+            src = sources.get(t.src_param)
+            if src is None:
+                problems.append((rank, "src_param", f"no local tensor '{t.src_param}' ({where})"))
+            elif _check_slice(problems, rank, "src_slice", t.src_param, src, t.src_slice, t):
+                need = t.elements * src.element_size()
+                if t.bytes != need:
+                    problems.append((rank, "bytes", f"{t.bytes} for {t.elements} elements of "
+                                                    f"'{t.src_param}' ({src.dtype}, {need} "
+                                                    f"bytes) in {where}"))
+        if rank in t.dst_ranks and destinations is not None:
+            dst = destinations.get(t.dst_param)
+            if dst is None:
+                problems.append((rank, "dst_param",
+                                 f"no destination tensor '{t.dst_param}' ({where})"))
+            elif _check_slice(problems, rank, "dst_slice", t.dst_param, dst, t.dst_slice, t):
+                if t.bytes != t.elements * dst.element_size():
+                    problems.append((rank, "bytes", f"{t.bytes} for {t.elements} elements of "
+                                                    f"destination '{t.dst_param}' ({dst.dtype}) "
+                                                    f"in {where}"))
+                written[t.dst_param] = written.get(t.dst_param, 0) + t.elements
+                if written[t.dst_param] > dst.numel():
+                    problems.append((rank, "dst_slice",
+                                     f"the plan writes more than the {dst.numel()} elements of "
+                                     f"'{t.dst_param}' (by {where})"))
+                    written[t.dst_param] = -(1 << 62)  # reported once
+    return problems
+
+
+# ---------------------------------------------------------------------------------
+# Execution.
+
+@dataclasses.dataclass
+class ExecuteStats:
+    rank: int
+    buckets: int = 0  # buckets this rank took part in
+    collectives: int = 0  # broadcasts and send/recv pairs this rank took part in
+    bytes_sent: int = 0  # over links, once per collective it sourced
+    bytes_received: int = 0  # over links
+    bytes_local: int = 0  # copied on the rank itself
+    peak_staging_bytes: int = 0  # the largest bucket's buffers on this rank
+    groups: int = 0  # process groups made (world-wide count)
+    check_seconds: float = 0.0  # checks and group creation
+    transfer_seconds: float = 0.0  # the buckets
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _view(tensor, s: Slice):
+    return tensor[tuple(slice(b, e) for b, e in s)]
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _dtype_for(element_bytes: int, dtype):
+    import torch  # noqa: PLC0415
+    if element_bytes == 4:
+        return torch.float32
+    return dtype
+
+
+def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = None,
+            destinations: Optional[Mapping[str, "torch.Tensor"]] = None,
+            on_slice: Optional[Callable[[str, "torch.Tensor", Slice], None]] = None,
+            group=None, dtype=None, device=None) -> ExecuteStats:
+    """Runs `plan` (this rank's part) on the initialised default process group.
+
+    `sources`: this rank's Megatron-named local tensors (trainer ranks). `destinations`:
+    vLLM-named preallocated tensors (engine ranks); `on_slice(name, tensor, dst_slice)`
+    is called for every received slice, after the copy into `destinations` when both are
+    given. `dtype`: the element type of 2-byte slices handed to `on_slice` without a
+    destination tensor (default bfloat16; 4-byte slices are float32). `device`: where
+    staging buffers live (default: the sources' or destinations' device, else CPU; the
+    NCCL backend needs CUDA tensors).
+
+    Every rank of the world must call it with the same plan file. Raises
+    :class:`PlanMismatchError` on every rank, before any byte moves, when the plan does
+    not fit; a collective that fails raises torch's error (the process group's timeout
+    bounds a wait). Returns this rank's :class:`ExecuteStats`.
+    """
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if group is not None:
+        raise ValueError("group: the executor runs on the default (world) group")
+    sources = sources or {}
+    dtype = dtype or torch.bfloat16
+    if device is None:
+        any_tensor = next(iter(sources.values()), None)
+        if any_tensor is None and destinations:
+            any_tensor = next(iter(destinations.values()), None)
+        device = any_tensor.device if any_tensor is not None else torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank != plan.rank:
+        raise ValueError(f"rank: the plan part was read for rank {plan.rank}, this process is "
+                         f"rank {rank}")
+    stats = ExecuteStats(rank=rank)
+    start = time.perf_counter()
+
+    # 1. Checks, and the member sets of the broadcasts this rank takes part in; every
+    # rank learns every rank's findings (one collective, no tensor bytes yet).
+    problems = check_plan(plan, world, sources, destinations)
+    my_groups = sorted({tuple(sorted({t.src_rank, *t.dst_ranks})) for t in plan.transfers
+                        if len(set(t.dst_ranks) - {t.src_rank}) >= 2})
+    gathered: List[Optional[Tuple[list, list]]] = [None] * world
+    dist.all_gather_object(gathered, (problems[:MAX_PROBLEMS], len(problems), my_groups))
+    all_problems, total = [], 0
+    for g in gathered:
+        all_problems.extend(g[0])
+        total += g[1]
+    if total:
+        raise PlanMismatchError(all_problems[:MAX_PROBLEMS], total)
+
+    # 2. One process group per distinct member set, made in the same order everywhere.
+    member_sets = sorted({tuple(m) for g in gathered for m in g[2]})
+    groups = {}
+    for members in member_sets:
+        pg = dist.new_group(ranks=list(members))
+        if rank in members:
+            groups[members] = pg
+    stats.groups = len(member_sets)
+    stats.check_seconds = time.perf_counter() - start
+
+    # 3. The buckets.
+    start = time.perf_counter()
+    by_bucket: Dict[int, Dict[Tuple[int, Tuple[int, ...]], List[Transfer]]] = {}
+    for t in plan.transfers:
+        by_bucket.setdefault(t.bucket, {}).setdefault((t.src_rank, t.dst_ranks), []).append(t)
+
+    def deliver(t: Transfer, data):
+        """Hands a received (or locally held) slice to the destination."""
+        if destinations is not None:
+            view = _view(destinations[t.dst_param], t.dst_slice)
+            view.copy_(data.reshape(view.shape))
+            if on_slice is not None:
+                on_slice(t.dst_param, view, t.dst_slice)
+        elif on_slice is not None:
+            on_slice(t.dst_param, data.reshape(_slice_shape(t.dst_slice)), t.dst_slice)
+
+    for bucket in sorted(by_bucket):
+        stats.buckets += 1
+        pending = []  # (work, buffer, layout, receives)
+        staging = 0
+        for (src, dsts) in sorted(by_bucket[bucket]):
+            ts = by_bucket[bucket][(src, dsts)]
+            if dsts == (src,):  # local copies
+                for t in ts:
+                    deliver(t, _view(sources[t.src_param], t.src_slice))
+                    stats.bytes_local += t.bytes
+                continue
+            others = [d for d in dsts if d != src]
+            receives = rank in others
+            # Layout of the packed buffer: aligned offsets, element type per transfer.
+            layout, size = [], 0
+            for t in ts:
+                element = t.bytes // max(t.elements, 1)
+                layout.append((t, size, element))
+                size = _align(size + t.bytes)
+            buffer = torch.empty(size, dtype=torch.uint8, device=device)
+            staging += size
+            if rank == src:
+                for t, offset, element in layout:
+                    part = buffer[offset:offset + t.bytes].view(sources[t.src_param].dtype)
+                    part.view(_slice_shape(t.src_slice)).copy_(_view(sources[t.src_param],
+                                                                     t.src_slice))
+                    if rank in dsts:  # a colocated sender that also receives: copy locally
+                        deliver(t, _view(sources[t.src_param], t.src_slice))
+                        stats.bytes_local += t.bytes
+                stats.bytes_sent += sum(t.bytes for t in ts)
+            if len(others) == 1:
+                if rank == src:
+                    work = dist.isend(buffer, dst=others[0], tag=bucket)
+                else:
+                    work = dist.irecv(buffer, src=src, tag=bucket)
+            else:
+                members = tuple(sorted({src, *others}))
+                work = dist.broadcast(buffer, src=src, group=groups[members], async_op=True)
+            stats.collectives += 1
+            pending.append((work, buffer, layout, receives))
+        stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
+        for work, buffer, layout, receives in pending:
+            work.wait()
+            if not receives:
+                continue
+            for t, offset, element in layout:
+                data = buffer[offset:offset + t.bytes].view(_dtype_for(element, dtype)
+                                                            if destinations is None else
+                                                            destinations[t.dst_param].dtype)
+                deliver(t, data)
+                stats.bytes_received += t.bytes
+        pending.clear()
+    stats.transfer_seconds = time.perf_counter() - start
+    return stats

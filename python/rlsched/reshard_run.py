@@ -1,0 +1,342 @@
+"""Launches a whole resharding world on one machine, runs the plan with the executor
+(:mod:`rlsched.executor`) and, with ``--check``, compares every engine tensor with the
+vLLM layout built independently from the full tensors (:mod:`rlsched.executor_layouts`).
+
+    /usr/bin/python3 -m rlsched.reshard_run --model config.json \\
+        --train tp=2,pp=2,dp=2 --infer tp=2,replicas=2 [--colocated] [--backend gloo] \\
+        [--bucket-mib N] [--plan-format json|binpb] [--plan FILE] [--check] [--json]
+
+It plans with ``rlsched reshard --plan-out`` (the program from ``--rlsched``, else
+``$RLSCHED_BIN``, else ``rlsched`` on ``PATH``) unless ``--plan`` gives a plan file,
+builds deterministic full Hugging Face tensors, shards them into the trainer's
+Megatron-core layout, forks one process per rank (trainer ranks ``0..T-1``, engine ranks
+after them, or on the same ranks with ``--colocated``), joins them in one
+``torch.distributed`` world (a file store in a temporary folder; gloo on loopback, or
+NCCL) and executes. It prints one summary (``--json``: one JSON object): ranks, buckets,
+collectives, bytes moved, seconds (the slowest rank's), the largest staging memory of a
+rank, the plan's own estimate, and the check's result.
+
+Exit status: 0 when the run (and the check) succeeded, 1 when the check found
+differences, 2 for bad arguments or a plan that does not fit the world (refused before
+any byte moved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Dict, List, Optional
+
+_TRAIN_KEYS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "first_stage_layers",
+               "last_stage_layers")
+# At most this many differences are described in the check's result.
+_MAX_CHECK_PROBLEMS = 10
+
+
+def parse_layout(text: str, keys, flags=(), field="train") -> Dict[str, object]:
+    """``tp=2,pp=2`` -> {"tp": 2, "pp": 2}; '-' in a key reads as '_'; `flags` are
+    keys without a value (``ep`` in --infer)."""
+    out: Dict[str, object] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, _, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if key in flags and not value:
+            out[key] = True
+            continue
+        if key not in keys:
+            raise ValueError(f"{field}: unknown key {key!r} (keys: {', '.join(keys + tuple(flags))})")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise ValueError(f"{field}.{key}: {value!r} is not an integer") from None
+        if out[key] < 1:
+            raise ValueError(f"{field}.{key}: must be >= 1, got {out[key]}")
+    return out
+
+
+def _layout_arg(layout: Dict[str, object]) -> str:
+    parts = []
+    for key, value in layout.items():
+        if value is True:
+            parts.append(key)
+        elif value is not None and value is not False:
+            parts.append(f"{key.replace('_', '-')}={value}")
+    return ",".join(parts) or "tp=1"
+
+
+def plan_with_rlsched(rlsched_bin: str, model_path: str, train: dict, infer: dict,
+                      colocated: bool, bucket_mib: Optional[int], out_path: str,
+                      round_robin_experts: bool = False) -> dict:
+    """Runs ``rlsched reshard --plan-out out_path --json``; returns its summary."""
+    infer_arg = dict(infer)
+    args = [rlsched_bin, "reshard", "--model", model_path, "--train", _layout_arg(train),
+            "--infer", _layout_arg(infer_arg), "--plan-out", out_path, "--json"]
+    if colocated:
+        args.append("--colocated")
+    if round_robin_experts:
+        args.append("--round-robin-experts")
+    if bucket_mib:
+        args += ["--bucket-mib", str(bucket_mib)]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ValueError(f"rlsched reshard failed (exit {done.returncode}): "
+                         f"{done.stderr.strip() or done.stdout.strip()}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
+    """One rank's process: init the world, build its tensors, execute, check."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from rlsched import executor  # noqa: PLC0415
+    from rlsched import executor_layouts as lay  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    out: dict = {"rank": rank}
+    try:
+        dist.init_process_group(cfg["backend"], store=dist.FileStore(cfg["store"], world),
+                                rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=cfg["timeout"]))
+        model, train, infer, full = cfg["model"], cfg["train"], cfg["infer"], cfg["full"]
+        trainer_ranks = train.world
+        engine_ranks = infer.tp * infer.replicas
+        sources = lay.megatron_shards(model, train, rank, full) if rank < trainer_ranks else {}
+        engine = rank if cfg["colocated"] else rank - trainer_ranks
+        reference, destinations, on_slice = None, None, None
+        if 0 <= engine < engine_ranks:
+            reference = lay.vllm_shards(model, infer, engine % infer.tp, full)
+            destinations = {k: torch.zeros_like(v) for k, v in reference.items()}
+            if cfg["deliver"] == "callback":
+                target, destinations = destinations, None
+
+                def on_slice(name, tensor, dst_slice, target=target):
+                    target[name][tuple(slice(b, e) for b, e in dst_slice)].copy_(tensor)
+
+        plan = executor.load_plan(cfg["plan"], rank)
+        stats = executor.execute(plan, sources=sources, destinations=destinations,
+                                 on_slice=on_slice, dtype=model.dtype)
+        out["stats"] = stats.as_dict()
+        if cfg["check"] and reference is not None:
+            got = destinations if destinations is not None else target
+            problems, mismatched, elements = [], 0, 0
+            for name, want in reference.items():
+                elements += want.numel()
+                have = got[name]
+                diff = int((lay.bits(have) != lay.bits(want)).sum())
+                if diff:
+                    mismatched += diff
+                    if len(problems) < _MAX_CHECK_PROBLEMS:
+                        problems.append(f"rank {rank} (engine tp rank {engine % infer.tp}): "
+                                        f"{name} {list(want.shape)}: {diff} element(s) differ")
+            out["check"] = {"tensors": len(reference), "elements": elements,
+                            "mismatched_elements": mismatched, "problems": problems}
+    except executor.PlanMismatchError as error:
+        out["refused"] = str(error)
+    except Exception as error:  # noqa: BLE001 - reported to the launcher
+        out["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}"
+    finally:
+        results.put(out)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
+        colocated: bool = False, backend: str = "gloo", check: bool = False,
+        plan_path: Optional[str] = None, bucket_mib: Optional[int] = None,
+        plan_format: str = "json", rlsched_bin: Optional[str] = None,
+        deliver: str = "tensors", timeout: float = 120.0) -> dict:
+    """Plans (unless `plan_path`), launches the world, executes, checks; returns the
+    summary (see the module's docstring)."""
+    from rlsched import executor  # noqa: PLC0415
+    from rlsched import executor_layouts as lay  # noqa: PLC0415
+
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend: {backend!r} is not gloo or nccl")
+    if plan_format not in ("json", "binpb"):
+        raise ValueError(f"plan_format: {plan_format!r} is not json or binpb")
+    if deliver not in ("tensors", "callback"):
+        raise ValueError(f"deliver: {deliver!r} is not tensors or callback")
+    with open(model_path, "r", encoding="utf-8") as f:
+        model = lay.parse_config(f.read())
+    t = lay.Train(**{k: v for k, v in train.items()})
+    i = lay.Infer(tp=int(infer.get("tp", 1)), replicas=int(infer.get("replicas", 1)),
+                  expert_parallel=bool(infer.get("ep", False)),
+                  round_robin_experts=bool(infer.get("round_robin_experts", False)))
+    trainer_ranks, engine_ranks = t.world, i.tp * i.replicas
+    world = max(trainer_ranks, engine_ranks) if colocated else trainer_ranks + engine_ranks
+    workdir = tempfile.mkdtemp(prefix="rlsched-reshard-run-")
+    summary: dict = {"ranks": world, "trainer_ranks": trainer_ranks, "engine_ranks": engine_ranks,
+                     "colocated": colocated, "backend": backend}
+    try:
+        planned = None
+        if plan_path is None:
+            rlsched_bin = rlsched_bin or os.environ.get("RLSCHED_BIN") or shutil.which("rlsched")
+            if not rlsched_bin:
+                raise ValueError("rlsched: the program was not found (--rlsched, RLSCHED_BIN or PATH)")
+            plan_path = os.path.join(workdir, "plan." + plan_format)
+            infer_arg = {"tp": i.tp, "replicas": i.replicas, "ep": i.expert_parallel}
+            planned = plan_with_rlsched(rlsched_bin, model_path, train, infer_arg, colocated,
+                                        bucket_mib, plan_path, i.round_robin_experts)
+        part = executor.load_plan(plan_path, 0)
+        summary["plan"] = {k: part.summary.get(k) for k in (
+            "num_transfers", "num_buckets", "bytes_moved", "bytes_local", "bytes_received",
+            "estimate_seconds", "lower_bound_seconds", "naive_seconds")}
+        for key, value in list(summary["plan"].items()):
+            if isinstance(value, str):
+                summary["plan"][key] = int(value)
+        if planned is not None:
+            summary["plan"]["busiest_link"] = planned.get("busiest_link")
+        cfg = {"backend": backend, "store": os.path.join(workdir, "store"), "timeout": timeout,
+               "model": model, "train": t, "infer": i, "full": lay.full_tensors(model),
+               "colocated": colocated, "plan": plan_path, "check": check, "deliver": deliver}
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.Queue()
+        start = time.perf_counter()
+        procs = [ctx.Process(target=_rank_main, args=(r, world, cfg, results), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        outs: List[dict] = []
+        deadline = time.monotonic() + timeout + 30
+        while len(outs) < world:
+            try:
+                outs.append(results.get(timeout=1.0))
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    for p in procs:
+                        if p.is_alive():
+                            p.kill()
+                    what = (f"rank {procs.index(dead[0])} exited with status {dead[0].exitcode}"
+                            if dead else f"no result within {timeout + 30:.0f} s")
+                    raise RuntimeError(f"the world failed: {what}")
+        for p in procs:
+            p.join(timeout=30)
+        summary["wall_seconds"] = time.perf_counter() - start
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    outs.sort(key=lambda o: o["rank"])
+    errors = [o["error"] for o in outs if "error" in o]
+    refused = [o["refused"] for o in outs if "refused" in o]
+    if errors:
+        summary["error"] = errors[0]
+        summary["ok"] = False
+        return summary
+    if refused:
+        summary["refused"] = refused[0]
+        summary["ok"] = False
+        return summary
+    stats = [o["stats"] for o in outs]
+    summary.update({
+        "buckets": max(s["buckets"] for s in stats),
+        "collectives": sum(s["collectives"] for s in stats if s["bytes_sent"]),
+        "process_groups": stats[0]["groups"],
+        "bytes_moved": sum(s["bytes_sent"] for s in stats),
+        "bytes_received": sum(s["bytes_received"] for s in stats),
+        "bytes_local": sum(s["bytes_local"] for s in stats),
+        "seconds": max(s["transfer_seconds"] for s in stats),
+        "setup_seconds": max(s["check_seconds"] for s in stats),
+        "peak_staging_bytes": max(s["peak_staging_bytes"] for s in stats),
+    })
+    ok = True
+    if check:
+        checks = [o["check"] for o in outs if "check" in o]
+        mismatched = sum(c["mismatched_elements"] for c in checks)
+        problems = [p for c in checks for p in c["problems"]][:_MAX_CHECK_PROBLEMS]
+        ok = mismatched == 0 and len(checks) == engine_ranks
+        summary["check"] = {"ok": ok, "engine_ranks": len(checks),
+                            "tensors": sum(c["tensors"] for c in checks),
+                            "elements": sum(c["elements"] for c in checks),
+                            "mismatched_elements": mismatched, "problems": problems}
+    summary["ok"] = ok
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m rlsched.reshard_run",
+        description="Run a weight-resharding plan on one machine: one process per rank, "
+                    "torch.distributed, and optionally check every engine tensor byte for byte.")
+    parser.add_argument("--model", required=True, help="the model's Hugging Face config.json")
+    parser.add_argument("--train", required=True,
+                        help="trainer layout: tp, pp, vpp, ep, etp, cp, dp, first-stage-layers, "
+                             "last-stage-layers (e.g. tp=2,pp=2)")
+    parser.add_argument("--infer", required=True,
+                        help="engine layout: tp, replicas, and ep (no value) for expert parallelism")
+    parser.add_argument("--round-robin-experts", action="store_true")
+    parser.add_argument("--colocated", action="store_true")
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    parser.add_argument("--target-dtype", default="bf16", choices=("bf16",),
+                        help="bf16 only so far (fp8_block128 plans are refused)")
+    parser.add_argument("--bucket-mib", type=int, default=None)
+    parser.add_argument("--plan", default=None, help="execute this plan file instead of planning")
+    parser.add_argument("--plan-format", default="json", choices=("json", "binpb"),
+                        help="the plan file rlsched writes (binpb: each rank reads its own part)")
+    parser.add_argument("--deliver", default="tensors", choices=("tensors", "callback"),
+                        help="engine ranks receive into preallocated tensors or through a callback")
+    parser.add_argument("--rlsched", default=None, help="the rlsched program (else $RLSCHED_BIN)")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds a collective may wait (the process group's timeout)")
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        train = parse_layout(args.train, _TRAIN_KEYS, field="train")
+        infer = parse_layout(args.infer, ("tp", "replicas"), flags=("ep",), field="infer")
+        if args.round_robin_experts:
+            infer["round_robin_experts"] = True
+        summary = run(args.model, train, infer, colocated=args.colocated, backend=args.backend,
+                      check=args.check, plan_path=args.plan, bucket_mib=args.bucket_mib,
+                      plan_format=args.plan_format, rlsched_bin=args.rlsched,
+                      deliver=args.deliver, timeout=args.timeout)
+    except (ValueError, OSError) as error:
+        print(f"reshard_run: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        _print_text(summary)
+    if "refused" in summary or "error" in summary:
+        if not args.json:
+            print(summary.get("refused") or summary.get("error"), file=sys.stderr)
+        return 2
+    return 0 if summary["ok"] else 1
+
+
+def _print_text(s: dict) -> None:
+    where = "colocated" if s["colocated"] else "separate"
+    print(f"world          {s['ranks']} ranks ({s['trainer_ranks']} trainer, {s['engine_ranks']} "
+          f"engine, {where}), {s['backend']}")
+    if "buckets" in s:
+        print(f"moved          {s['bytes_moved']} bytes over links, {s['bytes_local']} copied "
+              f"locally; {s['buckets']} buckets, {s['collectives']} collectives, "
+              f"{s['process_groups']} process groups")
+        print(f"time           {s['seconds'] * 1e3:.3f} ms (slowest rank), setup "
+              f"{s['setup_seconds'] * 1e3:.3f} ms; peak staging {s['peak_staging_bytes']} bytes")
+    p = s.get("plan") or {}
+    if p:
+        print(f"plan estimate  {p['estimate_seconds'] * 1e3:.3f} ms (lower bound "
+              f"{p['lower_bound_seconds'] * 1e3:.3f} ms), {p['num_transfers']} transfers")
+    c = s.get("check")
+    if c:
+        verdict = "ok" if c["ok"] else "FAILED"
+        print(f"check          {verdict}: {c['tensors']} engine tensors, {c['elements']} elements, "
+              f"{c['mismatched_elements']} differ")
+        for problem in c["problems"]:
+            print(f"  {problem}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
