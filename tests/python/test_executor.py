@@ -1,0 +1,246 @@
+"""The weight-sync executor (rlsched.executor) on real torch.distributed worlds: gloo on
+loopback, one forked process per rank (rlsched.reshard_run), tiny models of every
+family (tests/data/configs/tiny-*.json). Every engine tensor is compared bit for bit
+with the vLLM layout built independently from the full tensors. Skipped, with a
+message, where the interpreter has no torch (Debian: python3-torch).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="the executor's tests need torch (Debian: apt-get install python3-torch)")
+
+from rlsched import executor, reshard_run  # noqa: E402
+from rlsched import executor_layouts as lay  # noqa: E402
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_CONFIGS = os.path.join(_REPO, "tests", "data", "configs")
+
+
+def config(family):
+    return os.path.join(_CONFIGS, f"tiny-{family}.json")
+
+
+def run_checked(family, train, infer, colocated=False, **kw):
+    s = reshard_run.run(config(family), train, infer, colocated=colocated, check=True,
+                        bucket_mib=kw.pop("bucket_mib", 1), timeout=60, **kw)
+    assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
+    return s
+
+
+def assert_exact(s):
+    c = s["check"]
+    assert c["ok"], c["problems"]
+    assert c["mismatched_elements"] == 0 and c["engine_ranks"] == s["engine_ranks"]
+    # The executor moved what the plan says, once per collective.
+    assert s["bytes_moved"] == s["plan"]["bytes_moved"]
+    assert s["bytes_local"] == s["plan"]["bytes_local"]
+    assert s["bytes_received"] + s["bytes_local"] == s["plan"]["bytes_received"]
+    assert s["buckets"] == s["plan"]["num_buckets"]
+
+
+# (family, train, infer, colocated): TP 2->1, 1->2, PP 2->1, DP/CP replicas as senders,
+# EP 2 -> TP 2 (with and without engine expert parallelism), colocated and separate.
+WORLDS = [
+    ("llama", {"tp": 2}, {"tp": 1}, False),
+    ("llama", {"tp": 1}, {"tp": 2}, False),
+    ("llama", {"pp": 2}, {"tp": 1, "replicas": 2}, True),
+    ("llama", {"tp": 2, "cp": 2}, {"tp": 2, "replicas": 2}, True),
+    ("qwen2", {"tp": 2}, {"tp": 1}, True),
+    ("qwen2", {"tp": 1}, {"tp": 2}, False),
+    ("qwen2", {"pp": 2}, {"tp": 1}, False),
+    ("qwen2", {"tp": 2, "dp": 2}, {"tp": 2, "replicas": 2}, False),
+    ("qwen3", {"tp": 2}, {"tp": 1}, False),
+    ("qwen3", {"tp": 1}, {"tp": 2}, False),
+    ("qwen3", {"pp": 2, "dp": 2}, {"tp": 2, "replicas": 2}, True),
+    ("qwen3-moe", {"tp": 2}, {"tp": 1}, False),
+    ("qwen3-moe", {"tp": 1}, {"tp": 2}, False),
+    ("qwen3-moe", {"pp": 2}, {"tp": 1}, True),
+    ("qwen3-moe", {"tp": 2, "ep": 2}, {"tp": 2}, False),
+    ("qwen3-moe", {"dp": 2, "ep": 2}, {"tp": 2, "ep": True}, True),
+    ("qwen3-moe", {"tp": 2, "ep": 2, "etp": 2, "dp": 2}, {"tp": 2, "replicas": 2}, False),
+    ("deepseek-v3", {"tp": 2}, {"tp": 1}, False),
+    ("deepseek-v3", {"tp": 1}, {"tp": 2}, False),
+    ("deepseek-v3", {"pp": 2}, {"tp": 1}, True),
+    ("deepseek-v3", {"tp": 2, "ep": 2}, {"tp": 2}, True),
+    ("deepseek-v3", {"dp": 2, "ep": 2}, {"tp": 2, "ep": True, "replicas": 2}, False),
+]
+
+
+@pytest.mark.parametrize("family,train,infer,colocated", WORLDS,
+                         ids=[f"{f}-{t}-{i}-{'coloc' if c else 'sep'}".replace(" ", "")
+                              for f, t, i, c in WORLDS])
+def test_byte_exact(family, train, infer, colocated):
+    assert_exact(run_checked(family, train, infer, colocated))
+
+
+def test_round_robin_experts_binary_plan_and_callback():
+    # Engine EP with round-robin experts, each rank reading only its part of the binary
+    # plan, engines receiving through the callback instead of preallocated tensors.
+    s = run_checked("qwen3-moe", {"tp": 2, "ep": 2}, {"tp": 2, "ep": True, "replicas": 2,
+                                                      "round_robin_experts": True},
+                    plan_format="binpb", deliver="callback")
+    assert_exact(s)
+
+
+def test_virtual_and_uneven_pipeline(tmp_path):
+    # Six layers over PP 2 x VPP 3 chunks, and PP 3 with a two-layer first stage.
+    cfg = json.load(open(config("llama")))
+    cfg.update(num_hidden_layers=6, tie_word_embeddings=True)
+    path = tmp_path / "six-layers.json"
+    path.write_text(json.dumps(cfg))
+    for train in ({"pp": 2, "vpp": 3}, {"pp": 3, "first_stage_layers": 2}):
+        s = reshard_run.run(str(path), train, {"tp": 2}, check=True, bucket_mib=1, timeout=60)
+        assert_exact(s)
+
+
+def test_buckets_bound_staging_memory(tmp_path):
+    # A 4 MB model in 1 MiB buckets: several buckets, and no rank stages more than its
+    # budget each way (a separate rank only sends or only receives; a colocated one may
+    # do both) plus the alignment of the packed slices.
+    cfg = json.load(open(config("llama")))
+    cfg.update(hidden_size=256, intermediate_size=1024, vocab_size=1000)
+    path = tmp_path / "four-mb.json"
+    path.write_text(json.dumps(cfg))
+    budget = 1 << 20
+    for colocated, ways in ((False, 1), (True, 2)):
+        s = reshard_run.run(str(path), {"tp": 2}, {"tp": 1, "replicas": 2}, colocated=colocated,
+                            check=True, bucket_mib=1, timeout=60)
+        assert_exact(s)
+        assert s["buckets"] >= 3
+        assert 0 < s["peak_staging_bytes"] <= ways * budget + 8 * s["plan"]["num_transfers"]
+
+
+# ---------------------------------------------------------------------------------
+# Wrong plans.
+
+def write_plan(tmp_path, family, train, infer, colocated=False, name="plan.json"):
+    path = str(tmp_path / name)
+    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config(family), train,
+                                  infer, colocated, 1, path)
+    with open(path) as f:
+        return path, json.load(f)
+
+
+def run_plan(family, train, infer, plan_path, colocated=False):
+    return reshard_run.run(config(family), train, infer, colocated=colocated, check=True,
+                           plan_path=plan_path, timeout=60)
+
+
+def test_shifted_slice_is_caught_by_the_check(tmp_path):
+    train, infer = {"tp": 2}, {"tp": 1, "replicas": 2}
+    path, plan = write_plan(tmp_path, "qwen3", train, infer)
+    model = lay.parse_config(open(config("qwen3")).read())
+    full = lay.full_tensors(model)
+    shards = {r: lay.megatron_shards(model, lay.Train(**train), r, full) for r in range(2)}
+    # The first matrix slice that can move down one row and stay inside its tensor.
+    for t in plan["transfers"]:
+        rows = shards[int(t["src_rank"])][t["src_param"]].shape[0]
+        if len(t["src_slice"]) == 2 and int(t["src_slice"][0]["end"]) < rows:
+            for key in ("begin", "end"):
+                t["src_slice"][0][key] = str(int(t["src_slice"][0][key]) + 1)
+            break
+    else:
+        pytest.fail("no slice to shift")
+    with open(path, "w") as f:
+        json.dump(plan, f)
+    s = run_plan("qwen3", train, infer, path)
+    assert "refused" not in s and not s["check"]["ok"]
+    assert s["check"]["mismatched_elements"] > 0
+    assert any(t["dst_param"] in p for p in s["check"]["problems"])
+
+
+def test_wrong_source_rank_is_caught_by_the_check(tmp_path):
+    train, infer = {"tp": 2}, {"tp": 2}
+    path, plan = write_plan(tmp_path, "llama", train, infer)
+    # TP rank 1 holds the same tensor names and shapes as TP rank 0, other contents.
+    t = next(t for t in plan["transfers"] if t["src_param"].endswith("linear_qkv.weight"))
+    t["src_rank"] = str(1 - int(t["src_rank"]))
+    with open(path, "w") as f:
+        json.dump(plan, f)
+    s = run_plan("llama", train, infer, path)
+    assert "refused" not in s and not s["check"]["ok"]
+    assert any("qkv_proj.weight" in p for p in s["check"]["problems"])
+
+
+@pytest.mark.parametrize("plan_layout,run_layout,field", [
+    # A plan for 3 ranks (TP 2 trainer) run by a 2-rank world.
+    (({"tp": 2}, {"tp": 1}), ({"tp": 1}, {"tp": 1}), "world_size"),
+    # Engine TP 1 (whole tensors) into engine TP 2 shards: slices do not fit.
+    (({"tp": 1}, {"tp": 1, "replicas": 2}), ({"tp": 1}, {"tp": 2}), "dst_slice"),
+    # Trainer TP 2 into a PP 2 trainer: rank 0 lacks the last layer.
+    (({"tp": 2}, {"tp": 1}), ({"pp": 2}, {"tp": 1}), "src_param"),
+])
+def test_mismatched_plan_is_refused_before_any_transfer(tmp_path, plan_layout, run_layout, field):
+    path, _ = write_plan(tmp_path, "llama", *plan_layout)
+    s = run_plan("llama", *run_layout, path)
+    assert not s["ok"] and "refused" in s, s
+    assert f": {field}" in s["refused"]
+    assert "buckets" not in s  # no rank started the transfers
+
+
+def test_shifted_slice_out_of_bounds_is_refused(tmp_path):
+    train, infer = {"tp": 2}, {"tp": 1}
+    path, plan = write_plan(tmp_path, "llama", train, infer)
+    # The last rows of lm_head moved past the 64-padded vocabulary (320 rows).
+    t = max((t for t in plan["transfers"] if t["dst_param"] == "lm_head.weight"),
+            key=lambda t: int(t["dst_slice"][0]["end"]))
+    for key in ("begin", "end"):
+        t["dst_slice"][0][key] = str(int(t["dst_slice"][0][key]) + 64)
+    with open(path, "w") as f:
+        json.dump(plan, f)
+    s = run_plan("llama", train, infer, path)
+    assert "refused" in s and "dst_slice[0]: [" in s["refused"] and "lm_head.weight" in s["refused"]
+
+
+def test_check_plan_names_the_field_without_a_world(tmp_path):
+    # check_plan() alone: a missing tensor, a wrong dtype (bytes), a slice outside.
+    path, plan = write_plan(tmp_path, "llama", {"tp": 1}, {"tp": 1})
+    part = executor.plan_from_json(plan, 0)
+    model = lay.parse_config(open(config("llama")).read())
+    sources = lay.megatron_shards(model, lay.Train(), 0, lay.full_tensors(model))
+    assert executor.check_plan(part, 2, sources, None) == []
+    broken = dict(sources)
+    del broken["decoder.final_layernorm.weight"]
+    broken["decoder.layers.0.mlp.linear_fc2.weight"] = torch.zeros(64, 64, dtype=torch.bfloat16)
+    broken["decoder.layers.1.mlp.linear_fc2.weight"] = torch.zeros(64, 128, dtype=torch.float32)
+    problems = executor.check_plan(part, 2, broken, None)
+    fields = sorted(field for _, field, _ in problems)
+    assert fields == ["bytes", "src_param", "src_slice[1]"], problems
+    assert executor.check_plan(part, 3, sources, None)[0][1] == "world_size"
+
+
+def test_fp8_plans_are_refused_before_any_transfer(tmp_path):
+    path = str(tmp_path / "fp8.json")
+    done = subprocess.run([os.environ["RLSCHED_BIN"], "reshard", "--model", config("llama"),
+                           "--train", "tp=1", "--infer", "tp=1", "--target-dtype", "fp8",
+                           "--plan-out", path], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    part = executor.load_plan(path, 0)
+    model = lay.parse_config(open(config("llama")).read())
+    sources = lay.megatron_shards(model, lay.Train(), 0, lay.full_tensors(model))
+    problems = executor.check_plan(part, 2, sources, None)
+    quantised = [t for t in part.transfers if t.quantize != executor.QUANTIZE_NONE]
+    assert quantised and len(problems) == len(quantised)
+    assert all(field == "quantize" for _, field, _ in problems), problems
+
+
+def test_command_line_json_summary():
+    env = dict(os.environ)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlsched.reshard_run", "--model", config("deepseek-v3"),
+         "--train", "tp=2,ep=2", "--infer", "tp=2,ep", "--plan-format", "binpb", "--check",
+         "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    s = json.loads(done.stdout)
+    assert s["ok"] and s["check"]["ok"] and s["ranks"] == 4
+    assert s["bytes_moved"] == s["plan"]["bytes_moved"] > 0 and s["seconds"] > 0
+    bad = subprocess.run([sys.executable, "-m", "rlsched.reshard_run", "--model",
+                          config("llama"), "--train", "tp=2,xp=1", "--infer", "tp=1"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "train: unknown key 'xp'" in bad.stderr
