@@ -72,6 +72,8 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
        args.samples_per_prompt.has_value()},
       {"--filter-all-equal", "orchestrator.filter_all_equal", args.filter_all_equal},
       {"--dispatch", "orchestrator.longest_first", !args.dispatch.empty()},
+      {"--max-generating-groups", "orchestrator.max_generating_groups",
+       args.max_generating_groups.has_value()},
       {"--engines", "engines", args.engines.has_value()},
       {"--engine-concurrency", "engine.max_concurrent", args.engine_concurrency.has_value()},
       {"--engine-tokens-per-second", "decode_speed", !args.engine_tokens_per_second.empty()},
@@ -707,6 +709,16 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       ->type_name("longest-first|arrival")
       ->check(CLI::IsMember({"longest-first", "arrival"}));
   command
+      ->add_option("--max-generating-groups", args.max_generating_groups,
+                   fmt::format("Groups generating at once at most, 0 for no limit: a group "
+                               "holds its place from its first sample's dispatch until all "
+                               "its samples are complete (verl's fully-async rollouter: 16 "
+                               "prompts per server). {}",
+                               RangeHelp(IntegerRangeText(0, kMaxSamplesPerStep),
+                                         fmt::format("{}", d.max_generating_groups))))
+      ->type_name("N")
+      ->check(IntegerIn(0, kMaxSamplesPerStep));
+  command
       ->add_option(
           "--seed", args.seed,
           fmt::format("Seed of the workload and the failures. {}",
@@ -900,6 +912,7 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   if (args.samples_per_prompt) o.set_samples_per_prompt(*args.samples_per_prompt);
   if (args.filter_all_equal) o.set_filter_all_equal(true);
   if (!args.dispatch.empty()) o.set_longest_first(args.dispatch == "longest-first");
+  if (args.max_generating_groups) o.set_max_generating_groups(*args.max_generating_groups);
   if (args.engines) config.set_engines(*args.engines);
   if (args.engine_concurrency)
     config.mutable_engine()->set_max_concurrent(*args.engine_concurrency);

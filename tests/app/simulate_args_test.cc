@@ -83,6 +83,7 @@ TEST(SimulateArgsTest, FlagsOverrideTheConfigFile) {
   args.engines = 7;
   args.partial_rollout = false;
   args.length_dist = "lognormal:5,1,1000";
+  args.max_generating_groups = 16;
   const v1::SimulateRequest request =
       MakeSimulateRequest(args,
                           R"({"engines": 3, "steps": 4, "orchestrator": {"partial_rollout": true},
@@ -92,6 +93,7 @@ TEST(SimulateArgsTest, FlagsOverrideTheConfigFile) {
   EXPECT_EQ(request.config().steps(), 4);
   EXPECT_FALSE(request.config().orchestrator().partial_rollout());
   EXPECT_TRUE(request.config().orchestrator().has_partial_rollout());
+  EXPECT_EQ(request.config().orchestrator().max_generating_groups(), 16);
   EXPECT_EQ(request.config().lengths().mu(), 5.0);
   EXPECT_EQ(request.config().lengths().lengths_size(), 0);
   EXPECT_FALSE(request.config().has_trace());

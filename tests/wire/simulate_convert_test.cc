@@ -105,6 +105,7 @@ TEST(SimulateConvertTest, RoundTripOfEveryField) {
   config.orchestrator.length_quantile = 0.75;
   config.orchestrator.initial_prediction = 333;
   config.orchestrator.longest_first = false;
+  config.orchestrator.max_generating_groups = 5;
   config.steps = 3;
   config.engines = 5;
   config.engine.max_concurrent = 17;
@@ -152,6 +153,7 @@ TEST(SimulateConvertTest, RoundTripOfEveryField) {
   EXPECT_FALSE(back.orchestrator.partial_rollout);
   EXPECT_TRUE(back.filter_all_equal);
   EXPECT_FALSE(back.orchestrator.longest_first);
+  EXPECT_EQ(back.orchestrator.max_generating_groups, 5);
   EXPECT_EQ(back.step.micro_batch.cost.quadratic(), 0.001);
   EXPECT_EQ(back.step.micro_batch.refine.max_iterations, 77);
   EXPECT_TRUE(back.step.keep_groups);
