@@ -321,6 +321,71 @@ def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Ten
 
 
 # ---------------------------------------------------------------------------------
+# The collectives.
+
+# Transfers of at least this many bytes move in a collective of their own, straight
+# from the source tensor and into the destination tensor where the slice is contiguous
+# there (no staging copy); smaller ones are packed per (source, destination set).
+DIRECT_MIN_BYTES = 1 << 20
+
+
+@dataclasses.dataclass
+class Collective:
+    """One collective of a bucket: the transfers of one (source, destination set) packed
+    into one buffer (`offsets`, `size` bytes), or one large transfer alone (`direct`)."""
+    bucket: int
+    src: int
+    dst_ranks: Tuple[int, ...]
+    transfers: List[Transfer]
+    offsets: List[int]
+    size: int
+    direct: bool
+
+    @property
+    def receivers(self) -> Tuple[int, ...]:
+        return tuple(d for d in self.dst_ranks if d != self.src)
+
+    @property
+    def members(self) -> Tuple[int, ...]:
+        return tuple(sorted({self.src, *self.dst_ranks}))
+
+    @property
+    def kind(self) -> str:
+        """'local' (the source copies to itself), 'p2p' (send/recv), 'broadcast'."""
+        n = len(self.receivers)
+        return "local" if n == 0 else "p2p" if n == 1 else "broadcast"
+
+
+def schedule(transfers: Iterable[Transfer],
+             direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES) -> List[List[Collective]]:
+    """The collectives of `transfers` (one rank's part, or the whole plan), bucket by
+    bucket, each bucket's in one global order (source, destinations, first transfer):
+    every rank that takes part in a collective finds it at the same place, so that
+    blocking or queued collectives never wait on each other in a cycle.
+    `direct_min_bytes` None: every transfer is packed."""
+    buckets: Dict[int, Dict[tuple, List[Transfer]]] = {}
+    for t in sorted(transfers, key=lambda t: t.index):
+        direct = (direct_min_bytes is not None and t.bytes >= direct_min_bytes
+                  and t.dst_ranks != (t.src_rank,))
+        key = (t.src_rank, t.dst_ranks, t.index if direct else -1)
+        buckets.setdefault(t.bucket, {}).setdefault(key, []).append(t)
+    out = []
+    for bucket in sorted(buckets):
+        cs = []
+        for key, ts in buckets[bucket].items():
+            offsets, size = [], 0
+            for t in ts:
+                size = _align(size)
+                offsets.append(size)
+                size += t.bytes
+            cs.append(Collective(bucket=bucket, src=key[0], dst_ranks=key[1], transfers=ts,
+                                 offsets=offsets, size=size, direct=key[2] >= 0))
+        cs.sort(key=lambda c: (c.src, c.dst_ranks, c.transfers[0].index))
+        out.append(cs)
+    return out
+
+
+# ---------------------------------------------------------------------------------
 # Execution.
 
 @dataclasses.dataclass
@@ -328,9 +393,11 @@ class ExecuteStats:
     rank: int
     buckets: int = 0  # buckets this rank took part in
     collectives: int = 0  # broadcasts and send/recv pairs this rank took part in
+    direct: int = 0  # of those, single large transfers (no packing)
     bytes_sent: int = 0  # over links, once per collective it sourced
     bytes_received: int = 0  # over links
     bytes_local: int = 0  # copied on the rank itself
+    bytes_staged: int = 0  # copied through staging buffers (packing and unpacking)
     peak_staging_bytes: int = 0  # the largest bucket's buffers on this rank
     groups: int = 0  # process groups made (world-wide count)
     check_seconds: float = 0.0  # checks and group creation
@@ -348,17 +415,17 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _dtype_for(element_bytes: int, dtype):
+def _bytes_of(view):
+    """A contiguous tensor's bytes as a flat uint8 tensor (no copy)."""
     import torch  # noqa: PLC0415
-    if element_bytes == 4:
-        return torch.float32
-    return dtype
+    return view.reshape(-1).view(torch.uint8)
 
 
 def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = None,
             destinations: Optional[Mapping[str, "torch.Tensor"]] = None,
             on_slice: Optional[Callable[[str, "torch.Tensor", Slice], None]] = None,
-            group=None, dtype=None, device=None) -> ExecuteStats:
+            group=None, dtype=None, device=None,
+            direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES) -> ExecuteStats:
     """Runs `plan` (this rank's part) on the initialised default process group.
 
     `sources`: this rank's Megatron-named local tensors (trainer ranks). `destinations`:
@@ -367,7 +434,9 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
     given. `dtype`: the element type of 2-byte slices handed to `on_slice` without a
     destination tensor (default bfloat16; 4-byte slices are float32). `device`: where
     staging buffers live (default: the sources' or destinations' device, else CPU; the
-    NCCL backend needs CUDA tensors).
+    NCCL backend needs CUDA tensors). `direct_min_bytes`: transfers at least this large
+    move alone and without staging where their slice is contiguous (None: pack all);
+    every rank must pass the same value.
 
     Every rank of the world must call it with the same plan file. Raises
     :class:`PlanMismatchError` on every rank, before any byte moves, when the plan does
@@ -396,9 +465,9 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
     # 1. Checks, and the member sets of the broadcasts this rank takes part in; every
     # rank learns every rank's findings (one collective, no tensor bytes yet).
     problems = check_plan(plan, world, sources, destinations)
-    my_groups = sorted({tuple(sorted({t.src_rank, *t.dst_ranks})) for t in plan.transfers
-                        if len(set(t.dst_ranks) - {t.src_rank}) >= 2})
-    gathered: List[Optional[Tuple[list, list]]] = [None] * world
+    buckets = schedule(plan.transfers, direct_min_bytes) if not problems else []
+    my_groups = sorted({c.members for cs in buckets for c in cs if c.kind == "broadcast"})
+    gathered: List[Optional[tuple]] = [None] * world
     dist.all_gather_object(gathered, (problems[:MAX_PROBLEMS], len(problems), my_groups))
     all_problems, total = [], 0
     for g in gathered:
@@ -417,73 +486,100 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
     stats.groups = len(member_sets)
     stats.check_seconds = time.perf_counter() - start
 
-    # 3. The buckets.
-    start = time.perf_counter()
-    by_bucket: Dict[int, Dict[Tuple[int, Tuple[int, ...]], List[Transfer]]] = {}
-    for t in plan.transfers:
-        by_bucket.setdefault(t.bucket, {}).setdefault((t.src_rank, t.dst_ranks), []).append(t)
+    def element_type(t: Transfer):
+        if destinations is not None:
+            return destinations[t.dst_param].dtype
+        return torch.float32 if t.bytes == 4 * t.elements else dtype
 
     def deliver(t: Transfer, data):
         """Hands a received (or locally held) slice to the destination."""
         if destinations is not None:
             view = _view(destinations[t.dst_param], t.dst_slice)
-            view.copy_(data.reshape(view.shape))
+            if data is not None:
+                view.copy_(data.reshape(view.shape))
             if on_slice is not None:
                 on_slice(t.dst_param, view, t.dst_slice)
         elif on_slice is not None:
             on_slice(t.dst_param, data.reshape(_slice_shape(t.dst_slice)), t.dst_slice)
 
-    for bucket in sorted(by_bucket):
-        stats.buckets += 1
-        pending = []  # (work, buffer, layout, receives)
-        staging = 0
-        for (src, dsts) in sorted(by_bucket[bucket]):
-            ts = by_bucket[bucket][(src, dsts)]
-            if dsts == (src,):  # local copies
-                for t in ts:
+    def start_collective(c: Collective):
+        """Packs (or points at) the bytes and starts the collective; returns (work,
+        buffer, staged bytes, whether the buffer must be unpacked here)."""
+        receives = rank in c.receivers
+        buffer, staged, unpack = None, 0, receives
+        if c.direct:
+            t = c.transfers[0]
+            if rank == c.src:
+                view = _view(sources[t.src_param], t.src_slice)
+                if view.is_contiguous():
+                    buffer = _bytes_of(view)
+            elif destinations is not None:
+                view = _view(destinations[t.dst_param], t.dst_slice)
+                if view.is_contiguous():
+                    buffer, unpack = _bytes_of(view), False
+        if buffer is None:
+            buffer = torch.empty(c.size, dtype=torch.uint8, device=device)
+            staged = c.size
+            if rank == c.src:
+                for t, offset in zip(c.transfers, c.offsets):
+                    src = sources[t.src_param]
+                    part = buffer[offset:offset + t.bytes].view(src.dtype)
+                    part.view(_slice_shape(t.src_slice)).copy_(_view(src, t.src_slice))
+                stats.bytes_staged += c.size
+        if rank == c.src:
+            stats.bytes_sent += sum(t.bytes for t in c.transfers)
+            if rank in c.dst_ranks:  # a colocated sender that also receives: copy locally
+                for t in c.transfers:
+                    deliver(t, _view(sources[t.src_param], t.src_slice))
+                    stats.bytes_local += t.bytes
+        if c.kind == "p2p":  # tagged by the collective's first transfer: unique in the plan
+            tag = c.transfers[0].index
+            if rank == c.src:
+                work = dist.isend(buffer, dst=c.receivers[0], tag=tag)
+            else:
+                work = dist.irecv(buffer, src=c.src, tag=tag)
+        else:
+            work = dist.broadcast(buffer, src=c.src, group=groups[c.members], async_op=True)
+        return work, buffer, staged, unpack, receives
+
+    def finish_collective(c: Collective, buffer, unpack: bool, receives: bool):
+        if not receives:
+            return
+        for t, offset in zip(c.transfers, c.offsets):
+            if unpack:
+                deliver(t, buffer[offset:offset + t.bytes].view(element_type(t)))
+                stats.bytes_staged += t.bytes
+            else:
+                deliver(t, None)
+            stats.bytes_received += t.bytes
+
+    def run_bucket(cs: List[Collective]):
+        pending, staging = [], 0
+        # Collectives start as soon as they are packed, so that packing the next one
+        # overlaps the transfer of the previous ones; unpacking likewise overlaps the
+        # transfers still running.
+        for c in cs:
+            if rank != c.src and rank not in c.dst_ranks:
+                continue
+            if c.kind == "local":
+                for t in c.transfers:
                     deliver(t, _view(sources[t.src_param], t.src_slice))
                     stats.bytes_local += t.bytes
                 continue
-            others = [d for d in dsts if d != src]
-            receives = rank in others
-            # Layout of the packed buffer: aligned offsets, element type per transfer.
-            layout, size = [], 0
-            for t in ts:
-                element = t.bytes // max(t.elements, 1)
-                layout.append((t, size, element))
-                size = _align(size + t.bytes)
-            buffer = torch.empty(size, dtype=torch.uint8, device=device)
-            staging += size
-            if rank == src:
-                for t, offset, element in layout:
-                    part = buffer[offset:offset + t.bytes].view(sources[t.src_param].dtype)
-                    part.view(_slice_shape(t.src_slice)).copy_(_view(sources[t.src_param],
-                                                                     t.src_slice))
-                    if rank in dsts:  # a colocated sender that also receives: copy locally
-                        deliver(t, _view(sources[t.src_param], t.src_slice))
-                        stats.bytes_local += t.bytes
-                stats.bytes_sent += sum(t.bytes for t in ts)
-            if len(others) == 1:
-                if rank == src:
-                    work = dist.isend(buffer, dst=others[0], tag=bucket)
-                else:
-                    work = dist.irecv(buffer, src=src, tag=bucket)
-            else:
-                members = tuple(sorted({src, *others}))
-                work = dist.broadcast(buffer, src=src, group=groups[members], async_op=True)
+            work, buffer, staged, unpack, receives = start_collective(c)
+            staging += staged
             stats.collectives += 1
-            pending.append((work, buffer, layout, receives))
+            stats.direct += c.direct
+            pending.append((c, work, buffer, unpack, receives))
         stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
-        for work, buffer, layout, receives in pending:
+        for c, work, buffer, unpack, receives in pending:
             work.wait()
-            if not receives:
-                continue
-            for t, offset, element in layout:
-                data = buffer[offset:offset + t.bytes].view(_dtype_for(element, dtype)
-                                                            if destinations is None else
-                                                            destinations[t.dst_param].dtype)
-                deliver(t, data)
-                stats.bytes_received += t.bytes
-        pending.clear()
+            finish_collective(c, buffer, unpack, receives)
+
+    # 3. The buckets; each bucket's buffers are freed before the next one starts.
+    start = time.perf_counter()
+    for cs in buckets:
+        stats.buckets += 1
+        run_bucket(cs)
     stats.transfer_seconds = time.perf_counter() - start
     return stats

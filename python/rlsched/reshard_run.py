@@ -125,7 +125,8 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
 
         plan = executor.load_plan(cfg["plan"], rank)
         stats = executor.execute(plan, sources=sources, destinations=destinations,
-                                 on_slice=on_slice, dtype=model.dtype)
+                                 on_slice=on_slice, dtype=model.dtype,
+                                 direct_min_bytes=cfg["direct_min_bytes"])
         out["stats"] = stats.as_dict()
         if cfg["check"] and reference is not None:
             got = destinations if destinations is not None else target
@@ -155,9 +156,11 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         colocated: bool = False, backend: str = "gloo", check: bool = False,
         plan_path: Optional[str] = None, bucket_mib: Optional[int] = None,
         plan_format: str = "json", rlsched_bin: Optional[str] = None,
-        deliver: str = "tensors", timeout: float = 120.0) -> dict:
+        deliver: str = "tensors", timeout: float = 120.0,
+        direct_min_bytes: Optional[int] = None) -> dict:
     """Plans (unless `plan_path`), launches the world, executes, checks; returns the
-    summary (see the module's docstring)."""
+    summary (see the module's docstring). `direct_min_bytes`: the executor's threshold
+    for moving a transfer alone (None: its default, 0: pack every transfer)."""
     from rlsched import executor  # noqa: PLC0415
     from rlsched import executor_layouts as lay  # noqa: PLC0415
 
@@ -199,7 +202,9 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
             summary["plan"]["busiest_link"] = planned.get("busiest_link")
         cfg = {"backend": backend, "store": os.path.join(workdir, "store"), "timeout": timeout,
                "model": model, "train": t, "infer": i, "full": lay.full_tensors(model),
-               "colocated": colocated, "plan": plan_path, "check": check, "deliver": deliver}
+               "colocated": colocated, "plan": plan_path, "check": check, "deliver": deliver,
+               "direct_min_bytes": (executor.DIRECT_MIN_BYTES if direct_min_bytes is None
+                                    else direct_min_bytes or None)}
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         ctx = multiprocessing.get_context("fork")
         results = ctx.Queue()
@@ -242,6 +247,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
     summary.update({
         "buckets": max(s["buckets"] for s in stats),
         "collectives": sum(s["collectives"] for s in stats if s["bytes_sent"]),
+        "direct_collectives": sum(s["direct"] for s in stats if s["bytes_sent"]),
+        "bytes_staged": sum(s["bytes_staged"] for s in stats),
         "process_groups": stats[0]["groups"],
         "bytes_moved": sum(s["bytes_sent"] for s in stats),
         "bytes_received": sum(s["bytes_received"] for s in stats),
@@ -286,6 +293,9 @@ def main(argv=None) -> int:
                         help="the plan file rlsched writes (binpb: each rank reads its own part)")
     parser.add_argument("--deliver", default="tensors", choices=("tensors", "callback"),
                         help="engine ranks receive into preallocated tensors or through a callback")
+    parser.add_argument("--direct-min-kib", type=int, default=None,
+                        help="transfers at least this large move in a collective of their own, "
+                             "unstaged where contiguous (default 1024; 0: pack every transfer)")
     parser.add_argument("--rlsched", default=None, help="the rlsched program (else $RLSCHED_BIN)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a collective may wait (the process group's timeout)")
@@ -300,7 +310,9 @@ def main(argv=None) -> int:
         summary = run(args.model, train, infer, colocated=args.colocated, backend=args.backend,
                       check=args.check, plan_path=args.plan, bucket_mib=args.bucket_mib,
                       plan_format=args.plan_format, rlsched_bin=args.rlsched,
-                      deliver=args.deliver, timeout=args.timeout)
+                      deliver=args.deliver, timeout=args.timeout,
+                      direct_min_bytes=(None if args.direct_min_kib is None
+                                        else args.direct_min_kib << 10))
     except (ValueError, OSError) as error:
         print(f"reshard_run: {error}", file=sys.stderr)
         return 2

@@ -72,11 +72,17 @@ WORLDS = [
 ]
 
 
-@pytest.mark.parametrize("family,train,infer,colocated", WORLDS,
-                         ids=[f"{f}-{t}-{i}-{'coloc' if c else 'sep'}".replace(" ", "")
-                              for f, t, i, c in WORLDS])
-def test_byte_exact(family, train, infer, colocated):
-    assert_exact(run_checked(family, train, infer, colocated))
+# Every other world moves each transfer alone (straight from and into the tensors where
+# a slice is contiguous, through a staging buffer where not); the others pack them per
+# (source, destination set), as transfers below the 1 MiB default threshold are.
+@pytest.mark.parametrize("family,train,infer,colocated,direct",
+                         [w + (k % 2 == 1,) for k, w in enumerate(WORLDS)],
+                         ids=[f"{f}-{t}-{i}-{'coloc' if c else 'sep'}-{'direct' if k % 2 else 'packed'}"
+                              .replace(" ", "") for k, (f, t, i, c) in enumerate(WORLDS)])
+def test_byte_exact(family, train, infer, colocated, direct):
+    s = run_checked(family, train, infer, colocated, direct_min_bytes=1 if direct else 0)
+    assert_exact(s)
+    assert (s["direct_collectives"] == s["collectives"]) if direct else s["direct_collectives"] == 0
 
 
 def test_round_robin_experts_binary_plan_and_callback():

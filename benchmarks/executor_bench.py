@@ -1,0 +1,271 @@
+"""The weight-sync executor (python/rlsched/executor.py) against plain broadcasts of the
+same bytes, on one machine: one forked process per rank, torch.distributed with gloo on
+loopback.
+
+    PYTHONPATH=python:build/python RLSCHED_BIN=build/rlsched /usr/bin/python3 \\
+        benchmarks/executor_bench.py [--model config.json] [--train tp=2,pp=2] \\
+        [--infer tp=2,replicas=2] [--colocated] [--bucket-mib 64] [--repeat 3] [--json]
+
+Default world: 8 ranks, a Llama-shaped model of about 190 M parameters (hidden 1024,
+8 layers, FFN 4096, 32,000 tokens; 380 MB in bf16) from Megatron TP 2 x PP 2 (4 ranks) to
+2 vLLM replicas of TP 2 (4 other ranks), 64 MiB buckets.
+
+Measured, each the best of REPEAT runs and the slowest rank's time:
+- executor: `execute()`'s buckets (packing, the collectives, unpacking into the
+  destination tensors); its checks and process-group set-up are reported apart;
+- plain: the same collectives (per bucket, one per source and destination set, the
+  same sizes, groups and order, issued asynchronously then waited for) on buffers
+  allocated once, with no packing or unpacking: what the transport alone costs;
+- the ratio executor / plain (the target is <= 1.5);
+- peak staging bytes per rank (the executor's own count) and the growth of the rank's
+  peak resident memory during `execute()` (VmHWM, reset before each run, minus VmRSS
+  at the start), against the bucket budget;
+- the loopback bandwidth of one 64 MiB send/recv, and the plan's estimate at that
+  bandwidth (the plan's links all intra-node: estimate x 400 GB/s / measured), so that
+  the planner's cost model can be compared with a real transport.
+Every run's engine tensors are checked against the vLLM layout built from the full
+tensors; a difference makes the exit status 1.
+"""
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import time
+
+_DEFAULT_MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                  "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8,
+                  "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000,
+                  "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def _status_kib(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak_rss():
+    """Resets the process's peak resident size (Linux: 5 to clear_refs) and returns the
+    resident size now, in KiB."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_kib("VmRSS")
+
+
+def _rank_main(rank, world, cfg, results):
+    import torch
+    import torch.distributed as dist
+
+    from rlsched import executor
+    from rlsched import executor_layouts as lay
+
+    torch.set_num_threads(1)
+    out = {"rank": rank}
+    try:
+        dist.init_process_group("gloo", store=dist.FileStore(cfg["store"], world), rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=300))
+        model, train, infer, full = cfg["model"], cfg["train"], cfg["infer"], cfg["full"]
+        T, E = train.world, infer.tp * infer.replicas
+        sources = lay.megatron_shards(model, train, rank, full) if rank < T else {}
+        engine = rank if cfg["colocated"] else rank - T
+        reference = destinations = None
+        if 0 <= engine < E:
+            reference = lay.vllm_shards(model, infer, engine % infer.tp, full)
+            destinations = {k: torch.zeros_like(v) for k, v in reference.items()}
+            for v in destinations.values():
+                v.fill_(0)  # touch the pages: ru_maxrss should count staging alone
+        plan = executor.load_plan(cfg["plan"], rank)
+
+        def slowest(seconds):
+            t = torch.tensor([seconds], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return float(t[0])
+
+        # The loopback link: one 64 MiB send from rank 0 to rank 1.
+        link = torch.empty(64 << 20, dtype=torch.uint8)
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(link, dst=1)
+        elif rank == 1:
+            dist.recv(link, src=0)
+        link_seconds = slowest(time.perf_counter() - start if rank in (0, 1) else 0.0)
+        del link
+
+        runs, setups, staging, rss_growth = [], [], 0, 0
+        for _ in range(cfg["repeat"]):
+            if destinations is not None:
+                for v in destinations.values():
+                    v.zero_()
+            dist.barrier()
+            before = _reset_peak_rss()
+            stats = executor.execute(plan, sources=sources, destinations=destinations,
+                                     dtype=model.dtype, direct_min_bytes=cfg["direct_min_bytes"])
+            rss_growth = max(rss_growth, _status_kib("VmHWM") - before)
+            runs.append(slowest(stats.transfer_seconds))
+            setups.append(slowest(stats.check_seconds))
+            staging = max(staging, stats.peak_staging_bytes)
+        if reference is not None:
+            out["mismatched"] = sum(int((lay.bits(destinations[k]) != lay.bits(v)).sum())
+                                    for k, v in reference.items())
+
+        # Plain broadcasts: the same collectives (sizes, groups, order) on buffers
+        # allocated once, nothing packed or unpacked.
+        buckets = [[c for c in cs if c.kind != "local" and (rank == c.src or rank in c.dst_ranks)]
+                   for cs in executor.schedule(plan.transfers, cfg["direct_min_bytes"])]
+        every = [None] * world
+        dist.all_gather_object(every, sorted({c.members for cs in buckets for c in cs
+                                              if c.kind == "broadcast"}))
+        groups = {}
+        for members in sorted({tuple(m) for g in every for m in g}):
+            pg = dist.new_group(list(members))
+            if rank in members:
+                groups[members] = pg
+        buffers = [[torch.empty(c.size, dtype=torch.uint8) for c in cs] for cs in buckets]
+        plain = []
+        for _ in range(cfg["repeat"]):
+            dist.barrier()
+            start = time.perf_counter()
+            for cs, bufs in zip(buckets, buffers):
+                works = []
+                for c, buf in zip(cs, bufs):
+                    if c.kind == "p2p":
+                        tag = c.transfers[0].index
+                        works.append(dist.isend(buf, dst=c.receivers[0], tag=tag) if rank == c.src
+                                     else dist.irecv(buf, src=c.src, tag=tag))
+                    else:
+                        works.append(dist.broadcast(buf, src=c.src, group=groups[c.members],
+                                                    async_op=True))
+                for w in works:
+                    w.wait()
+            plain.append(slowest(time.perf_counter() - start))
+        collectives = sum(len(cs) for cs in buckets)
+        out.update(executor_seconds=min(runs), setup_seconds=min(setups), plain_seconds=min(plain),
+                   staging=staging, rss_growth_bytes=rss_growth * 1024,
+                   link_seconds=link_seconds, collectives=collectives, direct=stats.direct,
+                   staged=stats.bytes_staged)
+    except Exception as error:  # noqa: BLE001 - reported to the parent
+        import traceback
+        out["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}"
+    finally:
+        results.put(out)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--train", default="tp=2,pp=2")
+    parser.add_argument("--infer", default="tp=2,replicas=2")
+    parser.add_argument("--colocated", action="store_true")
+    parser.add_argument("--bucket-mib", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--direct-min-kib", type=int, default=1024,
+                        help="transfers at least this large move alone, unstaged where "
+                             "contiguous (0: pack every transfer)")
+    parser.add_argument("--rlsched", default=os.environ.get("RLSCHED_BIN", "build/rlsched"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from rlsched import reshard_run
+    from rlsched import executor_layouts as lay
+
+    workdir = tempfile.mkdtemp(prefix="rlsched-executor-bench-")
+    try:
+        model_path = args.model
+        if model_path is None:
+            model_path = os.path.join(workdir, "config.json")
+            with open(model_path, "w") as f:
+                json.dump(_DEFAULT_MODEL, f)
+        train = reshard_run.parse_layout(args.train, reshard_run._TRAIN_KEYS, field="train")
+        infer = reshard_run.parse_layout(args.infer, ("tp", "replicas"), flags=("ep",),
+                                         field="infer")
+        plan_path = os.path.join(workdir, "plan.binpb")
+        planned = reshard_run.plan_with_rlsched(args.rlsched, model_path, train, infer,
+                                                args.colocated, args.bucket_mib, plan_path)
+        with open(model_path) as f:
+            model = lay.parse_config(f.read())
+        t = lay.Train(**train)
+        i = lay.Infer(tp=infer.get("tp", 1), replicas=infer.get("replicas", 1),
+                      expert_parallel=bool(infer.get("ep", False)))
+        T, E = t.world, i.tp * i.replicas
+        world = max(T, E) if args.colocated else T + E
+        cfg = {"store": os.path.join(workdir, "store"), "model": model, "train": t, "infer": i,
+               "full": lay.full_tensors(model), "colocated": args.colocated, "plan": plan_path,
+               "repeat": args.repeat,
+               "direct_min_bytes": args.direct_min_kib << 10 if args.direct_min_kib else None}
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_rank_main, args=(r, world, cfg, results), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        outs = []
+        while len(outs) < world:
+            try:
+                outs.append(results.get(timeout=5))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("a rank died")
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    errors = [o["error"] for o in outs if "error" in o]
+    if errors:
+        print(errors[0], file=sys.stderr)
+        return 1
+    o0 = outs[0]
+    budget = args.bucket_mib << 20
+    link_gbps = (64 << 20) / o0["link_seconds"] / 1e9
+    estimate = float(planned["estimate_seconds"])
+    bytes_moved = int(planned["bytes_moved"])
+    mismatched = sum(o.get("mismatched", 0) for o in outs)
+    r = {
+        "ranks": world, "model_bytes": sum(v.numel() * v.element_size()
+                                           for v in cfg["full"].values()),
+        "bytes_moved": bytes_moved, "buckets": int(planned["num_buckets"]),
+        "collectives": max(o["collectives"] for o in outs),
+        "direct_collectives": max(o["direct"] for o in outs),
+        "bytes_staged": max(o["staged"] for o in outs),
+        "executor_seconds": o0["executor_seconds"], "plain_seconds": o0["plain_seconds"],
+        "ratio": o0["executor_seconds"] / o0["plain_seconds"],
+        "setup_seconds": o0["setup_seconds"],
+        "bucket_budget_bytes": budget,
+        "peak_staging_bytes": max(o["staging"] for o in outs),
+        "peak_rss_growth_bytes": max(o["rss_growth_bytes"] for o in outs),
+        "loopback_gb_per_s": link_gbps,
+        "plan_estimate_seconds": estimate,
+        "plan_estimate_at_loopback_seconds": estimate * 400.0 / link_gbps,
+        "check_ok": mismatched == 0,
+    }
+    if args.json:
+        print(json.dumps(r, sort_keys=True))
+    else:
+        print(f"world        {world} ranks, {r['model_bytes'] / 1e6:.0f} MB model, "
+              f"{bytes_moved / 1e6:.0f} MB moved in {r['buckets']} buckets, "
+              f"{r['collectives']} collectives on the busiest rank")
+        print(f"executor     {r['executor_seconds']:.3f} s   plain broadcasts "
+              f"{r['plain_seconds']:.3f} s   ratio {r['ratio']:.2f}x   (set-up "
+              f"{r['setup_seconds']:.3f} s apart)")
+        print(f"memory       peak staging {r['peak_staging_bytes'] / 2**20:.1f} MiB, peak RSS "
+              f"growth {r['peak_rss_growth_bytes'] / 2**20:.1f} MiB per rank; bucket budget "
+              f"{budget / 2**20:.0f} MiB")
+        print(f"plan         estimate {estimate * 1e3:.3f} ms at 400 GB/s; loopback "
+              f"{link_gbps:.2f} GB/s -> {r['plan_estimate_at_loopback_seconds']:.3f} s")
+        print(f"check        {'ok' if r['check_ok'] else 'FAILED'}")
+    return 0 if r["check_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
