@@ -1,44 +1,144 @@
 #include <algorithm>
 #include <bit>
+#include <cstdint>
+#include <memory>
 #include <numeric>
 #include <vector>
 
 #include "internal.h"
 
 namespace rlsched::balance::internal {
+namespace {
 
-std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights,
-                                        std::vector<std::int64_t>* sorted) {
+// Below this many items a comparison sort wins over the cost of the digit counters.
+constexpr std::size_t kComparisonSortBelow = 512;
+
+// The widest digit of a pass (2^11 counters: they stay in the L1 cache).
+constexpr int kMaxDigitBits = 11;
+
+std::vector<std::int32_t> ComparisonSort(std::span<const std::int64_t> weights,
+                                         std::vector<std::int64_t>* sorted) {
   const std::size_t n = weights.size();
   std::vector<std::int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  if (n < 512) {  // a comparison sort wins below the cost of the digit counters
-    std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
-      const std::int64_t wa = weights[static_cast<std::size_t>(a)];
-      const std::int64_t wb = weights[static_cast<std::size_t>(b)];
-      return wa != wb ? wa > wb : a < b;
-    });
+  std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    const std::int64_t wa = weights[static_cast<std::size_t>(a)];
+    const std::int64_t wb = weights[static_cast<std::size_t>(b)];
+    return wa != wb ? wa > wb : a < b;
+  });
+  if (sorted != nullptr) {
+    sorted->resize(n);
+    for (std::size_t s = 0; s < n; ++s) {
+      (*sorted)[s] = weights[static_cast<std::size_t>(order[s])];
+    }
+  }
+  return order;
+}
+
+// The weights span less than 2^32 (max − min < 2^32): each item is one 64-bit word,
+// key · 2^32 + index with key = max − weight, sorted by its key bits alone. Ascending
+// keys give descending weights; each pass is stable and the words start in index
+// order, so equal weights keep their index order. The digits of all passes are
+// counted in one read of the weights; the first pass reads the weights, the last
+// writes the order (and the sorted weights) directly.
+std::vector<std::int32_t> NarrowRadixSort(std::span<const std::int64_t> weights, std::int64_t max,
+                                          std::uint64_t range, std::vector<std::int64_t>* sorted) {
+  const std::size_t n = weights.size();
+  const int bits = std::max(1, static_cast<int>(std::bit_width(range)));
+  const int passes = (bits + kMaxDigitBits - 1) / kMaxDigitBits;
+  const int digit_bits = (bits + passes - 1) / passes;  // balanced digits: fewer counters
+  const std::size_t buckets = std::size_t{1} << digit_bits;
+  const std::uint64_t mask = buckets - 1;
+  std::vector<std::uint32_t> counts(static_cast<std::size_t>(passes) * buckets, 0);
+  for (const std::int64_t w : weights) {
+    const std::uint64_t key = static_cast<std::uint64_t>(max - w);
+    for (int p = 0; p < passes; ++p) {
+      ++counts[static_cast<std::size_t>(p) * buckets + ((key >> (p * digit_bits)) & mask)];
+    }
+  }
+  for (int p = 0; p < passes; ++p) {
+    std::uint32_t total = 0;
+    for (std::size_t d = 0; d < buckets; ++d) {
+      std::uint32_t& count = counts[static_cast<std::size_t>(p) * buckets + d];
+      const std::uint32_t c = count;
+      count = total;
+      total += c;
+    }
+  }
+  std::vector<std::int32_t> order(n);
+  if (sorted != nullptr) sorted->resize(n);
+  if (passes == 1) {
+    std::uint32_t* const next = counts.data();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t slot = next[static_cast<std::uint64_t>(max - weights[i]) & mask]++;
+      order[slot] = static_cast<std::int32_t>(i);
+    }
     if (sorted != nullptr) {
-      sorted->resize(n);
       for (std::size_t s = 0; s < n; ++s) {
         (*sorted)[s] = weights[static_cast<std::size_t>(order[s])];
       }
     }
     return order;
   }
-  // Ascending keys max - w give descending weights; each pass is stable, so equal
-  // weights keep their index order.
+  // Uninitialised: every word is written before it is read.
+  std::unique_ptr<std::uint64_t[]> words(new std::uint64_t[n]);
+  std::unique_ptr<std::uint64_t[]> spare(passes > 2 ? new std::uint64_t[n] : nullptr);
+  {
+    std::uint32_t* const next = counts.data();
+    std::uint64_t* const out = words.get();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t key = static_cast<std::uint64_t>(max - weights[i]);
+      out[next[key & mask]++] = key << 32 | i;
+    }
+  }
+  for (int p = 1; p + 1 < passes; ++p) {
+    std::uint32_t* const next = counts.data() + static_cast<std::size_t>(p) * buckets;
+    const int shift = 32 + p * digit_bits;
+    const std::uint64_t* const in = words.get();
+    std::uint64_t* const out = spare.get();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t word = in[i];
+      out[next[(word >> shift) & mask]++] = word;
+    }
+    words.swap(spare);
+  }
+  std::uint32_t* const next = counts.data() + static_cast<std::size_t>(passes - 1) * buckets;
+  const int shift = 32 + (passes - 1) * digit_bits;
+  const std::uint64_t* const in = words.get();
+  if (sorted != nullptr) {
+    std::int64_t* const out = sorted->data();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t word = in[i];
+      const std::uint32_t slot = next[(word >> shift) & mask]++;
+      order[slot] = static_cast<std::int32_t>(static_cast<std::uint32_t>(word));
+      out[slot] = max - static_cast<std::int64_t>(word >> 32);
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t word = in[i];
+      order[next[(word >> shift) & mask]++] =
+          static_cast<std::int32_t>(static_cast<std::uint32_t>(word));
+    }
+  }
+  return order;
+}
+
+// Any weights: 64-bit keys max − weight and the indices in arrays of their own.
+std::vector<std::int32_t> WideRadixSort(std::span<const std::int64_t> weights,
+                                        std::vector<std::int64_t>* sorted) {
+  const std::size_t n = weights.size();
+  std::vector<std::int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
   const std::uint64_t max =
       static_cast<std::uint64_t>(*std::max_element(weights.begin(), weights.end()));
   std::vector<std::uint64_t> keys(n);
   for (std::size_t i = 0; i < n; ++i) keys[i] = max - static_cast<std::uint64_t>(weights[i]);
-  constexpr int kDigitBits = 11;
-  constexpr std::size_t kBuckets = std::size_t{1} << kDigitBits;
+  constexpr std::size_t kBuckets = std::size_t{1} << kMaxDigitBits;
   const int bits = std::max(1, static_cast<int>(std::bit_width(max)));
   std::vector<std::uint64_t> key_tmp(n);
   std::vector<std::int32_t> order_tmp(n);
   std::vector<std::size_t> counts(kBuckets);
-  for (int shift = 0; shift < bits; shift += kDigitBits) {
+  for (int shift = 0; shift < bits; shift += kMaxDigitBits) {
     std::fill(counts.begin(), counts.end(), 0);
     for (const std::uint64_t key : keys) ++counts[(key >> shift) & (kBuckets - 1)];
     std::size_t total = 0;
@@ -62,6 +162,17 @@ std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights,
     }
   }
   return order;
+}
+
+}  // namespace
+
+std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights,
+                                        std::vector<std::int64_t>* sorted) {
+  if (weights.size() < kComparisonSortBelow) return ComparisonSort(weights, sorted);
+  const auto [min, max] = std::minmax_element(weights.begin(), weights.end());
+  const std::uint64_t range = static_cast<std::uint64_t>(*max) - static_cast<std::uint64_t>(*min);
+  if (range >> 32 == 0) return NarrowRadixSort(weights, *max, range, sorted);
+  return WideRadixSort(weights, sorted);
 }
 
 }  // namespace rlsched::balance::internal

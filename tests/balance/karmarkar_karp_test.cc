@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "internal.h"
 #include "karmarkar_karp_reference.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/workload.h"
@@ -147,6 +149,54 @@ TEST(KarmarkarKarpTest, SameAsTheReferenceWhenSmallTuplesMeetLargeOnes) {
     }
     ExpectSameAsReference({"spread out", spread_out, k}, "spread out k " + std::to_string(k));
     ExpectSameAsReference({"few values", few_values, k}, "few values k " + std::to_string(k));
+  }
+}
+
+// HeaviestFirst (the radix order) against a stable comparison sort, on each of its
+// paths: the comparison sort (n < 512), one, two and three narrow passes (weights
+// spanning up to 11, 22 and 32 bits, offset or not), and 64-bit keys (a span of 2^32
+// or more); with ties, and with the sorted weights asked for or not.
+TEST(HeaviestFirstTest, SameAsAStableComparisonSort) {
+  struct Case {
+    std::int64_t n;
+    std::int64_t lo;
+    std::int64_t hi;
+  };
+  const Case cases[] = {
+      {300, 0, 1000},
+      {5000, 0, 0},
+      {5000, 0, 7},
+      {5000, 100, (1 << 11) + 99},
+      {5000, 0, (1 << 11)},
+      {5000, 0, 1 << 16},
+      {5000, 1'000'000'000'000, 1'000'000'000'000 + (1 << 22) - 1},
+      {5000, 0, 1 << 22},
+      {5000, 0, (std::int64_t{1} << 32) - 1},
+      {5000, 7, (std::int64_t{1} << 32) + 6},
+      {5000, 0, std::int64_t{1} << 32},
+      {5000, 0, std::int64_t{1} << 40},
+      {5000, 0, std::numeric_limits<std::int64_t>::max() / 8000},
+  };
+  workload::Rng rng(17);
+  for (const Case& c : cases) {
+    std::vector<std::int64_t> weights;
+    for (std::int64_t i = 0; i < c.n; ++i) {
+      // Every fourth weight repeats an earlier one: ties by index.
+      weights.push_back(i % 4 == 3 ? weights[static_cast<std::size_t>(rng.UniformInt(0, i - 1))]
+                                   : rng.UniformInt(c.lo, c.hi));
+    }
+    weights[0] = c.lo;  // the whole span
+    weights[1] = c.hi;
+    const std::string where = "n " + std::to_string(c.n) + " in [" + std::to_string(c.lo) + ", " +
+                              std::to_string(c.hi) + "]";
+    const std::vector<std::int32_t> expected = testing::reference_kk::HeaviestFirst(weights);
+    std::vector<std::int64_t> sorted;
+    EXPECT_EQ(internal::HeaviestFirst(weights, &sorted), expected) << where;
+    ASSERT_EQ(sorted.size(), expected.size()) << where;
+    for (std::size_t s = 0; s < expected.size(); ++s) {
+      ASSERT_EQ(sorted[s], weights[static_cast<std::size_t>(expected[s])]) << where << " at " << s;
+    }
+    EXPECT_EQ(internal::HeaviestFirst(weights), expected) << where;
   }
 }
 
