@@ -421,12 +421,189 @@ def _bytes_of(view):
     return view.reshape(-1).view(torch.uint8)
 
 
+class Executor:
+    """One rank's side of a plan, set up once and run at every weight sync.
+
+    Construction is collective (every rank of the world constructs its Executor with the
+    same plan file, in the same order as its other collectives): it checks the plan
+    against this world and these tensors, exchanges the findings (raising
+    :class:`PlanMismatchError` on every rank when any rank found a problem, before any
+    byte moves), and makes the process groups of the plan's broadcasts (one per
+    distinct member set, in the same order everywhere). :meth:`run` then moves the bytes
+    from `sources` (read at run time: the trainer updates them in place) into
+    `destinations` / `on_slice`; it allocates one staging buffer of
+    :attr:`staging_bytes` (the largest bucket's packed slices on this rank) for the
+    run and frees it after.
+
+    Arguments as :func:`execute`.
+    """
+
+    def __init__(self, plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = None,
+                 destinations: Optional[Mapping[str, "torch.Tensor"]] = None,
+                 on_slice: Optional[Callable[[str, "torch.Tensor", Slice], None]] = None,
+                 dtype=None, device=None,
+                 direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES):
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        start = time.perf_counter()
+        self.plan, self.destinations, self.on_slice = plan, destinations, on_slice
+        self.sources = sources or {}
+        self.dtype = dtype or torch.bfloat16
+        if device is None:
+            any_tensor = next(iter(self.sources.values()), None)
+            if any_tensor is None and destinations:
+                any_tensor = next(iter(destinations.values()), None)
+            device = any_tensor.device if any_tensor is not None else torch.device("cpu")
+        self.device = device
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        if self.rank != plan.rank:
+            raise ValueError(f"rank: the plan part was read for rank {plan.rank}, this process "
+                             f"is rank {self.rank}")
+
+        # Checks, and the member sets of the broadcasts this rank takes part in; every
+        # rank learns every rank's findings (one collective, no tensor bytes yet).
+        problems = check_plan(plan, world, self.sources, destinations)
+        self.buckets = ([[c for c in cs if self.rank == c.src or self.rank in c.dst_ranks]
+                         for cs in schedule(plan.transfers, direct_min_bytes)]
+                        if not problems else [])
+        my_groups = sorted({c.members for cs in self.buckets for c in cs
+                            if c.kind == "broadcast"})
+        gathered: List[Optional[tuple]] = [None] * world
+        dist.all_gather_object(gathered, (problems[:MAX_PROBLEMS], len(problems), my_groups))
+        all_problems, total = [], 0
+        for g in gathered:
+            all_problems.extend(g[0])
+            total += g[1]
+        if total:
+            raise PlanMismatchError(all_problems[:MAX_PROBLEMS], total)
+
+        member_sets = sorted({tuple(m) for g in gathered for m in g[2]})
+        self.groups = {}
+        for members in member_sets:
+            pg = dist.new_group(ranks=list(members))
+            if self.rank in members:
+                self.groups[members] = pg
+        self.num_groups = len(member_sets)
+        # Staging: per bucket, the aligned buffers of the collectives this rank cannot
+        # move straight from or into its tensors.
+        self.staging_bytes = max((sum(_align(self._staged(c)) for c in cs)
+                                  for cs in self.buckets), default=0)
+        self.setup_seconds = time.perf_counter() - start
+
+    def _direct_view(self, c: Collective):
+        """The contiguous tensor slice a direct collective moves on this rank, or None."""
+        if not c.direct:
+            return None
+        t = c.transfers[0]
+        if self.rank == c.src:
+            view = _view(self.sources[t.src_param], t.src_slice)
+        elif self.destinations is not None:
+            view = _view(self.destinations[t.dst_param], t.dst_slice)
+        else:
+            return None
+        return view if view.is_contiguous() else None
+
+    def _staged(self, c: Collective) -> int:
+        if c.kind == "local" or self._direct_view(c) is not None:
+            return 0
+        return c.size
+
+    def _element_type(self, t: Transfer):
+        import torch  # noqa: PLC0415
+        if self.destinations is not None:
+            return self.destinations[t.dst_param].dtype
+        return torch.float32 if t.bytes == 4 * t.elements else self.dtype
+
+    def _deliver(self, t: Transfer, data):
+        """Hands a received (or locally held) slice to the destination; `data` None:
+        it was received in place."""
+        if self.destinations is not None:
+            view = _view(self.destinations[t.dst_param], t.dst_slice)
+            if data is not None:
+                view.copy_(data.reshape(view.shape))
+            if self.on_slice is not None:
+                self.on_slice(t.dst_param, view, t.dst_slice)
+        elif self.on_slice is not None:
+            self.on_slice(t.dst_param, data.reshape(_slice_shape(t.dst_slice)), t.dst_slice)
+
+    def run(self) -> ExecuteStats:
+        """Moves the bytes, bucket by bucket; returns this rank's statistics. Every rank
+        runs its Executor the same number of times, in the same order."""
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        rank, sources = self.rank, self.sources
+        stats = ExecuteStats(rank=rank, groups=self.num_groups, check_seconds=self.setup_seconds)
+        start = time.perf_counter()
+        arena = torch.empty(self.staging_bytes, dtype=torch.uint8, device=self.device)
+        for cs in self.buckets:
+            stats.buckets += 1
+            pending, used = [], 0
+            # Collectives start as soon as they are packed, so that packing the next one
+            # overlaps the transfer of the previous ones; unpacking likewise overlaps the
+            # transfers still running.
+            for c in cs:
+                if c.kind == "local":
+                    for t in c.transfers:
+                        self._deliver(t, _view(sources[t.src_param], t.src_slice))
+                        stats.bytes_local += t.bytes
+                    continue
+                receives = rank in c.receivers
+                view = self._direct_view(c)
+                if view is not None:
+                    buffer, unpack = _bytes_of(view), False
+                else:
+                    buffer, unpack = arena[used:used + c.size], receives
+                    used = _align(used + c.size)
+                    if rank == c.src:
+                        for t, offset in zip(c.transfers, c.offsets):
+                            src = sources[t.src_param]
+                            part = buffer[offset:offset + t.bytes].view(src.dtype)
+                            part.view(_slice_shape(t.src_slice)).copy_(_view(src, t.src_slice))
+                        stats.bytes_staged += c.size
+                if rank == c.src:
+                    stats.bytes_sent += sum(t.bytes for t in c.transfers)
+                    if rank in c.dst_ranks:  # a colocated sender that also receives
+                        for t in c.transfers:
+                            self._deliver(t, _view(sources[t.src_param], t.src_slice))
+                            stats.bytes_local += t.bytes
+                if c.kind == "p2p":  # tagged by its first transfer: unique in the plan
+                    tag = c.transfers[0].index
+                    work = (dist.isend(buffer, dst=c.receivers[0], tag=tag) if rank == c.src
+                            else dist.irecv(buffer, src=c.src, tag=tag))
+                else:
+                    work = dist.broadcast(buffer, src=c.src, group=self.groups[c.members],
+                                          async_op=True)
+                stats.collectives += 1
+                stats.direct += c.direct
+                pending.append((c, work, buffer, unpack, receives))
+            stats.peak_staging_bytes = max(stats.peak_staging_bytes, used)
+            for c, work, buffer, unpack, receives in pending:
+                work.wait()
+                if not receives:
+                    continue
+                for t, offset in zip(c.transfers, c.offsets):
+                    if unpack:
+                        self._deliver(t, buffer[offset:offset + t.bytes].view(
+                            self._element_type(t)))
+                        stats.bytes_staged += t.bytes
+                    else:
+                        self._deliver(t, None)
+                    stats.bytes_received += t.bytes
+        del arena
+        stats.transfer_seconds = time.perf_counter() - start
+        return stats
+
+
 def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = None,
             destinations: Optional[Mapping[str, "torch.Tensor"]] = None,
             on_slice: Optional[Callable[[str, "torch.Tensor", Slice], None]] = None,
-            group=None, dtype=None, device=None,
+            dtype=None, device=None,
             direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES) -> ExecuteStats:
-    """Runs `plan` (this rank's part) on the initialised default process group.
+    """Runs `plan` (this rank's part) once on the initialised default process group:
+    ``Executor(...).run()``. For a sync at every step, keep the :class:`Executor` (its
+    checks and process groups are made once).
 
     `sources`: this rank's Megatron-named local tensors (trainer ranks). `destinations`:
     vLLM-named preallocated tensors (engine ranks); `on_slice(name, tensor, dst_slice)`
@@ -443,143 +620,5 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
     not fit; a collective that fails raises torch's error (the process group's timeout
     bounds a wait). Returns this rank's :class:`ExecuteStats`.
     """
-    import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
-
-    if group is not None:
-        raise ValueError("group: the executor runs on the default (world) group")
-    sources = sources or {}
-    dtype = dtype or torch.bfloat16
-    if device is None:
-        any_tensor = next(iter(sources.values()), None)
-        if any_tensor is None and destinations:
-            any_tensor = next(iter(destinations.values()), None)
-        device = any_tensor.device if any_tensor is not None else torch.device("cpu")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if rank != plan.rank:
-        raise ValueError(f"rank: the plan part was read for rank {plan.rank}, this process is "
-                         f"rank {rank}")
-    stats = ExecuteStats(rank=rank)
-    start = time.perf_counter()
-
-    # 1. Checks, and the member sets of the broadcasts this rank takes part in; every
-    # rank learns every rank's findings (one collective, no tensor bytes yet).
-    problems = check_plan(plan, world, sources, destinations)
-    buckets = schedule(plan.transfers, direct_min_bytes) if not problems else []
-    my_groups = sorted({c.members for cs in buckets for c in cs if c.kind == "broadcast"})
-    gathered: List[Optional[tuple]] = [None] * world
-    dist.all_gather_object(gathered, (problems[:MAX_PROBLEMS], len(problems), my_groups))
-    all_problems, total = [], 0
-    for g in gathered:
-        all_problems.extend(g[0])
-        total += g[1]
-    if total:
-        raise PlanMismatchError(all_problems[:MAX_PROBLEMS], total)
-
-    # 2. One process group per distinct member set, made in the same order everywhere.
-    member_sets = sorted({tuple(m) for g in gathered for m in g[2]})
-    groups = {}
-    for members in member_sets:
-        pg = dist.new_group(ranks=list(members))
-        if rank in members:
-            groups[members] = pg
-    stats.groups = len(member_sets)
-    stats.check_seconds = time.perf_counter() - start
-
-    def element_type(t: Transfer):
-        if destinations is not None:
-            return destinations[t.dst_param].dtype
-        return torch.float32 if t.bytes == 4 * t.elements else dtype
-
-    def deliver(t: Transfer, data):
-        """Hands a received (or locally held) slice to the destination."""
-        if destinations is not None:
-            view = _view(destinations[t.dst_param], t.dst_slice)
-            if data is not None:
-                view.copy_(data.reshape(view.shape))
-            if on_slice is not None:
-                on_slice(t.dst_param, view, t.dst_slice)
-        elif on_slice is not None:
-            on_slice(t.dst_param, data.reshape(_slice_shape(t.dst_slice)), t.dst_slice)
-
-    def start_collective(c: Collective):
-        """Packs (or points at) the bytes and starts the collective; returns (work,
-        buffer, staged bytes, whether the buffer must be unpacked here)."""
-        receives = rank in c.receivers
-        buffer, staged, unpack = None, 0, receives
-        if c.direct:
-            t = c.transfers[0]
-            if rank == c.src:
-                view = _view(sources[t.src_param], t.src_slice)
-                if view.is_contiguous():
-                    buffer = _bytes_of(view)
-            elif destinations is not None:
-                view = _view(destinations[t.dst_param], t.dst_slice)
-                if view.is_contiguous():
-                    buffer, unpack = _bytes_of(view), False
-        if buffer is None:
-            buffer = torch.empty(c.size, dtype=torch.uint8, device=device)
-            staged = c.size
-            if rank == c.src:
-                for t, offset in zip(c.transfers, c.offsets):
-                    src = sources[t.src_param]
-                    part = buffer[offset:offset + t.bytes].view(src.dtype)
-                    part.view(_slice_shape(t.src_slice)).copy_(_view(src, t.src_slice))
-                stats.bytes_staged += c.size
-        if rank == c.src:
-            stats.bytes_sent += sum(t.bytes for t in c.transfers)
-            if rank in c.dst_ranks:  # a colocated sender that also receives: copy locally
-                for t in c.transfers:
-                    deliver(t, _view(sources[t.src_param], t.src_slice))
-                    stats.bytes_local += t.bytes
-        if c.kind == "p2p":  # tagged by the collective's first transfer: unique in the plan
-            tag = c.transfers[0].index
-            if rank == c.src:
-                work = dist.isend(buffer, dst=c.receivers[0], tag=tag)
-            else:
-                work = dist.irecv(buffer, src=c.src, tag=tag)
-        else:
-            work = dist.broadcast(buffer, src=c.src, group=groups[c.members], async_op=True)
-        return work, buffer, staged, unpack, receives
-
-    def finish_collective(c: Collective, buffer, unpack: bool, receives: bool):
-        if not receives:
-            return
-        for t, offset in zip(c.transfers, c.offsets):
-            if unpack:
-                deliver(t, buffer[offset:offset + t.bytes].view(element_type(t)))
-                stats.bytes_staged += t.bytes
-            else:
-                deliver(t, None)
-            stats.bytes_received += t.bytes
-
-    def run_bucket(cs: List[Collective]):
-        pending, staging = [], 0
-        # Collectives start as soon as they are packed, so that packing the next one
-        # overlaps the transfer of the previous ones; unpacking likewise overlaps the
-        # transfers still running.
-        for c in cs:
-            if rank != c.src and rank not in c.dst_ranks:
-                continue
-            if c.kind == "local":
-                for t in c.transfers:
-                    deliver(t, _view(sources[t.src_param], t.src_slice))
-                    stats.bytes_local += t.bytes
-                continue
-            work, buffer, staged, unpack, receives = start_collective(c)
-            staging += staged
-            stats.collectives += 1
-            stats.direct += c.direct
-            pending.append((c, work, buffer, unpack, receives))
-        stats.peak_staging_bytes = max(stats.peak_staging_bytes, staging)
-        for c, work, buffer, unpack, receives in pending:
-            work.wait()
-            finish_collective(c, buffer, unpack, receives)
-
-    # 3. The buckets; each bucket's buffers are freed before the next one starts.
-    start = time.perf_counter()
-    for cs in buckets:
-        stats.buckets += 1
-        run_bucket(cs)
-    stats.transfer_seconds = time.perf_counter() - start
-    return stats
+    return Executor(plan, sources, destinations, on_slice, dtype=dtype, device=device,
+                    direct_min_bytes=direct_min_bytes).run()

@@ -124,9 +124,20 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
                     target[name][tuple(slice(b, e) for b, e in dst_slice)].copy_(tensor)
 
         plan = executor.load_plan(cfg["plan"], rank)
-        stats = executor.execute(plan, sources=sources, destinations=destinations,
-                                 on_slice=on_slice, dtype=model.dtype,
-                                 direct_min_bytes=cfg["direct_min_bytes"])
+        # With several syncs the earlier ones move other weights: every element's lowest
+        # bit flipped, in place, before the Executor is made (as an earlier train step's
+        # weights); the flip is undone before the last sync, which the check sees.
+        if cfg["syncs"] > 1:
+            for tensor in sources.values():
+                lay.bits(tensor).bitwise_xor_(1)
+        ex = executor.Executor(plan, sources=sources, destinations=destinations,
+                               on_slice=on_slice, dtype=model.dtype,
+                               direct_min_bytes=cfg["direct_min_bytes"])
+        for sync in range(cfg["syncs"]):
+            if sync == cfg["syncs"] - 1 and sync > 0:
+                for tensor in sources.values():
+                    lay.bits(tensor).bitwise_xor_(1)
+            stats = ex.run()
         out["stats"] = stats.as_dict()
         if cfg["check"] and reference is not None:
             got = destinations if destinations is not None else target
@@ -157,10 +168,12 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         plan_path: Optional[str] = None, bucket_mib: Optional[int] = None,
         plan_format: str = "json", rlsched_bin: Optional[str] = None,
         deliver: str = "tensors", timeout: float = 120.0,
-        direct_min_bytes: Optional[int] = None) -> dict:
+        direct_min_bytes: Optional[int] = None, syncs: int = 1) -> dict:
     """Plans (unless `plan_path`), launches the world, executes, checks; returns the
     summary (see the module's docstring). `direct_min_bytes`: the executor's threshold
-    for moving a transfer alone (None: its default, 0: pack every transfer)."""
+    for moving a transfer alone (None: its default, 0: pack every transfer). `syncs`:
+    the plan runs this many times on one Executor per rank, all but the last sync on
+    other source contents (changed in place; the check sees the last sync)."""
     from rlsched import executor  # noqa: PLC0415
     from rlsched import executor_layouts as lay  # noqa: PLC0415
 
@@ -170,6 +183,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         raise ValueError(f"plan_format: {plan_format!r} is not json or binpb")
     if deliver not in ("tensors", "callback"):
         raise ValueError(f"deliver: {deliver!r} is not tensors or callback")
+    if syncs < 1:
+        raise ValueError(f"syncs: must be >= 1, got {syncs}")
     with open(model_path, "r", encoding="utf-8") as f:
         model = lay.parse_config(f.read())
     t = lay.Train(**{k: v for k, v in train.items()})
@@ -179,7 +194,7 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
     trainer_ranks, engine_ranks = t.world, i.tp * i.replicas
     world = max(trainer_ranks, engine_ranks) if colocated else trainer_ranks + engine_ranks
     workdir = tempfile.mkdtemp(prefix="rlsched-reshard-run-")
-    summary: dict = {"ranks": world, "trainer_ranks": trainer_ranks, "engine_ranks": engine_ranks,
+    summary: dict = {"syncs": syncs, "ranks": world, "trainer_ranks": trainer_ranks, "engine_ranks": engine_ranks,
                      "colocated": colocated, "backend": backend}
     try:
         planned = None
@@ -203,6 +218,7 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         cfg = {"backend": backend, "store": os.path.join(workdir, "store"), "timeout": timeout,
                "model": model, "train": t, "infer": i, "full": lay.full_tensors(model),
                "colocated": colocated, "plan": plan_path, "check": check, "deliver": deliver,
+               "syncs": syncs,
                "direct_min_bytes": (executor.DIRECT_MIN_BYTES if direct_min_bytes is None
                                     else direct_min_bytes or None)}
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -299,6 +315,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rlsched", default=None, help="the rlsched program (else $RLSCHED_BIN)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a collective may wait (the process group's timeout)")
+    parser.add_argument("--syncs", type=int, default=1,
+                        help="run the plan this many times (one set-up), all but the last sync "
+                             "on other trainer tensor contents (changed in place)")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -310,7 +329,7 @@ def main(argv=None) -> int:
         summary = run(args.model, train, infer, colocated=args.colocated, backend=args.backend,
                       check=args.check, plan_path=args.plan, bucket_mib=args.bucket_mib,
                       plan_format=args.plan_format, rlsched_bin=args.rlsched,
-                      deliver=args.deliver, timeout=args.timeout,
+                      deliver=args.deliver, timeout=args.timeout, syncs=args.syncs,
                       direct_min_bytes=(None if args.direct_min_kib is None
                                         else args.direct_min_kib << 10))
     except (ValueError, OSError) as error:

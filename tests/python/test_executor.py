@@ -94,6 +94,15 @@ def test_round_robin_experts_binary_plan_and_callback():
     assert_exact(s)
 
 
+def test_repeated_syncs_read_the_sources_each_time():
+    # One Executor per rank runs three syncs; the trainer's tensors change in place
+    # between them; the engines end with the last sync's bytes exactly.
+    for direct in (0, 1):
+        s = run_checked("qwen3", {"tp": 2, "dp": 2}, {"tp": 1, "replicas": 2}, True,
+                        direct_min_bytes=direct, syncs=3)
+        assert_exact(s)
+
+
 def test_virtual_and_uneven_pipeline(tmp_path):
     # Six layers over PP 2 x VPP 3 chunks, and PP 3 with a two-layer first stage.
     cfg = json.load(open(config("llama")))
