@@ -41,8 +41,16 @@ destination tensor written more elements than it has. The plan file does not rec
 layouts it was made for, so a plan for another layout with the same world size and the
 same tensor shapes is caught only by comparing the results (``reshard_run --check``).
 
-fp8 targets (``--target-dtype fp8_block128``): not executed yet; a plan with quantised
-transfers is refused before any byte moves (field ``quantize``).
+fp8 targets (``--target-dtype fp8_block128``): an engine's linear weights are fp8 e4m3
+in 128 x 128 blocks (torch 1.13 has no float8 type: destination tensors hold the bits as
+``torch.uint8``, and ``<name>_scale_inv`` the float32 scale of each block, shaped
+:func:`scale_shape`). Where the plan says the sender quantises (the slice covers whole
+blocks), the sender sends the codes then the scales (bytes = elements + 4 x blocks);
+otherwise the bf16 slices arrive and the engine rank gathers them in a bf16 copy of the
+tensor (memory beyond the staging buffer: the tensors being gathered) and quantises the
+blocks they cover when the last one is in. Both sides quantise with
+:func:`quantize_block128` (scale = block amax / 448 in float32, codes rounded to nearest
+even on the float32 bits), so the bytes do not depend on who quantised.
 
 Thread-safety: one call of :func:`execute` per rank at a time.
 """
@@ -260,6 +268,26 @@ def _check_slice(problems, rank, field, name, tensor, s: Slice, t: Transfer) -> 
     return True
 
 
+def _fp8_geometry(t: Transfer) -> Tuple[int, int, int]:
+    """(rows, cols, blocks) of a quantised transfer's destination slice (its last two
+    dims), blocks of 128 x 128 counted from the slice's origin."""
+    rows = t.dst_slice[-2][1] - t.dst_slice[-2][0] if len(t.dst_slice) >= 2 else 1
+    cols = t.dst_slice[-1][1] - t.dst_slice[-1][0]
+    return rows, cols, -(-rows // FP8_BLOCK) * -(-cols // FP8_BLOCK)
+
+
+def scale_name(name: str) -> str:
+    """The block-scale tensor of an fp8 destination tensor (vLLM's ``weight_scale_inv``:
+    ``...qkv_proj.weight`` -> ``...qkv_proj.weight_scale_inv``)."""
+    return name + "_scale_inv"
+
+
+def scale_shape(shape: Sequence[int]) -> Tuple[int, ...]:
+    """The block-scale tensor's shape for an fp8 tensor of `shape`: the leading dims,
+    then ceil(rows / 128), ceil(cols / 128)."""
+    return tuple(shape[:-2]) + (-(-shape[-2] // FP8_BLOCK), -(-shape[-1] // FP8_BLOCK))
+
+
 def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Tensor"],
                destinations: Optional[Mapping[str, "torch.Tensor"]]) -> List[Tuple[int, str, str]]:
     """This rank's problems with the plan, as (rank, field, text); empty when it fits."""
@@ -274,9 +302,8 @@ def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Ten
     written: Dict[str, int] = {}
     for t in plan.transfers:
         where = f"transfer {t.index} (bucket {t.bucket})"
-        if t.quantize != QUANTIZE_NONE:
-            problems.append((rank, "quantize", f"{where} is quantised to fp8; this executor moves "
-                                               "bf16/fp32 plans only (plan with bf16)"))
+        if t.quantize not in (QUANTIZE_NONE, QUANTIZE_AT_SENDER, QUANTIZE_AT_DESTINATION):
+            problems.append((rank, "quantize", f"unknown value {t.quantize} in {where}"))
             continue
         if not t.dst_ranks or list(t.dst_ranks) != sorted(set(t.dst_ranks)):
             problems.append((rank, "dst_ranks", f"{list(t.dst_ranks)} not strictly ascending in "
@@ -291,33 +318,128 @@ def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Ten
                                                 f"than src_slice {_slice_text(t.src_slice)} in "
                                                 f"{where}"))
             continue
+        at_sender = t.quantize == QUANTIZE_AT_SENDER
+        if t.quantize != QUANTIZE_NONE and len(t.dst_slice) < 2:
+            problems.append((rank, "quantize", f"a vector slice quantised in {where}"))
+            continue
+        if at_sender:
+            rows, cols, blocks = _fp8_geometry(t)
+            if t.dst_slice[-2][0] % FP8_BLOCK or t.dst_slice[-1][0] % FP8_BLOCK:
+                problems.append((rank, "quantize", f"quantised by the sender but dst_slice "
+                                                   f"{_slice_text(t.dst_slice)} does not start on "
+                                                   f"a 128 x 128 block in {where}"))
+                continue
+            if t.bytes != t.elements + 4 * blocks:
+                problems.append((rank, "bytes", f"{t.bytes} for {t.elements} fp8 elements and "
+                                                f"{blocks} block scales (expected "
+                                                f"{t.elements + 4 * blocks}) in {where}"))
+                continue
         if t.src_rank == rank:
             src = sources.get(t.src_param)
             if src is None:
                 problems.append((rank, "src_param", f"no local tensor '{t.src_param}' ({where})"))
-            elif _check_slice(problems, rank, "src_slice", t.src_param, src, t.src_slice, t):
+            elif (_check_slice(problems, rank, "src_slice", t.src_param, src, t.src_slice, t)
+                  and not at_sender):
                 need = t.elements * src.element_size()
                 if t.bytes != need:
                     problems.append((rank, "bytes", f"{t.bytes} for {t.elements} elements of "
                                                     f"'{t.src_param}' ({src.dtype}, {need} "
                                                     f"bytes) in {where}"))
-        if rank in t.dst_ranks and destinations is not None:
+        if rank in t.dst_ranks and destinations is None and t.quantize != QUANTIZE_NONE:
+            problems.append((rank, "destinations", f"{where} is quantised to fp8: the engine "
+                                                   "rank needs its destination tensors (uint8) "
+                                                   "and their block scales, not a callback alone"))
+        elif rank in t.dst_ranks and destinations is not None:
             dst = destinations.get(t.dst_param)
             if dst is None:
                 problems.append((rank, "dst_param",
                                  f"no destination tensor '{t.dst_param}' ({where})"))
-            elif _check_slice(problems, rank, "dst_slice", t.dst_param, dst, t.dst_slice, t):
-                if t.bytes != t.elements * dst.element_size():
-                    problems.append((rank, "bytes", f"{t.bytes} for {t.elements} elements of "
-                                                    f"destination '{t.dst_param}' ({dst.dtype}) "
-                                                    f"in {where}"))
-                written[t.dst_param] = written.get(t.dst_param, 0) + t.elements
-                if written[t.dst_param] > dst.numel():
-                    problems.append((rank, "dst_slice",
-                                     f"the plan writes more than the {dst.numel()} elements of "
-                                     f"'{t.dst_param}' (by {where})"))
-                    written[t.dst_param] = -(1 << 62)  # reported once
+                continue
+            if not _check_slice(problems, rank, "dst_slice", t.dst_param, dst, t.dst_slice, t):
+                continue
+            if t.quantize == QUANTIZE_NONE and t.bytes != t.elements * dst.element_size():
+                problems.append((rank, "bytes", f"{t.bytes} for {t.elements} elements of "
+                                                f"destination '{t.dst_param}' ({dst.dtype}) "
+                                                f"in {where}"))
+            if t.quantize != QUANTIZE_NONE:
+                import torch  # noqa: PLC0415
+                scales = destinations.get(scale_name(t.dst_param))
+                want = scale_shape(dst.shape)
+                if dst.dtype != torch.uint8:
+                    problems.append((rank, "dst_param", f"'{t.dst_param}' is {dst.dtype}; an fp8 "
+                                                        f"destination holds the e4m3 bits as "
+                                                        f"torch.uint8 ({where})"))
+                elif scales is None or tuple(scales.shape) != want or scales.dtype != torch.float32:
+                    got = "none" if scales is None else f"{scales.dtype} {list(scales.shape)}"
+                    problems.append((rank, "dst_param", f"'{scale_name(t.dst_param)}' must be "
+                                                        f"float32 {list(want)}, got {got} "
+                                                        f"({where})"))
+            written[t.dst_param] = written.get(t.dst_param, 0) + t.elements
+            if written[t.dst_param] > dst.numel():
+                problems.append((rank, "dst_slice",
+                                 f"the plan writes more than the {dst.numel()} elements of "
+                                 f"'{t.dst_param}' (by {where})"))
+                written[t.dst_param] = -(1 << 62)  # reported once
     return problems
+
+
+# ---------------------------------------------------------------------------------
+# fp8 (e4m3, "fn": no infinities, largest 448) in 128 x 128 blocks.
+
+FP8_BLOCK = 128
+FP8_MAX = 448.0
+
+
+def e4m3_bits(y: "torch.Tensor") -> "torch.Tensor":
+    """float32 values -> their fp8 e4m3 bits (uint8), rounded to nearest even and
+    saturated at +-448, computed on the float32 bits so that every rank gets the same
+    bytes. NaN is not expected (block scaling keeps values finite)."""
+    import torch  # noqa: PLC0415
+    b = y.contiguous().view(torch.int32)
+    sign = (b >> 31) & 1
+    a_bits = b & 0x7FFFFFFF
+    a = a_bits.view(torch.float32)
+    # Normal e4m3 (|y| >= 2^-6): keep 3 of float32's 23 mantissa bits, ties to even;
+    # a carry moves into the exponent. Rebias the exponent from 127 to 7: -120 << 3.
+    normal = ((a_bits + 0x7FFFF + ((a_bits >> 20) & 1)) >> 20) - (120 << 3)
+    normal = torch.clamp(normal, max=0x7E)
+    # Subnormal e4m3: multiples of 2^-9 (torch.round rounds ties to even; 8 is 2^-6).
+    sub = torch.round(a * 512.0).to(torch.int32)
+    code = torch.where(a < 2.0 ** -6, sub, normal)
+    return (code | (sign << 7)).to(torch.uint8)
+
+
+def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
+                      scales: Optional["torch.Tensor"] = None):
+    """Quantises x [..., rows, cols] (any float dtype) to fp8 e4m3 in 128 x 128 blocks
+    of its last two dims, counted from its origin: per block scale = amax(|x|) / 448 in
+    float32 (1 for an all-zero block), codes = e4m3(x / scale). Writes into `codes`
+    (uint8, x's shape) and `scales` (float32, scale_shape(x.shape)) when given, else
+    allocates them; returns (codes, scales). Works 128 rows at a time, so temporaries
+    stay within a few times one block row. Deterministic: the same input gives the same
+    bytes on every rank."""
+    import torch  # noqa: PLC0415
+    shape = tuple(x.shape)
+    rows, cols = shape[-2], shape[-1]
+    if codes is None:
+        codes = torch.empty(shape, dtype=torch.uint8, device=x.device)
+    if scales is None:
+        scales = torch.empty(scale_shape(shape), dtype=torch.float32, device=x.device)
+    bc = -(-cols // FP8_BLOCK)
+    pad_cols = bc * FP8_BLOCK - cols
+    for i in range(0, rows, FP8_BLOCK):
+        part = x[..., i:i + FP8_BLOCK, :].to(torch.float32)
+        r = part.shape[-2]
+        if pad_cols:
+            part = torch.nn.functional.pad(part, (0, pad_cols))
+        blocks = part.reshape(shape[:-2] + (r, bc, FP8_BLOCK))
+        amax = blocks.abs().amax(dim=(-3, -1))  # [..., bc]
+        scale = amax / FP8_MAX
+        scale = torch.where(amax == 0, torch.ones_like(scale), scale)
+        q = e4m3_bits(blocks / scale.unsqueeze(-2).unsqueeze(-1))
+        codes[..., i:i + r, :].copy_(q.reshape(shape[:-2] + (r, bc * FP8_BLOCK))[..., :cols])
+        scales[..., i // FP8_BLOCK, :].copy_(scale)
+    return codes, scales
 
 
 # ---------------------------------------------------------------------------------
@@ -366,7 +488,7 @@ def schedule(transfers: Iterable[Transfer],
     buckets: Dict[int, Dict[tuple, List[Transfer]]] = {}
     for t in sorted(transfers, key=lambda t: t.index):
         direct = (direct_min_bytes is not None and t.bytes >= direct_min_bytes
-                  and t.dst_ranks != (t.src_rank,))
+                  and t.dst_ranks != (t.src_rank,) and t.quantize == QUANTIZE_NONE)
         key = (t.src_rank, t.dst_ranks, t.index if direct else -1)
         buckets.setdefault(t.bucket, {}).setdefault(key, []).append(t)
     out = []
@@ -398,6 +520,8 @@ class ExecuteStats:
     bytes_received: int = 0  # over links
     bytes_local: int = 0  # copied on the rank itself
     bytes_staged: int = 0  # copied through staging buffers (packing and unpacking)
+    quantized_at_sender: int = 0  # fp8 transfers received as codes + scales
+    quantized_at_destination: int = 0  # fp8 transfers received in bf16, quantised here
     peak_staging_bytes: int = 0  # the largest bucket's buffers on this rank
     groups: int = 0  # process groups made (world-wide count)
     check_seconds: float = 0.0  # checks and group creation
@@ -485,6 +609,14 @@ class Executor:
             if self.rank in members:
                 self.groups[members] = pg
         self.num_groups = len(member_sets)
+        # fp8 quantised at the destination: per tensor, the bf16 elements to gather and
+        # the slices they cover, before its blocks are quantised.
+        self._gather_need: Dict[str, int] = {}
+        self._gather_slices: Dict[str, List[Slice]] = {}
+        for t in plan.transfers:
+            if t.quantize == QUANTIZE_AT_DESTINATION and self.rank in t.dst_ranks:
+                self._gather_need[t.dst_param] = self._gather_need.get(t.dst_param, 0) + t.elements
+                self._gather_slices.setdefault(t.dst_param, []).append(t.dst_slice)
         # Staging: per bucket, the aligned buffers of the collectives this rank cannot
         # move straight from or into its tensors.
         self.staging_bytes = max((sum(_align(self._staged(c)) for c in cs)
@@ -510,10 +642,110 @@ class Executor:
         return c.size
 
     def _element_type(self, t: Transfer):
+        """The element type of a transfer's bytes on the wire (unquantised)."""
         import torch  # noqa: PLC0415
-        if self.destinations is not None:
+        if self.destinations is not None and t.quantize == QUANTIZE_NONE:
             return self.destinations[t.dst_param].dtype
         return torch.float32 if t.bytes == 4 * t.elements else self.dtype
+
+    # fp8 ---------------------------------------------------------------------------
+
+    def _scale_view(self, t: Transfer):
+        (r0, r1), (c0, c1) = t.dst_slice[-2], t.dst_slice[-1]
+        index = tuple(slice(b, e) for b, e in t.dst_slice[:-2]) + (
+            slice(r0 // FP8_BLOCK, -(-r1 // FP8_BLOCK)), slice(c0 // FP8_BLOCK, -(-c1 // FP8_BLOCK)))
+        return self.destinations[scale_name(t.dst_param)][index], index
+
+    def _write_fp8(self, t: Transfer, codes, scales):
+        """Writes a sender-quantised slice: codes [rows, cols], scales [blocks]."""
+        view = _view(self.destinations[t.dst_param], t.dst_slice)
+        view.copy_(codes.reshape(view.shape))
+        sview, index = self._scale_view(t)
+        sview.copy_(scales.reshape(sview.shape))
+        if self.on_slice is not None:
+            self.on_slice(t.dst_param, view, t.dst_slice)
+            self.on_slice(scale_name(t.dst_param), sview,
+                          tuple((i.start, i.stop) for i in index))
+
+    def _pack_fp8(self, t: Transfer, src_view, payload):
+        """Quantises a source slice into its wire form: codes, then float32 scales."""
+        import torch  # noqa: PLC0415
+        rows, cols, blocks = _fp8_geometry(t)
+        n = rows * cols
+        scales = torch.empty((-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)), dtype=torch.float32,
+                             device=payload.device)
+        quantize_block128(src_view.reshape(rows, cols), codes=payload[:n].view(rows, cols),
+                          scales=scales)
+        payload[n:n + 4 * blocks].copy_(scales.view(-1).view(torch.uint8))
+
+    def _unpack_fp8(self, t: Transfer, payload):
+        import torch  # noqa: PLC0415
+        rows, cols, blocks = _fp8_geometry(t)
+        n = rows * cols
+        scales = torch.empty(blocks, dtype=torch.float32, device=payload.device)
+        scales.view(torch.uint8).copy_(payload[n:n + 4 * blocks])
+        self._write_fp8(t, payload[:n].view(rows, cols), scales)
+
+    def _gather(self, t: Transfer, data, gathering: Dict[str, "torch.Tensor"],
+                remaining: Dict[str, int]):
+        """An unquantised slice of a tensor the engine quantises: kept until the tensor's
+        last slice arrives, then its blocks covered by such slices are quantised."""
+        import torch  # noqa: PLC0415
+        name = t.dst_param
+        dst = self.destinations[name]
+        acc = gathering.get(name)
+        if acc is None:
+            acc = gathering[name] = torch.zeros(dst.shape, dtype=data.dtype, device=dst.device)
+        view = _view(acc, t.dst_slice)
+        view.copy_(data.reshape(view.shape))
+        remaining[name] -= t.elements
+        if remaining[name]:
+            return
+        del gathering[name]
+        scales_dst = self.destinations[scale_name(name)]
+        mask = torch.zeros(scales_dst.shape, dtype=torch.bool, device=dst.device)
+        for sl in self._gather_slices[name]:
+            (r0, r1), (c0, c1) = sl[-2], sl[-1]
+            mask[tuple(slice(b, e) for b, e in sl[:-2]) + (
+                slice(r0 // FP8_BLOCK, -(-r1 // FP8_BLOCK)),
+                slice(c0 // FP8_BLOCK, -(-c1 // FP8_BLOCK)))] = True
+        codes, scales = quantize_block128(acc)
+        del acc
+        rows, cols = dst.shape[-2], dst.shape[-1]
+        element_mask = mask.repeat_interleave(FP8_BLOCK, -2).repeat_interleave(
+            FP8_BLOCK, -1)[..., :rows, :cols]
+        dst.copy_(torch.where(element_mask, codes, dst))
+        scales_dst.copy_(torch.where(mask, scales, scales_dst))
+        if self.on_slice is not None:
+            self.on_slice(name, dst, tuple((0, d) for d in dst.shape))
+            self.on_slice(scale_name(name), scales_dst, tuple((0, d) for d in scales_dst.shape))
+
+    def _count(self, stats, t: Transfer):
+        if t.quantize == QUANTIZE_AT_SENDER:
+            stats.quantized_at_sender += 1
+        elif t.quantize == QUANTIZE_AT_DESTINATION:
+            stats.quantized_at_destination += 1
+
+    def _from_source(self, t: Transfer, gathering, remaining):
+        """A transfer whose source is this rank and which this rank also receives."""
+        src_view = _view(self.sources[t.src_param], t.src_slice)
+        if t.quantize == QUANTIZE_AT_SENDER:
+            rows, cols, _ = _fp8_geometry(t)
+            codes, scales = quantize_block128(src_view.reshape(rows, cols))
+            self._write_fp8(t, codes, scales)
+        elif t.quantize == QUANTIZE_AT_DESTINATION:
+            self._gather(t, src_view, gathering, remaining)
+        else:
+            self._deliver(t, src_view)
+
+    def _received(self, t: Transfer, payload, gathering, remaining):
+        """A transfer's bytes received into the staging buffer (`payload`: uint8)."""
+        if t.quantize == QUANTIZE_AT_SENDER:
+            self._unpack_fp8(t, payload)
+        elif t.quantize == QUANTIZE_AT_DESTINATION:
+            self._gather(t, payload.view(self._element_type(t)), gathering, remaining)
+        else:
+            self._deliver(t, payload.view(self._element_type(t)))
 
     def _deliver(self, t: Transfer, data):
         """Hands a received (or locally held) slice to the destination; `data` None:
@@ -537,6 +769,8 @@ class Executor:
         stats = ExecuteStats(rank=rank, groups=self.num_groups, check_seconds=self.setup_seconds)
         start = time.perf_counter()
         arena = torch.empty(self.staging_bytes, dtype=torch.uint8, device=self.device)
+        gathering: Dict[str, "torch.Tensor"] = {}
+        remaining = dict(self._gather_need)
         for cs in self.buckets:
             stats.buckets += 1
             pending, used = [], 0
@@ -546,7 +780,8 @@ class Executor:
             for c in cs:
                 if c.kind == "local":
                     for t in c.transfers:
-                        self._deliver(t, _view(sources[t.src_param], t.src_slice))
+                        self._from_source(t, gathering, remaining)
+                        self._count(stats, t)
                         stats.bytes_local += t.bytes
                     continue
                 receives = rank in c.receivers
@@ -559,6 +794,10 @@ class Executor:
                     if rank == c.src:
                         for t, offset in zip(c.transfers, c.offsets):
                             src = sources[t.src_param]
+                            if t.quantize == QUANTIZE_AT_SENDER:
+                                self._pack_fp8(t, _view(src, t.src_slice),
+                                               buffer[offset:offset + t.bytes])
+                                continue
                             part = buffer[offset:offset + t.bytes].view(src.dtype)
                             part.view(_slice_shape(t.src_slice)).copy_(_view(src, t.src_slice))
                         stats.bytes_staged += c.size
@@ -566,7 +805,8 @@ class Executor:
                     stats.bytes_sent += sum(t.bytes for t in c.transfers)
                     if rank in c.dst_ranks:  # a colocated sender that also receives
                         for t in c.transfers:
-                            self._deliver(t, _view(sources[t.src_param], t.src_slice))
+                            self._from_source(t, gathering, remaining)
+                            self._count(stats, t)
                             stats.bytes_local += t.bytes
                 if c.kind == "p2p":  # tagged by its first transfer: unique in the plan
                     tag = c.transfers[0].index
@@ -585,13 +825,16 @@ class Executor:
                     continue
                 for t, offset in zip(c.transfers, c.offsets):
                     if unpack:
-                        self._deliver(t, buffer[offset:offset + t.bytes].view(
-                            self._element_type(t)))
+                        self._received(t, buffer[offset:offset + t.bytes], gathering, remaining)
                         stats.bytes_staged += t.bytes
                     else:
                         self._deliver(t, None)
+                    self._count(stats, t)
                     stats.bytes_received += t.bytes
         del arena
+        incomplete = sorted(name for name, left in remaining.items() if left)
+        if incomplete:  # the plan's slices of a tensor add up to fewer elements
+            raise RuntimeError(f"fp8: tensors not complete after the last bucket: {incomplete}")
         stats.transfer_seconds = time.perf_counter() - start
         return stats
 

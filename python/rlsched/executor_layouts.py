@@ -463,6 +463,13 @@ def vllm_shards(m: Model, infer: Infer, r: int,
     return {k: v.contiguous().clone() for k, v in out.items()}
 
 
+def is_linear(name: str) -> bool:
+    """Whether an engine tensor is a linear layer's weight, which an fp8 target holds in
+    fp8 (every ``*_proj.weight`` and the FusedMoE ``w13_weight`` / ``w2_weight``; not the
+    embedding, lm_head, the router, norms or biases)."""
+    return name.endswith(("_proj.weight", ".w13_weight", ".w2_weight"))
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's elements as integers of the same width (for bit-exact comparison)."""
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])

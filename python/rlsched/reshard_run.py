@@ -76,7 +76,7 @@ def _layout_arg(layout: Dict[str, object]) -> str:
 
 def plan_with_rlsched(rlsched_bin: str, model_path: str, train: dict, infer: dict,
                       colocated: bool, bucket_mib: Optional[int], out_path: str,
-                      round_robin_experts: bool = False) -> dict:
+                      round_robin_experts: bool = False, target_dtype: str = "bf16") -> dict:
     """Runs ``rlsched reshard --plan-out out_path --json``; returns its summary."""
     infer_arg = dict(infer)
     args = [rlsched_bin, "reshard", "--model", model_path, "--train", _layout_arg(train),
@@ -87,6 +87,8 @@ def plan_with_rlsched(rlsched_bin: str, model_path: str, train: dict, infer: dic
         args.append("--round-robin-experts")
     if bucket_mib:
         args += ["--bucket-mib", str(bucket_mib)]
+    if target_dtype != "bf16":
+        args += ["--target-dtype", target_dtype]
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ValueError(f"rlsched reshard failed (exit {done.returncode}): "
@@ -116,6 +118,11 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
         reference, destinations, on_slice = None, None, None
         if 0 <= engine < engine_ranks:
             reference = lay.vllm_shards(model, infer, engine % infer.tp, full)
+            if cfg["fp8"]:  # linear weights as fp8 bits + block scales, quantised here
+                for name in [n for n in reference if lay.is_linear(n)]:
+                    codes, scales = executor.quantize_block128(reference[name])
+                    reference[name] = codes
+                    reference[executor.scale_name(name)] = scales
             destinations = {k: torch.zeros_like(v) for k, v in reference.items()}
             if cfg["deliver"] == "callback":
                 target, destinations = destinations, None
@@ -168,7 +175,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         plan_path: Optional[str] = None, bucket_mib: Optional[int] = None,
         plan_format: str = "json", rlsched_bin: Optional[str] = None,
         deliver: str = "tensors", timeout: float = 120.0,
-        direct_min_bytes: Optional[int] = None, syncs: int = 1) -> dict:
+        direct_min_bytes: Optional[int] = None, syncs: int = 1,
+        target_dtype: str = "bf16") -> dict:
     """Plans (unless `plan_path`), launches the world, executes, checks; returns the
     summary (see the module's docstring). `direct_min_bytes`: the executor's threshold
     for moving a transfer alone (None: its default, 0: pack every transfer). `syncs`:
@@ -185,6 +193,9 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         raise ValueError(f"deliver: {deliver!r} is not tensors or callback")
     if syncs < 1:
         raise ValueError(f"syncs: must be >= 1, got {syncs}")
+    target_dtype = {"fp8": "fp8_block128"}.get(target_dtype, target_dtype)
+    if target_dtype not in ("bf16", "fp8_block128"):
+        raise ValueError(f"target_dtype: {target_dtype!r} is not bf16 or fp8_block128 (fp8)")
     with open(model_path, "r", encoding="utf-8") as f:
         model = lay.parse_config(f.read())
     t = lay.Train(**{k: v for k, v in train.items()})
@@ -194,7 +205,7 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
     trainer_ranks, engine_ranks = t.world, i.tp * i.replicas
     world = max(trainer_ranks, engine_ranks) if colocated else trainer_ranks + engine_ranks
     workdir = tempfile.mkdtemp(prefix="rlsched-reshard-run-")
-    summary: dict = {"syncs": syncs, "ranks": world, "trainer_ranks": trainer_ranks, "engine_ranks": engine_ranks,
+    summary: dict = {"syncs": syncs, "target_dtype": target_dtype, "ranks": world, "trainer_ranks": trainer_ranks, "engine_ranks": engine_ranks,
                      "colocated": colocated, "backend": backend}
     try:
         planned = None
@@ -205,7 +216,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
             plan_path = os.path.join(workdir, "plan." + plan_format)
             infer_arg = {"tp": i.tp, "replicas": i.replicas, "ep": i.expert_parallel}
             planned = plan_with_rlsched(rlsched_bin, model_path, train, infer_arg, colocated,
-                                        bucket_mib, plan_path, i.round_robin_experts)
+                                        bucket_mib, plan_path, i.round_robin_experts,
+                                        target_dtype)
         part = executor.load_plan(plan_path, 0)
         summary["plan"] = {k: part.summary.get(k) for k in (
             "num_transfers", "num_buckets", "bytes_moved", "bytes_local", "bytes_received",
@@ -218,7 +230,7 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         cfg = {"backend": backend, "store": os.path.join(workdir, "store"), "timeout": timeout,
                "model": model, "train": t, "infer": i, "full": lay.full_tensors(model),
                "colocated": colocated, "plan": plan_path, "check": check, "deliver": deliver,
-               "syncs": syncs,
+               "syncs": syncs, "fp8": target_dtype == "fp8_block128",
                "direct_min_bytes": (executor.DIRECT_MIN_BYTES if direct_min_bytes is None
                                     else direct_min_bytes or None)}
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -265,6 +277,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         "collectives": sum(s["collectives"] for s in stats if s["bytes_sent"]),
         "direct_collectives": sum(s["direct"] for s in stats if s["bytes_sent"]),
         "bytes_staged": sum(s["bytes_staged"] for s in stats),
+        "quantized_at_sender": sum(s["quantized_at_sender"] for s in stats),
+        "quantized_at_destination": sum(s["quantized_at_destination"] for s in stats),
         "process_groups": stats[0]["groups"],
         "bytes_moved": sum(s["bytes_sent"] for s in stats),
         "bytes_received": sum(s["bytes_received"] for s in stats),
@@ -301,8 +315,9 @@ def main(argv=None) -> int:
     parser.add_argument("--round-robin-experts", action="store_true")
     parser.add_argument("--colocated", action="store_true")
     parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
-    parser.add_argument("--target-dtype", default="bf16", choices=("bf16",),
-                        help="bf16 only so far (fp8_block128 plans are refused)")
+    parser.add_argument("--target-dtype", default="bf16", choices=("bf16", "fp8", "fp8_block128"),
+                        help="what the engines run: bf16, or fp8_block128 (fp8): linear weights "
+                             "as fp8 e4m3 bits (uint8) with float32 scales per 128 x 128 block")
     parser.add_argument("--bucket-mib", type=int, default=None)
     parser.add_argument("--plan", default=None, help="execute this plan file instead of planning")
     parser.add_argument("--plan-format", default="json", choices=("json", "binpb"),
@@ -330,6 +345,7 @@ def main(argv=None) -> int:
                       check=args.check, plan_path=args.plan, bucket_mib=args.bucket_mib,
                       plan_format=args.plan_format, rlsched_bin=args.rlsched,
                       deliver=args.deliver, timeout=args.timeout, syncs=args.syncs,
+                      target_dtype=args.target_dtype,
                       direct_min_bytes=(None if args.direct_min_kib is None
                                         else args.direct_min_kib << 10))
     except (ValueError, OSError) as error:

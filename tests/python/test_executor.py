@@ -230,19 +230,96 @@ def test_check_plan_names_the_field_without_a_world(tmp_path):
     assert executor.check_plan(part, 3, sources, None)[0][1] == "world_size"
 
 
-def test_fp8_plans_are_refused_before_any_transfer(tmp_path):
+# ---------------------------------------------------------------------------------
+# fp8 targets.
+
+def test_e4m3_rounds_to_nearest_even_and_saturates():
+    # Every finite e4m3 value, every midpoint between neighbours (ties), random values
+    # over 22 binades, values past 448, both signs: the bits equal the nearest code by
+    # brute force (ties to the even code, saturated at 448).
+    codes = torch.arange(0, 0x7F)
+    e, m = (codes >> 3) & 15, codes & 7
+    values = torch.where(e == 0, m.double() * 2.0 ** -9,
+                         (1 + m.double() / 8) * torch.pow(2.0, (e - 7).double()))
+    g = torch.Generator().manual_seed(7)
+    x = torch.cat([values, (values[1:] + values[:-1]) / 2,
+                   torch.exp2(torch.rand(5000, generator=g, dtype=torch.float64) * 22 - 13),
+                   torch.tensor([448.0, 449.0, 464.0, 1e6])]).float()
+    x = torch.cat([x, -x])
+    distance = (x.abs().double()[:, None] - values[None, :]).abs()
+    nearest = distance == distance.min(1).values[:, None]
+    ties = nearest.sum(1) > 1
+    want = torch.where(ties, (nearest & (codes[None, :] % 2 == 0)).float().argmax(1),
+                       nearest.float().argmax(1)) | (torch.signbit(x).long() << 7)
+    assert torch.equal(executor.e4m3_bits(x).long(), want)
+    assert executor.e4m3_bits(torch.tensor([1.0, -2.0, 448.0, 2.0 ** -9])).tolist() == [
+        0x38, 0xC0, 0x7E, 0x01]
+
+
+def test_quantize_block128_scales_each_block():
+    x = torch.zeros(2, 130, 260, dtype=torch.bfloat16)
+    x[1, 129, 259] = -3.0  # the last (partial) block of the second matrix
+    x[0, 5, 5] = 896.0
+    codes, scales = executor.quantize_block128(x)
+    assert codes.shape == x.shape and scales.shape == (2, 2, 3)
+    assert scales[1, 1, 2] == torch.tensor(3.0) / 448 and codes[1, 129, 259] == 0xFE  # -448
+    assert scales[0, 0, 0] == 2.0 and codes[0, 5, 5] == 0x7E
+    assert int((scales == 1).sum()) == 10  # the all-zero blocks
+    assert int((codes != 0).sum()) == 2
+
+
+def wider(tmp_path, family, **sizes):
+    cfg = json.load(open(config(family)))
+    cfg.update(sizes)
+    path = tmp_path / f"wide-{family}.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+# Dims of a few 128-blocks, so that plans quantise at the sender (whole blocks) and at
+# the destination (straddling slices).
+FP8_WORLDS = [
+    ("llama", dict(hidden_size=256, intermediate_size=1024, vocab_size=1000),
+     {"tp": 2}, {"tp": 1}, False),
+    ("qwen3-moe", dict(hidden_size=256, moe_intermediate_size=384, num_attention_heads=8,
+                       num_key_value_heads=4, head_dim=64),
+     {"tp": 2, "ep": 2}, {"tp": 2, "ep": True}, False),
+    ("deepseek-v3", dict(hidden_size=256, moe_intermediate_size=256, q_lora_rank=192,
+                         kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                         v_head_dim=32),
+     {"tp": 2, "pp": 2}, {"tp": 2, "replicas": 2}, True),
+]
+
+
+@pytest.mark.parametrize("family,sizes,train,infer,colocated", FP8_WORLDS,
+                         ids=[w[0] for w in FP8_WORLDS])
+def test_fp8_byte_exact(tmp_path, family, sizes, train, infer, colocated):
+    s = reshard_run.run(wider(tmp_path, family, **sizes), train, infer, colocated=colocated,
+                        check=True, bucket_mib=1, timeout=60, target_dtype="fp8")
+    assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
+    assert s["check"]["ok"], s["check"]["problems"]
+    assert s["quantized_at_sender"] > 0 and s["quantized_at_destination"] > 0
+    assert s["bytes_moved"] == s["plan"]["bytes_moved"]
+
+
+def test_fp8_destinations_must_hold_bits_and_scales(tmp_path):
     path = str(tmp_path / "fp8.json")
-    done = subprocess.run([os.environ["RLSCHED_BIN"], "reshard", "--model", config("llama"),
-                           "--train", "tp=1", "--infer", "tp=1", "--target-dtype", "fp8",
-                           "--plan-out", path], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    part = executor.load_plan(path, 0)
+    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), {"tp": 1},
+                                  {"tp": 1}, False, 1, path, target_dtype="fp8_block128")
+    part = executor.load_plan(path, 1)  # the engine rank
     model = lay.parse_config(open(config("llama")).read())
-    sources = lay.megatron_shards(model, lay.Train(), 0, lay.full_tensors(model))
-    problems = executor.check_plan(part, 2, sources, None)
-    quantised = [t for t in part.transfers if t.quantize != executor.QUANTIZE_NONE]
-    assert quantised and len(problems) == len(quantised)
-    assert all(field == "quantize" for _, field, _ in problems), problems
+    bf16 = lay.vllm_shards(model, lay.Infer(), 0, lay.full_tensors(model))
+    problems = executor.check_plan(part, 2, {}, bf16)
+    assert problems and {f for _, f, _ in problems} == {"dst_param"}
+    assert "torch.uint8" in problems[0][2]
+    fp8 = {k: (torch.zeros(v.shape, dtype=torch.uint8) if lay.is_linear(k) else v)
+           for k, v in bf16.items()}
+    problems = executor.check_plan(part, 2, {}, fp8)
+    assert problems and "_scale_inv' must be float32" in problems[0][2]
+    fp8.update({executor.scale_name(k): torch.zeros(executor.scale_shape(v.shape))
+                for k, v in bf16.items() if lay.is_linear(k)})
+    assert executor.check_plan(part, 2, {}, fp8) == []
+    assert {f for _, f, _ in executor.check_plan(part, 2, {}, None)} == {"destinations"}
 
 
 def test_command_line_json_summary():
