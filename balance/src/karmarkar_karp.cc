@@ -283,6 +283,10 @@ class Differencer {
   // (most tuples are small; a few large ones give theirs back, so memory stays O(n + k)).
   static constexpr std::size_t kKeptCapacity = 64;
 
+  // A new slot goes into a tuple's sorted run when at most this many of its slots are
+  // lighter (else into its heap); see InsertIntoBase.
+  static constexpr std::size_t kNearFront = 8;
+
   // The single item at sorted position `s`.
   Key Single(std::size_t s) const {
     return static_cast<Key>(sorted_[s]) << kHeadBits |
@@ -361,10 +365,44 @@ class Differencer {
   }
 
   void AddSingle(Tuple& t, Key s) {
-    Key added = s;
-    if (t.size() == k_) added = Join(PopLightest(t), s);  // joins the lightest part
-    PushRecent(t, added);                                 // or opens a new part
-    t.max_slot = std::max(t.max_slot, added);
+    if (t.size() == k_) {  // joins the lightest part
+      const Key joined = Join(PopLightest(t), s);
+      PushRecent(t, joined);
+      t.max_slot = std::max(t.max_slot, joined);
+      return;
+    }
+    // Opens a new part: the items come heaviest first, so the new slot is usually
+    // among the lightest few (or, in a run of equal weights, the heaviest) of `base`.
+    if (!InsertIntoBase(t, s)) PushRecent(t, s);
+    t.max_slot = std::max(t.max_slot, s);
+  }
+
+  // Inserts `slot` into t.base when its place is within kNearFront slots of the front
+  // or at the back; false (t unchanged) otherwise. Room at the front is made by moving
+  // the run to the back of twice its size (amortised O(1) a slot).
+  static bool InsertIntoBase(Tuple& t, Key slot) {
+    if (t.lo == t.base.size() || slot > t.base.back()) {
+      t.base.push_back(slot);
+      return true;
+    }
+    const std::size_t limit = std::min(t.base.size(), t.lo + kNearFront);
+    std::size_t at = t.lo;  // the first slot heavier than `slot`
+    while (at < limit && t.base[at] < slot) ++at;
+    if (at == limit) return false;
+    if (t.lo == 0) {
+      const std::size_t size = t.base.size();
+      const std::size_t room = std::max<std::size_t>(size, 4);
+      t.base.resize(size + room);
+      std::copy_backward(t.base.begin(), t.base.begin() + static_cast<std::ptrdiff_t>(size),
+                         t.base.end());
+      t.lo = room;
+      at += room;
+    }
+    Key* const base = t.base.data();
+    std::copy(base + t.lo, base + at, base + t.lo - 1);
+    base[at - 1] = slot;
+    --t.lo;
+    return true;
   }
 
   // Sorts `recent` into `base`: all of t ascending in base, lo = 0.
@@ -374,10 +412,23 @@ class Differencer {
     if (t.lo == t.base.size()) {
       t.base.swap(t.recent);
     } else {
-      scratch_.resize(t.size());
-      std::merge(t.base.begin() + static_cast<std::ptrdiff_t>(t.lo), t.base.end(), t.recent.begin(),
-                 t.recent.end(), scratch_.begin());
-      t.base.swap(scratch_);
+      // In place, from the back (no buffer changes hands, so none is reallocated).
+      const std::size_t nb = t.base.size() - t.lo;
+      std::size_t r = t.recent.size();
+      if (t.lo > 0)
+        std::copy(t.base.begin() + static_cast<std::ptrdiff_t>(t.lo), t.base.end(), t.base.begin());
+      t.base.resize(nb + r);
+      Key* const base = t.base.data();
+      const Key* const recent = t.recent.data();
+      std::size_t i = nb;
+      std::size_t out = nb + r;
+      while (r > 0) {
+        if (i > 0 && base[i - 1] > recent[r - 1]) {
+          base[--out] = base[--i];
+        } else {
+          base[--out] = recent[--r];
+        }
+      }
     }
     t.recent.clear();
     t.lo = 0;
@@ -466,10 +517,10 @@ class Differencer {
     scratch_.resize(na + nb - 2 * m);
     const auto rest =
         std::merge(first_a + m, first_a + na, first_b + m, first_b + nb, scratch_.begin());
-    merged_.resize(na + nb - m);
-    std::merge(scratch_.begin(), rest, overlap_.begin(), overlap_.end(), merged_.begin());
-    a.base.swap(merged_);
+    // a's slots are all read: the result goes over them (its storage only ever grows).
+    a.base.resize(na + nb - m);
     a.lo = 0;
+    std::merge(scratch_.begin(), rest, overlap_.begin(), overlap_.end(), a.base.begin());
     assert(a.base.size() == std::min(k_, na + nb));
     a.max_slot = a.base.back();
   }
@@ -503,7 +554,6 @@ class Differencer {
   std::vector<std::int32_t> free_;
   std::vector<Key> scratch_;
   std::vector<Key> overlap_;
-  std::vector<Key> merged_;
   std::vector<Key> low_a_;
   std::vector<Key> low_b_;
 };
