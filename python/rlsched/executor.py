@@ -58,6 +58,7 @@ Thread-safety: one call of :func:`execute` per rank at a time.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import time
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -566,7 +567,8 @@ class Executor:
                  destinations: Optional[Mapping[str, "torch.Tensor"]] = None,
                  on_slice: Optional[Callable[[str, "torch.Tensor", Slice], None]] = None,
                  dtype=None, device=None,
-                 direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES):
+                 direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES,
+                 timeout: Optional["datetime.timedelta"] = None):
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
 
@@ -604,8 +606,10 @@ class Executor:
 
         member_sets = sorted({tuple(m) for g in gathered for m in g[2]})
         self.groups = {}
+        self.timeout = timeout
         for members in member_sets:
-            pg = dist.new_group(ranks=list(members))
+            pg = (dist.new_group(ranks=list(members)) if timeout is None
+                  else dist.new_group(ranks=list(members), timeout=timeout))
             if self.rank in members:
                 self.groups[members] = pg
         self.num_groups = len(member_sets)
@@ -820,7 +824,10 @@ class Executor:
                 pending.append((c, work, buffer, unpack, receives))
             stats.peak_staging_bytes = max(stats.peak_staging_bytes, used)
             for c, work, buffer, unpack, receives in pending:
-                work.wait()
+                if self.timeout is not None and c.kind == "p2p":
+                    work.wait(self.timeout)
+                else:
+                    work.wait()  # a broadcast's group carries the timeout
                 if not receives:
                     continue
                 for t, offset in zip(c.transfers, c.offsets):
@@ -843,7 +850,8 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
             destinations: Optional[Mapping[str, "torch.Tensor"]] = None,
             on_slice: Optional[Callable[[str, "torch.Tensor", Slice], None]] = None,
             dtype=None, device=None,
-            direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES) -> ExecuteStats:
+            direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES,
+            timeout: Optional["datetime.timedelta"] = None) -> ExecuteStats:
     """Runs `plan` (this rank's part) once on the initialised default process group:
     ``Executor(...).run()``. For a sync at every step, keep the :class:`Executor` (its
     checks and process groups are made once).
@@ -856,12 +864,14 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
     staging buffers live (default: the sources' or destinations' device, else CPU; the
     NCCL backend needs CUDA tensors). `direct_min_bytes`: transfers at least this large
     move alone and without staging where their slice is contiguous (None: pack all);
-    every rank must pass the same value.
+    every rank must pass the same value. `timeout`: how long one collective of a sync may
+    wait (the broadcasts' process groups are made with it, a send/recv waits that long);
+    None: the default process group's timeout.
 
     Every rank of the world must call it with the same plan file. Raises
     :class:`PlanMismatchError` on every rank, before any byte moves, when the plan does
-    not fit; a collective that fails raises torch's error (the process group's timeout
-    bounds a wait). Returns this rank's :class:`ExecuteStats`.
+    not fit; a collective that fails or times out (a rank gone) raises torch's
+    RuntimeError. Returns this rank's :class:`ExecuteStats`.
     """
     return Executor(plan, sources, destinations, on_slice, dtype=dtype, device=device,
-                    direct_min_bytes=direct_min_bytes).run()
+                    direct_min_bytes=direct_min_bytes, timeout=timeout).run()

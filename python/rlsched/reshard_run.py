@@ -139,7 +139,16 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
                 lay.bits(tensor).bitwise_xor_(1)
         ex = executor.Executor(plan, sources=sources, destinations=destinations,
                                on_slice=on_slice, dtype=model.dtype,
-                               direct_min_bytes=cfg["direct_min_bytes"])
+                               direct_min_bytes=cfg["direct_min_bytes"],
+                               timeout=datetime.timedelta(seconds=cfg["timeout"]))
+        if rank == cfg["fault_rank"]:  # fault injection, before the sync
+            if cfg["fault"] == "stall":  # alive, silent past the others' timeout
+                time.sleep(cfg["timeout"] + 1.0)
+            results.put({"rank": rank, "fault": cfg["fault"]})
+            results.close()
+            results.join_thread()
+            os._exit(0)
+        sync_start = time.perf_counter()
         for sync in range(cfg["syncs"]):
             if sync == cfg["syncs"] - 1 and sync > 0:
                 for tensor in sources.values():
@@ -164,6 +173,8 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
         out["refused"] = str(error)
     except Exception as error:  # noqa: BLE001 - reported to the launcher
         out["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}"
+        if "sync_start" in locals():
+            out["seconds_to_error"] = time.perf_counter() - sync_start
     finally:
         results.put(out)
         if dist.is_initialized():
@@ -176,12 +187,16 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         plan_format: str = "json", rlsched_bin: Optional[str] = None,
         deliver: str = "tensors", timeout: float = 120.0,
         direct_min_bytes: Optional[int] = None, syncs: int = 1,
-        target_dtype: str = "bf16") -> dict:
+        target_dtype: str = "bf16", fault_rank: Optional[int] = None,
+        fault: str = "exit") -> dict:
     """Plans (unless `plan_path`), launches the world, executes, checks; returns the
     summary (see the module's docstring). `direct_min_bytes`: the executor's threshold
     for moving a transfer alone (None: its default, 0: pack every transfer). `syncs`:
     the plan runs this many times on one Executor per rank, all but the last sync on
-    other source contents (changed in place; the check sees the last sync)."""
+    other source contents (changed in place; the check sees the last sync).
+    `fault_rank`: fault injection: after the set-up, that rank exits (`fault` "exit") or
+    stays silent past the timeout ("stall") instead of syncing; the others must fail,
+    within `timeout` seconds (the collectives' timeout)."""
     from rlsched import executor  # noqa: PLC0415
     from rlsched import executor_layouts as lay  # noqa: PLC0415
 
@@ -193,6 +208,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         raise ValueError(f"deliver: {deliver!r} is not tensors or callback")
     if syncs < 1:
         raise ValueError(f"syncs: must be >= 1, got {syncs}")
+    if fault not in ("exit", "stall"):
+        raise ValueError(f"fault: {fault!r} is not exit or stall")
     target_dtype = {"fp8": "fp8_block128"}.get(target_dtype, target_dtype)
     if target_dtype not in ("bf16", "fp8_block128"):
         raise ValueError(f"target_dtype: {target_dtype!r} is not bf16 or fp8_block128 (fp8)")
@@ -230,7 +247,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         cfg = {"backend": backend, "store": os.path.join(workdir, "store"), "timeout": timeout,
                "model": model, "train": t, "infer": i, "full": lay.full_tensors(model),
                "colocated": colocated, "plan": plan_path, "check": check, "deliver": deliver,
-               "syncs": syncs, "fp8": target_dtype == "fp8_block128",
+               "syncs": syncs, "fp8": target_dtype == "fp8_block128", "fault_rank": fault_rank,
+               "fault": fault,
                "direct_min_bytes": (executor.DIRECT_MIN_BYTES if direct_min_bytes is None
                                     else direct_min_bytes or None)}
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -261,6 +279,11 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     outs.sort(key=lambda o: o["rank"])
+    if fault_rank is not None:
+        summary["fault"] = {"rank": fault_rank, "kind": fault,
+                            "failed_ranks": [o["rank"] for o in outs if "error" in o],
+                            "max_seconds_to_error": max(
+                                (o.get("seconds_to_error", 0.0) for o in outs), default=0.0)}
     errors = [o["error"] for o in outs if "error" in o]
     refused = [o["refused"] for o in outs if "refused" in o]
     if errors:
@@ -271,7 +294,7 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         summary["refused"] = refused[0]
         summary["ok"] = False
         return summary
-    stats = [o["stats"] for o in outs]
+    stats = [o["stats"] for o in outs if "stats" in o]
     summary.update({
         "buckets": max(s["buckets"] for s in stats),
         "collectives": sum(s["collectives"] for s in stats if s["bytes_sent"]),
@@ -333,6 +356,10 @@ def main(argv=None) -> int:
     parser.add_argument("--syncs", type=int, default=1,
                         help="run the plan this many times (one set-up), all but the last sync "
                              "on other trainer tensor contents (changed in place)")
+    parser.add_argument("--fault-rank", type=int, default=None,
+                        help="fault injection: this rank exits (or stalls) after the set-up "
+                             "instead of syncing; the others must fail within --timeout")
+    parser.add_argument("--fault", default="exit", choices=("exit", "stall"))
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -345,10 +372,11 @@ def main(argv=None) -> int:
                       check=args.check, plan_path=args.plan, bucket_mib=args.bucket_mib,
                       plan_format=args.plan_format, rlsched_bin=args.rlsched,
                       deliver=args.deliver, timeout=args.timeout, syncs=args.syncs,
-                      target_dtype=args.target_dtype,
+                      target_dtype=args.target_dtype, fault_rank=args.fault_rank,
+                      fault=args.fault,
                       direct_min_bytes=(None if args.direct_min_kib is None
                                         else args.direct_min_kib << 10))
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, RuntimeError) as error:
         print(f"reshard_run: {error}", file=sys.stderr)
         return 2
     if args.json:

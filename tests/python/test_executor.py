@@ -230,6 +230,20 @@ def test_check_plan_names_the_field_without_a_world(tmp_path):
     assert executor.check_plan(part, 3, sources, None)[0][1] == "world_size"
 
 
+@pytest.mark.parametrize("fault", ["exit", "stall"])
+def test_a_lost_rank_fails_the_others_within_the_timeout(fault):
+    # Engine rank 5 exits (its peers see the connection close) or stays silent (they
+    # time out): every sender of its data fails, none waits past the 2 s timeout.
+    s = reshard_run.run(config("llama"), {"tp": 2, "pp": 2}, {"tp": 2, "replicas": 2},
+                        fault_rank=5, fault=fault, timeout=2)
+    assert not s["ok"] and "error" in s
+    f = s["fault"]
+    assert f["failed_ranks"] and 5 not in f["failed_ranks"]
+    assert f["max_seconds_to_error"] < 2 + 1.5
+    if fault == "stall":
+        assert "Timed out" in s["error"] and f["max_seconds_to_error"] >= 1.9
+
+
 # ---------------------------------------------------------------------------------
 # fp8 targets.
 
