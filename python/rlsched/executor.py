@@ -5,30 +5,40 @@ of which trainer tensor goes to which engine ranks in which bucket; this module 
 the bytes. Every rank of one ``torch.distributed`` world (trainer ranks and engine
 ranks numbered as the plan numbers them: trainer ``0..T-1``, engine (replica, tp rank)
 ``T + replica*tp + tp_rank`` on separate GPUs or ``replica*tp + tp_rank`` colocated)
-calls :func:`execute` with the same plan::
+makes an :class:`Executor` from the same plan once, then runs it at every sync::
 
-    plan = load_plan("plan.json", rank)          # or "plan.binpb": this rank's part only
-    stats = execute(plan, sources=megatron_state,  # Megatron names -> local shards
-                    destinations=vllm_params)      # vLLM names -> preallocated tensors
+    plan = load_plan("plan.json", rank)           # or "plan.binpb": this rank's part only
+    sync = Executor(plan, sources=megatron_state,  # Megatron names -> local shards
+                    destinations=vllm_params,      # vLLM names -> preallocated tensors
+                    timeout=datetime.timedelta(seconds=60))
+    stats = sync.run()                             # after every train step
 
-Names are canonical (``rlsched/rollout/layout.h``): Megatron's with the global layer
-index and global expert id, vLLM's after its loader's stacking (``qkv_proj``,
-``gate_up_proj``, ``experts.w13_weight``). An engine may pass ``on_slice(vllm_name,
-tensor, dst_slice)`` instead of (or beside) ``destinations``: it is called for every
-slice as its bucket completes, ``tensor`` a view of the staging buffer shaped like the
-destination slice, valid during the call only.
+(:func:`execute` does both once.) Names are canonical (``rlsched/rollout/layout.h``):
+Megatron's with the global layer index and global expert id, vLLM's after its loader's
+stacking (``qkv_proj``, ``gate_up_proj``, ``experts.w13_weight``). An engine may pass
+``on_slice(vllm_name, tensor, dst_slice)`` instead of (or beside) ``destinations``: it
+is called for every slice as its bucket completes, ``tensor`` a view of the staging
+buffer shaped like the destination slice (valid during the call only), or of the
+destination tensor when both are given.
 
 How it moves bytes. Buckets run in order. Inside a bucket, the transfers of one
 (source rank, destination set) are packed into one contiguous buffer and moved with one
 collective: a broadcast over a process group made once per distinct member set (source
-plus destinations, created in the same order on every rank and cached), a send/recv
-pair when there is one destination, a plain copy when the destination is the source
-rank itself. Every rank issues its collectives in one global order (bucket, source,
-destinations), asynchronously, then waits for the bucket, so that collectives on
-different groups run at the same time and no two ranks wait on each other in opposite
-orders. Staging memory: the buffers of one bucket, i.e. the bytes this rank sends plus
-the bytes it receives over links in that bucket (at most the plan's bucket budget each
-way; local copies need none), plus at most 7 bytes of alignment per transfer.
+plus destinations, created in the same order on every rank when the Executor is made),
+a send/recv pair when there is one destination, a plain copy when the destination is the
+source rank itself. A transfer of at least ``direct_min_bytes`` (1 MiB) moves in a
+collective of its own, straight from the source tensor and into the destination tensor
+where its slice is contiguous there (no staging copy: on CPU the copies cost as much as
+loopback TCP). Every rank starts its collectives in one global order (bucket, source,
+destinations, first transfer), asynchronously, packing the next while the previous ones
+move, then waits for the bucket and unpacks, so that collectives on different groups
+run at the same time and no two ranks wait on each other in opposite orders. Staging
+memory: one buffer per run, :attr:`Executor.staging_bytes`: the largest bucket's packed
+slices on this rank (what it sends plus what it receives over links in that bucket, at
+most the plan's bucket budget each way, less what moves straight; local copies need
+none), plus at most 7 bytes of alignment per transfer. A collective waits at most
+`timeout` (then torch raises), so that a lost rank fails the others instead of hanging
+them.
 
 Checks before any byte moves (every rank checks its part, then the ranks exchange
 their findings in one ``all_gather_object``, so that every rank raises the same
@@ -52,7 +62,8 @@ blocks they cover when the last one is in. Both sides quantise with
 :func:`quantize_block128` (scale = block amax / 448 in float32, codes rounded to nearest
 even on the float32 bits), so the bytes do not depend on who quantised.
 
-Thread-safety: one call of :func:`execute` per rank at a time.
+Thread-safety: one :meth:`Executor.run` per rank at a time; every rank runs the same
+number of syncs in the same order.
 """
 
 from __future__ import annotations
@@ -142,13 +153,23 @@ def _json_ranges(ranges) -> Slice:
 
 
 def _json_transfer(index: int, t: dict) -> Transfer:
+    try:
+        return _json_transfer_fields(index, t)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"transfers[{index}]: not a transfer of rlsched.v1.ReshardPlan "
+                         f"({type(error).__name__}: {error})") from None
+
+
+def _json_transfer_fields(index: int, t: dict) -> Transfer:
     q = t.get("quantize", "QUANTIZE_NONE")
+    if isinstance(q, str) and q not in _QUANTIZE_NAMES:
+        raise ValueError(f"quantize {q!r}")
     return Transfer(index=index, bucket=int(t.get("bucket", 0)), src_rank=int(t.get("src_rank", 0)),
                     src_param=t["src_param"], src_slice=_json_ranges(t.get("src_slice", [])),
                     dst_ranks=tuple(int(r) for r in t.get("dst_ranks", [])),
                     dst_param=t["dst_param"], dst_slice=_json_ranges(t.get("dst_slice", [])),
                     bytes=int(t.get("bytes", 0)),
-                    quantize=_QUANTIZE_NAMES.get(q, q) if isinstance(q, str) else int(q))
+                    quantize=_QUANTIZE_NAMES[q] if isinstance(q, str) else int(q))
 
 
 def _plan_world(trainer_ranks: int, engine_ranks: int, max_rank: int) -> Tuple[int, bool]:
@@ -193,7 +214,11 @@ def _read_delimited(f, message_type):
     if len(data) != size:
         raise ValueError(f"binary plan: a message of {size} bytes is cut short ({len(data)} read)")
     message = message_type()
-    message.ParseFromString(data)
+    try:
+        message.ParseFromString(data)
+    except Exception as error:  # noqa: BLE001 - protobuf's DecodeError and kin
+        raise ValueError(f"binary plan: a {message_type.__name__} that does not parse "
+                         f"({error})") from None
     return message
 
 
@@ -218,6 +243,11 @@ def plan_from_binpb(path: str, rank: int) -> RankPlan:
             names = list(part.param_names)
             groups = [tuple(g.ranks) for g in part.dst_groups]
             for t in part.transfers:
+                if not (0 <= t.src_param < len(names) and 0 <= t.dst_param < len(names)
+                        and 0 <= t.dst_group < len(groups)):
+                    raise ValueError(f"binary plan: transfer {t.index} of rank {rank}'s part "
+                                     f"names a parameter or receiver set outside the part's "
+                                     f"tables ({len(names)} names, {len(groups)} sets)")
                 transfers.append(Transfer(
                     index=t.index, bucket=t.bucket, src_rank=t.src_rank,
                     src_param=names[t.src_param],
@@ -583,13 +613,14 @@ class Executor:
             device = any_tensor.device if any_tensor is not None else torch.device("cpu")
         self.device = device
         self.rank, world = dist.get_rank(), dist.get_world_size()
-        if self.rank != plan.rank:
-            raise ValueError(f"rank: the plan part was read for rank {plan.rank}, this process "
-                             f"is rank {self.rank}")
 
         # Checks, and the member sets of the broadcasts this rank takes part in; every
         # rank learns every rank's findings (one collective, no tensor bytes yet).
-        problems = check_plan(plan, world, self.sources, destinations)
+        if self.rank != plan.rank:
+            problems = [(self.rank, "rank", f"the plan part was read for rank {plan.rank}, "
+                                            f"this process is rank {self.rank}")]
+        else:
+            problems = check_plan(plan, world, self.sources, destinations)
         self.buckets = ([[c for c in cs if self.rank == c.src or self.rank in c.dst_ranks]
                          for cs in schedule(plan.transfers, direct_min_bytes)]
                         if not problems else [])

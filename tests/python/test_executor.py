@@ -213,6 +213,22 @@ def test_shifted_slice_out_of_bounds_is_refused(tmp_path):
     assert "refused" in s and "dst_slice[0]: [" in s["refused"] and "lm_head.weight" in s["refused"]
 
 
+def test_unreadable_plans_name_what_is_wrong(tmp_path):
+    path, plan = write_plan(tmp_path, "llama", {"tp": 1}, {"tp": 1})
+    del plan["transfers"][3]["src_param"]
+    with pytest.raises(ValueError, match=r"transfers\[3\]: .*src_param"):
+        executor.plan_from_json(plan, 0)
+    binary = str(tmp_path / "plan.binpb")
+    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), {"tp": 1},
+                                  {"tp": 1}, False, 1, binary)
+    assert len(executor.load_plan(binary, 1).transfers) == len(plan["transfers"])
+    data = open(binary, "rb").read()
+    cut = str(tmp_path / "cut.binpb")
+    open(cut, "wb").write(data[:len(data) // 2])
+    with pytest.raises(ValueError, match="binary plan"):
+        executor.load_plan(cut, 1)
+
+
 def test_check_plan_names_the_field_without_a_world(tmp_path):
     # check_plan() alone: a missing tensor, a wrong dtype (bytes), a slice outside.
     path, plan = write_plan(tmp_path, "llama", {"tp": 1}, {"tp": 1})
