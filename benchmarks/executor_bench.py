@@ -79,6 +79,10 @@ def _rank_main(rank, world, cfg, results):
         reference = destinations = None
         if 0 <= engine < E:
             reference = lay.vllm_shards(model, infer, engine % infer.tp, full)
+            if cfg["fp8"]:
+                for name in [n for n in reference if lay.is_linear(n)]:
+                    reference[name], reference[executor.scale_name(name)] = (
+                        executor.quantize_block128(reference[name]))
             destinations = {k: torch.zeros_like(v) for k, v in reference.items()}
             for v in destinations.values():
                 v.fill_(0)  # touch the pages: ru_maxrss should count staging alone
@@ -174,6 +178,7 @@ def main():
     parser.add_argument("--infer", default="tp=2,replicas=2")
     parser.add_argument("--colocated", action="store_true")
     parser.add_argument("--bucket-mib", type=int, default=64)
+    parser.add_argument("--target-dtype", default="bf16", choices=("bf16", "fp8_block128"))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--direct-min-kib", type=int, default=1024,
                         help="transfers at least this large move alone, unstaged where "
@@ -197,7 +202,8 @@ def main():
                                          field="infer")
         plan_path = os.path.join(workdir, "plan.binpb")
         planned = reshard_run.plan_with_rlsched(args.rlsched, model_path, train, infer,
-                                                args.colocated, args.bucket_mib, plan_path)
+                                                args.colocated, args.bucket_mib, plan_path,
+                                                target_dtype=args.target_dtype)
         with open(model_path) as f:
             model = lay.parse_config(f.read())
         t = lay.Train(**train)
@@ -207,7 +213,7 @@ def main():
         world = max(T, E) if args.colocated else T + E
         cfg = {"store": os.path.join(workdir, "store"), "model": model, "train": t, "infer": i,
                "full": lay.full_tensors(model), "colocated": args.colocated, "plan": plan_path,
-               "repeat": args.repeat,
+               "repeat": args.repeat, "fp8": args.target_dtype == "fp8_block128",
                "direct_min_bytes": args.direct_min_kib << 10 if args.direct_min_kib else None}
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         ctx = multiprocessing.get_context("fork")
@@ -255,11 +261,13 @@ def main():
         "plan_estimate_seconds": estimate,
         "plan_estimate_at_loopback_seconds": estimate * 400.0 / link_gbps,
         "check_ok": mismatched == 0,
+        "target_dtype": args.target_dtype,
     }
     if args.json:
         print(json.dumps(r, sort_keys=True))
     else:
-        print(f"world        {world} ranks, {r['model_bytes'] / 1e6:.0f} MB model, "
+        print(f"world        {world} ranks, {r['model_bytes'] / 1e6:.0f} MB model "
+              f"({args.target_dtype} engines), "
               f"{bytes_moved / 1e6:.0f} MB moved in {r['buckets']} buckets, "
               f"{r['collectives']} collectives on the busiest rank")
         print(f"executor     {r['executor_seconds']:.3f} s   plain broadcasts "
