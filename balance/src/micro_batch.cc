@@ -339,15 +339,45 @@ void FillEmptyBins(const RankItems& items, std::int64_t m, Assignment& assignmen
   }
 }
 
+namespace {
+
+// PackGoal::kWithinCap: the first of `extra`, first-fit decreasing, Karmarkar-Karp on
+// cost repaired, and longest first on tokens that keeps the cap, empty bins filled
+// (`extra` as it is when none does, as the balanced Pack() takes it).
+// First-fit comes before the balanced constructions: it packs tightest (at the
+// smallest count of a large rank, often the only one that fits) and costs least.
+std::optional<Assignment> FirstWithinCap(const RankItems& items, std::int64_t m, std::int64_t cap,
+                                         const std::optional<Assignment>& extra) {
+  auto done = [&](Assignment packing) {
+    FillEmptyBins(items, m, packing);
+    return std::optional<Assignment>(std::move(packing));
+  };
+  if (extra && WithinCap(LoadsOf(items, m, *extra), cap)) return done(*extra);
+  const std::vector<std::int32_t> by_tokens = HeaviestFirst(items.tokens);
+  if (auto ffd = FirstFitDecreasing(items, m, cap, by_tokens)) return done(std::move(*ffd));
+  Assignment kk = KarmarkarKarpSorted(
+      items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
+      PartSizes::kAny);
+  if (Repair(items, m, cap, by_tokens, kk)) return done(std::move(kk));
+  Assignment lpt = LptOnTokens(items, m, by_tokens);
+  if (WithinCap(LoadsOf(items, m, lpt), cap)) return done(std::move(lpt));
+  // As the balanced Pack(), which takes `extra` as it is.
+  if (extra) return done(*extra);
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int64_t cap,
-                               const RefineOptions& refine,
-                               const std::optional<Assignment>& extra) {
+                               const RefineOptions& refine, const std::optional<Assignment>& extra,
+                               PackGoal goal) {
   const std::int64_t n = static_cast<std::int64_t>(items.tokens.size());
   if (n <= m) {
     Assignment one_each(static_cast<std::size_t>(n));
     std::iota(one_each.begin(), one_each.end(), 0);
     return one_each;
   }
+  if (goal == PackGoal::kWithinCap) return FirstWithinCap(items, m, cap, extra);
   std::vector<Assignment> starts;
   // The items by tokens, heaviest first, sorted once for the repair, the greedy and
   // first-fit; by cost the same order when costs are the tokens (the tokens' cost model
@@ -483,8 +513,8 @@ RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOpti
   RankSearch search{std::move(items), 0, std::nullopt};
   const std::int64_t q = options.micro_batches_multiple_of;
   for (std::int64_t m = from;; m += q) {
-    search.packing =
-        Pack(search.items, m, options.max_tokens_per_micro_batch, options.refine, std::nullopt);
+    search.packing = Pack(search.items, m, options.max_tokens_per_micro_batch, options.refine,
+                          std::nullopt, PackGoalFor(search.items.tokens.size(), options));
     if (search.packing) {
       search.feasible_count = m;
       return search;
@@ -512,6 +542,7 @@ using internal::Gather;
 using internal::kMaxCountsTried;
 using internal::MakeRankPlan;
 using internal::Pack;
+using internal::PackGoalFor;
 using internal::Pad;
 using internal::Padded;
 using internal::RankItems;
@@ -540,8 +571,8 @@ RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths,
   const std::int64_t first = search.feasible_count;
   auto plan_with = [&](std::int64_t count) {
     if (count == first) return MakeRankPlan(padded, items, count, *search.packing, options);
-    const auto packing =
-        Pack(items, count, options.max_tokens_per_micro_batch, options.refine, search.packing);
+    const auto packing = Pack(items, count, options.max_tokens_per_micro_batch, options.refine,
+                              search.packing, PackGoalFor(items.tokens.size(), options));
     return MakeRankPlan(padded, items, count, *packing, options);
   };
   RankPlan best = plan_with(first);

@@ -101,11 +101,33 @@ bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap,
 // fewest tokens from the bin holding the most items (it can only lower that bin).
 void FillEmptyBins(const RankItems& items, std::int64_t m, Assignment& assignment);
 
-// A packing of `items` into exactly m bins under the cap with balanced cost, or
-// nullopt if none of the constructions fits. `extra` is one more starting point
-// (e.g. a packing found for fewer bins, which stays valid with empty bins added).
+// What Pack() looks for: the packing of least cost in its most costly micro-batch
+// (every construction tried, each refined), or the first packing found that keeps the
+// cap (`extra`, then first-fit decreasing, Karmarkar-Karp repaired, longest first;
+// not refined). Both find a packing for the same (items, m, cap): the second stops at
+// the first construction of the first's that fits.
+enum class PackGoal { kBalanced, kWithinCap };
+
+// With one pipeline stage a rank's time is its cost plus m overheads, whatever the
+// split of its cost: for a rank of at least this many sequences the planner packs
+// for the cap alone (PackGoal::kWithinCap). Below it the balanced packings cost
+// little and give micro-batches of even cost (and memory).
+inline constexpr std::int64_t kWithinCapSequences = 8192;
+
+// The goal for a rank of `sequences` sequences under `options` (resolved).
+inline PackGoal PackGoalFor(std::size_t sequences, const MicroBatchOptions& options) {
+  return options.pipeline_stages == 1 && static_cast<std::int64_t>(sequences) >= kWithinCapSequences
+             ? PackGoal::kWithinCap
+             : PackGoal::kBalanced;
+}
+
+// A packing of `items` into exactly m bins under the cap (with balanced cost for
+// PackGoal::kBalanced), or nullopt if none of the constructions fits. `extra` is one
+// more starting point (e.g. a packing found for fewer bins, which stays valid with
+// empty bins added). With at least m items no bin is left empty.
 std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int64_t cap,
-                               const RefineOptions& refine, const std::optional<Assignment>& extra);
+                               const RefineOptions& refine, const std::optional<Assignment>& extra,
+                               PackGoal goal = PackGoal::kBalanced);
 
 // Σ (cost_i + overhead) + (p − 1) · max (cost_i + overhead) (resolved options).
 std::int64_t RankTime(const std::vector<MicroBatch>& batches, const MicroBatchOptions& options);
@@ -133,7 +155,8 @@ struct RankSearch {
   std::optional<Assignment> packing;  // that packing
 };
 
-// The smallest count from `from` on (in steps of the multiple) that Pack() packs.
+// The smallest count from `from` on (in steps of the multiple) that Pack() packs (for
+// PackGoalFor(the items, options)).
 RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOptions& options);
 
 // The smallest count whose time is within `tolerance` of the best of `tried`

@@ -169,6 +169,7 @@ using internal::MakeRankPlan;
 using internal::Overhead;
 using internal::Pack;
 using internal::PackedRanks;
+using internal::PackGoalFor;
 using internal::Pad;
 using internal::Padded;
 using internal::RankItems;
@@ -438,7 +439,8 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
     for (const RankSearch& search : searches) {
       const auto packing = search.feasible_count == count
                                ? search.packing
-                               : Pack(search.items, count, cap, mb.refine, search.packing);
+                               : Pack(search.items, count, cap, mb.refine, search.packing,
+                                      PackGoalFor(search.items.tokens.size(), mb));
       plan.ranks.push_back(MakeRankPlan(padded, search.items, count, *packing, mb));
       plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
     }
@@ -717,7 +719,8 @@ std::optional<StepPlan> BinsFirstPlan(const Padded& padded, const StepOptions& o
             slot_of[static_cast<std::size_t>((*packing)[static_cast<std::size_t>(rank[j])])]);
       }
       const std::optional<Assignment> refined =
-          Pack(mine, m, mb.max_tokens_per_micro_batch, mb.refine, start);
+          Pack(mine, m, mb.max_tokens_per_micro_batch, mb.refine, start,
+               PackGoalFor(mine.tokens.size(), mb));
       plan.ranks.push_back(MakeRankPlan(padded, mine, m, *refined, mb));
       plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
     }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -258,6 +259,81 @@ TEST(PackingTest, PackKeepsTheInvariants) {
     if (!packing) continue;
     ExpectValid(inst, *packing, true, "seed " + std::to_string(seed));
   }
+}
+
+// PackGoal::kWithinCap packs exactly the instances the balanced Pack() packs (the
+// same constructions, stopped at the first that fits), under the cap, every item once,
+// no bin empty when there are at least as many items as bins; with `extra` too.
+TEST(PackingTest, PackWithinCapPacksWhatTheBalancedPackPacks) {
+  int packed = 0;
+  int differs = 0;
+  for (std::uint64_t seed = 1; seed <= 600; ++seed) {
+    const Instance inst = MakeInstance(seed);
+    const std::string what = "seed " + std::to_string(seed);
+    const auto balanced =
+        internal::Pack(inst.items, inst.m, inst.cap, RefineOptions{}, std::nullopt);
+    const auto within = internal::Pack(inst.items, inst.m, inst.cap, RefineOptions{}, std::nullopt,
+                                       internal::PackGoal::kWithinCap);
+    ASSERT_EQ(within.has_value(), balanced.has_value()) << what;
+    if (!within) continue;
+    ExpectValid(inst, *within, true, what);
+    if (static_cast<std::int64_t>(within->size()) >= inst.m) {
+      for (const std::int64_t c : LoadsOf(inst.items, inst.m, *within).counts) {
+        EXPECT_GE(c, 1) << what;
+      }
+    }
+    // A valid packing handed in as `extra` is kept (empty bins filled).
+    const auto again = internal::Pack(inst.items, inst.m, inst.cap, RefineOptions{}, *balanced,
+                                      internal::PackGoal::kWithinCap);
+    ASSERT_TRUE(again.has_value()) << what;
+    ExpectValid(inst, *again, true, what);
+    ++packed;
+    differs += *within != *balanced ? 1 : 0;
+  }
+  EXPECT_GT(packed, 100);
+  EXPECT_GT(differs, 10);  // the goals do differ
+}
+
+// With one pipeline stage a rank of at least kWithinCapSequences sequences is packed for
+// the cap alone: the plan keeps every invariant (each sequence once, the cap, no empty
+// micro-batch, the bound below the time), and its time is the ranks' cost plus m
+// overheads, as with any packing at that count.
+TEST(PackingTest, LargeRanksAtOnePipelineStageArePackedForTheCap) {
+  workload::Rng rng(7);
+  std::vector<std::int64_t> lengths(3 * internal::kWithinCapSequences);
+  for (std::int64_t& length : lengths) {
+    length =
+        std::min<std::int64_t>(8192, static_cast<std::int64_t>(std::exp(6.0 + rng.Normal())) + 1);
+  }
+  StepOptions options;
+  options.num_ranks = 2;
+  options.micro_batch.max_tokens_per_micro_batch = 8192;
+  options.micro_batch.overhead = 100;
+  const PlannedStep step = PlanStep(lengths, {}, options);
+  const StepPlan& plan = step.plan;
+  EXPECT_EQ(plan.cap_violations, 0);
+  EXPECT_EQ(plan.empty_micro_batches, 0);
+  EXPECT_LE(plan.lower_bound, plan.predicted_step_time);
+  std::vector<int> seen(lengths.size(), 0);
+  std::int64_t slowest = 0;
+  for (const RankPlan& rank : plan.ranks) {
+    ASSERT_EQ(static_cast<std::int64_t>(rank.micro_batches.size()), plan.num_micro_batches);
+    std::int64_t cost = 0;
+    for (const MicroBatch& b : rank.micro_batches) {
+      EXPECT_LE(b.tokens, 8192);
+      EXPECT_FALSE(b.indices.empty());
+      cost += b.cost;
+      for (const std::int64_t i : b.indices) ++seen[static_cast<std::size_t>(i)];
+    }
+    EXPECT_EQ(rank.time, cost + plan.num_micro_batches * 100);
+    slowest = std::max(slowest, rank.time);
+  }
+  EXPECT_EQ(plan.predicted_step_time, slowest);
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+  // The plan that kept every candidate: the same (pruning changes nothing).
+  const PlannedStep all = internal::PlanStep(lengths, {}, options, internal::Pruning::kNone);
+  EXPECT_EQ(all.plan.predicted_step_time, plan.predicted_step_time);
+  EXPECT_EQ(all.plan.num_micro_batches, plan.num_micro_batches);
 }
 
 StepOptions ForcedStep(std::int64_t ranks, std::int64_t min, std::int64_t multiple) {
