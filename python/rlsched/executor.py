@@ -72,7 +72,11 @@ import dataclasses
 import datetime
 import json
 import time
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional,
+                    Sequence, Tuple)
+
+if TYPE_CHECKING:  # torch is imported where it is used, so that reading plans needs none
+    import torch
 
 QUANTIZE_NONE = 0
 QUANTIZE_AT_SENDER = 1
@@ -688,7 +692,8 @@ class Executor:
     def _scale_view(self, t: Transfer):
         (r0, r1), (c0, c1) = t.dst_slice[-2], t.dst_slice[-1]
         index = tuple(slice(b, e) for b, e in t.dst_slice[:-2]) + (
-            slice(r0 // FP8_BLOCK, -(-r1 // FP8_BLOCK)), slice(c0 // FP8_BLOCK, -(-c1 // FP8_BLOCK)))
+            slice(r0 // FP8_BLOCK, -(-r1 // FP8_BLOCK)),
+            slice(c0 // FP8_BLOCK, -(-c1 // FP8_BLOCK)))
         return self.destinations[scale_name(t.dst_param)][index], index
 
     def _write_fp8(self, t: Transfer, codes, scales):

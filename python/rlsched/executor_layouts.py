@@ -282,7 +282,6 @@ def megatron_shards(m: Model, t: Train, rank: int,
     ep_r = (in_stage // t.etp) % t.ep
     chunks = chunk_layers(m, t)
     last_chunk = t.pp * t.vpp - 1
-    h = m.hidden
     out: Dict[str, torch.Tensor] = {}
 
     def vocab(name):
@@ -300,13 +299,16 @@ def megatron_shards(m: Model, t: Train, rank: int,
                 out[mg + "input_layernorm.weight"] = full[hf + "input_layernorm.weight"]
                 if m.q_lora_rank:
                     out[sa + "linear_q_down_proj.weight"] = full[a + "q_a_proj.weight"]
-                    out[sa + "linear_q_up_proj.layer_norm_weight"] = full[a + "q_a_layernorm.weight"]
-                    out[sa + "linear_q_up_proj.weight"] = _rows(full[a + "q_b_proj.weight"], tp_r, t.tp)
+                    out[sa + "linear_q_up_proj.layer_norm_weight"] = (
+                        full[a + "q_a_layernorm.weight"])
+                    out[sa + "linear_q_up_proj.weight"] = _rows(
+                        full[a + "q_b_proj.weight"], tp_r, t.tp)
                 else:
                     out[sa + "linear_q_proj.weight"] = _rows(full[a + "q_proj.weight"], tp_r, t.tp)
                 out[sa + "linear_kv_down_proj.weight"] = full[a + "kv_a_proj_with_mqa.weight"]
                 out[sa + "linear_kv_up_proj.layer_norm_weight"] = full[a + "kv_a_layernorm.weight"]
-                out[sa + "linear_kv_up_proj.weight"] = _rows(full[a + "kv_b_proj.weight"], tp_r, t.tp)
+                out[sa + "linear_kv_up_proj.weight"] = _rows(
+                    full[a + "kv_b_proj.weight"], tp_r, t.tp)
                 out[sa + "linear_proj.weight"] = _cols(full[a + "o_proj.weight"], tp_r, t.tp)
             else:
                 d, groups = m.head_dim, m.kv_heads
@@ -343,7 +345,8 @@ def megatron_shards(m: Model, t: Train, rank: int,
                 out[mg + "pre_mlp_layernorm.weight"] = norm
                 out[mg + "mlp.router.weight"] = full[hf + "mlp.gate.weight"]
                 if m.router_bias:
-                    out[mg + "mlp.router.expert_bias"] = full[hf + "mlp.gate.e_score_correction_bias"]
+                    out[mg + "mlp.router.expert_bias"] = (
+                        full[hf + "mlp.gate.e_score_correction_bias"])
                 if m.shared_experts:
                     s = hf + "mlp.shared_experts."
                     out[mg + "mlp.shared_experts.linear_fc1.weight"] = _gate_up(
@@ -354,8 +357,8 @@ def megatron_shards(m: Model, t: Train, rank: int,
                 for e in range(ep_r * local, (ep_r + 1) * local):
                     x = hf + f"mlp.experts.{e}."
                     y = mg + f"mlp.experts.local_experts.{e}."
-                    out[y + "linear_fc1.weight"] = _gate_up(full[x + "gate_proj.weight"],
-                                                            full[x + "up_proj.weight"], etp_r, t.etp)
+                    out[y + "linear_fc1.weight"] = _gate_up(
+                        full[x + "gate_proj.weight"], full[x + "up_proj.weight"], etp_r, t.etp)
                     out[y + "linear_fc2.weight"] = _cols(full[x + "down_proj.weight"], etp_r, t.etp)
         if chunk == last_chunk:
             out["decoder.final_layernorm.weight"] = full["model.norm.weight"]
@@ -363,7 +366,6 @@ def megatron_shards(m: Model, t: Train, rank: int,
                 out["output_layer.weight"] = vocab("lm_head.weight")
             elif last_chunk != 0:
                 out["output_layer.weight"] = vocab("model.embed_tokens.weight")
-    del h
     return {k: v.contiguous().clone() for k, v in out.items()}
 
 
@@ -472,4 +474,5 @@ def is_linear(name: str) -> bool:
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's elements as integers of the same width (for bit-exact comparison)."""
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(width[t.element_size()])

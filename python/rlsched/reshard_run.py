@@ -4,7 +4,9 @@ vLLM layout built independently from the full tensors (:mod:`rlsched.executor_la
 
     /usr/bin/python3 -m rlsched.reshard_run --model config.json \\
         --train tp=2,pp=2,dp=2 --infer tp=2,replicas=2 [--colocated] [--backend gloo] \\
-        [--bucket-mib N] [--plan-format json|binpb] [--plan FILE] [--check] [--json]
+        [--target-dtype bf16|fp8] [--bucket-mib N] [--plan-format json|binpb] [--plan FILE] \\
+        [--deliver tensors|callback] [--direct-min-kib K] [--syncs N] [--timeout S] \\
+        [--fault-rank R --fault exit|stall] [--check] [--json]
 
 It plans with ``rlsched reshard --plan-out`` (the program from ``--rlsched``, else
 ``$RLSCHED_BIN``, else ``rlsched`` on ``PATH``) unless ``--plan`` gives a plan file,
@@ -14,11 +16,14 @@ after them, or on the same ranks with ``--colocated``), joins them in one
 ``torch.distributed`` world (a file store in a temporary folder; gloo on loopback, or
 NCCL) and executes. It prints one summary (``--json``: one JSON object): ranks, buckets,
 collectives, bytes moved, seconds (the slowest rank's), the largest staging memory of a
-rank, the plan's own estimate, and the check's result.
+rank, the plan's own estimate, and the check's result. With ``--target-dtype fp8`` the
+engines' linear weights are fp8 codes (uint8) with float32 block scales, and the check
+compares them with the reference shards quantised by the same block-128 rule.
 
 Exit status: 0 when the run (and the check) succeeded, 1 when the check found
-differences, 2 for bad arguments or a plan that does not fit the world (refused before
-any byte moved).
+differences, 2 for bad arguments, a plan that does not fit the world (refused before any
+byte moved), or a world that failed (a rank's error or timeout, as ``--fault-rank``
+provokes).
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ def parse_layout(text: str, keys, flags=(), field="train") -> Dict[str, object]:
             out[key] = True
             continue
         if key not in keys:
-            raise ValueError(f"{field}: unknown key {key!r} (keys: {', '.join(keys + tuple(flags))})")
+            raise ValueError(f"{field}: unknown key {key!r} "
+                             f"(keys: {', '.join(tuple(keys) + tuple(flags))})")
         try:
             out[key] = int(value)
         except ValueError:
@@ -222,14 +228,16 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
     trainer_ranks, engine_ranks = t.world, i.tp * i.replicas
     world = max(trainer_ranks, engine_ranks) if colocated else trainer_ranks + engine_ranks
     workdir = tempfile.mkdtemp(prefix="rlsched-reshard-run-")
-    summary: dict = {"syncs": syncs, "target_dtype": target_dtype, "ranks": world, "trainer_ranks": trainer_ranks, "engine_ranks": engine_ranks,
+    summary: dict = {"syncs": syncs, "target_dtype": target_dtype, "ranks": world,
+                     "trainer_ranks": trainer_ranks, "engine_ranks": engine_ranks,
                      "colocated": colocated, "backend": backend}
     try:
         planned = None
         if plan_path is None:
             rlsched_bin = rlsched_bin or os.environ.get("RLSCHED_BIN") or shutil.which("rlsched")
             if not rlsched_bin:
-                raise ValueError("rlsched: the program was not found (--rlsched, RLSCHED_BIN or PATH)")
+                raise ValueError("rlsched: the program was not found "
+                                 "(--rlsched, RLSCHED_BIN or PATH)")
             plan_path = os.path.join(workdir, "plan." + plan_format)
             infer_arg = {"tp": i.tp, "replicas": i.replicas, "ep": i.expert_parallel}
             planned = plan_with_rlsched(rlsched_bin, model_path, train, infer_arg, colocated,
@@ -334,7 +342,8 @@ def main(argv=None) -> int:
                         help="trainer layout: tp, pp, vpp, ep, etp, cp, dp, first-stage-layers, "
                              "last-stage-layers (e.g. tp=2,pp=2)")
     parser.add_argument("--infer", required=True,
-                        help="engine layout: tp, replicas, and ep (no value) for expert parallelism")
+                        help="engine layout: tp, replicas, and ep (no value) for expert "
+                             "parallelism")
     parser.add_argument("--round-robin-experts", action="store_true")
     parser.add_argument("--colocated", action="store_true")
     parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))

@@ -77,8 +77,9 @@ WORLDS = [
 # (source, destination set), as transfers below the 1 MiB default threshold are.
 @pytest.mark.parametrize("family,train,infer,colocated,direct",
                          [w + (k % 2 == 1,) for k, w in enumerate(WORLDS)],
-                         ids=[f"{f}-{t}-{i}-{'coloc' if c else 'sep'}-{'direct' if k % 2 else 'packed'}"
-                              .replace(" ", "") for k, (f, t, i, c) in enumerate(WORLDS)])
+                         ids=[f"{f}-{t}-{i}-{'coloc' if c else 'sep'}-"
+                              f"{'direct' if k % 2 else 'packed'}".replace(" ", "")
+                              for k, (f, t, i, c) in enumerate(WORLDS)])
 def test_byte_exact(family, train, infer, colocated, direct):
     s = run_checked(family, train, infer, colocated, direct_min_bytes=1 if direct else 0)
     assert_exact(s)
