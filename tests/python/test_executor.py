@@ -314,7 +314,7 @@ FP8_WORLDS = [
      {"tp": 2}, {"tp": 1}, False),
     ("qwen3-moe", dict(hidden_size=256, moe_intermediate_size=384, num_attention_heads=8,
                        num_key_value_heads=4, head_dim=64),
-     {"tp": 2, "ep": 2}, {"tp": 2, "ep": True}, False),
+     {"tp": 2, "ep": 2, "dp": 2}, {"tp": 2, "ep": True, "replicas": 2}, True),
     ("deepseek-v3", dict(hidden_size=256, moe_intermediate_size=256, q_lora_rank=192,
                          kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16,
                          v_head_dim=32),
@@ -326,7 +326,8 @@ FP8_WORLDS = [
                          ids=[w[0] for w in FP8_WORLDS])
 def test_fp8_byte_exact(tmp_path, family, sizes, train, infer, colocated):
     s = reshard_run.run(wider(tmp_path, family, **sizes), train, infer, colocated=colocated,
-                        check=True, bucket_mib=1, timeout=60, target_dtype="fp8")
+                        check=True, bucket_mib=1, timeout=60, target_dtype="fp8",
+                        plan_format="binpb" if family == "qwen3-moe" else "json")
     assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
     assert s["check"]["ok"], s["check"]["problems"]
     assert s["quantized_at_sender"] > 0 and s["quantized_at_destination"] > 0
