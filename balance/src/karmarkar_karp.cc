@@ -43,11 +43,14 @@
 #include <cassert>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <queue>
+#include <type_traits>
 #include <vector>
 
 #include "internal.h"
+#include "order.h"
 #include "rlsched/balance/partition.h"
 
 namespace rlsched::balance {
@@ -158,12 +161,19 @@ class Differencer {
   // `sorted[s]` is the weight of item order[s].
   Differencer(std::span<const std::int64_t> sorted, std::span<const std::int32_t> order,
               std::int64_t num_parts)
-      : sorted_(sorted), order_(order), k_(static_cast<std::size_t>(num_parts)) {
-    joins_.reserve(order.size());
+      : sorted_(sorted), order_(order), n_(order.size()), k_(static_cast<std::size_t>(num_parts)) {
+    joins_.reserve(n_);
+  }
+
+  // `singles[s]` is the slot of the s-th heaviest item (internal::HeaviestFirstSlots).
+  Differencer(std::span<const std::uint64_t> singles,
+              std::int64_t num_parts) requires std::is_same_v<Key, std::uint64_t>
+      : singles_(singles), n_(singles.size()), k_(static_cast<std::size_t>(num_parts)) {
+    joins_.reserve(n_);
   }
 
   Assignment RunUnconstrained() {
-    const std::int64_t n = static_cast<std::int64_t>(order_.size());
+    const std::int64_t n = static_cast<std::int64_t>(n_);
     if (n == 0) return {};
     // Three sources of units, each by spread: the sorted single items (spread =
     // weight, seq = position), the tuple just combined (`carry`, usually the next to
@@ -178,7 +188,7 @@ class Differencer {
       Unit best{-1, 0, -1};
       int source = -1;
       if (next_single < n) {
-        best = Unit{sorted_[static_cast<std::size_t>(next_single)], next_single, -1};
+        best = Unit{Load(Single(static_cast<std::size_t>(next_single))), next_single, -1};
         source = 0;
       }
       if (has_carry && (source < 0 || SmallerSpread()(best, carry))) {
@@ -221,7 +231,7 @@ class Differencer {
   }
 
   Assignment RunEqualSize() {
-    const std::size_t n = order_.size();
+    const std::size_t n = n_;
     if (n == 0) return {};
     // Chunks of k consecutive sorted items: one item per part, so every part ends
     // with one item from each full chunk and at most one from the last chunk. A chunk
@@ -289,6 +299,9 @@ class Differencer {
 
   // The single item at sorted position `s`.
   Key Single(std::size_t s) const {
+    if constexpr (std::is_same_v<Key, std::uint64_t>) {
+      if (!singles_.empty()) return singles_[s];
+    }
     return static_cast<Key>(sorted_[s]) << kHeadBits |
            static_cast<Key>(static_cast<std::uint32_t>(order_[s]));
   }
@@ -533,7 +546,7 @@ class Differencer {
   Assignment Extract(std::int32_t id) {
     Tuple& t = pool_[static_cast<std::size_t>(id)];
     Rebuild(t);
-    Assignment assignment(order_.size(), 0);
+    Assignment assignment(n_, 0);
     const std::size_t size = t.size();
     for (std::size_t s = 0; s < size; ++s) {
       assignment[static_cast<std::size_t>(Head(t.base[t.lo + s]))] =
@@ -546,8 +559,11 @@ class Differencer {
     return assignment;
   }
 
-  std::span<const std::int64_t> sorted_;  // heaviest first: the weight of order_[s]
-  std::span<const std::int32_t> order_;   // heaviest first
+  // The items heaviest first: as slots, or as weights (sorted_[s] is the weight of order_[s]).
+  std::span<const std::uint64_t> singles_;
+  std::span<const std::int64_t> sorted_;
+  std::span<const std::int32_t> order_;
+  std::size_t n_;
   std::size_t k_;
   std::vector<Link> joins_;  // every join, in order
   std::vector<Tuple> pool_;
@@ -593,6 +609,13 @@ Assignment KarmarkarKarp(std::span<const std::int64_t> weights, std::int64_t num
                          PartSizes sizes) {
   internal::CheckNumParts(num_parts);
   const std::int64_t total = internal::CheckWeights(weights, "weights");
+  if (total < (std::int64_t{1} << 32)) {
+    // Every weight is below 2^32: the radix sort writes the slots themselves.
+    const std::unique_ptr<std::uint64_t[]> singles = internal::HeaviestFirstSlots(weights);
+    Differencer<std::uint64_t> differencer(
+        std::span<const std::uint64_t>(singles.get(), weights.size()), num_parts);
+    return sizes == PartSizes::kEqual ? differencer.RunEqualSize() : differencer.RunUnconstrained();
+  }
   std::vector<std::int64_t> sorted;
   const std::vector<std::int32_t> order = internal::HeaviestFirst(weights, &sorted);
   return internal::KarmarkarKarpSorted(weights, order, num_parts, sizes, sorted, total);

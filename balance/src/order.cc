@@ -1,3 +1,5 @@
+#include "order.h"
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -39,10 +41,11 @@ std::vector<std::int32_t> ComparisonSort(std::span<const std::int64_t> weights,
 // key · 2^32 + index with key = max − weight, sorted by its key bits alone. Ascending
 // keys give descending weights; each pass is stable and the words start in index
 // order, so equal weights keep their index order. The digits of all passes are
-// counted in one read of the weights; the first pass reads the weights, the last
-// writes the order (and the sorted weights) directly.
-std::vector<std::int32_t> NarrowRadixSort(std::span<const std::int64_t> weights, std::int64_t max,
-                                          std::uint64_t range, std::vector<std::int64_t>* sorted) {
+// counted in one read of the weights; the first pass reads the weights, and the last
+// hands each word to `place(s, word)` for its sorted position s instead of storing it.
+template <typename Place>
+void NarrowRadixSort(std::span<const std::int64_t> weights, std::int64_t max, std::uint64_t range,
+                     Place&& place) {
   const std::size_t n = weights.size();
   const int bits = std::max(1, static_cast<int>(std::bit_width(range)));
   const int passes = (bits + kMaxDigitBits - 1) / kMaxDigitBits;
@@ -65,20 +68,13 @@ std::vector<std::int32_t> NarrowRadixSort(std::span<const std::int64_t> weights,
       total += c;
     }
   }
-  std::vector<std::int32_t> order(n);
-  if (sorted != nullptr) sorted->resize(n);
   if (passes == 1) {
     std::uint32_t* const next = counts.data();
     for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t slot = next[static_cast<std::uint64_t>(max - weights[i]) & mask]++;
-      order[slot] = static_cast<std::int32_t>(i);
+      const std::uint64_t key = static_cast<std::uint64_t>(max - weights[i]);
+      place(next[key & mask]++, key << 32 | i);
     }
-    if (sorted != nullptr) {
-      for (std::size_t s = 0; s < n; ++s) {
-        (*sorted)[s] = weights[static_cast<std::size_t>(order[s])];
-      }
-    }
-    return order;
+    return;
   }
   // Uninitialised: every word is written before it is read.
   std::unique_ptr<std::uint64_t[]> words(new std::uint64_t[n]);
@@ -105,22 +101,14 @@ std::vector<std::int32_t> NarrowRadixSort(std::span<const std::int64_t> weights,
   std::uint32_t* const next = counts.data() + static_cast<std::size_t>(passes - 1) * buckets;
   const int shift = 32 + (passes - 1) * digit_bits;
   const std::uint64_t* const in = words.get();
-  if (sorted != nullptr) {
-    std::int64_t* const out = sorted->data();
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint64_t word = in[i];
-      const std::uint32_t slot = next[(word >> shift) & mask]++;
-      order[slot] = static_cast<std::int32_t>(static_cast<std::uint32_t>(word));
-      out[slot] = max - static_cast<std::int64_t>(word >> 32);
-    }
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint64_t word = in[i];
-      order[next[(word >> shift) & mask]++] =
-          static_cast<std::int32_t>(static_cast<std::uint32_t>(word));
-    }
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t word = in[i];
+    place(next[(word >> shift) & mask]++, word);
   }
-  return order;
+}
+
+std::int32_t IndexOf(std::uint64_t word) {
+  return static_cast<std::int32_t>(static_cast<std::uint32_t>(word));
 }
 
 // Any weights: 64-bit keys max − weight and the indices in arrays of their own.
@@ -171,8 +159,47 @@ std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights,
   if (weights.size() < kComparisonSortBelow) return ComparisonSort(weights, sorted);
   const auto [min, max] = std::minmax_element(weights.begin(), weights.end());
   const std::uint64_t range = static_cast<std::uint64_t>(*max) - static_cast<std::uint64_t>(*min);
-  if (range >> 32 == 0) return NarrowRadixSort(weights, *max, range, sorted);
-  return WideRadixSort(weights, sorted);
+  if (range >> 32 != 0) return WideRadixSort(weights, sorted);
+  const std::int64_t top = *max;
+  std::vector<std::int32_t> order(weights.size());
+  if (sorted == nullptr) {
+    NarrowRadixSort(weights, top, range,
+                    [&](std::size_t s, std::uint64_t word) { order[s] = IndexOf(word); });
+  } else {
+    sorted->resize(weights.size());
+    std::int64_t* const out = sorted->data();
+    NarrowRadixSort(weights, top, range, [&](std::size_t s, std::uint64_t word) {
+      order[s] = IndexOf(word);
+      out[s] = top - static_cast<std::int64_t>(word >> 32);
+    });
+  }
+  return order;
+}
+
+std::unique_ptr<std::uint64_t[]> HeaviestFirstSlots(std::span<const std::int64_t> weights) {
+  const std::size_t n = weights.size();
+  std::unique_ptr<std::uint64_t[]> slots(new std::uint64_t[n]);
+  if (n == 0) return slots;
+  const auto [min, max] = std::minmax_element(weights.begin(), weights.end());
+  const std::int64_t top = *max;
+  if (n < kComparisonSortBelow) {
+    // Ascending (max − weight) · 2^32 + index, then turned into slots.
+    for (std::size_t i = 0; i < n; ++i) {
+      slots[i] = static_cast<std::uint64_t>(top - weights[i]) << 32 | i;
+    }
+    std::sort(slots.get(), slots.get() + n);
+    for (std::size_t s = 0; s < n; ++s) {
+      slots[s] =
+          (static_cast<std::uint64_t>(top) - (slots[s] >> 32)) << 32 | (slots[s] & 0xffff'ffffu);
+    }
+    return slots;
+  }
+  std::uint64_t* const out = slots.get();
+  NarrowRadixSort(
+      weights, top, static_cast<std::uint64_t>(top - *min), [&](std::size_t s, std::uint64_t word) {
+        out[s] = (static_cast<std::uint64_t>(top) - (word >> 32)) << 32 | (word & 0xffff'ffffu);
+      });
+  return slots;
 }
 
 }  // namespace rlsched::balance::internal

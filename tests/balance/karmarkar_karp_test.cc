@@ -7,11 +7,13 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "internal.h"
 #include "karmarkar_karp_reference.h"
+#include "order.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/workload.h"
 
@@ -197,6 +199,29 @@ TEST(HeaviestFirstTest, SameAsAStableComparisonSort) {
       ASSERT_EQ(sorted[s], weights[static_cast<std::size_t>(expected[s])]) << where << " at " << s;
     }
     EXPECT_EQ(internal::HeaviestFirst(weights), expected) << where;
+  }
+}
+
+// HeaviestFirstSlots: weight · 2^32 + index in HeaviestFirst's order, through the
+// comparison sort (n < 512) and the radix sort's one, two and three passes.
+TEST(HeaviestFirstTest, SlotsInTheSameOrder) {
+  workload::Rng rng(23);
+  for (const std::int64_t n : {0, 1, 300, 5000}) {
+    for (const std::int64_t hi : {std::int64_t{0}, std::int64_t{9}, std::int64_t{1} << 11,
+                                  std::int64_t{1} << 20, (std::int64_t{1} << 32) - 1}) {
+      std::vector<std::int64_t> weights;
+      for (std::int64_t i = 0; i < n; ++i) {
+        weights.push_back(i % 3 == 2 ? weights[static_cast<std::size_t>(rng.UniformInt(0, i - 1))]
+                                     : rng.UniformInt(0, hi));
+      }
+      const std::vector<std::int32_t> order = testing::reference_kk::HeaviestFirst(weights);
+      const std::unique_ptr<std::uint64_t[]> slots = internal::HeaviestFirstSlots(weights);
+      for (std::size_t s = 0; s < order.size(); ++s) {
+        const auto i = static_cast<std::size_t>(order[s]);
+        ASSERT_EQ(slots[s], static_cast<std::uint64_t>(weights[i]) << 32 | i)
+            << "n " << n << " up to " << hi << " at " << s;
+      }
+    }
   }
 }
 
