@@ -399,6 +399,14 @@ def main(argv=None) -> int:
     return 0 if summary["ok"] else 1
 
 
+def _duration(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.3f} µs"
+
+
 def _print_text(s: dict) -> None:
     where = "colocated" if s["colocated"] else "separate"
     print(f"world          {s['ranks']} ranks ({s['trainer_ranks']} trainer, {s['engine_ranks']} "
@@ -407,12 +415,16 @@ def _print_text(s: dict) -> None:
         print(f"moved          {s['bytes_moved']} bytes over links, {s['bytes_local']} copied "
               f"locally; {s['buckets']} buckets, {s['collectives']} collectives, "
               f"{s['process_groups']} process groups")
-        print(f"time           {s['seconds'] * 1e3:.3f} ms (slowest rank), setup "
-              f"{s['setup_seconds'] * 1e3:.3f} ms; peak staging {s['peak_staging_bytes']} bytes")
+        print(f"time           {_duration(s['seconds'])} (slowest rank), set-up "
+              f"{_duration(s['setup_seconds'])}; peak staging {s['peak_staging_bytes']} bytes")
     p = s.get("plan") or {}
     if p:
-        print(f"plan estimate  {p['estimate_seconds'] * 1e3:.3f} ms (lower bound "
-              f"{p['lower_bound_seconds'] * 1e3:.3f} ms), {p['num_transfers']} transfers")
+        print(f"plan estimate  {_duration(p['estimate_seconds'])} (lower bound "
+              f"{_duration(p['lower_bound_seconds'])}), {p['num_transfers']} transfers")
+    f = s.get("fault")
+    if f:
+        print(f"fault          rank {f['rank']} ({f['kind']}): ranks {f['failed_ranks']} failed, "
+              f"within {_duration(f['max_seconds_to_error'])}")
     c = s.get("check")
     if c:
         verdict = "ok" if c["ok"] else "FAILED"
