@@ -22,7 +22,9 @@
 // since the run was last rebuilt (see Tuple). Adding one item — the common step, and
 // the only one while the largest items are spread out — costs O(log k): into a full
 // tuple it joins the lightest slot (the lighter of the run's front and the heap's
-// root), into a non-full one it opens a new slot; both go into the heap. A combination
+// root) and the joined slot goes into the heap; into a non-full one it opens a new
+// slot, which goes into the run when its place there is near the front or at the back
+// (the items come heaviest first, so it usually is), else into the heap. A combination
 // of tuples of comparable sizes sorts only the heaps and merges them into the runs
 // (O(r log r + k) for r added slots, where sorting all k slots after each addition made
 // tuples of k = 1024 slots cost more than the sort of the whole input); between a
@@ -33,10 +35,12 @@
 // monotone spreads of largest differencing allow; runs of equal spreads, common in
 // token counts, cost O(1) a unit there.
 //
-// Time, n items and k parts: the radix order (HeaviestFirst), then O(n log k) for the
-// single additions plus the combinations' sorts and merges; the measured ratio to
-// std::sort of the weights is in benchmarks/kk_vs_sort.cc. Memory: O(n) (the tuples
-// hold at most n slots between them; the join log at most n - 1 pairs of items).
+// Time, n items and k parts: the radix order (HeaviestFirst; HeaviestFirstSlots when
+// the key is 64 bits wide, whose last pass writes the single items' slots), then
+// O(n log k) for the single additions plus the combinations' sorts and merges; the
+// measured ratio to std::sort of the weights is in benchmarks/kk_vs_sort.cc. Memory:
+// O(n) (the tuples hold at most n slots between them; the join log at most n - 1
+// pairs of items).
 
 #include <algorithm>
 #include <bit>
