@@ -116,9 +116,9 @@ def test_virtual_and_uneven_pipeline(tmp_path):
 
 
 def test_buckets_bound_staging_memory(tmp_path):
-    # A 4 MB model in 1 MiB buckets: several buckets, and no rank stages more than its
-    # budget each way (a separate rank only sends or only receives; a colocated one may
-    # do both) plus the alignment of the packed slices.
+    # A 4 MB model in 1 MiB buckets, every transfer packed: several buckets, and no rank
+    # stages more than its budget each way (a separate rank only sends or only receives;
+    # a colocated one may do both) plus the alignment of the packed slices.
     cfg = json.load(open(config("llama")))
     cfg.update(hidden_size=256, intermediate_size=1024, vocab_size=1000)
     path = tmp_path / "four-mb.json"
@@ -126,7 +126,7 @@ def test_buckets_bound_staging_memory(tmp_path):
     budget = 1 << 20
     for colocated, ways in ((False, 1), (True, 2)):
         s = reshard_run.run(str(path), {"tp": 2}, {"tp": 1, "replicas": 2}, colocated=colocated,
-                            check=True, bucket_mib=1, timeout=60)
+                            check=True, bucket_mib=1, timeout=60, direct_min_bytes=0)
         assert_exact(s)
         assert s["buckets"] >= 3
         assert 0 < s["peak_staging_bytes"] <= ways * budget + 8 * s["plan"]["num_transfers"]
