@@ -278,6 +278,45 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
   return items;
 }
 
+std::vector<RankItems> GatherRanks(const Padded& padded,
+                                   const std::vector<std::vector<std::int64_t>>& ranks) {
+  std::vector<RankItems> gathered(ranks.size());
+  auto one_by_one = [&] {
+    for (std::size_t r = 0; r < ranks.size(); ++r) gathered[r] = Gather(padded, ranks[r]);
+    return std::move(gathered);
+  };
+  const std::size_t n = padded.tokens.size();
+  if (ranks.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+    return one_by_one();
+  }
+  std::vector<std::int32_t> rank_of(n, -1);
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const std::vector<std::int64_t>& rank = ranks[r];
+    for (std::size_t j = 0; j < rank.size(); ++j) {
+      const auto i = static_cast<std::size_t>(rank[j]);
+      if (rank_of[i] >= 0 || (j > 0 && rank[j - 1] >= rank[j])) return one_by_one();
+      rank_of[i] = static_cast<std::int32_t>(r);
+    }
+  }
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    RankItems& items = gathered[r];
+    items.tokens.reserve(ranks[r].size());
+    items.costs.reserve(ranks[r].size());
+    items.global.reserve(ranks[r].size());
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (rank_of[i] < 0) continue;
+    RankItems& items = gathered[static_cast<std::size_t>(rank_of[i])];
+    items.tokens.push_back(padded.tokens[i]);
+    items.costs.push_back(padded.costs[i]);
+    items.global.push_back(static_cast<std::int64_t>(i));
+    items.total_tokens += padded.tokens[i];
+    items.total_unpadded += padded.lengths[i];
+    items.total_cost += padded.costs[i];
+  }
+  return gathered;
+}
+
 std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,
                                              std::int64_t cap) {
   return FirstFitDecreasing(items, m, cap, HeaviestFirst(items.tokens));
@@ -432,7 +471,13 @@ RankPlan MakeRankPlan(const Padded& padded, const RankItems& items, std::int64_t
     for (const std::int32_t b : assignment) ++sizes[static_cast<std::size_t>(b)];
     for (std::size_t b = 0; b < batches.size(); ++b) batches[b].indices.reserve(sizes[b]);
   }
+  // The unpadded lengths are read at the items' places in the batch: fetched a few
+  // items ahead, so that those reads overlap.
+  constexpr std::size_t kAhead = 16;
   for (std::size_t i = 0; i < assignment.size(); ++i) {
+    if (i + kAhead < assignment.size()) {
+      __builtin_prefetch(&padded.lengths[static_cast<std::size_t>(items.global[i + kAhead])]);
+    }
     MicroBatch& b = batches[static_cast<std::size_t>(assignment[i])];
     b.indices.push_back(items.global[i]);
     b.tokens += items.tokens[i];

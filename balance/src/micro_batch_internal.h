@@ -73,6 +73,13 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
 // The sequences `indices` of the batch, in that order.
 RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices);
 
+// Gather() of each rank: the same items, read in one pass over the batch in index
+// order when every rank's indices ascend and no index is in two ranks (one Gather()
+// per rank otherwise). O(n + Σ rank sizes), with reads in order instead of one at a
+// random place per sequence and array.
+std::vector<RankItems> GatherRanks(const Padded& padded,
+                                   const std::vector<std::vector<std::int64_t>>& ranks);
+
 // First-fit decreasing on tokens into m bins of `cap` tokens; nullopt when an item
 // fits in no bin. O(n log n + n log m).
 std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,

@@ -164,6 +164,7 @@ using internal::FillEmptyBins;
 using internal::FindFeasible;
 using internal::FirstFitDecreasing;
 using internal::Gather;
+using internal::GatherRanks;
 using internal::kMaxCountsTried;
 using internal::MakeRankPlan;
 using internal::Overhead;
@@ -368,12 +369,19 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
   // The most sequences every rank can hold, as a multiple of q (with fixed counts,
   // what the ranks hold).
   std::int64_t fillable = RoundDown(n / num_ranks, q);
+  std::vector<RankSearch> searches;
+  // The ranks' sequences gathered, as the searches below start from them.
+  auto gather = [&] {
+    searches.clear();
+    for (RankItems& items : GatherRanks(padded, ranks)) {
+      searches.push_back(RankSearch{std::move(items), 0, std::nullopt});
+    }
+  };
+  // Of the gathered ranks.
   auto smallest_count = [&] {
     std::int64_t from = 0;
-    for (const auto& rank : ranks) {
-      std::int64_t tokens = 0;
-      for (const std::int64_t i : rank) tokens += padded.tokens[static_cast<std::size_t>(i)];
-      from = std::max(from, SmallestCount(tokens, mb));
+    for (const RankSearch& search : searches) {
+      from = std::max(from, SmallestCount(search.items.total_tokens, mb));
     }
     return from;
   };
@@ -383,25 +391,22 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
     return least;
   };
   if (movable.fixed_counts) fillable = std::min(fillable, RoundDown(fewest(), q));
-  std::vector<RankSearch> searches;
   std::int64_t m = 0;
   std::int64_t desired = only_count > 0 ? RoundUp(only_count, q) : 0;
   for (int round = 0;; ++round) {
+    gather();
     const std::int64_t from = smallest_count();
     // Every rank at least `target` sequences where the batch has them.
     const std::int64_t target = std::max(from, std::min(desired, fillable));
     if (fewest() < target && !movable.fixed_counts) {
       // When the batch cannot fill every rank to it: as evenly as it can.
       FillRanks(padded, movable.group_of, std::min(target, n / num_ranks), ranks);
+      gather();
       if (smallest_count() != from && round < 3) continue;  // the fill raised the count
     }
     const std::int64_t start = std::max(from, std::min(desired, RoundDown(fewest(), q)));
     // No count from `start` on gives a rank less than C_r + (p − 1)·L_r +
     // (start + p − 1)·o (see TimeBound): then no plan here reaches stop_at.
-    searches.clear();
-    for (const auto& rank : ranks) {
-      searches.push_back(RankSearch{Gather(padded, rank), 0, std::nullopt});
-    }
     if (stop_at < std::numeric_limits<std::int64_t>::max()) {
       const double p1 = static_cast<double>(mb.pipeline_stages - 1);
       const double overheads =

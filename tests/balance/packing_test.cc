@@ -336,6 +336,42 @@ TEST(PackingTest, LargeRanksAtOnePipelineStageArePackedForTheCap) {
   EXPECT_EQ(all.plan.num_micro_batches, plan.num_micro_batches);
 }
 
+void ExpectSameItems(const RankItems& got, const RankItems& want, const std::string& what) {
+  EXPECT_EQ(got.tokens, want.tokens) << what;
+  EXPECT_EQ(got.costs, want.costs) << what;
+  EXPECT_EQ(got.global, want.global) << what;
+  EXPECT_EQ(got.total_tokens, want.total_tokens) << what;
+  EXPECT_EQ(got.total_unpadded, want.total_unpadded) << what;
+  EXPECT_EQ(got.total_cost, want.total_cost) << what;
+}
+
+// GatherRanks() gathers what Gather() gathers rank by rank: ascending ranks (one pass
+// over the batch), ranks out of order, an index in two ranks, sequences in no rank.
+TEST(PackingTest, GatherRanksIsGatherOfEachRank) {
+  workload::Rng rng(11);
+  std::vector<std::int64_t> lengths(500);
+  for (std::int64_t& length : lengths) length = rng.UniformInt(1, 3000);
+  MicroBatchOptions mb;
+  mb.max_tokens_per_micro_batch = 4096;
+  mb.pad_to_multiple_of = 64;
+  const internal::Padded padded = internal::Pad(lengths, mb);
+  for (int shape = 0; shape < 4; ++shape) {
+    std::vector<std::vector<std::int64_t>> ranks(7);
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(lengths.size()); ++i) {
+      if (shape == 3 && i % 5 == 0) continue;  // in no rank
+      ranks[static_cast<std::size_t>(rng.UniformInt(0, 6))].push_back(i);
+    }
+    if (shape == 1) std::reverse(ranks[2].begin(), ranks[2].end());  // out of order
+    if (shape == 2) ranks[4].push_back(ranks[0].front());            // in two ranks
+    const std::vector<RankItems> got = internal::GatherRanks(padded, ranks);
+    ASSERT_EQ(got.size(), ranks.size());
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      ExpectSameItems(got[r], internal::Gather(padded, ranks[r]),
+                      "shape " + std::to_string(shape) + " rank " + std::to_string(r));
+    }
+  }
+}
+
 StepOptions ForcedStep(std::int64_t ranks, std::int64_t min, std::int64_t multiple) {
   StepOptions options;
   options.num_ranks = ranks;
