@@ -301,6 +301,9 @@ class Differencer {
   // lighter (else into its heap); see InsertIntoBase.
   static constexpr std::size_t kNearFront = 8;
 
+  // SortSlots sorts this many 64-bit slots or more by radix.
+  static constexpr std::size_t kRadixSortFrom = 256;
+
   // The single item at sorted position `s`.
   Key Single(std::size_t s) const {
     if constexpr (std::is_same_v<Key, std::uint64_t>) {
@@ -422,10 +425,49 @@ class Differencer {
     return true;
   }
 
+  // Sorts `slots` ascending: std::sort below kRadixSortFrom slots (and for 128-bit keys),
+  // else a least-significant-digit radix sort by bytes that skips the bytes all the
+  // slots share (most of a load's, some of a first item's), all bytes counted in one
+  // read.
+  void SortSlots(std::vector<Key>& slots) {
+    const std::size_t m = slots.size();
+    if constexpr (std::is_same_v<Key, std::uint64_t>) {
+      if (m >= kRadixSortFrom) {
+        std::uint64_t all_and = ~std::uint64_t{0};
+        std::uint64_t all_or = 0;
+        std::uint32_t counts[8][256] = {};
+        for (const std::uint64_t slot : slots) {
+          all_and &= slot;
+          all_or |= slot;
+          for (int d = 0; d < 8; ++d) ++counts[d][(slot >> (8 * d)) & 0xff];
+        }
+        const std::uint64_t varying = all_and ^ all_or;
+        spare_.resize(m);
+        std::uint64_t* in = slots.data();
+        std::uint64_t* out = spare_.data();
+        for (int d = 0; d < 8; ++d) {
+          if (((varying >> (8 * d)) & 0xff) == 0) continue;
+          std::uint32_t* const next = counts[d];
+          std::uint32_t total = 0;
+          for (int b = 0; b < 256; ++b) {
+            const std::uint32_t c = next[b];
+            next[b] = total;
+            total += c;
+          }
+          for (std::size_t i = 0; i < m; ++i) out[next[(in[i] >> (8 * d)) & 0xff]++] = in[i];
+          std::swap(in, out);
+        }
+        if (in != slots.data()) std::copy(in, in + m, slots.data());
+        return;
+      }
+    }
+    std::sort(slots.begin(), slots.end());
+  }
+
   // Sorts `recent` into `base`: all of t ascending in base, lo = 0.
   void Rebuild(Tuple& t) {
     if (t.recent.empty()) return;
-    std::sort(t.recent.begin(), t.recent.end());
+    SortSlots(t.recent);
     if (t.lo == t.base.size()) {
       t.base.swap(t.recent);
     } else {
@@ -530,7 +572,7 @@ class Differencer {
     const Key* const first_b = b.base.data() + b.lo;
     overlap_.resize(m);
     for (std::size_t j = 0; j < m; ++j) overlap_[j] = Join(first_a[j], first_b[m - 1 - j]);
-    std::sort(overlap_.begin(), overlap_.end());
+    SortSlots(overlap_);
     scratch_.resize(na + nb - 2 * m);
     const auto rest =
         std::merge(first_a + m, first_a + na, first_b + m, first_b + nb, scratch_.begin());
@@ -574,6 +616,7 @@ class Differencer {
   std::vector<std::int32_t> free_;
   std::vector<Key> scratch_;
   std::vector<Key> overlap_;
+  std::vector<Key> spare_;  // SortSlots' buffer
   std::vector<Key> low_a_;
   std::vector<Key> low_b_;
 };
