@@ -372,6 +372,35 @@ TEST(PackingTest, GatherRanksIsGatherOfEachRank) {
   }
 }
 
+// From kRecipeThreadSequences sequences on PlanStep() plans the common recipe on a second
+// thread: the same baseline as PlanBaseline(), micro-batch for micro-batch.
+TEST(PackingTest, TheRecipeOnASecondThreadIsPlanBaseline) {
+  workload::Rng rng(5);
+  std::vector<std::int64_t> lengths(70000);
+  for (std::int64_t& length : lengths) {
+    length =
+        std::min<std::int64_t>(16384, static_cast<std::int64_t>(std::exp(6.5 + rng.Normal())) + 1);
+  }
+  StepOptions options;
+  options.num_ranks = 8;
+  options.micro_batch.max_tokens_per_micro_batch = 16384;
+  options.micro_batch.pipeline_stages = 2;
+  const PlannedStep step = PlanStep(lengths, {}, options);
+  const StepPlan baseline = PlanBaseline(lengths, options);
+  EXPECT_EQ(step.baseline.predicted_step_time, baseline.predicted_step_time);
+  EXPECT_EQ(step.baseline.num_micro_batches, baseline.num_micro_batches);
+  EXPECT_EQ(step.baseline.cap_violations, baseline.cap_violations);
+  ASSERT_EQ(step.baseline.ranks.size(), baseline.ranks.size());
+  for (std::size_t r = 0; r < baseline.ranks.size(); ++r) {
+    const auto& got = step.baseline.ranks[r].micro_batches;
+    const auto& want = baseline.ranks[r].micro_batches;
+    ASSERT_EQ(got.size(), want.size()) << "rank " << r;
+    for (std::size_t b = 0; b < want.size(); ++b) {
+      EXPECT_EQ(got[b].indices, want[b].indices) << "rank " << r << " micro-batch " << b;
+    }
+  }
+}
+
 StepOptions ForcedStep(std::int64_t ranks, std::int64_t min, std::int64_t multiple) {
   StepOptions options;
   options.num_ranks = ranks;
