@@ -470,27 +470,33 @@ class Differencer {
     SortSlots(t.recent);
     if (t.lo == t.base.size()) {
       t.base.swap(t.recent);
+      t.lo = 0;
     } else {
-      // In place, from the back (no buffer changes hands, so none is reallocated).
-      const std::size_t nb = t.base.size() - t.lo;
-      std::size_t r = t.recent.size();
-      if (t.lo > 0)
-        std::copy(t.base.begin() + static_cast<std::ptrdiff_t>(t.lo), t.base.end(), t.base.begin());
-      t.base.resize(nb + r);
-      Key* const base = t.base.data();
-      const Key* const recent = t.recent.data();
-      std::size_t i = nb;
-      std::size_t out = nb + r;
-      while (r > 0) {
-        if (i > 0 && base[i - 1] > recent[r - 1]) {
-          base[--out] = base[--i];
-        } else {
-          base[--out] = recent[--r];
-        }
-      }
+      MergeIntoBase(t, t.recent.data(), t.recent.size());
     }
     t.recent.clear();
+  }
+
+  // Merges the ascending slots [from, from + r) into t's run: all of the run ascending
+  // in base, lo = 0. In place, from the back (no buffer changes hands, so none is
+  // reallocated).
+  static void MergeIntoBase(Tuple& t, const Key* from, std::size_t r) {
+    const std::size_t nb = t.base.size() - t.lo;
+    if (t.lo > 0) {
+      std::copy(t.base.begin() + static_cast<std::ptrdiff_t>(t.lo), t.base.end(), t.base.begin());
+    }
+    t.base.resize(nb + r);
     t.lo = 0;
+    Key* const base = t.base.data();
+    std::size_t i = nb;
+    std::size_t out = nb + r;
+    while (r > 0) {
+      if (i > 0 && base[i - 1] > from[r - 1]) {
+        base[--out] = base[--i];
+      } else {
+        base[--out] = from[--r];
+      }
+    }
   }
 
   // Before `pops` slots leave t lightest first: rebuilds `base` when that costs less
@@ -509,14 +515,22 @@ class Differencer {
   void Combine(Tuple& a, Tuple& b) {
     const std::size_t na = a.size();
     const std::size_t nb = b.size();
+    const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
     if (kLopsided * std::min(na, nb) >= std::max(na, nb)) {
-      // Comparable sizes: both sorted, then three merges.
+      // Comparable sizes: both sorted, then three merges; with no overlap (m = 0), the
+      // union, one merge of b's run into a's.
       Rebuild(a);
       Rebuild(b);
-      CombineListed(a, b);
+      if (m > 0) {
+        CombineListed(a, b);
+        return;
+      }
+      MergeIntoBase(a, b.base.data() + b.lo, nb);
+      a.max_slot = std::max(a.max_slot, b.max_slot);
+      b.base.clear();
+      b.lo = 0;
       return;
     }
-    const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
     if (m > 0) {
       Prepare(a, m);
       Prepare(b, m);
