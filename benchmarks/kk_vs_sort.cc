@@ -19,7 +19,7 @@
 //   clock with --wall). The exit status is 1 when a case misses it (0 with --no-check).
 //
 // Usage
-//   kk_vs_sort [--repeats N] [--no-check] [--wall]   # N defaults to 7; about 30 s in Release
+//   kk_vs_sort [--repeats N] [--no-check] [--wall]   # N defaults to 7; about 10 s in Release
 
 #include <time.h>
 
