@@ -386,6 +386,10 @@ int RunRunCommand(const RunArgs& args) {
     report.set_wall_seconds(wall);
     report.set_time_scale(scale);
     report.set_done(done);
+    report.set_command_latency_count(status.command_latency.count);
+    report.set_command_latency_p50_seconds(status.command_latency.p50_seconds);
+    report.set_command_latency_p99_seconds(status.command_latency.p99_seconds);
+    report.set_command_latency_max_seconds(status.command_latency.max_seconds);
     std::cout << wire::ToJson(report) << '\n';
   } else {
     std::cout << fmt::format(

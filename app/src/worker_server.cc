@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <deque>
 #include <stdexcept>
 #include <utility>
 #include <variant>
@@ -24,16 +25,63 @@ std::int64_t NowMillis() {
 
 }  // namespace
 
+// One worker's stream. Messages to it go through an outbox that the connection's own
+// writer thread drains, so that a command's sender (a node of the runtime's graph)
+// never waits for the network.
 struct WorkerServer::Connection {
   grpc::ServerContext* context = nullptr;
   grpc::ServerReaderWriter<v1::SchedulerMessage, v1::WorkerMessage>* stream = nullptr;
-  std::mutex write_mutex;
   v1::WorkerRole role = v1::WORKER_ROLE_UNSPECIFIED;
   std::int64_t engine = -1;
   std::atomic<std::int64_t> last_seen_ms{0};
   std::atomic<bool> left{false};
-  bool closed = false;  // the handler returned: the stream is gone (guarded by write_mutex)
   std::string peer;
+
+  std::mutex outbox_mutex;  // guards the three below
+  std::condition_variable outbox_cv;
+  std::deque<v1::SchedulerMessage> outbox;
+  bool closed = false;  // no message is taken any more (the handler is returning)
+  std::thread writer;
+
+  // Queues `message`; false when the connection is closed.
+  bool Send(v1::SchedulerMessage message) {
+    {
+      std::lock_guard lock(outbox_mutex);
+      if (closed) return false;
+      outbox.push_back(std::move(message));
+    }
+    outbox_cv.notify_one();
+    return true;
+  }
+  // The writer thread: writes the outbox in order until closed and empty. A failed
+  // write cancels the stream (its reader then ends the session).
+  void Write() {
+    std::unique_lock lock(outbox_mutex);
+    while (true) {
+      outbox_cv.wait(lock, [this] { return closed || !outbox.empty(); });
+      if (outbox.empty()) return;  // closed
+      v1::SchedulerMessage message = std::move(outbox.front());
+      outbox.pop_front();
+      lock.unlock();
+      const bool written = stream->Write(message);
+      lock.lock();
+      if (!written) {
+        outbox.clear();
+        closed = true;
+        context->TryCancel();
+        return;
+      }
+    }
+  }
+  // Takes no more messages, writes those queued, and waits for the writer.
+  void Close() {
+    {
+      std::lock_guard lock(outbox_mutex);
+      closed = true;
+    }
+    outbox_cv.notify_one();
+    if (writer.joinable()) writer.join();
+  }
 };
 
 WorkerServer::WorkerServer(WorkerServerOptions options) : options_(std::move(options)) {}
@@ -79,8 +127,7 @@ bool WorkerServer::trainer_attached() const {
 }
 
 bool WorkerServer::Send(Connection& connection, const v1::SchedulerMessage& message) {
-  std::lock_guard lock(connection.write_mutex);
-  return !connection.closed && connection.stream->Write(message);
+  return connection.Send(message);
 }
 
 grpc::Status WorkerServer::Refuse(Connection& connection, grpc::StatusCode code,
@@ -101,6 +148,12 @@ grpc::Status WorkerServer::Attach(
   connection->stream = stream;
   connection->peer = context->peer();
   connection->last_seen_ms = NowMillis();
+  connection->writer = std::thread([raw = connection.get()] { raw->Write(); });
+  // The handler's stream lives until it returns: the writer stops first.
+  struct CloseOnReturn {
+    Connection* connection;
+    ~CloseOnReturn() { connection->Close(); }
+  } close_on_return{connection.get()};
 
   v1::WorkerMessage first;
   if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
@@ -215,10 +268,7 @@ grpc::Status WorkerServer::Attach(
       trainer_.reset();
     }
   }
-  {
-    std::lock_guard lock(connection->write_mutex);  // no write is under way, none follows
-    connection->closed = true;
-  }
+  connection->Close();  // the queued messages are written (or the stream is cancelled)
   if (!shut_down) {
     if (connection->role == v1::WORKER_ROLE_ENGINE && !connection->left) {
       spdlog::warn("run: engine {} lost ({}); its samples go back to the queue", connection->engine,
@@ -246,7 +296,6 @@ void WorkerServer::Execute(const scheduler::Command& command, const scheduler::E
   v1::SchedulerMessage message;
   *message.mutable_command() = wire::ToCommandMessage(command);
   if (!Send(*connection, message)) {
-    connection->context->TryCancel();
     throw std::runtime_error("engine " + std::to_string(engine) + ": the stream is closed");
   }
 }
@@ -264,7 +313,7 @@ void WorkerServer::Train(const scheduler::StartTrain& call) {
   }
   v1::SchedulerMessage message;
   *message.mutable_command() = wire::ToCommandMessage(call);
-  if (!Send(*connection, message)) connection->context->TryCancel();  // sent again on attach
+  Send(*connection, message);  // when the stream is closed: sent again on attach
 }
 
 void WorkerServer::Watch() {

@@ -7,7 +7,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -122,10 +125,66 @@ struct Observation {
   bool rejected = false;
 };
 
-// An engine command with its part of the weight-sync plan.
+using WallTime = std::chrono::steady_clock::time_point;
+
+// An event as posted, with the wall time of its Post().
+struct Posted {
+  Event event;
+  WallTime posted;
+};
+
+// An engine command with its part of the weight-sync plan, and its event's Post() time.
 struct EngineWork {
   Command command;
   std::shared_ptr<const EngineTransfers> transfers;
+  WallTime posted;
+};
+
+// A trainer call and its event's Post() time.
+struct TrainWork {
+  StartTrain call;
+  WallTime posted;
+};
+
+// Latencies in log-spaced buckets, 16 per octave from 1 µs (memory O(1) for any run).
+// Thread-safe.
+class LatencyHistogram {
+ public:
+  void Add(std::chrono::steady_clock::duration latency) {
+    const double micros = std::chrono::duration<double, std::micro>(latency).count();
+    const double x = micros <= 1 ? 0 : std::ceil(kPerOctave * std::log2(micros));
+    const auto bucket = static_cast<std::size_t>(std::min(x, static_cast<double>(kBuckets - 1)));
+    std::lock_guard lock(mutex_);
+    ++counts_[bucket];
+    ++count_;
+    max_seconds_ = std::max(max_seconds_, micros * 1e-6);
+  }
+  LatencySummary Summary() const {
+    std::lock_guard lock(mutex_);
+    LatencySummary s{.count = count_, .max_seconds = max_seconds_};
+    s.p50_seconds = std::min(Quantile(0.5), max_seconds_);
+    s.p99_seconds = std::min(Quantile(0.99), max_seconds_);
+    return s;
+  }
+
+ private:
+  static constexpr double kPerOctave = 16;
+  static constexpr std::size_t kBuckets = 16 * 40;  // up to 2^40 µs
+  double Quantile(double q) const {  // the upper edge of the bucket holding rank ceil(q·n)
+    if (count_ == 0) return 0;
+    const auto rank = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(std::ceil(q * static_cast<double>(count_))));
+    std::int64_t seen = 0;
+    for (std::size_t i = 0; i < kBuckets; ++i) {
+      seen += counts_[i];
+      if (seen >= rank) return std::exp2(static_cast<double>(i) / kPerOctave) * 1e-6;
+    }
+    return max_seconds_;
+  }
+  mutable std::mutex mutex_;
+  std::array<std::int64_t, kBuckets> counts_{};
+  std::int64_t count_ = 0;
+  double max_seconds_ = 0;
 };
 
 double EventTime(const Event& event) {
@@ -184,11 +243,11 @@ class Trace {
 
 struct Runtime::Impl {
   using CoreNode =
-      tbb::flow::multifunction_node<Event, std::tuple<Command, StartTrain, Observation>>;
-  using WeightSyncNode = tbb::flow::function_node<Command, EngineWork>;
+      tbb::flow::multifunction_node<Posted, std::tuple<EngineWork, TrainWork, Observation>>;
+  using WeightSyncNode = tbb::flow::function_node<EngineWork, EngineWork>;
   using EngineNode = tbb::flow::function_node<EngineWork, tbb::flow::continue_msg>;
-  using PlanNode = tbb::flow::function_node<StartTrain, StartTrain>;
-  using TrainerNode = tbb::flow::function_node<StartTrain, tbb::flow::continue_msg>;
+  using PlanNode = tbb::flow::function_node<TrainWork, TrainWork>;
+  using TrainerNode = tbb::flow::function_node<TrainWork, tbb::flow::continue_msg>;
   using SinkNode = tbb::flow::function_node<Observation, tbb::flow::continue_msg>;
 
   Impl(RuntimeOptions runtime_options, EngineBackend& engine_backend,
@@ -199,21 +258,21 @@ struct Runtime::Impl {
         clock(run_clock),
         core(options.orchestrator),
         core_node(graph, tbb::flow::serial,
-                  [this](const Event& event, CoreNode::output_ports_type& ports) {
-                    HandleEvent(event, ports);
+                  [this](const Posted& posted, CoreNode::output_ports_type& ports) {
+                    HandleEvent(posted, ports);
                   }),
         weight_sync_node(graph, tbb::flow::serial,
-                         [this](const Command& command) { return AttachTransfers(command); }),
+                         [this](EngineWork work) { return AttachTransfers(std::move(work)); }),
         engine_node(graph, tbb::flow::serial,
                     [this](const EngineWork& work) {
                       SendToEngine(work);
                       return tbb::flow::continue_msg();
                     }),
         plan_node(graph, tbb::flow::unlimited,
-                  [this](StartTrain call) { return PlanCall(std::move(call)); }),
+                  [this](TrainWork work) { return PlanCall(std::move(work)); }),
         trainer_node(graph, tbb::flow::serial,
-                     [this](const StartTrain& call) {
-                       SendToTrainer(call);
+                     [this](const TrainWork& work) {
+                       SendToTrainer(work);
                        return tbb::flow::continue_msg();
                      }),
         sink_node(graph, tbb::flow::serial, [this](const Observation& observation) {
@@ -229,7 +288,8 @@ struct Runtime::Impl {
 
   // ---- The core node. ----
 
-  void HandleEvent(Event event, CoreNode::output_ports_type& ports) {
+  void HandleEvent(const Posted& posted, CoreNode::output_ports_type& ports) {
+    Event event = posted.event;
     std::vector<Command> commands;
     Observation observation;
     bool observe = false;
@@ -268,9 +328,10 @@ struct Runtime::Impl {
     }
     for (Command& command : commands) {
       if (auto* start = std::get_if<StartTrain>(&command)) {
-        std::get<1>(ports).try_put(std::move(*start));
+        std::get<1>(ports).try_put(TrainWork{.call = std::move(*start), .posted = posted.posted});
       } else {
-        std::get<0>(ports).try_put(std::move(command));
+        std::get<0>(ports).try_put(
+            EngineWork{.command = std::move(command), .posted = posted.posted});
       }
     }
     if (observe) std::get<2>(ports).try_put(std::move(observation));
@@ -278,9 +339,8 @@ struct Runtime::Impl {
 
   // ---- The engines' path. ----
 
-  EngineWork AttachTransfers(const Command& command) {
-    EngineWork work{.command = command};
-    const auto* sync = std::get_if<SyncWeights>(&command);
+  EngineWork AttachTransfers(EngineWork work) {
+    const auto* sync = std::get_if<SyncWeights>(&work.command);
     if (sync == nullptr || !options.weight_sync) return work;
     try {
       if (!plan) BuildPlan();
@@ -329,6 +389,7 @@ struct Runtime::Impl {
   void SendToEngine(const EngineWork& work) {
     try {
       engines.Execute(work.command, work.transfers.get());
+      command_latency.Add(std::chrono::steady_clock::now() - work.posted);
     } catch (const std::exception& e) {
       const std::int64_t engine = EngineOf(work.command);
       spdlog::error("runtime: engine {} failed to take a command: {}", engine, e.what());
@@ -344,8 +405,9 @@ struct Runtime::Impl {
 
   // ---- The trainer's path. ----
 
-  StartTrain PlanCall(StartTrain call) {
-    if (!options.step) return call;
+  TrainWork PlanCall(TrainWork work) {
+    if (!options.step) return work;
+    StartTrain& call = work.call;
     try {
       const std::int64_t G = options.orchestrator.samples_per_prompt;
       std::vector<std::int64_t> group_of(call.samples.size());
@@ -354,13 +416,14 @@ struct Runtime::Impl {
     } catch (const std::exception& e) {
       Fatal(std::string("step plan: ") + e.what());
     }
-    return call;
+    return work;
   }
 
-  void SendToTrainer(const StartTrain& call) {
+  void SendToTrainer(const TrainWork& work) {
     if (failed()) return;
     try {
-      trainer.Train(call);
+      trainer.Train(work.call);
+      command_latency.Add(std::chrono::steady_clock::now() - work.posted);
     } catch (const std::exception& e) {
       Fatal(std::string("trainer: ") + e.what());
     }
@@ -429,7 +492,8 @@ struct Runtime::Impl {
 
   bool Post(Event event) {
     if (stopped.load()) return false;
-    core_node.try_put(std::move(event));
+    core_node.try_put(
+        Posted{.event = std::move(event), .posted = std::chrono::steady_clock::now()});
     return true;
   }
 
@@ -448,6 +512,7 @@ struct Runtime::Impl {
   std::string fatal_error;
   std::condition_variable done_cv;
   std::atomic<bool> stopped{false};
+  LatencyHistogram command_latency;  // the engine and trainer nodes
 
   // The weight-sync node's cache (its thread only).
   std::shared_ptr<const rollout::ReshardPlan> plan;
@@ -505,7 +570,8 @@ RuntimeStatus Runtime::Status() const {
       .rejected_events = impl_->rejected_events,
       .last_rejection = impl_->last_rejection,
       .engine_failures_posted = impl_->engine_failures_posted,
-      .done = impl_->core.done()};
+      .done = impl_->core.done(),
+      .command_latency = impl_->command_latency.Summary()};
 }
 
 std::string Runtime::TraceJson() const {

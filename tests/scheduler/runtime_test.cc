@@ -264,10 +264,17 @@ TEST(RuntimeTest, SyncRunTrainsEveryStepWithItsPlan) {
   Cluster cluster(clock, {});
   RuntimeOptions options = AsyncOptions(3);
   options.orchestrator.mode = Mode::kSync;
+  std::int64_t commands = 0;  // the sink's thread; read after WaitIdle
+  options.on_command = [&commands](const Command&) { ++commands; };
   Runtime runtime(options, cluster, cluster, clock);
   Drive(runtime, cluster, clock, 4, 64);
   const RuntimeStatus status = runtime.Status();
   ASSERT_TRUE(status.done);
+  // Every command handed to a backend has its event-to-command latency counted.
+  EXPECT_EQ(status.command_latency.count, commands);
+  EXPECT_GT(status.command_latency.max_seconds, 0);
+  EXPECT_LE(status.command_latency.p50_seconds, status.command_latency.p99_seconds);
+  EXPECT_LE(status.command_latency.p99_seconds, status.command_latency.max_seconds);
   EXPECT_EQ(status.counters.steps_finished, 3);
   EXPECT_EQ(status.rejected_events, 0);
   ExpectTrainedOnce(cluster, status);

@@ -163,6 +163,15 @@ struct RuntimeOptions {
 // weight_sync.*, "orchestrator.planner" when set).
 void Validate(const RuntimeOptions& options);
 
+// Quantiles of a latency, in seconds (from a histogram: each figure is its bucket's upper
+// edge, within 4.4% above the exact value).
+struct LatencySummary {
+  std::int64_t count = 0;
+  double p50_seconds = 0;
+  double p99_seconds = 0;
+  double max_seconds = 0;
+};
+
 struct RuntimeStatus {
   Counters counters;
   Metrics metrics;                          // up to the clock's now
@@ -171,6 +180,10 @@ struct RuntimeStatus {
   std::string last_rejection;               // the last refusal's message
   std::int64_t engine_failures_posted = 0;  // by the runtime, for backends that threw
   bool done = false;                        // num_steps > 0 and that many steps finished
+  // Event to command: from an event's Post() to the return of the backend's Execute()
+  // or Train() for each command it caused (a StartTrain's step plan included), in wall
+  // seconds of std::chrono::steady_clock whatever the injected clock.
+  LatencySummary command_latency;
 };
 
 class Runtime {
