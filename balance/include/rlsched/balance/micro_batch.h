@@ -20,6 +20,9 @@
 //   than `count_tolerance`, never more micro-batches than sequences (no empty
 //   micro-batch unless the minimum or the multiple forces one); the cost is balanced
 //   across the m micro-batches by the capped local search, which never breaks the cap.
+//   With one pipeline stage a rank of 8,192 sequences or more is packed for the cap
+//   alone (the first of those constructions that keeps it, first-fit first, not
+//   refined): its time, its cost plus m overheads, does not depend on the split.
 //
 //   Every micro-batch costs `overhead` (kernel launches, streaming the weights, the
 //   framework's own work); unset, it is estimated from the cost model's shape (see
@@ -71,7 +74,9 @@
 //   // step.baseline.cap_violations: the common recipe's micro-batches over the cap
 //   (workload::GrpoBatch is in rlsched/common/workload.h; any lengths and group ids will do.)
 //
-// Thread-safety: pure; concurrent calls are safe. Deterministic.
+// Thread-safety: pure; concurrent calls are safe. Deterministic. PlanStep() of 65,536
+// sequences or more plans the common recipe on a second thread (std::async), joined
+// before it returns (planned in turn when no thread can be started).
 
 #ifndef RLSCHED_BALANCE_MICRO_BATCH_H_
 #define RLSCHED_BALANCE_MICRO_BATCH_H_
