@@ -13,9 +13,8 @@
 //                common recipe's baseline included);
 //     baseline   balance::PlanBaseline(lengths, options) alone (the common recipe, a
 //                part of plan-step's time);
-//   and prints plan-step / balance in wall time and in CPU time (the process's, every
-//   thread of it: plan-step plans the common recipe on a second thread for large
-//   batches, so its wall time depends on a free core and its CPU time does not). The
+//   and prints plan-step / balance in wall time and in CPU time (the process's: on a
+//   shared machine the CPU time is the less disturbed of the two). The
 //   two are interleaved, `repeats` times each, and each keeps its fastest run (the
 //   least disturbed by other work on a shared machine). The last column is an FNV-1a
 //   digest of the plan's micro-batches, so two builds can be checked to give the same

@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "command_common.h"
-#include "rlsched/common/workload.h"
 #include "rlsched/scheduler/runtime.h"
 #include "rlsched/v1/runtime.pb.h"
 #include "rlsched/wire/balance_convert.h"
@@ -266,12 +265,8 @@ int RunRunCommand(const RunArgs& args) {
     scheduler::PromptsAvailable event;
     for (std::int64_t i = 0; i < count; ++i, ++next_prompt) {
       const std::int64_t id = next_prompt % config.dataset_prompts;
-      workload::Rng prompt_rng(config.seed * 0x9E3779B97F4A7C15ULL +
-                               static_cast<std::uint64_t>(id));
       event.prompts.push_back(
-          {.id = id,
-           .prompt_tokens = prompt_rng.UniformInt(config.lengths.min_prompt_tokens,
-                                                  config.lengths.max_prompt_tokens)});
+          {.id = id, .prompt_tokens = scheduler::WorkloadPromptTokens(config, id)});
     }
     return event;
   };

@@ -30,8 +30,9 @@ std::int64_t CheckedAdd(std::int64_t a, std::int64_t b, std::string_view field);
 // a * b, likewise.
 std::int64_t CheckedMul(std::int64_t a, std::int64_t b, std::string_view field);
 
-// Item indices by weight descending, ties by index ascending. An LSD radix sort
-// (11-bit digits, as many passes as the largest weight needs): O(n · passes).
+// Item indices by weight descending, ties by index ascending. An LSD radix sort: when
+// the weights span less than 2^32, one 64-bit word per item and balanced digits of at
+// most 11 bits (passes by the span); else 64-bit keys, 11-bit digits. O(n · passes).
 // Precondition: weights validated by CheckWeights. With `sorted`, also the weights in
 // that order (sorted[s] = weights[order[s]]), which the radix sort has at hand.
 std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights,

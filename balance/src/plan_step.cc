@@ -5,14 +5,12 @@
 
 #include <algorithm>
 #include <functional>
-#include <future>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <queue>
 #include <stdexcept>
 #include <string>
-#include <system_error>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -737,10 +735,6 @@ std::optional<StepPlan> BinsFirstPlan(const Padded& padded, const StepOptions& o
   return std::nullopt;
 }
 
-// From this many sequences on, the common recipe is planned on a second thread (below,
-// a thread costs more than it saves).
-constexpr std::int64_t kRecipeThreadSequences = 65536;
-
 }  // namespace
 
 PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
@@ -757,19 +751,6 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   options.micro_batch = Resolved(unresolved.micro_batch);
   const MicroBatchOptions& mb = options.micro_batch;
   const Padded padded = Pad(lengths, mb);
-  // The common recipe (for comparison, it ignores groups) reads only `padded` and
-  // `options`, which stay as they are: for a large batch it is planned on a second
-  // thread beside the rest (the same plan; PlanStep's own exceptions come first, as
-  // when it ran after them). Without a thread, it is planned below.
-  std::future<StepPlan> recipe;
-  if (static_cast<std::int64_t>(lengths.size()) >= kRecipeThreadSequences) {
-    try {
-      recipe = std::async(std::launch::async,
-                          [&padded, &options] { return internal::RecipePlan(padded, options); });
-    } catch (const std::system_error&) {
-      // No thread to be had: planned in turn.
-    }
-  }
   const Movable movable{options.keep_groups ? groups : std::span<const std::int64_t>{},
                         options.equal_size};
 
@@ -842,7 +823,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   }
 
   // The common recipe, for comparison (it ignores groups).
-  result.baseline = recipe.valid() ? recipe.get() : internal::RecipePlan(padded, options);
+  result.baseline = internal::RecipePlan(padded, options);
   // Without groups or empty micro-batches the baseline's bound is the same one.
   const Empties baseline_empties =
       result.baseline.empty_micro_batches > 0 ? Empties::kAllowed : Empties::kNone;

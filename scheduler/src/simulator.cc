@@ -150,8 +150,12 @@ class Workload {
 
   // Uniform in [min_prompt_tokens, max_prompt_tokens], fixed per prompt id.
   std::int64_t PromptTokens(std::int64_t prompt) const {
-    workload::Rng rng(Hash(seed_, kTagPromptTokens, static_cast<std::uint64_t>(prompt)));
-    return rng.UniformInt(lengths_.min_prompt_tokens, lengths_.max_prompt_tokens);
+    return PromptTokensOf(seed_, lengths_, prompt);
+  }
+  static std::int64_t PromptTokensOf(std::uint64_t seed, const LengthDistribution& lengths,
+                                     std::int64_t prompt) {
+    workload::Rng rng(Hash(seed, kTagPromptTokens, static_cast<std::uint64_t>(prompt)));
+    return rng.UniformInt(lengths.min_prompt_tokens, lengths.max_prompt_tokens);
   }
 
   // The response length of sample `index` of the `epoch`-th group of `prompt`: the
@@ -1397,6 +1401,23 @@ DecodeSpeed DecodeSpeedOf(const EngineModel& model) {
   const double together = model.decode_base_seconds + model.decode_per_sequence_seconds * n;
   return {.single_tokens_per_second = alone > 0 ? 1.0 / alone : 0.0,
           .full_tokens_per_second = together > 0 ? n / together : 0.0};
+}
+
+std::int64_t WorkloadPromptTokens(const SimulatorConfig& config, std::int64_t prompt) {
+  return Workload::PromptTokensOf(config.seed, config.lengths, prompt);
+}
+
+std::int64_t WorkloadResponseLength(const SimulatorConfig& config, std::int64_t prompt,
+                                    std::int64_t epoch, std::int64_t index) {
+  return Workload(config).ResponseLength(prompt, epoch, index);
+}
+
+std::vector<double> WorkloadGroupRewards(const SimulatorConfig& config, std::int64_t group) {
+  SimulatorConfig rewards_only;  // the rewards read neither the lengths nor the rest
+  rewards_only.seed = config.seed;
+  rewards_only.orchestrator.samples_per_prompt = config.orchestrator.samples_per_prompt;
+  rewards_only.all_equal_rate = config.all_equal_rate;
+  return Workload(rewards_only).GroupRewards(group);
 }
 
 double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {

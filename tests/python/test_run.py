@@ -256,3 +256,22 @@ def test_bad_arguments_are_refused_clearly(rlsched_bin, tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_emulated_draws_are_the_simulators():
+    """The emulated engine's lengths and rewards are the simulator's own draws, bit for
+    bit: the same values as tests/scheduler/simulator_test.cc's
+    SimulatorWorkload.DrawsArePureFunctionsOfTheirKeys."""
+    from rlsched.v1 import rollout_pb2
+    from rlsched.worker.emulated import group_rewards, response_length
+
+    lognormal = rollout_pb2.LengthDistribution(mu=5.5, sigma=1.0, max_tokens=4096,
+                                               length_correlation=0.8)
+    keys = [(0, 0, 0), (0, 0, 1), (3, 0, 2), (5, 1, 3), (123456, 2, 0)]
+    assert [response_length(7, lognormal, 4, *k) for k in keys] == [170, 170, 35, 234, 69]
+    listed = rollout_pb2.LengthDistribution(lengths=[900, 5, 70, 3000, 12],
+                                            length_correlation=0.3)
+    keys = [(0, 0, 0), (1, 0, 1), (2, 3, 2), (9, 1, 3)]
+    assert [response_length(42, listed, 4, *k) for k in keys] == [3000, 900, 900, 12]
+    assert [group_rewards(11, 0.3, 4, g) for g in range(5)] == [
+        [1, 0, 0, 1], [1, 1, 1, 0], [1, 0, 1, 0], [0, 0, 0, 0], [0, 1, 1, 0]]

@@ -87,6 +87,49 @@ std::string ValidateMessage(const SimulatorConfig& config) {
   return "(no error)";
 }
 
+// The workload draws, whose values python/rlsched/worker/emulated.py reproduces bit for
+// bit (tests/python/test_run.py checks the same values there).
+TEST(SimulatorWorkload, DrawsArePureFunctionsOfTheirKeys) {
+  SimulatorConfig config;
+  config.seed = 7;
+  config.lengths.mu = 5.5;
+  config.lengths.sigma = 1.0;
+  config.lengths.max_tokens = 4096;
+  config.lengths.length_correlation = 0.8;
+  const std::vector<std::int64_t> expected = {170, 170, 35, 234, 69};
+  const std::int64_t keys[][3] = {{0, 0, 0}, {0, 0, 1}, {3, 0, 2}, {5, 1, 3}, {123456, 2, 0}};
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(WorkloadResponseLength(config, keys[i][0], keys[i][1], keys[i][2]), expected[i]);
+  }
+  config.seed = 42;
+  config.lengths.lengths = {900, 5, 70, 3000, 12};
+  config.lengths.length_correlation = 0.3;
+  const std::vector<std::int64_t> from_list = {3000, 900, 900, 12};
+  const std::int64_t list_keys[][3] = {{0, 0, 0}, {1, 0, 1}, {2, 3, 2}, {9, 1, 3}};
+  for (std::size_t i = 0; i < from_list.size(); ++i) {
+    EXPECT_EQ(WorkloadResponseLength(config, list_keys[i][0], list_keys[i][1], list_keys[i][2]),
+              from_list[i]);
+  }
+  config.seed = 11;
+  config.all_equal_rate = 0.3;
+  config.orchestrator.samples_per_prompt = 4;
+  const std::vector<std::vector<double>> rewards = {
+      {1, 0, 0, 1}, {1, 1, 1, 0}, {1, 0, 1, 0}, {0, 0, 0, 0}, {0, 1, 1, 0}};
+  for (std::int64_t g = 0; g < 5; ++g) {
+    EXPECT_EQ(WorkloadGroupRewards(config, g), rewards[static_cast<std::size_t>(g)]) << g;
+  }
+  // Prompt tokens: in range, fixed per prompt id, not all equal.
+  std::vector<std::int64_t> tokens;
+  for (std::int64_t prompt = 0; prompt < 64; ++prompt) {
+    tokens.push_back(WorkloadPromptTokens(config, prompt));
+    EXPECT_EQ(WorkloadPromptTokens(config, prompt), tokens.back());
+    EXPECT_GE(tokens.back(), config.lengths.min_prompt_tokens);
+    EXPECT_LE(tokens.back(), config.lengths.max_prompt_tokens);
+  }
+  EXPECT_NE(*std::min_element(tokens.begin(), tokens.end()),
+            *std::max_element(tokens.begin(), tokens.end()));
+}
+
 TEST(SimulatorValidate, DefaultsAreValid) {
   EXPECT_NO_THROW(Validate(DefaultSimulatorConfig()));
   EXPECT_NO_THROW(Validate(TinyConfig()));

@@ -4,8 +4,10 @@ The engine follows the simulator's engine model (continuous batching: a decode s
 takes ``decode_base + decode_per_sequence · running + decode_per_context_token ·
 Σ context`` seconds and gives every running sample a token; a sample first prefills
 its prompt and the tokens it resumes from at ``prefill_tokens_per_second``; a weight
-sync takes ``weight_sync_seconds``), with lengths drawn from the run config's length
-distribution (lognormal or a list, correlated across a prompt's samples). The trainer
+sync takes ``weight_sync_seconds``), with the simulator's own draws of lengths and
+rewards (``response_length``, ``group_rewards``: the same numbers as
+``scheduler::WorkloadResponseLength`` for the run config's seed and distribution), so
+that one config simulated and run sees the same workload. The trainer
 takes each call's predicted step time × ``seconds_per_cost_unit`` +
 ``train_call_overhead_seconds``. Every time runs ``time_scale`` times faster (the
 scheduler's Welcome says how much).
@@ -19,16 +21,93 @@ import argparse
 import heapq
 import json
 import math
-import random
 import sys
 import threading
 import time
-from statistics import NormalDist
 from typing import Dict, List, Optional
 
 from rlsched.worker.base import EngineWorker, TrainerWorker
 
-_NORMAL = NormalDist()
+# The simulator's workload draws (scheduler/src/simulator.cc, common/src/workload.cc),
+# replicated bit for bit: chained SplitMix64 seeds per key, Box-Muller normals.
+_MASK = (1 << 64) - 1
+_TAG_PROMPT_LENGTH = 2
+_TAG_SAMPLE_LENGTH = 3
+_TAG_REWARD = 4
+
+
+class _Rng:
+    """SplitMix64, as rlsched::workload::Rng."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, seed: int):
+        self.state = seed & _MASK
+
+    def next(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & _MASK
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+        return z ^ (z >> 31)
+
+    def uniform_int(self, lo: int, hi: int) -> int:
+        span = (hi - lo + 1) & _MASK
+        if span == 0:
+            return self.next()
+        limit = _MASK - ((_MASK % span + 1) % span)
+        x = self.next()
+        while x > limit:
+            x = self.next()
+        return lo + x % span
+
+    def uniform_real(self) -> float:
+        return (self.next() >> 11) * 2.0 ** -53
+
+    def normal(self) -> float:
+        u1 = 1.0 - self.uniform_real()
+        u2 = self.uniform_real()
+        return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+def _hash(seed: int, tag: int, a: int, b: int = 0, c: int = 0) -> int:
+    h = _Rng(seed).next()
+    for v in (tag, a, b, c):
+        h = _Rng(h ^ (v & _MASK)).next()
+    return h
+
+
+def response_length(seed: int, lengths, samples_per_prompt: int, prompt: int, epoch: int,
+                    index: int, sorted_list=None) -> int:
+    """The simulator's response length of sample ``index`` of the ``epoch``-th group of
+    ``prompt`` (scheduler::WorkloadResponseLength): the quantile at
+    Φ(ρ·z_prompt + √(1 − ρ²)·z_sample) of the lognormal, or of the sorted list."""
+    z_prompt = _Rng(_hash(seed, _TAG_PROMPT_LENGTH, prompt)).normal()
+    z_sample = _Rng(_hash(seed, _TAG_SAMPLE_LENGTH, prompt, epoch, index)).normal()
+    rho = lengths.length_correlation
+    z = rho * z_prompt + math.sqrt(max(0.0, 1.0 - rho * rho)) * z_sample
+    values = sorted_list if sorted_list is not None else sorted(lengths.lengths)
+    if values:
+        n = len(values)
+        cdf = 0.5 * math.erfc(-z / math.sqrt(2.0))
+        return values[int(min(max(math.floor(cdf * n), 0.0), n - 1.0))]
+    value = min(math.exp(min(lengths.mu + lengths.sigma * z, 40.0)), 1e12)
+    return int(min(max(math.floor(value + 0.5), 1), lengths.max_tokens))
+
+
+def group_rewards(seed: int, all_equal_rate: float, samples_per_prompt: int,
+                  group: int) -> List[float]:
+    """The simulator's rewards of a group (all equal with probability all_equal_rate,
+    else independent 0/1 with one flipped when they came out all equal)."""
+    rng = _Rng(_hash(seed, _TAG_REWARD, group))
+    g = samples_per_prompt
+    if rng.uniform_real() < all_equal_rate:
+        return [float(rng.next() & 1)] * g
+    rewards = [float(rng.next() & 1) for _ in range(g)]
+    if g > 1 and all(r == rewards[0] for r in rewards):
+        flip = rng.uniform_int(0, g - 1)
+        rewards[flip] = 1.0 - rewards[flip]
+    return rewards
 
 
 class _Clock:
@@ -80,27 +159,28 @@ class EmulatedEngine(EngineWorker):
         self.resume_seconds = config.resume_seconds
         self.seed = config.seed
         self.samples_per_prompt = max(1, config.orchestrator.samples_per_prompt)
-        lengths = config.lengths
-        self.mu, self.sigma, self.max_tokens = lengths.mu, lengths.sigma, lengths.max_tokens
-        self.length_list = sorted(lengths.lengths)
-        self.rho = lengths.length_correlation
+        self.lengths = config.lengths
+        self.length_list = sorted(config.lengths.lengths)
+        self.dataset_prompts = max(1, config.dataset_prompts)
+        self.all_equal_rate = config.all_equal_rate
+        self._rewards: Dict[int, List[float]] = {}
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
-    def length_of(self, sample: int, prompt: int) -> int:
-        z_prompt = random.Random(f"{self.seed}:p:{prompt}").gauss(0.0, 1.0)
-        z_sample = random.Random(f"{self.seed}:s:{sample}").gauss(0.0, 1.0)
-        z = self.rho * z_prompt + math.sqrt(max(0.0, 1.0 - self.rho ** 2)) * z_sample
-        if self.length_list:
-            n = len(self.length_list)
-            return self.length_list[min(n - 1, max(0, int(_NORMAL.cdf(z) * n)))]
-        value = math.exp(min(self.mu + self.sigma * z, 40.0))
-        return int(min(max(round(value), 1), self.max_tokens))
+    def length_of(self, sample: int, group: int, prompt: int) -> int:
+        """The simulator's draw: the group's epoch is group / dataset_prompts (the run's
+        loader posts the dataset's prompts in order, cycled)."""
+        return response_length(self.seed, self.lengths, self.samples_per_prompt, prompt,
+                               group // self.dataset_prompts,
+                               sample - group * self.samples_per_prompt, self.length_list)
 
     def reward_of(self, sample: int) -> float:
-        return float(random.Random(f"{self.seed}:r:{sample}").random() < 0.5)
-
-    # ---- Commands (the reader thread). ----
+        group = sample // self.samples_per_prompt
+        rewards = self._rewards.get(group)
+        if rewards is None:
+            rewards = group_rewards(self.seed, self.all_equal_rate, self.samples_per_prompt, group)
+            self._rewards[group] = rewards
+        return rewards[sample - group * self.samples_per_prompt]
 
     def dispatch(self, dispatch) -> None:
         with self._lock:
@@ -108,7 +188,7 @@ class EmulatedEngine(EngineWorker):
             for work in dispatch.samples:
                 prefill = (work.prompt_tokens + work.resume_from) / self.prefill
                 self._running[work.sample] = _Sample(
-                    float(work.resume_from), self.length_of(work.sample, work.prompt),
+                    float(work.resume_from), self.length_of(work.sample, work.group, work.prompt),
                     work.prompt_tokens, now + prefill)
             self._lock.notify()
 

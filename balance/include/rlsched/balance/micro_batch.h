@@ -74,9 +74,7 @@
 //   // step.baseline.cap_violations: the common recipe's micro-batches over the cap
 //   (workload::GrpoBatch is in rlsched/common/workload.h; any lengths and group ids will do.)
 //
-// Thread-safety: pure; concurrent calls are safe. Deterministic. PlanStep() of 65,536
-// sequences or more plans the common recipe on a second thread (std::async), joined
-// before it returns (planned in turn when no thread can be started).
+// Thread-safety: pure, single-threaded; concurrent calls are safe. Deterministic.
 
 #ifndef RLSCHED_BALANCE_MICRO_BATCH_H_
 #define RLSCHED_BALANCE_MICRO_BATCH_H_

@@ -166,6 +166,24 @@ DecodeSpeed DecodeSpeedOf(const EngineModel& model);
 inline constexpr int kCalibrationBatches = 4;
 double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds);
 
+// The simulated workload, each draw a pure function of config.seed, config.lengths and
+// its key (chained SplitMix64 seeds, Box-Muller normals): what a live run's data loader
+// and emulated engines draw too (app/src/run_command.cc, python/rlsched/worker/
+// emulated.py), so that one config simulated and run sees the same prompts and lengths.
+// The prompt tokens of prompt id `prompt`: uniform in [min_prompt_tokens,
+// max_prompt_tokens]. O(1).
+std::int64_t WorkloadPromptTokens(const SimulatorConfig& config, std::int64_t prompt);
+// The response length of sample `index` of the `epoch`-th group of `prompt` (the
+// simulation numbers a prompt's groups in the order they start; a run whose groups of
+// one prompt start in order, epoch = group / dataset_prompts): the distribution's
+// quantile at Φ(ρ·z_prompt + √(1 − ρ²)·z_sample). O(1), or O(n log n) for a list of n
+// lengths (sorted first).
+std::int64_t WorkloadResponseLength(const SimulatorConfig& config, std::int64_t prompt,
+                                    std::int64_t epoch, std::int64_t index);
+// The rewards of group `group`'s samples: with probability all_equal_rate all equal (0
+// or 1), else independent 0/1 with one flipped when they came out all equal. O(G).
+std::vector<double> WorkloadGroupRewards(const SimulatorConfig& config, std::int64_t group);
+
 // Colocated sync on the GPUs of `config` (engines × gpus_per_engine plus
 // step.num_ranks × gpus_per_trainer_rank): as many engines and trainer ranks as those
 // GPUs hold, the same per-engine and per-rank speeds, mode sync with colocated set.
