@@ -8,7 +8,7 @@ packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev pkg-config
   libtbb-dev libprotobuf-dev protobuf-compiler libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-protobuf
-  libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-torch
+  libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-torch pybind11-dev python3-numpy
 )
 
 missing=()

@@ -32,11 +32,14 @@ from pkgutil import extend_path
 
 __path__ = extend_path(__path__, __name__)  # noqa: F821 - the package's own path
 
+import os as _os  # noqa: E402
 import threading as _threading  # noqa: E402
 from typing import Optional as _Optional  # noqa: E402
 
 from rlsched.client import (BalanceResult, BaselinePlan, Client,  # noqa: E402
                             MicroBatch, Part, RankPlan, StepPlan)
+from rlsched import client as _client  # noqa: E402
+from rlsched.client import native_available  # noqa: E402
 from rlsched.errors import (DaemonError, InvalidArgumentError,  # noqa: E402
                             RlschedError)
 
@@ -52,6 +55,7 @@ __all__ = [
     "MicroBatch",
     "BaselinePlan",
     "default_client",
+    "native_available",
     "set_default_client",
     "ping",
     "balance",
@@ -66,6 +70,17 @@ __version__ = "0.1.0"
 
 _default: _Optional[Client] = None
 _default_lock = _threading.Lock()
+# A client given to set_default_client() takes the module-level calls (not the native
+# module).
+_explicit_default = False
+
+
+def _in_process() -> bool:
+    """Whether the module-level balance, plan_step, plan_micro_batches and
+    get_seqlen_balanced_partitions solve in process: the native module imports,
+    ``RLSCHED_NATIVE`` is not "0", and no client was set with set_default_client()."""
+    return (native_available() and not _explicit_default
+            and _os.environ.get("RLSCHED_NATIVE", "1") != "0")
 
 
 def default_client() -> Client:
@@ -81,9 +96,10 @@ def default_client() -> Client:
 def set_default_client(client: _Optional[Client]) -> _Optional[Client]:
     """Makes `client` the shared client (None: a new ``Client()`` on next use);
     returns the previous one, which the caller may close."""
-    global _default
+    global _default, _explicit_default
     with _default_lock:
         previous, _default = _default, client
+        _explicit_default = client is not None
         return previous
 
 
@@ -93,17 +109,33 @@ def ping() -> str:
 
 
 def balance(lengths, num_ranks=None, **kwargs):
-    """:meth:`Client.balance` on the default client."""
+    """:meth:`Client.balance` on the default client (in process with the native
+    module, for the token cost)."""
+    if _in_process():
+        result = _client.native_balance(lengths, num_ranks, **kwargs)
+        if result is not NotImplemented:
+            return result
     return default_client().balance(lengths, num_ranks, **kwargs)
 
 
 def plan_step(lengths, **kwargs):
-    """:meth:`Client.plan_step` on the default client."""
+    """:meth:`Client.plan_step` on the default client (in process with the native
+    module, for the token cost)."""
+    if _in_process():
+        result = _client.native_plan_step(lengths, **kwargs)
+        if result is not NotImplemented:
+            return result
     return default_client().plan_step(lengths, **kwargs)
 
 
 def plan_micro_batches(lengths, max_token_len=None, **kwargs):
-    """:meth:`Client.plan_micro_batches` on the default client."""
+    """:meth:`Client.plan_micro_batches` on the default client (in process with the
+    native module, for the token cost)."""
+    if _in_process():
+        result = _client.native_plan_step(lengths, num_ranks=1, max_token_len=max_token_len,
+                                          **kwargs)
+        if result is not NotImplemented:
+            return [m.indices for m in result.ranks[0].micro_batches]
     return default_client().plan_micro_batches(lengths, max_token_len, **kwargs)
 
 
@@ -120,7 +152,11 @@ def simulate(config=None, **kwargs):
 def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
     """:meth:`Client.get_seqlen_balanced_partitions` on the default client: a list
     of `k_partitions` lists of indices, each ascending, every index once; raises
-    ValueError where the RL frameworks' function of this name asserts."""
+    ValueError where the RL frameworks' function of this name asserts. In process
+    with the native module."""
+    if _in_process():
+        return _client.native_get_seqlen_balanced_partitions(seqlen_list, k_partitions,
+                                                             equal_size)
     return default_client().get_seqlen_balanced_partitions(seqlen_list, k_partitions,
                                                            equal_size)
 

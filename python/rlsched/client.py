@@ -998,3 +998,148 @@ def _error_from_reply(error: service_pb2.Error) -> RlschedError:
     if error.code == service_pb2.ERROR_CODE_INVALID_ARGUMENT:
         return InvalidArgumentError(error.message, error.field, code)
     return RlschedError(code, error.message, error.field)
+
+
+# ----------------------------------------------------------------------------------
+# In process: the native module rlsched._native (python/native/), when it was built
+
+try:
+    from rlsched import _native
+except ImportError:  # not built, or built for another interpreter
+    _native = None
+
+
+def native_available() -> bool:
+    """Whether the native module ``rlsched._native`` imports (then the module-level
+    functions balance, plan_step, plan_micro_batches and get_seqlen_balanced_partitions
+    solve in process instead of in the daemon; ``RLSCHED_NATIVE=0`` turns that off)."""
+    return _native is not None
+
+
+def _native_enum(value: Any, prefix: str) -> Optional[str]:
+    """A short lowercase enum name for the native module ("" for None); None when the
+    value is not a name (e.g. an int: the daemon handles it)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        return None
+    name = value.lower()
+    return name[len(prefix):] if name.startswith(prefix) else name
+
+
+def _native_solve(function, *args, **kwargs):
+    try:
+        return function(*args, **kwargs)
+    except ValueError as error:
+        if isinstance(error, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(str(error), getattr(error, "field", "")) from None
+
+
+def _native_lengths(values: Any) -> Any:
+    """Lengths for the native module: numpy arrays as they are (read in place when
+    contiguous int64), other objects with tolist() (tensors) as lists."""
+    if hasattr(values, "tolist") and not hasattr(values, "__array_interface__"):
+        return values.tolist()
+    return values
+
+
+def native_balance(lengths, num_ranks=None, *, groups=None, equal_size=False,
+                   keep_groups=False, cost=None, algorithm=None, refine_iterations=None,
+                   num_parts=None, raw=False):
+    """:meth:`Client.balance` in process; NotImplemented for the arguments only the
+    daemon takes (a cost model other than tokens, an int algorithm, ``raw``)."""
+    if _native is None or raw or cost not in (None, "tokens"):
+        return NotImplemented
+    algorithm_name = _native_enum(algorithm, "algorithm_")
+    if algorithm_name is None:
+        return NotImplemented
+    num_ranks = _aliased("num_ranks", num_ranks, "num_parts", num_parts)
+    if num_ranks is None:
+        raise InvalidArgumentError("num_ranks: required (the number of parts)", "num_ranks")
+    r = _native_solve(_native.balance, _native_lengths(lengths), num_ranks,
+                      equal_size=bool(equal_size),
+                      groups=None if groups is None else _native_lengths(groups),
+                      keep_groups=bool(keep_groups), algorithm=algorithm_name,
+                      refine_iterations=refine_iterations)
+    indices = r["indices"].tolist()
+    offsets = r["offsets"].tolist()
+    tokens = r["tokens"].tolist()
+    costs = r["costs"].tolist()
+    parts = [Part(indices[offsets[p]:offsets[p + 1]], tokens[p], costs[p])
+             for p in range(len(costs))]
+    return BalanceResult(parts=parts, max_cost=r["max_cost"], min_cost=r["min_cost"],
+                         lower_bound=r["lower_bound"], gap=r["gap"],
+                         proven_optimal=r["proven_optimal"])
+
+
+def native_plan_step(lengths, *, num_ranks, max_token_len=None, groups=None,
+                     equal_size=False, keep_groups=False, min_micro_batches=0,
+                     micro_batches_multiple_of=0, pad_to_multiple_of=0,
+                     pipeline_model_parallel_size=None, overhead=None, cost=None,
+                     order=None, refine_iterations=None, count_tolerance=None,
+                     max_tokens_per_micro_batch=None, pipeline_stages=None, raw=False):
+    """:meth:`Client.plan_step` in process; NotImplemented for the arguments only the
+    daemon takes (a cost model other than tokens, an int order, ``raw``)."""
+    if _native is None or raw or cost not in (None, "tokens"):
+        return NotImplemented
+    order_name = _native_enum(order, "micro_batch_order_")
+    if order_name is None:
+        return NotImplemented
+    max_token_len = _aliased("max_token_len", max_token_len,
+                             "max_tokens_per_micro_batch", max_tokens_per_micro_batch)
+    if max_token_len is None:
+        raise InvalidArgumentError(
+            "max_token_len: required (the most tokens in one micro-batch)", "max_token_len")
+    pipeline_model_parallel_size = _aliased(
+        "pipeline_model_parallel_size", pipeline_model_parallel_size, "pipeline_stages",
+        pipeline_stages)
+    r = _native_solve(
+        _native.plan_step, _native_lengths(lengths), num_ranks, max_token_len,
+        groups=None if groups is None else _native_lengths(groups),
+        equal_size=bool(equal_size), keep_groups=bool(keep_groups),
+        min_micro_batches=min_micro_batches,
+        micro_batches_multiple_of=micro_batches_multiple_of,
+        pad_to_multiple_of=pad_to_multiple_of,
+        pipeline_model_parallel_size=pipeline_model_parallel_size or 0,
+        overhead=overhead, count_tolerance=count_tolerance, order=order_name,
+        refine_iterations=refine_iterations)
+    ranks = [RankPlan([MicroBatch(*m) for m in micro_batches], tokens, cost_, time_,
+                      sequences, unpadded)
+             for micro_batches, tokens, cost_, time_, sequences, unpadded in r["ranks"]]
+    b = r["baseline"]
+    return StepPlan(ranks=ranks, micro_batches=r["micro_batches"],
+                    predicted_step_time=r["predicted_step_time"],
+                    lower_bound=r["lower_bound"],
+                    baseline=BaselinePlan(b["predicted_step_time"], b["cap_violations"],
+                                          b["micro_batches"], b["empty_micro_batches"]),
+                    overhead=r["overhead"], sequences=r["sequences"], tokens=r["tokens"],
+                    unpadded_tokens=r["unpadded_tokens"],
+                    empty_micro_batches=r["empty_micro_batches"],
+                    empty_ranks=r["empty_ranks"])
+
+
+def native_get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
+    """:meth:`Client.get_seqlen_balanced_partitions` in process (the same checks and
+    results)."""
+    values = _native_lengths(seqlen_list)
+    n = len(values)
+    k = k_partitions
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise InvalidArgumentError(f"k_partitions must be a positive int, got {k!r}",
+                                   "k_partitions")
+    if n < k:
+        raise InvalidArgumentError(
+            f"number of items:[{n}] < k_partitions:[{k}]", "k_partitions")
+    if equal_size and n % k != 0:
+        raise InvalidArgumentError(
+            f"equal_size needs len(seqlen_list) % k_partitions == 0, got {n} % {k}",
+            "equal_size")
+    r = _native_solve(_native.balance, values, k, equal_size=bool(equal_size))
+    indices = r["indices"].tolist()
+    offsets = r["offsets"].tolist()
+    partitions = [indices[offsets[p]:offsets[p + 1]] for p in range(k)]
+    for i, part in enumerate(partitions):
+        if not part:
+            raise InvalidArgumentError(f"the {i}-th partition is empty", "k_partitions")
+    return partitions

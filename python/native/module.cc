@@ -1,0 +1,334 @@
+// rlsched._native — the balancer and the step planner in process (pybind11).
+//
+// Overview
+//   balance() and plan_step() run balance::Balance() and balance::PlanStep() on
+//   lengths (and groups) given as Python sequences of ints or numpy integer arrays; a
+//   C-contiguous int64 array is read in place, anything else is converted once. The
+//   options mirror the daemon's BalanceRequest and PlanStepRequest (the same defaults:
+//   0 means 1 for the micro-batch counts, the padding and the pipeline stages; None
+//   keeps the library's refinement budget, overhead and count tolerance), with the
+//   token cost model (the daemon's default). The GIL is released while solving. Bad
+//   input raises ValueError whose message starts with the field ("lengths[3]: must be
+//   in [0, 2147483648], got -1") and whose `field` attribute is that path.
+//
+// Thread-safety: the functions are pure; concurrent calls from threads are safe.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rlsched/balance/balance.h"
+#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using rlsched::FieldError;
+namespace balance = rlsched::balance;
+
+// Integers from Python: a view of a C-contiguous int64 array, or an owned copy.
+class Int64Input {
+ public:
+  std::span<const std::int64_t> span() const { return span_; }
+  std::int64_t size() const { return static_cast<std::int64_t>(span_.size()); }
+
+  static Int64Input From(const py::handle& object, const std::string& field) {
+    Int64Input input;
+    if (object.is_none()) return input;
+    if (py::isinstance<py::array>(object)) {
+      const py::array array = py::reinterpret_borrow<py::array>(object);
+      const char kind = array.dtype().kind();
+      if (kind != 'i' && kind != 'u' && kind != 'b') {
+        throw FieldError(field, "must be integers, got an array of dtype " +
+                                    std::string(py::str(array.dtype())));
+      }
+      if (array.ndim() != 1) {
+        throw FieldError(
+            field, "must be one-dimensional, got " + std::to_string(array.ndim()) + " dimensions");
+      }
+      if (kind == 'u' && array.itemsize() == 8) {
+        // uint64 values above the int64 range would wrap: check them on a copy.
+        const auto values = array.cast<py::array_t<std::uint64_t, py::array::c_style>>();
+        for (py::ssize_t i = 0; i < values.size(); ++i) {
+          if (values.data()[i] >
+              static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+            throw FieldError(field + "[" + std::to_string(i) + "]", "out of the int64 range");
+          }
+        }
+      }
+      // No copy when the array is already C-contiguous int64.
+      input.array_ =
+          py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(array);
+      if (!input.array_) throw py::error_already_set();
+      input.span_ = {input.array_.data(), static_cast<std::size_t>(input.array_.size())};
+      return input;
+    }
+    py::object values = py::reinterpret_borrow<py::object>(object);
+    if (py::hasattr(values, "tolist") && !py::isinstance<py::list>(values)) {
+      values = values.attr("tolist")();
+    }
+    const py::sequence sequence = py::isinstance<py::sequence>(values)
+                                      ? py::reinterpret_borrow<py::sequence>(values)
+                                      : py::sequence(py::list(values));
+    const std::size_t n = py::len(sequence);
+    input.owned_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      input.owned_[i] = ToInt64(sequence[i], field, i);
+    }
+    input.span_ = input.owned_;
+    return input;
+  }
+
+ private:
+  static std::int64_t ToInt64(const py::handle& item, const std::string& field, std::size_t i) {
+    PyObject* object = item.ptr();
+    if (PyLong_Check(object)) {
+      int overflow = 0;
+      const long long value = PyLong_AsLongLongAndOverflow(object, &overflow);
+      if (overflow != 0) {
+        throw FieldError(field + "[" + std::to_string(i) + "]", "out of the int64 range");
+      }
+      return static_cast<std::int64_t>(value);
+    }
+    if (PyFloat_Check(object)) {
+      // Integral floats are accepted, as by the daemon client; others refused.
+      const double value = PyFloat_AS_DOUBLE(object);
+      if (std::isfinite(value) && std::trunc(value) == value && value >= -9.2e18 &&
+          value <= 9.2e18) {
+        return static_cast<std::int64_t>(value);
+      }
+    } else if (PyIndex_Check(object)) {  // numpy integer scalars
+      return ToInt64(py::reinterpret_steal<py::object>(PyNumber_Index(object)), field, i);
+    }
+    throw FieldError(field + "[" + std::to_string(i) + "]",
+                     "must be an integer, got " + std::string(py::repr(item)));
+  }
+
+  py::array_t<std::int64_t> array_;
+  std::vector<std::int64_t> owned_;
+  std::span<const std::int64_t> span_;
+};
+
+// A vector handed to numpy without a copy.
+py::array_t<std::int64_t> ToArray(std::vector<std::int64_t>&& values) {
+  auto* heap = new std::vector<std::int64_t>(std::move(values));
+  const py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<std::int64_t>*>(p); });
+  return py::array_t<std::int64_t>(static_cast<py::ssize_t>(heap->size()), heap->data(), owner);
+}
+
+void CheckCount(const char* field, std::int64_t value) {
+  if (value < 1 || value > balance::kMaxParts) {
+    rlsched::FailBound(field, "in [1, " + std::to_string(balance::kMaxParts) + "]", value);
+  }
+}
+
+// An option where 0 means 1, in [0, max].
+std::int64_t ZeroMeansOne(const char* field, std::int64_t value, std::int64_t max) {
+  if (value < 0 || value > max) {
+    const std::string bound = max == std::numeric_limits<std::int64_t>::max()
+                                  ? std::string(">= 0")
+                                  : "in [0, " + std::to_string(max) + "]";
+    rlsched::Fail(field, "must be " + bound + " (0 means 1), got " + std::to_string(value));
+  }
+  return value == 0 ? 1 : value;
+}
+
+void CheckGroups(const Int64Input& lengths, const Int64Input& groups, bool keep_groups) {
+  if (groups.size() != 0 && groups.size() != lengths.size()) {
+    rlsched::Fail("groups", "must be empty or have one entry per length (" +
+                                std::to_string(lengths.size()) + "), got " +
+                                std::to_string(groups.size()));
+  }
+  if (keep_groups && groups.size() == 0) {
+    rlsched::Fail("keep_groups", "requires groups (one group id per length)");
+  }
+}
+
+balance::RefineOptions ToRefine(std::optional<std::int64_t> refine_iterations) {
+  balance::RefineOptions refine;
+  if (refine_iterations) {
+    if (*refine_iterations < 0) rlsched::FailBound("refine_iterations", ">= 0", *refine_iterations);
+    refine.enabled = *refine_iterations > 0;
+    refine.max_iterations = *refine_iterations;
+  }
+  return refine;
+}
+
+balance::Algorithm ToAlgorithm(const std::string& name) {
+  if (name.empty() || name == "karmarkar_karp") return balance::Algorithm::kKarmarkarKarp;
+  if (name == "greedy") return balance::Algorithm::kGreedy;
+  rlsched::Fail("algorithm", "unknown value '" + name + "'; one of karmarkar_karp, greedy");
+}
+
+balance::MicroBatchOrder ToOrder(const std::string& name) {
+  if (name.empty() || name == "pipeline") return balance::MicroBatchOrder::kPipeline;
+  if (name == "heaviest_first") return balance::MicroBatchOrder::kHeaviestFirst;
+  rlsched::Fail("order", "unknown value '" + name + "'; one of pipeline, heaviest_first");
+}
+
+py::dict Balance(const py::handle& lengths_object, std::int64_t num_parts, bool equal_size,
+                 const py::handle& groups_object, bool keep_groups, const std::string& algorithm,
+                 std::optional<std::int64_t> refine_iterations) {
+  CheckCount("num_parts", num_parts);
+  const Int64Input lengths = Int64Input::From(lengths_object, "lengths");
+  const Int64Input groups = Int64Input::From(groups_object, "groups");
+  CheckGroups(lengths, groups, keep_groups);
+  balance::BalanceOptions options;
+  options.partition.num_parts = num_parts;
+  options.partition.equal_size = equal_size;
+  options.partition.algorithm = ToAlgorithm(algorithm);
+  options.partition.refine = ToRefine(refine_iterations);
+  options.keep_groups = keep_groups;
+
+  balance::BalanceResult result;
+  {
+    const py::gil_scoped_release release;
+    result = balance::Balance(lengths.span(), groups.span(), options);
+  }
+  balance::Partition& partition = result.partition;
+  py::dict out;
+  out["max_cost"] = partition.max_load;
+  out["min_cost"] = partition.min_load;
+  out["lower_bound"] = partition.lower_bound;
+  out["gap"] = partition.gap;
+  out["proven_optimal"] = partition.proven_optimal;
+  out["offsets"] = ToArray(std::move(partition.offsets));
+  out["indices"] = ToArray(std::move(partition.indices));
+  out["costs"] = ToArray(std::move(partition.loads));
+  out["tokens"] = ToArray(std::move(result.tokens));
+  return out;
+}
+
+py::dict ToDict(const balance::StepPlan& plan) {
+  py::list ranks;
+  for (const balance::RankPlan& rank : plan.ranks) {
+    py::list micro_batches;
+    for (const balance::MicroBatch& batch : rank.micro_batches) {
+      micro_batches.append(
+          py::make_tuple(py::cast(batch.indices), batch.tokens, batch.cost, batch.unpadded_tokens));
+    }
+    ranks.append(py::make_tuple(std::move(micro_batches), rank.tokens, rank.cost, rank.time,
+                                rank.sequences, rank.unpadded_tokens));
+  }
+  py::dict out;
+  out["ranks"] = std::move(ranks);
+  out["micro_batches"] = plan.num_micro_batches;
+  out["predicted_step_time"] = plan.predicted_step_time;
+  out["lower_bound"] = plan.lower_bound;
+  out["cap_violations"] = plan.cap_violations;
+  out["overhead"] = plan.overhead;
+  out["sequences"] = plan.sequences;
+  out["tokens"] = plan.tokens;
+  out["unpadded_tokens"] = plan.unpadded_tokens;
+  out["empty_micro_batches"] = plan.empty_micro_batches;
+  out["empty_ranks"] = plan.empty_ranks;
+  return out;
+}
+
+py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
+                  std::int64_t max_token_len, const py::handle& groups_object, bool equal_size,
+                  bool keep_groups, std::int64_t min_micro_batches,
+                  std::int64_t micro_batches_multiple_of, std::int64_t pad_to_multiple_of,
+                  std::int64_t pipeline_stages, std::optional<std::int64_t> overhead,
+                  std::optional<double> count_tolerance, const std::string& order,
+                  std::optional<std::int64_t> refine_iterations) {
+  CheckCount("num_ranks", num_ranks);
+  const Int64Input lengths = Int64Input::From(lengths_object, "lengths");
+  const Int64Input groups = Int64Input::From(groups_object, "groups");
+  CheckGroups(lengths, groups, keep_groups);
+  balance::StepOptions options;
+  options.num_ranks = num_ranks;
+  options.equal_size = equal_size;
+  options.keep_groups = keep_groups;
+  balance::MicroBatchOptions& micro_batch = options.micro_batch;
+  if (max_token_len < 1) rlsched::FailBound("max_token_len", ">= 1", max_token_len);
+  micro_batch.max_tokens_per_micro_batch = max_token_len;
+  micro_batch.min_micro_batches =
+      ZeroMeansOne("min_micro_batches", min_micro_batches, balance::kMaxParts);
+  micro_batch.micro_batches_multiple_of =
+      ZeroMeansOne("micro_batches_multiple_of", micro_batches_multiple_of, balance::kMaxParts);
+  micro_batch.pad_to_multiple_of = ZeroMeansOne("pad_to_multiple_of", pad_to_multiple_of,
+                                                std::numeric_limits<std::int64_t>::max());
+  micro_batch.pipeline_stages =
+      ZeroMeansOne("pipeline_model_parallel_size", pipeline_stages, balance::kMaxParts);
+  if (overhead) {
+    if (*overhead < 0) rlsched::FailBound("overhead", ">= 0", *overhead);
+    micro_batch.overhead = *overhead;
+  }
+  if (count_tolerance) {
+    if (!(*count_tolerance >= 0.0 && *count_tolerance <= 1.0)) {
+      rlsched::FailBound("count_tolerance", "in [0, 1]", *count_tolerance);
+    }
+    micro_batch.count_tolerance = *count_tolerance;
+  }
+  micro_batch.order = ToOrder(order);
+  micro_batch.refine = ToRefine(refine_iterations);
+
+  balance::PlannedStep step;
+  {
+    const py::gil_scoped_release release;
+    step = balance::PlanStep(lengths.span(), groups.span(), options);
+  }
+  py::dict out = ToDict(step.plan);
+  py::dict baseline;
+  baseline["predicted_step_time"] = step.baseline.predicted_step_time;
+  baseline["cap_violations"] = step.baseline.cap_violations;
+  baseline["micro_batches"] = step.baseline.num_micro_batches;
+  baseline["empty_micro_batches"] = step.baseline.empty_micro_batches;
+  out["baseline"] = std::move(baseline);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "rlsched in process: the balancer and the step planner (see python/native/module.cc)";
+  m.attr("__version__") = RLSCHED_VERSION;
+
+  // FieldError (and any std::invalid_argument) -> ValueError with a `field` attribute.
+  py::register_exception_translator([](std::exception_ptr pointer) {
+    try {
+      if (pointer) std::rethrow_exception(pointer);
+    } catch (const FieldError& error) {
+      py::object value_error = py::reinterpret_borrow<py::object>(PyExc_ValueError)(error.what());
+      value_error.attr("field") = error.field();
+      PyErr_SetObject(PyExc_ValueError, value_error.ptr());
+    } catch (const std::invalid_argument& error) {
+      py::object value_error = py::reinterpret_borrow<py::object>(PyExc_ValueError)(error.what());
+      value_error.attr("field") = "";
+      PyErr_SetObject(PyExc_ValueError, value_error.ptr());
+    }
+  });
+
+  m.def("balance", &Balance, py::arg("lengths"), py::arg("num_parts"),
+        py::arg("equal_size") = false, py::arg("groups") = py::none(),
+        py::arg("keep_groups") = false, py::arg("algorithm") = "",
+        py::arg("refine_iterations") = py::none(),
+        "Balance(): lengths into num_parts parts (token cost). Returns a dict: offsets, "
+        "indices (part p is indices[offsets[p]:offsets[p+1]], ascending), costs, tokens, "
+        "max_cost, min_cost, lower_bound, gap, proven_optimal.");
+  m.def("plan_step", &PlanStep, py::arg("lengths"), py::arg("num_ranks"), py::arg("max_token_len"),
+        py::arg("groups") = py::none(), py::arg("equal_size") = false,
+        py::arg("keep_groups") = false, py::arg("min_micro_batches") = 0,
+        py::arg("micro_batches_multiple_of") = 0, py::arg("pad_to_multiple_of") = 0,
+        py::arg("pipeline_model_parallel_size") = 0, py::arg("overhead") = py::none(),
+        py::arg("count_tolerance") = py::none(), py::arg("order") = "",
+        py::arg("refine_iterations") = py::none(),
+        "PlanStep(): a whole step (token cost). Returns a dict: ranks (each a tuple of "
+        "micro_batches [(indices, tokens, cost, unpadded_tokens)], tokens, cost, time, "
+        "sequences, unpadded_tokens), micro_batches, predicted_step_time, lower_bound, "
+        "overhead, sequences, tokens, unpadded_tokens, empty_micro_batches, empty_ranks, "
+        "baseline (a dict).");
+}
