@@ -16,6 +16,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -79,13 +80,15 @@ class Int64Input {
     if (py::hasattr(values, "tolist") && !py::isinstance<py::list>(values)) {
       values = values.attr("tolist")();
     }
-    const py::sequence sequence = py::isinstance<py::sequence>(values)
-                                      ? py::reinterpret_borrow<py::sequence>(values)
-                                      : py::sequence(py::list(values));
-    const std::size_t n = py::len(sequence);
+    // A list or tuple as it is, any other iterable through a list.
+    const py::object fast = py::reinterpret_steal<py::object>(
+        PySequence_Fast(values.ptr(), (field + ": must be a sequence of integers").c_str()));
+    if (!fast) throw py::error_already_set();
+    const std::size_t n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
     input.owned_.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
-      input.owned_[i] = ToInt64(sequence[i], field, i);
+      input.owned_[i] = ToInt64(items[i], field, i);
     }
     input.span_ = input.owned_;
     return input;
@@ -211,6 +214,34 @@ py::dict Balance(const py::handle& lengths_object, std::int64_t num_parts, bool 
   return out;
 }
 
+// Balance() with the token cost and the default options, answered as verl's
+// get_seqlen_balanced_partitions answers: num_parts lists of indices (ascending).
+py::list Partitions(const py::handle& lengths_object, std::int64_t num_parts, bool equal_size) {
+  CheckCount("num_parts", num_parts);
+  const Int64Input lengths = Int64Input::From(lengths_object, "lengths");
+  balance::BalanceOptions options;
+  options.partition.num_parts = num_parts;
+  options.partition.equal_size = equal_size;
+  balance::BalanceResult result;
+  {
+    const py::gil_scoped_release release;
+    result = balance::Balance(lengths.span(), {}, options);
+  }
+  const balance::Partition& partition = result.partition;
+  py::list parts(static_cast<std::size_t>(partition.num_parts()));
+  for (std::int64_t p = 0; p < partition.num_parts(); ++p) {
+    const std::span<const std::int64_t> indices = partition.part(p);
+    py::list part(indices.size());
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      PyObject* index = PyLong_FromLongLong(static_cast<long long>(indices[i]));
+      if (index == nullptr) throw py::error_already_set();
+      PyList_SET_ITEM(part.ptr(), static_cast<py::ssize_t>(i), index);  // steals
+    }
+    PyList_SET_ITEM(parts.ptr(), static_cast<py::ssize_t>(p), part.release().ptr());
+  }
+  return parts;
+}
+
 py::dict ToDict(const balance::StepPlan& plan) {
   py::list ranks;
   for (const balance::RankPlan& rank : plan.ranks) {
@@ -291,6 +322,29 @@ py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
   return out;
 }
 
+// The library's own time for Balance() on these lengths (token cost, the default
+// options): `repeats` calls timed in C++ around Balance() alone, in seconds; the
+// reference of benchmarks/native_vs_library.py.
+std::vector<double> TimeBalance(const py::handle& lengths_object, std::int64_t num_parts,
+                                bool equal_size, std::int64_t repeats) {
+  CheckCount("num_parts", num_parts);
+  if (repeats < 1) rlsched::FailBound("repeats", ">= 1", repeats);
+  const Int64Input lengths = Int64Input::From(lengths_object, "lengths");
+  balance::BalanceOptions options;
+  options.partition.num_parts = num_parts;
+  options.partition.equal_size = equal_size;
+  std::vector<double> seconds;
+  const py::gil_scoped_release release;
+  for (std::int64_t i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const balance::BalanceResult result = balance::Balance(lengths.span(), {}, options);
+    const auto stop = std::chrono::steady_clock::now();
+    if (result.partition.num_parts() != num_parts) throw std::logic_error("bad partition");
+    seconds.push_back(std::chrono::duration<double>(stop - start).count());
+  }
+  return seconds;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -319,6 +373,10 @@ PYBIND11_MODULE(_native, m) {
         "Balance(): lengths into num_parts parts (token cost). Returns a dict: offsets, "
         "indices (part p is indices[offsets[p]:offsets[p+1]], ascending), costs, tokens, "
         "max_cost, min_cost, lower_bound, gap, proven_optimal.");
+  m.def("partitions", &Partitions, py::arg("lengths"), py::arg("num_parts"),
+        py::arg("equal_size") = false,
+        "Balance() (token cost) as lists: num_parts lists of ascending indices, as "
+        "get_seqlen_balanced_partitions returns them.");
   m.def("plan_step", &PlanStep, py::arg("lengths"), py::arg("num_ranks"), py::arg("max_token_len"),
         py::arg("groups") = py::none(), py::arg("equal_size") = false,
         py::arg("keep_groups") = false, py::arg("min_micro_batches") = 0,
@@ -331,4 +389,7 @@ PYBIND11_MODULE(_native, m) {
         "sequences, unpadded_tokens), micro_batches, predicted_step_time, lower_bound, "
         "overhead, sequences, tokens, unpadded_tokens, empty_micro_batches, empty_ranks, "
         "baseline (a dict).");
+  m.def("_time_balance", &TimeBalance, py::arg("lengths"), py::arg("num_parts"),
+        py::arg("equal_size") = false, py::arg("repeats") = 1,
+        "Seconds of each of `repeats` Balance() calls timed in C++ (for the benchmark).");
 }

@@ -1135,10 +1135,7 @@ def native_get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)
         raise InvalidArgumentError(
             f"equal_size needs len(seqlen_list) % k_partitions == 0, got {n} % {k}",
             "equal_size")
-    r = _native_solve(_native.balance, values, k, equal_size=bool(equal_size))
-    indices = r["indices"].tolist()
-    offsets = r["offsets"].tolist()
-    partitions = [indices[offsets[p]:offsets[p + 1]] for p in range(k)]
+    partitions = _native_solve(_native.partitions, values, k, equal_size=bool(equal_size))
     for i, part in enumerate(partitions):
         if not part:
             raise InvalidArgumentError(f"the {i}-th partition is empty", "k_partitions")

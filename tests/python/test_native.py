@@ -66,6 +66,10 @@ def test_get_seqlen_balanced_partitions_same_as_daemon(client, seed, n, k, equal
     # Other integer dtypes and strided arrays are converted.
     assert client_module.native_get_seqlen_balanced_partitions(
         array.astype(np.int32), k, equal_size) == daemon
+    assert client_module.native_get_seqlen_balanced_partitions(
+        tuple(lengths), k, equal_size) == daemon
+    assert client_module.native_balance(iter(lengths), k, equal_size=equal_size).partitions \
+        == client.balance(lengths, k, equal_size=equal_size).partitions
     strided = np.repeat(array, 2)[::2]
     assert client_module.native_get_seqlen_balanced_partitions(strided, k, equal_size) == daemon
 
