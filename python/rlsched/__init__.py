@@ -20,6 +20,14 @@ The daemon is ``$RLSCHED_BIN serve`` (else ``rlsched serve`` from ``PATH``). Err
 are :class:`RlschedError` (``.code``, ``.message``, ``.field``);
 :class:`InvalidArgumentError` is also a ``ValueError``.
 
+In process: when the native module ``rlsched._native`` imports (built by CMake with
+``RLSCHED_BUILD_PYTHON``, into ``<build>/python/rlsched/``), ``balance``,
+``plan_step``, ``plan_micro_batches`` and ``get_seqlen_balanced_partitions`` solve in
+this process with the same results as the daemon (numpy int64 arrays are read in
+place; the GIL is released while solving); arguments only the daemon takes (a cost
+model other than tokens, ``raw=True``) still go to it. ``RLSCHED_NATIVE=0``, or a
+client given to :func:`set_default_client`, sends every call to the daemon.
+
 Layout: this directory holds the pure-Python code; the protobuf modules generated
 from proto/rlsched/v1/*.proto live in the build tree (``<build>/python/rlsched/v1``).
 ``pkgutil.extend_path`` below adds every ``rlsched`` directory found on
