@@ -103,7 +103,7 @@ TEST(GoldenTest, Simulate) {
   config->mutable_orchestrator()->set_samples_per_prompt(4);
   config->mutable_lengths()->set_max_tokens(2048);
   config->set_seed(7);
-  ExpectDigest(request, 0xf9d9bb9dcf3cf235ULL);
+  ExpectDigest(request, 0x72225710b0b3afecULL);  // + the echoed max_generating_groups
 }
 
 }  // namespace
