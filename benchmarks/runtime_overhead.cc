@@ -79,8 +79,6 @@ struct Options {
   std::string program = RLSCHED_PROGRAM;
 };
 
-double Millis(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
 // What one worker counted.
 struct WorkerStats {
   std::int64_t events = 0;
@@ -106,6 +104,8 @@ class Worker {
   WorkerStats Run() {
     grpc::ClientContext context;
     context.set_wait_for_ready(true);
+    // A run that never listens (it failed at start-up) ends the benchmark, not hangs it.
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(660));
     stream_ = stub_->Attach(&context);
     v1::WorkerMessage hello;
     hello.mutable_hello()->set_role(role_);
@@ -181,7 +181,7 @@ class Worker {
   // Reports `sample` finished: at once without a think time, else when due.
   void Finish(std::int64_t sample) {
     if (think_ == Clock::duration::zero()) {
-      SendFinished(sample);
+      Send(FinishedMessage(sample));
       return;
     }
     // A sample takes think × [0.25, 1.75), by a hash of its id: samples finish one by one,
@@ -193,21 +193,24 @@ class Worker {
     due_cv_.notify_one();
   }
 
-  void SendFinished(std::int64_t sample) {
+  static v1::WorkerMessage FinishedMessage(std::int64_t sample) {
     v1::WorkerMessage out;
     v1::GenerationFinished* finished = out.mutable_event()->mutable_generation_finished();
     finished->set_sample(sample);
     finished->set_tokens(LengthOf(sample));
     finished->set_reward(static_cast<double>(sample % 2));
-    Send(out);
+    return out;
   }
 
   // A weight sync that interrupts: every sample not yet reported stops halfway and
   // reports its progress; a Resume restarts its think time.
+  // Holds the writer (write_mutex_, then mutex_: the writer thread's order) so that no
+  // finish of a paused sample is written after its progress.
   void Pause() {
+    const std::lock_guard write(write_mutex_);
     std::vector<std::int64_t> paused;
     {
-      std::lock_guard lock(mutex_);
+      const std::lock_guard lock(mutex_);
       for (; !due_.empty(); due_.pop()) paused.push_back(due_.top().second);
     }
     for (const std::int64_t sample : paused) {
@@ -215,12 +218,15 @@ class Worker {
       v1::GenerationProgressed* progressed = out.mutable_event()->mutable_generation_progressed();
       progressed->set_sample(sample);
       progressed->set_tokens(LengthOf(sample) / 2);
-      Send(out);
+      WriteLocked(out);
     }
   }
 
   void Send(const v1::WorkerMessage& message) {
-    std::lock_guard lock(write_mutex_);
+    const std::lock_guard lock(write_mutex_);
+    WriteLocked(message);
+  }
+  void WriteLocked(const v1::WorkerMessage& message) {  // write_mutex_ held
     ++stats_.events;
     stream_->Write(message);
   }
@@ -233,14 +239,19 @@ class Worker {
         due_cv_.wait(lock);
         continue;
       }
-      if (Clock::now() < due_.top().first) {
-        due_cv_.wait_until(lock, due_.top().first);
+      const Clock::time_point when = due_.top().first;  // a copy: Finish may push meanwhile
+      if (Clock::now() < when) {
+        due_cv_.wait_until(lock, when);
         continue;
       }
+      lock.unlock();
+      const std::unique_lock write(write_mutex_);
+      lock.lock();
+      if (due_.empty() || Clock::now() < due_.top().first) continue;  // paused meanwhile
       const std::int64_t sample = due_.top().second;
       due_.pop();
       lock.unlock();
-      SendFinished(sample);
+      WriteLocked(FinishedMessage(sample));
       lock.lock();
     }
   }

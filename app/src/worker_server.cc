@@ -42,6 +42,9 @@ struct WorkerServer::Connection {
   std::deque<v1::SchedulerMessage> outbox;
   bool closed = false;  // no message is taken any more (the handler is returning)
   std::thread writer;
+  // When the write under way started (NowMillis()), 0 when none is: a peer that stops
+  // reading blocks it, which the watcher takes as a loss.
+  std::atomic<std::int64_t> write_started_ms{0};
 
   // Queues `message`; false when the connection is closed.
   bool Send(v1::SchedulerMessage message) {
@@ -63,7 +66,9 @@ struct WorkerServer::Connection {
       v1::SchedulerMessage message = std::move(outbox.front());
       outbox.pop_front();
       lock.unlock();
+      write_started_ms = NowMillis();
       const bool written = stream->Write(message);
+      write_started_ms = 0;
       lock.lock();
       if (!written) {
         outbox.clear();
@@ -130,6 +135,12 @@ bool WorkerServer::Send(Connection& connection, const v1::SchedulerMessage& mess
   return connection.Send(message);
 }
 
+void WorkerServer::SendWelcome(Connection& connection) {
+  v1::SchedulerMessage welcome;
+  *welcome.mutable_welcome() = options_.welcome;
+  Send(connection, welcome);
+}
+
 grpc::Status WorkerServer::Refuse(Connection& connection, grpc::StatusCode code,
                                   const std::string& why) {
   ++refused_;
@@ -186,12 +197,14 @@ grpc::Status WorkerServer::Attach(
                       "engine " + std::to_string(hello.engine()) + " is already attached");
       }
       connection->engine = hello.engine();
+      SendWelcome(*connection);  // queued before any command can be
       engines_[hello.engine()] = connection;
     } else if (hello.role() == v1::WORKER_ROLE_TRAINER) {
       if (trainer_ != nullptr) {
         return Refuse(*connection, grpc::StatusCode::ALREADY_EXISTS,
                       "a trainer is already attached");
       }
+      SendWelcome(*connection);
       trainer_ = connection;
       resend = pending_call_;
     } else {
@@ -201,9 +214,6 @@ grpc::Status WorkerServer::Attach(
     all_[connection.get()] = connection;
   }
 
-  v1::SchedulerMessage welcome;
-  *welcome.mutable_welcome() = options_.welcome;
-  Send(*connection, welcome);
   if (connection->role == v1::WORKER_ROLE_ENGINE) {
     spdlog::info("run: engine {} attached from {}", connection->engine, connection->peer);
     runtime_->Post(scheduler::EngineJoined{.engine = hello.engine(),
@@ -257,10 +267,20 @@ grpc::Status WorkerServer::Attach(
     runtime_->Post(std::move(event));
   }
 
+  // A lost engine's EngineFailed is posted while its id is still taken, so that the
+  // EngineJoined of the same id attaching again comes after it.
   bool shut_down = false;
   {
     std::lock_guard lock(mutex_);
     shut_down = shut_down_;
+  }
+  if (!shut_down && connection->role == v1::WORKER_ROLE_ENGINE && !connection->left) {
+    spdlog::warn("run: engine {} lost ({}); its samples go back to the queue", connection->engine,
+                 context->IsCancelled() ? "silent, stuck or cancelled" : "stream closed");
+    runtime_->Post(scheduler::EngineFailed{.engine = connection->engine});
+  }
+  {
+    std::lock_guard lock(mutex_);
     all_.erase(connection.get());
     if (connection->role == v1::WORKER_ROLE_ENGINE) {
       engines_.erase(connection->engine);
@@ -269,14 +289,8 @@ grpc::Status WorkerServer::Attach(
     }
   }
   connection->Close();  // the queued messages are written (or the stream is cancelled)
-  if (!shut_down) {
-    if (connection->role == v1::WORKER_ROLE_ENGINE && !connection->left) {
-      spdlog::warn("run: engine {} lost ({}); its samples go back to the queue", connection->engine,
-                   context->IsCancelled() ? "silent or cancelled" : "stream closed");
-      runtime_->Post(scheduler::EngineFailed{.engine = connection->engine});
-    } else if (connection->role == v1::WORKER_ROLE_TRAINER) {
-      spdlog::warn("run: the trainer is lost; the run waits until a trainer attaches");
-    }
+  if (!shut_down && connection->role == v1::WORKER_ROLE_TRAINER) {
+    spdlog::warn("run: the trainer is lost; the run waits until a trainer attaches");
   }
   return grpc::Status::OK;
 }
@@ -295,8 +309,9 @@ void WorkerServer::Execute(const scheduler::Command& command, const scheduler::E
   }
   v1::SchedulerMessage message;
   *message.mutable_command() = wire::ToCommandMessage(command);
+  // A closed stream: its handler reports the engine lost (EngineFailed), once.
   if (!Send(*connection, message)) {
-    throw std::runtime_error("engine " + std::to_string(engine) + ": the stream is closed");
+    spdlog::debug("run: engine {}: a command after its stream closed, dropped", engine);
   }
 }
 
@@ -324,11 +339,16 @@ void WorkerServer::Watch() {
     if (shut_down_ || timeout_ms <= 0) continue;
     const std::int64_t now = NowMillis();
     for (const auto& [key, connection] : all_) {
+      const std::int64_t writing = connection->write_started_ms.load();
       if (now - connection->last_seen_ms.load() > timeout_ms) {
         spdlog::warn("run: worker {} silent for over {} s; dropping it", connection->peer,
                      options_.heartbeat_timeout_seconds);
         connection->context->TryCancel();
         connection->last_seen_ms = now;  // once per timeout
+      } else if (writing != 0 && now - writing > timeout_ms) {
+        spdlog::warn("run: worker {} has not read for over {} s; dropping it", connection->peer,
+                     options_.heartbeat_timeout_seconds);
+        connection->context->TryCancel();
       }
     }
   }

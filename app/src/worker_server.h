@@ -75,6 +75,8 @@ class WorkerServer final : public v1::Scheduler::Service,
  private:
   struct Connection;
   bool Send(Connection& connection, const v1::SchedulerMessage& message);
+  // Queues the Welcome: before the connection is registered, so before any command.
+  void SendWelcome(Connection& connection);
   grpc::Status Refuse(Connection& connection, grpc::StatusCode code, const std::string& why);
   void Watch();
 

@@ -11,7 +11,9 @@
 //   input raises ValueError whose message starts with the field ("lengths[3]: must be
 //   in [0, 2147483648], got -1") and whose `field` attribute is that path.
 //
-// Thread-safety: the functions are pure; concurrent calls from threads are safe.
+// Thread-safety: the functions are pure; concurrent calls from threads are safe. An
+// int64 array read in place is read without the GIL: another thread must not write it
+// during the call (as with numpy's own functions that release the GIL).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -112,8 +114,10 @@ class Int64Input {
           value <= 9.2e18) {
         return static_cast<std::int64_t>(value);
       }
-    } else if (PyIndex_Check(object)) {  // numpy integer scalars
-      return ToInt64(py::reinterpret_steal<py::object>(PyNumber_Index(object)), field, i);
+    } else if (PyIndex_Check(object)) {          // numpy integer scalars
+      PyObject* index = PyNumber_Index(object);  // new reference, or null with an error set
+      if (index == nullptr) throw py::error_already_set();
+      return ToInt64(py::reinterpret_steal<py::object>(index), field, i);
     }
     throw FieldError(field + "[" + std::to_string(i) + "]",
                      "must be an integer, got " + std::string(py::repr(item)));

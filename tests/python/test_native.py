@@ -171,6 +171,22 @@ def test_native_module_error_has_the_field():
     assert str(info.value).startswith("lengths[1]: ")
 
 
+def test_an_index_that_raises_is_that_error():
+    # An item whose __index__ raises (or returns a non-int) propagates its exception.
+    class Raises:
+        def __index__(self):
+            raise RuntimeError("no index")
+
+    class NotAnInt:
+        def __index__(self):
+            return "a"
+
+    with pytest.raises(RuntimeError, match="no index"):
+        client_module._native.balance([Raises(), 3], 2)
+    with pytest.raises(TypeError):
+        client_module._native.balance([NotAnInt(), 3], 2)
+
+
 def test_threads_share_the_module():
     # The GIL is released while solving: threads run side by side and agree.
     lengths = np.asarray(_lengths(random.Random(41), 20480), dtype=np.int64)

@@ -53,8 +53,9 @@ class _Rng:
 
     def uniform_int(self, lo: int, hi: int) -> int:
         span = (hi - lo + 1) & _MASK
-        if span == 0:
-            return self.next()
+        if span == 0:  # the full 64-bit range, as a signed int64
+            x = self.next()
+            return x - (1 << 64) if x >> 63 else x
         limit = _MASK - ((_MASK % span + 1) % span)
         x = self.next()
         while x > limit:
