@@ -948,16 +948,7 @@ class Client:
         values = _as_int_list(seqlen_list)
         n = len(values)
         k = k_partitions
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise InvalidArgumentError(f"k_partitions must be a positive int, got {k!r}",
-                                       "k_partitions")
-        if n < k:
-            raise InvalidArgumentError(
-                f"number of items:[{n}] < k_partitions:[{k}]", "k_partitions")
-        if equal_size and n % k != 0:
-            raise InvalidArgumentError(
-                f"equal_size needs len(seqlen_list) % k_partitions == 0, got {n} % {k}",
-                "equal_size")
+        _check_partition_arguments(n, k, equal_size)
         request = service_pb2.Request()
         message = request.balance
         _extend_int64(message.lengths, values, "seqlen_list")
@@ -1119,12 +1110,8 @@ def native_plan_step(lengths, *, num_ranks, max_token_len=None, groups=None,
                     empty_ranks=r["empty_ranks"])
 
 
-def native_get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
-    """:meth:`Client.get_seqlen_balanced_partitions` in process (the same checks and
-    results)."""
-    values = _native_lengths(seqlen_list)
-    n = len(values)
-    k = k_partitions
+def _check_partition_arguments(n, k, equal_size):
+    """get_seqlen_balanced_partitions' own checks (where verl's function asserts)."""
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise InvalidArgumentError(f"k_partitions must be a positive int, got {k!r}",
                                    "k_partitions")
@@ -1135,6 +1122,15 @@ def native_get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)
         raise InvalidArgumentError(
             f"equal_size needs len(seqlen_list) % k_partitions == 0, got {n} % {k}",
             "equal_size")
+
+
+def native_get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
+    """:meth:`Client.get_seqlen_balanced_partitions` in process (the same checks and
+    results)."""
+    values = _native_lengths(seqlen_list)
+    n = len(values)
+    k = k_partitions
+    _check_partition_arguments(n, k, equal_size)
     partitions = _native_solve(_native.partitions, values, k, equal_size=bool(equal_size))
     for i, part in enumerate(partitions):
         if not part:
