@@ -731,13 +731,8 @@ class Client:
         ``overhead``). `count_tolerance`: None (0.01). `order`: None (pipeline),
         "pipeline", "heaviest_first". Returns a :class:`StepPlan`, or the
         ``PlanStepReply`` with ``raw=True``."""
-        max_token_len = _aliased("max_token_len", max_token_len,
-                                 "max_tokens_per_micro_batch", max_tokens_per_micro_batch)
-        if max_token_len is None:
-            raise InvalidArgumentError(
-                "max_token_len: required (the most tokens in one micro-batch)", "max_token_len")
-        pipeline_model_parallel_size = _aliased(
-            "pipeline_model_parallel_size", pipeline_model_parallel_size, "pipeline_stages",
+        max_token_len, pipeline_model_parallel_size = _plan_step_sizes(
+            max_token_len, max_tokens_per_micro_batch, pipeline_model_parallel_size,
             pipeline_stages)
         request = service_pb2.Request()
         message = request.plan_step
@@ -1077,13 +1072,8 @@ def native_plan_step(lengths, *, num_ranks, max_token_len=None, groups=None,
     order_name = _native_enum(order, "micro_batch_order_")
     if order_name is None:
         return NotImplemented
-    max_token_len = _aliased("max_token_len", max_token_len,
-                             "max_tokens_per_micro_batch", max_tokens_per_micro_batch)
-    if max_token_len is None:
-        raise InvalidArgumentError(
-            "max_token_len: required (the most tokens in one micro-batch)", "max_token_len")
-    pipeline_model_parallel_size = _aliased(
-        "pipeline_model_parallel_size", pipeline_model_parallel_size, "pipeline_stages",
+    max_token_len, pipeline_model_parallel_size = _plan_step_sizes(
+        max_token_len, max_tokens_per_micro_batch, pipeline_model_parallel_size,
         pipeline_stages)
     r = _native_solve(
         _native.plan_step, _native_lengths(lengths), num_ranks, max_token_len,
@@ -1108,6 +1098,21 @@ def native_plan_step(lengths, *, num_ranks, max_token_len=None, groups=None,
                     unpadded_tokens=r["unpadded_tokens"],
                     empty_micro_batches=r["empty_micro_batches"],
                     empty_ranks=r["empty_ranks"])
+
+
+def _plan_step_sizes(max_token_len, max_tokens_per_micro_batch, pipeline_model_parallel_size,
+                     pipeline_stages):
+    """plan_step's cap and pipeline size from their canonical names or aliases (the cap
+    required), for the daemon and the in-process paths."""
+    max_token_len = _aliased("max_token_len", max_token_len,
+                             "max_tokens_per_micro_batch", max_tokens_per_micro_batch)
+    if max_token_len is None:
+        raise InvalidArgumentError(
+            "max_token_len: required (the most tokens in one micro-batch)", "max_token_len")
+    pipeline_model_parallel_size = _aliased(
+        "pipeline_model_parallel_size", pipeline_model_parallel_size, "pipeline_stages",
+        pipeline_stages)
+    return max_token_len, pipeline_model_parallel_size
 
 
 def _check_partition_arguments(n, k, equal_size):
