@@ -1,0 +1,279 @@
+"""A real GRPO run on CPU: a tiny Llama-shaped policy learns to reverse digit strings,
+with rlsched's runtime deciding what runs where.
+
+    python3 examples/tiny_grpo/run.py --mode async --max-staleness 1 --partial-rollout \\
+        --engines 2 --steps 20 --out /tmp/tiny-grpo
+
+starts, as real processes on a Unix socket: ``rlsched run`` (the decision core, the step
+planner, the weight-sync node), ``--engines`` engine workers and a trainer worker
+(workers.py). rlsched carries ids and counts only; the samples' tokens, logprobs and
+rewards go through ``OUT/data/samples/`` (one file per finished sample, written
+atomically by the engine, read by the trainer), and the weights through
+``OUT/data/weights/v<N>.pt`` (one file per version, written atomically by the trainer,
+loaded by the engines on SyncWeights).
+
+Writes to OUT: ``run.json`` (the run config, a SimulatorConfig: the same file runs in
+``rlsched simulate --config``), ``report.json`` (rlsched's RunReport), ``summary.json``
+(the report, the workers' own counts and the reward curve), ``rewards.csv`` (per step:
+mean reward of the trained samples, tokens, micro-batches, the largest token staleness,
+seconds), ``events.log`` (for ``rlsched replay``), ``trace.json`` (Perfetto) and each
+worker's log and report. Exit status 0 when the run finished and every check held.
+
+Finds the program at ``--rlsched-bin``, else ``$RLSCHED_BIN``, else ``build/rlsched``;
+the Python modules at ``$PYTHONPATH``, else ``<repo>/python`` and ``<bin dir>/python``.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(_HERE))
+_PYTHON = sys.executable or "/usr/bin/python3"
+
+
+def run_config(args) -> dict:
+    orchestrator = {
+        "prompts_per_step": args.prompts_per_step,
+        "samples_per_prompt": args.samples_per_prompt,
+    }
+    if args.mode == "sync":
+        orchestrator["mode"] = "ORCHESTRATOR_MODE_SYNC"
+    elif args.mode == "one_step_off":
+        orchestrator["mode"] = "ORCHESTRATOR_MODE_ONE_STEP_OFF"
+    else:
+        orchestrator.update({
+            "mode": "ORCHESTRATOR_MODE_ASYNC",
+            "max_staleness": args.max_staleness,
+            "partial_rollout": bool(args.partial_rollout),
+            # Every trained token at most max_staleness versions old (the trainer checks).
+            "staleness_policy": "STALENESS_POLICY_STRICT",
+        })
+    prompt = args.digits + 2
+    return {
+        "orchestrator": orchestrator,
+        "steps": args.steps,
+        "engines": args.engines,
+        "engine": {"max_concurrent": args.max_concurrent},
+        "trainer_ranks": args.trainer_ranks,
+        "step": {"max_tokens_per_micro_batch": args.max_tokens_per_micro_batch},
+        "dataset_prompts": 1_000_000,
+        "lengths": {"lengths": [args.digits + 1], "min_prompt_tokens": prompt,
+                    "max_prompt_tokens": prompt},
+        "seed": args.seed,
+    }
+
+
+def _paths(args):
+    rlsched_bin = os.path.abspath(args.rlsched_bin or os.environ.get("RLSCHED_BIN")
+                                  or os.path.join(_REPO, "build", "rlsched"))
+    if not os.access(rlsched_bin, os.X_OK):
+        raise SystemExit(f"run.py: rlsched program not found at {rlsched_bin} "
+                         "(--rlsched-bin or $RLSCHED_BIN)")
+    pythonpath = os.environ.get("PYTHONPATH") or os.pathsep.join(
+        [os.path.join(_REPO, "python"), os.path.join(os.path.dirname(rlsched_bin), "python")])
+    return rlsched_bin, pythonpath
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=["sync", "one_step_off", "async"], default="async")
+    parser.add_argument("--max-staleness", type=int, default=1, help="async only")
+    parser.add_argument("--partial-rollout", action="store_true",
+                        help="async only: interrupt generations at a weight sync and resume "
+                        "them under the new weights (tokens kept)")
+    parser.add_argument("--engines", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--out", required=True, help="the run's directory (made empty)")
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--samples-per-prompt", type=int, default=8)
+    parser.add_argument("--max-concurrent", type=int, default=32)
+    parser.add_argument("--trainer-ranks", type=int, default=2,
+                        help="data-parallel ranks of the step plan (run in one process)")
+    parser.add_argument("--max-tokens-per-micro-batch", type=int, default=128)
+    parser.add_argument("--engine-min-step-seconds", type=float, default=0.0,
+                        help="each engine's decode step lasts at least this long (emulates "
+                        "slower engines, so that generation, not training, is the bottleneck)")
+    parser.add_argument("--digits", type=int, default=3)
+    parser.add_argument("--alphabet", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--epochs", type=int, default=4,
+                        help="optimizer steps per train step (each a pass over the batch)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rlsched-bin", default=None)
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    if args.mode != "async" and args.partial_rollout:
+        parser.error("--partial-rollout needs --mode async")
+
+    rlsched_bin, pythonpath = _paths(args)
+    out = os.path.abspath(args.out)
+    data = os.path.join(out, "data")
+    if os.path.exists(data):
+        shutil.rmtree(data)
+    for sub in ("samples", "partial", "weights"):
+        os.makedirs(os.path.join(data, sub))
+    config_path = os.path.join(out, "run.json")
+    with open(config_path, "w") as f:
+        json.dump(run_config(args), f, indent=1)
+    token_path = os.path.join(out, "token")
+    with open(token_path, "w") as f:
+        f.write(os.urandom(16).hex() + "\n")
+    os.chmod(token_path, 0o600)
+    with open(token_path) as f:
+        token = f.read().strip()
+
+    sys.path[:0] = [_HERE, *pythonpath.split(os.pathsep)]
+    import torch
+
+    from model import load_model
+    from workers import publish_weights
+    torch.set_num_threads(1)
+    publish_weights(data, 0, load_model(seed=args.seed))  # the initial policy, version 0
+
+    sock_dir = out if len(out) < 80 else tempfile.mkdtemp(prefix="tiny-grpo-")
+    socket = f"unix:{os.path.join(sock_dir, 'run.sock')}"
+    if os.path.exists(socket[5:]):
+        os.unlink(socket[5:])
+    env = dict(os.environ, PYTHONPATH=pythonpath, RLSCHED_WORKER_TOKEN=token,
+               OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    logs = {}
+
+    def log(name):
+        logs[name] = open(os.path.join(out, f"{name}.log"), "w")
+        return logs[name]
+
+    program = subprocess.Popen(
+        [rlsched_bin, "run", "--config", config_path, "--listen", socket, "--token-file",
+         token_path, "--event-log", os.path.join(out, "events.log"), "--trace",
+         os.path.join(out, "trace.json"), "--json", "--timeout", str(args.timeout)],
+        stdout=subprocess.PIPE, stderr=log("rlsched"), text=True)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(socket[5:]):
+        if program.poll() is not None or time.monotonic() > deadline:
+            program.kill()
+            raise SystemExit(f"run.py: rlsched run did not listen (see {out}/rlsched.log)")
+        time.sleep(0.02)
+
+    common = ["--address", socket, "--data", data, "--digits", str(args.digits),
+              "--alphabet", str(args.alphabet), "--seed", str(args.seed)]
+    workers = {}
+    for e in range(args.engines):
+        name = f"engine{e}"
+        workers[name] = subprocess.Popen(
+            [_PYTHON, os.path.join(_HERE, "workers.py"), "--role", "engine", "--engine", str(e),
+             "--max-concurrent", str(args.max_concurrent), "--min-step-seconds",
+             str(args.engine_min_step_seconds), "--report",
+             os.path.join(out, f"{name}.json"), *common],
+            env=env, stdout=log(name), stderr=subprocess.STDOUT)
+    workers["trainer"] = subprocess.Popen(
+        [_PYTHON, os.path.join(_HERE, "workers.py"), "--role", "trainer", "--lr", str(args.lr),
+         "--epochs", str(args.epochs), "--csv", os.path.join(out, "rewards.csv"), "--report",
+         os.path.join(out, "trainer.json"), *common],
+        env=env, stdout=log("trainer"), stderr=subprocess.STDOUT)
+
+    try:
+        stdout, _ = program.communicate(timeout=args.timeout + 60)
+    except subprocess.TimeoutExpired:
+        program.kill()
+        stdout, _ = program.communicate()
+    wall = time.monotonic() - start
+    statuses = {}
+    for name, process in workers.items():
+        try:
+            statuses[name] = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            statuses[name] = process.wait()
+    for f in logs.values():
+        f.close()
+
+    try:
+        report = json.loads(stdout)
+    except ValueError:
+        print(f"run.py: rlsched run gave no report (status {program.returncode}); "
+              f"see {out}/rlsched.log", file=sys.stderr)
+        return 1
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    reports = {}
+    for name in workers:
+        try:
+            with open(os.path.join(out, f"{name}.json")) as f:
+                reports[name] = json.load(f)
+        except (OSError, ValueError):
+            reports[name] = None
+    summary = summarize(args, report, reports, statuses, wall)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(json.dumps({k: summary[k] for k in ("mode", "steps", "wall_seconds",
+                                              "samples_per_second", "first_reward",
+                                              "last_reward", "checks")}))
+    return 0 if summary["ok"] else 1
+
+
+def summarize(args, report, reports, statuses, wall) -> dict:
+    counters = report.get("counters", {})
+    trainer = reports.get("trainer") or {}
+    trained = trainer.get("trained", [])
+    engines = {n: r for n, r in reports.items() if n.startswith("engine")}
+    steps = trainer.get("steps", [])
+    curve = [s["mean_reward"] for s in steps]
+    published = trainer.get("published", {})
+    # Every version an engine loaded must be byte-identical to the one the trainer made.
+    mismatched = [(n, v) for n, r in engines.items() if r
+                  for v, digest in r.get("loaded", {}).items()
+                  if published.get(v) != digest]
+    loads = sum(len(r.get("loaded", {})) for r in engines.values() if r)
+    checks = {
+        "done": bool(report.get("done")),
+        "workers_exited_cleanly": all(s == 0 for s in statuses.values()),
+        "trained_each_once": (len(trained) == len(set(trained)) ==
+                              int(counters.get("trained", -1))),
+        "staleness_bound": trainer.get("staleness_violations", -1) == 0,
+        "lengths_agree": trainer.get("length_mismatches", -1) == 0,
+        # Samples with tokens of more than one version, from the engines' per-token
+        # versions, are partial in the runtime's count too. (The runtime counts more: a
+        # sample paused before its first token has an empty span of the old version,
+        # which its count takes as a second version.)
+        "partial_samples_counted": (0 <= trainer.get("partial_samples", -1) <=
+                                    int(counters.get("partial_samples", 0))),
+        "weights_identical": not mismatched and loads > 0,
+    }
+    head = curve[:max(1, len(curve) // 4)]
+    tail = curve[-max(1, len(curve) // 4):]
+    return {
+        "mode": args.mode,
+        "max_staleness": args.max_staleness if args.mode == "async" else
+        (1 if args.mode == "one_step_off" else 0),
+        "partial_rollout": bool(args.partial_rollout),
+        "engines": args.engines,
+        "steps": len(steps),
+        "samples_trained": len(trained),
+        "wall_seconds": round(wall, 3),
+        "samples_per_second": round(len(trained) / wall, 3) if wall > 0 else 0.0,
+        "reward_curve": curve,
+        "first_reward": round(sum(head) / len(head), 4) if curve else None,
+        "last_reward": round(sum(tail) / len(tail), 4) if curve else None,
+        "max_token_staleness": max((s["max_token_staleness"] for s in steps), default=None),
+        "engine_finished": {n: len(r.get("finished", [])) if r else None
+                            for n, r in engines.items()},
+        "engine_interrupts": {n: r.get("interrupts") if r else None for n, r in engines.items()},
+        "partial_samples": trainer.get("partial_samples"),
+        "resumed_tokens": sum((r or {}).get("resumed_tokens", 0) for r in engines.values()),
+        "weight_loads": loads,
+        "weights_mismatched": mismatched,
+        "counters": counters,
+        "checks": checks,
+        "ok": all(checks.values()),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
