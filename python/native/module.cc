@@ -218,6 +218,22 @@ py::dict Balance(const py::handle& lengths_object, std::int64_t num_parts, bool 
   return out;
 }
 
+// The parts of `partition` as lists of Python ints (ascending).
+py::list ToLists(const balance::Partition& partition) {
+  py::list parts(static_cast<std::size_t>(partition.num_parts()));
+  for (std::int64_t p = 0; p < partition.num_parts(); ++p) {
+    const std::span<const std::int64_t> indices = partition.part(p);
+    py::list part(indices.size());
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      PyObject* index = PyLong_FromLongLong(static_cast<long long>(indices[i]));
+      if (index == nullptr) throw py::error_already_set();
+      PyList_SET_ITEM(part.ptr(), static_cast<py::ssize_t>(i), index);  // steals
+    }
+    PyList_SET_ITEM(parts.ptr(), static_cast<py::ssize_t>(p), part.release().ptr());
+  }
+  return parts;
+}
+
 // Balance() with the token cost and the default options, answered as verl's
 // get_seqlen_balanced_partitions answers: num_parts lists of indices (ascending).
 py::list Partitions(const py::handle& lengths_object, std::int64_t num_parts, bool equal_size) {
@@ -231,19 +247,27 @@ py::list Partitions(const py::handle& lengths_object, std::int64_t num_parts, bo
     const py::gil_scoped_release release;
     result = balance::Balance(lengths.span(), {}, options);
   }
-  const balance::Partition& partition = result.partition;
-  py::list parts(static_cast<std::size_t>(partition.num_parts()));
-  for (std::int64_t p = 0; p < partition.num_parts(); ++p) {
-    const std::span<const std::int64_t> indices = partition.part(p);
-    py::list part(indices.size());
-    for (std::size_t i = 0; i < indices.size(); ++i) {
-      PyObject* index = PyLong_FromLongLong(static_cast<long long>(indices[i]));
-      if (index == nullptr) throw py::error_already_set();
-      PyList_SET_ITEM(part.ptr(), static_cast<py::ssize_t>(i), index);  // steals
-    }
-    PyList_SET_ITEM(parts.ptr(), static_cast<py::ssize_t>(p), part.release().ptr());
+  return ToLists(result.partition);
+}
+
+// PartitionItems() on raw weights (no cost model), answered as Partitions(): for the
+// frameworks' balancers that pass their own workloads (e.g. a FLOP estimate per
+// sequence), which may exceed a length's bound. Each weight >= 0, their sum within
+// int64.
+py::list PartitionWeights(const py::handle& weights_object, std::int64_t num_parts,
+                          bool equal_size) {
+  CheckCount("num_parts", num_parts);
+  const Int64Input weights = Int64Input::From(weights_object, "weights");
+  balance::PartitionOptions options;
+  options.num_parts = num_parts;
+  options.equal_size = equal_size;
+  balance::Partition partition;
+  {
+    // PartitionItems() checks the weights (field "weights[i]", the total).
+    const py::gil_scoped_release release;
+    partition = balance::PartitionItems(weights.span(), options);
   }
-  return parts;
+  return ToLists(partition);
 }
 
 py::dict ToDict(const balance::StepPlan& plan) {
@@ -381,6 +405,10 @@ PYBIND11_MODULE(_native, m) {
         py::arg("equal_size") = false,
         "Balance() (token cost) as lists: num_parts lists of ascending indices, as "
         "get_seqlen_balanced_partitions returns them.");
+  m.def("partition_weights", &PartitionWeights, py::arg("weights"), py::arg("num_parts"),
+        py::arg("equal_size") = false,
+        "PartitionItems() on raw weights (each >= 0, the sum within int64; no cost model): "
+        "num_parts lists of ascending indices, as partitions() returns them.");
   m.def("plan_step", &PlanStep, py::arg("lengths"), py::arg("num_ranks"), py::arg("max_token_len"),
         py::arg("groups") = py::none(), py::arg("equal_size") = false,
         py::arg("keep_groups") = false, py::arg("min_micro_batches") = 0,

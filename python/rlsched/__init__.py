@@ -72,9 +72,34 @@ __all__ = [
     "get_seqlen_balanced_partitions",
     "reshard",
     "simulate",
+    "__version__",
 ]
 
-__version__ = "0.1.0"
+
+
+def _find_version() -> str:
+    """The project's version: rlsched/_version.py, written by the CMake build (into
+    ``<build>/python/rlsched/``) and by setup.py (into an installed package), else, in a
+    source checkout without a build, the top-level CMakeLists.txt's
+    ``project(rlsched VERSION x.y.z)`` that both read."""
+    try:
+        from rlsched._version import version
+        return version
+    except ImportError:
+        pass
+    import re
+    path = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.dirname(
+        _os.path.abspath(__file__)))), "CMakeLists.txt")
+    try:
+        with open(path, encoding="utf-8") as cmake_lists:
+            match = re.search(r"project\(\s*rlsched\s+VERSION\s+([0-9]+(?:\.[0-9]+)*)",
+                              cmake_lists.read())
+    except OSError:
+        match = None
+    return match.group(1) if match else "0+unknown"
+
+
+__version__ = _find_version()
 
 _default: _Optional[Client] = None
 _default_lock = _threading.Lock()

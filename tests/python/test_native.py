@@ -202,3 +202,55 @@ def test_threads_share_the_module():
     for thread in threads:
         thread.join()
     assert results == [expected] * 4
+
+
+def _cmake_project_version():
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "CMakeLists.txt"), encoding="utf-8") as f:
+        match = re.search(r"project\(\s*rlsched\s+VERSION\s+([0-9.]+)", f.read())
+    return root, match.group(1)
+
+
+def test_one_version_everywhere(rlsched_bin, tmp_path):
+    # The top-level CMakeLists.txt's project(VERSION) is the one source: the program,
+    # the daemon, the native module, the package and setup.py's metadata agree with it.
+    import os
+    import subprocess
+    import sys
+    root, version = _cmake_project_version()
+    program = subprocess.run([rlsched_bin, "--version"], capture_output=True, text=True,
+                             timeout=60, check=True)
+    assert program.stdout == f"rlsched {version}\n"
+    assert client_module._native.__version__ == version
+    assert rlsched.__version__ == version
+    with rlsched.Client(rlsched_bin) as client:
+        assert client.ping() == version
+    # setup.py --version from another directory (nothing is written to the sources).
+    metadata = subprocess.run([sys.executable, os.path.join(root, "setup.py"), "--version"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert metadata.returncode == 0, metadata.stderr
+    assert metadata.stdout.strip().splitlines()[-1] == version
+
+
+def test_partition_weights_takes_weights_beyond_a_length():
+    rng = random.Random(43)
+    lengths = _lengths(rng, 500)
+    # Within a length's bound it is the same partition as partitions().
+    for equal_size in (False, True):
+        assert client_module._native.partition_weights(lengths, 10, equal_size) == \
+            client_module._native.partitions(lengths, 10, equal_size)
+    # Workloads above 2^31 (verl's 24576·L + L² for L = 60,000 is 5.07e9).
+    weights = [24576 * s + s * s for s in _lengths(rng, 300, 1, 60000)]
+    with pytest.raises(ValueError, match=r"lengths\[\d+\]"):
+        client_module._native.partitions(weights, 8, False)
+    parts = client_module._native.partition_weights(np.asarray(weights, dtype=np.int64), 8)
+    assert sorted(i for p in parts for i in p) == list(range(300))
+    loads = [sum(weights[i] for i in p) for p in parts]
+    assert max(loads) <= -(-sum(weights) // 8) + max(weights)
+    with pytest.raises(ValueError, match=r"weights\[2\]: must be >= 0, got -1") as error:
+        client_module._native.partition_weights([1, 2, -1], 2)
+    assert error.value.field == "weights[2]"
+    with pytest.raises(ValueError, match=r"num_parts: must be in \[1, "):
+        client_module._native.partition_weights([1, 2], 0)
