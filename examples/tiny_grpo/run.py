@@ -105,6 +105,9 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=4,
                         help="optimizer steps per train step (each a pass over the batch)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weights", choices=["executor", "file"], default="executor",
+                        help="how new weights reach the engines: rlsched's executor over "
+                        "torch.distributed gloo (default), or a file per version")
     parser.add_argument("--rlsched-bin", default=None)
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
@@ -135,6 +138,14 @@ def main(argv=None) -> int:
     from workers import publish_weights
     torch.set_num_threads(1)
     publish_weights(data, 0, load_model(seed=args.seed))  # the initial policy, version 0
+    if args.weights == "executor":
+        # The resharding plan, trainer TP 1 -> engines TP 1 x E, made once.
+        made = subprocess.run(
+            [rlsched_bin, "reshard", "--model", os.path.join(_HERE, "config.json"), "--train",
+             "tp=1", "--infer", f"tp=1,replicas={args.engines}", "--plan-out",
+             os.path.join(data, "plan.json")], capture_output=True, text=True, timeout=120)
+        if made.returncode != 0:
+            raise SystemExit(f"run.py: rlsched reshard failed: {made.stderr.strip()}")
 
     sock_dir = out if len(out) < 80 else tempfile.mkdtemp(prefix="tiny-grpo-")
     socket = f"unix:{os.path.join(sock_dir, 'run.sock')}"
@@ -161,7 +172,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"run.py: rlsched run did not listen (see {out}/rlsched.log)")
         time.sleep(0.02)
 
-    common = ["--address", socket, "--data", data, "--digits", str(args.digits),
+    common = ["--address", socket, "--data", data, "--weights", args.weights, "--world",
+              str(args.engines + 1), "--digits", str(args.digits),
               "--alphabet", str(args.alphabet), "--seed", str(args.seed)]
     workers = {}
     for e in range(args.engines):

@@ -10,10 +10,25 @@ directory (``--data DIR``):
   lists the sample;
 - ``partial/<sample>.json``: the tokens of a sample an interrupting SyncWeights paused
   (partial rollout), so that it can be resumed from them;
-- ``weights/v<N>.pt``: the policy version N (a state dict with the HF Llama names),
-  written atomically by the trainer before it reports the step that made it finished;
-  an engine loads it on SyncWeights(version N). ``v0.pt`` is the initial policy
-  (written by run.py before anything starts).
+- ``weights/v0.pt``: the initial policy (a state dict with the HF Llama names, written
+  by run.py before anything starts), which the trainer loads.
+
+Weights move one of two ways (``--weights``):
+
+- ``executor`` (default): rlsched's executor over ``torch.distributed`` gloo. The trainer
+  is rank 0 and engine e is rank 1 + e of one world (a FileStore under the data
+  directory); every rank runs the plan ``rlsched reshard --train tp=1 --infer
+  tp=1,replicas=E --plan-out plan.json`` gives (run.py makes it). The trainer hands its
+  Megatron-named tensors (``linear_qkv`` fused per query group, ``linear_fc1`` = gate and
+  up, the vocabulary padded to 128 rows) to a sync thread that runs the plan once per
+  version, in order; an engine, on SyncWeights(N), runs it until it holds version N
+  (once per version it has not received) into vLLM-named tensors (``qkv_proj``,
+  ``gate_up_proj``, the vocabulary padded to 64 rows), which it splits back into its
+  HF-named parameters. Every version goes to every engine: the engines must all sync
+  to every version (the case in sync mode and in async mode with partial rollout,
+  where a sync interrupts every engine at once).
+- ``file``: the trainer writes ``weights/v<N>.pt`` atomically before it reports the step
+  that made it finished; an engine loads it on SyncWeights(version N).
 
 Run one with ``python3 workers.py --role engine|trainer --address unix:PATH --data DIR
 [--engine N] --report FILE``; run.py starts them.
@@ -22,6 +37,7 @@ Run one with ``python3 workers.py --role engine|trainer --address unix:PATH --da
 import argparse
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -84,15 +100,100 @@ def _read_json(path: str, timeout: float = 30.0):
             time.sleep(0.01)
 
 
+class ExecutorSync:
+    """One rank's side of the weight sync over rlsched's executor (gloo): rank 0 the
+    trainer (TP 1), ranks 1..E the engines (TP 1 each)."""
+
+    def __init__(self, rank: int, world: int, store: str, plan_path: str,
+                 timeout_seconds: float = 120.0):
+        import datetime
+
+        import torch.distributed as dist
+
+        from rlsched import executor
+        from rlsched import executor_layouts as lay
+
+        self.lay = lay
+        timeout = datetime.timedelta(seconds=timeout_seconds)
+        dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
+                                world_size=world, timeout=timeout)
+        with open(CONFIG_PATH) as f:
+            self.layout = lay.parse_config(f.read())
+        self.config = Config.load(CONFIG_PATH)
+        self.infer = lay.Infer(tp=1, replicas=world - 1)
+        zeros = {name: torch.zeros(shape, dtype=dtype)
+                 for name, (shape, dtype) in lay.hf_shapes(self.layout).items()}
+        self.rank = rank
+        self.sources, self.destinations = None, None
+        if rank == 0:
+            self.sources = lay.megatron_shards(self.layout, lay.Train(), 0, zeros)
+        else:
+            self.destinations = {k: torch.zeros_like(v) for k, v in
+                                 lay.vllm_shards(self.layout, self.infer, 0, zeros).items()}
+        # Collective: every rank checks the plan against its tensors before any byte moves.
+        self.executor = executor.Executor(executor.load_plan(plan_path, rank),
+                                          sources=self.sources,
+                                          destinations=self.destinations, timeout=timeout)
+        self.runs = 0
+        self.bytes = 0
+        self.seconds = 0.0
+
+    def send(self, state) -> None:
+        """Trainer: this HF-named state in the Megatron layout, then one run of the plan."""
+        fresh = self.lay.megatron_shards(self.layout, self.lay.Train(), 0, state)
+        with torch.no_grad():
+            for name, tensor in fresh.items():
+                self.sources[name].copy_(tensor)
+        self._run()
+
+    def receive(self) -> Dict[str, torch.Tensor]:
+        """Engine: one run of the plan; the received vLLM tensors as HF-named ones."""
+        self._run()
+        c, d = self.config, self.destinations
+        q = c.num_attention_heads * c.head_dim
+        kv = c.num_key_value_heads * c.head_dim
+        state = {"model.embed_tokens.weight": d["model.embed_tokens.weight"][:c.vocab_size],
+                 "lm_head.weight": d["lm_head.weight"][:c.vocab_size],
+                 "model.norm.weight": d["model.norm.weight"]}
+        for n in range(c.num_hidden_layers):
+            p = f"model.layers.{n}."
+            qkv = d[p + "self_attn.qkv_proj.weight"]
+            gate_up = d[p + "mlp.gate_up_proj.weight"]
+            state.update({
+                p + "self_attn.q_proj.weight": qkv[:q],
+                p + "self_attn.k_proj.weight": qkv[q:q + kv],
+                p + "self_attn.v_proj.weight": qkv[q + kv:q + 2 * kv],
+                p + "self_attn.o_proj.weight": d[p + "self_attn.o_proj.weight"],
+                p + "mlp.gate_proj.weight": gate_up[:c.intermediate_size],
+                p + "mlp.up_proj.weight": gate_up[c.intermediate_size:],
+                p + "mlp.down_proj.weight": d[p + "mlp.down_proj.weight"],
+                p + "input_layernorm.weight": d[p + "input_layernorm.weight"],
+                p + "post_attention_layernorm.weight": d[p + "post_attention_layernorm.weight"],
+            })
+        return {k: v.clone() for k, v in state.items()}
+
+    def _run(self) -> None:
+        stats = self.executor.run()
+        self.runs += 1
+        self.bytes += stats.bytes_sent + stats.bytes_received
+        self.seconds += stats.transfer_seconds
+
+    def report(self) -> dict:
+        return {"runs": self.runs, "bytes": self.bytes, "seconds": round(self.seconds, 6)}
+
+
 class TinyEngine(EngineWorker):
     """Continuous batching over the running samples (one decode step gives each one a
     token; rows of equal context length run as one batch), a KV cache per sample that a
     weight update invalidates (the prefix is prefilled again on resume)."""
 
     def __init__(self, address: str, engine: int, max_concurrent: int, *, data: str,
-                 task: ReverseTask, min_step_seconds: float = 0.0, **kwargs):
+                 task: ReverseTask, min_step_seconds: float = 0.0,
+                 weight_sync: Optional[ExecutorSync] = None, **kwargs):
         super().__init__(address, engine, max_concurrent, **kwargs)
         self.data = data
+        self.weight_sync = weight_sync
+        self.received = -1  # executor: the last version received
         self.min_step_seconds = min_step_seconds
         self.task = task
         self.model = TinyLlama(Config.load(CONFIG_PATH))
@@ -152,7 +253,17 @@ class TinyEngine(EngineWorker):
                             "response": r.response, "logprobs": r.logprobs,
                             "versions": r.versions})
                         self.progressed(r.sample, len(r.response))
-            load_weights(self.data, sync.version, self.model)
+            if self.weight_sync is None:
+                load_weights(self.data, sync.version, self.model)
+            else:
+                # Every version in order: the trainer runs the plan once per version.
+                if sync.version <= self.received:
+                    self._fail(f"SyncWeights to version {sync.version}, but version "
+                               f"{self.received} was received already")
+                while self.received < sync.version:
+                    state = self.weight_sync.receive()
+                    self.received += 1
+                self.model.load_state_dict(state)
             self.loaded[sync.version] = weights_digest(self.model.state_dict())
             for r in self._running.values():
                 r.cache = None  # no KV cache survives a weight update
@@ -214,6 +325,7 @@ class TinyEngine(EngineWorker):
 
     def report(self) -> dict:
         return {"finished": self.finished_samples, "loaded": self.loaded,
+                "weight_sync": self.weight_sync.report() if self.weight_sync else None,
                 "interrupts": self.interrupts, "resumed_tokens": self.resumed_tokens,
                 "error": self.error}
 
@@ -225,9 +337,12 @@ class TinyTrainer(TrainerWorker):
     each an optimizer step), then publishes the new version and reports the step."""
 
     def __init__(self, address: str, *, data: str, lr: float, epochs: int, seed: int,
-                 csv_path: Optional[str] = None, **kwargs):
+                 csv_path: Optional[str] = None, weight_sync: Optional[ExecutorSync] = None,
+                 **kwargs):
         super().__init__(address, **kwargs)
         self.data = data
+        self.weight_sync = weight_sync
+        self.sync_error: Optional[str] = None
         self.epochs = epochs
         torch.manual_seed(seed)
         self.model = TinyLlama(Config.load(CONFIG_PATH))
@@ -235,6 +350,11 @@ class TinyTrainer(TrainerWorker):
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.trained: List[int] = []
         self.published: Dict[int, str] = {0: weights_digest(self.model.state_dict())}
+        if weight_sync is not None:
+            # The sync thread sends every version in order (version 0 first).
+            self._versions: "queue.Queue" = queue.Queue()
+            self._versions.put(self._snapshot())
+            threading.Thread(target=self._send_versions, daemon=True).start()
         self.steps: List[dict] = []
         self.staleness_violations = 0
         self.length_mismatches = 0
@@ -297,7 +417,13 @@ class TinyTrainer(TrainerWorker):
                   "train_seconds": time.monotonic() - t0,
                   "wall_seconds": time.monotonic() - self.start}
         if call.call == self.calls_per_sync - 1:
-            self.published[call.step + 1] = publish_weights(self.data, call.step + 1, self.model)
+            if self.weight_sync is None:
+                self.published[call.step + 1] = publish_weights(self.data, call.step + 1,
+                                                                self.model)
+            else:
+                snapshot = self._snapshot()
+                self.published[call.step + 1] = weights_digest(snapshot)
+                self._versions.put(snapshot)
         self.steps.append(record)
         if self.csv_path:
             with open(self.csv_path, "a") as f:
@@ -308,8 +434,21 @@ class TinyTrainer(TrainerWorker):
                                            "train_seconds", "wall_seconds")) + "\n")
         self.step_finished(call.step, call.call)
 
+    def _snapshot(self) -> Dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def _send_versions(self) -> None:
+        try:
+            while True:
+                self.weight_sync.send(self._versions.get())
+        except Exception as e:  # a lost engine: the collective times out
+            self.sync_error = f"{type(e).__name__}: {e}"
+            print(f"trainer: weight sync failed: {self.sync_error}", file=sys.stderr, flush=True)
+
     def report(self) -> dict:
-        return {"trained": self.trained, "published": self.published, "steps": self.steps,
+        return {"trained": self.trained,
+                "weight_sync": self.weight_sync.report() if self.weight_sync else None,
+                "sync_error": self.sync_error, "published": self.published, "steps": self.steps,
                 "staleness_violations": self.staleness_violations,
                 "max_staleness": self.max_staleness,
                 "length_mismatches": self.length_mismatches,
@@ -331,16 +470,24 @@ def main(argv=None) -> int:
     parser.add_argument("--min-step-seconds", type=float, default=0.0,
                         help="engine: a decode step lasts at least this long (a slower engine)")
     parser.add_argument("--csv", default=None, help="trainer: the reward-per-step CSV")
+    parser.add_argument("--weights", choices=["executor", "file"], default="executor")
+    parser.add_argument("--world", type=int, default=0,
+                        help="executor: ranks of the gloo world (the trainer and the engines)")
     parser.add_argument("--report", required=True, help="write what this worker did (JSON)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    weight_sync = None
+    if args.weights == "executor":
+        rank = 0 if args.role == "trainer" else 1 + args.engine
+        weight_sync = ExecutorSync(rank, args.world, os.path.join(args.data, "dist_store"),
+                                   os.path.join(args.data, "plan.json"))
     if args.role == "engine":
         worker = TinyEngine(args.address, args.engine, args.max_concurrent, data=args.data,
                             task=ReverseTask(args.digits, args.alphabet, args.seed),
-                            min_step_seconds=args.min_step_seconds)
+                            min_step_seconds=args.min_step_seconds, weight_sync=weight_sync)
     else:
         worker = TinyTrainer(args.address, data=args.data, lr=args.lr, epochs=args.epochs,
-                             seed=args.seed, csv_path=args.csv)
+                             seed=args.seed, csv_path=args.csv, weight_sync=weight_sync)
     try:
         reason = worker.run()
     finally:

@@ -4,10 +4,12 @@ in sync and async mode.
 
 The live runs check what the workers themselves saw: the trainer's own list of trained
 samples against the runtime's counters (each once), the staleness of every trained
-token against the bound (from the per-token versions the engines recorded), and the
-engines' weights after every sync byte-identical to the trainer's (SHA-256 of the
-engine's own parameters after loading against the trainer's at publishing). That the
-policy learns is checked in one process over more steps (the live runs are short).
+token against the bound (from the per-token versions the engines recorded), every
+version moved by rlsched's executor over gloo (one run of the plan per version on every
+rank), and the engines' weights after every sync byte-identical to the trainer's
+(SHA-256 of the engine's own HF-named parameters after loading against the trainer's
+at publishing). That the policy learns is checked in one process over more steps (the
+live runs are short).
 """
 
 import json
@@ -24,7 +26,7 @@ _EXAMPLE = os.path.join(_REPO, "examples", "tiny_grpo")
 sys.path.insert(0, _EXAMPLE)
 
 import grpo  # noqa: E402
-from model import CONFIG_PATH, Config, TinyLlama, load_model, weights_digest  # noqa: E402
+from model import CONFIG_PATH, Config, load_model, weights_digest  # noqa: E402
 from task import EOS, ReverseTask  # noqa: E402
 
 torch.set_num_threads(1)
@@ -165,6 +167,20 @@ def test_engine_logprobs_are_the_models_and_micro_batches_do_not_change_the_grad
         assert torch.allclose(p.grad, whole[k], atol=1e-6), k
 
 
+def test_weights_published_as_files_load_byte_identical(tmp_path):
+    from workers import load_weights, publish_weights
+    os.makedirs(tmp_path / "weights")
+    trained = load_model(seed=4)
+    digest = publish_weights(str(tmp_path), 3, trained)
+    assert digest == weights_digest(trained.state_dict())
+    engine = load_model(seed=5)
+    assert weights_digest(engine.state_dict()) != digest
+    load_weights(str(tmp_path), 3, engine)
+    assert weights_digest(engine.state_dict()) == digest
+    with pytest.raises(RuntimeError, match="version 4 not published"):
+        load_weights(str(tmp_path), 4, engine, timeout=0.05)
+
+
 def test_grpo_learns_the_task_in_one_process():
     """Fixed seed: from near chance (the untrained policy spreads over 16 tokens:
     ~0.06; digits only would be 0.25) the mean reward rises clearly in 20 steps of
@@ -229,6 +245,15 @@ def _check_live(out, summary, reports, report, steps, max_staleness):
         for version, digest in loaded.items():
             assert digest == published[version], (name, version)
         assert str(steps) in loaded, (name, sorted(loaded))
+    # Every version went through rlsched's executor (gloo) to every engine: one run of
+    # the plan per version on every rank, each engine receiving the model's bytes (fp32
+    # HF parameters; the vocabulary's padding rows are not sent) per run.
+    model_bytes = sum(p.numel() * p.element_size() for p in load_model().parameters())
+    for name in ("trainer", "engine0", "engine1"):
+        sync = reports[name]["weight_sync"]
+        assert sync["runs"] == steps + 1, (name, sync)
+        if name != "trainer":
+            assert sync["bytes"] == (steps + 1) * model_bytes, (name, sync)
     # The CSV has a row per step.
     with open(os.path.join(out, "rewards.csv")) as f:
         rows = f.read().strip().splitlines()
