@@ -16,9 +16,10 @@
 //   and prints plan-step / balance in wall time and in CPU time (the process's: on a
 //   shared machine the CPU time is the less disturbed of the two). The
 //   two are interleaved, `repeats` times each, and each keeps its fastest run (the
-//   least disturbed by other work on a shared machine). The last column is an FNV-1a
-//   digest of the plan's micro-batches, so two builds can be checked to give the same
-//   plans.
+//   least disturbed by other work on a shared machine). The last two columns are
+//   FNV-1a digests of the plan's micro-batches and of the baseline's (the common
+//   recipe's, which must reproduce verl's partitions exactly), so two builds can be
+//   checked to give the same plans.
 //
 //   The target of issue 19: plan-step / balance <= 2 in wall time. The exit status is 1
 //   when a case misses it (0 with --no-check).
@@ -151,13 +152,14 @@ int main(int argc, char** argv) {
   step_options.num_ranks = kRanks;
   step_options.micro_batch.max_tokens_per_micro_batch = kCap;
 
-  std::printf("%9s %6s %11s %13s %12s %6s %10s  %s\n", "n", "ranks", "balance ms", "plan-step ms",
-              "baseline ms", "ratio", "cpu ratio", "digest");
+  std::printf("%9s %6s %11s %13s %12s %6s %10s  %-16s  %s\n", "n", "ranks", "balance ms",
+              "plan-step ms", "baseline ms", "ratio", "cpu ratio", "digest", "baseline digest");
   bool missed = false;
   double worst = 0.0;
   for (const std::vector<std::int64_t>& lengths : inputs) {
     Best balance_t, step_t, baseline_t;
     std::uint64_t digest = 0;
+    std::uint64_t baseline_digest = 0;
     for (int r = 0; r < repeats; ++r) {
       const balance::BalanceResult balanced =
           Timed(balance_t, [&] { return balance::Balance(lengths, {}, balance_options); });
@@ -170,15 +172,18 @@ int main(int argc, char** argv) {
       const balance::StepPlan baseline =
           Timed(baseline_t, [&] { return balance::PlanBaseline(lengths, step_options); });
       if (baseline.predicted_step_time != step.baseline.predicted_step_time) return 3;
+      baseline_digest = Digest(step.baseline);
+      if (Digest(baseline) != baseline_digest) return 3;
     }
     const double ratio = step_t.wall / balance_t.wall;
     worst = std::max(worst, ratio);
     const bool miss = ratio > kTargetRatio;
     missed = missed || miss;
-    std::printf("%9zu %6lld %11.1f %13.1f %12.1f %6.2f %10.2f  %016llx%s\n", lengths.size(),
-                static_cast<long long>(kRanks), balance_t.wall * 1e3, step_t.wall * 1e3,
-                baseline_t.wall * 1e3, ratio, step_t.cpu / balance_t.cpu,
-                static_cast<unsigned long long>(digest), miss ? "  > target" : "");
+    std::printf("%9zu %6lld %11.1f %13.1f %12.1f %6.2f %10.2f  %016llx  %016llx%s\n",
+                lengths.size(), static_cast<long long>(kRanks), balance_t.wall * 1e3,
+                step_t.wall * 1e3, baseline_t.wall * 1e3, ratio, step_t.cpu / balance_t.cpu,
+                static_cast<unsigned long long>(digest),
+                static_cast<unsigned long long>(baseline_digest), miss ? "  > target" : "");
   }
   std::printf("worst plan-step/balance: %.2f (target <= %.1f)\n", worst, kTargetRatio);
   return check && missed ? 1 : 0;

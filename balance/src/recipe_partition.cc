@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <queue>
+#include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -33,9 +35,21 @@ struct Part {
 // first items, which decide.
 template <typename Sum>
 bool Lighter(const Part<Sum>& a, const Part<Sum>& b) {
-  if (a.sum != b.sum) return a.sum < b.sum;
-  if (a.count != b.count) return a.count < b.count;
-  return a.head < b.head;
+  if constexpr (std::is_same_v<Sum, std::int64_t>) {
+    // One 128-bit comparison (sum, then count and head, all >= 0) instead of three
+    // data-dependent branches: the heaps below compare parts of near sums.
+    __extension__ typedef unsigned __int128 Key;
+    auto key = [](const Part<Sum>& x) {
+      return Key{static_cast<std::uint64_t>(x.sum)} << 64 |
+             (std::uint64_t{static_cast<std::uint32_t>(x.count)} << 32 |
+              static_cast<std::uint32_t>(x.head));
+    };
+    return key(a) < key(b);
+  } else {
+    if (a.sum != b.sum) return a.sum < b.sum;
+    if (a.count != b.count) return a.count < b.count;
+    return a.head < b.head;
+  }
 }
 
 struct HeavierPart {
@@ -64,15 +78,40 @@ class Differencing {
   using Solution = internal::Solution<Sum>;
 
   // `index`: the items ascending by (value, index), `value`: their values in that order.
-  Differencing(std::vector<std::int32_t> index, std::vector<std::int64_t> value,
+  Differencing(std::span<const std::int32_t> index, std::span<const std::int64_t> value,
                std::int64_t num_parts)
       : k_(static_cast<std::size_t>(num_parts)),
-        index_(std::move(index)),
-        value_(std::move(value)),
+        index_(index),
+        value_(value),
         next_(index_.size(), -1) {}
 
   std::vector<std::vector<std::int64_t>> Run(PartSizes sizes, RecipeOrder order) {
     const std::size_t n = index_.size();
+    std::vector<std::vector<std::int64_t>> parts(k_);
+    std::vector<std::int32_t> counts;
+    Solve(sizes, nullptr, &counts);
+    for (std::size_t p = 0; p < k_; ++p) parts[p].reserve(static_cast<std::size_t>(counts[p]));
+    if (order == RecipeOrder::kValue) {
+      for (std::size_t p = 0; p < n; ++p) {
+        parts[static_cast<std::size_t>(next_[p])].push_back(index_[p]);
+      }
+      return parts;
+    }
+    std::vector<std::int32_t> part_of(n);
+    for (std::size_t p = 0; p < n; ++p) part_of[static_cast<std::size_t>(index_[p])] = next_[p];
+    for (std::size_t i = 0; i < n; ++i) {
+      parts[static_cast<std::size_t>(part_of[i])].push_back(static_cast<std::int64_t>(i));
+    }
+    return parts;
+  }
+
+  // The method run; then every position's part (0: the first in verl's order) is in
+  // PartOfPosition(), and `sums` / `counts` (when given) hold the k parts' sums and
+  // item counts in that order (0 for the empty parts, which come last).
+  void Solve(PartSizes sizes, std::vector<RecipeSum>* sums, std::vector<std::int32_t>* counts) {
+    const std::size_t n = index_.size();
+    if (sums != nullptr) sums->assign(k_, 0);
+    if (counts != nullptr) counts->assign(k_, 0);
     solutions_.reserve(sizes == PartSizes::kEqual ? n / k_ + 1 : n);
     if (sizes == PartSizes::kEqual) {
       // Cut into chunks of k from the lightest end; a chunk is then ascending by
@@ -94,6 +133,22 @@ class Differencing {
       singles_left_ = n;
     }
     while (heap_.size() + singles_left_ > 1) {
+      // A single item popped first and a solution second (the common step once the
+      // parts fill): the item joins the solution in place, which stays in its slot.
+      if (SinglePopsNext()) {
+        const Part single = Item(singles_left_ - 1);
+        --singles_left_;
+        const bool single_second = SinglePopsNext();
+        ++singles_left_;
+        if (!single_second && solutions_[heap_.top().id].parts.size() > 1) {
+          --singles_left_;
+          const std::size_t id = heap_.top().id;
+          heap_.pop();
+          JoinSingle(single, solutions_[id]);
+          heap_.push(EntryOf(id));
+          continue;
+        }
+      }
       // The first popped becomes the combination; a single item popped second is
       // combined from a scratch solution.
       const std::size_t first = PopSolution();
@@ -113,23 +168,36 @@ class Differencing {
       }
       Combine(solutions_[first], *second);
       if (second != &scratch_) solutions_[second_id] = Solution();
+      // While the combination would pop first again and the next single item second
+      // (every step of kAny once one solution holds the rest: the item joins its
+      // lightest part), the two are combined here, without the heap.
+      while (singles_left_ > 0) {
+        const Entry mine = EntryOf(first);
+        const Entry next = NextSingleEntry();
+        if (!PopsLater()(next, mine)) break;
+        if (!heap_.empty() &&
+            (!PopsLater()(heap_.top(), mine) || !PopsLater()(heap_.top(), next))) {
+          break;
+        }
+        AbsorbSingle(solutions_[first], Item(--singles_left_));
+      }
       heap_.push(EntryOf(first));
     }
     if (heap_.empty() && singles_left_ > 0) heap_.push(EntryOf(PopSolution()));
-    std::vector<std::vector<std::int64_t>> parts(k_);
-    if (heap_.empty()) return parts;
+    if (heap_.empty()) return;
     Solution& last = solutions_[heap_.top().id];
     SortAscending(last);
     const std::size_t size = last.parts.size();
     // Every position's part (heaviest first), written over its link once read, the
     // lists walked interleaved (independent loads instead of one chain of cache
-    // misses); then every item's part, and the parts filled in index order (ascending
-    // without a sort).
+    // misses).
     std::vector<std::pair<std::int32_t, std::int32_t>> walks;  // (position, part)
     walks.reserve(size);
     for (std::size_t p = 0; p < size; ++p) {
-      walks.emplace_back(last.parts[size - 1 - p].head_pos, static_cast<std::int32_t>(p));
-      parts[p].reserve(static_cast<std::size_t>(last.parts[size - 1 - p].count));
+      const Part& part = last.parts[size - 1 - p];
+      walks.emplace_back(part.head_pos, static_cast<std::int32_t>(p));
+      if (sums != nullptr) (*sums)[p] = part.sum;
+      if (counts != nullptr) (*counts)[p] = part.count;
     }
     while (!walks.empty()) {
       for (std::size_t w = 0; w < walks.size();) {
@@ -145,19 +213,10 @@ class Differencing {
         ++w;
       }
     }
-    if (order == RecipeOrder::kValue) {
-      for (std::size_t p = 0; p < n; ++p) {
-        parts[static_cast<std::size_t>(next_[p])].push_back(index_[p]);
-      }
-      return parts;
-    }
-    std::vector<std::int32_t> part_of(n);
-    for (std::size_t p = 0; p < n; ++p) part_of[static_cast<std::size_t>(index_[p])] = next_[p];
-    for (std::size_t i = 0; i < n; ++i) {
-      parts[static_cast<std::size_t>(part_of[i])].push_back(static_cast<std::int64_t>(i));
-    }
-    return parts;
+    (void)n;
   }
+
+  std::vector<std::int32_t>& PartOfPosition() { return next_; }
 
  private:
   // verl pops the partial solution of largest spread first; ties: the one whose
@@ -245,17 +304,25 @@ class Differencing {
   }
 
   // The heap `parts` with its lightest part (the root) replaced by `part`: one sift
-  // down instead of a pop and a push.
+  // instead of a pop and a push. Bottom-up: the hole goes down to a leaf along the
+  // lighter children (one comparison a level, without a branch on its result), then
+  // `part` climbs from there (a joined part is heavier than most, so it climbs little).
+  // Any heap of the same parts pops the same (Lighter is a strict total order).
   static void ReplaceLightest(std::vector<Part>& parts, const Part& part, Part& heaviest) {
     const std::size_t size = parts.size();
     std::size_t hole = 0;
     for (;;) {
       std::size_t child = 2 * hole + 1;
       if (child >= size) break;
-      if (child + 1 < size && Lighter(parts[child + 1], parts[child])) ++child;
-      if (!Lighter(parts[child], part)) break;
+      if (child + 1 < size) child += Lighter(parts[child + 1], parts[child]) ? 1 : 0;
       parts[hole] = parts[child];
       hole = child;
+    }
+    while (hole > 0) {
+      const std::size_t parent = (hole - 1) / 2;
+      if (!Lighter(part, parts[parent])) break;
+      parts[hole] = parts[parent];
+      hole = parent;
     }
     parts[hole] = part;
     if (Lighter(heaviest, part)) heaviest = part;
@@ -294,6 +361,42 @@ class Differencing {
       }
     }
     s.sorted = false;
+  }
+
+  // Combine() of the solution a (popped first) with the single item `single`: with a
+  // full the item joins a's lightest part (listed after it), else it fills one of a's
+  // empty parts.
+  void AbsorbSingle(Solution& a, const Part& single) {
+    Part heaviest = a.heaviest;
+    if (a.parts.size() == k_) {
+      JoinLightest(
+          a, 1, [&](std::size_t, Part& part) { Splice(part, single); }, heaviest);
+    } else {
+      PushPart(a.parts, single, heaviest);
+    }
+    a.heaviest = heaviest;
+    a.sorted = false;
+  }
+
+  // Combine() of the single item `single` (popped first) with the solution b of at
+  // least two parts, left in b: with b full the item joins b's lightest part (listed
+  // first in it), else it fills one of b's empty parts.
+  void JoinSingle(const Part& single, Solution& b) {
+    Part heaviest = b.heaviest;
+    if (b.parts.size() == k_) {
+      JoinLightest(
+          b, 1,
+          [&](std::size_t, Part& part) {
+            Part joined = single;
+            Splice(joined, part);
+            part = joined;
+          },
+          heaviest);
+    } else {
+      PushPart(b.parts, single, heaviest);
+    }
+    b.heaviest = heaviest;
+    b.sorted = false;
   }
 
   // verl's combination: a's j-th heaviest part with b's j-th lightest, counting the
@@ -346,9 +449,9 @@ class Differencing {
   }
 
   std::size_t k_;
-  std::vector<std::int32_t> index_;  // by position: the input index
-  std::vector<std::int64_t> value_;  // by position: the value
-  std::vector<std::int32_t> next_;   // by position: the next position of its part, -1 at the end
+  std::span<const std::int32_t> index_;  // by position: the input index
+  std::span<const std::int64_t> value_;  // by position: the value
+  std::vector<std::int32_t> next_;  // by position: the next position of its part, -1 at the end
   std::vector<Solution> solutions_;
   std::vector<Part> popped_;
   std::size_t singles_left_ = 0;  // kAny: positions [0, singles_left_) not yet popped
@@ -366,15 +469,40 @@ std::vector<std::vector<std::int64_t>> RunDifferencing(std::span<const std::int6
   for (std::size_t p = 0; p < index.size(); ++p) {
     value[p] = values[static_cast<std::size_t>(index[p])];
   }
-  return Differencing<Sum>(std::move(index), std::move(value), num_parts).Run(sizes, order);
+  return Differencing<Sum>(index, value, num_parts).Run(sizes, order);
+}
+
+template <typename Sum>
+RecipePartition SolveDifferencing(std::span<const std::int64_t> sorted_values,
+                                  std::span<const std::int32_t> ascending, std::int64_t num_parts,
+                                  PartSizes sizes) {
+  Differencing<Sum> differencing(ascending, sorted_values, num_parts);
+  RecipePartition result;
+  differencing.Solve(sizes, &result.sums, &result.counts);
+  result.part_of_position = std::move(differencing.PartOfPosition());
+  return result;
 }
 
 }  // namespace
 
-std::vector<std::int32_t> RecipeAscending(std::span<const std::int64_t> values) {
+RecipePartition RecipeKarmarkarKarpPositions(std::span<const std::int64_t> sorted_values,
+                                             std::span<const std::int32_t> ascending,
+                                             std::int64_t num_parts, PartSizes sizes) {
+  std::int64_t total = 0;
+  bool fits = true;
+  for (const std::int64_t v : sorted_values) {
+    fits = fits && !__builtin_add_overflow(total, v, &total);
+  }
+  return fits ? SolveDifferencing<std::int64_t>(sorted_values, ascending, num_parts, sizes)
+              : SolveDifferencing<RecipeSum>(sorted_values, ascending, num_parts, sizes);
+}
+
+std::vector<std::int32_t> RecipeAscending(std::span<const std::int64_t> values,
+                                          std::vector<std::int64_t>* sorted) {
   // The radix order (value descending, index ascending) reversed, with each run of
   // equal values reversed back.
-  std::vector<std::int64_t> sorted_values;
+  std::vector<std::int64_t> local_sorted;
+  std::vector<std::int64_t>& sorted_values = sorted != nullptr ? *sorted : local_sorted;
   std::vector<std::int32_t> order = HeaviestFirst(values, &sorted_values);
   std::reverse(order.begin(), order.end());
   std::reverse(sorted_values.begin(), sorted_values.end());

@@ -54,8 +54,27 @@ std::vector<std::vector<std::int64_t>> RecipeKarmarkarKarp(std::span<const std::
                                                            std::int64_t num_parts, PartSizes sizes,
                                                            RecipeOrder order = RecipeOrder::kIndex);
 
-// The items ascending by (value, index) (a radix sort, O(n · passes)).
-std::vector<std::int32_t> RecipeAscending(std::span<const std::int64_t> values);
+// The items ascending by (value, index) (a radix sort, O(n · passes)); with `sorted`,
+// also the values in that order.
+std::vector<std::int32_t> RecipeAscending(std::span<const std::int64_t> values,
+                                          std::vector<std::int64_t>* sorted = nullptr);
+
+// RecipeKarmarkarKarp()'s partition by position in the ascending order, for callers
+// that read the items in that order (no gather at random places): the part of every
+// position (0 the first part in verl's order), and the parts' sums and item counts in
+// that order (the empty parts last, with 0).
+struct RecipePartition {
+  std::vector<std::int32_t> part_of_position;
+  std::vector<RecipeSum> sums;
+  std::vector<std::int32_t> counts;
+};
+
+// The partition of the items whose values, ascending by (value, index), are
+// `sorted_values` and whose indices in that order are `ascending` (neither checked).
+// Preconditions as RecipeKarmarkarKarp().
+RecipePartition RecipeKarmarkarKarpPositions(std::span<const std::int64_t> sorted_values,
+                                             std::span<const std::int32_t> ascending,
+                                             std::int64_t num_parts, PartSizes sizes);
 
 // RecipeKarmarkarKarp() given RecipeAscending(values) (or the same order found
 // another way), which it does not check.

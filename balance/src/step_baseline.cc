@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <utility>
@@ -44,13 +45,6 @@ std::vector<T> EvensReversedThenOdds(const std::vector<T>& v) {
   return out;
 }
 
-// Even positions, then odd positions reversed ([a0 a2 a4 … a5 a3 a1]) of `size`
-// items: the position in the input of output position j.
-std::size_t EvensThenOddsReversedSource(std::size_t size, std::size_t j) {
-  const std::size_t evens = (size + 1) / 2;
-  return j < evens ? 2 * j : 2 * (size - 1 - j) + 1;
-}
-
 // One sequence of a rank, by its position in the recipe's order.
 struct Sequence {
   std::int64_t index;
@@ -65,99 +59,138 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
   const MicroBatchOptions& mb = options.micro_batch;
   const std::int64_t cap = mb.max_tokens_per_micro_batch;
   const std::span<const std::int64_t> lengths = padded.lengths;
-  std::vector<std::int64_t> workload(lengths.size());
-  for (std::size_t i = 0; i < lengths.size(); ++i) workload[i] = RecipeWorkload(lengths[i]);
+  const std::size_t n = lengths.size();
 
-  // Sequences to ranks, each rank's by (workload, index) ascending: verl sorts a rank's
-  // sequences so (stably, from index order) before it reorders them.
-  const std::vector<std::vector<std::int64_t>> ranks =
-      RecipeKarmarkarKarp(workload, options.num_ranks, PartSizes::kEqual, RecipeOrder::kValue);
+  // The sequences by (workload, index) ascending. The workload grows strictly with the
+  // length (lengths >= 0), so that is the order by (length, index): sorted on the
+  // lengths (a narrower key, fewer radix passes), which come back in that order, so
+  // nothing below reads the batch at random places.
+  std::vector<std::int64_t> sorted_length;
+  const std::vector<std::int32_t> ascending = RecipeAscending(lengths, &sorted_length);
+  std::vector<std::int64_t> sorted_workload(n);
+  for (std::size_t p = 0; p < n; ++p) sorted_workload[p] = RecipeWorkload(sorted_length[p]);
+
+  // Sequences to ranks. A rank's positions in that order, ascending, are its sequences
+  // by (workload, index): verl sorts a rank's sequences so (stably, from index order)
+  // before it reorders them.
+  const auto num_ranks = static_cast<std::size_t>(options.num_ranks);
+  const RecipePartition split = RecipeKarmarkarKarpPositions(sorted_workload, ascending,
+                                                             options.num_ranks, PartSizes::kEqual);
+  std::vector<std::size_t> offsets(num_ranks + 1, 0);
+  for (std::size_t r = 0; r < num_ranks; ++r) {
+    offsets[r + 1] = offsets[r] + static_cast<std::size_t>(split.counts[r]);
+  }
+  // Every rank's sequences (index and length), gathered in one pass in that order
+  // (a write stream per rank instead of a read at a random place per sequence).
+  std::vector<std::int32_t> rank_index(n);
+  std::vector<std::int64_t> rank_length(n);
+  std::vector<std::int64_t> rank_tokens(num_ranks, 0);  // the lengths, unpadded, as verl counts
+  {
+    std::vector<std::size_t> cursor(offsets.begin(), offsets.end() - 1);
+    for (std::size_t p = 0; p < n; ++p) {
+      const auto r = static_cast<std::size_t>(split.part_of_position[p]);
+      const std::size_t at = cursor[r]++;
+      rank_index[at] = ascending[p];
+      rank_length[at] = sorted_length[p];
+      rank_tokens[r] += sorted_length[p];
+    }
+  }
   std::int64_t count = 0;
-  for (const std::vector<std::int64_t>& rank : ranks) {
-    std::int64_t tokens = 0;  // the lengths, unpadded, as verl counts them
-    for (const std::int64_t i : rank) tokens += lengths[static_cast<std::size_t>(i)];
+  for (std::size_t r = 0; r < num_ranks; ++r) {
     const std::int64_t wanted =
-        std::min(static_cast<std::int64_t>(rank.size()), CeilDiv(tokens, cap));
+        std::min(static_cast<std::int64_t>(split.counts[r]), CeilDiv(rank_tokens[r], cap));
     count = std::max(count, std::max(mb.min_micro_batches, wanted));
   }
   count = RoundUp(count, mb.micro_batches_multiple_of);
 
   StepPlan plan;
   plan.num_micro_batches = count;
-  std::vector<Sequence> sequences;  // by position in the rank's order
-  std::vector<std::int64_t> local;  // their workloads
-  std::vector<std::int64_t> sorted_workload;
-  std::vector<std::int32_t> ascending;
-  for (const std::vector<std::int64_t>& rank : ranks) {
+  const auto num_batches = static_cast<std::size_t>(count);
+  std::vector<Sequence> sequences;          // by position in the rank's order
+  std::vector<std::int64_t> rank_workload;  // by (workload, index) ascending
+  std::vector<std::int32_t> rank_ascending;
+  std::vector<std::int32_t> part_of;  // by position in the rank's order
+  std::vector<std::int64_t> first;    // by part: its first position in the rank's order
+  std::vector<std::size_t> by_key(num_batches);
+  std::vector<std::size_t> slot_of(num_batches);
+  for (std::size_t r = 0; r < num_ranks; ++r) {
     // The rank in the recipe's order: by (workload, index), then the even positions
-    // followed by the odd ones reversed. Gathered once, in that order, from the length
-    // alone (one read at a random place instead of four): its padding, cost and
-    // workload follow from it as Pad() and RecipeWorkload() make them.
-    const std::size_t size = rank.size();
+    // followed by the odd ones reversed; its padding, cost and workload follow from
+    // the length as Pad() and RecipeWorkload() make them.
+    const std::size_t begin = offsets[r];
+    const std::size_t size = offsets[r + 1] - begin;
     sequences.resize(size);
-    local.resize(size);
-    sorted_workload.resize(size);
-    // The lengths first, in a loop of independent loads (many cache misses in flight).
-    for (std::size_t j = 0; j < size; ++j) {
-      const auto i = static_cast<std::size_t>(rank[EvensThenOddsReversedSource(size, j)]);
-      sequences[j].index = static_cast<std::int64_t>(i);
-      sequences[j].unpadded_tokens = lengths[i];
-    }
-    for (std::size_t j = 0; j < size; ++j) {
-      Sequence& q = sequences[j];
+    rank_workload.resize(size);
+    for (std::size_t s = 0; s < size; ++s) {
+      // Source position s goes to s / 2 (even) or size − 1 − (s − 1) / 2 (odd).
+      Sequence& q = sequences[s % 2 == 0 ? s / 2 : size - 1 - (s - 1) / 2];
+      q.index = rank_index[begin + s];
+      q.unpadded_tokens = rank_length[begin + s];
       q.tokens = RoundUp(q.unpadded_tokens, mb.pad_to_multiple_of);
       q.cost = mb.cost.Cost(q.tokens);
-      local[j] = RecipeWorkload(q.unpadded_tokens);
-      sorted_workload[EvensThenOddsReversedSource(size, j)] = local[j];
+      rank_workload[s] = RecipeWorkload(q.unpadded_tokens);
     }
     // Those positions by (workload, position) ascending, from the (workload, index)
     // order: in a run of equal workloads, the even ones come first in the recipe's order
     // (ascending), then the odd ones (descending).
-    ascending.clear();
+    rank_ascending.clear();
     for (std::size_t run = 0; run < size;) {
       std::size_t end = run + 1;
-      while (end < size && sorted_workload[end] == sorted_workload[run]) ++end;
+      while (end < size && rank_workload[end] == rank_workload[run]) ++end;
       for (std::size_t s = run + run % 2; s < end; s += 2) {
-        ascending.push_back(static_cast<std::int32_t>(s / 2));
+        rank_ascending.push_back(static_cast<std::int32_t>(s / 2));
       }
       for (std::size_t s = end; s-- > run;) {
-        if (s % 2 == 1) ascending.push_back(static_cast<std::int32_t>(size - 1 - (s - 1) / 2));
+        if (s % 2 == 1) rank_ascending.push_back(static_cast<std::int32_t>(size - 1 - (s - 1) / 2));
       }
       run = end;
     }
-    std::vector<std::vector<std::int64_t>> parts =
-        RecipeKarmarkarKarpSorted(local, ascending, count, PartSizes::kAny, RecipeOrder::kIndex);
-    // By (sum, first item) descending, stably: each key computed once, the parts moved
-    // once (sorting the parts themselves cost O(m log m) vector moves and key sums).
-    std::vector<std::pair<RecipeSum, std::int64_t>> keys(parts.size());
-    for (std::size_t p = 0; p < parts.size(); ++p) {
-      RecipeSum sum = 0;
-      for (const std::int64_t j : parts[p]) sum += local[static_cast<std::size_t>(j)];
-      keys[p] = {sum, parts[p].empty() ? std::int64_t{0} : parts[p].front()};
+    // The rank into micro-batches; rank_workload is its workloads in rank_ascending's
+    // order.
+    const RecipePartition parts =
+        RecipeKarmarkarKarpPositions(rank_workload, rank_ascending, count, PartSizes::kAny);
+    part_of.resize(size);
+    first.assign(num_batches, std::numeric_limits<std::int64_t>::max());
+    for (std::size_t t = 0; t < size; ++t) {
+      const auto j = static_cast<std::size_t>(rank_ascending[t]);
+      const std::int32_t p = parts.part_of_position[t];
+      part_of[j] = p;
+      std::int64_t& f = first[static_cast<std::size_t>(p)];
+      f = std::min(f, static_cast<std::int64_t>(j));
     }
-    std::vector<std::size_t> by_key(parts.size());
+    // By (sum, first item) descending, stably (an empty part's first item counts as 0),
+    // then the even positions reversed followed by the odd ones: every part's place.
+    for (std::size_t p = 0; p < num_batches; ++p) {
+      if (parts.counts[p] == 0) first[p] = 0;
+    }
     std::iota(by_key.begin(), by_key.end(), std::size_t{0});
-    std::stable_sort(by_key.begin(), by_key.end(),
-                     [&](std::size_t a, std::size_t b) { return keys[a] > keys[b]; });
+    std::stable_sort(by_key.begin(), by_key.end(), [&](std::size_t a, std::size_t b) {
+      return std::pair(parts.sums[a], first[a]) > std::pair(parts.sums[b], first[b]);
+    });
+    const std::vector<std::size_t> order = EvensReversedThenOdds(by_key);
+    for (std::size_t slot = 0; slot < num_batches; ++slot) slot_of[order[slot]] = slot;
     RankPlan rank_plan;
-    rank_plan.micro_batches.reserve(parts.size());
-    for (const std::size_t p : EvensReversedThenOdds(by_key)) {
-      MicroBatch batch;
-      batch.indices.reserve(parts[p].size());
-      for (const std::int64_t j : parts[p]) {
-        const Sequence& q = sequences[static_cast<std::size_t>(j)];
-        batch.indices.push_back(q.index);
-        batch.tokens += q.tokens;
-        batch.unpadded_tokens += q.unpadded_tokens;
-        batch.cost += q.cost;
-      }
+    rank_plan.micro_batches.resize(num_batches);
+    for (std::size_t p = 0; p < num_batches; ++p) {
+      rank_plan.micro_batches[slot_of[p]].indices.reserve(
+          static_cast<std::size_t>(parts.counts[p]));
+    }
+    // Each micro-batch's sequences in the rank's order, then by index.
+    for (std::size_t j = 0; j < size; ++j) {
+      const Sequence& q = sequences[j];
+      MicroBatch& batch = rank_plan.micro_batches[slot_of[static_cast<std::size_t>(part_of[j])]];
+      batch.indices.push_back(q.index);
+      batch.tokens += q.tokens;
+      batch.unpadded_tokens += q.unpadded_tokens;
+      batch.cost += q.cost;
+    }
+    for (MicroBatch& batch : rank_plan.micro_batches) {
       std::sort(batch.indices.begin(), batch.indices.end());
       plan.cap_violations += batch.tokens > cap ? 1 : 0;
       rank_plan.sequences += static_cast<std::int64_t>(batch.indices.size());
       rank_plan.tokens += batch.tokens;
       rank_plan.unpadded_tokens += batch.unpadded_tokens;
       rank_plan.cost += batch.cost;
-      rank_plan.micro_batches.push_back(std::move(batch));
     }
     rank_plan.time = RankTime(rank_plan.micro_batches, mb);
     plan.predicted_step_time = std::max(plan.predicted_step_time, rank_plan.time);
