@@ -52,14 +52,67 @@ bool Lighter(const Part<Sum>& a, const Part<Sum>& b) {
   }
 }
 
-struct HeavierPart {
-  template <typename Sum>
-  bool operator()(const Part<Sum>& a, const Part<Sum>& b) const {
-    return Lighter(b, a);
-  }
-};
+// The solutions' parts are kept as 4-ary min-heaps by Lighter (node i's children are
+// 4i + 1 … 4i + 4): half the levels of a binary heap, and a node's children side by
+// side, for the sift that every single item's join takes.
+constexpr std::size_t kArity = 4;
 
-// A partial solution: its non-empty parts as a binary min-heap by Lighter (the
+// The heap `parts` with its root replaced by `part`. Bottom-up: the hole goes down to
+// a leaf along the lightest children (without a branch on the comparisons), then
+// `part` climbs from there (a joined part is heavier than most, so it climbs little).
+template <typename Sum>
+void SiftFromRoot(std::vector<Part<Sum>>& parts, const Part<Sum>& part) {
+  const std::size_t size = parts.size();
+  std::size_t hole = 0;
+  for (;;) {
+    const std::size_t first = kArity * hole + 1;
+    if (first >= size) break;
+    std::size_t child = first;
+    if (first + kArity <= size) {
+      const std::size_t a = Lighter(parts[first + 1], parts[first]) ? first + 1 : first;
+      const std::size_t b = Lighter(parts[first + 3], parts[first + 2]) ? first + 3 : first + 2;
+      child = Lighter(parts[b], parts[a]) ? b : a;
+    } else {
+      for (std::size_t c = first + 1; c < size; ++c)
+        child = Lighter(parts[c], parts[child]) ? c : child;
+    }
+    parts[hole] = parts[child];
+    hole = child;
+  }
+  while (hole > 0) {
+    const std::size_t parent = (hole - 1) / kArity;
+    if (!Lighter(part, parts[parent])) break;
+    parts[hole] = parts[parent];
+    hole = parent;
+  }
+  parts[hole] = part;
+}
+
+// `part` added to the heap `parts`.
+template <typename Sum>
+void HeapPush(std::vector<Part<Sum>>& parts, const Part<Sum>& part) {
+  parts.push_back(part);
+  std::size_t hole = parts.size() - 1;
+  while (hole > 0) {
+    const std::size_t parent = (hole - 1) / kArity;
+    if (!Lighter(part, parts[parent])) break;
+    parts[hole] = parts[parent];
+    hole = parent;
+  }
+  parts[hole] = part;
+}
+
+// The heap's lightest part, taken off it.
+template <typename Sum>
+Part<Sum> HeapPop(std::vector<Part<Sum>>& parts) {
+  const Part<Sum> lightest = parts.front();
+  const Part<Sum> last = parts.back();
+  parts.pop_back();
+  if (!parts.empty()) SiftFromRoot(parts, last);
+  return lightest;
+}
+
+// A partial solution: its non-empty parts as a 4-ary min-heap by Lighter (the
 // lightest at the root; ascending, which is a heap too, when `sorted`) and a copy of its
 // heaviest part; the other k − parts.size() parts are empty (lighter than any non-empty
 // part, whose count is >= 1). Lighter is a strict total order, so which heap of the
@@ -298,40 +351,23 @@ class Differencing {
   }
 
   static void PushPart(std::vector<Part>& parts, const Part& part, Part& heaviest) {
-    parts.push_back(part);
-    std::push_heap(parts.begin(), parts.end(), HeavierPart());
+    HeapPush(parts, part);
     if (Lighter(heaviest, part)) heaviest = part;
   }
 
   // The heap `parts` with its lightest part (the root) replaced by `part`: one sift
-  // instead of a pop and a push. Bottom-up: the hole goes down to a leaf along the
-  // lighter children (one comparison a level, without a branch on its result), then
-  // `part` climbs from there (a joined part is heavier than most, so it climbs little).
-  // Any heap of the same parts pops the same (Lighter is a strict total order).
+  // instead of a pop and a push. Any heap of the same parts pops the same (Lighter is a
+  // strict total order).
   static void ReplaceLightest(std::vector<Part>& parts, const Part& part, Part& heaviest) {
-    const std::size_t size = parts.size();
-    std::size_t hole = 0;
-    for (;;) {
-      std::size_t child = 2 * hole + 1;
-      if (child >= size) break;
-      if (child + 1 < size) child += Lighter(parts[child + 1], parts[child]) ? 1 : 0;
-      parts[hole] = parts[child];
-      hole = child;
-    }
-    while (hole > 0) {
-      const std::size_t parent = (hole - 1) / 2;
-      if (!Lighter(part, parts[parent])) break;
-      parts[hole] = parts[parent];
-      hole = parent;
-    }
-    parts[hole] = part;
+    SiftFromRoot(parts, part);
     if (Lighter(heaviest, part)) heaviest = part;
   }
 
   // The m lightest parts of the solution `s`, lightest first, each changed by
   // join(t, part) in place, and the result a heap again with `heaviest` its heaviest
-  // part: for m = 1 one sift down; for m at least half the parts a sort, then a heap
-  // made of the whole (its heaviest found again); else m pops and m pushes.
+  // part: for m = 1 one sift down; for m at least half the parts a sort, the joined
+  // ones in it, and a sort again (ascending is a heap too, and the next combination
+  // needs no sort); else m pops and m pushes.
   template <typename Join>
   void JoinLightest(Solution& s, std::size_t m, Join join, Part& heaviest) {
     if (m == 0) return;
@@ -340,27 +376,22 @@ class Differencing {
       Part part = parts.front();
       join(0, part);
       ReplaceLightest(parts, part, heaviest);
+      s.sorted = false;
     } else if (2 * m >= parts.size()) {
       SortAscending(s);
       for (std::size_t t = 0; t < m; ++t) join(t, parts[t]);
-      heaviest = parts.front();
-      for (const Part& part : parts) {
-        if (Lighter(heaviest, part)) heaviest = part;
-      }
-      std::make_heap(parts.begin(), parts.end(), HeavierPart());
+      std::sort(parts.begin(), parts.end(), Lighter<Sum>);
+      heaviest = parts.back();
+      s.sorted = true;
     } else {
       popped_.clear();
-      for (std::size_t t = 0; t < m; ++t) {
-        std::pop_heap(parts.begin(), parts.end(), HeavierPart());
-        popped_.push_back(parts.back());
-        parts.pop_back();
-      }
+      for (std::size_t t = 0; t < m; ++t) popped_.push_back(HeapPop(parts));
       for (std::size_t t = 0; t < m; ++t) {
         join(t, popped_[t]);
         PushPart(parts, popped_[t], heaviest);
       }
+      s.sorted = false;
     }
-    s.sorted = false;
   }
 
   // Combine() of the solution a (popped first) with the single item `single`: with a
@@ -424,9 +455,9 @@ class Differencing {
       // b's heaviest parts that meet empty parts of a.
       for (std::size_t j = 0; j < std::min(nb, empty_a); ++j) {
         PushPart(a.parts, b.parts[nb - 1 - j], heaviest);
+        a.sorted = false;
       }
       a.heaviest = heaviest;
-      a.sorted = false;
     } else {
       SortAscending(a);  // a's j-th lightest non-empty part is a.parts[j − (k − |a|)]
       // b's m lightest, lightest first: the t-th is b's (|b| − 1 − t)-th heaviest and
@@ -441,10 +472,13 @@ class Differencing {
           },
           heaviest);
       // a's heaviest parts that meet empty parts of b.
-      for (std::size_t u = m; u < na; ++u) PushPart(b.parts, a.parts[u], heaviest);
+      for (std::size_t u = m; u < na; ++u) {
+        PushPart(b.parts, a.parts[u], heaviest);
+        b.sorted = false;
+      }
       a.parts.swap(b.parts);
       a.heaviest = heaviest;
-      a.sorted = false;
+      a.sorted = b.sorted;
     }
   }
 

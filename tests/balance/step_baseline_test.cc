@@ -318,6 +318,65 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscriptionOnLargerInputs)
   }
 }
 
+// RecipeKarmarkarKarpPositions (the partition by position in the ascending order, which
+// the baseline reads) on seeded inputs of up to 5,000 items and 700 parts (ties, zeros,
+// heavy tails, sums beyond int64): every position in one part, the parts' counts and
+// sums those of their items, and the same parts in the same order as
+// RecipeKarmarkarKarp (the transcription's partition, tested above), both modes.
+TEST(StepBaselineTest, RecipeKarmarkarKarpPositionsIsTheSamePartition) {
+  for (std::uint64_t seed = 1; seed <= 160; ++seed) {
+    workload::Rng rng(seed * 104729 + 3);
+    const auto n = static_cast<std::size_t>(rng.UniformInt(0, 5000));
+    const auto k = static_cast<std::size_t>(rng.UniformInt(1, 700));
+    const int kind = static_cast<int>(rng.UniformInt(0, 3));
+    std::vector<std::int64_t> values;
+    if (kind == 0) {
+      for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 3));
+    } else if (kind == 1) {
+      values = workload::HeavyTailedLengths(static_cast<std::int64_t>(n), seed);
+      for (std::int64_t& v : values) v = internal::RecipeWorkload(v);
+    } else if (kind == 2) {
+      for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 1'000'000));
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        values.push_back(rng.UniformInt(std::int64_t{1} << 60, std::int64_t{1} << 62));
+      }
+    }
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", n " + std::to_string(n) + ", k " +
+                 std::to_string(k));
+    std::vector<std::int64_t> sorted;
+    const std::vector<std::int32_t> ascending = internal::RecipeAscending(values, &sorted);
+    ASSERT_EQ(sorted.size(), n);
+    for (std::size_t p = 0; p < n; ++p) {
+      ASSERT_EQ(sorted[p], values[static_cast<std::size_t>(ascending[p])]);
+    }
+    for (const PartSizes sizes : {PartSizes::kAny, PartSizes::kEqual}) {
+      const internal::RecipePartition partition = internal::RecipeKarmarkarKarpPositions(
+          sorted, ascending, static_cast<std::int64_t>(k), sizes);
+      ASSERT_EQ(partition.part_of_position.size(), n);
+      ASSERT_EQ(partition.sums.size(), k);
+      ASSERT_EQ(partition.counts.size(), k);
+      Parts parts(k);
+      std::vector<RecipeSum> sums(k, 0);
+      for (std::size_t p = 0; p < n; ++p) {
+        const std::int32_t part = partition.part_of_position[p];
+        ASSERT_GE(part, 0);
+        ASSERT_LT(part, static_cast<std::int32_t>(k));
+        parts[static_cast<std::size_t>(part)].push_back(ascending[p]);
+        sums[static_cast<std::size_t>(part)] += sorted[p];
+      }
+      for (std::size_t part = 0; part < k; ++part) {
+        EXPECT_EQ(partition.counts[part], static_cast<std::int32_t>(parts[part].size()));
+        EXPECT_TRUE(partition.sums[part] == sums[part]) << "part " << part;
+      }
+      EXPECT_EQ(parts, internal::RecipeKarmarkarKarp(values, static_cast<std::int64_t>(k), sizes,
+                                                     internal::RecipeOrder::kValue))
+          << (sizes == PartSizes::kEqual ? "equal" : "any");
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 // Seeded steps (any rank count, padding, minimum and multiple; sequence counts that
 // verl would refuse included): PlanBaseline is the transcription's plan, in the same
 // order, with its micro-batches over the cap counted, timed with our cost model.
