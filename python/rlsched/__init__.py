@@ -34,6 +34,12 @@ from proto/rlsched/v1/*.proto live in the build tree (``<build>/python/rlsched/v
 ``sys.path`` to this package's ``__path__``, so with
 ``PYTHONPATH=<repo>/python:<build>/python`` (either order) ``rlsched.v1.service_pb2``
 imports. The build directory's ``rlsched/`` has no ``__init__.py`` on purpose.
+Installed with pip (``pip install --no-build-isolation .`` at the repository root, see
+setup.py), the package holds the native module, the generated modules and
+``_version.py`` itself.
+
+Frameworks: :mod:`rlsched.integrations.verl` puts drop-ins for verl's balancing
+functions in place (``install()``).
 """
 
 from pkgutil import extend_path
