@@ -197,8 +197,11 @@ class RoomTree {
   void Set(std::size_t i, std::int64_t room) {
     std::size_t node = leaves_ + i;
     tree_[node] = room;
+    // Up to the first ancestor whose maximum stays (then none above it changes).
     for (node /= 2; node >= 1; node /= 2) {
-      tree_[node] = std::max(tree_[2 * node], tree_[2 * node + 1]);
+      const std::int64_t max = std::max(tree_[2 * node], tree_[2 * node + 1]);
+      if (tree_[node] == max) break;
+      tree_[node] = max;
     }
   }
 
