@@ -4,8 +4,9 @@
 // Usage
 //   runtime_overhead [--engines N] [--concurrency C] [--steps S] [--prompts P]
 //                    [--samples G] [--mode sync|one_step_off|async] [--program PATH]
+//                    [--pause batched|per_sample]
 //   (defaults: 8 engines × 64 samples, 200 steps of 64 prompts × 8 samples, async s = 1
-//   with partial rollout; PATH = the rlsched built beside this program)
+//   with partial rollout; PATH = the rlsched built beside this program; batched)
 //
 // Overview
 //   Starts `rlsched run --listen unix:… --token-file … --json` as a child process (the
@@ -19,12 +20,13 @@
 //   run's pace is the scheduler's own), then paced (a sample reported finished
 //   T·[0.25, 1.75) after its Dispatch, by a hash of its id, T = engines·concurrency /
 //   20,000 s, so that the workers offer up to 20,000 finishes per second, one by one; a
-//   weight sync that interrupts pauses the samples not yet reported, each reporting its
-//   progress, and a Resume restarts them). Per run: the events the runtime handled per wall second
-//   (the RunReport: events / wall seconds from the prompts to the last step) and the
-//   event-to-command latency in the scheduler (the RunReport's command_latency: from an
-//   event's arrival off its stream to the hand-off of each command it caused to a
-//   worker's stream, a StartTrain's step plan included). Saturated, the latency is the
+//   weight sync that interrupts pauses the samples not yet reported and the engine
+//   reports their progress in one GenerationPaused (--pause per_sample: a
+//   GenerationProgressed per sample, as older workers do), and a Resume restarts them). Per run:
+//   the events the runtime handled per wall second (the RunReport: events / wall seconds from the
+//   prompts to the last step) and the event-to-command latency in the scheduler (the RunReport's
+//   command_latency: from an event's arrival off its stream to the hand-off of each command it
+//   caused to a worker's stream, a StartTrain's step plan included). Saturated, the latency is the
 //   queue's (Little's law: engines·concurrency outstanding events / the rate); paced,
 //   it is the scheduler's.
 //   The targets: saturated >= 20,000 events/s; paced p99 latency < 5 ms.
@@ -77,6 +79,7 @@ struct Options {
   std::int64_t samples = 8;
   std::string mode = "async";
   std::string program = RLSCHED_PROGRAM;
+  bool per_sample_pause = false;  // --pause per_sample
 };
 
 // What one worker counted.
@@ -92,14 +95,16 @@ struct WorkerStats {
 class Worker {
  public:
   Worker(const std::string& address, const std::string& token, v1::WorkerRole role,
-         std::int64_t engine, std::int64_t max_concurrent, Clock::duration think)
+         std::int64_t engine, std::int64_t max_concurrent, Clock::duration think,
+         bool per_sample_pause = false)
       : stub_(v1::Scheduler::NewStub(
             grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
         token_(token),
         role_(role),
         engine_(engine),
         max_concurrent_(max_concurrent),
-        think_(think) {}
+        think_(think),
+        per_sample_pause_(per_sample_pause) {}
 
   WorkerStats Run() {
     grpc::ClientContext context;
@@ -153,7 +158,7 @@ class Worker {
         for (const std::int64_t sample : command.resume().samples()) Finish(sample);
         break;
       case v1::OrchestratorCommand::kSyncWeights: {
-        if (command.sync_weights().interrupt()) Pause();
+        if (command.sync_weights().interrupt()) Pause(command.sync_weights().version());
         v1::WeightsLoaded* loaded = out.mutable_event()->mutable_weights_loaded();
         loaded->set_engine(engine_);
         loaded->set_version(command.sync_weights().version());
@@ -202,24 +207,39 @@ class Worker {
     return out;
   }
 
-  // A weight sync that interrupts: every sample not yet reported stops halfway and
-  // reports its progress; a Resume restarts its think time.
-  // Holds the writer (write_mutex_, then mutex_: the writer thread's order) so that no
-  // finish of a paused sample is written after its progress.
-  void Pause() {
+  // A weight sync that interrupts: every sample not yet reported stops halfway, and the
+  // engine, now idle, reports their progress in one GenerationPaused (or one
+  // GenerationProgressed each with --pause per_sample); a Resume restarts their think
+  // time. Holds the writer (write_mutex_, then mutex_: the writer thread's order) so
+  // that no finish of a paused sample is written after its progress.
+  void Pause(std::int64_t version) {
     const std::lock_guard write(write_mutex_);
     std::vector<std::int64_t> paused;
     {
       const std::lock_guard lock(mutex_);
       for (; !due_.empty(); due_.pop()) paused.push_back(due_.top().second);
     }
-    for (const std::int64_t sample : paused) {
-      v1::WorkerMessage out;
-      v1::GenerationProgressed* progressed = out.mutable_event()->mutable_generation_progressed();
-      progressed->set_sample(sample);
-      progressed->set_tokens(LengthOf(sample) / 2);
-      WriteLocked(out);
+    if (per_sample_pause_) {
+      for (const std::int64_t sample : paused) {
+        v1::WorkerMessage out;
+        v1::GenerationProgressed* progressed = out.mutable_event()->mutable_generation_progressed();
+        progressed->set_sample(sample);
+        progressed->set_tokens(LengthOf(sample) / 2);
+        WriteLocked(out);
+      }
+      return;
     }
+    v1::WorkerMessage out;
+    v1::GenerationPaused* report = out.mutable_event()->mutable_generation_paused();
+    report->set_engine(engine_);
+    report->set_version(version);
+    report->mutable_samples()->Reserve(static_cast<int>(paused.size()));
+    for (const std::int64_t sample : paused) {
+      v1::SampleProgress* progress = report->add_samples();
+      progress->set_sample(sample);
+      progress->set_tokens(LengthOf(sample) / 2);
+    }
+    WriteLocked(out);
   }
 
   void Send(const v1::WorkerMessage& message) {
@@ -263,6 +283,7 @@ class Worker {
   std::int64_t engine_;
   std::int64_t max_concurrent_;
   Clock::duration think_;
+  bool per_sample_pause_;
   WorkerStats stats_;
   std::mutex write_mutex_;  // one writer at a time; stats_.events
   std::mutex mutex_;        // due_, stop_
@@ -338,6 +359,13 @@ Options Parse(int argc, char** argv) {
       }
     } else if (flag == "--program") {
       o.program = value;
+    } else if (flag == "--pause") {
+      const std::string_view pause = value;
+      if (pause != "batched" && pause != "per_sample") {
+        throw std::invalid_argument("--pause: must be batched or per_sample, got " +
+                                    std::string(pause));
+      }
+      o.per_sample_pause = pause == "per_sample";
     } else {
       throw std::invalid_argument("unknown option " + std::string(flag));
     }
@@ -397,8 +425,9 @@ RunResult RunOnce(const Options& o, Clock::duration think) {
     });
     for (std::int64_t e = 0; e < o.engines; ++e) {
       threads.emplace_back([&, e] {
-        stats[static_cast<std::size_t>(e) + 1] =
-            Worker(address, token, v1::WORKER_ROLE_ENGINE, e, o.concurrency, think).Run();
+        stats[static_cast<std::size_t>(e) + 1] = Worker(address, token, v1::WORKER_ROLE_ENGINE, e,
+                                                        o.concurrency, think, o.per_sample_pause)
+                                                     .Run();
       });
     }
     for (std::thread& t : threads) t.join();
@@ -454,10 +483,12 @@ bool Print(const char* title, const RunResult& r) {
 
 int Main(int argc, char** argv) {
   const Options o = Parse(argc, argv);
-  std::printf("rlsched run, %s, %lld engines x %lld, %lld steps of %lld prompts x %lld samples\n\n",
-              o.mode.c_str(), static_cast<long long>(o.engines),
-              static_cast<long long>(o.concurrency), static_cast<long long>(o.steps),
-              static_cast<long long>(o.prompts), static_cast<long long>(o.samples));
+  std::printf(
+      "rlsched run, %s, %lld engines x %lld, %lld steps of %lld prompts x %lld samples, pause "
+      "reported %s\n\n",
+      o.mode.c_str(), static_cast<long long>(o.engines), static_cast<long long>(o.concurrency),
+      static_cast<long long>(o.steps), static_cast<long long>(o.prompts),
+      static_cast<long long>(o.samples), o.per_sample_pause ? "per sample" : "in one event");
   const RunResult saturated = RunOnce(o, Clock::duration::zero());
   bool ok = Print("Saturated (every sample reported finished at once):", saturated);
   // Paced: each sample takes outstanding / rate seconds, so that the engines offer

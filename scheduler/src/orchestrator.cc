@@ -83,6 +83,7 @@ struct Engine {
   std::int64_t syncing_to = -1;  // the version being loaded; -1: none
   bool releasing = false;        // colocated: Release sent, EngineReleased not yet
   bool released = false;         // colocated: asleep until the next SyncWeights
+  bool pausing = false;          // SyncWeights{interrupt} sent, GenerationPaused not yet
   double sync_started = 0;
   std::vector<std::int64_t> in_flight;           // samples, including interrupted ones (any order)
   std::multiset<std::int64_t> in_flight_oldest;  // their oldest versions (wait_for_oldest)
@@ -618,6 +619,7 @@ struct Orchestrator::State {
       }
     }
     e.syncing_to = latest;
+    e.pausing = interrupt;
     e.sync_started = now;
     Update(e);
     out->push_back(SyncWeights{.engine = id, .version = latest, .interrupt = interrupt});
@@ -893,6 +895,7 @@ struct Orchestrator::State {
     engine.max_concurrent = e.max_concurrent;
     engine.version = e.version;
     engine.syncing_to = -1;
+    engine.pausing = false;
     engine.releasing = false;
     engine.released = false;
     engine.alive_since = now;
@@ -918,6 +921,7 @@ struct Orchestrator::State {
       }
       Enqueue(sample);
     }
+    e.pausing = false;
     if (e.syncing_to >= 0 || e.releasing || e.released) {
       e.syncing_to = -1;
       e.releasing = false;
@@ -958,6 +962,81 @@ struct Orchestrator::State {
     Advance(e.time);
     x.tokens = e.tokens;
     if (x.interrupted) x.progress_reported = true;
+  }
+
+  // Checks the whole report first (the state is unchanged when it is refused), then
+  // applies each sample's progress as GenerationProgressed would. O(k log k) for k
+  // samples, plus O(in flight on the engine) to name a missing one.
+  void On(const GenerationPaused& e) {
+    CheckTime(e.time);
+    Engine* engine = FindEngine(e.engine);
+    if (engine == nullptr) Invalid("engine", "a joined engine", Str(e.engine));
+    if (!engine->pausing) {
+      Invalid("engine", "pausing for an interrupting SyncWeights, its pause not yet reported",
+              Str(e.engine) + (engine->syncing_to < 0 ? " (not syncing)"
+                                                      : " (not pausing, or already reported)"));
+    }
+    if (e.version != engine->syncing_to) {
+      Invalid("version", "the version of the interrupting SyncWeights, " + Str(engine->syncing_to),
+              Str(e.version));
+    }
+    std::vector<std::pair<std::int64_t, std::size_t>> listed;  // (sample, index)
+    listed.reserve(e.samples.size());
+    for (std::size_t i = 0; i < e.samples.size(); ++i) {
+      const SampleProgress& p = e.samples[i];
+      const auto field = [i] { return "samples[" + std::to_string(i) + "]"; };
+      if (p.sample < 0 || p.sample >= static_cast<std::int64_t>(samples.size())) {
+        Invalid(field() + ".sample",
+                "an admitted sample id in [0, " + Str(std::int64_t(samples.size())) + ")",
+                Str(p.sample));
+      }
+      const Sample& x = At(p.sample);
+      if (x.state != SampleState::kInFlight || x.engine != e.engine || !x.interrupted) {
+        Invalid(
+            field() + ".sample", "a sample paused on engine " + Str(e.engine),
+            Str(p.sample) + (x.state != SampleState::kInFlight ? " (not in flight)"
+                             : x.engine != e.engine ? " (in flight on engine " + Str(x.engine) + ")"
+                                                    : " (not interrupted)"));
+      }
+      if (p.tokens < x.tokens || p.tokens > kMaxTokens) {
+        Invalid(field() + ".tokens", "in [" + Str(x.tokens) + ", " + Str(kMaxTokens) + "]",
+                Str(p.tokens));
+      }
+      listed.emplace_back(p.sample, i);
+    }
+    std::sort(listed.begin(), listed.end());
+    for (std::size_t i = 1; i < listed.size(); ++i) {
+      if (listed[i].first == listed[i - 1].first) {
+        const std::size_t later = std::max(listed[i].second, listed[i - 1].second);
+        const std::size_t earlier = std::min(listed[i].second, listed[i - 1].second);
+        Invalid("samples[" + std::to_string(later) + "].sample",
+                "each sample once (also samples[" + std::to_string(earlier) + "])",
+                Str(listed[i].first));
+      }
+    }
+    std::int64_t paused = 0;
+    std::int64_t missing = -1;
+    for (const std::int64_t sample : engine->in_flight) {
+      if (!At(sample).interrupted) continue;
+      ++paused;
+      if (!std::binary_search(listed.begin(), listed.end(), std::make_pair(sample, std::size_t{0}),
+                              [](const auto& a, const auto& b) { return a.first < b.first; })) {
+        if (missing < 0 || sample < missing) missing = sample;
+      }
+    }
+    if (missing >= 0) {
+      Invalid("samples",
+              "every sample paused on engine " + Str(e.engine) + " (" + Str(paused) + "), sample " +
+                  Str(missing) + " missing",
+              Str(std::int64_t(e.samples.size())) + " samples");
+    }
+    Advance(e.time);
+    for (const SampleProgress& p : e.samples) {
+      Sample& x = At(p.sample);
+      x.tokens = p.tokens;
+      x.progress_reported = true;
+    }
+    engine->pausing = false;
   }
 
   void On(const GenerationFinished& e) {
@@ -1047,7 +1126,9 @@ struct Orchestrator::State {
     for (const std::int64_t sample : in_flight) {
       const Sample& x = At(sample);
       if (x.interrupted && !x.progress_reported) {
-        Invalid("sample", "reported (GenerationProgressed) before WeightsLoaded after an interrupt",
+        Invalid("sample",
+                "reported (GenerationPaused or GenerationProgressed) before WeightsLoaded after "
+                "an interrupt",
                 Str(sample));
       }
       if (x.interrupted) resumed.push_back(sample);
@@ -1055,6 +1136,7 @@ struct Orchestrator::State {
     Advance(e.time);
     engine->version = e.version;
     engine->syncing_to = -1;
+    engine->pausing = false;
     engine->released = false;
     ++weight_syncs;
     weight_sync_seconds += now - engine->sync_started;
@@ -1117,8 +1199,17 @@ Orchestrator& Orchestrator::operator=(Orchestrator&&) noexcept = default;
 void Orchestrator::Handle(const Event& event, std::vector<Command>& out) {
   State& st = *state_;
   st.out = &out;
+  std::size_t before = out.size();
   std::visit([&](const auto& e) { st.On(e); }, event);
   st.Decide();
+  if (const auto* paused = std::get_if<GenerationPaused>(&event)) {
+    // As many decision passes as the per-sample reports would give (one each), while
+    // they give commands: a pass gives an engine at most its fair share of the queue.
+    for (std::size_t pass = 1; pass < paused->samples.size() && out.size() > before; ++pass) {
+      before = out.size();
+      st.Decide();
+    }
+  }
   st.out = nullptr;
 }
 

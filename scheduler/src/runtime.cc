@@ -197,9 +197,9 @@ void SetEventTime(Event& event, double time) {
 
 const char* EventName(const Event& event) {
   static constexpr const char* kNames[] = {
-      "PromptsAvailable",     "EngineJoined",       "EngineLeft",    "EngineFailed",
-      "GenerationProgressed", "GenerationFinished", "GroupFiltered", "TrainStepFinished",
-      "WeightsLoaded",        "EngineReleased"};
+      "PromptsAvailable",     "EngineJoined",       "EngineLeft",      "EngineFailed",
+      "GenerationProgressed", "GenerationFinished", "GroupFiltered",   "TrainStepFinished",
+      "WeightsLoaded",        "EngineReleased",     "GenerationPaused"};
   static_assert(std::size(kNames) == std::variant_size_v<Event>);
   return kNames[event.index()];
 }

@@ -151,6 +151,31 @@ def _replay(rlsched_bin, log):
     assert "identical" in result.stdout
 
 
+def _event_kinds(log):
+    """How many events of each kind the run's event log holds (varint-delimited
+    EventLogRecords), and the samples in its GenerationPaused reports."""
+    with open(log, "rb") as f:
+        data = f.read()
+    kinds, paused_samples, position = {}, 0, 0
+    while position < len(data):
+        size, shift = 0, 0
+        while True:
+            byte = data[position]
+            position += 1
+            size |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        record = runtime_pb2.EventLogRecord.FromString(data[position:position + size])
+        position += size
+        if record.WhichOneof("kind") == "event":
+            kind = record.event.WhichOneof("kind")
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if kind == "generation_paused":
+                paused_samples += len(record.event.generation_paused.samples)
+    return kinds, paused_samples
+
+
 def test_ten_steps_with_eight_engines_conserve_samples_as_the_workers_count_them(
         rlsched_bin, run_factory):
     run = run_factory()
@@ -179,6 +204,12 @@ def test_ten_steps_with_eight_engines_conserve_samples_as_the_workers_count_them
     # Strict: every trained token at most one version old.
     assert int(report["metrics"]["max_staleness"]) <= 1
     assert int(report.get("rejected_events", 0)) == 0
+    # The engines report each interrupting sync's pause in one GenerationPaused (with
+    # several samples), never sample by sample.
+    kinds, paused_samples = _event_kinds(run.log)
+    assert kinds.get("generation_paused", 0) >= 8, kinds
+    assert kinds.get("generation_progressed", 0) == 0, kinds
+    assert paused_samples > kinds["generation_paused"], (paused_samples, kinds)
     _replay(rlsched_bin, run.log)
 
 

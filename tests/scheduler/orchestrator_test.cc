@@ -66,6 +66,9 @@ std::string DescribeEvent(const Event& event) {
           s << "step done " << e.step << "." << e.call;
         } else if constexpr (std::is_same_v<T, WeightsLoaded>) {
           s << "loaded e" << e.engine << " v" << e.version;
+        } else if constexpr (std::is_same_v<T, GenerationPaused>) {
+          s << "paused e" << e.engine << " v" << e.version;
+          for (const SampleProgress& p : e.samples) s << " " << p.sample << "/" << p.tokens;
         } else {
           s << "released e" << e.engine;
         }
@@ -417,6 +420,94 @@ TEST(OrchestratorTest, InvalidEventsNameTheFieldAndChangeNothing) {
   EXPECT_EQ(core.counters().in_flight, 1);
 }
 
+// An engine paused for an interrupting sync reports all its samples in one event; a
+// report that does not match the pause is refused, naming the field, and changes nothing.
+TEST(OrchestratorTest, PauseReportCoversEveryPausedSampleOnce) {
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 1,
+                                         .partial_rollout = true,
+                                         .prompts_per_step = 1,
+                                         .samples_per_prompt = 2}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(EngineJoined{.time = 0, .engine = 1, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  // Batches 0 and 1 (groups 0 and 1) start; LPT alternates the engines.
+  ASSERT_EQ(All<Dispatch>(out).size(), 2u);
+  EXPECT_EQ(Describe(out.at(0)), "dispatch e0 v0 0/0/1024 2/0/1024");
+  EXPECT_EQ(Describe(out.at(1)), "dispatch e1 v0 1/0/1024 3/0/1024");
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
+  core.Handle(GenerationFinished{.time = 1, .sample = 1, .tokens = 5, .reward = 1}, out);
+  ASSERT_EQ(All<StartTrain>(out).size(), 1u);
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Describe(out[0]), "sync e0 v1 interrupt");
+  EXPECT_EQ(Describe(out[1]), "sync e1 v1 interrupt");
+  out.clear();
+  // A third engine with no weights is synced without an interrupt: it has no pause.
+  core.Handle(EngineJoined{.time = 2, .engine = 2, .max_concurrent = 1, .version = -1}, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]), "sync e2 v1");
+  out.clear();
+
+  auto expect_error = [&](const GenerationPaused& e, const std::string& field) {
+    try {
+      core.Handle(e, out);
+      ADD_FAILURE() << "no error for " << field << ": " << DescribeEvent(e);
+    } catch (const std::invalid_argument& error) {
+      EXPECT_EQ(std::string(error.what()).rfind(field + ":", 0), 0u) << error.what();
+    }
+    EXPECT_TRUE(out.empty());
+    core.CheckInvariants();
+  };
+  auto paused = [](double time, std::int64_t engine, std::int64_t version,
+                   std::vector<SampleProgress> samples) {
+    return GenerationPaused{
+        .time = time, .engine = engine, .version = version, .samples = std::move(samples)};
+  };
+  expect_error(paused(1, 0, 1, {{.sample = 2, .tokens = 7}}), "time");
+  expect_error(paused(3, 7, 1, {}), "engine");                             // not joined
+  expect_error(paused(3, 2, 1, {}), "engine");                             // not pausing
+  expect_error(paused(3, 0, 0, {{.sample = 2, .tokens = 7}}), "version");  // not the sync's
+  expect_error(paused(3, 0, 1, {{.sample = 99, .tokens = 7}}), "samples[0].sample");  // unknown
+  expect_error(paused(3, 0, 1, {{.sample = 3, .tokens = 7}}), "samples[0].sample");   // engine 1's
+  expect_error(paused(3, 0, 1, {{.sample = 0, .tokens = 7}}), "samples[0].sample");   // trained
+  expect_error(paused(3, 0, 1, {{.sample = 2, .tokens = 7}, {.sample = 2, .tokens = 8}}),
+               "samples[1].sample");  // twice
+  expect_error(paused(3, 0, 1, {{.sample = 2, .tokens = -1}}), "samples[0].tokens");
+  expect_error(paused(3, 0, 1, {}), "samples");  // sample 2 left out
+  // Nothing of the refused reports was applied: sample 2 is still unreported.
+  EXPECT_THROW(core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out),
+               std::invalid_argument);
+
+  core.Handle(paused(3, 0, 1, {{.sample = 2, .tokens = 7}}), out);
+  EXPECT_TRUE(out.empty());
+  expect_error(paused(3, 0, 1, {{.sample = 2, .tokens = 7}}), "engine");  // reported already
+  // Engine 1 reports the old way, one GenerationProgressed per sample.
+  core.Handle(GenerationProgressed{.time = 3, .sample = 3, .tokens = 2}, out);
+  core.Handle(WeightsLoaded{.time = 4, .engine = 0, .version = 1}, out);
+  core.Handle(WeightsLoaded{.time = 4, .engine = 1, .version = 1}, out);
+  const std::vector<Resume> resumed = All<Resume>(out);
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(Describe(resumed[0]), "resume e0 v1 2");
+  EXPECT_EQ(Describe(resumed[1]), "resume e1 v1 3");
+  out.clear();
+  expect_error(paused(4, 0, 1, {}), "engine");  // the sync is over
+  core.Handle(GenerationFinished{.time = 5, .sample = 2, .tokens = 10, .reward = 0}, out);
+  core.Handle(GenerationFinished{.time = 5, .sample = 3, .tokens = 10, .reward = 1}, out);
+  ASSERT_EQ(All<StartTrain>(out).size(), 1u);
+  ASSERT_EQ(core.last_batch().size(), 2u);
+  const TrainedSample& x = core.last_batch()[0];
+  EXPECT_EQ(x.sample, 2);
+  ASSERT_EQ(x.spans.size(), 2u);
+  EXPECT_EQ(x.spans[1].version, 1);
+  EXPECT_EQ(x.spans[1].first_token, 7);
+  EXPECT_EQ(core.last_batch()[1].spans.at(1).first_token, 2);
+  core.CheckInvariants();
+}
+
 TEST(OrchestratorTest, FractionAdmitsAShareOfTheNextBatch) {
   // α = 0.5, P = 4, G = 1: batch 0's four groups and ceil(0.5·4) = 2 of batch 1 start
   // on version 0; the admission policy at s = 1 would start all eight.
@@ -680,6 +771,12 @@ struct WorldOptions {
   bool streaming = false;  // train_calls_per_sync = prompts_per_step
   bool colocated = false;  // Mode::kSync only
   std::int64_t max_generating_groups = 0;
+  // How an engine paused by an interrupting sync reports its samples: one
+  // GenerationProgressed per step (spread over the run), all of them at once as
+  // GenerationProgressed events, or at once as one GenerationPaused (the last two draw
+  // the same numbers and must give the same commands).
+  enum class Pause { kSpread, kEachAtOnce, kBatched };
+  Pause pause = Pause::kSpread;
 };
 
 struct World {
@@ -718,6 +815,7 @@ struct World {
   void Apply(const std::vector<Command>& commands) {
     for (const Command& c : commands) {
       log.push_back(Describe(c));
+      command_log.push_back(log.back());
       if (const auto* d = std::get_if<Dispatch>(&c)) {
         EngineState& e = engines.at(d->engine);
         ASSERT_FALSE(e.syncing);
@@ -836,7 +934,28 @@ struct World {
         return;
       }
       if (!e.syncing || rng.UniformInt(0, 2) != 0) continue;
-      if (!e.unreported.empty()) {
+      if (options.pause != WorldOptions::Pause::kSpread && e.interrupted && !e.unreported.empty()) {
+        std::vector<SampleProgress> report;
+        for (const std::int64_t x : e.unreported) {
+          e.running[x] += rng.UniformInt(0, 5);
+          report.push_back({.sample = x, .tokens = e.running[x]});
+        }
+        for (std::size_t i = report.size(); i > 1; --i) {  // any order
+          std::swap(report[i - 1], report[static_cast<std::size_t>(
+                                       rng.UniformInt(0, static_cast<std::int64_t>(i) - 1))]);
+        }
+        e.unreported.clear();
+        ++pauses;
+        paused_samples += static_cast<std::int64_t>(report.size());
+        if (options.pause == WorldOptions::Pause::kBatched) {
+          Feed(GenerationPaused{
+              .time = time, .engine = id, .version = e.sync_version, .samples = report});
+        } else {
+          for (const SampleProgress& p : report) {
+            Feed(GenerationProgressed{.time = time, .sample = p.sample, .tokens = p.tokens});
+          }
+        }
+      } else if (!e.unreported.empty()) {
         const std::int64_t x = *e.unreported.begin();
         e.unreported.erase(e.unreported.begin());
         e.running[x] += rng.UniformInt(0, 5);
@@ -914,6 +1033,9 @@ struct World {
   std::set<std::int64_t> live_groups;
   std::set<std::int64_t> trained;
   std::vector<std::string> log;
+  std::vector<std::string> command_log;
+  std::int64_t pauses = 0;          // pause reports (WorldOptions::pause at once)
+  std::int64_t paused_samples = 0;  // the samples they reported
   std::int64_t next_engine = 0;
   std::int64_t prompts_fed = 0;
   std::int64_t step = 0;
@@ -1021,6 +1143,81 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
 TEST(OrchestratorPropertyTest, RandomInterleavingsKeepTheInvariants) { RunSeeds(1, 300); }
 
 TEST(OrchestratorPropertyTest, ThoroughRandomInterleavings) { RunSeeds(1000, 3000); }
+
+// The state a run leaves, as text: counters, figures, the last batch.
+std::string DescribeState(World& world) {
+  std::ostringstream s;
+  const Counters& c = world.core.counters();
+  s << c.admitted << " " << c.trained << " " << c.filtered << " " << c.buffered << " " << c.queued
+    << " " << c.in_flight << " " << c.admitted_groups << " " << c.trained_groups << " "
+    << c.filtered_groups << " " << c.restarts << " " << c.discarded_tokens << " "
+    << c.stale_restarts << " " << c.stale_discarded_tokens << " " << c.partial_samples << " "
+    << c.trained_tokens << " " << c.steps_started << " " << c.steps_finished << " "
+    << c.engine_failures << " v" << world.core.latest_version() << "\n";
+  const Metrics m = world.core.metrics(world.time);
+  s << m.elapsed_seconds << " " << m.trainer_idle_ratio << " " << m.weight_syncs << " "
+    << m.weight_sync_seconds << " " << m.mean_engine_idle_ratio;
+  for (const double r : m.engine_idle_ratio) s << " " << r;
+  for (const std::int64_t k : m.staleness_histogram) s << " s" << k;
+  for (const std::int64_t k : m.token_staleness_histogram) s << " t" << k;
+  s << "\n";
+  for (const TrainedSample& x : world.core.last_batch()) {
+    s << x.sample << ":" << x.response_tokens;
+    for (const VersionSpan& span : x.spans) s << " v" << span.version << "@" << span.first_token;
+    s << "\n";
+  }
+  return s.str();
+}
+
+// One GenerationPaused gives the same commands and state as the same progress sent as
+// one GenerationProgressed per sample, at the same time and in the same order, on random
+// runs of every mode and policy.
+TEST(OrchestratorPropertyTest, PauseReportEqualsPerSampleReports) {
+  const Mode modes[] = {Mode::kSync, Mode::kOneStepOff, Mode::kAsync};
+  const StalenessPolicy policies[] = {StalenessPolicy::kAdmission, StalenessPolicy::kStrict,
+                                      StalenessPolicy::kFraction};
+  std::int64_t pauses = 0;
+  std::int64_t paused_samples = 0;
+  std::int64_t seeds_with_multi_sample_pauses = 0;
+  for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
+    WorldOptions o{.seed = seed,
+                   .mode = modes[seed % 3 == 0 ? 2 : seed % 3],  // mostly async: it interrupts
+                   .staleness = static_cast<std::int64_t>(seed / 3 % 3),
+                   .policy = policies[(seed / 9) % 3],
+                   .partial = seed % 5 != 0,
+                   .oversample = static_cast<double>(seed % 4) * 0.5,
+                   .faults = seed % 4 != 0,
+                   .events = 500,
+                   .fraction = 0.5,
+                   .streaming = seed % 7 < 2,
+                   .max_generating_groups = seed % 11 < 3 ? 2 : 0};
+    if (o.mode != Mode::kAsync) o.policy = StalenessPolicy::kAdmission;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    o.pause = WorldOptions::Pause::kEachAtOnce;
+    World each(o);
+    o.pause = WorldOptions::Pause::kBatched;
+    World batched(o);
+    for (int i = 0; i < o.events && !::testing::Test::HasFatalFailure(); ++i) {
+      each.Step();
+      batched.Step();
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_EQ(batched.pauses, each.pauses);
+    ASSERT_EQ(batched.command_log, each.command_log) << Tail(batched.log) << "\n---\n"
+                                                     << Tail(each.log);
+    ASSERT_EQ(DescribeState(batched), DescribeState(each));
+    pauses += batched.pauses;
+    paused_samples += batched.paused_samples;
+    seeds_with_multi_sample_pauses += batched.paused_samples > batched.pauses ? 1 : 0;
+  }
+  // Not vacuous: pauses happen, many with several samples.
+  EXPECT_GE(pauses, 3000);
+  EXPECT_GE(paused_samples, pauses + pauses / 2);
+  EXPECT_GE(seeds_with_multi_sample_pauses, 300);
+  std::printf("%lld pause reports of %lld samples (%lld seeds with reports of several)\n",
+              static_cast<long long>(pauses), static_cast<long long>(paused_samples),
+              static_cast<long long>(seeds_with_multi_sample_pauses));
+}
 
 TEST(OrchestratorPropertyTest, SameSeedSameCommands) {
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {

@@ -36,6 +36,9 @@ class Cluster final : public EngineBackend, public TrainerBackend {
     double sync_seconds = 0.5;
     double release_seconds = 0.2;
     double train_seconds = 3.0;
+    // An engine paused by an interrupting sync reports a GenerationProgressed per sample
+    // (an older worker) instead of one GenerationPaused.
+    bool per_sample_progress = false;
   };
   Cluster(const Clock& clock, Timing timing) : clock_(clock), timing_(timing) {}
 
@@ -68,6 +71,7 @@ class Cluster final : public EngineBackend, public TrainerBackend {
       ++syncs_;
       if (transfers != nullptr) sync_transfers_.push_back(*transfers);
       if (sync->interrupt) {
+        GenerationPaused paused{.engine = sync->engine, .version = sync->version};
         for (auto& [sample, run] : running_) {
           if (run.engine != sync->engine || run.paused) continue;
           const auto decoded =
@@ -75,8 +79,13 @@ class Cluster final : public EngineBackend, public TrainerBackend {
           run.tokens = std::min(run.resume_from + decoded, LengthOf(sample));
           run.paused = true;
           ++run.epoch;
-          Due(now, GenerationProgressed{.sample = sample, .tokens = run.tokens});
+          if (timing_.per_sample_progress) {
+            Due(now, GenerationProgressed{.sample = sample, .tokens = run.tokens});
+          } else {
+            paused.samples.push_back({.sample = sample, .tokens = run.tokens});
+          }
         }
+        if (!timing_.per_sample_progress) Due(now, std::move(paused));
       }
       Due(now + timing_.sync_seconds,
           WeightsLoaded{.engine = sync->engine, .version = sync->version});
@@ -382,6 +391,56 @@ TEST(RuntimeTest, SameEventsGiveSameCommandsAndTheLogReplays) {
     for (const Command& c : commands) replayed.push_back(Describe(c));
   }
   EXPECT_EQ(replayed, first);
+}
+
+// Engines that report a pause in one GenerationPaused and engines that report each
+// sample (older workers) give the same run; the pause reports replace every
+// GenerationProgressed, and the logged run replays.
+TEST(RuntimeTest, APauseReportGivesTheSameRunAsPerSampleReports) {
+  std::vector<std::string> commands[2];
+  std::int64_t paused_events[2] = {0, 0};
+  std::int64_t progress_events[2] = {0, 0};
+  std::int64_t events[2] = {0, 0};
+  std::vector<Event> log;
+  for (int run = 0; run < 2; ++run) {
+    ManualClock clock;
+    // Samples of 0.4 to 27 s against a 3 s step: the syncs interrupt many of them.
+    Cluster cluster(clock, {.seconds_per_token = 0.01, .per_sample_progress = run == 1});
+    RuntimeOptions options = AsyncOptions(6);
+    options.on_command = [&commands, run](const Command& c) {
+      commands[run].push_back(Describe(c));
+    };
+    options.on_event = [&, run](const Event& e) {
+      paused_events[run] += std::holds_alternative<GenerationPaused>(e) ? 1 : 0;
+      progress_events[run] += std::holds_alternative<GenerationProgressed>(e) ? 1 : 0;
+      if (run == 0) log.push_back(e);
+    };
+    Runtime runtime(options, cluster, cluster, clock);
+    Drive(runtime, cluster, clock, 5, 128);
+    const RuntimeStatus status = runtime.Status();
+    ASSERT_TRUE(status.done) << status.last_rejection;
+    EXPECT_EQ(status.rejected_events, 0) << status.last_rejection;
+    EXPECT_GT(status.counters.partial_samples, 0);
+    ExpectTrainedOnce(cluster, status);
+    events[run] = status.events;
+    runtime.Stop();
+  }
+  ASSERT_FALSE(commands[0].empty());
+  EXPECT_EQ(commands[0], commands[1]);
+  EXPECT_GE(paused_events[0], 10);
+  EXPECT_EQ(progress_events[0], 0);
+  EXPECT_EQ(paused_events[1], 0);
+  EXPECT_GT(progress_events[1], paused_events[0]);  // a report of several samples
+  EXPECT_EQ(events[1] - events[0], progress_events[1] - paused_events[0]);
+
+  Orchestrator core(AsyncOptions(6).orchestrator);
+  std::vector<std::string> replayed;
+  for (const Event& event : log) {
+    std::vector<Command> out;
+    core.Handle(event, out);
+    for (const Command& c : out) replayed.push_back(Describe(c));
+  }
+  EXPECT_EQ(replayed, commands[0]);
 }
 
 TEST(RuntimeTest, RefusedEventsAreCountedAndTheRunGoesOn) {

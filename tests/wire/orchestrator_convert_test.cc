@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <deque>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,7 +28,12 @@ std::vector<s::Event> OneOfEach() {
           s::GroupFiltered{.time = 7, .group = 2},
           s::TrainStepFinished{.time = 8, .step = 1, .call = 1},
           s::WeightsLoaded{.time = 9, .engine = 5, .version = 2},
-          s::EngineReleased{.time = 10, .engine = 5}};
+          s::EngineReleased{.time = 10, .engine = 5},
+          s::GenerationPaused{.time = 11,
+                              .engine = 5,
+                              .version = 3,
+                              .samples = {{.sample = 14, .tokens = 15}, {.sample = 12}}},
+          s::GenerationPaused{.time = 12, .engine = 6, .version = 4}};
 }
 
 TEST(OrchestratorConvertTest, EveryEventKindRoundTrips) {
@@ -35,6 +43,17 @@ TEST(OrchestratorConvertTest, EveryEventKindRoundTrips) {
     ASSERT_EQ(back.index(), event.index());
     EXPECT_EQ(ToEventMessage(back).SerializeAsString(), message.SerializeAsString());
   }
+  const s::Event paused = ToEvent(ToEventMessage(OneOfEach()[10]));
+  const auto& p = std::get<s::GenerationPaused>(paused);
+  EXPECT_EQ(p.time, 11);
+  EXPECT_EQ(p.engine, 5);
+  EXPECT_EQ(p.version, 3);
+  ASSERT_EQ(p.samples.size(), 2u);
+  EXPECT_EQ(p.samples[0].sample, 14);
+  EXPECT_EQ(p.samples[0].tokens, 15);
+  EXPECT_EQ(p.samples[1].sample, 12);
+  EXPECT_EQ(p.samples[1].tokens, 0);
+  EXPECT_TRUE(ToEventMessage(OneOfEach()[11]).has_generation_paused());
   EXPECT_THROW(ToEvent(v1::OrchestratorEvent{}), FieldError);
 }
 
@@ -131,6 +150,82 @@ TEST(OrchestratorConvertTest, TheEventLogReplaysToTheSameCommands) {
   const ReplayResult other = Replay(changed);
   ASSERT_TRUE(other.first_difference.has_value());
   EXPECT_NE(other.logged, other.replayed);
+}
+
+// An async run with partial rollout whose engines report each pause in one
+// GenerationPaused, logged as the runtime logs it: the log replays to the same commands.
+TEST(OrchestratorConvertTest, ALogWithPauseReportsReplays) {
+  s::SimulatorConfig config = s::DefaultSimulatorConfig();
+  config.orchestrator.mode = s::Mode::kAsync;
+  config.orchestrator.max_staleness = 1;
+  config.orchestrator.partial_rollout = true;
+  config.orchestrator.prompts_per_step = 1;
+  config.orchestrator.samples_per_prompt = 2;
+  config.steps = 3;
+  std::ostringstream out;
+  EventLogWriter writer(out, config);
+  s::Orchestrator core(RunOrchestratorOptions(config));
+  std::map<std::int64_t, std::set<std::int64_t>> running;  // engine -> samples in flight
+  std::deque<s::Event> pending = {s::EngineJoined{.engine = 0, .max_concurrent = 2},
+                                  s::EngineJoined{.engine = 1, .max_concurrent = 2}};
+  for (std::int64_t i = 0; i < 6; ++i) {
+    std::get<s::PromptsAvailable>(pending.emplace_back(s::PromptsAvailable{}))
+        .prompts.push_back({.id = i, .prompt_tokens = 5});
+  }
+  double time = 0;
+  std::int64_t pauses = 0;
+  std::int64_t paused_samples = 0;
+  for (int i = 0; i < 1000 && !core.done(); ++i) {
+    if (pending.empty()) {  // the lowest running sample finishes
+      for (auto& [engine, samples] : running) {
+        if (samples.empty()) continue;
+        const std::int64_t x = *samples.begin();
+        samples.erase(samples.begin());
+        pending.push_back(s::GenerationFinished{
+            .sample = x, .tokens = 20 + x, .reward = static_cast<double>(x % 2)});
+        break;
+      }
+    }
+    ASSERT_FALSE(pending.empty()) << "stuck";
+    s::Event event = pending.front();
+    pending.pop_front();
+    std::visit([&](auto& e) { e.time = time; }, event);
+    time += 0.5;
+    std::vector<s::Command> commands;
+    core.Handle(event, commands);
+    writer.Append(event);
+    for (const s::Command& command : commands) {
+      writer.Append(command);
+      if (const auto* d = std::get_if<s::Dispatch>(&command)) {
+        for (const s::SampleWork& w : d->samples) running[d->engine].insert(w.sample);
+      } else if (const auto* a = std::get_if<s::Abort>(&command)) {
+        for (const std::int64_t x : a->samples) running[a->engine].erase(x);
+      } else if (const auto* t = std::get_if<s::StartTrain>(&command)) {
+        pending.push_back(s::TrainStepFinished{.step = t->step, .call = t->call});
+      } else if (const auto* w = std::get_if<s::SyncWeights>(&command)) {
+        if (w->interrupt) {
+          s::GenerationPaused paused{.engine = w->engine, .version = w->version};
+          for (const std::int64_t x : running[w->engine]) {
+            paused.samples.push_back({.sample = x, .tokens = 3});
+          }
+          ++pauses;
+          paused_samples += static_cast<std::int64_t>(paused.samples.size());
+          pending.push_back(paused);
+        }
+        pending.push_back(s::WeightsLoaded{.engine = w->engine, .version = w->version});
+      }
+    }
+  }
+  writer.Flush();
+  ASSERT_TRUE(core.done());
+  EXPECT_GE(pauses, 2);
+  EXPECT_GE(paused_samples, 2);
+  EXPECT_GT(core.counters().partial_samples, 0);
+  std::istringstream in(out.str());
+  const ReplayResult result = Replay(ReadEventLog(in));
+  EXPECT_FALSE(result.first_difference.has_value()) << result.logged << " vs " << result.replayed;
+  EXPECT_EQ(result.rejected_events, 0);
+  EXPECT_GT(result.commands, 10);
 }
 
 TEST(OrchestratorConvertTest, ABrokenLogIsRefusedWithTheRecordNamed) {

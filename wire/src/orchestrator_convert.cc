@@ -69,6 +69,17 @@ v1::OrchestratorEvent ToEventMessage(const s::Event& event) {
           x->set_time(e.time);
           x->set_engine(e.engine);
           x->set_version(e.version);
+        } else if constexpr (std::is_same_v<T, s::GenerationPaused>) {
+          v1::GenerationPaused* x = m.mutable_generation_paused();
+          x->set_time(e.time);
+          x->set_engine(e.engine);
+          x->set_version(e.version);
+          x->mutable_samples()->Reserve(static_cast<int>(e.samples.size()));
+          for (const s::SampleProgress& p : e.samples) {
+            v1::SampleProgress* progress = x->add_samples();
+            progress->set_sample(p.sample);
+            progress->set_tokens(p.tokens);
+          }
         } else {
           static_assert(std::is_same_v<T, s::EngineReleased>);
           m.mutable_engine_released()->set_time(e.time);
@@ -124,10 +135,21 @@ s::Event ToEvent(const v1::OrchestratorEvent& m) {
     case v1::OrchestratorEvent::kEngineReleased:
       return s::EngineReleased{.time = m.engine_released().time(),
                                .engine = m.engine_released().engine()};
+    case v1::OrchestratorEvent::kGenerationPaused: {
+      const v1::GenerationPaused& x = m.generation_paused();
+      s::GenerationPaused e{.time = x.time(), .engine = x.engine(), .version = x.version()};
+      e.samples.reserve(static_cast<std::size_t>(x.samples_size()));
+      for (const v1::SampleProgress& p : x.samples()) {
+        e.samples.push_back({.sample = p.sample(), .tokens = p.tokens()});
+      }
+      return e;
+    }
     case v1::OrchestratorEvent::KIND_NOT_SET:
       break;
   }
-  Fail("kind", "must be set (one of prompts_available, engine_joined, …, engine_released)");
+  Fail("kind",
+       "must be set (one of prompts_available, engine_joined, …, engine_released, "
+       "generation_paused)");
 }
 
 v1::OrchestratorCommand ToCommandMessage(const s::Command& command) {

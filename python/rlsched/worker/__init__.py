@@ -2,8 +2,9 @@
 to the scheduler over gRPC (``rlsched.v1.Scheduler/Attach``, proto/rlsched/v1/runtime.proto).
 
 Subclass :class:`EngineWorker` (implement ``dispatch``, ``abort``, ``sync_weights``,
-``resume`` and ``release``; report with ``finished``, ``progressed``,
-``weights_loaded``, ``released``) or :class:`TrainerWorker` (implement
+``resume`` and ``release``; report with ``finished``, ``paused`` (once paused for an
+interrupting ``sync_weights``: every paused sample's progress in one report; older
+workers send ``progressed`` per sample), ``weights_loaded``, ``released``) or :class:`TrainerWorker` (implement
 ``start_train``; report with ``step_finished``), then call ``run()``. The base class
 handles the stream, the hello with the run's token, heartbeats and retries while the
 scheduler is not yet listening. :mod:`rlsched.worker.emulated` has emulated workers.

@@ -4,7 +4,7 @@ import os
 import queue
 import threading
 import time
-from typing import Optional
+from typing import Iterable, Optional, Tuple
 
 import grpc
 
@@ -155,8 +155,18 @@ class EngineWorker(Worker):
             sample=sample, tokens=tokens, reward=reward))
 
     def progressed(self, sample: int, tokens: int) -> None:
+        """One sample's progress (an older way to report a pause: one per sample)."""
         self.send_event(generation_progressed=rollout_pb2.GenerationProgressed(
             sample=sample, tokens=tokens))
+
+    def paused(self, version: int, samples: Iterable[Tuple[int, int]]) -> None:
+        """The pause of an interrupting ``sync_weights`` (``version``: its version),
+        reported once the engine is paused and idle: ``(sample, tokens)`` for every
+        sample it paused, each once (an empty list when none was left running)."""
+        self.send_event(generation_paused=rollout_pb2.GenerationPaused(
+            engine=self.engine, version=version,
+            samples=[rollout_pb2.SampleProgress(sample=sample, tokens=tokens)
+                     for sample, tokens in samples]))
 
     def weights_loaded(self, version: int) -> None:
         self.version = version

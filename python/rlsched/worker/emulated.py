@@ -204,10 +204,13 @@ class EmulatedEngine(EngineWorker):
         with self._lock:
             now = self._advance()
             if sync.interrupt:
+                # Paused at once (between decode steps): one report for all its samples.
+                report = []
                 for sample, run in self._running.items():
                     if not run.paused:
                         run.paused = True
-                        self.progressed(sample, int(run.tokens))
+                        report.append((sample, int(run.tokens)))
+                self.paused(sync.version, report)
             delay = self.sync_seconds + (self.resume_seconds if self._released else 0.0)
             self._released = False
             self._at(now + delay, lambda: self.weights_loaded(sync.version))

@@ -63,9 +63,10 @@
 //
 //   Weight sync. When step t finishes, version t + 1 exists. With partial rollout,
 //   every engine gets SyncWeights with interrupt = true: the driver stops its
-//   generations, reports their progress (GenerationProgressed), loads the weights and
-//   reports WeightsLoaded; the core then sends Resume, and the samples continue under
-//   the new version (their version spans record this). Without partial rollout an
+//   generations, reports their progress (one GenerationPaused once the engine is paused
+//   and idle, or a GenerationProgressed per sample), loads the weights and reports
+//   WeightsLoaded; the core then sends Resume, and the samples continue under the new
+//   version (their version spans record this). Without partial rollout an
 //   engine takes no new work once a newer version exists, drains, then syncs. In
 //   one_step_off and sync, engines sync only when idle.
 //
@@ -153,11 +154,29 @@ struct EngineFailed {  // its samples come back; progress kept per option
   std::int64_t engine = 0;
 };
 // A sample's total generated tokens so far (at least the last reported). Required
-// after SyncWeights{interrupt = true}, for every sample then in flight on the engine.
+// after SyncWeights{interrupt = true}, for every sample then in flight on the engine,
+// unless the engine reports them all in one GenerationPaused.
 struct GenerationProgressed {
   double time = 0;
   std::int64_t sample = 0;
   std::int64_t tokens = 0;
+};
+struct SampleProgress {
+  std::int64_t sample = 0;
+  std::int64_t tokens = 0;  // response tokens so far, >= the last reported
+};
+// The engine paused for SyncWeights{version, interrupt = true} and is idle: every
+// sample it paused (those still in flight on it), each once, with its progress. The
+// same state and commands as a GenerationProgressed per sample at `time`, in this
+// order; one report per interrupting sync (then WeightsLoaded). Refused, naming
+// engine, version or samples[i].sample / .tokens, for an engine not pausing (or already
+// reported), another version, a sample not paused on it, a duplicate, tokens below the
+// last reported, or a paused sample left out ("samples").
+struct GenerationPaused {
+  double time = 0;
+  std::int64_t engine = 0;
+  std::int64_t version = 0;  // the SyncWeights command's
+  std::vector<SampleProgress> samples;
 };
 struct GenerationFinished {
   double time = 0;
@@ -189,7 +208,7 @@ struct WeightsLoaded {
 
 using Event = std::variant<PromptsAvailable, EngineJoined, EngineLeft, EngineFailed,
                            GenerationProgressed, GenerationFinished, GroupFiltered,
-                           TrainStepFinished, WeightsLoaded, EngineReleased>;
+                           TrainStepFinished, WeightsLoaded, EngineReleased, GenerationPaused>;
 
 // ---- Commands (core → driver). ----
 
@@ -214,7 +233,8 @@ struct Abort {
   std::vector<std::int64_t> samples;
 };
 // Load `version` on the engine; with interrupt, pause its generations first and
-// report their progress, then WeightsLoaded.
+// report their progress (GenerationPaused, or GenerationProgressed per sample), then
+// WeightsLoaded.
 struct SyncWeights {
   std::int64_t engine = 0;
   std::int64_t version = 0;

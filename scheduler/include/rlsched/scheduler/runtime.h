@@ -116,7 +116,7 @@ struct EngineTransfers {
 // The engine a command is for; -1 for StartTrain (the trainer's). O(1).
 std::int64_t EngineOf(const Command& command);
 // The engine an engine-scoped event names (EngineJoined, EngineLeft, EngineFailed,
-// WeightsLoaded, EngineReleased); nullopt for the others. O(1).
+// WeightsLoaded, EngineReleased, GenerationPaused); nullopt for the others. O(1).
 std::optional<std::int64_t> EngineOf(const Event& event);
 
 class EngineBackend {
