@@ -116,7 +116,7 @@ def policy_loss(model, batch: Sequence[dict], clip: float = 0.2):
 
 def train_in_process(task, model, steps: int, prompts_per_step: int, samples_per_prompt: int,
                      seed: int = 0, lr: float = 3e-3, epochs: int = 1,
-                     log=None) -> List[float]:
+                     max_grad_norm: float = 0.0, log=None) -> List[float]:
     """GRPO in one process (generate, then train, one optimizer step per batch): the
     mean reward of each step's samples, generated before the step's update."""
     torch.manual_seed(seed)
@@ -148,6 +148,8 @@ def train_in_process(task, model, steps: int, prompts_per_step: int, samples_per
             optimizer.zero_grad()
             loss, tokens = policy_loss(model, batch)
             (loss / tokens).backward()
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
         curve.append(sum(rewards) / len(rewards))
         if log:
@@ -174,12 +176,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--max-grad-norm", type=float, default=0.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     task = ReverseTask(args.digits, args.alphabet, args.seed)
     model = load_model(seed=args.seed)
     train_in_process(task, model, args.steps, args.prompts, args.group, args.seed, args.lr,
-                     args.epochs, log=print)
+                     args.epochs, args.max_grad_norm, log=print)
     return 0
 
 

@@ -257,6 +257,7 @@ def summarize(args, report, reports, statuses, wall) -> dict:
         "partial_samples_counted": (0 <= trainer.get("partial_samples", -1) <=
                                     int(counters.get("partial_samples", 0))),
         "weights_identical": not mismatched and loads > 0,
+        "weight_sync_clean": trainer.get("sync_error") is None,
     }
     head = curve[:max(1, len(curve) // 4)]
     tail = curve[-max(1, len(curve) // 4):]

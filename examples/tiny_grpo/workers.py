@@ -353,6 +353,8 @@ class TinyTrainer(TrainerWorker):
         if weight_sync is not None:
             # The sync thread sends every version in order (version 0 first).
             self._versions: "queue.Queue" = queue.Queue()
+            self._sending = threading.Condition()
+            self._queued, self._sent = 1, 0
             self._versions.put(self._snapshot())
             threading.Thread(target=self._send_versions, daemon=True).start()
         self.steps: List[dict] = []
@@ -423,6 +425,8 @@ class TinyTrainer(TrainerWorker):
             else:
                 snapshot = self._snapshot()
                 self.published[call.step + 1] = weights_digest(snapshot)
+                with self._sending:
+                    self._queued += 1
                 self._versions.put(snapshot)
         self.steps.append(record)
         if self.csv_path:
@@ -441,9 +445,27 @@ class TinyTrainer(TrainerWorker):
         try:
             while True:
                 self.weight_sync.send(self._versions.get())
+                with self._sending:
+                    self._sent += 1
+                    self._sending.notify_all()
         except Exception as e:  # a lost engine: the collective times out
-            self.sync_error = f"{type(e).__name__}: {e}"
+            with self._sending:
+                self.sync_error = f"{type(e).__name__}: {e}"
+                self._sending.notify_all()
             print(f"trainer: weight sync failed: {self.sync_error}", file=sys.stderr, flush=True)
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Waits until the engines took every version published (the last sync of a run
+        may still be moving when the run says goodbye); the trainer must not leave the
+        gloo world before."""
+        if self.weight_sync is None:
+            return
+        with self._sending:
+            if not self._sending.wait_for(
+                    lambda: self._sent == self._queued or self.sync_error is not None,
+                    timeout=timeout):
+                self.sync_error = (f"the engines took {self._sent} of {self._queued} versions "
+                                   f"within {timeout} s of the end")
 
     def report(self) -> dict:
         return {"trained": self.trained,
@@ -490,12 +512,19 @@ def main(argv=None) -> int:
                              seed=args.seed, csv_path=args.csv, weight_sync=weight_sync)
     try:
         reason = worker.run()
+        if args.role == "trainer":
+            worker.drain()
     finally:
         report = worker.report()
         report["goodbye"] = worker.goodbye
         write_json_atomic(args.report, report)
-    return 0 if reason == "done" else 1
+    return 0 if reason == "done" and not getattr(worker, "sync_error", None) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: gloo's threads do not survive the destruction of
+    # the process group at exit ("terminate called without an active exception").
+    os._exit(status)

@@ -265,6 +265,15 @@ def test_live_sync_and_async_runs(rlsched_bin, tmp_path):
     summary, reports, report = _live(rlsched_bin, sync_out, "--mode", "sync", "--steps", "3")
     _check_live(sync_out, summary, reports, report, steps=3, max_staleness=0)
     assert summary["max_token_staleness"] == 0
+    # Sync mode trains what GRPO in one process trains (the same prompts, the same
+    # sampling seeds per sample, run.py's defaults: lr 3e-3, 4 passes): the same mean
+    # reward at every step, although the live run generated on two engines in batches
+    # of its own and trained in the step plan's micro-batches.
+    reference = grpo.train_in_process(ReverseTask(3, 4, 0), load_model(seed=0), steps=3,
+                                      prompts_per_step=8, samples_per_prompt=8, seed=0,
+                                      lr=3e-3, epochs=4)
+    live = [s["mean_reward"] for s in reports["trainer"]["steps"]]
+    assert live == pytest.approx(reference, abs=1e-12)
 
     # Engines paced (a decode step at least 0.1 s, 8 samples at once) so that a batch
     # generates longer than a step trains: the weight syncs find samples in flight.
