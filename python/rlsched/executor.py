@@ -47,9 +47,11 @@ against the plan's trainer and engine ranks, each sent tensor present with the s
 number of dims, the slice inside its shape and bytes equal to elements x element size,
 each destination tensor present and the slice inside it with the same element size and
 shape, source and destination slices with the same shape (dims of size 1 aside), and no
-destination tensor written more elements than it has. The plan file does not record the
-layouts it was made for, so a plan for another layout with the same world size and the
-same tensor shapes is caught only by comparing the results (``reshard_run --check``).
+destination tensor written more elements than it has; and, when the caller says which
+layouts its world runs (``layout``, see :func:`world_layout`), each against the layouts
+the plan records it was made for (``ReshardPlan.train``, ``infer``, ``topology``,
+``target_dtype``): two layouts of one world size can give slices of the same shapes
+(a plan for trainer TP 2 run by DP 2 ranks), which only this check tells apart.
 
 fp8 targets (``--target-dtype fp8_block128``): an engine's linear weights are fp8 e4m3
 in 128 x 128 blocks (torch 1.13 has no float8 type: destination tensors hold the bits as
@@ -140,6 +142,67 @@ class RankPlan:
     colocated: bool
     transfers: List[Transfer]
     summary: dict  # the plan's summary fields (bytes_moved, estimate_seconds, ...)
+    # What the plan was made for, as :func:`world_layout` gives it; None for a plan that
+    # does not record it (written by an rlsched before the plan carried its layouts).
+    made_for: Optional[dict] = None
+
+
+_TRAIN_SIZES = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp")
+_TARGET_DTYPES = {"TARGET_DTYPE_UNSPECIFIED": "bf16", "TARGET_DTYPE_BF16": "bf16",
+                  "TARGET_DTYPE_FP8_BLOCK128": "fp8_block128", 0: "bf16", 1: "bf16",
+                  2: "fp8_block128", "bf16": "bf16", "fp8": "fp8_block128",
+                  "fp8_block128": "fp8_block128"}
+
+
+def _fields(layout) -> dict:
+    if layout is None:
+        return {}
+    if dataclasses.is_dataclass(layout):
+        return dataclasses.asdict(layout)
+    return dict(layout)
+
+
+def world_layout(train, infer, colocated: bool = False, target_dtype: str = "bf16") -> dict:
+    """The layouts a world runs, in the form plans record them: `train` a mapping (or
+    ``executor_layouts.Train``) of Megatron sizes tp, pp, vpp, ep, etp, cp, dp (absent or
+    0: 1) and optionally first_stage_layers / last_stage_layers / layers_per_chunk;
+    `infer` a mapping (or ``executor_layouts.Infer``) of tp, replicas, expert_parallel
+    (or ``ep``) and round_robin_experts; `target_dtype` bf16 or fp8_block128 (fp8)."""
+    t, i = _fields(train), _fields(infer)
+    out_train = {k: int(t.get(k) or 1) for k in _TRAIN_SIZES}
+    for key in ("first_stage_layers", "last_stage_layers"):
+        if t.get(key) is not None:
+            out_train[key] = int(t[key])
+    chunks = [int(n) for n in t.get("layers_per_chunk") or ()]
+    if chunks:
+        out_train["layers_per_chunk"] = chunks
+    expert_parallel = bool(i.get("expert_parallel", i.get("ep", False)))
+    out_infer = {"tp": int(i.get("tp") or 1), "replicas": int(i.get("replicas") or 1),
+                 "expert_parallel": expert_parallel,
+                 "round_robin_experts": bool(i.get("round_robin_experts", False))}
+    if target_dtype not in _TARGET_DTYPES:
+        raise ValueError(f"target_dtype: {target_dtype!r} is not bf16 or fp8_block128")
+    return {"train": out_train, "infer": out_infer, "colocated": bool(colocated),
+            "target_dtype": _TARGET_DTYPES[target_dtype]}
+
+
+def _made_for(train, infer, topology, target_dtype, get) -> Optional[dict]:
+    """The recorded layouts of a plan's summary (JSON dicts or protobuf messages, read
+    through `get(message, field, default)`), or None when the plan has none."""
+    if train is None or infer is None:
+        return None
+    placement = get(infer, "expert_placement", 0)
+    made_for = world_layout(
+        {**{k: get(train, k, 1) for k in _TRAIN_SIZES},
+         "first_stage_layers": get(train, "first_stage_layers", None),
+         "last_stage_layers": get(train, "last_stage_layers", None),
+         "layers_per_chunk": get(train, "layers_per_chunk", ())},
+        {"tp": get(infer, "tp", 1), "replicas": get(infer, "replicas", 1),
+         "expert_parallel": get(infer, "expert_parallel", False),
+         "round_robin_experts": placement in (2, "EXPERT_PLACEMENT_ROUND_ROBIN")},
+        colocated=bool(get(topology, "colocated", False)) if topology is not None else False,
+        target_dtype=target_dtype if target_dtype in _TARGET_DTYPES else "bf16")
+    return made_for
 
 
 # ---------------------------------------------------------------------------------
@@ -202,9 +265,16 @@ def plan_from_json(plan: dict, rank: int) -> RankPlan:
     mine = [t for t in transfers if t.src_rank == rank or rank in t.dst_ranks]
     summary = {k: plan.get(k) for k in _SUMMARY_FIELDS if k in plan}
     summary["num_transfers"] = len(transfers)
+    try:
+        made_for = _made_for(plan.get("train"), plan.get("infer"), plan.get("topology"),
+                             plan.get("target_dtype", "bf16"),
+                             lambda m, k, d: m.get(k, d))
+    except (TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"train / infer / topology: not the layouts of rlsched.v1.ReshardPlan "
+                         f"({type(error).__name__}: {error})") from None
     return RankPlan(rank=rank, trainer_ranks=trainer_ranks, engine_ranks=engine_ranks,
                     num_buckets=int(plan.get("num_buckets", 0)), world_size=world,
-                    colocated=colocated, transfers=mine, summary=summary)
+                    colocated=colocated, transfers=mine, summary=summary, made_for=made_for)
 
 
 def _read_delimited(f, message_type):
@@ -260,9 +330,17 @@ def plan_from_binpb(path: str, rank: int) -> RankPlan:
                     dst_slice=tuple(zip(t.dst_slice[0::2], t.dst_slice[1::2])),
                     bytes=t.bytes, quantize=int(t.quantize)))
     summary = {k: getattr(s, k) for k in _SUMMARY_FIELDS}
+
+    def get(message, field, default):
+        if field in ("first_stage_layers", "last_stage_layers"):
+            return getattr(message, field) if message.HasField(field) else default
+        return getattr(message, field)
+
+    made_for = (_made_for(s.train, s.infer, s.topology, int(s.target_dtype), get)
+                if s.HasField("train") and s.HasField("infer") else None)
     return RankPlan(rank=rank, trainer_ranks=s.trainer_ranks, engine_ranks=s.engine_ranks,
                     num_buckets=s.num_buckets, world_size=world, colocated=colocated,
-                    transfers=transfers, summary=summary)
+                    transfers=transfers, summary=summary, made_for=made_for)
 
 
 def load_plan(path: str, rank: int) -> RankPlan:
@@ -323,17 +401,48 @@ def scale_shape(shape: Sequence[int]) -> Tuple[int, ...]:
     return tuple(shape[:-2]) + (-(-shape[-2] // FP8_BLOCK), -(-shape[-1] // FP8_BLOCK))
 
 
+def check_layout(plan: RankPlan, layout: dict) -> List[Tuple[int, str, str]]:
+    """The differences between the layouts the plan was made for and `layout` (as
+    :func:`world_layout` gives it), as (rank, field, text): one per field that differs."""
+    if plan.made_for is None:
+        return [(plan.rank, "train", "the plan does not record the layouts it was made for "
+                                     "(planned by an older rlsched): plan it again")]
+    problems: List[Tuple[int, str, str]] = []
+    want = plan.made_for
+    for part in ("train", "infer"):
+        keys = sorted(set(want[part]) | set(layout[part]))
+        for key in keys:
+            a, b = want[part].get(key), layout[part].get(key)
+            if a != b:
+                problems.append((plan.rank, f"{part}.{key}",
+                                 f"the plan is for {part}.{key} = {a}, this world runs {b}"))
+    for key in ("colocated", "target_dtype"):
+        if want[key] != layout[key]:
+            field = "topology.colocated" if key == "colocated" else key
+            problems.append((plan.rank, field,
+                             f"the plan is for {field} = {want[key]}, this world runs "
+                             f"{layout[key]}"))
+    return problems
+
+
 def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Tensor"],
-               destinations: Optional[Mapping[str, "torch.Tensor"]]) -> List[Tuple[int, str, str]]:
-    """This rank's problems with the plan, as (rank, field, text); empty when it fits."""
+               destinations: Optional[Mapping[str, "torch.Tensor"]],
+               layout: Optional[dict] = None) -> List[Tuple[int, str, str]]:
+    """This rank's problems with the plan, as (rank, field, text); empty when it fits.
+    `layout`: the layouts this world runs (:func:`world_layout`), checked after the world
+    size against the ones the plan was made for; None: not checked."""
     rank = plan.rank
     problems: List[Tuple[int, str, str]] = []
     if world_size != plan.world_size:
-        layout = "colocated" if plan.colocated else "on separate GPUs"
+        where = "colocated" if plan.colocated else "on separate GPUs"
         problems.append((rank, "world_size",
                          f"the plan is for {plan.world_size} ranks ({plan.trainer_ranks} trainer, "
-                         f"{plan.engine_ranks} engine, {layout}), this world has {world_size}"))
+                         f"{plan.engine_ranks} engine, {where}), this world has {world_size}"))
         return problems
+    if layout is not None:
+        problems = check_layout(plan, layout)
+        if problems:
+            return problems
     written: Dict[str, int] = {}
     for t in plan.transfers:
         where = f"transfer {t.index} (bucket {t.bucket})"
@@ -602,7 +711,8 @@ class Executor:
                  on_slice: Optional[Callable[[str, "torch.Tensor", Slice], None]] = None,
                  dtype=None, device=None,
                  direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES,
-                 timeout: Optional["datetime.timedelta"] = None):
+                 timeout: Optional["datetime.timedelta"] = None,
+                 layout: Optional[dict] = None):
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
 
@@ -624,7 +734,7 @@ class Executor:
             problems = [(self.rank, "rank", f"the plan part was read for rank {plan.rank}, "
                                             f"this process is rank {self.rank}")]
         else:
-            problems = check_plan(plan, world, self.sources, destinations)
+            problems = check_plan(plan, world, self.sources, destinations, layout)
         self.buckets = ([[c for c in cs if self.rank == c.src or self.rank in c.dst_ranks]
                          for cs in schedule(plan.transfers, direct_min_bytes)]
                         if not problems else [])
@@ -887,7 +997,8 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
             on_slice: Optional[Callable[[str, "torch.Tensor", Slice], None]] = None,
             dtype=None, device=None,
             direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES,
-            timeout: Optional["datetime.timedelta"] = None) -> ExecuteStats:
+            timeout: Optional["datetime.timedelta"] = None,
+            layout: Optional[dict] = None) -> ExecuteStats:
     """Runs `plan` (this rank's part) once on the initialised default process group:
     ``Executor(...).run()``. For a sync at every step, keep the :class:`Executor` (its
     checks and process groups are made once).
@@ -902,7 +1013,10 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
     move alone and without staging where their slice is contiguous (None: pack all);
     every rank must pass the same value. `timeout`: how long one collective of a sync may
     wait (the broadcasts' process groups are made with it, a send/recv waits that long);
-    None: the default process group's timeout.
+    None: the default process group's timeout. `layout`: the layouts this world runs
+    (:func:`world_layout`); the plan is refused when it was made for others (None: not
+    checked; pass it, as a plan for another layout of the same world size can fit every
+    tensor shape).
 
     Every rank of the world must call it with the same plan file. Raises
     :class:`PlanMismatchError` on every rank, before any byte moves, when the plan does
@@ -910,4 +1024,4 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
     RuntimeError. Returns this rank's :class:`ExecuteStats`.
     """
     return Executor(plan, sources, destinations, on_slice, dtype=dtype, device=device,
-                    direct_min_bytes=direct_min_bytes, timeout=timeout).run()
+                    direct_min_bytes=direct_min_bytes, timeout=timeout, layout=layout).run()

@@ -146,7 +146,8 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
         ex = executor.Executor(plan, sources=sources, destinations=destinations,
                                on_slice=on_slice, dtype=model.dtype,
                                direct_min_bytes=cfg["direct_min_bytes"],
-                               timeout=datetime.timedelta(seconds=cfg["timeout"]))
+                               timeout=datetime.timedelta(seconds=cfg["timeout"]),
+                               layout=cfg["layout"])
         if rank == cfg["fault_rank"]:  # fault injection, before the sync
             if cfg["fault"] == "stall":  # alive, silent past the others' timeout
                 time.sleep(cfg["timeout"] + 1.0)
@@ -257,6 +258,7 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
                "colocated": colocated, "plan": plan_path, "check": check, "deliver": deliver,
                "syncs": syncs, "fp8": target_dtype == "fp8_block128", "fault_rank": fault_rank,
                "fault": fault,
+               "layout": executor.world_layout(t, i, colocated, target_dtype),
                "direct_min_bytes": (executor.DIRECT_MIN_BYTES if direct_min_bytes is None
                                     else direct_min_bytes or None)}
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -703,6 +703,7 @@ void Planner::Cost() {
 }
 
 ReshardPlan Planner::Run() {
+  plan_.options = o_;
   plan_.trainer_ranks = o_.train.world_size();
   plan_.engine_ranks = o_.infer.tp * o_.infer.replicas;
   BuildSources();

@@ -187,10 +187,13 @@ def test_wrong_source_rank_is_caught_by_the_check(tmp_path):
 @pytest.mark.parametrize("plan_layout,run_layout,field", [
     # A plan for 3 ranks (TP 2 trainer) run by a 2-rank world.
     (({"tp": 2}, {"tp": 1}), ({"tp": 1}, {"tp": 1}), "world_size"),
-    # Engine TP 1 (whole tensors) into engine TP 2 shards: slices do not fit.
-    (({"tp": 1}, {"tp": 1, "replicas": 2}), ({"tp": 1}, {"tp": 2}), "dst_slice"),
-    # Trainer TP 2 into a PP 2 trainer: rank 0 lacks the last layer.
-    (({"tp": 2}, {"tp": 1}), ({"pp": 2}, {"tp": 1}), "src_param"),
+    # Engine TP 1 (whole tensors) into engine TP 2 shards (the slices would not fit).
+    (({"tp": 1}, {"tp": 1, "replicas": 2}), ({"tp": 1}, {"tp": 2}), "infer.tp"),
+    # Trainer TP 2 into a PP 2 trainer (rank 0 would lack the last layer).
+    (({"tp": 2}, {"tp": 1}), ({"pp": 2}, {"tp": 1}), "train.pp"),
+    # Trainer TP 2 into DP 2 ranks: every slice fits the DP ranks' whole tensors, so
+    # only the layouts the plan records tell them apart.
+    (({"tp": 2}, {"tp": 1}), ({"dp": 2}, {"tp": 1}), "train.tp"),
 ])
 def test_mismatched_plan_is_refused_before_any_transfer(tmp_path, plan_layout, run_layout, field):
     path, _ = write_plan(tmp_path, "llama", *plan_layout)
@@ -198,6 +201,53 @@ def test_mismatched_plan_is_refused_before_any_transfer(tmp_path, plan_layout, r
     assert not s["ok"] and "refused" in s, s
     assert f": {field}" in s["refused"]
     assert "buckets" not in s  # no rank started the transfers
+
+
+def test_plans_record_the_layouts_they_were_made_for(tmp_path):
+    # JSON and binary plans carry the request's layouts, sizes filled in.
+    train, infer = {"tp": 2, "first_stage_layers": 1, "pp": 2}, {"tp": 1, "replicas": 2}
+    path, plan = write_plan(tmp_path, "llama", train, infer)
+    want = executor.world_layout(train, infer)
+    assert want["train"] == {"tp": 2, "pp": 2, "vpp": 1, "ep": 1, "etp": 1, "cp": 1, "dp": 1,
+                             "first_stage_layers": 1}
+    assert executor.plan_from_json(plan, 0).made_for == want
+    binary = str(tmp_path / "plan.binpb")
+    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), train, infer,
+                                  False, 1, binary)
+    assert executor.load_plan(binary, 4).made_for == want
+    colocated, _ = write_plan(tmp_path, "llama", {"tp": 2}, {"tp": 1}, colocated=True,
+                              name="colocated.json")
+    assert executor.load_plan(colocated, 0).made_for == executor.world_layout(
+        {"tp": 2}, {"tp": 1}, colocated=True)
+
+
+def test_layout_check_names_each_field_that_differs(tmp_path):
+    path, plan = write_plan(tmp_path, "llama", {"tp": 2}, {"tp": 1})
+    part = executor.plan_from_json(plan, 0)
+    model = lay.parse_config(open(config("llama")).read())
+    full = lay.full_tensors(model)
+    # DP 2 ranks hold whole tensors: every TP 2 slice fits, so the slices alone pass.
+    dp_sources = lay.megatron_shards(model, lay.Train(dp=2), 0, full)
+    assert executor.check_plan(part, 3, dp_sources, None) == []
+    problems = executor.check_plan(part, 3, dp_sources, None,
+                                   executor.world_layout({"dp": 2}, {"tp": 1}))
+    assert sorted(f for _, f, _ in problems) == ["train.dp", "train.tp"], problems
+    assert "the plan is for train.tp = 2, this world runs 1" in [t for _, _, t in problems]
+    # The same layouts pass; the target dtype and the placement are compared too.
+    same = executor.world_layout({"tp": 2}, {"tp": 1})
+    assert executor.check_plan(part, 3, lay.megatron_shards(model, lay.Train(tp=2), 0, full),
+                               None, same) == []
+    other = executor.world_layout({"tp": 2}, {"tp": 1}, colocated=True, target_dtype="fp8")
+    assert sorted(f for _, f, _ in executor.check_layout(part, other)) == [
+        "target_dtype", "topology.colocated"]
+    # A plan without its layouts (an older rlsched) is refused when a layout is given.
+    for key in ("train", "infer", "topology", "target_dtype", "bucket_bytes"):
+        plan.pop(key, None)
+    old = executor.plan_from_json(plan, 0)
+    assert old.made_for is None
+    assert executor.check_layout(old, same)[0][1] == "train"
+    with pytest.raises(ValueError, match="target_dtype"):
+        executor.world_layout({}, {}, target_dtype="int4")
 
 
 def test_shifted_slice_out_of_bounds_is_refused(tmp_path):

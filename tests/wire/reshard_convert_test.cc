@@ -1,6 +1,7 @@
 #include "rlsched/wire/reshard_convert.h"
 
 #include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
@@ -141,6 +142,67 @@ TEST(ReshardConvertTest, ValuesPassThrough) {
   const v1::ReshardPlan plan = SolveReshard(request);
   EXPECT_EQ(plan.trainer_ranks(), 8);
   EXPECT_EQ(plan.engine_ranks(), 8);
+
+  // The plan records what it was made for: the request's layouts, topology, bucket
+  // budget and target dtype, as given (every size was set).
+  request.set_target_dtype(v1::TARGET_DTYPE_BF16);
+  const v1::ReshardPlan recorded = SolveReshard(request);
+  using google::protobuf::util::MessageDifferencer;
+  EXPECT_TRUE(MessageDifferencer::Equals(recorded.train(), request.train()))
+      << recorded.train().DebugString();
+  EXPECT_TRUE(MessageDifferencer::Equals(recorded.infer(), request.infer()))
+      << recorded.infer().DebugString();
+  EXPECT_TRUE(MessageDifferencer::Equals(recorded.topology(), request.topology()))
+      << recorded.topology().DebugString();
+  EXPECT_EQ(recorded.bucket_bytes(), 1 << 20);
+  EXPECT_EQ(recorded.target_dtype(), v1::TARGET_DTYPE_BF16);
+}
+
+// A request's unset sizes are recorded as the planner used them (1, the default
+// topology and bucket budget, bf16, contiguous experts), in the JSON and binary plans
+// too, so that an executor can compare them with its world's layouts.
+TEST(ReshardConvertTest, PlanRecordsDefaultsFilledIn) {
+  v1::ReshardRequest request;
+  request.set_model_config_json(kTinyLlama);
+  request.mutable_train()->set_tp(2);
+  request.mutable_train()->set_first_stage_layers(1);
+  request.mutable_train()->set_pp(2);
+  request.mutable_infer()->set_replicas(2);
+  request.mutable_topology()->set_colocated(true);
+  const v1::ReshardPlan plan = SolveReshard(request);
+  const v1::TrainLayout& t = plan.train();
+  EXPECT_EQ(std::vector<std::int64_t>({t.tp(), t.pp(), t.vpp(), t.ep(), t.etp(), t.cp(), t.dp()}),
+            (std::vector<std::int64_t>{2, 2, 1, 1, 1, 1, 1}));
+  ASSERT_TRUE(t.has_first_stage_layers());
+  EXPECT_EQ(t.first_stage_layers(), 1);
+  EXPECT_FALSE(t.has_last_stage_layers());
+  EXPECT_EQ(t.layers_per_chunk_size(), 0);
+  EXPECT_EQ(plan.infer().tp(), 1);
+  EXPECT_EQ(plan.infer().replicas(), 2);
+  EXPECT_FALSE(plan.infer().expert_parallel());
+  EXPECT_EQ(plan.infer().expert_placement(), v1::EXPERT_PLACEMENT_CONTIGUOUS);
+  EXPECT_TRUE(plan.topology().colocated());
+  EXPECT_EQ(plan.topology().gpus_per_node(), 8);
+  EXPECT_EQ(plan.topology().intra_node_gb_per_s(), 400.0);
+  EXPECT_EQ(plan.topology().inter_node_gb_per_s(), 50.0);
+  EXPECT_EQ(plan.bucket_bytes(), kDefaultBucketBytes);
+  EXPECT_EQ(plan.target_dtype(), v1::TARGET_DTYPE_BF16);
+
+  // The same summary heads the binary plan and closes the JSON plan.
+  const rollout::ReshardPlan planned =
+      rollout::PlanReshard(ToModelConfig(request), ToReshardOptions(request));
+  std::stringstream binary;
+  WriteReshardPlanBinary(planned, binary);
+  const v1::ReshardPlanIndex index = ReadReshardPlanIndex(binary);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(index.summary().train(), t));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(index.summary().topology(),
+                                                                 plan.topology()));
+  std::stringstream json;
+  WriteReshardPlanJson(planned, json);
+  v1::ReshardPlan parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.str(), &parsed).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed.infer(), plan.infer()));
+  EXPECT_EQ(parsed.bucket_bytes(), kDefaultBucketBytes);
 }
 
 // Megatron-core's uneven pipeline split: refused unless the first / last stage's

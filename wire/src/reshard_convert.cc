@@ -173,6 +173,52 @@ rollout::TargetDtype ToTargetDtype(v1::TargetDtype dtype) {
   }
 }
 
+// The layouts a plan was made for, every size as the planner used it.
+v1::TrainLayout ToTrainLayoutMessage(const rollout::TrainLayout& train) {
+  v1::TrainLayout message;
+  message.set_tp(train.tp);
+  message.set_pp(train.pp);
+  message.set_vpp(train.vpp);
+  message.set_ep(train.ep);
+  message.set_etp(train.etp);
+  message.set_cp(train.cp);
+  message.set_dp(train.dp);
+  message.mutable_layers_per_chunk()->Add(train.layers_per_chunk.begin(),
+                                          train.layers_per_chunk.end());
+  if (train.first_stage_layers) message.set_first_stage_layers(*train.first_stage_layers);
+  if (train.last_stage_layers) message.set_last_stage_layers(*train.last_stage_layers);
+  return message;
+}
+
+v1::InferLayout ToInferLayoutMessage(const rollout::InferLayout& infer) {
+  v1::InferLayout message;
+  message.set_tp(infer.tp);
+  message.set_replicas(infer.replicas);
+  message.set_expert_parallel(infer.expert_parallel);
+  message.set_expert_placement(infer.round_robin_experts ? v1::EXPERT_PLACEMENT_ROUND_ROBIN
+                                                         : v1::EXPERT_PLACEMENT_CONTIGUOUS);
+  return message;
+}
+
+v1::Topology ToTopologyMessage(const rollout::Topology& topology) {
+  v1::Topology message;
+  message.set_colocated(topology.colocated);
+  message.set_gpus_per_node(topology.gpus_per_node);
+  message.set_intra_node_gb_per_s(topology.intra_node_gb_per_s);
+  message.set_inter_node_gb_per_s(topology.inter_node_gb_per_s);
+  return message;
+}
+
+v1::TargetDtype ToTargetDtypeMessage(rollout::TargetDtype dtype) {
+  switch (dtype) {
+    case rollout::TargetDtype::kBf16:
+      return v1::TARGET_DTYPE_BF16;
+    case rollout::TargetDtype::kFp8Block128:
+      return v1::TARGET_DTYPE_FP8_BLOCK128;
+  }
+  return v1::TARGET_DTYPE_UNSPECIFIED;
+}
+
 v1::Quantize ToQuantize(rollout::Quantize quantize) {
   switch (quantize) {
     case rollout::Quantize::kNone:
@@ -526,6 +572,11 @@ v1::ReshardPlan ToReshardPlanMessage(const rollout::ReshardPlan& plan, bool incl
   busiest->set_bytes(plan.busiest_link.bytes);
   busiest->set_seconds(plan.busiest_link.seconds);
   message.mutable_bucket_seconds()->Add(plan.bucket_seconds.begin(), plan.bucket_seconds.end());
+  *message.mutable_train() = ToTrainLayoutMessage(plan.options.train);
+  *message.mutable_infer() = ToInferLayoutMessage(plan.options.infer);
+  *message.mutable_topology() = ToTopologyMessage(plan.options.topology);
+  message.set_bucket_bytes(plan.options.bucket_bytes);
+  message.set_target_dtype(ToTargetDtypeMessage(plan.options.target_dtype));
   return message;
 }
 

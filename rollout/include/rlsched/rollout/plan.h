@@ -113,6 +113,10 @@ struct LinkLoad {
 };
 
 struct ReshardPlan {
+  // What the plan was made for (the layouts, topology, bucket budget and target
+  // dtype), so that an executor can refuse it for another world before any byte moves:
+  // two layouts of one world size can give slices of the same shapes.
+  ReshardOptions options;
   std::vector<std::string> param_names;  // Megatron and vLLM names used by transfers
   std::vector<Transfer> transfers;       // by bucket, then in a fixed order
   std::int64_t num_buckets = 0;
