@@ -8,9 +8,12 @@ starts, as real processes on a Unix socket: ``rlsched run`` (the decision core, 
 planner, the weight-sync node), ``--engines`` engine workers and a trainer worker
 (workers.py). rlsched carries ids and counts only; the samples' tokens, logprobs and
 rewards go through ``OUT/data/samples/`` (one file per finished sample, written
-atomically by the engine, read by the trainer), and the weights through
-``OUT/data/weights/v<N>.pt`` (one file per version, written atomically by the trainer,
-loaded by the engines on SyncWeights).
+atomically by the engine, read by the trainer). The weights move through rlsched's
+executor over ``torch.distributed`` gloo (trainer rank 0, engines 1..E, the plan of
+``rlsched reshard --train tp=1 --infer tp=1,replicas=E``, made once into
+``OUT/data/plan.json``), or with ``--weights file`` through ``OUT/data/weights/v<N>.pt``
+(one file per version, written atomically by the trainer, loaded by the engines on
+SyncWeights).
 
 Writes to OUT: ``run.json`` (the run config, a SimulatorConfig: the same file runs in
 ``rlsched simulate --config``), ``report.json`` (rlsched's RunReport), ``summary.json``

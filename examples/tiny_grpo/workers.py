@@ -53,7 +53,12 @@ from grpo import Rollout, decode_step, group_advantages, policy_loss, sample_see
 from model import CONFIG_PATH, TinyLlama, Config, weights_digest  # noqa: E402
 from task import ReverseTask  # noqa: E402
 
+from rlsched.v1 import rollout_pb2  # noqa: E402
 from rlsched.worker import EngineWorker, TrainerWorker  # noqa: E402
+
+# The runtime takes an interrupting sync's pause as one GenerationPaused report where
+# its protocol has it, else one GenerationProgressed per sample.
+_BATCHED_PAUSE = hasattr(rollout_pb2, "GenerationPaused") and hasattr(EngineWorker, "paused")
 
 
 def write_json_atomic(path: str, data) -> None:
@@ -252,7 +257,12 @@ class TinyEngine(EngineWorker):
                         write_json_atomic(self._partial_path(r.sample), {
                             "response": r.response, "logprobs": r.logprobs,
                             "versions": r.versions})
-                        self.progressed(r.sample, len(r.response))
+                progress = [(r.sample, len(r.response)) for r in self._running.values()]
+                if _BATCHED_PAUSE:  # one GenerationPaused: the pause's acknowledgement
+                    self.paused(sync.version, progress)
+                else:  # an older runtime: a GenerationProgressed per sample
+                    for sample, tokens in progress:
+                        self.progressed(sample, tokens)
             if self.weight_sync is None:
                 load_weights(self.data, sync.version, self.model)
             else:

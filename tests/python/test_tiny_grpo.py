@@ -222,6 +222,7 @@ def _check_live(out, summary, reports, report, steps, max_staleness):
     prompts, group = 8, 8
     assert summary["ok"], summary["checks"]
     assert report["done"]
+    assert int(report.get("rejected_events", 0)) == 0  # every worker report was valid
     counters = report["counters"]
     # Every sample trained once, as the trainer counted, and each one finished by an engine.
     trained = reports["trainer"]["trained"]
