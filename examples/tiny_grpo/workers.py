@@ -135,10 +135,12 @@ class ExecutorSync:
         else:
             self.destinations = {k: torch.zeros_like(v) for k, v in
                                  lay.vllm_shards(self.layout, self.infer, 0, zeros).items()}
-        # Collective: every rank checks the plan against its tensors before any byte moves.
+        # Collective: every rank checks the plan against this world's layouts and its
+        # tensors before any byte moves.
         self.executor = executor.Executor(executor.load_plan(plan_path, rank),
                                           sources=self.sources,
-                                          destinations=self.destinations, timeout=timeout)
+                                          destinations=self.destinations, timeout=timeout,
+                                          layout=executor.world_layout(lay.Train(), self.infer))
         self.runs = 0
         self.bytes = 0
         self.seconds = 0.0
