@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -120,21 +121,24 @@ std::string Trimmed(std::string text) {
   return text.substr(first, last - first + 1);
 }
 
-// The environment for the emulated workers: ours, the token, and the Python path of
-// the package and its generated modules (this build's, before the caller's).
-std::vector<std::string> WorkerEnvironment(const std::string& token) {
+// The environment for the emulated workers: ours, the token, the certificate to trust
+// (RLSCHED_TLS_CA, with TLS), and the Python path of the package and its generated
+// modules (this build's, before the caller's).
+std::vector<std::string> WorkerEnvironment(const std::string& token, const std::string& tls_ca) {
   std::vector<std::string> env;
   std::string python_path = RLSCHED_PYTHON_DIRS;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry(*e);
     if (entry.starts_with("PYTHONPATH=")) {
       python_path += ":" + std::string(entry.substr(11));
-    } else if (!entry.starts_with("RLSCHED_WORKER_TOKEN=")) {
+    } else if (!entry.starts_with("RLSCHED_WORKER_TOKEN=") &&
+               !entry.starts_with("RLSCHED_TLS_CA=")) {
       env.emplace_back(entry);
     }
   }
   env.push_back("PYTHONPATH=" + python_path);
   env.push_back("RLSCHED_WORKER_TOKEN=" + token);
+  if (!tls_ca.empty()) env.push_back("RLSCHED_TLS_CA=" + tls_ca);
   return env;
 }
 
@@ -161,6 +165,15 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
       ->add_option("--token-file", args.token_file,
                    "The shared token workers present (required unless every worker is "
                    "emulated; then a random one)")
+      ->type_name("FILE");
+  command
+      ->add_option("--tls-cert", args.tls_cert,
+                   "Serve workers over TLS with this PEM certificate chain (with --tls-key; "
+                   "workers trust it through RLSCHED_TLS_CA, emulated ones are told)")
+      ->type_name("FILE");
+  command
+      ->add_option("--tls-key", args.tls_key,
+                   "The PEM private key of --tls-cert (readable by the run only)")
       ->type_name("FILE");
   command
       ->add_option("--steps", args.steps,
@@ -229,6 +242,24 @@ int RunRunCommand(const RunArgs& args) {
         "--token-file: required when workers attach from outside (without --emulated-engines "
         "and --emulated-trainer)");
   }
+  if (args.tls_cert.empty() != args.tls_key.empty()) {
+    throw std::invalid_argument(args.tls_cert.empty() ? "--tls-cert: required with --tls-key"
+                                                      : "--tls-key: required with --tls-cert");
+  }
+  std::string tls_cert;
+  std::string tls_key;
+  if (!args.tls_cert.empty()) {
+    tls_cert = ReadWholeFile("--tls-cert", args.tls_cert, kMaxRunFileBytes);
+    tls_key = ReadWholeFile("--tls-key", args.tls_key, kMaxRunFileBytes);
+    // gRPC takes any text and fails at start-up with a message of its own; say which
+    // file is not PEM first.
+    if (tls_cert.find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
+      throw std::invalid_argument("--tls-cert " + args.tls_cert + ": not a PEM certificate");
+    }
+    if (tls_key.find("PRIVATE KEY-----") == std::string::npos) {
+      throw std::invalid_argument("--tls-key " + args.tls_key + ": not a PEM private key");
+    }
+  }
   const std::string listen =
       args.listen.empty() ? fmt::format("unix:/tmp/rlsched-run-{}.sock", getpid()) : args.listen;
   const double scale =
@@ -250,6 +281,8 @@ int RunRunCommand(const RunArgs& args) {
 
   WorkerServerOptions server_options{.listen = listen,
                                      .token = token,
+                                     .tls_cert_pem = tls_cert,
+                                     .tls_key_pem = tls_key,
                                      .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds};
   *server_options.welcome.mutable_config() = wire::ToSimulatorConfigMessage(config);
   server_options.welcome.set_time_scale(scale);
@@ -309,7 +342,9 @@ int RunRunCommand(const RunArgs& args) {
   std::vector<std::unique_ptr<Child>> children;
   std::vector<std::string> child_names;
   if (args.emulated_engines > 0 || args.emulated_trainer) {
-    const std::vector<std::string> env = WorkerEnvironment(token);
+    // Emulated workers trust the run's own certificate (self-signed, or its chain).
+    const std::vector<std::string> env = WorkerEnvironment(
+        token, args.tls_cert.empty() ? "" : std::filesystem::absolute(args.tls_cert).string());
     const std::string address = unix_socket ? listen : fmt::format("localhost:{}", server.port());
     auto start = [&](std::vector<std::string> extra) {
       std::vector<std::string> argv = {RLSCHED_WORKER_PYTHON, "-m", "rlsched.worker.emulated",

@@ -28,6 +28,8 @@ struct RunArgs {
   std::string config;      // run.json; empty: the default config
   std::string listen;      // empty: a Unix socket in the temporary directory
   std::string token_file;  // empty: a random token (emulated workers only)
+  std::string tls_cert;    // PEM certificate chain; with tls_key, workers attach over TLS
+  std::string tls_key;     // PEM private key
   std::optional<std::int64_t> steps;
   std::int64_t emulated_engines = 0;
   bool emulated_trainer = false;

@@ -96,7 +96,13 @@ WorkerServer::~WorkerServer() { Shutdown("the scheduler stopped", std::chrono::m
 void WorkerServer::Start(scheduler::Runtime& runtime) {
   runtime_ = &runtime;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options_.tls_cert_pem.empty() || !options_.tls_key_pem.empty()) {
+    grpc::SslServerCredentialsOptions tls;
+    tls.pem_key_cert_pairs.push_back({options_.tls_key_pem, options_.tls_cert_pem});
+    credentials = grpc::SslServerCredentials(tls);
+  }
+  builder.AddListeningPort(options_.listen, credentials, &port_);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {

@@ -42,6 +42,9 @@ namespace rlsched::app {
 struct WorkerServerOptions {
   std::string listen;  // "unix:PATH" or "HOST:PORT" (port 0: any free port)
   std::string token;   // the shared token every worker presents
+  // TLS: the server's certificate chain and private key (PEM); both empty: plaintext.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
   double heartbeat_timeout_seconds = 10;
   v1::Welcome welcome;  // what every worker is told (the run's config, the time scale)
 };

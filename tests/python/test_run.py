@@ -89,8 +89,8 @@ class _Run:
             assert time.monotonic() < deadline, "rlsched run did not listen"
             time.sleep(0.05)
 
-    def start(self, name, *args, token="s3cret"):
-        env = dict(os.environ, RLSCHED_WORKER_TOKEN=token)
+    def start(self, name, *args, token="s3cret", env=None):
+        env = dict(os.environ, RLSCHED_WORKER_TOKEN=token, **(env or {}))
         report = str(self.tmp / f"{name}.json")
         self.workers[name] = (subprocess.Popen(
             [_PYTHON, "-m", "rlsched.worker.emulated", "--address", self.socket,
@@ -252,6 +252,58 @@ def test_a_worker_with_a_wrong_token_is_refused(rlsched_bin, run_factory, tmp_pa
     report = json.loads(out)
     assert int(report["workers_refused"]) == 1
     assert "wrong or missing token" in err
+
+
+def _certificate(tmp_path, name):
+    """A self-signed certificate for localhost and its key (PEM files)."""
+    cert, key = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
+                    "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+def test_workers_attach_over_tls(rlsched_bin, run_factory, tmp_path):
+    cert, key = _certificate(tmp_path, "run")
+    other, _ = _certificate(tmp_path, "other")
+    run = run_factory(_write_config(tmp_path, steps=2),
+                      extra=("--time-scale", "0.005", "--tls-cert", cert, "--tls-key", key))
+    # Plaintext, or TLS trusting another certificate: no session (the handshake fails).
+    plain = run.start("plain", "--role", "engine", "--engine", "0", "--connect-timeout", "3")
+    stranger = run.start("stranger", "--role", "engine", "--engine", "1", "--connect-timeout",
+                         "3", env={"RLSCHED_TLS_CA": other})
+    for worker in (plain, stranger):
+        assert worker.wait(timeout=60) != 0
+        assert "FutureTimeoutError" in worker.stderr.read()
+    trusted = {"RLSCHED_TLS_CA": cert}
+    for engine in range(2):
+        run.start(f"engine{engine}", "--role", "engine", "--engine", str(engine),
+                  "--max-concurrent", "32", env=trusted)
+    run.start("trainer", "--role", "trainer", env=trusted)
+    status, out, err = run.finish()
+    assert status == 0, err[-3000:]
+    report = json.loads(out)
+    assert report["done"] and int(report["counters"]["trained"]) == 2 * 32 * 4
+    assert sorted(run.report("trainer")["trained"]) == list(range(2 * 32 * 4))
+
+
+def test_emulated_workers_over_tls_and_bad_tls_arguments(rlsched_bin, tmp_path):
+    cert, key = _certificate(tmp_path, "run")
+    config = _write_config(tmp_path, steps=2)
+    result = subprocess.run(
+        [rlsched_bin, "run", "--config", config, "--emulated-engines", "2", "--emulated-trainer",
+         "--tls-cert", cert, "--tls-key", key, "--json"],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)["done"]
+    for args, field in ((["--tls-cert", cert], "--tls-key"), (["--tls-key", key], "--tls-cert"),
+                        (["--tls-cert", key, "--tls-key", key], "--tls-cert"),
+                        (["--tls-cert", cert, "--tls-key", cert], "--tls-key")):
+        result = subprocess.run([rlsched_bin, "run", "--config", config, "--emulated-engines", "1",
+                                 "--emulated-trainer", *args],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0 and field in result.stderr, (args, result.stderr)
 
 
 def test_emulated_workers_started_by_the_program(rlsched_bin, tmp_path):

@@ -16,7 +16,11 @@ ATTACH_METHOD = "/rlsched.v1.Scheduler/Attach"
 class Worker:
     """A connection to the scheduler: hello, then events out and commands in.
 
-    ``token`` defaults to the environment's ``RLSCHED_WORKER_TOKEN``. Commands are
+    ``token`` defaults to the environment's ``RLSCHED_WORKER_TOKEN``. With TLS (the
+    scheduler runs with ``--tls-cert``), ``tls_ca`` is the PEM file of the certificates to
+    trust (default: ``RLSCHED_TLS_CA``; unset: plaintext), and ``tls_server_name`` the
+    name the server's certificate must carry when the address does not say it (default:
+    ``RLSCHED_TLS_SERVER_NAME``; a Unix socket's is ``localhost``). Commands are
     handled on the thread that calls :meth:`run`, one at a time, in order; events may
     be sent from any thread.
     """
@@ -25,9 +29,13 @@ class Worker:
 
     def __init__(self, address: str, token: Optional[str] = None, *,
                  name: Optional[str] = None, heartbeat_seconds: float = 1.0,
-                 connect_timeout_seconds: float = 30.0):
+                 connect_timeout_seconds: float = 30.0, tls_ca: Optional[str] = None,
+                 tls_server_name: Optional[str] = None):
         self.address = address
         self.token = token if token is not None else os.environ.get("RLSCHED_WORKER_TOKEN", "")
+        self.tls_ca = tls_ca if tls_ca is not None else os.environ.get("RLSCHED_TLS_CA", "")
+        self.tls_server_name = (tls_server_name if tls_server_name is not None
+                                else os.environ.get("RLSCHED_TLS_SERVER_NAME", ""))
         self.name = name or f"{os.uname().nodename}:{os.getpid()}"
         self.heartbeat_seconds = heartbeat_seconds
         self.connect_timeout_seconds = connect_timeout_seconds
@@ -71,12 +79,26 @@ class Worker:
         while not self._done.wait(self.heartbeat_seconds):
             self._out.put(runtime_pb2.WorkerMessage(heartbeat=runtime_pb2.Heartbeat()))
 
+    def _channel(self) -> grpc.Channel:
+        if not self.tls_ca:
+            return grpc.insecure_channel(self.address)
+        try:
+            with open(self.tls_ca, "rb") as f:
+                roots = f.read()
+        except OSError as error:
+            raise ValueError(f"tls_ca (RLSCHED_TLS_CA): cannot read {self.tls_ca}: "
+                             f"{error.strerror}") from None
+        options = ([("grpc.ssl_target_name_override", self.tls_server_name)]
+                   if self.tls_server_name else [])
+        return grpc.secure_channel(self.address, grpc.ssl_channel_credentials(roots),
+                                   options=options)
+
     def run(self) -> Optional[str]:
         """Attaches and handles commands until the scheduler says Goodbye (returns its
         reason) or goes away (raises grpc.RpcError). Retries while the scheduler is
         not listening yet, up to ``connect_timeout_seconds``."""
         deadline = time.monotonic() + self.connect_timeout_seconds
-        channel = grpc.insecure_channel(self.address)
+        channel = self._channel()
         try:
             grpc.channel_ready_future(channel).result(
                 timeout=max(0.0, deadline - time.monotonic()))

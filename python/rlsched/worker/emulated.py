@@ -319,12 +319,16 @@ def main(argv=None) -> int:
     parser.add_argument("--token", default=None,
                         help="the run's token (default: $RLSCHED_WORKER_TOKEN)")
     parser.add_argument("--report", default=None, help="write what this worker counted (JSON)")
+    parser.add_argument("--connect-timeout", type=float, default=30.0,
+                        help="seconds to wait for the scheduler (default 30)")
     args = parser.parse_args(argv)
     if args.role == "engine":
         worker = EmulatedEngine(args.address, args.engine, args.max_concurrent,
-                                version=args.version, token=args.token)
+                                version=args.version, token=args.token,
+                                connect_timeout_seconds=args.connect_timeout)
     else:
-        worker = EmulatedTrainer(args.address, token=args.token)
+        worker = EmulatedTrainer(args.address, token=args.token,
+                                 connect_timeout_seconds=args.connect_timeout)
     reason = worker.run()
     if args.report:
         report = {"goodbye": reason}
