@@ -388,6 +388,51 @@ struct Orchestrator::State {
     }
   }
 
+  // Sets a sample's oldest version, keeping the indexes that hold it: its engine's
+  // in_flight_oldest (`on`: the engine it runs on, if any), by_version and its group's.
+  void SetOldest(std::int64_t id, std::int64_t oldest, Engine* on) {
+    Sample& x = At(id);
+    if (oldest == x.oldest) return;
+    if (on != nullptr && wait_for_oldest) {
+      on->in_flight_oldest.erase(on->in_flight_oldest.find(x.oldest));
+      on->in_flight_oldest.insert(oldest);
+    }
+    x.oldest = oldest;
+    if (strict && oldest >= 0) by_version[oldest].push_back(id);
+    RefreshGroupOldest(id / G);
+  }
+
+  // The oldest version of the sample's spans (-1: none).
+  std::int64_t OldestOfSpans(const Sample& x) const {
+    std::int64_t oldest = -1;
+    for (const VersionSpan& span : x.spans) {
+      if (oldest < 0 || span.version < oldest) oldest = span.version;
+    }
+    return oldest;
+  }
+
+  // Drops the sample's last span when no token was generated in it (it was paused or
+  // requeued before its first token under that version): no token carries that
+  // version, so neither its staleness nor its partial count may. Keeps one span.
+  void DropEmptyLastSpan(std::int64_t id, Engine* on) {
+    Sample& x = At(id);
+    if (x.spans.size() > 1 && x.spans.back().first_token == x.tokens) {
+      x.spans.pop_back();
+      SetOldest(id, OldestOfSpans(x), on);
+    }
+  }
+
+  // The sample's next tokens come from `version` (a dispatch, or a resume after a
+  // weight sync): a span starts at its next token, replacing a last span left empty.
+  void BeginSpan(std::int64_t id, std::int64_t version, Engine* on) {
+    Sample& x = At(id);
+    if (!x.spans.empty() && x.spans.back().first_token == x.tokens) x.spans.pop_back();
+    if (x.spans.empty() || x.spans.back().version != version) {
+      x.spans.push_back(VersionSpan{.version = version, .first_token = x.tokens});
+    }
+    SetOldest(id, OldestOfSpans(x), on);
+  }
+
   // Discards a sample's tokens (they would break the bound, or their engine failed).
   void DiscardTokens(std::int64_t id) {
     Sample& x = At(id);
@@ -544,14 +589,7 @@ struct Orchestrator::State {
       x.state = SampleState::kInFlight;
       if (cap > 0) StartGenerating(id / G);
       x.engine = best_id;
-      if (x.oldest < 0 || best->version < x.oldest) {  // kept tokens may be newer
-        x.oldest = best->version;
-        if (strict) by_version[x.oldest].push_back(id);
-        RefreshGroupOldest(id / G);
-      }
-      if (x.spans.empty() || x.spans.back().version != best->version) {
-        x.spans.push_back(VersionSpan{.version = best->version, .first_token = x.tokens});
-      }
+      BeginSpan(id, best->version, nullptr);  // kept tokens may be newer than the engine
       x.slot = static_cast<std::int64_t>(best->in_flight.size());
       best->in_flight.push_back(id);
       if (wait_for_oldest) best->in_flight_oldest.insert(x.oldest);
@@ -1048,6 +1086,7 @@ struct Orchestrator::State {
     x.tokens = e.tokens;
     x.reward = e.reward;
     Unplace(e.sample);
+    DropEmptyLastSpan(e.sample, nullptr);  // finished before a token of its last version
     x.state = SampleState::kComplete;
     x.engine = -1;
     ++counters.buffered;
@@ -1145,9 +1184,7 @@ struct Orchestrator::State {
       Sample& x = At(sample);
       x.interrupted = false;
       x.progress_reported = false;
-      if (x.spans.empty() || x.spans.back().version != e.version) {
-        x.spans.push_back(VersionSpan{.version = e.version, .first_token = x.tokens});
-      }
+      BeginSpan(sample, e.version, engine);
     }
     if (!resumed.empty()) {
       out->push_back(Resume{.engine = e.engine, .version = e.version, .samples = resumed});

@@ -252,6 +252,58 @@ TEST(OrchestratorTest, PartialRolloutRecordsVersionSpans) {
   core.CheckInvariants();
 }
 
+// A sample paused before its first token has no token of the version it was
+// dispatched under: it carries one span, of the version it resumed under, is not a
+// partial sample and is as fresh as that version. One that finishes right after its
+// resume has no token of the new version: one span, of the old one.
+TEST(OrchestratorTest, AVersionWithoutATokenLeavesNoSpan) {
+  for (const std::int64_t paused_at : {0, 6}) {
+    SCOPED_TRACE("paused at token " + std::to_string(paused_at));
+    Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                           .max_staleness = 1,
+                                           .staleness_policy = StalenessPolicy::kStrict,
+                                           .partial_rollout = true,
+                                           .prompts_per_step = 1,
+                                           .samples_per_prompt = 1}});
+    std::vector<Command> out;
+    core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+    core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+    core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
+    out.clear();
+    core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+    ASSERT_EQ(Describe(out.at(0)), "sync e0 v1 interrupt");
+    out.clear();
+    core.Handle(GenerationPaused{.time = 2.5,
+                                 .engine = 0,
+                                 .version = 1,
+                                 .samples = {{.sample = 1, .tokens = paused_at}}},
+                out);
+    core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
+    ASSERT_EQ(Describe(out.at(0)), "resume e0 v1 1");
+    out.clear();
+    core.CheckInvariants();
+    const std::int64_t total = paused_at == 0 ? 10 : paused_at;  // 6: no token after resume
+    core.Handle(GenerationFinished{.time = 4, .sample = 1, .tokens = total, .reward = 0}, out);
+    ASSERT_EQ(All<StartTrain>(out).size(), 1u);
+    const TrainedSample& x = core.last_batch().at(0);
+    ASSERT_EQ(x.spans.size(), 1u);
+    EXPECT_EQ(x.spans[0].version, paused_at == 0 ? 1 : 0);
+    EXPECT_EQ(x.spans[0].first_token, 0);
+    EXPECT_EQ(core.counters().partial_samples, 0);
+    EXPECT_EQ(core.counters().restarts, 0);
+    const Metrics m = core.metrics(4);
+    // Sample 0 at age 0; sample 1 at age 0 (all its tokens of version 1) or 1.
+    const std::vector<std::int64_t> by_sample =
+        paused_at == 0 ? std::vector<std::int64_t>{2} : std::vector<std::int64_t>{1, 1};
+    const std::vector<std::int64_t> by_token = paused_at == 0
+                                                   ? std::vector<std::int64_t>{4 + 10}
+                                                   : std::vector<std::int64_t>{4, paused_at};
+    EXPECT_EQ(m.staleness_histogram, by_sample);
+    EXPECT_EQ(m.token_staleness_histogram, by_token);
+    core.CheckInvariants();
+  }
+}
+
 // A long sample admitted for batch 1 under version 0 is overtaken by a short one
 // admitted for batch 2 under version 1. At s = 1 its version-0 tokens could not go
 // into batch 2: the strict policy makes batch 1 wait for it and gives its engine no
@@ -879,6 +931,20 @@ struct World {
         for (const TrainedSample& x : core.last_batch()) {
           std::int64_t oldest = x.spans.empty() ? t->version : x.spans[0].version;
           for (const VersionSpan& span : x.spans) oldest = std::min(oldest, span.version);
+          // Spans start at token 0 and each holds a token (one alone may be empty, for
+          // an empty response), of distinct consecutive versions.
+          ASSERT_FALSE(x.spans.empty());
+          ASSERT_EQ(x.spans[0].first_token, 0);
+          for (std::size_t i = 0; i < x.spans.size(); ++i) {
+            const std::int64_t end =
+                i + 1 < x.spans.size() ? x.spans[i + 1].first_token : x.response_tokens;
+            if (x.spans.size() > 1) {
+              ASSERT_LT(x.spans[i].first_token, end) << "an empty span\n" << Tail(log);
+            }
+            if (i > 0) {
+              ASSERT_NE(x.spans[i].version, x.spans[i - 1].version);
+            }
+          }
           if (strict()) {
             ASSERT_LE(t->version - oldest, staleness_bound());
           }
