@@ -254,10 +254,8 @@ def summarize(args, report, reports, statuses, wall) -> dict:
         "staleness_bound": trainer.get("staleness_violations", -1) == 0,
         "lengths_agree": trainer.get("length_mismatches", -1) == 0,
         # Samples with tokens of more than one version, from the engines' per-token
-        # versions, are partial in the runtime's count too. (The runtime counts more: a
-        # sample paused before its first token has an empty span of the old version,
-        # which its count takes as a second version.)
-        "partial_samples_counted": (0 <= trainer.get("partial_samples", -1) <=
+        # versions, are the runtime's partial samples, and no others.
+        "partial_samples_counted": (trainer.get("partial_samples", -1) ==
                                     int(counters.get("partial_samples", 0))),
         "weights_identical": not mismatched and loads > 0,
         "weight_sync_clean": trainer.get("sync_error") is None,
