@@ -57,6 +57,19 @@ bool Lighter(const Part<Sum>& a, const Part<Sum>& b) {
 // side, for the sift that every single item's join takes.
 constexpr std::size_t kArity = 4;
 
+// `part` placed at `hole` of the heap `parts` or above it: it climbs while lighter
+// than its parent.
+template <typename Sum>
+void SiftUp(std::vector<Part<Sum>>& parts, std::size_t hole, const Part<Sum>& part) {
+  while (hole > 0) {
+    const std::size_t parent = (hole - 1) / kArity;
+    if (!Lighter(part, parts[parent])) break;
+    parts[hole] = parts[parent];
+    hole = parent;
+  }
+  parts[hole] = part;
+}
+
 // The heap `parts` with its root replaced by `part`. Bottom-up: the hole goes down to
 // a leaf along the lightest children (without a branch on the comparisons), then
 // `part` climbs from there (a joined part is heavier than most, so it climbs little).
@@ -79,27 +92,14 @@ void SiftFromRoot(std::vector<Part<Sum>>& parts, const Part<Sum>& part) {
     parts[hole] = parts[child];
     hole = child;
   }
-  while (hole > 0) {
-    const std::size_t parent = (hole - 1) / kArity;
-    if (!Lighter(part, parts[parent])) break;
-    parts[hole] = parts[parent];
-    hole = parent;
-  }
-  parts[hole] = part;
+  SiftUp(parts, hole, part);
 }
 
 // `part` added to the heap `parts`.
 template <typename Sum>
 void HeapPush(std::vector<Part<Sum>>& parts, const Part<Sum>& part) {
   parts.push_back(part);
-  std::size_t hole = parts.size() - 1;
-  while (hole > 0) {
-    const std::size_t parent = (hole - 1) / kArity;
-    if (!Lighter(part, parts[parent])) break;
-    parts[hole] = parts[parent];
-    hole = parent;
-  }
-  parts[hole] = part;
+  SiftUp(parts, parts.size() - 1, part);
 }
 
 // The heap's lightest part, taken off it.

@@ -521,7 +521,16 @@ std::string Describe(const Event& event) {
                  " call=" + std::to_string(e.call);
         } else if constexpr (std::is_same_v<T, EngineReleased>) {
           return t + "EngineReleased engine=" + std::to_string(e.engine);
+        } else if constexpr (std::is_same_v<T, GenerationPaused>) {
+          std::string text = t + "GenerationPaused engine=" + std::to_string(e.engine) +
+                             " version=" + std::to_string(e.version) + " samples=";
+          for (std::size_t i = 0; i < e.samples.size(); ++i) {
+            text += (i == 0 ? "" : ",") + std::to_string(e.samples[i].sample) + "/" +
+                    std::to_string(e.samples[i].tokens);
+          }
+          return text;
         } else {
+          static_assert(std::is_same_v<T, WeightsLoaded>, "an event kind without a line");
           return t + "WeightsLoaded engine=" + std::to_string(e.engine) +
                  " version=" + std::to_string(e.version);
         }
