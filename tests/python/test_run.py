@@ -153,7 +153,7 @@ def _replay(rlsched_bin, log):
 
 def _event_kinds(log):
     """How many events of each kind the run's event log holds (varint-delimited
-    EventLogRecords), and the samples in its GenerationPaused reports."""
+    EventLogRecords), and the most samples one GenerationPaused report carries."""
     with open(log, "rb") as f:
         data = f.read()
     kinds, paused_samples, position = {}, 0, 0
@@ -172,7 +172,8 @@ def _event_kinds(log):
             kind = record.event.WhichOneof("kind")
             kinds[kind] = kinds.get(kind, 0) + 1
             if kind == "generation_paused":
-                paused_samples += len(record.event.generation_paused.samples)
+                paused_samples = max(paused_samples,
+                                     len(record.event.generation_paused.samples))
     return kinds, paused_samples
 
 
@@ -204,12 +205,13 @@ def test_ten_steps_with_eight_engines_conserve_samples_as_the_workers_count_them
     # Strict: every trained token at most one version old.
     assert int(report["metrics"]["max_staleness"]) <= 1
     assert int(report.get("rejected_events", 0)) == 0
-    # The engines report each interrupting sync's pause in one GenerationPaused (with
-    # several samples), never sample by sample.
-    kinds, paused_samples = _event_kinds(run.log)
+    # The engines report each interrupting sync's pause in one GenerationPaused (some
+    # with several samples: how many an engine runs at a sync is up to the timing),
+    # never sample by sample.
+    kinds, most_paused = _event_kinds(run.log)
     assert kinds.get("generation_paused", 0) >= 8, kinds
     assert kinds.get("generation_progressed", 0) == 0, kinds
-    assert paused_samples > kinds["generation_paused"], (paused_samples, kinds)
+    assert most_paused >= 2, (most_paused, kinds)
     _replay(rlsched_bin, run.log)
 
 
