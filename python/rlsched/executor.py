@@ -192,7 +192,7 @@ def _made_for(train, infer, topology, target_dtype, get) -> Optional[dict]:
     if train is None or infer is None:
         return None
     placement = get(infer, "expert_placement", 0)
-    made_for = world_layout(
+    return world_layout(
         {**{k: get(train, k, 1) for k in _TRAIN_SIZES},
          "first_stage_layers": get(train, "first_stage_layers", None),
          "last_stage_layers": get(train, "last_stage_layers", None),
@@ -202,7 +202,6 @@ def _made_for(train, infer, topology, target_dtype, get) -> Optional[dict]:
          "round_robin_experts": placement in (2, "EXPERT_PLACEMENT_ROUND_ROBIN")},
         colocated=bool(get(topology, "colocated", False)) if topology is not None else False,
         target_dtype=target_dtype if target_dtype in _TARGET_DTYPES else "bf16")
-    return made_for
 
 
 # ---------------------------------------------------------------------------------

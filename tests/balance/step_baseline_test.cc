@@ -295,6 +295,28 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscription) {
   }
 }
 
+// `n` seeded values of one of the first `kinds` kinds, drawn from `rng`: 0–3 (ties and
+// zeros), verl's workloads of heavy-tailed lengths, 0–10^6, and values of 2^60–2^62
+// (sums beyond int64).
+std::vector<std::int64_t> SeededValues(workload::Rng& rng, std::size_t n, std::uint64_t seed,
+                                       int kinds) {
+  const int kind = static_cast<int>(rng.UniformInt(0, kinds - 1));
+  std::vector<std::int64_t> values;
+  if (kind == 0) {
+    for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 3));
+  } else if (kind == 1) {
+    values = workload::HeavyTailedLengths(static_cast<std::int64_t>(n), seed);
+    for (std::int64_t& v : values) v = internal::RecipeWorkload(v);
+  } else if (kind == 2) {
+    for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 1'000'000));
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      values.push_back(rng.UniformInt(std::int64_t{1} << 60, std::int64_t{1} << 62));
+    }
+  }
+  return values;
+}
+
 // Larger seeded inputs, where solutions of many parts meet single items and each other
 // (the combination that pops only the parts that change): the transcription's partition.
 TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscriptionOnLargerInputs) {
@@ -302,16 +324,7 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpMatchesTheTranscriptionOnLargerInputs)
     workload::Rng rng(seed * 7841 + 11);
     const auto n = static_cast<std::size_t>(rng.UniformInt(0, 600));
     const auto k = static_cast<std::size_t>(rng.UniformInt(1, 80));
-    const int kind = static_cast<int>(rng.UniformInt(0, 2));
-    std::vector<std::int64_t> values;
-    if (kind == 0) {
-      for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 3));
-    } else if (kind == 1) {
-      values = workload::HeavyTailedLengths(static_cast<std::int64_t>(n), seed);
-      for (std::int64_t& v : values) v = internal::RecipeWorkload(v);
-    } else {
-      for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 1'000'000));
-    }
+    const std::vector<std::int64_t> values = SeededValues(rng, n, seed, /*kinds=*/3);
     SCOPED_TRACE("seed " + std::to_string(seed));
     ExpectTheTranscriptionsPartition(values, k);
     if (::testing::Test::HasFailure()) return;
@@ -328,20 +341,7 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpPositionsIsTheSamePartition) {
     workload::Rng rng(seed * 104729 + 3);
     const auto n = static_cast<std::size_t>(rng.UniformInt(0, 5000));
     const auto k = static_cast<std::size_t>(rng.UniformInt(1, 700));
-    const int kind = static_cast<int>(rng.UniformInt(0, 3));
-    std::vector<std::int64_t> values;
-    if (kind == 0) {
-      for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 3));
-    } else if (kind == 1) {
-      values = workload::HeavyTailedLengths(static_cast<std::int64_t>(n), seed);
-      for (std::int64_t& v : values) v = internal::RecipeWorkload(v);
-    } else if (kind == 2) {
-      for (std::size_t i = 0; i < n; ++i) values.push_back(rng.UniformInt(0, 1'000'000));
-    } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        values.push_back(rng.UniformInt(std::int64_t{1} << 60, std::int64_t{1} << 62));
-      }
-    }
+    const std::vector<std::int64_t> values = SeededValues(rng, n, seed, /*kinds=*/4);
     SCOPED_TRACE("seed " + std::to_string(seed) + ", n " + std::to_string(n) + ", k " +
                  std::to_string(k));
     std::vector<std::int64_t> sorted;
