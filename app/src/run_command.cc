@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -286,6 +287,11 @@ int RunRunCommand(const RunArgs& args) {
                                      .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds};
   *server_options.welcome.mutable_config() = wire::ToSimulatorConfigMessage(config);
   server_options.welcome.set_time_scale(scale);
+  // Heartbeats: ten per timeout, at most one a second and at least every 50 ms.
+  server_options.welcome.set_heartbeat_seconds(
+      args.heartbeat_timeout_seconds > 0
+          ? std::clamp(args.heartbeat_timeout_seconds / 10.0, 0.05, 1.0)
+          : 1.0);
   WorkerServer server(server_options);
 
   // The data loader: the dataset's prompts in order, cycled, ahead of the trainer.
@@ -420,15 +426,42 @@ int RunRunCommand(const RunArgs& args) {
     report.set_command_latency_p50_seconds(status.command_latency.p50_seconds);
     report.set_command_latency_p99_seconds(status.command_latency.p99_seconds);
     report.set_command_latency_max_seconds(status.command_latency.max_seconds);
+    const scheduler::RequestSummary& r = status.requests;
+    v1::RequestTelemetrySummary* requests = report.mutable_requests();
+    requests->set_requests(r.requests);
+    requests->set_generated_tokens(r.generated_tokens);
+    requests->set_preemptions(r.preemptions);
+    requests->set_interruptions(r.interruptions);
+    requests->set_mean_seconds(r.mean_seconds);
+    requests->set_p50_seconds(r.p50_seconds);
+    requests->set_p99_seconds(r.p99_seconds);
+    requests->set_max_seconds(r.max_seconds);
+    requests->set_mean_first_token_seconds(r.mean_first_token_seconds);
+    requests->set_p99_first_token_seconds(r.p99_first_token_seconds);
+    requests->set_paused_seconds(r.paused_seconds);
+    for (const scheduler::EngineLoad& l : status.engine_load) {
+      v1::EngineLoad* load = report.add_engine_load();
+      load->set_engine(l.engine);
+      load->set_heartbeats(l.heartbeats);
+      load->set_running(l.running);
+      load->set_waiting(l.waiting);
+      load->set_max_running(l.max_running);
+      load->set_max_waiting(l.max_waiting);
+      load->set_mean_running(l.mean_running);
+      load->set_mean_waiting(l.mean_waiting);
+    }
     std::cout << wire::ToJson(report) << '\n';
   } else {
     std::cout << fmt::format(
         "run {}: {} steps, {} samples trained in {:.1f} s ({:.1f} s of wall time), {:.2f} "
-        "samples/s, staleness max {}, events {} (refused {})\n",
+        "samples/s, staleness max {}, events {} (refused {}), engines' version accounts {} "
+        "({} differing from the core's), requests with telemetry {} (mean {:.2f} s)\n",
         done ? "done" : "stopped (timeout)", status.counters.steps_finished,
         status.counters.trained, status.metrics.elapsed_seconds, wall,
         status.metrics.samples_per_second, status.metrics.max_staleness, status.events,
-        status.rejected_events);
+        status.rejected_events, status.counters.version_reports,
+        status.counters.version_corrections, status.requests.requests,
+        status.requests.mean_seconds);
   }
   FlushOutput(std::cout);
   if (!done) {

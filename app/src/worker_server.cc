@@ -238,7 +238,19 @@ grpc::Status WorkerServer::Attach(
   v1::WorkerMessage message;
   while (stream->Read(&message)) {
     connection->last_seen_ms = NowMillis();
-    if (!message.has_event()) continue;  // heartbeats only refresh last_seen
+    if (message.has_heartbeat()) {
+      if (connection->role == v1::WORKER_ROLE_ENGINE) {
+        try {
+          runtime_->ReportLoad(connection->engine, message.heartbeat().running(),
+                               message.heartbeat().waiting());
+        } catch (const std::invalid_argument& e) {
+          spdlog::warn("run: engine {} sent an invalid heartbeat: heartbeat.{}", connection->engine,
+                       e.what());
+        }
+      }
+      continue;
+    }
+    if (!message.has_event()) continue;
     scheduler::Event event;
     try {
       event = wire::ToEvent(message.event());

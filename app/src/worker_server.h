@@ -13,7 +13,9 @@
 //   TrainStepFinished and GroupFiltered only). A dropped stream, or no message for
 //   longer than the heartbeat timeout (the stream is cancelled), is EngineFailed for
 //   an engine; for the trainer the run waits: the unfinished trainer call is sent
-//   again when a trainer attaches, and nothing generated is lost.
+//   again when a trainer attaches, and nothing generated is lost. An engine's
+//   heartbeats carry its load (requests running and waiting), handed to the runtime
+//   (Runtime::ReportLoad) for the run's report.
 //
 // Thread-safety: the gRPC handlers run on the server's threads, Execute() and Train()
 // on the runtime's; a connection's writes are serialised.

@@ -61,6 +61,10 @@ struct Sample {
   bool progress_reported = false;  // a progress report since the interruption
   double reward = 0;
   std::vector<VersionSpan> spans;
+  // Its last Dispatch: the tokens it resumed from and the engine's version then (the
+  // bounds of the engine's account of its tokens' versions, EngineSpans).
+  std::int64_t dispatched_from = 0;
+  std::int64_t dispatched_version = 0;
 };
 
 struct Group {
@@ -433,6 +437,92 @@ struct Orchestrator::State {
     SetOldest(id, OldestOfSpans(x), on);
   }
 
+  // Checks an engine's account of the versions of a sample's tokens (EngineSpans) in a
+  // report of `tokens` tokens; `field` prefixes the names ("" or "samples[i]."). O(spans).
+  void CheckEngineSpans(const std::string& field, const Sample& x, const EngineSpans& spans,
+                        std::int64_t tokens) const {
+    if (spans.empty()) return;
+    const Engine& e = engines.at(x.engine);
+    const std::int64_t newest = std::max(e.version, e.syncing_to);
+    if (tokens <= x.dispatched_from) {
+      Invalid(field + "spans",
+              "empty: no token was generated since the dispatch (resume_from " +
+                  Str(x.dispatched_from) + ")",
+              Str(std::int64_t(spans.size())) + " spans");
+    }
+    for (std::size_t i = 0; i < spans.size(); ++i) {
+      const std::string at = field + "spans[" + std::to_string(i) + "]";
+      const VersionSpan& span = spans[i];
+      if (i == 0 && span.first_token != x.dispatched_from) {
+        Invalid(at + ".first_token", "the Dispatch's resume_from, " + Str(x.dispatched_from),
+                Str(span.first_token));
+      }
+      if (i > 0 && !(span.first_token > spans[i - 1].first_token && span.first_token < tokens)) {
+        Invalid(at + ".first_token",
+                "in (" + Str(spans[i - 1].first_token) + ", " + Str(tokens) +
+                    "): after the previous span's first token, before the reported tokens",
+                Str(span.first_token));
+      }
+      const std::int64_t lowest = i == 0 ? x.dispatched_version : spans[i - 1].version + 1;
+      if (span.version < lowest || span.version > newest) {
+        Invalid(at + ".version",
+                "in [" + Str(lowest) + ", " + Str(newest) +
+                    "]: " + (i == 0 ? "from the Dispatch's version" : "above the previous span's") +
+                    " to the engine's newest (engine " + Str(x.engine) + ")",
+                Str(span.version));
+      }
+    }
+  }
+
+  // Records an engine's account (checked by CheckEngineSpans; `tokens` already set) in
+  // place of the core's inference for the tokens since the dispatch, counting whether
+  // they differ. `on`: the engine the sample is in flight on (its index), or null.
+  void ApplyEngineSpans(std::int64_t id, const EngineSpans& spans, Engine* on) {
+    if (spans.empty()) return;
+    Sample& x = At(id);
+    const std::int64_t from = x.dispatched_from;
+    std::vector<VersionSpan> kept;      // the core's spans before `from`
+    std::vector<VersionSpan> inferred;  // and over [from, tokens)
+    for (std::size_t i = 0; i < x.spans.size(); ++i) {
+      const VersionSpan& span = x.spans[i];
+      const std::int64_t end = i + 1 < x.spans.size() ? x.spans[i + 1].first_token : x.tokens;
+      if (span.first_token < from) {
+        kept.push_back(span);
+      }
+      if (end > from && span.first_token < x.tokens && end > span.first_token) {
+        inferred.push_back(
+            {.version = span.version, .first_token = std::max(span.first_token, from)});
+      }
+    }
+    ++counters.version_reports;
+    const bool same = inferred.size() == spans.size() &&
+                      std::equal(spans.begin(), spans.end(), inferred.begin(),
+                                 [](const VersionSpan& a, const VersionSpan& b) {
+                                   return a.version == b.version && a.first_token == b.first_token;
+                                 });
+    if (!same) ++counters.version_corrections;
+    for (const VersionSpan& span : spans) {
+      if (!kept.empty() && kept.back().version == span.version) continue;
+      kept.push_back(span);
+    }
+    // The next tokens come from the version of the last dispatch or resume (an empty
+    // span until then), unless the engine says it already generates with a newer one.
+    const std::int64_t open = x.spans.empty() ? -1 : x.spans.back().version;
+    if (open > kept.back().version) kept.push_back({.version = open, .first_token = x.tokens});
+    x.spans = std::move(kept);
+    SetOldest(id, OldestOfSpans(x), on);
+  }
+
+  // Strict: whether a live sample's tokens are too old for the next batch. An engine's
+  // account can make a sample older than the core inferred (tokens of a version it
+  // thought the sample had none of, e.g. paused before its first token); such a sample
+  // is generated again, as the strict policy does with any leftover too old.
+  bool TooStale(const Sample& x) const { return strict && x.oldest >= 0 && x.oldest < t_next - s; }
+  void CountStaleRestart(const Sample& x) {
+    ++counters.stale_restarts;
+    counters.stale_discarded_tokens += x.tokens;
+  }
+
   // Discards a sample's tokens (they would break the bound, or their engine failed).
   void DiscardTokens(std::int64_t id) {
     Sample& x = At(id);
@@ -589,6 +679,8 @@ struct Orchestrator::State {
       x.state = SampleState::kInFlight;
       if (cap > 0) StartGenerating(id / G);
       x.engine = best_id;
+      x.dispatched_from = x.tokens;
+      x.dispatched_version = best->version;
       BeginSpan(id, best->version, nullptr);  // kept tokens may be newer than the engine
       x.slot = static_cast<std::int64_t>(best->in_flight.size());
       best->in_flight.push_back(id);
@@ -995,11 +1087,18 @@ struct Orchestrator::State {
 
   void On(const GenerationProgressed& e) {
     CheckTime(e.time);
-    Sample& x = At(CheckSampleInFlight(e.sample));
+    const std::int64_t id = CheckSampleInFlight(e.sample);
+    Sample& x = At(id);
     CheckTokens(x, e.tokens);
+    CheckEngineSpans("", x, e.spans, e.tokens);
     Advance(e.time);
     x.tokens = e.tokens;
     if (x.interrupted) x.progress_reported = true;
+    ApplyEngineSpans(id, e.spans, &engines.at(x.engine));
+    if (TooStale(x)) {
+      CountStaleRestart(x);
+      Restart(id);  // aborted on its engine
+    }
   }
 
   // Checks the whole report first (the state is unchanged when it is refused), then
@@ -1040,6 +1139,7 @@ struct Orchestrator::State {
         Invalid(field() + ".tokens", "in [" + Str(x.tokens) + ", " + Str(kMaxTokens) + "]",
                 Str(p.tokens));
       }
+      CheckEngineSpans(field() + ".", x, p.spans, p.tokens);
       listed.emplace_back(p.sample, i);
     }
     std::sort(listed.begin(), listed.end());
@@ -1073,6 +1173,11 @@ struct Orchestrator::State {
       Sample& x = At(p.sample);
       x.tokens = p.tokens;
       x.progress_reported = true;
+      ApplyEngineSpans(p.sample, p.spans, engine);
+      if (TooStale(x)) {
+        CountStaleRestart(x);
+        Restart(p.sample);  // aborted on its engine (not resumed)
+      }
     }
     engine->pausing = false;
   }
@@ -1082,11 +1187,21 @@ struct Orchestrator::State {
     Sample& x = At(CheckSampleInFlight(e.sample));
     CheckTokens(x, e.tokens);
     if (!std::isfinite(e.reward)) Invalid("reward", "finite", Str(e.reward));
+    CheckEngineSpans("", x, e.spans, e.tokens);
     Advance(e.time);
     x.tokens = e.tokens;
     x.reward = e.reward;
     Unplace(e.sample);
+    ApplyEngineSpans(e.sample, e.spans, nullptr);
     DropEmptyLastSpan(e.sample, nullptr);  // finished before a token of its last version
+    if (TooStale(x)) {  // the engine's account: too old for any batch still to come
+      CountStaleRestart(x);
+      ++counters.restarts;
+      DiscardTokens(e.sample);
+      x.engine = -1;
+      Enqueue(e.sample);
+      return;
+    }
     x.state = SampleState::kComplete;
     x.engine = -1;
     ++counters.buffered;

@@ -151,7 +151,10 @@ struct TrainWork {
 class LatencyHistogram {
  public:
   void Add(std::chrono::steady_clock::duration latency) {
-    const double micros = std::chrono::duration<double, std::micro>(latency).count();
+    AddSeconds(std::chrono::duration<double>(latency).count());
+  }
+  void AddSeconds(double seconds) {
+    const double micros = seconds * 1e6;
     const double x = micros <= 1 ? 0 : std::ceil(kPerOctave * std::log2(micros));
     const auto bucket = static_cast<std::size_t>(std::min(x, static_cast<double>(kBuckets - 1)));
     std::lock_guard lock(mutex_);
@@ -298,10 +301,15 @@ struct Runtime::Impl {
       const double time = std::max(clock.Now(), last_time);
       SetEventTime(event, time);
       try {
+        const std::int64_t corrections = core.counters().version_corrections;
         core.Handle(event, commands);
         last_time = time;
         ++events;
         if (options.check_invariants) core.CheckInvariants();
+        if (core.counters().version_corrections != corrections) NoteCorrection(event);
+        if (const auto* finished = std::get_if<GenerationFinished>(&event)) {
+          if (finished->telemetry) AddTelemetry(finished->sample, *finished->telemetry);
+        }
       } catch (const std::invalid_argument& e) {
         ++rejected_events;
         last_rejection = e.what();
@@ -335,6 +343,95 @@ struct Runtime::Impl {
       }
     }
     if (observe) std::get<2>(ports).try_put(std::move(observation));
+  }
+
+  // The engine's account of a sample's token versions differed from the core's
+  // inference (the engine's was recorded). The mutex held.
+  void NoteCorrection(const Event& event) {
+    const std::int64_t corrections = core.counters().version_corrections;
+    if (corrections <= kLoggedCorrections) {
+      spdlog::warn(
+          "runtime: {}: an engine's account of its tokens' versions differs from the core's "
+          "inference (from its pause reports); the engine's is recorded{}",
+          EventName(event),
+          corrections == kLoggedCorrections ? " (further differences are only counted)" : "");
+    }
+  }
+  static constexpr std::int64_t kLoggedCorrections = 10;
+
+  // Sums a finish's telemetry. The mutex held.
+  void AddTelemetry(std::int64_t sample, const RequestTelemetry& t) {
+    const std::pair<const char*, double> figures[] = {
+        {"generated_tokens", static_cast<double>(t.generated_tokens)},
+        {"preemptions", static_cast<double>(t.preemptions)},
+        {"interruptions", static_cast<double>(t.interruptions)},
+        {"first_token_seconds", t.first_token_seconds},
+        {"seconds", t.seconds},
+        {"paused_seconds", t.paused_seconds}};
+    for (const auto& [name, value] : figures) {
+      if (!(value >= 0) || !std::isfinite(value)) {
+        ++requests.invalid;
+        spdlog::warn("runtime: sample {}'s telemetry left out: {} must be >= 0 and finite, got {}",
+                     sample, name, value);
+        return;
+      }
+    }
+    ++requests.requests;
+    requests.generated_tokens += t.generated_tokens;
+    requests.preemptions += t.preemptions;
+    requests.interruptions += t.interruptions;
+    requests.paused_seconds += t.paused_seconds;
+    request_seconds_total += t.seconds;
+    request_seconds.AddSeconds(t.seconds);
+    if (t.first_token_seconds > 0) {
+      first_token_total += t.first_token_seconds;
+      first_token_seconds.AddSeconds(t.first_token_seconds);
+    }
+  }
+
+  RequestSummary Requests() const {  // the mutex held
+    RequestSummary r = requests;
+    const LatencySummary seconds = request_seconds.Summary();
+    const LatencySummary first = first_token_seconds.Summary();
+    if (r.requests > 0) r.mean_seconds = request_seconds_total / static_cast<double>(r.requests);
+    r.p50_seconds = seconds.p50_seconds;
+    r.p99_seconds = seconds.p99_seconds;
+    r.max_seconds = seconds.max_seconds;
+    if (first.count > 0) {
+      r.mean_first_token_seconds = first_token_total / static_cast<double>(first.count);
+    }
+    r.p99_first_token_seconds = first.p99_seconds;
+    return r;
+  }
+
+  void ReportLoad(std::int64_t engine, std::int64_t running, std::int64_t waiting) {
+    if (engine < 0) FailBound("engine", ">= 0", engine);
+    if (running < 0) FailBound("running", ">= 0", running);
+    if (waiting < 0) FailBound("waiting", ">= 0", waiting);
+    std::lock_guard lock(load_mutex);
+    LoadSums& sums = load[engine];
+    EngineLoad& l = sums.load;
+    l.engine = engine;
+    ++l.heartbeats;
+    l.running = running;
+    l.waiting = waiting;
+    l.max_running = std::max(l.max_running, running);
+    l.max_waiting = std::max(l.max_waiting, waiting);
+    sums.running += static_cast<double>(running);
+    sums.waiting += static_cast<double>(waiting);
+  }
+
+  std::vector<EngineLoad> Loads() const {
+    std::lock_guard lock(load_mutex);
+    std::vector<EngineLoad> out;
+    out.reserve(load.size());
+    for (const auto& [engine, sums] : load) {
+      EngineLoad l = sums.load;
+      l.mean_running = sums.running / static_cast<double>(l.heartbeats);
+      l.mean_waiting = sums.waiting / static_cast<double>(l.heartbeats);
+      out.push_back(l);
+    }
+    return out;
   }
 
   // ---- The engines' path. ----
@@ -513,6 +610,21 @@ struct Runtime::Impl {
   std::condition_variable done_cv;
   std::atomic<bool> stopped{false};
   LatencyHistogram command_latency;  // the engine and trainer nodes
+  // The engines' telemetry (the core node, under the mutex).
+  RequestSummary requests;
+  double request_seconds_total = 0;
+  double first_token_total = 0;
+  LatencyHistogram request_seconds;
+  LatencyHistogram first_token_seconds;
+
+  // The heartbeats' load per engine (any thread).
+  struct LoadSums {
+    EngineLoad load;
+    double running = 0;
+    double waiting = 0;
+  };
+  mutable std::mutex load_mutex;
+  std::map<std::int64_t, LoadSums> load;
 
   // The weight-sync node's cache (its thread only).
   std::shared_ptr<const rollout::ReshardPlan> plan;
@@ -571,7 +683,13 @@ RuntimeStatus Runtime::Status() const {
       .last_rejection = impl_->last_rejection,
       .engine_failures_posted = impl_->engine_failures_posted,
       .done = impl_->core.done(),
-      .command_latency = impl_->command_latency.Summary()};
+      .command_latency = impl_->command_latency.Summary(),
+      .requests = impl_->Requests(),
+      .engine_load = impl_->Loads()};
+}
+
+void Runtime::ReportLoad(std::int64_t engine, std::int64_t running, std::int64_t waiting) {
+  impl_->ReportLoad(engine, running, waiting);
 }
 
 std::string Runtime::TraceJson() const {

@@ -153,7 +153,9 @@ def _replay(rlsched_bin, log):
 
 def _event_kinds(log):
     """How many events of each kind the run's event log holds (varint-delimited
-    EventLogRecords), and the most samples one GenerationPaused report carries."""
+    EventLogRecords), and the most samples one GenerationPaused report carries; the
+    generation reports carrying an engine's account of its tokens' versions are counted
+    under "with_spans"."""
     with open(log, "rb") as f:
         data = f.read()
     kinds, paused_samples, position = {}, 0, 0
@@ -174,12 +176,19 @@ def _event_kinds(log):
             if kind == "generation_paused":
                 paused_samples = max(paused_samples,
                                      len(record.event.generation_paused.samples))
+                spans = sum(1 for p in record.event.generation_paused.samples if p.spans)
+            elif kind in ("generation_finished", "generation_progressed"):
+                spans = 1 if getattr(record.event, kind).spans else 0
+            else:
+                spans = 0
+            kinds["with_spans"] = kinds.get("with_spans", 0) + spans
     return kinds, paused_samples
 
 
 def test_ten_steps_with_eight_engines_conserve_samples_as_the_workers_count_them(
         rlsched_bin, run_factory):
-    run = run_factory()
+    # Heartbeats every 0.5 s (a tenth of the timeout), carrying the engines' load.
+    run = run_factory(extra=("--time-scale", "0.005", "--heartbeat-timeout", "5"))
     for engine in range(8):
         run.engine(engine)
     run.trainer()
@@ -212,6 +221,25 @@ def test_ten_steps_with_eight_engines_conserve_samples_as_the_workers_count_them
     assert kinds.get("generation_paused", 0) >= 8, kinds
     assert kinds.get("generation_progressed", 0) == 0, kinds
     assert most_paused >= 2, (most_paused, kinds)
+    # The engines' accounts of their tokens' versions (the worker base class's, from the
+    # versions it committed), checked by the core and equal to its inference.
+    assert int(counters.get("version_reports", 0)) == kinds["with_spans"] > 0, kinds
+    assert int(counters.get("version_reports", 0)) >= kinds["generation_finished"]
+    assert int(counters.get("version_corrections", 0)) == 0
+    # Every finish carried the engine's telemetry.
+    requests = report["requests"]
+    assert int(requests["requests"]) == kinds["generation_finished"]
+    assert int(requests["generated_tokens"]) > 0
+    assert int(requests["interruptions"]) > 0
+    assert 0 < requests["mean_first_token_seconds"] < requests["mean_seconds"]
+    assert requests["p50_seconds"] <= requests["p99_seconds"] <= requests["max_seconds"]
+    # Every engine's load, from its heartbeats: at most its 32 places, some busy.
+    load = report["engine_load"]
+    assert [int(l["engine"]) for l in load] == list(range(8)), load
+    for l in load:
+        assert int(l["heartbeats"]) >= 1, l
+        assert int(l.get("max_running", 0)) + int(l.get("max_waiting", 0)) <= 32, l
+    assert sum(int(l.get("max_running", 0)) for l in load) > 0, load
     _replay(rlsched_bin, run.log)
 
 
@@ -360,3 +388,69 @@ def test_emulated_draws_are_the_simulators():
     assert [response_length(42, listed, 4, *k) for k in keys] == [3000, 900, 900, 12]
     assert [group_rewards(11, 0.3, 4, g) for g in range(5)] == [
         [1, 0, 0, 1], [1, 1, 1, 0], [1, 0, 1, 0], [0, 0, 0, 0], [0, 1, 1, 0]]
+
+
+def test_engine_worker_accounts_for_versions_load_and_telemetry():
+    """The EngineWorker base class's own account (no scheduler needed): the versions it
+    committed, switching where its pause report said; none for a sample that ran across
+    a commit without a pause; the engine's own spans and telemetry win; the load."""
+    from rlsched.v1 import rollout_pb2
+    from rlsched.worker import EngineWorker
+
+    class Engine(EngineWorker):
+        def dispatch(self, dispatch):
+            pass
+
+        def resume(self, resume):
+            pass
+
+        def abort(self, abort):
+            pass
+
+        def sync_weights(self, sync):
+            pass
+
+    engine = Engine("unix:/nonexistent", 3, 8, version=2)
+
+    def command(**kind):
+        engine.on_command(rollout_pb2.OrchestratorCommand(**kind))
+
+    def sent():
+        events = []
+        while not engine._out.empty():
+            events.append(engine._out.get().event)
+        return events
+
+    command(dispatch=rollout_pb2.Dispatch(engine=3, version=2, samples=[
+        rollout_pb2.SampleWork(sample=s, resume_from=r) for s, r in ((10, 0), (11, 5), (12, 0))]))
+    assert engine.load() == (3, 0)
+    command(sync_weights=rollout_pb2.SyncWeights(engine=3, version=3, interrupt=True))
+    engine.paused(3, [(10, 7), (11, 5)])  # 11: no token since its dispatch
+    assert engine.load() == (1, 2)
+    engine.weights_loaded(3)  # 12 kept running across the commit: no account of it
+    command(resume=rollout_pb2.Resume(engine=3, version=3, samples=[10, 11]))
+    assert engine.load() == (3, 0)
+    engine.finished(10, 12, 1.0)
+    engine.finished(11, 9, 0.0, telemetry={"preemptions": 2})
+    engine.finished(12, 4, 0.0)
+    command(dispatch=rollout_pb2.Dispatch(engine=3, version=3, samples=[
+        rollout_pb2.SampleWork(sample=13, resume_from=0)]))
+    engine.finished(13, 6, 0.0, spans=[(3, 0)], telemetry={"first_token_seconds": 0.5})
+    assert engine.load() == (0, 0)
+    paused, loaded, finished_10, finished_11, finished_12, finished_13 = sent()
+    assert loaded.weights_loaded.version == 3 and engine.version == 3
+    spans = [[(s.version, s.first_token) for s in p.spans]
+             for p in paused.generation_paused.samples]
+    assert spans == [[(2, 0)], []]
+    f = finished_10.generation_finished
+    assert [(s.version, s.first_token) for s in f.spans] == [(2, 0), (3, 7)]
+    assert f.telemetry.generated_tokens == 12 and f.telemetry.interruptions == 1
+    assert f.telemetry.seconds >= f.telemetry.paused_seconds >= 0
+    f = finished_11.generation_finished
+    assert [(s.version, s.first_token) for s in f.spans] == [(3, 5)]
+    assert f.telemetry.generated_tokens == 4 and f.telemetry.preemptions == 2
+    assert list(finished_12.generation_finished.spans) == []
+    assert finished_12.generation_finished.telemetry.generated_tokens == 4
+    f = finished_13.generation_finished
+    assert [(s.version, s.first_token) for s in f.spans] == [(3, 0)]
+    assert f.telemetry.first_token_seconds == 0.5

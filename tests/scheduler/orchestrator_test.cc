@@ -252,6 +252,128 @@ TEST(OrchestratorTest, PartialRolloutRecordsVersionSpans) {
   core.CheckInvariants();
 }
 
+// An engine's account of its tokens' versions: checked against what the engine can have
+// held (a refused report names the field and changes nothing), recorded in place of the
+// core's inference where it differs (counted), and joined to the tokens a sample kept
+// from another engine.
+TEST(OrchestratorTest, EngineAccountsOfVersionsAreCheckedAndRecorded) {
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 1,
+                                         .partial_rollout = true,
+                                         .prompts_per_step = 1,
+                                         .samples_per_prompt = 1}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1,
+                                 .sample = 0,
+                                 .tokens = 4,
+                                 .reward = 0,
+                                 .spans = {{.version = 0, .first_token = 0}}},
+              out);
+  EXPECT_EQ(core.counters().version_reports, 1);
+  EXPECT_EQ(core.counters().version_corrections, 0);
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  ASSERT_EQ(Describe(out.at(0)), "sync e0 v1 interrupt");
+  out.clear();
+  // Accounts no engine could give: each refused, naming the field, the state unchanged.
+  const auto refused = [&](EngineSpans spans, std::int64_t tokens, const std::string& field) {
+    SCOPED_TRACE(field);
+    const std::string before = std::to_string(core.counters().version_reports);
+    try {
+      core.Handle(GenerationPaused{.time = 2.5,
+                                   .engine = 0,
+                                   .version = 1,
+                                   .samples = {{.sample = 1, .tokens = tokens, .spans = spans}}},
+                  out);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(std::to_string(core.counters().version_reports), before);
+    EXPECT_TRUE(out.empty());
+  };
+  refused({{.version = 2, .first_token = 0}}, 6, "samples[0].spans[0].version");  // never held
+  refused({{.version = 0, .first_token = 1}}, 6, "samples[0].spans[0].first_token");
+  refused({{.version = 0, .first_token = 0}, {.version = 0, .first_token = 3}}, 6,
+          "samples[0].spans[1].version");  // not ascending
+  refused({{.version = 0, .first_token = 0}, {.version = 1, .first_token = 6}}, 6,
+          "samples[0].spans[1].first_token");                          // a span without a token
+  refused({{.version = 0, .first_token = 0}}, 0, "samples[0].spans");  // no token at all
+  EXPECT_THROW(
+      core.Handle(
+          GenerationProgressed{
+              .time = 2.5, .sample = 1, .tokens = 6, .spans = {{.version = -1, .first_token = 0}}},
+          out),
+      std::invalid_argument);
+  core.CheckInvariants();
+  // The honest pause report: as the core infers it.
+  core.Handle(
+      GenerationPaused{
+          .time = 2.5,
+          .engine = 0,
+          .version = 1,
+          .samples = {{.sample = 1, .tokens = 6, .spans = {{.version = 0, .first_token = 0}}}}},
+      out);
+  EXPECT_EQ(core.counters().version_reports, 2);
+  EXPECT_EQ(core.counters().version_corrections, 0);
+  core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
+  ASSERT_EQ(Describe(out.at(0)), "resume e0 v1 1");
+  out.clear();
+  // The engine says it switched to version 1 at token 8, not 6: recorded, counted.
+  core.Handle(GenerationFinished{.time = 4,
+                                 .sample = 1,
+                                 .tokens = 10,
+                                 .reward = 0,
+                                 .spans = {{.version = 0, .first_token = 0},
+                                           {.version = 1, .first_token = 8}}},
+              out);
+  EXPECT_EQ(core.counters().version_reports, 3);
+  EXPECT_EQ(core.counters().version_corrections, 1);
+  ASSERT_EQ(All<StartTrain>(out).size(), 1u);
+  const TrainedSample& x = core.last_batch().at(0);
+  ASSERT_EQ(x.spans.size(), 2u);
+  EXPECT_EQ(x.spans[1].version, 1);
+  EXPECT_EQ(x.spans[1].first_token, 8);
+  // Step 0 trained 4 tokens of version 0; step 1: 8 of version 0 (age 1), 2 of version 1.
+  EXPECT_EQ(core.metrics(4).token_staleness_histogram, (std::vector<std::int64_t>{6, 8}));
+  core.CheckInvariants();
+
+  // A sample resumed on another engine: that engine's account starts at resume_from,
+  // joined to the versions of the tokens kept.
+  Orchestrator moved(OrchestratorOptions{
+      {.mode = Mode::kAsync, .max_staleness = 1, .prompts_per_step = 1, .samples_per_prompt = 1}});
+  out.clear();
+  moved.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 1, .version = 0}, out);
+  moved.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 2)}, out);
+  moved.Handle(
+      GenerationProgressed{
+          .time = 1, .sample = 0, .tokens = 5, .spans = {{.version = 0, .first_token = 0}}},
+      out);
+  moved.Handle(EngineLeft{.time = 2, .engine = 0}, out);
+  out.clear();
+  moved.Handle(EngineJoined{.time = 3, .engine = 1, .max_concurrent = 1, .version = 0}, out);
+  ASSERT_EQ(All<Dispatch>(out).at(0).samples.at(0).resume_from, 5);
+  EXPECT_THROW(
+      moved.Handle(
+          GenerationFinished{
+              .time = 4, .sample = 0, .tokens = 9, .spans = {{.version = 0, .first_token = 0}}},
+          out),
+      std::invalid_argument);
+  moved.Handle(
+      GenerationFinished{
+          .time = 4, .sample = 0, .tokens = 9, .spans = {{.version = 0, .first_token = 5}}},
+      out);
+  EXPECT_EQ(moved.counters().version_reports, 2);
+  EXPECT_EQ(moved.counters().version_corrections, 0);
+  ASSERT_EQ(moved.last_batch().size(), 1u);
+  ASSERT_EQ(moved.last_batch()[0].spans.size(), 1u);
+  EXPECT_EQ(moved.last_batch()[0].spans[0].first_token, 0);
+  moved.CheckInvariants();
+}
+
 // A sample paused before its first token has no token of the version it was
 // dispatched under: it carries one span, of the version it resumed under, is not a
 // partial sample and is as fresh as that version. One that finishes right after its
@@ -829,6 +951,12 @@ struct WorldOptions {
   // the same numbers and must give the same commands).
   enum class Pause { kSpread, kEachAtOnce, kBatched };
   Pause pause = Pause::kSpread;
+  // The engines' account of their tokens' versions (EngineSpans) in their reports:
+  // none, honest (the version of each Dispatch and Resume, switching at the token the
+  // pause reported: the core's own inference), or late (each switch 0 to 3 tokens after
+  // the pause's count, as an engine that generated a few more tokens before committing).
+  enum class Accounts { kNone, kHonest, kLate };
+  Accounts accounts = Accounts::kNone;
 };
 
 struct World {
@@ -841,6 +969,9 @@ struct World {
     std::int64_t sync_version = 0;
     std::map<std::int64_t, std::int64_t> running;  // sample -> tokens so far
     std::set<std::int64_t> unreported;             // interrupted, progress not reported
+    // The engine's account of each running sample (WorldOptions::accounts).
+    std::map<std::int64_t, std::vector<VersionSpan>> spans;
+    std::map<std::int64_t, std::int64_t> from;  // its Dispatch's resume_from
   };
   explicit World(const WorldOptions& o)
       : options(o), rng(o.seed), core_options(CoreOptions(o, rng)), core(core_options) {}
@@ -874,6 +1005,8 @@ struct World {
         for (const SampleWork& w : d->samples) {
           ASSERT_FALSE(e.running.contains(w.sample));
           e.running[w.sample] = w.resume_from;
+          e.spans[w.sample] = {{.version = d->version, .first_token = w.resume_from}};
+          e.from[w.sample] = w.resume_from;
           live_groups.insert(w.group);
         }
         ASSERT_LE(static_cast<std::int64_t>(e.running.size()), e.max_concurrent);
@@ -891,6 +1024,8 @@ struct World {
         for (const auto x : a->samples) {
           ASSERT_EQ(e.running.erase(x), 1u);
           e.unreported.erase(x);
+          e.spans.erase(x);
+          e.from.erase(x);
         }
       } else if (const auto* s = std::get_if<SyncWeights>(&c)) {
         EngineState& e = engines.at(s->engine);
@@ -904,7 +1039,17 @@ struct World {
         for (const auto& [x, tokens] : e.running) e.unreported.insert(x);
       } else if (const auto* r = std::get_if<Resume>(&c)) {
         EngineState& e = engines.at(r->engine);
-        for (const auto x : r->samples) ASSERT_TRUE(e.running.contains(x));
+        for (const auto x : r->samples) {
+          ASSERT_TRUE(e.running.contains(x));
+          const std::int64_t at =
+              e.running[x] +
+              (options.accounts == WorldOptions::Accounts::kLate ? rng.UniformInt(0, 3) : 0);
+          std::vector<VersionSpan>& spans = e.spans[x];
+          while (!spans.empty() && spans.back().first_token >= at) spans.pop_back();
+          if (spans.empty() || spans.back().version != r->version) {
+            spans.push_back({.version = r->version, .first_token = at});
+          }
+        }
         e.interrupted = false;
       } else if (const auto* release = std::get_if<Release>(&c)) {
         EngineState& e = engines.at(release->engine);
@@ -976,6 +1121,18 @@ struct World {
     return options.mode != Mode::kAsync || options.policy == StalenessPolicy::kStrict;
   }
 
+  // The engine's account of sample x's versions in a report of `tokens` tokens.
+  EngineSpans Account(const EngineState& e, std::int64_t x, std::int64_t tokens) const {
+    if (options.accounts == WorldOptions::Accounts::kNone) return {};
+    const auto it = e.spans.find(x);
+    if (it == e.spans.end() || tokens <= e.from.at(x)) return {};
+    EngineSpans out;
+    for (const VersionSpan& span : it->second) {
+      if (span.first_token < tokens) out.push_back(span);
+    }
+    return out;
+  }
+
   std::int64_t staleness_bound() const { return EffectiveStaleness(core_options); }
 
   void Feed(const Event& e) {
@@ -1004,7 +1161,8 @@ struct World {
         std::vector<SampleProgress> report;
         for (const std::int64_t x : e.unreported) {
           e.running[x] += rng.UniformInt(0, 5);
-          report.push_back({.sample = x, .tokens = e.running[x]});
+          report.push_back(
+              {.sample = x, .tokens = e.running[x], .spans = Account(e, x, e.running[x])});
         }
         for (std::size_t i = report.size(); i > 1; --i) {  // any order
           std::swap(report[i - 1], report[static_cast<std::size_t>(
@@ -1018,14 +1176,18 @@ struct World {
               .time = time, .engine = id, .version = e.sync_version, .samples = report});
         } else {
           for (const SampleProgress& p : report) {
-            Feed(GenerationProgressed{.time = time, .sample = p.sample, .tokens = p.tokens});
+            Feed(GenerationProgressed{
+                .time = time, .sample = p.sample, .tokens = p.tokens, .spans = p.spans});
           }
         }
       } else if (!e.unreported.empty()) {
         const std::int64_t x = *e.unreported.begin();
         e.unreported.erase(e.unreported.begin());
         e.running[x] += rng.UniformInt(0, 5);
-        Feed(GenerationProgressed{.time = time, .sample = x, .tokens = e.running[x]});
+        Feed(GenerationProgressed{.time = time,
+                                  .sample = x,
+                                  .tokens = e.running[x],
+                                  .spans = Account(e, x, e.running[x])});
       } else {
         e.syncing = false;
         Feed(WeightsLoaded{.time = time, .engine = id, .version = e.sync_version});
@@ -1080,13 +1242,18 @@ struct World {
       const std::int64_t tokens = e.running[x] + rng.UniformInt(0, 20);
       if (rng.UniformInt(0, 3) == 0) {
         e.running[x] = tokens;
-        Feed(GenerationProgressed{.time = time, .sample = x, .tokens = tokens});
+        Feed(GenerationProgressed{
+            .time = time, .sample = x, .tokens = tokens, .spans = Account(e, x, tokens)});
       } else {
+        EngineSpans spans = Account(e, x, tokens);
         e.running.erase(x);
+        e.spans.erase(x);
+        e.from.erase(x);
         Feed(GenerationFinished{.time = time,
                                 .sample = x,
                                 .tokens = tokens,
-                                .reward = static_cast<double>(rng.UniformInt(0, 2))});
+                                .reward = static_cast<double>(rng.UniformInt(0, 2)),
+                                .spans = std::move(spans)});
       }
     }
   }
@@ -1283,6 +1450,81 @@ TEST(OrchestratorPropertyTest, PauseReportEqualsPerSampleReports) {
   std::printf("%lld pause reports of %lld samples (%lld seeds with reports of several)\n",
               static_cast<long long>(pauses), static_cast<long long>(paused_samples),
               static_cast<long long>(seeds_with_multi_sample_pauses));
+}
+
+// Engines that report the versions of their tokens as the core infers them (the version
+// of each Dispatch and Resume, switching where the pause reported) change nothing: the
+// same commands and state as engines that report none, on random runs of every mode,
+// policy and pause report; no report refused, no correction counted.
+TEST(OrchestratorPropertyTest, HonestEngineAccountsChangeNothing) {
+  const Mode modes[] = {Mode::kSync, Mode::kOneStepOff, Mode::kAsync};
+  const StalenessPolicy policies[] = {StalenessPolicy::kAdmission, StalenessPolicy::kStrict,
+                                      StalenessPolicy::kFraction};
+  const WorldOptions::Pause pauses[] = {WorldOptions::Pause::kSpread,
+                                        WorldOptions::Pause::kEachAtOnce,
+                                        WorldOptions::Pause::kBatched};
+  std::int64_t reports = 0;
+  std::int64_t partial = 0;
+  for (std::uint64_t seed = 1; seed <= 300; ++seed) {
+    WorldOptions o{.seed = seed,
+                   .mode = modes[seed % 3 == 0 ? 2 : seed % 3],
+                   .staleness = static_cast<std::int64_t>(seed / 3 % 3),
+                   .policy = policies[(seed / 9) % 3],
+                   .partial = seed % 5 != 0,
+                   .oversample = static_cast<double>(seed % 4) * 0.5,
+                   .faults = seed % 4 != 0,
+                   .events = 500,
+                   .fraction = 0.5,
+                   .streaming = seed % 7 < 2,
+                   .pause = pauses[(seed / 27) % 3]};
+    if (o.mode != Mode::kAsync) o.policy = StalenessPolicy::kAdmission;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    World none(o);
+    o.accounts = WorldOptions::Accounts::kHonest;
+    World honest(o);
+    for (int i = 0; i < o.events && !::testing::Test::HasFatalFailure(); ++i) {
+      none.Step();
+      honest.Step();
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_EQ(honest.command_log, none.command_log) << Tail(honest.log);
+    ASSERT_EQ(DescribeState(honest), DescribeState(none));
+    EXPECT_EQ(honest.core.counters().version_corrections, 0) << Tail(honest.log);
+    EXPECT_EQ(none.core.counters().version_reports, 0);
+    reports += honest.core.counters().version_reports;
+    partial += honest.core.counters().partial_samples;
+  }
+  // Not vacuous: the accounts are checked on many reports, across weight syncs.
+  EXPECT_GE(reports, 20000);
+  EXPECT_GE(partial, 100);
+}
+
+// Engines whose accounts put each version switch 0 to 3 tokens after their pause
+// reports: every account is taken (none refused) and recorded, the differences are
+// counted, and the trained spans, the strict staleness bound and the token count hold
+// (RunWorld's and World::Apply's checks).
+TEST(OrchestratorPropertyTest, LateEngineAccountsAreRecordedWithinTheBounds) {
+  const StalenessPolicy policies[] = {StalenessPolicy::kAdmission, StalenessPolicy::kStrict};
+  std::int64_t corrections = 0;
+  for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+    const WorldOptions o{
+        .seed = seed,
+        .mode = Mode::kAsync,
+        .staleness = static_cast<std::int64_t>(seed % 3),
+        .policy = policies[(seed / 3) % 2],
+        .oversample = static_cast<double>(seed % 2) * 0.5,
+        .faults = seed % 4 != 0,
+        .events = 500,
+        .pause = (seed / 6) % 2 == 0 ? WorldOptions::Pause::kBatched : WorldOptions::Pause::kSpread,
+        .accounts = WorldOptions::Accounts::kLate};
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Counters c;
+    RunWorld(o, &c);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_LE(c.version_corrections, c.version_reports);
+    corrections += c.version_corrections;
+  }
+  EXPECT_GE(corrections, 200);
 }
 
 TEST(OrchestratorPropertyTest, SameSeedSameCommands) {

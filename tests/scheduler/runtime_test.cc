@@ -39,6 +39,9 @@ class Cluster final : public EngineBackend, public TrainerBackend {
     // An engine paused by an interrupting sync reports a GenerationProgressed per sample
     // (an older worker) instead of one GenerationPaused.
     bool per_sample_progress = false;
+    // Engines report their account of their tokens' versions (the version of each
+    // Dispatch and Resume, switching at the paused count) and each finish's telemetry.
+    bool accounts = false;
   };
   Cluster(const Clock& clock, Timing timing) : clock_(clock), timing_(timing) {}
 
@@ -62,7 +65,7 @@ class Cluster final : public EngineBackend, public TrainerBackend {
         throw std::runtime_error("connection reset");
       }
       for (const SampleWork& work : dispatch->samples) {
-        Start(dispatch->engine, work.sample, work.resume_from, now);
+        Start(dispatch->engine, dispatch->version, work.sample, work.resume_from, now, false);
         ++dispatched_;
       }
     } else if (const auto* abort = std::get_if<Abort>(&command)) {
@@ -78,11 +81,16 @@ class Cluster final : public EngineBackend, public TrainerBackend {
               static_cast<std::int64_t>((now - run.start) / timing_.seconds_per_token);
           run.tokens = std::min(run.resume_from + decoded, LengthOf(sample));
           run.paused = true;
+          run.paused_at = now;
+          ++run.interruptions;
           ++run.epoch;
+          EngineSpans spans = Account(run, run.tokens);
           if (timing_.per_sample_progress) {
-            Due(now, GenerationProgressed{.sample = sample, .tokens = run.tokens});
+            Due(now, GenerationProgressed{
+                         .sample = sample, .tokens = run.tokens, .spans = std::move(spans)});
           } else {
-            paused.samples.push_back({.sample = sample, .tokens = run.tokens});
+            paused.samples.push_back(
+                {.sample = sample, .tokens = run.tokens, .spans = std::move(spans)});
           }
         }
         if (!timing_.per_sample_progress) Due(now, std::move(paused));
@@ -92,7 +100,7 @@ class Cluster final : public EngineBackend, public TrainerBackend {
     } else if (const auto* resume = std::get_if<Resume>(&command)) {
       for (const std::int64_t s : resume->samples) {
         const Run run = running_.at(s);
-        Start(resume->engine, s, run.tokens, now);
+        Start(resume->engine, resume->version, s, run.tokens, now, true);
       }
     } else if (const auto* release = std::get_if<Release>(&command)) {
       Due(now + timing_.release_seconds, EngineReleased{.engine = release->engine});
@@ -118,6 +126,9 @@ class Cluster final : public EngineBackend, public TrainerBackend {
       if (next.sample >= 0) {
         const auto it = running_.find(next.sample);
         if (it == running_.end() || it->second.epoch != next.epoch || it->second.paused) continue;
+        ++finishes_;
+        generated_tokens_ += LengthOf(next.sample) - it->second.from;
+        interruptions_ += it->second.interruptions;
         running_.erase(it);
       }
       return std::make_pair(next.time, next.event);
@@ -155,6 +166,20 @@ class Cluster final : public EngineBackend, public TrainerBackend {
     std::lock_guard lock(mutex_);
     return syncs_;
   }
+  // Of the finishes the driver took (PopDue): their count, the response tokens they
+  // generated since their dispatch, and their interruptions.
+  std::int64_t finishes() {
+    std::lock_guard lock(mutex_);
+    return finishes_;
+  }
+  std::int64_t generated_tokens() {
+    std::lock_guard lock(mutex_);
+    return generated_tokens_;
+  }
+  std::int64_t interruptions() {
+    std::lock_guard lock(mutex_);
+    return interruptions_;
+  }
 
  private:
   struct Run {
@@ -164,7 +189,23 @@ class Cluster final : public EngineBackend, public TrainerBackend {
     std::int64_t tokens = 0;
     bool paused = false;
     std::int64_t epoch = 0;
+    // The engine's account since the dispatch (Timing::accounts).
+    std::vector<VersionSpan> spans;
+    std::int64_t from = 0;
+    double dispatched = 0;
+    double paused_at = 0;
+    double paused_seconds = 0;
+    std::int64_t interruptions = 0;
   };
+
+  EngineSpans Account(const Run& run, std::int64_t tokens) const {
+    if (!timing_.accounts || tokens <= run.from) return {};
+    EngineSpans out;
+    for (const VersionSpan& span : run.spans) {
+      if (span.first_token < tokens) out.push_back(span);
+    }
+    return out;
+  }
   struct Pending {
     double time = 0;
     std::int64_t seq = 0;
@@ -176,25 +217,53 @@ class Cluster final : public EngineBackend, public TrainerBackend {
     }
   };
 
-  void Start(std::int64_t engine, std::int64_t sample, std::int64_t resume_from, double now) {
+  // A dispatch (resumed false) or a resume of `sample` under `version`.
+  void Start(std::int64_t engine, std::int64_t version, std::int64_t sample,
+             std::int64_t resume_from, double now, bool resumed) {
     Run& run = running_[sample];
     const std::int64_t epoch = run.epoch + 1;
-    run = Run{.engine = engine,
-              .start = now,
-              .resume_from = resume_from,
-              .tokens = resume_from,
-              .epoch = epoch};
+    Run next{.engine = engine,
+             .start = now,
+             .resume_from = resume_from,
+             .tokens = resume_from,
+             .epoch = epoch};
+    if (resumed) {
+      next.spans = std::move(run.spans);
+      next.from = run.from;
+      next.dispatched = run.dispatched;
+      next.paused_seconds = run.paused_seconds + (now - run.paused_at);
+      next.interruptions = run.interruptions;
+      while (!next.spans.empty() && next.spans.back().first_token >= resume_from) {
+        next.spans.pop_back();
+      }
+      if (next.spans.empty() || next.spans.back().version != version) {
+        next.spans.push_back({.version = version, .first_token = resume_from});
+      }
+    } else {
+      next.spans = {{.version = version, .first_token = resume_from}};
+      next.from = resume_from;
+      next.dispatched = now;
+    }
+    run = std::move(next);
     const std::int64_t length = LengthOf(sample);
     const double finish =
         now + static_cast<double>(std::max<std::int64_t>(length - resume_from, 0)) *
                   timing_.seconds_per_token;
     const double reward = (sample % 3 == 0) ? 1.0 : 0.0;
-    due_.push(
-        Pending{.time = finish,
-                .seq = seq_++,
-                .event = GenerationFinished{.sample = sample, .tokens = length, .reward = reward},
-                .sample = sample,
-                .epoch = epoch});
+    GenerationFinished finished{.sample = sample, .tokens = length, .reward = reward};
+    if (timing_.accounts) {
+      finished.spans = Account(run, length);
+      finished.telemetry = RequestTelemetry{.generated_tokens = length - run.from,
+                                            .interruptions = run.interruptions,
+                                            .first_token_seconds = timing_.seconds_per_token,
+                                            .seconds = finish - run.dispatched,
+                                            .paused_seconds = run.paused_seconds};
+    }
+    due_.push(Pending{.time = finish,
+                      .seq = seq_++,
+                      .event = std::move(finished),
+                      .sample = sample,
+                      .epoch = epoch});
   }
   void Due(double time, Event event) {
     due_.push(Pending{.time = time, .seq = seq_++, .event = std::move(event)});
@@ -211,6 +280,9 @@ class Cluster final : public EngineBackend, public TrainerBackend {
   std::vector<EngineTransfers> sync_transfers_;
   std::int64_t dispatched_ = 0;
   std::int64_t syncs_ = 0;
+  std::int64_t finishes_ = 0;
+  std::int64_t generated_tokens_ = 0;
+  std::int64_t interruptions_ = 0;
   std::int64_t fail_dispatch_engine_ = -1;
   bool fail_training_ = false;
 };
@@ -456,6 +528,145 @@ TEST(RuntimeTest, RefusedEventsAreCountedAndTheRunGoesOn) {
   EXPECT_EQ(status.rejected_events, 2);
   EXPECT_NE(status.last_rejection.find("step"), std::string::npos) << status.last_rejection;
   ExpectTrainedOnce(cluster, status);
+}
+
+// Engines that report their tokens' versions and their requests' telemetry: the same
+// run as engines that do not (their accounts match the core's inference: no
+// correction), every report's account checked, and the telemetry summed as the engines
+// counted it.
+TEST(RuntimeTest, EnginesAccountsOfVersionsAndTelemetryAreRecorded) {
+  std::vector<std::string> commands[2];
+  RuntimeStatus statuses[2];
+  std::int64_t finishes = 0;
+  std::int64_t generated = 0;
+  std::int64_t interruptions = 0;
+  for (int run = 0; run < 2; ++run) {
+    ManualClock clock;
+    Cluster cluster(clock, {.seconds_per_token = 0.01, .accounts = run == 1});
+    RuntimeOptions options = AsyncOptions(6);
+    options.on_command = [&commands, run](const Command& c) {
+      commands[run].push_back(Describe(c));
+    };
+    Runtime runtime(options, cluster, cluster, clock);
+    Drive(runtime, cluster, clock, 5, 128);
+    runtime.Stop();
+    statuses[run] = runtime.Status();
+    ASSERT_TRUE(statuses[run].done);
+    EXPECT_EQ(statuses[run].rejected_events, 0) << statuses[run].last_rejection;
+    if (run == 1) {
+      finishes = cluster.finishes();
+      generated = cluster.generated_tokens();
+      interruptions = cluster.interruptions();
+    }
+  }
+  ASSERT_FALSE(commands[0].empty());
+  EXPECT_EQ(commands[1], commands[0]);
+  EXPECT_EQ(statuses[0].counters.version_reports, 0);
+  EXPECT_EQ(statuses[0].requests.requests, 0);
+  const RuntimeStatus& status = statuses[1];
+  EXPECT_GE(status.counters.version_reports, finishes);  // every finish, and the pauses'
+  EXPECT_EQ(status.counters.version_corrections, 0);
+  EXPECT_GT(status.counters.partial_samples, 0);  // accounts across weight syncs
+  EXPECT_EQ(status.metrics.token_staleness_histogram,
+            statuses[0].metrics.token_staleness_histogram);
+  const RequestSummary& r = status.requests;
+  EXPECT_EQ(r.requests, finishes);
+  EXPECT_EQ(r.generated_tokens, generated);
+  EXPECT_EQ(r.interruptions, interruptions);
+  EXPECT_GT(r.interruptions, 0);
+  EXPECT_EQ(r.preemptions, 0);
+  EXPECT_EQ(r.invalid, 0);
+  EXPECT_GT(r.paused_seconds, 0);
+  EXPECT_GT(r.mean_seconds, 0);
+  EXPECT_LE(r.p50_seconds, r.p99_seconds);
+  EXPECT_LE(r.p99_seconds, r.max_seconds);
+  EXPECT_LE(r.mean_seconds, r.max_seconds);
+  // Every request's first token came 0.01 s after its dispatch (the histogram's bucket
+  // edge is within 4.4% above).
+  EXPECT_NEAR(r.mean_first_token_seconds, 0.01, 1e-9);
+  EXPECT_GE(r.p99_first_token_seconds, 0.01 * (1 - 1e-9));
+  EXPECT_LE(r.p99_first_token_seconds, 0.01 * 1.044);
+}
+
+// An account no engine could give is a protocol error: the report is refused (named,
+// counted, the state unchanged) and the engine's corrected report is taken. A finish's
+// bad telemetry is left out of the sums, the finish itself handled.
+TEST(RuntimeTest, AnImpossibleVersionAccountIsRefusedAndBadTelemetryLeftOut) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  Runtime runtime(AsyncOptions(2), cluster, cluster, clock);
+  runtime.Post(EngineJoined{.engine = 0, .max_concurrent = 4, .version = 0});
+  runtime.Post(PromptsAvailable{.prompts = Prompts(8)});
+  runtime.WaitIdle();
+  ASSERT_EQ(runtime.Status().counters.in_flight, 4);
+  // Sample 0 runs on engine 0 (version 0): version 3 does not exist yet.
+  runtime.Post(
+      GenerationFinished{.sample = 0, .tokens = 7, .spans = {{.version = 3, .first_token = 0}}});
+  runtime.WaitIdle();
+  RuntimeStatus status = runtime.Status();
+  EXPECT_EQ(status.rejected_events, 1);
+  EXPECT_NE(status.last_rejection.find("spans[0].version"), std::string::npos)
+      << status.last_rejection;
+  EXPECT_EQ(status.counters.in_flight, 4);
+  EXPECT_EQ(status.counters.version_reports, 0);
+  runtime.Post(
+      GenerationFinished{.sample = 0,
+                         .tokens = 7,
+                         .spans = {{.version = 0, .first_token = 0}},
+                         .telemetry = RequestTelemetry{.generated_tokens = 7, .seconds = -1}});
+  runtime.Post(GenerationFinished{
+      .sample = 1,
+      .tokens = 9,
+      .telemetry = RequestTelemetry{.generated_tokens = 9, .preemptions = 2, .seconds = 0.5}});
+  runtime.WaitIdle();
+  status = runtime.Status();
+  EXPECT_EQ(status.rejected_events, 1) << status.last_rejection;
+  EXPECT_EQ(status.counters.buffered + status.counters.trained, 2);
+  EXPECT_EQ(status.counters.version_reports, 1);
+  EXPECT_EQ(status.requests.invalid, 1);
+  EXPECT_EQ(status.requests.requests, 1);
+  EXPECT_EQ(status.requests.generated_tokens, 9);
+  EXPECT_EQ(status.requests.preemptions, 2);
+  EXPECT_DOUBLE_EQ(status.requests.mean_seconds, 0.5);
+  EXPECT_EQ(status.requests.mean_first_token_seconds, 0);  // none measured it
+}
+
+// Heartbeats' load, summed per engine; a negative count is refused naming it.
+TEST(RuntimeTest, HeartbeatsLoadIsSummedPerEngine) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  Runtime runtime(AsyncOptions(1), cluster, cluster, clock);
+  runtime.ReportLoad(3, 5, 1);
+  runtime.ReportLoad(1, 2, 0);
+  runtime.ReportLoad(3, 1, 4);
+  runtime.ReportLoad(3, 0, 0);
+  const auto refused = [&](std::int64_t engine, std::int64_t running, std::int64_t waiting,
+                           const std::string& field) {
+    try {
+      runtime.ReportLoad(engine, running, waiting);
+      ADD_FAILURE() << field << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(field, 0), 0u) << e.what();
+    }
+  };
+  refused(3, -1, 0, "running");
+  refused(3, 0, -2, "waiting");
+  refused(-1, 0, 0, "engine");
+  const std::vector<EngineLoad> load = runtime.Status().engine_load;
+  ASSERT_EQ(load.size(), 2u);
+  EXPECT_EQ(load[0].engine, 1);
+  EXPECT_EQ(load[0].heartbeats, 1);
+  EXPECT_EQ(load[0].running, 2);
+  EXPECT_EQ(load[0].max_running, 2);
+  EXPECT_DOUBLE_EQ(load[0].mean_running, 2);
+  EXPECT_EQ(load[1].engine, 3);
+  EXPECT_EQ(load[1].heartbeats, 3);
+  EXPECT_EQ(load[1].running, 0);  // the last report's
+  EXPECT_EQ(load[1].waiting, 0);
+  EXPECT_EQ(load[1].max_running, 5);
+  EXPECT_EQ(load[1].max_waiting, 4);
+  EXPECT_DOUBLE_EQ(load[1].mean_running, 2);
+  EXPECT_DOUBLE_EQ(load[1].mean_waiting, 5.0 / 3);
 }
 
 TEST(RuntimeTest, AnEngineThatCannotTakeACommandFailsAndItsSamplesFinishElsewhere) {

@@ -23,16 +23,30 @@ std::vector<s::Event> OneOfEach() {
           s::EngineJoined{.time = 2, .engine = 5, .max_concurrent = 9, .version = -1},
           s::EngineLeft{.time = 3, .engine = 5},
           s::EngineFailed{.time = 4, .engine = 6},
-          s::GenerationProgressed{.time = 5, .sample = 11, .tokens = 12},
-          s::GenerationFinished{.time = 6, .sample = 11, .tokens = 13, .reward = 0.5},
+          s::GenerationProgressed{
+              .time = 5, .sample = 11, .tokens = 12, .spans = {{.version = 1, .first_token = 2}}},
+          s::GenerationFinished{
+              .time = 6,
+              .sample = 11,
+              .tokens = 13,
+              .reward = 0.5,
+              .spans = {{.version = 1, .first_token = 2}, {.version = 3, .first_token = 9}},
+              .telemetry = s::RequestTelemetry{.generated_tokens = 11,
+                                               .preemptions = 1,
+                                               .interruptions = 2,
+                                               .first_token_seconds = 0.25,
+                                               .seconds = 4.5,
+                                               .paused_seconds = 1.5}},
           s::GroupFiltered{.time = 7, .group = 2},
           s::TrainStepFinished{.time = 8, .step = 1, .call = 1},
           s::WeightsLoaded{.time = 9, .engine = 5, .version = 2},
           s::EngineReleased{.time = 10, .engine = 5},
-          s::GenerationPaused{.time = 11,
-                              .engine = 5,
-                              .version = 3,
-                              .samples = {{.sample = 14, .tokens = 15}, {.sample = 12}}},
+          s::GenerationPaused{
+              .time = 11,
+              .engine = 5,
+              .version = 3,
+              .samples = {{.sample = 14, .tokens = 15, .spans = {{.version = 2, .first_token = 4}}},
+                          {.sample = 12}}},
           s::GenerationPaused{.time = 12, .engine = 6, .version = 4}};
 }
 
@@ -53,6 +67,25 @@ TEST(OrchestratorConvertTest, EveryEventKindRoundTrips) {
   EXPECT_EQ(p.samples[0].tokens, 15);
   EXPECT_EQ(p.samples[1].sample, 12);
   EXPECT_EQ(p.samples[1].tokens, 0);
+  ASSERT_EQ(p.samples[0].spans.size(), 1u);
+  EXPECT_EQ(p.samples[0].spans[0].version, 2);
+  EXPECT_EQ(p.samples[0].spans[0].first_token, 4);
+  EXPECT_TRUE(p.samples[1].spans.empty());
+  const auto finished = std::get<s::GenerationFinished>(ToEvent(ToEventMessage(OneOfEach()[5])));
+  ASSERT_EQ(finished.spans.size(), 2u);
+  EXPECT_EQ(finished.spans[1].version, 3);
+  EXPECT_EQ(finished.spans[1].first_token, 9);
+  ASSERT_TRUE(finished.telemetry.has_value());
+  EXPECT_EQ(finished.telemetry->generated_tokens, 11);
+  EXPECT_EQ(finished.telemetry->preemptions, 1);
+  EXPECT_EQ(finished.telemetry->interruptions, 2);
+  EXPECT_EQ(finished.telemetry->first_token_seconds, 0.25);
+  EXPECT_EQ(finished.telemetry->seconds, 4.5);
+  EXPECT_EQ(finished.telemetry->paused_seconds, 1.5);
+  // A finish without telemetry has none after the round trip (not a zero one).
+  EXPECT_FALSE(std::get<s::GenerationFinished>(
+                   ToEvent(ToEventMessage(s::GenerationFinished{.sample = 1, .tokens = 2})))
+                   .telemetry.has_value());
   EXPECT_TRUE(ToEventMessage(OneOfEach()[11]).has_generation_paused());
   EXPECT_THROW(ToEvent(v1::OrchestratorEvent{}), FieldError);
 }

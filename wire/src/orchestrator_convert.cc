@@ -19,6 +19,29 @@ namespace rlsched::wire {
 
 namespace s = scheduler;
 
+namespace {
+
+void AddSpans(const s::EngineSpans& spans,
+              google::protobuf::RepeatedPtrField<v1::VersionSpan>& out) {
+  out.Reserve(static_cast<int>(spans.size()));
+  for (const s::VersionSpan& span : spans) {
+    v1::VersionSpan* x = out.Add();
+    x->set_version(span.version);
+    x->set_first_token(span.first_token);
+  }
+}
+
+s::EngineSpans SpansOf(const google::protobuf::RepeatedPtrField<v1::VersionSpan>& spans) {
+  s::EngineSpans out;
+  out.reserve(static_cast<std::size_t>(spans.size()));
+  for (const v1::VersionSpan& span : spans) {
+    out.push_back({.version = span.version(), .first_token = span.first_token()});
+  }
+  return out;
+}
+
+}  // namespace
+
 v1::OrchestratorEvent ToEventMessage(const s::Event& event) {
   v1::OrchestratorEvent m;
   std::visit(
@@ -50,12 +73,23 @@ v1::OrchestratorEvent ToEventMessage(const s::Event& event) {
           x->set_time(e.time);
           x->set_sample(e.sample);
           x->set_tokens(e.tokens);
+          AddSpans(e.spans, *x->mutable_spans());
         } else if constexpr (std::is_same_v<T, s::GenerationFinished>) {
           v1::GenerationFinished* x = m.mutable_generation_finished();
           x->set_time(e.time);
           x->set_sample(e.sample);
           x->set_tokens(e.tokens);
           x->set_reward(e.reward);
+          AddSpans(e.spans, *x->mutable_spans());
+          if (e.telemetry) {
+            v1::RequestTelemetry* t = x->mutable_telemetry();
+            t->set_generated_tokens(e.telemetry->generated_tokens);
+            t->set_preemptions(e.telemetry->preemptions);
+            t->set_interruptions(e.telemetry->interruptions);
+            t->set_first_token_seconds(e.telemetry->first_token_seconds);
+            t->set_seconds(e.telemetry->seconds);
+            t->set_paused_seconds(e.telemetry->paused_seconds);
+          }
         } else if constexpr (std::is_same_v<T, s::GroupFiltered>) {
           m.mutable_group_filtered()->set_time(e.time);
           m.mutable_group_filtered()->set_group(e.group);
@@ -79,6 +113,7 @@ v1::OrchestratorEvent ToEventMessage(const s::Event& event) {
             v1::SampleProgress* progress = x->add_samples();
             progress->set_sample(p.sample);
             progress->set_tokens(p.tokens);
+            AddSpans(p.spans, *progress->mutable_spans());
           }
         } else {
           static_assert(std::is_same_v<T, s::EngineReleased>);
@@ -114,12 +149,28 @@ s::Event ToEvent(const v1::OrchestratorEvent& m) {
                              .engine = m.engine_failed().engine()};
     case v1::OrchestratorEvent::kGenerationProgressed: {
       const v1::GenerationProgressed& x = m.generation_progressed();
-      return s::GenerationProgressed{.time = x.time(), .sample = x.sample(), .tokens = x.tokens()};
+      return s::GenerationProgressed{.time = x.time(),
+                                     .sample = x.sample(),
+                                     .tokens = x.tokens(),
+                                     .spans = SpansOf(x.spans())};
     }
     case v1::OrchestratorEvent::kGenerationFinished: {
       const v1::GenerationFinished& x = m.generation_finished();
-      return s::GenerationFinished{
-          .time = x.time(), .sample = x.sample(), .tokens = x.tokens(), .reward = x.reward()};
+      s::GenerationFinished e{.time = x.time(),
+                              .sample = x.sample(),
+                              .tokens = x.tokens(),
+                              .reward = x.reward(),
+                              .spans = SpansOf(x.spans())};
+      if (x.has_telemetry()) {
+        const v1::RequestTelemetry& t = x.telemetry();
+        e.telemetry = s::RequestTelemetry{.generated_tokens = t.generated_tokens(),
+                                          .preemptions = t.preemptions(),
+                                          .interruptions = t.interruptions(),
+                                          .first_token_seconds = t.first_token_seconds(),
+                                          .seconds = t.seconds(),
+                                          .paused_seconds = t.paused_seconds()};
+      }
+      return e;
     }
     case v1::OrchestratorEvent::kGroupFiltered:
       return s::GroupFiltered{.time = m.group_filtered().time(),
@@ -140,7 +191,8 @@ s::Event ToEvent(const v1::OrchestratorEvent& m) {
       s::GenerationPaused e{.time = x.time(), .engine = x.engine(), .version = x.version()};
       e.samples.reserve(static_cast<std::size_t>(x.samples_size()));
       for (const v1::SampleProgress& p : x.samples()) {
-        e.samples.push_back({.sample = p.sample(), .tokens = p.tokens()});
+        e.samples.push_back(
+            {.sample = p.sample(), .tokens = p.tokens(), .spans = SpansOf(p.spans())});
       }
       return e;
     }

@@ -403,6 +403,8 @@ void FillCounters(const Counters& in, v1::OrchestratorCounters& out) {
   out.set_stale_restarts(in.stale_restarts);
   out.set_stale_discarded_tokens(in.stale_discarded_tokens);
   out.set_engine_failures(in.engine_failures);
+  out.set_version_reports(in.version_reports);
+  out.set_version_corrections(in.version_corrections);
 }
 
 void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {

@@ -7,7 +7,12 @@ interrupting ``sync_weights``: every paused sample's progress in one report; old
 workers send ``progressed`` per sample), ``weights_loaded``, ``released``) or :class:`TrainerWorker` (implement
 ``start_train``; report with ``step_finished``), then call ``run()``. The base class
 handles the stream, the hello with the run's token, heartbeats and retries while the
-scheduler is not yet listening. :mod:`rlsched.worker.emulated` has emulated workers.
+scheduler is not yet listening. An engine's reports carry, without the subclass doing
+anything, the versions its tokens were generated under (from the versions it committed
+with ``weights_loaded``, switching where its pause reports said), each finish's
+telemetry (tokens, interruptions, seconds) and each heartbeat's load (``load()``); an
+engine that knows better passes ``spans=`` / ``telemetry=`` or overrides ``load()``.
+:mod:`rlsched.worker.emulated` has emulated workers.
 """
 
 from rlsched.worker.base import EngineWorker, TrainerWorker, Worker  # noqa: F401

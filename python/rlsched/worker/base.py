@@ -4,7 +4,7 @@ import os
 import queue
 import threading
 import time
-from typing import Iterable, Optional, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
 
@@ -58,6 +58,10 @@ class Worker:
     def on_stop(self) -> None:
         """Called when the session ends (Goodbye, or the scheduler went away)."""
 
+    def load(self) -> Tuple[int, int]:
+        """``(running, waiting)`` requests, sent with every heartbeat (a trainer: zeros)."""
+        return 0, 0
+
     # ---- Sending. ----
 
     def send_event(self, **kind) -> None:
@@ -75,9 +79,21 @@ class Worker:
                 return
             yield message
 
+    def _heartbeat_interval(self) -> float:
+        """The Welcome's interval once welcomed (when it gives one), else our own."""
+        welcome = self.welcome
+        if welcome is not None and welcome.heartbeat_seconds > 0:
+            return welcome.heartbeat_seconds
+        return self.heartbeat_seconds
+
+    def _heartbeat(self) -> None:
+        running, waiting = self.load()
+        self._out.put(runtime_pb2.WorkerMessage(
+            heartbeat=runtime_pb2.Heartbeat(running=running, waiting=waiting)))
+
     def _heartbeats(self) -> None:
-        while not self._done.wait(self.heartbeat_seconds):
-            self._out.put(runtime_pb2.WorkerMessage(heartbeat=runtime_pb2.Heartbeat()))
+        while not self._done.wait(self._heartbeat_interval()):
+            self._heartbeat()
 
     def _channel(self) -> grpc.Channel:
         if not self.tls_ca:
@@ -114,6 +130,7 @@ class Worker:
                     if kind == "welcome":
                         self.welcome = message.welcome
                         self.on_welcome(message.welcome)
+                        self._heartbeat()  # the first, with the load at the start
                     elif kind == "command":
                         self.on_command(message.command)
                     elif kind == "goodbye":
@@ -131,9 +148,70 @@ class Worker:
             channel.close()
 
 
+class _Account:
+    """What the base class knows of a sample's run on this engine: where it began
+    (``resume_from``), the versions its tokens came under (``[version, first_token]``
+    spans: the version committed when it was dispatched or resumed), the tokens last
+    reported, and its times (wall seconds)."""
+
+    __slots__ = ("resume_from", "spans", "tokens", "paused", "exact", "started", "paused_at",
+                 "paused_seconds", "interruptions")
+
+    def __init__(self, resume_from: int, version: int, now: float):
+        self.resume_from = resume_from
+        self.spans: List[List[int]] = [[version, resume_from]]
+        self.tokens = resume_from
+        self.paused = False
+        self.exact = True  # False: it ran across a weight commit without a pause
+        self.started = now
+        self.paused_at: Optional[float] = None
+        self.paused_seconds = 0.0
+        self.interruptions = 0
+
+    def pause(self, tokens: int, now: float) -> None:
+        self.tokens = max(self.tokens, tokens)
+        if not self.paused:
+            self.paused = True
+            self.paused_at = now
+            self.interruptions += 1
+
+    def resume(self, version: int, now: float) -> None:
+        if self.paused_at is not None:
+            self.paused_seconds += now - self.paused_at
+            self.paused_at = None
+        self.paused = False
+        if self.spans and self.spans[-1][1] >= self.tokens:
+            self.spans.pop()  # no token of that version
+        if not self.spans or self.spans[-1][0] != version:
+            self.spans.append([version, self.tokens])
+
+    def spans_to(self, tokens: int) -> List[Tuple[int, int]]:
+        """The account of the tokens [resume_from, tokens): spans holding a token."""
+        if not self.exact or tokens <= self.resume_from:
+            return []
+        return [(v, first) for v, first in self.spans if first < tokens]
+
+
+def _version_spans(spans: Optional[Iterable[Sequence[int]]]) -> List[rollout_pb2.VersionSpan]:
+    return [rollout_pb2.VersionSpan(version=int(v), first_token=int(first))
+            for v, first in (spans or [])]
+
+
 class EngineWorker(Worker):
     """An inference engine. ``engine`` is its id; ``version`` the weights it holds
-    (-1: none)."""
+    (-1: none).
+
+    The base class keeps an account of each sample it was given (from its ``dispatch``
+    to its ``finished`` or ``abort``): the reports carry the versions the sample's tokens
+    were generated under (``VersionSpan``: the version committed by ``weights_loaded``
+    when the sample was dispatched or resumed, switching at the token count its pause
+    reported), the finish its telemetry (tokens generated, interruptions, seconds from
+    dispatch to finish and paused), and the heartbeats its load (``load()``: samples
+    running and paused). A sample that ran across a ``weights_loaded`` without being
+    reported paused gets no account (the scheduler infers it). An engine that knows
+    better (per-token versions of its own, preemptions, time to first token) passes
+    ``spans`` / ``telemetry`` to the reports, or overrides ``load()``.
+    """
 
     role = runtime_pb2.WORKER_ROLE_ENGINE
 
@@ -143,6 +221,9 @@ class EngineWorker(Worker):
         self.engine = engine
         self.max_concurrent = max_concurrent
         self.version = version
+        self._accounts: Dict[int, _Account] = {}
+        self._accounts_lock = threading.Lock()
+        self._pausing = False  # an interrupting sync_weights, weights_loaded not yet
 
     def hello(self) -> runtime_pb2.Hello:
         hello = super().hello()
@@ -153,7 +234,48 @@ class EngineWorker(Worker):
 
     def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
         kind = command.WhichOneof("kind")
-        getattr(self, kind)(getattr(command, kind))
+        message = getattr(command, kind)
+        self._track(kind, message)  # before the subclass: its reports may come at once
+        getattr(self, kind)(message)
+
+    def _track(self, kind: str, message) -> None:
+        now = time.monotonic()
+        with self._accounts_lock:
+            if kind == "dispatch":
+                for work in message.samples:
+                    self._accounts[work.sample] = _Account(work.resume_from, self.version, now)
+            elif kind == "resume":
+                for sample in message.samples:
+                    account = self._accounts.get(sample)
+                    if account is not None:
+                        account.resume(self.version, now)
+            elif kind == "abort":
+                for sample in message.samples:
+                    self._accounts.pop(sample, None)
+            elif kind == "sync_weights" and message.interrupt:
+                self._pausing = True
+
+    def load(self) -> Tuple[int, int]:
+        """``(running, waiting)``: the samples given and not finished or aborted, those
+        paused for a weight sync counted as waiting."""
+        with self._accounts_lock:
+            waiting = sum(1 for a in self._accounts.values() if a.paused)
+            return len(self._accounts) - waiting, waiting
+
+    def _seconds(self, wall: float) -> float:
+        """Wall seconds in the run's seconds (the Welcome's time_scale)."""
+        scale = self.welcome.time_scale if self.welcome is not None else 0.0
+        return wall / scale if scale > 0 else wall
+
+    def _paused_spans(self, sample: int, tokens: int,
+                      spans: Optional[Iterable[Sequence[int]]]) -> List[rollout_pb2.VersionSpan]:
+        """A pause report of `sample` (the accounts' lock held)."""
+        account = self._accounts.get(sample)
+        if account is not None:
+            account.pause(tokens, time.monotonic())
+            if spans is None:
+                spans = account.spans_to(tokens)
+        return _version_spans(spans)
 
     # The commands (rollout.proto's messages).
     def dispatch(self, dispatch: rollout_pb2.Dispatch) -> None:
@@ -172,26 +294,74 @@ class EngineWorker(Worker):
         raise NotImplementedError
 
     # The reports.
-    def finished(self, sample: int, tokens: int, reward: float) -> None:
-        self.send_event(generation_finished=rollout_pb2.GenerationFinished(
-            sample=sample, tokens=tokens, reward=reward))
+    def finished(self, sample: int, tokens: int, reward: float, *,
+                 spans: Optional[Iterable[Sequence[int]]] = None,
+                 telemetry: Optional[Mapping[str, float]] = None) -> None:
+        """A sample finished with ``tokens`` response tokens in all. ``spans``: the
+        engine's own account of the versions of its tokens since the dispatch
+        (``(version, first_token)`` pairs, see ``VersionSpan``; default: the base class's
+        account). ``telemetry``: ``RequestTelemetry`` fields the engine measured
+        (e.g. ``preemptions``, ``first_token_seconds``), over the base class's."""
+        now = time.monotonic()
+        with self._accounts_lock:
+            account = self._accounts.pop(sample, None)
+        figures = {}
+        if account is not None:
+            if spans is None:
+                spans = account.spans_to(tokens)
+            paused = account.paused_seconds + (
+                now - account.paused_at if account.paused_at is not None else 0.0)
+            figures = {"generated_tokens": max(0, tokens - account.resume_from),
+                       "interruptions": account.interruptions,
+                       "seconds": self._seconds(now - account.started),
+                       "paused_seconds": self._seconds(paused)}
+        figures.update(telemetry or {})
+        finished = rollout_pb2.GenerationFinished(sample=sample, tokens=tokens, reward=reward,
+                                                  spans=_version_spans(spans))
+        if figures:
+            finished.telemetry.CopyFrom(rollout_pb2.RequestTelemetry(**figures))
+        self.send_event(generation_finished=finished)
 
-    def progressed(self, sample: int, tokens: int) -> None:
+    def progressed(self, sample: int, tokens: int, *,
+                   spans: Optional[Iterable[Sequence[int]]] = None) -> None:
         """One sample's progress (an older way to report a pause: one per sample)."""
+        with self._accounts_lock:
+            if self._pausing:
+                spans = self._paused_spans(sample, tokens, spans)
+            else:
+                account = self._accounts.get(sample)
+                if spans is None and account is not None:
+                    spans = account.spans_to(tokens)
+                spans = _version_spans(spans)
         self.send_event(generation_progressed=rollout_pb2.GenerationProgressed(
-            sample=sample, tokens=tokens))
+            sample=sample, tokens=tokens, spans=spans))
 
-    def paused(self, version: int, samples: Iterable[Tuple[int, int]]) -> None:
+    def paused(self, version: int, samples: Iterable[Sequence]) -> None:
         """The pause of an interrupting ``sync_weights`` (``version``: its version),
         reported once the engine is paused and idle: ``(sample, tokens)`` for every
-        sample it paused, each once (an empty list when none was left running)."""
+        sample it paused, each once (an empty list when none was left running); a third
+        item, when given, is the sample's ``spans`` (see ``finished``)."""
+        progress = []
+        with self._accounts_lock:
+            for item in samples:
+                sample, tokens = int(item[0]), int(item[1])
+                spans = self._paused_spans(sample, tokens, item[2] if len(item) > 2 else None)
+                progress.append(rollout_pb2.SampleProgress(sample=sample, tokens=tokens,
+                                                           spans=spans))
         self.send_event(generation_paused=rollout_pb2.GenerationPaused(
-            engine=self.engine, version=version,
-            samples=[rollout_pb2.SampleProgress(sample=sample, tokens=tokens)
-                     for sample, tokens in samples]))
+            engine=self.engine, version=version, samples=progress))
 
     def weights_loaded(self, version: int) -> None:
-        self.version = version
+        """The weights of ``version`` are committed: the tokens generated from now on
+        are of that version (the accounts' spans say so from the next resume or
+        dispatch on)."""
+        with self._accounts_lock:
+            if version != self.version:
+                for account in self._accounts.values():
+                    if not account.paused:
+                        account.exact = False  # ran across the commit: no account
+            self.version = version
+            self._pausing = False
         self.send_event(weights_loaded=rollout_pb2.WeightsLoaded(
             engine=self.engine, version=version))
 

@@ -123,14 +123,16 @@ class _Clock:
 
 
 class _Sample:
-    __slots__ = ("tokens", "length", "prompt_tokens", "ready_at", "paused")
+    __slots__ = ("tokens", "length", "prompt_tokens", "ready_at", "paused", "first_token_seconds")
 
-    def __init__(self, tokens: float, length: int, prompt_tokens: int, ready_at: float):
+    def __init__(self, tokens: float, length: int, prompt_tokens: int, ready_at: float,
+                 first_token_seconds: float):
         self.tokens = tokens
         self.length = length
         self.prompt_tokens = prompt_tokens
         self.ready_at = ready_at
         self.paused = False
+        self.first_token_seconds = first_token_seconds  # its prefill, in run seconds
 
 
 class EmulatedEngine(EngineWorker):
@@ -190,7 +192,7 @@ class EmulatedEngine(EngineWorker):
                 prefill = (work.prompt_tokens + work.resume_from) / self.prefill
                 self._running[work.sample] = _Sample(
                     float(work.resume_from), self.length_of(work.sample, work.group, work.prompt),
-                    work.prompt_tokens, now + prefill)
+                    work.prompt_tokens, now + prefill, prefill)
             self._lock.notify()
 
     def abort(self, abort) -> None:
@@ -269,7 +271,9 @@ class EmulatedEngine(EngineWorker):
                                if not r.paused and r.tokens >= r.length]:
                     run = self._running.pop(sample)
                     self.finished_count += 1
-                    self.finished(sample, run.length, self.reward_of(sample))
+                    # The base class adds the versions and the rest of the telemetry.
+                    self.finished(sample, run.length, self.reward_of(sample),
+                                  telemetry={"first_token_seconds": run.first_token_seconds})
                 while self._timers and self._timers[0][0] <= now:
                     heapq.heappop(self._timers)[2]()
                 # Sleep until the next finish, prefill end or timer.

@@ -130,6 +130,25 @@ enum class StalenessPolicy { kAdmission, kFraction, kStrict };
 
 // ---- Events (driver → core). Times are seconds, non-decreasing across events. ----
 
+// A run of a sample's response tokens generated under one policy version.
+struct VersionSpan {
+  std::int64_t version = 0;
+  std::int64_t first_token = 0;  // response token index where the span starts
+};
+
+// The engine's account of the versions of the tokens it generated for a sample: the
+// version it had committed when it generated each. It covers [resume_from, tokens) of
+// the sample's Dispatch to this engine: spans in order, the first at resume_from, each
+// holding at least one token, versions ascending, each a version the engine held while
+// the sample ran on it (from the Dispatch's version to its newest, the one it is
+// loading included). Empty: no account (the core infers the versions from the pause
+// reports). An account breaking these rules refuses the report, naming
+// `spans[i].version` / `.first_token` or `spans` and the bound. Within them the
+// engine's account is recorded (the trainer's spans, the staleness figures) and
+// compared with the core's inference: Counters::version_corrections counts the
+// reports where they differ.
+using EngineSpans = std::vector<VersionSpan>;
+
 struct Prompt {
   std::int64_t id = 0;             // the dataset's prompt id (repeats across epochs)
   std::int64_t prompt_tokens = 0;  // >= 0
@@ -160,10 +179,12 @@ struct GenerationProgressed {
   double time = 0;
   std::int64_t sample = 0;
   std::int64_t tokens = 0;
+  EngineSpans spans;  // the engine's account of its tokens' versions; empty: none
 };
 struct SampleProgress {
   std::int64_t sample = 0;
   std::int64_t tokens = 0;  // response tokens so far, >= the last reported
+  EngineSpans spans;        // the engine's account of its tokens' versions; empty: none
 };
 // The engine paused for SyncWeights{version, interrupt = true} and is idle: every
 // sample it paused (those still in flight on it), each once, with its progress. The
@@ -178,11 +199,24 @@ struct GenerationPaused {
   std::int64_t version = 0;  // the SyncWeights command's
   std::vector<SampleProgress> samples;
 };
+// What an engine measured of one request (a sample's run on it, Dispatch to finish),
+// in run seconds; zero: not measured. The core ignores it; the runtime sums it
+// (RuntimeStatus::requests).
+struct RequestTelemetry {
+  std::int64_t generated_tokens = 0;  // tokens − resume_from
+  std::int64_t preemptions = 0;       // by the engine's own scheduler (KV cache evicted)
+  std::int64_t interruptions = 0;     // paused for an interrupting weight sync
+  double first_token_seconds = 0;     // Dispatch to the first new token
+  double seconds = 0;                 // Dispatch to finish, pauses included
+  double paused_seconds = 0;          // of those, paused for weight syncs
+};
 struct GenerationFinished {
   double time = 0;
   std::int64_t sample = 0;
   std::int64_t tokens = 0;  // total response tokens, >= the progress reported
   double reward = 0;
+  EngineSpans spans;  // the engine's account of its tokens' versions; empty: none
+  std::optional<RequestTelemetry> telemetry;
 };
 // An external judgement (e.g. a verifier) dropping a whole group.
 struct GroupFiltered {
@@ -343,11 +377,10 @@ struct Counters {  // in samples unless named *_groups
   std::int64_t steps_started = 0;
   std::int64_t steps_finished = 0;
   std::int64_t engine_failures = 0;  // EngineFailed events
-};
-
-struct VersionSpan {
-  std::int64_t version = 0;
-  std::int64_t first_token = 0;  // response token index where the span starts
+  // Generation reports carrying an engine's account of its tokens' versions (EngineSpans),
+  // and those whose account differed from the core's inference (the engine's recorded).
+  std::int64_t version_reports = 0;
+  std::int64_t version_corrections = 0;
 };
 
 // A trained sample, as the trainer receives it (kept for the last started step).

@@ -26,6 +26,16 @@
 //   - sink: a serial node that hands every stamped event to the event-log hook (in the
 //     core's order), reports each finished step, and records the Chrome/Perfetto trace.
 //
+//   What the engines say of their work. A generation report may carry the engine's
+//   account of the versions its tokens were generated under (EngineSpans, see
+//   orchestrator.h): the core checks it (an account no engine could give, e.g. a
+//   version it never held, refuses the report like any protocol error: counted in
+//   rejected_events and logged naming the field; the engine must report again) and
+//   records it in place of its own inference, counting the reports where the two
+//   differ (Counters::version_corrections, logged). A finish may carry the engine's
+//   RequestTelemetry, summed in RuntimeStatus::requests; heartbeats' load
+//   (ReportLoad) is summed per engine in RuntimeStatus::engine_load.
+//
 //   Backends are interfaces: an in-process engine or trainer (tests, emulation) or a
 //   remote worker connection. They are called from the graph's threads, one command at
 //   a time per backend, and may call Post() from inside (an engine that answers at
@@ -172,6 +182,37 @@ struct LatencySummary {
   double max_seconds = 0;
 };
 
+// The engines' per-request telemetry (GenerationFinished::telemetry) over the run, in
+// run seconds (quantiles from a histogram, within 4.4% above the exact values).
+struct RequestSummary {
+  std::int64_t requests = 0;  // accepted finish reports carrying telemetry
+  std::int64_t generated_tokens = 0;
+  std::int64_t preemptions = 0;
+  std::int64_t interruptions = 0;
+  double mean_seconds = 0;  // Dispatch to finish
+  double p50_seconds = 0;
+  double p99_seconds = 0;
+  double max_seconds = 0;
+  double mean_first_token_seconds = 0;  // over the requests that measured it (> 0)
+  double p99_first_token_seconds = 0;
+  double paused_seconds = 0;  // summed
+  // Telemetry left out for a negative or non-finite figure (logged, naming it); the
+  // finish itself is handled.
+  std::int64_t invalid = 0;
+};
+
+// An engine's load as its heartbeats report it (Runtime::ReportLoad).
+struct EngineLoad {
+  std::int64_t engine = 0;
+  std::int64_t heartbeats = 0;
+  std::int64_t running = 0;  // the last report's
+  std::int64_t waiting = 0;
+  std::int64_t max_running = 0;
+  std::int64_t max_waiting = 0;
+  double mean_running = 0;  // over its reports
+  double mean_waiting = 0;
+};
+
 struct RuntimeStatus {
   Counters counters;
   Metrics metrics;                          // up to the clock's now
@@ -184,6 +225,8 @@ struct RuntimeStatus {
   // or Train() for each command it caused (a StartTrain's step plan included), in wall
   // seconds of std::chrono::steady_clock whatever the injected clock.
   LatencySummary command_latency;
+  RequestSummary requests;
+  std::vector<EngineLoad> engine_load;  // ascending engine id, those that reported
 };
 
 class Runtime {
@@ -199,6 +242,11 @@ class Runtime {
   // Hands an event to the core (its `time` is replaced by the clock's). Thread-safe,
   // returns at once; false (and the event dropped) after Stop().
   bool Post(Event event);
+  // An engine's load from its heartbeat: requests running and waiting on it (waiting:
+  // dispatched, not generating: queued in the engine or paused). Thread-safe; not an
+  // event of the core (not logged). Throws std::invalid_argument naming `engine`,
+  // `running` or `waiting` when negative.
+  void ReportLoad(std::int64_t engine, std::int64_t running, std::int64_t waiting);
   // Waits until every event posted so far, and everything it caused, has been handled
   // (the graph is idle). Not while another thread keeps posting.
   void WaitIdle();
