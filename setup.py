@@ -8,15 +8,29 @@ needed: pip would otherwise fetch setuptools from PyPI; Debian's python3-setupto
 python3-wheel are used instead.
 
 What the build does:
-  * rlsched._native: CMake configures this repository with only the libraries the
-    module needs (no program, tests or benchmarks) and builds the target
-    ``rlsched_native`` (pybind11, the C++ libraries balance and common); the module is
-    copied into the wheel. C++ dependencies come from the system (Debian: cmake g++
-    pybind11-dev, and ninja-build when present).
+  * rlsched._native: CMake configures this repository (no tests or benchmarks) and
+    builds the one target ``rlsched_native`` (pybind11; the C++ libraries balance and
+    common, and, for the decision core ``rlsched.Orchestrator`` and the in-process
+    ``solve()``, the wire library: scheduler, rollout and the C++ protobuf messages); the
+    module is copied into the wheel. C++ dependencies come from the system (Debian:
+    cmake g++ pybind11-dev, and ninja-build when present; for the wire library
+    libprotobuf-dev protobuf-compiler, and, because the wire library is configured with
+    the program, the program's packages: libgrpc++-dev protobuf-compiler-grpc
+    libtbb-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev; only the
+    module's dependencies are compiled). When that configuration fails (a package
+    missing), the module is built without the wire library (balance and plan_step in
+    process; Orchestrator and the other cost models unavailable) and a warning says
+    so; ``RLSCHED_PIP_WIRE=0`` asks for that build directly.
   * rlsched.v1.*_pb2: protoc (Debian: protobuf-compiler) generates the protobuf
     modules from proto/rlsched/v1/*.proto into the wheel.
   * rlsched._version: the version of the top-level CMakeLists.txt's
     ``project(rlsched VERSION x.y.z)``, the project's one version string.
+
+Editable (``pip install --no-build-isolation -e .``): the sources of python/rlsched/ are
+imported in place; the native module, the protobuf modules and ``_version.py`` are
+written to ``build-python/editable/rlsched/``, which the package adds to its
+``__path__``. Python edits take effect at once; after a C++ or .proto change run the
+install again.
 
 Environment: ``CMAKE_BUILD_PARALLEL_LEVEL`` (jobs of the C++ build), ``RLSCHED_CMAKE_ARGS``
 (extra CMake arguments, shell-quoted), ``CMAKE`` and ``PROTOC`` (the tools to use).
@@ -39,6 +53,9 @@ from setuptools.command.egg_info import egg_info
 
 ROOT = Path(__file__).resolve().parent
 BUILD_BASE = "build-python"
+# What an editable install generates and builds (the package's native module, protobuf
+# modules and _version.py), kept out of the sources: <repo>/build-python/editable/rlsched/.
+EDITABLE_DIR = ROOT / BUILD_BASE / "editable"
 # The protobuf modules the package imports (as proto/CMakeLists.txt generates them).
 PROTOS = ["balance", "reshard", "rollout", "runtime", "service"]
 
@@ -83,7 +100,12 @@ class BuildPy(build_py):
 
     def run(self):
         super().run()
-        package_dir = Path(self.build_lib) / "rlsched"
+        # An editable install (pip install -e) imports the sources in place: the
+        # generated files go to build-python/editable/rlsched/, which the package adds to
+        # its __path__ (rlsched/__init__.py), as it does for a CMake build tree.
+        lib = EDITABLE_DIR if getattr(self, "editable_mode", False) else Path(self.build_lib)
+        package_dir = lib / "rlsched"
+        package_dir.mkdir(parents=True, exist_ok=True)
         (package_dir / "_version.py").write_text(
             '"""The version of rlsched (the top-level CMakeLists.txt\'s project VERSION)."""\n'
             f'version = "{project_version()}"\n', encoding="utf-8")
@@ -95,7 +117,7 @@ class BuildPy(build_py):
             encoding="utf-8")
         proto_dir = ROOT / "proto"
         command = [protoc, f"--proto_path={proto_dir}",
-                   f"--python_out={Path(self.build_lib).resolve()}"]
+                   f"--python_out={lib.resolve()}"]
         command += [str(proto_dir / "rlsched" / "v1" / f"{name}.proto") for name in PROTOS]
         subprocess.check_call(command)
         # protoc writes rlsched/v1/<name>_pb2.py under --python_out.
@@ -107,13 +129,13 @@ class BuildPy(build_py):
 class CMakeBuildExt(build_ext):
     """rlsched._native through CMake: configure the repository, build one target."""
 
-    def build_extension(self, ext):
-        cmake = find_tool("CMAKE", "cmake", "cmake")
-        build_dir = (Path(self.build_temp) / "cmake").resolve()
+    def _configure(self, cmake, build_dir, wire):
         configure = [
             cmake, "-S", str(ROOT), "-B", str(build_dir),
             "-DCMAKE_BUILD_TYPE=Release",
-            "-DRLSCHED_BUILD_PROGRAM=OFF", "-DRLSCHED_BUILD_TESTS=OFF",
+            # The program's configuration brings the wire library (only rlsched_native
+            # and its dependencies are built below).
+            f"-DRLSCHED_BUILD_PROGRAM={'ON' if wire else 'OFF'}", "-DRLSCHED_BUILD_TESTS=OFF",
             "-DRLSCHED_BUILD_BENCHMARKS=OFF", "-DRLSCHED_BUILD_PYTHON=ON",
             # pybind11 builds for the interpreter running this build (a venv's python).
             f"-DPYTHON_EXECUTABLE={sys.executable}", f"-DPython_EXECUTABLE={sys.executable}",
@@ -121,7 +143,22 @@ class CMakeBuildExt(build_ext):
         if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
             configure += ["-G", "Ninja"]
         configure += shlex.split(os.environ.get("RLSCHED_CMAKE_ARGS", ""))
-        subprocess.check_call(configure)
+        return subprocess.call(configure)
+
+    def build_extension(self, ext):
+        cmake = find_tool("CMAKE", "cmake", "cmake")
+        base = Path(self.build_temp).resolve()
+        build_dir = base / "cmake"
+        wire = os.environ.get("RLSCHED_PIP_WIRE", "1") != "0"
+        if wire and self._configure(cmake, build_dir, True) != 0:
+            print("setup.py: WARNING: configuring with the wire library failed (see above); "
+                  "building rlsched._native without it: no rlsched.Orchestrator, and cost "
+                  "models other than tokens go to the daemon", file=sys.stderr)
+            wire = False
+        if not wire:
+            build_dir = base / "cmake-no-wire"
+            if self._configure(cmake, build_dir, False) != 0:
+                raise RuntimeError("setup.py: CMake could not configure rlsched_native")
         command = [cmake, "--build", str(build_dir), "--target", "rlsched_native"]
         if self.parallel:
             command += ["--parallel", str(self.parallel)]
@@ -133,6 +170,19 @@ class CMakeBuildExt(build_ext):
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built[0], target)
+
+    def copy_extensions_to_source(self):
+        # pip install -e: the module goes beside the generated files in
+        # build-python/editable/rlsched/, not into python/rlsched/ (where it would
+        # shadow a CMake build tree's module).
+        if not getattr(self, "editable_mode", False):
+            super().copy_extensions_to_source()
+            return
+        for ext in self.extensions:
+            filename = self.get_ext_filename(self.get_ext_fullname(ext.name))
+            target = EDITABLE_DIR / filename
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(self.build_lib) / filename, target)
 
 
 setup(

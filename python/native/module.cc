@@ -10,6 +10,9 @@
 //   token cost model (the daemon's default). The GIL is released while solving. Bad
 //   input raises ValueError whose message starts with the field ("lengths[3]: must be
 //   in [0, 2147483648], got -1") and whose `field` attribute is that path.
+//   Built with the wire library (RLSCHED_BUILD_PROGRAM), the module also has
+//   Orchestrator (the decision core over rlsched.v1 messages) and solve() (a whole
+//   rlsched.v1.Request, as the daemon answers it): wire_bindings.cc; HAS_WIRE says which.
 //
 // Thread-safety: the functions are pure; concurrent calls from threads are safe. An
 // int64 array read in place is read without the GIL: another thread must not write it
@@ -33,6 +36,9 @@
 #include "rlsched/balance/micro_batch.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
+#ifdef RLSCHED_NATIVE_WIRE
+#include "wire_bindings.h"
+#endif
 
 namespace py = pybind11;
 
@@ -424,4 +430,11 @@ PYBIND11_MODULE(_native, m) {
   m.def("_time_balance", &TimeBalance, py::arg("lengths"), py::arg("num_parts"),
         py::arg("equal_size") = false, py::arg("repeats") = 1,
         "Seconds of each of `repeats` Balance() calls timed in C++ (for the benchmark).");
+
+  // The decision core and solve() (wire_bindings.cc), when the wire library was built.
+#ifdef RLSCHED_NATIVE_WIRE
+  rlsched::python::RegisterWire(m);
+#else
+  m.attr("HAS_WIRE") = false;
+#endif
 }

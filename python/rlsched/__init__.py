@@ -38,6 +38,14 @@ Installed with pip (``pip install --no-build-isolation .`` at the repository roo
 setup.py), the package holds the native module, the generated modules and
 ``_version.py`` itself.
 
+With the wire library in the native module (``rlsched._native.HAS_WIRE``: built with
+the program, the default, and by pip), the arguments only the daemon used to take (the
+attention cost model, ``raw=True``) are answered in process too, by the daemon's own
+code (:class:`InProcessClient`, which also does ``reshard`` and ``simulate``), and
+:class:`Orchestrator` is the decision core for a framework's own driver loop (events
+in, commands out; see :mod:`rlsched.orchestrator`). :func:`plan_step_indices` gives a
+step's plan as ``[rank][micro_batch]`` index lists.
+
 Frameworks: :mod:`rlsched.integrations.verl` puts drop-ins for verl's balancing
 functions in place (``install()``).
 """
@@ -45,6 +53,32 @@ functions in place (``install()``).
 from pkgutil import extend_path
 
 __path__ = extend_path(__path__, __name__)  # noqa: F821 - the package's own path
+
+
+def _add_editable_dir() -> None:
+    # `pip install -e` of the repository (setup.py) imports this directory in place and
+    # writes what it builds (the native module, rlsched.v1, _version.py) to
+    # <repo>/build-python/editable/rlsched/: a directory like a build tree's, added last.
+    import os.path
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    editable = os.path.join(root, "build-python", "editable", "rlsched")
+    if os.path.isdir(editable) and editable not in __path__:
+        __path__.append(editable)
+
+
+_add_editable_dir()
+
+# Every generated protobuf module is imported before the native module (rlsched.client
+# imports it). The native module's C++ messages register the same .proto files in the
+# C++ protobuf runtime that python3-protobuf's cpp implementation uses as its pool's
+# underlay: a _pb2 module imported after it would take its descriptors from there, and
+# its messages would not compare equal to those of modules imported before.
+try:
+    from rlsched.v1 import (balance_pb2 as _balance_pb2,  # noqa: E402,F401
+                            reshard_pb2 as _reshard_pb2, rollout_pb2 as _rollout_pb2,
+                            runtime_pb2 as _runtime_pb2, service_pb2 as _service_pb2)
+except ImportError:  # no build: rlsched._proto says what is missing
+    pass
 
 import os as _os  # noqa: E402
 import threading as _threading  # noqa: E402
@@ -56,6 +90,10 @@ from rlsched import client as _client  # noqa: E402
 from rlsched.client import native_available  # noqa: E402
 from rlsched.errors import (DaemonError, InvalidArgumentError,  # noqa: E402
                             RlschedError)
+from rlsched.in_process import InProcessClient  # noqa: E402
+from rlsched import in_process as _in_process_module  # noqa: E402
+from rlsched.orchestrator import Orchestrator, TrainedSample  # noqa: E402
+from rlsched.step_plan import plan_step_indices  # noqa: E402
 
 __all__ = [
     "Client",
@@ -68,6 +106,10 @@ __all__ = [
     "RankPlan",
     "MicroBatch",
     "BaselinePlan",
+    "InProcessClient",
+    "Orchestrator",
+    "TrainedSample",
+    "plan_step_indices",
     "default_client",
     "native_available",
     "set_default_client",
@@ -109,6 +151,7 @@ __version__ = _find_version()
 
 _default: _Optional[Client] = None
 _default_lock = _threading.Lock()
+_in_process_client: _Optional[InProcessClient] = None
 # A client given to set_default_client() takes the module-level calls (not the native
 # module).
 _explicit_default = False
@@ -120,6 +163,20 @@ def _in_process() -> bool:
     ``RLSCHED_NATIVE`` is not "0", and no client was set with set_default_client()."""
     return (native_available() and not _explicit_default
             and _os.environ.get("RLSCHED_NATIVE", "1") != "0")
+
+
+def _fallback() -> Client:
+    """Where the module-level calls go that the native module's direct functions do not
+    take (a cost model other than tokens, ``raw=True``): in process through
+    :class:`InProcessClient` when the module has the wire library (and is in use, see
+    _in_process()), else the default client's daemon."""
+    global _in_process_client
+    if _in_process() and _in_process_module.available():
+        with _default_lock:
+            if _in_process_client is None:
+                _in_process_client = InProcessClient()
+            return _in_process_client
+    return default_client()
 
 
 def default_client() -> Client:
@@ -149,33 +206,33 @@ def ping() -> str:
 
 def balance(lengths, num_ranks=None, **kwargs):
     """:meth:`Client.balance` on the default client (in process with the native
-    module, for the token cost)."""
+    module: every option with its wire library, else the token cost)."""
     if _in_process():
         result = _client.native_balance(lengths, num_ranks, **kwargs)
         if result is not NotImplemented:
             return result
-    return default_client().balance(lengths, num_ranks, **kwargs)
+    return _fallback().balance(lengths, num_ranks, **kwargs)
 
 
 def plan_step(lengths, **kwargs):
     """:meth:`Client.plan_step` on the default client (in process with the native
-    module, for the token cost)."""
+    module: every option with its wire library, else the token cost)."""
     if _in_process():
         result = _client.native_plan_step(lengths, **kwargs)
         if result is not NotImplemented:
             return result
-    return default_client().plan_step(lengths, **kwargs)
+    return _fallback().plan_step(lengths, **kwargs)
 
 
 def plan_micro_batches(lengths, max_token_len=None, **kwargs):
     """:meth:`Client.plan_micro_batches` on the default client (in process with the
-    native module, for the token cost)."""
+    native module: every option with its wire library, else the token cost)."""
     if _in_process():
         result = _client.native_plan_step(lengths, num_ranks=1, max_token_len=max_token_len,
                                           **kwargs)
         if result is not NotImplemented:
             return [m.indices for m in result.ranks[0].micro_batches]
-    return default_client().plan_micro_batches(lengths, max_token_len, **kwargs)
+    return _fallback().plan_micro_batches(lengths, max_token_len, **kwargs)
 
 
 def reshard(model_config_json, **kwargs):

@@ -122,7 +122,9 @@ def test_module_level_functions_run_in_process(client, monkeypatch):
             client.plan_step(lengths, num_ranks=2, max_token_len=40000)
         assert rlsched.plan_micro_batches(lengths, 40000, pipeline_stages=2) == \
             client.plan_micro_batches(lengths, 40000, pipeline_stages=2)
-        # Arguments only the daemon takes still go to it, with the same answer shape.
+        # Arguments the direct native calls do not take (raw replies, cost models) go
+        # to the in-process client when the module has the wire library (see
+        # test_in_process.py), else to the daemon: the same answer either way.
         assert rlsched.balance(lengths, 4, cost="tokens", raw=True).max_cost == \
             rlsched.balance(lengths, 4).max_cost
         monkeypatch.setenv("RLSCHED_NATIVE", "0")

@@ -1,0 +1,110 @@
+"""rlsched.plan_step_indices: the step plan as [rank][micro_batch] index lists.
+
+On seeded random inputs the lists are those of `rlsched plan-step --json` for the same
+lengths and options (the program's output, ranks[r].micro_batches[k].indices), with the
+token cost and the attention cost model (in process through the wire library when the
+native module has it); every index is placed exactly once, no micro-batch exceeds the
+cap, every rank has the same micro-batch count; numpy output; errors name the argument.
+"""
+
+import json
+import random
+import subprocess
+
+import pytest
+
+import rlsched
+
+np = pytest.importorskip("numpy")
+
+MODEL = {"hidden_size": 4096, "num_layers": 32, "ffn_hidden_size": 14336,
+         "num_attention_heads": 32, "num_kv_heads": 8, "vocab_size": 128256}
+MODEL_FLAGS = ["--cost", "attention", "--hidden-size", "4096", "--num-layers", "32",
+               "--ffn-hidden-size", "14336", "--num-attention-heads", "32",
+               "--num-kv-heads", "8", "--vocab-size", "128256"]
+
+CASES = [
+    # (seed, n, ranks, cap, keyword options, the program's flags)
+    (1, 200, 4, 40000, {}, []),
+    (2, 1000, 8, 32768, {"pipeline_model_parallel_size": 4},
+     ["--pipeline-model-parallel-size", "4"]),
+    (3, 300, 2, 33000, {"min_micro_batches": 3, "micro_batches_multiple_of": 2,
+                        "pad_to_multiple_of": 128, "overhead": 0},
+     ["--min-micro-batches", "3", "--micro-batches-multiple-of", "2",
+      "--pad-to-multiple-of", "128", "--overhead", "0"]),
+    (4, 257, 4, 50000, {"order": "heaviest_first", "equal_size": True, "count_tolerance": 0.05},
+     ["--order", "heaviest-first", "--equal-size", "--count-tolerance", "0.05"]),
+    (5, 3, 4, 40000, {}, []),  # fewer sequences than ranks: empty ranks
+    (6, 500, 8, 65536, {"cost": {"kind": "attention", "model": MODEL}}, MODEL_FLAGS),
+    (7, 64, 2, 20000, {"cost": {"kind": "attention", "model": MODEL}, "overhead": 500},
+     MODEL_FLAGS + ["--overhead", "500"]),
+]
+
+
+def _lengths(seed, n, cap):
+    rng = random.Random(seed)
+    return [rng.randint(1, min(cap, 32768)) for _ in range(n)]
+
+
+def _program_plan(rlsched_bin, lengths, ranks, cap, flags):
+    result = subprocess.run(
+        [rlsched_bin, "plan-step", "--ranks", str(ranks), "--max-token-len", str(cap),
+         "--json", *flags], input="\n".join(map(str, lengths)) + "\n",
+        capture_output=True, text=True, timeout=120, check=True)
+    reply = json.loads(result.stdout)
+    return [[[int(i) for i in m.get("indices", [])] for m in r.get("micro_batches", [])]
+            for r in reply["ranks"]]
+
+
+@pytest.mark.parametrize("seed,n,ranks,cap,options,flags", CASES)
+def test_same_lists_as_the_program(rlsched_bin, seed, n, ranks, cap, options, flags):
+    lengths = _lengths(seed, n, cap)
+    plan = rlsched.plan_step_indices(lengths, ranks, cap, **options)
+    assert plan == _program_plan(rlsched_bin, lengths, ranks, cap, flags)
+    # Every index once; the cap holds (padded lengths); one count on every rank.
+    assert sorted(i for rank in plan for m in rank for i in m) == list(range(n))
+    pad = options.get("pad_to_multiple_of", 1)
+    for rank in plan:
+        assert len(rank) == len(plan[0])
+        for m in rank:
+            assert m == sorted(m)
+            assert sum(-(-lengths[i] // pad) * pad for i in m) <= cap
+    # numpy in, numpy out: the same lists.
+    arrays = rlsched.plan_step_indices(np.asarray(lengths, dtype=np.int64), ranks, cap,
+                                       as_numpy=True, **options)
+    assert all(a.dtype == np.int64 for rank in arrays for a in rank)
+    assert [[a.tolist() for a in rank] for rank in arrays] == plan
+
+
+@pytest.mark.parametrize("seed", range(10, 20))
+def test_random_plans_place_every_index_once_under_the_cap(seed):
+    rng = random.Random(seed)
+    n = rng.randint(0, 400)
+    ranks = rng.randint(1, 16)
+    cap = rng.randint(1000, 70000)
+    lengths = [rng.randint(0, cap) for _ in range(n)]
+    groups = sorted(rng.randint(0, max(n // 4, 1)) for _ in range(n))
+    keep = rng.random() < 0.5
+    plan = rlsched.plan_step_indices(lengths, ranks, cap, groups=groups, keep_groups=keep)
+    assert len(plan) == ranks
+    assert sorted(i for rank in plan for m in rank for i in m) == list(range(n))
+    for rank in plan:
+        assert len(rank) == len(plan[0])
+        for m in rank:
+            assert sum(lengths[i] for i in m) <= cap
+    if keep:  # a group's samples on one rank
+        rank_of = {i: r for r, rank in enumerate(plan) for m in rank for i in m}
+        for g in set(groups):
+            assert len({rank_of[i] for i in range(n) if groups[i] == g}) == 1
+
+
+@pytest.mark.parametrize("args,field", [
+    (([1, 2], 0, 100), "num_ranks"),
+    (([1, 2], 2, 0), "max_token_len"),
+    (([1, 200], 2, 100), "lengths[1]"),
+    (([1, -2], 2, 100), "lengths[1]"),
+])
+def test_bad_input_names_the_argument(args, field):
+    with pytest.raises(rlsched.InvalidArgumentError) as info:
+        rlsched.plan_step_indices(*args)
+    assert info.value.field == field, info.value
