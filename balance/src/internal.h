@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rlsched/balance/balance.h"
 #include "rlsched/balance/partition.h"
 
 namespace rlsched::balance::internal {
@@ -50,6 +51,50 @@ Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
 Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
                            std::span<const std::int32_t> order, std::int64_t num_parts,
                            PartSizes sizes);
+
+// Throws std::invalid_argument naming the field unless options.exact is usable
+// (max_nodes >= 0, a clock with a time limit): PartitionItems()'s check of its options
+// beside num_parts.
+void CheckPartitionOptions(const PartitionOptions& options);
+
+// PartitionItems() without input checks, on `order` = HeaviestFirst(weights) and
+// `sorted` the weights in that order (as HeaviestFirst() gives them): the same
+// partition. For callers that sorted the weights already.
+Partition PartitionSorted(std::span<const std::int64_t> weights,
+                          std::span<const std::int32_t> order, std::span<const std::int64_t> sorted,
+                          const PartitionOptions& options);
+
+// PartitionSorted()'s assignment before its Partition is made, with what the
+// refinement and the exact search report.
+struct SortedAssignment {
+  Assignment assignment;
+  std::int64_t refine_steps = 0;
+  std::int64_t exact_nodes = 0;
+  bool proven_optimal = false;  // by the exact search
+};
+SortedAssignment AssignSorted(std::span<const std::int64_t> weights,
+                              std::span<const std::int32_t> order,
+                              std::span<const std::int64_t> sorted,
+                              const PartitionOptions& options);
+
+// Balance()'s partition of `lengths` (each in [0, kMaxLength], as Pad() checks them),
+// given their costs under options.cost (`costs`, checked by CheckWeights()) and, when
+// options.keep_groups is off, those costs' HeaviestFirst() order and sorted values:
+// the same partition (and the same errors for bad groups or options), without the
+// lengths checked, the costs computed and sorted again, nor the parts' tokens.
+Partition BalancedPartition(std::span<const std::int64_t> lengths,
+                            std::span<const std::int64_t> costs,
+                            std::span<const std::int64_t> groups, const BalanceOptions& options,
+                            std::span<const std::int32_t> order,
+                            std::span<const std::int64_t> sorted);
+
+// BalancedPartition() without groups kept (options.keep_groups off): the part of
+// every sequence, for callers that need no Partition.
+Assignment BalancedAssignment(std::span<const std::int64_t> lengths,
+                              std::span<const std::int64_t> costs,
+                              std::span<const std::int64_t> groups, const BalanceOptions& options,
+                              std::span<const std::int32_t> order,
+                              std::span<const std::int64_t> sorted);
 
 // Refine() without input checks, and optionally with a second dimension: `sizes`
 // (one per item, or empty for none) whose per-part sum a step never takes above

@@ -32,6 +32,21 @@ void CheckAtLeast(std::int64_t value, std::int64_t min, const char* field) {
   }
 }
 
+// Throws std::invalid_argument naming lengths[i] when `length` is above kMaxLength or,
+// padded, above the cap (Pad()'s checks of one length); returns otherwise.
+void CheckLength(std::int64_t length, std::size_t i, const MicroBatchOptions& options) {
+  if (length > kMaxLength) {
+    rlsched::FailBound("lengths[" + std::to_string(i) + "]", "<= 2^31", length);
+  }
+  const std::int64_t t = RoundUp(length, options.pad_to_multiple_of);
+  if (t > options.max_tokens_per_micro_batch) {
+    rlsched::Fail("lengths[" + std::to_string(i) + "]",
+                  "sequence of " + std::to_string(t) +
+                      " tokens (padded) exceeds max_tokens_per_micro_batch = " +
+                      std::to_string(options.max_tokens_per_micro_batch));
+  }
+}
+
 struct Loads {
   std::vector<std::int64_t> tokens;
   std::vector<std::int64_t> costs;
@@ -245,18 +260,26 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
   internal::CheckWeights(lengths, "lengths");
   Padded padded;
   padded.lengths = lengths;
+  if (options.pad_to_multiple_of == 1 && options.cost.kind() == CostModel::Kind::kTokens) {
+    // No padding and a token's cost is the token: tokens and costs are the lengths,
+    // checked as the loop below checks them (the costs' and the sums' checks then
+    // pass as the lengths' did).
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      if (lengths[i] > kMaxLength || lengths[i] > options.max_tokens_per_micro_batch) {
+        CheckLength(lengths[i], i, options);
+      }
+    }
+    padded.tokens.assign(lengths.begin(), lengths.end());
+    padded.costs = padded.tokens;
+    return padded;
+  }
   padded.tokens.resize(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] > kMaxLength) {
       rlsched::FailBound("lengths[" + std::to_string(i) + "]", "<= 2^31", lengths[i]);
     }
     const std::int64_t t = RoundUp(lengths[i], options.pad_to_multiple_of);
-    if (t > options.max_tokens_per_micro_batch) {
-      rlsched::Fail("lengths[" + std::to_string(i) + "]",
-                    "sequence of " + std::to_string(t) +
-                        " tokens (padded) exceeds max_tokens_per_micro_batch = " +
-                        std::to_string(options.max_tokens_per_micro_batch));
-    }
+    if (t > options.max_tokens_per_micro_batch) CheckLength(lengths[i], i, options);
     padded.tokens[i] = t;
   }
   internal::CheckWeights(padded.tokens, "lengths (padded)");
@@ -282,7 +305,8 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
 }
 
 std::vector<RankItems> GatherRanks(const Padded& padded,
-                                   const std::vector<std::vector<std::int64_t>>& ranks) {
+                                   const std::vector<std::vector<std::int64_t>>& ranks,
+                                   std::span<const std::int32_t> rank_of_sequence) {
   std::vector<RankItems> gathered(ranks.size());
   auto one_by_one = [&] {
     for (std::size_t r = 0; r < ranks.size(); ++r) gathered[r] = Gather(padded, ranks[r]);
@@ -292,14 +316,19 @@ std::vector<RankItems> GatherRanks(const Padded& padded,
   if (ranks.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
     return one_by_one();
   }
-  std::vector<std::int32_t> rank_of(n, -1);
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    const std::vector<std::int64_t>& rank = ranks[r];
-    for (std::size_t j = 0; j < rank.size(); ++j) {
-      const auto i = static_cast<std::size_t>(rank[j]);
-      if (rank_of[i] >= 0 || (j > 0 && rank[j - 1] >= rank[j])) return one_by_one();
-      rank_of[i] = static_cast<std::int32_t>(r);
+  std::vector<std::int32_t> checked;
+  std::span<const std::int32_t> rank_of = rank_of_sequence;
+  if (rank_of.size() != n) {
+    checked.assign(n, -1);
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      const std::vector<std::int64_t>& rank = ranks[r];
+      for (std::size_t j = 0; j < rank.size(); ++j) {
+        const auto i = static_cast<std::size_t>(rank[j]);
+        if (checked[i] >= 0 || (j > 0 && rank[j - 1] >= rank[j])) return one_by_one();
+        checked[i] = static_cast<std::int32_t>(r);
+      }
     }
+    rank_of = checked;
   }
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     RankItems& items = gathered[r];
@@ -330,12 +359,22 @@ std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_
                                              std::span<const std::int32_t> by_tokens) {
   RoomTree room(static_cast<std::size_t>(m), cap);
   Assignment assignment(items.tokens.size(), 0);
-  for (const std::int32_t i : by_tokens) {
-    const std::int64_t t = items.tokens[static_cast<std::size_t>(i)];
+  // A run of items of equal tokens t: once one goes to bin b (every bin before b has
+  // room below t, and keeps it), the next goes to b too while b has room for it. So the
+  // run fills b as far as it can, and the tree is updated once per bin instead of once
+  // per item (the same assignment).
+  const std::size_t n = by_tokens.size();
+  for (std::size_t s = 0; s < n;) {
+    const std::int64_t t = items.tokens[static_cast<std::size_t>(by_tokens[s])];
     const std::int64_t bin = room.FirstAtLeast(t);
     if (bin < 0) return std::nullopt;
-    room.Set(static_cast<std::size_t>(bin), room.Get(static_cast<std::size_t>(bin)) - t);
-    assignment[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(bin);
+    std::int64_t left = room.Get(static_cast<std::size_t>(bin));
+    do {
+      assignment[static_cast<std::size_t>(by_tokens[s])] = static_cast<std::int32_t>(bin);
+      left -= t;
+      ++s;
+    } while (s < n && left >= t && items.tokens[static_cast<std::size_t>(by_tokens[s])] == t);
+    room.Set(static_cast<std::size_t>(bin), left);
   }
   return assignment;
 }
@@ -474,24 +513,34 @@ RankPlan MakeRankPlan(const Padded& padded, const RankItems& items, std::int64_t
     for (const std::int32_t b : assignment) ++sizes[static_cast<std::size_t>(b)];
     for (std::size_t b = 0; b < batches.size(); ++b) batches[b].indices.reserve(sizes[b]);
   }
-  // The unpadded lengths are read at the items' places in the batch: fetched a few
-  // items ahead, so that those reads overlap.
-  constexpr std::size_t kAhead = 16;
-  for (std::size_t i = 0; i < assignment.size(); ++i) {
-    if (i + kAhead < assignment.size()) {
-      __builtin_prefetch(&padded.lengths[static_cast<std::size_t>(items.global[i + kAhead])]);
+  if (items.total_unpadded == items.total_tokens) {
+    // No item was padded (padding never shortens one, so equal sums mean equal
+    // lengths): the unpadded lengths are the tokens, and not read from the batch.
+    for (std::size_t i = 0; i < assignment.size(); ++i) {
+      MicroBatch& b = batches[static_cast<std::size_t>(assignment[i])];
+      b.indices.push_back(items.global[i]);
+      b.tokens += items.tokens[i];
+      b.unpadded_tokens += items.tokens[i];
+      b.cost += items.costs[i];
     }
-    MicroBatch& b = batches[static_cast<std::size_t>(assignment[i])];
-    b.indices.push_back(items.global[i]);
-    b.tokens += items.tokens[i];
-    b.unpadded_tokens += padded.lengths[static_cast<std::size_t>(items.global[i])];
-    b.cost += items.costs[i];
+  } else {
+    // The unpadded lengths are read at the items' places in the batch: fetched a few
+    // items ahead, so that those reads overlap.
+    constexpr std::size_t kAhead = 16;
+    for (std::size_t i = 0; i < assignment.size(); ++i) {
+      if (i + kAhead < assignment.size()) {
+        __builtin_prefetch(&padded.lengths[static_cast<std::size_t>(items.global[i + kAhead])]);
+      }
+      MicroBatch& b = batches[static_cast<std::size_t>(assignment[i])];
+      b.indices.push_back(items.global[i]);
+      b.tokens += items.tokens[i];
+      b.unpadded_tokens += padded.lengths[static_cast<std::size_t>(items.global[i])];
+      b.cost += items.costs[i];
+    }
   }
   // Already ascending when the rank's sequences are (Gather of an ascending rank).
-  for (MicroBatch& b : batches) {
-    if (!std::is_sorted(b.indices.begin(), b.indices.end())) {
-      std::sort(b.indices.begin(), b.indices.end());
-    }
+  if (!std::is_sorted(items.global.begin(), items.global.end())) {
+    for (MicroBatch& b : batches) std::sort(b.indices.begin(), b.indices.end());
   }
   // Heaviest first; ties by first sequence, empty micro-batches last (in bin order). The
   // non-empty ones are sorted by index, then every batch moved once: O(s log s + m) for

@@ -77,8 +77,12 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices);
 // order when every rank's indices ascend and no index is in two ranks (one Gather()
 // per rank otherwise). O(n + Σ rank sizes), with reads in order instead of one at a
 // random place per sequence and array.
+// `rank_of`, when given (one entry per sequence), is the rank of every sequence (-1
+// for none), which `ranks` must list ascending (not checked): the pass that finds it
+// from `ranks` (and checks them) is then skipped.
 std::vector<RankItems> GatherRanks(const Padded& padded,
-                                   const std::vector<std::vector<std::int64_t>>& ranks);
+                                   const std::vector<std::vector<std::int64_t>>& ranks,
+                                   std::span<const std::int32_t> rank_of = {});
 
 // First-fit decreasing on tokens into m bins of `cap` tokens; nullopt when an item
 // fits in no bin. O(n log n + n log m).
@@ -181,6 +185,10 @@ std::int64_t EmptyMicroBatches(const StepPlan& plan);
 // lower bound and the totals, on padded lengths (resolved options, those `padded` was
 // made with).
 StepPlan RecipePlan(const Padded& padded, const StepOptions& options);
+// The same, given RecipeAscending(padded.lengths, &sorted_length) (not checked).
+StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
+                    std::span<const std::int32_t> ascending,
+                    std::span<const std::int64_t> sorted_length);
 
 // Karmarkar-Karp on cost across ranks (equal counts), then per rank m = the largest
 // SmallestCount() and Karmarkar-Karp on cost into m micro-batches, which may break the

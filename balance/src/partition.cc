@@ -64,6 +64,16 @@ void CheckAssignment(std::span<const std::int32_t> assignment, std::size_t num_i
   }
 }
 
+void CheckPartitionOptions(const PartitionOptions& options) {
+  if (options.exact.max_nodes < 0) {
+    rlsched::Fail("exact.max_nodes",
+                  "must be >= 0, got " + std::to_string(options.exact.max_nodes));
+  }
+  if (options.exact.time_limit.count() > 0 && !options.exact.now) {
+    rlsched::Fail("exact.now", "a clock is required with exact.time_limit");
+  }
+}
+
 }  // namespace internal
 
 std::int64_t LowerBound(std::span<const std::int64_t> weights, std::int64_t num_parts,
@@ -153,46 +163,58 @@ std::int64_t MaxLoad(std::span<const std::int64_t> weights, std::int64_t num_par
 Partition PartitionItems(std::span<const std::int64_t> weights, const PartitionOptions& options) {
   internal::CheckNumParts(options.num_parts);
   internal::CheckWeights(weights, "weights");
-  if (options.exact.max_nodes < 0) {
-    rlsched::Fail("exact.max_nodes",
-                  "must be >= 0, got " + std::to_string(options.exact.max_nodes));
-  }
-  if (options.exact.time_limit.count() > 0 && !options.exact.now) {
-    rlsched::Fail("exact.now", "a clock is required with exact.time_limit");
-  }
+  internal::CheckPartitionOptions(options);
+  std::vector<std::int64_t> sorted;
+  const std::vector<std::int32_t> order = internal::HeaviestFirst(weights, &sorted);
+  return internal::PartitionSorted(weights, order, sorted, options);
+}
+
+namespace internal {
+
+SortedAssignment AssignSorted(std::span<const std::int64_t> weights,
+                              std::span<const std::int32_t> order,
+                              std::span<const std::int64_t> sorted,
+                              const PartitionOptions& options) {
   const std::int64_t k = options.num_parts;
   const PartSizes sizes = PartSizesFor(options.equal_size);
   const std::int64_t bound = LowerBound(weights, k, sizes);
-  std::vector<std::int64_t> sorted;
-  const std::vector<std::int32_t> order = internal::HeaviestFirst(weights, &sorted);
-  Assignment assignment;
+  SortedAssignment result;
+  Assignment& assignment = result.assignment;
   if (options.algorithm == Algorithm::kGreedy) {
-    assignment = internal::GreedyLptSorted(weights, order, k, sizes);
+    assignment = GreedyLptSorted(weights, order, k, sizes);
   } else {
-    assignment = internal::KarmarkarKarpSorted(weights, order, k, sizes, sorted);
+    assignment = KarmarkarKarpSorted(weights, order, k, sizes, sorted);
     // LPT as the fallback, unless KK already meets the bound.
     const std::int64_t kk_max = MaxLoad(weights, k, assignment);
     if (kk_max > bound) {
-      Assignment lpt = internal::GreedyLptSorted(weights, order, k, sizes);
+      Assignment lpt = GreedyLptSorted(weights, order, k, sizes);
       if (MaxLoad(weights, k, lpt) < kk_max) assignment = std::move(lpt);
     }
   }
-  const std::int64_t steps = Refine(weights, k, sizes, options.refine, bound, assignment);
+  result.refine_steps = Refine(weights, k, sizes, options.refine, bound, assignment);
   // Small instances: the exact search improves the answer and may prove it optimal.
-  bool proven = false;
-  std::int64_t nodes = 0;
   if (options.exact.max_nodes > 0 && static_cast<std::int64_t>(weights.size()) <= kExactMaxItems &&
       k <= kExactMaxParts && MaxLoad(weights, k, assignment) > bound) {
     ExactResult exact = ExactSearch(weights, k, sizes, assignment, options.exact);
     assignment = std::move(exact.assignment);
-    proven = exact.proven_optimal;
-    nodes = exact.nodes;
+    result.proven_optimal = exact.proven_optimal;
+    result.exact_nodes = exact.nodes;
   }
-  Partition result = MakePartition(weights, k, sizes, assignment);
-  result.refine_steps = steps;
-  result.exact_nodes = nodes;
-  result.proven_optimal = result.proven_optimal || proven;
   return result;
 }
+
+Partition PartitionSorted(std::span<const std::int64_t> weights,
+                          std::span<const std::int32_t> order, std::span<const std::int64_t> sorted,
+                          const PartitionOptions& options) {
+  const SortedAssignment assigned = AssignSorted(weights, order, sorted, options);
+  Partition result = MakePartition(weights, options.num_parts, PartSizesFor(options.equal_size),
+                                   assigned.assignment);
+  result.refine_steps = assigned.refine_steps;
+  result.exact_nodes = assigned.exact_nodes;
+  result.proven_optimal = result.proven_optimal || assigned.proven_optimal;
+  return result;
+}
+
+}  // namespace internal
 
 }  // namespace rlsched::balance

@@ -18,6 +18,7 @@
 #include "internal.h"
 #include "micro_batch_internal.h"
 #include "rank_packer.h"
+#include "recipe_partition.h"
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/micro_batch.h"
 #include "rlsched/common/error.h"
@@ -156,6 +157,8 @@ std::optional<OnCostBound> OnCostLowerBound(const Padded& padded, const StepOpti
 
 namespace {
 
+using internal::BalancedAssignment;
+using internal::BalancedPartition;
 using internal::CeilDiv;
 using internal::CheckStepOptions;
 using internal::Empties;
@@ -165,6 +168,7 @@ using internal::FindFeasible;
 using internal::FirstFitDecreasing;
 using internal::Gather;
 using internal::GatherRanks;
+using internal::HeaviestFirst;
 using internal::kMaxCountsTried;
 using internal::MakeRankPlan;
 using internal::Overhead;
@@ -175,6 +179,7 @@ using internal::Pad;
 using internal::Padded;
 using internal::RankItems;
 using internal::RankSearch;
+using internal::RecipeAscendingFrom;
 using internal::Resolved;
 using internal::RoundDown;
 using internal::RoundUp;
@@ -357,11 +362,13 @@ void FillRanks(const Padded& padded, std::span<const std::int64_t> unit_of, std:
 // found elsewhere) are not planned; when no count can get below it, no plan is made
 // and the result has predicted_step_time = INT64_MAX. A rank whose packing under the
 // cap needs more micro-batches than another rank has sequences can still force empty
-// ones (the plan counts them).
+// ones (the plan counts them). `rank_of`, when given, is the rank of every sequence in
+// `ranks` (each ascending), which spares the first gather finding it.
 StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t>> ranks,
                       const Movable& movable, const MicroBatchOptions& mb,
                       std::int64_t only_count = 0,
-                      std::int64_t stop_at = std::numeric_limits<std::int64_t>::max()) {
+                      std::int64_t stop_at = std::numeric_limits<std::int64_t>::max(),
+                      std::span<const std::int32_t> rank_of = {}) {
   const std::int64_t cap = mb.max_tokens_per_micro_batch;
   const std::int64_t q = mb.micro_batches_multiple_of;
   const auto num_ranks = static_cast<std::int64_t>(ranks.size());
@@ -371,11 +378,13 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
   std::int64_t fillable = RoundDown(n / num_ranks, q);
   std::vector<RankSearch> searches;
   // The ranks' sequences gathered, as the searches below start from them.
+  // `rank_of` holds while `ranks` are the caller's (FillRanks has not moved any).
   auto gather = [&] {
     searches.clear();
-    for (RankItems& items : GatherRanks(padded, ranks)) {
+    for (RankItems& items : GatherRanks(padded, ranks, rank_of)) {
       searches.push_back(RankSearch{std::move(items), 0, std::nullopt});
     }
+    rank_of = {};
   };
   // Of the gathered ranks.
   auto smallest_count = [&] {
@@ -490,6 +499,20 @@ std::vector<std::vector<std::int64_t>> PartsOf(const Partition& partition) {
     parts.emplace_back(part.begin(), part.end());
   }
   return parts;
+}
+
+// The sequences of each of `num_ranks` ranks, ascending, from the rank of every
+// sequence: PartsOf(MakePartition(…, assignment)) without the Partition.
+std::vector<std::vector<std::int64_t>> RanksOf(const Assignment& assignment,
+                                               std::int64_t num_ranks) {
+  std::vector<std::size_t> sizes(static_cast<std::size_t>(num_ranks), 0);
+  for (const std::int32_t r : assignment) ++sizes[static_cast<std::size_t>(r)];
+  std::vector<std::vector<std::int64_t>> ranks(static_cast<std::size_t>(num_ranks));
+  for (std::size_t r = 0; r < ranks.size(); ++r) ranks[r].reserve(sizes[r]);
+  for (std::size_t i = 0; i < assignment.size(); ++i) {
+    ranks[static_cast<std::size_t>(assignment[i])].push_back(static_cast<std::int64_t>(i));
+  }
+  return ranks;
 }
 
 // Above this many (unit, rank) pairs the time-aware assignment is not tried.
@@ -754,19 +777,51 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   const Movable movable{options.keep_groups ? groups : std::span<const std::int64_t>{},
                         options.equal_size};
 
-  // Sequences to ranks: the balancer on the padded lengths' cost.
+  // Sequences to ranks: the balancer on the padded lengths' cost (Balance()'s
+  // partition of padded.tokens, whose costs Pad() made). The common recipe, for
+  // comparison (it ignores groups), sorts the unpadded lengths: when the costs are
+  // those lengths (the tokens' cost model without padding) one sort serves both.
   BalanceOptions balance;
   balance.partition.num_parts = options.num_ranks;
   balance.partition.equal_size = options.equal_size;
   balance.partition.refine = mb.refine;
   balance.cost = mb.cost;
   balance.keep_groups = options.keep_groups;
-  const BalanceResult ranks = Balance(padded.tokens, groups, balance);
+  PlannedStep result;
+  std::vector<std::vector<std::int64_t>> balanced_ranks;
+  Assignment balanced_assignment;  // the rank of every sequence in balanced_ranks (no groups)
+  std::int64_t groups_bound = 0;   // with whole groups: the balancer's bound over groups
+  // The recipe's order of the batch when the balancer's sort gave it (else empty).
+  std::vector<std::int32_t> recipe_ascending;
+  std::vector<std::int64_t> recipe_sorted;
+  bool shared_sort = false;
+  if (options.keep_groups) {
+    const Partition partition =
+        BalancedPartition(padded.tokens, padded.costs, groups, balance, {}, {});
+    groups_bound = partition.lower_bound;
+    balanced_ranks = PartsOf(partition);
+  } else if (std::equal(padded.costs.begin(), padded.costs.end(), padded.lengths.begin(),
+                        padded.lengths.end())) {
+    std::vector<std::int64_t> sorted;
+    std::vector<std::int32_t> order = HeaviestFirst(padded.costs, &sorted);
+    balanced_assignment =
+        BalancedAssignment(padded.tokens, padded.costs, groups, balance, order, sorted);
+    balanced_ranks = RanksOf(balanced_assignment, options.num_ranks);
+    recipe_ascending = RecipeAscendingFrom(std::move(order), sorted);
+    recipe_sorted = std::move(sorted);
+    shared_sort = true;
+  } else {
+    std::vector<std::int64_t> sorted;
+    const std::vector<std::int32_t> order = HeaviestFirst(padded.costs, &sorted);
+    balanced_assignment =
+        BalancedAssignment(padded.tokens, padded.costs, groups, balance, order, sorted);
+    balanced_ranks = RanksOf(balanced_assignment, options.num_ranks);
+  }
 
   // The lower bound first: its best count guides the packed candidate below. With
   // whole groups the heaviest rank holds at least the balancer's bound over groups.
   // With a pipeline the bound also knows the units (whole groups) and equal counts.
-  const std::int64_t max_unit = options.keep_groups ? ranks.partition.lower_bound : 0;
+  const std::int64_t max_unit = groups_bound;
   const Units units = mb.pipeline_stages > 1 ? MakeUnits(padded, groups,
                                                          options.keep_groups ? Grouping::kGroups
                                                                              : Grouping::kSequences)
@@ -779,7 +834,6 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   };
   const StepBound bound = bound_of(Empties::kNone);
 
-  PlannedStep result;
   const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
   const bool pipeline = mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs;
   // Every candidate planned is kept: Choose may prefer one with fewer micro-batches
@@ -803,7 +857,9 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     }
   }
   // The balancer's assignment (not planned when it cannot come near the packed one).
-  StepPlan balanced = PlanForRanks(padded, PartsOf(ranks.partition), movable, mb, 0, best);
+  StepPlan balanced =
+      PlanForRanks(padded, std::move(balanced_ranks), movable, mb, 0, best, balanced_assignment);
+  balanced_assignment = {};
   const std::int64_t m0 =
       balanced.ranks.empty()
           ? std::max(bound.count,
@@ -823,8 +879,15 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   }
 
   // The common recipe, for comparison (it ignores groups).
-  result.baseline = internal::RecipePlan(padded, options);
-  // Without groups or empty micro-batches the baseline's bound is the same one.
+  if (shared_sort) {
+    result.baseline = internal::RecipePlan(padded, options, recipe_ascending, recipe_sorted);
+    recipe_ascending = {};
+    recipe_sorted = {};
+  } else {
+    result.baseline = internal::RecipePlan(padded, options);
+  }
+  // Without groups or empty micro-batches the baseline's
+  // bound is the same one.
   const Empties baseline_empties =
       result.baseline.empty_micro_batches > 0 ? Empties::kAllowed : Empties::kNone;
   result.baseline.lower_bound =

@@ -533,11 +533,16 @@ RecipePartition RecipeKarmarkarKarpPositions(std::span<const std::int64_t> sorte
 
 std::vector<std::int32_t> RecipeAscending(std::span<const std::int64_t> values,
                                           std::vector<std::int64_t>* sorted) {
-  // The radix order (value descending, index ascending) reversed, with each run of
-  // equal values reversed back.
   std::vector<std::int64_t> local_sorted;
   std::vector<std::int64_t>& sorted_values = sorted != nullptr ? *sorted : local_sorted;
   std::vector<std::int32_t> order = HeaviestFirst(values, &sorted_values);
+  return RecipeAscendingFrom(std::move(order), sorted_values);
+}
+
+std::vector<std::int32_t> RecipeAscendingFrom(std::vector<std::int32_t> order,
+                                              std::vector<std::int64_t>& sorted_values) {
+  // The radix order (value descending, index ascending) reversed, with each run of
+  // equal values reversed back.
   std::reverse(order.begin(), order.end());
   std::reverse(sorted_values.begin(), sorted_values.end());
   const std::size_t n = order.size();

@@ -59,6 +59,11 @@ std::vector<std::vector<std::int64_t>> RecipeKarmarkarKarp(std::span<const std::
 std::vector<std::int32_t> RecipeAscending(std::span<const std::int64_t> values,
                                           std::vector<std::int64_t>* sorted = nullptr);
 
+// RecipeAscending() given HeaviestFirst(values) (`order`) and the values in that
+// order (`sorted_values`, turned into the values in the ascending order). O(n).
+std::vector<std::int32_t> RecipeAscendingFrom(std::vector<std::int32_t> order,
+                                              std::vector<std::int64_t>& sorted_values);
+
 // RecipeKarmarkarKarp()'s partition by position in the ascending order, for callers
 // that read the items in that order (no gather at random places): the part of every
 // position (0 the first part in verl's order), and the parts' sums and item counts in

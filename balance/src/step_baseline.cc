@@ -56,17 +56,22 @@ struct Sequence {
 }  // namespace
 
 StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
-  const MicroBatchOptions& mb = options.micro_batch;
-  const std::int64_t cap = mb.max_tokens_per_micro_batch;
-  const std::span<const std::int64_t> lengths = padded.lengths;
-  const std::size_t n = lengths.size();
-
   // The sequences by (workload, index) ascending. The workload grows strictly with the
   // length (lengths >= 0), so that is the order by (length, index): sorted on the
   // lengths (a narrower key, fewer radix passes), which come back in that order, so
   // nothing below reads the batch at random places.
   std::vector<std::int64_t> sorted_length;
-  const std::vector<std::int32_t> ascending = RecipeAscending(lengths, &sorted_length);
+  const std::vector<std::int32_t> ascending = RecipeAscending(padded.lengths, &sorted_length);
+  return RecipePlan(padded, options, ascending, sorted_length);
+}
+
+StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
+                    std::span<const std::int32_t> ascending,
+                    std::span<const std::int64_t> sorted_length) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const std::int64_t cap = mb.max_tokens_per_micro_batch;
+  const std::span<const std::int64_t> lengths = padded.lengths;
+  const std::size_t n = lengths.size();
   std::vector<std::int64_t> sorted_workload(n);
   for (std::size_t p = 0; p < n; ++p) sorted_workload[p] = RecipeWorkload(sorted_length[p]);
 
@@ -103,6 +108,9 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
   }
   count = RoundUp(count, mb.micro_batches_multiple_of);
 
+  // No padding and a token's cost is the token (Pad()'s fast case): a sequence's
+  // tokens and cost are its length.
+  const bool plain = mb.pad_to_multiple_of == 1 && mb.cost.kind() == CostModel::Kind::kTokens;
   StepPlan plan;
   plan.num_micro_batches = count;
   const auto num_batches = static_cast<std::size_t>(count);
@@ -126,8 +134,8 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
       Sequence& q = sequences[s % 2 == 0 ? s / 2 : size - 1 - (s - 1) / 2];
       q.index = rank_index[begin + s];
       q.unpadded_tokens = rank_length[begin + s];
-      q.tokens = RoundUp(q.unpadded_tokens, mb.pad_to_multiple_of);
-      q.cost = mb.cost.Cost(q.tokens);
+      q.tokens = plain ? q.unpadded_tokens : RoundUp(q.unpadded_tokens, mb.pad_to_multiple_of);
+      q.cost = plain ? q.tokens : mb.cost.Cost(q.tokens);
       rank_workload[s] = RecipeWorkload(q.unpadded_tokens);
     }
     // Those positions by (workload, position) ascending, from the (workload, index)
