@@ -374,6 +374,67 @@ TEST(OrchestratorTest, EngineAccountsOfVersionsAreCheckedAndRecorded) {
   moved.CheckInvariants();
 }
 
+// Strict: an engine's account can make a sample older than the core inferred (it was
+// paused before its first token, so the core dropped the version it was dispatched
+// under, but the engine says it generated its first tokens with it). A leftover that the
+// account makes too old for the next batch is generated again, as the strict policy
+// does with any leftover too old.
+TEST(OrchestratorTest, AnAccountTooOldForTheStrictBoundRestartsTheSample) {
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 1,
+                                         .staleness_policy = StalenessPolicy::kStrict,
+                                         .partial_rollout = true,
+                                         .prompts_per_step = 1,
+                                         .samples_per_prompt = 1}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 1, .version = 0}, out);
+  core.Handle(EngineJoined{.time = 0, .engine = 1, .max_concurrent = 1, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4}, out);
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  out.clear();
+  // Engine 0 was idle; engine 1 paused sample 1 before its first token (so the core
+  // drops version 0 from it).
+  core.Handle(
+      GenerationPaused{
+          .time = 2.5, .engine = 1, .version = 1, .samples = {{.sample = 1, .tokens = 0}}},
+      out);
+  core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
+  core.Handle(WeightsLoaded{.time = 3, .engine = 1, .version = 1}, out);
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_EQ(Describe(out[0]), "dispatch e0 v1 2/0/4");
+  ASSERT_EQ(Describe(out[1]), "resume e1 v1 1");
+  out.clear();
+  // Sample 2 (batch 2, version 1) finishes first and closes batch 1: sample 1 is left
+  // over for batch 2, its tokens of version 1 as far as the core knows.
+  core.Handle(GenerationFinished{.time = 4, .sample = 2, .tokens = 5}, out);
+  ASSERT_EQ(All<StartTrain>(out).size(), 1u);
+  ASSERT_EQ(All<StartTrain>(out)[0].samples, (std::vector<std::int64_t>{2}));
+  out.clear();
+  core.CheckInvariants();
+  // The engine says its first 2 tokens were of version 0: too old for batch 2 (s = 1).
+  core.Handle(GenerationFinished{.time = 5,
+                                 .sample = 1,
+                                 .tokens = 10,
+                                 .spans = {{.version = 0, .first_token = 0},
+                                           {.version = 1, .first_token = 2}}},
+              out);
+  const Counters& c = core.counters();
+  EXPECT_EQ(c.version_reports, 1);
+  EXPECT_EQ(c.version_corrections, 1);
+  EXPECT_EQ(c.stale_restarts, 1);
+  EXPECT_EQ(c.stale_discarded_tokens, 10);
+  EXPECT_EQ(c.restarts, 1);
+  EXPECT_EQ(c.buffered, 0);
+  bool redispatched = false;
+  for (const Dispatch& d : All<Dispatch>(out)) {
+    for (const SampleWork& w : d.samples) redispatched |= w.sample == 1 && w.resume_from == 0;
+  }
+  EXPECT_TRUE(redispatched);
+  core.CheckInvariants();
+}
+
 // A sample paused before its first token has no token of the version it was
 // dispatched under: it carries one span, of the version it resumed under, is not a
 // partial sample and is as fresh as that version. One that finishes right after its
