@@ -10,17 +10,28 @@ planner, the weight-sync node), ``--engines`` engine workers and a trainer worke
 rewards go through ``OUT/data/samples/`` (one file per finished sample, written
 atomically by the engine, read by the trainer). The weights move through rlsched's
 executor over ``torch.distributed`` gloo (trainer rank 0, engines 1..E, the plan of
-``rlsched reshard --train tp=1 --infer tp=1,replicas=E``, made once into
-``OUT/data/plan.json``), or with ``--weights file`` through ``OUT/data/weights/v<N>.pt``
-(one file per version, written atomically by the trainer, loaded by the engines on
-SyncWeights).
+``rlsched reshard --train tp=1 --infer tp=1,replicas=E``, made before the run into
+``OUT/data/plan_<E>.json``, with one per smaller membership), or with ``--weights
+file`` through ``OUT/data/weights/v<N>.pt`` (one file per version, written atomically
+by the trainer, loaded by the engines on SyncWeights).
+
+Faults: ``--kill-engine-at STEP`` kills the last engine with SIGKILL in the middle of a
+decode under the weights of step STEP (the engine, told so, stops after that decode and
+says so; run.py kills it at once, its samples half generated). The runtime sends its
+samples to the other engines again; the weight-sync world, which the dead engine was a
+member of, is rebuilt without it (workers.py's ExecutorSync: membership epochs, a new
+gloo world and plan per membership); the run must still finish every step, train every
+sample once (the trainer's list; the engines' logs of what they finished, which a
+SIGKILL leaves) and count one engine failure.
 
 Writes to OUT: ``run.json`` (the run config, a SimulatorConfig: the same file runs in
 ``rlsched simulate --config``), ``report.json`` (rlsched's RunReport), ``summary.json``
 (the report, the workers' own counts and the reward curve), ``rewards.csv`` (per step:
 mean reward of the trained samples, tokens, micro-batches, the largest token staleness,
-seconds), ``events.log`` (for ``rlsched replay``), ``trace.json`` (Perfetto) and each
-worker's log and report. Exit status 0 when the run finished and every check held.
+seconds), ``reward.png`` (reward against step and wall time, plot.py; skipped with a
+message when matplotlib is absent), ``events.log`` (for ``rlsched replay``),
+``trace.json`` (Perfetto) and each worker's log and report. Exit status 0 when the run
+finished and every check held.
 
 Finds the program at ``--rlsched-bin``, else ``$RLSCHED_BIN``, else ``build/rlsched``;
 the Python modules at ``$PYTHONPATH``, else ``<repo>/python`` and ``<bin dir>/python``.
@@ -30,6 +41,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -104,10 +116,28 @@ def main(argv=None) -> int:
                         "slower engines, so that generation, not training, is the bottleneck)")
     parser.add_argument("--digits", type=int, default=3)
     parser.add_argument("--alphabet", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--epochs", type=int, default=4,
                         help="optimizer steps per train step (each a pass over the batch)")
+    parser.add_argument("--advantage", choices=["outcome", "process"], default="process",
+                        help="GRPO's advantages: one per sample from the group-normalised "
+                        "rewards (outcome), or per token from the group-normalised rewards "
+                        "of the positions at and after it (process supervision)")
+    parser.add_argument("--lr-end", type=float, default=None,
+                        help="the learning rate goes linearly from --lr at step 0 to this "
+                        "at the last step (default: constant)")
+    parser.add_argument("--max-grad-norm", type=float, default=1.0,
+                        help="clip the gradient's norm (0: no clipping)")
+    parser.add_argument("--entropy-coef", type=float, default=0.0,
+                        help="entropy bonus per token")
+    parser.add_argument("--clip-high", type=float, default=None,
+                        help="the ratio's upper clip bound 1 + CLIP_HIGH (default: 1.2, "
+                        "as the lower 0.8)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kill-engine-at", type=int, default=None, metavar="STEP",
+                        help="SIGKILL the last engine in the middle of its generation "
+                        "under version STEP (the weights of step STEP); the run goes on "
+                        "with the others")
     parser.add_argument("--weights", choices=["executor", "file"], default="executor",
                         help="how new weights reach the engines: rlsched's executor over "
                         "torch.distributed gloo (default), or a file per version")
@@ -116,13 +146,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.mode != "async" and args.partial_rollout:
         parser.error("--partial-rollout needs --mode async")
+    if args.kill_engine_at is not None:
+        if args.engines < 2:
+            parser.error("--kill-engine-at needs --engines 2 or more (one must survive)")
+        if not 1 <= args.kill_engine_at < args.steps:
+            parser.error(f"--kill-engine-at must be in [1, {args.steps - 1}] "
+                         f"(--steps {args.steps}), got {args.kill_engine_at}")
 
     rlsched_bin, pythonpath = _paths(args)
     out = os.path.abspath(args.out)
     data = os.path.join(out, "data")
     if os.path.exists(data):
         shutil.rmtree(data)
-    for sub in ("samples", "partial", "weights"):
+    for sub in ("samples", "partial", "weights", "alive", "epochs"):
         os.makedirs(os.path.join(data, sub))
     config_path = os.path.join(out, "run.json")
     with open(config_path, "w") as f:
@@ -138,17 +174,19 @@ def main(argv=None) -> int:
     import torch
 
     from model import load_model
-    from workers import publish_weights
+    from workers import plan_path, publish_weights
     torch.set_num_threads(1)
     publish_weights(data, 0, load_model(seed=args.seed))  # the initial policy, version 0
     if args.weights == "executor":
-        # The resharding plan, trainer TP 1 -> engines TP 1 x E, made once.
-        made = subprocess.run(
-            [rlsched_bin, "reshard", "--model", os.path.join(_HERE, "config.json"), "--train",
-             "tp=1", "--infer", f"tp=1,replicas={args.engines}", "--plan-out",
-             os.path.join(data, "plan.json")], capture_output=True, text=True, timeout=120)
-        if made.returncode != 0:
-            raise SystemExit(f"run.py: rlsched reshard failed: {made.stderr.strip()}")
+        # The resharding plans, trainer TP 1 -> engines TP 1 x M, made once for every
+        # membership size M the weight-sync world can have (engines lost shrink it).
+        for m in range(1, args.engines + 1):
+            made = subprocess.run(
+                [rlsched_bin, "reshard", "--model", os.path.join(_HERE, "config.json"),
+                 "--train", "tp=1", "--infer", f"tp=1,replicas={m}", "--plan-out",
+                 plan_path(data, m)], capture_output=True, text=True, timeout=120)
+            if made.returncode != 0:
+                raise SystemExit(f"run.py: rlsched reshard failed: {made.stderr.strip()}")
 
     sock_dir = out if len(out) < 80 else tempfile.mkdtemp(prefix="tiny-grpo-")
     socket = f"unix:{os.path.join(sock_dir, 'run.sock')}"
@@ -175,29 +213,45 @@ def main(argv=None) -> int:
             raise SystemExit(f"run.py: rlsched run did not listen (see {out}/rlsched.log)")
         time.sleep(0.02)
 
-    common = ["--address", socket, "--data", data, "--weights", args.weights, "--world",
-              str(args.engines + 1), "--digits", str(args.digits),
+    common = ["--address", socket, "--data", data, "--weights", args.weights, "--engines",
+              str(args.engines), "--digits", str(args.digits),
               "--alphabet", str(args.alphabet), "--seed", str(args.seed)]
     workers = {}
+    victim = f"engine{args.engines - 1}" if args.kill_engine_at is not None else None
     for e in range(args.engines):
         name = f"engine{e}"
+        stall = ["--stall-at-version", str(args.kill_engine_at)] if name == victim else []
         workers[name] = subprocess.Popen(
             [_PYTHON, os.path.join(_HERE, "workers.py"), "--role", "engine", "--engine", str(e),
              "--max-concurrent", str(args.max_concurrent), "--min-step-seconds",
              str(args.engine_min_step_seconds), "--report",
-             os.path.join(out, f"{name}.json"), *common],
+             os.path.join(out, f"{name}.json"), *stall, *common],
             env=env, stdout=log(name), stderr=subprocess.STDOUT)
     workers["trainer"] = subprocess.Popen(
         [_PYTHON, os.path.join(_HERE, "workers.py"), "--role", "trainer", "--lr", str(args.lr),
-         "--epochs", str(args.epochs), "--csv", os.path.join(out, "rewards.csv"), "--report",
+         "--epochs", str(args.epochs), "--advantage", args.advantage, "--max-grad-norm",
+         str(args.max_grad_norm), "--entropy-coef", str(args.entropy_coef),
+         *(["--lr-end", str(args.lr_end)] if args.lr_end is not None else []),
+         *(["--clip-high", str(args.clip_high)] if args.clip_high is not None else []),
+         "--csv", os.path.join(out, "rewards.csv"), "--report",
          os.path.join(out, "trainer.json"), *common],
         env=env, stdout=log("trainer"), stderr=subprocess.STDOUT)
 
-    try:
-        stdout, _ = program.communicate(timeout=args.timeout + 60)
-    except subprocess.TimeoutExpired:
+    # The run; with --kill-engine-at, the victim is killed as soon as it says it stalled
+    # in the middle of a decode (samples half generated).
+    killed = None
+    stalled_path = os.path.join(data, f"stalled.{victim}")
+    deadline = time.monotonic() + args.timeout + 60
+    while program.poll() is None and time.monotonic() < deadline:
+        if victim and killed is None and os.path.exists(stalled_path):
+            workers[victim].send_signal(signal.SIGKILL)
+            with open(stalled_path) as f:
+                killed = {"engine": victim, "wall_seconds": round(time.monotonic() - start, 3),
+                          **json.load(f)}
+        time.sleep(0.005 if victim and killed is None else 0.05)
+    if program.poll() is None:
         program.kill()
-        stdout, _ = program.communicate()
+    stdout, _ = program.communicate()
     wall = time.monotonic() - start
     statuses = {}
     for name, process in workers.items():
@@ -224,16 +278,26 @@ def main(argv=None) -> int:
                 reports[name] = json.load(f)
         except (OSError, ValueError):
             reports[name] = None
-    summary = summarize(args, report, reports, statuses, wall)
+    finished_logs = {}
+    for e in range(args.engines):
+        try:
+            with open(os.path.join(data, f"finished.engine{e}")) as f:
+                finished_logs[f"engine{e}"] = [int(x) for x in f.read().split()]
+        except OSError:
+            finished_logs[f"engine{e}"] = []
+    summary = summarize(args, report, reports, statuses, wall, killed, finished_logs)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
+    if os.path.exists(os.path.join(out, "rewards.csv")):
+        from plot import plot  # optional: matplotlib absent, it says so and draws nothing
+        plot([out], os.path.join(out, "reward.png"))
     print(json.dumps({k: summary[k] for k in ("mode", "steps", "wall_seconds",
                                               "samples_per_second", "first_reward",
                                               "last_reward", "checks")}))
     return 0 if summary["ok"] else 1
 
 
-def summarize(args, report, reports, statuses, wall) -> dict:
+def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=None) -> dict:
     counters = report.get("counters", {})
     trainer = reports.get("trainer") or {}
     trained = trainer.get("trained", [])
@@ -246,11 +310,18 @@ def summarize(args, report, reports, statuses, wall) -> dict:
                   for v, digest in r.get("loaded", {}).items()
                   if published.get(v) != digest]
     loads = sum(len(r.get("loaded", {})) for r in engines.values() if r)
+    victim = killed["engine"] if killed else None
+    # The engines' own counts (their logs of finished samples, which a SIGKILL leaves).
+    finished_logs = finished_logs or {}
+    generated = set().union(*finished_logs.values()) if finished_logs else set()
     checks = {
         "done": bool(report.get("done")),
-        "workers_exited_cleanly": all(s == 0 for s in statuses.values()),
+        "workers_exited_cleanly": all(s == (-signal.SIGKILL if n == victim else 0)
+                                      for n, s in statuses.items()),
         "trained_each_once": (len(trained) == len(set(trained)) ==
-                              int(counters.get("trained", -1))),
+                              int(counters.get("trained", -1)) ==
+                              args.steps * args.prompts_per_step * args.samples_per_prompt),
+        "trained_were_generated": set(trained) <= generated,
         "staleness_bound": trainer.get("staleness_violations", -1) == 0,
         "lengths_agree": trainer.get("length_mismatches", -1) == 0,
         # Samples with tokens of more than one version, from the engines' per-token
@@ -260,6 +331,13 @@ def summarize(args, report, reports, statuses, wall) -> dict:
         "weights_identical": not mismatched and loads > 0,
         "weight_sync_clean": trainer.get("sync_error") is None,
     }
+    if args.kill_engine_at is not None:
+        # Killed mid-generation (samples in flight, which the runtime requeued), and the
+        # runtime counted one engine failure.
+        checks["engine_killed_mid_generation"] = bool(
+            killed and killed.get("running", 0) > 0
+            and int(counters.get("engine_failures", 0)) == 1
+            and int(counters.get("restarts", 0)) >= 1)
     head = curve[:max(1, len(curve) // 4)]
     tail = curve[-max(1, len(curve) // 4):]
     return {
@@ -276,8 +354,10 @@ def summarize(args, report, reports, statuses, wall) -> dict:
         "first_reward": round(sum(head) / len(head), 4) if curve else None,
         "last_reward": round(sum(tail) / len(tail), 4) if curve else None,
         "max_token_staleness": max((s["max_token_staleness"] for s in steps), default=None),
-        "engine_finished": {n: len(r.get("finished", [])) if r else None
-                            for n, r in engines.items()},
+        "engine_finished": {n: len(v) for n, v in finished_logs.items()},
+        "trained_by_engine": trainer.get("trained_by_engine"),
+        "killed": killed,
+        "weight_sync_epochs": (trainer.get("weight_sync") or {}).get("epochs"),
         "engine_interrupts": {n: r.get("interrupts") if r else None for n, r in engines.items()},
         "partial_samples": trainer.get("partial_samples"),
         "resumed_tokens": sum((r or {}).get("resumed_tokens", 0) for r in engines.values()),

@@ -44,7 +44,12 @@ class ReverseTask:
     def target(self, prompt: int) -> List[int]:
         return list(reversed(self.digits_of(prompt)))
 
-    def reward(self, prompt: int, response: Sequence[int]) -> float:
+    def position_rewards(self, prompt: int, response: Sequence[int]) -> List[float]:
+        """The reward earned at each of the n scored positions: 1/n where the token is
+        right, else 0 (they add up to :meth:`reward`)."""
         target = self.target(prompt)
-        right = sum(1 for i, t in enumerate(target) if i < len(response) and response[i] == t)
-        return right / len(target)
+        return [1.0 / len(target) if i < len(response) and response[i] == t else 0.0
+                for i, t in enumerate(target)]
+
+    def reward(self, prompt: int, response: Sequence[int]) -> float:
+        return sum(self.position_rewards(prompt, response))

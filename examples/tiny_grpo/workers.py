@@ -8,6 +8,9 @@ directory (``--data DIR``):
   engine that finished it (prompt and response tokens, the engine's logprob and weights
   version of every response token, the reward), read by the trainer when a StartTrain
   lists the sample;
+- ``finished.engine<e>``: the ids of the samples engine e finished, appended as they
+  finish (its own count, which a SIGKILL leaves);
+- ``alive/engine<e>.lock``: flocked by engine e while it lives;
 - ``partial/<sample>.json``: the tokens of a sample an interrupting SyncWeights paused
   (partial rollout), so that it can be resumed from them;
 - ``weights/v0.pt``: the initial policy (a state dict with the HF Llama names, written
@@ -18,7 +21,9 @@ Weights move one of two ways (``--weights``):
 - ``executor`` (default): rlsched's executor over ``torch.distributed`` gloo. The trainer
   is rank 0 and engine e is rank 1 + e of one world (a FileStore under the data
   directory); every rank runs the plan ``rlsched reshard --train tp=1 --infer
-  tp=1,replicas=E --plan-out plan.json`` gives (run.py makes it). The trainer hands its
+  tp=1,replicas=E --plan-out plan_E.json`` gives (run.py makes it, and one for each
+  smaller membership: a dead engine's rank leaves the world, see
+  :class:`ExecutorSync`). The trainer hands its
   Megatron-named tensors (``linear_qkv`` fused per query group, ``linear_fc1`` = gate and
   up, the vocabulary padded to 128 rows) to a sync thread that runs the plan once per
   version, in order; an engine, on SyncWeights(N), runs it until it holds version N
@@ -35,6 +40,7 @@ Run one with ``python3 workers.py --role engine|trainer --address unix:PATH --da
 """
 
 import argparse
+import gc
 import json
 import os
 import queue
@@ -49,7 +55,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from grpo import Rollout, decode_step, group_advantages, policy_loss, sample_seed  # noqa: E402
+from grpo import (ADVANTAGES, Rollout, advantages, decode_step, lr_at, policy_loss,  # noqa: E402
+                  sample_seed, set_lr)
 from model import CONFIG_PATH, TinyLlama, Config, weights_digest  # noqa: E402
 from task import ReverseTask  # noqa: E402
 
@@ -105,57 +112,229 @@ def _read_json(path: str, timeout: float = 30.0):
             time.sleep(0.01)
 
 
+def plan_path(data: str, engines: int) -> str:
+    """The resharding plan of a world of the trainer and `engines` engines (TP 1 each)."""
+    return os.path.join(data, f"plan_{engines}.json")
+
+
+def alive_path(data: str, engine: int) -> str:
+    return os.path.join(data, "alive", f"engine{engine}.lock")
+
+
+def hold_alive_lock(data: str, engine: int):
+    """An engine holds an exclusive flock on its file while it lives: the kernel lets
+    go of it when the process ends, however it ends (SIGKILL too)."""
+    import fcntl
+    f = open(alive_path(data, engine), "a")
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return f
+
+
+def engine_alive(data: str, engine: int) -> bool:
+    """Whether engine `engine` still holds its lock (tried without waiting)."""
+    import fcntl
+    with open(alive_path(data, engine), "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
 class ExecutorSync:
     """One rank's side of the weight sync over rlsched's executor (gloo): rank 0 the
-    trainer (TP 1), ranks 1..E the engines (TP 1 each)."""
+    trainer (TP 1), ranks 1..M the M engines of the current membership (TP 1 each, in
+    the order of their ids).
 
-    def __init__(self, rank: int, world: int, store: str, plan_path: str,
+    Membership epochs: epoch 0 holds every engine. When a collective fails (an engine
+    died: gloo's connections to it close), the world is rebuilt without it. The
+    trainer leaves the old world, keeps the engines that still hold their alive lock
+    (see :func:`hold_alive_lock`) and announces epoch k + 1 with them
+    (``epochs/<k+1>.json``); an engine whose collective failed asks for it
+    (``epochs/<k+1>.request.engine<e>``, for a trainer that saw no failure) and, like
+    any member that finds the announcement before its next receive, leaves the old
+    world and joins the new one: a new gloo world on a new FileStore
+    (``dist_store.<k+1>``), the plan for M engines (``plan_<M>.json``, run.py makes one
+    per M), a new :class:`rlsched.executor.Executor` (its checks, its groups). Then the
+    members exchange the last version each engine received, and the trainer sends again
+    every version from the oldest any member lacks (an engine that has one already
+    receives it and keeps what it had). The executor itself is unchanged: a world is
+    built once per membership.
+    """
+
+    def __init__(self, data: str, engines: int, engine: Optional[int] = None,
                  timeout_seconds: float = 120.0):
         import datetime
-
-        import torch.distributed as dist
 
         from rlsched import executor
         from rlsched import executor_layouts as lay
 
-        self.lay = lay
-        timeout = datetime.timedelta(seconds=timeout_seconds)
-        dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
-                                world_size=world, timeout=timeout)
+        self.lay, self.executor_module = lay, executor
+        self.data = data
+        self.engine = engine  # None: the trainer
+        self.timeout = datetime.timedelta(seconds=timeout_seconds)
         with open(CONFIG_PATH) as f:
             self.layout = lay.parse_config(f.read())
         self.config = Config.load(CONFIG_PATH)
-        self.infer = lay.Infer(tp=1, replicas=world - 1)
-        zeros = {name: torch.zeros(shape, dtype=dtype)
-                 for name, (shape, dtype) in lay.hf_shapes(self.layout).items()}
-        self.rank = rank
-        self.sources, self.destinations = None, None
-        if rank == 0:
-            self.sources = lay.megatron_shards(self.layout, lay.Train(), 0, zeros)
-        else:
-            self.destinations = {k: torch.zeros_like(v) for k, v in
-                                 lay.vllm_shards(self.layout, self.infer, 0, zeros).items()}
-        # Collective: every rank checks the plan against this world's layouts and its
-        # tensors before any byte moves.
-        self.executor = executor.Executor(executor.load_plan(plan_path, rank),
-                                          sources=self.sources,
-                                          destinations=self.destinations, timeout=timeout,
-                                          layout=executor.world_layout(lay.Train(), self.infer))
+        self.members = list(range(engines))
+        self.epoch = 0
+        self.epochs: List[dict] = []  # per epoch: its members, when it was made
+        os.makedirs(os.path.join(data, "epochs"), exist_ok=True)
         self.runs = 0
         self.bytes = 0
         self.seconds = 0.0
+        # Trainer: every version it was handed, to send again after a rebuild.
+        self.history: Dict[int, Dict[str, torch.Tensor]] = {}
+        self.next_version = 0  # trainer: the next version to send
+        self.incoming = 0  # engine: the version the next run carries
+        self.received = -1  # engine: the newest version received
+        self.state: Optional[Dict[str, torch.Tensor]] = None  # engine: that version
+        self._join()
 
-    def send(self, state) -> None:
-        """Trainer: this HF-named state in the Megatron layout, then one run of the plan."""
-        fresh = self.lay.megatron_shards(self.layout, self.lay.Train(), 0, state)
-        with torch.no_grad():
-            for name, tensor in fresh.items():
-                self.sources[name].copy_(tensor)
-        self._run()
+    @property
+    def rank(self) -> int:
+        return 0 if self.engine is None else 1 + self.members.index(self.engine)
 
-    def receive(self) -> Dict[str, torch.Tensor]:
-        """Engine: one run of the plan; the received vLLM tensors as HF-named ones."""
-        self._run()
+    def _join(self) -> None:
+        """Builds the world of the current epoch and its executor (collective)."""
+        import torch.distributed as dist
+
+        lay, world = self.lay, 1 + len(self.members)
+        store = dist.FileStore(os.path.join(self.data, f"dist_store.{self.epoch}"), world)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=world,
+                                timeout=self.timeout)
+        infer = lay.Infer(tp=1, replicas=len(self.members))
+        zeros = {name: torch.zeros(shape, dtype=dtype)
+                 for name, (shape, dtype) in lay.hf_shapes(self.layout).items()}
+        self.sources, self.destinations = None, None
+        if self.engine is None:
+            self.sources = lay.megatron_shards(self.layout, lay.Train(), 0, zeros)
+        else:
+            self.destinations = {k: torch.zeros_like(v) for k, v in
+                                 lay.vllm_shards(self.layout, infer, 0, zeros).items()}
+        ex = self.executor_module
+        # Collective: every rank checks the plan against this world's layouts and its
+        # tensors before any byte moves.
+        self.executor = ex.Executor(
+            ex.load_plan(plan_path(self.data, len(self.members)), self.rank),
+            sources=self.sources, destinations=self.destinations, timeout=self.timeout,
+            layout=ex.world_layout(lay.Train(), infer))
+        # Which versions each member holds (the trainer sends again from the oldest
+        # one missing).
+        held: List[Optional[int]] = [None] * world
+        dist.all_gather_object(held, self.received)
+        start = min(held[1:]) + 1
+        if self.engine is None:
+            # Every member holds the versions before `start` (the engines receive in
+            # order): those the trainer keeps no longer.
+            self.next_version = start
+            for v in [v for v in self.history if v < start]:
+                del self.history[v]
+        else:
+            self.incoming = start
+        self.epochs.append({"epoch": self.epoch, "members": list(self.members),
+                            "resend_from": start, "time": time.time()})
+
+    def _announced(self) -> Optional[List[int]]:
+        path = os.path.join(self.data, "epochs", f"{self.epoch + 1}.json")
+        try:
+            with open(path) as f:
+                return json.load(f)["members"]
+        except FileNotFoundError:
+            return None
+
+    def _requested(self) -> bool:
+        prefix = f"{self.epoch + 1}.request."
+        return any(n.startswith(prefix) for n in os.listdir(os.path.join(self.data, "epochs")))
+
+    def _rebuild(self, reason: str) -> None:
+        """Leaves this epoch's world and joins the next one's."""
+        import torch.distributed as dist
+
+        print(f"{'trainer' if self.engine is None else f'engine{self.engine}'}: weight "
+              f"sync epoch {self.epoch} ends ({reason})", file=sys.stderr, flush=True)
+        # Every reference to the old world's process groups goes (the executor's groups,
+        # a failed collective's work), so that its connections close now: a member still
+        # waiting in a collective of the old world fails at once instead of at its
+        # timeout.
+        self.executor = None
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a broken world: what is left of it goes with the process
+            pass
+        gc.collect()
+        if self.engine is None:
+            members = [e for e in self.members if engine_alive(self.data, e)]
+            if not members:
+                raise RuntimeError("weight sync: no engine left alive")
+            write_json_atomic(os.path.join(self.data, "epochs", f"{self.epoch + 1}.json"),
+                              {"members": members})
+        else:
+            write_json_atomic(os.path.join(self.data, "epochs",
+                                           f"{self.epoch + 1}.request.engine{self.engine}"),
+                              {"reason": reason})
+            deadline = time.monotonic() + self.timeout.total_seconds()
+            while (members := self._announced()) is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"weight sync: epoch {self.epoch + 1} not announced "
+                                       f"within {self.timeout}")
+                time.sleep(0.01)
+            if self.engine not in members:
+                raise RuntimeError(f"weight sync: engine {self.engine} left out of epoch "
+                                   f"{self.epoch + 1}")
+        self.epoch += 1
+        self.members = members
+        self._join()
+
+    def pending(self) -> bool:
+        """Trainer: whether a version it was handed has not been sent yet."""
+        return self.next_version in self.history
+
+    def poll(self) -> None:
+        """Trainer, between sends: rebuilds when an engine asked for it."""
+        if self._requested():
+            self._rebuild("an engine asked for a new world")
+
+    def send(self, version: int, state) -> None:
+        """Trainer: keeps `version` (an HF-named state) and sends every version not sent
+        yet, in order, each in the Megatron layout and one run of the plan."""
+        self.history[version] = state
+        while self.pending():
+            if self._requested():
+                self._rebuild("an engine asked for a new world")
+                continue
+            fresh = self.lay.megatron_shards(self.layout, self.lay.Train(), 0,
+                                             self.history[self.next_version])
+            with torch.no_grad():
+                for name, tensor in fresh.items():
+                    self.sources[name].copy_(tensor)
+            failure = self._try_run()
+            if failure:
+                self._rebuild(failure)
+                continue
+            self.next_version += 1
+            # Run v completed here: every member finished run v - 1 before it took part
+            # in run v, so no rebuild asks for an older version again.
+            self.history.pop(self.next_version - 2, None)
+
+    def receive(self, version: int) -> Dict[str, torch.Tensor]:
+        """Engine: runs the plan until it holds `version`; its HF-named tensors."""
+        while self.received < version:
+            if self._announced() is not None:
+                self._rebuild("the trainer announced a new world")
+                continue
+            failure = self._try_run()
+            if failure:
+                self._rebuild(failure)
+                continue
+            v, self.incoming = self.incoming, self.incoming + 1
+            if v > self.received:
+                self.received, self.state = v, self._hf_state()
+        return self.state
+
+    def _hf_state(self) -> Dict[str, torch.Tensor]:
+        """The received vLLM tensors as HF-named ones."""
         c, d = self.config, self.destinations
         q = c.num_attention_heads * c.head_dim
         kv = c.num_key_value_heads * c.head_dim
@@ -179,6 +358,15 @@ class ExecutorSync:
             })
         return {k: v.clone() for k, v in state.items()}
 
+    def _try_run(self) -> Optional[str]:
+        """One run of the plan; what failed, or None. (The exception, which holds the
+        failed collective and its process group, is gone when this returns.)"""
+        try:
+            self._run()
+            return None
+        except RuntimeError as e:
+            return f"{type(e).__name__}: {e}".splitlines()[0][:200]
+
     def _run(self) -> None:
         stats = self.executor.run()
         self.runs += 1
@@ -186,7 +374,8 @@ class ExecutorSync:
         self.seconds += stats.transfer_seconds
 
     def report(self) -> dict:
-        return {"runs": self.runs, "bytes": self.bytes, "seconds": round(self.seconds, 6)}
+        return {"runs": self.runs, "bytes": self.bytes, "seconds": round(self.seconds, 6),
+                "epochs": self.epochs}
 
 
 class TinyEngine(EngineWorker):
@@ -196,11 +385,20 @@ class TinyEngine(EngineWorker):
 
     def __init__(self, address: str, engine: int, max_concurrent: int, *, data: str,
                  task: ReverseTask, min_step_seconds: float = 0.0,
-                 weight_sync: Optional[ExecutorSync] = None, **kwargs):
+                 weight_sync: Optional[ExecutorSync] = None, stall_at_version: int = -1,
+                 **kwargs):
         super().__init__(address, engine, max_concurrent, **kwargs)
         self.data = data
+        # A test hook for killing an engine mid-generation: after its first decode step
+        # under this version or a later one it writes stalled.engine<e> and generates no
+        # more (it still takes commands), so that the SIGKILL run.py then sends finds it
+        # with samples half generated. -1: never.
+        self.stall_at_version = stall_at_version
+        self.stalled = False
+        # Every finished sample's id, appended as it finishes: the engine's own count,
+        # which outlives a SIGKILL.
+        self._finished_log = open(os.path.join(data, f"finished.engine{engine}"), "a")
         self.weight_sync = weight_sync
-        self.received = -1  # executor: the last version received
         self.min_step_seconds = min_step_seconds
         self.task = task
         self.model = TinyLlama(Config.load(CONFIG_PATH))
@@ -269,13 +467,10 @@ class TinyEngine(EngineWorker):
                 load_weights(self.data, sync.version, self.model)
             else:
                 # Every version in order: the trainer runs the plan once per version.
-                if sync.version <= self.received:
+                if sync.version <= self.weight_sync.received:
                     self._fail(f"SyncWeights to version {sync.version}, but version "
-                               f"{self.received} was received already")
-                while self.received < sync.version:
-                    state = self.weight_sync.receive()
-                    self.received += 1
-                self.model.load_state_dict(state)
+                               f"{self.weight_sync.received} was received already")
+                self.model.load_state_dict(self.weight_sync.receive(sync.version))
             self.loaded[sync.version] = weights_digest(self.model.state_dict())
             for r in self._running.values():
                 r.cache = None  # no KV cache survives a weight update
@@ -315,8 +510,18 @@ class TinyEngine(EngineWorker):
                 if not active:
                     self._lock.wait(timeout=0.5)
                     continue
+                if self.stalled:
+                    self._lock.wait(timeout=0.5)
+                    continue
                 start = time.monotonic()
                 decode_step(self.model, active, self.version)
+                if 0 <= self.stall_at_version <= self.version:
+                    self.stalled = True
+                    write_json_atomic(os.path.join(self.data, f"stalled.engine{self.engine}"),
+                                      {"version": self.version, "running": len(self._running),
+                                       "tokens": sum(len(r.response)
+                                                     for r in self._running.values())})
+                    continue
                 for r in active:
                     if r.done:
                         self._finish(r)
@@ -331,8 +536,12 @@ class TinyEngine(EngineWorker):
         write_json_atomic(os.path.join(self.data, "samples", f"{r.sample}.json"), {
             "sample": r.sample, "group": r.group, "prompt_id": r.prompt_id,
             "prompt": r.prompt, "response": r.response, "logprobs": r.logprobs,
-            "versions": r.versions, "reward": reward, "engine": self.engine})
+            "versions": r.versions, "reward": reward,
+            "position_rewards": self.task.position_rewards(r.prompt_id, r.response),
+            "engine": self.engine})
         self.finished_samples.append(r.sample)
+        self._finished_log.write(f"{r.sample}\n")
+        self._finished_log.flush()
         self.finished(r.sample, len(r.response), reward)
 
     def report(self) -> dict:
@@ -350,8 +559,15 @@ class TinyTrainer(TrainerWorker):
 
     def __init__(self, address: str, *, data: str, lr: float, epochs: int, seed: int,
                  csv_path: Optional[str] = None, weight_sync: Optional[ExecutorSync] = None,
-                 **kwargs):
+                 advantage: str = "outcome", max_grad_norm: float = 0.0,
+                 entropy_coef: float = 0.0, lr_end: Optional[float] = None,
+                 clip_high: Optional[float] = None, **kwargs):
         super().__init__(address, **kwargs)
+        self.clip_high = clip_high
+        self.lr, self.lr_end = lr, lr_end
+        self.advantage = advantage
+        self.max_grad_norm = max_grad_norm
+        self.entropy_coef = entropy_coef
         self.data = data
         self.weight_sync = weight_sync
         self.sync_error: Optional[str] = None
@@ -361,13 +577,14 @@ class TinyTrainer(TrainerWorker):
         load_weights(data, 0, self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.trained: List[int] = []
+        self.trained_by_engine: Dict[str, int] = {}  # engine id -> samples trained
         self.published: Dict[int, str] = {0: weights_digest(self.model.state_dict())}
         if weight_sync is not None:
             # The sync thread sends every version in order (version 0 first).
             self._versions: "queue.Queue" = queue.Queue()
             self._sending = threading.Condition()
             self._queued, self._sent = 1, 0
-            self._versions.put(self._snapshot())
+            self._versions.put((0, self._snapshot()))
             threading.Thread(target=self._send_versions, daemon=True).start()
         self.steps: List[dict] = []
         self.staleness_violations = 0
@@ -385,6 +602,7 @@ class TinyTrainer(TrainerWorker):
         self.samples_per_prompt = config.orchestrator.samples_per_prompt
         self.max_staleness = config.orchestrator.max_staleness
         self.calls_per_sync = max(1, config.orchestrator.train_calls_per_sync)
+        self.total_steps = config.steps
 
     def start_train(self, call) -> None:
         t0 = time.monotonic()
@@ -406,7 +624,9 @@ class TinyTrainer(TrainerWorker):
         for s in items:
             groups.setdefault(s["sample"] // self.samples_per_prompt, []).append(s)
         for rows in groups.values():
-            for s, a in zip(rows, group_advantages([s["reward"] for s in rows])):
+            for s, a in zip(rows, advantages(self.advantage, [s["reward"] for s in rows],
+                                             [s["position_rewards"] for s in rows],
+                                             [len(s["response"]) for s in rows])):
                 s["advantage"] = a
         tokens = sum(len(s["response"]) for s in items)
         plan = [[list(mb.indices) for mb in rank.micro_batches] for rank in call.plan.ranks]
@@ -414,16 +634,24 @@ class TinyTrainer(TrainerWorker):
             plan = [[list(range(len(items)))]]
         micro_batches = sum(1 for rank in plan for mb in rank if mb)
         self.model.train()
+        set_lr(self.optimizer, lr_at(call.step, self.total_steps, self.lr, self.lr_end))
         for _ in range(self.epochs):
             self.optimizer.zero_grad()
             for rank in plan:
                 for mb in rank:
                     if mb:
-                        loss, _ = policy_loss(self.model, [items[i] for i in mb])
+                        loss, _ = policy_loss(self.model, [items[i] for i in mb],
+                                              entropy_coef=self.entropy_coef,
+                                              clip_high=self.clip_high)
                         # A token mean over the whole call, whatever the split.
                         (loss / tokens).backward()
+            if self.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             self.optimizer.step()
         self.trained.extend(call.samples)
+        for s in items:
+            key = str(s["engine"])
+            self.trained_by_engine[key] = self.trained_by_engine.get(key, 0) + 1
         mean_reward = sum(s["reward"] for s in items) / len(items)
         record = {"step": call.step, "call": call.call, "mean_reward": mean_reward,
                   "samples": len(items), "tokens": tokens, "micro_batches": micro_batches,
@@ -439,7 +667,7 @@ class TinyTrainer(TrainerWorker):
                 self.published[call.step + 1] = weights_digest(snapshot)
                 with self._sending:
                     self._queued += 1
-                self._versions.put(snapshot)
+                self._versions.put((call.step + 1, snapshot))
         self.steps.append(record)
         if self.csv_path:
             with open(self.csv_path, "a") as f:
@@ -456,7 +684,12 @@ class TinyTrainer(TrainerWorker):
     def _send_versions(self) -> None:
         try:
             while True:
-                self.weight_sync.send(self._versions.get())
+                try:
+                    version, snapshot = self._versions.get(timeout=0.2)
+                except queue.Empty:
+                    self.weight_sync.poll()  # an engine may ask for a new world
+                    continue
+                self.weight_sync.send(version, snapshot)
                 with self._sending:
                     self._sent += 1
                     self._sending.notify_all()
@@ -480,7 +713,7 @@ class TinyTrainer(TrainerWorker):
                                    f"within {timeout} s of the end")
 
     def report(self) -> dict:
-        return {"trained": self.trained,
+        return {"trained": self.trained, "trained_by_engine": self.trained_by_engine,
                 "weight_sync": self.weight_sync.report() if self.weight_sync else None,
                 "sync_error": self.sync_error, "published": self.published, "steps": self.steps,
                 "staleness_violations": self.staleness_violations,
@@ -499,29 +732,43 @@ def main(argv=None) -> int:
     parser.add_argument("--digits", type=int, default=3)
     parser.add_argument("--alphabet", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--advantage", choices=ADVANTAGES, default="process")
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--clip-high", type=float, default=None)
+    parser.add_argument("--lr-end", type=float, default=None)
+    parser.add_argument("--entropy-coef", type=float, default=0.0)
     parser.add_argument("--min-step-seconds", type=float, default=0.0,
                         help="engine: a decode step lasts at least this long (a slower engine)")
+    parser.add_argument("--stall-at-version", type=int, default=-1,
+                        help="engine: stop generating after the first decode step under "
+                        "this version and write stalled.engine<e> (run.py then kills it)")
     parser.add_argument("--csv", default=None, help="trainer: the reward-per-step CSV")
     parser.add_argument("--weights", choices=["executor", "file"], default="executor")
-    parser.add_argument("--world", type=int, default=0,
-                        help="executor: ranks of the gloo world (the trainer and the engines)")
+    parser.add_argument("--engines", type=int, default=1,
+                        help="executor: the engines of the run (the weight-sync world holds "
+                        "the trainer and those alive)")
     parser.add_argument("--report", required=True, help="write what this worker did (JSON)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     weight_sync = None
     if args.weights == "executor":
-        rank = 0 if args.role == "trainer" else 1 + args.engine
-        weight_sync = ExecutorSync(rank, args.world, os.path.join(args.data, "dist_store"),
-                                   os.path.join(args.data, "plan.json"))
+        if args.role == "engine":
+            alive = hold_alive_lock(args.data, args.engine)  # noqa: F841 (held until exit)
+        weight_sync = ExecutorSync(args.data, args.engines,
+                                   None if args.role == "trainer" else args.engine)
     if args.role == "engine":
         worker = TinyEngine(args.address, args.engine, args.max_concurrent, data=args.data,
                             task=ReverseTask(args.digits, args.alphabet, args.seed),
-                            min_step_seconds=args.min_step_seconds, weight_sync=weight_sync)
+                            min_step_seconds=args.min_step_seconds, weight_sync=weight_sync,
+                            stall_at_version=args.stall_at_version)
     else:
         worker = TinyTrainer(args.address, data=args.data, lr=args.lr, epochs=args.epochs,
-                             seed=args.seed, csv_path=args.csv, weight_sync=weight_sync)
+                             seed=args.seed, csv_path=args.csv, weight_sync=weight_sync,
+                             advantage=args.advantage, max_grad_norm=args.max_grad_norm,
+                             entropy_coef=args.entropy_coef, lr_end=args.lr_end,
+                             clip_high=args.clip_high)
     try:
         reason = worker.run()
         if args.role == "trainer":

@@ -122,6 +122,38 @@ def test_group_advantages_are_normalised_within_the_group():
     assert grpo.group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
 
 
+def test_process_advantages_are_per_position_and_reward_to_go():
+    task = ReverseTask(digits=3, alphabet=4, seed=1)
+    target = task.target(0)
+    wrong = [(t + 1) % 4 for t in target]
+    responses = [target + [EOS], [target[0], wrong[1], target[2], EOS],
+                 [target[0], EOS], [target[0], target[1], wrong[2], EOS]]
+    rewards = [task.position_rewards(0, r) for r in responses]
+    assert [sum(r) for r in rewards] == pytest.approx([task.reward(0, r) for r in responses])
+    assert rewards[2] == [pytest.approx(1 / 3), 0.0, 0.0]  # cut short: the rest wrong
+    adv = grpo.process_advantages(rewards, [len(r) for r in responses])
+    assert [len(a) for a in adv] == [4, 4, 2, 4]
+    # Position 0: every sample right, so it adds nothing; each position's term has
+    # zero mean within the group; a token's advantage is the sum of its position's
+    # term and the later ones' (EOS, past the scored positions: 0).
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        table = (torch.rand(6, 3, generator=g) < 0.5).double() / 3
+        table[:, 0] = 1 / 3
+        a = torch.tensor(grpo.process_advantages(table.tolist(), [4] * 6), dtype=torch.float64)
+        assert a[:, 3].abs().max() == 0
+        own = a[:, :3] - torch.cat((a[:, 1:3], torch.zeros(6, 1, dtype=torch.float64)), 1)
+        assert own.sum(0).abs().max() < 1e-9  # zero mean per position
+        assert own[:, 0].abs().max() < 1e-9  # a constant position adds 0
+        for k in (1, 2):
+            col = table[:, k]
+            want = (col - col.mean()) / (col.std(unbiased=False) + 1e-6)
+            assert torch.allclose(own[:, k], want, atol=1e-9)
+        assert torch.allclose(a[:, 0], a[:, 1])  # position 0 adds 0: to-go equals pos 1's
+    with pytest.raises(ValueError, match="advantage"):
+        grpo.advantages("pooled", [0.0], [[0.0]], [1])
+
+
 def _batch(task, model, n=12, seed=0):
     rollouts = [grpo.Rollout(s, s // 4, s // 4, task.prompt(s // 4), task.max_new_tokens,
                              grpo.sample_seed(seed, s)) for s in range(n)]
@@ -188,7 +220,8 @@ def test_grpo_learns_the_task_in_one_process():
     task = ReverseTask(digits=3, alphabet=4, seed=0)
     model = load_model(seed=0)
     curve = grpo.train_in_process(task, model, steps=20, prompts_per_step=8,
-                                  samples_per_prompt=8, seed=0, lr=3e-3, epochs=4)
+                                  samples_per_prompt=8, seed=0, lr=1e-3, epochs=4,
+                                  max_grad_norm=1.0, advantage="process")
     first = sum(curve[:3]) / 3
     last = sum(curve[-5:]) / 5
     assert first < 0.15, curve
@@ -211,8 +244,10 @@ def _live(rlsched_bin, out, *args):
         summary = json.load(f)
     reports = {}
     for name in ("trainer", "engine0", "engine1"):
-        with open(os.path.join(out, f"{name}.json")) as f:
-            reports[name] = json.load(f)
+        path = os.path.join(out, f"{name}.json")
+        if os.path.exists(path):  # a killed engine wrote none
+            with open(path) as f:
+                reports[name] = json.load(f)
     with open(os.path.join(out, "report.json")) as f:
         report = json.load(f)
     return summary, reports, report
@@ -267,12 +302,14 @@ def test_live_sync_and_async_runs(rlsched_bin, tmp_path):
     _check_live(sync_out, summary, reports, report, steps=3, max_staleness=0)
     assert summary["max_token_staleness"] == 0
     # Sync mode trains what GRPO in one process trains (the same prompts, the same
-    # sampling seeds per sample, run.py's defaults: lr 3e-3, 4 passes): the same mean
-    # reward at every step, although the live run generated on two engines in batches
-    # of its own and trained in the step plan's micro-batches.
+    # sampling seeds per sample, run.py's defaults: lr 1e-3, 4 passes, the gradient's
+    # norm clipped at 1, per-token process advantages): the same mean reward at every
+    # step, although the live run generated on two engines in batches of its own and
+    # trained in the step plan's micro-batches.
     reference = grpo.train_in_process(ReverseTask(3, 4, 0), load_model(seed=0), steps=3,
                                       prompts_per_step=8, samples_per_prompt=8, seed=0,
-                                      lr=3e-3, epochs=4)
+                                      lr=1e-3, epochs=4, max_grad_norm=1.0,
+                                      advantage="process")
     live = [s["mean_reward"] for s in reports["trainer"]["steps"]]
     assert live == pytest.approx(reference, abs=1e-12)
 
@@ -292,3 +329,56 @@ def test_live_sync_and_async_runs(rlsched_bin, tmp_path):
     assert sum(r["interrupts"] for n, r in reports.items() if n.startswith("engine")) >= 1
     assert reports["trainer"]["partial_samples"] >= 1
     assert reports["trainer"]["partial_samples"] == int(report["counters"]["partial_samples"])
+
+
+def test_live_run_survives_an_engine_killed_mid_generation(rlsched_bin, tmp_path):
+    """Engine 1 is killed with SIGKILL in the middle of a decode under version 2 (its
+    samples half generated). The runtime requeues its samples on engine 0; the weight
+    sync's gloo world, which the dead engine was a member of, is rebuilt without it
+    (membership epoch 1: the trainer and engine 0, the plan for one engine); the run
+    finishes every step."""
+    steps, prompts, group = 5, 8, 8
+    out = tmp_path / "kill"
+    summary, reports, report = _live(rlsched_bin, out, "--mode", "sync", "--steps", str(steps),
+                                     "--kill-engine-at", "2")
+    assert "engine1" not in reports  # killed: it wrote no report
+    assert summary["ok"], summary["checks"]
+    assert summary["checks"]["engine_killed_mid_generation"]
+    killed = summary["killed"]
+    assert killed["engine"] == "engine1" and killed["version"] == 2 and killed["running"] > 0
+    counters = report["counters"]
+    assert int(counters["engine_failures"]) == 1
+    assert int(counters["restarts"]) >= 1  # samples it held were generated again
+    # No sample lost or trained twice, by the workers' own counts: the trainer trained
+    # every sample of every step once; each was finished by an engine (their logs of
+    # finished samples, which the SIGKILL left), both engines' among them.
+    trained = reports["trainer"]["trained"]
+    assert len(trained) == len(set(trained)) == steps * prompts * group == int(counters["trained"])
+    by_engine = reports["trainer"]["trained_by_engine"]
+    assert set(by_engine) == {"0", "1"} and sum(by_engine.values()) == len(trained)
+    data = os.path.join(out, "data")
+    finished = set()
+    for e in (0, 1):
+        with open(os.path.join(data, f"finished.engine{e}")) as f:
+            finished |= {int(x) for x in f.read().split()}
+    assert set(trained) <= finished
+    # The weight-sync world was rebuilt once, without the dead engine, on both sides.
+    for name in ("trainer", "engine0"):
+        epochs = reports[name]["weight_sync"]["epochs"]
+        assert [e["members"] for e in epochs] == [[0, 1], [0]], (name, epochs)
+    # The survivor loaded every version, byte-identical to the trainer's.
+    published = reports["trainer"]["published"]
+    loaded = reports["engine0"]["loaded"]
+    assert sorted(int(v) for v in loaded) == list(range(steps + 1))
+    for version, digest in loaded.items():
+        assert digest == published[version], version
+    # Sync mode: the samples engine 1 lost were generated again with the same sampling
+    # seeds, so the run trains what GRPO in one process trains: the same mean reward
+    # at every step as with no engine killed.
+    reference = grpo.train_in_process(ReverseTask(3, 4, 0), load_model(seed=0), steps=steps,
+                                      prompts_per_step=prompts, samples_per_prompt=group,
+                                      seed=0, lr=1e-3, epochs=4, max_grad_norm=1.0,
+                                      advantage="process")
+    live = [s["mean_reward"] for s in reports["trainer"]["steps"]]
+    assert live == pytest.approx(reference, abs=1e-12)
+    assert live[-1] > live[0] + 0.03, live  # and the reward went up through the kill
