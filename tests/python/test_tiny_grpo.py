@@ -8,8 +8,10 @@ token against the bound (from the per-token versions the engines recorded), ever
 version moved by rlsched's executor over gloo (one run of the plan per version on every
 rank), and the engines' weights after every sync byte-identical to the trainer's
 (SHA-256 of the engine's own HF-named parameters after loading against the trainer's
-at publishing). That the policy learns is checked in one process over more steps (the
-live runs are short).
+at publishing). A third live run kills an engine with SIGKILL mid-generation: every
+step still runs, every sample is trained once, the weight-sync world is rebuilt
+without the dead engine, and the reward curve is the one of no kill (and rises). That
+the policy learns is checked in one process over more steps (the live runs are short).
 """
 
 import json
