@@ -299,9 +299,10 @@ TEST(LayoutTest, BadFirstAndLastStageLayersNameTheField) {
       {Uneven({.pp = 2, .layers_per_chunk = {14, 14}}, 14, std::nullopt),
        "train.first_stage_layers: cannot be combined with layers_per_chunk"},
   };
-  for (const auto& [train, message] : cases) {
-    EXPECT_EQ(ErrorOf([&] { Validate(m, train); }), message);
-    EXPECT_EQ(ErrorOf([&] { StageLayers(m, train, 0); }), message);
+  for (const auto& c : cases) {
+    const TrainLayout& train = c.first;  // not a structured binding: clang 14's lambdas
+    EXPECT_EQ(ErrorOf([&] { Validate(m, train); }), c.second);
+    EXPECT_EQ(ErrorOf([&] { StageLayers(m, train, 0); }), c.second);
   }
 }
 

@@ -467,8 +467,14 @@ void RandomLayouts(std::uint64_t first, std::uint64_t count) {
 }
 
 // Under AddressSanitizer (CI's second run) a fifth of the seeds: each costs ~0.7 s
-// there; the regular run and the thorough sweep cover the rest.
-#if defined(__SANITIZE_ADDRESS__)
+// there; the regular run and the thorough sweep cover the rest. (g++ defines
+// __SANITIZE_ADDRESS__; clang answers __has_feature.)
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RLSCHED_UNDER_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(RLSCHED_UNDER_ASAN)
 constexpr std::uint64_t kRandomLayoutSeeds = 30;
 #else
 constexpr std::uint64_t kRandomLayoutSeeds = 150;
