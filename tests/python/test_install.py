@@ -6,7 +6,8 @@ setuptools, wheel, protobuf and numpy come from the system); ``pip install
 --no-build-isolation --no-index .`` builds the native module through CMake and the
 protobuf modules through protoc; then a subprocess without PYTHONPATH imports the
 installed package and solves in process. The C++ build runs with
-CMAKE_BUILD_PARALLEL_LEVEL (default 1); about 65 s of CPU.
+CMAKE_BUILD_PARALLEL_LEVEL (default 1); about 3.5 min of CPU (the native module with
+the decision core, so protobuf, the scheduler and the wire library).
 
 Skipped only when the interpreter has no venv module or no pip (Debian: python3-venv,
 python3-pip; scripts/setup.sh installs them).
@@ -43,13 +44,10 @@ def _copy_sources(destination):
     shutil.copytree(_REPO, destination, ignore=ignore, symlinks=True)
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    if importlib.util.find_spec("venv") is None:
-        pytest.skip(f"{sys.executable} has no venv module (apt-get install python3-venv)")
-    if importlib.util.find_spec("pip") is None:
-        pytest.skip(f"{sys.executable} has no pip (apt-get install python3-pip)")
-    root = tmp_path_factory.mktemp("install")
+def pip_install(root, *options, timeout):
+    """Copies the sources to root/rlsched, makes a venv root/venv and pip-installs the
+    copy into it, offline (`options` such as "-e" go before the "."). Returns the
+    venv's python, the venv, the copy and the environment the install ran with."""
     source = root / "rlsched"
     _copy_sources(source)
     venv = root / "venv"
@@ -63,10 +61,19 @@ def installed(tmp_path_factory):
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", "1")
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     result = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-build-isolation", "--no-index", "."],
-        cwd=source, env=env, capture_output=True, text=True, timeout=840)
+        [str(python), "-m", "pip", "install", "--no-build-isolation", "--no-index", *options,
+         "."], cwd=source, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"pip install failed:\n{result.stdout}\n{result.stderr}"
     return {"python": python, "venv": venv, "source": source, "env": env}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    if importlib.util.find_spec("venv") is None:
+        pytest.skip(f"{sys.executable} has no venv module (apt-get install python3-venv)")
+    if importlib.util.find_spec("pip") is None:
+        pytest.skip(f"{sys.executable} has no pip (apt-get install python3-pip)")
+    return pip_install(tmp_path_factory.mktemp("install"), timeout=840)
 
 
 def test_pip_install_builds_the_native_module_and_the_protobuf_modules(installed, tmp_path):

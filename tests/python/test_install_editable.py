@@ -23,7 +23,7 @@ import textwrap
 
 import pytest
 
-from test_install import _copy_sources, _project_version
+from test_install import _project_version, pip_install
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("RLSCHED_TEST_EDITABLE") != "1",
@@ -33,20 +33,8 @@ pytestmark = pytest.mark.skipif(
 def test_pip_install_editable(tmp_path):
     if importlib.util.find_spec("venv") is None or importlib.util.find_spec("pip") is None:
         pytest.skip(f"{sys.executable} has no venv module or no pip")
-    source = tmp_path / "rlsched"
-    _copy_sources(source)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                    str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "RLSCHED_BIN", "RLSCHED_NATIVE", "PIP_INDEX_URL")}
-    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", "1")
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    result = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-build-isolation", "--no-index", "-e", "."],
-        cwd=source, env=env, capture_output=True, text=True, timeout=1500)
-    assert result.returncode == 0, f"pip install -e failed:\n{result.stdout}\n{result.stderr}"
+    installed = pip_install(tmp_path, "-e", timeout=1500)
+    python, source, env = installed["python"], installed["source"], installed["env"]
 
     script = textwrap.dedent("""
         import json
