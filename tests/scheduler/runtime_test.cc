@@ -86,16 +86,17 @@ class Cluster final : public EngineBackend, public TrainerBackend {
           ++run.epoch;
           EngineSpans spans = Account(run, run.tokens);
           if (timing_.per_sample_progress) {
-            Due(now, GenerationProgressed{
-                         .sample = sample, .tokens = run.tokens, .spans = std::move(spans)});
+            Due(now, sync->engine,
+                GenerationProgressed{
+                    .sample = sample, .tokens = run.tokens, .spans = std::move(spans)});
           } else {
             paused.samples.push_back(
                 {.sample = sample, .tokens = run.tokens, .spans = std::move(spans)});
           }
         }
-        if (!timing_.per_sample_progress) Due(now, std::move(paused));
+        if (!timing_.per_sample_progress) Due(now, sync->engine, std::move(paused));
       }
-      Due(now + timing_.sync_seconds,
+      Due(now + timing_.sync_seconds, sync->engine,
           WeightsLoaded{.engine = sync->engine, .version = sync->version});
     } else if (const auto* resume = std::get_if<Resume>(&command)) {
       for (const std::int64_t s : resume->samples) {
@@ -103,7 +104,8 @@ class Cluster final : public EngineBackend, public TrainerBackend {
         Start(resume->engine, resume->version, s, run.tokens, now, true);
       }
     } else if (const auto* release = std::get_if<Release>(&command)) {
-      Due(now + timing_.release_seconds, EngineReleased{.engine = release->engine});
+      Due(now + timing_.release_seconds, release->engine,
+          EngineReleased{.engine = release->engine});
     }
   }
 
@@ -112,11 +114,13 @@ class Cluster final : public EngineBackend, public TrainerBackend {
     if (fail_training_) throw std::runtime_error("out of memory");
     for (const std::int64_t s : call.samples) trained_.push_back(s);
     calls_.push_back(call);
-    Due(clock_.Now() + timing_.train_seconds,
+    Due(clock_.Now() + timing_.train_seconds, kTrainer,
         TrainStepFinished{.step = call.step, .call = call.call});
   }
 
-  // The earliest due event (ties: the order they were queued), skipping finishes of runs
+  // The earliest due event (ties: the worker's id, then the order they were queued, so
+  // that the order in which the graph's parallel nodes hand different workers their
+  // commands does not change the run), skipping finishes of runs
   // that were interrupted, aborted or restarted since.
   std::optional<std::pair<double, Event>> PopDue() {
     std::lock_guard lock(mutex_);
@@ -208,12 +212,14 @@ class Cluster final : public EngineBackend, public TrainerBackend {
   }
   struct Pending {
     double time = 0;
+    std::int64_t worker = 0;  // the engine, or kTrainer
     std::int64_t seq = 0;
     Event event;
     std::int64_t sample = -1;  // a GenerationFinished's sample
     std::int64_t epoch = 0;
     bool operator<(const Pending& other) const {  // the priority queue's top is the earliest
-      return time != other.time ? time > other.time : seq > other.seq;
+      if (time != other.time) return time > other.time;
+      return worker != other.worker ? worker > other.worker : seq > other.seq;
     }
   };
 
@@ -260,14 +266,16 @@ class Cluster final : public EngineBackend, public TrainerBackend {
                                             .paused_seconds = run.paused_seconds};
     }
     due_.push(Pending{.time = finish,
+                      .worker = engine,
                       .seq = seq_++,
                       .event = std::move(finished),
                       .sample = sample,
                       .epoch = epoch});
   }
-  void Due(double time, Event event) {
-    due_.push(Pending{.time = time, .seq = seq_++, .event = std::move(event)});
+  void Due(double time, std::int64_t worker, Event event) {
+    due_.push(Pending{.time = time, .worker = worker, .seq = seq_++, .event = std::move(event)});
   }
+  static constexpr std::int64_t kTrainer = -1;
 
   const Clock& clock_;
   Timing timing_;
