@@ -800,22 +800,18 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
         BalancedPartition(padded.tokens, padded.costs, groups, balance, {}, {});
     groups_bound = partition.lower_bound;
     balanced_ranks = PartsOf(partition);
-  } else if (std::equal(padded.costs.begin(), padded.costs.end(), padded.lengths.begin(),
-                        padded.lengths.end())) {
+  } else {
     std::vector<std::int64_t> sorted;
     std::vector<std::int32_t> order = HeaviestFirst(padded.costs, &sorted);
     balanced_assignment =
         BalancedAssignment(padded.tokens, padded.costs, groups, balance, order, sorted);
     balanced_ranks = RanksOf(balanced_assignment, options.num_ranks);
-    recipe_ascending = RecipeAscendingFrom(std::move(order), sorted);
-    recipe_sorted = std::move(sorted);
-    shared_sort = true;
-  } else {
-    std::vector<std::int64_t> sorted;
-    const std::vector<std::int32_t> order = HeaviestFirst(padded.costs, &sorted);
-    balanced_assignment =
-        BalancedAssignment(padded.tokens, padded.costs, groups, balance, order, sorted);
-    balanced_ranks = RanksOf(balanced_assignment, options.num_ranks);
+    if (std::equal(padded.costs.begin(), padded.costs.end(), padded.lengths.begin(),
+                   padded.lengths.end())) {
+      recipe_ascending = RecipeAscendingFrom(std::move(order), sorted);
+      recipe_sorted = std::move(sorted);
+      shared_sort = true;
+    }
   }
 
   // The lower bound first: its best count guides the packed candidate below. With

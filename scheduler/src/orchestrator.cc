@@ -829,8 +829,7 @@ struct Orchestrator::State {
           const bool live = x.state == SampleState::kQueued || x.state == SampleState::kInFlight ||
                             x.state == SampleState::kComplete;
           if (live && x.oldest == node.key()) {
-            ++counters.stale_restarts;
-            counters.stale_discarded_tokens += x.tokens;
+            CountStaleRestart(x);
             Restart(id);
           }
         }
