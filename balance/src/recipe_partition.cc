@@ -3,7 +3,9 @@
 #include "recipe_partition.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <queue>
 #include <span>
 #include <type_traits>
@@ -14,6 +16,10 @@
 
 namespace rlsched::balance::internal {
 namespace {
+
+// A part's (sum, count, first item) as one unsigned number, when the sum is an int64:
+// sum · 2^64 + count · 2^32 + first item, ordered as Lighter orders the parts.
+__extension__ typedef unsigned __int128 PartKey;
 
 // One part of a partial solution: its sum and count, its first item (the input index
 // that breaks ties) and its items as a list spliced through `next` (in the order
@@ -131,12 +137,15 @@ class Differencing {
   using Solution = internal::Solution<Sum>;
 
   // `index`: the items ascending by (value, index), `value`: their values in that order.
+  // `fast`: the absorption of single items by a tournament tree (int64 sums, at least
+  // kTreeFrom parts) in place of the heap of parts, the same steps.
   Differencing(std::span<const std::int32_t> index, std::span<const std::int64_t> value,
-               std::int64_t num_parts)
+               std::int64_t num_parts, bool fast = false)
       : k_(static_cast<std::size_t>(num_parts)),
         index_(index),
         value_(value),
-        next_(index_.size(), -1) {}
+        next_(index_.size(), -1),
+        fast_(fast) {}
 
   std::vector<std::vector<std::int64_t>> Run(PartSizes sizes, RecipeOrder order) {
     const std::size_t n = index_.size();
@@ -224,6 +233,9 @@ class Differencing {
       // While the combination would pop first again and the next single item second
       // (every step of kAny once one solution holds the rest: the item joins its
       // lightest part), the two are combined here, without the heap.
+      if constexpr (std::is_same_v<Sum, std::int64_t>) {
+        if (fast_ && heap_.empty() && k_ >= kTreeFrom) AbsorbSinglesByTree(solutions_[first]);
+      }
       while (singles_left_ > 0) {
         const Entry mine = EntryOf(first);
         const Entry next = NextSingleEntry();
@@ -482,15 +494,360 @@ class Differencing {
     }
   }
 
+  // AbsorbSinglesByTree() serves solutions of at least this many parts (below it the
+  // heap's few levels cost less than building the tree).
+  static constexpr std::size_t kTreeFrom = 64;
+
+  // The absorption loop of Solve() (the solution `a`, popped first, meets the next
+  // single item, popped second, while the heap of solutions is empty: the item fills
+  // an empty part or joins the lightest), run on a tournament tree of a's k parts
+  // instead of its heap, until the loop's condition fails or no single is left; then
+  // a's parts are written back, ascending. The same parts: an empty part is a leaf of
+  // key 0, lighter than every non-empty part (count >= 1) as in Differencing, and the
+  // lightest leaf is the part the item meets (Lighter is a strict total order on the
+  // non-empty parts; the empty ones are alike). A step replays one leaf-to-root path,
+  // whose nodes do not depend on the comparisons (the heap's sift reads the children
+  // its last comparison chose), O(log k).
+  void AbsorbSinglesByTree(Solution& a) requires std::is_same_v<Sum, std::int64_t> {
+    using Key = PartKey;
+    auto key_of = [](const Part& part) {
+      return Key{static_cast<std::uint64_t>(part.sum)} << 64 |
+             (std::uint64_t{static_cast<std::uint32_t>(part.count)} << 32 |
+              static_cast<std::uint32_t>(part.head));
+    };
+    auto next_holds = [&](Key lightest, Key heaviest) {
+      // PopsLater()(NextSingleEntry(), EntryOf(a)), k >= 2: the next single's spread is
+      // its value, a's is its heaviest part's sum less its lightest's (0 when a part is
+      // empty, which is the lightest leaf then).
+      const std::size_t p = singles_left_ - 1;
+      const auto value = static_cast<std::uint64_t>(value_[p]);
+      const auto spread =
+          static_cast<std::uint64_t>(heaviest >> 64) - static_cast<std::uint64_t>(lightest >> 64);
+      if (value != spread) return value < spread;
+      const Key item =
+          Key{value} << 64 | (std::uint64_t{1} << 32 | static_cast<std::uint32_t>(index_[p]));
+      return item < heaviest;
+    };
+    if (singles_left_ == 0 || a.parts.empty()) return;
+    if (!next_holds(a.parts.size() == k_ ? key_of(a.parts.front()) : Key{0}, key_of(a.heaviest)))
+      return;
+    std::size_t size = 1;
+    while (size < k_) size *= 2;
+    // Leaves 0 … k − 1 (a's parts, then the empty ones), k … size − 1 padding (the
+    // greatest key). tree_[node] for node in [1, size) holds the loser of its match;
+    // the winner is kept apart.
+    constexpr Key kPadding = ~Key{0};
+    tree_keys_.assign(2 * size, kPadding);
+    tree_leaves_.resize(2 * size);
+    heads_.assign(k_, -1);
+    tails_.assign(k_, -1);
+    for (std::size_t j = 0; j < a.parts.size(); ++j) {
+      tree_keys_[size + j] = key_of(a.parts[j]);
+      heads_[j] = a.parts[j].head_pos;
+      tails_[j] = a.parts[j].tail_pos;
+    }
+    for (std::size_t j = a.parts.size(); j < k_; ++j) tree_keys_[size + j] = 0;
+    for (std::size_t j = 0; j < size; ++j) tree_leaves_[size + j] = static_cast<std::int32_t>(j);
+    // Winners bottom-up in the upper half of the scratch arrays' node slots, losers kept.
+    win_keys_.assign(2 * size, kPadding);
+    win_leaves_.assign(2 * size, 0);
+    for (std::size_t j = size; j < 2 * size; ++j) {
+      win_keys_[j] = tree_keys_[j];
+      win_leaves_[j] = tree_leaves_[j];
+    }
+    for (std::size_t node = size - 1; node >= 1; --node) {
+      const std::size_t l = 2 * node;
+      const std::size_t r = l + 1;
+      const bool left_wins = win_keys_[l] < win_keys_[r];
+      const std::size_t w = left_wins ? l : r;
+      const std::size_t loser = left_wins ? r : l;
+      win_keys_[node] = win_keys_[w];
+      win_leaves_[node] = win_leaves_[w];
+      tree_keys_[node] = win_keys_[loser];
+      tree_leaves_[node] = win_leaves_[loser];
+    }
+    Key winner = win_keys_[1];
+    std::int32_t winner_leaf = win_leaves_[1];
+    Key heaviest = key_of(a.heaviest);
+    Key* const keys = tree_keys_.data();
+    std::int32_t* const leaves = tree_leaves_.data();
+    do {
+      const std::size_t p = --singles_left_;
+      const auto value = static_cast<std::uint64_t>(value_[p]);
+      const auto position = static_cast<std::int32_t>(p);
+      const auto w = static_cast<std::size_t>(winner_leaf);
+      Key joined;
+      if (static_cast<std::uint64_t>(winner) == 0) {  // an empty part: the item alone
+        joined =
+            Key{value} << 64 | (std::uint64_t{1} << 32 | static_cast<std::uint32_t>(index_[p]));
+        heads_[w] = position;
+      } else {  // Splice(): the item after the part's items
+        joined = winner + (Key{value} << 64) + (Key{1} << 32);
+        next_[static_cast<std::size_t>(tails_[w])] = position;
+      }
+      tails_[w] = position;
+      heaviest = std::max(heaviest, joined);
+      // Replay the path: at each node the lesser key goes on up, the greater stays.
+      Key up = joined;
+      std::int32_t up_leaf = winner_leaf;
+      for (std::size_t node = (size + w) >> 1; node > 0; node >>= 1) {
+        const Key stay = keys[node];
+        const std::int32_t stay_leaf = leaves[node];
+        const bool swap = stay < up;
+        keys[node] = swap ? up : stay;
+        leaves[node] = swap ? up_leaf : stay_leaf;
+        up = swap ? stay : up;
+        up_leaf = swap ? stay_leaf : up_leaf;
+      }
+      winner = up;
+      winner_leaf = up_leaf;
+    } while (singles_left_ > 0 && next_holds(winner, heaviest));
+    // a's parts back from the tree: every leaf's key is the winner's or one node's.
+    auto part_of = [&](Key key, std::int32_t leaf) {
+      const auto j = static_cast<std::size_t>(leaf);
+      return Part{static_cast<Sum>(static_cast<std::uint64_t>(key >> 64)),
+                  static_cast<std::int32_t>(static_cast<std::uint64_t>(key) >> 32),
+                  static_cast<std::int32_t>(static_cast<std::uint32_t>(key)), heads_[j], tails_[j]};
+    };
+    a.parts.clear();
+    auto keep = [&](Key key, std::int32_t leaf) {
+      if (static_cast<std::size_t>(leaf) < k_ && static_cast<std::uint64_t>(key) != 0) {
+        a.parts.push_back(part_of(key, leaf));
+      }
+    };
+    keep(winner, winner_leaf);
+    for (std::size_t node = 1; node < size; ++node) keep(keys[node], leaves[node]);
+    std::sort(a.parts.begin(), a.parts.end(),
+              [](const Part& x, const Part& y) { return Lighter(x, y); });
+    a.sorted = true;
+    a.heaviest = a.parts.back();
+  }
+
   std::size_t k_;
   std::span<const std::int32_t> index_;  // by position: the input index
   std::span<const std::int64_t> value_;  // by position: the value
   std::vector<std::int32_t> next_;  // by position: the next position of its part, -1 at the end
   std::vector<Solution> solutions_;
+  bool fast_ = false;
+  std::vector<PartKey> tree_keys_, win_keys_;  // AbsorbSinglesByTree()'s
+  std::vector<std::int32_t> tree_leaves_, win_leaves_, heads_, tails_;
   std::vector<Part> popped_;
   std::size_t singles_left_ = 0;  // kAny: positions [0, singles_left_) not yet popped
   Solution scratch_;
   std::priority_queue<Entry, std::vector<Entry>, PopsLater> heap_;
+};
+
+// verl's method with equal part sizes (PartSizes::kEqual), the same steps as
+// Differencing's for that mode with less work per step: every partial solution is a
+// chunk of k consecutive positions (whose parts, the single items, are read from the
+// input, not stored) or a combination, kept in a block of k parts ascending by Lighter
+// (a free block reused, so that the n parts of the chunks are never all allocated at
+// once); a combination joins the pairs and sorts its parts once, on 64-bit keys when
+// the sums allow, instead of the three sorts of Differencing::Combine.
+template <typename Sum>
+class EqualDifferencing {
+ public:
+  using Part = internal::Part<Sum>;
+
+  // As Differencing's.
+  EqualDifferencing(std::span<const std::int32_t> index, std::span<const std::int64_t> value,
+                    std::int64_t num_parts)
+      : k_(static_cast<std::size_t>(num_parts)),
+        index_(index),
+        value_(value),
+        next_(index_.size(), -1) {}
+
+  // As Differencing::Solve with PartSizes::kEqual.
+  void Solve(std::vector<RecipeSum>* sums, std::vector<std::int32_t>* counts) {
+    const std::size_t n = index_.size();
+    if (sums != nullptr) sums->assign(k_, 0);
+    if (counts != nullptr) counts->assign(k_, 0);
+    if (n == 0) return;
+    const std::size_t chunks = (n + k_ - 1) / k_;
+    std::vector<Entry> heap;
+    heap.reserve(chunks);
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t first = c * k_;
+      const std::size_t last = std::min(n, first + k_) - 1;
+      const Part heaviest = Item(last);
+      const Sum lightest = last - first + 1 == k_ ? Sum{value_[first]} : Sum{0};
+      heap.push_back(Entry{heaviest.sum - lightest, heaviest, -1 - static_cast<std::int64_t>(c)});
+    }
+    // Any heap of the entries pops the same (PopsLater is a strict total order).
+    std::make_heap(heap.begin(), heap.end(), PopsLater());
+    while (heap.size() > 1) {
+      std::pop_heap(heap.begin(), heap.end(), PopsLater());
+      const Entry first = heap.back();
+      heap.pop_back();
+      std::pop_heap(heap.begin(), heap.end(), PopsLater());
+      const Entry second = heap.back();
+      heap.pop_back();
+      heap.push_back(Combine(first.id, second.id));
+      std::push_heap(heap.begin(), heap.end(), PopsLater());
+    }
+    const std::span<const Part> last = PartsOf(heap.front().id, chunk_a_);
+    const std::size_t size = last.size();
+    // Every position's part (heaviest first), as Differencing::Solve writes them.
+    std::vector<std::pair<std::int32_t, std::int32_t>> walks;  // (position, part)
+    walks.reserve(size);
+    for (std::size_t p = 0; p < size; ++p) {
+      const Part& part = last[size - 1 - p];
+      walks.emplace_back(part.head_pos, static_cast<std::int32_t>(p));
+      if (sums != nullptr) (*sums)[p] = part.sum;
+      if (counts != nullptr) (*counts)[p] = part.count;
+    }
+    while (!walks.empty()) {
+      for (std::size_t w = 0; w < walks.size();) {
+        auto& [position, part] = walks[w];
+        if (position < 0) {
+          walks[w] = walks.back();
+          walks.pop_back();
+          continue;
+        }
+        std::int32_t& link = next_[static_cast<std::size_t>(position)];
+        position = link;
+        link = part;
+        ++w;
+      }
+    }
+  }
+
+  std::vector<std::int32_t>& PartOfPosition() { return next_; }
+
+ private:
+  // A solution waiting: its spread and heaviest part (verl's order, as Differencing's)
+  // and where its parts are: block `id` when id >= 0, else chunk −1 − id.
+  struct Entry {
+    Sum spread;
+    Part heaviest;
+    std::int64_t id;
+  };
+  struct PopsLater {
+    bool operator()(const Entry& x, const Entry& y) const {
+      if (x.spread != y.spread) return x.spread < y.spread;
+      return Lighter(x.heaviest, y.heaviest);
+    }
+  };
+
+  Part Item(std::size_t p) const {
+    const auto position = static_cast<std::int32_t>(p);
+    return Part{value_[p], 1, index_[p], position, position};
+  }
+
+  // The parts of solution `id`, ascending: a block's, or a chunk's items written to
+  // `scratch`.
+  std::span<const Part> PartsOf(std::int64_t id, std::vector<Part>& scratch) {
+    if (id >= 0) {
+      const std::size_t b = static_cast<std::size_t>(id);
+      return {blocks_.data() + b * k_, sizes_[b]};
+    }
+    const std::size_t first = static_cast<std::size_t>(-1 - id) * k_;
+    const std::size_t last = std::min(index_.size(), first + k_);
+    scratch.resize(last - first);
+    for (std::size_t p = first; p < last; ++p) scratch[p - first] = Item(p);
+    return scratch;
+  }
+
+  // b's items appended to a's (both non-empty).
+  Part Joined(Part a, const Part& b) {
+    next_[static_cast<std::size_t>(a.tail_pos)] = b.head_pos;
+    a.tail_pos = b.tail_pos;
+    a.sum += b.sum;
+    a.count += b.count;
+    return a;
+  }
+
+  std::size_t NewBlock() {
+    if (!free_.empty()) {
+      const std::size_t b = free_.back();
+      free_.pop_back();
+      return b;
+    }
+    sizes_.push_back(0);
+    blocks_.resize(blocks_.size() + k_);
+    return sizes_.size() - 1;
+  }
+
+  // Differencing::Combine of the solutions `first` (popped first) and `second`, as the
+  // parts it leaves: a's j-th heaviest part with b's j-th lightest, the empty parts the
+  // lightest. Written to a block (first's when it has one), sorted; returns its entry.
+  Entry Combine(std::int64_t first, std::int64_t second) {
+    const std::span<const Part> a = PartsOf(first, chunk_a_);
+    const std::span<const Part> b = PartsOf(second, chunk_b_);
+    const std::size_t na = a.size();
+    const std::size_t nb = b.size();
+    const std::size_t m = na + nb > k_ ? na + nb - k_ : 0;
+    out_.clear();
+    if (nb <= na) {
+      const std::size_t empty_a = k_ - na;
+      for (std::size_t t = 0; t < m; ++t) out_.push_back(Joined(a[t], b[nb - 1 - (empty_a + t)]));
+      for (std::size_t j = 0; j < std::min(nb, empty_a); ++j) out_.push_back(b[nb - 1 - j]);
+      for (std::size_t t = m; t < na; ++t) out_.push_back(a[t]);
+    } else {
+      for (std::size_t t = 0; t < m; ++t) out_.push_back(Joined(a[m - 1 - t], b[t]));
+      for (std::size_t u = m; u < na; ++u) out_.push_back(a[u]);
+      for (std::size_t t = m; t < nb; ++t) out_.push_back(b[t]);
+    }
+    std::size_t block = 0;
+    if (first >= 0) {
+      block = static_cast<std::size_t>(first);
+    } else if (second >= 0) {
+      block = static_cast<std::size_t>(second);
+    } else {
+      block = NewBlock();
+    }
+    if (second >= 0 && static_cast<std::size_t>(second) != block) {
+      free_.push_back(static_cast<std::size_t>(second));
+    }
+    Part* const to = blocks_.data() + block * k_;
+    SortInto(to);
+    sizes_[block] = out_.size();
+    const Part& heaviest = to[out_.size() - 1];
+    const Sum lightest = out_.size() == k_ ? to[0].sum : Sum{0};
+    return Entry{heaviest.sum - lightest, heaviest, static_cast<std::int64_t>(block)};
+  }
+
+  // out_ ascending by Lighter, written to `to`. With int64 sums below 2^(64 − b), b the
+  // bits of a part's place in out_, on keys sum · 2^b + place (one 64-bit comparison),
+  // then each run of equal sums sorted by Lighter; else by Lighter.
+  void SortInto(Part* to) {
+    const std::size_t size = out_.size();
+    const int bits = std::bit_width(size);
+    if constexpr (std::is_same_v<Sum, std::int64_t>) {
+      Sum most = 0;
+      for (const Part& part : out_) most = std::max(most, part.sum);
+      if (bits < 32 && (static_cast<std::uint64_t>(most) >> (63 - bits)) == 0) {
+        keys_.resize(size);
+        for (std::size_t i = 0; i < size; ++i) {
+          keys_[i] = static_cast<std::uint64_t>(out_[i].sum) << bits | i;
+        }
+        std::sort(keys_.begin(), keys_.end());
+        const std::uint64_t place = (std::uint64_t{1} << bits) - 1;
+        for (std::size_t i = 0; i < size; ++i) to[i] = out_[keys_[i] & place];
+        for (std::size_t run = 0; run < size;) {
+          std::size_t end = run + 1;
+          while (end < size && to[end].sum == to[run].sum) ++end;
+          if (end - run > 1)
+            std::sort(to + run, to + end,
+                      [](const Part& x, const Part& y) { return Lighter(x, y); });
+          run = end;
+        }
+        return;
+      }
+    }
+    std::sort(out_.begin(), out_.end(), [](const Part& x, const Part& y) { return Lighter(x, y); });
+    std::copy(out_.begin(), out_.end(), to);
+  }
+
+  std::size_t k_;
+  std::span<const std::int32_t> index_;  // by position: the input index
+  std::span<const std::int64_t> value_;  // by position: the value
+  std::vector<std::int32_t> next_;  // by position: the next position of its part, -1 at the end
+  std::vector<Part> blocks_;        // block b: parts [b·k, b·k + sizes_[b]), ascending
+  std::vector<std::size_t> sizes_;
+  std::vector<std::size_t> free_;
+  std::vector<Part> chunk_a_, chunk_b_, out_;
+  std::vector<std::uint64_t> keys_;
 };
 
 template <typename Sum>
@@ -509,9 +866,16 @@ std::vector<std::vector<std::int64_t>> RunDifferencing(std::span<const std::int6
 template <typename Sum>
 RecipePartition SolveDifferencing(std::span<const std::int64_t> sorted_values,
                                   std::span<const std::int32_t> ascending, std::int64_t num_parts,
-                                  PartSizes sizes) {
-  Differencing<Sum> differencing(ascending, sorted_values, num_parts);
+                                  PartSizes sizes, RecipeMethod method) {
   RecipePartition result;
+  if (sizes == PartSizes::kEqual && method == RecipeMethod::kFast) {
+    EqualDifferencing<Sum> differencing(ascending, sorted_values, num_parts);
+    differencing.Solve(&result.sums, &result.counts);
+    result.part_of_position = std::move(differencing.PartOfPosition());
+    return result;
+  }
+  Differencing<Sum> differencing(ascending, sorted_values, num_parts,
+                                 method == RecipeMethod::kFast);
   differencing.Solve(sizes, &result.sums, &result.counts);
   result.part_of_position = std::move(differencing.PartOfPosition());
   return result;
@@ -521,14 +885,15 @@ RecipePartition SolveDifferencing(std::span<const std::int64_t> sorted_values,
 
 RecipePartition RecipeKarmarkarKarpPositions(std::span<const std::int64_t> sorted_values,
                                              std::span<const std::int32_t> ascending,
-                                             std::int64_t num_parts, PartSizes sizes) {
+                                             std::int64_t num_parts, PartSizes sizes,
+                                             RecipeMethod method) {
   std::int64_t total = 0;
   bool fits = true;
   for (const std::int64_t v : sorted_values) {
     fits = fits && !__builtin_add_overflow(total, v, &total);
   }
-  return fits ? SolveDifferencing<std::int64_t>(sorted_values, ascending, num_parts, sizes)
-              : SolveDifferencing<RecipeSum>(sorted_values, ascending, num_parts, sizes);
+  return fits ? SolveDifferencing<std::int64_t>(sorted_values, ascending, num_parts, sizes, method)
+              : SolveDifferencing<RecipeSum>(sorted_values, ascending, num_parts, sizes, method);
 }
 
 std::vector<std::int32_t> RecipeAscending(std::span<const std::int64_t> values,

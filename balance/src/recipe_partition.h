@@ -74,12 +74,20 @@ struct RecipePartition {
   std::vector<std::int32_t> counts;
 };
 
+// How RecipeKarmarkarKarpPositions() runs the method: kGeneral, one implementation of
+// both modes (the one RecipeKarmarkarKarp() runs); kFast, the same steps with less
+// work where a mode allows it (equal sizes: the chunks read from the input, flat
+// blocks of parts, one sort per combination). Both give the same partition; kGeneral
+// is what the tests hold kFast to.
+enum class RecipeMethod { kFast, kGeneral };
+
 // The partition of the items whose values, ascending by (value, index), are
 // `sorted_values` and whose indices in that order are `ascending` (neither checked).
 // Preconditions as RecipeKarmarkarKarp().
 RecipePartition RecipeKarmarkarKarpPositions(std::span<const std::int64_t> sorted_values,
                                              std::span<const std::int32_t> ascending,
-                                             std::int64_t num_parts, PartSizes sizes);
+                                             std::int64_t num_parts, PartSizes sizes,
+                                             RecipeMethod method = RecipeMethod::kFast);
 
 // RecipeKarmarkarKarp() given RecipeAscending(values) (or the same order found
 // another way), which it does not check.
