@@ -109,10 +109,71 @@ void Validate(const RuntimeOptions& options) {
     }
     try {
       rollout::Validate(layout.model, layout.reshard.infer);
+      (void)rollout::PlanReshard(layout.model, layout.reshard);
     } catch (const FieldError& e) {
       throw e.Within("weight_sync.reshard");
     }
   }
+}
+
+rollout::ReshardOptions WeightSyncOptions(const WeightSyncLayout& layout, std::int64_t replicas) {
+  if (replicas < 1) FailBound("replicas", ">= 1", replicas);
+  rollout::ReshardOptions options = layout.reshard;
+  options.infer.replicas = replicas;
+  return options;
+}
+
+std::vector<EngineTransfers> SplitWeightSync(const WeightSyncLayout& layout,
+                                             std::shared_ptr<const rollout::ReshardPlan> plan,
+                                             std::vector<std::int64_t> members,
+                                             std::int64_t epoch) {
+  if (members.empty()) Fail("members", "must not be empty");
+  for (std::size_t k = 1; k < members.size(); ++k) {
+    if (members[k] <= members[k - 1]) Fail("members", "must be ascending and distinct");
+  }
+  if (plan == nullptr) Fail("plan", "must be set");
+  const auto replicas = static_cast<std::int64_t>(members.size());
+  const rollout::ReshardOptions options = WeightSyncOptions(layout, replicas);
+  const std::int64_t trainer_ranks = options.train.world_size();
+  const std::int64_t engine_ranks = options.infer.tp * replicas;
+  if (plan->trainer_ranks != trainer_ranks || plan->engine_ranks != engine_ranks) {
+    Fail("plan", "made for " + std::to_string(plan->trainer_ranks) + " trainer and " +
+                     std::to_string(plan->engine_ranks) + " engine GPUs, the membership has " +
+                     std::to_string(trainer_ranks) + " and " + std::to_string(engine_ranks));
+  }
+  const std::int64_t world_size = options.topology.colocated ? std::max(trainer_ranks, engine_ranks)
+                                                             : trainer_ranks + engine_ranks;
+  auto shared_members = std::make_shared<const std::vector<std::int64_t>>(std::move(members));
+  std::vector<EngineTransfers> parts(static_cast<std::size_t>(replicas));
+  // The replica of each engine GPU (engine ranks are consecutive per replica).
+  std::vector<std::int64_t> replica_of_rank(static_cast<std::size_t>(world_size), -1);
+  for (std::int64_t r = 0; r < replicas; ++r) {
+    EngineTransfers& part = parts[static_cast<std::size_t>(r)];
+    part.plan = plan;
+    part.epoch = epoch;
+    part.members = shared_members;
+    part.replica = r;
+    part.rank_offset = rollout::EngineRank(options, r, 0);
+    part.ranks = options.infer.tp;
+    part.world_size = world_size;
+    for (std::int64_t t = 0; t < options.infer.tp; ++t) {
+      replica_of_rank[static_cast<std::size_t>(rollout::EngineRank(options, r, t))] = r;
+    }
+  }
+  for (std::size_t i = 0; i < plan->transfers.size(); ++i) {
+    const rollout::Transfer& transfer = plan->transfers[i];
+    std::int64_t last_replica = -1;
+    for (const std::int64_t rank : transfer.dst_ranks) {  // ascending: replicas ascend
+      if (rank < 0 || rank >= world_size) Fail("plan", "a destination outside the world");
+      const std::int64_t r = replica_of_rank[static_cast<std::size_t>(rank)];
+      if (r < 0) continue;
+      EngineTransfers& part = parts[static_cast<std::size_t>(r)];
+      if (r != last_replica) part.transfers.push_back(static_cast<std::int64_t>(i));
+      part.bytes += transfer.bytes;
+      last_replica = r;
+    }
+  }
+  return parts;
 }
 
 namespace {
@@ -134,10 +195,12 @@ struct Posted {
 };
 
 // An engine command with its part of the weight-sync plan, and its event's Post() time.
+// A SyncWeights carries the membership the core node saw (with a weight-sync layout).
 struct EngineWork {
   Command command;
   std::shared_ptr<const EngineTransfers> transfers;
   WallTime posted;
+  std::shared_ptr<const std::vector<std::int64_t>> members;
 };
 
 // A trainer call and its event's Post() time.
@@ -307,6 +370,7 @@ struct Runtime::Impl {
         ++events;
         if (options.check_invariants) core.CheckInvariants();
         if (core.counters().version_corrections != corrections) NoteCorrection(event);
+        if (options.weight_sync) NoteMembership(event);
         if (const auto* finished = std::get_if<GenerationFinished>(&event)) {
           if (finished->telemetry) AddTelemetry(finished->sample, *finished->telemetry);
         }
@@ -338,11 +402,27 @@ struct Runtime::Impl {
       if (auto* start = std::get_if<StartTrain>(&command)) {
         std::get<1>(ports).try_put(TrainWork{.call = std::move(*start), .posted = posted.posted});
       } else {
-        std::get<0>(ports).try_put(
-            EngineWork{.command = std::move(command), .posted = posted.posted});
+        const bool sync = std::holds_alternative<SyncWeights>(command);
+        std::get<0>(ports).try_put(EngineWork{.command = std::move(command),
+                                              .posted = posted.posted,
+                                              .members = sync ? members : nullptr});
       }
     }
     if (observe) std::get<2>(ports).try_put(std::move(observation));
+  }
+
+  // The membership after an accepted event (with a weight-sync layout). The mutex held.
+  void NoteMembership(const Event& event) {
+    std::int64_t joined = -1;
+    std::int64_t gone = -1;
+    if (const auto* e = std::get_if<EngineJoined>(&event)) joined = e->engine;
+    if (const auto* e = std::get_if<EngineLeft>(&event)) gone = e->engine;
+    if (const auto* e = std::get_if<EngineFailed>(&event)) gone = e->engine;
+    if (joined < 0 && gone < 0) return;
+    std::vector<std::int64_t> next = members ? *members : std::vector<std::int64_t>{};
+    if (joined >= 0) next.insert(std::upper_bound(next.begin(), next.end(), joined), joined);
+    if (gone >= 0) std::erase(next, gone);
+    members = std::make_shared<const std::vector<std::int64_t>>(std::move(next));
   }
 
   // The engine's account of a sample's token versions differed from the core's
@@ -440,47 +520,36 @@ struct Runtime::Impl {
     const auto* sync = std::get_if<SyncWeights>(&work.command);
     if (sync == nullptr || !options.weight_sync) return work;
     try {
-      if (!plan) BuildPlan();
-      const std::int64_t replicas = options.weight_sync->reshard.infer.replicas;
-      work.transfers = replica_transfers[static_cast<std::size_t>(sync->engine % replicas)];
+      if (work.members == nullptr || work.members->empty()) {
+        throw std::logic_error("no membership for a SyncWeights");
+      }
+      if (sync_members == nullptr || *sync_members != *work.members) {
+        const std::int64_t epoch = sync_members == nullptr ? 0 : sync_epoch + 1;
+        const auto replicas = static_cast<std::int64_t>(work.members->size());
+        std::shared_ptr<const rollout::ReshardPlan>& plan = plans[replicas];
+        if (plan == nullptr) {
+          plan = std::make_shared<const rollout::ReshardPlan>(rollout::PlanReshard(
+              options.weight_sync->model, WeightSyncOptions(*options.weight_sync, replicas)));
+        }
+        std::vector<EngineTransfers> parts =
+            SplitWeightSync(*options.weight_sync, plan, *work.members, epoch);
+        member_transfers.clear();
+        for (EngineTransfers& part : parts) {
+          member_transfers.push_back(std::make_shared<const EngineTransfers>(std::move(part)));
+        }
+        sync_members = work.members;
+        sync_epoch = epoch;
+      }
+      const auto it = std::lower_bound(sync_members->begin(), sync_members->end(), sync->engine);
+      if (it == sync_members->end() || *it != sync->engine) {
+        throw std::logic_error("engine " + std::to_string(sync->engine) +
+                               " is not in its sync's membership");
+      }
+      work.transfers = member_transfers[static_cast<std::size_t>(it - sync_members->begin())];
     } catch (const std::exception& e) {
       Fatal(std::string("weight sync plan: ") + e.what());
     }
     return work;
-  }
-
-  void BuildPlan() {
-    const WeightSyncLayout& layout = *options.weight_sync;
-    plan = std::make_shared<const rollout::ReshardPlan>(
-        rollout::PlanReshard(layout.model, layout.reshard));
-    const rollout::InferLayout& infer = layout.reshard.infer;
-    std::map<std::int64_t, std::int64_t> replica_of_rank;
-    for (std::int64_t r = 0; r < infer.replicas; ++r) {
-      for (std::int64_t t = 0; t < infer.tp; ++t) {
-        replica_of_rank[rollout::EngineRank(layout.reshard, r, t)] = r;
-      }
-    }
-    std::vector<EngineTransfers> parts(static_cast<std::size_t>(infer.replicas));
-    for (std::int64_t r = 0; r < infer.replicas; ++r) {
-      parts[static_cast<std::size_t>(r)].plan = plan;
-      parts[static_cast<std::size_t>(r)].replica = r;
-    }
-    for (std::size_t i = 0; i < plan->transfers.size(); ++i) {
-      const rollout::Transfer& transfer = plan->transfers[i];
-      std::int64_t last_replica = -1;
-      for (const std::int64_t rank : transfer.dst_ranks) {  // ascending: replicas ascend
-        const auto it = replica_of_rank.find(rank);
-        if (it == replica_of_rank.end()) continue;
-        EngineTransfers& part = parts[static_cast<std::size_t>(it->second)];
-        if (it->second != last_replica) part.transfers.push_back(static_cast<std::int64_t>(i));
-        part.bytes += transfer.bytes;
-        last_replica = it->second;
-      }
-    }
-    replica_transfers.clear();
-    for (EngineTransfers& part : parts) {
-      replica_transfers.push_back(std::make_shared<const EngineTransfers>(std::move(part)));
-    }
   }
 
   void SendToEngine(const EngineWork& work) {
@@ -626,9 +695,15 @@ struct Runtime::Impl {
   mutable std::mutex load_mutex;
   std::map<std::int64_t, LoadSums> load;
 
-  // The weight-sync node's cache (its thread only).
-  std::shared_ptr<const rollout::ReshardPlan> plan;
-  std::vector<std::shared_ptr<const EngineTransfers>> replica_transfers;
+  // The engines joined and not gone, ascending (the core node, under the mutex; with a
+  // weight-sync layout).
+  std::shared_ptr<const std::vector<std::int64_t>> members;
+  // The weight-sync node's (its thread only): plans by replicas, the last sync's
+  // membership, its epoch and its members' parts.
+  std::map<std::int64_t, std::shared_ptr<const rollout::ReshardPlan>> plans;
+  std::shared_ptr<const std::vector<std::int64_t>> sync_members;
+  std::int64_t sync_epoch = 0;
+  std::vector<std::shared_ptr<const EngineTransfers>> member_transfers;
 
   // The sink's trace (its thread, and TraceJson()).
   mutable std::mutex trace_mutex;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -72,7 +73,7 @@ class Cluster final : public EngineBackend, public TrainerBackend {
       for (const std::int64_t s : abort->samples) running_.erase(s);
     } else if (const auto* sync = std::get_if<SyncWeights>(&command)) {
       ++syncs_;
-      if (transfers != nullptr) sync_transfers_.push_back(*transfers);
+      if (transfers != nullptr) sync_transfers_.push_back({*sync, *transfers});
       if (sync->interrupt) {
         GenerationPaused paused{.engine = sync->engine, .version = sync->version};
         for (auto& [sample, run] : running_) {
@@ -162,7 +163,11 @@ class Cluster final : public EngineBackend, public TrainerBackend {
     std::lock_guard lock(mutex_);
     return calls_;
   }
-  std::vector<EngineTransfers> sync_transfers() {
+  struct SyncRecord {
+    SyncWeights sync;
+    EngineTransfers part;
+  };
+  std::vector<SyncRecord> sync_transfers() {
     std::lock_guard lock(mutex_);
     return sync_transfers_;
   }
@@ -285,7 +290,7 @@ class Cluster final : public EngineBackend, public TrainerBackend {
   std::map<std::int64_t, Run> running_;
   std::vector<std::int64_t> trained_;
   std::vector<StartTrain> calls_;
-  std::vector<EngineTransfers> sync_transfers_;
+  std::vector<SyncRecord> sync_transfers_;
   std::int64_t dispatched_ = 0;
   std::int64_t syncs_ = 0;
   std::int64_t finishes_ = 0;
@@ -708,34 +713,151 @@ TEST(RuntimeTest, ATrainerErrorEndsTheRun) {
       std::runtime_error);
 }
 
-TEST(RuntimeTest, EachEngineGetsItsReplicasTransfers) {
-  ManualClock clock;
-  Cluster cluster(clock, {});
-  RuntimeOptions options = AsyncOptions(2);
-  options.weight_sync = WeightSyncLayout{
+WeightSyncLayout TinyLayout(std::int64_t replicas) {
+  return WeightSyncLayout{
       .model = rollout::ParseHfConfig(
           R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
               "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
               "vocab_size": 1000, "tie_word_embeddings": false})"),
-      .reshard = {.train = {.tp = 2, .pp = 2, .dp = 1}, .infer = {.tp = 2, .replicas = 3}}};
+      .reshard = {.train = {.tp = 2, .pp = 2, .dp = 1}, .infer = {.tp = 2, .replicas = replicas}}};
+}
+
+// Each sync's part is its engine's replica's share of its membership's plan, checked
+// against the plan itself: the transfers reaching the replica's ranks, their bytes
+// once per rank reached; the parts of one epoch share one plan and membership.
+// Returns the records by epoch.
+std::map<std::int64_t, std::vector<Cluster::SyncRecord>> ExpectPartsOfTheirPlans(
+    const std::vector<Cluster::SyncRecord>& records) {
+  std::map<std::int64_t, std::vector<Cluster::SyncRecord>> by_epoch;
+  std::map<std::size_t, const rollout::ReshardPlan*> plan_of_size;
+  std::int64_t last_epoch = 0;
+  for (const Cluster::SyncRecord& record : records) {
+    const EngineTransfers& part = record.part;
+    EXPECT_GE(part.epoch, last_epoch);  // epochs only go forward
+    last_epoch = part.epoch;
+    if (part.members == nullptr || part.plan == nullptr) {
+      ADD_FAILURE() << "a part without its membership or plan";
+      continue;
+    }
+    const std::vector<std::int64_t>& members = *part.members;
+    EXPECT_TRUE(std::is_sorted(members.begin(), members.end()));
+    if (part.replica < 0 || part.replica >= static_cast<std::int64_t>(members.size())) {
+      ADD_FAILURE() << "replica " << part.replica << " outside its membership";
+      continue;
+    }
+    EXPECT_EQ(members[static_cast<std::size_t>(part.replica)], record.sync.engine);
+    const rollout::ReshardPlan& plan = *part.plan;
+    EXPECT_EQ(plan.options.infer.replicas, static_cast<std::int64_t>(members.size()));
+    EXPECT_EQ(plan.engine_ranks, plan.options.infer.tp * static_cast<std::int64_t>(members.size()));
+    EXPECT_EQ(part.ranks, plan.options.infer.tp);
+    EXPECT_EQ(part.rank_offset, plan.trainer_ranks + part.replica * part.ranks);  // separate GPUs
+    EXPECT_EQ(part.world_size, plan.trainer_ranks + plan.engine_ranks);
+    const auto [known, fresh] = plan_of_size.try_emplace(members.size(), &plan);
+    EXPECT_EQ(known->second, &plan) << "one plan per number of replicas";
+    std::vector<std::int64_t> expected;
+    std::int64_t bytes = 0;
+    for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
+      std::int64_t reached = 0;
+      for (const std::int64_t rank : plan.transfers[i].dst_ranks) {
+        reached += rank >= part.rank_offset && rank < part.rank_offset + part.ranks;
+      }
+      if (reached > 0) expected.push_back(static_cast<std::int64_t>(i));
+      bytes += reached * plan.transfers[i].bytes;
+    }
+    EXPECT_EQ(part.transfers, expected);
+    EXPECT_EQ(part.bytes, bytes);
+    EXPECT_FALSE(part.transfers.empty());
+    std::vector<Cluster::SyncRecord>& same = by_epoch[part.epoch];
+    if (!same.empty()) {
+      EXPECT_EQ(same.front().part.plan.get(), &plan);
+      EXPECT_EQ(*same.front().part.members, members);
+    }
+    same.push_back(record);
+  }
+  return by_epoch;
+}
+
+TEST(RuntimeTest, EachEngineGetsItsReplicasTransfersOfItsMembershipsPlan) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  RuntimeOptions options = AsyncOptions(6);
+  options.weight_sync = TinyLayout(3);
   Runtime runtime(options, cluster, cluster, clock);
   Drive(runtime, cluster, clock, 6, 64);
   ASSERT_TRUE(runtime.Status().done);
-  const std::vector<EngineTransfers> parts = cluster.sync_transfers();
-  ASSERT_EQ(static_cast<std::int64_t>(parts.size()), cluster.syncs());
-  ASSERT_FALSE(parts.empty());
-  const rollout::ReshardPlan& plan = *parts.front().plan;
-  std::map<std::int64_t, std::int64_t> bytes_of_replica;
-  for (const EngineTransfers& part : parts) {
-    EXPECT_EQ(part.plan.get(), &plan);  // computed once, shared
-    EXPECT_TRUE(std::is_sorted(part.transfers.begin(), part.transfers.end()));
-    EXPECT_FALSE(part.transfers.empty());
-    bytes_of_replica[part.replica] = part.bytes;
+  const std::vector<Cluster::SyncRecord> records = cluster.sync_transfers();
+  ASSERT_EQ(static_cast<std::int64_t>(records.size()), cluster.syncs());
+  const auto by_epoch = ExpectPartsOfTheirPlans(records);
+  // Each join syncs the engine at once: memberships {0}, {0, 1}, ..., then all six.
+  ASSERT_EQ(by_epoch.size(), 6u);
+  for (const auto& [epoch, same] : by_epoch) {
+    EXPECT_EQ(same.front().part.members->size(), static_cast<std::size_t>(epoch + 1));
   }
-  ASSERT_EQ(bytes_of_replica.size(), 3u);  // 6 engines on 3 replicas' layouts
+  // The last membership: every engine synced in it, each replica's part once per sync,
+  // the replicas' bytes summing to the plan's.
+  const std::vector<Cluster::SyncRecord>& last = by_epoch.at(5);
+  std::map<std::int64_t, std::int64_t> bytes_of_replica;
+  for (const Cluster::SyncRecord& record : last) {
+    bytes_of_replica[record.part.replica] = record.part.bytes;
+  }
+  ASSERT_EQ(bytes_of_replica.size(), 6u);
   std::int64_t total = 0;
   for (const auto& [replica, bytes] : bytes_of_replica) total += bytes;
-  EXPECT_EQ(total, plan.bytes_received);
+  EXPECT_EQ(total, last.front().part.plan->bytes_received);
+  EXPECT_GT(last.size(), 6u);  // the train steps' syncs
+}
+
+TEST(RuntimeTest, ALostEngineStartsANewMembershipWithoutIt) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  cluster.FailNextDispatchTo(2);
+  RuntimeOptions options = AsyncOptions(3);
+  options.weight_sync = TinyLayout(4);
+  Runtime runtime(options, cluster, cluster, clock);
+  Drive(runtime, cluster, clock, 4, 128);
+  ASSERT_TRUE(runtime.Status().done);
+  EXPECT_EQ(runtime.Status().counters.engine_failures, 1);
+  const auto by_epoch = ExpectPartsOfTheirPlans(cluster.sync_transfers());
+  // Joins: {0}, {0,1}, {0,1,2}, {0,1,2,3}; then engine 2's loss: {0,1,3}.
+  ASSERT_EQ(by_epoch.size(), 5u);
+  const std::vector<Cluster::SyncRecord>& after = by_epoch.at(4);
+  EXPECT_EQ(*after.front().part.members, (std::vector<std::int64_t>{0, 1, 3}));
+  std::set<std::int64_t> engines;
+  for (const Cluster::SyncRecord& record : after) {
+    engines.insert(record.sync.engine);
+    if (record.sync.engine == 3) EXPECT_EQ(record.part.replica, 2);
+  }
+  EXPECT_EQ(engines, (std::set<std::int64_t>{0, 1, 3}));
+  // The same three-replica plan as the join of engine 2 used (cached by size).
+  EXPECT_EQ(after.front().part.plan.get(), by_epoch.at(2).front().part.plan.get());
+  // SplitWeightSync, as a user would call it, gives the same parts.
+  const std::vector<EngineTransfers> parts =
+      SplitWeightSync(TinyLayout(4), after.front().part.plan, {0, 1, 3}, 4);
+  for (const Cluster::SyncRecord& record : after) {
+    const EngineTransfers& mine = parts.at(static_cast<std::size_t>(record.part.replica));
+    EXPECT_EQ(mine.transfers, record.part.transfers);
+    EXPECT_EQ(mine.bytes, record.part.bytes);
+    EXPECT_EQ(mine.rank_offset, record.part.rank_offset);
+  }
+  EXPECT_THROW(SplitWeightSync(TinyLayout(4), after.front().part.plan, {0, 1}, 4),
+               std::invalid_argument);  // a plan for three replicas, two members
+  EXPECT_THROW(SplitWeightSync(TinyLayout(4), after.front().part.plan, {1, 0, 3}, 4),
+               std::invalid_argument);
+}
+
+TEST(RuntimeTest, AWeightLayoutThePlannerRefusesIsRefusedNamingTheField) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  RuntimeOptions options = AsyncOptions(2);
+  options.weight_sync = TinyLayout(2);
+  options.weight_sync->reshard.train.pp = 3;  // 4 layers over 3 stages
+  try {
+    Runtime runtime(options, cluster, cluster, clock);
+    FAIL() << "accepted pp = 3 for 4 layers";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("weight_sync.reshard.train.pp"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(RuntimeTest, OptionsAreValidatedWithTheFieldNamed) {

@@ -16,10 +16,13 @@
 //     RuntimeStatus::rejected_events and logged; the state is unchanged and the run
 //     goes on.
 //   - weight sync: a serial node on the engines' path. For SyncWeights it attaches
-//     the engine's part of the resharding plan (rollout::PlanReshard of the trainer →
-//     engine layout, computed at the first sync and cached): the transfers whose
-//     destination ranks belong to the engine's replica (engine e is replica
-//     e mod infer.replicas). Engine commands keep the core's order end to end.
+//     the engine's part of its membership's resharding plan (EngineTransfers): the
+//     core node passes on, with each SyncWeights, the engines joined and not left or
+//     failed at that point (in the core's order, so deterministic); a membership
+//     unlike the previous sync's starts a new epoch, planned by rollout::PlanReshard
+//     with one replica per member (plans cached by the number of replicas), member k
+//     being replica k. The engine gets the transfers whose destination ranks belong
+//     to its replica. Engine commands keep the core's order end to end.
 //   - step planner: a parallel node that calls balance::PlanStep on a closed batch's
 //     lengths, so StartTrain reaches the trainer with its plan (which sample to which
 //     rank and micro-batch) without holding up the core.
@@ -112,16 +115,42 @@ class ManualClock final : public Clock {
 // The trainer → engine weight layout, for the weight-sync plan.
 struct WeightSyncLayout {
   rollout::ModelConfig model;
-  rollout::ReshardOptions reshard;  // train layout, one engine replica's layout × replicas
+  // The train layout and one engine replica's layout. `infer.replicas` is the run's
+  // engines at full membership (what Validate plans); each sync is planned for the
+  // membership it sees (WeightSyncOptions).
+  rollout::ReshardOptions reshard;
 };
 
-// An engine's part of a weight sync: the transfers its replica's ranks receive.
+// An engine's part of a weight sync: its membership's plan and the transfers its
+// replica's ranks receive. A membership is the engines joined (and not left or failed)
+// when the core gave the SyncWeights, ascending: engine members[k] is replica k of a
+// plan made for members.size() replicas, its GPUs (ranks of the transfer group)
+// rank_offset .. rank_offset + ranks - 1.
 struct EngineTransfers {
-  std::shared_ptr<const rollout::ReshardPlan> plan;  // the whole plan, shared by all engines
-  std::int64_t replica = 0;                          // engine id mod infer.replicas
-  std::vector<std::int64_t> transfers;               // indices into plan->transfers, ascending
-  std::int64_t bytes = 0;                            // received by the replica's ranks, summed
+  std::shared_ptr<const rollout::ReshardPlan> plan;  // the membership's, shared by its engines
+  // The membership's number: 0 for the first one a sync saw, one more at each change
+  // (an engine that leaves and joins again makes new epochs even when the set repeats).
+  std::int64_t epoch = 0;
+  std::shared_ptr<const std::vector<std::int64_t>> members;
+  std::int64_t replica = 0;             // the engine's index in *members
+  std::int64_t rank_offset = 0;         // rollout::EngineRank(replica, 0) of the plan's options
+  std::int64_t ranks = 0;               // infer.tp
+  std::int64_t world_size = 0;          // the plan's GPUs: trainer + engine (colocated: the larger)
+  std::vector<std::int64_t> transfers;  // indices into plan->transfers, ascending
+  std::int64_t bytes = 0;               // received by the replica's ranks, summed
 };
+
+// `layout.reshard` with infer.replicas = `replicas` (a membership's size, >= 1).
+rollout::ReshardOptions WeightSyncOptions(const WeightSyncLayout& layout, std::int64_t replicas);
+
+// Every member's part of the weight sync of `members` (engine ids, ascending, distinct,
+// not empty), in the order of `members`: `plan` must be rollout::PlanReshard(
+// layout.model, WeightSyncOptions(layout, members.size())) (shared by the parts).
+// Throws std::invalid_argument naming `members` or `plan` when they do not fit.
+// O(transfers × receivers).
+std::vector<EngineTransfers> SplitWeightSync(const WeightSyncLayout& layout,
+                                             std::shared_ptr<const rollout::ReshardPlan> plan,
+                                             std::vector<std::int64_t> members, std::int64_t epoch);
 
 // The engine a command is for; -1 for StartTrain (the trainer's). O(1).
 std::int64_t EngineOf(const Command& command);
@@ -133,8 +162,8 @@ class EngineBackend {
  public:
   virtual ~EngineBackend() = default;
   // One command for an engine: Dispatch, Abort, SyncWeights, Resume or Release, in the
-  // core's order. For SyncWeights, `transfers` is the engine's part of the plan when a
-  // weight-sync layout is configured, else null.
+  // core's order. For SyncWeights, `transfers` is the engine's part of its membership's
+  // plan when a weight-sync layout is configured, else null.
   virtual void Execute(const Command& command, const EngineTransfers* transfers) = 0;
 };
 
@@ -170,7 +199,9 @@ struct RuntimeOptions {
 };
 
 // Throws std::invalid_argument naming the field (orchestrator.*, step.*,
-// weight_sync.*, "orchestrator.planner" when set).
+// weight_sync.*, "orchestrator.planner" when set). A weight-sync layout is planned once
+// (rollout::PlanReshard at its infer.replicas), so that a layout the planner refuses
+// is refused here ("weight_sync.reshard.train.pp: ...").
 void Validate(const RuntimeOptions& options);
 
 // Quantiles of a latency, in seconds (from a histogram: each figure is its bucket's upper
