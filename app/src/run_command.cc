@@ -27,10 +27,12 @@
 #include <vector>
 
 #include "command_common.h"
+#include "rlsched/common/error.h"
 #include "rlsched/scheduler/runtime.h"
 #include "rlsched/v1/runtime.pb.h"
 #include "rlsched/wire/balance_convert.h"
 #include "rlsched/wire/orchestrator_convert.h"
+#include "rlsched/wire/reshard_convert.h"
 #include "rlsched/wire/simulate_convert.h"
 #include "serve.h"
 #include "worker_server.h"
@@ -145,6 +147,70 @@ std::vector<std::string> WorkerEnvironment(const std::string& token, const std::
 
 std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
 
+// A weight-layout error in the run's terms: the option that set the field, then the
+// field ("--train (train.pp): ..."). `field` is the field's path in a ReshardRequest.
+[[noreturn]] void FailWeightLayout(const RunArgs& args, const FieldError& e) {
+  const std::string& field = e.field();
+  auto under = [&](std::string_view prefix) {
+    return field == prefix || (field.starts_with(prefix) && field.size() > prefix.size() &&
+                               (field[prefix.size()] == '.' || field[prefix.size()] == '['));
+  };
+  std::string option;
+  if (under("train")) option = "--train";
+  if (under("infer")) option = "--infer";
+  if (under("bucket_bytes")) option = "--bucket-mib";
+  if (under("topology.gpus_per_node")) option = "--gpus-per-node";
+  if (under("topology.intra_node_gb_per_s")) option = "--intra-node-gb-per-s";
+  if (under("topology.inter_node_gb_per_s")) option = "--inter-node-gb-per-s";
+  if (under("topology.colocated")) option = "--colocated";
+  if (under("target_dtype")) option = "--target-dtype";
+  if (under("model_config_json") || under("config") || under("model")) {
+    option = "--model " + args.weights.model;
+  }
+  if (option.empty()) throw e;
+  throw e.Renamed(fmt::format("{} ({})", option, field));
+}
+
+// The weight layout of --model, --train and --infer (with `engines` replicas), planned
+// once here so that a layout the planner refuses stops the run before it starts; nullopt
+// without those options.
+std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std::int64_t engines) {
+  const ReshardArgs& w = args.weights;
+  if (w.model.empty() && w.train.empty() && w.infer.empty()) return std::nullopt;
+  if (w.model.empty() || w.train.empty() || w.infer.empty()) {
+    throw std::invalid_argument(fmt::format("{}: required with {}",
+                                            w.model.empty()   ? "--model"
+                                            : w.train.empty() ? "--train"
+                                                              : "--infer",
+                                            w.model.empty() ? "--train and --infer" : "--model"));
+  }
+  v1::ReshardRequest request =
+      MakeReshardRequest(w, ReadWholeFile("--model", w.model, wire::kMaxModelConfigBytes));
+  if (request.infer().replicas() != 0 && request.infer().replicas() != engines) {
+    throw std::invalid_argument(fmt::format(
+        "--infer: replicas={} differs from the run's engines ({}): each engine is one replica "
+        "(leave replicas out)",
+        request.infer().replicas(), engines));
+  }
+  request.mutable_infer()->set_replicas(engines);
+  scheduler::WeightSyncLayout layout;
+  try {
+    layout.model = wire::ToModelConfig(request);
+    layout.reshard = wire::ToReshardOptions(request);
+    (void)rollout::PlanReshard(layout.model, layout.reshard);
+  } catch (const FieldError& e) {
+    FailWeightLayout(args, e);
+  } catch (const std::invalid_argument& e) {
+    // ToModelConfig's "model_config_json: config...." and ToReshardOptions' "train.tp: ...".
+    const std::string_view text = e.what();
+    const std::size_t colon = text.find(": ");
+    if (colon == std::string_view::npos) throw;
+    FailWeightLayout(
+        args, FieldError(std::string(text.substr(0, colon)), std::string(text.substr(colon + 2))));
+  }
+  return layout;
+}
+
 }  // namespace
 
 CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
@@ -208,6 +274,66 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
       ->add_option("--timeout", args.timeout_seconds,
                    "Give up after this many wall seconds (default 600)")
       ->check(RealIn(0, 1e7, true));
+  // The weight layout: `reshard`'s options (its parsers check the values).
+  ReshardArgs& w = args.weights;
+  const ReshardArgs defaults;
+  command
+      ->add_option("--model", w.model,
+                   "The model's Hugging Face config.json: with --train and --infer, every "
+                   "SyncWeights names the engine's part of the weight-sync plan, sent to it "
+                   "over the stream (the trainer gets the senders' part)")
+      ->type_name("FILE");
+  command
+      ->add_option("--train", w.train,
+                   "The trainer's layout, as `reshard --train` (tp=8,pp=2,dp=4; keys tp, pp, "
+                   "vpp, ep, etp, cp, dp, first-stage-layers, last-stage-layers)")
+      ->type_name("K=V,...");
+  command
+      ->add_option("--infer", w.infer,
+                   "One engine's layout, as `reshard --infer` (tp=N, ep); the replicas are the "
+                   "run's engines, one plan per membership (the engines attached)")
+      ->type_name("K=V,...");
+  command->add_flag("--round-robin-experts", w.round_robin_experts,
+                    "With ep in --infer: engine rank r holds experts r, r + tp, ...");
+  command->add_flag("--colocated", w.colocated, "The engines run on the trainer's GPUs");
+  command
+      ->add_option("--gpus-per-node", w.gpus_per_node,
+                   fmt::format("GPUs per node (default {})", defaults.gpus_per_node))
+      ->type_name("N")
+      ->check(IntegerIn(1, 65536));
+  command
+      ->add_option("--intra-node-gb-per-s", w.intra_node_gb_per_s,
+                   fmt::format("Intra-node GB/s per GPU and direction (default {:g})",
+                               defaults.intra_node_gb_per_s))
+      ->type_name("GB/S")
+      ->check(RealIn(0.0, 1e6, /*min_open=*/true));
+  command
+      ->add_option("--inter-node-gb-per-s", w.inter_node_gb_per_s,
+                   fmt::format("Inter-node (NIC) GB/s per GPU and direction (default {:g})",
+                               defaults.inter_node_gb_per_s))
+      ->type_name("GB/S")
+      ->check(RealIn(0.0, 1e6, /*min_open=*/true));
+  command
+      ->add_option("--bucket-mib", w.bucket_mb,
+                   fmt::format("Bytes a GPU sends, and receives, per bucket, in MiB (default {})",
+                               defaults.bucket_mb))
+      ->type_name("MIB")
+      ->check(IntegerIn(1, std::int64_t{1} << 20));
+  command
+      ->add_option("--target-dtype", w.target_dtype,
+                   "What the engines run: bf16 (default) or fp8_block128 (alias fp8)")
+      ->type_name("bf16|fp8_block128")
+      ->check(CLI::IsMember({"bf16", "fp8_block128", "fp8"}).description(""));
+  command
+      ->add_option("--weight-sync-backend", args.weight_sync_backend,
+                   "The weight-sync transfer group's collective backend (default gloo)")
+      ->type_name("gloo|nccl")
+      ->check(CLI::IsMember({"gloo", "nccl"}).description(""));
+  command
+      ->add_option("--weight-sync-address", args.weight_sync_address,
+                   "Where the weight-sync transfer group meets, HOST:PORT (told to the workers; "
+                   "default: not given, the workers agree on their own)")
+      ->type_name("HOST:PORT");
   return command;
 }
 
@@ -230,6 +356,32 @@ int RunRunCommand(const RunArgs& args) {
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(
         fmt::format("--config {}: {}", args.config.empty() ? "(default)" : args.config, e.what()));
+  }
+  const std::optional<scheduler::WeightSyncLayout> weight_layout =
+      WeightLayout(args, args.emulated_engines > 0 ? args.emulated_engines : config.engines);
+  std::string weight_sync_host;
+  int weight_sync_port = 0;
+  if (!args.weight_sync_address.empty()) {
+    const std::size_t colon = args.weight_sync_address.rfind(':');
+    std::int64_t port = -1;
+    if (colon != std::string::npos && colon > 0) {
+      const std::string digits = args.weight_sync_address.substr(colon + 1);
+      if (!digits.empty() && digits.size() <= 5 &&
+          digits.find_first_not_of("0123456789") == std::string::npos) {
+        port = std::stoll(digits);
+      }
+    }
+    if (port < 1 || port > 65535) {
+      throw std::invalid_argument(fmt::format(
+          "--weight-sync-address: must be HOST:PORT with a port in [1, 65535], got '{}'",
+          args.weight_sync_address));
+    }
+    weight_sync_host = args.weight_sync_address.substr(0, colon);
+    weight_sync_port = static_cast<int>(port);
+  }
+  if (!weight_layout && (!args.weight_sync_address.empty())) {
+    throw std::invalid_argument(
+        "--weight-sync-address: needs the weight layout (--model, --train, --infer)");
   }
   const bool all_emulated = args.emulated_engines > 0 && args.emulated_trainer;
   std::string token;
@@ -284,7 +436,10 @@ int RunRunCommand(const RunArgs& args) {
                                      .token = token,
                                      .tls_cert_pem = tls_cert,
                                      .tls_key_pem = tls_key,
-                                     .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds};
+                                     .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds,
+                                     .weight_sync_backend = args.weight_sync_backend,
+                                     .weight_sync_address = weight_sync_host,
+                                     .weight_sync_port = weight_sync_port};
   *server_options.welcome.mutable_config() = wire::ToSimulatorConfigMessage(config);
   server_options.welcome.set_time_scale(scale);
   // Heartbeats: ten per timeout, at most one a second and at least every 50 ms.
@@ -314,6 +469,7 @@ int RunRunCommand(const RunArgs& args) {
   scheduler::RuntimeOptions options;
   options.orchestrator = wire::RunOrchestratorOptions(config);
   options.step = config.step;
+  options.weight_sync = weight_layout;
   options.trace = !args.trace.empty();
   if (log) {
     options.on_event = [&](const scheduler::Event& event) {

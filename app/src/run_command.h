@@ -13,6 +13,15 @@
 //   the trainer. A line per finished step goes to stderr; --json prints a
 //   rlsched.v1.RunReport at the end. --event-log writes every event and command
 //   (wire/orchestrator_convert.h), which `rlsched replay` checks.
+//
+//   The weight layout: with --model (a Hugging Face config.json), --train and --infer
+//   (the values and topology options `rlsched reshard` takes; --infer's replicas, when
+//   given, must be the run's engines), the runtime plans each weight sync for its
+//   membership (scheduler::WeightSyncLayout) and each engine receives its part of the
+//   plan with its SyncWeights, the trainer the senders' part (worker_server.h), in a
+//   transfer group of --weight-sync-backend (gloo, nccl) meeting at
+//   --weight-sync-address. A layout the planner refuses is refused before the run
+//   starts, naming the option and the field ("--train (train.pp): ...").
 
 #ifndef RLSCHED_APP_RUN_COMMAND_H_
 #define RLSCHED_APP_RUN_COMMAND_H_
@@ -21,6 +30,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+
+#include "reshard_command.h"
 
 namespace rlsched::app {
 
@@ -39,6 +50,12 @@ struct RunArgs {
   bool json = false;
   double heartbeat_timeout_seconds = 10;
   double timeout_seconds = 600;
+  // The weight layout, as `rlsched reshard` takes it (--model, --train, --infer and the
+  // topology options; replicas: the run's engines): with it every SyncWeights names
+  // the engine's part of its membership's weight-sync plan, sent over the stream.
+  ReshardArgs weights;
+  std::string weight_sync_backend = "gloo";  // the transfer group's backend
+  std::string weight_sync_address;           // HOST:PORT where the group meets; empty: not given
 };
 
 CLI::App* AddRunCommand(CLI::App& app, RunArgs& args);

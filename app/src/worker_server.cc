@@ -2,9 +2,12 @@
 
 #include "worker_server.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <deque>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 #include <variant>
@@ -12,6 +15,7 @@
 
 #include "rlsched/common/error.h"
 #include "rlsched/wire/orchestrator_convert.h"
+#include "rlsched/wire/reshard_convert.h"
 
 namespace rlsched::app {
 
@@ -23,7 +27,37 @@ std::int64_t NowMillis() {
       .count();
 }
 
+// FNV-1a, 64 bits.
+class Digest {
+ public:
+  void Add(std::string_view bytes) {
+    for (const char c : bytes) {
+      hash_ = (hash_ ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+    }
+  }
+  void Add(std::int64_t value) {
+    Add(std::string_view(reinterpret_cast<const char*>(&value), sizeof value));
+  }
+  std::uint64_t value() const { return hash_; }
+
+ private:
+  std::uint64_t hash_ = 0xcbf29ce484222325ull;
+};
+
 }  // namespace
+
+// The weight-sync plan the last SyncWeights used, with its binary plan file (the ranks'
+// parts are read from it) and the trainer's part.
+struct WorkerServer::CurrentPlan {
+  std::int64_t epoch = -1;
+  std::shared_ptr<const rollout::ReshardPlan> plan;
+  std::string id;
+  std::vector<std::int64_t> members;
+  v1::TransferGroup group;
+  std::istringstream file;  // the binary plan file
+  v1::ReshardPlanIndex index;
+  v1::SchedulerMessage trainer;  // its WeightSyncPlan
+};
 
 // One worker's stream. Messages to it go through an outbox that the connection's own
 // writer thread drains, so that a command's sender (a node of the runtime's graph)
@@ -36,6 +70,7 @@ struct WorkerServer::Connection {
   std::atomic<std::int64_t> last_seen_ms{0};
   std::atomic<bool> left{false};
   std::string peer;
+  std::string plan_id;  // the last WeightSyncPlan sent (guarded by the plan mutex)
 
   std::mutex outbox_mutex;  // guards the three below
   std::condition_variable outbox_cv;
@@ -227,6 +262,13 @@ grpc::Status WorkerServer::Attach(
                                            .version = hello.version()});
   } else {
     spdlog::info("run: trainer attached from {}", connection->peer);
+    {
+      std::lock_guard plan_lock(plan_mutex_);
+      if (plan_ != nullptr && connection->plan_id != plan_->id) {
+        Send(*connection, plan_->trainer);
+        connection->plan_id = plan_->id;
+      }
+    }
     if (resend) {
       spdlog::info("run: sending trainer call {}.{} again", resend->step, resend->call);
       v1::SchedulerMessage message;
@@ -313,7 +355,89 @@ grpc::Status WorkerServer::Attach(
   return grpc::Status::OK;
 }
 
-void WorkerServer::Execute(const scheduler::Command& command, const scheduler::EngineTransfers*) {
+v1::WeightSyncPlan WorkerServer::PlanPart(std::int64_t rank_offset, std::int64_t ranks) {
+  v1::WeightSyncPlan part;
+  part.set_plan_id(plan_->id);
+  part.set_epoch(plan_->epoch);
+  *part.mutable_group() = plan_->group;
+  for (const std::int64_t member : plan_->members) part.add_members(member);
+  part.set_rank_offset(rank_offset);
+  part.set_ranks(ranks);
+  *part.mutable_summary() = plan_->index.summary();
+  for (std::int64_t rank = rank_offset; rank < rank_offset + ranks; ++rank) {
+    *part.add_parts() = wire::ReadReshardRankPart(plan_->file, plan_->index, rank);
+  }
+  return part;
+}
+
+std::string WorkerServer::PreparePlan(const scheduler::EngineTransfers& transfers,
+                                      Connection& connection) {
+  if (plan_ == nullptr || plan_->epoch != transfers.epoch || plan_->plan != transfers.plan) {
+    auto next = std::make_unique<CurrentPlan>();
+    next->epoch = transfers.epoch;
+    next->plan = transfers.plan;
+    next->members = *transfers.members;
+    std::stringstream file;
+    wire::WriteReshardPlanBinary(*transfers.plan, file);
+    std::string bytes = std::move(file).str();
+    Digest digest;
+    digest.Add(bytes);
+    for (const std::int64_t member : next->members) digest.Add(member);
+    digest.Add(options_.weight_sync_backend);
+    digest.Add(options_.weight_sync_address);
+    digest.Add(std::int64_t{options_.weight_sync_port});
+    digest.Add(transfers.world_size);
+    next->id = fmt::format("{}-{:016x}", transfers.epoch, digest.value());
+    if (plan_ != nullptr && plan_->id == next->id) {  // the same plan made again
+      plan_->plan = transfers.plan;
+      return PreparePlan(transfers, connection);
+    }
+    next->group.set_name("rlsched-weights-" + next->id);
+    next->group.set_backend(options_.weight_sync_backend);
+    next->group.set_world_size(transfers.world_size);
+    next->group.set_address(options_.weight_sync_address);
+    next->group.set_port(options_.weight_sync_port);
+    next->file.str(std::move(bytes));
+    next->index = wire::ReadReshardPlanIndex(next->file);
+    plan_ = std::move(next);
+    // The trainer's part: every trainer GPU's transfers; it sends each once.
+    v1::WeightSyncPlan trainer = PlanPart(0, transfers.plan->trainer_ranks);
+    trainer.set_replica(-1);
+    std::int64_t sent = 0;
+    for (std::size_t i = 0; i < transfers.plan->transfers.size(); ++i) {
+      trainer.add_transfers(static_cast<std::int64_t>(i));
+      sent += transfers.plan->transfers[i].bytes;
+    }
+    trainer.set_bytes(sent);
+    *plan_->trainer.mutable_weight_sync_plan() = std::move(trainer);
+    spdlog::info("run: weight-sync plan {}: engines [{}], {} transfers in {} buckets, world of {}",
+                 plan_->id, fmt::join(plan_->members, ", "), transfers.plan->transfers.size(),
+                 transfers.plan->num_buckets, transfers.world_size);
+    std::shared_ptr<Connection> trainer_connection;
+    {
+      std::lock_guard lock(mutex_);
+      trainer_connection = trainer_;
+    }
+    if (trainer_connection != nullptr && trainer_connection->plan_id != plan_->id) {
+      Send(*trainer_connection, plan_->trainer);
+      trainer_connection->plan_id = plan_->id;
+    }
+  }
+  if (connection.plan_id != plan_->id) {
+    v1::SchedulerMessage message;
+    v1::WeightSyncPlan* part = message.mutable_weight_sync_plan();
+    *part = PlanPart(transfers.rank_offset, transfers.ranks);
+    part->set_replica(transfers.replica);
+    for (const std::int64_t t : transfers.transfers) part->add_transfers(t);
+    part->set_bytes(transfers.bytes);
+    Send(connection, message);
+    connection.plan_id = plan_->id;
+  }
+  return plan_->id;
+}
+
+void WorkerServer::Execute(const scheduler::Command& command,
+                           const scheduler::EngineTransfers* transfers) {
   const std::int64_t engine = scheduler::EngineOf(command);
   std::shared_ptr<Connection> connection;
   {
@@ -327,6 +451,12 @@ void WorkerServer::Execute(const scheduler::Command& command, const scheduler::E
   }
   v1::SchedulerMessage message;
   *message.mutable_command() = wire::ToCommandMessage(command);
+  if (transfers != nullptr && transfers->plan != nullptr && transfers->members != nullptr &&
+      message.command().has_sync_weights()) {
+    std::lock_guard plan_lock(plan_mutex_);
+    message.mutable_command()->mutable_sync_weights()->set_plan_id(
+        PreparePlan(*transfers, *connection));
+  }
   // A closed stream: its handler reports the engine lost (EngineFailed), once.
   if (!Send(*connection, message)) {
     spdlog::debug("run: engine {}: a command after its stream closed, dropped", engine);

@@ -17,6 +17,16 @@
 //   heartbeats carry its load (requests running and waiting), handed to the runtime
 //   (Runtime::ReportLoad) for the run's report.
 //
+//   Weight syncs. A SyncWeights that comes with the engine's part of a weight-sync plan
+//   (scheduler::EngineTransfers) names the plan's id (SyncWeights.plan_id); the part
+//   itself (a WeightSyncPlan: the transfer group, the membership, the engine's ranks,
+//   each rank's ReshardRankPart as the binary plan file has it, its transfers and
+//   bytes) goes before it, once per plan id and connection. A plan's id is its epoch
+//   (the membership's number) and a digest of its binary plan file, its membership and
+//   its group. When a sync first uses a plan, the trainer is sent its part (the
+//   senders': every trainer rank's ReshardRankPart); a trainer that attaches is sent
+//   the current one.
+//
 // Thread-safety: the gRPC handlers run on the server's threads, Execute() and Train()
 // on the runtime's; a connection's writes are serialised.
 
@@ -38,6 +48,7 @@
 
 #include "rlsched/scheduler/runtime.h"
 #include "rlsched/v1/runtime.grpc.pb.h"
+#include "rlsched/v1/runtime.pb.h"
 
 namespace rlsched::app {
 
@@ -49,6 +60,11 @@ struct WorkerServerOptions {
   std::string tls_key_pem;
   double heartbeat_timeout_seconds = 10;
   v1::Welcome welcome;  // what every worker is told (the run's config, the time scale)
+  // The weight-sync plans' transfer group (TransferGroup): its backend, and where it
+  // meets (empty and 0: not given).
+  std::string weight_sync_backend = "gloo";
+  std::string weight_sync_address;
+  int weight_sync_port = 0;
 };
 
 class WorkerServer final : public v1::Scheduler::Service,
@@ -84,6 +100,13 @@ class WorkerServer final : public v1::Scheduler::Service,
   void SendWelcome(Connection& connection);
   grpc::Status Refuse(Connection& connection, grpc::StatusCode code, const std::string& why);
   void Watch();
+  // The plan of `transfers` (built and sent to the trainer when it is a new one) and
+  // the engine's WeightSyncPlan when `connection` has not had it; the plan's id. The
+  // plan mutex held.
+  std::string PreparePlan(const scheduler::EngineTransfers& transfers, Connection& connection);
+  // The WeightSyncPlan of `ranks` GPUs from `rank_offset` of the current plan, without
+  // the worker's fields (replica, transfers, bytes). The plan mutex held.
+  v1::WeightSyncPlan PlanPart(std::int64_t rank_offset, std::int64_t ranks);
 
   WorkerServerOptions options_;
   scheduler::Runtime* runtime_ = nullptr;
@@ -100,6 +123,11 @@ class WorkerServer final : public v1::Scheduler::Service,
 
   std::condition_variable watch_cv_;
   std::thread watcher_;
+
+  // The current weight-sync plan (the engine node's thread, and a trainer's attach).
+  std::mutex plan_mutex_;
+  struct CurrentPlan;
+  std::unique_ptr<CurrentPlan> plan_;
 };
 
 }  // namespace rlsched::app

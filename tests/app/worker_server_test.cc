@@ -1,0 +1,375 @@
+// The worker server of `rlsched run` (worker_server.h) over a real Unix socket, with
+// workers written here against the generated gRPC stub: each engine's part of the
+// weight-sync plan arrives as the in-process runtime computes it (EngineTransfers),
+// once per plan, again when the membership changes; the trainer gets the senders'
+// part when a plan is first used and when it attaches.
+
+#include "worker_server.h"
+
+#include <google/protobuf/util/message_differencer.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rlsched/rollout/model.h"
+#include "rlsched/v1/runtime.grpc.pb.h"
+#include "rlsched/wire/reshard_convert.h"
+
+namespace rlsched::app {
+namespace {
+
+using scheduler::EngineTransfers;
+using std::chrono::milliseconds;
+
+scheduler::WeightSyncLayout Layout() {
+  return scheduler::WeightSyncLayout{
+      .model = rollout::ParseHfConfig(
+          R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+              "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
+              "vocab_size": 1000, "tie_word_embeddings": false})"),
+      .reshard = {.train = {.tp = 2, .pp = 2, .dp = 1},
+                  .infer = {.tp = 2, .replicas = 2},
+                  .bucket_bytes = 64 << 10}};
+}
+
+scheduler::RuntimeOptions Options() {
+  scheduler::RuntimeOptions options;
+  options.orchestrator = {{.mode = scheduler::Mode::kAsync,
+                           .max_staleness = 1,
+                           .partial_rollout = true,
+                           .prompts_per_step = 4,
+                           .samples_per_prompt = 2}};
+  options.orchestrator.num_steps = 2;
+  options.weight_sync = Layout();
+  return options;
+}
+
+// The in-process twin: records each SyncWeights' part as the runtime attaches it.
+class Recorder final : public scheduler::EngineBackend, public scheduler::TrainerBackend {
+ public:
+  void Execute(const scheduler::Command& command, const EngineTransfers* transfers) override {
+    std::lock_guard lock(mutex_);
+    if (std::holds_alternative<scheduler::SyncWeights>(command) && transfers != nullptr) {
+      parts_.push_back(*transfers);
+    }
+  }
+  void Train(const scheduler::StartTrain&) override {}
+  std::vector<EngineTransfers> parts() {
+    std::lock_guard lock(mutex_);
+    return parts_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<EngineTransfers> parts_;
+};
+
+// A worker on the socket: sends Hello, collects what the scheduler says.
+class Worker {
+ public:
+  Worker(const std::string& address, v1::Hello hello)
+      : stub_(v1::Scheduler::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+    stream_ = stub_->Attach(&context_);
+    v1::WorkerMessage first;
+    *first.mutable_hello() = std::move(hello);
+    stream_->Write(first);
+    reader_ = std::thread([this] {
+      v1::SchedulerMessage message;
+      while (stream_->Read(&message)) {
+        std::lock_guard lock(mutex_);
+        inbox_.push_back(message);
+        cv_.notify_all();
+      }
+      std::lock_guard lock(mutex_);
+      ended_ = true;
+      cv_.notify_all();
+    });
+  }
+  ~Worker() { Close(); }
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    context_.TryCancel();
+    reader_.join();
+    (void)stream_->Finish();
+  }
+  // The next message (waits up to 20 s); nullopt when none came.
+  std::optional<v1::SchedulerMessage> Next() {
+    std::unique_lock lock(mutex_);
+    cv_.wait_for(lock, std::chrono::seconds(20), [this] { return !inbox_.empty() || ended_; });
+    if (inbox_.empty()) return std::nullopt;
+    v1::SchedulerMessage message = std::move(inbox_.front());
+    inbox_.pop_front();
+    return message;
+  }
+  // Nothing more arrives within `wait`.
+  bool Quiet(milliseconds wait) {
+    std::unique_lock lock(mutex_);
+    return !cv_.wait_for(lock, wait, [this] { return !inbox_.empty(); });
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<v1::Scheduler::Stub> stub_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::SchedulerMessage>> stream_;
+  std::thread reader_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<v1::SchedulerMessage> inbox_;
+  bool ended_ = false;
+  bool closed_ = false;
+};
+
+v1::Hello EngineHello(std::int64_t engine) {
+  v1::Hello hello;
+  hello.set_role(v1::WORKER_ROLE_ENGINE);
+  hello.set_engine(engine);
+  hello.set_max_concurrent(4);
+  hello.set_version(-1);  // nothing loaded: synced at once
+  hello.set_token("t0ken");
+  return hello;
+}
+
+v1::Hello TrainerHello() {
+  v1::Hello hello;
+  hello.set_role(v1::WORKER_ROLE_TRAINER);
+  hello.set_token("t0ken");
+  return hello;
+}
+
+v1::SchedulerMessage Expect(Worker& worker, v1::SchedulerMessage::KindCase kind) {
+  std::optional<v1::SchedulerMessage> message = worker.Next();
+  if (!message) {
+    ADD_FAILURE() << "no message of kind " << kind;
+    return {};
+  }
+  EXPECT_EQ(message->kind_case(), kind) << message->DebugString();
+  return *message;
+}
+
+// The parts of the binary plan file of `plan`, by rank.
+v1::ReshardRankPart FilePart(const rollout::ReshardPlan& plan, std::int64_t rank) {
+  std::stringstream file;
+  wire::WriteReshardPlanBinary(plan, file);
+  return wire::ReadReshardRankPart(file, wire::ReadReshardPlanIndex(file), rank);
+}
+
+// `message` is the engine's part `expected` as the in-process runtime gave it.
+void ExpectEnginePart(const v1::WeightSyncPlan& message, const EngineTransfers& expected) {
+  EXPECT_EQ(message.epoch(), expected.epoch);
+  EXPECT_TRUE(message.plan_id().starts_with(std::to_string(expected.epoch) + "-"))
+      << message.plan_id();
+  EXPECT_EQ(message.group().name(), "rlsched-weights-" + message.plan_id());
+  EXPECT_EQ(message.group().backend(), "gloo");
+  EXPECT_EQ(message.group().world_size(), expected.world_size);
+  EXPECT_EQ(std::vector<std::int64_t>(message.members().begin(), message.members().end()),
+            *expected.members);
+  EXPECT_EQ(message.replica(), expected.replica);
+  EXPECT_EQ(message.rank_offset(), expected.rank_offset);
+  EXPECT_EQ(message.ranks(), expected.ranks);
+  EXPECT_EQ(std::vector<std::int64_t>(message.transfers().begin(), message.transfers().end()),
+            expected.transfers);
+  EXPECT_EQ(message.bytes(), expected.bytes);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      message.summary(), wire::ToReshardPlanMessage(*expected.plan, false)));
+  ASSERT_EQ(message.parts_size(), expected.ranks);
+  // Each rank's part is the plan file's, and together they reach exactly the transfers
+  // and bytes stated.
+  std::set<std::int64_t> reached;
+  std::int64_t bytes = 0;
+  for (int i = 0; i < message.parts_size(); ++i) {
+    const std::int64_t rank = expected.rank_offset + i;
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(message.parts(i),
+                                                                   FilePart(*expected.plan, rank)))
+        << "rank " << rank;
+    const std::vector<v1::Transfer> transfers = wire::RankPartTransfers(message.parts(i));
+    for (int k = 0; k < message.parts(i).transfers_size(); ++k) {
+      const auto& dst = transfers[static_cast<std::size_t>(k)].dst_ranks();
+      if (std::find(dst.begin(), dst.end(), rank) != dst.end()) {
+        reached.insert(message.parts(i).transfers(k).index());
+        bytes += message.parts(i).transfers(k).bytes();
+      }
+    }
+  }
+  EXPECT_EQ(std::vector<std::int64_t>(reached.begin(), reached.end()), expected.transfers);
+  EXPECT_EQ(bytes, expected.bytes);
+}
+
+void ExpectTrainerPart(const v1::WeightSyncPlan& message, const EngineTransfers& any) {
+  EXPECT_EQ(message.epoch(), any.epoch);
+  EXPECT_EQ(message.replica(), -1);
+  EXPECT_EQ(message.rank_offset(), 0);
+  EXPECT_EQ(message.ranks(), any.plan->trainer_ranks);
+  EXPECT_EQ(message.transfers_size(), static_cast<int>(any.plan->transfers.size()));
+  std::int64_t sent = 0;
+  std::set<std::int64_t> senders_hold;
+  for (int i = 0; i < message.parts_size(); ++i) {
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(message.parts(i),
+                                                                   FilePart(*any.plan, i)));
+    for (const v1::RankTransfer& t : message.parts(i).transfers()) {
+      if (t.src_rank() == i) {
+        EXPECT_TRUE(senders_hold.insert(t.index()).second);
+        sent += t.bytes();
+      }
+    }
+  }
+  EXPECT_EQ(static_cast<std::size_t>(senders_hold.size()), any.plan->transfers.size());
+  EXPECT_EQ(message.bytes(), sent);
+}
+
+class WorkerServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("rlsched-worker-server-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    address_ = "unix:" + (dir_ / "run.sock").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+  std::string address_;
+};
+
+TEST_F(WorkerServerTest, EnginesGetTheirPartOncePerPlanAndANewOneWhenTheMembershipChanges) {
+  // The in-process twin, fed the same joins in the same order.
+  scheduler::ManualClock twin_clock;
+  Recorder recorder;
+  scheduler::Runtime twin(Options(), recorder, recorder, twin_clock);
+  twin.Post(scheduler::EngineJoined{.engine = 0, .max_concurrent = 4});
+  twin.Post(scheduler::EngineJoined{.engine = 1, .max_concurrent = 4});
+  twin.WaitIdle();
+  const std::vector<EngineTransfers> parts = recorder.parts();
+  ASSERT_EQ(parts.size(), 2u);  // engine 0 in {0}, engine 1 in {0, 1}
+
+  scheduler::ManualClock clock;
+  WorkerServer server({.listen = address_, .token = "t0ken", .heartbeat_timeout_seconds = 0});
+  scheduler::Runtime runtime(Options(), server, server, clock);
+  server.Start(runtime);
+
+  auto trainer = std::make_unique<Worker>(address_, TrainerHello());
+  Expect(*trainer, v1::SchedulerMessage::kWelcome);
+  ASSERT_TRUE(trainer->Quiet(milliseconds(200)));  // no plan before a sync uses one
+
+  // Engine 0 joins: membership {0}, epoch 0.
+  Worker engine0(address_, EngineHello(0));
+  Expect(engine0, v1::SchedulerMessage::kWelcome);
+  const v1::WeightSyncPlan plan0 =
+      Expect(engine0, v1::SchedulerMessage::kWeightSyncPlan).weight_sync_plan();
+  ExpectEnginePart(plan0, parts[0]);
+  v1::SchedulerMessage sync = Expect(engine0, v1::SchedulerMessage::kCommand);
+  ASSERT_TRUE(sync.command().has_sync_weights());
+  EXPECT_EQ(sync.command().sync_weights().plan_id(), plan0.plan_id());
+  const v1::WeightSyncPlan trainer0 =
+      Expect(*trainer, v1::SchedulerMessage::kWeightSyncPlan).weight_sync_plan();
+  EXPECT_EQ(trainer0.plan_id(), plan0.plan_id());
+  ExpectTrainerPart(trainer0, parts[0]);
+
+  // Engine 1 joins: membership {0, 1}, epoch 1, a new plan and group.
+  Worker engine1(address_, EngineHello(1));
+  Expect(engine1, v1::SchedulerMessage::kWelcome);
+  const v1::WeightSyncPlan plan1 =
+      Expect(engine1, v1::SchedulerMessage::kWeightSyncPlan).weight_sync_plan();
+  ExpectEnginePart(plan1, parts[1]);
+  EXPECT_NE(plan1.plan_id(), plan0.plan_id());
+  EXPECT_NE(plan1.group().name(), plan0.group().name());
+  sync = Expect(engine1, v1::SchedulerMessage::kCommand);
+  EXPECT_EQ(sync.command().sync_weights().plan_id(), plan1.plan_id());
+  const v1::WeightSyncPlan trainer1 =
+      Expect(*trainer, v1::SchedulerMessage::kWeightSyncPlan).weight_sync_plan();
+  EXPECT_EQ(trainer1.plan_id(), plan1.plan_id());
+  ExpectTrainerPart(trainer1, parts[1]);
+  EXPECT_TRUE(engine0.Quiet(milliseconds(200)));  // engine 0 is not synced by a join
+
+  // A later sync of engine 1 by the same plan names its id only.
+  const std::vector<EngineTransfers> members01 =
+      scheduler::SplitWeightSync(Layout(), parts[1].plan, {0, 1}, 1);
+  server.Execute(scheduler::SyncWeights{.engine = 1, .version = 1}, &members01[1]);
+  sync = Expect(engine1, v1::SchedulerMessage::kCommand);
+  EXPECT_EQ(sync.command().sync_weights().plan_id(), plan1.plan_id());
+  EXPECT_EQ(sync.command().sync_weights().version(), 1);
+  // Engine 0's next sync is by the new membership's plan: its part comes first.
+  server.Execute(scheduler::SyncWeights{.engine = 0, .version = 1}, &members01[0]);
+  const v1::WeightSyncPlan plan01 =
+      Expect(engine0, v1::SchedulerMessage::kWeightSyncPlan).weight_sync_plan();
+  EXPECT_EQ(plan01.plan_id(), plan1.plan_id());
+  ExpectEnginePart(plan01, members01[0]);
+  sync = Expect(engine0, v1::SchedulerMessage::kCommand);
+  EXPECT_EQ(sync.command().sync_weights().plan_id(), plan1.plan_id());
+  server.Execute(scheduler::SyncWeights{.engine = 0, .version = 2}, &members01[0]);
+  EXPECT_EQ(Expect(engine0, v1::SchedulerMessage::kCommand).command().sync_weights().plan_id(),
+            plan1.plan_id());
+  EXPECT_TRUE(trainer->Quiet(milliseconds(200)));  // it has this plan already
+
+  // Engine 1 leaves (its stream drops): the runtime's next sync of engine 0 is by the
+  // membership {0}, a new epoch.
+  engine1.Close();
+  for (int i = 0; i < 200 && server.engines_attached() != 1; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(server.engines_attached(), 1);
+  runtime.WaitIdle();
+  const std::vector<EngineTransfers> members0 =
+      scheduler::SplitWeightSync(Layout(), parts[0].plan, {0}, 2);
+  server.Execute(scheduler::SyncWeights{.engine = 0, .version = 3}, &members0[0]);
+  const v1::WeightSyncPlan plan2 =
+      Expect(engine0, v1::SchedulerMessage::kWeightSyncPlan).weight_sync_plan();
+  ExpectEnginePart(plan2, members0[0]);
+  EXPECT_EQ(Expect(engine0, v1::SchedulerMessage::kCommand).command().sync_weights().plan_id(),
+            plan2.plan_id());
+  // Same engines and plan as epoch 0, but a new epoch: a new id and group.
+  EXPECT_NE(plan2.plan_id(), plan0.plan_id());
+  EXPECT_EQ(plan2.plan_id().substr(plan2.plan_id().find('-')),
+            plan0.plan_id().substr(plan0.plan_id().find('-')));
+  const v1::WeightSyncPlan trainer2 =
+      Expect(*trainer, v1::SchedulerMessage::kWeightSyncPlan).weight_sync_plan();
+  EXPECT_EQ(trainer2.plan_id(), plan2.plan_id());
+
+  // A trainer that attaches again gets the current plan after its Welcome.
+  trainer->Close();
+  trainer.reset();
+  for (int i = 0; i < 200 && server.trainer_attached(); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  Worker trainer_again(address_, TrainerHello());
+  Expect(trainer_again, v1::SchedulerMessage::kWelcome);
+  const v1::WeightSyncPlan current =
+      Expect(trainer_again, v1::SchedulerMessage::kWeightSyncPlan).weight_sync_plan();
+  EXPECT_EQ(current.plan_id(), plan2.plan_id());
+  ExpectTrainerPart(current, members0[0]);
+
+  runtime.Stop();
+  server.Shutdown("done", milliseconds(500));
+}
+
+TEST_F(WorkerServerTest, WithoutAWeightLayoutSyncsNameNoPlan) {
+  scheduler::ManualClock clock;
+  WorkerServer server({.listen = address_, .token = "t0ken", .heartbeat_timeout_seconds = 0});
+  scheduler::RuntimeOptions options = Options();
+  options.weight_sync.reset();
+  scheduler::Runtime runtime(options, server, server, clock);
+  server.Start(runtime);
+  Worker engine(address_, EngineHello(0));
+  Expect(engine, v1::SchedulerMessage::kWelcome);
+  const v1::SchedulerMessage sync = Expect(engine, v1::SchedulerMessage::kCommand);
+  ASSERT_TRUE(sync.command().has_sync_weights());
+  EXPECT_EQ(sync.command().sync_weights().plan_id(), "");
+  runtime.Stop();
+  server.Shutdown("done", milliseconds(500));
+}
+
+}  // namespace
+}  // namespace rlsched::app
