@@ -371,6 +371,149 @@ def test_bad_arguments_are_refused_clearly(rlsched_bin, tmp_path):
     assert "record 0" in result.stderr
 
 
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_MODEL = os.path.join(_REPO, "tests", "data", "configs", "tiny-llama.json")
+# Trainer TP 2 x PP 2 (4 GPUs) -> engines of TP 2, 64 KiB buckets: a few dozen transfers.
+_LAYOUT = ("--model", _MODEL, "--train", "tp=2,pp=2", "--infer", "tp=2", "--bucket-mib", "1")
+
+
+def _check_weight_plans(run, engines, trainer="trainer"):
+    """The workers' own records of the weight-sync plans they got: no problem found by
+    any (each part's transfers and bytes are those its ranks' parts give), each engine is
+    its plan's members[replica], the trainer got the newest plan, and the engines that
+    got a plan the trainer has (its senders' part lists every transfer's receivers)
+    cover its receiving transfers exactly once per replica (all of them when every
+    member got it). Returns {plan id: (members, engines)} for every plan an engine got."""
+    reports = {e: run.report(f"engine{e}") for e in engines}
+    senders = run.report(trainer)
+    assert senders["plan_problems"] == [], senders["plan_problems"]
+    seen = {}
+    for engine, report in reports.items():
+        assert report["plan_problems"] == [], (engine, report["plan_problems"])
+        for plan_id, part in report["weight_plans"].items():
+            assert part["members"][part["replica"]] == engine, (engine, part)
+            assert part["backend"] == "gloo" and part["group"] == "rlsched-weights-" + plan_id
+            seen.setdefault(plan_id, []).append((engine, part))
+    assert seen, "no engine got a weight-sync plan"
+    newest = max(seen, key=lambda plan_id: int(plan_id.split("-")[0]))
+    assert newest in senders["weight_plans"], (newest, sorted(senders["weight_plans"]))
+    covered = {}
+    for plan_id, parts in seen.items():
+        covered[plan_id] = (parts[0][1]["members"], sorted(e for e, _ in parts))
+        plan = senders["weight_plans"].get(plan_id)
+        if plan is None:  # used before the trainer attached
+            continue
+        members, tp, first = plan["members"], parts[0][1]["ranks"], plan["trainer_ranks"]
+        assert tp == 2 and first == 4
+        # (replica, transfer) for every replica each transfer reaches.
+        expected = {(k, i) for i, receivers in enumerate(plan["receivers"])
+                    for k in range(len(members))
+                    if any(first + k * tp <= r < first + (k + 1) * tp for r in receivers)}
+        got = [(part["replica"], i) for _, part in parts for i in part["transfers"]]
+        assert len(got) == len(set(got)), plan_id
+        replicas = {part["replica"] for _, part in parts}
+        assert set(got) == {(k, i) for k, i in expected if k in replicas}, plan_id
+        for engine, part in parts:
+            assert part["members"] == members and part["epoch"] == plan["epoch"]
+            assert part["world_size"] == first + tp * len(members)
+    return covered
+
+
+def test_each_engine_gets_its_part_of_the_weight_sync_plan(rlsched_bin, run_factory, tmp_path):
+    run = run_factory(_write_config(tmp_path, steps=3, engines=4),
+                      extra=("--time-scale", "0.005", *_LAYOUT))
+    # The engines join one by one (memberships {0}, {0, 1}, ...: each joining engine is
+    # synced at once), then the trainer, which gets the current plan as it attaches.
+    for engine in range(4):
+        run.engine(engine)
+        run.wait_for(f"engine {engine} attached")
+        run.wait_for(f"weight-sync plan {engine}-")
+    run.trainer()
+    status, out, err = run.finish()
+    assert status == 0, err[-3000:]
+    assert json.loads(out)["done"]
+    covered = _check_weight_plans(run, range(4))
+    assert sorted(members for members, _ in covered.values()) == [
+        [0], [0, 1], [0, 1, 2], [0, 1, 2, 3]], covered
+    # The steps' syncs use the last membership's plan: every member's part, sent once,
+    # covering the plan; the trainer has that one only.
+    full = [plan for plan, (members, engines) in covered.items() if members == [0, 1, 2, 3]]
+    assert covered[full[0]][1] == [0, 1, 2, 3]
+    assert list(run.report("trainer")["weight_plans"]) == full
+    for engine in range(4):
+        report = run.report(f"engine{engine}")
+        part = report["weight_plans"][full[0]]
+        assert part["syncs"] >= 2, part  # the steps' syncs name the plan only
+        assert report["moved_bytes"] > 0
+    assert "weight-sync plan" in err
+    _replay(rlsched_bin, run.log)
+
+
+def test_a_lost_engine_gets_the_survivors_a_new_weight_sync_plan(rlsched_bin, run_factory,
+                                                                  tmp_path):
+    run = run_factory(_write_config(tmp_path, steps=6, engines=4),
+                      extra=("--time-scale", "0.02", *_LAYOUT))
+    for engine in range(4):
+        run.engine(engine)
+        run.wait_for(f"engine {engine} attached")
+        run.wait_for(f"weight-sync plan {engine}-")
+    run.trainer()
+    run.wait_for("step    0")
+    run.workers["engine1"][0].send_signal(signal.SIGKILL)
+    run.wait_for("engine 1 lost")
+    run.engine(7)
+    run.wait_for("engine 7 attached")
+    status, out, err = run.finish()
+    assert status == 0, err[-3000:]
+    assert json.loads(out)["done"]
+    covered = _check_weight_plans(run, [0, 2, 3, 7])
+    # The trainer, attached from the start of training, got every plan used since.
+    trainer_plans = run.report("trainer")["weight_plans"]
+    assert all(plan in trainer_plans for plan in covered if int(plan.split("-")[0]) >= 3)
+    memberships = [members for members, _ in covered.values()]
+    # After the loss the survivors sync by a plan without engine 1, then with engine 7.
+    assert [0, 2, 3] in memberships or [0, 2, 3, 7] in memberships, memberships
+    assert [0, 2, 3, 7] in memberships, memberships
+    last = max(covered, key=lambda plan: int(plan.split("-")[0]))
+    assert covered[last] == ([0, 2, 3, 7], [0, 2, 3, 7]), covered
+    _replay(rlsched_bin, run.log)
+
+
+def test_bad_weight_layouts_are_refused_before_the_run(rlsched_bin, tmp_path):
+    config = _write_config(tmp_path, steps=1, engines=2)
+    base = [rlsched_bin, "run", "--config", config, "--emulated-engines", "2",
+            "--emulated-trainer"]
+    for args, text in [
+            (("--model", _MODEL, "--train", "tp=2,pp=3", "--infer", "tp=2"), "--train (train.pp)"),
+            (("--model", _MODEL, "--train", "tp=2", "--infer", "tp=3"), "--infer (infer.tp)"),
+            (("--model", _MODEL, "--train", "tp=2", "--infer", "tp=2,replicas=3"),
+             "--infer: replicas=3 differs from the run's engines (2)"),
+            (("--model", _MODEL, "--infer", "tp=2"), "--train: required with --model"),
+            (("--train", "tp=2", "--infer", "tp=2"), "--model: required"),
+            (("--model", str(tmp_path / "none.json"), "--train", "tp=2", "--infer", "tp=2"),
+             "--model"),
+            (("--model", _MODEL, "--train", "tq=2", "--infer", "tp=2"), "--train: unknown key"),
+            (("--model", _MODEL, "--train", "tp=2", "--infer", "tp=2", "--weight-sync-address",
+              "host"), "--weight-sync-address: must be HOST:PORT")]:
+        start = time.monotonic()
+        result = subprocess.run(base + list(args), capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0, args
+        assert text in result.stderr, (args, result.stderr)
+        assert "attached" not in result.stderr, args  # refused before any worker started
+        assert time.monotonic() - start < 30
+
+
+def test_emulated_workers_check_the_plans_the_program_sends(rlsched_bin, tmp_path):
+    config = _write_config(tmp_path, steps=2, engines=2)
+    result = subprocess.run(
+        [rlsched_bin, "--log-level", "info", "run", "--config", config, "--emulated-engines", "2",
+         "--emulated-trainer", "--json", "--weight-sync-backend", "nccl", "--weight-sync-address",
+         "127.0.0.1:29500", *_LAYOUT], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)["done"]
+    assert "weight-sync plan" in result.stderr
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
@@ -458,3 +601,83 @@ def test_engine_worker_accounts_for_versions_load_and_telemetry():
     f = finished_13.generation_finished
     assert [(s.version, s.first_token) for s in f.spans] == [(3, 0)]
     assert f.telemetry.first_token_seconds == 0.5
+
+
+def test_weight_update_decodes_and_checks_a_part_and_syncs_carry_it():
+    """A WeightSyncPlan built by hand: the engine's part decoded (ranks, transfers by
+    rank, buckets with names, dtypes, shapes, bytes and senders, the executor's rank
+    plan), its stated bytes checked against its parts, SyncWeights handed to
+    ``sync_weights`` with the plan its id names, an unknown id refused."""
+    from rlsched.v1 import reshard_pb2, rollout_pb2, runtime_pb2
+    from rlsched.worker import EngineWorker, WeightUpdate
+    from rlsched.worker.weights import DTYPE_BF16, DTYPE_FP8_BLOCK128
+
+    # Trainer ranks 0, 1; engine replica 1 of members [4, 9] on ranks 4, 5 (TP 2).
+    def part(rank, transfers):
+        names = ["w.src", "w.dst"]
+        groups = sorted({tuple(t[2]) for t in transfers})
+        return reshard_pb2.ReshardRankPart(
+            param_names=names, dst_groups=[reshard_pb2.RankGroup(ranks=list(g)) for g in groups],
+            transfers=[reshard_pb2.RankTransfer(
+                index=i, bucket=b, src_rank=src, src_param=0, dst_param=1,
+                src_slice=[0, 4, 0, 8], dst_slice=[0, 4, 0, 8], dst_group=groups.index(tuple(d)),
+                bytes=n, quantize=q) for i, b, d, src, n, q in
+                [(t[0], t[1], t[2], t[3], t[4], t[5]) for t in transfers]])
+
+    t0 = (0, 0, [2, 4], 0, 64, 0)      # reaches rank 4 (and replica 0's rank 2)
+    t1 = (1, 0, [4, 5], 1, 64, 1)      # both of our ranks, quantised by the sender
+    t2 = (2, 1, [5], 0, 32, 0)
+    message = runtime_pb2.WeightSyncPlan(
+        plan_id="3-00ff", epoch=3,
+        group=runtime_pb2.TransferGroup(name="rlsched-weights-3-00ff", backend="gloo",
+                                        world_size=6, address="10.0.0.1", port=29500),
+        members=[4, 9], replica=1, rank_offset=4, ranks=2,
+        summary=reshard_pb2.ReshardPlan(num_transfers=4, num_buckets=2, trainer_ranks=2,
+                                        engine_ranks=4),
+        parts=[part(4, [t0, t1]), part(5, [t1, t2])], transfers=[0, 1, 2], bytes=64 + 128 + 32)
+    plan = WeightUpdate(message)
+    assert plan.check() == []
+    assert plan.group.address == "10.0.0.1" and plan.group.port == 29500
+    assert list(plan.rank_range) == [4, 5]
+    assert plan.received_transfers() == [0, 1, 2] and plan.received_bytes() == 224
+    buckets = plan.buckets()
+    assert sorted(buckets) == [0, 1]
+    assert [(s.index, s.dtype, s.shape, s.src_rank, s.bytes) for s in buckets[0]] == [
+        (0, DTYPE_BF16, (4, 8), 0, 64), (1, DTYPE_FP8_BLOCK128, (4, 8), 1, 64)]
+    assert buckets[1][0].dst_param == "w.dst" and buckets[1][0].dst_ranks == (5,)
+    rank_plan = plan.rank_plan(5)
+    assert [t.index for t in rank_plan.transfers] == [1, 2] and rank_plan.world_size == 6
+    with pytest.raises(ValueError, match="rank: 3"):
+        plan.rank_plan(3)
+    # A part whose stated bytes or transfers its ranks' parts do not give.
+    bad = runtime_pb2.WeightSyncPlan()
+    bad.CopyFrom(message)
+    bad.bytes = 225
+    del bad.transfers[:]
+    bad.transfers.extend([0, 1])
+    problems = WeightUpdate(bad).check()
+    assert any("bytes: told 225" in p for p in problems), problems
+    assert any("transfers: told 2" in p for p in problems), problems
+    bad.CopyFrom(message)
+    bad.ranks = 3
+    with pytest.raises(ValueError, match="parts: 2 for 3 ranks"):
+        WeightUpdate(bad)
+
+    got = []
+
+    class Engine(EngineWorker):
+        def sync_weights(self, sync):
+            got.append(sync)
+
+    engine = Engine("unix:/nonexistent", 9, 8)
+    engine._plan(message)
+    assert engine.weight_plan is engine.weight_plans["3-00ff"]
+    engine.on_command(rollout_pb2.OrchestratorCommand(
+        sync_weights=rollout_pb2.SyncWeights(engine=9, version=2, plan_id="3-00ff")))
+    engine.on_command(rollout_pb2.OrchestratorCommand(
+        sync_weights=rollout_pb2.SyncWeights(engine=9, version=3)))
+    assert got[0].version == 2 and got[0].plan is engine.weight_plan
+    assert got[1].plan is None and got[1].interrupt is False
+    with pytest.raises(ValueError, match="plan_id: '4-0000'"):
+        engine.on_command(rollout_pb2.OrchestratorCommand(
+            sync_weights=rollout_pb2.SyncWeights(engine=9, version=4, plan_id="4-0000")))

@@ -12,9 +12,14 @@ anything, the versions its tokens were generated under (from the versions it com
 with ``weights_loaded``, switching where its pause reports said), each finish's
 telemetry (tokens, interruptions, seconds) and each heartbeat's load (``load()``); an
 engine that knows better passes ``spans=`` / ``telemetry=`` or overrides ``load()``.
+With a weight layout (``rlsched run --model --train --infer``), ``sync_weights(sync)``
+gets the engine's part of the weight-sync plan as ``sync.plan`` and the trainer each
+plan's senders' part through ``on_weight_sync_plan`` (:mod:`rlsched.worker.weights`).
 :mod:`rlsched.worker.emulated` has emulated workers.
 """
 
 from rlsched.worker.base import EngineWorker, TrainerWorker, Worker  # noqa: F401
+from rlsched.worker.weights import SyncWeights, TransferGroup, WeightUpdate  # noqa: F401
 
-__all__ = ["EngineWorker", "TrainerWorker", "Worker"]
+__all__ = ["EngineWorker", "SyncWeights", "TrainerWorker", "TransferGroup", "WeightUpdate",
+           "Worker"]

@@ -9,8 +9,13 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import grpc
 
 from rlsched.v1 import rollout_pb2, runtime_pb2
+from rlsched.worker.weights import SyncWeights, WeightUpdate
 
 ATTACH_METHOD = "/rlsched.v1.Scheduler/Attach"
+# Weight-sync plans kept by id (the newest ones; a sync names a recent one).
+_PLANS_KEPT = 8
+# A trainer's part of a large plan (every transfer) can exceed gRPC's 4 MiB default.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 
 
 class Worker:
@@ -41,6 +46,10 @@ class Worker:
         self.connect_timeout_seconds = connect_timeout_seconds
         self.welcome: Optional[runtime_pb2.Welcome] = None
         self.goodbye: Optional[str] = None
+        # The weight-sync plans received (WeightSyncPlan, decoded), by plan id, and the
+        # newest.
+        self.weight_plans: Dict[str, WeightUpdate] = {}
+        self.weight_plan: Optional[WeightUpdate] = None
         self._out: "queue.Queue[Optional[runtime_pb2.WorkerMessage]]" = queue.Queue()
         self._done = threading.Event()
 
@@ -54,6 +63,11 @@ class Worker:
 
     def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
         raise NotImplementedError
+
+    def on_weight_sync_plan(self, plan: WeightUpdate) -> None:
+        """Called for each weight-sync plan received (once per plan id, before the
+        command that first uses it): a new membership, so a new transfer group
+        (``plan.group``). ``self.weight_plan`` is already ``plan``."""
 
     def on_stop(self) -> None:
         """Called when the session ends (Goodbye, or the scheduler went away)."""
@@ -95,17 +109,36 @@ class Worker:
         while not self._done.wait(self._heartbeat_interval()):
             self._heartbeat()
 
+    def _plan(self, message: runtime_pb2.WeightSyncPlan) -> None:
+        plan = WeightUpdate(message)
+        self.weight_plans[plan.plan_id] = plan
+        while len(self.weight_plans) > _PLANS_KEPT:
+            del self.weight_plans[next(iter(self.weight_plans))]
+        self.weight_plan = plan
+        self.on_weight_sync_plan(plan)
+
+    def plan_of(self, plan_id: str) -> Optional[WeightUpdate]:
+        """The weight-sync plan `plan_id` names (None for ""); raises ValueError for an
+        id the scheduler never sent (a protocol error)."""
+        if not plan_id:
+            return None
+        plan = self.weight_plans.get(plan_id)
+        if plan is None:
+            raise ValueError(f"plan_id: {plan_id!r} names no weight-sync plan received "
+                             f"(have {sorted(self.weight_plans)})")
+        return plan
+
     def _channel(self) -> grpc.Channel:
         if not self.tls_ca:
-            return grpc.insecure_channel(self.address)
+            return grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
         try:
             with open(self.tls_ca, "rb") as f:
                 roots = f.read()
         except OSError as error:
             raise ValueError(f"tls_ca (RLSCHED_TLS_CA): cannot read {self.tls_ca}: "
                              f"{error.strerror}") from None
-        options = ([("grpc.ssl_target_name_override", self.tls_server_name)]
-                   if self.tls_server_name else [])
+        options = _CHANNEL_OPTIONS + ([("grpc.ssl_target_name_override", self.tls_server_name)]
+                                      if self.tls_server_name else [])
         return grpc.secure_channel(self.address, grpc.ssl_channel_credentials(roots),
                                    options=options)
 
@@ -133,6 +166,8 @@ class Worker:
                         self._heartbeat()  # the first, with the load at the start
                     elif kind == "command":
                         self.on_command(message.command)
+                    elif kind == "weight_sync_plan":
+                        self._plan(message.weight_sync_plan)
                     elif kind == "goodbye":
                         self.goodbye = message.goodbye.reason
                         break
@@ -236,7 +271,10 @@ class EngineWorker(Worker):
         kind = command.WhichOneof("kind")
         message = getattr(command, kind)
         self._track(kind, message)  # before the subclass: its reports may come at once
-        getattr(self, kind)(message)
+        if kind == "sync_weights":
+            self.sync_weights(SyncWeights(message, self.plan_of(message.plan_id)))
+        else:
+            getattr(self, kind)(message)
 
     def _track(self, kind: str, message) -> None:
         now = time.monotonic()
@@ -284,7 +322,12 @@ class EngineWorker(Worker):
     def abort(self, abort: rollout_pb2.Abort) -> None:
         raise NotImplementedError
 
-    def sync_weights(self, sync: rollout_pb2.SyncWeights) -> None:
+    def sync_weights(self, sync: SyncWeights) -> None:
+        """Load ``sync.version``. ``sync`` reads as the ``rollout_pb2.SyncWeights`` message
+        (``engine``, ``version``, ``interrupt``, ``plan_id``) and carries ``sync.plan``:
+        this engine's part of the weight-sync plan (:class:`WeightUpdate`: the transfer
+        group, its ranks, the transfers they receive with names, dtypes, shapes, bytes
+        and senders), None when the run has no weight layout."""
         raise NotImplementedError
 
     def resume(self, resume: rollout_pb2.Resume) -> None:
@@ -370,7 +413,10 @@ class EngineWorker(Worker):
 
 
 class TrainerWorker(Worker):
-    """The trainer: one call at a time (``start_train``), then ``step_finished``."""
+    """The trainer: one call at a time (``start_train``), then ``step_finished``. With a
+    weight layout, ``on_weight_sync_plan`` receives the senders' part of each plan (every
+    trainer rank's transfers) when a sync first uses it and when the trainer attaches;
+    ``weight_plan`` is the newest."""
 
     role = runtime_pb2.WORKER_ROLE_TRAINER
 

@@ -12,9 +12,19 @@ takes each call's predicted step time × ``seconds_per_cost_unit`` +
 ``train_call_overhead_seconds``. Every time runs ``time_scale`` times faster (the
 scheduler's Welcome says how much).
 
+With a weight layout (``rlsched run --model --train --infer``) each sync's part of the
+weight-sync plan is checked (:meth:`rlsched.worker.weights.WeightUpdate.check`: the
+transfers and bytes the scheduler states are those the ranks' parts give, and the
+bytes the emulated transfer moves are those) and recorded; a problem ends the worker
+with an error (the run then fails). The sync still takes ``weight_sync_seconds``, as
+in the simulator.
+
 Run one with ``python3 -m rlsched.worker.emulated --address unix:PATH --role engine
 --engine 3`` (``rlsched run --emulated-engines N --emulated-trainer`` starts them).
-``--report FILE`` writes what the worker itself counted (JSON), for tests.
+``--report FILE`` writes what the worker itself counted (JSON), for tests: with a weight
+layout, every plan it received (``weight_plans``: its members, replica, ranks, the
+transfers it was told and their bytes; the trainer's also each transfer's receivers),
+the syncs per plan and the problems found (``plan_problems``).
 """
 
 import argparse
@@ -146,6 +156,10 @@ class EmulatedEngine(EngineWorker):
         self._released = False
         self.finished_count = 0
         self._thread: Optional[threading.Thread] = None
+        # The weight-sync plans received and checked (reports).
+        self.plans: Dict[str, dict] = {}
+        self.plan_problems: List[str] = []
+        self.moved_bytes = 0  # what the emulated transfers moved, summed over syncs
 
     # ---- The model, from the welcome's config. ----
 
@@ -202,7 +216,31 @@ class EmulatedEngine(EngineWorker):
                 self._running.pop(sample, None)
             self._lock.notify()
 
+    def on_weight_sync_plan(self, plan) -> None:
+        record = plan.as_dict()
+        record["syncs"] = 0
+        record["problems"] = [f"{plan.plan_id}: {p}" for p in plan.check()]
+        if not 0 <= plan.replica < len(plan.members) or plan.members[plan.replica] != self.engine:
+            record["problems"].append(f"{plan.plan_id}: engine {self.engine} is not "
+                                      f"members[{plan.replica}] of {list(plan.members)}")
+        self.plan_problems.extend(record["problems"])
+        self.plans[plan.plan_id] = record
+        if record["problems"]:
+            raise RuntimeError("weight-sync plan: " + "; ".join(record["problems"]))
+
     def sync_weights(self, sync) -> None:
+        if sync.plan is not None:
+            # The emulated transfer moves what this engine's ranks receive by their parts.
+            moved = sync.plan.received_bytes()
+            if moved != sync.plan.bytes:
+                self.plan_problems.append(f"sync v{sync.version}: the transfer moves {moved} "
+                                          f"bytes, told {sync.plan.bytes}")
+                raise RuntimeError(self.plan_problems[-1])
+            self.moved_bytes += moved
+            self.plans[sync.plan.plan_id]["syncs"] += 1
+        elif self.plans:
+            self.plan_problems.append(f"sync v{sync.version}: no plan in a run with plans")
+            raise RuntimeError(self.plan_problems[-1])
         with self._lock:
             now = self._advance()
             if sync.interrupt:
@@ -297,6 +335,30 @@ class EmulatedTrainer(TrainerWorker):
         super().__init__(*args, **kwargs)
         self.trained: List[int] = []
         self.calls = 0
+        self.plans: Dict[str, dict] = {}
+        self.plan_problems: List[str] = []
+
+    def on_weight_sync_plan(self, plan) -> None:
+        record = plan.as_dict()
+        # Each transfer's receivers (the senders' parts hold every transfer once).
+        receivers = {}
+        for rank, part in plan.by_rank.items():
+            for t in part:
+                if t.src_rank == rank:
+                    receivers[t.index] = list(t.dst_ranks)
+        record["receivers"] = [receivers.get(i) for i in range(len(receivers))]
+        problems = [f"{plan.plan_id}: {p}" for p in plan.check()]
+        if sorted(receivers) != list(plan.transfers):
+            problems.append(f"{plan.plan_id}: the senders' parts hold {len(receivers)} "
+                            f"transfers, told {len(plan.transfers)}")
+        if plan.summary.num_transfers != len(receivers):
+            problems.append(f"{plan.plan_id}: the plan has {plan.summary.num_transfers} "
+                            f"transfers, the senders' parts {len(receivers)}")
+        record["problems"] = problems
+        self.plan_problems.extend(problems)
+        self.plans[plan.plan_id] = record
+        if problems:
+            raise RuntimeError("weight-sync plan: " + "; ".join(problems))
 
     def on_welcome(self, welcome) -> None:
         config = welcome.config
@@ -333,18 +395,27 @@ def main(argv=None) -> int:
     else:
         worker = EmulatedTrainer(args.address, token=args.token,
                                  connect_timeout_seconds=args.connect_timeout)
-    reason = worker.run()
-    if args.report:
-        report = {"goodbye": reason}
-        if args.role == "engine":
-            report["finished"] = worker.finished_count
-        else:
-            report["trained"] = worker.trained
-            report["calls"] = worker.calls
-        with open(args.report, "w") as out:
-            json.dump(report, out)
+    reason = None
+    try:
+        reason = worker.run()
+    finally:
+        if args.report:
+            _write_report(args, worker, reason)
     return 0 if reason is not None and not reason.startswith("refused") else 1
 
+
+def _write_report(args, worker, reason) -> None:
+    """What the worker counted, as JSON (written also when the session failed)."""
+    report = {"goodbye": reason, "weight_plans": worker.plans,
+              "plan_problems": worker.plan_problems}
+    if args.role == "engine":
+        report["finished"] = worker.finished_count
+        report["moved_bytes"] = worker.moved_bytes
+    else:
+        report["trained"] = worker.trained
+        report["calls"] = worker.calls
+    with open(args.report, "w") as out:
+        json.dump(report, out)
 
 if __name__ == "__main__":
     sys.exit(main())
