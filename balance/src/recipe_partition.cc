@@ -498,6 +498,29 @@ class Differencing {
   // heap's few levels cost less than building the tree).
   static constexpr std::size_t kTreeFrom = 64;
 
+  // A part's PartKey.
+  static PartKey KeyOf(const Part& part) requires std::is_same_v<Sum, std::int64_t> {
+    return PartKey{static_cast<std::uint64_t>(part.sum)} << 64 |
+           (std::uint64_t{static_cast<std::uint32_t>(part.count)} << 32 |
+            static_cast<std::uint32_t>(part.head));
+  }
+
+  // The absorption loop's condition, PopsLater()(NextSingleEntry(), EntryOf(a)) for k >= 2
+  // and a solution a whose lightest and heaviest parts have the keys given (0 for the
+  // lightest when a part is empty): the next single's spread is its value, a's is its
+  // heaviest part's sum less its lightest's. Precondition: singles_left_ > 0.
+  bool NextHolds(PartKey lightest,
+                 PartKey heaviest) const requires std::is_same_v<Sum, std::int64_t> {
+    const std::size_t p = singles_left_ - 1;
+    const auto value = static_cast<std::uint64_t>(value_[p]);
+    const auto spread =
+        static_cast<std::uint64_t>(heaviest >> 64) - static_cast<std::uint64_t>(lightest >> 64);
+    if (value != spread) return value < spread;
+    const PartKey item =
+        PartKey{value} << 64 | (std::uint64_t{1} << 32 | static_cast<std::uint32_t>(index_[p]));
+    return item < heaviest;
+  }
+
   // The absorption loop of Solve() (the solution `a`, popped first, meets the next
   // single item, popped second, while the heap of solutions is empty: the item fills
   // an empty part or joins the lightest), run on a tournament tree of a's k parts
@@ -510,26 +533,8 @@ class Differencing {
   // its last comparison chose), O(log k).
   void AbsorbSinglesByTree(Solution& a) requires std::is_same_v<Sum, std::int64_t> {
     using Key = PartKey;
-    auto key_of = [](const Part& part) {
-      return Key{static_cast<std::uint64_t>(part.sum)} << 64 |
-             (std::uint64_t{static_cast<std::uint32_t>(part.count)} << 32 |
-              static_cast<std::uint32_t>(part.head));
-    };
-    auto next_holds = [&](Key lightest, Key heaviest) {
-      // PopsLater()(NextSingleEntry(), EntryOf(a)), k >= 2: the next single's spread is
-      // its value, a's is its heaviest part's sum less its lightest's (0 when a part is
-      // empty, which is the lightest leaf then).
-      const std::size_t p = singles_left_ - 1;
-      const auto value = static_cast<std::uint64_t>(value_[p]);
-      const auto spread =
-          static_cast<std::uint64_t>(heaviest >> 64) - static_cast<std::uint64_t>(lightest >> 64);
-      if (value != spread) return value < spread;
-      const Key item =
-          Key{value} << 64 | (std::uint64_t{1} << 32 | static_cast<std::uint32_t>(index_[p]));
-      return item < heaviest;
-    };
     if (singles_left_ == 0 || a.parts.empty()) return;
-    if (!next_holds(a.parts.size() == k_ ? key_of(a.parts.front()) : Key{0}, key_of(a.heaviest)))
+    if (!NextHolds(a.parts.size() == k_ ? KeyOf(a.parts.front()) : Key{0}, KeyOf(a.heaviest)))
       return;
     std::size_t size = 1;
     while (size < k_) size *= 2;
@@ -542,12 +547,12 @@ class Differencing {
     heads_.assign(k_, -1);
     tails_.assign(k_, -1);
     for (std::size_t j = 0; j < a.parts.size(); ++j) {
-      tree_keys_[size + j] = key_of(a.parts[j]);
+      tree_keys_[size + j] = KeyOf(a.parts[j]);
       heads_[j] = a.parts[j].head_pos;
       tails_[j] = a.parts[j].tail_pos;
     }
     for (std::size_t j = a.parts.size(); j < k_; ++j) tree_keys_[size + j] = 0;
-    for (std::size_t j = 0; j < size; ++j) tree_leaves_[size + j] = static_cast<std::int32_t>(j);
+    for (std::size_t j = 0; j < size; ++j) tree_leaves_[size + j] = static_cast<std::uint32_t>(j);
     // Winners bottom-up in the upper half of the scratch arrays' node slots, losers kept.
     win_keys_.assign(2 * size, kPadding);
     win_leaves_.assign(2 * size, 0);
@@ -567,10 +572,10 @@ class Differencing {
       tree_leaves_[node] = win_leaves_[loser];
     }
     Key winner = win_keys_[1];
-    std::int32_t winner_leaf = win_leaves_[1];
-    Key heaviest = key_of(a.heaviest);
+    auto winner_leaf = static_cast<std::int32_t>(win_leaves_[1]);
+    Key heaviest = KeyOf(a.heaviest);
     Key* const keys = tree_keys_.data();
-    std::int32_t* const leaves = tree_leaves_.data();
+    std::uint32_t* const leaves = tree_leaves_.data();
     do {
       const std::size_t p = --singles_left_;
       const auto value = static_cast<std::uint64_t>(value_[p]);
@@ -587,21 +592,24 @@ class Differencing {
       }
       tails_[w] = position;
       heaviest = std::max(heaviest, joined);
-      // Replay the path: at each node the lesser key goes on up, the greater stays.
+      // Replay the path: at each node the lesser key goes on up, the greater stays
+      // (exchanged through masks: which one stays is a coin toss for a branch).
       Key up = joined;
-      std::int32_t up_leaf = winner_leaf;
+      auto up_leaf = static_cast<std::uint32_t>(winner_leaf);
       for (std::size_t node = (size + w) >> 1; node > 0; node >>= 1) {
         const Key stay = keys[node];
-        const std::int32_t stay_leaf = leaves[node];
-        const bool swap = stay < up;
-        keys[node] = swap ? up : stay;
-        leaves[node] = swap ? up_leaf : stay_leaf;
-        up = swap ? stay : up;
-        up_leaf = swap ? stay_leaf : up_leaf;
+        const std::uint64_t mask = 0 - static_cast<std::uint64_t>(stay < up);
+        const Key exchange = (stay ^ up) & (Key{mask} << 64 | mask);
+        keys[node] = stay ^ exchange;
+        up ^= exchange;
+        const std::uint32_t leaf_exchange =
+            (leaves[node] ^ up_leaf) & static_cast<std::uint32_t>(mask);
+        leaves[node] ^= leaf_exchange;
+        up_leaf ^= leaf_exchange;
       }
       winner = up;
-      winner_leaf = up_leaf;
-    } while (singles_left_ > 0 && next_holds(winner, heaviest));
+      winner_leaf = static_cast<std::int32_t>(up_leaf);
+    } while (singles_left_ > 0 && NextHolds(winner, heaviest));
     // a's parts back from the tree: every leaf's key is the winner's or one node's.
     auto part_of = [&](Key key, std::int32_t leaf) {
       const auto j = static_cast<std::size_t>(leaf);
@@ -616,7 +624,8 @@ class Differencing {
       }
     };
     keep(winner, winner_leaf);
-    for (std::size_t node = 1; node < size; ++node) keep(keys[node], leaves[node]);
+    for (std::size_t node = 1; node < size; ++node)
+      keep(keys[node], static_cast<std::int32_t>(leaves[node]));
     std::sort(a.parts.begin(), a.parts.end(),
               [](const Part& x, const Part& y) { return Lighter(x, y); });
     a.sorted = true;
@@ -630,7 +639,8 @@ class Differencing {
   std::vector<Solution> solutions_;
   bool fast_ = false;
   std::vector<PartKey> tree_keys_, win_keys_;  // AbsorbSinglesByTree()'s
-  std::vector<std::int32_t> tree_leaves_, win_leaves_, heads_, tails_;
+  std::vector<std::uint32_t> tree_leaves_, win_leaves_;
+  std::vector<std::int32_t> heads_, tails_;
   std::vector<Part> popped_;
   std::size_t singles_left_ = 0;  // kAny: positions [0, singles_left_) not yet popped
   Solution scratch_;
@@ -679,11 +689,18 @@ class EqualDifferencing {
       std::pop_heap(heap.begin(), heap.end(), PopsLater());
       const Entry first = heap.back();
       heap.pop_back();
-      std::pop_heap(heap.begin(), heap.end(), PopsLater());
-      const Entry second = heap.back();
-      heap.pop_back();
-      heap.push_back(Combine(first.id, second.id));
-      std::push_heap(heap.begin(), heap.end(), PopsLater());
+      // The second popped is the top now; the combination takes its place (one sift
+      // instead of a pop and a push).
+      const Entry combined = Combine(first.id, heap.front().id);
+      ReplaceTop(heap, combined);
+      // The next two to pop are the top and its greater child: their parts fetched
+      // while this one sifts.
+      Prefetch(heap.front().id);
+      if (heap.size() > 2) {
+        Prefetch(PopsLater()(heap[1], heap[2]) ? heap[2].id : heap[1].id);
+      } else if (heap.size() == 2) {
+        Prefetch(heap[1].id);
+      }
     }
     const std::span<const Part> last = PartsOf(heap.front().id, chunk_a_);
     const std::size_t size = last.size();
@@ -732,6 +749,41 @@ class EqualDifferencing {
   Part Item(std::size_t p) const {
     const auto position = static_cast<std::int32_t>(p);
     return Part{value_[p], 1, index_[p], position, position};
+  }
+
+  // The max-heap `heap` (by PopsLater) with its top replaced by `entry`.
+  static void ReplaceTop(std::vector<Entry>& heap, const Entry& entry) {
+    const std::size_t size = heap.size();
+    std::size_t hole = 0;
+    for (;;) {
+      std::size_t child = 2 * hole + 1;
+      if (child >= size) break;
+      if (child + 1 < size && PopsLater()(heap[child], heap[child + 1])) ++child;
+      if (!PopsLater()(entry, heap[child])) break;
+      heap[hole] = heap[child];
+      hole = child;
+    }
+    heap[hole] = entry;
+  }
+
+  // Asks for the memory of solution `id`'s parts (a block's parts, or a chunk's values
+  // and indices) ahead of its combination.
+  void Prefetch(std::int64_t id) const {
+    if (id >= 0) {
+      const char* from =
+          reinterpret_cast<const char*>(blocks_.data() + static_cast<std::size_t>(id) * k_);
+      const std::size_t bytes = sizes_[static_cast<std::size_t>(id)] * sizeof(Part);
+      for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(from + b);
+      return;
+    }
+    const std::size_t first = static_cast<std::size_t>(-1 - id) * k_;
+    const std::size_t count = std::min(index_.size(), first + k_) - first;
+    for (std::size_t b = 0; b < count * sizeof(std::int64_t); b += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(value_.data() + first) + b);
+    }
+    for (std::size_t b = 0; b < count * sizeof(std::int32_t); b += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(index_.data() + first) + b);
+    }
   }
 
   // The parts of solution `id`, ascending: a block's, or a chunk's items written to
