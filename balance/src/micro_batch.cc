@@ -492,6 +492,19 @@ std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int6
   return best;
 }
 
+std::int64_t RankTime(std::span<const std::int64_t> costs, const MicroBatchOptions& options) {
+  std::int64_t sum = 0;
+  std::int64_t max = 0;
+  for (const std::int64_t cost : costs) {
+    const std::int64_t t = internal::CheckedAdd(cost, Overhead(options), "overhead");
+    sum = internal::CheckedAdd(sum, t, "overhead");
+    max = std::max(max, t);
+  }
+  return internal::CheckedAdd(
+      sum, internal::CheckedMul(options.pipeline_stages - 1, max, "pipeline_stages"),
+      "pipeline_stages");
+}
+
 std::int64_t RankTime(const std::vector<MicroBatch>& batches, const MicroBatchOptions& options) {
   std::int64_t sum = 0;
   std::int64_t max = 0;

@@ -142,6 +142,8 @@ std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int6
 
 // Σ (cost_i + overhead) + (p − 1) · max (cost_i + overhead) (resolved options).
 std::int64_t RankTime(const std::vector<MicroBatch>& batches, const MicroBatchOptions& options);
+// The same, given the micro-batches' costs.
+std::int64_t RankTime(std::span<const std::int64_t> costs, const MicroBatchOptions& options);
 
 // Builds the rank's micro-batches from a packing into m bins and orders them
 // (options.order).
@@ -181,14 +183,22 @@ std::int64_t TotalTokens(const Padded& padded);
 // Micro-batches without a sequence.
 std::int64_t EmptyMicroBatches(const StepPlan& plan);
 
+// What RecipePlan() makes: the plan with its micro-batches (PlanBaseline()'s), or its
+// figures alone (PlanStep()'s baseline, which its reply reports): the same count, step
+// time, cap violations, empty micro-batches and empty ranks, without `ranks` (no
+// sequence lists made, sorted or ordered).
+enum class RecipeDetail { kMicroBatches, kFigures };
+
 // The common recipe as verl runs it (step_baseline.cc): PlanBaseline() without the
 // lower bound and the totals, on padded lengths (resolved options, those `padded` was
 // made with).
-StepPlan RecipePlan(const Padded& padded, const StepOptions& options);
+StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
+                    RecipeDetail detail = RecipeDetail::kMicroBatches);
 // The same, given RecipeAscending(padded.lengths, &sorted_length) (not checked).
 StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
                     std::span<const std::int32_t> ascending,
-                    std::span<const std::int64_t> sorted_length);
+                    std::span<const std::int64_t> sorted_length,
+                    RecipeDetail detail = RecipeDetail::kMicroBatches);
 
 // Karmarkar-Karp on cost across ranks (equal counts), then per rank m = the largest
 // SmallestCount() and Karmarkar-Karp on cost into m micro-batches, which may break the
@@ -223,7 +233,8 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
                      const StepOptions& options, Pruning pruning);
 
 // The step's totals, empty ranks and overhead on a finished plan (its empty
-// micro-batches are counted where it is made).
+// micro-batches are counted where it is made; a plan without ranks, the recipe's
+// figures, its empty ranks too).
 void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan);
 
 // The units a rank assignment moves: one per sequence, or one per group (members in

@@ -73,6 +73,8 @@ void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan
   plan.tokens = TotalTokens(padded);
   plan.unpadded_tokens =
       std::accumulate(padded.lengths.begin(), padded.lengths.end(), std::int64_t{0});
+  // A plan without ranks (the recipe's figures, RecipeDetail::kFigures) counted its own.
+  if (plan.ranks.empty()) return;
   plan.empty_ranks = 0;
   for (const RankPlan& rank : plan.ranks) plan.empty_ranks += rank.sequences == 0 ? 1 : 0;
 }
@@ -875,12 +877,14 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   }
 
   // The common recipe, for comparison (it ignores groups).
+  // Its figures alone: what the reply reports of it (PlannedStep::baseline).
   if (shared_sort) {
-    result.baseline = internal::RecipePlan(padded, options, recipe_ascending, recipe_sorted);
+    result.baseline = internal::RecipePlan(padded, options, recipe_ascending, recipe_sorted,
+                                           internal::RecipeDetail::kFigures);
     recipe_ascending = {};
     recipe_sorted = {};
   } else {
-    result.baseline = internal::RecipePlan(padded, options);
+    result.baseline = internal::RecipePlan(padded, options, internal::RecipeDetail::kFigures);
   }
   // Without groups or empty micro-batches the baseline's
   // bound is the same one.

@@ -55,19 +55,20 @@ struct Sequence {
 
 }  // namespace
 
-StepPlan RecipePlan(const Padded& padded, const StepOptions& options) {
+StepPlan RecipePlan(const Padded& padded, const StepOptions& options, RecipeDetail detail) {
   // The sequences by (workload, index) ascending. The workload grows strictly with the
   // length (lengths >= 0), so that is the order by (length, index): sorted on the
   // lengths (a narrower key, fewer radix passes), which come back in that order, so
   // nothing below reads the batch at random places.
   std::vector<std::int64_t> sorted_length;
   const std::vector<std::int32_t> ascending = RecipeAscending(padded.lengths, &sorted_length);
-  return RecipePlan(padded, options, ascending, sorted_length);
+  return RecipePlan(padded, options, ascending, sorted_length, detail);
 }
 
 StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
                     std::span<const std::int32_t> ascending,
-                    std::span<const std::int64_t> sorted_length) {
+                    std::span<const std::int64_t> sorted_length, RecipeDetail detail) {
+  const bool lists = detail == RecipeDetail::kMicroBatches;
   const MicroBatchOptions& mb = options.micro_batch;
   const std::int64_t cap = mb.max_tokens_per_micro_batch;
   const std::span<const std::int64_t> lengths = padded.lengths;
@@ -87,7 +88,8 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
   }
   // Every rank's sequences (index and length), gathered in one pass in that order
   // (a write stream per rank instead of a read at a random place per sequence).
-  std::vector<std::int32_t> rank_index(n);
+  // (The indices only for the micro-batches' lists.)
+  std::vector<std::int32_t> rank_index(lists ? n : 0);
   std::vector<std::int64_t> rank_length(n);
   std::vector<std::int64_t> rank_tokens(num_ranks, 0);  // the lengths, unpadded, as verl counts
   {
@@ -95,7 +97,7 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
     for (std::size_t p = 0; p < n; ++p) {
       const auto r = static_cast<std::size_t>(split.part_of_position[p]);
       const std::size_t at = cursor[r]++;
-      rank_index[at] = ascending[p];
+      if (lists) rank_index[at] = ascending[p];
       rank_length[at] = sorted_length[p];
       rank_tokens[r] += sorted_length[p];
     }
@@ -117,8 +119,10 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
   std::vector<Sequence> sequences;          // by position in the rank's order
   std::vector<std::int64_t> rank_workload;  // by (workload, index) ascending
   std::vector<std::int32_t> rank_ascending;
-  std::vector<std::int32_t> part_of;  // by position in the rank's order
-  std::vector<std::int64_t> first;    // by part: its first position in the rank's order
+  std::vector<std::int32_t> part_of;       // by position in the rank's order
+  std::vector<std::int64_t> first;         // by part: its first position in the rank's order
+  std::vector<std::int64_t> batch_tokens;  // by part, for the figures alone
+  std::vector<std::int64_t> batch_costs;
   std::vector<std::size_t> by_key(num_batches);
   std::vector<std::size_t> slot_of(num_batches);
   for (std::size_t r = 0; r < num_ranks; ++r) {
@@ -127,9 +131,14 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
     // the length as Pad() and RecipeWorkload() make them.
     const std::size_t begin = offsets[r];
     const std::size_t size = offsets[r + 1] - begin;
-    sequences.resize(size);
     rank_workload.resize(size);
-    for (std::size_t s = 0; s < size; ++s) {
+    if (!lists) {
+      for (std::size_t s = 0; s < size; ++s) {
+        rank_workload[s] = RecipeWorkload(rank_length[begin + s]);
+      }
+    }
+    sequences.resize(lists ? size : 0);
+    for (std::size_t s = 0; s < (lists ? size : 0); ++s) {
       // Source position s goes to s / 2 (even) or size − 1 − (s − 1) / 2 (odd).
       Sequence& q = sequences[s % 2 == 0 ? s / 2 : size - 1 - (s - 1) / 2];
       q.index = rank_index[begin + s];
@@ -157,6 +166,27 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
     // order.
     const RecipePartition parts =
         RecipeKarmarkarKarpPositions(rank_workload, rank_ascending, count, PartSizes::kAny);
+    if (!lists) {
+      // The figures: each micro-batch's tokens and cost from its sequences' lengths.
+      // The t-th position of rank_ascending has the t-th workload, so the t-th length
+      // (equal workloads, equal lengths).
+      batch_tokens.assign(num_batches, 0);
+      batch_costs.assign(num_batches, 0);
+      for (std::size_t t = 0; t < size; ++t) {
+        const auto p = static_cast<std::size_t>(parts.part_of_position[t]);
+        const std::int64_t length = rank_length[begin + t];
+        const std::int64_t tokens = plain ? length : RoundUp(length, mb.pad_to_multiple_of);
+        batch_tokens[p] += tokens;
+        batch_costs[p] += plain ? tokens : mb.cost.Cost(tokens);
+      }
+      for (std::size_t p = 0; p < num_batches; ++p) {
+        plan.cap_violations += batch_tokens[p] > cap ? 1 : 0;
+        plan.empty_micro_batches += parts.counts[p] == 0 ? 1 : 0;
+      }
+      plan.empty_ranks += size == 0 ? 1 : 0;
+      plan.predicted_step_time = std::max(plan.predicted_step_time, RankTime(batch_costs, mb));
+      continue;
+    }
     part_of.resize(size);
     first.assign(num_batches, std::numeric_limits<std::int64_t>::max());
     for (std::size_t t = 0; t < size; ++t) {
@@ -204,7 +234,7 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
     plan.predicted_step_time = std::max(plan.predicted_step_time, rank_plan.time);
     plan.ranks.push_back(std::move(rank_plan));
   }
-  plan.empty_micro_batches = EmptyMicroBatches(plan);
+  if (lists) plan.empty_micro_batches = EmptyMicroBatches(plan);
   return plan;
 }
 

@@ -19,6 +19,7 @@
 
 #include "internal.h"
 #include "micro_batch_internal.h"
+#include "recipe_partition.h"
 #include "rlsched/balance/micro_batch.h"
 #include "rlsched/common/error.h"
 #include "rlsched/common/workload.h"
@@ -372,7 +373,9 @@ TEST(PackingTest, GatherRanksIsGatherOfEachRank) {
   }
 }
 
-// PlanStep()'s baseline is PlanBaseline()'s, micro-batch for micro-batch.
+// PlanStep()'s baseline has PlanBaseline()'s figures (every field but the ranks, which
+// it leaves empty), and the recipe run on PlanStep()'s shared sort, with its
+// micro-batches, is PlanBaseline(), micro-batch for micro-batch.
 TEST(PackingTest, ThePlannedStepsBaselineIsPlanBaseline) {
   workload::Rng rng(5);
   std::vector<std::int64_t> lengths(20000);
@@ -389,9 +392,27 @@ TEST(PackingTest, ThePlannedStepsBaselineIsPlanBaseline) {
   EXPECT_EQ(step.baseline.predicted_step_time, baseline.predicted_step_time);
   EXPECT_EQ(step.baseline.num_micro_batches, baseline.num_micro_batches);
   EXPECT_EQ(step.baseline.cap_violations, baseline.cap_violations);
-  ASSERT_EQ(step.baseline.ranks.size(), baseline.ranks.size());
+  EXPECT_EQ(step.baseline.empty_micro_batches, baseline.empty_micro_batches);
+  EXPECT_EQ(step.baseline.empty_ranks, baseline.empty_ranks);
+  EXPECT_EQ(step.baseline.lower_bound, baseline.lower_bound);
+  EXPECT_EQ(step.baseline.sequences, baseline.sequences);
+  EXPECT_EQ(step.baseline.tokens, baseline.tokens);
+  EXPECT_EQ(step.baseline.unpadded_tokens, baseline.unpadded_tokens);
+  EXPECT_EQ(step.baseline.overhead, baseline.overhead);
+  EXPECT_TRUE(step.baseline.ranks.empty());
+
+  StepOptions resolved = options;
+  resolved.micro_batch = internal::Resolved(options.micro_batch);
+  const internal::Padded padded = internal::Pad(lengths, resolved.micro_batch);
+  std::vector<std::int64_t> sorted;
+  std::vector<std::int32_t> order = internal::HeaviestFirst(padded.costs, &sorted);
+  const std::vector<std::int32_t> ascending =
+      internal::RecipeAscendingFrom(std::move(order), sorted);
+  const StepPlan shared = internal::RecipePlan(padded, resolved, ascending, sorted);
+  EXPECT_EQ(shared.predicted_step_time, baseline.predicted_step_time);
+  ASSERT_EQ(shared.ranks.size(), baseline.ranks.size());
   for (std::size_t r = 0; r < baseline.ranks.size(); ++r) {
-    const auto& got = step.baseline.ranks[r].micro_batches;
+    const auto& got = shared.ranks[r].micro_batches;
     const auto& want = baseline.ranks[r].micro_batches;
     ASSERT_EQ(got.size(), want.size()) << "rank " << r;
     for (std::size_t b = 0; b < want.size(); ++b) {

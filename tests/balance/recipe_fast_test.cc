@@ -1,4 +1,6 @@
-// The common recipe's Karmarkar-Karp run the fast way (RecipeMethod::kFast: the
+// The common recipe's figures alone (RecipeDetail::kFigures, PlanStep()'s baseline)
+// against its plan with micro-batches (kMicroBatches, PlanBaseline()'s), and its
+// Karmarkar-Karp run the fast way (RecipeMethod::kFast: the
 // equal-size mode on flat blocks of parts, the absorption of single items on a
 // tournament tree) against the general implementation it replaces
 // (RecipeMethod::kGeneral), on random seeded instances: the same partition, sums and
@@ -12,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "micro_batch_internal.h"
 #include "recipe_partition.h"
+#include "rlsched/balance/micro_batch.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/workload.h"
 
@@ -147,6 +151,52 @@ TEST(RecipeFastTest, AnySizesWhenTheAbsorptionStopsAndStartsAgain) {
         values.push_back(rng.UniformInt(0, 1'000));
     }
     ExpectSame(values, k, PartSizes::kAny, "seed " + std::to_string(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// The recipe's figures alone (RecipeDetail::kFigures) are those of its plan with
+// micro-batches (kMicroBatches): count, predicted time, cap violations, empty
+// micro-batches and empty ranks, on seeded steps (any rank count, padding, cost model,
+// minimum, multiple and pipeline; fewer sequences than ranks; up to 30,000 sequences),
+// and the figures have no ranks.
+TEST(RecipeFastTest, TheFiguresAreThoseOfThePlan) {
+  for (std::uint64_t seed = 1; seed <= 150; ++seed) {
+    workload::Rng rng(seed * 15485863 + 7);
+    const std::size_t n = Size(rng);
+    std::vector<std::int64_t> lengths(n);
+    const bool ties = rng.UniformInt(0, 3) == 0;
+    for (std::int64_t& l : lengths) {
+      l = ties ? rng.UniformInt(0, 6) * 500
+               : std::min<std::int64_t>(16384,
+                                        static_cast<std::int64_t>(std::exp(6.5 + rng.Normal())));
+    }
+    StepOptions options;
+    options.num_ranks = rng.UniformInt(1, 70);
+    MicroBatchOptions& mb = options.micro_batch;
+    mb.pad_to_multiple_of = rng.UniformInt(0, 2) == 0 ? rng.UniformInt(2, 64) : 1;
+    mb.max_tokens_per_micro_batch = 16384 + 64 + rng.UniformInt(0, 40000);
+    mb.min_micro_batches = rng.UniformInt(1, 3);
+    mb.micro_batches_multiple_of = rng.UniformInt(1, 3);
+    mb.pipeline_stages = rng.UniformInt(1, 4);
+    mb.overhead = rng.UniformInt(0, 1) == 0 ? 0 : rng.UniformInt(1, 3000);
+    if (rng.UniformInt(0, 1) == 1) mb.cost = CostModel::Attention(ModelShape{});
+    StepOptions resolved = options;
+    resolved.micro_batch = internal::Resolved(mb);
+    const internal::Padded padded = internal::Pad(lengths, resolved.micro_batch);
+    const StepPlan plan =
+        internal::RecipePlan(padded, resolved, internal::RecipeDetail::kMicroBatches);
+    const StepPlan figures =
+        internal::RecipePlan(padded, resolved, internal::RecipeDetail::kFigures);
+    const std::string where = "seed " + std::to_string(seed) + ", n " + std::to_string(n);
+    EXPECT_EQ(figures.num_micro_batches, plan.num_micro_batches) << where;
+    EXPECT_EQ(figures.predicted_step_time, plan.predicted_step_time) << where;
+    EXPECT_EQ(figures.cap_violations, plan.cap_violations) << where;
+    EXPECT_EQ(figures.empty_micro_batches, plan.empty_micro_batches) << where;
+    std::int64_t empty_ranks = 0;
+    for (const RankPlan& rank : plan.ranks) empty_ranks += rank.sequences == 0 ? 1 : 0;
+    EXPECT_EQ(figures.empty_ranks, empty_ranks) << where;
+    EXPECT_TRUE(figures.ranks.empty()) << where;
     if (::testing::Test::HasFailure()) return;
   }
 }

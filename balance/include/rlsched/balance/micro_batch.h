@@ -183,8 +183,12 @@ struct StepPlan {
 };
 
 struct PlannedStep {
-  StepPlan plan;      // never breaks the cap; cap_violations == 0
-  StepPlan baseline;  // PlanBaseline() on the same input, for comparison; not used by `plan`
+  StepPlan plan;  // never breaks the cap; cap_violations == 0
+  // PlanBaseline() on the same input, for comparison (not used by `plan`): its figures
+  // (count, predicted time, lower bound, cap violations, empty micro-batches, totals and
+  // empty ranks), what a plan-step reply reports of it, without its ranks (`ranks`
+  // empty: PlanBaseline() lists its micro-batches).
+  StepPlan baseline;
 };
 
 // Plans a whole step (see the file comment). The plan never breaks the cap; without
