@@ -532,49 +532,118 @@ class Differencing {
   // whose nodes do not depend on the comparisons (the heap's sift reads the children
   // its last comparison chose), O(log k).
   void AbsorbSinglesByTree(Solution& a) requires std::is_same_v<Sum, std::int64_t> {
-    using Key = PartKey;
     if (singles_left_ == 0 || a.parts.empty()) return;
-    if (!NextHolds(a.parts.size() == k_ ? KeyOf(a.parts.front()) : Key{0}, KeyOf(a.heaviest)))
+    if (!NextHolds(a.parts.size() == k_ ? KeyOf(a.parts.front()) : PartKey{0}, KeyOf(a.heaviest)))
       return;
+    // 64-bit keys when a's heaviest sum fits beside a count and a first item (the
+    // common case), else 128-bit ones. The loop runs while the item is below a's spread
+    // (or equal to it), so the part it joins stays no heavier than a's heaviest: that
+    // sum stays the largest, and every sum fits when it does.
+    const NarrowKeys narrow(index_.size());
+    if (narrow.Fits(static_cast<std::uint64_t>(a.heaviest.sum))) {
+      RunTree(a, narrow, narrow_keys_, narrow_win_keys_);
+    } else {
+      RunTree(a, WideKeys{}, tree_keys_, win_keys_);
+    }
+  }
+
+  // The parts' keys as PartKey.
+  struct WideKeys {
+    using Key = PartKey;
+    Key Encode(std::uint64_t sum, std::uint32_t count, std::uint32_t head) const {
+      return Key{sum} << 64 | (std::uint64_t{count} << 32 | head);
+    }
+    std::uint64_t SumOf(Key key) const { return static_cast<std::uint64_t>(key >> 64); }
+    std::uint32_t CountOf(Key key) const {
+      return static_cast<std::uint32_t>(static_cast<std::uint64_t>(key) >> 32);
+    }
+    std::uint32_t HeadOf(Key key) const { return static_cast<std::uint32_t>(key); }
+    static Key Widen(std::uint64_t mask) { return Key{mask} << 64 | mask; }
+  };
+
+  // The parts' keys in one 64-bit word, sum · 2^(c + h) + count · 2^h + first item, for
+  // n items (counts up to n: c bits, first items below n: h bits), ordered as
+  // Lighter orders the parts, when the sum is below 2^(64 − c − h).
+  struct NarrowKeys {
+    using Key = std::uint64_t;
+    explicit NarrowKeys(std::size_t n)
+        : head_bits(std::bit_width(n > 0 ? n - 1 : 0)),
+          sum_shift(std::bit_width(n > 0 ? n - 1 : 0) + std::bit_width(n)) {}
+    Key Encode(std::uint64_t sum, std::uint32_t count, std::uint32_t head) const {
+      return sum << sum_shift | std::uint64_t{count} << head_bits | head;
+    }
+    std::uint64_t SumOf(Key key) const { return key >> sum_shift; }
+    std::uint32_t CountOf(Key key) const {
+      return static_cast<std::uint32_t>((key >> head_bits) &
+                                        ((std::uint64_t{1} << (sum_shift - head_bits)) - 1));
+    }
+    std::uint32_t HeadOf(Key key) const {
+      return static_cast<std::uint32_t>(key & ((std::uint64_t{1} << head_bits) - 1));
+    }
+    bool Fits(std::uint64_t sum) const { return sum_shift < 64 && (sum >> (64 - sum_shift)) == 0; }
+    static Key Widen(std::uint64_t mask) { return mask; }
+    int head_bits;
+    int sum_shift;
+  };
+
+  // AbsorbSinglesByTree()'s loop on the keys `codec` makes (NextHolds() of a holds, and
+  // a's heaviest sum fits the keys).
+  template <typename Codec>
+  void RunTree(Solution& a, const Codec& codec, std::vector<typename Codec::Key>& tree_keys,
+               std::vector<typename Codec::Key>& win_keys) {
+    using Key = typename Codec::Key;
+    auto key_of = [&](const Part& part) {
+      return codec.Encode(static_cast<std::uint64_t>(part.sum),
+                          static_cast<std::uint32_t>(part.count),
+                          static_cast<std::uint32_t>(part.head));
+    };
+    // NextHolds() on these keys.
+    auto next_holds = [&](Key lightest, Key heaviest) {
+      const std::size_t p = singles_left_ - 1;
+      const auto value = static_cast<std::uint64_t>(value_[p]);
+      const std::uint64_t spread = codec.SumOf(heaviest) - codec.SumOf(lightest);
+      if (value != spread) return value < spread;
+      return codec.Encode(value, 1, static_cast<std::uint32_t>(index_[p])) < heaviest;
+    };
     std::size_t size = 1;
     while (size < k_) size *= 2;
-    // Leaves 0 … k − 1 (a's parts, then the empty ones), k … size − 1 padding (the
-    // greatest key). tree_[node] for node in [1, size) holds the loser of its match;
-    // the winner is kept apart.
+    // Leaves 0 … k − 1 (a's parts, then the empty ones, key 0), k … size − 1 padding
+    // (the greatest key). tree_keys[node] for node in [1, size) holds the loser of its
+    // match; the winner is kept apart.
     constexpr Key kPadding = ~Key{0};
-    tree_keys_.assign(2 * size, kPadding);
+    tree_keys.assign(2 * size, kPadding);
     tree_leaves_.resize(2 * size);
     heads_.assign(k_, -1);
     tails_.assign(k_, -1);
     for (std::size_t j = 0; j < a.parts.size(); ++j) {
-      tree_keys_[size + j] = KeyOf(a.parts[j]);
+      tree_keys[size + j] = key_of(a.parts[j]);
       heads_[j] = a.parts[j].head_pos;
       tails_[j] = a.parts[j].tail_pos;
     }
-    for (std::size_t j = a.parts.size(); j < k_; ++j) tree_keys_[size + j] = 0;
+    for (std::size_t j = a.parts.size(); j < k_; ++j) tree_keys[size + j] = 0;
     for (std::size_t j = 0; j < size; ++j) tree_leaves_[size + j] = static_cast<std::uint32_t>(j);
-    // Winners bottom-up in the upper half of the scratch arrays' node slots, losers kept.
-    win_keys_.assign(2 * size, kPadding);
+    // Winners bottom-up, losers kept.
+    win_keys.assign(2 * size, kPadding);
     win_leaves_.assign(2 * size, 0);
     for (std::size_t j = size; j < 2 * size; ++j) {
-      win_keys_[j] = tree_keys_[j];
+      win_keys[j] = tree_keys[j];
       win_leaves_[j] = tree_leaves_[j];
     }
     for (std::size_t node = size - 1; node >= 1; --node) {
       const std::size_t l = 2 * node;
       const std::size_t r = l + 1;
-      const bool left_wins = win_keys_[l] < win_keys_[r];
+      const bool left_wins = win_keys[l] < win_keys[r];
       const std::size_t w = left_wins ? l : r;
       const std::size_t loser = left_wins ? r : l;
-      win_keys_[node] = win_keys_[w];
+      win_keys[node] = win_keys[w];
       win_leaves_[node] = win_leaves_[w];
-      tree_keys_[node] = win_keys_[loser];
+      tree_keys[node] = win_keys[loser];
       tree_leaves_[node] = win_leaves_[loser];
     }
-    Key winner = win_keys_[1];
+    Key winner = win_keys[1];
     auto winner_leaf = static_cast<std::int32_t>(win_leaves_[1]);
-    Key heaviest = KeyOf(a.heaviest);
-    Key* const keys = tree_keys_.data();
+    Key heaviest = key_of(a.heaviest);
+    Key* const keys = tree_keys.data();
     std::uint32_t* const leaves = tree_leaves_.data();
     do {
       const std::size_t p = --singles_left_;
@@ -582,12 +651,12 @@ class Differencing {
       const auto position = static_cast<std::int32_t>(p);
       const auto w = static_cast<std::size_t>(winner_leaf);
       Key joined;
-      if (static_cast<std::uint64_t>(winner) == 0) {  // an empty part: the item alone
-        joined =
-            Key{value} << 64 | (std::uint64_t{1} << 32 | static_cast<std::uint32_t>(index_[p]));
+      if (codec.CountOf(winner) == 0) {  // an empty part: the item alone
+        joined = codec.Encode(value, 1, static_cast<std::uint32_t>(index_[p]));
         heads_[w] = position;
       } else {  // Splice(): the item after the part's items
-        joined = winner + (Key{value} << 64) + (Key{1} << 32);
+        joined = codec.Encode(codec.SumOf(winner) + value, codec.CountOf(winner) + 1,
+                              codec.HeadOf(winner));
         next_[static_cast<std::size_t>(tails_[w])] = position;
       }
       tails_[w] = position;
@@ -599,7 +668,7 @@ class Differencing {
       for (std::size_t node = (size + w) >> 1; node > 0; node >>= 1) {
         const Key stay = keys[node];
         const std::uint64_t mask = 0 - static_cast<std::uint64_t>(stay < up);
-        const Key exchange = (stay ^ up) & (Key{mask} << 64 | mask);
+        const Key exchange = (stay ^ up) & Codec::Widen(mask);
         keys[node] = stay ^ exchange;
         up ^= exchange;
         const std::uint32_t leaf_exchange =
@@ -609,23 +678,18 @@ class Differencing {
       }
       winner = up;
       winner_leaf = static_cast<std::int32_t>(up_leaf);
-    } while (singles_left_ > 0 && NextHolds(winner, heaviest));
+    } while (singles_left_ > 0 && next_holds(winner, heaviest));
     // a's parts back from the tree: every leaf's key is the winner's or one node's.
-    auto part_of = [&](Key key, std::int32_t leaf) {
-      const auto j = static_cast<std::size_t>(leaf);
-      return Part{static_cast<Sum>(static_cast<std::uint64_t>(key >> 64)),
-                  static_cast<std::int32_t>(static_cast<std::uint64_t>(key) >> 32),
-                  static_cast<std::int32_t>(static_cast<std::uint32_t>(key)), heads_[j], tails_[j]};
-    };
     a.parts.clear();
-    auto keep = [&](Key key, std::int32_t leaf) {
-      if (static_cast<std::size_t>(leaf) < k_ && static_cast<std::uint64_t>(key) != 0) {
-        a.parts.push_back(part_of(key, leaf));
+    auto keep = [&](Key key, std::uint32_t leaf) {
+      if (leaf < k_ && codec.CountOf(key) != 0) {
+        a.parts.push_back(
+            Part{static_cast<Sum>(codec.SumOf(key)), static_cast<std::int32_t>(codec.CountOf(key)),
+                 static_cast<std::int32_t>(codec.HeadOf(key)), heads_[leaf], tails_[leaf]});
       }
     };
-    keep(winner, winner_leaf);
-    for (std::size_t node = 1; node < size; ++node)
-      keep(keys[node], static_cast<std::int32_t>(leaves[node]));
+    keep(winner, static_cast<std::uint32_t>(winner_leaf));
+    for (std::size_t node = 1; node < size; ++node) keep(keys[node], leaves[node]);
     std::sort(a.parts.begin(), a.parts.end(),
               [](const Part& x, const Part& y) { return Lighter(x, y); });
     a.sorted = true;
@@ -639,6 +703,7 @@ class Differencing {
   std::vector<Solution> solutions_;
   bool fast_ = false;
   std::vector<PartKey> tree_keys_, win_keys_;  // AbsorbSinglesByTree()'s
+  std::vector<std::uint64_t> narrow_keys_, narrow_win_keys_;
   std::vector<std::uint32_t> tree_leaves_, win_leaves_;
   std::vector<std::int32_t> heads_, tails_;
   std::vector<Part> popped_;

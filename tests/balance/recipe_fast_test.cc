@@ -155,6 +155,25 @@ TEST(RecipeFastTest, AnySizesWhenTheAbsorptionStopsAndStartsAgain) {
   }
 }
 
+// The absorption's keys at their width's edge: 2,000 items (11 bits each for a count
+// and a first item, so 64-bit keys hold sums below 2^42), the heaviest part just below
+// 2^42 (64-bit keys) or at it (128-bit ones), many small items after it.
+TEST(RecipeFastTest, AnySizesAtTheEdgeOfTheNarrowKeys) {
+  for (const std::int64_t top : {(std::int64_t{1} << 42) - 1, std::int64_t{1} << 42}) {
+    for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+      workload::Rng rng(seed * 31 + 5);
+      std::vector<std::int64_t> values(2000);
+      for (std::int64_t& v : values) v = rng.UniformInt(0, std::int64_t{1} << 30);
+      values[static_cast<std::size_t>(rng.UniformInt(0, 1999))] = top;
+      for (const std::int64_t k : {64, 100, 333}) {
+        ExpectSame(values, k, PartSizes::kAny,
+                   "top " + std::to_string(top) + ", seed " + std::to_string(seed) + ", k " +
+                       std::to_string(k));
+      }
+    }
+  }
+}
+
 // The recipe's figures alone (RecipeDetail::kFigures) are those of its plan with
 // micro-batches (kMicroBatches): count, predicted time, cap violations, empty
 // micro-batches and empty ranks, on seeded steps (any rank count, padding, cost model,
