@@ -90,7 +90,8 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
   // (a write stream per rank instead of a read at a random place per sequence).
   // (The indices only for the micro-batches' lists.)
   std::vector<std::int32_t> rank_index(lists ? n : 0);
-  std::vector<std::int64_t> rank_length(n);
+  // (In the workloads' storage, read no more.)
+  std::vector<std::int64_t> rank_length = std::move(sorted_workload);
   std::vector<std::int64_t> rank_tokens(num_ranks, 0);  // the lengths, unpadded, as verl counts
   {
     std::vector<std::size_t> cursor(offsets.begin(), offsets.end() - 1);
