@@ -295,6 +295,50 @@ def _read_delimited(f, message_type):
     return message
 
 
+def part_transfers(part, rank: int, source: str) -> List[Transfer]:
+    """The transfers of a ``rlsched.v1.ReshardRankPart`` (GPU `rank`'s part, from a binary
+    plan file or a run's ``rlsched.v1.WeightSyncPlan``), in the part's order, parameter
+    names and receiver sets resolved through the part's tables. A transfer naming an
+    entry outside the tables raises ValueError starting with `source`."""
+    names = list(part.param_names)
+    groups = [tuple(g.ranks) for g in part.dst_groups]
+    out = []
+    for t in part.transfers:
+        if not (0 <= t.src_param < len(names) and 0 <= t.dst_param < len(names)
+                and 0 <= t.dst_group < len(groups)):
+            raise ValueError(f"{source}: transfer {t.index} of rank {rank}'s part names a "
+                             f"parameter or receiver set outside the part's tables "
+                             f"({len(names)} names, {len(groups)} sets)")
+        out.append(Transfer(
+            index=t.index, bucket=t.bucket, src_rank=t.src_rank, src_param=names[t.src_param],
+            src_slice=tuple(zip(t.src_slice[0::2], t.src_slice[1::2])),
+            dst_ranks=groups[t.dst_group], dst_param=names[t.dst_param],
+            dst_slice=tuple(zip(t.dst_slice[0::2], t.dst_slice[1::2])),
+            bytes=t.bytes, quantize=int(t.quantize)))
+    return out
+
+
+def _proto_field(message, field, default):
+    """`field` of a protobuf message; `default` for an unset optional stage size."""
+    if field in ("first_stage_layers", "last_stage_layers"):
+        return getattr(message, field) if message.HasField(field) else default
+    return getattr(message, field)
+
+
+def summary_rank_plan(summary, rank: int, world_size: int, colocated: bool,
+                      transfers: List[Transfer]) -> RankPlan:
+    """GPU `rank`'s :class:`RankPlan` from a plan's summary message (a
+    ``rlsched.v1.ReshardPlan`` without transfers: a binary plan's index, a
+    ``WeightSyncPlan``'s summary) and the rank's `transfers` (:func:`part_transfers`)."""
+    s = summary
+    made_for = (_made_for(s.train, s.infer, s.topology, int(s.target_dtype), _proto_field)
+                if s.HasField("train") and s.HasField("infer") else None)
+    return RankPlan(rank=rank, trainer_ranks=s.trainer_ranks, engine_ranks=s.engine_ranks,
+                    num_buckets=s.num_buckets, world_size=world_size, colocated=colocated,
+                    transfers=transfers, summary={k: getattr(s, k) for k in _SUMMARY_FIELDS},
+                    made_for=made_for)
+
+
 def plan_from_binpb(path: str, rank: int) -> RankPlan:
     """This rank's part of a binary plan file (``--plan-out plan.binpb``): the index, then
     only the part at this rank's offset."""
@@ -312,34 +356,9 @@ def plan_from_binpb(path: str, rank: int) -> RankPlan:
             if entry.rank != rank:
                 continue
             f.seek(entry.offset)
-            part = _read_delimited(f, reshard_pb2.ReshardRankPart)
-            names = list(part.param_names)
-            groups = [tuple(g.ranks) for g in part.dst_groups]
-            for t in part.transfers:
-                if not (0 <= t.src_param < len(names) and 0 <= t.dst_param < len(names)
-                        and 0 <= t.dst_group < len(groups)):
-                    raise ValueError(f"binary plan: transfer {t.index} of rank {rank}'s part "
-                                     f"names a parameter or receiver set outside the part's "
-                                     f"tables ({len(names)} names, {len(groups)} sets)")
-                transfers.append(Transfer(
-                    index=t.index, bucket=t.bucket, src_rank=t.src_rank,
-                    src_param=names[t.src_param],
-                    src_slice=tuple(zip(t.src_slice[0::2], t.src_slice[1::2])),
-                    dst_ranks=groups[t.dst_group], dst_param=names[t.dst_param],
-                    dst_slice=tuple(zip(t.dst_slice[0::2], t.dst_slice[1::2])),
-                    bytes=t.bytes, quantize=int(t.quantize)))
-    summary = {k: getattr(s, k) for k in _SUMMARY_FIELDS}
-
-    def get(message, field, default):
-        if field in ("first_stage_layers", "last_stage_layers"):
-            return getattr(message, field) if message.HasField(field) else default
-        return getattr(message, field)
-
-    made_for = (_made_for(s.train, s.infer, s.topology, int(s.target_dtype), get)
-                if s.HasField("train") and s.HasField("infer") else None)
-    return RankPlan(rank=rank, trainer_ranks=s.trainer_ranks, engine_ranks=s.engine_ranks,
-                    num_buckets=s.num_buckets, world_size=world, colocated=colocated,
-                    transfers=transfers, summary=summary, made_for=made_for)
+            transfers += part_transfers(_read_delimited(f, reshard_pb2.ReshardRankPart), rank,
+                                        "binary plan")
+    return summary_rank_plan(s, rank, world, colocated, transfers)
 
 
 def load_plan(path: str, rank: int) -> RankPlan:

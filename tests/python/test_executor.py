@@ -221,6 +221,44 @@ def test_plans_record_the_layouts_they_were_made_for(tmp_path):
         {"tp": 2}, {"tp": 1}, colocated=True)
 
 
+def test_a_run_part_decodes_as_the_binary_plan_file_does(tmp_path):
+    """A run's WeightSyncPlan (rlsched.worker.weights.WeightUpdate) and a binary plan file
+    carry the same ReshardRankPart and summary: both decode through
+    executor.part_transfers / summary_rank_plan to the same RankPlan, and a part naming
+    an entry outside its tables is refused naming where it came from."""
+    from rlsched.v1 import reshard_pb2, runtime_pb2
+    from rlsched.worker import WeightUpdate
+    train, infer = {"tp": 2, "pp": 2}, {"tp": 2, "replicas": 2}
+    binary = str(tmp_path / "plan.binpb")
+    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("qwen3"), train, infer,
+                                  False, 1, binary)
+    with open(binary, "rb") as f:
+        index = executor._read_delimited(f, reshard_pb2.ReshardPlanIndex)  # noqa: SLF001
+        parts = {}
+        for entry in index.parts:
+            f.seek(entry.offset)
+            parts[entry.rank] = executor._read_delimited(  # noqa: SLF001
+                f, reshard_pb2.ReshardRankPart)
+    # Replica 1: GPUs 6, 7 (4 trainer GPUs, then 2 per replica).
+    message = runtime_pb2.WeightSyncPlan(
+        plan_id="0-0001", epoch=0,
+        group=runtime_pb2.TransferGroup(name="g", backend="gloo", world_size=8),
+        members=[3, 5], replica=1, rank_offset=6, ranks=2, summary=index.summary,
+        parts=[parts[6], parts[7]])
+    update = WeightUpdate(message)
+    for rank in (6, 7):
+        want = executor.load_plan(binary, rank)
+        assert want.transfers, rank
+        assert update.rank_plan(rank) == want
+    assert update.rank_plan(6).made_for == executor.world_layout(train, infer)
+    message.parts[1].transfers[0].dst_group = len(message.parts[1].dst_groups)
+    with pytest.raises(ValueError, match="weight_sync_plan 0-0001: transfer .* of rank 7's "
+                                         "part names a parameter or receiver set outside"):
+        WeightUpdate(message)
+    with pytest.raises(ValueError, match="binary plan: transfer .* of rank 7's part"):
+        executor.part_transfers(message.parts[1], 7, "binary plan")
+
+
 def test_layout_check_names_each_field_that_differs(tmp_path):
     path, plan = write_plan(tmp_path, "llama", {"tp": 2}, {"tp": 1})
     part = executor.plan_from_json(plan, 0)

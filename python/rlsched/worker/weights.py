@@ -81,7 +81,8 @@ class WeightUpdate:
             raise ValueError(f"weight_sync_plan {self.plan_id}: parts: {len(message.parts)} for "
                              f"{self.ranks} ranks")
         self.by_rank: Dict[int, List[executor.Transfer]] = {
-            self.rank_offset + i: _part_transfers(part, self.rank_offset + i)
+            self.rank_offset + i: executor.part_transfers(part, self.rank_offset + i,
+                                                          f"weight_sync_plan {self.plan_id}")
             for i, part in enumerate(message.parts)}
 
     @property
@@ -153,22 +154,9 @@ class WeightUpdate:
         if rank not in self.by_rank:
             raise ValueError(f"rank: {rank} is not one of this worker's ranks "
                              f"[{self.rank_offset}, {self.rank_offset + self.ranks})")
-        s = self.summary
-
-        def get(message, field, default):
-            if field in ("first_stage_layers", "last_stage_layers"):
-                return getattr(message, field) if message.HasField(field) else default
-            return getattr(message, field)
-
-        made_for = (executor._made_for(s.train, s.infer, s.topology,  # noqa: SLF001
-                                       int(s.target_dtype), get)
-                    if s.HasField("train") and s.HasField("infer") else None)
-        return executor.RankPlan(
-            rank=rank, trainer_ranks=s.trainer_ranks, engine_ranks=s.engine_ranks,
-            num_buckets=s.num_buckets, world_size=self.group.world_size,
-            colocated=bool(s.topology.colocated), transfers=list(self.by_rank[rank]),
-            summary={k: getattr(s, k) for k in executor._SUMMARY_FIELDS},  # noqa: SLF001
-            made_for=made_for)
+        return executor.summary_rank_plan(
+            self.summary, rank, self.group.world_size, bool(self.summary.topology.colocated),
+            list(self.by_rank[rank]))
 
     def as_dict(self) -> dict:
         """A JSON-able record (reports, logs)."""
@@ -186,25 +174,6 @@ def _first_difference(a: List[int], b: List[int]) -> Optional[int]:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _part_transfers(part, rank: int) -> List[executor.Transfer]:
-    """A ReshardRankPart's transfers (names and receivers resolved)."""
-    names = list(part.param_names)
-    groups = [tuple(g.ranks) for g in part.dst_groups]
-    out = []
-    for t in part.transfers:
-        if not (0 <= t.src_param < len(names) and 0 <= t.dst_param < len(names)
-                and 0 <= t.dst_group < len(groups)):
-            raise ValueError(f"weight_sync_plan: transfer {t.index} of rank {rank}'s part names "
-                             f"a parameter or receiver set outside the part's tables")
-        out.append(executor.Transfer(
-            index=t.index, bucket=t.bucket, src_rank=t.src_rank, src_param=names[t.src_param],
-            src_slice=tuple(zip(t.src_slice[0::2], t.src_slice[1::2])),
-            dst_ranks=groups[t.dst_group], dst_param=names[t.dst_param],
-            dst_slice=tuple(zip(t.dst_slice[0::2], t.dst_slice[1::2])),
-            bytes=t.bytes, quantize=int(t.quantize)))
-    return out
 
 
 class SyncWeights:
