@@ -99,38 +99,6 @@ std::int64_t IntegerValue(std::string_view option, const Entry& entry, std::int6
   return value;
 }
 
-// The text of the --model file (a Hugging Face model folder: its config.json), at most
-// kMaxModelConfigBytes.
-std::string ReadModelFile(const std::string& given) {
-  std::error_code error;
-  std::string path = given;
-  if (std::filesystem::is_directory(given, error)) {
-    path = (std::filesystem::path(given) / "config.json").string();
-    if (!std::filesystem::is_regular_file(path, error)) {
-      throw std::invalid_argument(
-          fmt::format("--model: {}: a folder without config.json (give the model's folder or "
-                      "its config.json)",
-                      given));
-    }
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw std::invalid_argument(
-        fmt::format("--model: {}: cannot open: {}", path, std::strerror(errno)));
-  }
-  std::string text;
-  char buffer[1 << 16];
-  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(file.gcount()));
-    if (static_cast<std::int64_t>(text.size()) > kMaxModelConfigBytes) {
-      throw std::invalid_argument(
-          fmt::format("--model: {}: larger than {} bytes", path, kMaxModelConfigBytes));
-    }
-  }
-  if (file.bad()) throw std::runtime_error(fmt::format("--model: {}: cannot read", path));
-  return text;
-}
-
 // ToModelConfig() with its errors naming the file instead of the request field.
 rollout::ModelConfig ParseModel(const ReshardArgs& args, const v1::ReshardRequest& request) {
   try {
@@ -397,53 +365,7 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
                                IntegerRangeText(1, kMaxSize), IntegerRangeText(1, kMaxReplicas)))
       ->type_name("K=V,...")
       ->required();
-  command->add_flag("--round-robin-experts", args.round_robin_experts,
-                    "With ep in --infer: engine rank r holds experts r, r + tp, ... (default: "
-                    "contiguous blocks)");
-  command->add_flag("--colocated", args.colocated,
-                    "The engines run on the trainer's GPUs (default: on separate GPUs)");
-  const ReshardArgs defaults;
-  command
-      ->add_option("--gpus-per-node", args.gpus_per_node,
-                   fmt::format("GPUs per node (field topology.gpus_per_node). {}",
-                               RangeHelp(IntegerRangeText(1, kMaxSize),
-                                         fmt::format("{}", defaults.gpus_per_node))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxSize));
-  const std::string bandwidth = RealRangeText(0.0, kMaxGbPerS, /*min_open=*/true);
-  command
-      ->add_option(
-          "--intra-node-gb-per-s", args.intra_node_gb_per_s,
-          fmt::format("Intra-node bandwidth per GPU and direction, in GB/s (10^9 bytes "
-                      "per second; field topology.intra_node_gb_per_s). {}",
-                      RangeHelp(bandwidth, fmt::format("{:g}", defaults.intra_node_gb_per_s))))
-      ->type_name("GB/S")
-      ->check(RealIn(0.0, kMaxGbPerS, /*min_open=*/true));
-  command
-      ->add_option(
-          "--inter-node-gb-per-s", args.inter_node_gb_per_s,
-          fmt::format("Inter-node (NIC) bandwidth per GPU and direction, in GB/s (10^9 "
-                      "bytes per second; field topology.inter_node_gb_per_s). {}",
-                      RangeHelp(bandwidth, fmt::format("{:g}", defaults.inter_node_gb_per_s))))
-      ->type_name("GB/S")
-      ->check(RealIn(0.0, kMaxGbPerS, /*min_open=*/true));
-  command
-      ->add_option("--bucket-mib,--bucket-mb", args.bucket_mb,
-                   fmt::format("Bytes a GPU may send, and receive, in one bucket, in MiB (2^20 "
-                               "bytes; verl's update_weights_bucket_megabytes; field bucket_bytes "
-                               "= MiB × 2^20). {}",
-                               RangeHelp(IntegerRangeText(1, kMaxBucketMiB),
-                                         fmt::format("{}", defaults.bucket_mb))))
-      ->type_name("MIB")
-      ->check(IntegerIn(1, kMaxBucketMiB));
-  command
-      ->add_option("--target-dtype", args.target_dtype,
-                   "What the engines run: bf16 (the trainer's weights as they are) or fp8_block128 "
-                   "(alias fp8: linear weights in fp8 e4m3 with a scale per 128 x 128 block, "
-                   "quantised by the sender when a slice covers whole blocks); field target_dtype, "
-                   "TARGET_DTYPE_BF16 or TARGET_DTYPE_FP8_BLOCK128 (default: bf16)")
-      ->type_name("bf16|fp8_block128")
-      ->check(CLI::IsMember({"bf16", "fp8_block128", "fp8"}).description(""));
+  AddReshardPlacementOptions(*command, args);
   command
       ->add_option("--plan-out", args.plan_out,
                    "Write the plan with every transfer to FILE: JSON, or with the extension "
@@ -457,6 +379,86 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
   command->add_flag("--json", args.json,
                     "Print the ReshardPlan (without transfers) as one line of JSON");
   return command;
+}
+
+std::string ReadModelConfig(const std::string& given) {
+  std::error_code error;
+  std::string path = given;
+  if (std::filesystem::is_directory(given, error)) {
+    path = (std::filesystem::path(given) / "config.json").string();
+    if (!std::filesystem::is_regular_file(path, error)) {
+      throw std::invalid_argument(
+          fmt::format("--model: {}: a folder without config.json (give the model's folder or "
+                      "its config.json)",
+                      given));
+    }
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw std::invalid_argument(
+        fmt::format("--model: {}: cannot open: {}", path, std::strerror(errno)));
+  }
+  std::string text;
+  char buffer[1 << 16];
+  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(file.gcount()));
+    if (static_cast<std::int64_t>(text.size()) > kMaxModelConfigBytes) {
+      throw std::invalid_argument(
+          fmt::format("--model: {}: larger than {} bytes", path, kMaxModelConfigBytes));
+    }
+  }
+  if (file.bad()) throw std::runtime_error(fmt::format("--model: {}: cannot read", path));
+  return text;
+}
+
+void AddReshardPlacementOptions(CLI::App& command, ReshardArgs& args) {
+  command.add_flag("--round-robin-experts", args.round_robin_experts,
+                   "With ep in --infer: engine rank r holds experts r, r + tp, ... (default: "
+                   "contiguous blocks)");
+  command.add_flag("--colocated", args.colocated,
+                   "The engines run on the trainer's GPUs (default: on separate GPUs)");
+  const ReshardArgs defaults;
+  command
+      .add_option("--gpus-per-node", args.gpus_per_node,
+                  fmt::format("GPUs per node (field topology.gpus_per_node). {}",
+                              RangeHelp(IntegerRangeText(1, kMaxSize),
+                                        fmt::format("{}", defaults.gpus_per_node))))
+      ->type_name("N")
+      ->check(IntegerIn(1, kMaxSize));
+  const std::string bandwidth = RealRangeText(0.0, kMaxGbPerS, /*min_open=*/true);
+  command
+      .add_option(
+          "--intra-node-gb-per-s", args.intra_node_gb_per_s,
+          fmt::format("Intra-node bandwidth per GPU and direction, in GB/s (10^9 bytes "
+                      "per second; field topology.intra_node_gb_per_s). {}",
+                      RangeHelp(bandwidth, fmt::format("{:g}", defaults.intra_node_gb_per_s))))
+      ->type_name("GB/S")
+      ->check(RealIn(0.0, kMaxGbPerS, /*min_open=*/true));
+  command
+      .add_option(
+          "--inter-node-gb-per-s", args.inter_node_gb_per_s,
+          fmt::format("Inter-node (NIC) bandwidth per GPU and direction, in GB/s (10^9 "
+                      "bytes per second; field topology.inter_node_gb_per_s). {}",
+                      RangeHelp(bandwidth, fmt::format("{:g}", defaults.inter_node_gb_per_s))))
+      ->type_name("GB/S")
+      ->check(RealIn(0.0, kMaxGbPerS, /*min_open=*/true));
+  command
+      .add_option("--bucket-mib,--bucket-mb", args.bucket_mb,
+                  fmt::format("Bytes a GPU may send, and receive, in one bucket, in MiB (2^20 "
+                              "bytes; verl's update_weights_bucket_megabytes; field bucket_bytes "
+                              "= MiB × 2^20). {}",
+                              RangeHelp(IntegerRangeText(1, kMaxBucketMiB),
+                                        fmt::format("{}", defaults.bucket_mb))))
+      ->type_name("MIB")
+      ->check(IntegerIn(1, kMaxBucketMiB));
+  command
+      .add_option("--target-dtype", args.target_dtype,
+                  "What the engines run: bf16 (the trainer's weights as they are) or fp8_block128 "
+                  "(alias fp8: linear weights in fp8 e4m3 with a scale per 128 x 128 block, "
+                  "quantised by the sender when a slice covers whole blocks); field target_dtype, "
+                  "TARGET_DTYPE_BF16 or TARGET_DTYPE_FP8_BLOCK128 (default: bf16)")
+      ->type_name("bf16|fp8_block128")
+      ->check(CLI::IsMember({"bf16", "fp8_block128", "fp8"}).description(""));
 }
 
 v1::TrainLayout ParseTrainOption(std::string_view text) {
@@ -563,7 +565,7 @@ FieldError ToCommandError(const ReshardArgs& args, const FieldError& e) {
 }  // namespace
 
 void RunReshardCommand(const ReshardArgs& args, std::ostream& out, std::ostream& err) {
-  const v1::ReshardRequest request = MakeReshardRequest(args, ReadModelFile(args.model));
+  const v1::ReshardRequest request = MakeReshardRequest(args, ReadModelConfig(args.model));
   const rollout::ModelConfig model = ParseModel(args, request);
   const rollout::ReshardOptions options = ToReshardOptions(request);
   if (args.verify) CheckVerifiable(model);

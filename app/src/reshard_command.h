@@ -40,7 +40,7 @@ namespace rlsched::app {
 
 // The options of `rlsched reshard`.
 struct ReshardArgs {
-  std::string model;  // --model: the config.json file (required)
+  std::string model;  // --model: the config.json file or its model folder (required)
   std::string train;  // --train: key=value list (required)
   std::string infer;  // --infer: key=value list (required)
   bool round_robin_experts = false;
@@ -58,6 +58,20 @@ struct ReshardArgs {
 // Adds the `reshard` subcommand to `app`, writing into `args` (which must outlive
 // the parse). Returns the subcommand.
 CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args);
+
+// The options `reshard` and `run` share, as `reshard` states them (help, "Range:" and
+// default, checks): --round-robin-experts, --colocated, --gpus-per-node,
+// --intra-node-gb-per-s, --inter-node-gb-per-s, --bucket-mib (alias --bucket-mb) and
+// --target-dtype, written into `args`.
+void AddReshardPlacementOptions(CLI::App& command, ReshardArgs& args);
+
+// The text of a --model value, as `reshard` and `run` read it: a Hugging Face
+// config.json, or a model folder holding one (its config.json is read), at most
+// wire::kMaxModelConfigBytes. Throws std::invalid_argument naming --model and the path
+// for a folder without config.json, a path that cannot be opened or a file too large,
+// e.g. "--model: /models/x: a folder without config.json (...)";
+// std::runtime_error when reading fails.
+std::string ReadModelConfig(const std::string& given);
 
 // The trainer layout of a --train value: comma-separated key=value pairs with keys
 // tp, pp, vpp, ep, etp, cp, dp (each at most once, an integer in [1, 65536]; unset

@@ -45,6 +45,12 @@ namespace {
 
 // The largest --config or --token-file read: the daemon's default cap on a request.
 constexpr std::int64_t kMaxRunFileBytes = kDefaultMaxMessageBytes;
+// The options' bounds (their help states them).
+constexpr std::int64_t kMaxEmulatedEngines = 4096;
+constexpr double kMinTimeScale = 1e-6;
+constexpr double kMaxTimeScale = 1e6;
+constexpr double kMaxHeartbeatTimeoutSeconds = 86400;
+constexpr double kMaxTimeoutSeconds = 1e7;
 
 // The run's clock: wall seconds / time_scale (emulated workers run that much faster).
 class ScaledClock final : public scheduler::Clock {
@@ -184,8 +190,7 @@ std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std
                                                               : "--infer",
                                             w.model.empty() ? "--train and --infer" : "--model"));
   }
-  v1::ReshardRequest request =
-      MakeReshardRequest(w, ReadWholeFile("--model", w.model, wire::kMaxModelConfigBytes));
+  v1::ReshardRequest request = MakeReshardRequest(w, ReadModelConfig(w.model));
   if (request.infer().replicas() != 0 && request.infer().replicas() != engines) {
     throw std::invalid_argument(fmt::format(
         "--infer: replicas={} differs from the run's engines ({}): each engine is one replica "
@@ -214,6 +219,7 @@ std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std
 }  // namespace
 
 CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
+  const RunArgs defaults;
   CLI::App* command = app.add_subcommand(
       "run",
       "Run live: the orchestrator, the step planner and the weight-sync plan driving engine "
@@ -244,20 +250,25 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
       ->type_name("FILE");
   command
       ->add_option("--steps", args.steps,
-                   "Train steps to run (default: the config's steps); the config's `steps`")
+                   fmt::format("Train steps to run (the config's `steps`). {}",
+                               RangeHelp(IntegerRangeText(1, wire::kMaxSimulationSteps),
+                                         "the config's steps")))
       ->check(IntegerIn(1, wire::kMaxSimulationSteps));
   command
       ->add_option("--emulated-engines", args.emulated_engines,
-                   "Start this many emulated engines as child processes (default 0)")
-      ->check(IntegerIn(0, 4096));
+                   fmt::format("Start this many emulated engines as child processes. {}",
+                               RangeHelp(IntegerRangeText(0, kMaxEmulatedEngines), "0")))
+      ->check(IntegerIn(0, kMaxEmulatedEngines));
   command->add_flag("--emulated-trainer", args.emulated_trainer,
                     "Start an emulated trainer as a child process");
   command
       ->add_option("--time-scale", args.time_scale,
-                   "Wall seconds per run second, told to the workers: emulated ones run "
-                   "that much faster (default 0.005 with emulated workers, a run second "
-                   "lasting 5 ms; else 1); the report's times are run seconds")
-      ->check(RealIn(1e-6, 1e6));
+                   fmt::format("Wall seconds per run second, told to the workers: emulated ones "
+                               "run that much faster; the report's times are run seconds. {}",
+                               RangeHelp(RealRangeText(kMinTimeScale, kMaxTimeScale),
+                                         "0.005 with emulated workers (a run second lasting 5 "
+                                         "ms), else 1")))
+      ->check(RealIn(kMinTimeScale, kMaxTimeScale));
   command
       ->add_option("--event-log", args.event_log,
                    "Write every event and command (delimited rlsched.v1.EventLogRecord) "
@@ -268,21 +279,27 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
   command->add_flag("--json", args.json, "Print a rlsched.v1.RunReport as JSON at the end");
   command
       ->add_option("--heartbeat-timeout", args.heartbeat_timeout_seconds,
-                   "Seconds of silence after which a worker is dropped (default 10; 0: never)")
-      ->check(RealIn(0, 86400));
+                   fmt::format("Wall seconds of silence after which a worker is dropped; 0: "
+                               "never. {}",
+                               RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
+                                         fmt::format("{:g}", defaults.heartbeat_timeout_seconds))))
+      ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
   command
       ->add_option("--timeout", args.timeout_seconds,
-                   "Give up after this many wall seconds (default 600)")
-      ->check(RealIn(0, 1e7, true));
+                   fmt::format("Give up after this many wall seconds (exit status 1). {}",
+                               RangeHelp(RealRangeText(0, kMaxTimeoutSeconds, /*min_open=*/true),
+                                         fmt::format("{:g}", defaults.timeout_seconds))))
+      ->check(RealIn(0, kMaxTimeoutSeconds, /*min_open=*/true));
   // The weight layout: `reshard`'s options (its parsers check the values).
   ReshardArgs& w = args.weights;
-  const ReshardArgs defaults;
   command
       ->add_option("--model", w.model,
-                   "The model's Hugging Face config.json: with --train and --infer, every "
+                   "The model's Hugging Face config.json, or its model folder (which holds "
+                   "config.json), as `reshard --model`: with --train and --infer, every "
                    "SyncWeights names the engine's part of the weight-sync plan, sent to it "
-                   "over the stream (the trainer gets the senders' part)")
-      ->type_name("FILE");
+                   "over the stream (the trainer gets the senders' part; default: no weight "
+                   "layout)")
+      ->type_name("FILE|DIR");
   command
       ->add_option("--train", w.train,
                    "The trainer's layout, as `reshard --train` (tp=8,pp=2,dp=4; keys tp, pp, "
@@ -293,37 +310,7 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
                    "One engine's layout, as `reshard --infer` (tp=N, ep); the replicas are the "
                    "run's engines, one plan per membership (the engines attached)")
       ->type_name("K=V,...");
-  command->add_flag("--round-robin-experts", w.round_robin_experts,
-                    "With ep in --infer: engine rank r holds experts r, r + tp, ...");
-  command->add_flag("--colocated", w.colocated, "The engines run on the trainer's GPUs");
-  command
-      ->add_option("--gpus-per-node", w.gpus_per_node,
-                   fmt::format("GPUs per node (default {})", defaults.gpus_per_node))
-      ->type_name("N")
-      ->check(IntegerIn(1, 65536));
-  command
-      ->add_option("--intra-node-gb-per-s", w.intra_node_gb_per_s,
-                   fmt::format("Intra-node GB/s per GPU and direction (default {:g})",
-                               defaults.intra_node_gb_per_s))
-      ->type_name("GB/S")
-      ->check(RealIn(0.0, 1e6, /*min_open=*/true));
-  command
-      ->add_option("--inter-node-gb-per-s", w.inter_node_gb_per_s,
-                   fmt::format("Inter-node (NIC) GB/s per GPU and direction (default {:g})",
-                               defaults.inter_node_gb_per_s))
-      ->type_name("GB/S")
-      ->check(RealIn(0.0, 1e6, /*min_open=*/true));
-  command
-      ->add_option("--bucket-mib", w.bucket_mb,
-                   fmt::format("Bytes a GPU sends, and receives, per bucket, in MiB (default {})",
-                               defaults.bucket_mb))
-      ->type_name("MIB")
-      ->check(IntegerIn(1, std::int64_t{1} << 20));
-  command
-      ->add_option("--target-dtype", w.target_dtype,
-                   "What the engines run: bf16 (default) or fp8_block128 (alias fp8)")
-      ->type_name("bf16|fp8_block128")
-      ->check(CLI::IsMember({"bf16", "fp8_block128", "fp8"}).description(""));
+  AddReshardPlacementOptions(*command, w);
   command
       ->add_option("--weight-sync-backend", args.weight_sync_backend,
                    "The weight-sync transfer group's collective backend (default gloo)")

@@ -14,7 +14,8 @@
 //   rlsched.v1.RunReport at the end. --event-log writes every event and command
 //   (wire/orchestrator_convert.h), which `rlsched replay` checks.
 //
-//   The weight layout: with --model (a Hugging Face config.json), --train and --infer
+//   The weight layout: with --model (a Hugging Face config.json or its model
+//   folder, read as `reshard` reads it: ReadModelConfig), --train and --infer
 //   (the values and topology options `rlsched reshard` takes; --infer's replicas, when
 //   given, must be the run's engines), the runtime plans each weight sync for its
 //   membership (scheduler::WeightSyncLayout) and each engine receives its part of the

@@ -28,8 +28,9 @@ _CONFIGS = os.path.join(_REPO, "tests", "data", "configs")
 _TIMEOUT = 120
 _INT64_MAX = (1 << 63) - 1
 
+_NUMBER = r"-?[0-9.]+(?:e[+-]?[0-9]+)?"
 _RANGE = re.compile(
-    r"Range: (integer|number) (?:in ([\[(])(-?[0-9.e+]+), (-?[0-9.e+]+)\]|(>=|>) (-?[0-9.e+]+))")
+    rf"Range: (integer|number) (?:in ([\[(])({_NUMBER}), ({_NUMBER})\]|(>=|>) ({_NUMBER}))")
 # An option's first line: its names, its type, CLI11's notes (REQUIRED, Needs: ...)
 # and, after two or more spaces, the start of its description.
 _OPTION = re.compile(r"^\s+(-[-\w]+(?:,-[-\w]+)*)(?: ([^\s]+))?(.*)$")
@@ -42,6 +43,18 @@ def _tiny_model(tmp_path):
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=1024)
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(config))
+    return str(path)
+
+
+def _small_run(tmp_path):
+    """A run config of one engine, one trainer rank and a step of four short samples:
+    `rlsched run` with emulated workers finishes it in about a second."""
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({
+        "orchestrator": {"prompts_per_step": 2, "samples_per_prompt": 2}, "steps": 1,
+        "engines": 1, "engine": {"max_concurrent": 4}, "trainer_ranks": 1,
+        "train_seconds_per_step": 1, "weight_sync_seconds": 0.1,
+        "lengths": {"mu": 3.0, "sigma": 0.5, "max_tokens": 64}}))
     return str(path)
 
 
@@ -58,8 +71,13 @@ def _subcommands(tmp_path):
                       "--samples-per-prompt": "2", "--steps": "1",
                       "--length-dist": "lognormal:3,0.5,64"}, [], b""),
         "serve": ({"--threads": "1"}, [], b""),
+        "run": ({"--config": _small_run(tmp_path), "--emulated-engines": "1",
+                 "--emulated-trainer": None, "--model": _tiny_model(tmp_path), "--train": "tp=1",
+                 "--infer": "tp=1"}, [], b""),
     }
 
+
+_RUN_STOPPED = {"--weight-sync-address": "stop-before-the-run"}
 
 # (subcommand, flag) -> options added when probing that flag: what makes its bound
 # values meaningful on the small inputs above (another option they depend on), or
@@ -99,6 +117,14 @@ _EXTRA = {
     ("simulate", "--oversample"): {"--max-events": "1"},
     ("simulate", "--gpus-per-engine"): {"--max-events": "1"},
     ("simulate", "--gpus-per-trainer-rank"): {"--max-events": "1"},
+    # run: the bounds whose run is too long (a step of a million wall seconds, 4,096
+    # engine processes, the last step or a timeout before the end) stop after the
+    # config and the weight layout are checked, at a --weight-sync-address that is not
+    # HOST:PORT; the others run.
+    ("run", "--steps"): _RUN_STOPPED,
+    ("run", "--emulated-engines"): _RUN_STOPPED,
+    ("run", "--time-scale"): _RUN_STOPPED,
+    ("run", "--timeout"): _RUN_STOPPED,
 }
 
 # (subcommand, flag, bound value) -> what the error says when a bound is accepted by
@@ -194,7 +220,14 @@ def _probes(kind, low, low_open, high):
     return accepted, refused
 
 
-@pytest.mark.parametrize("subcommand", ["balance", "plan-step", "reshard", "simulate", "serve"])
+_SUBCOMMANDS = ["balance", "plan-step", "reshard", "simulate", "serve", "run"]
+
+# Value types that are not numbers (an option of another type in capitals is taken for
+# a number, which must state its range).
+_NOT_NUMBERS = ("FILE", "PATH", "NAME", "FILE|DIR", "ADDRESS", "HOST:PORT")
+
+
+@pytest.mark.parametrize("subcommand", _SUBCOMMANDS)
 def test_help_ranges_are_the_accepted_ranges(rlsched_bin, tmp_path, subcommand):
     base, positional, stdin = _subcommands(tmp_path)[subcommand]
     ranges = _ranges(rlsched_bin, subcommand)
@@ -229,7 +262,7 @@ def test_help_ranges_are_the_accepted_ranges(rlsched_bin, tmp_path, subcommand):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("subcommand", ["balance", "plan-step", "reshard", "simulate", "serve"])
+@pytest.mark.parametrize("subcommand", _SUBCOMMANDS)
 def test_every_option_states_its_range_and_default(rlsched_bin, subcommand):
     """A numeric option states its range; an option with a value states its default
     (or that it is required) in words, not as a bracketed value."""
@@ -238,11 +271,10 @@ def test_every_option_states_its_range_and_default(rlsched_bin, subcommand):
         flag = names[0]
         if not type_name or flag in _COMPOUND:
             continue
-        numeric = type_name.isupper() and "|" not in type_name and type_name not in (
-            "FILE", "PATH", "NAME", "FILE|DIR")
+        numeric = type_name.isupper() and "|" not in type_name and type_name not in _NOT_NUMBERS
         if numeric and not _RANGE.search(text):
             missing.append(f"{flag}: no range")
         if not re.search(r"default|required|Default", text) and type_name not in (
-                "FILE", "PATH", "NAME", "FILE|DIR", "K=V,..."):
+                *_NOT_NUMBERS, "K=V,..."):
             missing.append(f"{flag}: no default")
     assert not missing, "\n".join(missing)

@@ -503,6 +503,44 @@ def test_bad_weight_layouts_are_refused_before_the_run(rlsched_bin, tmp_path):
         assert time.monotonic() - start < 30
 
 
+def test_model_folders_are_read_as_reshard_reads_them(rlsched_bin, tmp_path):
+    """--model takes a config.json or its model folder in `run` as in `reshard` (one
+    reader): a run with a folder plans and sends the weight sync; a folder without
+    config.json and a missing path are refused by both, naming --model and the path."""
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    with open(_MODEL) as f:
+        (folder / "config.json").write_text(f.read())
+    (folder / "model.safetensors.index.json").write_text("{}")  # a folder's other files
+    config = _write_config(tmp_path, steps=1, engines=2)
+    layout = ["--train", "tp=2,pp=2", "--infer", "tp=2", "--bucket-mib", "1"]
+    result = subprocess.run(
+        [rlsched_bin, "--log-level", "info", "run", "--config", config, "--emulated-engines", "2",
+         "--emulated-trainer", "--json", "--model", str(folder), *layout],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)["done"]
+    assert "weight-sync plan" in result.stderr
+    # reshard plans the same from the folder and from the file.
+    plans = [subprocess.run([rlsched_bin, "reshard", "--model", model, "--train", "tp=2,pp=2",
+                             "--infer", "tp=2,replicas=2", "--bucket-mib", "1", "--json"],
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+             for model in (str(folder), _MODEL)]
+    assert plans[0] == plans[1]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for model, text in [(empty, f"--model: {empty}: a folder without config.json"),
+                        (tmp_path / "none", f"--model: {tmp_path / 'none'}: cannot open")]:
+        for command in (["run", "--config", config, "--emulated-engines", "2",
+                         "--emulated-trainer", "--model", str(model), *layout],
+                        ["reshard", "--model", str(model), "--train", "tp=2", "--infer", "tp=2"]):
+            refused = subprocess.run([rlsched_bin, *command], capture_output=True, text=True,
+                                     timeout=60)
+            assert refused.returncode == 2, (command, refused.stderr)
+            assert text in refused.stderr, (command, refused.stderr)
+            assert "attached" not in refused.stderr
+
+
 def test_emulated_workers_check_the_plans_the_program_sends(rlsched_bin, tmp_path):
     config = _write_config(tmp_path, steps=2, engines=2)
     result = subprocess.run(
