@@ -178,8 +178,9 @@ std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fra
 }
 
 // The weight layout of --model, --train and --infer (with `engines` replicas), planned
-// once here so that a layout the planner refuses stops the run before it starts; nullopt
-// without those options.
+// here so that a layout the planner refuses stops the run before it starts (the plan is
+// the runtime's for the full membership: the layout is planned once); nullopt without
+// those options.
 std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std::int64_t engines) {
   const ReshardArgs& w = args.weights;
   if (w.model.empty() && w.train.empty() && w.infer.empty()) return std::nullopt;
@@ -202,7 +203,10 @@ std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std
   try {
     layout.model = wire::ToModelConfig(request);
     layout.reshard = wire::ToReshardOptions(request);
-    (void)rollout::PlanReshard(layout.model, layout.reshard);
+    // The full membership's plan, kept: the runtime starts with it (Validate checks its
+    // GPU counts instead of planning again).
+    layout.plan = std::make_shared<const rollout::ReshardPlan>(
+        rollout::PlanReshard(layout.model, layout.reshard));
   } catch (const FieldError& e) {
     FailWeightLayout(args, e);
   } catch (const std::invalid_argument& e) {

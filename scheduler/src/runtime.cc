@@ -13,11 +13,15 @@
 #include <cmath>
 #include <condition_variable>
 #include <exception>
+#include <future>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <system_error>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -77,7 +81,11 @@ std::int64_t EngineOf(const Command& command) {
 
 // ---- Options. ----
 
-void Validate(const RuntimeOptions& options) {
+namespace {
+
+// Validate(), returning the weight-sync layout's plan at full membership (null without
+// a layout): the layout's own, or the one Validate made.
+std::shared_ptr<const rollout::ReshardPlan> ValidatedWeightSyncPlan(const RuntimeOptions& options) {
   if (options.orchestrator.planner) {
     Fail("orchestrator.planner", "must be empty: the runtime plans each trainer call (step)");
   }
@@ -109,12 +117,29 @@ void Validate(const RuntimeOptions& options) {
     }
     try {
       rollout::Validate(layout.model, layout.reshard.infer);
-      (void)rollout::PlanReshard(layout.model, layout.reshard);
+      if (layout.plan == nullptr) {
+        return std::make_shared<const rollout::ReshardPlan>(
+            rollout::PlanReshard(layout.model, layout.reshard));
+      }
     } catch (const FieldError& e) {
       throw e.Within("weight_sync.reshard");
     }
+    const std::int64_t trainer_ranks = layout.reshard.train.world_size();
+    const std::int64_t engine_ranks = layout.reshard.infer.tp * layout.reshard.infer.replicas;
+    if (layout.plan->trainer_ranks != trainer_ranks || layout.plan->engine_ranks != engine_ranks) {
+      Fail("weight_sync.plan", "made for " + std::to_string(layout.plan->trainer_ranks) +
+                                   " trainer and " + std::to_string(layout.plan->engine_ranks) +
+                                   " engine GPUs, the layout has " + std::to_string(trainer_ranks) +
+                                   " and " + std::to_string(engine_ranks));
+    }
+    return layout.plan;
   }
+  return nullptr;
 }
+
+}  // namespace
+
+void Validate(const RuntimeOptions& options) { (void)ValidatedWeightSyncPlan(options); }
 
 rollout::ReshardOptions WeightSyncOptions(const WeightSyncLayout& layout, std::int64_t replicas) {
   if (replicas < 1) FailBound("replicas", ">= 1", replicas);
@@ -201,6 +226,55 @@ struct EngineWork {
   std::shared_ptr<const EngineTransfers> transfers;
   WallTime posted;
   std::shared_ptr<const std::vector<std::int64_t>> members;
+};
+
+// The weight-sync plans by number of replicas, each made once, on a thread of its own
+// (std::async), and shared: Prepare() starts one ahead (the core node, when the
+// membership changes), Get() waits for it (the weight-sync node). A plan depends only
+// on the number of replicas, so which thread makes it, and when, changes no command.
+// Thread-safe; the destructor waits for the plans still being made.
+class WeightSyncPlans {
+ public:
+  using Plan = std::shared_ptr<const rollout::ReshardPlan>;
+
+  // `layout->plan`, when set, is the plan for layout->reshard.infer.replicas.
+  explicit WeightSyncPlans(const std::optional<WeightSyncLayout>& layout) : layout_(layout) {
+    if (layout_ && layout_->plan != nullptr) {
+      std::promise<Plan> made;
+      made.set_value(layout_->plan);
+      plans_.emplace(layout_->reshard.infer.replicas, made.get_future().share());
+    }
+  }
+
+  // Starts the plan for `replicas` (>= 1) unless it is started. A plan that cannot be
+  // started here (no thread) is made by Get().
+  void Prepare(std::int64_t replicas) {
+    try {
+      (void)Start(replicas);
+    } catch (const std::system_error&) {
+    }
+  }
+
+  // The plan for `replicas` (>= 1): started now when it was not, then waited for.
+  // Throws what the planner threw.
+  Plan Get(std::int64_t replicas) { return Start(replicas).get(); }
+
+ private:
+  std::shared_future<Plan> Start(std::int64_t replicas) {
+    std::lock_guard lock(mutex_);
+    auto it = plans_.find(replicas);
+    if (it == plans_.end()) {
+      auto plan = [model = layout_->model, options = WeightSyncOptions(*layout_, replicas)] {
+        return std::make_shared<const rollout::ReshardPlan>(rollout::PlanReshard(model, options));
+      };
+      it = plans_.emplace(replicas, std::async(std::launch::async, std::move(plan)).share()).first;
+    }
+    return it->second;
+  }
+
+  const std::optional<WeightSyncLayout> layout_;
+  std::mutex mutex_;
+  std::map<std::int64_t, std::shared_future<Plan>> plans_;
 };
 
 // A trainer call and its event's Post() time.
@@ -423,6 +497,13 @@ struct Runtime::Impl {
     if (joined >= 0) next.insert(std::upper_bound(next.begin(), next.end(), joined), joined);
     if (gone >= 0) std::erase(next, gone);
     members = std::make_shared<const std::vector<std::int64_t>>(std::move(next));
+    // The plans a sync may need next, started off the engines' path: this membership's
+    // size (its syncs), one engine fewer (a loss) and one more (a join, up to the full
+    // membership, whose plan Validate made).
+    const auto size = static_cast<std::int64_t>(members->size());
+    if (size >= 1) plans.Prepare(size);
+    if (size >= 2) plans.Prepare(size - 1);
+    if (size + 1 <= options.weight_sync->reshard.infer.replicas) plans.Prepare(size + 1);
   }
 
   // The engine's account of a sample's token versions differed from the core's
@@ -526,11 +607,7 @@ struct Runtime::Impl {
       if (sync_members == nullptr || *sync_members != *work.members) {
         const std::int64_t epoch = sync_members == nullptr ? 0 : sync_epoch + 1;
         const auto replicas = static_cast<std::int64_t>(work.members->size());
-        std::shared_ptr<const rollout::ReshardPlan>& plan = plans[replicas];
-        if (plan == nullptr) {
-          plan = std::make_shared<const rollout::ReshardPlan>(rollout::PlanReshard(
-              options.weight_sync->model, WeightSyncOptions(*options.weight_sync, replicas)));
-        }
+        const std::shared_ptr<const rollout::ReshardPlan> plan = plans.Get(replicas);
         std::vector<EngineTransfers> parts =
             SplitWeightSync(*options.weight_sync, plan, *work.members, epoch);
         member_transfers.clear();
@@ -698,9 +775,11 @@ struct Runtime::Impl {
   // The engines joined and not gone, ascending (the core node, under the mutex; with a
   // weight-sync layout).
   std::shared_ptr<const std::vector<std::int64_t>> members;
-  // The weight-sync node's (its thread only): plans by replicas, the last sync's
-  // membership, its epoch and its members' parts.
-  std::map<std::int64_t, std::shared_ptr<const rollout::ReshardPlan>> plans;
+  // The weight-sync plans by replicas (prepared by the core node, used by the
+  // weight-sync node).
+  WeightSyncPlans plans{options.weight_sync};
+  // The weight-sync node's (its thread only): the last sync's membership, its epoch
+  // and its members' parts.
   std::shared_ptr<const std::vector<std::int64_t>> sync_members;
   std::int64_t sync_epoch = 0;
   std::vector<std::shared_ptr<const EngineTransfers>> member_transfers;
@@ -725,7 +804,10 @@ struct Runtime::Impl {
 
 Runtime::Runtime(RuntimeOptions options, EngineBackend& engines, TrainerBackend& trainer,
                  const Clock& clock) {
-  Validate(options);
+  // The full membership's plan: the caller's, or the one Validate makes (kept, so that
+  // the layout is planned once).
+  std::shared_ptr<const rollout::ReshardPlan> plan = ValidatedWeightSyncPlan(options);
+  if (options.weight_sync) options.weight_sync->plan = std::move(plan);
   impl_ = std::make_unique<Impl>(std::move(options), engines, trainer, clock);
 }
 

@@ -22,7 +22,12 @@
 //     unlike the previous sync's starts a new epoch, planned by rollout::PlanReshard
 //     with one replica per member (plans cached by the number of replicas), member k
 //     being replica k. The engine gets the transfers whose destination ranks belong
-//     to its replica. Engine commands keep the core's order end to end.
+//     to its replica. Engine commands keep the core's order end to end. The plans
+//     are made off this path: the full membership's once, before the run (Validate,
+//     or WeightSyncLayout::plan), and when the membership changes (the core node) the
+//     plans of its size and of one engine fewer and one more start on threads of
+//     their own, so that a sync usually finds its plan made; a plan depends only on
+//     the number of replicas, so where and when it is made changes no command.
 //   - step planner: a parallel node that calls balance::PlanStep on a closed batch's
 //     lengths, so StartTrain reaches the trainer with its plan (which sample to which
 //     rank and micro-batch) without holding up the core.
@@ -119,6 +124,11 @@ struct WeightSyncLayout {
   // engines at full membership (what Validate plans); each sync is planned for the
   // membership it sees (WeightSyncOptions).
   rollout::ReshardOptions reshard;
+  // rollout::PlanReshard(model, reshard) when the caller has made it (`rlsched run`
+  // plans it to refuse a bad layout before the run starts): Validate then checks its
+  // GPU counts instead of planning again, and the runtime uses it for a membership of
+  // infer.replicas engines. Null: Validate plans it (and the runtime keeps that plan).
+  std::shared_ptr<const rollout::ReshardPlan> plan;
 };
 
 // An engine's part of a weight sync: its membership's plan and the transfers its
@@ -199,9 +209,10 @@ struct RuntimeOptions {
 };
 
 // Throws std::invalid_argument naming the field (orchestrator.*, step.*,
-// weight_sync.*, "orchestrator.planner" when set). A weight-sync layout is planned once
-// (rollout::PlanReshard at its infer.replicas), so that a layout the planner refuses
-// is refused here ("weight_sync.reshard.train.pp: ...").
+// weight_sync.*, "orchestrator.planner" when set). A weight-sync layout without its
+// plan is planned once (rollout::PlanReshard at its infer.replicas), so that a layout
+// the planner refuses is refused here ("weight_sync.reshard.train.pp: ..."); one with
+// its plan has the plan's GPU counts checked ("weight_sync.plan: ...").
 void Validate(const RuntimeOptions& options);
 
 // Quantiles of a latency, in seconds (from a histogram: each figure is its bucket's upper
