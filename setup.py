@@ -14,11 +14,9 @@ What the build does:
     ``solve()``, the wire library: scheduler, rollout and the C++ protobuf messages); the
     module is copied into the wheel. C++ dependencies come from the system (Debian:
     cmake g++ pybind11-dev, and ninja-build when present; for the wire library
-    libprotobuf-dev protobuf-compiler, and, because the wire library is configured with
-    the program, the program's packages: libgrpc++-dev protobuf-compiler-grpc
-    libtbb-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev; only the
-    module's dependencies are compiled). When that configuration fails (a package
-    missing), the module is built without the wire library (balance and plan_step in
+    libprotobuf-dev protobuf-compiler libfmt-dev nlohmann-json3-dev; the program's other
+    packages, gRPC, oneTBB, spdlog and CLI11, are not needed). When that configuration
+    fails (a package missing), the module is built without the wire library (balance and plan_step in
     process; Orchestrator and the other cost models unavailable) and a warning says
     so; ``RLSCHED_PIP_WIRE=0`` asks for that build directly.
   * rlsched.v1.*_pb2: protoc (Debian: protobuf-compiler) generates the protobuf
@@ -133,9 +131,10 @@ class CMakeBuildExt(build_ext):
         configure = [
             cmake, "-S", str(ROOT), "-B", str(build_dir),
             "-DCMAKE_BUILD_TYPE=Release",
-            # The program's configuration brings the wire library (only rlsched_native
-            # and its dependencies are built below).
-            f"-DRLSCHED_BUILD_PROGRAM={'ON' if wire else 'OFF'}", "-DRLSCHED_BUILD_TESTS=OFF",
+            # The wire library without the program (only rlsched_native and its
+            # dependencies are built below).
+            "-DRLSCHED_BUILD_PROGRAM=OFF", f"-DRLSCHED_BUILD_WIRE={'ON' if wire else 'OFF'}",
+            "-DRLSCHED_BUILD_TESTS=OFF",
             "-DRLSCHED_BUILD_BENCHMARKS=OFF", "-DRLSCHED_BUILD_PYTHON=ON",
             # pybind11 builds for the interpreter running this build (a venv's python).
             f"-DPYTHON_EXECUTABLE={sys.executable}", f"-DPython_EXECUTABLE={sys.executable}",

@@ -11,7 +11,7 @@ simulations. Error replies raise the same exceptions as the daemon's
 (:class:`~rlsched.InvalidArgumentError` naming the request field).
 
 It needs the native module built with the wire library (``rlsched._native.HAS_WIRE``:
-CMake with ``RLSCHED_BUILD_PROGRAM``, the default, or ``pip install``);
+CMake with ``RLSCHED_BUILD_WIRE``, the default, or ``pip install``);
 :func:`available` says whether it is. Unlike the daemon, a call has no deadline (the
 daemon's ``--request-timeout``); the work limits of the requests are the same.
 
@@ -51,7 +51,7 @@ class InProcessClient(Client):
         if not available():
             raise ImportError(
                 "rlsched._native was built without the wire library (HAS_WIRE is False or "
-                "the module is missing): build with RLSCHED_BUILD_PROGRAM=ON or pip install")
+                "the module is missing): build with RLSCHED_BUILD_WIRE=ON or pip install")
         # No daemon: none of Client's process state.
         self._lock = threading.Lock()
         self._ids = itertools.count(1)

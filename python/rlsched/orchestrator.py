@@ -181,7 +181,7 @@ class Orchestrator:
         if not available():
             raise ImportError(
                 "rlsched.Orchestrator needs rlsched._native built with the wire library "
-                "(CMake with RLSCHED_BUILD_PROGRAM=ON, the default, or pip install)")
+                "(CMake with RLSCHED_BUILD_WIRE=ON, the default, or pip install)")
         if config is None:
             data, is_json = b"", False
         elif isinstance(config, rollout_pb2.SimulatorConfig):

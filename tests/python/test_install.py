@@ -84,7 +84,21 @@ def test_pip_install_builds_the_native_module_and_the_protobuf_modules(installed
         lengths = [4096, 17, 900, 2500, 333, 8000, 64, 1200, 512, 3000]
         result = rlsched.balance(lengths, 3)
         parts = rlsched.get_seqlen_balanced_partitions(lengths, 2, equal_size=True)
+        # The decision core and the daemon's solver in process (the wire library, which
+        # the pip build compiles without gRPC): one engine joins a sync run without
+        # weights and is told to load version 0.
+        core = rlsched.Orchestrator({"orchestrator": {"mode": "ORCHESTRATOR_MODE_SYNC",
+                                                      "prompts_per_step": 1,
+                                                      "samples_per_prompt": 2},
+                                     "steps": 1})
+        first = core.engine_joined(time=0, engine=0, max_concurrent=4, version=-1)
+        with rlsched.InProcessClient() as solver:
+            solved = solver.balance(lengths, 3)
         print(json.dumps({
+            "has_wire": rlsched._native.HAS_WIRE,
+            "first_command": [c.WhichOneof("kind") for c in first],
+            "first_version": first[0].sync_weights.version,
+            "in_process_max_cost": solved.max_cost,
             "file": rlsched.__file__,
             "native_file": rlsched._native.__file__,
             "path": list(rlsched.__path__),
@@ -108,6 +122,9 @@ def test_pip_install_builds_the_native_module_and_the_protobuf_modules(installed
     assert all(p.startswith(site) for p in out["path"]), out["path"]
     assert out["native"] is True
     assert out["version"] == out["native_version"] == _project_version()
+    assert out["has_wire"] is True
+    assert out["first_command"] == ["sync_weights"] and out["first_version"] == 0
+    assert out["in_process_max_cost"] == out["max_cost"]
 
     lengths = [4096, 17, 900, 2500, 333, 8000, 64, 1200, 512, 3000]
     parts = out["parts"]
