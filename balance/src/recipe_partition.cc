@@ -130,6 +130,38 @@ struct Solution {
   bool sorted = true;
 };
 
+// The final solution's parts (heaviest first, from `parts` ascending): each position's
+// part written over its link in `next` once read, the lists walked interleaved
+// (independent loads instead of one chain of cache misses); the parts' sums and counts
+// when asked.
+template <typename PartType>
+void WritePartOfPosition(std::span<const PartType> parts, std::vector<std::int32_t>& next,
+                         std::vector<RecipeSum>* sums, std::vector<std::int32_t>* counts) {
+  const std::size_t size = parts.size();
+  std::vector<std::pair<std::int32_t, std::int32_t>> walks;  // (position, part)
+  walks.reserve(size);
+  for (std::size_t p = 0; p < size; ++p) {
+    const PartType& part = parts[size - 1 - p];
+    walks.emplace_back(part.head_pos, static_cast<std::int32_t>(p));
+    if (sums != nullptr) (*sums)[p] = part.sum;
+    if (counts != nullptr) (*counts)[p] = part.count;
+  }
+  while (!walks.empty()) {
+    for (std::size_t w = 0; w < walks.size();) {
+      auto& [position, part] = walks[w];
+      if (position < 0) {
+        walks[w] = walks.back();
+        walks.pop_back();
+        continue;
+      }
+      std::int32_t& link = next[static_cast<std::size_t>(position)];
+      position = link;
+      link = part;
+      ++w;
+    }
+  }
+}
+
 template <typename Sum>
 class Differencing {
  public:
@@ -252,32 +284,7 @@ class Differencing {
     if (heap_.empty()) return;
     Solution& last = solutions_[heap_.top().id];
     SortAscending(last);
-    const std::size_t size = last.parts.size();
-    // Every position's part (heaviest first), written over its link once read, the
-    // lists walked interleaved (independent loads instead of one chain of cache
-    // misses).
-    std::vector<std::pair<std::int32_t, std::int32_t>> walks;  // (position, part)
-    walks.reserve(size);
-    for (std::size_t p = 0; p < size; ++p) {
-      const Part& part = last.parts[size - 1 - p];
-      walks.emplace_back(part.head_pos, static_cast<std::int32_t>(p));
-      if (sums != nullptr) (*sums)[p] = part.sum;
-      if (counts != nullptr) (*counts)[p] = part.count;
-    }
-    while (!walks.empty()) {
-      for (std::size_t w = 0; w < walks.size();) {
-        auto& [position, part] = walks[w];
-        if (position < 0) {
-          walks[w] = walks.back();
-          walks.pop_back();
-          continue;
-        }
-        std::int32_t& link = next_[static_cast<std::size_t>(position)];
-        position = link;
-        link = part;
-        ++w;
-      }
-    }
+    WritePartOfPosition(std::span<const Part>(last.parts), next_, sums, counts);
     (void)n;
   }
 
@@ -769,30 +776,7 @@ class EqualDifferencing {
       }
     }
     const std::span<const Part> last = PartsOf(heap.front().id, chunk_a_);
-    const std::size_t size = last.size();
-    // Every position's part (heaviest first), as Differencing::Solve writes them.
-    std::vector<std::pair<std::int32_t, std::int32_t>> walks;  // (position, part)
-    walks.reserve(size);
-    for (std::size_t p = 0; p < size; ++p) {
-      const Part& part = last[size - 1 - p];
-      walks.emplace_back(part.head_pos, static_cast<std::int32_t>(p));
-      if (sums != nullptr) (*sums)[p] = part.sum;
-      if (counts != nullptr) (*counts)[p] = part.count;
-    }
-    while (!walks.empty()) {
-      for (std::size_t w = 0; w < walks.size();) {
-        auto& [position, part] = walks[w];
-        if (position < 0) {
-          walks[w] = walks.back();
-          walks.pop_back();
-          continue;
-        }
-        std::int32_t& link = next_[static_cast<std::size_t>(position)];
-        position = link;
-        link = part;
-        ++w;
-      }
-    }
+    WritePartOfPosition(last, next_, sums, counts);
   }
 
   std::vector<std::int32_t>& PartOfPosition() { return next_; }

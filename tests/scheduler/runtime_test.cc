@@ -825,7 +825,9 @@ TEST(RuntimeTest, ALostEngineStartsANewMembershipWithoutIt) {
   std::set<std::int64_t> engines;
   for (const Cluster::SyncRecord& record : after) {
     engines.insert(record.sync.engine);
-    if (record.sync.engine == 3) EXPECT_EQ(record.part.replica, 2);
+    if (record.sync.engine == 3) {
+      EXPECT_EQ(record.part.replica, 2);
+    }
   }
   EXPECT_EQ(engines, (std::set<std::int64_t>{0, 1, 3}));
   // The same three-replica plan as the join of engine 2 used (cached by size).
