@@ -130,6 +130,17 @@ struct Solution {
   bool sorted = true;
 };
 
+// verl pops the partial solution of largest spread first; ties: the one whose heaviest
+// part is heavier. A strict total order (no two share an item). For the heap entries of
+// both differencing methods (a `spread` and a `heaviest` part).
+struct PopsLater {
+  template <typename Entry>
+  bool operator()(const Entry& x, const Entry& y) const {
+    if (x.spread != y.spread) return x.spread < y.spread;
+    return Lighter(x.heaviest, y.heaviest);
+  }
+};
+
 // The final solution's parts (heaviest first, from `parts` ascending): each position's
 // part written over its link in `next` once read, the lists walked interleaved
 // (independent loads instead of one chain of cache misses); the parts' sums and counts
@@ -291,20 +302,12 @@ class Differencing {
   std::vector<std::int32_t>& PartOfPosition() { return next_; }
 
  private:
-  // verl pops the partial solution of largest spread first; ties: the one whose
-  // heaviest part is heavier. A strict total order (no two share an item). The heap
-  // holds each solution's key beside its index (a solution changes only while out of
-  // the heap), so comparisons read no solution.
+  // The heap holds each solution's key (PopsLater's) beside its index (a solution
+  // changes only while out of the heap), so comparisons read no solution.
   struct Entry {
     Sum spread;
     Part heaviest;
     std::size_t id;
-  };
-  struct PopsLater {
-    bool operator()(const Entry& x, const Entry& y) const {
-      if (x.spread != y.spread) return x.spread < y.spread;
-      return Lighter(x.heaviest, y.heaviest);
-    }
   };
 
   // The item at position p alone in a part.
@@ -782,18 +785,12 @@ class EqualDifferencing {
   std::vector<std::int32_t>& PartOfPosition() { return next_; }
 
  private:
-  // A solution waiting: its spread and heaviest part (verl's order, as Differencing's)
-  // and where its parts are: block `id` when id >= 0, else chunk −1 − id.
+  // A solution waiting: its spread and heaviest part (PopsLater's key) and where its
+  // parts are: block `id` when id >= 0, else chunk −1 − id.
   struct Entry {
     Sum spread;
     Part heaviest;
     std::int64_t id;
-  };
-  struct PopsLater {
-    bool operator()(const Entry& x, const Entry& y) const {
-      if (x.spread != y.spread) return x.spread < y.spread;
-      return Lighter(x.heaviest, y.heaviest);
-    }
   };
 
   Part Item(std::size_t p) const {
