@@ -9,20 +9,23 @@ planner, the weight-sync node), ``--engines`` engine workers and a trainer worke
 (workers.py). rlsched carries ids and counts only; the samples' tokens, logprobs and
 rewards go through ``OUT/data/samples/`` (one file per finished sample, written
 atomically by the engine, read by the trainer). The weights move through rlsched's
-executor over ``torch.distributed`` gloo (trainer rank 0, engines 1..E, the plan of
-``rlsched reshard --train tp=1 --infer tp=1,replicas=E``, made before the run into
-``OUT/data/plan_<E>.json``, with one per smaller membership), or with ``--weights
-file`` through ``OUT/data/weights/v<N>.pt`` (one file per version, written atomically
-by the trainer, loaded by the engines on SyncWeights).
+executor over ``torch.distributed`` gloo by the runtime's own weight-sync plans
+(``rlsched run --model config.json --train tp=1 --infer tp=1``: one plan per
+membership of the engines, each worker sent its part with the transfer group to meet
+in; the trainer rank 0, ``members[k]`` rank 1 + k; every rank starts from the initial
+policy, version 0), or with ``--weights file`` through ``OUT/data/weights/v<N>.pt``
+(one file per version, written atomically by the trainer, loaded by the engines on
+SyncWeights).
 
 Faults: ``--kill-engine-at STEP`` kills the last engine with SIGKILL in the middle of a
 decode under the weights of step STEP (the engine, told so, stops after that decode and
 says so; run.py kills it at once, its samples half generated). The runtime sends its
-samples to the other engines again; the weight-sync world, which the dead engine was a
-member of, is rebuilt without it (workers.py's ExecutorSync: membership epochs, a new
-gloo world and plan per membership); the run must still finish every step, train every
-sample once (the trainer's list; the engines' logs of what they finished, which a
-SIGKILL leaves) and count one engine failure.
+samples to the other engines again and plans the next weight sync for the survivors
+(a new membership epoch: a new plan and transfer group, which the workers build a new
+gloo world for, workers.py's PlanSync); the run must still finish every step, train
+every sample once (the trainer's list; the engines' logs of what they finished, which a
+SIGKILL leaves), count one engine failure, and every worker must have run the plans the
+runtime made (its log's "weight-sync plan" lines), no other.
 
 Writes to OUT: ``run.json`` (the run config, a SimulatorConfig: the same file runs in
 ``rlsched simulate --config``), ``report.json`` (rlsched's RunReport), ``summary.json``
@@ -40,6 +43,7 @@ the Python modules at ``$PYTHONPATH``, else ``<repo>/python`` and ``<bin dir>/py
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -141,6 +145,10 @@ def main(argv=None) -> int:
     parser.add_argument("--weights", choices=["executor", "file"], default="executor",
                         help="how new weights reach the engines: rlsched's executor over "
                         "torch.distributed gloo (default), or a file per version")
+    parser.add_argument("--weight-sync-address", default=None, metavar="HOST:PORT",
+                        help="executor: where the weight-sync groups meet (a TCP store the "
+                        "trainer serves, one prefix per group); default: a file per group "
+                        "under OUT/data/stores")
     parser.add_argument("--rlsched-bin", default=None)
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
@@ -158,7 +166,7 @@ def main(argv=None) -> int:
     data = os.path.join(out, "data")
     if os.path.exists(data):
         shutil.rmtree(data)
-    for sub in ("samples", "partial", "weights", "alive", "epochs"):
+    for sub in ("samples", "partial", "weights"):
         os.makedirs(os.path.join(data, sub))
     config_path = os.path.join(out, "run.json")
     with open(config_path, "w") as f:
@@ -174,19 +182,17 @@ def main(argv=None) -> int:
     import torch
 
     from model import load_model
-    from workers import plan_path, publish_weights
+    from workers import publish_weights
     torch.set_num_threads(1)
     publish_weights(data, 0, load_model(seed=args.seed))  # the initial policy, version 0
+    # The weight layout: the runtime plans each membership's sync (trainer TP 1 ->
+    # engines TP 1 x the members) and sends every worker its part.
+    layout = []
     if args.weights == "executor":
-        # The resharding plans, trainer TP 1 -> engines TP 1 x M, made once for every
-        # membership size M the weight-sync world can have (engines lost shrink it).
-        for m in range(1, args.engines + 1):
-            made = subprocess.run(
-                [rlsched_bin, "reshard", "--model", os.path.join(_HERE, "config.json"),
-                 "--train", "tp=1", "--infer", f"tp=1,replicas={m}", "--plan-out",
-                 plan_path(data, m)], capture_output=True, text=True, timeout=120)
-            if made.returncode != 0:
-                raise SystemExit(f"run.py: rlsched reshard failed: {made.stderr.strip()}")
+        layout = ["--model", os.path.join(_HERE, "config.json"), "--train", "tp=1",
+                  "--infer", "tp=1", "--weight-sync-backend", "gloo"]
+        if args.weight_sync_address:
+            layout += ["--weight-sync-address", args.weight_sync_address]
 
     sock_dir = out if len(out) < 80 else tempfile.mkdtemp(prefix="tiny-grpo-")
     socket = f"unix:{os.path.join(sock_dir, 'run.sock')}"
@@ -202,9 +208,11 @@ def main(argv=None) -> int:
         return logs[name]
 
     program = subprocess.Popen(
-        [rlsched_bin, "run", "--config", config_path, "--listen", socket, "--token-file",
-         token_path, "--event-log", os.path.join(out, "events.log"), "--trace",
-         os.path.join(out, "trace.json"), "--json", "--timeout", str(args.timeout)],
+        # --log-level info: the log names every weight-sync plan the runtime makes (the
+        # summary checks the workers' worlds against them).
+        [rlsched_bin, "--log-level", "info", "run", "--config", config_path, "--listen", socket,
+         "--token-file", token_path, "--event-log", os.path.join(out, "events.log"), "--trace",
+         os.path.join(out, "trace.json"), "--json", "--timeout", str(args.timeout), *layout],
         stdout=subprocess.PIPE, stderr=log("rlsched"), text=True)
     deadline = time.monotonic() + 30
     while not os.path.exists(socket[5:]):
@@ -213,8 +221,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"run.py: rlsched run did not listen (see {out}/rlsched.log)")
         time.sleep(0.02)
 
-    common = ["--address", socket, "--data", data, "--weights", args.weights, "--engines",
-              str(args.engines), "--digits", str(args.digits),
+    common = ["--address", socket, "--data", data, "--weights", args.weights,
+              "--digits", str(args.digits),
               "--alphabet", str(args.alphabet), "--seed", str(args.seed)]
     workers = {}
     victim = f"engine{args.engines - 1}" if args.kill_engine_at is not None else None
@@ -285,7 +293,9 @@ def main(argv=None) -> int:
                 finished_logs[f"engine{e}"] = [int(x) for x in f.read().split()]
         except OSError:
             finished_logs[f"engine{e}"] = []
-    summary = summarize(args, report, reports, statuses, wall, killed, finished_logs)
+    summary = summarize(args, report, reports, statuses, wall, killed, finished_logs,
+                        runtime_plans(os.path.join(out, "rlsched.log")),
+                        plan_files=sorted(n for n in os.listdir(data) if n.startswith("plan")))
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     if os.path.exists(os.path.join(out, "rewards.csv")):
@@ -297,7 +307,59 @@ def main(argv=None) -> int:
     return 0 if summary["ok"] else 1
 
 
-def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=None) -> dict:
+_PLAN_LINE = re.compile(r"weight-sync plan ((\d+)-[0-9a-f]+): engines \[([0-9, ]*)\]")
+
+
+def runtime_plans(log_path: str) -> dict:
+    """The weight-sync plans ``rlsched run`` made, from its log: {plan id: {"epoch",
+    "members"}}."""
+    plans = {}
+    try:
+        with open(log_path) as f:
+            for line in f:
+                m = _PLAN_LINE.search(line)
+                if m:
+                    plans[m.group(1)] = {"epoch": int(m.group(2)), "members": [
+                        int(x) for x in m.group(3).replace(",", " ").split()]}
+    except OSError:
+        pass
+    return plans
+
+
+def plans_problems(plans: dict, reports: dict) -> list:
+    """Where the worlds the workers joined differ from the runtime's plans: each one a
+    plan the runtime made (id, epoch, members, group), the worker a member of it at
+    its replica's rank, and each worker's last world one it ran."""
+    problems = []
+    for name, r in reports.items():
+        worlds = ((r or {}).get("weight_sync") or {}).get("epochs") or []
+        for w in worlds:
+            plan = plans.get(w["plan_id"])
+            if plan is None:
+                problems.append(f"{name}: plan {w['plan_id']} not made by the runtime")
+                continue
+            if (w["epoch"], w["members"]) != (plan["epoch"], plan["members"]):
+                problems.append(f"{name}: plan {w['plan_id']}: epoch/members {w['epoch']}/"
+                                f"{w['members']}, the runtime's {plan['epoch']}/{plan['members']}")
+            if w["group"] != "rlsched-weights-" + w["plan_id"]:
+                problems.append(f"{name}: plan {w['plan_id']}: group {w['group']}")
+            if name == "trainer":
+                rank = 0
+            else:
+                engine = int(name[len("engine"):])
+                rank = (1 + plan["members"].index(engine) if engine in plan["members"]
+                        else None)
+            if w["rank"] != rank or w["world_size"] != 1 + len(plan["members"]):
+                problems.append(f"{name}: plan {w['plan_id']}: rank {w['rank']} of "
+                                f"{w['world_size']}, the plan's {rank} of "
+                                f"{1 + len(plan['members'])}")
+        if r and worlds and worlds[-1]["runs"] == 0:
+            problems.append(f"{name}: no run in its last world ({worlds[-1]['plan_id']})")
+    return problems
+
+
+def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=None,
+              plans=None, plan_files=()) -> dict:
     counters = report.get("counters", {})
     trainer = reports.get("trainer") or {}
     trained = trainer.get("trained", [])
@@ -331,6 +393,17 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
         "weights_identical": not mismatched and loads > 0,
         "weight_sync_clean": trainer.get("sync_error") is None,
     }
+    plans = plans or {}
+    sync_problems = []
+    if args.weights == "executor":
+        # The workers moved the weights by the runtime's plans (their worlds: the
+        # runtime's plan ids, epochs, members, groups and ranks), none of their own.
+        sync_problems = plans_problems(plans, reports)
+        if plan_files:
+            sync_problems.append(f"plan files in the data directory: {list(plan_files)}")
+        if not plans:
+            sync_problems.append("the runtime's log names no weight-sync plan")
+        checks["weight_sync_by_runtime_plans"] = not sync_problems
     if args.kill_engine_at is not None:
         # Killed mid-generation (samples in flight, which the runtime requeued), and the
         # runtime counted one engine failure.
@@ -358,6 +431,13 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
         "trained_by_engine": trainer.get("trained_by_engine"),
         "killed": killed,
         "weight_sync_epochs": (trainer.get("weight_sync") or {}).get("epochs"),
+        "runtime_plans": plans,
+        "weight_sync_problems": sync_problems,
+        # Seconds per run of the plan (the executor's transfer time; the trainer's side
+        # and each engine's), and those spent joining worlds (rendezvous, checks, groups).
+        "weight_sync": {n: {k: (r.get("weight_sync") or {}).get(k)
+                            for k in ("runs", "seconds_per_run", "join_seconds")}
+                        for n, r in reports.items() if r and r.get("weight_sync")},
         "engine_interrupts": {n: r.get("interrupts") if r else None for n, r in engines.items()},
         "partial_samples": trainer.get("partial_samples"),
         "resumed_tokens": sum((r or {}).get("resumed_tokens", 0) for r in engines.values()),

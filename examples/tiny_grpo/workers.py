@@ -10,20 +10,26 @@ directory (``--data DIR``):
   lists the sample;
 - ``finished.engine<e>``: the ids of the samples engine e finished, appended as they
   finish (its own count, which a SIGKILL leaves);
-- ``alive/engine<e>.lock``: flocked by engine e while it lives;
 - ``partial/<sample>.json``: the tokens of a sample an interrupting SyncWeights paused
   (partial rollout), so that it can be resumed from them;
 - ``weights/v0.pt``: the initial policy (a state dict with the HF Llama names, written
-  by run.py before anything starts), which the trainer loads.
+  by run.py before anything starts), which the trainer loads (and, with the executor,
+  the engines);
+- ``stores/<group>``: with the executor, the gloo rendezvous file of each transfer
+  group the runtime names (one per weight-sync plan) when the run gives no
+  ``--weight-sync-address``.
 
 Weights move one of two ways (``--weights``):
 
-- ``executor`` (default): rlsched's executor over ``torch.distributed`` gloo. The trainer
-  is rank 0 and engine e is rank 1 + e of one world (a FileStore under the data
-  directory); every rank runs the plan ``rlsched reshard --train tp=1 --infer
-  tp=1,replicas=E --plan-out plan_E.json`` gives (run.py makes it, and one for each
-  smaller membership: a dead engine's rank leaves the world, see
-  :class:`ExecutorSync`). The trainer hands its
+- ``executor`` (default): rlsched's executor over ``torch.distributed`` gloo, by the
+  weight-sync plans ``rlsched run --model config.json --train tp=1 --infer tp=1`` makes
+  (one per membership of the engines) and sends each worker its part of
+  (``WeightSyncPlan``: the transfer group's name, backend, world size and address, the
+  members, the worker's rank and its transfers). The trainer is rank 0 and
+  ``members[k]`` rank 1 + k of one gloo world per plan (see :class:`PlanSync`); an
+  engine joins the world of the plan its SyncWeights names, the trainer moves to the
+  newest plan when a run fails in its world (a member lost or gone to the next plan).
+  Every rank starts from version 0 (``weights/v0.pt``). The trainer hands its
   Megatron-named tensors (``linear_qkv`` fused per query group, ``linear_fc1`` = gate and
   up, the vocabulary padded to 128 rows) to a sync thread that runs the plan once per
   version, in order; an engine, on SyncWeights(N), runs it until it holds version N
@@ -112,58 +118,43 @@ def _read_json(path: str, timeout: float = 30.0):
             time.sleep(0.01)
 
 
-def plan_path(data: str, engines: int) -> str:
-    """The resharding plan of a world of the trainer and `engines` engines (TP 1 each)."""
-    return os.path.join(data, f"plan_{engines}.json")
+def store_path(data: str, group: str) -> str:
+    """The gloo rendezvous file of the runtime's transfer group `group` (a new one per
+    membership: the group's name holds the plan id)."""
+    return os.path.join(data, "stores", group)
 
 
-def alive_path(data: str, engine: int) -> str:
-    return os.path.join(data, "alive", f"engine{engine}.lock")
+class PlanSync:
+    """One worker's side of the weight sync over rlsched's executor (gloo), by the plans
+    ``rlsched run --model --train tp=1 --infer tp=1`` sends (``WeightSyncPlan``, decoded
+    as :class:`rlsched.worker.weights.WeightUpdate`): the trainer is rank 0 and
+    ``members[k]`` of the plan's membership rank ``rank_offset`` = 1 + k of one gloo
+    world per plan (``world_size`` ranks; rendezvous on ``--weight-sync-address`` when
+    the run gives one, else a FileStore named after the group, :func:`store_path`).
 
+    Worlds. A plan is the runtime's membership epoch: a new one when an engine joins or
+    is lost. An engine joins the world of the plan its SyncWeights names (leaving the
+    one it was in: its members still there see their collectives fail); the trainer
+    sends each version in the world it is in, and when a run fails there (a member
+    died, or moved on to the runtime's next plan) it leaves for the newest plan the
+    runtime sent it (waiting for one newer than the world that failed). Joining is
+    collective: every rank makes its :class:`rlsched.executor.Executor` from its part
+    (checked against the world's layouts before any byte moves), then the members
+    exchange the last version each engine holds and the trainer sends again every
+    version from the oldest a member lacks (an engine that holds one already receives
+    it and keeps what it had).
 
-def hold_alive_lock(data: str, engine: int):
-    """An engine holds an exclusive flock on its file while it lives: the kernel lets
-    go of it when the process ends, however it ends (SIGKILL too)."""
-    import fcntl
-    f = open(alive_path(data, engine), "a")
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return f
+    Versions. The engines start from version 0 as the trainer does (the initial
+    policy's file, the checkpoint a real engine loads); every later version moves
+    through the executor, one run of the plan per version, in order.
 
-
-def engine_alive(data: str, engine: int) -> bool:
-    """Whether engine `engine` still holds its lock (tried without waiting)."""
-    import fcntl
-    with open(alive_path(data, engine), "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return False
-
-
-class ExecutorSync:
-    """One rank's side of the weight sync over rlsched's executor (gloo): rank 0 the
-    trainer (TP 1), ranks 1..M the M engines of the current membership (TP 1 each, in
-    the order of their ids).
-
-    Membership epochs: epoch 0 holds every engine. When a collective fails (an engine
-    died: gloo's connections to it close), the world is rebuilt without it. The
-    trainer leaves the old world, keeps the engines that still hold their alive lock
-    (see :func:`hold_alive_lock`) and announces epoch k + 1 with them
-    (``epochs/<k+1>.json``); an engine whose collective failed asks for it
-    (``epochs/<k+1>.request.engine<e>``, for a trainer that saw no failure) and, like
-    any member that finds the announcement before its next receive, leaves the old
-    world and joins the new one: a new gloo world on a new FileStore
-    (``dist_store.<k+1>``), the plan for M engines (``plan_<M>.json``, run.py makes one
-    per M), a new :class:`rlsched.executor.Executor` (its checks, its groups). Then the
-    members exchange the last version each engine received, and the trainer sends again
-    every version from the oldest any member lacks (an engine that has one already
-    receives it and keeps what it had). The executor itself is unchanged: a world is
-    built once per membership.
+    What the runtime's messages do not carry, and so cannot be recovered here: a member
+    lost *during* a run. The survivors' SyncWeights is then in progress under the old
+    plan and the runtime sends the new plan only with a later SyncWeights, so an engine
+    whose run fails raises (the run fails) instead of waiting for it.
     """
 
-    def __init__(self, data: str, engines: int, engine: Optional[int] = None,
+    def __init__(self, data: str, engine: Optional[int] = None,
                  timeout_seconds: float = 120.0):
         import datetime
 
@@ -177,34 +168,104 @@ class ExecutorSync:
         with open(CONFIG_PATH) as f:
             self.layout = lay.parse_config(f.read())
         self.config = Config.load(CONFIG_PATH)
-        self.members = list(range(engines))
-        self.epoch = 0
-        self.epochs: List[dict] = []  # per epoch: its members, when it was made
-        os.makedirs(os.path.join(data, "epochs"), exist_ok=True)
+        os.makedirs(os.path.join(data, "stores"), exist_ok=True)
+        self.plan = None  # the WeightUpdate whose world this worker is in
+        self.executor = None
+        self.broken: Optional[str] = None  # trainer: why the current world's run failed
+        self.epochs: List[dict] = []  # per world joined: its plan, members, runs
         self.runs = 0
         self.bytes = 0
         self.seconds = 0.0
-        # Trainer: every version it was handed, to send again after a rebuild.
+        self.join_seconds = 0.0
+        # Trainer: the newest plan the runtime sent (on_weight_sync_plan), every version
+        # it was handed and not known held by every member (to send again in a new world).
+        self._offered = threading.Condition()
+        self.newest = None
         self.history: Dict[int, Dict[str, torch.Tensor]] = {}
-        self.next_version = 0  # trainer: the next version to send
-        self.incoming = 0  # engine: the version the next run carries
-        self.received = -1  # engine: the newest version received
+        self.next_version = 1  # trainer: the next version to send (0: every rank has it)
+        self.incoming = 1  # engine: the version the next run carries
+        self.received = 0  # engine: the newest version held (0: the initial policy)
         self.state: Optional[Dict[str, torch.Tensor]] = None  # engine: that version
-        self._join()
+        self._stores: Dict[tuple, object] = {}
 
     @property
-    def rank(self) -> int:
-        return 0 if self.engine is None else 1 + self.members.index(self.engine)
+    def name(self) -> str:
+        return "trainer" if self.engine is None else f"engine{self.engine}"
 
-    def _join(self) -> None:
-        """Builds the world of the current epoch and its executor (collective)."""
+    # ---- The runtime's plans. ----
+
+    def check(self, plan) -> None:
+        """Refuses a plan this run cannot run (named field and bound)."""
+        problems = list(plan.check())
+        if plan.group.backend != "gloo":
+            problems.append(f"group.backend: {plan.group.backend!r}, this run moves weights "
+                            "over gloo (--weight-sync-backend gloo)")
+        if plan.ranks != 1:
+            problems.append(f"ranks: {plan.ranks}, the tiny run is TP 1 on both sides "
+                            "(--train tp=1 --infer tp=1)")
+        if plan.group.world_size != 1 + len(plan.members):
+            problems.append(f"group.world_size: {plan.group.world_size}, the trainer and "
+                            f"{len(plan.members)} engines are {1 + len(plan.members)}")
+        if self.engine is None:
+            if plan.replica != -1 or plan.rank_offset != 0:
+                problems.append(f"replica/rank_offset: {plan.replica}/{plan.rank_offset}, "
+                                "the trainer's part is -1/0")
+        elif not 0 <= plan.replica < len(plan.members) or plan.members[plan.replica] != self.engine:
+            problems.append(f"replica: {plan.replica}, engine {self.engine} is not one of "
+                            f"the members {list(plan.members)} there")
+        elif plan.rank_offset != 1 + plan.replica:
+            problems.append(f"rank_offset: {plan.rank_offset}, replica {plan.replica}'s is "
+                            f"{1 + plan.replica}")
+        if problems:
+            raise RuntimeError(f"{self.name}: weight-sync plan {plan.plan_id}: "
+                               + "; ".join(problems))
+
+    def offer(self, plan) -> None:
+        """Trainer (its command thread): the runtime sent plan `plan` (a new membership)."""
+        self.check(plan)
+        with self._offered:
+            if self.newest is None or plan.epoch > self.newest.epoch:
+                self.newest = plan
+            self._offered.notify_all()
+
+    def _next_plan(self, after: int):
+        """Trainer: the newest plan, once the runtime sent one of an epoch above `after`."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        with self._offered:
+            while self.newest is None or self.newest.epoch <= after:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"trainer: no weight-sync plan after epoch {after} "
+                                       f"from the runtime within {self.timeout}")
+                self._offered.wait(timeout=left)
+            return self.newest
+
+    # ---- Worlds. ----
+
+    def _store(self, plan):
         import torch.distributed as dist
 
-        lay, world = self.lay, 1 + len(self.members)
-        store = dist.FileStore(os.path.join(self.data, f"dist_store.{self.epoch}"), world)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=world,
-                                timeout=self.timeout)
-        infer = lay.Infer(tp=1, replicas=len(self.members))
+        g = plan.group
+        if not g.address:
+            return dist.FileStore(store_path(self.data, g.name), g.world_size)
+        # One TCP store per address for the process (the trainer serves it), a prefix
+        # per group.
+        key = (g.address, g.port)
+        if key not in self._stores:
+            self._stores[key] = dist.TCPStore(g.address, g.port, is_master=self.engine is None,
+                                              timeout=self.timeout, wait_for_workers=False)
+        return dist.PrefixStore(g.name, self._stores[key])
+
+    def _join(self, plan) -> None:
+        """Builds plan `plan`'s world and its executor (collective over its members)."""
+        import torch.distributed as dist
+
+        start = time.monotonic()
+        lay, ex = self.lay, self.executor_module
+        rank, world = plan.rank_offset, plan.group.world_size
+        dist.init_process_group(plan.group.backend, store=self._store(plan), rank=rank,
+                                world_size=world, timeout=self.timeout)
+        infer = lay.Infer(tp=1, replicas=len(plan.members))
         zeros = {name: torch.zeros(shape, dtype=dtype)
                  for name, (shape, dtype) in lay.hf_shapes(self.layout).items()}
         self.sources, self.destinations = None, None
@@ -213,125 +274,102 @@ class ExecutorSync:
         else:
             self.destinations = {k: torch.zeros_like(v) for k, v in
                                  lay.vllm_shards(self.layout, infer, 0, zeros).items()}
-        ex = self.executor_module
-        # Collective: every rank checks the plan against this world's layouts and its
-        # tensors before any byte moves.
-        self.executor = ex.Executor(
-            ex.load_plan(plan_path(self.data, len(self.members)), self.rank),
-            sources=self.sources, destinations=self.destinations, timeout=self.timeout,
-            layout=ex.world_layout(lay.Train(), infer))
-        # Which versions each member holds (the trainer sends again from the oldest
-        # one missing).
+        # Collective: every rank checks its part of the runtime's plan against this
+        # world's layouts and its tensors before any byte moves.
+        self.executor = ex.Executor(plan.rank_plan(rank), sources=self.sources,
+                                    destinations=self.destinations, timeout=self.timeout,
+                                    layout=ex.world_layout(lay.Train(), infer))
+        # Rank 0: the oldest version the trainer can send; rank 1 + k: the newest one
+        # engine members[k] holds. The trainer sends again from the oldest one missing.
+        mine = (min(self.history, default=self.next_version) if self.engine is None
+                else self.received)
         held: List[Optional[int]] = [None] * world
-        dist.all_gather_object(held, self.received)
-        start = min(held[1:]) + 1
+        dist.all_gather_object(held, mine)
+        resend_from = max(min(held[1:]) + 1, held[0])
         if self.engine is None:
-            # Every member holds the versions before `start` (the engines receive in
-            # order): those the trainer keeps no longer.
-            self.next_version = start
-            for v in [v for v in self.history if v < start]:
+            self.next_version = resend_from
+            for v in [v for v in self.history if v < resend_from]:
                 del self.history[v]
         else:
-            self.incoming = start
-        self.epochs.append({"epoch": self.epoch, "members": list(self.members),
-                            "resend_from": start, "time": time.time()})
+            self.incoming = resend_from
+        self.plan, self.broken = plan, None
+        self.join_seconds += time.monotonic() - start
+        self.epochs.append({"plan_id": plan.plan_id, "epoch": plan.epoch,
+                            "members": list(plan.members), "group": plan.group.name,
+                            "world_size": world, "rank": rank, "resend_from": resend_from,
+                            "runs": 0, "time": time.time()})
 
-    def _announced(self) -> Optional[List[int]]:
-        path = os.path.join(self.data, "epochs", f"{self.epoch + 1}.json")
-        try:
-            with open(path) as f:
-                return json.load(f)["members"]
-        except FileNotFoundError:
-            return None
-
-    def _requested(self) -> bool:
-        prefix = f"{self.epoch + 1}.request."
-        return any(n.startswith(prefix) for n in os.listdir(os.path.join(self.data, "epochs")))
-
-    def _rebuild(self, reason: str) -> None:
-        """Leaves this epoch's world and joins the next one's."""
+    def _leave(self, reason: str) -> None:
+        """Leaves the current world (its connections close: a member still waiting in
+        one of its collectives fails at once instead of at its timeout)."""
         import torch.distributed as dist
 
-        print(f"{'trainer' if self.engine is None else f'engine{self.engine}'}: weight "
-              f"sync epoch {self.epoch} ends ({reason})", file=sys.stderr, flush=True)
-        # Every reference to the old world's process groups goes (the executor's groups,
-        # a failed collective's work), so that its connections close now: a member still
-        # waiting in a collective of the old world fails at once instead of at its
-        # timeout.
+        print(f"{self.name}: leaves weight-sync plan {self.plan.plan_id} ({reason})",
+              file=sys.stderr, flush=True)
         self.executor = None
         try:
             dist.destroy_process_group()
         except Exception:  # a broken world: what is left of it goes with the process
             pass
         gc.collect()
-        if self.engine is None:
-            members = [e for e in self.members if engine_alive(self.data, e)]
-            if not members:
-                raise RuntimeError("weight sync: no engine left alive")
-            write_json_atomic(os.path.join(self.data, "epochs", f"{self.epoch + 1}.json"),
-                              {"members": members})
-        else:
-            write_json_atomic(os.path.join(self.data, "epochs",
-                                           f"{self.epoch + 1}.request.engine{self.engine}"),
-                              {"reason": reason})
-            deadline = time.monotonic() + self.timeout.total_seconds()
-            while (members := self._announced()) is None:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"weight sync: epoch {self.epoch + 1} not announced "
-                                       f"within {self.timeout}")
-                time.sleep(0.01)
-            if self.engine not in members:
-                raise RuntimeError(f"weight sync: engine {self.engine} left out of epoch "
-                                   f"{self.epoch + 1}")
-        self.epoch += 1
-        self.members = members
-        self._join()
+        self.plan = None
+
+    # ---- Trainer. ----
 
     def pending(self) -> bool:
         """Trainer: whether a version it was handed has not been sent yet."""
         return self.next_version in self.history
-
-    def poll(self) -> None:
-        """Trainer, between sends: rebuilds when an engine asked for it."""
-        if self._requested():
-            self._rebuild("an engine asked for a new world")
 
     def send(self, version: int, state) -> None:
         """Trainer: keeps `version` (an HF-named state) and sends every version not sent
         yet, in order, each in the Megatron layout and one run of the plan."""
         self.history[version] = state
         while self.pending():
-            if self._requested():
-                self._rebuild("an engine asked for a new world")
+            if self.plan is None or self.broken:
+                after = -1
+                if self.plan is not None:
+                    after = self.plan.epoch
+                    self._leave(self.broken)
+                self._join(self._next_plan(after))
                 continue
             fresh = self.lay.megatron_shards(self.layout, self.lay.Train(), 0,
                                              self.history[self.next_version])
             with torch.no_grad():
                 for name, tensor in fresh.items():
                     self.sources[name].copy_(tensor)
-            failure = self._try_run()
-            if failure:
-                self._rebuild(failure)
+            self.broken = self._try_run()
+            if self.broken:
                 continue
             self.next_version += 1
             # Run v completed here: every member finished run v - 1 before it took part
-            # in run v, so no rebuild asks for an older version again.
+            # in run v, so no world asks for an older version again.
             self.history.pop(self.next_version - 2, None)
 
-    def receive(self, version: int) -> Dict[str, torch.Tensor]:
-        """Engine: runs the plan until it holds `version`; its HF-named tensors."""
+    # ---- Engine. ----
+
+    def receive(self, plan, version: int) -> Dict[str, torch.Tensor]:
+        """Engine: in the world of plan `plan` (the one its SyncWeights names), runs the
+        plan until it holds `version`; its HF-named tensors."""
+        if plan is None:
+            raise RuntimeError(f"{self.name}: SyncWeights to version {version} names no "
+                               "weight-sync plan (rlsched run needs --model --train --infer)")
+        if self.plan is None or plan.plan_id != self.plan.plan_id:
+            self.check(plan)
+            if self.plan is not None:
+                self._leave(f"the runtime's plan {plan.plan_id} replaces it")
+            self._join(plan)
         while self.received < version:
-            if self._announced() is not None:
-                self._rebuild("the trainer announced a new world")
-                continue
             failure = self._try_run()
             if failure:
-                self._rebuild(failure)
-                continue
+                raise RuntimeError(
+                    f"{self.name}: weight sync to version {version} by plan "
+                    f"{self.plan.plan_id} failed ({failure}); the runtime sends the next "
+                    "membership's plan only with a later SyncWeights")
             v, self.incoming = self.incoming, self.incoming + 1
             if v > self.received:
                 self.received, self.state = v, self._hf_state()
         return self.state
+
 
     def _hf_state(self) -> Dict[str, torch.Tensor]:
         """The received vLLM tensors as HF-named ones."""
@@ -370,12 +408,17 @@ class ExecutorSync:
     def _run(self) -> None:
         stats = self.executor.run()
         self.runs += 1
+        self.epochs[-1]["runs"] += 1
         self.bytes += stats.bytes_sent + stats.bytes_received
         self.seconds += stats.transfer_seconds
 
     def report(self) -> dict:
+        """Runs, bytes and transfer seconds over the run; the worlds joined (one per
+        plan: its id, epoch, members, group, rank, the version sent again from, runs)
+        and the seconds spent joining them (rendezvous, executor checks, groups)."""
         return {"runs": self.runs, "bytes": self.bytes, "seconds": round(self.seconds, 6),
-                "epochs": self.epochs}
+                "seconds_per_run": round(self.seconds / self.runs, 6) if self.runs else None,
+                "join_seconds": round(self.join_seconds, 6), "epochs": self.epochs}
 
 
 class TinyEngine(EngineWorker):
@@ -385,9 +428,14 @@ class TinyEngine(EngineWorker):
 
     def __init__(self, address: str, engine: int, max_concurrent: int, *, data: str,
                  task: ReverseTask, min_step_seconds: float = 0.0,
-                 weight_sync: Optional[ExecutorSync] = None, stall_at_version: int = -1,
+                 weight_sync: Optional[PlanSync] = None, stall_at_version: int = -1,
                  **kwargs):
-        super().__init__(address, engine, max_concurrent, **kwargs)
+        # With the executor the engine starts from the initial policy's file (version 0,
+        # as the trainer does: the checkpoint a real engine loads) and says so in its
+        # Hello; every later version comes by the runtime's weight-sync plans. With
+        # files it starts with nothing, and its first SyncWeights loads version 0.
+        super().__init__(address, engine, max_concurrent,
+                         version=0 if weight_sync is not None else -1, **kwargs)
         self.data = data
         # A test hook for killing an engine mid-generation: after its first decode step
         # under this version or a later one it writes stalled.engine<e> and generates no
@@ -403,12 +451,15 @@ class TinyEngine(EngineWorker):
         self.task = task
         self.model = TinyLlama(Config.load(CONFIG_PATH))
         self.model.eval()
+        self.loaded: Dict[int, str] = {}  # version -> digest of the engine's own weights
+        if weight_sync is not None:
+            load_weights(data, 0, self.model)
+            self.loaded[0] = weights_digest(self.model.state_dict())
         self._lock = threading.Condition()
         self._running: Dict[int, Rollout] = {}
         self._stop = False
         self._thread: Optional[threading.Thread] = None
         self.finished_samples: List[int] = []
-        self.loaded: Dict[int, str] = {}  # version -> digest of the engine's own weights
         self.interrupts = 0
         self.resumed_tokens = 0
         self.error: Optional[str] = None
@@ -466,11 +517,16 @@ class TinyEngine(EngineWorker):
             if self.weight_sync is None:
                 load_weights(self.data, sync.version, self.model)
             else:
-                # Every version in order: the trainer runs the plan once per version.
+                # Every version in order: the trainer runs the plan once per version,
+                # in the world of the runtime's plan this sync names.
                 if sync.version <= self.weight_sync.received:
                     self._fail(f"SyncWeights to version {sync.version}, but version "
                                f"{self.weight_sync.received} was received already")
-                self.model.load_state_dict(self.weight_sync.receive(sync.version))
+                try:
+                    state = self.weight_sync.receive(sync.plan, sync.version)
+                except RuntimeError as e:
+                    self._fail(str(e))
+                self.model.load_state_dict(state)
             self.loaded[sync.version] = weights_digest(self.model.state_dict())
             for r in self._running.values():
                 r.cache = None  # no KV cache survives a weight update
@@ -558,7 +614,7 @@ class TinyTrainer(TrainerWorker):
     each an optimizer step), then publishes the new version and reports the step."""
 
     def __init__(self, address: str, *, data: str, lr: float, epochs: int, seed: int,
-                 csv_path: Optional[str] = None, weight_sync: Optional[ExecutorSync] = None,
+                 csv_path: Optional[str] = None, weight_sync: Optional[PlanSync] = None,
                  advantage: str = "outcome", max_grad_norm: float = 0.0,
                  entropy_coef: float = 0.0, lr_end: Optional[float] = None,
                  clip_high: Optional[float] = None, **kwargs):
@@ -580,11 +636,11 @@ class TinyTrainer(TrainerWorker):
         self.trained_by_engine: Dict[str, int] = {}  # engine id -> samples trained
         self.published: Dict[int, str] = {0: weights_digest(self.model.state_dict())}
         if weight_sync is not None:
-            # The sync thread sends every version in order (version 0 first).
+            # The sync thread sends every version after 0 in order (every rank starts
+            # from version 0, the initial policy's file).
             self._versions: "queue.Queue" = queue.Queue()
             self._sending = threading.Condition()
-            self._queued, self._sent = 1, 0
-            self._versions.put((0, self._snapshot()))
+            self._queued, self._sent = 0, 0
             threading.Thread(target=self._send_versions, daemon=True).start()
         self.steps: List[dict] = []
         self.staleness_violations = 0
@@ -603,6 +659,19 @@ class TinyTrainer(TrainerWorker):
         self.max_staleness = config.orchestrator.max_staleness
         self.calls_per_sync = max(1, config.orchestrator.train_calls_per_sync)
         self.total_steps = config.steps
+
+    def on_weight_sync_plan(self, plan) -> None:
+        """The runtime's plan of a membership (the senders' part): the sync thread moves
+        to its world when the current one fails."""
+        if self.weight_sync is None:
+            return
+        try:
+            self.weight_sync.offer(plan)
+        except RuntimeError as e:
+            with self._sending:
+                self.sync_error = str(e)
+                self._sending.notify_all()
+            raise
 
     def start_train(self, call) -> None:
         t0 = time.monotonic()
@@ -687,7 +756,6 @@ class TinyTrainer(TrainerWorker):
                 try:
                     version, snapshot = self._versions.get(timeout=0.2)
                 except queue.Empty:
-                    self.weight_sync.poll()  # an engine may ask for a new world
                     continue
                 self.weight_sync.send(version, snapshot)
                 with self._sending:
@@ -746,18 +814,12 @@ def main(argv=None) -> int:
                         "this version and write stalled.engine<e> (run.py then kills it)")
     parser.add_argument("--csv", default=None, help="trainer: the reward-per-step CSV")
     parser.add_argument("--weights", choices=["executor", "file"], default="executor")
-    parser.add_argument("--engines", type=int, default=1,
-                        help="executor: the engines of the run (the weight-sync world holds "
-                        "the trainer and those alive)")
     parser.add_argument("--report", required=True, help="write what this worker did (JSON)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     weight_sync = None
     if args.weights == "executor":
-        if args.role == "engine":
-            alive = hold_alive_lock(args.data, args.engine)  # noqa: F841 (held until exit)
-        weight_sync = ExecutorSync(args.data, args.engines,
-                                   None if args.role == "trainer" else args.engine)
+        weight_sync = PlanSync(args.data, None if args.role == "trainer" else args.engine)
     if args.role == "engine":
         worker = TinyEngine(args.address, args.engine, args.max_concurrent, data=args.data,
                             task=ReverseTask(args.digits, args.alphabet, args.seed),

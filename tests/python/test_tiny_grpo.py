@@ -5,13 +5,16 @@ in sync and async mode.
 The live runs check what the workers themselves saw: the trainer's own list of trained
 samples against the runtime's counters (each once), the staleness of every trained
 token against the bound (from the per-token versions the engines recorded), every
-version moved by rlsched's executor over gloo (one run of the plan per version on every
-rank), and the engines' weights after every sync byte-identical to the trainer's
-(SHA-256 of the engine's own HF-named parameters after loading against the trainer's
-at publishing). A third live run kills an engine with SIGKILL mid-generation: every
-step still runs, every sample is trained once, the weight-sync world is rebuilt
-without the dead engine, and the reward curve is the one of no kill (and rises). That
-the policy learns is checked in one process over more steps (the live runs are short).
+version after the initial policy moved by rlsched's executor over gloo by the runtime's
+own weight-sync plans (one run of the plan per version on every rank, in the gloo world
+of the plan the runtime sent: its id, epoch, members, group and ranks; no plan made by
+the example), and the engines' weights after every sync byte-identical to the
+trainer's (SHA-256 of the engine's own HF-named parameters after loading against the
+trainer's at publishing). A third live run kills an engine with SIGKILL
+mid-generation: every step still runs, every sample is trained once, the runtime plans
+the next sync for the survivor (membership epoch 1) and the workers move to that plan's
+world, and the reward curve is the one of no kill (and rises). That the policy learns
+is checked in one process over more steps (the live runs are short).
 """
 
 import json
@@ -255,6 +258,76 @@ def _live(rlsched_bin, out, *args):
     return summary, reports, report
 
 
+def test_weight_sync_plans_the_run_cannot_run_are_refused_naming_the_field(tmp_path):
+    """A worker checks each WeightSyncPlan the runtime sends before it builds a world:
+    the backend, the ranks (TP 1), the world size, the worker's replica and rank."""
+    from rlsched.v1 import runtime_pb2
+    from rlsched.worker.weights import WeightUpdate
+    from workers import PlanSync
+
+    def plan(**fields):
+        group = runtime_pb2.TransferGroup(name="rlsched-weights-0-ab", backend=fields.pop(
+            "backend", "gloo"), world_size=fields.pop("world_size", 3))
+        base = dict(plan_id="0-ab", epoch=0, group=group, members=[0, 1], replica=1,
+                    rank_offset=2, ranks=0)
+        base.update(fields)
+        return WeightUpdate(runtime_pb2.WeightSyncPlan(**base))
+
+    engine, trainer = PlanSync(str(tmp_path), engine=1), PlanSync(str(tmp_path))
+    for sync, part, field in [
+            (engine, plan(backend="nccl"), "group.backend"),
+            (engine, plan(), "ranks: 0"),
+            (engine, plan(world_size=4), "group.world_size: 4"),
+            (engine, plan(replica=0, rank_offset=1), "replica: 0, engine 1 is not"),
+            (engine, plan(members=[1, 3], replica=0, rank_offset=2), "rank_offset: 2"),
+            (trainer, plan(), "replica/rank_offset: 1/2")]:
+        with pytest.raises(RuntimeError, match=field):
+            sync.check(part)
+    with pytest.raises(RuntimeError, match="names no weight-sync plan"):
+        engine.receive(None, 1)
+    assert engine.plan is None and trainer.newest is None  # nothing joined or kept
+
+
+def _runtime_plans(out):
+    """The weight-sync plans `rlsched run` made, from its log (run.py runs it with
+    --log-level info): [(plan id, members)] in the order made."""
+    plans = []
+    with open(os.path.join(out, "rlsched.log")) as f:
+        for line in f:
+            if "weight-sync plan " in line and ": engines [" in line:
+                plan_id = line.split("weight-sync plan ")[1].split(":")[0]
+                members = line.split(": engines [")[1].split("]")[0]
+                plans.append((plan_id, [int(x) for x in members.replace(",", " ").split()]))
+    return plans
+
+
+def _check_worlds(out, reports, names, expected_members):
+    """Every worker in `names` moved the weights in the worlds of the runtime's plans,
+    one per plan in the order the runtime made them, with the members given: the plan
+    id, its epoch (the id's prefix, counted from 0), members, transfer group and the
+    worker's rank as the runtime sent them; no plan file of the example's own."""
+    plans = _runtime_plans(out)
+    assert [members for _, members in plans] == expected_members, plans
+    assert [int(plan_id.split("-")[0]) for plan_id, _ in plans] == list(range(len(plans)))
+    for name in names:
+        worlds = reports[name]["weight_sync"]["epochs"]
+        assert [(w["plan_id"], w["members"]) for w in worlds] == plans, (name, worlds)
+        for w, (plan_id, members) in zip(worlds, plans):
+            assert w["epoch"] == int(plan_id.split("-")[0]), (name, w)
+            assert w["group"] == "rlsched-weights-" + plan_id, (name, w)
+            assert w["world_size"] == 1 + len(members), (name, w)
+            rank = 0 if name == "trainer" else 1 + members.index(int(name[len("engine"):]))
+            assert w["rank"] == rank, (name, w)
+        assert sum(w["runs"] for w in worlds) == reports[name]["weight_sync"]["runs"]
+        assert worlds[-1]["runs"] >= 1, (name, worlds)
+    data = os.path.join(out, "data")
+    assert not [n for n in os.listdir(data) if n.startswith("plan") or n == "epochs"]
+    # The rendezvous files are named after the runtime's groups (gloo may remove one
+    # when every rank left it).
+    assert set(os.listdir(os.path.join(data, "stores"))) <= {
+        "rlsched-weights-" + plan_id for plan_id, _ in plans}
+
+
 def _check_live(out, summary, reports, report, steps, max_staleness):
     prompts, group = 8, 8
     assert summary["ok"], summary["checks"]
@@ -283,15 +356,19 @@ def _check_live(out, summary, reports, report, steps, max_staleness):
         for version, digest in loaded.items():
             assert digest == published[version], (name, version)
         assert str(steps) in loaded, (name, sorted(loaded))
-    # Every version went through rlsched's executor (gloo) to every engine: one run of
-    # the plan per version on every rank, each engine receiving the model's bytes (fp32
-    # HF parameters; the vocabulary's padding rows are not sent) per run.
+    # Every version after the initial policy (version 0, which every rank loads from
+    # its file) went through rlsched's executor (gloo) to every engine: one run of the
+    # plan per version on every rank, each engine receiving the model's bytes (fp32 HF
+    # parameters; the vocabulary's padding rows are not sent) per run; by the one plan
+    # the runtime made for both engines, in its world.
     model_bytes = sum(p.numel() * p.element_size() for p in load_model().parameters())
     for name in ("trainer", "engine0", "engine1"):
         sync = reports[name]["weight_sync"]
-        assert sync["runs"] == steps + 1, (name, sync)
+        assert sync["runs"] == steps, (name, sync)
         if name != "trainer":
-            assert sync["bytes"] == (steps + 1) * model_bytes, (name, sync)
+            assert sync["bytes"] == steps * model_bytes, (name, sync)
+    _check_worlds(out, reports, ("trainer", "engine0", "engine1"), [[0, 1]])
+    assert summary["checks"]["weight_sync_by_runtime_plans"]
     # The CSV has a row per step.
     with open(os.path.join(out, "rewards.csv")) as f:
         rows = f.read().strip().splitlines()
@@ -364,10 +441,15 @@ def test_live_run_survives_an_engine_killed_mid_generation(rlsched_bin, tmp_path
         with open(os.path.join(data, f"finished.engine{e}")) as f:
             finished |= {int(x) for x in f.read().split()}
     assert set(trained) <= finished
-    # The weight-sync world was rebuilt once, without the dead engine, on both sides.
+    # The weight-sync world was rebuilt once, without the dead engine, on both sides:
+    # the runtime planned the survivor's sync (membership epoch 1) and the trainer and
+    # engine 0 moved to that plan's world; versions 3.. went by it.
     for name in ("trainer", "engine0"):
         epochs = reports[name]["weight_sync"]["epochs"]
         assert [e["members"] for e in epochs] == [[0, 1], [0]], (name, epochs)
+        assert [e["runs"] for e in epochs] == [2, steps - 2], (name, epochs)
+        assert epochs[1]["resend_from"] == 3, (name, epochs)
+    _check_worlds(out, reports, ("trainer", "engine0"), [[0, 1], [0]])
     # The survivor loaded every version, byte-identical to the trainer's.
     published = reports["trainer"]["published"]
     loaded = reports["engine0"]["loaded"]
