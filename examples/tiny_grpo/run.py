@@ -358,6 +358,14 @@ def plans_problems(plans: dict, reports: dict) -> list:
     return problems
 
 
+def _sync_figures(syncs: list) -> dict:
+    seconds = sorted(s["seconds"] for s in syncs)
+    if not seconds:
+        return {"syncs": 0}
+    return {"syncs": len(seconds), "median_seconds": seconds[len(seconds) // 2],
+            "max_seconds": seconds[-1]}
+
+
 def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=None,
               plans=None, plan_files=()) -> dict:
     counters = report.get("counters", {})
@@ -438,6 +446,10 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
         "weight_sync": {n: {k: (r.get("weight_sync") or {}).get(k)
                             for k in ("runs", "seconds_per_run", "join_seconds")}
                         for n, r in reports.items() if r and r.get("weight_sync")},
+        # Each engine's syncs as it saw them (SyncWeights taken to weights committed):
+        # their count, median and largest seconds.
+        "engine_syncs": {n: _sync_figures(r.get("syncs") or [])
+                         for n, r in engines.items() if r},
         "engine_interrupts": {n: r.get("interrupts") if r else None for n, r in engines.items()},
         "partial_samples": trainer.get("partial_samples"),
         "resumed_tokens": sum((r or {}).get("resumed_tokens", 0) for r in engines.values()),

@@ -368,6 +368,10 @@ class PlanSync:
             v, self.incoming = self.incoming, self.incoming + 1
             if v > self.received:
                 self.received, self.state = v, self._hf_state()
+        if self.received != version:  # the trainer no longer had it: a newer one came
+            raise RuntimeError(f"{self.name}: SyncWeights to version {version}, but the "
+                               f"world of plan {self.plan.plan_id} sent from version "
+                               f"{self.received}")
         return self.state
 
 
@@ -460,6 +464,7 @@ class TinyEngine(EngineWorker):
         self._stop = False
         self._thread: Optional[threading.Thread] = None
         self.finished_samples: List[int] = []
+        self.syncs: List[dict] = []
         self.interrupts = 0
         self.resumed_tokens = 0
         self.error: Optional[str] = None
@@ -499,6 +504,7 @@ class TinyEngine(EngineWorker):
                 self._running.pop(sample, None)
 
     def sync_weights(self, sync) -> None:
+        start = time.monotonic()
         with self._lock:
             if sync.interrupt:
                 self.interrupts += 1
@@ -531,6 +537,10 @@ class TinyEngine(EngineWorker):
             for r in self._running.values():
                 r.cache = None  # no KV cache survives a weight update
             self.weights_loaded(sync.version)
+            # The sync as the engine saw it: SyncWeights taken to weights committed (the
+            # pause, a world joined when the plan is new, the runs, the load).
+            self.syncs.append({"version": sync.version, "plan_id": sync.plan_id,
+                               "seconds": round(time.monotonic() - start, 6)})
             self._lock.notify()
 
     def resume(self, resume) -> None:
@@ -603,6 +613,7 @@ class TinyEngine(EngineWorker):
     def report(self) -> dict:
         return {"finished": self.finished_samples, "loaded": self.loaded,
                 "weight_sync": self.weight_sync.report() if self.weight_sync else None,
+                "syncs": self.syncs,
                 "interrupts": self.interrupts, "resumed_tokens": self.resumed_tokens,
                 "error": self.error}
 
@@ -838,6 +849,9 @@ def main(argv=None) -> int:
     finally:
         report = worker.report()
         report["goodbye"] = worker.goodbye
+        import resource
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        report["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 3)
         write_json_atomic(args.report, report)
     return 0 if reason == "done" and not getattr(worker, "sync_error", None) else 1
 

@@ -320,6 +320,12 @@ def _check_worlds(out, reports, names, expected_members):
             assert w["rank"] == rank, (name, w)
         assert sum(w["runs"] for w in worlds) == reports[name]["weight_sync"]["runs"]
         assert worlds[-1]["runs"] >= 1, (name, worlds)
+        if name != "trainer":
+            # Each SyncWeights named the plan of the world the engine received it in:
+            # the worlds' plans in order, each named by a run of its syncs.
+            named = [s["plan_id"] for s in reports[name]["syncs"]]
+            assert [p for i, p in enumerate(named) if i == 0 or named[i - 1] != p] == [
+                w["plan_id"] for w in worlds], (name, named)
     data = os.path.join(out, "data")
     assert not [n for n in os.listdir(data) if n.startswith("plan") or n == "epochs"]
     # The rendezvous files are named after the runtime's groups (gloo may remove one
@@ -368,6 +374,8 @@ def _check_live(out, summary, reports, report, steps, max_staleness):
         if name != "trainer":
             assert sync["bytes"] == steps * model_bytes, (name, sync)
     _check_worlds(out, reports, ("trainer", "engine0", "engine1"), [[0, 1]])
+    for name in ("engine0", "engine1"):  # one SyncWeights per version after 0, in order
+        assert [s["version"] for s in reports[name]["syncs"]] == list(range(1, steps + 1))
     assert summary["checks"]["weight_sync_by_runtime_plans"]
     # The CSV has a row per step.
     with open(os.path.join(out, "rewards.csv")) as f:
