@@ -7,17 +7,18 @@ Usage (from the repository root, with Debian's python3-torch and the project bui
         [--rlsched build/rlsched] [-- run.py options...]
 
 Runs ``examples/tiny_grpo/run.py`` (``rlsched run``, 2 engine processes, a trainer,
-the weights through rlsched's executor over gloo) once per mode: ``sync``,
-``one_step_off``, ``async`` (max staleness 1, partial rollout), ``async_kill`` (the same
-with the last engine SIGKILLed mid-generation at --kill-engine-at), each with run.py's
-learning defaults unless options after ``--`` say otherwise. For each it prints the
-reward at the start (mean of the first 3 steps), the first step at which the mean
-reward of the last 3 steps reached --target (0.9 of the task's maximum 1.0) and the
-trainer's wall seconds then, the final reward (mean of the last 5 steps), the run's
-wall time and samples/s, and whether run.py's checks held. Writes DIR/<mode>/ (run.py's
-output) and DIR/reward.png (every mode's curve against step and against wall time;
-skipped with a message when matplotlib is absent). Exit status 1 when a run fails its
-checks or a mode does not reach the target.
+the weights through rlsched's executor over gloo by the runtime's weight-sync plans)
+once per mode: ``sync``, ``one_step_off``, ``async`` (max staleness 1, partial
+rollout), ``async_kill`` (the same with the last engine SIGKILLed mid-generation at
+--kill-engine-at), each with run.py's learning defaults unless options after ``--`` say
+otherwise. For each it prints the reward at the start (mean of the first 3 steps), the
+first step at which the mean reward of the last 3 steps reached --target (0.9 of the
+task's maximum 1.0) and the trainer's wall seconds then, the final reward (mean of the
+last 5 steps), the run's wall time and samples/s, the weight-sync plans the runtime
+made and each engine's syncs (count, median and largest seconds), and whether run.py's
+checks held. Writes DIR/<mode>/ (run.py's output) and DIR/reward.png (every mode's
+curve against step and against wall time; skipped with a message when matplotlib is
+absent). Exit status 1 when a run fails its checks or a mode does not reach the target.
 """
 
 import argparse
@@ -101,6 +102,10 @@ def main(argv=None) -> int:
             "wall_seconds": round(wall, 1),
             "samples_per_second": summary["samples_per_second"],
             "max_token_staleness": summary["max_token_staleness"],
+            # The weight syncs by the runtime's plans: the plans (membership epochs) the
+            # runtime made, and each engine's syncs (SyncWeights to weights committed).
+            "weight_sync_plans": len(summary.get("runtime_plans") or {}),
+            "engine_syncs": summary.get("engine_syncs"),
             "ok": summary["ok"],
         }
         if summary.get("killed"):
