@@ -257,34 +257,43 @@ MicroBatchOptions Resolved(const MicroBatchOptions& options) {
 }
 
 Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& options) {
-  internal::CheckWeights(lengths, "lengths");
   Padded padded;
+  padded.total_unpadded = internal::CheckWeights(lengths, "lengths");
   padded.lengths = lengths;
   if (options.pad_to_multiple_of == 1 && options.cost.kind() == CostModel::Kind::kTokens) {
     // No padding and a token's cost is the token: tokens and costs are the lengths,
     // checked as the loop below checks them (the costs' and the sums' checks then
     // pass as the lengths' did).
+    std::int64_t most = 0;
     for (std::size_t i = 0; i < lengths.size(); ++i) {
       if (lengths[i] > kMaxLength || lengths[i] > options.max_tokens_per_micro_batch) {
         CheckLength(lengths[i], i, options);
       }
+      most = std::max(most, lengths[i]);
     }
-    padded.tokens.assign(lengths.begin(), lengths.end());
-    padded.costs = padded.tokens;
+    padded.tokens = lengths;
+    padded.costs = lengths;
+    padded.total_tokens = padded.total_unpadded;
+    padded.total_cost = padded.total_unpadded;
+    padded.max_cost = most;
     return padded;
   }
-  padded.tokens.resize(lengths.size());
+  std::vector<std::int64_t>& tokens = padded.token_storage;
+  tokens.resize(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] > kMaxLength) {
       rlsched::FailBound("lengths[" + std::to_string(i) + "]", "<= 2^31", lengths[i]);
     }
     const std::int64_t t = RoundUp(lengths[i], options.pad_to_multiple_of);
     if (t > options.max_tokens_per_micro_batch) CheckLength(lengths[i], i, options);
-    padded.tokens[i] = t;
+    tokens[i] = t;
   }
-  internal::CheckWeights(padded.tokens, "lengths (padded)");
-  padded.costs = options.cost.Costs(padded.tokens);
-  internal::CheckWeights(padded.costs, "cost");
+  padded.total_tokens = internal::CheckWeights(tokens, "lengths (padded)");
+  padded.cost_storage = options.cost.Costs(tokens);
+  padded.total_cost = internal::CheckWeights(padded.cost_storage, "cost");
+  padded.tokens = tokens;
+  padded.costs = padded.cost_storage;
+  for (const std::int64_t c : padded.costs) padded.max_cost = std::max(padded.max_cost, c);
   return padded;
 }
 
@@ -305,11 +314,14 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
 }
 
 std::vector<RankItems> GatherRanks(const Padded& padded,
-                                   const std::vector<std::vector<std::int64_t>>& ranks,
+                                   std::vector<std::vector<std::int64_t>> ranks,
                                    std::span<const std::int32_t> rank_of_sequence) {
   std::vector<RankItems> gathered(ranks.size());
   auto one_by_one = [&] {
-    for (std::size_t r = 0; r < ranks.size(); ++r) gathered[r] = Gather(padded, ranks[r]);
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      gathered[r] = Gather(padded, ranks[r]);
+      gathered[r].global = std::move(ranks[r]);  // the same list
+    }
     return std::move(gathered);
   };
   const std::size_t n = padded.tokens.size();
@@ -330,18 +342,24 @@ std::vector<RankItems> GatherRanks(const Padded& padded,
     }
     rank_of = checked;
   }
+  // Each rank's lists written through a cursor of its own (its sequences ascending, as
+  // the pass over the batch meets them); its indices are its list, moved.
+  std::vector<std::int64_t*> tokens(ranks.size());
+  std::vector<std::int64_t*> costs(ranks.size());
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     RankItems& items = gathered[r];
-    items.tokens.reserve(ranks[r].size());
-    items.costs.reserve(ranks[r].size());
-    items.global.reserve(ranks[r].size());
+    items.tokens.resize(ranks[r].size());
+    items.costs.resize(ranks[r].size());
+    tokens[r] = items.tokens.data();
+    costs[r] = items.costs.data();
+    items.global = std::move(ranks[r]);
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (rank_of[i] < 0) continue;
-    RankItems& items = gathered[static_cast<std::size_t>(rank_of[i])];
-    items.tokens.push_back(padded.tokens[i]);
-    items.costs.push_back(padded.costs[i]);
-    items.global.push_back(static_cast<std::int64_t>(i));
+    const auto r = static_cast<std::size_t>(rank_of[i]);
+    RankItems& items = gathered[r];
+    *tokens[r]++ = padded.tokens[i];
+    *costs[r]++ = padded.costs[i];
     items.total_tokens += padded.tokens[i];
     items.total_unpadded += padded.lengths[i];
     items.total_cost += padded.costs[i];
@@ -559,21 +577,30 @@ RankPlan MakeRankPlan(const Padded& padded, const RankItems& items, std::int64_t
   // non-empty ones are sorted by index, then every batch moved once: O(s log s + m) for
   // s non-empty batches, however many empty ones a forced count adds.
   {
-    std::vector<std::size_t> full;
+    // The sort's keys side by side (not read through the batches).
+    struct Key {
+      std::int64_t cost;
+      std::int64_t first;
+      std::size_t batch;
+    };
+    std::vector<Key> full;
     std::vector<std::size_t> empty;
+    full.reserve(batches.size());
     for (std::size_t b = 0; b < batches.size(); ++b) {
-      (batches[b].indices.empty() ? empty : full).push_back(b);
+      if (batches[b].indices.empty()) {
+        empty.push_back(b);
+      } else {
+        full.push_back(Key{batches[b].cost, batches[b].indices.front(), b});
+      }
     }
-    std::sort(full.begin(), full.end(), [&](std::size_t a, std::size_t b) {
-      const MicroBatch& x = batches[a];
-      const MicroBatch& y = batches[b];
+    std::sort(full.begin(), full.end(), [](const Key& x, const Key& y) {
       if (x.cost != y.cost) return x.cost > y.cost;
-      return x.indices.front() < y.indices.front();  // distinct: no index in two batches
+      return x.first < y.first;  // distinct: no index in two batches
     });
     // Costs are >= 0, so an empty batch (cost 0) is never above a non-empty one.
     std::vector<MicroBatch> sorted;
     sorted.reserve(batches.size());
-    for (const std::size_t b : full) sorted.push_back(std::move(batches[b]));
+    for (const Key& key : full) sorted.push_back(std::move(batches[key.batch]));
     for (const std::size_t b : empty) sorted.push_back(std::move(batches[b]));
     batches = std::move(sorted);
   }

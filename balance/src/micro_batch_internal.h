@@ -59,11 +59,28 @@ struct RankItems {
   std::int64_t total_cost = 0;
 };
 
-// Padded lengths and their costs for the whole batch, checked against the cap.
+// Padded lengths and their costs for the whole batch, checked against the cap, and
+// their totals. Without padding and with the tokens' cost model (Pad()'s common case)
+// `tokens` and `costs` are the lengths themselves (no copy of the batch); else they
+// view storage of their own, which a move keeps (a copy would not: not copyable).
 struct Padded {
+  Padded() = default;
+  Padded(const Padded&) = delete;
+  Padded& operator=(const Padded&) = delete;
+  Padded(Padded&&) = default;
+  Padded& operator=(Padded&&) = default;
+
   std::span<const std::int64_t> lengths;  // unpadded
-  std::vector<std::int64_t> tokens;
-  std::vector<std::int64_t> costs;
+  std::span<const std::int64_t> tokens;
+  std::span<const std::int64_t> costs;
+  std::int64_t total_unpadded = 0;  // Σ lengths
+  std::int64_t total_tokens = 0;    // Σ tokens
+  std::int64_t total_cost = 0;      // Σ costs
+  std::int64_t max_cost = 0;        // the largest cost (0 for no sequence)
+
+  // What `tokens` and `costs` view when they are not the lengths (else empty).
+  std::vector<std::int64_t> token_storage;
+  std::vector<std::int64_t> cost_storage;
 };
 
 // Checks and pads `lengths` (resolved options): std::invalid_argument when a length
@@ -79,9 +96,10 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices);
 // random place per sequence and array.
 // `rank_of`, when given (one entry per sequence), is the rank of every sequence (-1
 // for none), which `ranks` must list ascending (not checked): the pass that finds it
-// from `ranks` (and checks them) is then skipped.
+// from `ranks` (and checks them) is then skipped. Each rank's list becomes its items'
+// `global` (moved, not copied: the callers pass the lists they are done with).
 std::vector<RankItems> GatherRanks(const Padded& padded,
-                                   const std::vector<std::vector<std::int64_t>>& ranks,
+                                   std::vector<std::vector<std::int64_t>> ranks,
                                    std::span<const std::int32_t> rank_of = {});
 
 // First-fit decreasing on tokens into m bins of `cap` tokens; nullopt when an item
@@ -177,8 +195,8 @@ RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOpti
 std::int64_t SmallestWithin(const std::vector<std::pair<std::int64_t, std::int64_t>>& tried,
                             double tolerance);
 
-// The padded tokens of the batch.
-std::int64_t TotalTokens(const Padded& padded);
+// The padded tokens of the batch (padded.total_tokens).
+inline std::int64_t TotalTokens(const Padded& padded) { return padded.total_tokens; }
 
 // Micro-batches without a sequence.
 std::int64_t EmptyMicroBatches(const StepPlan& plan);

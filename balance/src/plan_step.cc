@@ -63,16 +63,11 @@ std::int64_t EmptyMicroBatches(const StepPlan& plan) {
   return empty;
 }
 
-std::int64_t TotalTokens(const Padded& padded) {
-  return std::accumulate(padded.tokens.begin(), padded.tokens.end(), std::int64_t{0});
-}
-
 void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan) {
   plan.overhead = Overhead(mb);
   plan.sequences = static_cast<std::int64_t>(padded.tokens.size());
-  plan.tokens = TotalTokens(padded);
-  plan.unpadded_tokens =
-      std::accumulate(padded.lengths.begin(), padded.lengths.end(), std::int64_t{0});
+  plan.tokens = padded.total_tokens;
+  plan.unpadded_tokens = padded.total_unpadded;
   // A plan without ranks (the recipe's figures, RecipeDetail::kFigures) counted its own.
   if (plan.ranks.empty()) return;
   plan.empty_ranks = 0;
@@ -126,8 +121,7 @@ std::optional<OnCostBound> OnCostLowerBound(const Padded& padded, const StepOpti
   __extension__ typedef __int128 Wide;
   const Wide p1 = mb.pipeline_stages - 1;
   const Wide o = Overhead(mb);
-  const std::int64_t total_cost =
-      std::accumulate(padded.costs.begin(), padded.costs.end(), std::int64_t{0});
+  const std::int64_t total_cost = padded.total_cost;
   // No rank time of the plan can overflow (RankTime would throw): its count is at most
   // the whole batch's, its cost at most the total.
   const Wide most = Wide{total_cost} + Wide{SmallestCount(TotalTokens(padded), mb)} * o +
@@ -379,13 +373,24 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
   // what the ranks hold).
   std::int64_t fillable = RoundDown(n / num_ranks, q);
   std::vector<RankSearch> searches;
-  // The ranks' sequences gathered, as the searches below start from them.
-  // `rank_of` holds while `ranks` are the caller's (FillRanks has not moved any).
-  auto gather = [&] {
+  // The lists of the ranks back from the searches (for FillRanks, or a gather again).
+  auto take_back = [&] {
+    ranks.resize(searches.size());
+    for (std::size_t r = 0; r < searches.size(); ++r) {
+      ranks[r] = std::move(searches[r].items.global);
+    }
     searches.clear();
-    for (RankItems& items : GatherRanks(padded, ranks, rank_of)) {
+  };
+  // The ranks' sequences gathered, as the searches below start from them: the lists of
+  // `ranks` move into the searches' items (their `global`, the same lists), which hold
+  // them until taken back. `rank_of` holds while `ranks` are the caller's (FillRanks
+  // has not moved any).
+  auto gather = [&] {
+    if (!searches.empty()) take_back();
+    for (RankItems& items : GatherRanks(padded, std::move(ranks), rank_of)) {
       searches.push_back(RankSearch{std::move(items), 0, std::nullopt});
     }
+    ranks.clear();
     rank_of = {};
   };
   // Of the gathered ranks.
@@ -396,9 +401,13 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
     }
     return from;
   };
+  // Of the ranks, wherever their lists are (`ranks` before a gather, else the searches).
   auto fewest = [&] {
     std::int64_t least = std::numeric_limits<std::int64_t>::max();
     for (const auto& rank : ranks) least = std::min(least, static_cast<std::int64_t>(rank.size()));
+    for (const RankSearch& search : searches) {
+      least = std::min(least, static_cast<std::int64_t>(search.items.global.size()));
+    }
     return least;
   };
   if (movable.fixed_counts) fillable = std::min(fillable, RoundDown(fewest(), q));
@@ -411,6 +420,7 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
     const std::int64_t target = std::max(from, std::min(desired, fillable));
     if (fewest() < target && !movable.fixed_counts) {
       // When the batch cannot fill every rank to it: as evenly as it can.
+      take_back();
       FillRanks(padded, movable.group_of, std::min(target, n / num_ranks), ranks);
       gather();
       if (smallest_count() != from && round < 3) continue;  // the fill raised the count
@@ -453,11 +463,13 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
     StepPlan plan;
     plan.num_micro_batches = count;
     for (const RankSearch& search : searches) {
-      const auto packing = search.feasible_count == count
-                               ? search.packing
-                               : Pack(search.items, count, cap, mb.refine, search.packing,
-                                      PackGoalFor(search.items.tokens.size(), mb));
-      plan.ranks.push_back(MakeRankPlan(padded, search.items, count, *packing, mb));
+      std::optional<Assignment> repacked;
+      if (search.feasible_count != count) {
+        repacked = Pack(search.items, count, cap, mb.refine, search.packing,
+                        PackGoalFor(search.items.tokens.size(), mb));
+      }
+      const Assignment& packing = search.feasible_count == count ? *search.packing : *repacked;
+      plan.ranks.push_back(MakeRankPlan(padded, search.items, count, packing, mb));
       plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
     }
     plan.empty_micro_batches = EmptyMicroBatches(plan);

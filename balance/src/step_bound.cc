@@ -285,14 +285,9 @@ std::pair<long double, std::int64_t> CombinedBound(const UnitCosts& units, PartS
 StepBound StepLowerBound(const Padded& padded, std::int64_t max_unit_cost, const UnitCosts& units,
                          PartSizes unit_counts, Empties empties, const StepOptions& options) {
   const MicroBatchOptions& mb = options.micro_batch;
-  std::int64_t total_cost = 0;
-  std::int64_t total_tokens = 0;
-  std::int64_t max_item = 0;
-  for (std::size_t i = 0; i < padded.costs.size(); ++i) {
-    total_cost += padded.costs[i];
-    total_tokens += padded.tokens[i];
-    max_item = std::max(max_item, padded.costs[i]);
-  }
+  const std::int64_t total_cost = padded.total_cost;
+  const std::int64_t total_tokens = padded.total_tokens;
+  const std::int64_t max_item = padded.max_cost;
   const long double r = static_cast<long double>(options.num_ranks);
   const long double heaviest =
       std::max(static_cast<long double>(total_cost) / r, static_cast<long double>(max_unit_cost));

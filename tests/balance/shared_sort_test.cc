@@ -253,10 +253,24 @@ TEST(SharedSortTest, PadWithoutPaddingKeepsTheLengths) {
   for (int trial = 0; trial < 50; ++trial) {
     std::vector<std::int64_t> lengths(RandomSize(rng));
     for (std::int64_t& l : lengths) l = rng.UniformInt(0, 4096);
-    const internal::Padded padded = internal::Pad(lengths, resolved);
-    EXPECT_EQ(padded.tokens, lengths);
-    EXPECT_EQ(padded.costs, lengths);
+    internal::Padded padded = internal::Pad(lengths, resolved);
+    const std::vector<std::int64_t> tokens(padded.tokens.begin(), padded.tokens.end());
+    const std::vector<std::int64_t> costs(padded.costs.begin(), padded.costs.end());
+    EXPECT_EQ(tokens, lengths);
+    EXPECT_EQ(costs, lengths);
     EXPECT_EQ(padded.lengths.size(), lengths.size());
+    // The lengths themselves, not a copy.
+    EXPECT_EQ(padded.tokens.data(), lengths.data());
+    EXPECT_EQ(padded.costs.data(), lengths.data());
+    const std::int64_t sum = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
+    EXPECT_EQ(padded.total_unpadded, sum);
+    EXPECT_EQ(padded.total_tokens, sum);
+    EXPECT_EQ(padded.total_cost, sum);
+    EXPECT_EQ(padded.max_cost,
+              lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end()));
+    // A move keeps what the views see.
+    const internal::Padded moved = std::move(padded);
+    EXPECT_EQ(moved.tokens.data(), lengths.data());
   }
   auto message = [&](const std::vector<std::int64_t>& lengths, const MicroBatchOptions& o) {
     try {
@@ -283,6 +297,51 @@ TEST(SharedSortTest, PadWithoutPaddingKeepsTheLengths) {
   const std::vector<std::int64_t> negative = {4, -2};
   EXPECT_EQ(message(negative, resolved), message(negative, padded_by_two));
   EXPECT_NE(message(negative, resolved), "no error");
+}
+
+// Pad() with padding or the attention cost model: tokens and costs of their own (the
+// lengths rounded up to the multiple, their costs under the model), and the totals
+// and the largest cost the sums and the maximum of those, on random seeded batches.
+TEST(SharedSortTest, PadWithPaddingTotalsItsTokensAndCosts) {
+  workload::Rng rng(195);
+  for (int trial = 0; trial < 100; ++trial) {
+    MicroBatchOptions mb;
+    mb.max_tokens_per_micro_batch = 8192;
+    mb.pad_to_multiple_of = rng.UniformInt(1, 3) == 1 ? 1 : rng.UniformInt(2, 128);
+    if (mb.pad_to_multiple_of == 1 || rng.UniformInt(0, 1) == 1) {
+      mb.cost = CostModel::Attention(1.0, 1e-4, static_cast<double>(rng.UniformInt(0, 5)));
+    }
+    const MicroBatchOptions resolved = internal::Resolved(mb);
+    std::vector<std::int64_t> lengths(RandomSize(rng));
+    for (std::int64_t& l : lengths) l = rng.UniformInt(0, 8000);
+    internal::Padded padded = internal::Pad(lengths, resolved);
+    const std::string where = "trial " + std::to_string(trial);
+    ASSERT_EQ(padded.tokens.size(), lengths.size()) << where;
+    ASSERT_EQ(padded.costs.size(), lengths.size()) << where;
+    std::int64_t tokens = 0;
+    std::int64_t costs = 0;
+    std::int64_t most = 0;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      const std::int64_t t =
+          (lengths[i] + mb.pad_to_multiple_of - 1) / mb.pad_to_multiple_of * mb.pad_to_multiple_of;
+      ASSERT_EQ(padded.tokens[i], t) << where << ", sequence " << i;
+      ASSERT_EQ(padded.costs[i], mb.cost.Cost(t)) << where << ", sequence " << i;
+      tokens += t;
+      costs += padded.costs[i];
+      most = std::max(most, padded.costs[i]);
+    }
+    EXPECT_EQ(padded.total_unpadded,
+              std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0}))
+        << where;
+    EXPECT_EQ(padded.total_tokens, tokens) << where;
+    EXPECT_EQ(padded.total_cost, costs) << where;
+    EXPECT_EQ(padded.max_cost, most) << where;
+    // Storage of its own, which a move keeps.
+    const std::int64_t* const data = padded.costs.data();
+    const internal::Padded moved = std::move(padded);
+    EXPECT_EQ(moved.costs.data(), data) << where;
+    EXPECT_EQ(moved.total_cost, costs) << where;
+  }
 }
 
 // FirstFitDecreasing() (which fills a bin with a run of equal items at once) is plain
