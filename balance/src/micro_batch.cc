@@ -190,15 +190,17 @@ bool Repair(const RankItems& items, std::int64_t m, std::int64_t cap,
 
 namespace {
 
-// The largest room of a fixed number of bins (int64, exact), with the first bin whose
-// room is at least a need: first-fit in O(log m) per item.
+// The largest room of a fixed number of bins, with the first bin whose room is at
+// least a need: first-fit in O(log m) per item. `Room` holds every room (int32 when
+// the cap fits: half the tree's memory, for the descents' cache misses).
+template <typename Room>
 class RoomTree {
  public:
   RoomTree(std::size_t size, std::int64_t room) {
     while (leaves_ < size) leaves_ *= 2;
     tree_.assign(2 * leaves_, -1);  // padding: never fits (every need is >= 0)
     std::fill(tree_.begin() + static_cast<std::ptrdiff_t>(leaves_),
-              tree_.begin() + static_cast<std::ptrdiff_t>(leaves_ + size), room);
+              tree_.begin() + static_cast<std::ptrdiff_t>(leaves_ + size), static_cast<Room>(room));
     for (std::size_t i = leaves_; i-- > 1;) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
   }
   // The smallest bin with room >= need, or -1.
@@ -209,12 +211,13 @@ class RoomTree {
     return static_cast<std::int64_t>(node - leaves_);
   }
   std::int64_t Get(std::size_t i) const { return tree_[leaves_ + i]; }
+  // `room` at most the room the tree was made with.
   void Set(std::size_t i, std::int64_t room) {
     std::size_t node = leaves_ + i;
-    tree_[node] = room;
+    tree_[node] = static_cast<Room>(room);
     // Up to the first ancestor whose maximum stays (then none above it changes).
     for (node /= 2; node >= 1; node /= 2) {
-      const std::int64_t max = std::max(tree_[2 * node], tree_[2 * node + 1]);
+      const Room max = std::max(tree_[2 * node], tree_[2 * node + 1]);
       if (tree_[node] == max) break;
       tree_[node] = max;
     }
@@ -222,8 +225,34 @@ class RoomTree {
 
  private:
   std::size_t leaves_ = 1;
-  std::vector<std::int64_t> tree_;
+  std::vector<Room> tree_;
 };
+
+// FirstFitDecreasing() on a RoomTree<Room>.
+template <typename Room>
+std::optional<Assignment> FirstFitOn(const RankItems& items, std::int64_t m, std::int64_t cap,
+                                     std::span<const std::int32_t> by_tokens) {
+  RoomTree<Room> room(static_cast<std::size_t>(m), cap);
+  Assignment assignment(items.tokens.size(), 0);
+  // A run of items of equal tokens t: once one goes to bin b (every bin before b has
+  // room below t, and keeps it), the next goes to b too while b has room for it. So the
+  // run fills b as far as it can, and the tree is updated once per bin instead of once
+  // per item (the same assignment).
+  const std::size_t n = by_tokens.size();
+  for (std::size_t s = 0; s < n;) {
+    const std::int64_t t = items.tokens[static_cast<std::size_t>(by_tokens[s])];
+    const std::int64_t bin = room.FirstAtLeast(t);
+    if (bin < 0) return std::nullopt;
+    std::int64_t left = room.Get(static_cast<std::size_t>(bin));
+    do {
+      assignment[static_cast<std::size_t>(by_tokens[s])] = static_cast<std::int32_t>(bin);
+      left -= t;
+      ++s;
+    } while (s < n && left >= t && items.tokens[static_cast<std::size_t>(by_tokens[s])] == t);
+    room.Set(static_cast<std::size_t>(bin), left);
+  }
+  return assignment;
+}
 
 }  // namespace
 
@@ -315,7 +344,8 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
 
 std::vector<RankItems> GatherRanks(const Padded& padded,
                                    std::vector<std::vector<std::int64_t>> ranks,
-                                   std::span<const std::int32_t> rank_of_sequence) {
+                                   std::span<const std::int32_t> rank_of_sequence,
+                                   std::span<const std::int32_t> tokens_order) {
   std::vector<RankItems> gathered(ranks.size());
   auto one_by_one = [&] {
     for (std::size_t r = 0; r < ranks.size(); ++r) {
@@ -364,6 +394,24 @@ std::vector<RankItems> GatherRanks(const Padded& padded,
     items.total_unpadded += padded.lengths[i];
     items.total_cost += padded.costs[i];
   }
+  if (tokens_order.size() == n) {
+    // Every sequence's place in its rank (its rank's sequences ascend), then the
+    // batch's order walked, each sequence's place appended to its rank's order.
+    std::vector<std::int32_t> place(n);
+    std::vector<std::int32_t*> next(ranks.size());
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      gathered[r].by_tokens.resize(gathered[r].tokens.size());
+      next[r] = gathered[r].by_tokens.data();
+    }
+    std::vector<std::int32_t> seen(ranks.size(), 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (rank_of[i] >= 0) place[i] = seen[static_cast<std::size_t>(rank_of[i])]++;
+    }
+    for (const std::int32_t i : tokens_order) {
+      const std::int32_t r = rank_of[static_cast<std::size_t>(i)];
+      if (r >= 0) *next[static_cast<std::size_t>(r)]++ = place[static_cast<std::size_t>(i)];
+    }
+  }
   return gathered;
 }
 
@@ -375,26 +423,11 @@ std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_
 std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_t m,
                                              std::int64_t cap,
                                              std::span<const std::int32_t> by_tokens) {
-  RoomTree room(static_cast<std::size_t>(m), cap);
-  Assignment assignment(items.tokens.size(), 0);
-  // A run of items of equal tokens t: once one goes to bin b (every bin before b has
-  // room below t, and keeps it), the next goes to b too while b has room for it. So the
-  // run fills b as far as it can, and the tree is updated once per bin instead of once
-  // per item (the same assignment).
-  const std::size_t n = by_tokens.size();
-  for (std::size_t s = 0; s < n;) {
-    const std::int64_t t = items.tokens[static_cast<std::size_t>(by_tokens[s])];
-    const std::int64_t bin = room.FirstAtLeast(t);
-    if (bin < 0) return std::nullopt;
-    std::int64_t left = room.Get(static_cast<std::size_t>(bin));
-    do {
-      assignment[static_cast<std::size_t>(by_tokens[s])] = static_cast<std::int32_t>(bin);
-      left -= t;
-      ++s;
-    } while (s < n && left >= t && items.tokens[static_cast<std::size_t>(by_tokens[s])] == t);
-    room.Set(static_cast<std::size_t>(bin), left);
+  // Every room stays in [0, cap] (an item goes only where it fits).
+  if (cap <= std::numeric_limits<std::int32_t>::max()) {
+    return FirstFitOn<std::int32_t>(items, m, cap, by_tokens);
   }
-  return assignment;
+  return FirstFitOn<std::int64_t>(items, m, cap, by_tokens);
 }
 
 void FillEmptyBins(const RankItems& items, std::int64_t m, Assignment& assignment) {
@@ -440,6 +473,14 @@ void FillEmptyBins(const RankItems& items, std::int64_t m, Assignment& assignmen
 
 namespace {
 
+// HeaviestFirst(items.tokens): the gather's (items.by_tokens) when it made it, else
+// sorted into `storage`.
+std::span<const std::int32_t> ByTokens(const RankItems& items, std::vector<std::int32_t>& storage) {
+  if (items.by_tokens.size() == items.tokens.size()) return items.by_tokens;
+  storage = HeaviestFirst(items.tokens);
+  return storage;
+}
+
 // PackGoal::kWithinCap: the first of `extra`, first-fit decreasing, Karmarkar-Karp on
 // cost repaired, and longest first on tokens that keeps the cap, empty bins filled
 // (`extra` as it is when none does, as the balanced Pack() takes it).
@@ -452,7 +493,8 @@ std::optional<Assignment> FirstWithinCap(const RankItems& items, std::int64_t m,
     return std::optional<Assignment>(std::move(packing));
   };
   if (extra && WithinCap(LoadsOf(items, m, *extra), cap)) return done(*extra);
-  const std::vector<std::int32_t> by_tokens = HeaviestFirst(items.tokens);
+  std::vector<std::int32_t> sorted_here;
+  const std::span<const std::int32_t> by_tokens = ByTokens(items, sorted_here);
   if (auto ffd = FirstFitDecreasing(items, m, cap, by_tokens)) return done(std::move(*ffd));
   Assignment kk = KarmarkarKarpSorted(
       items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
@@ -481,7 +523,8 @@ std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int6
   // The items by tokens, heaviest first, sorted once for the repair, the greedy and
   // first-fit; by cost the same order when costs are the tokens (the tokens' cost model
   // without padding).
-  const std::vector<std::int32_t> by_tokens = HeaviestFirst(items.tokens);
+  std::vector<std::int32_t> sorted_here;
+  const std::span<const std::int32_t> by_tokens = ByTokens(items, sorted_here);
   Assignment kk = KarmarkarKarpSorted(
       items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
       PartSizes::kAny);

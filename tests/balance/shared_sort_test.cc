@@ -351,10 +351,15 @@ TEST(SharedSortTest, FirstFitDecreasingIsPlainFirstFit) {
   workload::Rng rng(195);
   for (int trial = 0; trial < 400; ++trial) {
     const std::size_t n = std::min<std::size_t>(RandomSize(rng), 1500);  // the scan is O(n·m)
-    const std::int64_t cap = rng.UniformInt(1, 64);
+    // Scaled in some trials to rooms near and above 2^31 (the tree's 32-bit and 64-bit
+    // rooms: cap 2^31 and above takes the 64-bit one).
+    const std::int64_t scale = rng.UniformInt(0, 2) == 0 ? std::int64_t{1} << 25 : 1;
+    const std::int64_t cap = rng.UniformInt(1, 64) * scale;
     std::vector<std::int64_t> lengths(n);
-    const std::int64_t top = rng.UniformInt(0, cap);
-    for (std::int64_t& l : lengths) l = rng.UniformInt(0, 3) == 0 ? top : rng.UniformInt(0, top);
+    const std::int64_t top = rng.UniformInt(0, cap / scale) * scale;
+    for (std::int64_t& l : lengths) {
+      l = rng.UniformInt(0, 3) == 0 ? top : rng.UniformInt(0, top / scale) * scale;
+    }
     MicroBatchOptions mb;
     mb.max_tokens_per_micro_batch = cap;
     const internal::Padded padded = internal::Pad(lengths, internal::Resolved(mb));
@@ -414,12 +419,22 @@ TEST(SharedSortTest, GatherRanksGivenTheRanksIsGatherOfEachRank) {
       ranks[static_cast<std::size_t>(r)].push_back(static_cast<std::int64_t>(i));
       rank_of[i] = r;
     }
-    const std::vector<internal::RankItems> got = internal::GatherRanks(padded, ranks, rank_of);
+    // Half the trials with the batch's order by tokens: each rank's is read from it.
+    const bool ordered = trial % 2 == 1;
+    const std::vector<std::int32_t> tokens_order =
+        ordered ? internal::HeaviestFirst(padded.tokens) : std::vector<std::int32_t>{};
+    const std::vector<internal::RankItems> got =
+        internal::GatherRanks(padded, ranks, rank_of, tokens_order);
     ASSERT_EQ(got.size(), ranks.size());
     std::size_t placed = 0;
     for (std::size_t r = 0; r < ranks.size(); ++r) {
       const internal::RankItems want = internal::Gather(padded, ranks[r]);
       const std::string where = "trial " + std::to_string(trial) + " rank " + std::to_string(r);
+      if (ordered) {
+        EXPECT_EQ(got[r].by_tokens, internal::HeaviestFirst(want.tokens)) << where;
+      } else {
+        EXPECT_TRUE(got[r].by_tokens.empty()) << where;
+      }
       EXPECT_EQ(got[r].tokens, want.tokens) << where;
       EXPECT_EQ(got[r].costs, want.costs) << where;
       EXPECT_EQ(got[r].global, want.global) << where;
