@@ -1,6 +1,8 @@
 #include "rlsched/wire/reshard_convert.h"
 
 #include <gmock/gmock.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/util/delimited_message_util.h>
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
@@ -9,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <set>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "rlsched/common/error.h"
+#include "rlsched/common/workload.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
 #include "rlsched/wire/balance_convert.h"
@@ -653,6 +657,157 @@ TEST(ReshardConvertTest, BinaryPlanGivesEachGpuItsTransfers) {
       }
     }
   }
+}
+
+// A random layout of the tiny Llama or the tiny MoE, seeded: any sizes, the planner
+// deciding which fit (nullopt when it refuses them).
+std::optional<rollout::ReshardPlan> RandomPlan(std::uint64_t seed) {
+  workload::Rng rng(seed);
+  const bool moe = rng.UniformInt(0, 1) == 1;
+  const rollout::ModelConfig model = rollout::ParseHfConfig(moe ? kTinyMoe : kTinyLlama);
+  const auto pick = [&](std::initializer_list<std::int64_t> values) {
+    return *(values.begin() + rng.UniformInt(0, static_cast<std::int64_t>(values.size()) - 1));
+  };
+  rollout::ReshardOptions o;
+  o.train.tp = pick({1, 2, 4});
+  o.train.pp = pick({1, 2, 4});
+  o.train.vpp = pick({1, 1, 2});
+  o.train.cp = pick({1, 1, 2});
+  o.train.dp = pick({1, 2, 3});
+  if (moe) {
+    o.train.ep = pick({1, 2, 4});
+    o.train.etp = pick({1, 1, 2});
+  }
+  o.infer.tp = pick({1, 2, 4, 8});
+  o.infer.replicas = rng.UniformInt(1, 4);
+  o.infer.expert_parallel = moe && rng.UniformInt(0, 1) == 1;
+  o.infer.round_robin_experts = o.infer.expert_parallel && rng.UniformInt(0, 1) == 1;
+  o.topology.colocated = rng.UniformInt(0, 1) == 1;
+  o.topology.gpus_per_node = pick({1, 2, 3, 4, 8});
+  o.bucket_bytes = pick({2048, 4096, 1 << 16, std::int64_t{512} << 20});
+  o.target_dtype =
+      rng.UniformInt(0, 2) == 0 ? rollout::TargetDtype::kFp8Block128 : rollout::TargetDtype::kBf16;
+  try {
+    return rollout::PlanReshard(model, o);
+  } catch (const std::invalid_argument&) {
+    return std::nullopt;
+  }
+}
+
+// The parts built straight from a plan are the binary plan file's parts, for every GPU
+// (and past the last one), whatever the layout: equal messages, and each part written
+// in the file is the canonical encoding of the part built.
+TEST(ReshardConvertTest, PartsBuiltFromThePlanAreTheFilesParts) {
+  int planned = 0;
+  for (std::uint64_t seed = 1; planned < 40 && seed <= 400; ++seed) {
+    const std::optional<rollout::ReshardPlan> plan = RandomPlan(seed);
+    if (!plan) continue;
+    ++planned;
+    SCOPED_TRACE(seed);
+    std::stringstream file;
+    WriteReshardPlanBinary(*plan, file);
+    const std::string bytes = file.str();
+    const v1::ReshardPlanIndex index = ReadReshardPlanIndex(file);
+    ReshardRankParts parts(*plan);
+    const v1::ReshardPlan full = ToReshardPlanMessage(*plan, /*include_transfers=*/true);
+    std::int64_t gpus = 0;
+    for (const rollout::Transfer& t : plan->transfers) {
+      gpus = std::max(gpus, t.src_rank + 1);
+      for (const std::int64_t d : t.dst_ranks) gpus = std::max(gpus, d + 1);
+    }
+    ASSERT_EQ(parts.gpus(), gpus);
+    std::int64_t pairs = 0;
+    for (std::int64_t rank = 0; rank <= gpus; ++rank) {
+      SCOPED_TRACE(rank);
+      const v1::ReshardRankPart built = parts.Part(rank);
+      const v1::ReshardRankPart read = ReadReshardRankPart(file, index, rank);
+      ASSERT_TRUE(MessageDifferencer::Equals(built, read)) << built.ShortDebugString() << "\nvs\n"
+                                                           << read.ShortDebugString();
+      EXPECT_EQ(static_cast<std::size_t>(built.transfers_size()), parts.TransfersOf(rank).size());
+      for (int k = 0; k < built.transfers_size(); ++k) {
+        EXPECT_EQ(built.transfers(k).index(), parts.TransfersOf(rank)[static_cast<std::size_t>(k)]);
+      }
+      pairs += built.transfers_size();
+      // Against the plan itself: the GPU's transfers, in plan order; names and receiver
+      // sets numbered in order of first use, each used.
+      const std::vector<v1::Transfer> got = RankPartTransfers(built);
+      const std::vector<v1::Transfer> want = TransfersOf(full, rank);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(MessageDifferencer::Equals(got[i], want[i])) << got[i].ShortDebugString();
+      }
+      int next_name = 0, next_group = 0;
+      for (const v1::RankTransfer& t : built.transfers()) {
+        for (const int name : {t.src_param(), t.dst_param()}) {
+          EXPECT_LE(name, next_name);
+          next_name = std::max(next_name, name + 1);
+        }
+        EXPECT_LE(t.dst_group(), next_group);
+        next_group = std::max(next_group, t.dst_group() + 1);
+      }
+      EXPECT_EQ(next_name, built.param_names_size());
+      EXPECT_EQ(next_group, built.dst_groups_size());
+      // The one-GPU function gives the same part.
+      if (rank % 3 == 0) {
+        EXPECT_TRUE(MessageDifferencer::Equals(ToReshardRankPart(*plan, rank), built));
+      }
+    }
+    std::int64_t expected_pairs = 0;
+    for (const rollout::Transfer& t : plan->transfers) {
+      expected_pairs += static_cast<std::int64_t>(t.dst_ranks.size()) + (t.local() ? 0 : 1);
+    }
+    EXPECT_EQ(pairs, expected_pairs);
+    // Byte for byte: every index entry points at the delimited encoding of its GPU's
+    // part as built.
+    for (const v1::ReshardRankPartEntry& e : index.parts()) {
+      std::string encoded;
+      {
+        google::protobuf::io::StringOutputStream stream(&encoded);
+        ASSERT_TRUE(google::protobuf::util::SerializeDelimitedToZeroCopyStream(parts.Part(e.rank()),
+                                                                               &stream));
+      }
+      EXPECT_EQ(e.size(), encoded.size());
+      EXPECT_EQ(bytes.substr(e.offset(), e.size()), encoded) << "rank " << e.rank();
+    }
+    // A part reused: its memory is cleared first.
+    v1::ReshardRankPart reused = parts.Part(gpus - 1);
+    parts.BuildPart(0, reused);
+    EXPECT_TRUE(MessageDifferencer::Equals(reused, parts.Part(0)));
+  }
+  EXPECT_GE(planned, 40);
+}
+
+TEST(ReshardConvertTest, PartsOfABadPlanNameTheField) {
+  rollout::ReshardPlan plan;
+  plan.param_names = {"a", "b"};
+  plan.transfers.push_back({.src_rank = 1, .src_param = 0, .dst_ranks = {4, 9}, .dst_param = 1});
+  EXPECT_EQ(ReshardRankParts(plan).gpus(), 10);
+  EXPECT_THAT(ToReshardRankPart(plan, 9).ShortDebugString(), HasSubstr("ranks: 4 ranks: 9"));
+  EXPECT_EQ(ToReshardRankPart(plan, 3).transfers_size(), 0);
+  const auto error_of = [](const rollout::ReshardPlan& p) -> std::string {
+    try {
+      ReshardRankParts parts(p);
+    } catch (const FieldError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  rollout::ReshardPlan bad = plan;
+  bad.transfers[0].dst_ranks[1] = -2;
+  EXPECT_EQ(error_of(bad), "transfers[0].dst_ranks[1]: must be in [0, 2^21), got -2");
+  bad = plan;
+  bad.transfers[0].src_rank = std::int64_t{1} << 21;
+  EXPECT_EQ(error_of(bad), "transfers[0].src_rank: must be in [0, 2^21), got 2097152");
+  bad = plan;
+  bad.transfers[0].dst_param = 2;
+  EXPECT_EQ(error_of(bad),
+            "transfers[0].dst_param: must be in [0, 2) (the plan's param_names), got 2");
+  std::stringstream file;
+  EXPECT_THROW(WriteReshardPlanBinary(bad, file), FieldError);
+  EXPECT_THROW(ToReshardRankPart(plan, -1), FieldError);
+  ReshardRankParts parts(plan);
+  EXPECT_THROW(parts.Part(-1), FieldError);
+  EXPECT_THROW(parts.TransfersOf(-1), FieldError);
 }
 
 TEST(ReshardConvertTest, BinaryPlanErrors) {

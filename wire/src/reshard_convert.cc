@@ -10,10 +10,12 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "rlsched/common/error.h"
@@ -29,6 +31,8 @@ constexpr std::int64_t kMaxRanks = std::int64_t{1} << 20;  // GPUs on either sid
 constexpr std::int64_t kMaxChunkLayers = std::int64_t{1} << 31;
 constexpr std::int64_t kMaxBucketBytes = std::int64_t{1} << 40;
 constexpr double kMaxGbPerS = 1e6;
+// GPUs a plan's transfers may name: trainer and engine worlds of at most 2^20 each.
+constexpr std::int64_t kMaxPlanGpus = std::int64_t{1} << 21;
 
 // A size where 0 means `unset` (the default), in [0, max]; returns its value.
 std::int64_t SizeOrDefault(std::string_view field, std::int64_t value, std::int64_t max,
@@ -323,7 +327,7 @@ void AppendJsonSlice(std::string& out, const std::vector<rollout::Range>& slice)
   out += ']';
 }
 
-// Protobuf's binary encoding, appended to a string.
+// A varint (a part's length prefix), appended to a string.
 void PutVarint(std::string& out, std::uint64_t value) {
   std::uint8_t bytes[10];
   std::uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(value, bytes);
@@ -332,159 +336,6 @@ void PutVarint(std::string& out, std::uint64_t value) {
 std::size_t VarintSize(std::uint64_t value) {
   return google::protobuf::io::CodedOutputStream::VarintSize64(value);
 }
-// A varint field (int32, int64, enum: negative values as their 64-bit two's
-// complement); omitted when 0, as proto3 serialises.
-void PutVarintField(std::string& out, int field, std::int64_t value) {
-  if (value == 0) return;
-  PutVarint(out, static_cast<std::uint64_t>(field) << 3);
-  PutVarint(out, static_cast<std::uint64_t>(value));
-}
-void PutLengthPrefix(std::string& out, int field, std::size_t length) {
-  PutVarint(out, (static_cast<std::uint64_t>(field) << 3) | 2);
-  PutVarint(out, length);
-}
-// A packed repeated int64 field of begin, end pairs; omitted when empty.
-void PutPackedSlice(std::string& out, int field, const std::vector<rollout::Range>& slice) {
-  if (slice.empty()) return;
-  std::size_t length = 0;
-  for (const rollout::Range& r : slice) {
-    length += VarintSize(static_cast<std::uint64_t>(r.begin)) +
-              VarintSize(static_cast<std::uint64_t>(r.end));
-  }
-  PutLengthPrefix(out, field, length);
-  for (const rollout::Range& r : slice) {
-    PutVarint(out, static_cast<std::uint64_t>(r.begin));
-    PutVarint(out, static_cast<std::uint64_t>(r.end));
-  }
-}
-
-// The GPUs each transfer involves (its sender and its receivers, each once), and for
-// each GPU the transfers it is in, ascending (a CSR index).
-struct RankMembership {
-  std::vector<std::size_t> start;  // per GPU, into `transfers`; GPUs + 1 entries
-  std::vector<std::uint32_t> transfers;
-};
-
-RankMembership MembershipOf(const rollout::ReshardPlan& plan) {
-  if (plan.transfers.size() > std::numeric_limits<std::uint32_t>::max()) {
-    throw std::runtime_error("plan file: more than 2^32 transfers");
-  }
-  std::int64_t gpus = 0;
-  for (const rollout::Transfer& t : plan.transfers) {
-    gpus = std::max(gpus, t.src_rank + 1);
-    for (std::int64_t d : t.dst_ranks) gpus = std::max(gpus, d + 1);
-  }
-  RankMembership m;
-  m.start.assign(static_cast<std::size_t>(gpus) + 1, 0);
-  auto each_gpu = [](const rollout::Transfer& t, auto&& visit) {
-    visit(t.src_rank);
-    for (std::int64_t d : t.dst_ranks) {
-      if (d != t.src_rank) visit(d);
-    }
-  };
-  for (const rollout::Transfer& t : plan.transfers) {
-    each_gpu(t, [&](std::int64_t g) { ++m.start[static_cast<std::size_t>(g) + 1]; });
-  }
-  for (std::size_t g = 1; g < m.start.size(); ++g) m.start[g] += m.start[g - 1];
-  m.transfers.resize(m.start.back());
-  std::vector<std::size_t> next(m.start.begin(), m.start.end() - 1);
-  for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
-    each_gpu(plan.transfers[i], [&](std::int64_t g) {
-      m.transfers[next[static_cast<std::size_t>(g)]++] = static_cast<std::uint32_t>(i);
-    });
-  }
-  return m;
-}
-
-// Encodes one GPU's ReshardRankPart. Names and receiver sets get part-local ids in
-// order of first use; `group_of` gives each transfer's plan-wide receiver set id and
-// `groups` the sets' first transfers.
-class RankPartEncoder {
- public:
-  RankPartEncoder(const rollout::ReshardPlan& plan, const std::vector<std::uint32_t>& group_of,
-                  const std::vector<std::uint32_t>& groups)
-      : plan_(plan),
-        group_of_(group_of),
-        groups_(groups),
-        name_ids_(plan.param_names.size(), -1),
-        group_ids_(groups.size(), -1) {}
-
-  // The part holding `transfers` (ascending plan indices), as a delimited message
-  // appended to `out`.
-  void Encode(const std::uint32_t* transfers, std::size_t count, std::string& out) {
-    body_.clear();
-    for (std::size_t k = 0; k < count; ++k) EncodeTransfer(transfers[k]);
-    head_.clear();
-    for (std::int32_t name : names_) {
-      const std::string& text = plan_.param_names[static_cast<std::size_t>(name)];
-      PutLengthPrefix(head_, 1, text.size());
-      head_ += text;
-    }
-    for (std::uint32_t group : groups_used_) {
-      const std::vector<std::int64_t>& ranks = plan_.transfers[groups_[group]].dst_ranks;
-      std::size_t packed = 0;
-      for (std::int64_t r : ranks) packed += VarintSize(static_cast<std::uint64_t>(r));
-      const std::size_t message =
-          ranks.empty() ? 0 : VarintSize(packed) + 1 + packed;  // tag 1, length, ranks
-      PutLengthPrefix(head_, 2, message);
-      if (!ranks.empty()) {
-        PutLengthPrefix(head_, 1, packed);
-        for (std::int64_t r : ranks) PutVarint(head_, static_cast<std::uint64_t>(r));
-      }
-    }
-    PutVarint(out, head_.size() + body_.size());
-    out += head_;
-    out += body_;
-    // Reset the part-local ids for the next part.
-    for (std::int32_t name : names_) name_ids_[static_cast<std::size_t>(name)] = -1;
-    for (std::uint32_t group : groups_used_) group_ids_[group] = -1;
-    names_.clear();
-    groups_used_.clear();
-  }
-
- private:
-  std::int32_t NameId(std::int32_t name) {
-    std::int32_t& id = name_ids_[static_cast<std::size_t>(name)];
-    if (id < 0) {
-      id = static_cast<std::int32_t>(names_.size());
-      names_.push_back(name);
-    }
-    return id;
-  }
-  std::int32_t GroupId(std::uint32_t group) {
-    std::int32_t& id = group_ids_[group];
-    if (id < 0) {
-      id = static_cast<std::int32_t>(groups_used_.size());
-      groups_used_.push_back(group);
-    }
-    return id;
-  }
-  void EncodeTransfer(std::uint32_t index) {
-    const rollout::Transfer& t = plan_.transfers[index];
-    transfer_.clear();
-    PutVarintField(transfer_, 1, index);
-    PutVarintField(transfer_, 2, t.bucket);
-    PutVarintField(transfer_, 3, t.src_rank);
-    PutVarintField(transfer_, 4, NameId(t.src_param));
-    PutPackedSlice(transfer_, 5, t.src_slice);
-    PutVarintField(transfer_, 6, GroupId(group_of_[index]));
-    PutVarintField(transfer_, 7, NameId(t.dst_param));
-    PutPackedSlice(transfer_, 8, t.dst_slice);
-    PutVarintField(transfer_, 9, t.bytes);
-    PutVarintField(transfer_, 10, ToQuantize(t.quantize));
-    PutLengthPrefix(body_, 3, transfer_.size());
-    body_ += transfer_;
-  }
-
-  const rollout::ReshardPlan& plan_;
-  const std::vector<std::uint32_t>& group_of_;
-  const std::vector<std::uint32_t>& groups_;
-  std::vector<std::int32_t> name_ids_, group_ids_;  // part-local ids, -1: unused
-  std::vector<std::int32_t> names_;                 // plan name ids by part-local id
-  std::vector<std::uint32_t> groups_used_;          // plan group ids by part-local id
-  std::string head_, body_, transfer_;
-};
-
 // Serialises `message` varint-delimited to `out`.
 void WriteDelimited(const google::protobuf::Message& message, std::ostream& out) {
   if (!google::protobuf::util::SerializeDelimitedToOstream(message, &out) || !out) {
@@ -633,28 +484,154 @@ void WriteReshardPlanJson(const rollout::ReshardPlan& plan, std::ostream& out) {
   buffered.Flush();
 }
 
-void WriteReshardPlanBinary(const rollout::ReshardPlan& plan, std::ostream& out) {
-  const RankMembership members = MembershipOf(plan);
-  // Plan-wide ids of the receiver sets: the first transfer with each set.
-  std::vector<std::uint32_t> group_of(plan.transfers.size()), groups;
-  {
-    std::unordered_map<std::string, std::uint32_t> ids;
-    std::string key;
-    for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
-      const std::vector<std::int64_t>& d = plan.transfers[i].dst_ranks;
-      key.assign(reinterpret_cast<const char*>(d.data()), d.size() * sizeof(std::int64_t));
-      const auto [it, inserted] = ids.try_emplace(key, static_cast<std::uint32_t>(groups.size()));
-      if (inserted) groups.push_back(static_cast<std::uint32_t>(i));
-      group_of[i] = it->second;
+ReshardRankParts::ReshardRankParts(const rollout::ReshardPlan& plan) : plan_(plan) {
+  if (plan.transfers.size() > std::numeric_limits<std::uint32_t>::max()) {
+    throw std::runtime_error("plan file: more than 2^32 transfers");
+  }
+  const auto names = static_cast<std::int64_t>(plan.param_names.size());
+  std::int64_t gpus = 0;
+  // The field paths are formatted only for an error.
+  const auto bad_rank = [](std::size_t i, std::string_view field, std::int64_t value) {
+    FailBound(fmt::format("transfers[{}].{}", i, field), "in [0, 2^21)", value);
+  };
+  for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
+    const rollout::Transfer& t = plan.transfers[i];
+    if (t.src_rank < 0 || t.src_rank >= kMaxPlanGpus) bad_rank(i, "src_rank", t.src_rank);
+    gpus = std::max(gpus, t.src_rank + 1);
+    for (std::size_t k = 0; k < t.dst_ranks.size(); ++k) {
+      const std::int64_t d = t.dst_ranks[k];
+      if (d < 0 || d >= kMaxPlanGpus) bad_rank(i, fmt::format("dst_ranks[{}]", k), d);
+      gpus = std::max(gpus, d + 1);
+    }
+    for (const auto& [field, name] :
+         {std::pair{"src_param", t.src_param}, {"dst_param", t.dst_param}}) {
+      if (name < 0 || name >= names) {
+        FailBound(fmt::format("transfers[{}].{}", i, field),
+                  fmt::format("in [0, {}) (the plan's param_names)", names), name);
+      }
     }
   }
+  // The GPUs each transfer involves (its sender and its receivers, each once), and for
+  // each GPU the transfers it is in, ascending (a CSR index).
+  start_.assign(static_cast<std::size_t>(gpus) + 1, 0);
+  auto each_gpu = [](const rollout::Transfer& t, auto&& visit) {
+    visit(t.src_rank);
+    for (std::int64_t d : t.dst_ranks) {
+      if (d != t.src_rank) visit(d);
+    }
+  };
+  for (const rollout::Transfer& t : plan.transfers) {
+    each_gpu(t, [&](std::int64_t g) { ++start_[static_cast<std::size_t>(g) + 1]; });
+  }
+  for (std::size_t g = 1; g < start_.size(); ++g) start_[g] += start_[g - 1];
+  transfers_.resize(start_.back());
+  std::vector<std::size_t> next(start_.begin(), start_.end() - 1);
+  for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
+    each_gpu(plan.transfers[i], [&](std::int64_t g) {
+      transfers_[next[static_cast<std::size_t>(g)]++] = static_cast<std::uint32_t>(i);
+    });
+  }
+  // Plan-wide ids of the receiver sets: the first transfer with each set.
+  group_of_.resize(plan.transfers.size());
+  std::unordered_map<std::string, std::uint32_t> ids;
+  std::string key;
+  for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
+    const std::vector<std::int64_t>& d = plan.transfers[i].dst_ranks;
+    key.assign(reinterpret_cast<const char*>(d.data()), d.size() * sizeof(std::int64_t));
+    const auto [it, inserted] = ids.try_emplace(key, static_cast<std::uint32_t>(groups_.size()));
+    if (inserted) groups_.push_back(static_cast<std::uint32_t>(i));
+    group_of_[i] = it->second;
+  }
+  name_ids_.assign(plan.param_names.size(), -1);
+  group_ids_.assign(groups_.size(), -1);
+}
+
+std::span<const std::uint32_t> ReshardRankParts::TransfersOf(std::int64_t rank) const {
+  if (rank < 0) FailBound("rank", ">= 0", rank);
+  if (rank >= gpus()) return {};
+  const auto g = static_cast<std::size_t>(rank);
+  return std::span<const std::uint32_t>(transfers_).subspan(start_[g], start_[g + 1] - start_[g]);
+}
+
+std::int32_t ReshardRankParts::NameId(std::int32_t name) {
+  std::int32_t& id = name_ids_[static_cast<std::size_t>(name)];
+  if (id < 0) {
+    id = static_cast<std::int32_t>(names_used_.size());
+    names_used_.push_back(name);
+  }
+  return id;
+}
+
+std::int32_t ReshardRankParts::GroupId(std::uint32_t group) {
+  std::int32_t& id = group_ids_[group];
+  if (id < 0) {
+    id = static_cast<std::int32_t>(groups_used_.size());
+    groups_used_.push_back(group);
+  }
+  return id;
+}
+
+void ReshardRankParts::BuildPart(std::int64_t rank, v1::ReshardRankPart& part) {
+  part.Clear();
+  const std::span<const std::uint32_t> transfers = TransfersOf(rank);
+  auto* out = part.mutable_transfers();
+  out->Reserve(static_cast<int>(transfers.size()));
+  for (const std::uint32_t index : transfers) {
+    const rollout::Transfer& t = plan_.transfers[index];
+    v1::RankTransfer* r = out->Add();
+    r->set_index(index);
+    r->set_bucket(t.bucket);
+    r->set_src_rank(t.src_rank);
+    r->set_src_param(NameId(t.src_param));
+    for (const rollout::Range& range : t.src_slice) {
+      r->add_src_slice(range.begin);
+      r->add_src_slice(range.end);
+    }
+    r->set_dst_group(GroupId(group_of_[index]));
+    r->set_dst_param(NameId(t.dst_param));
+    for (const rollout::Range& range : t.dst_slice) {
+      r->add_dst_slice(range.begin);
+      r->add_dst_slice(range.end);
+    }
+    r->set_bytes(t.bytes);
+    r->set_quantize(ToQuantize(t.quantize));
+  }
+  part.mutable_param_names()->Reserve(static_cast<int>(names_used_.size()));
+  for (const std::int32_t name : names_used_) {
+    part.add_param_names(plan_.param_names[static_cast<std::size_t>(name)]);
+    name_ids_[static_cast<std::size_t>(name)] = -1;  // reset for the next part
+  }
+  part.mutable_dst_groups()->Reserve(static_cast<int>(groups_used_.size()));
+  for (const std::uint32_t group : groups_used_) {
+    const std::vector<std::int64_t>& ranks = plan_.transfers[groups_[group]].dst_ranks;
+    part.add_dst_groups()->mutable_ranks()->Add(ranks.begin(), ranks.end());
+    group_ids_[group] = -1;
+  }
+  names_used_.clear();
+  groups_used_.clear();
+}
+
+v1::ReshardRankPart ReshardRankParts::Part(std::int64_t rank) {
+  v1::ReshardRankPart part;
+  BuildPart(rank, part);
+  return part;
+}
+
+v1::ReshardRankPart ToReshardRankPart(const rollout::ReshardPlan& plan, std::int64_t rank) {
+  if (rank < 0) FailBound("rank", ">= 0", rank);
+  return ReshardRankParts(plan).Part(rank);
+}
+
+void WriteReshardPlanBinary(const rollout::ReshardPlan& plan, std::ostream& out) {
+  ReshardRankParts parts(plan);
+  const auto gpus = static_cast<std::size_t>(parts.gpus());
   // The index, first with placeholder offsets and sizes (fixed64, non-zero, so that
   // its size does not change), rewritten once the parts are written.
   v1::ReshardPlanIndex index;
   index.set_format_version(kPlanFileFormatVersion);
   *index.mutable_summary() = ToReshardPlanMessage(plan, /*include_transfers=*/false);
-  for (std::size_t g = 0; g + 1 < members.start.size(); ++g) {
-    const std::size_t count = members.start[g + 1] - members.start[g];
+  for (std::size_t g = 0; g < gpus; ++g) {
+    const std::size_t count = parts.TransfersOf(static_cast<std::int64_t>(g)).size();
     if (count == 0) continue;
     v1::ReshardRankPartEntry* entry = index.add_parts();
     entry->set_rank(static_cast<std::int64_t>(g));
@@ -669,40 +646,37 @@ void WriteReshardPlanBinary(const rollout::ReshardPlan& plan, std::ostream& out)
   std::uint64_t offset = VarintSize(index.ByteSizeLong()) + index.ByteSizeLong();
 
   // GPUs with the same transfers share a part: by a hash of the list, then compared.
-  const auto list_hash = [&](std::size_t g) {
+  const auto list_hash = [](std::span<const std::uint32_t> list) {
     std::uint64_t h = 0xcbf29ce484222325ull;
-    for (std::size_t k = members.start[g]; k < members.start[g + 1]; ++k) {
-      h = (h ^ members.transfers[k]) * 0x100000001b3ull;
-    }
+    for (const std::uint32_t t : list) h = (h ^ t) * 0x100000001b3ull;
     return h;
   };
-  const auto same_list = [&](std::size_t a, std::size_t b) {
-    return std::equal(
-        members.transfers.begin() + static_cast<std::ptrdiff_t>(members.start[a]),
-        members.transfers.begin() + static_cast<std::ptrdiff_t>(members.start[a + 1]),
-        members.transfers.begin() + static_cast<std::ptrdiff_t>(members.start[b]),
-        members.transfers.begin() + static_cast<std::ptrdiff_t>(members.start[b + 1]));
-  };
   std::unordered_multimap<std::uint64_t, int> written;  // list hash -> index entry
-  RankPartEncoder encoder(plan, group_of, groups);
+  v1::ReshardRankPart part;
   BufferedOut buffered(out);
   int entry = 0;
-  for (std::size_t g = 0; g + 1 < members.start.size(); ++g) {
-    const std::size_t count = members.start[g + 1] - members.start[g];
-    if (count == 0) continue;
+  for (std::size_t g = 0; g < gpus; ++g) {
+    const std::span<const std::uint32_t> list = parts.TransfersOf(static_cast<std::int64_t>(g));
+    if (list.empty()) continue;
     v1::ReshardRankPartEntry* e = index.mutable_parts(entry);
-    const std::uint64_t hash = list_hash(g);
+    const std::uint64_t hash = list_hash(list);
     const auto [first, last] = written.equal_range(hash);
     const auto same = std::find_if(first, last, [&](const auto& w) {
-      return same_list(static_cast<std::size_t>(index.parts(w.second).rank()), g);
+      const std::span<const std::uint32_t> other = parts.TransfersOf(index.parts(w.second).rank());
+      return std::equal(list.begin(), list.end(), other.begin(), other.end());
     });
     if (same != last) {
       e->set_offset(index.parts(same->second).offset());
       e->set_size(index.parts(same->second).size());
     } else {
+      parts.BuildPart(static_cast<std::int64_t>(g), part);
       std::string& b = buffered.buffer();
       const std::size_t before = b.size();
-      encoder.Encode(members.transfers.data() + members.start[g], count, b);
+      const std::size_t length = part.ByteSizeLong();
+      PutVarint(b, length);
+      const std::size_t at = b.size();
+      b.resize(at + length);
+      part.SerializeWithCachedSizesToArray(reinterpret_cast<std::uint8_t*>(b.data() + at));
       const std::uint64_t size = b.size() - before;
       e->set_offset(offset);
       e->set_size(size);

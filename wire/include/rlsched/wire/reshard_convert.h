@@ -16,7 +16,9 @@
 //   (ReshardPlanIndex, then one ReshardRankPart per GPU, varint-delimited);
 //   ReadReshardPlanIndex() and ReadReshardRankPart() read it back, one GPU's part
 //   without parsing the others, and RankPartTransfers() expands a part's transfers to
-//   plain Transfer messages.
+//   plain Transfer messages. ReshardRankParts builds the parts straight from the plan,
+//   without a file (what `rlsched run` sends each worker): the file's writer encodes
+//   the messages it builds, so a part built is the part read back from the file.
 //
 //   Errors are std::invalid_argument whose message starts with the request's field
 //   path: "train.tp: must be in [0, 65536] (0 means 1), got -1",
@@ -46,6 +48,7 @@
 #include <cstdint>
 #include <istream>
 #include <ostream>
+#include <span>
 #include <vector>
 
 #include "rlsched/rollout/model.h"
@@ -101,11 +104,62 @@ inline constexpr std::int32_t kPlanFileFormatVersion = 1;
 
 // Writes the binary plan file (reshard.proto, "The binary plan file"): a
 // ReshardPlanIndex, then a ReshardRankPart for every GPU that sends or receives,
-// ascending, each varint-delimited. `out` must be seekable (a file or a string
-// stream; the index, written first, is rewritten with the parts' offsets at the end)
-// and positioned at the file's start. Throws std::runtime_error when `out` fails.
+// ascending, each varint-delimited: ReshardRankParts' message for the GPU, serialised
+// (GPUs with the same transfers share one copy). `out` must be seekable (a file or a
+// string stream; the index, written first, is rewritten with the parts' offsets at
+// the end) and positioned at the file's start. Throws std::runtime_error when `out`
+// fails, std::invalid_argument for a plan ReshardRankParts refuses.
 // O(transfers × GPUs per transfer) time; memory O(transfers) indices plus one part.
 void WriteReshardPlanBinary(const rollout::ReshardPlan& plan, std::ostream& out);
+
+// Every GPU's part of a plan (the ReshardRankPart of the binary plan file), built
+// straight from the plan: Part(rank) equals what ReadReshardRankPart() reads back from
+// WriteReshardPlanBinary()'s file for that rank, field for field (the writer encodes
+// the messages this builds). Construction indexes the plan's transfers by GPU in one
+// pass (O(transfers × GPUs per transfer)); then each part costs O(its size). Keeps a
+// reference to `plan`, which must outlive it. Not safe for concurrent calls on one
+// object (the parts' id tables are reused); distinct objects are independent.
+//
+//   ReshardRankParts parts(plan);
+//   for (std::int64_t rank = 0; rank < parts.gpus(); ++rank) send(rank, parts.Part(rank));
+class ReshardRankParts {
+ public:
+  // Throws std::runtime_error for a plan of 2^32 transfers or more, std::invalid_argument
+  // naming the field for a transfer with a negative rank or a parameter out of
+  // plan.param_names ("transfers[3].dst_ranks[1]: must be >= 0, got -2").
+  explicit ReshardRankParts(const rollout::ReshardPlan& plan);
+
+  // 1 + the largest GPU a transfer names (its sender or a receiver); 0 without transfers.
+  std::int64_t gpus() const { return static_cast<std::int64_t>(start_.size()) - 1; }
+  // The plan's indices of the transfers GPU `rank` sends or receives, ascending (empty
+  // for a rank at or past gpus()). Throws std::invalid_argument for a negative rank.
+  std::span<const std::uint32_t> TransfersOf(std::int64_t rank) const;
+
+  // GPU `rank`'s part: its transfers in plan order, names and receiver sets by part-local
+  // ids in order of first use. A GPU with no transfers (rank >= gpus() too) gets an
+  // empty part. Throws std::invalid_argument for a negative rank. O(part size).
+  v1::ReshardRankPart Part(std::int64_t rank);
+  // The same, into `part` (cleared first; its memory is reused).
+  void BuildPart(std::int64_t rank, v1::ReshardRankPart& part);
+
+ private:
+  std::int32_t NameId(std::int32_t name);
+  std::int32_t GroupId(std::uint32_t group);
+
+  const rollout::ReshardPlan& plan_;
+  std::vector<std::size_t> start_;        // per GPU into transfers_; gpus() + 1 entries
+  std::vector<std::uint32_t> transfers_;  // each GPU's transfers, ascending
+  std::vector<std::uint32_t> group_of_;   // per transfer: its receiver set's plan-wide id
+  std::vector<std::uint32_t> groups_;     // per receiver set: the first transfer with it
+  // Scratch of BuildPart(): part-local ids (-1: unused) and what they stand for.
+  std::vector<std::int32_t> name_ids_, group_ids_;
+  std::vector<std::int32_t> names_used_;
+  std::vector<std::uint32_t> groups_used_;
+};
+
+// GPU `rank`'s part of `plan`: ReshardRankParts(plan).Part(rank). O(transfers × GPUs per
+// transfer); for several GPUs of one plan, build a ReshardRankParts once.
+v1::ReshardRankPart ToReshardRankPart(const rollout::ReshardPlan& plan, std::int64_t rank);
 
 // The index of a binary plan file: its first message (read from the stream's start).
 // Throws std::runtime_error for a stream that is not a binary plan file of
