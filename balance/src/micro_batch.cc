@@ -344,8 +344,7 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
 
 std::vector<RankItems> GatherRanks(const Padded& padded,
                                    std::vector<std::vector<std::int64_t>> ranks,
-                                   std::span<const std::int32_t> rank_of_sequence,
-                                   std::span<const std::int32_t> tokens_order) {
+                                   std::span<const std::int32_t> rank_of_sequence) {
   std::vector<RankItems> gathered(ranks.size());
   auto one_by_one = [&] {
     for (std::size_t r = 0; r < ranks.size(); ++r) {
@@ -393,24 +392,6 @@ std::vector<RankItems> GatherRanks(const Padded& padded,
     items.total_tokens += padded.tokens[i];
     items.total_unpadded += padded.lengths[i];
     items.total_cost += padded.costs[i];
-  }
-  if (tokens_order.size() == n) {
-    // Every sequence's place in its rank (its rank's sequences ascend), then the
-    // batch's order walked, each sequence's place appended to its rank's order.
-    std::vector<std::int32_t> place(n);
-    std::vector<std::int32_t*> next(ranks.size());
-    for (std::size_t r = 0; r < ranks.size(); ++r) {
-      gathered[r].by_tokens.resize(gathered[r].tokens.size());
-      next[r] = gathered[r].by_tokens.data();
-    }
-    std::vector<std::int32_t> seen(ranks.size(), 0);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (rank_of[i] >= 0) place[i] = seen[static_cast<std::size_t>(rank_of[i])]++;
-    }
-    for (const std::int32_t i : tokens_order) {
-      const std::int32_t r = rank_of[static_cast<std::size_t>(i)];
-      if (r >= 0) *next[static_cast<std::size_t>(r)]++ = place[static_cast<std::size_t>(i)];
-    }
   }
   return gathered;
 }
@@ -473,14 +454,6 @@ void FillEmptyBins(const RankItems& items, std::int64_t m, Assignment& assignmen
 
 namespace {
 
-// HeaviestFirst(items.tokens): the gather's (items.by_tokens) when it made it, else
-// sorted into `storage`.
-std::span<const std::int32_t> ByTokens(const RankItems& items, std::vector<std::int32_t>& storage) {
-  if (items.by_tokens.size() == items.tokens.size()) return items.by_tokens;
-  storage = HeaviestFirst(items.tokens);
-  return storage;
-}
-
 // PackGoal::kWithinCap: the first of `extra`, first-fit decreasing, Karmarkar-Karp on
 // cost repaired, and longest first on tokens that keeps the cap, empty bins filled
 // (`extra` as it is when none does, as the balanced Pack() takes it).
@@ -493,8 +466,7 @@ std::optional<Assignment> FirstWithinCap(const RankItems& items, std::int64_t m,
     return std::optional<Assignment>(std::move(packing));
   };
   if (extra && WithinCap(LoadsOf(items, m, *extra), cap)) return done(*extra);
-  std::vector<std::int32_t> sorted_here;
-  const std::span<const std::int32_t> by_tokens = ByTokens(items, sorted_here);
+  const std::vector<std::int32_t> by_tokens = HeaviestFirst(items.tokens);
   if (auto ffd = FirstFitDecreasing(items, m, cap, by_tokens)) return done(std::move(*ffd));
   Assignment kk = KarmarkarKarpSorted(
       items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
@@ -523,8 +495,7 @@ std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int6
   // The items by tokens, heaviest first, sorted once for the repair, the greedy and
   // first-fit; by cost the same order when costs are the tokens (the tokens' cost model
   // without padding).
-  std::vector<std::int32_t> sorted_here;
-  const std::span<const std::int32_t> by_tokens = ByTokens(items, sorted_here);
+  const std::vector<std::int32_t> by_tokens = HeaviestFirst(items.tokens);
   Assignment kk = KarmarkarKarpSorted(
       items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
       PartSizes::kAny);

@@ -54,9 +54,6 @@ struct RankItems {
   std::vector<std::int64_t> tokens;
   std::vector<std::int64_t> costs;
   std::vector<std::int64_t> global;
-  // HeaviestFirst(tokens) when the gather had it at hand (GatherRanks given the
-  // batch's order), else empty: Pack() sorts the tokens then.
-  std::vector<std::int32_t> by_tokens;
   std::int64_t total_tokens = 0;
   std::int64_t total_unpadded = 0;
   std::int64_t total_cost = 0;
@@ -101,14 +98,9 @@ RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices);
 // for none), which `ranks` must list ascending (not checked): the pass that finds it
 // from `ranks` (and checks them) is then skipped. Each rank's list becomes its items'
 // `global` (moved, not copied: the callers pass the lists they are done with).
-// `tokens_order`, when given, is HeaviestFirst(padded.tokens) (not checked): with
-// ascending ranks each rank's `by_tokens` is then read from it (the batch's order
-// restricted to the rank: the rank's own HeaviestFirst, ties by index either way),
-// not sorted again. O(n) more.
 std::vector<RankItems> GatherRanks(const Padded& padded,
                                    std::vector<std::vector<std::int64_t>> ranks,
-                                   std::span<const std::int32_t> rank_of = {},
-                                   std::span<const std::int32_t> tokens_order = {});
+                                   std::span<const std::int32_t> rank_of = {});
 
 // First-fit decreasing on tokens into m bins of `cap` tokens; nullopt when an item
 // fits in no bin. O(n log n + n log m).

@@ -359,15 +359,12 @@ void FillRanks(const Padded& padded, std::span<const std::int64_t> unit_of, std:
 // and the result has predicted_step_time = INT64_MAX. A rank whose packing under the
 // cap needs more micro-batches than another rank has sequences can still force empty
 // ones (the plan counts them). `rank_of`, when given, is the rank of every sequence in
-// `ranks` (each ascending), which spares the first gather finding it; `tokens_order`,
-// when given with it, HeaviestFirst(padded.tokens), which spares sorting each rank's
-// tokens (GatherRanks).
+// `ranks` (each ascending), which spares the first gather finding it.
 StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t>> ranks,
                       const Movable& movable, const MicroBatchOptions& mb,
                       std::int64_t only_count = 0,
                       std::int64_t stop_at = std::numeric_limits<std::int64_t>::max(),
-                      std::span<const std::int32_t> rank_of = {},
-                      std::span<const std::int32_t> tokens_order = {}) {
+                      std::span<const std::int32_t> rank_of = {}) {
   const std::int64_t cap = mb.max_tokens_per_micro_batch;
   const std::int64_t q = mb.micro_batches_multiple_of;
   const auto num_ranks = static_cast<std::int64_t>(ranks.size());
@@ -390,9 +387,7 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
   // has not moved any).
   auto gather = [&] {
     if (!searches.empty()) take_back();
-    for (RankItems& items :
-         GatherRanks(padded, std::move(ranks), rank_of,
-                     rank_of.empty() ? std::span<const std::int32_t>{} : tokens_order)) {
+    for (RankItems& items : GatherRanks(padded, std::move(ranks), rank_of)) {
       searches.push_back(RankSearch{std::move(items), 0, std::nullopt});
     }
     ranks.clear();
@@ -810,13 +805,9 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   std::vector<std::vector<std::int64_t>> balanced_ranks;
   Assignment balanced_assignment;  // the rank of every sequence in balanced_ranks (no groups)
   std::int64_t groups_bound = 0;   // with whole groups: the balancer's bound over groups
-  // The balancer's sort of the costs (without groups): the order and the costs in it.
-  std::vector<std::int32_t> order;
-  std::vector<std::int64_t> sorted;
-  // Whether that order is the tokens' too (costs equal to tokens): each rank's order
-  // by tokens is then read from it.
-  bool order_by_tokens = false;
-  // Whether it gives the recipe's order (costs equal to the unpadded lengths).
+  // The recipe's order of the batch when the balancer's sort gave it (else empty).
+  std::vector<std::int32_t> recipe_ascending;
+  std::vector<std::int64_t> recipe_sorted;
   bool shared_sort = false;
   if (options.keep_groups) {
     const Partition partition =
@@ -824,15 +815,17 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     groups_bound = partition.lower_bound;
     balanced_ranks = PartsOf(partition);
   } else {
-    order = HeaviestFirst(padded.costs, &sorted);
+    std::vector<std::int64_t> sorted;
+    std::vector<std::int32_t> order = HeaviestFirst(padded.costs, &sorted);
     balanced_assignment =
         BalancedAssignment(padded.tokens, padded.costs, groups, balance, order, sorted);
     balanced_ranks = RanksOf(balanced_assignment, options.num_ranks);
-    order_by_tokens = padded.costs.data() == padded.tokens.data() ||
-                      std::equal(padded.costs.begin(), padded.costs.end(), padded.tokens.begin(),
-                                 padded.tokens.end());
-    shared_sort = std::equal(padded.costs.begin(), padded.costs.end(), padded.lengths.begin(),
-                             padded.lengths.end());
+    if (std::equal(padded.costs.begin(), padded.costs.end(), padded.lengths.begin(),
+                   padded.lengths.end())) {
+      recipe_ascending = RecipeAscendingFrom(std::move(order), sorted);
+      recipe_sorted = std::move(sorted);
+      shared_sort = true;
+    }
   }
 
   // The lower bound first: its best count guides the packed candidate below. With
@@ -874,15 +867,9 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     }
   }
   // The balancer's assignment (not planned when it cannot come near the packed one).
-  StepPlan balanced = PlanForRanks(
-      padded, std::move(balanced_ranks), movable, mb, 0, best, balanced_assignment,
-      order_by_tokens ? std::span<const std::int32_t>(order) : std::span<const std::int32_t>{});
-  // (Released: `= {}` would keep the storage.)
-  balanced_assignment = Assignment();
-  if (!shared_sort) {
-    order = std::vector<std::int32_t>();
-    sorted = std::vector<std::int64_t>();
-  }
+  StepPlan balanced =
+      PlanForRanks(padded, std::move(balanced_ranks), movable, mb, 0, best, balanced_assignment);
+  balanced_assignment = Assignment();  // released (`= {}` would keep the storage)
   const std::int64_t m0 =
       balanced.ranks.empty()
           ? std::max(bound.count,
@@ -904,12 +891,10 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   // The common recipe, for comparison (it ignores groups).
   // Its figures alone: what the reply reports of it (PlannedStep::baseline).
   if (shared_sort) {
-    // The recipe's order of the batch from the balancer's sort.
-    const std::vector<std::int32_t> recipe_ascending =
-        RecipeAscendingFrom(std::move(order), sorted);
-    result.baseline = internal::RecipePlan(padded, options, recipe_ascending, sorted,
+    result.baseline = internal::RecipePlan(padded, options, recipe_ascending, recipe_sorted,
                                            internal::RecipeDetail::kFigures);
-    sorted = std::vector<std::int64_t>();
+    recipe_ascending = std::vector<std::int32_t>();
+    recipe_sorted = std::vector<std::int64_t>();
   } else {
     result.baseline = internal::RecipePlan(padded, options, internal::RecipeDetail::kFigures);
   }

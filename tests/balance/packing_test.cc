@@ -364,23 +364,11 @@ TEST(PackingTest, GatherRanksIsGatherOfEachRank) {
     }
     if (shape == 1) std::reverse(ranks[2].begin(), ranks[2].end());  // out of order
     if (shape == 2) ranks[4].push_back(ranks[0].front());            // in two ranks
-    for (const bool ordered : {false, true}) {
-      // With the batch's order by tokens, each rank's order by tokens is that rank's
-      // HeaviestFirst() (read from it for ascending ranks, else left to Pack()).
-      const std::vector<std::int32_t> tokens_order =
-          ordered ? internal::HeaviestFirst(padded.tokens) : std::vector<std::int32_t>{};
-      const std::vector<RankItems> got = internal::GatherRanks(padded, ranks, {}, tokens_order);
-      ASSERT_EQ(got.size(), ranks.size());
-      for (std::size_t r = 0; r < ranks.size(); ++r) {
-        const std::string what = "shape " + std::to_string(shape) + " rank " + std::to_string(r);
-        const RankItems want = internal::Gather(padded, ranks[r]);
-        ExpectSameItems(got[r], want, what);
-        if (ordered && shape != 1 && shape != 2) {
-          EXPECT_EQ(got[r].by_tokens, internal::HeaviestFirst(want.tokens)) << what;
-        } else {
-          EXPECT_TRUE(got[r].by_tokens.empty()) << what;
-        }
-      }
+    const std::vector<RankItems> got = internal::GatherRanks(padded, ranks);
+    ASSERT_EQ(got.size(), ranks.size());
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      ExpectSameItems(got[r], internal::Gather(padded, ranks[r]),
+                      "shape " + std::to_string(shape) + " rank " + std::to_string(r));
     }
   }
 }

@@ -419,22 +419,12 @@ TEST(SharedSortTest, GatherRanksGivenTheRanksIsGatherOfEachRank) {
       ranks[static_cast<std::size_t>(r)].push_back(static_cast<std::int64_t>(i));
       rank_of[i] = r;
     }
-    // Half the trials with the batch's order by tokens: each rank's is read from it.
-    const bool ordered = trial % 2 == 1;
-    const std::vector<std::int32_t> tokens_order =
-        ordered ? internal::HeaviestFirst(padded.tokens) : std::vector<std::int32_t>{};
-    const std::vector<internal::RankItems> got =
-        internal::GatherRanks(padded, ranks, rank_of, tokens_order);
+    const std::vector<internal::RankItems> got = internal::GatherRanks(padded, ranks, rank_of);
     ASSERT_EQ(got.size(), ranks.size());
     std::size_t placed = 0;
     for (std::size_t r = 0; r < ranks.size(); ++r) {
       const internal::RankItems want = internal::Gather(padded, ranks[r]);
       const std::string where = "trial " + std::to_string(trial) + " rank " + std::to_string(r);
-      if (ordered) {
-        EXPECT_EQ(got[r].by_tokens, internal::HeaviestFirst(want.tokens)) << where;
-      } else {
-        EXPECT_TRUE(got[r].by_tokens.empty()) << where;
-      }
       EXPECT_EQ(got[r].tokens, want.tokens) << where;
       EXPECT_EQ(got[r].costs, want.costs) << where;
       EXPECT_EQ(got[r].global, want.global) << where;
