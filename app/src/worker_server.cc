@@ -7,8 +7,8 @@
 #include <spdlog/spdlog.h>
 
 #include <deque>
-#include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -27,16 +27,18 @@ std::int64_t NowMillis() {
       .count();
 }
 
-// FNV-1a, 64 bits.
+// A 64-bit digest: strings byte by byte (FNV-1a), integers a word at a time.
 class Digest {
  public:
   void Add(std::string_view bytes) {
+    Add(static_cast<std::int64_t>(bytes.size()));
     for (const char c : bytes) {
       hash_ = (hash_ ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
     }
   }
   void Add(std::int64_t value) {
-    Add(std::string_view(reinterpret_cast<const char*>(&value), sizeof value));
+    hash_ = (hash_ ^ static_cast<std::uint64_t>(value)) * 0x9e3779b97f4a7c15ull;
+    hash_ ^= hash_ >> 31;
   }
   std::uint64_t value() const { return hash_; }
 
@@ -44,19 +46,55 @@ class Digest {
   std::uint64_t hash_ = 0xcbf29ce484222325ull;
 };
 
+// Adds every field of `plan` that its binary plan file holds: the summary (as
+// serialised), the parameter names and every transfer. O(transfers).
+void AddPlan(Digest& digest, const rollout::ReshardPlan& plan, const v1::ReshardPlan& summary) {
+  digest.Add(summary.SerializeAsString());
+  digest.Add(static_cast<std::int64_t>(plan.param_names.size()));
+  for (const std::string& name : plan.param_names) digest.Add(name);
+  digest.Add(static_cast<std::int64_t>(plan.transfers.size()));
+  const auto add_slice = [&](const std::vector<rollout::Range>& slice) {
+    digest.Add(static_cast<std::int64_t>(slice.size()));
+    for (const rollout::Range& r : slice) {
+      digest.Add(r.begin);
+      digest.Add(r.end);
+    }
+  };
+  for (const rollout::Transfer& t : plan.transfers) {
+    digest.Add(t.bucket);
+    digest.Add(t.src_rank);
+    digest.Add(t.src_param);
+    add_slice(t.src_slice);
+    digest.Add(static_cast<std::int64_t>(t.dst_ranks.size()));
+    for (const std::int64_t d : t.dst_ranks) digest.Add(d);
+    digest.Add(t.dst_param);
+    add_slice(t.dst_slice);
+    digest.Add(t.bytes);
+    digest.Add(static_cast<std::int64_t>(t.quantize));
+  }
+}
+
+double MillisSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 }  // namespace
 
-// The weight-sync plan the last SyncWeights used, with its binary plan file (the ranks'
-// parts are read from it) and the trainer's part.
+// The weight-sync plan the last SyncWeights used: its parts are built straight into
+// the messages that carry them (no plan file is written or read), the trainer's when the
+// plan is new, an engine's when its connection first needs it.
 struct WorkerServer::CurrentPlan {
   std::int64_t epoch = -1;
   std::shared_ptr<const rollout::ReshardPlan> plan;
+  std::shared_ptr<const rollout::ReshardPlan> indexed;  // the one `parts` reads (equal)
   std::string id;
   std::vector<std::int64_t> members;
   v1::TransferGroup group;
-  std::istringstream file;  // the binary plan file
-  v1::ReshardPlanIndex index;
-  v1::SchedulerMessage trainer;  // its WeightSyncPlan
+  v1::ReshardPlan summary;                        // without the transfers
+  std::unique_ptr<wire::ReshardRankParts> parts;  // of *indexed
+  v1::SchedulerMessage trainer;                   // its WeightSyncPlan
+  double build_ms = 0;                            // spent on this plan's id, index and parts so far
 };
 
 // One worker's stream. Messages to it go through an outbox that the connection's own
@@ -355,64 +393,71 @@ grpc::Status WorkerServer::Attach(
   return grpc::Status::OK;
 }
 
-v1::WeightSyncPlan WorkerServer::PlanPart(std::int64_t rank_offset, std::int64_t ranks) {
-  v1::WeightSyncPlan part;
+void WorkerServer::PlanPart(std::int64_t rank_offset, std::int64_t ranks,
+                            v1::WeightSyncPlan& part) {
+  const auto start = std::chrono::steady_clock::now();
   part.set_plan_id(plan_->id);
   part.set_epoch(plan_->epoch);
   *part.mutable_group() = plan_->group;
-  for (const std::int64_t member : plan_->members) part.add_members(member);
+  part.mutable_members()->Add(plan_->members.begin(), plan_->members.end());
   part.set_rank_offset(rank_offset);
   part.set_ranks(ranks);
-  *part.mutable_summary() = plan_->index.summary();
+  *part.mutable_summary() = plan_->summary;
+  part.mutable_parts()->Reserve(static_cast<int>(ranks));
   for (std::int64_t rank = rank_offset; rank < rank_offset + ranks; ++rank) {
-    *part.add_parts() = wire::ReadReshardRankPart(plan_->file, plan_->index, rank);
+    plan_->parts->BuildPart(rank, *part.add_parts());
   }
-  return part;
+  plan_->build_ms += MillisSince(start);
 }
 
 std::string WorkerServer::PreparePlan(const scheduler::EngineTransfers& transfers,
                                       Connection& connection) {
   if (plan_ == nullptr || plan_->epoch != transfers.epoch || plan_->plan != transfers.plan) {
-    auto next = std::make_unique<CurrentPlan>();
-    next->epoch = transfers.epoch;
-    next->plan = transfers.plan;
-    next->members = *transfers.members;
-    std::stringstream file;
-    wire::WriteReshardPlanBinary(*transfers.plan, file);
-    std::string bytes = std::move(file).str();
+    const auto start = std::chrono::steady_clock::now();
+    v1::ReshardPlan summary = wire::ToReshardPlanMessage(*transfers.plan, false);
     Digest digest;
-    digest.Add(bytes);
-    for (const std::int64_t member : next->members) digest.Add(member);
+    AddPlan(digest, *transfers.plan, summary);
+    for (const std::int64_t member : *transfers.members) digest.Add(member);
     digest.Add(options_.weight_sync_backend);
     digest.Add(options_.weight_sync_address);
     digest.Add(std::int64_t{options_.weight_sync_port});
     digest.Add(transfers.world_size);
-    next->id = fmt::format("{}-{:016x}", transfers.epoch, digest.value());
-    if (plan_ != nullptr && plan_->id == next->id) {  // the same plan made again
-      plan_->plan = transfers.plan;
+    std::string id = fmt::format("{}-{:016x}", transfers.epoch, digest.value());
+    if (plan_ != nullptr && plan_->id == id) {  // the same plan made again
+      plan_->plan = transfers.plan;             // its parts are still those of `indexed`
       return PreparePlan(transfers, connection);
     }
+    auto next = std::make_unique<CurrentPlan>();
+    next->epoch = transfers.epoch;
+    next->plan = transfers.plan;
+    next->indexed = transfers.plan;
+    next->members = *transfers.members;
+    next->id = std::move(id);
+    next->summary = std::move(summary);
     next->group.set_name("rlsched-weights-" + next->id);
     next->group.set_backend(options_.weight_sync_backend);
     next->group.set_world_size(transfers.world_size);
     next->group.set_address(options_.weight_sync_address);
     next->group.set_port(options_.weight_sync_port);
-    next->file.str(std::move(bytes));
-    next->index = wire::ReadReshardPlanIndex(next->file);
+    next->parts = std::make_unique<wire::ReshardRankParts>(*transfers.plan);
+    next->build_ms = MillisSince(start);
     plan_ = std::move(next);
     // The trainer's part: every trainer GPU's transfers; it sends each once.
-    v1::WeightSyncPlan trainer = PlanPart(0, transfers.plan->trainer_ranks);
+    v1::WeightSyncPlan& trainer = *plan_->trainer.mutable_weight_sync_plan();
+    PlanPart(0, transfers.plan->trainer_ranks, trainer);
     trainer.set_replica(-1);
     std::int64_t sent = 0;
+    trainer.mutable_transfers()->Reserve(static_cast<int>(transfers.plan->transfers.size()));
     for (std::size_t i = 0; i < transfers.plan->transfers.size(); ++i) {
       trainer.add_transfers(static_cast<std::int64_t>(i));
       sent += transfers.plan->transfers[i].bytes;
     }
     trainer.set_bytes(sent);
-    *plan_->trainer.mutable_weight_sync_plan() = std::move(trainer);
-    spdlog::info("run: weight-sync plan {}: engines [{}], {} transfers in {} buckets, world of {}",
-                 plan_->id, fmt::join(plan_->members, ", "), transfers.plan->transfers.size(),
-                 transfers.plan->num_buckets, transfers.world_size);
+    spdlog::info(
+        "run: weight-sync plan {}: engines [{}], {} transfers in {} buckets, world of {}; id, "
+        "index and the trainer's part in {:.2f} ms",
+        plan_->id, fmt::join(plan_->members, ", "), transfers.plan->transfers.size(),
+        transfers.plan->num_buckets, transfers.world_size, plan_->build_ms);
     std::shared_ptr<Connection> trainer_connection;
     {
       std::lock_guard lock(mutex_);
@@ -424,14 +469,17 @@ std::string WorkerServer::PreparePlan(const scheduler::EngineTransfers& transfer
     }
   }
   if (connection.plan_id != plan_->id) {
+    const double before_ms = plan_->build_ms;
     v1::SchedulerMessage message;
     v1::WeightSyncPlan* part = message.mutable_weight_sync_plan();
-    *part = PlanPart(transfers.rank_offset, transfers.ranks);
+    PlanPart(transfers.rank_offset, transfers.ranks, *part);
     part->set_replica(transfers.replica);
-    for (const std::int64_t t : transfers.transfers) part->add_transfers(t);
+    part->mutable_transfers()->Add(transfers.transfers.begin(), transfers.transfers.end());
     part->set_bytes(transfers.bytes);
-    Send(connection, message);
+    connection.Send(std::move(message));  // a closed stream: its handler reports the loss
     connection.plan_id = plan_->id;
+    spdlog::debug("run: weight-sync plan {}: engine {}'s part in {:.2f} ms ({:.2f} ms so far)",
+                  plan_->id, connection.engine, plan_->build_ms - before_ms, plan_->build_ms);
   }
   return plan_->id;
 }

@@ -22,10 +22,14 @@
 //   itself (a WeightSyncPlan: the transfer group, the membership, the engine's ranks,
 //   each rank's ReshardRankPart as the binary plan file has it, its transfers and
 //   bytes) goes before it, once per plan id and connection. A plan's id is its epoch
-//   (the membership's number) and a digest of its binary plan file, its membership and
-//   its group. When a sync first uses a plan, the trainer is sent its part (the
-//   senders': every trainer rank's ReshardRankPart); a trainer that attaches is sent
-//   the current one.
+//   (the membership's number) and a digest of its plan (the summary and every
+//   transfer), its membership and its group. When a sync first uses a plan, the trainer
+//   is sent its part (the senders': every trainer rank's ReshardRankPart); a trainer
+//   that attaches is sent the current one. The parts are built straight from the plan
+//   into the messages that carry them (wire::ReshardRankParts, equal to the binary plan
+//   file's): the trainer's once per plan, an engine's once per plan and connection; no
+//   plan file is written or read. At info level the log gives each plan's cost (id,
+//   index and the trainer's part, in ms), at debug each engine part's.
 //
 // Thread-safety: the gRPC handlers run on the server's threads, Execute() and Train()
 // on the runtime's; a connection's writes are serialised.
@@ -104,9 +108,10 @@ class WorkerServer final : public v1::Scheduler::Service,
   // the engine's WeightSyncPlan when `connection` has not had it; the plan's id. The
   // plan mutex held.
   std::string PreparePlan(const scheduler::EngineTransfers& transfers, Connection& connection);
-  // The WeightSyncPlan of `ranks` GPUs from `rank_offset` of the current plan, without
-  // the worker's fields (replica, transfers, bytes). The plan mutex held.
-  v1::WeightSyncPlan PlanPart(std::int64_t rank_offset, std::int64_t ranks);
+  // Fills `part` (empty) with the WeightSyncPlan of `ranks` GPUs from `rank_offset` of
+  // the current plan, each GPU's ReshardRankPart built in place, without the worker's
+  // fields (replica, transfers, bytes). The plan mutex held.
+  void PlanPart(std::int64_t rank_offset, std::int64_t ranks, v1::WeightSyncPlan& part);
 
   WorkerServerOptions options_;
   scheduler::Runtime* runtime_ = nullptr;

@@ -607,9 +607,18 @@ struct Runtime::Impl {
       if (sync_members == nullptr || *sync_members != *work.members) {
         const std::int64_t epoch = sync_members == nullptr ? 0 : sync_epoch + 1;
         const auto replicas = static_cast<std::int64_t>(work.members->size());
+        const WallTime start = std::chrono::steady_clock::now();
         const std::shared_ptr<const rollout::ReshardPlan> plan = plans.Get(replicas);
+        const WallTime planned = std::chrono::steady_clock::now();
         std::vector<EngineTransfers> parts =
             SplitWeightSync(*options.weight_sync, plan, *work.members, epoch);
+        const auto ms = [](WallTime from, WallTime to) {
+          return std::chrono::duration<double, std::milli>(to - from).count();
+        };
+        spdlog::info(
+            "runtime: weight-sync epoch {} ({} engines): waited {:.2f} ms for the plan, split "
+            "it in {:.2f} ms",
+            epoch, replicas, ms(start, planned), ms(planned, std::chrono::steady_clock::now()));
         member_transfers.clear();
         for (EngineTransfers& part : parts) {
           member_transfers.push_back(std::make_shared<const EngineTransfers>(std::move(part)));

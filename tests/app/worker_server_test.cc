@@ -2,7 +2,8 @@
 // workers written here against the generated gRPC stub: each engine's part of the
 // weight-sync plan arrives as the in-process runtime computes it (EngineTransfers),
 // once per plan, again when the membership changes; the trainer gets the senders'
-// part when a plan is first used and when it attaches.
+// part when a plan is first used and when it attaches. Every part equals the binary plan
+// file's part of its rank (the server builds them without a file).
 
 #include "worker_server.h"
 
@@ -196,6 +197,9 @@ void ExpectEnginePart(const v1::WeightSyncPlan& message, const EngineTransfers& 
     EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(message.parts(i),
                                                                    FilePart(*expected.plan, rank)))
         << "rank " << rank;
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+        message.parts(i), wire::ToReshardRankPart(*expected.plan, rank)))
+        << "rank " << rank;
     const std::vector<v1::Transfer> transfers = wire::RankPartTransfers(message.parts(i));
     for (int k = 0; k < message.parts(i).transfers_size(); ++k) {
       const auto& dst = transfers[static_cast<std::size_t>(k)].dst_ranks();
@@ -313,6 +317,17 @@ TEST_F(WorkerServerTest, EnginesGetTheirPartOncePerPlanAndANewOneWhenTheMembersh
   EXPECT_EQ(Expect(engine0, v1::SchedulerMessage::kCommand).command().sync_weights().plan_id(),
             plan1.plan_id());
   EXPECT_TRUE(trainer->Quiet(milliseconds(200)));  // it has this plan already
+  // The same plan made again (another object, equal, of the same epoch): the same id,
+  // no part sent again; the first object may go.
+  {
+    auto again = std::make_shared<const rollout::ReshardPlan>(*parts[1].plan);
+    const std::vector<EngineTransfers> same =
+        scheduler::SplitWeightSync(Layout(), again, {0, 1}, 1);
+    server.Execute(scheduler::SyncWeights{.engine = 1, .version = 2}, &same[1]);
+    sync = Expect(engine1, v1::SchedulerMessage::kCommand);
+    EXPECT_EQ(sync.command().sync_weights().plan_id(), plan1.plan_id());
+    EXPECT_TRUE(trainer->Quiet(milliseconds(200)));
+  }
 
   // Engine 1 leaves (its stream drops): the runtime's next sync of engine 0 is by the
   // membership {0}, a new epoch.
