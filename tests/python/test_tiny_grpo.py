@@ -420,10 +420,10 @@ def test_live_sync_and_async_runs(rlsched_bin, tmp_path):
 
 def test_live_run_survives_an_engine_killed_mid_generation(rlsched_bin, tmp_path):
     """Engine 1 is killed with SIGKILL in the middle of a decode under version 2 (its
-    samples half generated). The runtime requeues its samples on engine 0; the weight
-    sync's gloo world, which the dead engine was a member of, is rebuilt without it
-    (membership epoch 1: the trainer and engine 0, the plan for one engine); the run
-    finishes every step."""
+    samples half generated). The runtime requeues its samples on engine 0 and plans the
+    next weight sync without it (membership epoch 1: the trainer and engine 0, a new
+    plan id and transfer group); the trainer and engine 0 leave the gloo world the dead
+    engine was a member of for that plan's; the run finishes every step."""
     steps, prompts, group = 5, 8, 8
     out = tmp_path / "kill"
     summary, reports, report = _live(rlsched_bin, out, "--mode", "sync", "--steps", str(steps),
