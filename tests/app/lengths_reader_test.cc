@@ -179,12 +179,12 @@ TEST(LengthsReaderTest, CsvBadCells) {
   EXPECT_EQ(ParseError("length\n1\n\"2\n"), "line 3: unterminated quoted field");
 }
 
-std::filesystem::path TestData(const std::string& name) {
+std::filesystem::path DataPath(const std::string& name) {
   return std::filesystem::path(RLSCHED_TEST_DATA_DIR) / name;
 }
 
 TEST(LengthsReaderTest, SharedGrpoRollouts) {
-  const auto path = TestData("rollout_lengths_amc23_llama3b.csv");
+  const auto path = DataPath("rollout_lengths_amc23_llama3b.csv");
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (tests/data)";
   std::ifstream file(path);
   const LengthsInput input = ReadLengths(file);
@@ -195,7 +195,7 @@ TEST(LengthsReaderTest, SharedGrpoRollouts) {
 }
 
 TEST(LengthsReaderTest, SharedReasoningLengths) {
-  const auto path = TestData("reasoning_lengths_intellect3_math.csv");
+  const auto path = DataPath("reasoning_lengths_intellect3_math.csv");
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (tests/data)";
   std::ifstream file(path);
   const LengthsInput input = ReadLengths(file);

@@ -305,7 +305,7 @@ TEST(ReshardCliTest, VerifyRefusesALargeModel) {
   EXPECT_THAT(r.err, StartsWith("error: --verify: the model has 70553706496 parameters"));
 }
 
-struct BadCase {
+struct BadReshardCase {
   std::vector<std::string> args;  // after "reshard"
   std::string message;            // in stderr
 };
@@ -375,7 +375,7 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
     }
     return args;
   };
-  const std::vector<BadCase> cases = {
+  const std::vector<BadReshardCase> cases = {
       {with({"--train", "tp=2,foo=1"}),
        "--train: unknown key 'foo' (keys: tp, pp, vpp, ep, etp, cp, dp, first-stage-layers, "
        "last-stage-layers)"},
@@ -449,7 +449,7 @@ TEST(ReshardCliTest, BadOptionsExitTwoNamingTheOption) {
        "error: --infer (infer.replicas): must be such that the plan has at most 8388608 transfers "
        "(kMaxPlanTransfers, by EstimateTransfers()), got 128, which makes about "},
   };
-  for (const BadCase& c : cases) {
+  for (const BadReshardCase& c : cases) {
     std::vector<std::string> args = {"reshard"};
     args.insert(args.end(), c.args.begin(), c.args.end());
     SCOPED_TRACE(::testing::PrintToString(args));

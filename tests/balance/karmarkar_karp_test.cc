@@ -20,15 +20,15 @@
 namespace rlsched::balance {
 namespace {
 
-struct Instance {
+struct KkInstance {
   std::string kind;
   std::vector<std::int64_t> weights;
   std::int64_t k = 1;
 };
 
-Instance MakeInstance(std::uint64_t seed, std::int64_t max_n) {
+KkInstance MakeInstance(std::uint64_t seed, std::int64_t max_n) {
   workload::Rng rng(seed * 104729 + 3);
-  Instance inst;
+  KkInstance inst;
   const std::int64_t n = rng.UniformInt(0, max_n);
   inst.k = rng.UniformInt(0, 3) == 0 ? rng.UniformInt(1, 8) : rng.UniformInt(1, 1200);
   switch (rng.UniformInt(0, 5)) {
@@ -63,7 +63,7 @@ Instance MakeInstance(std::uint64_t seed, std::int64_t max_n) {
   return inst;
 }
 
-void ExpectSameAsReference(const Instance& inst, const std::string& label) {
+void ExpectSameAsReference(const KkInstance& inst, const std::string& label) {
   for (const PartSizes sizes : {PartSizes::kAny, PartSizes::kEqual}) {
     const Assignment got = KarmarkarKarp(inst.weights, inst.k, sizes);
     const Assignment want = testing::reference_kk::KarmarkarKarp(inst.weights, inst.k, sizes);
@@ -85,7 +85,7 @@ void ExpectSameAsReference(const Instance& inst, const std::string& label) {
 
 TEST(KarmarkarKarpTest, SameAsTheReferenceOnSmallInstances) {
   for (std::uint64_t seed = 1; seed <= 600; ++seed) {
-    const Instance inst = MakeInstance(seed, 600);
+    const KkInstance inst = MakeInstance(seed, 600);
     ExpectSameAsReference(inst, inst.kind + " seed " + std::to_string(seed) + " n " +
                                     std::to_string(inst.weights.size()) + " k " +
                                     std::to_string(inst.k));
@@ -94,7 +94,7 @@ TEST(KarmarkarKarpTest, SameAsTheReferenceOnSmallInstances) {
 
 TEST(KarmarkarKarpTest, SameAsTheReferenceOnMediumInstances) {
   for (std::uint64_t seed = 1; seed <= 40; ++seed) {
-    const Instance inst = MakeInstance(seed + 5000, 20'000);
+    const KkInstance inst = MakeInstance(seed + 5000, 20'000);
     ExpectSameAsReference(inst, inst.kind + " seed " + std::to_string(seed + 5000) + " n " +
                                     std::to_string(inst.weights.size()) + " k " +
                                     std::to_string(inst.k));
@@ -227,7 +227,7 @@ TEST(HeaviestFirstTest, SlotsInTheSameOrder) {
 
 TEST(KarmarkarKarpThoroughTest, SameAsTheReferenceOnManyInstances) {
   for (std::uint64_t seed = 1; seed <= 4000; ++seed) {
-    const Instance inst = MakeInstance(seed + 100'000, 3000);
+    const KkInstance inst = MakeInstance(seed + 100'000, 3000);
     ExpectSameAsReference(inst, inst.kind + " seed " + std::to_string(seed + 100'000));
   }
 }

@@ -15,7 +15,7 @@ using testing::ErrorOf;
 using testing::ExpectValidPartition;
 using ::testing::HasSubstr;
 
-PartitionOptions Options(std::int64_t k, bool equal_size = false) {
+PartitionOptions PartOptions(std::int64_t k, bool equal_size = false) {
   PartitionOptions options;
   options.num_parts = k;
   options.equal_size = equal_size;
@@ -26,7 +26,7 @@ TEST(PartitionTest, TwoWayReachesTheKnownOptimum) {
   // Plain differencing gives 16 / 14 here; the optimum {8, 7} / {6, 5, 4} is 15 / 15.
   const std::vector<std::int64_t> w = {8, 7, 6, 5, 4};
   EXPECT_EQ(testing::MaxLoadOf(w, 2, KarmarkarKarp(w, 2, false)), 16);
-  const Partition p = PartitionItems(w, Options(2));
+  const Partition p = PartitionItems(w, PartOptions(2));
   ExpectValidPartition(w, 2, false, p);
   EXPECT_EQ(p.max_load, 15);
   EXPECT_EQ(p.min_load, 15);
@@ -37,7 +37,7 @@ TEST(PartitionTest, TwoWayReachesTheKnownOptimum) {
 TEST(PartitionTest, ThreeWayPerfectSplit) {
   // 1..9 sums to 45: three parts of 15 exist ({9,6}, {8,7}, {5,4,3,2,1} among others).
   const std::vector<std::int64_t> w = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-  const Partition p = PartitionItems(w, Options(3));
+  const Partition p = PartitionItems(w, PartOptions(3));
   ExpectValidPartition(w, 3, false, p);
   EXPECT_EQ(p.max_load, 15);
   EXPECT_TRUE(p.proven_optimal);
@@ -46,7 +46,7 @@ TEST(PartitionTest, ThreeWayPerfectSplit) {
 TEST(PartitionTest, EqualSizeKnownOptimum) {
   // Pairs into 2 parts of 2 items: {10, 1} and {6, 5} is optimal at 11.
   const std::vector<std::int64_t> w = {10, 6, 5, 1};
-  const Partition p = PartitionItems(w, Options(2, true));
+  const Partition p = PartitionItems(w, PartOptions(2, true));
   ExpectValidPartition(w, 2, true, p);
   EXPECT_EQ(p.max_load, 11);
   EXPECT_EQ(p.lower_bound, 11);
@@ -54,7 +54,7 @@ TEST(PartitionTest, EqualSizeKnownOptimum) {
 
 TEST(PartitionTest, EqualSizeUnevenCounts) {
   const std::vector<std::int64_t> w = {9, 1, 8, 2, 7, 3, 6, 4, 5, 5};
-  const Partition p = PartitionItems(w, Options(4, true));
+  const Partition p = PartitionItems(w, PartOptions(4, true));
   ExpectValidPartition(w, 4, true, p);
   std::vector<std::int64_t> sizes;
   for (std::int64_t part = 0; part < 4; ++part) sizes.push_back(p.part(part).size());
@@ -65,7 +65,7 @@ TEST(PartitionTest, EqualSizeUnevenCounts) {
 TEST(PartitionTest, FewerItemsThanParts) {
   const std::vector<std::int64_t> w = {5, 3, 9};
   for (const bool equal_size : {false, true}) {
-    const Partition p = PartitionItems(w, Options(5, equal_size));
+    const Partition p = PartitionItems(w, PartOptions(5, equal_size));
     ExpectValidPartition(w, 5, equal_size, p);
     EXPECT_EQ(p.max_load, 9);
     EXPECT_EQ(p.min_load, 0);
@@ -75,7 +75,7 @@ TEST(PartitionTest, FewerItemsThanParts) {
 
 TEST(PartitionTest, EmptyInputGivesEmptyParts) {
   const std::vector<std::int64_t> w;
-  const Partition p = PartitionItems(w, Options(3));
+  const Partition p = PartitionItems(w, PartOptions(3));
   ExpectValidPartition(w, 3, false, p);
   EXPECT_EQ(p.max_load, 0);
   EXPECT_EQ(p.lower_bound, 0);
@@ -84,7 +84,7 @@ TEST(PartitionTest, EmptyInputGivesEmptyParts) {
 
 TEST(PartitionTest, SinglePartTakesEverything) {
   const std::vector<std::int64_t> w = {4, 0, 7, 1};
-  const Partition p = PartitionItems(w, Options(1, true));
+  const Partition p = PartitionItems(w, PartOptions(1, true));
   ExpectValidPartition(w, 1, true, p);
   EXPECT_EQ(p.max_load, 12);
   EXPECT_TRUE(p.proven_optimal);
@@ -93,7 +93,7 @@ TEST(PartitionTest, SinglePartTakesEverything) {
 TEST(PartitionTest, ZeroWeightsArePlaced) {
   const std::vector<std::int64_t> w = {0, 0, 0, 5, 0, 5};
   for (const bool equal_size : {false, true}) {
-    const Partition p = PartitionItems(w, Options(2, equal_size));
+    const Partition p = PartitionItems(w, PartOptions(2, equal_size));
     ExpectValidPartition(w, 2, equal_size, p);
     EXPECT_EQ(p.max_load, 5);
   }
@@ -101,7 +101,7 @@ TEST(PartitionTest, ZeroWeightsArePlaced) {
 
 TEST(PartitionTest, GreedyAlgorithmOption) {
   const std::vector<std::int64_t> w = {8, 7, 6, 5, 4};
-  PartitionOptions options = Options(2);
+  PartitionOptions options = PartOptions(2);
   options.algorithm = Algorithm::kGreedy;
   options.refine.enabled = false;
   options.exact.max_nodes = 0;
@@ -131,13 +131,13 @@ TEST(PartitionTest, ContiguousSplitRuns) {
 
 TEST(PartitionTest, BadInputNamesTheField) {
   const std::vector<std::int64_t> w = {1, 2, 3};
-  EXPECT_THAT(ErrorOf([&] { PartitionItems(w, Options(0)); }), HasSubstr("num_parts"));
-  EXPECT_THAT(ErrorOf([&] { PartitionItems(w, Options(kMaxParts + 1)); }),
+  EXPECT_THAT(ErrorOf([&] { PartitionItems(w, PartOptions(0)); }), HasSubstr("num_parts"));
+  EXPECT_THAT(ErrorOf([&] { PartitionItems(w, PartOptions(kMaxParts + 1)); }),
               HasSubstr("num_parts: must be in [1, 1048576]"));
   const std::vector<std::int64_t> negative = {1, -2, 3};
-  EXPECT_THAT(ErrorOf([&] { PartitionItems(negative, Options(2)); }), HasSubstr("weights[1]"));
+  EXPECT_THAT(ErrorOf([&] { PartitionItems(negative, PartOptions(2)); }), HasSubstr("weights[1]"));
   const std::vector<std::int64_t> huge = {INT64_MAX / 2, INT64_MAX / 2, 10};
-  EXPECT_THAT(ErrorOf([&] { PartitionItems(huge, Options(2)); }), HasSubstr("overflows"));
+  EXPECT_THAT(ErrorOf([&] { PartitionItems(huge, PartOptions(2)); }), HasSubstr("overflows"));
   EXPECT_THAT(ErrorOf([&] { KarmarkarKarp(negative, 2, false); }), HasSubstr("weights[1]"));
   EXPECT_THAT(ErrorOf([&] { GreedyLpt(w, -1, false); }), HasSubstr("num_parts"));
   EXPECT_THAT(ErrorOf([&] { ContiguousSplit(-1, 2); }), HasSubstr("num_items"));
@@ -151,7 +151,7 @@ TEST(PartitionTest, BadInputNamesTheField) {
 TEST(PartitionTest, LargeWeightsNearTheOverflowLimit) {
   const std::int64_t big = INT64_MAX / 4;
   const std::vector<std::int64_t> w = {big, big, big, big - 7};
-  const Partition p = PartitionItems(w, Options(2));
+  const Partition p = PartitionItems(w, PartOptions(2));
   ExpectValidPartition(w, 2, false, p);
   EXPECT_EQ(p.max_load, 2 * big);
 }

@@ -21,7 +21,7 @@ namespace {
 using testing::ExpectValidPartition;
 using testing::MaxLoadOf;
 
-struct Instance {
+struct PropertyInstance {
   std::string kind;
   std::vector<std::int64_t> weights;
   std::int64_t k;
@@ -29,9 +29,9 @@ struct Instance {
 };
 
 // One random instance of a family picked by `seed`.
-Instance MakeInstance(std::uint64_t seed) {
+PropertyInstance MakeInstance(std::uint64_t seed) {
   workload::Rng rng(seed * 7919 + 17);
-  Instance inst;
+  PropertyInstance inst;
   inst.equal_size = rng.UniformInt(0, 1) == 1;
   const std::int64_t family = rng.UniformInt(0, 8);
   std::int64_t k = rng.UniformInt(1, 40);
@@ -83,7 +83,7 @@ Instance MakeInstance(std::uint64_t seed) {
   return inst;
 }
 
-void CheckInstance(const Instance& inst) {
+void CheckInstance(const PropertyInstance& inst) {
   SCOPED_TRACE(inst.kind + " n=" + std::to_string(inst.weights.size()) +
                " k=" + std::to_string(inst.k) + " equal_size=" + std::to_string(inst.equal_size));
   const auto& w = inst.weights;

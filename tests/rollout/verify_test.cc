@@ -109,7 +109,7 @@ std::set<std::int64_t> LayersOf(const ModelConfig& m, const TrainLayout& t, std:
 }
 
 // The message of the std::invalid_argument `f` throws ("" if none).
-std::string ErrorOf(const std::function<void()>& f) {
+std::string ErrorOrFailure(const std::function<void()>& f) {
   try {
     f();
   } catch (const rlsched::FieldError& e) {
@@ -336,13 +336,16 @@ TEST(ReferenceMegatronTest, FirstAndLastStageLayers) {
   EXPECT_EQ(LayersOf(m, t, 3), (std::set<std::int64_t>{5}));
   // Refused as Megatron-core refuses them, naming the field.
   t.last_stage_layers = 2;  // 3 layers for 2 middle stages
-  EXPECT_EQ(
-      ErrorOf([&] { ReferenceMegatronShards(m, t, 0); }).rfind("train.first_stage_layers: ", 0),
-      0u);
+  EXPECT_EQ(ErrorOrFailure([&] {
+              ReferenceMegatronShards(m, t, 0);
+            }).rfind("train.first_stage_layers: ", 0),
+            0u);
   t.first_stage_layers.reset();
   t.last_stage_layers = 0;
-  EXPECT_EQ(
-      ErrorOf([&] { ReferenceMegatronShards(m, t, 0); }).rfind("train.last_stage_layers: ", 0), 0u);
+  EXPECT_EQ(ErrorOrFailure([&] {
+              ReferenceMegatronShards(m, t, 0);
+            }).rfind("train.last_stage_layers: ", 0),
+            0u);
 }
 
 // The verifier's model of Megatron-core (its offset formulas) and the layout's

@@ -157,7 +157,7 @@ std::string LoggedRun(s::SimulatorConfig config) {
   return out.str();
 }
 
-s::SimulatorConfig SmallConfig() {
+s::SimulatorConfig SmallLoggedConfig() {
   s::SimulatorConfig config = s::DefaultSimulatorConfig();
   config.orchestrator.prompts_per_step = 2;
   config.orchestrator.samples_per_prompt = 2;
@@ -166,7 +166,7 @@ s::SimulatorConfig SmallConfig() {
 }
 
 TEST(OrchestratorConvertTest, TheEventLogReplaysToTheSameCommands) {
-  const std::string bytes = LoggedRun(SmallConfig());
+  const std::string bytes = LoggedRun(SmallLoggedConfig());
   std::istringstream in(bytes);
   const EventLog log = ReadEventLog(in);
   EXPECT_EQ(log.config.steps, 2);
@@ -262,7 +262,7 @@ TEST(OrchestratorConvertTest, ALogWithPauseReportsReplays) {
 }
 
 TEST(OrchestratorConvertTest, ABrokenLogIsRefusedWithTheRecordNamed) {
-  const std::string bytes = LoggedRun(SmallConfig());
+  const std::string bytes = LoggedRun(SmallLoggedConfig());
   {
     std::istringstream in(bytes.substr(0, bytes.size() - 3));
     try {

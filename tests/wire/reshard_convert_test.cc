@@ -268,13 +268,13 @@ TEST(ReshardConvertTest, ModelConfig) {
   EXPECT_LT(61 * 257, kMaxLayerExperts);
 }
 
-struct InvalidCase {
+struct InvalidReshardCase {
   std::function<void(v1::ReshardRequest&)> change;
   std::string message;  // the start of the message
 };
 
 TEST(ReshardConvertTest, EveryErrorNamesItsField) {
-  const std::vector<InvalidCase> cases = {
+  const std::vector<InvalidReshardCase> cases = {
       {[](auto& r) { r.set_model_config_json(std::string(kMaxModelConfigBytes + 1, ' ')); },
        "model_config_json: must be at most 1048576 bytes, got 1048577"},
       {[](auto& r) { r.set_model_config_json("{"); }, "model_config_json: config: not valid JSON"},
@@ -412,7 +412,7 @@ TEST(ReshardConvertTest, EveryErrorNamesItsField) {
       // Below the widest row (a row of down_proj, 96 bf16 elements, is 192 bytes).
       {[](auto& r) { r.set_bucket_bytes(100); }, "bucket_bytes: must be in [192 (the widest row)"},
   };
-  for (const InvalidCase& c : cases) {
+  for (const InvalidReshardCase& c : cases) {
     v1::ReshardRequest request = TinyRequest();
     c.change(request);
     SCOPED_TRACE(c.message);
