@@ -19,11 +19,11 @@ namespace rlsched::balance {
 namespace {
 
 using internal::RecipeSum;
-using Parts = std::vector<std::vector<std::int64_t>>;
+using IndexParts = std::vector<std::vector<std::int64_t>>;
 
 // A rank's micro-batches as their sequence indices, in execution order.
-Parts MicroBatchesOf(const RankPlan& rank) {
-  Parts parts;
+IndexParts MicroBatchesOf(const RankPlan& rank) {
+  IndexParts parts;
   for (const MicroBatch& b : rank.micro_batches) parts.push_back(b.indices);
   return parts;
 }
@@ -61,7 +61,8 @@ bool PopsFirst(const RefSolution& a, const RefSolution& b) {
   return RefLess(b.front(), a.front());
 }
 
-Parts ReferenceKarmarkarKarp(const std::vector<std::int64_t>& values, std::size_t k, bool equal) {
+IndexParts ReferenceKarmarkarKarp(const std::vector<std::int64_t>& values, std::size_t k,
+                                  bool equal) {
   std::vector<std::pair<std::int64_t, std::int64_t>> sorted;  // (value, index)
   for (std::size_t i = 0; i < values.size(); ++i) {
     sorted.emplace_back(values[i], static_cast<std::int64_t>(i));
@@ -96,7 +97,7 @@ Parts ReferenceKarmarkarKarp(const std::vector<std::int64_t>& values, std::size_
     SortHeaviestFirst(a);
     heap.push_back(std::move(a));
   }
-  Parts parts(k);
+  IndexParts parts(k);
   if (heap.empty()) return parts;
   for (std::size_t p = 0; p < k; ++p) {
     for (const auto& item : heap.front()[p].items) parts[p].push_back(item.first);
@@ -107,7 +108,7 @@ Parts ReferenceKarmarkarKarp(const std::vector<std::int64_t>& values, std::size_
 
 struct RefPlan {
   std::int64_t count = 0;
-  std::vector<Parts> ranks;  // per rank, its micro-batches' sequence indices
+  std::vector<IndexParts> ranks;  // per rank, its micro-batches' sequence indices
 };
 
 // verl's _balance_batch and rearrange_micro_batches on `lengths` (the count from the
@@ -116,7 +117,8 @@ RefPlan ReferenceRecipe(const std::vector<std::int64_t>& lengths, const StepOpti
   const MicroBatchOptions& mb = options.micro_batch;
   std::vector<std::int64_t> workload;
   for (const std::int64_t l : lengths) workload.push_back(24576 * l + l * l);
-  Parts ranks = ReferenceKarmarkarKarp(workload, static_cast<std::size_t>(options.num_ranks), true);
+  IndexParts ranks =
+      ReferenceKarmarkarKarp(workload, static_cast<std::size_t>(options.num_ranks), true);
   RefPlan plan;
   for (std::vector<std::int64_t>& rank : ranks) {
     std::sort(rank.begin(), rank.end(), [&](std::int64_t a, std::int64_t b) {
@@ -141,7 +143,7 @@ RefPlan ReferenceRecipe(const std::vector<std::int64_t>& lengths, const StepOpti
   for (const std::vector<std::int64_t>& rank : ranks) {
     std::vector<std::int64_t> local;
     for (const std::int64_t i : rank) local.push_back(workload[static_cast<std::size_t>(i)]);
-    Parts parts = ReferenceKarmarkarKarp(local, static_cast<std::size_t>(plan.count), false);
+    IndexParts parts = ReferenceKarmarkarKarp(local, static_cast<std::size_t>(plan.count), false);
     auto key = [&](const std::vector<std::int64_t>& part) {
       RecipeSum sum = 0;
       for (const std::int64_t j : part) sum += local[static_cast<std::size_t>(j)];
@@ -149,11 +151,11 @@ RefPlan ReferenceRecipe(const std::vector<std::int64_t>& lengths, const StepOpti
     };
     std::stable_sort(parts.begin(), parts.end(),
                      [&](const auto& a, const auto& b) { return key(a) > key(b); });
-    Parts ordered;  // parts[::2][::-1] + parts[1::2]
+    IndexParts ordered;  // parts[::2][::-1] + parts[1::2]
     for (std::size_t j = 0; j < parts.size(); j += 2) ordered.push_back(parts[j]);
     std::reverse(ordered.begin(), ordered.end());
     for (std::size_t j = 1; j < parts.size(); j += 2) ordered.push_back(parts[j]);
-    Parts global;
+    IndexParts global;
     for (const auto& part : ordered) {
       std::vector<std::int64_t> indices;
       for (const std::int64_t j : part) indices.push_back(rank[static_cast<std::size_t>(j)]);
@@ -203,7 +205,7 @@ TEST(StepBaselineTest, HandCaseOneRank) {
   const StepPlan plan = PlanBaseline(lengths, options);
   EXPECT_EQ(plan.num_micro_batches, 7);
   ASSERT_EQ(plan.ranks.size(), 1u);
-  EXPECT_EQ(MicroBatchesOf(plan.ranks[0]), (Parts{{4}, {7}, {3}, {0, 2}, {1}, {5}, {6}}));
+  EXPECT_EQ(MicroBatchesOf(plan.ranks[0]), (IndexParts{{4}, {7}, {3}, {0, 2}, {1}, {5}, {6}}));
   EXPECT_EQ(plan.cap_violations, 1);
   EXPECT_EQ(plan.predicted_step_time, 56);  // tokens cost, no overhead, p = 1
   EXPECT_EQ(plan.empty_micro_batches, 0);
@@ -227,8 +229,8 @@ TEST(StepBaselineTest, HandCaseTwoRanksTheCountIsTheMax) {
   const StepPlan plan = PlanBaseline(lengths, options);
   EXPECT_EQ(plan.num_micro_batches, 2);
   ASSERT_EQ(plan.ranks.size(), 2u);
-  EXPECT_EQ(MicroBatchesOf(plan.ranks[0]), (Parts{{4}, {1, 5}}));
-  EXPECT_EQ(MicroBatchesOf(plan.ranks[1]), (Parts{{0}, {2, 3}}));
+  EXPECT_EQ(MicroBatchesOf(plan.ranks[0]), (IndexParts{{4}, {1, 5}}));
+  EXPECT_EQ(MicroBatchesOf(plan.ranks[1]), (IndexParts{{0}, {2, 3}}));
   EXPECT_EQ(plan.cap_violations, 0);
   EXPECT_EQ(plan.predicted_step_time, 13);
   // The multiple rounds the max up: 4 micro-batches, rank 1 (3 sequences) gets an
@@ -244,10 +246,10 @@ TEST(StepBaselineTest, HandCaseTwoRanksTheCountIsTheMax) {
 void ExpectTheTranscriptionsPartition(const std::vector<std::int64_t>& values, std::size_t k) {
   for (const bool equal : {false, true}) {
     const PartSizes sizes = equal ? PartSizes::kEqual : PartSizes::kAny;
-    const Parts reference = ReferenceKarmarkarKarp(values, k, equal);
+    const IndexParts reference = ReferenceKarmarkarKarp(values, k, equal);
     EXPECT_EQ(internal::RecipeKarmarkarKarp(values, static_cast<std::int64_t>(k), sizes), reference)
         << (equal ? "equal" : "any");
-    Parts by_value = reference;
+    IndexParts by_value = reference;
     for (std::vector<std::int64_t>& part : by_value) {
       std::sort(part.begin(), part.end(), [&](std::int64_t a, std::int64_t b) {
         return std::pair(values[static_cast<std::size_t>(a)], a) <
@@ -266,12 +268,13 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpHandCases) {
   // Equal size, 2 parts: chunks {2}{1}, {5}{3}, {0}{4} as in the hand case above.
   std::vector<std::int64_t> w;
   for (const std::int64_t l : {10, 1, 1, 1, 9, 3}) w.push_back(internal::RecipeWorkload(l));
-  EXPECT_EQ(internal::RecipeKarmarkarKarp(w, 2, PartSizes::kEqual), (Parts{{1, 4, 5}, {0, 2, 3}}));
+  EXPECT_EQ(internal::RecipeKarmarkarKarp(w, 2, PartSizes::kEqual),
+            (IndexParts{{1, 4, 5}, {0, 2, 3}}));
   // More parts than items: the empty parts last.
   EXPECT_EQ(internal::RecipeKarmarkarKarp(std::vector<std::int64_t>{5, 9}, 4, PartSizes::kAny),
-            (Parts{{1}, {0}, {}, {}}));
+            (IndexParts{{1}, {0}, {}, {}}));
   EXPECT_EQ(internal::RecipeKarmarkarKarp(std::vector<std::int64_t>{}, 2, PartSizes::kEqual),
-            (Parts{{}, {}}));
+            (IndexParts{{}, {}}));
   EXPECT_EQ(internal::RecipeWorkload(1000), 24576 * 1000 + 1000 * 1000);
 }
 
@@ -356,7 +359,7 @@ TEST(StepBaselineTest, RecipeKarmarkarKarpPositionsIsTheSamePartition) {
       ASSERT_EQ(partition.part_of_position.size(), n);
       ASSERT_EQ(partition.sums.size(), k);
       ASSERT_EQ(partition.counts.size(), k);
-      Parts parts(k);
+      IndexParts parts(k);
       std::vector<RecipeSum> sums(k, 0);
       for (std::size_t p = 0; p < n; ++p) {
         const std::int32_t part = partition.part_of_position[p];
@@ -468,7 +471,7 @@ TEST(StepBaselineTest, OverCapOnAHeavyTailedBatch) {
             OverCap(batch.lengths, options, PlanBaseline(batch.lengths, options)));
   const RefPlan expected = ReferenceRecipe(batch.lengths, options);
   std::int64_t over = 0;
-  for (const Parts& rank : expected.ranks) {
+  for (const IndexParts& rank : expected.ranks) {
     for (const auto& part : rank) {
       std::int64_t tokens = 0;
       for (const std::int64_t i : part) tokens += batch.lengths[static_cast<std::size_t>(i)];
