@@ -64,7 +64,7 @@ std::string Compare(const BalanceArgs& args, const v1::BalanceReply& reply,
                      max_change);
 }
 
-void PrintTable(const BalanceArgs& args, const v1::BalanceRequest& request,
+void PrintBalanceTable(const BalanceArgs& args, const v1::BalanceRequest& request,
                 const v1::BalanceReply& reply, std::ostream& out) {
   const balance::BalanceOptions options = ToBalanceOptions(request);
   const balance::BalanceResult naive = EvaluateContiguous(request, options);
@@ -198,7 +198,7 @@ void RunBalanceCommand(const BalanceArgs& args, std::istream& in, std::ostream& 
     WriteJson(reply, out);  // streamed, part by part
     out << '\n';
   } else {
-    PrintTable(args, request, reply, out);
+    PrintBalanceTable(args, request, reply, out);
   }
   FlushOutput(out);
 }

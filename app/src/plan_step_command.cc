@@ -165,7 +165,7 @@ std::string CompareWithBaseline(const v1::PlanStepRequest& request,
   return text;
 }
 
-void PrintTable(const PlanStepArgs& args, const v1::PlanStepRequest& request,
+void PrintStepTable(const PlanStepArgs& args, const v1::PlanStepRequest& request,
                 const v1::PlanStepReply& reply, std::ostream& out) {
   const balance::StepOptions options = ToStepOptions(request);
   std::string header = DescribeBatch(args.input, request.lengths(), request.groups());
@@ -378,7 +378,7 @@ namespace {
 // A SolvePlanStep() error in the command's terms: the flag that set the field, then
 // the field ("--micro-batches-multiple-of (micro_batches_multiple_of): …"); other fields as they
 // are.
-FieldError ToCommandError(const FieldError& e) {
+FieldError ToStepFlagError(const FieldError& e) {
   static constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
       {"num_ranks", "--ranks"},
       {"max_tokens_per_micro_batch", "--max-token-len"},
@@ -414,7 +414,7 @@ void RunPlanStepCommand(const PlanStepArgs& args, std::istream& in, std::ostream
     try {
       return SolvePlanStep(request);
     } catch (const FieldError& e) {
-      throw ToCommandError(e);
+      throw ToStepFlagError(e);
     }
   }();
   const std::chrono::duration<double, std::milli> elapsed =
@@ -437,7 +437,7 @@ void RunPlanStepCommand(const PlanStepArgs& args, std::istream& in, std::ostream
     WriteJson(reply, out);  // streamed, rank by rank
     out << '\n';
   } else {
-    PrintTable(args, request, reply, out);
+    PrintStepTable(args, request, reply, out);
   }
   FlushOutput(out);
 }

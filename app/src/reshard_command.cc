@@ -114,7 +114,7 @@ std::string FormatBytes(std::int64_t bytes) {
   return fmt::format("{:.2f} GB ({} bytes)", static_cast<double>(bytes) / 1e9, bytes);
 }
 
-std::string FormatSeconds(double seconds) {
+std::string FormatDuration(double seconds) {
   if (seconds >= 1.0) return fmt::format("{:.3f} s", seconds);
   if (seconds >= 1e-3) return fmt::format("{:.3f} ms", seconds * 1e3);
   return fmt::format("{:.3f} µs", seconds * 1e6);
@@ -127,7 +127,7 @@ std::string FormatCount(double count) {
 }
 
 // "a / b" as "1.23×", or "n/a" when b is 0.
-std::string FormatRatio(double a, double b) {
+std::string FormatQuotient(double a, double b) {
   if (!(b > 0.0)) return "n/a";
   return fmt::format("{:.2f}×", a / b);
 }
@@ -182,7 +182,7 @@ std::string DescribeInfer(const v1::ReshardRequest& request) {
   return text;
 }
 
-void PrintSummary(const ReshardArgs& args, const v1::ReshardRequest& request,
+void PrintPlanSummary(const ReshardArgs& args, const v1::ReshardRequest& request,
                   const rollout::ModelConfig& model, const v1::ReshardPlan& plan,
                   std::ostream& out) {
   double parameters = 0.0;
@@ -219,17 +219,17 @@ void PrintSummary(const ReshardArgs& args, const v1::ReshardRequest& request,
   line("busiest link",
        plan.busiest_link().bytes() > 0
            ? fmt::format("GPU {} {}: {}, {}", busiest.rank(), DescribeLink(busiest.kind()),
-                         FormatBytes(busiest.bytes()), FormatSeconds(busiest.seconds()))
+                         FormatBytes(busiest.bytes()), FormatDuration(busiest.seconds()))
            : std::string("none (every byte is copied locally)"));
-  line("estimate", FormatSeconds(plan.estimate_seconds()) +
+  line("estimate", FormatDuration(plan.estimate_seconds()) +
                        " (per bucket the busiest link's bytes / bandwidth, summed)");
   line("lower bound",
-       fmt::format("{} (estimate / lower bound = {})", FormatSeconds(plan.lower_bound_seconds()),
-                   FormatRatio(plan.estimate_seconds(), plan.lower_bound_seconds())));
+       fmt::format("{} (estimate / lower bound = {})", FormatDuration(plan.lower_bound_seconds()),
+                   FormatQuotient(plan.estimate_seconds(), plan.lower_bound_seconds())));
   line("naive", fmt::format("{} (gather every tensor on trainer GPU 0, broadcast to every "
                             "engine GPU; naive / estimate = {})",
-                            FormatSeconds(plan.naive_seconds()),
-                            FormatRatio(plan.naive_seconds(), plan.estimate_seconds())));
+                            FormatDuration(plan.naive_seconds()),
+                            FormatQuotient(plan.naive_seconds(), plan.estimate_seconds())));
 }
 
 // Throws std::invalid_argument naming --verify when `model` is certainly too large
@@ -549,7 +549,7 @@ namespace {
 
 // A planner error in the command's terms: the flag that set the field, then the field
 // ("--bucket-mib (bucket_bytes): …", "--model FILE (config.num_hidden_layers): …").
-FieldError ToCommandError(const ReshardArgs& args, const FieldError& e) {
+FieldError ToReshardFlagError(const ReshardArgs& args, const FieldError& e) {
   const std::string_view field = e.field();
   auto under = [&](std::string_view prefix) {
     return field == prefix || (field.starts_with(prefix) && field.size() > prefix.size() &&
@@ -575,7 +575,7 @@ void RunReshardCommand(const ReshardArgs& args, std::ostream& out, std::ostream&
     try {
       return rollout::PlanReshard(model, options);
     } catch (const FieldError& e) {
-      throw ToCommandError(args, e);
+      throw ToReshardFlagError(args, e);
     }
   }();
   const std::chrono::duration<double, std::milli> elapsed =
@@ -597,7 +597,7 @@ void RunReshardCommand(const ReshardArgs& args, std::ostream& out, std::ostream&
   if (args.json) {
     out << ToJson(summary) << '\n';
   } else {
-    PrintSummary(args, request, model, summary, out);
+    PrintPlanSummary(args, request, model, summary, out);
   }
   FlushOutput(out);
   if (args.verify) Verify(model, options, plan, args.json ? err : out);

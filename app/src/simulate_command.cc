@@ -107,7 +107,7 @@ bool HasPathPrefix(std::string_view path, std::string_view prefix) {
 
 // A SolveSimulate() error (field "config.<path>", "trace_run") in the command's terms:
 // the flag that set the field, or the --config file, and the field.
-std::string ToCommandError(const SimulateArgs& args, const FieldError& e) {
+std::string ToSimulateFlagError(const SimulateArgs& args, const FieldError& e) {
   constexpr std::string_view kConfig = "config.";
   const std::string_view field = e.field();
   if (field == "trace_run") return e.Renamed("--trace-run").what();
@@ -289,7 +289,7 @@ std::string DescribeIdeal(const v1::SimulationReport& report) {
 
 double Ratio(double a, double b) { return b > 0.0 ? a / b : 0.0; }
 
-void PrintSummary(const v1::SimulationRun& run, std::ostream& out) {
+void PrintRunSummary(const v1::SimulationRun& run, std::ostream& out) {
   const v1::SimulationReport& report = run.report();
   const v1::OrchestratorMetrics& metrics = report.metrics();
   const v1::OrchestratorCounters& counters = report.counters();
@@ -985,7 +985,7 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
   try {
     reply = SolveSimulate(request);
   } catch (const FieldError& e) {
-    throw std::invalid_argument(ToCommandError(args, e));
+    throw std::invalid_argument(ToSimulateFlagError(args, e));
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   spdlog::info("simulated {} run{} in {:.3f} s", reply.runs_size(),
@@ -1005,7 +1005,7 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
   } else if (args.compare) {
     PrintComparison(reply, out);
   } else {
-    PrintSummary(reply.runs(0), out);
+    PrintRunSummary(reply.runs(0), out);
   }
   FlushOutput(out);
 }

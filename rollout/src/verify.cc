@@ -104,7 +104,7 @@ Tensor GateUpPart(const Tensor& gate, const Tensor& up, std::int64_t part, std::
   return ConcatRows({RowPart(gate, part, parts), RowPart(up, part, parts)});
 }
 
-void CheckDivides(const std::string& field, std::int64_t divisor, std::int64_t value,
+void RequireDivides(const std::string& field, std::int64_t divisor, std::int64_t value,
                   const std::string& what) {
   if (divisor <= 0) Fail(field, "must be >= 1, got " + std::to_string(divisor));
   if (value % divisor != 0) {
@@ -144,15 +144,15 @@ void CheckTrain(const ModelConfig& m, const TrainLayout& t) {
                           {"train.dp", t.dp}}) {
     if (v < 1) Fail(field, "must be >= 1, got " + std::to_string(v));
   }
-  CheckDivides("train.tp", t.tp, m.num_heads, "the attention heads");
-  if (!m.is_mla()) CheckDivides("train.tp", t.tp, m.num_kv_heads, "the KV heads");
-  if (HasDenseLayer(m)) CheckDivides("train.tp", t.tp, m.intermediate_size, "intermediate_size");
+  RequireDivides("train.tp", t.tp, m.num_heads, "the attention heads");
+  if (!m.is_mla()) RequireDivides("train.tp", t.tp, m.num_kv_heads, "the KV heads");
+  if (HasDenseLayer(m)) RequireDivides("train.tp", t.tp, m.intermediate_size, "intermediate_size");
   if (m.is_moe()) {
-    CheckDivides("train.ep", t.ep, m.num_experts, "the experts");
-    CheckDivides("train.etp", t.etp, m.moe_intermediate_size, "moe_intermediate_size");
-    CheckDivides("train.ep", t.ep * t.etp, t.tp * t.cp * t.dp, "tp·cp·dp (as etp·ep)");
+    RequireDivides("train.ep", t.ep, m.num_experts, "the experts");
+    RequireDivides("train.etp", t.etp, m.moe_intermediate_size, "moe_intermediate_size");
+    RequireDivides("train.ep", t.ep * t.etp, t.tp * t.cp * t.dp, "tp·cp·dp (as etp·ep)");
     if (m.num_shared_experts > 0) {
-      CheckDivides("train.tp", t.tp, SharedFfn(m), "the shared experts' FFN");
+      RequireDivides("train.tp", t.tp, SharedFfn(m), "the shared experts' FFN");
     }
   }
   const std::int64_t chunks = t.pp * t.vpp;
@@ -420,19 +420,19 @@ MegatronCoords CoordsOf(const TrainLayout& t, std::int64_t rank) {
 
 void CheckInfer(const ModelConfig& m, const InferLayout& in) {
   if (in.tp < 1) Fail("infer.tp", "must be >= 1, got " + std::to_string(in.tp));
-  CheckDivides("infer.tp", in.tp, m.num_heads, "the attention heads");
+  RequireDivides("infer.tp", in.tp, m.num_heads, "the attention heads");
   if (!m.is_mla() && m.num_kv_heads % in.tp != 0 && in.tp % m.num_kv_heads != 0) {
     Fail("infer.tp",
          "must divide or be a multiple of the KV heads (" + std::to_string(m.num_kv_heads) + ")");
   }
-  if (HasDenseLayer(m)) CheckDivides("infer.tp", in.tp, m.intermediate_size, "intermediate_size");
-  CheckDivides("infer.tp", in.tp, RoundUp(m.vocab_size, 64), "the 64-padded vocabulary");
+  if (HasDenseLayer(m)) RequireDivides("infer.tp", in.tp, m.intermediate_size, "intermediate_size");
+  RequireDivides("infer.tp", in.tp, RoundUp(m.vocab_size, 64), "the 64-padded vocabulary");
   if (m.is_moe()) {
     if (!in.expert_parallel) {
-      CheckDivides("infer.tp", in.tp, m.moe_intermediate_size, "moe_intermediate_size");
+      RequireDivides("infer.tp", in.tp, m.moe_intermediate_size, "moe_intermediate_size");
     }
     if (m.num_shared_experts > 0) {
-      CheckDivides("infer.tp", in.tp, SharedFfn(m), "the shared experts' FFN");
+      RequireDivides("infer.tp", in.tp, SharedFfn(m), "the shared experts' FFN");
     }
   }
 }

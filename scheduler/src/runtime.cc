@@ -345,7 +345,7 @@ const char* EventName(const Event& event) {
 }
 
 // The Chrome trace: one process, the trainer as thread 0, engine e as thread e + 1.
-class Trace {
+class RunTrace {
  public:
   void Instant(double time, std::int64_t engine, const char* name) {
     events_.push_back({{"name", name},
@@ -795,7 +795,7 @@ struct Runtime::Impl {
 
   // The sink's trace (its thread, and TraceJson()).
   mutable std::mutex trace_mutex;
-  Trace trace;
+  RunTrace trace;
   std::optional<double> train_started;
   std::map<std::int64_t, double> sync_started;
   std::set<std::int64_t> named_engines;

@@ -28,7 +28,7 @@ using ::testing::StartsWith;
 
 // The one-line JSON reply in `out`.
 template <typename Reply = v1::BalanceReply>
-Reply ParseReply(const std::string& out) {
+Reply ParseBalanceReply(const std::string& out) {
   Reply reply;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "not one line:\n" << out;
   const auto status = google::protobuf::util::JsonStringToMessage(out, &reply);
@@ -198,7 +198,7 @@ TEST(CliTest, JsonFromStdinIsTheSolveBalanceReply) {
     request.mutable_cost()->set_kind(v1::COST_KIND_TOKENS);
     request.set_algorithm(v1::ALGORITHM_KARMARKAR_KARP);
     EXPECT_EQ(r.out, ToJson(SolveBalance(request)) + "\n");
-    ExpectPartition(ParseReply(r.out), 5, 2);
+    ExpectPartition(ParseBalanceReply(r.out), 5, 2);
   }
 }
 
@@ -228,7 +228,7 @@ TEST(CliTest, LogsGoToStderrOnly) {
         std::vector<std::string>{"balance", "--json", "--log-level", "info"}}) {
     const ProcessResult r = RunProgram(args, "1 2 3 4 5 6\n");
     ASSERT_EQ(r.status, 0) << r.err;
-    ExpectPartition(ParseReply(r.out), 6, 8);
+    ExpectPartition(ParseBalanceReply(r.out), 6, 8);
     EXPECT_THAT(r.err, HasSubstr("balanced 6 sequences"));
   }
 }
@@ -244,7 +244,7 @@ TEST(CliTest, SharedGrpoRolloutsKeepGroups) {
   const ProcessResult r =
       RunProgram({"balance", path, "--parts", "8", "--keep-groups", "--equal-size", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
-  const v1::BalanceReply reply = ParseReply(r.out);
+  const v1::BalanceReply reply = ParseBalanceReply(r.out);
   ExpectPartition(reply, 2000, 8);
   // The file lists each group's 50 samples together: index / 50 is the group.
   for (const v1::Part& part : reply.parts()) {
@@ -263,7 +263,7 @@ TEST(CliTest, SharedReasoningLengths) {
   EXPECT_THAT(Lines(table.out).at(0), HasSubstr("42 sequences,"));
   const ProcessResult r = RunProgram({"balance", "--parts", "4", "--json", path});
   ASSERT_EQ(r.status, 0) << r.err;
-  ExpectPartition(ParseReply(r.out), 42, 4);
+  ExpectPartition(ParseBalanceReply(r.out), 42, 4);
 }
 
 TEST(CliTest, PlanStepExampleTable) {
@@ -310,7 +310,7 @@ TEST(CliTest, PlanStepExampleIsBalanceExample) {
     std::int64_t step_tokens = 0;
     for (const v1::RankPlan& rank : reply.ranks()) step_tokens += rank.tokens();
     std::int64_t balance_tokens = 0;
-    const v1::BalanceReply parts = ParseReply(balance.out);
+    const v1::BalanceReply parts = ParseBalanceReply(balance.out);
     for (const v1::Part& part : parts.parts()) balance_tokens += part.tokens();
     EXPECT_EQ(step_tokens, balance_tokens);
   }

@@ -40,7 +40,7 @@ std::vector<std::string> Small(std::vector<std::string> args, const char* steps 
   return args;
 }
 
-v1::SimulateReply ParseReply(const std::string& out) {
+v1::SimulateReply ParseSimulateReply(const std::string& out) {
   v1::SimulateReply reply;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "not one line:\n" << out;
   const auto status = google::protobuf::util::JsonStringToMessage(out, &reply);
@@ -271,7 +271,7 @@ TEST(SimulateCliTest, OptionsThatWouldBeIgnoredAreRefused) {
   const ProcessResult filtered =
       RunProgram(Small({"--filter-all-equal", "--all-equal-rate", "0.3", "--json"}));
   ASSERT_EQ(filtered.status, 0) << filtered.err;
-  EXPECT_GT(ParseReply(filtered.out).runs(0).report().counters().filtered(), 0);
+  EXPECT_GT(ParseSimulateReply(filtered.out).runs(0).report().counters().filtered(), 0);
 }
 
 TEST(SimulateCliTest, Table) {
@@ -291,7 +291,7 @@ TEST(SimulateCliTest, JsonParsesBack) {
   const ProcessResult r = RunProgram(
       Small({"--json", "--seed", "7", "--no-partial-rollout", "--mode", "async", "--mtbf", "0"}));
   ASSERT_EQ(r.status, 0) << r.err;
-  const v1::SimulateReply reply = ParseReply(r.out);
+  const v1::SimulateReply reply = ParseSimulateReply(r.out);
   ASSERT_EQ(reply.runs_size(), 1);
   const v1::SimulationRun& run = reply.runs(0);
   EXPECT_EQ(run.name(), "simulation");
@@ -313,19 +313,19 @@ TEST(SimulateCliTest, JsonParsesBack) {
   // --partial-rollout[=BOOL] selects async (AsyncOptionsImplyTheMode).
   const ProcessResult on = RunProgram(Small({"--json", "--partial-rollout=true"}));
   ASSERT_EQ(on.status, 0) << on.err;
-  const v1::OrchestratorOptions on_options = ParseReply(on.out).runs(0).config().orchestrator();
+  const v1::OrchestratorOptions on_options = ParseSimulateReply(on.out).runs(0).config().orchestrator();
   EXPECT_EQ(on_options.mode(), v1::ORCHESTRATOR_MODE_ASYNC);
   EXPECT_TRUE(on_options.partial_rollout());
   const ProcessResult off = RunProgram(Small({"--json", "--partial-rollout=false"}));
   ASSERT_EQ(off.status, 0) << off.err;
-  const v1::OrchestratorOptions off_options = ParseReply(off.out).runs(0).config().orchestrator();
+  const v1::OrchestratorOptions off_options = ParseSimulateReply(off.out).runs(0).config().orchestrator();
   EXPECT_EQ(off_options.mode(), v1::ORCHESTRATOR_MODE_ASYNC);
   EXPECT_FALSE(off_options.partial_rollout());
 
   // A sync run's config states what sync runs with: staleness 0, no partial rollout.
   const ProcessResult sync = RunProgram(Small({"--json"}));
   ASSERT_EQ(sync.status, 0) << sync.err;
-  const v1::OrchestratorOptions sync_options = ParseReply(sync.out).runs(0).config().orchestrator();
+  const v1::OrchestratorOptions sync_options = ParseSimulateReply(sync.out).runs(0).config().orchestrator();
   EXPECT_EQ(sync_options.mode(), v1::ORCHESTRATOR_MODE_SYNC);
   EXPECT_EQ(sync_options.max_staleness(), 0);
   EXPECT_FALSE(sync_options.partial_rollout());
@@ -337,7 +337,7 @@ TEST(SimulateCliTest, TraceFile) {
   const ProcessResult r = RunProgram(Small({"--trace", path, "--json"}));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(ReadFile(path), HasSubstr("traceEvents"));
-  EXPECT_TRUE(ParseReply(r.out).runs(0).report().trace_json().empty());
+  EXPECT_TRUE(ParseSimulateReply(r.out).runs(0).report().trace_json().empty());
 
   const ProcessResult bad = RunProgram(Small({"--trace", dir / "missing/trace.json"}));
   EXPECT_EQ(bad.status, 2);
@@ -355,7 +355,7 @@ TEST(SimulateCliTest, ConfigFile) {
   })");
   const ProcessResult r = RunProgram({"simulate", "--config", config, "--steps", "2", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
-  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  const v1::SimulationRun run = ParseSimulateReply(r.out).runs(0);
   EXPECT_EQ(run.config().steps(), 2);  // the flag overrides the file
   EXPECT_EQ(run.config().engines(), 4);
   EXPECT_EQ(run.config().orchestrator().mode(), v1::ORCHESTRATOR_MODE_ONE_STEP_OFF);
@@ -386,7 +386,7 @@ TEST(SimulateCliTest, LengthsFile) {
       RunProgram({"simulate", "--engines", "4", "--prompts-per-step", "8", "--samples-per-prompt",
                   "4", "--steps", "2", "--lengths", csv, "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
-  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  const v1::SimulationRun run = ParseSimulateReply(r.out).runs(0);
   EXPECT_THAT(run.config().lengths().lengths(), ::testing::ElementsAre(170, 1930, 40, 600));
 
   const std::string zero = dir.Write("zero.txt", "5 0 7\n");
@@ -445,7 +445,7 @@ TEST(SimulateCliTest, CompareTable) {
   const ProcessResult traced =
       RunProgram(Small({"--compare", "--json", "--trace", path, "--trace-run", "one_step_off"}));
   ASSERT_EQ(traced.status, 0) << traced.err;
-  EXPECT_EQ(ParseReply(traced.out).runs_size(), 7);
+  EXPECT_EQ(ParseSimulateReply(traced.out).runs_size(), 7);
   EXPECT_THAT(ReadFile(path), HasSubstr("traceEvents"));
 }
 
@@ -489,7 +489,7 @@ TEST(SimulateCliTest, StalenessFractionAndStreaming) {
   const ProcessResult r =
       RunProgram(Small({"--staleness-fraction", "0.5", "--train-calls-per-sync", "2", "--json"}));
   ASSERT_EQ(r.status, 0) << r.err;
-  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  const v1::SimulationRun run = ParseSimulateReply(r.out).runs(0);
   const v1::OrchestratorOptions& o = run.config().orchestrator();
   EXPECT_EQ(o.mode(), v1::ORCHESTRATOR_MODE_ASYNC);  // implied
   EXPECT_EQ(o.staleness_policy(), v1::STALENESS_POLICY_FRACTION);
@@ -514,7 +514,7 @@ TEST(SimulateCliTest, StalenessFractionAndStreaming) {
   // --staleness-policy fraction alone: α = 0.
   const ProcessResult policy = RunProgram(Small({"--staleness-policy", "fraction", "--json"}));
   ASSERT_EQ(policy.status, 0) << policy.err;
-  const v1::OrchestratorOptions p = ParseReply(policy.out).runs(0).config().orchestrator();
+  const v1::OrchestratorOptions p = ParseSimulateReply(policy.out).runs(0).config().orchestrator();
   EXPECT_EQ(p.staleness_policy(), v1::STALENESS_POLICY_FRACTION);
   EXPECT_EQ(p.staleness_fraction(), 0.0);
 }
@@ -523,7 +523,7 @@ TEST(SimulateCliTest, Colocated) {
   const ProcessResult r = RunProgram(
       Small({"--colocated", "--release-seconds", "1.5", "--resume-seconds", "2", "--json"}));
   ASSERT_EQ(r.status, 0) << r.err;
-  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  const v1::SimulationRun run = ParseSimulateReply(r.out).runs(0);
   EXPECT_EQ(run.config().orchestrator().mode(), v1::ORCHESTRATOR_MODE_SYNC);  // implied
   EXPECT_TRUE(run.config().orchestrator().colocated());
   EXPECT_EQ(run.config().release_seconds(), 1.5);
@@ -546,7 +546,7 @@ TEST(SimulateCliTest, SpeedsInUsersUnits) {
                         "--gpus-per-trainer-rank", "4", "--json"},
                        "4"));
   ASSERT_EQ(r.status, 0) << r.err;
-  const v1::SimulationRun run = ParseReply(r.out).runs(0);
+  const v1::SimulationRun run = ParseSimulateReply(r.out).runs(0);
   EXPECT_NEAR(run.config().decode_speed().single_tokens_per_second(), 40, 1e-9);
   EXPECT_NEAR(run.config().decode_speed().full_tokens_per_second(), 500, 1e-9);
   EXPECT_NEAR(run.config().engine().decode_base_seconds() +
@@ -582,7 +582,7 @@ TEST(SimulateCliTest, SpeedsInUsersUnits) {
       RunProgram(Small({"--config", config, "--engine-tokens-per-second", "40,500",
                         "--train-seconds-per-step", "20", "--json"}));
   ASSERT_EQ(file.status, 0) << file.err;
-  EXPECT_NEAR(ParseReply(file.out).runs(0).config().decode_speed().single_tokens_per_second(), 40,
+  EXPECT_NEAR(ParseSimulateReply(file.out).runs(0).config().decode_speed().single_tokens_per_second(), 40,
               1e-9);
 
   // A run's config reads back as --config, speeds and all.
@@ -593,7 +593,7 @@ TEST(SimulateCliTest, SpeedsInUsersUnits) {
   }());
   const ProcessResult replay = RunProgram({"simulate", "--config", again, "--json"});
   ASSERT_EQ(replay.status, 0) << replay.err;
-  EXPECT_TRUE(MessageDifferencer::Equals(ParseReply(replay.out).runs(0), run));
+  EXPECT_TRUE(MessageDifferencer::Equals(ParseSimulateReply(replay.out).runs(0), run));
 }
 
 TEST(SimulateCliTest, NewOptionsThatDoNotApplyAreRefused) {
@@ -683,7 +683,7 @@ TEST(SimulateCliTest, NewOptionsThatDoNotApplyAreRefused) {
   const ProcessResult zero =
       RunProgram(Small({"--colocated", "--staleness-fraction", "0", "--json"}));
   ASSERT_EQ(zero.status, 0) << zero.err;
-  EXPECT_TRUE(ParseReply(zero.out).runs(0).config().orchestrator().colocated());
+  EXPECT_TRUE(ParseSimulateReply(zero.out).runs(0).config().orchestrator().colocated());
 }
 
 // --- The daemon's simulate request -----------------------------------------------------

@@ -26,7 +26,7 @@ struct KkInstance {
   std::int64_t k = 1;
 };
 
-KkInstance MakeInstance(std::uint64_t seed, std::int64_t max_n) {
+KkInstance MakeKkInstance(std::uint64_t seed, std::int64_t max_n) {
   workload::Rng rng(seed * 104729 + 3);
   KkInstance inst;
   const std::int64_t n = rng.UniformInt(0, max_n);
@@ -85,7 +85,7 @@ void ExpectSameAsReference(const KkInstance& inst, const std::string& label) {
 
 TEST(KarmarkarKarpTest, SameAsTheReferenceOnSmallInstances) {
   for (std::uint64_t seed = 1; seed <= 600; ++seed) {
-    const KkInstance inst = MakeInstance(seed, 600);
+    const KkInstance inst = MakeKkInstance(seed, 600);
     ExpectSameAsReference(inst, inst.kind + " seed " + std::to_string(seed) + " n " +
                                     std::to_string(inst.weights.size()) + " k " +
                                     std::to_string(inst.k));
@@ -94,7 +94,7 @@ TEST(KarmarkarKarpTest, SameAsTheReferenceOnSmallInstances) {
 
 TEST(KarmarkarKarpTest, SameAsTheReferenceOnMediumInstances) {
   for (std::uint64_t seed = 1; seed <= 40; ++seed) {
-    const KkInstance inst = MakeInstance(seed + 5000, 20'000);
+    const KkInstance inst = MakeKkInstance(seed + 5000, 20'000);
     ExpectSameAsReference(inst, inst.kind + " seed " + std::to_string(seed + 5000) + " n " +
                                     std::to_string(inst.weights.size()) + " k " +
                                     std::to_string(inst.k));
@@ -227,7 +227,7 @@ TEST(HeaviestFirstTest, SlotsInTheSameOrder) {
 
 TEST(KarmarkarKarpThoroughTest, SameAsTheReferenceOnManyInstances) {
   for (std::uint64_t seed = 1; seed <= 4000; ++seed) {
-    const KkInstance inst = MakeInstance(seed + 100'000, 3000);
+    const KkInstance inst = MakeKkInstance(seed + 100'000, 3000);
     ExpectSameAsReference(inst, inst.kind + " seed " + std::to_string(seed + 100'000));
   }
 }

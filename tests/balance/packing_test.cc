@@ -126,7 +126,7 @@ struct PackingInstance {
   Assignment start;  // some assignment into m bins, often over the cap
 };
 
-PackingInstance MakeInstance(std::uint64_t seed) {
+PackingInstance MakePackingInstance(std::uint64_t seed) {
   workload::Rng rng(seed * 2654435761ULL + 1);
   PackingInstance inst;
   const std::int64_t n = rng.UniformInt(0, 400);
@@ -180,7 +180,7 @@ void ExpectValid(const PackingInstance& inst, const Assignment& a, bool cap_kept
 TEST(PackingTest, RepairIsTheScanItReplaced) {
   int repaired = 0;
   for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
-    const PackingInstance inst = MakeInstance(seed);
+    const PackingInstance inst = MakePackingInstance(seed);
     const std::string what = "seed " + std::to_string(seed);
     Assignment got = inst.start;
     Assignment want = inst.start;
@@ -198,7 +198,7 @@ TEST(PackingTest, RepairIsTheScanItReplaced) {
 TEST(PackingTest, LptOnTokensIsTheGreedy) {
   int differs_from_round_robin = 0;
   for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
-    const PackingInstance inst = MakeInstance(seed);
+    const PackingInstance inst = MakePackingInstance(seed);
     const std::string what = "seed " + std::to_string(seed);
     const std::vector<std::int32_t> by_tokens = internal::HeaviestFirst(inst.items.tokens);
     const Assignment got = internal::LptOnTokens(inst.items, inst.m, by_tokens);
@@ -218,7 +218,7 @@ TEST(PackingTest, LptOnTokensIsTheGreedy) {
 TEST(PackingTest, FirstFitDecreasingIsTheScanItReplaced) {
   int packed = 0;
   for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
-    const PackingInstance inst = MakeInstance(seed);
+    const PackingInstance inst = MakePackingInstance(seed);
     const std::string what = "seed " + std::to_string(seed);
     const auto got = internal::FirstFitDecreasing(inst.items, inst.m, inst.cap);
     const auto want = ReferenceFirstFit(inst.items, inst.m, inst.cap);
@@ -234,7 +234,7 @@ TEST(PackingTest, FirstFitDecreasingIsTheScanItReplaced) {
 TEST(PackingTest, FillEmptyBinsIsTheScanItReplaced) {
   int filled = 0;
   for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
-    const PackingInstance inst = MakeInstance(seed);
+    const PackingInstance inst = MakePackingInstance(seed);
     const std::string what = "seed " + std::to_string(seed);
     Assignment got = inst.start;
     Assignment want = inst.start;
@@ -254,7 +254,7 @@ TEST(PackingTest, FillEmptyBinsIsTheScanItReplaced) {
 // Pack() on the same instances: under the cap whenever it answers, every item once.
 TEST(PackingTest, PackKeepsTheInvariants) {
   for (std::uint64_t seed = 1; seed <= 600; ++seed) {
-    const PackingInstance inst = MakeInstance(seed);
+    const PackingInstance inst = MakePackingInstance(seed);
     const auto packing =
         internal::Pack(inst.items, inst.m, inst.cap, RefineOptions{}, std::nullopt);
     if (!packing) continue;
@@ -269,7 +269,7 @@ TEST(PackingTest, PackWithinCapPacksWhatTheBalancedPackPacks) {
   int packed = 0;
   int differs = 0;
   for (std::uint64_t seed = 1; seed <= 600; ++seed) {
-    const PackingInstance inst = MakeInstance(seed);
+    const PackingInstance inst = MakePackingInstance(seed);
     const std::string what = "seed " + std::to_string(seed);
     const auto balanced =
         internal::Pack(inst.items, inst.m, inst.cap, RefineOptions{}, std::nullopt);

@@ -29,7 +29,7 @@ struct PropertyInstance {
 };
 
 // One random instance of a family picked by `seed`.
-PropertyInstance MakeInstance(std::uint64_t seed) {
+PropertyInstance MakePropertyInstance(std::uint64_t seed) {
   workload::Rng rng(seed * 7919 + 17);
   PropertyInstance inst;
   inst.equal_size = rng.UniformInt(0, 1) == 1;
@@ -119,7 +119,7 @@ void CheckInstance(const PropertyInstance& inst) {
 
 void Sweep(std::uint64_t first, std::uint64_t count) {
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    CheckInstance(MakeInstance(seed));
+    CheckInstance(MakePropertyInstance(seed));
     if (::testing::Test::HasFailure()) {
       ADD_FAILURE() << "first failing seed " << seed;
       return;

@@ -421,7 +421,7 @@ TEST(RuntimeTest, AsyncPartialRolloutKeepsEachPolicysBoundAndConservation) {
 }
 
 // The commands a run gives, as text, to compare runs.
-std::string Describe(const Command& command) {
+std::string DescribeCommand(const Command& command) {
   std::ostringstream out;
   std::visit(
       [&out](const auto& c) {
@@ -457,7 +457,7 @@ TEST(RuntimeTest, SameEventsGiveSameCommandsAndTheLogReplays) {
     Cluster cluster(clock, {});
     RuntimeOptions options = AsyncOptions(4);
     std::vector<std::string>& out = run == 0 ? first : second;
-    options.on_command = [&out](const Command& c) { out.push_back(Describe(c)); };
+    options.on_command = [&out](const Command& c) { out.push_back(DescribeCommand(c)); };
     if (run == 0) options.on_event = [&log](const Event& e) { log.push_back(e); };
     Runtime runtime(options, cluster, cluster, clock);
     Drive(runtime, cluster, clock, 5, 128);
@@ -473,7 +473,7 @@ TEST(RuntimeTest, SameEventsGiveSameCommandsAndTheLogReplays) {
   for (const Event& event : log) {
     std::vector<Command> commands;
     core.Handle(event, commands);
-    for (const Command& c : commands) replayed.push_back(Describe(c));
+    for (const Command& c : commands) replayed.push_back(DescribeCommand(c));
   }
   EXPECT_EQ(replayed, first);
 }
@@ -493,7 +493,7 @@ TEST(RuntimeTest, APauseReportGivesTheSameRunAsPerSampleReports) {
     Cluster cluster(clock, {.seconds_per_token = 0.01, .per_sample_progress = run == 1});
     RuntimeOptions options = AsyncOptions(6);
     options.on_command = [&commands, run](const Command& c) {
-      commands[run].push_back(Describe(c));
+      commands[run].push_back(DescribeCommand(c));
     };
     options.on_event = [&, run](const Event& e) {
       paused_events[run] += std::holds_alternative<GenerationPaused>(e) ? 1 : 0;
@@ -523,7 +523,7 @@ TEST(RuntimeTest, APauseReportGivesTheSameRunAsPerSampleReports) {
   for (const Event& event : log) {
     std::vector<Command> out;
     core.Handle(event, out);
-    for (const Command& c : out) replayed.push_back(Describe(c));
+    for (const Command& c : out) replayed.push_back(DescribeCommand(c));
   }
   EXPECT_EQ(replayed, commands[0]);
 }
@@ -558,7 +558,7 @@ TEST(RuntimeTest, EnginesAccountsOfVersionsAndTelemetryAreRecorded) {
     Cluster cluster(clock, {.seconds_per_token = 0.01, .accounts = run == 1});
     RuntimeOptions options = AsyncOptions(6);
     options.on_command = [&commands, run](const Command& c) {
-      commands[run].push_back(Describe(c));
+      commands[run].push_back(DescribeCommand(c));
     };
     Runtime runtime(options, cluster, cluster, clock);
     Drive(runtime, cluster, clock, 5, 128);

@@ -57,7 +57,7 @@ v1::ReshardRequest TinyRequest() {
 }
 
 // The message of the std::invalid_argument that solving `request` throws.
-std::string ErrorOf(const v1::ReshardRequest& request) {
+std::string ReshardErrorOf(const v1::ReshardRequest& request) {
   try {
     SolveReshard(request);
   } catch (const rlsched::FieldError& e) {
@@ -214,7 +214,7 @@ TEST(ReshardConvertTest, PlanRecordsDefaultsFilledIn) {
 TEST(ReshardConvertTest, FirstAndLastStageLayers) {
   v1::ReshardRequest request = TinyRequest();  // 4 layers
   request.mutable_train()->set_pp(3);
-  EXPECT_EQ(ErrorOf(request),
+  EXPECT_EQ(ReshardErrorOf(request),
             "train.pp: num_hidden_layers (4) must be divisible by pp·vpp (3), or set "
             "first_stage_layers / last_stage_layers for an uneven split");
 
@@ -416,7 +416,7 @@ TEST(ReshardConvertTest, EveryErrorNamesItsField) {
     v1::ReshardRequest request = TinyRequest();
     c.change(request);
     SCOPED_TRACE(c.message);
-    EXPECT_THAT(ErrorOf(request), StartsWith(c.message));
+    EXPECT_THAT(ReshardErrorOf(request), StartsWith(c.message));
   }
 }
 

@@ -41,7 +41,7 @@ void ExpectSameConfig(const SimulatorConfig& config, const SimulatorConfig& expe
 }
 
 // The error message ToSimulatorConfig() throws for `message`, or "" if none.
-std::string ErrorOf(const v1::SimulatorConfig& message) {
+std::string SimulateErrorOf(const v1::SimulatorConfig& message) {
   try {
     ToSimulatorConfig(message);
   } catch (const rlsched::FieldError& e) {
@@ -202,51 +202,51 @@ TEST(SimulateConvertTest, ExplicitZeroAndFalseAreSet) {
 TEST(SimulateConvertTest, ErrorsNameTheProtoField) {
   v1::SimulatorConfig message;
   message.set_engines(0);
-  EXPECT_THAT(ErrorOf(message), StartsWith("engines:"));
+  EXPECT_THAT(SimulateErrorOf(message), StartsWith("engines:"));
 
   message = v1::SimulatorConfig();
   message.set_steps(0);
-  EXPECT_THAT(ErrorOf(message), StartsWith("steps:"));
+  EXPECT_THAT(SimulateErrorOf(message), StartsWith("steps:"));
 
   message = v1::SimulatorConfig();
   message.set_steps(kMaxSimulationSteps + 1);
-  EXPECT_THAT(ErrorOf(message), StartsWith("steps: must be in [1, 100000]"));
+  EXPECT_THAT(SimulateErrorOf(message), StartsWith("steps: must be in [1, 100000]"));
 
   message = v1::SimulatorConfig();
   message.set_engines(kMaxSimulationEngines + 1);
-  EXPECT_THAT(ErrorOf(message), StartsWith("engines:"));
+  EXPECT_THAT(SimulateErrorOf(message), StartsWith("engines:"));
 
   message = v1::SimulatorConfig();
   message.mutable_orchestrator()->set_prompts_per_step(1'000'000);
   message.set_steps(1000);
-  EXPECT_THAT(ErrorOf(message), AllOf(StartsWith("steps:"), HasSubstr("at most 1e+07")));
+  EXPECT_THAT(SimulateErrorOf(message), AllOf(StartsWith("steps:"), HasSubstr("at most 1e+07")));
 
   message = v1::SimulatorConfig();
   message.mutable_orchestrator()->set_mode(static_cast<v1::OrchestratorMode>(99));
-  EXPECT_THAT(ErrorOf(message), StartsWith("orchestrator.mode: unknown value 99"));
+  EXPECT_THAT(SimulateErrorOf(message), StartsWith("orchestrator.mode: unknown value 99"));
 
   message = v1::SimulatorConfig();
   message.mutable_step()->set_max_tokens_per_micro_batch(0);
-  EXPECT_THAT(ErrorOf(message), StartsWith("step.max_tokens_per_micro_batch: must be >= 1"));
+  EXPECT_THAT(SimulateErrorOf(message), StartsWith("step.max_tokens_per_micro_batch: must be >= 1"));
 
   message = v1::SimulatorConfig();
   message.mutable_step()->set_max_tokens_per_micro_batch(1000);
-  EXPECT_THAT(ErrorOf(message), AllOf(StartsWith("step.max_tokens_per_micro_batch: must be >= "
+  EXPECT_THAT(SimulateErrorOf(message), AllOf(StartsWith("step.max_tokens_per_micro_batch: must be >= "
                                                  "the longest sequence"),
                                       HasSubstr("got 1000")));
 
   message = v1::SimulatorConfig();
   message.mutable_step()->set_pipeline_stages(-1);
-  EXPECT_THAT(ErrorOf(message), StartsWith("step.pipeline_stages:"));
+  EXPECT_THAT(SimulateErrorOf(message), StartsWith("step.pipeline_stages:"));
 
   message = v1::SimulatorConfig();
   message.mutable_step()->mutable_cost()->set_kind(v1::COST_KIND_ATTENTION);
-  EXPECT_THAT(ErrorOf(message), StartsWith("step.cost:"));
+  EXPECT_THAT(SimulateErrorOf(message), StartsWith("step.cost:"));
 
   message = v1::SimulatorConfig();
   message.mutable_lengths()->add_lengths(5);
   message.mutable_lengths()->add_lengths(0);
-  EXPECT_THAT(ErrorOf(message), StartsWith("lengths.lengths[1]: must be in [1, 2147483648]"));
+  EXPECT_THAT(SimulateErrorOf(message), StartsWith("lengths.lengths[1]: must be in [1, 2147483648]"));
 }
 
 TEST(SimulateConvertTest, AsyncFieldsWithoutAModeSelectAsync) {
@@ -282,25 +282,25 @@ TEST(SimulateConvertTest, AsyncFieldsOfSyncAndOneStepOff) {
     if (partial) message.mutable_orchestrator()->set_partial_rollout(*partial);
     return message;
   };
-  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, 2, std::nullopt)),
+  EXPECT_EQ(SimulateErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, 2, std::nullopt)),
             "orchestrator.max_staleness: applies to mode async only (mode sync has staleness 0), "
             "got 2");
-  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, 1, std::nullopt)),
+  EXPECT_EQ(SimulateErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, 1, std::nullopt)),
             "orchestrator.max_staleness: applies to mode async only (mode sync has staleness 0), "
             "got 1");
-  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF, 0, std::nullopt)),
+  EXPECT_EQ(SimulateErrorOf(with(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF, 0, std::nullopt)),
             "orchestrator.max_staleness: applies to mode async only (mode one_step_off has "
             "staleness 1), got 0");
-  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, std::nullopt, true)),
+  EXPECT_EQ(SimulateErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, std::nullopt, true)),
             "orchestrator.partial_rollout: applies to mode async only (mode sync never "
             "interrupts a generation: engines take new weights between batches), got true");
-  EXPECT_THAT(ErrorOf(with(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF, 1, true)),
+  EXPECT_THAT(SimulateErrorOf(with(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF, 1, true)),
               StartsWith("orchestrator.partial_rollout: applies to mode async only (mode "
                          "one_step_off never interrupts"));
   // The mode's own values are accepted.
-  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, 0, false)), "");
-  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF, 1, false)), "");
-  EXPECT_EQ(ErrorOf(with(v1::ORCHESTRATOR_MODE_ASYNC, 5, true)), "");
+  EXPECT_EQ(SimulateErrorOf(with(v1::ORCHESTRATOR_MODE_SYNC, 0, false)), "");
+  EXPECT_EQ(SimulateErrorOf(with(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF, 1, false)), "");
+  EXPECT_EQ(SimulateErrorOf(with(v1::ORCHESTRATOR_MODE_ASYNC, 5, true)), "");
 
   // The message of a config states those values, so that it reads back.
   for (const Mode mode : {Mode::kSync, Mode::kOneStepOff, Mode::kAsync}) {
@@ -314,7 +314,7 @@ TEST(SimulateConvertTest, AsyncFieldsOfSyncAndOneStepOff) {
                                                                                   : 3)
         << ModeName(mode);
     EXPECT_EQ(message.orchestrator().partial_rollout(), mode == Mode::kAsync) << ModeName(mode);
-    EXPECT_EQ(ErrorOf(message), "") << ModeName(mode);
+    EXPECT_EQ(SimulateErrorOf(message), "") << ModeName(mode);
     EXPECT_EQ(ToSimulatorConfig(message).orchestrator.mode, mode);
   }
 }
@@ -322,10 +322,10 @@ TEST(SimulateConvertTest, AsyncFieldsOfSyncAndOneStepOff) {
 TEST(SimulateConvertTest, FilterNeedsAllEqualGroups) {
   v1::SimulatorConfig message;
   message.mutable_orchestrator()->set_filter_all_equal(true);
-  EXPECT_THAT(ErrorOf(message),
+  EXPECT_THAT(SimulateErrorOf(message),
               StartsWith("orchestrator.filter_all_equal: must be false with all_equal_rate 0"));
   message.set_all_equal_rate(0.2);
-  EXPECT_EQ(ErrorOf(message), "");
+  EXPECT_EQ(SimulateErrorOf(message), "");
 }
 
 // --- Parsers and the command's request ------------------------------------------------
@@ -572,7 +572,7 @@ TEST(SimulateConvertTest, RoundTripOfColocation) {
   EXPECT_FALSE(separate.orchestrator().colocated());
   EXPECT_EQ(separate.release_seconds(), 0.0);
   EXPECT_EQ(separate.resume_seconds(), 0.0);
-  EXPECT_EQ(ErrorOf(separate), "");
+  EXPECT_EQ(SimulateErrorOf(separate), "");
 }
 
 TEST(SimulateConvertTest, ModeFieldsSelectTheMode) {
@@ -601,7 +601,7 @@ TEST(SimulateConvertTest, ModeFieldsSelectTheMode) {
   message = v1::SimulatorConfig();
   message.mutable_orchestrator()->set_staleness_fraction(1.25);
   message.mutable_orchestrator()->set_max_staleness(2);
-  EXPECT_EQ(ErrorOf(message), "");
+  EXPECT_EQ(SimulateErrorOf(message), "");
 
   // colocated selects sync, and async's fields may then state sync's values.
   message = v1::SimulatorConfig();
@@ -635,7 +635,7 @@ TEST(SimulateConvertTest, FieldsThatDoNotApplyAreRefused) {
   const auto orchestrator = [](const std::function<void(v1::OrchestratorOptions&)>& set) {
     v1::SimulatorConfig message;
     set(*message.mutable_orchestrator());
-    return ErrorOf(message);
+    return SimulateErrorOf(message);
   };
   EXPECT_EQ(orchestrator([](auto& o) {
               o.set_mode(v1::ORCHESTRATOR_MODE_SYNC);
@@ -723,7 +723,7 @@ TEST(SimulateConvertTest, FieldsThatDoNotApplyAreRefused) {
   const auto with = [](const std::function<void(v1::SimulatorConfig&)>& set) {
     v1::SimulatorConfig message = SmallConfig();
     set(message);
-    return ErrorOf(message);
+    return SimulateErrorOf(message);
   };
   EXPECT_THAT(with([](auto& m) { m.set_gpus_per_engine(0); }), StartsWith("gpus_per_engine:"));
   EXPECT_THAT(with([](auto& m) { m.set_gpus_per_trainer_rank(5000); }),
@@ -797,7 +797,7 @@ TEST(SimulateConvertTest, DecodeSpeedSetsTheEngineModel) {
             expected.decode_per_sequence_seconds);
   EXPECT_THAT(run.config().decode_speed().single_tokens_per_second(), DoubleNear(40, 1e-9));
   EXPECT_THAT(run.config().decode_speed().full_tokens_per_second(), DoubleNear(500, 1e-9));
-  EXPECT_EQ(ErrorOf(run.config()), "");
+  EXPECT_EQ(SimulateErrorOf(run.config()), "");
 
   // A slower engine generates slower.
   v1::SimulateRequest slower = request;
@@ -854,7 +854,7 @@ TEST(SimulateConvertTest, SolveSimulateFractionAndStreaming) {
   EXPECT_EQ(c.trained(), 3 * 8 * 4);
   EXPECT_EQ(c.stale_restarts(), 0);  // the fraction policy discards nothing
   EXPECT_LE(run.report().metrics().max_staleness(), 1);
-  EXPECT_EQ(ErrorOf(run.config()), "");
+  EXPECT_EQ(SimulateErrorOf(run.config()), "");
 }
 
 TEST(SimulateConvertTest, SolveSimulateColocated) {
