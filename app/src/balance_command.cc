@@ -65,7 +65,7 @@ std::string Compare(const BalanceArgs& args, const v1::BalanceReply& reply,
 }
 
 void PrintBalanceTable(const BalanceArgs& args, const v1::BalanceRequest& request,
-                const v1::BalanceReply& reply, std::ostream& out) {
+                       const v1::BalanceReply& reply, std::ostream& out) {
   const balance::BalanceOptions options = ToBalanceOptions(request);
   const balance::BalanceResult naive = EvaluateContiguous(request, options);
 

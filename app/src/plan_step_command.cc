@@ -166,7 +166,7 @@ std::string CompareWithBaseline(const v1::PlanStepRequest& request,
 }
 
 void PrintStepTable(const PlanStepArgs& args, const v1::PlanStepRequest& request,
-                const v1::PlanStepReply& reply, std::ostream& out) {
+                    const v1::PlanStepReply& reply, std::ostream& out) {
   const balance::StepOptions options = ToStepOptions(request);
   std::string header = DescribeBatch(args.input, request.lengths(), request.groups());
   header +=

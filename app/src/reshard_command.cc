@@ -183,8 +183,8 @@ std::string DescribeInfer(const v1::ReshardRequest& request) {
 }
 
 void PrintPlanSummary(const ReshardArgs& args, const v1::ReshardRequest& request,
-                  const rollout::ModelConfig& model, const v1::ReshardPlan& plan,
-                  std::ostream& out) {
+                      const rollout::ModelConfig& model, const v1::ReshardPlan& plan,
+                      std::ostream& out) {
   double parameters = 0.0;
   std::int64_t model_bytes = 0;
   for (const rollout::FullTensor& tensor : rollout::HfTensors(model)) {

@@ -105,7 +105,7 @@ Tensor GateUpPart(const Tensor& gate, const Tensor& up, std::int64_t part, std::
 }
 
 void RequireDivides(const std::string& field, std::int64_t divisor, std::int64_t value,
-                  const std::string& what) {
+                    const std::string& what) {
   if (divisor <= 0) Fail(field, "must be >= 1, got " + std::to_string(divisor));
   if (value % divisor != 0) {
     Fail(field,

@@ -313,19 +313,22 @@ TEST(SimulateCliTest, JsonParsesBack) {
   // --partial-rollout[=BOOL] selects async (AsyncOptionsImplyTheMode).
   const ProcessResult on = RunProgram(Small({"--json", "--partial-rollout=true"}));
   ASSERT_EQ(on.status, 0) << on.err;
-  const v1::OrchestratorOptions on_options = ParseSimulateReply(on.out).runs(0).config().orchestrator();
+  const v1::OrchestratorOptions on_options =
+      ParseSimulateReply(on.out).runs(0).config().orchestrator();
   EXPECT_EQ(on_options.mode(), v1::ORCHESTRATOR_MODE_ASYNC);
   EXPECT_TRUE(on_options.partial_rollout());
   const ProcessResult off = RunProgram(Small({"--json", "--partial-rollout=false"}));
   ASSERT_EQ(off.status, 0) << off.err;
-  const v1::OrchestratorOptions off_options = ParseSimulateReply(off.out).runs(0).config().orchestrator();
+  const v1::OrchestratorOptions off_options =
+      ParseSimulateReply(off.out).runs(0).config().orchestrator();
   EXPECT_EQ(off_options.mode(), v1::ORCHESTRATOR_MODE_ASYNC);
   EXPECT_FALSE(off_options.partial_rollout());
 
   // A sync run's config states what sync runs with: staleness 0, no partial rollout.
   const ProcessResult sync = RunProgram(Small({"--json"}));
   ASSERT_EQ(sync.status, 0) << sync.err;
-  const v1::OrchestratorOptions sync_options = ParseSimulateReply(sync.out).runs(0).config().orchestrator();
+  const v1::OrchestratorOptions sync_options =
+      ParseSimulateReply(sync.out).runs(0).config().orchestrator();
   EXPECT_EQ(sync_options.mode(), v1::ORCHESTRATOR_MODE_SYNC);
   EXPECT_EQ(sync_options.max_staleness(), 0);
   EXPECT_FALSE(sync_options.partial_rollout());
@@ -582,8 +585,9 @@ TEST(SimulateCliTest, SpeedsInUsersUnits) {
       RunProgram(Small({"--config", config, "--engine-tokens-per-second", "40,500",
                         "--train-seconds-per-step", "20", "--json"}));
   ASSERT_EQ(file.status, 0) << file.err;
-  EXPECT_NEAR(ParseSimulateReply(file.out).runs(0).config().decode_speed().single_tokens_per_second(), 40,
-              1e-9);
+  EXPECT_NEAR(
+      ParseSimulateReply(file.out).runs(0).config().decode_speed().single_tokens_per_second(), 40,
+      1e-9);
 
   // A run's config reads back as --config, speeds and all.
   const std::string again = dir.Write("again.json", [&] {

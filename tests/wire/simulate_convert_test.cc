@@ -227,13 +227,15 @@ TEST(SimulateConvertTest, ErrorsNameTheProtoField) {
 
   message = v1::SimulatorConfig();
   message.mutable_step()->set_max_tokens_per_micro_batch(0);
-  EXPECT_THAT(SimulateErrorOf(message), StartsWith("step.max_tokens_per_micro_batch: must be >= 1"));
+  EXPECT_THAT(SimulateErrorOf(message),
+              StartsWith("step.max_tokens_per_micro_batch: must be >= 1"));
 
   message = v1::SimulatorConfig();
   message.mutable_step()->set_max_tokens_per_micro_batch(1000);
-  EXPECT_THAT(SimulateErrorOf(message), AllOf(StartsWith("step.max_tokens_per_micro_batch: must be >= "
-                                                 "the longest sequence"),
-                                      HasSubstr("got 1000")));
+  EXPECT_THAT(SimulateErrorOf(message),
+              AllOf(StartsWith("step.max_tokens_per_micro_batch: must be >= "
+                               "the longest sequence"),
+                    HasSubstr("got 1000")));
 
   message = v1::SimulatorConfig();
   message.mutable_step()->set_pipeline_stages(-1);
@@ -246,7 +248,8 @@ TEST(SimulateConvertTest, ErrorsNameTheProtoField) {
   message = v1::SimulatorConfig();
   message.mutable_lengths()->add_lengths(5);
   message.mutable_lengths()->add_lengths(0);
-  EXPECT_THAT(SimulateErrorOf(message), StartsWith("lengths.lengths[1]: must be in [1, 2147483648]"));
+  EXPECT_THAT(SimulateErrorOf(message),
+              StartsWith("lengths.lengths[1]: must be in [1, 2147483648]"));
 }
 
 TEST(SimulateConvertTest, AsyncFieldsWithoutAModeSelectAsync) {
