@@ -18,7 +18,7 @@ using Json = nlohmann::json;
 
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 31;
 
-[[noreturn]] void Fail(const std::string& field, const std::string& what) {
+[[noreturn]] void FailConfig(const std::string& field, const std::string& what) {
   rlsched::Fail("config." + field, what);
 }
 
@@ -27,10 +27,10 @@ constexpr std::int64_t kMaxDim = std::int64_t{1} << 31;
 std::int64_t Int(const Json& j, const char* field, std::int64_t fallback = -1) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) {
-    if (fallback < 0) Fail(field, "is required");
+    if (fallback < 0) FailConfig(field, "is required");
     return fallback;
   }
-  if (!it->is_number_integer()) Fail(field, "must be an integer");
+  if (!it->is_number_integer()) FailConfig(field, "must be an integer");
   if (it->is_number_unsigned() && it->get<std::uint64_t>() >= std::uint64_t{1} << 63) {
     rlsched::FailBound("config." + std::string(field), "in [0, 2^31)", it->get<std::uint64_t>());
   }
@@ -42,7 +42,7 @@ std::int64_t Int(const Json& j, const char* field, std::int64_t fallback = -1) {
 bool Bool(const Json& j, const char* field, bool fallback) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) Fail(field, "must be true or false");
+  if (!it->is_boolean()) FailConfig(field, "must be true or false");
   return it->get<bool>();
 }
 
@@ -63,20 +63,20 @@ Family FamilyOf(const Json& j) {
     for (const auto& [name, family] : kTypes) {
       if (*it == name) return family;
     }
-    Fail("model_type", "unsupported \"" + it->get<std::string>() +
-                           "\" (llama, qwen2, qwen3, qwen3_moe, deepseek_v3)");
+    FailConfig("model_type", "unsupported \"" + it->get<std::string>() +
+                                 "\" (llama, qwen2, qwen3, qwen3_moe, deepseek_v3)");
   }
   if (auto it = j.find("architectures"); it != j.end() && it->is_array() && !it->empty()) {
     for (const auto& [name, family] : kArchitectures) {
       if ((*it)[0] == name) return family;
     }
-    Fail("architectures", "unsupported " + (*it)[0].dump());
+    FailConfig("architectures", "unsupported " + (*it)[0].dump());
   }
-  Fail("model_type", "is required (or architectures)");
+  FailConfig("model_type", "is required (or architectures)");
 }
 
 void CheckPositive(const char* field, std::int64_t v) {
-  if (v <= 0 || v >= kMaxDim) Fail(field, "must be in [1, 2^31), got " + std::to_string(v));
+  if (v <= 0 || v >= kMaxDim) FailConfig(field, "must be in [1, 2^31), got " + std::to_string(v));
 }
 
 // The number of i in [0, n) with i % step == phase (0 <= phase < step).
@@ -168,7 +168,7 @@ ModelConfig ParseHfConfig(std::string_view json_text) {
   m.num_kv_heads = Int(j, "num_key_value_heads", m.num_heads);
   m.vocab_size = Int(j, "vocab_size");
   m.tie_word_embeddings = Bool(j, "tie_word_embeddings", false);
-  if (m.num_heads <= 0) Fail("num_attention_heads", "must be positive");
+  if (m.num_heads <= 0) FailConfig("num_attention_heads", "must be positive");
   m.head_dim = Int(j, "head_dim", m.hidden_size / m.num_heads);
   switch (m.family) {
     case Family::kLlama:
@@ -194,7 +194,7 @@ ModelConfig ParseHfConfig(std::string_view json_text) {
     CheckPositive("decoder_sparse_step", m.moe_layer_step);
     m.moe_layer_phase = m.moe_layer_step - 1;
     if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
-      if (!it->is_array()) Fail("mlp_only_layers", "must be a list of layer indices");
+      if (!it->is_array()) FailConfig("mlp_only_layers", "must be a list of layer indices");
       m.dense_layers.reserve(it->size());  // entries of the text: O(its size)
       for (std::size_t i = 0; i < it->size(); ++i) {
         const Json& v = (*it)[i];
@@ -238,7 +238,7 @@ ModelConfig ParseHfConfig(std::string_view json_text) {
     if (dtype == "float32") {
       m.dtype_bytes = 4;
     } else if (dtype != "bfloat16" && dtype != "float16") {
-      Fail("torch_dtype", "unsupported \"" + dtype + "\" (bfloat16, float16, float32)");
+      FailConfig("torch_dtype", "unsupported \"" + dtype + "\" (bfloat16, float16, float32)");
     }
   }
   Validate(m);
@@ -254,12 +254,13 @@ void Validate(const ModelConfig& m) {
   CheckPositive("head_dim", m.head_dim);
   CheckPositive("vocab_size", m.vocab_size);
   if (m.num_heads % m.num_kv_heads != 0) {
-    Fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(m.num_heads) +
-                                    "), got " + std::to_string(m.num_kv_heads));
+    FailConfig("num_key_value_heads", "must divide num_attention_heads (" +
+                                          std::to_string(m.num_heads) + "), got " +
+                                          std::to_string(m.num_kv_heads));
   }
   if (m.is_moe()) {
     CheckPositive("moe_intermediate_size", m.moe_intermediate_size);
-    if (m.num_experts >= kMaxDim) Fail(ExpertsKey(m), "must be below 2^31");
+    if (m.num_experts >= kMaxDim) FailConfig(ExpertsKey(m), "must be below 2^31");
   }
   if (m.first_dense_layers < 0 || m.first_dense_layers >= kMaxDim) {
     rlsched::FailBound("config.first_k_dense_replace", "in [0, 2^31)", m.first_dense_layers);
@@ -279,14 +280,14 @@ void Validate(const ModelConfig& m) {
     CheckPositive("qk_rope_head_dim", m.qk_rope_head_dim);
     CheckPositive("v_head_dim", m.v_head_dim);
   }
-  if (m.dtype_bytes != 2 && m.dtype_bytes != 4) Fail("torch_dtype", "must be 2 or 4 bytes");
+  if (m.dtype_bytes != 2 && m.dtype_bytes != 4) FailConfig("torch_dtype", "must be 2 or 4 bytes");
   for (std::size_t i = 0; i < m.dense_layers.size(); ++i) {
     const std::int64_t layer = m.dense_layers[i];
     if (layer < 0 || layer >= m.num_layers) {
       rlsched::FailBound("config.mlp_only_layers[" + std::to_string(i) + "]",
                          "in [0, num_hidden_layers = " + std::to_string(m.num_layers) + ")", layer);
     }
-    if (i > 0 && m.dense_layers[i - 1] >= layer) Fail("mlp_only_layers", "must be ascending");
+    if (i > 0 && m.dense_layers[i - 1] >= layer) FailConfig("mlp_only_layers", "must be ascending");
   }
   // The size limits, before anything is built from the model.
   const ModelSize size = SizeOf(m);

@@ -28,7 +28,7 @@ using ::testing::StartsWith;
 
 // The one-line JSON reply in `out`.
 template <typename Reply = v1::BalanceReply>
-Reply ParseBalanceReply(const std::string& out) {
+Reply ParseOneLineReply(const std::string& out) {
   Reply reply;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "not one line:\n" << out;
   const auto status = google::protobuf::util::JsonStringToMessage(out, &reply);
@@ -198,7 +198,7 @@ TEST(CliTest, JsonFromStdinIsTheSolveBalanceReply) {
     request.mutable_cost()->set_kind(v1::COST_KIND_TOKENS);
     request.set_algorithm(v1::ALGORITHM_KARMARKAR_KARP);
     EXPECT_EQ(r.out, ToJson(SolveBalance(request)) + "\n");
-    ExpectPartition(ParseBalanceReply(r.out), 5, 2);
+    ExpectPartition(ParseOneLineReply(r.out), 5, 2);
   }
 }
 
@@ -228,7 +228,7 @@ TEST(CliTest, LogsGoToStderrOnly) {
         std::vector<std::string>{"balance", "--json", "--log-level", "info"}}) {
     const ProcessResult r = RunProgram(args, "1 2 3 4 5 6\n");
     ASSERT_EQ(r.status, 0) << r.err;
-    ExpectPartition(ParseBalanceReply(r.out), 6, 8);
+    ExpectPartition(ParseOneLineReply(r.out), 6, 8);
     EXPECT_THAT(r.err, HasSubstr("balanced 6 sequences"));
   }
 }
@@ -244,7 +244,7 @@ TEST(CliTest, SharedGrpoRolloutsKeepGroups) {
   const ProcessResult r =
       RunProgram({"balance", path, "--parts", "8", "--keep-groups", "--equal-size", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
-  const v1::BalanceReply reply = ParseBalanceReply(r.out);
+  const v1::BalanceReply reply = ParseOneLineReply(r.out);
   ExpectPartition(reply, 2000, 8);
   // The file lists each group's 50 samples together: index / 50 is the group.
   for (const v1::Part& part : reply.parts()) {
@@ -263,7 +263,7 @@ TEST(CliTest, SharedReasoningLengths) {
   EXPECT_THAT(Lines(table.out).at(0), HasSubstr("42 sequences,"));
   const ProcessResult r = RunProgram({"balance", "--parts", "4", "--json", path});
   ASSERT_EQ(r.status, 0) << r.err;
-  ExpectPartition(ParseBalanceReply(r.out), 42, 4);
+  ExpectPartition(ParseOneLineReply(r.out), 42, 4);
 }
 
 TEST(CliTest, PlanStepExampleTable) {
@@ -305,12 +305,12 @@ TEST(CliTest, PlanStepExampleIsBalanceExample) {
     const ProcessResult balance = RunProgram({"balance", "--example", "--seed", seed, "--json"});
     ASSERT_EQ(step.status, 0) << step.err;
     ASSERT_EQ(balance.status, 0) << balance.err;
-    const auto reply = ParseReply<v1::PlanStepReply>(step.out);
+    const auto reply = ParseOneLineReply<v1::PlanStepReply>(step.out);
     ExpectStepPlan(reply, 1024, 8, 65536);
     std::int64_t step_tokens = 0;
     for (const v1::RankPlan& rank : reply.ranks()) step_tokens += rank.tokens();
     std::int64_t balance_tokens = 0;
-    const v1::BalanceReply parts = ParseBalanceReply(balance.out);
+    const v1::BalanceReply parts = ParseOneLineReply(balance.out);
     for (const v1::Part& part : parts.parts()) balance_tokens += part.tokens();
     EXPECT_EQ(step_tokens, balance_tokens);
   }
@@ -388,7 +388,7 @@ TEST(CliTest, PlanStepListsMicroBatches) {
   const ProcessResult json =
       RunProgram({"plan-step", "--ranks", "2", "--max-tokens", "700", "--json"}, input);
   ASSERT_EQ(json.status, 0) << json.err;
-  const auto reply = ParseReply<v1::PlanStepReply>(json.out);
+  const auto reply = ParseOneLineReply<v1::PlanStepReply>(json.out);
   ExpectStepPlan(reply, 6, 2, 700);
   EXPECT_GE(reply.micro_batches(), 2);
   EXPECT_EQ(rows, 2 * reply.micro_batches()) << r.out;
@@ -421,7 +421,7 @@ TEST(CliTest, PlanStepJsonFromStdinIsTheSolvePlanStepReply) {
   request.mutable_cost()->mutable_coefficients()->set_linear(1.0);
   request.mutable_cost()->mutable_coefficients()->set_quadratic(0.001);
   EXPECT_EQ(r.out, ToJson(SolvePlanStep(request)) + "\n");
-  const auto reply = ParseReply<v1::PlanStepReply>(r.out);
+  const auto reply = ParseOneLineReply<v1::PlanStepReply>(r.out);
   ExpectStepPlan(reply, 5, 2, 6000);
   EXPECT_EQ(reply.micro_batches(), 4);
 
@@ -448,7 +448,7 @@ TEST(CliTest, PlanStepKnownBaselineFailure) {
   const ProcessResult json =
       RunProgram({"plan-step", "--ranks", "1", "--max-tokens", "8", "--json"}, input);
   ASSERT_EQ(json.status, 0) << json.err;
-  const auto reply = ParseReply<v1::PlanStepReply>(json.out);
+  const auto reply = ParseOneLineReply<v1::PlanStepReply>(json.out);
   ExpectStepPlan(reply, 8, 1, 8);
   EXPECT_EQ(reply.micro_batches(), 8);
   EXPECT_EQ(reply.baseline().micro_batches(), 7);
@@ -477,7 +477,7 @@ TEST(CliTest, PlanStepSharedGrpoRolloutsKeepGroups) {
   json_args.push_back("--json");
   const ProcessResult r = RunProgram(json_args);
   ASSERT_EQ(r.status, 0) << r.err;
-  const auto reply = ParseReply<v1::PlanStepReply>(r.out);
+  const auto reply = ParseOneLineReply<v1::PlanStepReply>(r.out);
   ExpectStepPlan(reply, 2000, 8, 8192);
   // The file lists each group's 50 samples together: index / 50 is the group.
   for (const v1::RankPlan& rank : reply.ranks()) {

@@ -58,8 +58,8 @@ std::size_t RandomSize(workload::Rng& rng) {
 
 // Every item in exactly one part, the loads the sums of the parts' weights, and with
 // equal sizes floor(n/k) or ceil(n/k) items a part.
-void ExpectValidPartition(std::span<const std::int64_t> weights, const Partition& p,
-                          bool equal_size, const std::string& where) {
+void ExpectSortedPartitionValid(std::span<const std::int64_t> weights, const Partition& p,
+                                bool equal_size, const std::string& where) {
   const std::size_t n = weights.size();
   std::vector<int> seen(n, 0);
   std::int64_t total = 0;
@@ -134,7 +134,7 @@ TEST(SharedSortTest, PartitionSortedIsPartitionItems) {
     const std::vector<std::int32_t> order = internal::HeaviestFirst(weights, &sorted);
     const Partition got = internal::PartitionSorted(weights, order, sorted, options);
     ExpectSamePartition(got, want, where);
-    ExpectValidPartition(weights, got, options.equal_size, where);
+    ExpectSortedPartitionValid(weights, got, options.equal_size, where);
     const internal::SortedAssignment assigned =
         internal::AssignSorted(weights, order, sorted, options);
     for (std::int64_t part = 0; part < want.num_parts(); ++part) {
@@ -179,8 +179,8 @@ TEST(SharedSortTest, BalancedPartitionIsBalance) {
             : internal::BalancedPartition(padded.tokens, padded.costs, groups, options, order,
                                           sorted);
     ExpectSamePartition(got, want, where);
-    ExpectValidPartition(padded.costs, got, options.partition.equal_size && !options.keep_groups,
-                         where);
+    ExpectSortedPartitionValid(padded.costs, got,
+                               options.partition.equal_size && !options.keep_groups, where);
     if (!options.keep_groups) {
       const Assignment assignment =
           internal::BalancedAssignment(padded.tokens, padded.costs, groups, options, order, sorted);
