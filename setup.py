@@ -130,7 +130,7 @@ class CMakeBuildExt(build_ext):
     def _configure(self, cmake, build_dir, wire):
         configure = [
             cmake, "-S", str(ROOT), "-B", str(build_dir),
-            "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_UNITY_BUILD=ON",
+            "-DCMAKE_BUILD_TYPE=Release",
             # The wire library without the program (only rlsched_native and its
             # dependencies are built below).
             "-DRLSCHED_BUILD_PROGRAM=OFF", f"-DRLSCHED_BUILD_WIRE={'ON' if wire else 'OFF'}",

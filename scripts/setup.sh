@@ -25,7 +25,5 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >&2
 fi
 
-# Unity batches (CMAKE_UNITY_BUILD) compile a fresh tree in about half the CPU time; for
-# incremental work on a few files, pass -DCMAKE_UNITY_BUILD=OFF.
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON "$@" >&2
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >&2
 cmake --build build -j2 >&2
