@@ -15,10 +15,20 @@ What the build does:
     module is copied into the wheel. C++ dependencies come from the system (Debian:
     cmake g++ pybind11-dev, and ninja-build when present; for the wire library
     libprotobuf-dev protobuf-compiler libfmt-dev nlohmann-json3-dev; the program's other
-    packages, gRPC, oneTBB, spdlog and CLI11, are not needed). When that configuration
-    fails (a package missing), the module is built without the wire library (balance and plan_step in
-    process; Orchestrator and the other cost models unavailable) and a warning says
-    so; ``RLSCHED_PIP_WIRE=0`` asks for that build directly.
+    packages, gRPC, oneTBB, spdlog and CLI11, only for the program, see below). When
+    the configuration with the wire library fails (a package missing), the module is
+    built without it (balance and plan_step in process; Orchestrator and the other cost
+    models unavailable) and a warning says so; ``RLSCHED_PIP_WIRE=0`` asks for that
+    build directly (and so for no program).
+  * the program ``rlsched``: when the program's packages are present too (gRPC, oneTBB,
+    spdlog, CLI11; Debian: libgrpc++-dev protobuf-compiler-grpc libtbb-dev
+    libspdlog-dev libcli11-dev), the same configuration (``-DRLSCHED_BUILD_PROGRAM=ON``)
+    and the same build also make the target ``rlsched``, shipped as
+    ``rlsched/bin/rlsched`` (executable) in the package; ``rlsched.find_program()``
+    finds it (after ``RLSCHED_BIN``, before ``PATH``) and the console script ``rlsched``
+    (``<venv>/bin/rlsched``) runs it. When that configuration fails, or with
+    ``RLSCHED_PIP_PROGRAM=0``, the module is built as above without the program and a
+    warning says how to get it.
   * rlsched.v1.*_pb2: protoc (Debian: protobuf-compiler) generates the protobuf
     modules from proto/rlsched/v1/*.proto into the wheel.
   * rlsched._version: the version of the top-level CMakeLists.txt's
@@ -26,12 +36,14 @@ What the build does:
 
 Editable (``pip install --no-build-isolation -e .``): the sources of python/rlsched/ are
 imported in place; the native module, the protobuf modules and ``_version.py`` are
-written to ``build-python/editable/rlsched/``, which the package adds to its
-``__path__``. Python edits take effect at once; after a C++ or .proto change run the
-install again.
+written to ``build-python/editable/rlsched/`` (the program to its ``bin/rlsched``),
+which the package adds to its ``__path__``. Python edits take effect at once; after a
+C++ or .proto change run the install again.
 
 Environment: ``CMAKE_BUILD_PARALLEL_LEVEL`` (jobs of the C++ build), ``RLSCHED_CMAKE_ARGS``
-(extra CMake arguments, shell-quoted), ``CMAKE`` and ``PROTOC`` (the tools to use).
+(extra CMake arguments, shell-quoted), ``CMAKE`` and ``PROTOC`` (the tools to use),
+``RLSCHED_PIP_PROGRAM=0`` (no program), ``RLSCHED_PIP_WIRE=0`` (no wire library, hence
+no program).
 Build files go to ``build-python/`` (not ``build/``, which is the usual CMake tree).
 """
 
@@ -56,6 +68,14 @@ BUILD_BASE = "build-python"
 EDITABLE_DIR = ROOT / BUILD_BASE / "editable"
 # The protobuf modules the package imports (as proto/CMakeLists.txt generates them).
 PROTOS = ["balance", "reshard", "rollout", "runtime", "service"]
+# Where the program goes in the package (rlsched/_program.py looks there).
+PROGRAM_IN_PACKAGE = Path("bin") / "rlsched"
+PROGRAM_MISSING_WARNING = (
+    "setup.py: WARNING: the rlsched program is not included ({reason}); the package "
+    "works in process, and its daemon calls need a program: install the program's "
+    "packages (Debian: libgrpc++-dev protobuf-compiler-grpc libtbb-dev libspdlog-dev "
+    "libcli11-dev) and run pip install again, or build it with CMake (cmake -S . -B build "
+    "&& cmake --build build --target rlsched) and set RLSCHED_BIN=build/rlsched")
 
 
 def project_version() -> str:
@@ -125,15 +145,15 @@ class BuildPy(build_py):
 
 
 class CMakeBuildExt(build_ext):
-    """rlsched._native through CMake: configure the repository, build one target."""
+    """rlsched._native, and the program rlsched when it can be built, through CMake: one
+    configuration of the repository, one build of both targets."""
 
-    def _configure(self, cmake, build_dir, wire):
+    def _configure(self, cmake, build_dir, program, wire):
         configure = [
             cmake, "-S", str(ROOT), "-B", str(build_dir),
             "-DCMAKE_BUILD_TYPE=Release",
-            # The wire library without the program (only rlsched_native and its
-            # dependencies are built below).
-            "-DRLSCHED_BUILD_PROGRAM=OFF", f"-DRLSCHED_BUILD_WIRE={'ON' if wire else 'OFF'}",
+            f"-DRLSCHED_BUILD_PROGRAM={'ON' if program else 'OFF'}",
+            f"-DRLSCHED_BUILD_WIRE={'ON' if wire else 'OFF'}",
             "-DRLSCHED_BUILD_TESTS=OFF",
             "-DRLSCHED_BUILD_BENCHMARKS=OFF", "-DRLSCHED_BUILD_PYTHON=ON",
             # pybind11 builds for the interpreter running this build (a venv's python).
@@ -144,21 +164,41 @@ class CMakeBuildExt(build_ext):
         configure += shlex.split(os.environ.get("RLSCHED_CMAKE_ARGS", ""))
         return subprocess.call(configure)
 
-    def build_extension(self, ext):
-        cmake = find_tool("CMAKE", "cmake", "cmake")
-        base = Path(self.build_temp).resolve()
-        build_dir = base / "cmake"
+    def _configure_best(self, cmake, base):
+        """Configures the fullest build the system's packages allow: the program and the
+        module (RLSCHED_PIP_PROGRAM not "0"), else the module with the wire library
+        (RLSCHED_PIP_WIRE not "0"), else the module alone. Returns the build directory
+        and whether the program is in it."""
         wire = os.environ.get("RLSCHED_PIP_WIRE", "1") != "0"
-        if wire and self._configure(cmake, build_dir, True) != 0:
+        program = wire and os.environ.get("RLSCHED_PIP_PROGRAM", "1") != "0"
+        if program:
+            build_dir = base / "cmake-program"
+            if self._configure(cmake, build_dir, True, True) == 0:
+                return build_dir, True
+            print(PROGRAM_MISSING_WARNING.format(
+                reason="configuring with the program failed (see above)"), file=sys.stderr)
+        else:
+            reason = "RLSCHED_PIP_PROGRAM=0" if wire else "RLSCHED_PIP_WIRE=0"
+            print(PROGRAM_MISSING_WARNING.format(reason=reason), file=sys.stderr)
+        if wire:
+            build_dir = base / "cmake"
+            if self._configure(cmake, build_dir, False, True) == 0:
+                return build_dir, False
             print("setup.py: WARNING: configuring with the wire library failed (see above); "
                   "building rlsched._native without it: no rlsched.Orchestrator, and cost "
                   "models other than tokens go to the daemon", file=sys.stderr)
-            wire = False
-        if not wire:
-            build_dir = base / "cmake-no-wire"
-            if self._configure(cmake, build_dir, False) != 0:
-                raise RuntimeError("setup.py: CMake could not configure rlsched_native")
+        build_dir = base / "cmake-no-wire"
+        if self._configure(cmake, build_dir, False, False) != 0:
+            raise RuntimeError("setup.py: CMake could not configure rlsched_native")
+        return build_dir, False
+
+    def build_extension(self, ext):
+        cmake = find_tool("CMAKE", "cmake", "cmake")
+        base = Path(self.build_temp).resolve()
+        build_dir, program = self._configure_best(cmake, base)
         command = [cmake, "--build", str(build_dir), "--target", "rlsched_native"]
+        if program:
+            command += ["rlsched"]
         if self.parallel:
             command += ["--parallel", str(self.parallel)]
         subprocess.check_call(command)
@@ -169,6 +209,19 @@ class CMakeBuildExt(build_ext):
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built[0], target)
+        # The program goes into the package as rlsched/bin/rlsched (rlsched.find_program()
+        # and the rlsched console script run it). A build without it removes one an
+        # earlier build left in build_lib.
+        shipped = target.parent / PROGRAM_IN_PACKAGE
+        if program:
+            executable = build_dir / "rlsched"
+            if not executable.is_file():
+                raise RuntimeError(f"setup.py: the build did not write {executable}")
+            shipped.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(executable, shipped)
+            shipped.chmod(0o755)
+        elif shipped.exists():
+            shipped.unlink()
 
     def copy_extensions_to_source(self):
         # pip install -e: the module goes beside the generated files in
@@ -182,6 +235,15 @@ class CMakeBuildExt(build_ext):
             target = EDITABLE_DIR / filename
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(self.build_lib) / filename, target)
+            # The program beside it: build-python/editable/rlsched/bin/rlsched.
+            built = Path(self.build_lib) / Path(filename).parent / PROGRAM_IN_PACKAGE
+            shipped = target.parent / PROGRAM_IN_PACKAGE
+            if built.is_file():
+                shipped.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(built, shipped)
+                shipped.chmod(0o755)
+            elif shipped.exists():
+                shipped.unlink()
 
 
 setup(
@@ -195,6 +257,8 @@ setup(
     ext_modules=[Extension("rlsched._native", sources=["python/native/module.cc"])],
     install_requires=["protobuf>=3.12"],
     extras_require={"numpy": ["numpy"], "run": ["grpcio"], "executor": ["torch"]},
+    # `rlsched ...` in an activated venv runs the program shipped in the package.
+    entry_points={"console_scripts": ["rlsched = rlsched._program:main"]},
     cmdclass={"build": Build, "build_py": BuildPy, "build_ext": CMakeBuildExt,
               "egg_info": EggInfo},
     zip_safe=False,

@@ -16,7 +16,10 @@ for ``--max-token-len``, ``pipeline_model_parallel_size``, ``bucket_mib``); wher
 request field is named otherwise (``num_parts``, ``max_tokens_per_micro_batch``,
 ``pipeline_stages``, ``bucket_bytes``) the field's name is accepted too.
 
-The daemon is ``$RLSCHED_BIN serve`` (else ``rlsched serve`` from ``PATH``). Errors
+The daemon is ``<program> serve``, the program from :func:`find_program`:
+``$RLSCHED_BIN``, else the program shipped inside the package (``rlsched/bin/rlsched``,
+which ``pip install`` builds when the program's packages are present), else ``rlsched``
+on ``PATH``. Errors
 are :class:`RlschedError` (``.code``, ``.message``, ``.field``);
 :class:`InvalidArgumentError` is also a ``ValueError``.
 
@@ -84,6 +87,7 @@ import os as _os  # noqa: E402
 import threading as _threading  # noqa: E402
 from typing import Optional as _Optional  # noqa: E402
 
+from rlsched._program import ProgramNotFoundError, find_program  # noqa: E402
 from rlsched.client import (BalanceResult, BaselinePlan, Client,  # noqa: E402
                             MicroBatch, Part, RankPlan, StepPlan)
 from rlsched import client as _client  # noqa: E402
@@ -110,6 +114,8 @@ __all__ = [
     "Orchestrator",
     "TrainedSample",
     "plan_step_indices",
+    "find_program",
+    "ProgramNotFoundError",
     "default_client",
     "native_available",
     "set_default_client",
@@ -181,7 +187,7 @@ def _fallback() -> Client:
 
 def default_client() -> Client:
     """The shared client of the module-level functions, created on first use
-    (``Client()``: binary from ``RLSCHED_BIN`` or ``PATH``)."""
+    (``Client()``: the program from :func:`find_program`)."""
     global _default
     with _default_lock:
         if _default is None or _default.closed:

@@ -28,7 +28,6 @@ import itertools
 import json
 import os
 import select
-import shutil
 import subprocess
 import threading
 import time
@@ -40,6 +39,7 @@ from typing import Any, Optional, Union
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
+from rlsched._program import ProgramNotFoundError, find_program
 from rlsched._proto import balance_pb2, reshard_pb2, rollout_pb2, service_pb2
 from rlsched.errors import (CLIENT_CLOSED, DAEMON_DIED, DAEMON_TIMEOUT,
                             DAEMON_UNAVAILABLE, PROTOCOL_ERROR, DaemonError,
@@ -361,8 +361,9 @@ class Client:
     """One ``rlsched serve`` subprocess, started on first use and reused.
 
     Args:
-        binary: the ``rlsched`` program; default: the ``RLSCHED_BIN`` environment
-            variable, else ``rlsched`` on ``PATH``.
+        binary: the ``rlsched`` program; default: :func:`rlsched.find_program` (the
+            ``RLSCHED_BIN`` environment variable, else the program shipped with the
+            package, else ``rlsched`` on ``PATH``).
         args: extra arguments after ``serve`` (e.g. ``["--log-level", "warn"]``).
         timeout: seconds one call may take (write + solve + read); default
             ``DEFAULT_TIMEOUT_SECONDS`` (120 s, above the daemon's own 60 s
@@ -470,15 +471,11 @@ class Client:
     def _resolve_binary(self) -> str:
         if self._binary:
             return self._binary
-        from_env = os.environ.get("RLSCHED_BIN")
-        if from_env:
-            return from_env
-        found = shutil.which("rlsched")
-        if found:
-            return found
-        raise DaemonError(DAEMON_UNAVAILABLE,
-                          "rlsched program not found: pass Client(binary=...), set "
-                          "RLSCHED_BIN, or put rlsched on PATH")
+        try:
+            return find_program()
+        except ProgramNotFoundError as error:
+            raise DaemonError(DAEMON_UNAVAILABLE,
+                              f"{error}; or pass Client(binary=...)") from error
 
     def _start(self) -> subprocess.Popen:
         binary = self._resolve_binary()

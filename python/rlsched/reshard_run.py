@@ -9,7 +9,8 @@ vLLM layout built independently from the full tensors (:mod:`rlsched.executor_la
         [--fault-rank R --fault exit|stall] [--check] [--json]
 
 It plans with ``rlsched reshard --plan-out`` (the program from ``--rlsched``, else
-``$RLSCHED_BIN``, else ``rlsched`` on ``PATH``) unless ``--plan`` gives a plan file,
+:func:`rlsched.find_program`: ``$RLSCHED_BIN``, the program shipped with the package,
+``rlsched`` on ``PATH``) unless ``--plan`` gives a plan file,
 builds deterministic full Hugging Face tensors, shards them into the trainer's
 Megatron-core layout, forks one process per rank (trainer ranks ``0..T-1``, engine ranks
 after them, or on the same ranks with ``--colocated``), joins them in one
@@ -41,6 +42,8 @@ import tempfile
 import time
 import traceback
 from typing import Dict, List, Optional
+
+from rlsched._program import ProgramNotFoundError, find_program
 
 _TRAIN_KEYS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "first_stage_layers",
                "last_stage_layers")
@@ -235,10 +238,11 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
     try:
         planned = None
         if plan_path is None:
-            rlsched_bin = rlsched_bin or os.environ.get("RLSCHED_BIN") or shutil.which("rlsched")
             if not rlsched_bin:
-                raise ValueError("rlsched: the program was not found "
-                                 "(--rlsched, RLSCHED_BIN or PATH)")
+                try:
+                    rlsched_bin = find_program()
+                except ProgramNotFoundError as error:
+                    raise ValueError(f"{error}; or pass --rlsched") from error
             plan_path = os.path.join(workdir, "plan." + plan_format)
             infer_arg = {"tp": i.tp, "replicas": i.replicas, "ep": i.expert_parallel}
             planned = plan_with_rlsched(rlsched_bin, model_path, train, infer_arg, colocated,
@@ -361,7 +365,9 @@ def main(argv=None) -> int:
     parser.add_argument("--direct-min-kib", type=int, default=None,
                         help="transfers at least this large move in a collective of their own, "
                              "unstaged where contiguous (default 1024; 0: pack every transfer)")
-    parser.add_argument("--rlsched", default=None, help="the rlsched program (else $RLSCHED_BIN)")
+    parser.add_argument("--rlsched", default=None,
+                        help="the rlsched program (else $RLSCHED_BIN, the package's own, "
+                        "or PATH's)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a collective may wait (the process group's timeout)")
     parser.add_argument("--syncs", type=int, default=1,
