@@ -7,17 +7,10 @@
 // in the message that carries it).
 //
 // Usage
-//   weight_sync_parts [CONFIG_DIR] [--rounds N]   (defaults: tests/data/configs, 7)
+//   weight_sync_parts [CONFIG_DIR] [--rounds N]   (default rounds: 7)
 //
-//   Not registered in benchmarks/CMakeLists.txt; built by hand against a build
-//   directory's libraries (BUILD = the build directory):
-//     g++ -std=c++20 -O2 -DNDEBUG -I wire/include -I rollout/include
-//       -I common/include -I balance/include -I BUILD/proto
-//       benchmarks/weight_sync_parts.cc BUILD/wire/librlsched_wire.a
-//       BUILD/rollout/librlsched_rollout.a BUILD/balance/librlsched_balance.a
-//       BUILD/proto/librlsched_proto.a BUILD/common/librlsched_common.a
-//       -lprotobuf -lfmt -ltbb -lpthread -o weight_sync_parts
-//   (one line; from the repository root).
+//   build/benchmarks/weight_sync_parts --rounds 9   (CONFIG_DIR defaults to the
+//   repository's tests/data/configs)
 //
 // Overview
 //   Layouts: Llama-3.1-70B, --train tp=8,pp=2,dp=4 --infer tp=4,replicas=8, 64 MiB
@@ -99,7 +92,7 @@ Messages Direct(const rollout::ReshardPlan& plan, std::int64_t engine_ranks) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = "tests/data/configs";
+  std::string dir = RLSCHED_BENCHMARK_CONFIG_DIR;
   int rounds = 7;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
