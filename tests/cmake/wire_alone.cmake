@@ -11,6 +11,8 @@ execute_process(
           -DRLSCHED_BUILD_TESTS=OFF -DRLSCHED_BUILD_BENCHMARKS=OFF
           -DCMAKE_DISABLE_FIND_PACKAGE_gRPC=ON -DCMAKE_DISABLE_FIND_PACKAGE_TBB=ON
           -DCMAKE_DISABLE_FIND_PACKAGE_spdlog=ON -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON
+          # one rule per source file, so that build.ninja names each file it compiles
+          -DCMAKE_UNITY_BUILD=OFF
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT status EQUAL 0)
   message(FATAL_ERROR "configuring the wire library alone failed (${status}):\n${out}\n${err}")
