@@ -3,13 +3,14 @@ build).
 
 Like test_install.py: the repository is copied to a temporary directory and a venv made
 with ``--system-site-packages``; ``pip install --no-build-isolation --no-index -e .``
-builds the native module (with the wire library) and the protobuf modules into
-``build-python/editable/rlsched/``; a subprocess without PYTHONPATH then imports the
-package from the copy's python/rlsched/ (the sources, in place), runs the decision core
-and the step planner, sees an edit of a Python file without reinstalling, and the
-sources stay clean (no module or generated file beside them).
+builds the native module (with the wire library), the program (``bin/rlsched``) and
+the protobuf modules into ``build-python/editable/rlsched/``; a subprocess without
+PYTHONPATH then imports the package from the copy's python/rlsched/ (the sources, in
+place), runs the decision core and the step planner, finds the program, sees an edit
+of a Python file without reinstalling, and the sources stay clean (no module or
+generated file beside them).
 
-The build takes about 3.5 min of CPU (CMAKE_BUILD_PARALLEL_LEVEL, default 1), so the test
+The build takes several minutes of CPU (CMAKE_BUILD_PARALLEL_LEVEL, default 1), so the test
 runs only with RLSCHED_TEST_EDITABLE=1 (the python.install CTest is its place); skipped
 otherwise, and without venv or pip.
 """
@@ -51,6 +52,7 @@ def test_pip_install_editable(tmp_path):
             "commands": [c.WhichOneof("kind") for c in commands],
             "plan": rlsched.plan_step_indices([5, 9, 3, 7], 2, 10),
             "marker": getattr(rlsched, "EDITED", None),
+            "program": rlsched.find_program(),
         }))
     """)
 
@@ -70,6 +72,16 @@ def test_pip_install_editable(tmp_path):
     plan = out["plan"]
     assert sorted(i for rank in plan for m in rank for i in m) == [0, 1, 2, 3]
     assert out["marker"] is None
+    # The program is built into the editable directory too, and found there (the
+    # environment has no RLSCHED_BIN; the shipped program comes before PATH).
+    shipped = editable / "bin" / "rlsched"
+    assert out["program"] == str(shipped)
+    assert os.access(shipped, os.X_OK)
+    version = subprocess.run([str(installed["venv"] / "bin" / "rlsched"), "--version"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.split() == ["rlsched", _project_version()]
     # Nothing built beside the sources.
     assert not list(package.glob("_native*")) and not (package / "v1").exists()
     assert not (package / "_version.py").exists()
