@@ -22,19 +22,13 @@
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
 #include "rlsched/scheduler/runtime.h"
+#include "tiny_configs.h"
 
 namespace rlsched::scheduler {
 namespace {
 
-constexpr char kTinyLlama[] = R"({"model_type": "llama", "hidden_size": 64,
-  "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 16,
-  "num_key_value_heads": 4, "vocab_size": 1000, "tie_word_embeddings": false})";
-
-constexpr char kTinyMoe[] = R"({"model_type": "qwen3_moe", "hidden_size": 32,
-  "intermediate_size": 48, "moe_intermediate_size": 16, "num_hidden_layers": 4,
-  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4, "num_experts": 8,
-  "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [1],
-  "vocab_size": 300})";
+using tiny_configs::kTinyLlama;
+using tiny_configs::kTinyMoe;
 
 // A seeded random weight layout: any sizes, some of which the planner refuses.
 WeightSyncLayout RandomLayout(workload::Rng& rng) {
