@@ -11,6 +11,10 @@ planner reads ``config.json`` as it reads a real Llama.
 Two paths: :meth:`TinyLlama.forward` over whole sequences (training, prefill), with an
 optional KV cache that it extends (decoding one token at a time, batched over
 sequences of equal length).
+
+``TinyLlama(config, tp=group)`` is one rank of the Megatron-style tensor-parallel model
+(tensor_parallel.py): its attention and MLP projections hold the rank's slices under the
+same names, the embedding, lm_head and norms are replicated.
 """
 
 import json
@@ -21,6 +25,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tensor_parallel import TPGroup, check_tp, copy_to_tp, reduce_from_tp
 
 CONFIG_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.json")
 
@@ -99,10 +105,15 @@ class Rotary:
 
 
 class Attention(nn.Module):
-    def __init__(self, c: Config):
+    """Grouped-query attention; with a TP group the rank's heads only (q, k, v
+    column-parallel, o row-parallel)."""
+
+    def __init__(self, c: Config, tp: Optional[TPGroup] = None):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = (c.num_attention_heads,
-                                                    c.num_key_value_heads, c.head_dim)
+        size = 1 if tp is None else tp.size
+        self.tp = tp
+        self.heads, self.kv_heads, self.head_dim = (c.num_attention_heads // size,
+                                                    c.num_key_value_heads // size, c.head_dim)
         self.q_proj = nn.Linear(c.hidden_size, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=False)
@@ -110,6 +121,7 @@ class Attention(nn.Module):
 
     def forward(self, x, rotary: Rotary, positions, past: Optional[Tuple], mask):
         b, t, _ = x.shape
+        x = copy_to_tp(x, self.tp)
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -126,25 +138,32 @@ class Attention(nn.Module):
             scores = scores + mask
         out = torch.softmax(scores, dim=-1) @ vv
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
-        return self.o_proj(out), present
+        return reduce_from_tp(self.o_proj(out), self.tp), present
 
 
 class MLP(nn.Module):
-    def __init__(self, c: Config):
+    """SwiGLU; with a TP group the rank's rows of gate and up (column-parallel) and
+    columns of down (row-parallel)."""
+
+    def __init__(self, c: Config, tp: Optional[TPGroup] = None):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.tp = tp
+        inner = c.intermediate_size // (1 if tp is None else tp.size)
+        self.gate_proj = nn.Linear(c.hidden_size, inner, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, inner, bias=False)
+        self.down_proj = nn.Linear(inner, c.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        x = copy_to_tp(x, self.tp)
+        return reduce_from_tp(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)),
+                              self.tp)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: Config):
+    def __init__(self, c: Config, tp: Optional[TPGroup] = None):
         super().__init__()
-        self.self_attn = Attention(c)
-        self.mlp = MLP(c)
+        self.self_attn = Attention(c, tp)
+        self.mlp = MLP(c, tp)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -157,23 +176,30 @@ class DecoderLayer(nn.Module):
 class _Body(nn.Module):
     """``model.*`` of LlamaForCausalLM."""
 
-    def __init__(self, c: Config):
+    def __init__(self, c: Config, tp: Optional[TPGroup] = None):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(c, tp) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
 class TinyLlama(nn.Module):
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, tp: Optional[TPGroup] = None):
         super().__init__()
+        if tp is not None:
+            check_tp(config, tp.size)
         self.config = config
-        self.model = _Body(config)
+        self.tp = tp
+        self.model = _Body(config, tp)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = Rotary(config.head_dim, config.max_position_embeddings, config.rope_theta)
 
     def init_weights(self, seed: int) -> None:
-        """Deterministic initialisation (normal, std 0.02 as HF Llama; norms 1)."""
+        """Deterministic initialisation (normal, std 0.02 as HF Llama; norms 1). A TP
+        rank loads its slices of the full model instead (tensor_parallel.load_full_state)."""
+        if self.tp is not None and self.tp.size > 1:
+            raise ValueError("init_weights: a TP rank loads its slices of the full model "
+                             "(tensor_parallel.load_full_state)")
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in sorted(self.named_parameters()):
