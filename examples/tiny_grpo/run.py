@@ -52,6 +52,8 @@ import tempfile
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# The trainer's default TP size (--trainer-tp).
+TRAINER_TP = 1
 _REPO = os.path.dirname(os.path.dirname(_HERE))
 _PYTHON = sys.executable or "/usr/bin/python3"
 
@@ -114,6 +116,11 @@ def main(argv=None) -> int:
     parser.add_argument("--max-concurrent", type=int, default=32)
     parser.add_argument("--trainer-ranks", type=int, default=2,
                         help="data-parallel ranks of the step plan (run in one process)")
+    parser.add_argument("--trainer-tp", type=int, default=TRAINER_TP,
+                        help="the trainer's tensor-parallel size: one process per TP rank "
+                        "(rank 0 attaches to the runtime, the others follow it), each "
+                        "sending its own slices through the executor (rlsched run "
+                        "--train tp=N)")
     parser.add_argument("--max-tokens-per-micro-batch", type=int, default=128)
     parser.add_argument("--engine-min-step-seconds", type=float, default=0.0,
                         help="each engine's decode step lasts at least this long (emulates "
@@ -152,6 +159,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rlsched-bin", default=None)
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
+    if args.trainer_tp < 1:
+        parser.error(f"--trainer-tp must be >= 1, got {args.trainer_tp}")
     if args.mode != "async" and args.partial_rollout:
         parser.error("--partial-rollout needs --mode async")
     if args.kill_engine_at is not None:
@@ -189,7 +198,8 @@ def main(argv=None) -> int:
     # engines TP 1 x the members) and sends every worker its part.
     layout = []
     if args.weights == "executor":
-        layout = ["--model", os.path.join(_HERE, "config.json"), "--train", "tp=1",
+        layout = ["--model", os.path.join(_HERE, "config.json"), "--train",
+                  f"tp={args.trainer_tp}",
                   "--infer", "tp=1", "--weight-sync-backend", "gloo"]
         if args.weight_sync_address:
             layout += ["--weight-sync-address", args.weight_sync_address]
@@ -235,14 +245,22 @@ def main(argv=None) -> int:
              str(args.engine_min_step_seconds), "--report",
              os.path.join(out, f"{name}.json"), *stall, *common],
             env=env, stdout=log(name), stderr=subprocess.STDOUT)
+    trainer_args = [
+        _PYTHON, os.path.join(_HERE, "workers.py"), "--role", "trainer", "--lr", str(args.lr),
+        "--epochs", str(args.epochs), "--advantage", args.advantage, "--max-grad-norm",
+        str(args.max_grad_norm), "--entropy-coef", str(args.entropy_coef),
+        *(["--lr-end", str(args.lr_end)] if args.lr_end is not None else []),
+        *(["--clip-high", str(args.clip_high)] if args.clip_high is not None else []),
+        "--tp", str(args.trainer_tp), "--tp-timeout", str(args.timeout + 60), *common]
+    # TP rank 0 attaches to the runtime; ranks 1.. (trainer1, ...) follow it.
+    for r in range(1, args.trainer_tp):
+        workers[f"trainer{r}"] = subprocess.Popen(
+            [*trainer_args, "--tp-rank", str(r), "--report",
+             os.path.join(out, f"trainer{r}.json")],
+            env=env, stdout=log(f"trainer{r}"), stderr=subprocess.STDOUT)
     workers["trainer"] = subprocess.Popen(
-        [_PYTHON, os.path.join(_HERE, "workers.py"), "--role", "trainer", "--lr", str(args.lr),
-         "--epochs", str(args.epochs), "--advantage", args.advantage, "--max-grad-norm",
-         str(args.max_grad_norm), "--entropy-coef", str(args.entropy_coef),
-         *(["--lr-end", str(args.lr_end)] if args.lr_end is not None else []),
-         *(["--clip-high", str(args.clip_high)] if args.clip_high is not None else []),
-         "--csv", os.path.join(out, "rewards.csv"), "--report",
-         os.path.join(out, "trainer.json"), *common],
+        [*trainer_args, "--tp-rank", "0", "--csv", os.path.join(out, "rewards.csv"),
+         "--report", os.path.join(out, "trainer.json")],
         env=env, stdout=log("trainer"), stderr=subprocess.STDOUT)
 
     # The run; with --kill-engine-at, the victim is killed as soon as it says it stalled
@@ -326,10 +344,11 @@ def runtime_plans(log_path: str) -> dict:
     return plans
 
 
-def plans_problems(plans: dict, reports: dict) -> list:
+def plans_problems(plans: dict, reports: dict, trainer_tp: int = 1) -> list:
     """Where the worlds the workers joined differ from the runtime's plans: each one a
     plan the runtime made (id, epoch, members, group), the worker a member of it at
-    its replica's rank, and each worker's last world one it ran."""
+    its rank (trainer TP rank r: r; engine members[k]: trainer_tp + k), and each
+    worker's last world one it ran."""
     problems = []
     for name, r in reports.items():
         worlds = ((r or {}).get("weight_sync") or {}).get("epochs") or []
@@ -343,16 +362,16 @@ def plans_problems(plans: dict, reports: dict) -> list:
                                 f"{w['members']}, the runtime's {plan['epoch']}/{plan['members']}")
             if w["group"] != "rlsched-weights-" + w["plan_id"]:
                 problems.append(f"{name}: plan {w['plan_id']}: group {w['group']}")
-            if name == "trainer":
-                rank = 0
+            if name.startswith("trainer"):
+                rank = int(name[len("trainer"):] or 0)
             else:
                 engine = int(name[len("engine"):])
-                rank = (1 + plan["members"].index(engine) if engine in plan["members"]
-                        else None)
-            if w["rank"] != rank or w["world_size"] != 1 + len(plan["members"]):
+                rank = (trainer_tp + plan["members"].index(engine)
+                        if engine in plan["members"] else None)
+            world = trainer_tp + len(plan["members"])
+            if w["rank"] != rank or w["world_size"] != world:
                 problems.append(f"{name}: plan {w['plan_id']}: rank {w['rank']} of "
-                                f"{w['world_size']}, the plan's {rank} of "
-                                f"{1 + len(plan['members'])}")
+                                f"{w['world_size']}, the plan's {rank} of {world}")
         if r and worlds and worlds[-1]["runs"] == 0:
             problems.append(f"{name}: no run in its last world ({worlds[-1]['plan_id']})")
     return problems
@@ -401,12 +420,22 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
         "weights_identical": not mismatched and loads > 0,
         "weight_sync_clean": trainer.get("sync_error") is None,
     }
+    trainer_tp = getattr(args, "trainer_tp", 1)
+    if trainer_tp > 1:
+        # Every TP rank trained every call and published with rank 0, and sent its own
+        # slices without an error (their reports, and rank 0's copy of them).
+        followers = [reports.get(f"trainer{r}") or {} for r in range(1, trainer_tp)]
+        calls = len(steps)
+        checks["tp_ranks_followed"] = (
+            [r.get("tp_rank") for r in trainer.get("ranks", [])] == list(range(trainer_tp))
+            and all(len(f.get("steps", [])) == calls and f.get("sync_error") is None
+                    for f in followers))
     plans = plans or {}
     sync_problems = []
     if args.weights == "executor":
         # The workers moved the weights by the runtime's plans (their worlds: the
         # runtime's plan ids, epochs, members, groups and ranks), none of their own.
-        sync_problems = plans_problems(plans, reports)
+        sync_problems = plans_problems(plans, reports, trainer_tp)
         if plan_files:
             sync_problems.append(f"plan files in the data directory: {list(plan_files)}")
         if not plans:
@@ -427,6 +456,7 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
         (1 if args.mode == "one_step_off" else 0),
         "partial_rollout": bool(args.partial_rollout),
         "engines": args.engines,
+        "trainer_tp": trainer_tp,
         "steps": len(steps),
         "samples_trained": len(trained),
         "wall_seconds": round(wall, 3),

@@ -64,6 +64,8 @@ if _HERE not in sys.path:
 from grpo import (ADVANTAGES, Rollout, advantages, decode_step, lr_at, policy_loss,  # noqa: E402
                   sample_seed, set_lr)
 from model import CONFIG_PATH, TinyLlama, Config, weights_digest  # noqa: E402
+from tensor_parallel import (TPGroup, clip_grad_norm, full_state, load_full_state,  # noqa: E402
+                             megatron_sources)
 from task import ReverseTask  # noqa: E402
 
 from rlsched.v1 import rollout_pb2  # noqa: E402
@@ -86,16 +88,24 @@ def weights_path(data: str, version: int) -> str:
 
 
 def publish_weights(data: str, version: int, model) -> str:
-    """Writes version `version` atomically; returns its digest."""
+    """Writes version `version` (a model, or a full HF-named state) atomically; returns
+    its digest."""
     path = weights_path(data, version)
     tmp = f"{path}.tmp.{os.getpid()}"
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = model if isinstance(model, dict) else model.state_dict()
+    state = {k: v.detach().clone() for k, v in state.items()}
     torch.save(state, tmp)
     os.replace(tmp, path)
     return weights_digest(state)
 
 
 def load_weights(data: str, version: int, model, timeout: float = 120.0) -> None:
+    """Loads version `version` into `model` (a TP rank's model: its slices)."""
+    load_full_state(model, read_weights(data, version, timeout))
+
+
+def read_weights(data: str, version: int, timeout: float = 120.0) -> Dict[str, torch.Tensor]:
+    """The full HF-named state of version `version`, once published."""
     path = weights_path(data, version)
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -103,7 +113,7 @@ def load_weights(data: str, version: int, model, timeout: float = 120.0) -> None
             raise RuntimeError(f"weights version {version} not published at {path} "
                                f"within {timeout} s")
         time.sleep(0.01)
-    model.load_state_dict(torch.load(path))
+    return torch.load(path)
 
 
 def _read_json(path: str, timeout: float = 30.0):
@@ -155,7 +165,7 @@ class PlanSync:
     """
 
     def __init__(self, data: str, engine: Optional[int] = None,
-                 timeout_seconds: float = 120.0):
+                 timeout_seconds: float = 120.0, tp: int = 1, tp_rank: int = 0):
         import datetime
 
         from rlsched import executor
@@ -163,12 +173,20 @@ class PlanSync:
 
         self.lay, self.executor_module = lay, executor
         self.data = data
-        self.engine = engine  # None: the trainer
+        self.engine = engine  # None: a trainer rank
+        # The trainer's TP size and this trainer process's TP rank (engines: learned from
+        # each plan, world_size - len(members)).
+        self.tp, self.tp_rank = tp, tp_rank
+        if engine is not None and (tp, tp_rank) != (1, 0):
+            raise ValueError("PlanSync: tp and tp_rank are the trainer's")
+        if not 0 <= tp_rank < tp:
+            raise ValueError(f"tp_rank must be in [0, {tp}), got {tp_rank}")
         self.timeout = datetime.timedelta(seconds=timeout_seconds)
         with open(CONFIG_PATH) as f:
             self.layout = lay.parse_config(f.read())
         self.config = Config.load(CONFIG_PATH)
         os.makedirs(os.path.join(data, "stores"), exist_ok=True)
+        os.makedirs(os.path.join(data, "trainer_worlds"), exist_ok=True)
         self.plan = None  # the WeightUpdate whose world this worker is in
         self.executor = None
         self.broken: Optional[str] = None  # trainer: why the current world's run failed
@@ -190,7 +208,15 @@ class PlanSync:
 
     @property
     def name(self) -> str:
-        return "trainer" if self.engine is None else f"engine{self.engine}"
+        if self.engine is None:
+            return "trainer" if self.tp_rank == 0 else f"trainer{self.tp_rank}"
+        return f"engine{self.engine}"
+
+    @staticmethod
+    def trainer_ranks(plan) -> int:
+        """The plan world's trainer ranks (ranks 0 .. T-1; the engines follow), as its
+        summary says."""
+        return int(plan.summary.trainer_ranks)
 
     # ---- The runtime's plans. ----
 
@@ -200,37 +226,66 @@ class PlanSync:
         if plan.group.backend != "gloo":
             problems.append(f"group.backend: {plan.group.backend!r}, this run moves weights "
                             "over gloo (--weight-sync-backend gloo)")
-        if plan.ranks != 1:
-            problems.append(f"ranks: {plan.ranks}, the tiny run is TP 1 on both sides "
-                            "(--train tp=1 --infer tp=1)")
-        if plan.group.world_size != 1 + len(plan.members):
-            problems.append(f"group.world_size: {plan.group.world_size}, the trainer and "
-                            f"{len(plan.members)} engines are {1 + len(plan.members)}")
+        trainer = self.trainer_ranks(plan)
+        if plan.group.world_size != trainer + len(plan.members):
+            problems.append(f"group.world_size: {plan.group.world_size}, the summary's "
+                            f"{trainer} trainer ranks and {len(plan.members)} engines are "
+                            f"{trainer + len(plan.members)}")
         if self.engine is None:
+            if plan.ranks != self.tp or trainer != self.tp:
+                problems.append(f"ranks: {plan.ranks} (summary.trainer_ranks {trainer}), "
+                                f"the trainer is TP {self.tp} (--train tp={self.tp})")
             if plan.replica != -1 or plan.rank_offset != 0:
                 problems.append(f"replica/rank_offset: {plan.replica}/{plan.rank_offset}, "
                                 "the trainer's part is -1/0")
-        elif not 0 <= plan.replica < len(plan.members) or plan.members[plan.replica] != self.engine:
-            problems.append(f"replica: {plan.replica}, engine {self.engine} is not one of "
-                            f"the members {list(plan.members)} there")
-        elif plan.rank_offset != 1 + plan.replica:
-            problems.append(f"rank_offset: {plan.rank_offset}, replica {plan.replica}'s is "
-                            f"{1 + plan.replica}")
+        else:
+            if plan.ranks != 1:
+                problems.append(f"ranks: {plan.ranks}, the engines are TP 1 (--infer tp=1)")
+            if trainer < 1:
+                problems.append(f"summary.trainer_ranks: {trainer}, at least 1")
+            if not 0 <= plan.replica < len(plan.members) or (
+                    plan.members[plan.replica] != self.engine):
+                problems.append(f"replica: {plan.replica}, engine {self.engine} is not one "
+                                f"of the members {list(plan.members)} there")
+            elif plan.rank_offset != trainer + plan.replica:
+                problems.append(f"rank_offset: {plan.rank_offset}, replica {plan.replica}'s "
+                                f"is {trainer + plan.replica} (after {trainer} trainer ranks)")
         if problems:
             raise RuntimeError(f"{self.name}: weight-sync plan {plan.plan_id}: "
                                + "; ".join(problems))
 
     def offer(self, plan) -> None:
-        """Trainer (its command thread): the runtime sent plan `plan` (a new membership)."""
+        """Trainer TP rank 0 (its command thread): the runtime sent plan `plan` (a new
+        membership)."""
         self.check(plan)
         with self._offered:
             if self.newest is None or plan.epoch > self.newest.epoch:
                 self.newest = plan
             self._offered.notify_all()
 
+    def _world_path(self, k: int) -> str:
+        return os.path.join(self.data, "trainer_worlds", f"{k}.binpb")
+
     def _next_plan(self, after: int):
-        """Trainer: the newest plan, once the runtime sent one of an epoch above `after`."""
+        """Trainer: the plan of the next world to join. TP rank 0: the newest plan, once
+        the runtime sent one of an epoch above `after` (it records it for the other TP
+        ranks, trainer_worlds/<k>.binpb for its k-th world); another TP rank: the plan
+        of rank 0's k-th world, so that every trainer rank joins the same worlds in the
+        same order."""
         deadline = time.monotonic() + self.timeout.total_seconds()
+        if self.tp_rank > 0:
+            from rlsched.v1 import runtime_pb2
+            from rlsched.worker.weights import WeightUpdate
+            path = self._world_path(len(self.epochs))
+            while not os.path.exists(path):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name}: TP rank 0 recorded no world "
+                                       f"{len(self.epochs)} within {self.timeout}")
+                time.sleep(0.01)
+            with open(path, "rb") as f:
+                plan = WeightUpdate(runtime_pb2.WeightSyncPlan.FromString(f.read()))
+            self.check(plan)
+            return plan
         with self._offered:
             while self.newest is None or self.newest.epoch <= after:
                 left = deadline - time.monotonic()
@@ -252,7 +307,8 @@ class PlanSync:
         # per group.
         key = (g.address, g.port)
         if key not in self._stores:
-            self._stores[key] = dist.TCPStore(g.address, g.port, is_master=self.engine is None,
+            master = self.engine is None and self.tp_rank == 0
+            self._stores[key] = dist.TCPStore(g.address, g.port, is_master=master,
                                               timeout=self.timeout, wait_for_workers=False)
         return dist.PrefixStore(g.name, self._stores[key])
 
@@ -262,15 +318,22 @@ class PlanSync:
 
         start = time.monotonic()
         lay, ex = self.lay, self.executor_module
-        rank, world = plan.rank_offset, plan.group.world_size
+        rank, world = plan.rank_offset + self.tp_rank, plan.group.world_size
+        trainer = self.trainer_ranks(plan)
+        if self.engine is None and self.tp_rank == 0:
+            path = self._world_path(len(self.epochs))
+            with open(path + ".tmp", "wb") as f:
+                f.write(plan.message.SerializeToString())
+            os.replace(path + ".tmp", path)
         dist.init_process_group(plan.group.backend, store=self._store(plan), rank=rank,
                                 world_size=world, timeout=self.timeout)
         infer = lay.Infer(tp=1, replicas=len(plan.members))
         zeros = {name: torch.zeros(shape, dtype=dtype)
                  for name, (shape, dtype) in lay.hf_shapes(self.layout).items()}
         self.sources, self.destinations = None, None
+        train = lay.Train(tp=trainer)
         if self.engine is None:
-            self.sources = lay.megatron_shards(self.layout, lay.Train(), 0, zeros)
+            self.sources = lay.megatron_shards(self.layout, train, self.tp_rank, zeros)
         else:
             self.destinations = {k: torch.zeros_like(v) for k, v in
                                  lay.vllm_shards(self.layout, infer, 0, zeros).items()}
@@ -278,14 +341,15 @@ class PlanSync:
         # world's layouts and its tensors before any byte moves.
         self.executor = ex.Executor(plan.rank_plan(rank), sources=self.sources,
                                     destinations=self.destinations, timeout=self.timeout,
-                                    layout=ex.world_layout(lay.Train(), infer))
-        # Rank 0: the oldest version the trainer can send; rank 1 + k: the newest one
-        # engine members[k] holds. The trainer sends again from the oldest one missing.
+                                    layout=ex.world_layout(train, infer))
+        # Trainer rank r < T: the oldest version it can send; rank T + k: the newest one
+        # engine members[k] holds. The trainer sends again from the oldest one missing
+        # (and that every trainer rank still has).
         mine = (min(self.history, default=self.next_version) if self.engine is None
                 else self.received)
         held: List[Optional[int]] = [None] * world
         dist.all_gather_object(held, mine)
-        resend_from = max(min(held[1:]) + 1, held[0])
+        resend_from = max(min(held[trainer:]) + 1, max(held[:trainer]))
         if self.engine is None:
             self.next_version = resend_from
             for v in [v for v in self.history if v < resend_from]:
@@ -320,10 +384,10 @@ class PlanSync:
         """Trainer: whether a version it was handed has not been sent yet."""
         return self.next_version in self.history
 
-    def send(self, version: int, state) -> None:
-        """Trainer: keeps `version` (an HF-named state) and sends every version not sent
-        yet, in order, each in the Megatron layout and one run of the plan."""
-        self.history[version] = state
+    def send(self, version: int, sources) -> None:
+        """Trainer: keeps `version` (this rank's Megatron-named tensors) and sends every
+        version not sent yet, in order, each one run of the plan."""
+        self.history[version] = sources
         while self.pending():
             if self.plan is None or self.broken:
                 after = -1
@@ -332,8 +396,7 @@ class PlanSync:
                     self._leave(self.broken)
                 self._join(self._next_plan(after))
                 continue
-            fresh = self.lay.megatron_shards(self.layout, self.lay.Train(), 0,
-                                             self.history[self.next_version])
+            fresh = self.history[self.next_version]
             with torch.no_grad():
                 for name, tensor in fresh.items():
                     self.sources[name].copy_(tensor)
@@ -618,41 +681,173 @@ class TinyEngine(EngineWorker):
                 "error": self.error}
 
 
-class TinyTrainer(TrainerWorker):
-    """Trains each call on the samples it lists, in the step plan's ranks and
-    micro-batches (the ranks' gradients accumulate in this one process: data parallel
-    in one process, tensor parallel 1), one optimizer step per step (``epochs`` passes,
-    each an optimizer step), then publishes the new version and reports the step."""
+class TrainerRank:
+    """One TP rank of the trainer: its model (its slices at TP > 1), its optimizer over
+    them, and with the executor the sync thread that sends each version of its tensors
+    (:class:`PlanSync`). Every rank runs the same calls (:meth:`train`) and publishes
+    (:meth:`publish`) in the same order: the model's TP collectives pair up across the
+    ranks."""
 
-    def __init__(self, address: str, *, data: str, lr: float, epochs: int, seed: int,
-                 csv_path: Optional[str] = None, weight_sync: Optional[PlanSync] = None,
-                 advantage: str = "outcome", max_grad_norm: float = 0.0,
-                 entropy_coef: float = 0.0, lr_end: Optional[float] = None,
-                 clip_high: Optional[float] = None, **kwargs):
-        super().__init__(address, **kwargs)
-        self.clip_high = clip_high
-        self.lr, self.lr_end = lr, lr_end
-        self.advantage = advantage
-        self.max_grad_norm = max_grad_norm
-        self.entropy_coef = entropy_coef
-        self.data = data
+    def __init__(self, data: str, group: Optional[TPGroup], *, epochs: int,
+                 max_grad_norm: float, entropy_coef: float, clip_high: Optional[float],
+                 lr: float, weight_sync: Optional[PlanSync] = None):
+        self.data, self.group = data, group
+        self.epochs, self.max_grad_norm = epochs, max_grad_norm
+        self.entropy_coef, self.clip_high = entropy_coef, clip_high
         self.weight_sync = weight_sync
         self.sync_error: Optional[str] = None
-        self.epochs = epochs
-        torch.manual_seed(seed)
-        self.model = TinyLlama(Config.load(CONFIG_PATH))
+        config = Config.load(CONFIG_PATH)
+        self.model = TinyLlama(config, tp=group)
         load_weights(data, 0, self.model)
+        # The initial policy's digest from the slices gathered (collective).
+        self.initial_digest = weights_digest(full_state(self.model))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self.trained: List[int] = []
-        self.trained_by_engine: Dict[str, int] = {}  # engine id -> samples trained
-        self.published: Dict[int, str] = {0: weights_digest(self.model.state_dict())}
+        self.train_seconds = 0.0
+        self.calls = 0
         if weight_sync is not None:
+            self.layout = weight_sync.layout
             # The sync thread sends every version after 0 in order (every rank starts
             # from version 0, the initial policy's file).
             self._versions: "queue.Queue" = queue.Queue()
             self._sending = threading.Condition()
             self._queued, self._sent = 0, 0
             threading.Thread(target=self._send_versions, daemon=True).start()
+
+    @property
+    def tp_rank(self) -> int:
+        return 0 if self.group is None else self.group.rank
+
+    def train(self, items: List[dict], plan: List[List[List[int]]], tokens: int,
+              lr: float) -> None:
+        """One call: `epochs` passes over `items` in the step plan's ranks and
+        micro-batches (`plan`: per rank, per micro-batch, the item indices), the loss a
+        token mean over the call (`tokens`), one optimizer step per pass."""
+        t0 = time.monotonic()
+        self.model.train()
+        set_lr(self.optimizer, lr)
+        tp = self.group is not None and self.group.size > 1
+        for _ in range(self.epochs):
+            self.optimizer.zero_grad()
+            for rank in plan:
+                for mb in rank:
+                    if mb:
+                        loss, _ = policy_loss(self.model, [items[i] for i in mb],
+                                              entropy_coef=self.entropy_coef,
+                                              clip_high=self.clip_high)
+                        # A token mean over the whole call, whatever the split.
+                        (loss / tokens).backward()
+            if self.max_grad_norm:
+                if tp:  # the full gradient's norm (collective)
+                    clip_grad_norm(self.model, self.max_grad_norm)
+                else:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            self.optimizer.step()
+        self.calls += 1
+        self.train_seconds += time.monotonic() - t0
+
+    def publish(self, version: int) -> Optional[str]:
+        """Makes `version` of the weights (collective at TP > 1): rank 0 gets the digest
+        of the full weights (the ranks' slices gathered), and with the executor every
+        rank hands its Megatron-named tensors to its sync thread; with files, rank 0
+        writes the full weights."""
+        if self.group is not None:
+            self.group.check_replicated(self.model)
+        full = full_state(self.model)
+        digest = None
+        if self.weight_sync is None:
+            if self.tp_rank == 0:
+                digest = publish_weights(self.data, version, full)
+        else:
+            if self.tp_rank == 0:
+                digest = weights_digest(full)
+            sources = {k: v.clone() for k, v in
+                       megatron_sources(self.model, self.layout).items()}
+            with self._sending:
+                self._queued += 1
+            self._versions.put((version, sources))
+        return digest
+
+    def _send_versions(self) -> None:
+        try:
+            while True:
+                try:
+                    version, sources = self._versions.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                self.weight_sync.send(version, sources)
+                with self._sending:
+                    self._sent += 1
+                    self._sending.notify_all()
+        except Exception as e:  # a lost engine: the collective times out
+            with self._sending:
+                self.sync_error = f"{type(e).__name__}: {e}"
+                self._sending.notify_all()
+            print(f"{self.weight_sync.name}: weight sync failed: {self.sync_error}",
+                  file=sys.stderr, flush=True)
+
+    def fail_sync(self, message: str) -> None:
+        if self.weight_sync is None:
+            return
+        with self._sending:
+            self.sync_error = message
+            self._sending.notify_all()
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Waits until the engines took every version published (the last sync of a run
+        may still be moving when the run says goodbye); the trainer must not leave the
+        gloo world before."""
+        if self.weight_sync is None:
+            return
+        with self._sending:
+            if not self._sending.wait_for(
+                    lambda: self._sent == self._queued or self.sync_error is not None,
+                    timeout=timeout):
+                self.sync_error = (f"the engines took {self._sent} of {self._queued} versions "
+                                   f"within {timeout} s of the end")
+
+    def report(self) -> dict:
+        return {"tp_rank": self.tp_rank, "tp": 1 if self.group is None else self.group.size,
+                "calls": self.calls, "train_seconds": round(self.train_seconds, 6),
+                "weight_sync": self.weight_sync.report() if self.weight_sync else None,
+                "sync_error": self.sync_error}
+
+
+class TinyTrainer(TrainerWorker):
+    """Trains each call on the samples it lists, in the step plan's ranks and
+    micro-batches (the step plan's data-parallel ranks' gradients accumulate in one
+    optimizer step: data parallel in one process), one optimizer step per pass
+    (``epochs`` passes), then publishes the new version and reports the step.
+
+    Tensor parallel (``tp`` > 1): this process is TP rank 0 and the one attached to the
+    runtime; ranks 1 .. tp-1 are processes of their own (:func:`follow`) that take each
+    call from it (a JSON command broadcast in the TP group: the samples with their
+    advantages, the micro-batches, the learning rate, the version to publish) and train
+    their slices with it. Each rank sends its own tensors through the executor, as the
+    runtime's plan (``--train tp=<tp>``) says: trainer ranks 0 .. tp-1 of each world."""
+
+    def __init__(self, address: str, *, data: str, lr: float, epochs: int, seed: int,
+                 csv_path: Optional[str] = None, weight_sync: Optional[PlanSync] = None,
+                 advantage: str = "outcome", max_grad_norm: float = 0.0,
+                 entropy_coef: float = 0.0, lr_end: Optional[float] = None,
+                 clip_high: Optional[float] = None, group: Optional[TPGroup] = None,
+                 **kwargs):
+        super().__init__(address, **kwargs)
+        if group is not None and group.rank != 0:
+            raise ValueError("TinyTrainer is TP rank 0 (the others follow it)")
+        self.lr, self.lr_end = lr, lr_end
+        self.advantage = advantage
+        self.data = data
+        self.weight_sync = weight_sync
+        self.group = group
+        torch.manual_seed(seed)
+        self.rank = TrainerRank(data, group, epochs=epochs, max_grad_norm=max_grad_norm,
+                                entropy_coef=entropy_coef, clip_high=clip_high, lr=lr,
+                                weight_sync=weight_sync)
+        self.model = self.rank.model
+        self.followers: List[dict] = []  # the other TP ranks' reports, at the end
+        self.trained: List[int] = []
+        self.trained_by_engine: Dict[str, int] = {}  # engine id -> samples trained
+        self.published: Dict[int, str] = {0: self.rank.initial_digest}
         self.steps: List[dict] = []
         self.staleness_violations = 0
         self.length_mismatches = 0
@@ -664,6 +859,14 @@ class TinyTrainer(TrainerWorker):
                 f.write("step,mean_reward,samples,tokens,micro_batches,max_token_staleness,"
                         "train_seconds,wall_seconds\n")
 
+    @property
+    def sync_error(self) -> Optional[str]:
+        return self.rank.sync_error
+
+    @property
+    def tp(self) -> int:
+        return 1 if self.group is None else self.group.size
+
     def on_welcome(self, welcome) -> None:
         config = welcome.config
         self.samples_per_prompt = config.orchestrator.samples_per_prompt
@@ -672,16 +875,15 @@ class TinyTrainer(TrainerWorker):
         self.total_steps = config.steps
 
     def on_weight_sync_plan(self, plan) -> None:
-        """The runtime's plan of a membership (the senders' part): the sync thread moves
-        to its world when the current one fails."""
+        """The runtime's plan of a membership (the senders' part: every trainer rank's):
+        the sync threads move to its world when the current one fails (rank 0 records it
+        for the other TP ranks)."""
         if self.weight_sync is None:
             return
         try:
             self.weight_sync.offer(plan)
         except RuntimeError as e:
-            with self._sending:
-                self.sync_error = str(e)
-                self._sending.notify_all()
+            self.rank.fail_sync(str(e))
             raise
 
     def start_train(self, call) -> None:
@@ -713,41 +915,27 @@ class TinyTrainer(TrainerWorker):
         if not plan:
             plan = [[list(range(len(items)))]]
         micro_batches = sum(1 for rank in plan for mb in rank if mb)
-        self.model.train()
-        set_lr(self.optimizer, lr_at(call.step, self.total_steps, self.lr, self.lr_end))
-        for _ in range(self.epochs):
-            self.optimizer.zero_grad()
-            for rank in plan:
-                for mb in rank:
-                    if mb:
-                        loss, _ = policy_loss(self.model, [items[i] for i in mb],
-                                              entropy_coef=self.entropy_coef,
-                                              clip_high=self.clip_high)
-                        # A token mean over the whole call, whatever the split.
-                        (loss / tokens).backward()
-            if self.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-            self.optimizer.step()
+        lr = lr_at(call.step, self.total_steps, self.lr, self.lr_end)
+        publish = call.step + 1 if call.call == self.calls_per_sync - 1 else None
+        if self.tp > 1:  # the other TP ranks train the same call
+            self.group.broadcast_object({
+                "kind": "train", "step": call.step, "call": call.call, "lr": lr,
+                "tokens": tokens, "plan": plan, "publish": publish,
+                "items": [{k: s[k] for k in ("prompt", "response", "logprobs", "advantage")}
+                          for s in items]})
+        self.rank.train(items, plan, tokens, lr)
         self.trained.extend(call.samples)
         for s in items:
             key = str(s["engine"])
             self.trained_by_engine[key] = self.trained_by_engine.get(key, 0) + 1
         mean_reward = sum(s["reward"] for s in items) / len(items)
+        if publish is not None:
+            self.published[publish] = self.rank.publish(publish)
         record = {"step": call.step, "call": call.call, "mean_reward": mean_reward,
                   "samples": len(items), "tokens": tokens, "micro_batches": micro_batches,
                   "max_token_staleness": max_stale,
                   "train_seconds": time.monotonic() - t0,
                   "wall_seconds": time.monotonic() - self.start}
-        if call.call == self.calls_per_sync - 1:
-            if self.weight_sync is None:
-                self.published[call.step + 1] = publish_weights(self.data, call.step + 1,
-                                                                self.model)
-            else:
-                snapshot = self._snapshot()
-                self.published[call.step + 1] = weights_digest(snapshot)
-                with self._sending:
-                    self._queued += 1
-                self._versions.put((call.step + 1, snapshot))
         self.steps.append(record)
         if self.csv_path:
             with open(self.csv_path, "a") as f:
@@ -758,38 +946,21 @@ class TinyTrainer(TrainerWorker):
                                            "train_seconds", "wall_seconds")) + "\n")
         self.step_finished(call.step, call.call)
 
-    def _snapshot(self) -> Dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-
-    def _send_versions(self) -> None:
-        try:
-            while True:
-                try:
-                    version, snapshot = self._versions.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-                self.weight_sync.send(version, snapshot)
-                with self._sending:
-                    self._sent += 1
-                    self._sending.notify_all()
-        except Exception as e:  # a lost engine: the collective times out
-            with self._sending:
-                self.sync_error = f"{type(e).__name__}: {e}"
-                self._sending.notify_all()
-            print(f"trainer: weight sync failed: {self.sync_error}", file=sys.stderr, flush=True)
-
     def drain(self, timeout: float = 60.0) -> None:
-        """Waits until the engines took every version published (the last sync of a run
-        may still be moving when the run says goodbye); the trainer must not leave the
-        gloo world before."""
-        if self.weight_sync is None:
+        """Waits until the engines took every version this rank published, then stops
+        the other TP ranks (each drains its own sync first) and takes their reports."""
+        self.rank.drain(timeout)
+        self.stop_followers()
+
+    def stop_followers(self) -> None:
+        if self.tp == 1 or self.followers:
             return
-        with self._sending:
-            if not self._sending.wait_for(
-                    lambda: self._sent == self._queued or self.sync_error is not None,
-                    timeout=timeout):
-                self.sync_error = (f"the engines took {self._sent} of {self._queued} versions "
-                                   f"within {timeout} s of the end")
+        self.group.broadcast_object({"kind": "stop"})
+        for r in range(1, self.tp):
+            report = self.group.broadcast_object(None, src=r)
+            self.followers.append(report)
+            if report.get("sync_error") and self.rank.sync_error is None:
+                self.rank.fail_sync(f"trainer{r}: {report['sync_error']}")
 
     def report(self) -> dict:
         return {"trained": self.trained, "trained_by_engine": self.trained_by_engine,
@@ -798,7 +969,32 @@ class TinyTrainer(TrainerWorker):
                 "staleness_violations": self.staleness_violations,
                 "max_staleness": self.max_staleness,
                 "length_mismatches": self.length_mismatches,
-                "partial_samples": self.partial_samples}
+                "partial_samples": self.partial_samples, "tp": self.tp,
+                "ranks": [self.rank.report()] + self.followers}
+
+
+def follow(rank: TrainerRank, report_path: str) -> int:
+    """TP rank r > 0 of the trainer: trains each call TP rank 0 broadcasts in the TP
+    group and publishes with it, until it says stop; then drains its weight sync, writes
+    its report and sends it to rank 0. 0 when its sync ended clean."""
+    group = rank.group
+    steps = []
+    while True:
+        command = group.broadcast_object(None, src=0)
+        if command["kind"] == "stop":
+            break
+        rank.train(command["items"], command["plan"], command["tokens"], command["lr"])
+        if command["publish"] is not None:
+            rank.publish(command["publish"])
+        steps.append({"step": command["step"], "call": command["call"],
+                      "samples": len(command["items"])})
+    rank.drain()
+    report = rank.report()
+    report["steps"] = steps
+    write_json_atomic(report_path, report)
+    for r in range(1, group.size):
+        group.broadcast_object(report if r == group.rank else None, src=r)
+    return 0 if rank.sync_error is None else 1
 
 
 def main(argv=None) -> int:
@@ -826,11 +1022,36 @@ def main(argv=None) -> int:
     parser.add_argument("--csv", default=None, help="trainer: the reward-per-step CSV")
     parser.add_argument("--weights", choices=["executor", "file"], default="executor")
     parser.add_argument("--report", required=True, help="write what this worker did (JSON)")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="trainer: its tensor-parallel size (one process per TP rank)")
+    parser.add_argument("--tp-rank", type=int, default=0,
+                        help="trainer: this process's TP rank (0 attaches to the runtime, "
+                        "the others follow it)")
+    parser.add_argument("--tp-timeout", type=float, default=900.0,
+                        help="trainer: how long a TP collective may wait (seconds; rank > 0 "
+                        "waits that long for rank 0's next call)")
     args = parser.parse_args(argv)
+    if args.tp < 1 or not 0 <= args.tp_rank < args.tp:
+        parser.error(f"--tp-rank must be in [0, --tp {args.tp}), got {args.tp_rank}")
+    if args.role == "engine" and args.tp != 1:
+        parser.error("--tp is the trainer's (the engines are TP 1)")
     torch.set_num_threads(1)
+    import datetime
+    group = None
+    if args.role == "trainer" and args.tp > 1:
+        # The TP group meets at a FileStore in the data directory (run.py starts every
+        # rank with the same one).
+        group = TPGroup.join(os.path.join(args.data, "tp.store"), args.tp_rank, args.tp,
+                             datetime.timedelta(seconds=args.tp_timeout))
     weight_sync = None
     if args.weights == "executor":
-        weight_sync = PlanSync(args.data, None if args.role == "trainer" else args.engine)
+        weight_sync = PlanSync(args.data, None if args.role == "trainer" else args.engine,
+                               tp=args.tp, tp_rank=args.tp_rank)
+    if args.role == "trainer" and args.tp_rank > 0:
+        rank = TrainerRank(args.data, group, epochs=args.epochs,
+                           max_grad_norm=args.max_grad_norm, entropy_coef=args.entropy_coef,
+                           clip_high=args.clip_high, lr=args.lr, weight_sync=weight_sync)
+        return follow(rank, args.report)
     if args.role == "engine":
         worker = TinyEngine(args.address, args.engine, args.max_concurrent, data=args.data,
                             task=ReverseTask(args.digits, args.alphabet, args.seed),
@@ -841,12 +1062,18 @@ def main(argv=None) -> int:
                              seed=args.seed, csv_path=args.csv, weight_sync=weight_sync,
                              advantage=args.advantage, max_grad_norm=args.max_grad_norm,
                              entropy_coef=args.entropy_coef, lr_end=args.lr_end,
-                             clip_high=args.clip_high)
+                             clip_high=args.clip_high, group=group)
+    reason = None
     try:
         reason = worker.run()
         if args.role == "trainer":
             worker.drain()
     finally:
+        if args.role == "trainer" and reason != "done":
+            try:  # the other TP ranks wait for rank 0's next call: stop them
+                worker.stop_followers()
+            except RuntimeError as e:
+                print(f"trainer: stopping the other TP ranks failed: {e}", file=sys.stderr)
         report = worker.report()
         report["goodbye"] = worker.goodbye
         import resource

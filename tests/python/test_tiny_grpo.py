@@ -308,27 +308,38 @@ def _live(rlsched_bin, out, *args):
 
 def test_weight_sync_plans_the_run_cannot_run_are_refused_naming_the_field(tmp_path):
     """A worker checks each WeightSyncPlan the runtime sends before it builds a world:
-    the backend, the ranks (TP 1), the world size, the worker's replica and rank."""
-    from rlsched.v1 import runtime_pb2
+    the backend, the ranks (engines TP 1, the trainer its TP size), the world size (the
+    summary's trainer ranks and the members), the worker's replica and rank."""
+    from rlsched.v1 import reshard_pb2, runtime_pb2
     from rlsched.worker.weights import WeightUpdate
     from workers import PlanSync
 
     def plan(**fields):
         group = runtime_pb2.TransferGroup(name="rlsched-weights-0-ab", backend=fields.pop(
             "backend", "gloo"), world_size=fields.pop("world_size", 3))
+        summary = reshard_pb2.ReshardPlan(trainer_ranks=fields.pop("trainer_ranks", 1))
         base = dict(plan_id="0-ab", epoch=0, group=group, members=[0, 1], replica=1,
-                    rank_offset=2, ranks=0)
+                    rank_offset=2, ranks=0, summary=summary)
         base.update(fields)
+        base["parts"] = [reshard_pb2.ReshardRankPart() for _ in range(base["ranks"])]
         return WeightUpdate(runtime_pb2.WeightSyncPlan(**base))
 
     engine, trainer = PlanSync(str(tmp_path), engine=1), PlanSync(str(tmp_path))
+    trainer2 = PlanSync(str(tmp_path), tp=2, tp_rank=1)
     for sync, part, field in [
             (engine, plan(backend="nccl"), "group.backend"),
             (engine, plan(), "ranks: 0"),
             (engine, plan(world_size=4), "group.world_size: 4"),
             (engine, plan(replica=0, rank_offset=1), "replica: 0, engine 1 is not"),
             (engine, plan(members=[1, 3], replica=0, rank_offset=2), "rank_offset: 2"),
-            (trainer, plan(), "replica/rank_offset: 1/2")]:
+            # Trainer TP 2: the engines come after both trainer ranks.
+            (engine, plan(world_size=4, trainer_ranks=2, ranks=1), "rank_offset: 2, "
+             "replica 1's is 3 \\(after 2 trainer ranks\\)"),
+            (engine, plan(trainer_ranks=0, world_size=2, ranks=1), "summary.trainer_ranks: 0"),
+            (trainer, plan(), "replica/rank_offset: 1/2"),
+            (trainer, plan(replica=-1, rank_offset=0, ranks=1, world_size=4, trainer_ranks=2),
+             "ranks: 1 \\(summary.trainer_ranks 2\\), the trainer is TP 1"),
+            (trainer2, plan(replica=-1, rank_offset=0, ranks=1), "the trainer is TP 2")]:
         with pytest.raises(RuntimeError, match=field):
             sync.check(part)
     with pytest.raises(RuntimeError, match="names no weight-sync plan"):
