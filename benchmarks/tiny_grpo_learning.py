@@ -3,20 +3,23 @@
 Usage (from the repository root, with Debian's python3-torch and the project built):
 
     PYTHONPATH=python:build/python /usr/bin/python3 benchmarks/tiny_grpo_learning.py \\
-        [--modes sync,async] [--steps 60] [--kill-engine-at STEP] [--out DIR] \\
-        [--rlsched build/rlsched] [-- run.py options...]
+        [--modes sync,async] [--trainer-tp 1,2] [--steps 60] [--kill-engine-at STEP] \\
+        [--out DIR] [--rlsched build/rlsched] [-- run.py options...]
 
 Runs ``examples/tiny_grpo/run.py`` (``rlsched run``, 2 engine processes, a trainer,
 the weights through rlsched's executor over gloo by the runtime's weight-sync plans)
 once per mode: ``sync``, ``one_step_off``, ``async`` (max staleness 1, partial
 rollout), ``async_kill`` (the same with the last engine SIGKILLed mid-generation at
 --kill-engine-at), each with run.py's learning defaults unless options after ``--`` say
-otherwise. For each it prints the reward at the start (mean of the first 3 steps), the
+otherwise, and once per trainer TP size of --trainer-tp (run.py's --trainer-tp; default:
+run.py's default). For each it prints the reward at the start (mean of the first 3 steps), the
 first step at which the mean reward of the last 3 steps reached --target (0.9 of the
 task's maximum 1.0) and the trainer's wall seconds then, the final reward (mean of the
 last 5 steps), the run's wall time and samples/s, the weight-sync plans the runtime
-made and each engine's syncs (count, median and largest seconds), and whether run.py's
-checks held. Writes DIR/<mode>/ (run.py's output) and DIR/reward.png (every mode's
+made and each engine's syncs (count, median and largest seconds), the trainer's seconds
+in training (the sum over its calls, the weight sync's hand-off included), the load
+average before and after the run, and whether run.py's checks held. Writes DIR/<mode>/
+(DIR/<mode>_tp<N>/ with --trainer-tp; run.py's output) and DIR/reward.png (every mode's
 curve against step and against wall time; skipped with a message when matplotlib is
 absent). Exit status 1 when a run fails its checks or a mode does not reach the target.
 """
@@ -61,6 +64,9 @@ def main(argv=None) -> int:
     parser.add_argument("--kill-engine-at", type=int, default=10,
                         help="the step of the *_kill modes' SIGKILL")
     parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--trainer-tp", default=None,
+                        help="comma-separated trainer TP sizes, each mode run once per size "
+                        "(default: run.py's default, once)")
     parser.add_argument("--out", default="/tmp/tiny-grpo-learning")
     parser.add_argument("--rlsched", default=os.environ.get("RLSCHED_BIN")
                         or os.path.join(_REPO, "build", "rlsched"))
@@ -69,14 +75,24 @@ def main(argv=None) -> int:
     for m in modes:
         if m not in MODES:
             parser.error(f"--modes: unknown mode {m!r} (of {', '.join(MODES)})")
+    tps = [None]
+    if args.trainer_tp:
+        try:
+            tps = [int(t) for t in args.trainer_tp.split(",") if t]
+        except ValueError:
+            parser.error(f"--trainer-tp: integers separated by commas, got {args.trainer_tp!r}")
+        if not tps or min(tps) < 1:
+            parser.error(f"--trainer-tp: sizes >= 1, got {args.trainer_tp!r}")
     os.makedirs(args.out, exist_ok=True)
     rows, failed = [], False
-    for m in modes:
-        out = os.path.join(args.out, m)
+    for m, tp in [(m, tp) for m in modes for tp in tps]:
+        name = m if tp is None else f"{m}_tp{tp}"
+        out = os.path.join(args.out, name)
         kill = ["--kill-engine-at", str(args.kill_engine_at)] if m.endswith("_kill") else []
         command = [sys.executable, os.path.join(_EXAMPLE, "run.py"), "--rlsched-bin",
                    args.rlsched, "--out", out, "--steps", str(args.steps), *MODES[m], *kill,
-                   *extra]
+                   *(["--trainer-tp", str(tp)] if tp is not None else []), *extra]
+        load_before = os.getloadavg()
         start = time.monotonic()
         result = subprocess.run(command, capture_output=True, text=True)
         wall = time.monotonic() - start
@@ -89,17 +105,21 @@ def main(argv=None) -> int:
             failed = True
             continue
         curve = summary["reward_curve"]
-        trainer_walls = [s["wall_seconds"] for s in json.load(
-            open(os.path.join(out, "trainer.json")))["steps"]]
+        with open(os.path.join(out, "trainer.json")) as f:
+            trainer_steps = json.load(f)["steps"]
+        trainer_walls = [s["wall_seconds"] for s in trainer_steps]
         at = reached(curve, args.target)
         row = {
-            "mode": m,
+            "mode": name,
+            "trainer_tp": summary.get("trainer_tp", 1),
             "steps": len(curve),
             "start_reward": round(sum(curve[:3]) / min(3, len(curve)), 3),
             "final_reward": round(sum(curve[-5:]) / min(5, len(curve)), 3),
             "step_reached": at,
             "seconds_reached": round(trainer_walls[at], 1) if at is not None else None,
             "wall_seconds": round(wall, 1),
+            "train_seconds": round(sum(s["train_seconds"] for s in trainer_steps), 1),
+            "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "samples_per_second": summary["samples_per_second"],
             "max_token_staleness": summary["max_token_staleness"],
             # The weight syncs by the runtime's plans: the plans (membership epochs) the

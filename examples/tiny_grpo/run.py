@@ -53,7 +53,7 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The trainer's default TP size (--trainer-tp).
-TRAINER_TP = 1
+TRAINER_TP = 2
 _REPO = os.path.dirname(os.path.dirname(_HERE))
 _PYTHON = sys.executable or "/usr/bin/python3"
 

@@ -320,7 +320,7 @@ class PlanSync:
         lay, ex = self.lay, self.executor_module
         rank, world = plan.rank_offset + self.tp_rank, plan.group.world_size
         trainer = self.trainer_ranks(plan)
-        if self.engine is None and self.tp_rank == 0:
+        if self.engine is None and self.tp_rank == 0 and self.tp > 1:
             path = self._world_path(len(self.epochs))
             with open(path + ".tmp", "wb") as f:
                 f.write(plan.message.SerializeToString())
