@@ -25,7 +25,8 @@
 //   with partial rollout at least as fast as draining and at >= 90% of the ideal bound
 //   under admission (0 tokens discarded; with over-sampling r = 0.25 for the 90%: at
 //   s = 1 a batch without it waits for its longest group), and under strict at most 1%
-//   of the generated tokens discarded.
+//   of the generated tokens discarded. Then pause mode abort (the paused samples
+//   requeued for any engine) against keep (resumed in place), row for row.
 
 #include <chrono>
 #include <cmath>
@@ -57,6 +58,9 @@ struct Row {
   double oversample = 0;
   double fraction = 0;     // α of the fraction policy
   bool colocated = false;  // colocated sync on all 128 GPUs (ColocatedBaseline)
+  // With partial rollout: paused samples resume on their engine, or are aborted and
+  // requeued for any engine.
+  sched::PauseMode pause = sched::PauseMode::kKeep;
 };
 
 struct Result {
@@ -102,6 +106,7 @@ Result Run(sched::SimulatorConfig config, const Row& row) {
   config.orchestrator.partial_rollout = row.partial;
   config.orchestrator.staleness_policy = row.policy;
   config.orchestrator.oversample = row.oversample;
+  config.orchestrator.pause_mode = row.pause;
   const auto start = Clock::now();
   Result r;
   r.report = sched::Simulate(config);
@@ -188,6 +193,15 @@ int Main(int argc, char** argv) {
       {"async fraction 0.5, partial", sched::Mode::kAsync, 1, true, P::kFraction, 0, 0.5},
       {"async fraction 0.5, drain", sched::Mode::kAsync, 1, false, P::kFraction, 0, 0.5},
       {"colocated sync, 128 GPUs", sched::Mode::kSync, 0, false, P::kAdmission, 0, 0, true},
+      // Pause mode abort: the paused samples are requeued and continue on any engine.
+      {"async s=1 abort, admission", sched::Mode::kAsync, 1, true, P::kAdmission, 0, 0, false,
+       sched::PauseMode::kAbort},
+      {"async s=1 abort, strict", sched::Mode::kAsync, 1, true, P::kStrict, 0, 0, false,
+       sched::PauseMode::kAbort},
+      {"async s=2 abort, admission", sched::Mode::kAsync, 2, true, P::kAdmission, 0, 0, false,
+       sched::PauseMode::kAbort},
+      {"async s=1 abort, admission, r=0.25", sched::Mode::kAsync, 1, true, P::kAdmission, 0.25, 0,
+       false, sched::PauseMode::kAbort},
   };
   std::printf(
       "verl fully-async configuration: 16 engines x 256, 512 prompts x 16, lognormal lengths\n"
@@ -247,6 +261,15 @@ int Main(int argc, char** argv) {
               verdict(rate(15) >= rate(16) && results[15].report.counters.discarded_tokens == 0));
   std::printf("  async s=1 admission partial over colocated sync on all 128 GPUs: %.2fx\n",
               rate(2) / rate(17));
+  // Rows 18-21: pause mode abort against keep (rows 2, 4, 6, 10), same workload.
+  std::printf("\nPause mode abort (requeue for any engine) against keep (resume in place):\n");
+  const std::size_t pairs[][2] = {{18, 2}, {19, 4}, {20, 6}, {21, 10}};
+  for (const auto& [abort_row, keep_row] : pairs) {
+    std::printf("  %-36s %.2f vs %.2f samples/s (%.3fx), %lld samples requeued\n",
+                rows[abort_row].label.c_str(), rate(abort_row), rate(keep_row),
+                rate(abort_row) / rate(keep_row),
+                static_cast<long long>(results[abort_row].report.counters.requeued));
+  }
   if (!ok) std::printf("\nSome checks FAILED (see above).\n");
   return ok ? 0 : 1;
 }

@@ -60,6 +60,7 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--mode", "orchestrator.mode", args.mode.has_value()},
       {"--max-staleness", "orchestrator.max_staleness", args.max_staleness.has_value()},
       {"--partial-rollout", "orchestrator.partial_rollout", args.partial_rollout.has_value()},
+      {"--pause-mode", "orchestrator.pause_mode", args.pause_mode.has_value()},
       {"--staleness-policy", "orchestrator.staleness_policy", args.staleness_policy.has_value()},
       {"--staleness-fraction", "orchestrator.staleness_fraction",
        args.staleness_fraction.has_value()},
@@ -134,8 +135,10 @@ std::string FormatSeconds(double seconds) {
 std::string FormatShare(double fraction) { return fmt::format("{:.1f}%", fraction * 100.0); }
 
 std::string DescribePartial(const v1::OrchestratorOptions& o) {
-  return o.partial_rollout() ? "partial rollout (interrupt and resume at a sync)"
-                             : "no partial rollout (engines drain, then sync)";
+  if (!o.partial_rollout()) return "no partial rollout (engines drain, then sync)";
+  return o.pause_mode() == v1::PAUSE_MODE_ABORT
+             ? "partial rollout (abort at a sync, requeue, continue on any engine)"
+             : "partial rollout (interrupt and resume at a sync)";
 }
 
 std::string DescribeMode(const v1::SimulatorConfig& config) {
@@ -326,7 +329,10 @@ void PrintRunSummary(const v1::SimulationRun& run, std::ostream& out) {
                    FormatSeconds(metrics.weight_sync_seconds())));
   Line(out, "partial rollout",
        fmt::format("{} of trained samples ({} samples with tokens of more than one version)",
-                   FormatShare(metrics.partial_rollout_ratio()), counters.partial_samples()));
+                   FormatShare(metrics.partial_rollout_ratio()), counters.partial_samples()) +
+           (counters.requeued() > 0 ? fmt::format("; {} paused samples requeued (pause mode abort)",
+                                                  counters.requeued())
+                                    : std::string()));
   Line(out, "restarts",
        fmt::format("{} samples regenerated, {} tokens discarded ({} samples and {} tokens for "
                    "staleness, the rest by {} engine failures)",
@@ -378,7 +384,10 @@ void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
         run.name(),
         mode,
         fmt::format("{}", bound),
-        async ? (o.partial_rollout() ? "yes" : "no") : "-",
+        async ? (!o.partial_rollout()                     ? "no"
+                 : o.pause_mode() == v1::PAUSE_MODE_ABORT ? "abort"
+                                                          : "yes")
+              : "-",
         FormatRate(metrics.samples_per_second()),
         fmt::format("{:.2f}", Ratio(metrics.samples_per_second(), sync_rate)),
         FormatShare(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second())),
@@ -521,6 +530,15 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       "Async mode without partial rollout: engines drain, then sync (= --partial-rollout=false); "
       "implies --mode async");
   no_partial->excludes(partial);
+  command
+      ->add_option("--pause-mode", args.pause_mode,
+                   "Async mode with partial rollout: what a weight sync does with an engine's "
+                   "running samples: keep (default: paused on the engine, resumed there) or "
+                   "abort (aborted with their tokens reported, requeued, continued on any "
+                   "engine; for engines that cannot hold a request across a weight update); "
+                   "implies --mode async")
+      ->type_name("keep|abort")
+      ->check(CLI::IsMember({"keep", "abort"}).description(""));
   command
       ->add_option(
           "--staleness-policy", args.staleness_policy,
@@ -884,6 +902,9 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   }
   if (args.max_staleness) o.set_max_staleness(*args.max_staleness);
   if (args.partial_rollout) o.set_partial_rollout(*args.partial_rollout);
+  if (args.pause_mode) {
+    o.set_pause_mode(*args.pause_mode == "abort" ? v1::PAUSE_MODE_ABORT : v1::PAUSE_MODE_KEEP);
+  }
   if (args.staleness_policy) {
     const std::string& policy = *args.staleness_policy;
     if (policy == "admission") {

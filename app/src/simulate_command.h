@@ -76,6 +76,7 @@ struct SimulateArgs {
   std::optional<std::string> mode;  // "sync", "one_step_off" or "async"
   std::optional<std::int64_t> max_staleness;
   std::optional<bool> partial_rollout;          // --partial-rollout[=BOOL], --no-partial-rollout
+  std::optional<std::string> pause_mode;        // "keep" or "abort"
   std::optional<std::string> staleness_policy;  // "admission", "fraction" or "strict"
   std::optional<double> staleness_fraction;     // α of the fraction policy
   std::optional<std::int64_t> train_calls_per_sync;

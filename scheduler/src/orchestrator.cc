@@ -215,6 +215,10 @@ void Validate(const OrchestratorOptions& o) {
   if (o.colocated && o.mode != Mode::kSync) {
     Invalid("colocated", "false unless mode is sync (engines and trainer alternate)", "true");
   }
+  if (o.pause_mode != PauseMode::kKeep && (o.mode != Mode::kAsync || !o.partial_rollout)) {
+    Invalid("pause_mode", "keep unless mode is async with partial_rollout (nothing is interrupted)",
+            "abort");
+  }
   if (o.max_generating_groups < 0) {
     Invalid("max_generating_groups", ">= 0", Str(o.max_generating_groups));
   }
@@ -550,6 +554,21 @@ struct Orchestrator::State {
     Update(e);
   }
 
+  // pause_mode kAbort: a paused sample whose progress its engine reported leaves it
+  // (the engine forgot it) for the queue, its tokens kept unless too stale to train.
+  void Requeue(std::int64_t id) {
+    Sample& x = At(id);
+    DropEmptyLastSpan(id, &engines.at(x.engine));
+    Unplace(id);
+    ++counters.requeued;
+    if (TooStale(x)) {
+      CountStaleRestart(x);
+      ++counters.restarts;
+      DiscardTokens(id);
+    }
+    Enqueue(id);
+  }
+
   void SendAbort(std::int64_t engine, std::int64_t id) {
     if (!out->empty()) {
       if (auto* last = std::get_if<Abort>(&out->back()); last && last->engine == engine) {
@@ -566,7 +585,10 @@ struct Orchestrator::State {
     Sample& x = At(id);
     switch (x.state) {
       case SampleState::kInFlight:
-        SendAbort(x.engine, id);
+        // pause_mode kAbort: a paused sample whose progress came is off its engine already.
+        if (options.pause_mode != PauseMode::kAbort || !x.interrupted || !x.progress_reported) {
+          SendAbort(x.engine, id);
+        }
         Unplace(id);
         break;
       case SampleState::kQueued:
@@ -752,7 +774,10 @@ struct Orchestrator::State {
     e.pausing = interrupt;
     e.sync_started = now;
     Update(e);
-    out->push_back(SyncWeights{.engine = id, .version = latest, .interrupt = interrupt});
+    out->push_back(SyncWeights{.engine = id,
+                               .version = latest,
+                               .interrupt = interrupt,
+                               .pause = interrupt ? options.pause_mode : PauseMode::kKeep});
   }
 
   // ---- batches and training ----
@@ -1173,7 +1198,9 @@ struct Orchestrator::State {
       x.tokens = p.tokens;
       x.progress_reported = true;
       ApplyEngineSpans(p.sample, p.spans, engine);
-      if (TooStale(x)) {
+      if (options.pause_mode == PauseMode::kAbort) {
+        Requeue(p.sample);
+      } else if (TooStale(x)) {
         CountStaleRestart(x);
         Restart(p.sample);  // aborted on its engine (not resumed)
       }
@@ -1294,6 +1321,11 @@ struct Orchestrator::State {
     ++weight_syncs;
     weight_sync_seconds += now - engine->sync_started;
     Update(*engine);
+    if (options.pause_mode == PauseMode::kAbort) {
+      // Reported one by one (GenerationProgressed): requeued now, in id order.
+      for (const std::int64_t sample : resumed) Requeue(sample);
+      resumed.clear();
+    }
     for (const std::int64_t sample : resumed) {
       Sample& x = At(sample);
       x.interrupted = false;

@@ -561,7 +561,8 @@ std::string Describe(const Command& command) {
         } else if constexpr (std::is_same_v<T, SyncWeights>) {
           return "  -> SyncWeights engine=" + std::to_string(c.engine) +
                  " version=" + std::to_string(c.version) +
-                 " interrupt=" + (c.interrupt ? "1" : "0");
+                 " interrupt=" + (c.interrupt ? "1" : "0") +
+                 (c.pause == PauseMode::kAbort ? " pause=abort" : "");
         } else if constexpr (std::is_same_v<T, Resume>) {
           return "  -> Resume engine=" + std::to_string(c.engine) +
                  " version=" + std::to_string(c.version) + " samples=" + ids(c.samples);
@@ -880,9 +881,22 @@ void Simulation::ExecuteSync(const SyncWeights& sync, double now) {
     engine.context = 0;
     engine.fraction = 0;
     engine.finishes = decltype(engine.finishes)();
-    for (const std::int64_t sample : engine.paused_ids) {
-      Deliver(GenerationProgressed{
-          .time = now, .sample = sample, .tokens = live_.at(sample).generated});
+    if (sync.pause == PauseMode::kAbort) {
+      // Aborted: one report of every sample's tokens, then the engine forgets them (the
+      // core requeues them; a later Dispatch continues each from its tokens).
+      GenerationPaused paused{.time = now, .engine = engine.id, .version = sync.version};
+      for (const std::int64_t sample : engine.paused_ids) {
+        paused.samples.push_back(
+            SampleProgress{.sample = sample, .tokens = live_.at(sample).generated});
+        live_.erase(sample);
+      }
+      engine.paused_ids.clear();
+      Deliver(std::move(paused));
+    } else {
+      for (const std::int64_t sample : engine.paused_ids) {
+        Deliver(GenerationProgressed{
+            .time = now, .sample = sample, .tokens = live_.at(sample).generated});
+      }
     }
   }
   // Loading stalls decoding (without interrupt the core syncs idle engines, but a
@@ -1481,6 +1495,7 @@ std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config) 
   core.colocated = true;
   core.staleness_policy = StalenessPolicy::kAdmission;
   core.staleness_fraction = 0;
+  core.pause_mode = PauseMode::kKeep;  // sync pauses nothing
   return colocated;
 }
 

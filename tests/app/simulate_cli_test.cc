@@ -55,6 +55,7 @@ TEST(SimulateCliTest, Help) {
                              "--max-staleness",
                              "--partial-rollout",
                              "--no-partial-rollout",
+                             "--pause-mode",
                              "--oversample",
                              "--engines",
                              "--engine-concurrency",
@@ -160,6 +161,11 @@ TEST(SimulateCliTest, AsyncOptionsImplyTheMode) {
       {{"--mode", "sync", "--max-staleness", "0", "--no-partial-rollout"}, "mode             sync"},
       {{"--mode", "one_step_off", "--max-staleness", "1", "--partial-rollout=false"},
        "mode             one_step_off (staleness <= 1"},
+      {{"--pause-mode", "abort"},
+       "mode             async, max staleness 1, partial rollout (abort at a sync, requeue, "
+       "continue on any engine)"},
+      {{"--pause-mode", "keep", "--mode", "async"},
+       "mode             async, max staleness 1, partial rollout (interrupt and resume"},
   };
   for (const auto& [args, line] : cases) {
     const ProcessResult r = RunProgram(Small(args));
@@ -187,6 +193,11 @@ TEST(SimulateCliTest, AsyncOptionsOfSyncAndOneStepOffAreRefused) {
       {{"--mode", "one_step_off", "--partial-rollout"},
        "--partial-rollout (orchestrator.partial_rollout): applies to mode async only (mode "
        "one_step_off never interrupts a generation"},
+      {{"--mode", "sync", "--pause-mode", "abort"},
+       "--pause-mode (orchestrator.pause_mode): applies to mode async with partial rollout only "
+       "(mode sync never interrupts a generation), got PAUSE_MODE_ABORT"},
+      {{"--no-partial-rollout", "--pause-mode", "abort"},
+       "--pause-mode (orchestrator.pause_mode): applies with partial_rollout only"},
       // The file and the flags combined: the file's mode, the flag's staleness…
       {{"--config", sync_file, "--max-staleness", "1"},
        "--max-staleness (orchestrator.max_staleness): applies to mode async only (mode sync has "
@@ -426,6 +437,19 @@ TEST(SimulateCliTest, CompareTable) {
   EXPECT_THAT(r.out, HasSubstr("colocated_sync: sync on the same 8 GPUs, engines and trainer "
                                "taking turns: 8 engines and 8 trainer ranks"));
   EXPECT_THAT(r.out, Not(HasSubstr("note: no colocated_sync run")));
+  EXPECT_THAT(header[4], HasSubstr(" yes "));  // async_s1_partial keeps its paused samples
+
+  // --pause-mode applies to the runs with partial rollout.
+  const ProcessResult aborting = RunProgram(Small({"--compare", "--pause-mode", "abort"}));
+  ASSERT_EQ(aborting.status, 0) << aborting.err;
+  const std::vector<std::string> abort_lines = Lines(aborting.out);
+  const auto abort_header =
+      std::find_if(abort_lines.begin(), abort_lines.end(),
+                   [](const std::string& line) { return line.starts_with("run "); });
+  ASSERT_GE(abort_lines.end() - abort_header, 8) << aborting.out;
+  EXPECT_THAT(abort_header[4], HasSubstr(" abort "));  // async_s1_partial
+  EXPECT_THAT(abort_header[5], HasSubstr(" no "));     // async_s1
+  EXPECT_THAT(abort_header[6], HasSubstr(" abort "));  // async_s2_partial
 
   // GPUs that do not divide: the six runs and one note.
   const ProcessResult odd = RunProgram(Small({"--compare", "--gpus-per-engine", "3"}));

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from rlsched.v1 import runtime_pb2  # noqa: F401  (the generated modules are there)
+from rlsched.v1 import rollout_pb2, runtime_pb2
 
 _PYTHON = "/usr/bin/python3"
 
@@ -151,15 +151,11 @@ def _replay(rlsched_bin, log):
     assert "identical" in result.stdout
 
 
-def _event_kinds(log):
-    """How many events of each kind the run's event log holds (varint-delimited
-    EventLogRecords), and the most samples one GenerationPaused report carries; the
-    generation reports carrying an engine's account of its tokens' versions are counted
-    under "with_spans"; and the most GenerationPaused reports one engine sent for one
-    interrupting sync (its version)."""
+def _log_records(log):
+    """The run's event log: its varint-delimited EventLogRecords, in order."""
     with open(log, "rb") as f:
         data = f.read()
-    kinds, paused_samples, position, pauses = {}, 0, 0, {}
+    position = 0
     while position < len(data):
         size, shift = 0, 0
         while True:
@@ -169,8 +165,17 @@ def _event_kinds(log):
             shift += 7
             if byte < 0x80:
                 break
-        record = runtime_pb2.EventLogRecord.FromString(data[position:position + size])
+        yield runtime_pb2.EventLogRecord.FromString(data[position:position + size])
         position += size
+
+
+def _event_kinds(log):
+    """How many events of each kind the run's event log holds, and the most samples one
+    GenerationPaused report carries; the generation reports carrying an engine's account
+    of its tokens' versions are counted under "with_spans"; and the most
+    GenerationPaused reports one engine sent for one interrupting sync (its version)."""
+    kinds, paused_samples, pauses = {}, 0, {}
+    for record in _log_records(log):
         if record.WhichOneof("kind") == "event":
             kind = record.event.WhichOneof("kind")
             kinds[kind] = kinds.get(kind, 0) + 1
@@ -244,6 +249,61 @@ def test_ten_steps_with_eight_engines_conserve_samples_as_the_workers_count_them
         assert int(l["heartbeats"]) >= 1, l
         assert int(l.get("max_running", 0)) + int(l.get("max_waiting", 0)) <= 32, l
     assert sum(int(l.get("max_running", 0)) for l in load) > 0, load
+    _replay(rlsched_bin, run.log)
+
+
+def test_pause_mode_abort_requeues_paused_samples_for_any_engine(rlsched_bin, run_factory,
+                                                                  tmp_path):
+    # Engines that cannot hold a request across a weight update: every interrupting sync
+    # says PAUSE_MODE_ABORT, the engines report their samples' tokens and forget them,
+    # and the samples continue from those tokens wherever dispatch sends them.
+    # Under the admission policy (every token kept: a requeued sample continues from all
+    # of them; the strict policy could discard a stale one's).
+    orchestrator = dict(_CONFIG["orchestrator"], pause_mode="PAUSE_MODE_ABORT",
+                        staleness_policy="STALENESS_POLICY_ADMISSION")
+    run = run_factory(_write_config(tmp_path, orchestrator=orchestrator, steps=6, engines=4))
+    for engine in range(4):
+        run.engine(engine)
+    run.trainer()
+    status, out, err = run.finish()
+    assert status == 0, err[-3000:]
+    report = json.loads(out)
+    assert report["done"]
+    counters = report["counters"]
+    trained = int(counters["trained"])
+    assert trained == 6 * 32 * 4
+    trainer = run.report("trainer")
+    assert sorted(trainer["trained"]) == sorted(set(trainer["trained"]))
+    assert len(trainer["trained"]) == trained
+    assert int(report.get("rejected_events", 0)) == 0
+    # From the log: every interrupting sync says abort; nothing is resumed in place; a
+    # paused sample comes back in a Dispatch from the tokens its pause reported, and
+    # some come back on another engine than the one that paused them.
+    on, paused_at, resumed_from, moved, syncs = {}, {}, 0, 0, 0
+    for record in _log_records(run.log):
+        if record.WhichOneof("kind") == "command":
+            kind = record.command.WhichOneof("kind")
+            assert kind != "resume", record
+            if kind == "sync_weights" and record.command.sync_weights.interrupt:
+                assert record.command.sync_weights.pause == rollout_pb2.PAUSE_MODE_ABORT
+                syncs += 1
+            if kind == "dispatch":
+                dispatch = record.command.dispatch
+                for work in dispatch.samples:
+                    if work.sample in paused_at:
+                        engine, tokens = paused_at.pop(work.sample)
+                        assert work.resume_from == tokens, (work, tokens)
+                        resumed_from += 1
+                        moved += engine != dispatch.engine
+                    on[work.sample] = dispatch.engine
+        elif record.event.WhichOneof("kind") == "generation_paused":
+            paused = record.event.generation_paused
+            for p in paused.samples:
+                assert on[p.sample] == paused.engine
+                paused_at[p.sample] = (paused.engine, p.tokens)
+    assert syncs >= 4 and resumed_from > 0 and moved > 0, (syncs, resumed_from, moved)
+    assert int(counters["requeued"]) == resumed_from + len(paused_at)
+    assert int(counters.get("discarded_tokens", 0)) == 0
     _replay(rlsched_bin, run.log)
 
 

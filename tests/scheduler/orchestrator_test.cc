@@ -252,6 +252,102 @@ TEST(OrchestratorTest, PartialRolloutRecordsVersionSpans) {
   core.CheckInvariants();
 }
 
+// Pause mode abort: the interrupting sync says so; the paused sample leaves its engine
+// with its tokens when reported (no Resume) and continues on another engine from them.
+TEST(OrchestratorTest, AbortPauseRequeuesPausedSamplesForAnyEngine) {
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 1,
+                                         .partial_rollout = true,
+                                         .pause_mode = PauseMode::kAbort,
+                                         .prompts_per_step = 1,
+                                         .samples_per_prompt = 1}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  ASSERT_EQ(All<Dispatch>(out).at(0).samples.size(), 2u);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  const auto syncs = All<SyncWeights>(out);
+  ASSERT_EQ(syncs.size(), 1u);
+  EXPECT_TRUE(syncs[0].interrupt);
+  EXPECT_EQ(syncs[0].pause, PauseMode::kAbort);
+  out.clear();
+  core.Handle(GenerationPaused{.time = 2.5,
+                               .engine = 0,
+                               .version = 1,
+                               .samples = {SampleProgress{.sample = 1, .tokens = 6}}},
+              out);
+  EXPECT_TRUE(out.empty());  // no engine free: engine 0 is loading
+  EXPECT_EQ(core.counters().requeued, 1);
+  EXPECT_EQ(core.counters().queued, 2);  // sample 2 (batch 2, needs version 1) and 1
+  EXPECT_EQ(core.counters().in_flight, 0);
+  core.CheckInvariants();
+  // A second engine, already on version 1, takes it from its 6 tokens.
+  core.Handle(EngineJoined{.time = 2.6, .engine = 1, .max_concurrent = 1, .version = 1}, out);
+  const auto dispatches = All<Dispatch>(out);
+  ASSERT_EQ(dispatches.size(), 1u);
+  EXPECT_EQ(Describe(dispatches[0]).rfind("dispatch e1 v1 1/6/", 0), 0u) << Describe(dispatches[0]);
+  out.clear();
+  core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
+  EXPECT_TRUE(All<Resume>(out).empty());
+  out.clear();
+  core.Handle(GenerationFinished{.time = 4, .sample = 1, .tokens = 10, .reward = 0}, out);
+  ASSERT_EQ(All<StartTrain>(out).size(), 1u);
+  ASSERT_EQ(core.last_batch().size(), 1u);
+  const TrainedSample& x = core.last_batch()[0];
+  ASSERT_EQ(x.spans.size(), 2u);
+  EXPECT_EQ(x.spans[0].version, 0);
+  EXPECT_EQ(x.spans[1].version, 1);
+  EXPECT_EQ(x.spans[1].first_token, 6);
+  EXPECT_EQ(core.counters().partial_samples, 1);
+  EXPECT_EQ(core.counters().discarded_tokens, 0);
+  core.CheckInvariants();
+}
+
+// Pause mode abort with one GenerationProgressed per paused sample: requeued at
+// WeightsLoaded (a progress report may precede the engine's pause), then dispatched
+// again, here to the same engine, from the tokens reported; a filtered group's sample
+// already reported gets no Abort (its engine forgot it).
+TEST(OrchestratorTest, AbortPauseWithPerSampleReportsRequeuesAtWeightsLoaded) {
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 1,
+                                         .partial_rollout = true,
+                                         .pause_mode = PauseMode::kAbort,
+                                         .prompts_per_step = 2,
+                                         .samples_per_prompt = 1}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 4, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  ASSERT_EQ(All<Dispatch>(out).at(0).samples.size(), 4u);  // batches 0 and 1 (s = 1)
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
+  core.Handle(GenerationFinished{.time = 1, .sample = 1, .tokens = 4, .reward = 0}, out);
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  ASSERT_EQ(All<SyncWeights>(out).size(), 1u);
+  out.clear();
+  // In flight: 2 and 3 (batch 1), reported one by one.
+  core.Handle(GenerationProgressed{.time = 2.5, .sample = 2, .tokens = 6}, out);
+  core.Handle(GenerationProgressed{.time = 2.5, .sample = 3, .tokens = 3}, out);
+  EXPECT_EQ(core.counters().requeued, 0);
+  core.Handle(GroupFiltered{.time = 2.6, .group = 3}, out);
+  EXPECT_TRUE(All<Abort>(out).empty());
+  out.clear();
+  core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
+  EXPECT_TRUE(All<Resume>(out).empty());
+  EXPECT_EQ(core.counters().requeued, 1);
+  bool resumed_from_6 = false;
+  for (const Dispatch& d : All<Dispatch>(out)) {
+    for (const SampleWork& w : d.samples) {
+      if (w.sample == 2) resumed_from_6 = d.engine == 0 && d.version == 1 && w.resume_from == 6;
+    }
+  }
+  EXPECT_TRUE(resumed_from_6);
+  core.CheckInvariants();
+}
+
 // An engine's account of its tokens' versions: checked against what the engine can have
 // held (a refused report names the field and changes nothing), recorded in place of the
 // core's inference where it differs (counted), and joined to the tokens a sample kept
@@ -989,6 +1085,12 @@ TEST(OrchestratorTest, OptionsAreValidated) {
   policy_error({.length_quantile = 0}, "length_quantile");
   policy_error({.initial_prediction = 0}, "initial_prediction");
   policy_error({.max_generating_groups = -1}, "max_generating_groups");
+  // Pause mode abort needs something to pause: async with partial rollout.
+  policy_error({.mode = Mode::kSync, .pause_mode = PauseMode::kAbort}, "pause_mode");
+  policy_error({.mode = Mode::kOneStepOff, .pause_mode = PauseMode::kAbort}, "pause_mode");
+  policy_error({.mode = Mode::kAsync, .partial_rollout = false, .pause_mode = PauseMode::kAbort},
+               "pause_mode");
+  Orchestrator ok(OrchestratorOptions{{.mode = Mode::kAsync, .pause_mode = PauseMode::kAbort}});
 }
 
 // ---- A random world that executes the commands and reports random events. ----
@@ -1012,6 +1114,9 @@ struct WorldOptions {
   // the same numbers and must give the same commands).
   enum class Pause { kSpread, kEachAtOnce, kBatched };
   Pause pause = Pause::kSpread;
+  // What an interrupting sync does with the paused samples (async with partial rollout;
+  // kKeep elsewhere): with kAbort the engine forgets each once it reported it.
+  PauseMode pause_mode = PauseMode::kKeep;
   // The engines' account of their tokens' versions (EngineSpans) in their reports:
   // none, honest (the version of each Dispatch and Resume, switching at the token the
   // pause reported: the core's own inference), or late (each switch 0 to 3 tokens after
@@ -1027,6 +1132,7 @@ struct World {
     bool releasing = false;
     bool released = false;
     bool interrupted = false;
+    bool aborting = false;  // interrupted with pause kAbort
     std::int64_t sync_version = 0;
     std::map<std::int64_t, std::int64_t> running;  // sample -> tokens so far
     std::set<std::int64_t> unreported;             // interrupted, progress not reported
@@ -1051,6 +1157,7 @@ struct World {
     if (o.streaming) core.train_calls_per_sync = core.prompts_per_step;
     core.colocated = o.colocated;
     core.max_generating_groups = o.max_generating_groups;
+    if (o.mode == Mode::kAsync && o.partial) core.pause_mode = o.pause_mode;
     // Dynamic sampling where a group can have unequal rewards.
     if (core.samples_per_prompt > 1) core.filter = KeepUnlessAllEqual;
     return core;
@@ -1094,8 +1201,10 @@ struct World {
         ASSERT_FALSE(e.releasing);
         e.released = false;
         ASSERT_TRUE(s->interrupt || e.running.empty());
+        ASSERT_EQ(s->pause, s->interrupt ? core_options.pause_mode : PauseMode::kKeep);
         e.syncing = true;
         e.interrupted = s->interrupt;
+        e.aborting = s->interrupt && s->pause == PauseMode::kAbort;
         e.sync_version = s->version;
         for (const auto& [x, tokens] : e.running) e.unreported.insert(x);
       } else if (const auto* r = std::get_if<Resume>(&c)) {
@@ -1196,6 +1305,15 @@ struct World {
 
   std::int64_t staleness_bound() const { return EffectiveStaleness(core_options); }
 
+  // Pause mode kAbort: the engine forgets a paused sample once it reported it.
+  void Forget(EngineState& e, std::int64_t x) {
+    if (!e.aborting) return;
+    e.running.erase(x);
+    e.spans.erase(x);
+    e.from.erase(x);
+    ++forgotten;
+  }
+
   void Feed(const Event& e) {
     log.push_back(DescribeEvent(e));
     std::vector<Command> out;
@@ -1230,6 +1348,7 @@ struct World {
                                        rng.UniformInt(0, static_cast<std::int64_t>(i) - 1))]);
         }
         e.unreported.clear();
+        for (const SampleProgress& p : report) Forget(e, p.sample);
         ++pauses;
         paused_samples += static_cast<std::int64_t>(report.size());
         if (options.pause == WorldOptions::Pause::kBatched) {
@@ -1245,10 +1364,11 @@ struct World {
         const std::int64_t x = *e.unreported.begin();
         e.unreported.erase(e.unreported.begin());
         e.running[x] += rng.UniformInt(0, 5);
-        Feed(GenerationProgressed{.time = time,
-                                  .sample = x,
-                                  .tokens = e.running[x],
-                                  .spans = Account(e, x, e.running[x])});
+        const std::int64_t tokens = e.running[x];
+        EngineSpans spans = Account(e, x, tokens);
+        Forget(e, x);
+        Feed(GenerationProgressed{
+            .time = time, .sample = x, .tokens = tokens, .spans = std::move(spans)});
       } else {
         e.syncing = false;
         Feed(WeightsLoaded{.time = time, .engine = id, .version = e.sync_version});
@@ -1330,6 +1450,7 @@ struct World {
   std::vector<std::string> command_log;
   std::int64_t pauses = 0;          // pause reports (WorldOptions::pause at once)
   std::int64_t paused_samples = 0;  // the samples they reported
+  std::int64_t forgotten = 0;       // paused samples aborted on their engine (kAbort)
   std::int64_t next_engine = 0;
   std::int64_t prompts_fed = 0;
   std::int64_t step = 0;
@@ -1391,7 +1512,9 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
         .fraction = fractions[(seed / 54) % 4],
         .streaming = seed % 7 < 2,
         .colocated = seed % 3 == 0 && (seed / 6) % 2 == 0,
-        .max_generating_groups = seed % 11 < 3 ? static_cast<std::int64_t>(seed % 3) + 1 : 0};
+        .max_generating_groups = seed % 11 < 3 ? static_cast<std::int64_t>(seed % 3) + 1 : 0,
+        .pause = seed % 13 < 4 ? WorldOptions::Pause::kBatched : WorldOptions::Pause::kSpread,
+        .pause_mode = (seed / 4) % 2 == 0 ? PauseMode::kKeep : PauseMode::kAbort};
     if (o.mode != Mode::kAsync) o.policy = StalenessPolicy::kAdmission;
     SCOPED_TRACE("seed " + std::to_string(seed));
     Counters c;
@@ -1401,6 +1524,7 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
     total.steps_started += c.steps_started;
     total.restarts += c.restarts;
     total.partial_samples += c.partial_samples;
+    total.requeued += c.requeued;
     total.filtered_groups += c.filtered_groups;
     total.discarded_tokens += c.discarded_tokens;
     if (o.mode == Mode::kAsync && o.policy == StalenessPolicy::kAdmission) {
@@ -1419,6 +1543,7 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
   EXPECT_GE(total.steps_started, 5 * n);
   EXPECT_GE(total.restarts, n);
   EXPECT_GE(total.partial_samples, n / 4);
+  EXPECT_GE(total.requeued, n / 10);  // pause mode abort requeues paused samples somewhere
   EXPECT_GE(total.filtered_groups, n);
   EXPECT_GE(total.discarded_tokens, n);
   // Both policies run and train; the strict one throws stale tokens away somewhere.

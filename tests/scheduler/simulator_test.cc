@@ -390,6 +390,25 @@ TEST(SimulatorModes, PartialRolloutResumesSamples) {
   ExpectConserved(report);
 }
 
+// Pause mode abort: the paused samples go back to the queue with their tokens and
+// continue wherever dispatch sends them (no Resume; a Resume would fail the run).
+TEST(SimulatorModes, AbortPauseRequeuesSamples) {
+  SimulatorConfig config = SmallConfig();
+  config.orchestrator.mode = Mode::kAsync;
+  config.orchestrator.max_staleness = 2;
+  config.orchestrator.partial_rollout = true;
+  config.orchestrator.pause_mode = PauseMode::kAbort;
+  config.orchestrator.oversample = 0.5;
+  config.steps = 8;
+  config.check_invariants = true;
+  const SimulationReport report = Simulate(config);
+  EXPECT_GT(report.counters.requeued, 0);
+  EXPECT_GT(report.counters.partial_samples, 0);
+  EXPECT_EQ(report.counters.discarded_tokens, 0);  // requeued with their tokens
+  EXPECT_EQ(report.counters.trained, config.steps * 16 * 4);
+  ExpectConserved(report);
+}
+
 // Engines fail (mean time between failures ~ a few steps) and replacements join: every
 // mode still finishes its steps and conserves its samples.
 TEST(SimulatorBudget, EstimateFromTheWorkload) {
@@ -537,6 +556,10 @@ SimulatorConfig RandomConfig(std::uint64_t seed) {
     c.orchestrator.colocated = true;
     c.release_seconds = static_cast<double>(rng.UniformInt(0, 2));
     c.resume_seconds = static_cast<double>(rng.UniformInt(0, 2));
+  }
+  if (c.orchestrator.mode == Mode::kAsync && c.orchestrator.partial_rollout &&
+      rng.UniformInt(0, 1) == 0) {
+    c.orchestrator.pause_mode = PauseMode::kAbort;
   }
   c.check_invariants = true;
   c.seed = seed;

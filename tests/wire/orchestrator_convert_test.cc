@@ -117,6 +117,19 @@ TEST(OrchestratorConvertTest, CommandsCarryEveryField) {
   EXPECT_TRUE(ToCommandMessage(s::SyncWeights{.engine = 1, .version = 3, .interrupt = true})
                   .sync_weights()
                   .interrupt());
+  // The pause mode of an interrupting sync, stated; none without an interrupt.
+  EXPECT_EQ(ToCommandMessage(s::SyncWeights{.engine = 1, .version = 3, .interrupt = true})
+                .sync_weights()
+                .pause(),
+            v1::PAUSE_MODE_KEEP);
+  EXPECT_EQ(ToCommandMessage(
+                s::SyncWeights{
+                    .engine = 1, .version = 3, .interrupt = true, .pause = s::PauseMode::kAbort})
+                .sync_weights()
+                .pause(),
+            v1::PAUSE_MODE_ABORT);
+  EXPECT_EQ(ToCommandMessage(s::SyncWeights{.engine = 1, .version = 3}).sync_weights().pause(),
+            v1::PAUSE_MODE_UNSPECIFIED);
 }
 
 // A short sync run of the core, logged as the runtime logs it.

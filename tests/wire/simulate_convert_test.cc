@@ -322,6 +322,60 @@ TEST(SimulateConvertTest, AsyncFieldsOfSyncAndOneStepOff) {
   }
 }
 
+// pause_mode: async with partial rollout only; it selects async; it reads back; with
+// compare it applies to the runs with partial rollout.
+TEST(SimulateConvertTest, PauseModeBelongsToPartialRollout) {
+  v1::SimulatorConfig message;
+  message.mutable_orchestrator()->set_pause_mode(v1::PAUSE_MODE_ABORT);
+  SimulatorConfig config = ToSimulatorConfig(message);
+  EXPECT_EQ(config.orchestrator.mode, Mode::kAsync);  // selected
+  EXPECT_TRUE(config.orchestrator.partial_rollout);
+  EXPECT_EQ(config.orchestrator.pause_mode, PauseMode::kAbort);
+  const v1::SimulatorConfig back = ToSimulatorConfigMessage(config);
+  EXPECT_EQ(back.orchestrator().pause_mode(), v1::PAUSE_MODE_ABORT);
+  EXPECT_EQ(ToSimulatorConfig(back).orchestrator.pause_mode, PauseMode::kAbort);
+  // Unset and KEEP are the default; every config's message states it.
+  EXPECT_EQ(ToSimulatorConfig(v1::SimulatorConfig()).orchestrator.pause_mode, PauseMode::kKeep);
+  EXPECT_EQ(ToSimulatorConfigMessage(DefaultSimulatorConfig()).orchestrator().pause_mode(),
+            v1::PAUSE_MODE_KEEP);
+
+  message.mutable_orchestrator()->set_mode(v1::ORCHESTRATOR_MODE_SYNC);
+  EXPECT_EQ(SimulateErrorOf(message),
+            "orchestrator.pause_mode: applies to mode async with partial rollout only (mode sync "
+            "never interrupts a generation), got PAUSE_MODE_ABORT");
+  message.mutable_orchestrator()->set_pause_mode(v1::PAUSE_MODE_KEEP);
+  EXPECT_EQ(SimulateErrorOf(message), "");
+  message.mutable_orchestrator()->set_mode(v1::ORCHESTRATOR_MODE_ASYNC);
+  message.mutable_orchestrator()->set_partial_rollout(false);
+  message.mutable_orchestrator()->set_pause_mode(v1::PAUSE_MODE_ABORT);
+  EXPECT_THAT(SimulateErrorOf(message),
+              StartsWith("orchestrator.pause_mode: applies with partial_rollout only"));
+  message.mutable_orchestrator()->set_pause_mode(static_cast<v1::PauseMode>(7));
+  EXPECT_EQ(SimulateErrorOf(message), "orchestrator.pause_mode: unknown value 7");
+
+  // Compare: the runs with partial rollout abort, the others keep (nothing to pause).
+  v1::SimulateRequest request;
+  *request.mutable_config() = SmallConfig();
+  request.mutable_config()->mutable_orchestrator()->set_pause_mode(v1::PAUSE_MODE_ABORT);
+  request.set_compare(true);
+  const v1::SimulateReply reply = SolveSimulate(request);
+  std::int64_t aborting = 0;
+  std::int64_t requeued = 0;
+  for (const v1::SimulationRun& run : reply.runs()) {
+    const v1::OrchestratorOptions& o = run.config().orchestrator();
+    EXPECT_EQ(o.pause_mode(), o.partial_rollout() ? v1::PAUSE_MODE_ABORT : v1::PAUSE_MODE_KEEP)
+        << run.name();
+    if (o.partial_rollout()) {
+      ++aborting;
+      requeued += run.report().counters().requeued();
+    } else {
+      EXPECT_EQ(run.report().counters().requeued(), 0) << run.name();
+    }
+  }
+  EXPECT_GE(aborting, 2);
+  EXPECT_GT(requeued, 0);
+}
+
 TEST(SimulateConvertTest, FilterNeedsAllEqualGroups) {
   v1::SimulatorConfig message;
   message.mutable_orchestrator()->set_filter_all_equal(true);

@@ -230,6 +230,10 @@ v1::OrchestratorCommand ToCommandMessage(const s::Command& command) {
           x->set_engine(c.engine);
           x->set_version(c.version);
           x->set_interrupt(c.interrupt);
+          if (c.interrupt) {
+            x->set_pause(c.pause == s::PauseMode::kAbort ? v1::PAUSE_MODE_ABORT
+                                                         : v1::PAUSE_MODE_KEEP);
+          }
         } else if constexpr (std::is_same_v<T, s::Resume>) {
           v1::Resume* x = m.mutable_resume();
           x->set_engine(c.engine);

@@ -109,6 +109,18 @@ StalenessPolicy ToPolicy(v1::StalenessPolicy policy) {
   }
 }
 
+PauseMode ToPauseMode(v1::PauseMode mode) {
+  switch (mode) {
+    case v1::PAUSE_MODE_UNSPECIFIED:
+    case v1::PAUSE_MODE_KEEP:
+      return PauseMode::kKeep;
+    case v1::PAUSE_MODE_ABORT:
+      return PauseMode::kAbort;
+    default:
+      Fail("orchestrator.pause_mode", fmt::format("unknown value {}", static_cast<int>(mode)));
+  }
+}
+
 // The mode and its own fields (see the file comment of simulate_convert.h):
 // max_staleness, partial_rollout, staleness_policy or staleness_fraction without a
 // mode select async, colocated selects sync; with another mode they may only state
@@ -116,7 +128,8 @@ StalenessPolicy ToPolicy(v1::StalenessPolicy policy) {
 void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorPolicy& out) {
   const bool has_policy = in.staleness_policy() != v1::STALENESS_POLICY_UNSPECIFIED;
   const bool async_fields = in.has_max_staleness() || in.has_partial_rollout() || has_policy ||
-                            in.has_staleness_fraction();
+                            in.has_staleness_fraction() ||
+                            in.pause_mode() != v1::PAUSE_MODE_UNSPECIFIED;
   const bool colocated = in.has_colocated() && in.colocated();
   const bool mode_given = in.mode() != v1::ORCHESTRATOR_MODE_UNSPECIFIED;
   out.mode = ToMode(in.mode(), colocated ? Mode::kSync : async_fields ? Mode::kAsync : out.mode);
@@ -146,6 +159,12 @@ void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorPolicy& out) {
       Fail("orchestrator.partial_rollout",
            fmt::format("applies to mode async only ({} never interrupts a generation: "
                        "engines take new weights between batches), got true",
+                       mode));
+    }
+    if (in.pause_mode() == v1::PAUSE_MODE_ABORT) {
+      Fail("orchestrator.pause_mode",
+           fmt::format("applies to mode async with partial rollout only ({} never interrupts a "
+                       "generation), got PAUSE_MODE_ABORT",
                        mode));
     }
     if (has_policy && in.staleness_policy() != v1::STALENESS_POLICY_STRICT) {
@@ -187,6 +206,12 @@ void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorPolicy& out) {
   }
   if (in.has_max_staleness()) out.max_staleness = in.max_staleness();
   if (in.has_partial_rollout()) out.partial_rollout = in.partial_rollout();
+  if (in.pause_mode() != v1::PAUSE_MODE_UNSPECIFIED) out.pause_mode = ToPauseMode(in.pause_mode());
+  if (out.mode == Mode::kAsync && !out.partial_rollout && out.pause_mode == PauseMode::kAbort) {
+    Fail("orchestrator.pause_mode",
+         "applies with partial_rollout only (without it engines drain before a weight sync: "
+         "nothing is paused), got PAUSE_MODE_ABORT");
+  }
   if (in.has_colocated()) out.colocated = in.colocated();
 }
 
@@ -397,6 +422,7 @@ void FillCounters(const Counters& in, v1::OrchestratorCounters& out) {
   out.set_restarts(in.restarts);
   out.set_discarded_tokens(in.discarded_tokens);
   out.set_partial_samples(in.partial_samples);
+  out.set_requeued(in.requeued);
   out.set_trained_tokens(in.trained_tokens);
   out.set_steps_started(in.steps_started);
   out.set_steps_finished(in.steps_finished);
@@ -599,6 +625,10 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   // The values the mode runs with (sync and one_step_off ignore the C++ fields).
   orchestrator->set_max_staleness(EffectiveStaleness(o));
   orchestrator->set_partial_rollout(o.mode == Mode::kAsync && o.partial_rollout);
+  orchestrator->set_pause_mode(o.mode == Mode::kAsync && o.partial_rollout &&
+                                       o.pause_mode == PauseMode::kAbort
+                                   ? v1::PAUSE_MODE_ABORT
+                                   : v1::PAUSE_MODE_KEEP);
   const bool async = o.mode == Mode::kAsync;
   const bool fraction = async && o.staleness_policy == StalenessPolicy::kFraction;
   orchestrator->set_staleness_policy(!async || o.staleness_policy == StalenessPolicy::kStrict
@@ -766,6 +796,8 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request, const StopCh
     variant.orchestrator.mode = run.mode;
     variant.orchestrator.max_staleness = run.max_staleness;
     variant.orchestrator.partial_rollout = run.partial_rollout;
+    // The config's pause mode, where the run pauses (partial rollout).
+    if (!run.partial_rollout) variant.orchestrator.pause_mode = PauseMode::kKeep;
     variant.trace = config.trace && run.name == trace_run;
     *reply.add_runs() = RunOne(run.name, variant, variant.trace, should_stop);
   }

@@ -259,6 +259,7 @@ class EngineWorker(Worker):
         self._accounts: Dict[int, _Account] = {}
         self._accounts_lock = threading.Lock()
         self._pausing = False  # an interrupting sync_weights, weights_loaded not yet
+        self._pause_abort = False  # that sync's pause mode is ABORT: reported samples leave
 
     def hello(self) -> runtime_pb2.Hello:
         hello = super().hello()
@@ -292,6 +293,7 @@ class EngineWorker(Worker):
                     self._accounts.pop(sample, None)
             elif kind == "sync_weights" and message.interrupt:
                 self._pausing = True
+                self._pause_abort = message.pause == rollout_pb2.PAUSE_MODE_ABORT
 
     def load(self) -> Tuple[int, int]:
         """``(running, waiting)``: the samples given and not finished or aborted, those
@@ -371,6 +373,8 @@ class EngineWorker(Worker):
         with self._accounts_lock:
             if self._pausing:
                 spans = self._paused_spans(sample, tokens, spans)
+                if self._pause_abort:
+                    self._accounts.pop(sample, None)
             else:
                 account = self._accounts.get(sample)
                 if spans is None and account is not None:
@@ -383,12 +387,17 @@ class EngineWorker(Worker):
         """The pause of an interrupting ``sync_weights`` (``version``: its version),
         reported once the engine is paused and idle: ``(sample, tokens)`` for every
         sample it paused, each once (an empty list when none was left running); a third
-        item, when given, is the sample's ``spans`` (see ``finished``)."""
+        item, when given, is the sample's ``spans`` (see ``finished``). With the sync's
+        ``pause`` ``PAUSE_MODE_ABORT`` the engine has aborted them: this is their last
+        report here (the scheduler requeues them; a later ``dispatch``, to this engine
+        or another, continues each from ``resume_from`` = its tokens)."""
         progress = []
         with self._accounts_lock:
             for item in samples:
                 sample, tokens = int(item[0]), int(item[1])
                 spans = self._paused_spans(sample, tokens, item[2] if len(item) > 2 else None)
+                if self._pause_abort:
+                    self._accounts.pop(sample, None)
                 progress.append(rollout_pb2.SampleProgress(sample=sample, tokens=tokens,
                                                            spans=spans))
         self.send_event(generation_paused=rollout_pb2.GenerationPaused(
@@ -405,6 +414,7 @@ class EngineWorker(Worker):
                         account.exact = False  # ran across the commit: no account
             self.version = version
             self._pausing = False
+            self._pause_abort = False
         self.send_event(weights_loaded=rollout_pb2.WeightsLoaded(
             engine=self.engine, version=version))
 

@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Dict, List, Optional
 
+from rlsched.v1 import rollout_pb2
 from rlsched.worker.base import EngineWorker, TrainerWorker
 
 # The simulator's workload draws (scheduler/src/simulator.cc, common/src/workload.cc),
@@ -244,12 +245,16 @@ class EmulatedEngine(EngineWorker):
         with self._lock:
             now = self._advance()
             if sync.interrupt:
-                # Paused at once (between decode steps): one report for all its samples.
+                # Paused at once (between decode steps): one report for all its samples;
+                # with PAUSE_MODE_ABORT they are aborted (forgotten) once reported.
                 report = []
                 for sample, run in self._running.items():
                     if not run.paused:
                         run.paused = True
                         report.append((sample, int(run.tokens)))
+                if sync.pause == rollout_pb2.PAUSE_MODE_ABORT:
+                    for sample, _ in report:
+                        del self._running[sample]
                 self.paused(sync.version, report)
             delay = self.sync_seconds + (self.resume_seconds if self._released else 0.0)
             self._released = False

@@ -178,7 +178,7 @@ def _first_difference(a: List[int], b: List[int]) -> Optional[int]:
 
 class SyncWeights:
     """A ``SyncWeights`` command with its weight-sync plan: the message's fields
-    (``engine``, ``version``, ``interrupt``, ``plan_id``) and ``plan``, the engine's
+    (``engine``, ``version``, ``interrupt``, ``plan_id``, ``pause``) and ``plan``, the engine's
     :class:`WeightUpdate` (None when the run has no weight layout)."""
 
     __slots__ = ("message", "plan")
@@ -192,4 +192,5 @@ class SyncWeights:
 
     def __repr__(self) -> str:
         return (f"SyncWeights(engine={self.message.engine}, version={self.message.version}, "
-                f"interrupt={self.message.interrupt}, plan_id={self.message.plan_id!r})")
+                f"interrupt={self.message.interrupt}, pause={self.message.pause}, "
+                f"plan_id={self.message.plan_id!r})")

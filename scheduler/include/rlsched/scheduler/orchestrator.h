@@ -66,7 +66,13 @@
 //   generations, reports their progress (one GenerationPaused once the engine is paused
 //   and idle, or a GenerationProgressed per sample), loads the weights and reports
 //   WeightsLoaded; the core then sends Resume, and the samples continue under the new
-//   version (their version spans record this). Without partial rollout an
+//   version (their version spans record this). That is pause_mode kKeep; with kAbort
+//   (for engines that cannot hold a request across a weight update) the engine aborts
+//   them instead and reports their partial tokens the same way; the core puts them
+//   back in the queue, and they continue (Dispatch, resume_from = their tokens) on
+//   whichever engine dispatch picks, the lightest one whose version admits them, not
+//   necessarily the same. Either way the engine prefills prompt and partial tokens
+//   again under the new weights. Without partial rollout an
 //   engine takes no new work once a newer version exists, drains, then syncs. In
 //   one_step_off and sync, engines sync only when idle.
 //
@@ -127,6 +133,12 @@ enum class Mode { kSync, kOneStepOff, kAsync };
 // How async mode bounds staleness (see the file comment). sync and one_step_off are
 // strict whatever this says.
 enum class StalenessPolicy { kAdmission, kFraction, kStrict };
+
+// What an interrupting weight sync (partial rollout) does with the engine's samples.
+enum class PauseMode {
+  kKeep,   // they wait on the engine and continue there under the new weights (Resume)
+  kAbort,  // the engine aborts them, reporting their tokens; they go back to the queue
+};
 
 // ---- Events (driver → core). Times are seconds, non-decreasing across events. ----
 
@@ -268,11 +280,13 @@ struct Abort {
 };
 // Load `version` on the engine; with interrupt, pause its generations first and
 // report their progress (GenerationPaused, or GenerationProgressed per sample), then
-// WeightsLoaded.
+// WeightsLoaded. With interrupt and pause kAbort the engine then forgets the paused
+// samples (the core requeues them) instead of holding them for Resume.
 struct SyncWeights {
   std::int64_t engine = 0;
   std::int64_t version = 0;
   bool interrupt = false;
+  PauseMode pause = PauseMode::kKeep;  // with interrupt
 };
 // Continue the interrupted samples under the engine's new version.
 struct Resume {
@@ -318,7 +332,9 @@ struct OrchestratorPolicy {
   StalenessPolicy staleness_policy = StalenessPolicy::kAdmission;  // kAsync only
   // α for kFraction (where max_staleness is unused), in [0, 1000000].
   double staleness_fraction = 0;
-  bool partial_rollout = true;          // kAsync only: interrupt and resume at a sync
+  bool partial_rollout = true;  // kAsync only: interrupt and resume at a sync
+  // kAsync with partial_rollout only (else kKeep): where interrupted samples continue.
+  PauseMode pause_mode = PauseMode::kKeep;
   double oversample = 0;                // r >= 0: admit up to ceil((1 + r)·P) per batch
   std::int64_t prompts_per_step = 1;    // P >= 1
   std::int64_t samples_per_prompt = 1;  // G >= 1
@@ -373,7 +389,9 @@ struct Counters {  // in samples unless named *_groups
   std::int64_t stale_restarts = 0;
   std::int64_t stale_discarded_tokens = 0;
   std::int64_t partial_samples = 0;  // trained samples with tokens of > 1 version
-  std::int64_t trained_tokens = 0;   // prompt + response tokens of trained samples
+  // Paused samples an interrupting sync with pause_mode kAbort put back in the queue.
+  std::int64_t requeued = 0;
+  std::int64_t trained_tokens = 0;  // prompt + response tokens of trained samples
   std::int64_t steps_started = 0;
   std::int64_t steps_finished = 0;
   std::int64_t engine_failures = 0;  // EngineFailed events

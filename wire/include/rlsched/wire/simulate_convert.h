@@ -27,11 +27,14 @@
 //   FRACTION policy (anything else accepts 0 only), and under FRACTION max_staleness
 //   may only state ceil(staleness_fraction); colocated = true selects sync (ASYNC and
 //   ONE_STEP_OFF refuse it, and async's fields then state sync's values or are
-//   refused, "… (colocated selects mode sync, which has staleness 0) …").
+//   refused, "… (colocated selects mode sync, which has staleness 0) …");
+//   pause_mode selects async as well (sync and one_step_off accept KEEP only) and
+//   ABORT needs partial rollout.
 //   With compare the comparison set gives each run its mode fields, so the config
 //   must leave mode, max_staleness, partial_rollout, staleness_policy,
 //   staleness_fraction and colocated unset ("config.orchestrator.mode: compare gives
-//   each run its own …"); trace_run needs compare and config.trace.
+//   each run its own …"); its pause_mode applies to the runs with partial rollout;
+//   trace_run needs compare and config.trace.
 //   release_seconds and resume_seconds apply to colocated runs only: SolveSimulate()
 //   refuses them (non-zero) for a single run that is not colocated, and for a
 //   comparison whose colocated_sync run does not run.
