@@ -14,6 +14,8 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
+from rlsched.v1 import rollout_pb2
+
 
 @dataclass
 class _Sample:
@@ -109,6 +111,9 @@ class Driver:
                         s.paused = True
                         self.generation.pop(sample, None)
                         report.append((sample, s.tokens))
+                if sync.pause == rollout_pb2.PAUSE_MODE_ABORT:  # aborted: forgotten
+                    for sample, _ in report:
+                        del self.samples[sample]
                 self._at(self.now, "paused", (sync.engine, sync.version, report), sync.engine)
             self._at(self.now + self.sync_seconds * (0.5 + self.rng.random()), "loaded",
                      (sync.engine, sync.version), sync.engine)

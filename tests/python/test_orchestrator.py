@@ -45,6 +45,8 @@ CONFIGS = {
                                 partial_rollout=True),
     "async_s2_no_partial": _config("ORCHESTRATOR_MODE_ASYNC", max_staleness=2,
                                    partial_rollout=False),
+    "async_s1_abort": _config("ORCHESTRATOR_MODE_ASYNC", max_staleness=1,
+                              pause_mode="PAUSE_MODE_ABORT"),
     "async_strict_oversample_filter": _config(
         "ORCHESTRATOR_MODE_ASYNC", max_staleness=1, staleness_policy="STALENESS_POLICY_STRICT",
         oversample=0.5, filter_all_equal=True, samples=3),
@@ -135,6 +137,18 @@ def test_random_runs_conserve_samples_and_keep_invariants(name, seed):
                   if cmd.WhichOneof("kind") == "sync_weights" and cmd.sync_weights.interrupt]
     if name in ("sync", "one_step_off", "colocated", "async_s2_no_partial"):
         assert not interrupts
+    # Pause mode abort: the interrupts say so and nothing is resumed in place (the
+    # paused samples come back through dispatch).
+    aborting = name == "async_s1_abort"
+    assert all((cmd.sync_weights.pause == rollout_pb2.PAUSE_MODE_ABORT) == aborting
+               for cmd in interrupts)
+    resumes = [cmd for _, cmds in driver.log for cmd in cmds if cmd.WhichOneof("kind") == "resume"]
+    if aborting:
+        assert not resumes and c.requeued == sum(
+            len(event["generation_paused"].get("samples", [])) for event, _ in driver.log
+            if "generation_paused" in event)
+    else:
+        assert c.requeued == 0
     if name == "colocated":
         assert any(cmd.WhichOneof("kind") == "release" for _, cmds in driver.log for cmd in cmds)
 
