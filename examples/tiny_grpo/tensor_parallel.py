@@ -27,9 +27,16 @@ group and split by whole groups, ``linear_fc1`` = [gate_r; up_r], ``linear_proj`
 ``linear_fc2`` split by input columns), so a rank's Megatron tensors for the weight sync
 are rlsched's layout rules applied to its own slices (:func:`megatron_sources`).
 
-``python3 tensor_parallel.py --check --tp 2 --out FILE`` runs the TP model in a real world
-of ``tp`` processes against the TP-1 model from the same initial state and writes the
-largest differences it measured (see :func:`check`).
+Data parallel (:class:`Grid`): ``tp * dp`` processes, trainer rank ``g = d*tp + t``
+(Megatron-core's order, TP fastest): DP replica ``d`` is TP group ``d``; the ranks of one
+TP rank across the replicas form its DP group, which adds up the replicas' gradients
+(:func:`all_reduce_grads`, in DP-rank order: every replica then takes the same optimizer
+step and holds the same bits).
+
+``python3 tensor_parallel.py --check --tp 2 [--dp 2] --out FILE`` runs the model in a real
+world of ``tp * dp`` processes against the TP-1 model from the same initial state (each
+DP replica one of the batch's two micro-batches) and writes the largest differences it
+measured (see :func:`check`).
 """
 
 import datetime
@@ -88,6 +95,20 @@ class TPGroup:
         store = dist.FileStore(store_path, size)
         return cls(rank, size, dist.ProcessGroupGloo(store, rank, size, timeout))
 
+    def check_identical(self, tensors: Dict[str, torch.Tensor], what: str) -> None:
+        """Raises unless `tensors` hold the same bits on every rank of the group."""
+        if self.size == 1:
+            return
+        import hashlib
+        h = hashlib.sha256()
+        for name in sorted(tensors):
+            h.update(name.encode())
+            h.update(tensors[name].detach().contiguous().numpy().tobytes())
+        mine = torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8)
+        digests = self.all_gather(mine)
+        if any(not torch.equal(d, digests[0]) for d in digests):
+            raise RuntimeError(f"rank {self.rank}: {what} differ between the ranks")
+
     def all_gather(self, t: torch.Tensor) -> List[torch.Tensor]:
         t = t.contiguous()
         if self.size == 1:
@@ -125,18 +146,59 @@ class TPGroup:
 
     def check_replicated(self, model) -> None:
         """Raises unless every replicated parameter holds the same bits on every rank."""
-        if self.size == 1:
-            return
-        import hashlib
-        h = hashlib.sha256()
-        for name, p in sorted(model.named_parameters()):
-            if split_dim(name) is None:
-                h.update(p.detach().contiguous().numpy().tobytes())
-        mine = torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8)
-        digests = self.all_gather(mine)
-        if any(not torch.equal(d, digests[0]) for d in digests):
-            raise RuntimeError(f"tp rank {self.rank}: the replicated parameters differ "
-                               "between the TP ranks")
+        self.check_identical({n: p for n, p in model.named_parameters()
+                              if split_dim(n) is None},
+                             "the replicated parameters of the TP ranks")
+
+
+class Grid:
+    """A trainer process's place among ``tp * dp`` processes: its trainer rank
+    ``rank = dp_rank * tp + tp_rank`` and three gloo groups of its own (``world``: every
+    trainer process, for the calls rank 0 hands on; ``tp``: its DP replica's TP ranks;
+    ``dp``: its TP rank in every replica), each on a prefix of one FileStore."""
+
+    def __init__(self, rank: int, tp: int, dp: int, world: TPGroup, tp_group: TPGroup,
+                 dp_group: TPGroup):
+        self.rank, self.tp_size, self.dp_size = rank, tp, dp
+        self.tp_rank, self.dp_rank = rank % tp, rank // tp
+        self.world, self.tp, self.dp = world, tp_group, dp_group
+
+    @property
+    def size(self) -> int:
+        return self.tp_size * self.dp_size
+
+    @classmethod
+    def join(cls, store_path: str, rank: int, tp: int, dp: int = 1,
+             timeout: datetime.timedelta = datetime.timedelta(seconds=600)) -> "Grid":
+        for name, value in (("tp", tp), ("dp", dp)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        size = tp * dp
+        if not 0 <= rank < size:
+            raise ValueError(f"trainer rank must be in [0, tp*dp = {size}), got {rank}")
+        t, d = rank % tp, rank // tp
+        store = dist.FileStore(store_path, size) if size > 1 else None
+
+        def group(name, local, n):
+            if n == 1:
+                return TPGroup(0, 1)
+            return TPGroup(local, n, dist.ProcessGroupGloo(dist.PrefixStore(name, store),
+                                                           local, n, timeout))
+
+        # Made in the same order on every process: the world, then TP group d, then
+        # DP group t.
+        return cls(rank, tp, dp, group("world", rank, size), group(f"tp{d}", t, tp),
+                   group(f"dp{t}", d, dp))
+
+
+def all_reduce_grads(model, group: TPGroup) -> None:
+    """Sums every parameter's gradient over the DP group (in DP-rank order; a
+    parameter without a gradient on a rank counts zeros there)."""
+    if group.size == 1:
+        return
+    for _, p in sorted(model.named_parameters()):
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        p.grad = group.all_reduce(grad.detach())
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -204,11 +266,12 @@ def full_state(model) -> Dict[str, torch.Tensor]:
     return out
 
 
-def megatron_sources(model, layout) -> Dict[str, torch.Tensor]:
-    """This rank's tensors in Megatron-core's layout at its TP size (names and slices by
-    rlsched's rules, ``executor_layouts.megatron_shards``), from its own slices only: the
-    slices are placed at their rank's place in zero tensors of the full shapes, whose
-    other ranks' parts the rule never reads."""
+def megatron_sources(model, layout, dp: int = 1, dp_rank: int = 0) -> Dict[str, torch.Tensor]:
+    """This rank's tensors in Megatron-core's layout at its TP size (and DP size `dp`,
+    replica `dp_rank`: trainer rank dp_rank * tp + tp rank; names and slices by rlsched's
+    rules, ``executor_layouts.megatron_shards``), from its own slices only: the slices
+    are placed at their rank's place in zero tensors of the full shapes, whose other
+    ranks' parts the rule never reads."""
     from rlsched import executor_layouts as lay
 
     group = model.tp
@@ -224,7 +287,7 @@ def megatron_sources(model, layout) -> Dict[str, torch.Tensor]:
         whole = torch.zeros(shape, dtype=t.dtype)
         whole.narrow(dim, rank * t.shape[dim], t.shape[dim]).copy_(t.detach())
         full[name] = whole
-    return lay.megatron_shards(layout, lay.Train(tp=size), rank, full)
+    return lay.megatron_shards(layout, lay.Train(tp=size, dp=dp), dp_rank * size + rank, full)
 
 
 def clip_grad_norm(model, max_norm: float) -> float:
@@ -268,9 +331,11 @@ def _check_batch(seed: int):
     return batch
 
 
-def _run_check(model, clip_norm, seed: int, steps: int) -> dict:
-    """Forward, logprobs and gradients on a fixed batch, then `steps` Adam steps with the
-    gradient's norm clipped: what the comparison needs (full tensors)."""
+def _run_check(model, clip_norm, seed: int, steps: int, dp: Optional[TPGroup] = None) -> dict:
+    """Forward, logprobs and gradients on a fixed batch in two micro-batches (with a DP
+    group, replica d takes micro-batches d, d + dp, ... and the gradients are summed over
+    the replicas), then `steps` Adam steps with the gradient's norm clipped: what the
+    comparison needs (full tensors)."""
     import torch.nn.functional as F
 
     from grpo import policy_loss
@@ -289,13 +354,19 @@ def _run_check(model, clip_norm, seed: int, steps: int) -> dict:
     tokens = sum(len(b["response"]) for b in batch)
     for step in range(steps):
         optimizer.zero_grad()
-        loss_sum = 0.0
-        for part in (batch[:2], batch[2:]):  # two micro-batches
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        parts = (batch[:2], batch[2:])  # two micro-batches
+        if dp is not None:
+            parts = parts[dp.rank::dp.size]
+        for part in parts:
             loss, _ = policy_loss(model, part, entropy_coef=0.01)
             (loss / tokens).backward()
             loss_sum += float(loss)
+        if dp is not None:
+            all_reduce_grads(model, dp)
+            loss_sum = dp.all_reduce(loss_sum)
         if step == 0:
-            out["loss"] = torch.tensor(loss_sum)
+            out["loss"] = loss_sum[0].float()
             out["grads"] = _full_grads(model)
         out[f"norm{step}"] = torch.tensor(clip_norm(model, 0.5))
         optimizer.step()
@@ -324,25 +395,32 @@ def _flatten(d: dict, prefix: str = "") -> Dict[str, torch.Tensor]:
     return out
 
 
-def check(tp: int, store_path: str, rank: int, seed: int = 0, steps: int = 3) -> Optional[dict]:
-    """Rank `rank` of the check: builds the TP-`tp` model from the initial state of
-    `seed` and runs :func:`_run_check`; rank 0 also runs the TP-1 model and returns, per
-    quantity, the largest absolute difference (``initial``: the gathered initial weights,
-    0 when byte-identical), and whether the replicated parameters held the same bits on
-    every rank after training."""
+def check(tp: int, store_path: str, rank: int, seed: int = 0, steps: int = 3,
+          dp: int = 1) -> Optional[dict]:
+    """Trainer rank `rank` of the check: builds the TP-`tp` model (DP replica rank // tp
+    of `dp`) from the initial state of `seed` and runs :func:`_run_check`; rank 0 also
+    runs the TP-1 model and returns, per quantity, the largest absolute difference
+    (``initial``: the gathered initial weights, 0 when byte-identical), and whether the
+    replicated parameters held the same bits on every TP rank after training (and every
+    parameter on every DP replica)."""
     from model import TinyLlama, Config, load_model
 
     torch.manual_seed(seed)
-    group = TPGroup.join(store_path, rank, tp, datetime.timedelta(seconds=120))
+    grid = Grid.join(store_path, rank, tp, dp, datetime.timedelta(seconds=120))
     reference = load_model(seed=seed)
-    model = TinyLlama(Config.load(), tp=group)
+    model = TinyLlama(Config.load(), tp=grid.tp)
     load_full_state(model, reference.state_dict())
-    got = _flatten(_run_check(model, clip_grad_norm, seed, steps))
+    got = _flatten(_run_check(model, clip_grad_norm, seed, steps,
+                              grid.dp if dp > 1 else None))
     replicated_equal = True
     try:
-        group.check_replicated(model)
+        grid.tp.check_replicated(model)
+        grid.dp.check_identical(dict(model.named_parameters()), "the DP replicas' parameters")
     except RuntimeError:
         replicated_equal = False
+    # Every rank's verdict to rank 0.
+    verdicts = grid.world.all_gather(torch.tensor([int(replicated_equal)]))
+    replicated_equal = all(int(v) for v in verdicts)
     if rank != 0:
         return None
     want = _flatten(_run_check(reference, lambda m, n: float(
@@ -357,7 +435,7 @@ def check(tp: int, store_path: str, rank: int, seed: int = 0, steps: int = 3) ->
     for key in want:
         kind = key.split("/")[0]
         scale[kind] = max(scale[kind], float(want[key].abs().max()))
-    return {"tp": tp, "steps": steps, "max_abs_diff": diffs, "max_abs_value": scale,
+    return {"tp": tp, "dp": dp, "steps": steps, "max_abs_diff": diffs, "max_abs_value": scale,
             "replicated_identical": replicated_equal,
             "initial_identical": all(torch.equal(got[k], want[k]) for k in want
                                      if k.startswith("initial/"))}
@@ -371,6 +449,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="The TP model against the TP-1 model")
     parser.add_argument("--check", action="store_true", required=True)
     parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--dp", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rank", type=int, default=0)
@@ -381,12 +460,13 @@ def main(argv=None) -> int:
     children = []
     if args.rank == 0 and args.store is None:
         args.store = os.path.join(tempfile.mkdtemp(prefix="tp-check-"), "store")
-        for r in range(1, args.tp):
+        for r in range(1, args.tp * args.dp):
             children.append(subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--check", "--tp", str(args.tp),
+                 "--dp", str(args.dp),
                  "--seed", str(args.seed), "--steps", str(args.steps), "--rank", str(r),
                  "--store", args.store]))
-    result = check(args.tp, args.store, args.rank, args.seed, args.steps)
+    result = check(args.tp, args.store, args.rank, args.seed, args.steps, args.dp)
     status = 0
     for c in children:
         status |= c.wait()
