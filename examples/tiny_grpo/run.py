@@ -121,6 +121,10 @@ def main(argv=None) -> int:
                         "(rank 0 attaches to the runtime, the others follow it), each "
                         "sending its own slices through the executor (rlsched run "
                         "--train tp=N)")
+    parser.add_argument("--trainer-dp", type=int, default=1,
+                        help="the trainer's data-parallel size: tp * dp processes; DP "
+                        "replica d trains the step plan's ranks d, d + dp, ... (rlsched run "
+                        "--train tp=N,dp=D)")
     parser.add_argument("--max-tokens-per-micro-batch", type=int, default=128)
     parser.add_argument("--engine-min-step-seconds", type=float, default=0.0,
                         help="each engine's decode step lasts at least this long (emulates "
@@ -161,6 +165,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.trainer_tp < 1:
         parser.error(f"--trainer-tp must be >= 1, got {args.trainer_tp}")
+    if args.trainer_dp < 1:
+        parser.error(f"--trainer-dp must be >= 1, got {args.trainer_dp}")
     if args.mode != "async" and args.partial_rollout:
         parser.error("--partial-rollout needs --mode async")
     if args.kill_engine_at is not None:
@@ -199,7 +205,7 @@ def main(argv=None) -> int:
     layout = []
     if args.weights == "executor":
         layout = ["--model", os.path.join(_HERE, "config.json"), "--train",
-                  f"tp={args.trainer_tp}",
+                  f"tp={args.trainer_tp},dp={args.trainer_dp}",
                   "--infer", "tp=1", "--weight-sync-backend", "gloo"]
         if args.weight_sync_address:
             layout += ["--weight-sync-address", args.weight_sync_address]
@@ -251,15 +257,16 @@ def main(argv=None) -> int:
         str(args.max_grad_norm), "--entropy-coef", str(args.entropy_coef),
         *(["--lr-end", str(args.lr_end)] if args.lr_end is not None else []),
         *(["--clip-high", str(args.clip_high)] if args.clip_high is not None else []),
-        "--tp", str(args.trainer_tp), "--tp-timeout", str(args.timeout + 60), *common]
-    # TP rank 0 attaches to the runtime; ranks 1.. (trainer1, ...) follow it.
-    for r in range(1, args.trainer_tp):
+        "--tp", str(args.trainer_tp), "--dp", str(args.trainer_dp), "--tp-timeout",
+        str(args.timeout + 60), *common]
+    # Trainer rank 0 attaches to the runtime; ranks 1.. (trainer1, ...) follow it.
+    for r in range(1, args.trainer_tp * args.trainer_dp):
         workers[f"trainer{r}"] = subprocess.Popen(
-            [*trainer_args, "--tp-rank", str(r), "--report",
+            [*trainer_args, "--trainer-rank", str(r), "--report",
              os.path.join(out, f"trainer{r}.json")],
             env=env, stdout=log(f"trainer{r}"), stderr=subprocess.STDOUT)
     workers["trainer"] = subprocess.Popen(
-        [*trainer_args, "--tp-rank", "0", "--csv", os.path.join(out, "rewards.csv"),
+        [*trainer_args, "--trainer-rank", "0", "--csv", os.path.join(out, "rewards.csv"),
          "--report", os.path.join(out, "trainer.json")],
         env=env, stdout=log("trainer"), stderr=subprocess.STDOUT)
 
@@ -268,7 +275,17 @@ def main(argv=None) -> int:
     killed = None
     stalled_path = os.path.join(data, f"stalled.{victim}")
     deadline = time.monotonic() + args.timeout + 60
+    failed = None
     while program.poll() is None and time.monotonic() < deadline:
+        # A worker that failed (other than the victim) leaves the run unable to finish:
+        # stop it now rather than at its timeout.
+        failed = failed or next((n for n, p in workers.items()
+                                 if n != victim and p.poll() not in (None, 0)), None)
+        if failed:
+            print(f"run.py: {failed} exited with status {workers[failed].returncode} "
+                  f"(see {out}/{failed}.log); stopping the run", file=sys.stderr)
+            program.terminate()
+            break
         if victim and killed is None and os.path.exists(stalled_path):
             workers[victim].send_signal(signal.SIGKILL)
             with open(stalled_path) as f:
@@ -282,7 +299,7 @@ def main(argv=None) -> int:
     statuses = {}
     for name, process in workers.items():
         try:
-            statuses[name] = process.wait(timeout=60)
+            statuses[name] = process.wait(timeout=5 if failed else 60)
         except subprocess.TimeoutExpired:
             process.kill()
             statuses[name] = process.wait()
@@ -344,10 +361,10 @@ def runtime_plans(log_path: str) -> dict:
     return plans
 
 
-def plans_problems(plans: dict, reports: dict, trainer_tp: int = 1) -> list:
+def plans_problems(plans: dict, reports: dict, trainer_ranks: int = 1) -> list:
     """Where the worlds the workers joined differ from the runtime's plans: each one a
     plan the runtime made (id, epoch, members, group), the worker a member of it at
-    its rank (trainer TP rank r: r; engine members[k]: trainer_tp + k), and each
+    its rank (trainer rank r: r; engine members[k]: trainer_ranks + k), and each
     worker's last world one it ran."""
     problems = []
     for name, r in reports.items():
@@ -366,9 +383,9 @@ def plans_problems(plans: dict, reports: dict, trainer_tp: int = 1) -> list:
                 rank = int(name[len("trainer"):] or 0)
             else:
                 engine = int(name[len("engine"):])
-                rank = (trainer_tp + plan["members"].index(engine)
+                rank = (trainer_ranks + plan["members"].index(engine)
                         if engine in plan["members"] else None)
-            world = trainer_tp + len(plan["members"])
+            world = trainer_ranks + len(plan["members"])
             if w["rank"] != rank or w["world_size"] != world:
                 problems.append(f"{name}: plan {w['plan_id']}: rank {w['rank']} of "
                                 f"{w['world_size']}, the plan's {rank} of {world}")
@@ -421,13 +438,15 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
         "weight_sync_clean": trainer.get("sync_error") is None,
     }
     trainer_tp = getattr(args, "trainer_tp", 1)
-    if trainer_tp > 1:
-        # Every TP rank trained every call and published with rank 0, and sent its own
-        # slices without an error (their reports, and rank 0's copy of them).
-        followers = [reports.get(f"trainer{r}") or {} for r in range(1, trainer_tp)]
+    trainer_dp = getattr(args, "trainer_dp", 1)
+    trainer_ranks = trainer_tp * trainer_dp
+    if trainer_ranks > 1:
+        # Every trainer rank trained every call and published with rank 0, and sent its
+        # own tensors without an error (their reports, and rank 0's copy of them).
+        followers = [reports.get(f"trainer{r}") or {} for r in range(1, trainer_ranks)]
         calls = len(steps)
-        checks["tp_ranks_followed"] = (
-            [r.get("tp_rank") for r in trainer.get("ranks", [])] == list(range(trainer_tp))
+        checks["trainer_ranks_followed"] = (
+            [r.get("rank") for r in trainer.get("ranks", [])] == list(range(trainer_ranks))
             and all(len(f.get("steps", [])) == calls and f.get("sync_error") is None
                     for f in followers))
     plans = plans or {}
@@ -435,7 +454,7 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
     if args.weights == "executor":
         # The workers moved the weights by the runtime's plans (their worlds: the
         # runtime's plan ids, epochs, members, groups and ranks), none of their own.
-        sync_problems = plans_problems(plans, reports, trainer_tp)
+        sync_problems = plans_problems(plans, reports, trainer_ranks)
         if plan_files:
             sync_problems.append(f"plan files in the data directory: {list(plan_files)}")
         if not plans:
@@ -457,6 +476,7 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
         "partial_rollout": bool(args.partial_rollout),
         "engines": args.engines,
         "trainer_tp": trainer_tp,
+        "trainer_dp": trainer_dp,
         "steps": len(steps),
         "samples_trained": len(trained),
         "wall_seconds": round(wall, 3),

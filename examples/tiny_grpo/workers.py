@@ -64,8 +64,8 @@ if _HERE not in sys.path:
 from grpo import (ADVANTAGES, Rollout, advantages, decode_step, lr_at, policy_loss,  # noqa: E402
                   sample_seed, set_lr)
 from model import CONFIG_PATH, TinyLlama, Config, weights_digest  # noqa: E402
-from tensor_parallel import (TPGroup, clip_grad_norm, full_state, load_full_state,  # noqa: E402
-                             megatron_sources)
+from tensor_parallel import (Grid, all_reduce_grads, clip_grad_norm, full_state,  # noqa: E402
+                             load_full_state, megatron_sources)
 from task import ReverseTask  # noqa: E402
 
 from rlsched.v1 import rollout_pb2  # noqa: E402
@@ -165,7 +165,8 @@ class PlanSync:
     """
 
     def __init__(self, data: str, engine: Optional[int] = None,
-                 timeout_seconds: float = 120.0, tp: int = 1, tp_rank: int = 0):
+                 timeout_seconds: float = 120.0, tp: int = 1, dp: int = 1,
+                 trainer_rank: int = 0):
         import datetime
 
         from rlsched import executor
@@ -174,13 +175,15 @@ class PlanSync:
         self.lay, self.executor_module = lay, executor
         self.data = data
         self.engine = engine  # None: a trainer rank
-        # The trainer's TP size and this trainer process's TP rank (engines: learned from
-        # each plan, world_size - len(members)).
-        self.tp, self.tp_rank = tp, tp_rank
-        if engine is not None and (tp, tp_rank) != (1, 0):
-            raise ValueError("PlanSync: tp and tp_rank are the trainer's")
-        if not 0 <= tp_rank < tp:
-            raise ValueError(f"tp_rank must be in [0, {tp}), got {tp_rank}")
+        # The trainer's TP and DP sizes and this trainer process's rank among its
+        # tp * dp processes (dp_rank * tp + tp_rank, Megatron-core's order; engines:
+        # the plan's summary says the trainer's layout).
+        self.tp, self.dp, self.trainer_rank = tp, dp, trainer_rank
+        if engine is not None and (tp, dp, trainer_rank) != (1, 1, 0):
+            raise ValueError("PlanSync: tp, dp and trainer_rank are the trainer's")
+        if not 0 <= trainer_rank < tp * dp:
+            raise ValueError(f"trainer_rank must be in [0, tp*dp = {tp * dp}), got "
+                             f"{trainer_rank}")
         self.timeout = datetime.timedelta(seconds=timeout_seconds)
         with open(CONFIG_PATH) as f:
             self.layout = lay.parse_config(f.read())
@@ -209,7 +212,7 @@ class PlanSync:
     @property
     def name(self) -> str:
         if self.engine is None:
-            return "trainer" if self.tp_rank == 0 else f"trainer{self.tp_rank}"
+            return "trainer" if self.trainer_rank == 0 else f"trainer{self.trainer_rank}"
         return f"engine{self.engine}"
 
     @staticmethod
@@ -217,6 +220,11 @@ class PlanSync:
         """The plan world's trainer ranks (ranks 0 .. T-1; the engines follow), as its
         summary says."""
         return int(plan.summary.trainer_ranks)
+
+    def train_layout(self, plan):
+        """The trainer's layout the plan was made for (its summary's TP and DP)."""
+        t = plan.summary.train
+        return self.lay.Train(tp=int(t.tp) or 1, dp=int(t.dp) or 1)
 
     # ---- The runtime's plans. ----
 
@@ -232,9 +240,13 @@ class PlanSync:
                             f"{trainer} trainer ranks and {len(plan.members)} engines are "
                             f"{trainer + len(plan.members)}")
         if self.engine is None:
-            if plan.ranks != self.tp or trainer != self.tp:
-                problems.append(f"ranks: {plan.ranks} (summary.trainer_ranks {trainer}), "
-                                f"the trainer is TP {self.tp} (--train tp={self.tp})")
+            train = self.train_layout(plan)
+            ranks = self.tp * self.dp
+            if plan.ranks != ranks or trainer != ranks or (train.tp, train.dp) != (
+                    self.tp, self.dp):
+                problems.append(f"ranks: {plan.ranks} (summary.trainer_ranks {trainer}, "
+                                f"train tp={train.tp} dp={train.dp}), the trainer is TP "
+                                f"{self.tp} x DP {self.dp} (--train tp={self.tp},dp={self.dp})")
             if plan.replica != -1 or plan.rank_offset != 0:
                 problems.append(f"replica/rank_offset: {plan.replica}/{plan.rank_offset}, "
                                 "the trainer's part is -1/0")
@@ -273,7 +285,7 @@ class PlanSync:
         of rank 0's k-th world, so that every trainer rank joins the same worlds in the
         same order."""
         deadline = time.monotonic() + self.timeout.total_seconds()
-        if self.tp_rank > 0:
+        if self.trainer_rank > 0:
             from rlsched.v1 import runtime_pb2
             from rlsched.worker.weights import WeightUpdate
             path = self._world_path(len(self.epochs))
@@ -307,7 +319,7 @@ class PlanSync:
         # per group.
         key = (g.address, g.port)
         if key not in self._stores:
-            master = self.engine is None and self.tp_rank == 0
+            master = self.engine is None and self.trainer_rank == 0
             self._stores[key] = dist.TCPStore(g.address, g.port, is_master=master,
                                               timeout=self.timeout, wait_for_workers=False)
         return dist.PrefixStore(g.name, self._stores[key])
@@ -318,9 +330,9 @@ class PlanSync:
 
         start = time.monotonic()
         lay, ex = self.lay, self.executor_module
-        rank, world = plan.rank_offset + self.tp_rank, plan.group.world_size
+        rank, world = plan.rank_offset + self.trainer_rank, plan.group.world_size
         trainer = self.trainer_ranks(plan)
-        if self.engine is None and self.tp_rank == 0 and self.tp > 1:
+        if self.engine is None and self.trainer_rank == 0 and self.tp * self.dp > 1:
             path = self._world_path(len(self.epochs))
             with open(path + ".tmp", "wb") as f:
                 f.write(plan.message.SerializeToString())
@@ -331,9 +343,9 @@ class PlanSync:
         zeros = {name: torch.zeros(shape, dtype=dtype)
                  for name, (shape, dtype) in lay.hf_shapes(self.layout).items()}
         self.sources, self.destinations = None, None
-        train = lay.Train(tp=trainer)
+        train = self.train_layout(plan)
         if self.engine is None:
-            self.sources = lay.megatron_shards(self.layout, train, self.tp_rank, zeros)
+            self.sources = lay.megatron_shards(self.layout, train, self.trainer_rank, zeros)
         else:
             self.destinations = {k: torch.zeros_like(v) for k, v in
                                  lay.vllm_shards(self.layout, infer, 0, zeros).items()}
@@ -682,22 +694,24 @@ class TinyEngine(EngineWorker):
 
 
 class TrainerRank:
-    """One TP rank of the trainer: its model (its slices at TP > 1), its optimizer over
-    them, and with the executor the sync thread that sends each version of its tensors
+    """One rank of the trainer (of ``tp * dp`` processes, :class:`tensor_parallel.Grid`;
+    None: one process): its model (its TP slices at TP > 1), its optimizer over them,
+    and with the executor the sync thread that sends each version of its tensors
     (:class:`PlanSync`). Every rank runs the same calls (:meth:`train`) and publishes
-    (:meth:`publish`) in the same order: the model's TP collectives pair up across the
+    (:meth:`publish`) in the same order: the TP and DP collectives pair up across the
     ranks."""
 
-    def __init__(self, data: str, group: Optional[TPGroup], *, epochs: int,
+    def __init__(self, data: str, grid: Optional[Grid], *, epochs: int,
                  max_grad_norm: float, entropy_coef: float, clip_high: Optional[float],
                  lr: float, weight_sync: Optional[PlanSync] = None):
-        self.data, self.group = data, group
+        self.data, self.grid = data, grid
+        self.group = None if grid is None else grid.tp
         self.epochs, self.max_grad_norm = epochs, max_grad_norm
         self.entropy_coef, self.clip_high = entropy_coef, clip_high
         self.weight_sync = weight_sync
         self.sync_error: Optional[str] = None
         config = Config.load(CONFIG_PATH)
-        self.model = TinyLlama(config, tp=group)
+        self.model = TinyLlama(config, tp=self.group)
         load_weights(data, 0, self.model)
         # The initial policy's digest from the slices gathered (collective).
         self.initial_digest = weights_digest(full_state(self.model))
@@ -714,21 +728,29 @@ class TrainerRank:
             threading.Thread(target=self._send_versions, daemon=True).start()
 
     @property
-    def tp_rank(self) -> int:
-        return 0 if self.group is None else self.group.rank
+    def rank(self) -> int:
+        return 0 if self.grid is None else self.grid.rank
+
+    def my_ranks(self, plan: List[List[List[int]]]) -> List[List[List[int]]]:
+        """The step plan's ranks this DP replica trains: those r with r % dp = its DP
+        rank (all of them in one replica)."""
+        if self.grid is None:
+            return plan
+        return plan[self.grid.dp_rank::self.grid.dp_size]
 
     def train(self, items: List[dict], plan: List[List[List[int]]], tokens: int,
               lr: float) -> None:
         """One call: `epochs` passes over `items` in the step plan's ranks and
-        micro-batches (`plan`: per rank, per micro-batch, the item indices), the loss a
-        token mean over the call (`tokens`), one optimizer step per pass."""
+        micro-batches (`plan`: per rank, per micro-batch, the item indices; a DP replica
+        trains its ranks' and the replicas' gradients are summed), the loss a token mean
+        over the call (`tokens`), one optimizer step per pass."""
         t0 = time.monotonic()
         self.model.train()
         set_lr(self.optimizer, lr)
         tp = self.group is not None and self.group.size > 1
         for _ in range(self.epochs):
             self.optimizer.zero_grad()
-            for rank in plan:
+            for rank in self.my_ranks(plan):
                 for mb in rank:
                     if mb:
                         loss, _ = policy_loss(self.model, [items[i] for i in mb],
@@ -736,6 +758,8 @@ class TrainerRank:
                                               clip_high=self.clip_high)
                         # A token mean over the whole call, whatever the split.
                         (loss / tokens).backward()
+            if self.grid is not None:
+                all_reduce_grads(self.model, self.grid.dp)
             if self.max_grad_norm:
                 if tp:  # the full gradient's norm (collective)
                     clip_grad_norm(self.model, self.max_grad_norm)
@@ -746,22 +770,27 @@ class TrainerRank:
         self.train_seconds += time.monotonic() - t0
 
     def publish(self, version: int) -> Optional[str]:
-        """Makes `version` of the weights (collective at TP > 1): rank 0 gets the digest
-        of the full weights (the ranks' slices gathered), and with the executor every
-        rank hands its Megatron-named tensors to its sync thread; with files, rank 0
-        writes the full weights."""
-        if self.group is not None:
-            self.group.check_replicated(self.model)
+        """Makes `version` of the weights (collective over the trainer's ranks): rank 0
+        gets the digest of the full weights (its TP group's slices gathered), and with
+        the executor every rank hands its Megatron-named tensors to its sync thread; with
+        files, rank 0 writes the full weights. Raises unless the replicated parameters
+        hold the same bits on the TP ranks and every parameter on the DP replicas."""
+        dp, dp_rank = 1, 0
+        if self.grid is not None:
+            self.grid.tp.check_replicated(self.model)
+            self.grid.dp.check_identical(dict(self.model.named_parameters()),
+                                         "the DP replicas' parameters")
+            dp, dp_rank = self.grid.dp_size, self.grid.dp_rank
         full = full_state(self.model)
         digest = None
         if self.weight_sync is None:
-            if self.tp_rank == 0:
+            if self.rank == 0:
                 digest = publish_weights(self.data, version, full)
         else:
-            if self.tp_rank == 0:
+            if self.rank == 0:
                 digest = weights_digest(full)
             sources = {k: v.clone() for k, v in
-                       megatron_sources(self.model, self.layout).items()}
+                       megatron_sources(self.model, self.layout, dp, dp_rank).items()}
             with self._sending:
                 self._queued += 1
             self._versions.put((version, sources))
@@ -806,8 +835,10 @@ class TrainerRank:
                                    f"within {timeout} s of the end")
 
     def report(self) -> dict:
-        return {"tp_rank": self.tp_rank, "tp": 1 if self.group is None else self.group.size,
-                "calls": self.calls, "train_seconds": round(self.train_seconds, 6),
+        g = self.grid
+        return {"rank": self.rank, "tp_rank": 0 if g is None else g.tp_rank,
+                "dp_rank": 0 if g is None else g.dp_rank, "tp": 1 if g is None else g.tp_size,
+                "dp": 1 if g is None else g.dp_size, "calls": self.calls, "train_seconds": round(self.train_seconds, 6),
                 "weight_sync": self.weight_sync.report() if self.weight_sync else None,
                 "sync_error": self.sync_error}
 
@@ -818,33 +849,36 @@ class TinyTrainer(TrainerWorker):
     optimizer step: data parallel in one process), one optimizer step per pass
     (``epochs`` passes), then publishes the new version and reports the step.
 
-    Tensor parallel (``tp`` > 1): this process is TP rank 0 and the one attached to the
-    runtime; ranks 1 .. tp-1 are processes of their own (:func:`follow`) that take each
-    call from it (a JSON command broadcast in the TP group: the samples with their
-    advantages, the micro-batches, the learning rate, the version to publish) and train
-    their slices with it. Each rank sends its own tensors through the executor, as the
-    runtime's plan (``--train tp=<tp>``) says: trainer ranks 0 .. tp-1 of each world."""
+    Tensor and data parallel (``grid``: ``tp * dp`` > 1 processes): this process is
+    trainer rank 0 (TP rank 0 of DP replica 0) and the one attached to the runtime;
+    ranks 1 .. tp*dp-1 are processes of their own (:func:`follow`) that take each call
+    from it (a JSON command broadcast to every trainer process: the samples with their
+    advantages, the step plan's micro-batches, the learning rate, the version to
+    publish). TP ranks train their slices together; DP replica d trains the step plan's
+    ranks d, d + dp, ... and the replicas add up their gradients. Each rank sends its own
+    tensors through the executor, as the runtime's plan (``--train tp=<tp>,dp=<dp>``)
+    says: trainer ranks 0 .. tp*dp-1 of each world."""
 
     def __init__(self, address: str, *, data: str, lr: float, epochs: int, seed: int,
                  csv_path: Optional[str] = None, weight_sync: Optional[PlanSync] = None,
                  advantage: str = "outcome", max_grad_norm: float = 0.0,
                  entropy_coef: float = 0.0, lr_end: Optional[float] = None,
-                 clip_high: Optional[float] = None, group: Optional[TPGroup] = None,
+                 clip_high: Optional[float] = None, grid: Optional[Grid] = None,
                  **kwargs):
         super().__init__(address, **kwargs)
-        if group is not None and group.rank != 0:
-            raise ValueError("TinyTrainer is TP rank 0 (the others follow it)")
+        if grid is not None and grid.rank != 0:
+            raise ValueError("TinyTrainer is trainer rank 0 (the others follow it)")
         self.lr, self.lr_end = lr, lr_end
         self.advantage = advantage
         self.data = data
         self.weight_sync = weight_sync
-        self.group = group
+        self.grid = grid
         torch.manual_seed(seed)
-        self.rank = TrainerRank(data, group, epochs=epochs, max_grad_norm=max_grad_norm,
+        self.rank = TrainerRank(data, grid, epochs=epochs, max_grad_norm=max_grad_norm,
                                 entropy_coef=entropy_coef, clip_high=clip_high, lr=lr,
                                 weight_sync=weight_sync)
         self.model = self.rank.model
-        self.followers: List[dict] = []  # the other TP ranks' reports, at the end
+        self.followers: List[dict] = []  # the other trainer ranks' reports, at the end
         self.trained: List[int] = []
         self.trained_by_engine: Dict[str, int] = {}  # engine id -> samples trained
         self.published: Dict[int, str] = {0: self.rank.initial_digest}
@@ -864,8 +898,9 @@ class TinyTrainer(TrainerWorker):
         return self.rank.sync_error
 
     @property
-    def tp(self) -> int:
-        return 1 if self.group is None else self.group.size
+    def ranks(self) -> int:
+        """The trainer's processes (tp * dp)."""
+        return 1 if self.grid is None else self.grid.size
 
     def on_welcome(self, welcome) -> None:
         config = welcome.config
@@ -917,8 +952,8 @@ class TinyTrainer(TrainerWorker):
         micro_batches = sum(1 for rank in plan for mb in rank if mb)
         lr = lr_at(call.step, self.total_steps, self.lr, self.lr_end)
         publish = call.step + 1 if call.call == self.calls_per_sync - 1 else None
-        if self.tp > 1:  # the other TP ranks train the same call
-            self.group.broadcast_object({
+        if self.ranks > 1:  # the other trainer ranks train the same call
+            self.grid.world.broadcast_object({
                 "kind": "train", "step": call.step, "call": call.call, "lr": lr,
                 "tokens": tokens, "plan": plan, "publish": publish,
                 "items": [{k: s[k] for k in ("prompt", "response", "logprobs", "advantage")}
@@ -934,6 +969,8 @@ class TinyTrainer(TrainerWorker):
         record = {"step": call.step, "call": call.call, "mean_reward": mean_reward,
                   "samples": len(items), "tokens": tokens, "micro_batches": micro_batches,
                   "max_token_staleness": max_stale,
+                  # The samples this rank's DP replica trained (its step plan ranks').
+                  "trained": sum(len(mb) for r in self.rank.my_ranks(plan) for mb in r),
                   "train_seconds": time.monotonic() - t0,
                   "wall_seconds": time.monotonic() - self.start}
         self.steps.append(record)
@@ -953,11 +990,11 @@ class TinyTrainer(TrainerWorker):
         self.stop_followers()
 
     def stop_followers(self) -> None:
-        if self.tp == 1 or self.followers:
+        if self.ranks == 1 or self.followers:
             return
-        self.group.broadcast_object({"kind": "stop"})
-        for r in range(1, self.tp):
-            report = self.group.broadcast_object(None, src=r)
+        self.grid.world.broadcast_object({"kind": "stop"})
+        for r in range(1, self.ranks):
+            report = self.grid.world.broadcast_object(None, src=r)
             self.followers.append(report)
             if report.get("sync_error") and self.rank.sync_error is None:
                 self.rank.fail_sync(f"trainer{r}: {report['sync_error']}")
@@ -969,31 +1006,35 @@ class TinyTrainer(TrainerWorker):
                 "staleness_violations": self.staleness_violations,
                 "max_staleness": self.max_staleness,
                 "length_mismatches": self.length_mismatches,
-                "partial_samples": self.partial_samples, "tp": self.tp,
+                "partial_samples": self.partial_samples,
+                "tp": 1 if self.grid is None else self.grid.tp_size,
+                "dp": 1 if self.grid is None else self.grid.dp_size,
                 "ranks": [self.rank.report()] + self.followers}
 
 
 def follow(rank: TrainerRank, report_path: str) -> int:
-    """TP rank r > 0 of the trainer: trains each call TP rank 0 broadcasts in the TP
-    group and publishes with it, until it says stop; then drains its weight sync, writes
+    """Trainer rank r > 0: trains each call trainer rank 0 broadcasts to every trainer
+    process and publishes with it, until it says stop; then drains its weight sync, writes
     its report and sends it to rank 0. 0 when its sync ended clean."""
-    group = rank.group
+    world = rank.grid.world
     steps = []
     while True:
-        command = group.broadcast_object(None, src=0)
+        command = world.broadcast_object(None, src=0)
         if command["kind"] == "stop":
             break
         rank.train(command["items"], command["plan"], command["tokens"], command["lr"])
         if command["publish"] is not None:
             rank.publish(command["publish"])
+        # The samples this rank's DP replica trained (its step plan ranks').
+        mine = sum(len(mb) for r in rank.my_ranks(command["plan"]) for mb in r)
         steps.append({"step": command["step"], "call": command["call"],
-                      "samples": len(command["items"])})
+                      "samples": len(command["items"]), "trained": mine})
     rank.drain()
     report = rank.report()
     report["steps"] = steps
     write_json_atomic(report_path, report)
-    for r in range(1, group.size):
-        group.broadcast_object(report if r == group.rank else None, src=r)
+    for r in range(1, world.size):
+        world.broadcast_object(report if r == world.rank else None, src=r)
     return 0 if rank.sync_error is None else 1
 
 
@@ -1023,32 +1064,37 @@ def main(argv=None) -> int:
     parser.add_argument("--weights", choices=["executor", "file"], default="executor")
     parser.add_argument("--report", required=True, help="write what this worker did (JSON)")
     parser.add_argument("--tp", type=int, default=1,
-                        help="trainer: its tensor-parallel size (one process per TP rank)")
-    parser.add_argument("--tp-rank", type=int, default=0,
-                        help="trainer: this process's TP rank (0 attaches to the runtime, "
-                        "the others follow it)")
+                        help="trainer: its tensor-parallel size")
+    parser.add_argument("--dp", type=int, default=1,
+                        help="trainer: its data-parallel size (tp * dp processes)")
+    parser.add_argument("--trainer-rank", type=int, default=0,
+                        help="trainer: this process's rank, dp_rank * tp + tp_rank (0 "
+                        "attaches to the runtime, the others follow it)")
     parser.add_argument("--tp-timeout", type=float, default=900.0,
-                        help="trainer: how long a TP collective may wait (seconds; rank > 0 "
-                        "waits that long for rank 0's next call)")
+                        help="trainer: how long a TP or DP collective may wait (seconds; "
+                        "rank > 0 waits that long for rank 0's next call)")
     args = parser.parse_args(argv)
-    if args.tp < 1 or not 0 <= args.tp_rank < args.tp:
-        parser.error(f"--tp-rank must be in [0, --tp {args.tp}), got {args.tp_rank}")
-    if args.role == "engine" and args.tp != 1:
-        parser.error("--tp is the trainer's (the engines are TP 1)")
+    if args.tp < 1 or args.dp < 1:
+        parser.error(f"--tp and --dp must be >= 1, got {args.tp} and {args.dp}")
+    if not 0 <= args.trainer_rank < args.tp * args.dp:
+        parser.error(f"--trainer-rank must be in [0, tp*dp = {args.tp * args.dp}), got "
+                     f"{args.trainer_rank}")
+    if args.role == "engine" and args.tp * args.dp != 1:
+        parser.error("--tp and --dp are the trainer's (the engines are TP 1)")
     torch.set_num_threads(1)
     import datetime
-    group = None
-    if args.role == "trainer" and args.tp > 1:
-        # The TP group meets at a FileStore in the data directory (run.py starts every
-        # rank with the same one).
-        group = TPGroup.join(os.path.join(args.data, "tp.store"), args.tp_rank, args.tp,
-                             datetime.timedelta(seconds=args.tp_timeout))
+    grid = None
+    if args.role == "trainer" and args.tp * args.dp > 1:
+        # The trainer's groups meet at a FileStore in the data directory (run.py starts
+        # every rank with the same one).
+        grid = Grid.join(os.path.join(args.data, "trainer.store"), args.trainer_rank, args.tp,
+                         args.dp, datetime.timedelta(seconds=args.tp_timeout))
     weight_sync = None
     if args.weights == "executor":
         weight_sync = PlanSync(args.data, None if args.role == "trainer" else args.engine,
-                               tp=args.tp, tp_rank=args.tp_rank)
-    if args.role == "trainer" and args.tp_rank > 0:
-        rank = TrainerRank(args.data, group, epochs=args.epochs,
+                               tp=args.tp, dp=args.dp, trainer_rank=args.trainer_rank)
+    if args.role == "trainer" and args.trainer_rank > 0:
+        rank = TrainerRank(args.data, grid, epochs=args.epochs,
                            max_grad_norm=args.max_grad_norm, entropy_coef=args.entropy_coef,
                            clip_high=args.clip_high, lr=args.lr, weight_sync=weight_sync)
         return follow(rank, args.report)
@@ -1062,7 +1108,7 @@ def main(argv=None) -> int:
                              seed=args.seed, csv_path=args.csv, weight_sync=weight_sync,
                              advantage=args.advantage, max_grad_norm=args.max_grad_norm,
                              entropy_coef=args.entropy_coef, lr_end=args.lr_end,
-                             clip_high=args.clip_high, group=group)
+                             clip_high=args.clip_high, grid=grid)
     reason = None
     try:
         reason = worker.run()
@@ -1070,10 +1116,11 @@ def main(argv=None) -> int:
             worker.drain()
     finally:
         if args.role == "trainer" and reason != "done":
-            try:  # the other TP ranks wait for rank 0's next call: stop them
+            try:  # the other trainer ranks wait for rank 0's next call: stop them
                 worker.stop_followers()
             except RuntimeError as e:
-                print(f"trainer: stopping the other TP ranks failed: {e}", file=sys.stderr)
+                print(f"trainer: stopping the other trainer ranks failed: {e}",
+                      file=sys.stderr)
         report = worker.report()
         report["goodbye"] = worker.goodbye
         import resource

@@ -204,7 +204,8 @@ def test_engine_logprobs_are_the_models_and_micro_batches_do_not_change_the_grad
         assert torch.allclose(p.grad, whole[k], atol=1e-6), k
 
 
-def test_tensor_parallel_model_matches_the_tp1_model_in_a_two_process_gloo_world(tmp_path):
+@pytest.mark.parametrize("dp", [1, 2])
+def test_tensor_parallel_model_matches_the_tp1_model_in_a_gloo_world(tmp_path, dp):
     """tensor_parallel.py --check: the TP-2 model (column-parallel q/k/v and gate/up,
     row-parallel o and down, heads 2 + 1 KV per rank; embedding, lm_head and norms
     replicated) in a real world of 2 processes over gloo, from the TP-1 model's initial
@@ -216,15 +217,19 @@ def test_tensor_parallel_model_matches_the_tp1_model_in_a_two_process_gloo_world
     1e-2, norm clipped at 0.5; weights move up to 3e-2) within 5e-4 (measured 6e-5:
     Adam divides by sqrt(v), which scales the reduction-order differences of the
     smallest gradients). The replicated parameters hold the same bits on both ranks
-    after training (every all-reduce adds in rank order)."""
+    after training (every all-reduce adds in rank order). With DP 2 (4 processes), each
+    replica trains one of the two micro-batches and the replicas add up their gradients:
+    the same bounds, and every parameter the same bits on both replicas."""
     out = tmp_path / "check.json"
     result = subprocess.run([sys.executable, os.path.join(_EXAMPLE, "tensor_parallel.py"),
-                             "--check", "--tp", "2", "--steps", "3", "--out", str(out)],
+                             "--check", "--tp", "2", "--dp", str(dp), "--steps", "3",
+                             "--out", str(out)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     with open(out) as f:
         check = json.load(f)
     diff = check["max_abs_diff"]
+    assert (check["tp"], check["dp"]) == (2, dp)
     assert check["initial_identical"] and diff["initial"] == 0.0, check
     assert check["replicated_identical"], check
     for kind in ("logits", "cached_logits", "logprobs", "loss", "grads", "norm0", "norm1",
@@ -287,7 +292,8 @@ def _live(rlsched_bin, out, *args):
          "--out", str(out), "--engines", "2", "--timeout", "240", *args],
         capture_output=True, text=True, timeout=400)
     logs = ""
-    for name in ("rlsched", "trainer", "trainer1", "engine0", "engine1"):
+    for name in ("rlsched", "trainer", "trainer1", "trainer2", "trainer3", "engine0",
+                 "engine1"):
         path = os.path.join(out, f"{name}.log")
         if os.path.exists(path):
             with open(path) as f:
@@ -296,7 +302,7 @@ def _live(rlsched_bin, out, *args):
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
     reports = {}
-    for name in ("trainer", "trainer1", "engine0", "engine1"):
+    for name in ("trainer", "trainer1", "trainer2", "trainer3", "engine0", "engine1"):
         path = os.path.join(out, f"{name}.json")
         if os.path.exists(path):  # a killed engine wrote none
             with open(path) as f:
@@ -325,7 +331,7 @@ def test_weight_sync_plans_the_run_cannot_run_are_refused_naming_the_field(tmp_p
         return WeightUpdate(runtime_pb2.WeightSyncPlan(**base))
 
     engine, trainer = PlanSync(str(tmp_path), engine=1), PlanSync(str(tmp_path))
-    trainer2 = PlanSync(str(tmp_path), tp=2, tp_rank=1)
+    trainer2 = PlanSync(str(tmp_path), tp=2, trainer_rank=1)
     for sync, part, field in [
             (engine, plan(backend="nccl"), "group.backend"),
             (engine, plan(), "ranks: 0"),
@@ -338,7 +344,8 @@ def test_weight_sync_plans_the_run_cannot_run_are_refused_naming_the_field(tmp_p
             (engine, plan(trainer_ranks=0, world_size=2, ranks=1), "summary.trainer_ranks: 0"),
             (trainer, plan(), "replica/rank_offset: 1/2"),
             (trainer, plan(replica=-1, rank_offset=0, ranks=1, world_size=4, trainer_ranks=2),
-             "ranks: 1 \\(summary.trainer_ranks 2\\), the trainer is TP 1"),
+             "ranks: 1 \\(summary.trainer_ranks 2, train tp=1 dp=1\\), the trainer is "
+             "TP 1 x DP 1"),
             (trainer2, plan(replica=-1, rank_offset=0, ranks=1), "the trainer is TP 2")]:
         with pytest.raises(RuntimeError, match=field):
             sync.check(part)
@@ -360,13 +367,14 @@ def _runtime_plans(out):
     return plans
 
 
-def _check_worlds(out, reports, names, expected_members, trainer_tp=1):
+def _check_worlds(out, reports, names, expected_members, trainer_ranks=1):
     """Every worker in `names` moved the weights in the worlds of the runtime's plans,
     one per plan in the order the runtime made them, with the members given: the plan
     id, its epoch (the id's prefix, counted from 0), members, transfer group and the
-    worker's rank as the runtime sent them (trainer TP rank r: r; engine members[k]:
-    trainer_tp + k); no plan file of the example's own (with TP > 1, TP rank 0's record
-    of the worlds it joined for the other ranks holds the runtime's plans, in order)."""
+    worker's rank as the runtime sent them (trainer rank r: r; engine members[k]:
+    trainer_ranks + k); no plan file of the example's own (with more than one trainer
+    rank, rank 0's record of the worlds it joined, for the other ranks, holds the
+    runtime's plans in order)."""
     plans = _runtime_plans(out)
     assert [members for _, members in plans] == expected_members, plans
     assert [int(plan_id.split("-")[0]) for plan_id, _ in plans] == list(range(len(plans)))
@@ -376,9 +384,9 @@ def _check_worlds(out, reports, names, expected_members, trainer_tp=1):
         for w, (plan_id, members) in zip(worlds, plans):
             assert w["epoch"] == int(plan_id.split("-")[0]), (name, w)
             assert w["group"] == "rlsched-weights-" + plan_id, (name, w)
-            assert w["world_size"] == trainer_tp + len(members), (name, w)
+            assert w["world_size"] == trainer_ranks + len(members), (name, w)
             rank = (int(name[len("trainer"):] or 0) if name.startswith("trainer")
-                    else trainer_tp + members.index(int(name[len("engine"):])))
+                    else trainer_ranks + members.index(int(name[len("engine"):])))
             assert w["rank"] == rank, (name, w)
         assert sum(w["runs"] for w in worlds) == reports[name]["weight_sync"]["runs"]
         assert worlds[-1]["runs"] >= 1, (name, worlds)
@@ -395,14 +403,15 @@ def _check_worlds(out, reports, names, expected_members, trainer_tp=1):
     for k in range(len(os.listdir(os.path.join(data, "trainer_worlds")))):
         with open(os.path.join(data, "trainer_worlds", f"{k}.binpb"), "rb") as f:
             recorded.append(runtime_pb2.WeightSyncPlan.FromString(f.read()).plan_id)
-    assert recorded == ([plan_id for plan_id, _ in plans] if trainer_tp > 1 else []), recorded
+    assert recorded == ([plan_id for plan_id, _ in plans] if trainer_ranks > 1 else []), recorded
     # The rendezvous files are named after the runtime's groups (gloo may remove one
     # when every rank left it).
     assert set(os.listdir(os.path.join(data, "stores"))) <= {
         "rlsched-weights-" + plan_id for plan_id, _ in plans}
 
 
-def _check_live(out, summary, reports, report, steps, max_staleness, trainer_tp=1):
+def _check_live(out, summary, reports, report, steps, max_staleness, trainer_tp=1,
+                trainer_dp=1):
     prompts, group = 8, 8
     assert summary["ok"], summary["checks"]
     assert report["done"]
@@ -436,31 +445,48 @@ def _check_live(out, summary, reports, report, steps, max_staleness, trainer_tp=
     # parameters; the vocabulary's padding rows are not sent) per run; by the one plan
     # the runtime made for both engines, in its world.
     model_bytes = sum(p.numel() * p.element_size() for p in load_model().parameters())
-    trainers = ["trainer"] + [f"trainer{r}" for r in range(1, trainer_tp)]
+    ranks = trainer_tp * trainer_dp
+    trainers = ["trainer"] + [f"trainer{r}" for r in range(1, ranks)]
     for name in trainers + ["engine0", "engine1"]:
         sync = reports[name]["weight_sync"]
         assert sync["runs"] == steps, (name, sync)
         if name.startswith("engine"):
             assert sync["bytes"] == steps * model_bytes, (name, sync)
     # The trainer's ranks sent the model once per run between them (each to both
-    # engines in one broadcast); with TP > 1 each rank sent at least the slices of the
-    # split projections that only it holds.
+    # engines in one broadcast); with TP > 1 the DP replicas of each TP rank sent at
+    # least the slices of the split projections that only that TP rank holds.
     assert sum(reports[n]["weight_sync"]["bytes"] for n in trainers) == steps * model_bytes
     if trainer_tp > 1:
         from tensor_parallel import split_dim
         split_bytes = sum(p.numel() * p.element_size() for n, p in
                           load_model().named_parameters() if split_dim(n) is not None)
-        for name in trainers:
-            assert reports[name]["weight_sync"]["bytes"] >= steps * split_bytes // trainer_tp
-        # Every TP rank trained every call with rank 0 and reported to it.
-        assert [r["tp_rank"] for r in reports["trainer"]["ranks"]] == list(range(trainer_tp))
-        assert reports["trainer"]["tp"] == trainer_tp and summary["trainer_tp"] == trainer_tp
+        for t in range(trainer_tp):
+            sent = sum(reports[trainers[d * trainer_tp + t]]["weight_sync"]["bytes"]
+                       for d in range(trainer_dp))
+            assert sent >= steps * split_bytes // trainer_tp, (t, sent)
+    if ranks > 1:
+        # Every trainer rank trained every call with rank 0 and reported to it; each DP
+        # replica trained its step plan ranks' samples, together every sample once.
+        assert [(r["rank"], r["tp_rank"], r["dp_rank"]) for r in reports["trainer"]["ranks"]] == [
+            (g, g % trainer_tp, g // trainer_tp) for g in range(ranks)]
+        assert (reports["trainer"]["tp"], reports["trainer"]["dp"]) == (trainer_tp, trainer_dp)
+        assert (summary["trainer_tp"], summary["trainer_dp"]) == (trainer_tp, trainer_dp)
+        calls = reports["trainer"]["steps"]
         for name in trainers[1:]:
             assert [(s["step"], s["samples"]) for s in reports[name]["steps"]] == [
-                (s["step"], s["samples"]) for s in reports["trainer"]["steps"]], name
+                (s["step"], s["samples"]) for s in calls], name
             assert reports[name]["sync_error"] is None
-        assert summary["checks"]["tp_ranks_followed"]
-    _check_worlds(out, reports, trainers + ["engine0", "engine1"], [[0, 1]], trainer_tp)
+        for i, call in enumerate(calls):
+            for t in range(trainer_tp):
+                per_replica = [
+                    (calls if d * trainer_tp + t == 0 else
+                     reports[trainers[d * trainer_tp + t]]["steps"])[i]["trained"]
+                    for d in range(trainer_dp)]
+                assert sum(per_replica) == call["samples"], (i, t, per_replica)
+                if trainer_dp > 1:
+                    assert min(per_replica) > 0, (i, t, per_replica)  # each replica worked
+        assert summary["checks"]["trainer_ranks_followed"]
+    _check_worlds(out, reports, trainers + ["engine0", "engine1"], [[0, 1]], ranks)
     for name in ("engine0", "engine1"):  # one SyncWeights per version after 0, in order
         assert [s["version"] for s in reports[name]["syncs"]] == list(range(1, steps + 1))
     assert summary["checks"]["weight_sync_by_runtime_plans"]
@@ -489,13 +515,16 @@ def _reference(steps):
                                  epochs=4, max_grad_norm=1.0, advantage="process")
 
 
-def test_live_sync_runs_with_trainer_tp_1_and_2(rlsched_bin, tmp_path):
+def test_live_sync_runs_with_trainer_tp_and_dp(rlsched_bin, tmp_path):
+    """Sync mode with the trainer in TP 1, TP 2, and TP 2 x DP 2 (4 trainer processes,
+    rlsched run --train tp=2,dp=2)."""
     reference = _reference(3)
-    for tp in (1, 2):
-        out = tmp_path / f"sync_tp{tp}"
+    for tp, dp in ((1, 1), (2, 1), (2, 2)):
+        out = tmp_path / f"sync_tp{tp}_dp{dp}"
         summary, reports, report = _live(rlsched_bin, out, "--mode", "sync", "--steps", "3",
-                                         "--trainer-tp", str(tp))
-        _check_live(out, summary, reports, report, steps=3, max_staleness=0, trainer_tp=tp)
+                                         "--trainer-tp", str(tp), "--trainer-dp", str(dp))
+        _check_live(out, summary, reports, report, steps=3, max_staleness=0, trainer_tp=tp,
+                    trainer_dp=dp)
         assert summary["max_token_staleness"] == 0
         live = [s["mean_reward"] for s in reports["trainer"]["steps"]]
         if tp == 1:
@@ -505,9 +534,9 @@ def test_live_sync_runs_with_trainer_tp_1_and_2(rlsched_bin, tmp_path):
             # trained in the step plan's micro-batches.
             assert live == pytest.approx(reference, abs=1e-12)
         else:
-            # TP 2: the same within TP2_REWARD_TOLERANCE (the weights differ in their
-            # last bits); the engines' weights after each sync are the TP-2 trainer's
-            # gathered weights, byte for byte (_check_live).
+            # TP 2 (and DP 2): the same within TP2_REWARD_TOLERANCE (the weights differ
+            # in their last bits); the engines' weights after each sync are the
+            # trainer's gathered weights, byte for byte (_check_live).
             assert live == pytest.approx(reference, abs=TP2_REWARD_TOLERANCE)
 
 
@@ -573,7 +602,7 @@ def test_live_run_survives_an_engine_killed_mid_generation(rlsched_bin, tmp_path
         assert [e["members"] for e in epochs] == [[0, 1], [0]], (name, epochs)
         assert [e["runs"] for e in epochs] == [2, steps - 2], (name, epochs)
         assert epochs[1]["resend_from"] == 3, (name, epochs)
-    _check_worlds(out, reports, trainers + ["engine0"], [[0, 1], [0]], trainer_tp=tp)
+    _check_worlds(out, reports, trainers + ["engine0"], [[0, 1], [0]], trainer_ranks=tp)
     # The survivor loaded every version, byte-identical to the trainer's.
     published = reports["trainer"]["published"]
     loaded = reports["engine0"]["loaded"]
