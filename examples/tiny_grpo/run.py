@@ -5,17 +5,21 @@ with rlsched's runtime deciding what runs where.
         --engines 2 --steps 20 --out /tmp/tiny-grpo
 
 starts, as real processes on a Unix socket: ``rlsched run`` (the decision core, the step
-planner, the weight-sync node), ``--engines`` engine workers and a trainer worker
-(workers.py). rlsched carries ids and counts only; the samples' tokens, logprobs and
-rewards go through ``OUT/data/samples/`` (one file per finished sample, written
-atomically by the engine, read by the trainer). The weights move through rlsched's
-executor over ``torch.distributed`` gloo by the runtime's own weight-sync plans
-(``rlsched run --model config.json --train tp=1 --infer tp=1``: one plan per
+planner, the weight-sync node), ``--engines`` engine workers and the trainer
+(workers.py): ``--trainer-tp`` x ``--trainer-dp`` processes (default TP 2, DP 1), of
+which rank 0 attaches to the runtime as the trainer worker and hands each call to the
+others over their gloo group; the TP ranks train their slices of the model
+(Megatron-style column- and row-parallel linears, tensor_parallel.py), the DP replicas
+the step plan's ranks. rlsched carries ids and counts only; the samples' tokens,
+logprobs and rewards go through ``OUT/data/samples/`` (one file per finished sample,
+written atomically by the engine, read by the trainer). The weights move through
+rlsched's executor over ``torch.distributed`` gloo by the runtime's own weight-sync
+plans (``rlsched run --model config.json --train tp=T,dp=D --infer tp=1``: one plan per
 membership of the engines, each worker sent its part with the transfer group to meet
-in; the trainer rank 0, ``members[k]`` rank 1 + k; every rank starts from the initial
-policy, version 0), or with ``--weights file`` through ``OUT/data/weights/v<N>.pt``
-(one file per version, written atomically by the trainer, loaded by the engines on
-SyncWeights).
+in; trainer rank g rank g, ``members[k]`` rank T*D + k; each trainer rank sends its own
+slices; every rank starts from the initial policy, version 0), or with ``--weights
+file`` through ``OUT/data/weights/v<N>.pt`` (one file per version, written atomically by
+trainer rank 0, loaded by the engines on SyncWeights).
 
 Faults: ``--kill-engine-at STEP`` kills the last engine with SIGKILL in the middle of a
 decode under the weights of step STEP (the engine, told so, stops after that decode and

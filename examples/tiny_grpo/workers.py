@@ -17,32 +17,51 @@ directory (``--data DIR``):
   the engines);
 - ``stores/<group>``: with the executor, the gloo rendezvous file of each transfer
   group the runtime names (one per weight-sync plan) when the run gives no
-  ``--weight-sync-address``.
+  ``--weight-sync-address``;
+- ``trainer.store``: with more than one trainer process (``--tp``, ``--dp``), the
+  rendezvous file of the trainer's own gloo groups (every trainer process, each DP
+  replica's TP group, each TP rank's DP group; tensor_parallel.Grid);
+- ``trainer_worlds/<k>.binpb``: with more than one trainer process, the plan of the k-th
+  weight-sync world trainer rank 0 joined (the runtime's ``WeightSyncPlan``, the
+  senders' part), which the other trainer ranks join after it.
+
+The trainer. ``tp * dp`` processes (``--tp``, ``--dp``; trainer rank ``g = dp_rank * tp +
+tp_rank``, Megatron-core's order): rank 0 attaches to the runtime as the
+``TrainerWorker`` (:class:`TinyTrainer`) and broadcasts each call it takes (the samples
+with their advantages, the step plan's micro-batches, the learning rate, the version to
+publish) to the others (:func:`follow`), which train with it: the TP ranks of a replica
+their slices of the model (tensor_parallel.py: q/k/v and gate/up column-parallel, o and
+down row-parallel; embedding, lm_head and norms replicated), DP replica d the step
+plan's ranks d, d + dp, ... with the replicas' gradients summed.
 
 Weights move one of two ways (``--weights``):
 
 - ``executor`` (default): rlsched's executor over ``torch.distributed`` gloo, by the
-  weight-sync plans ``rlsched run --model config.json --train tp=1 --infer tp=1`` makes
-  (one per membership of the engines) and sends each worker its part of
+  weight-sync plans ``rlsched run --model config.json --train tp=T,dp=D --infer tp=1``
+  makes (one per membership of the engines) and sends each worker its part of
   (``WeightSyncPlan``: the transfer group's name, backend, world size and address, the
-  members, the worker's rank and its transfers). The trainer is rank 0 and
-  ``members[k]`` rank 1 + k of one gloo world per plan (see :class:`PlanSync`); an
-  engine joins the world of the plan its SyncWeights names, the trainer moves to the
-  newest plan when a run fails in its world (a member lost or gone to the next plan).
-  Every rank starts from version 0 (``weights/v0.pt``). The trainer hands its
-  Megatron-named tensors (``linear_qkv`` fused per query group, ``linear_fc1`` = gate and
-  up, the vocabulary padded to 128 rows) to a sync thread that runs the plan once per
-  version, in order; an engine, on SyncWeights(N), runs it until it holds version N
-  (once per version it has not received) into vLLM-named tensors (``qkv_proj``,
-  ``gate_up_proj``, the vocabulary padded to 64 rows), which it splits back into its
-  HF-named parameters. Every version goes to every engine: the engines must all sync
+  members, the worker's rank and its transfers; the trainer's part holds every trainer
+  rank's transfers). Trainer rank g is rank g and ``members[k]`` rank T*D + k of one
+  gloo world per plan (see :class:`PlanSync`); an engine joins the world of the plan
+  its SyncWeights names, trainer rank 0 moves to the newest plan when a run fails in
+  its world (a member lost or gone to the next plan) and the other trainer ranks to
+  the world it moved to. Every rank starts from version 0 (``weights/v0.pt``). Each
+  trainer rank hands its own Megatron-named tensors at its TP rank (``linear_qkv``
+  fused per query group and split by whole groups, ``linear_fc1`` = its rows of gate
+  and up, ``linear_proj`` and ``linear_fc2`` its input columns, the vocabulary padded
+  to 128 * T rows and split by rows) to a sync thread that runs the plan once per
+  version, in order (the planner picks which DP replica sends what); an engine, on
+  SyncWeights(N), runs it until it holds version N (once per version it has not
+  received) into vLLM-named tensors (``qkv_proj``, ``gate_up_proj``, the vocabulary
+  padded to 64 rows), which it splits back into its HF-named parameters. Every version goes to every engine: the engines must all sync
   to every version (the case in sync mode and in async mode with partial rollout,
   where a sync interrupts every engine at once).
-- ``file``: the trainer writes ``weights/v<N>.pt`` atomically before it reports the step
-  that made it finished; an engine loads it on SyncWeights(version N).
+- ``file``: trainer rank 0 writes ``weights/v<N>.pt`` (the full weights, its TP group's
+  slices gathered) atomically before it reports the step that made it finished; an
+  engine loads it on SyncWeights(version N).
 
 Run one with ``python3 workers.py --role engine|trainer --address unix:PATH --data DIR
-[--engine N] --report FILE``; run.py starts them.
+[--engine N] [--tp T --dp D --trainer-rank G] --report FILE``; run.py starts them.
 """
 
 import argparse
@@ -136,23 +155,29 @@ def store_path(data: str, group: str) -> str:
 
 class PlanSync:
     """One worker's side of the weight sync over rlsched's executor (gloo), by the plans
-    ``rlsched run --model --train tp=1 --infer tp=1`` sends (``WeightSyncPlan``, decoded
-    as :class:`rlsched.worker.weights.WeightUpdate`): the trainer is rank 0 and
-    ``members[k]`` of the plan's membership rank ``rank_offset`` = 1 + k of one gloo
-    world per plan (``world_size`` ranks; rendezvous on ``--weight-sync-address`` when
-    the run gives one, else a FileStore named after the group, :func:`store_path`).
+    ``rlsched run --model --train tp=T,dp=D --infer tp=1`` sends (``WeightSyncPlan``,
+    decoded as :class:`rlsched.worker.weights.WeightUpdate`): trainer rank g (of the
+    plan's ``summary.trainer_ranks`` = T*D) is rank g, and ``members[k]`` of the plan's
+    membership rank ``rank_offset`` = T*D + k of one gloo world per plan (``world_size``
+    ranks; rendezvous on ``--weight-sync-address`` when the run gives one, else a
+    FileStore named after the group, :func:`store_path`). The trainer's part of a plan
+    holds every trainer rank's transfers; each trainer process runs its own
+    (``rank_plan(g)``).
 
     Worlds. A plan is the runtime's membership epoch: a new one when an engine joins or
     is lost. An engine joins the world of the plan its SyncWeights names (leaving the
     one it was in: its members still there see their collectives fail); the trainer
     sends each version in the world it is in, and when a run fails there (a member
-    died, or moved on to the runtime's next plan) it leaves for the newest plan the
-    runtime sent it (waiting for one newer than the world that failed). Joining is
-    collective: every rank makes its :class:`rlsched.executor.Executor` from its part
-    (checked against the world's layouts before any byte moves), then the members
-    exchange the last version each engine holds and the trainer sends again every
-    version from the oldest a member lacks (an engine that holds one already receives
-    it and keeps what it had).
+    died, or moved on to the runtime's next plan) trainer rank 0 leaves for the newest
+    plan the runtime sent it (waiting for one newer than the world that failed) and
+    records it (``trainer_worlds/<k>.binpb``); the other trainer ranks leave for the
+    world rank 0 recorded next, so that all join the same worlds in the same order.
+    Joining is collective: every rank makes its :class:`rlsched.executor.Executor` from
+    its part (checked against the world's layouts before any byte moves), then the
+    members exchange the last version each engine holds and the oldest each trainer
+    rank can still send, and the trainer ranks send again every version from the
+    oldest a member lacks (an engine that holds one already receives it and keeps what
+    it had).
 
     Versions. The engines start from version 0 as the trainer does (the initial
     policy's file, the checkpoint a real engine loads); every later version moves
@@ -838,7 +863,8 @@ class TrainerRank:
         g = self.grid
         return {"rank": self.rank, "tp_rank": 0 if g is None else g.tp_rank,
                 "dp_rank": 0 if g is None else g.dp_rank, "tp": 1 if g is None else g.tp_size,
-                "dp": 1 if g is None else g.dp_size, "calls": self.calls, "train_seconds": round(self.train_seconds, 6),
+                "dp": 1 if g is None else g.dp_size, "calls": self.calls,
+                "train_seconds": round(self.train_seconds, 6),
                 "weight_sync": self.weight_sync.report() if self.weight_sync else None,
                 "sync_error": self.sync_error}
 
