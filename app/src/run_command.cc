@@ -597,6 +597,16 @@ int RunRunCommand(const RunArgs& args) {
       load->set_mean_running(l.mean_running);
       load->set_mean_waiting(l.mean_waiting);
     }
+    for (const scheduler::WeightSyncEpoch& e : status.weight_sync) {
+      v1::WeightSyncEpoch* epoch = report.add_weight_sync();
+      epoch->set_epoch(e.epoch);
+      epoch->mutable_members()->Add(e.members.begin(), e.members.end());
+      epoch->set_transfers(e.transfers);
+      epoch->set_buckets(e.buckets);
+      epoch->set_bytes(e.bytes);
+      epoch->set_syncs(e.syncs);
+    }
+    report.set_weight_sync_replans(status.weight_sync_replans);
     std::cout << wire::ToJson(report) << '\n';
   } else {
     std::cout << fmt::format(

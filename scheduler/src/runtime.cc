@@ -444,7 +444,10 @@ struct Runtime::Impl {
         ++events;
         if (options.check_invariants) core.CheckInvariants();
         if (core.counters().version_corrections != corrections) NoteCorrection(event);
-        if (options.weight_sync) NoteMembership(event);
+        if (options.weight_sync) {
+          NoteSyncs(event, commands);
+          NoteMembership(event);
+        }
         if (const auto* finished = std::get_if<GenerationFinished>(&event)) {
           if (finished->telemetry) AddTelemetry(finished->sample, *finished->telemetry);
         }
@@ -472,6 +475,10 @@ struct Runtime::Impl {
         if (options.on_command || options.trace) observation.commands = commands;
       }
     }
+    // Replans go after the core's commands and stay out of the observation (the event
+    // log and replay hold the core's own commands).
+    for (Command& command : replans) commands.push_back(std::move(command));
+    replans.clear();
     for (Command& command : commands) {
       if (auto* start = std::get_if<StartTrain>(&command)) {
         std::get<1>(ports).try_put(TrainWork{.call = std::move(*start), .posted = posted.posted});
@@ -483,6 +490,48 @@ struct Runtime::Impl {
       }
     }
     if (observe) std::get<2>(ports).try_put(std::move(observation));
+  }
+
+  std::vector<WeightSyncEpoch> Epochs() const {
+    std::lock_guard lock(epochs_mutex);
+    return epochs;
+  }
+
+  // The syncs under way (with a weight-sync layout), after an accepted event and its
+  // commands; a lost engine's group is rebuilt for them (`replans`). The mutex held.
+  void NoteSyncs(const Event& event, const std::vector<Command>& commands) {
+    std::int64_t gone = -1;
+    if (const auto* e = std::get_if<EngineLeft>(&event)) gone = e->engine;
+    if (const auto* e = std::get_if<EngineFailed>(&event)) gone = e->engine;
+    if (const auto* e = std::get_if<WeightsLoaded>(&event)) loading.erase(e->engine);
+    if (gone >= 0) {
+      last_sync.erase(gone);
+      // The engines syncing when it went were in a transfer group with it: each one
+      // whose last sync named the newest version still loading gets that sync again by
+      // the membership without it (loading it or holding it: all are the new group's).
+      loading.erase(gone);
+      if (!loading.empty()) {
+        std::int64_t version = -1;
+        for (const std::int64_t engine : loading) {
+          version = std::max(version, last_sync.at(engine).version);
+        }
+        for (const auto& [engine, sync] : last_sync) {
+          if (sync.version != version) continue;
+          replans.push_back(SyncWeights{.engine = engine, .version = version, .replan = true});
+          ++replans_sent;
+        }
+        spdlog::info(
+            "runtime: engine {} lost during the weight sync of version {}: {} engines get it "
+            "again by a plan without it",
+            gone, version, replans.size());
+      }
+    }
+    for (const Command& command : commands) {
+      if (const auto* sync = std::get_if<SyncWeights>(&command)) {
+        last_sync[sync->engine] = *sync;
+        loading.insert(sync->engine);
+      }
+    }
   }
 
   // The membership after an accepted event (with a weight-sync layout). The mutex held.
@@ -625,6 +674,13 @@ struct Runtime::Impl {
         }
         sync_members = work.members;
         sync_epoch = epoch;
+        std::lock_guard lock(epochs_mutex);
+        epochs.push_back(
+            WeightSyncEpoch{.epoch = epoch,
+                            .members = *work.members,
+                            .transfers = static_cast<std::int64_t>(plan->transfers.size()),
+                            .buckets = plan->num_buckets,
+                            .bytes = plan->bytes_received});
       }
       const auto it = std::lower_bound(sync_members->begin(), sync_members->end(), sync->engine);
       if (it == sync_members->end() || *it != sync->engine) {
@@ -632,6 +688,8 @@ struct Runtime::Impl {
                                " is not in its sync's membership");
       }
       work.transfers = member_transfers[static_cast<std::size_t>(it - sync_members->begin())];
+      std::lock_guard lock(epochs_mutex);
+      ++epochs.back().syncs;
     } catch (const std::exception& e) {
       Fatal(std::string("weight sync plan: ") + e.what());
     }
@@ -784,6 +842,12 @@ struct Runtime::Impl {
   // The engines joined and not gone, ascending (the core node, under the mutex; with a
   // weight-sync layout).
   std::shared_ptr<const std::vector<std::int64_t>> members;
+  // Each engine's last SyncWeights, those not yet loaded, the replans an engine's loss
+  // calls for (sent after the event's commands) and their count (the core node).
+  std::map<std::int64_t, SyncWeights> last_sync;
+  std::set<std::int64_t> loading;
+  std::vector<Command> replans;
+  std::int64_t replans_sent = 0;
   // The weight-sync plans by replicas (prepared by the core node, used by the
   // weight-sync node).
   WeightSyncPlans plans{options.weight_sync};
@@ -792,6 +856,9 @@ struct Runtime::Impl {
   std::shared_ptr<const std::vector<std::int64_t>> sync_members;
   std::int64_t sync_epoch = 0;
   std::vector<std::shared_ptr<const EngineTransfers>> member_transfers;
+  // Each epoch planned (the weight-sync node writes, Status() reads).
+  mutable std::mutex epochs_mutex;
+  std::vector<WeightSyncEpoch> epochs;
 
   // The sink's trace (its thread, and TraceJson()).
   mutable std::mutex trace_mutex;
@@ -851,7 +918,9 @@ RuntimeStatus Runtime::Status() const {
       .done = impl_->core.done(),
       .command_latency = impl_->command_latency.Summary(),
       .requests = impl_->Requests(),
-      .engine_load = impl_->Loads()};
+      .engine_load = impl_->Loads(),
+      .weight_sync = impl_->Epochs(),
+      .weight_sync_replans = impl_->replans_sent};
 }
 
 void Runtime::ReportLoad(std::int64_t engine, std::int64_t running, std::int64_t waiting) {

@@ -491,10 +491,26 @@ def test_each_engine_gets_its_part_of_the_weight_sync_plan(rlsched_bin, run_fact
     run.trainer()
     status, out, err = run.finish()
     assert status == 0, err[-3000:]
-    assert json.loads(out)["done"]
+    report = json.loads(out)
+    assert report["done"]
     covered = _check_weight_plans(run, range(4))
     assert sorted(members for members, _ in covered.values()) == [
         [0], [0, 1], [0, 1, 2], [0, 1, 2, 3]], covered
+    # The report lists the epochs in order, with their plans' sizes and syncs: the
+    # engines' own counts of the syncs that named each plan.
+    epochs = report["weight_sync"]
+    assert [[int(m) for m in e["members"]] for e in epochs] == [
+        [0], [0, 1], [0, 1, 2], [0, 1, 2, 3]], epochs
+    assert [int(e.get("epoch", 0)) for e in epochs] == [0, 1, 2, 3]
+    named = {}
+    for engine in range(4):
+        for plan_id, part in run.report(f"engine{engine}")["weight_plans"].items():
+            epoch = int(plan_id.split("-")[0])
+            named[epoch] = named.get(epoch, 0) + part["syncs"]
+    for e in epochs:
+        assert int(e["transfers"]) > 0 and int(e["bytes"]) > 0 and int(e["buckets"]) > 0, e
+        assert int(e["syncs"]) == named[int(e.get("epoch", 0))], (e, named)
+    assert int(report.get("weight_sync_replans", 0)) == 0
     # The steps' syncs use the last membership's plan: every member's part, sent once,
     # covering the plan; the trainer has that one only.
     full = [plan for plan, (members, engines) in covered.items() if members == [0, 1, 2, 3]]

@@ -74,6 +74,7 @@ class Cluster final : public EngineBackend, public TrainerBackend {
     } else if (const auto* sync = std::get_if<SyncWeights>(&command)) {
       ++syncs_;
       if (transfers != nullptr) sync_transfers_.push_back({*sync, *transfers});
+      if (sync->replan) return;  // loading it still (WeightsLoaded due) or holding it
       if (sync->interrupt) {
         GenerationPaused paused{.engine = sync->engine, .version = sync->version};
         for (auto& [sample, run] : running_) {
@@ -96,6 +97,14 @@ class Cluster final : public EngineBackend, public TrainerBackend {
           }
         }
         if (!timing_.per_sample_progress) Due(now, sync->engine, std::move(paused));
+      }
+      if (fail_sync_ == std::make_pair(sync->engine, sync->version)) {
+        // Lost half-way through the transfer, and its generations with it.
+        std::erase_if(running_, [engine = sync->engine](const auto& entry) {
+          return entry.second.engine == engine;
+        });
+        Due(now + timing_.sync_seconds / 2, sync->engine, EngineFailed{.engine = sync->engine});
+        return;
       }
       Due(now + timing_.sync_seconds, sync->engine,
           WeightsLoaded{.engine = sync->engine, .version = sync->version});
@@ -153,6 +162,11 @@ class Cluster final : public EngineBackend, public TrainerBackend {
   void FailTraining() {
     std::lock_guard lock(mutex_);
     fail_training_ = true;
+  }
+  // The engine fails half-way through its sync to `version`.
+  void FailDuringSync(std::int64_t engine, std::int64_t version) {
+    std::lock_guard lock(mutex_);
+    fail_sync_ = {engine, version};
   }
 
   std::vector<std::int64_t> trained() {
@@ -297,6 +311,7 @@ class Cluster final : public EngineBackend, public TrainerBackend {
   std::int64_t generated_tokens_ = 0;
   std::int64_t interruptions_ = 0;
   std::int64_t fail_dispatch_engine_ = -1;
+  std::pair<std::int64_t, std::int64_t> fail_sync_ = {-1, -1};
   bool fail_training_ = false;
 };
 
@@ -845,6 +860,64 @@ TEST(RuntimeTest, ALostEngineStartsANewMembershipWithoutIt) {
                std::invalid_argument);  // a plan for three replicas, two members
   EXPECT_THROW(SplitWeightSync(TinyLayout(4), after.front().part.plan, {1, 0, 3}, 4),
                std::invalid_argument);
+}
+
+// An engine lost half-way through a sync: the engines of that sync get it again
+// (replan) by the membership without it, those still loading and those done alike; the
+// run goes on, and the replans stay out of the core's command stream.
+TEST(RuntimeTest, AnEngineLostDuringASyncGetsTheOthersTheSyncAgainByANewPlan) {
+  ManualClock clock;
+  Cluster cluster(clock, {});
+  cluster.FailDuringSync(2, 2);
+  RuntimeOptions options = AsyncOptions(4);
+  options.weight_sync = TinyLayout(4);
+  std::int64_t core_replans = 0;
+  options.on_command = [&](const Command& command) {
+    if (const auto* sync = std::get_if<SyncWeights>(&command)) core_replans += sync->replan;
+  };
+  Runtime runtime(options, cluster, cluster, clock);
+  Drive(runtime, cluster, clock, 4, 128);
+  const RuntimeStatus status = runtime.Status();
+  ASSERT_TRUE(status.done);
+  ExpectTrainedOnce(cluster, status);
+  EXPECT_EQ(status.counters.engine_failures, 1);
+  EXPECT_EQ(status.rejected_events, 0) << status.last_rejection;
+  EXPECT_EQ(core_replans, 0);
+  const std::vector<Cluster::SyncRecord> records = cluster.sync_transfers();
+  const auto by_epoch = ExpectPartsOfTheirPlans(records);
+  // Version 2's sync went to engines 0, 1, 2 and 3 (partial rollout interrupts them all
+  // at once); engine 2 was lost during it: 0, 1 and 3 get it again by {0, 1, 3}.
+  std::vector<Cluster::SyncRecord> replans;
+  for (const Cluster::SyncRecord& record : records) {
+    if (record.sync.replan) replans.push_back(record);
+  }
+  ASSERT_EQ(replans.size(), 3u);
+  EXPECT_EQ(status.weight_sync_replans, 3);
+  std::set<std::int64_t> engines;
+  for (const Cluster::SyncRecord& record : replans) {
+    engines.insert(record.sync.engine);
+    EXPECT_EQ(record.sync.version, 2);
+    EXPECT_FALSE(record.sync.interrupt);
+    EXPECT_EQ(*record.part.members, (std::vector<std::int64_t>{0, 1, 3}));
+  }
+  EXPECT_EQ(engines, (std::set<std::int64_t>{0, 1, 3}));
+  // The replans opened the new epoch; the next syncs use it.
+  const std::int64_t epoch = replans.front().part.epoch;
+  EXPECT_EQ(by_epoch.rbegin()->first, epoch);
+  EXPECT_GT(by_epoch.at(epoch).size(), replans.size());
+  // The status lists each epoch once, in order, with its syncs.
+  ASSERT_EQ(status.weight_sync.size(), by_epoch.size());
+  std::int64_t syncs = 0;
+  for (std::size_t i = 0; i < status.weight_sync.size(); ++i) {
+    const WeightSyncEpoch& e = status.weight_sync[i];
+    const auto& same = by_epoch.at(e.epoch);
+    EXPECT_EQ(e.members, *same.front().part.members);
+    EXPECT_EQ(e.syncs, static_cast<std::int64_t>(same.size()));
+    EXPECT_EQ(e.bytes, same.front().part.plan->bytes_received);
+    EXPECT_EQ(e.transfers, static_cast<std::int64_t>(same.front().part.plan->transfers.size()));
+    syncs += e.syncs;
+  }
+  EXPECT_EQ(syncs, static_cast<std::int64_t>(records.size()));
 }
 
 TEST(RuntimeTest, AWeightLayoutThePlannerRefusesIsRefusedNamingTheField) {

@@ -230,6 +230,7 @@ v1::OrchestratorCommand ToCommandMessage(const s::Command& command) {
           x->set_engine(c.engine);
           x->set_version(c.version);
           x->set_interrupt(c.interrupt);
+          x->set_replan(c.replan);
           if (c.interrupt) {
             x->set_pause(c.pause == s::PauseMode::kAbort ? v1::PAUSE_MODE_ABORT
                                                          : v1::PAUSE_MODE_KEEP);

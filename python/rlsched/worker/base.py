@@ -291,7 +291,7 @@ class EngineWorker(Worker):
             elif kind == "abort":
                 for sample in message.samples:
                     self._accounts.pop(sample, None)
-            elif kind == "sync_weights" and message.interrupt:
+            elif kind == "sync_weights" and message.interrupt and not message.replan:
                 self._pausing = True
                 self._pause_abort = message.pause == rollout_pb2.PAUSE_MODE_ABORT
 
@@ -326,10 +326,15 @@ class EngineWorker(Worker):
 
     def sync_weights(self, sync: SyncWeights) -> None:
         """Load ``sync.version``. ``sync`` reads as the ``rollout_pb2.SyncWeights`` message
-        (``engine``, ``version``, ``interrupt``, ``plan_id``) and carries ``sync.plan``:
-        this engine's part of the weight-sync plan (:class:`WeightUpdate`: the transfer
-        group, its ranks, the transfers they receive with names, dtypes, shapes, bytes
-        and senders), None when the run has no weight layout."""
+        (``engine``, ``version``, ``interrupt``, ``pause``, ``plan_id``, ``replan``) and
+        carries ``sync.plan``: this engine's part of the weight-sync plan
+        (:class:`WeightUpdate`: the transfer group, its ranks, the transfers they receive
+        with names, dtypes, shapes, bytes and senders), None when the run has no weight
+        layout. With ``sync.replan`` an engine was lost during the sync of
+        ``sync.version`` and the group is rebuilt without it: leave the old group, join
+        ``sync.plan``'s; still loading that version, load it by the new plan (one
+        ``weights_loaded``, the sync's); holding it already, report nothing. A replan
+        never pauses."""
         raise NotImplementedError
 
     def resume(self, resume: rollout_pb2.Resume) -> None:

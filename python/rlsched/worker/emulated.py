@@ -220,6 +220,7 @@ class EmulatedEngine(EngineWorker):
     def on_weight_sync_plan(self, plan) -> None:
         record = plan.as_dict()
         record["syncs"] = 0
+        record["replans"] = 0
         record["problems"] = [f"{plan.plan_id}: {p}" for p in plan.check()]
         if not 0 <= plan.replica < len(plan.members) or plan.members[plan.replica] != self.engine:
             record["problems"].append(f"{plan.plan_id}: engine {self.engine} is not "
@@ -238,10 +239,12 @@ class EmulatedEngine(EngineWorker):
                                           f"bytes, told {sync.plan.bytes}")
                 raise RuntimeError(self.plan_problems[-1])
             self.moved_bytes += moved
-            self.plans[sync.plan.plan_id]["syncs"] += 1
+            self.plans[sync.plan.plan_id]["replans" if sync.replan else "syncs"] += 1
         elif self.plans:
             self.plan_problems.append(f"sync v{sync.version}: no plan in a run with plans")
             raise RuntimeError(self.plan_problems[-1])
+        if sync.replan:
+            return  # the emulated transfer of the sync under way, by the new plan: no time
         with self._lock:
             now = self._advance()
             if sync.interrupt:

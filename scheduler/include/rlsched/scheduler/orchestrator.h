@@ -287,6 +287,11 @@ struct SyncWeights {
   std::int64_t version = 0;
   bool interrupt = false;
   PauseMode pause = PauseMode::kKeep;  // with interrupt
+  // Never set by the core; the runtime's (runtime.h): an engine was lost during the sync
+  // of `version`, and the transfer group is rebuilt without it. The engine joins the new
+  // group; still loading `version`, it loads it by the new plan (one WeightsLoaded, as
+  // the sync's); holding it, it reports nothing. It never pauses.
+  bool replan = false;
 };
 // Continue the interrupted samples under the engine's new version.
 struct Resume {

@@ -28,6 +28,12 @@
 //     plans of its size and of one engine fewer and one more start on threads of
 //     their own, so that a sync usually finds its plan made; a plan depends only on
 //     the number of replicas, so where and when it is made changes no command.
+//     An engine lost (EngineFailed, EngineLeft) while syncs are under way breaks their
+//     transfer group: every engine whose last SyncWeights named the newest version
+//     still loading gets that sync again with replan set (SyncWeights::replan), by the
+//     membership without the lost engine (a new epoch), after the core's commands for
+//     the event; they are the runtime's, not the core's (not in on_command, the log or
+//     a replay). RuntimeStatus::weight_sync lists the epochs and their syncs.
 //   - step planner: a parallel node that calls balance::PlanStep on a closed batch's
 //     lengths, so StartTrain reaches the trainer with its plan (which sample to which
 //     rank and micro-batch) without holding up the core.
@@ -255,6 +261,16 @@ struct EngineLoad {
   double mean_waiting = 0;
 };
 
+// One membership's weight-sync plan, as the runtime used it (with a weight-sync layout).
+struct WeightSyncEpoch {
+  std::int64_t epoch = 0;             // EngineTransfers::epoch
+  std::vector<std::int64_t> members;  // ascending engine ids
+  std::int64_t transfers = 0;         // the plan's
+  std::int64_t buckets = 0;
+  std::int64_t bytes = 0;  // received by the members' GPUs, summed
+  std::int64_t syncs = 0;  // SyncWeights sent by it (replans included)
+};
+
 struct RuntimeStatus {
   Counters counters;
   Metrics metrics;                          // up to the clock's now
@@ -269,6 +285,10 @@ struct RuntimeStatus {
   LatencySummary command_latency;
   RequestSummary requests;
   std::vector<EngineLoad> engine_load;  // ascending engine id, those that reported
+  // Each membership planned, in epoch order, and the syncs sent again because an
+  // engine was lost during them (SyncWeights::replan).
+  std::vector<WeightSyncEpoch> weight_sync;
+  std::int64_t weight_sync_replans = 0;
 };
 
 class Runtime {
