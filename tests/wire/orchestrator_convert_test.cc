@@ -130,6 +130,11 @@ TEST(OrchestratorConvertTest, CommandsCarryEveryField) {
             v1::PAUSE_MODE_ABORT);
   EXPECT_EQ(ToCommandMessage(s::SyncWeights{.engine = 1, .version = 3}).sync_weights().pause(),
             v1::PAUSE_MODE_UNSPECIFIED);
+  // The runtime's replan.
+  EXPECT_TRUE(ToCommandMessage(s::SyncWeights{.engine = 1, .version = 3, .replan = true})
+                  .sync_weights()
+                  .replan());
+  EXPECT_FALSE(ToCommandMessage(s::SyncWeights{.engine = 1, .version = 3}).sync_weights().replan());
 }
 
 // A short sync run of the core, logged as the runtime logs it.
