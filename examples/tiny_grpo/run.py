@@ -169,8 +169,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.trainer_tp < 1:
         parser.error(f"--trainer-tp must be >= 1, got {args.trainer_tp}")
-    if args.trainer_dp < 1:
-        parser.error(f"--trainer-dp must be >= 1, got {args.trainer_dp}")
+    if not 1 <= args.trainer_dp <= args.trainer_ranks:
+        parser.error(f"--trainer-dp must be in [1, --trainer-ranks {args.trainer_ranks}] "
+                     f"(DP replica d trains the step plan's ranks d, d + dp, ...), got "
+                     f"{args.trainer_dp}")
     if args.mode != "async" and args.partial_rollout:
         parser.error("--partial-rollout needs --mode async")
     if args.kill_engine_at is not None:
@@ -200,8 +202,13 @@ def main(argv=None) -> int:
     sys.path[:0] = [_HERE, *pythonpath.split(os.pathsep)]
     import torch
 
-    from model import load_model
+    from model import Config, load_model
+    from tensor_parallel import check_tp
     from workers import publish_weights
+    try:
+        check_tp(Config.load(), args.trainer_tp)
+    except ValueError as e:
+        parser.error(f"--trainer-tp: {e}")
     torch.set_num_threads(1)
     publish_weights(data, 0, load_model(seed=args.seed))  # the initial policy, version 0
     # The weight layout: the runtime plans each membership's sync (trainer TP 1 ->
