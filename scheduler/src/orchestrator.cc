@@ -774,10 +774,12 @@ struct Orchestrator::State {
     e.pausing = interrupt;
     e.sync_started = now;
     Update(e);
-    out->push_back(SyncWeights{.engine = id,
-                               .version = latest,
-                               .interrupt = interrupt,
-                               .pause = interrupt ? options.pause_mode : PauseMode::kKeep});
+    SyncWeights sync{.engine = id,
+                     .version = latest,
+                     .interrupt = interrupt,
+                     .pause = interrupt ? options.pause_mode : PauseMode::kKeep};
+    if (e.released) sync.resume = {MemoryTag::kWeights, MemoryTag::kKvCache};
+    out->push_back(std::move(sync));
   }
 
   // ---- batches and training ----
@@ -934,7 +936,7 @@ struct Orchestrator::State {
       if (e.releasing || !e.in_flight.empty() || e.syncing_to >= 0) continue;
       e.releasing = true;
       Update(e);
-      out->push_back(Release{.engine = id});
+      out->push_back(Release{.engine = id, .tags = {MemoryTag::kWeights, MemoryTag::kKvCache}});
     }
     return all;
   }

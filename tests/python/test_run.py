@@ -307,6 +307,38 @@ def test_pause_mode_abort_requeues_paused_samples_for_any_engine(rlsched_bin, ru
     _replay(rlsched_bin, run.log)
 
 
+def test_colocated_engines_release_and_take_back_their_memory_by_tag(rlsched_bin, run_factory,
+                                                                      tmp_path):
+    # Colocated sync: before each step every engine frees its weights and KV cache;
+    # the next sync wakes it, weights' memory first, KV cache after the load. The
+    # emulated engines refuse any other tags (the run would fail).
+    orchestrator = {"mode": "ORCHESTRATOR_MODE_SYNC", "colocated": True,
+                    "prompts_per_step": 8, "samples_per_prompt": 4}
+    run = run_factory(_write_config(tmp_path, orchestrator=orchestrator, steps=3, engines=2))
+    for engine in range(2):
+        run.engine(engine)
+    run.trainer()
+    status, out, err = run.finish()
+    assert status == 0, err[-3000:]
+    assert json.loads(out)["done"]
+    both = [rollout_pb2.MEMORY_TAG_WEIGHTS, rollout_pb2.MEMORY_TAG_KV_CACHE]
+    released, woken = set(), 0
+    for record in _log_records(run.log):
+        if record.WhichOneof("kind") != "command":
+            continue
+        kind = record.command.WhichOneof("kind")
+        if kind == "release":
+            assert list(record.command.release.tags) == both
+            released.add(record.command.release.engine)
+        elif kind == "sync_weights":
+            sync = record.command.sync_weights
+            assert list(sync.resume) == (both if sync.engine in released else []), sync
+            woken += sync.engine in released
+            released.discard(sync.engine)
+    assert woken >= 2 * 2, woken  # both engines, at least the first two steps' ends
+    _replay(rlsched_bin, run.log)
+
+
 def test_a_killed_engine_a_late_engine_and_a_returning_trainer(rlsched_bin, run_factory):
     # Slower (a run second lasts 20 ms), so that the faults land mid-run.
     run = run_factory(extra=("--time-scale", "0.02"))

@@ -959,6 +959,8 @@ TEST(OrchestratorTest, ColocatedReleasesTheEnginesBeforeTraining) {
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(Describe(out[0]), "release e0");
   EXPECT_EQ(Describe(out[1]), "release e1");
+  const std::vector<MemoryTag> both = {MemoryTag::kWeights, MemoryTag::kKvCache};
+  for (const Release& release : All<Release>(out)) EXPECT_EQ(release.tags, both);
   out.clear();
   core.Handle(EngineReleased{.time = 3, .engine = 1}, out);
   EXPECT_TRUE(out.empty());
@@ -976,6 +978,8 @@ TEST(OrchestratorTest, ColocatedReleasesTheEnginesBeforeTraining) {
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(Describe(out[0]), "sync e0 v1");
   EXPECT_EQ(Describe(out[1]), "sync e1 v1");
+  // Woken up: weights' memory back before the load, the KV cache after.
+  for (const SyncWeights& sync : All<SyncWeights>(out)) EXPECT_EQ(sync.resume, both);
   out.clear();
   core.Handle(WeightsLoaded{.time = 11, .engine = 0, .version = 1}, out);
   ASSERT_EQ(out.size(), 1u);

@@ -135,6 +135,18 @@ TEST(OrchestratorConvertTest, CommandsCarryEveryField) {
                   .sync_weights()
                   .replan());
   EXPECT_FALSE(ToCommandMessage(s::SyncWeights{.engine = 1, .version = 3}).sync_weights().replan());
+  // Colocated memory by tag.
+  const v1::OrchestratorCommand release = ToCommandMessage(
+      s::Release{.engine = 2, .tags = {s::MemoryTag::kWeights, s::MemoryTag::kKvCache}});
+  EXPECT_EQ(release.release().engine(), 2);
+  ASSERT_EQ(release.release().tags_size(), 2);
+  EXPECT_EQ(release.release().tags(0), v1::MEMORY_TAG_WEIGHTS);
+  EXPECT_EQ(release.release().tags(1), v1::MEMORY_TAG_KV_CACHE);
+  const v1::OrchestratorCommand wake = ToCommandMessage(s::SyncWeights{
+      .engine = 2, .version = 4, .resume = {s::MemoryTag::kWeights, s::MemoryTag::kKvCache}});
+  ASSERT_EQ(wake.sync_weights().resume_size(), 2);
+  EXPECT_EQ(wake.sync_weights().resume(0), v1::MEMORY_TAG_WEIGHTS);
+  EXPECT_EQ(wake.sync_weights().resume(1), v1::MEMORY_TAG_KV_CACHE);
 }
 
 // A short sync run of the core, logged as the runtime logs it.

@@ -21,6 +21,10 @@ namespace s = scheduler;
 
 namespace {
 
+v1::MemoryTag ToMemoryTagMessage(s::MemoryTag tag) {
+  return tag == s::MemoryTag::kWeights ? v1::MEMORY_TAG_WEIGHTS : v1::MEMORY_TAG_KV_CACHE;
+}
+
 void AddSpans(const s::EngineSpans& spans,
               google::protobuf::RepeatedPtrField<v1::VersionSpan>& out) {
   out.Reserve(static_cast<int>(spans.size()));
@@ -231,6 +235,7 @@ v1::OrchestratorCommand ToCommandMessage(const s::Command& command) {
           x->set_version(c.version);
           x->set_interrupt(c.interrupt);
           x->set_replan(c.replan);
+          for (const s::MemoryTag tag : c.resume) x->add_resume(ToMemoryTagMessage(tag));
           if (c.interrupt) {
             x->set_pause(c.pause == s::PauseMode::kAbort ? v1::PAUSE_MODE_ABORT
                                                          : v1::PAUSE_MODE_KEEP);
@@ -242,6 +247,9 @@ v1::OrchestratorCommand ToCommandMessage(const s::Command& command) {
           x->mutable_samples()->Add(c.samples.begin(), c.samples.end());
         } else if constexpr (std::is_same_v<T, s::Release>) {
           m.mutable_release()->set_engine(c.engine);
+          for (const s::MemoryTag tag : c.tags) {
+            m.mutable_release()->add_tags(ToMemoryTagMessage(tag));
+          }
         } else {
           static_assert(std::is_same_v<T, s::StartTrain>);
           v1::StartTrain* x = m.mutable_start_train();

@@ -341,6 +341,11 @@ class EngineWorker(Worker):
         raise NotImplementedError
 
     def release(self, release: rollout_pb2.Release) -> None:
+        """Colocated: free the GPU memory ``release.tags`` names (``MEMORY_TAG_WEIGHTS``,
+        ``MEMORY_TAG_KV_CACHE``) for the trainer, then report ``released()``. The next
+        ``sync_weights`` wakes the engine: ``sync.resume`` lists the memory to take back,
+        in order (the weights' before loading the new weights into it, the KV cache
+        after)."""
         raise NotImplementedError
 
     # The reports.

@@ -39,6 +39,9 @@ from typing import Dict, List, Optional
 from rlsched.v1 import rollout_pb2
 from rlsched.worker.base import EngineWorker, TrainerWorker
 
+# Colocated: the memory a Release frees, and a released engine's sync takes back in order.
+_BOTH_MEMORIES = [rollout_pb2.MEMORY_TAG_WEIGHTS, rollout_pb2.MEMORY_TAG_KV_CACHE]
+
 # The simulator's workload draws (scheduler/src/simulator.cc, common/src/workload.cc),
 # replicated bit for bit: chained SplitMix64 seeds per key, Box-Muller normals.
 _MASK = (1 << 64) - 1
@@ -259,6 +262,11 @@ class EmulatedEngine(EngineWorker):
                     for sample, _ in report:
                         del self._running[sample]
                 self.paused(sync.version, report)
+            # A released engine takes its weights' memory back, loads, then its KV cache.
+            expected = _BOTH_MEMORIES if self._released else []
+            if list(sync.resume) != expected:
+                raise RuntimeError(f"sync v{sync.version}: resume {list(sync.resume)}, expected "
+                                   f"{expected} (released: {self._released})")
             delay = self.sync_seconds + (self.resume_seconds if self._released else 0.0)
             self._released = False
             self._at(now + delay, lambda: self.weights_loaded(sync.version))
@@ -275,6 +283,8 @@ class EmulatedEngine(EngineWorker):
             self._lock.notify()
 
     def release(self, release) -> None:
+        if sorted(release.tags) != _BOTH_MEMORIES:
+            raise RuntimeError(f"release: tags {list(release.tags)}, expected {_BOTH_MEMORIES}")
         with self._lock:
             now = self._advance()
             self._released = True

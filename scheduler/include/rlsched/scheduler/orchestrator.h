@@ -134,6 +134,10 @@ enum class Mode { kSync, kOneStepOff, kAsync };
 // strict whatever this says.
 enum class StalenessPolicy { kAdmission, kFraction, kStrict };
 
+// Colocated: the kinds of GPU memory an engine frees for the trainer and takes back,
+// by the names engines give them (the `tags` of SGLang's memory release and resume).
+enum class MemoryTag { kWeights, kKvCache };
+
 // What an interrupting weight sync (partial rollout) does with the engine's samples.
 enum class PauseMode {
   kKeep,   // they wait on the engine and continue there under the new weights (Resume)
@@ -287,6 +291,9 @@ struct SyncWeights {
   std::int64_t version = 0;
   bool interrupt = false;
   PauseMode pause = PauseMode::kKeep;  // with interrupt
+  // A released engine's memory to take back, in this order: its weights' memory before
+  // loading the new weights into it, its KV cache after. Empty: not released.
+  std::vector<MemoryTag> resume;
   // Never set by the core; the runtime's (runtime.h): an engine was lost during the sync
   // of `version`, and the transfer group is rebuilt without it. The engine joins the new
   // group; still loading `version`, it loads it by the new plan (one WeightsLoaded, as
@@ -299,10 +306,11 @@ struct Resume {
   std::int64_t version = 0;
   std::vector<std::int64_t> samples;
 };
-// Colocated: free the (idle) engine's GPU memory for the trainer, then report
-// EngineReleased. The next SyncWeights wakes it up.
+// Colocated: free the (idle) engine's GPU memory of these kinds for the trainer, then
+// report EngineReleased. The next SyncWeights wakes it up (SyncWeights::resume).
 struct Release {
   std::int64_t engine = 0;
+  std::vector<MemoryTag> tags;  // weights and KV cache
 };
 struct StartTrain {
   std::int64_t step = 0;
