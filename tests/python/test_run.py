@@ -121,6 +121,21 @@ class _Run:
         with open(self.workers[name][1]) as f:
             return json.load(f)
 
+    def run_to_the_end(self, engines):
+        """Starts engines 0 .. engines - 1 and the trainer, waits for the run, checks that
+        it finished its steps and that the trainer trained each sample once (its own
+        count against the RunReport's), and returns the RunReport."""
+        for engine in range(engines):
+            self.engine(engine)
+        self.trainer()
+        status, out, err = self.finish()
+        assert status == 0, err[-3000:]
+        report = json.loads(out)
+        assert report["done"]
+        trained = self.report("trainer")["trained"]
+        assert len(trained) == len(set(trained)) == int(report["counters"]["trained"])
+        return report
+
     def close(self):
         for process, _ in self.workers.values():
             if process.poll() is None:
@@ -262,19 +277,9 @@ def test_pause_mode_abort_requeues_paused_samples_for_any_engine(rlsched_bin, ru
     orchestrator = dict(_CONFIG["orchestrator"], pause_mode="PAUSE_MODE_ABORT",
                         staleness_policy="STALENESS_POLICY_ADMISSION")
     run = run_factory(_write_config(tmp_path, orchestrator=orchestrator, steps=6, engines=4))
-    for engine in range(4):
-        run.engine(engine)
-    run.trainer()
-    status, out, err = run.finish()
-    assert status == 0, err[-3000:]
-    report = json.loads(out)
-    assert report["done"]
+    report = run.run_to_the_end(4)
     counters = report["counters"]
-    trained = int(counters["trained"])
-    assert trained == 6 * 32 * 4
-    trainer = run.report("trainer")
-    assert sorted(trainer["trained"]) == sorted(set(trainer["trained"]))
-    assert len(trainer["trained"]) == trained
+    assert int(counters["trained"]) == 6 * 32 * 4
     assert int(report.get("rejected_events", 0)) == 0
     # From the log: every interrupting sync says abort; nothing is resumed in place; a
     # paused sample comes back in a Dispatch from the tokens its pause reported, and
@@ -315,12 +320,7 @@ def test_colocated_engines_release_and_take_back_their_memory_by_tag(rlsched_bin
     orchestrator = {"mode": "ORCHESTRATOR_MODE_SYNC", "colocated": True,
                     "prompts_per_step": 8, "samples_per_prompt": 4}
     run = run_factory(_write_config(tmp_path, orchestrator=orchestrator, steps=3, engines=2))
-    for engine in range(2):
-        run.engine(engine)
-    run.trainer()
-    status, out, err = run.finish()
-    assert status == 0, err[-3000:]
-    assert json.loads(out)["done"]
+    run.run_to_the_end(2)
     both = [rollout_pb2.MEMORY_TAG_WEIGHTS, rollout_pb2.MEMORY_TAG_KV_CACHE]
     released, woken = set(), 0
     for record in _log_records(run.log):

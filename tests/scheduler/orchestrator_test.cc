@@ -252,15 +252,20 @@ TEST(OrchestratorTest, PartialRolloutRecordsVersionSpans) {
   core.CheckInvariants();
 }
 
+// Async s = 1 with partial rollout and pause mode abort, P prompts of one sample.
+OrchestratorOptions AbortingOptions(std::int64_t prompts_per_step) {
+  return OrchestratorOptions{{.mode = Mode::kAsync,
+                              .max_staleness = 1,
+                              .partial_rollout = true,
+                              .pause_mode = PauseMode::kAbort,
+                              .prompts_per_step = prompts_per_step,
+                              .samples_per_prompt = 1}};
+}
+
 // Pause mode abort: the interrupting sync says so; the paused sample leaves its engine
 // with its tokens when reported (no Resume) and continues on another engine from them.
 TEST(OrchestratorTest, AbortPauseRequeuesPausedSamplesForAnyEngine) {
-  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
-                                         .max_staleness = 1,
-                                         .partial_rollout = true,
-                                         .pause_mode = PauseMode::kAbort,
-                                         .prompts_per_step = 1,
-                                         .samples_per_prompt = 1}});
+  Orchestrator core(AbortingOptions(1));
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
   core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
@@ -311,12 +316,7 @@ TEST(OrchestratorTest, AbortPauseRequeuesPausedSamplesForAnyEngine) {
 // again, here to the same engine, from the tokens reported; a filtered group's sample
 // already reported gets no Abort (its engine forgot it).
 TEST(OrchestratorTest, AbortPauseWithPerSampleReportsRequeuesAtWeightsLoaded) {
-  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
-                                         .max_staleness = 1,
-                                         .partial_rollout = true,
-                                         .pause_mode = PauseMode::kAbort,
-                                         .prompts_per_step = 2,
-                                         .samples_per_prompt = 1}});
+  Orchestrator core(AbortingOptions(2));
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 4, .version = 0}, out);
   core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
