@@ -3,7 +3,8 @@
 Usage (from the repository root, with Debian's python3-torch and the project built):
 
     PYTHONPATH=python:build/python /usr/bin/python3 benchmarks/tiny_grpo_learning.py \\
-        [--modes sync,async] [--trainer-tp 1,2] [--steps 60] [--kill-engine-at STEP] \\
+        [--modes sync,async] [--trainer-tp 1,2] [--trainer-dp 1,2] [--steps 60] \\
+        [--kill-engine-at STEP] \\
         [--out DIR] [--rlsched build/rlsched] [-- run.py options...]
 
 Runs ``examples/tiny_grpo/run.py`` (``rlsched run``, 2 engine processes, a trainer,
@@ -11,15 +12,16 @@ the weights through rlsched's executor over gloo by the runtime's weight-sync pl
 once per mode: ``sync``, ``one_step_off``, ``async`` (max staleness 1, partial
 rollout), ``async_kill`` (the same with the last engine SIGKILLed mid-generation at
 --kill-engine-at), each with run.py's learning defaults unless options after ``--`` say
-otherwise, and once per trainer TP size of --trainer-tp (run.py's --trainer-tp; default:
-run.py's default). For each it prints the reward at the start (mean of the first 3 steps), the
+otherwise, and once per trainer TP size of --trainer-tp and DP size of --trainer-dp
+(run.py's --trainer-tp and --trainer-dp; default: run.py's defaults). For each it prints the reward at the start (mean of the first 3 steps), the
 first step at which the mean reward of the last 3 steps reached --target (0.9 of the
 task's maximum 1.0) and the trainer's wall seconds then, the final reward (mean of the
 last 5 steps), the run's wall time and samples/s, the weight-sync plans the runtime
 made and each engine's syncs (count, median and largest seconds), the trainer's seconds
 in training (the sum over its calls, the weight sync's hand-off included), the load
 average before and after the run, and whether run.py's checks held. Writes DIR/<mode>/
-(DIR/<mode>_tp<N>/ with --trainer-tp; run.py's output) and DIR/reward.png (every mode's
+(DIR/<mode>_tp<T>/, DIR/<mode>_dp<D>/ or DIR/<mode>_tp<T>_dp<D>/ with --trainer-tp and
+--trainer-dp; run.py's output) and DIR/reward.png (every mode's
 curve against step and against wall time; skipped with a message when matplotlib is
 absent). Exit status 1 when a run fails its checks or a mode does not reach the target.
 """
@@ -67,6 +69,8 @@ def main(argv=None) -> int:
     parser.add_argument("--trainer-tp", default=None,
                         help="comma-separated trainer TP sizes, each mode run once per size "
                         "(default: run.py's default, once)")
+    parser.add_argument("--trainer-dp", default=None,
+                        help="comma-separated trainer DP sizes, likewise")
     parser.add_argument("--out", default="/tmp/tiny-grpo-learning")
     parser.add_argument("--rlsched", default=os.environ.get("RLSCHED_BIN")
                         or os.path.join(_REPO, "build", "rlsched"))
@@ -75,23 +79,29 @@ def main(argv=None) -> int:
     for m in modes:
         if m not in MODES:
             parser.error(f"--modes: unknown mode {m!r} (of {', '.join(MODES)})")
-    tps = [None]
-    if args.trainer_tp:
+    def sizes(option, text):
+        if not text:
+            return [None]
         try:
-            tps = [int(t) for t in args.trainer_tp.split(",") if t]
+            values = [int(t) for t in text.split(",") if t]
         except ValueError:
-            parser.error(f"--trainer-tp: integers separated by commas, got {args.trainer_tp!r}")
-        if not tps or min(tps) < 1:
-            parser.error(f"--trainer-tp: sizes >= 1, got {args.trainer_tp!r}")
+            parser.error(f"{option}: integers separated by commas, got {text!r}")
+        if not values or min(values) < 1:
+            parser.error(f"{option}: sizes >= 1, got {text!r}")
+        return values
+
+    tps = sizes("--trainer-tp", args.trainer_tp)
+    dps = sizes("--trainer-dp", args.trainer_dp)
     os.makedirs(args.out, exist_ok=True)
     rows, failed = [], False
-    for m, tp in [(m, tp) for m in modes for tp in tps]:
-        name = m if tp is None else f"{m}_tp{tp}"
+    for m, tp, dp in [(m, tp, dp) for m in modes for tp in tps for dp in dps]:
+        name = m + ("" if tp is None else f"_tp{tp}") + ("" if dp is None else f"_dp{dp}")
         out = os.path.join(args.out, name)
         kill = ["--kill-engine-at", str(args.kill_engine_at)] if m.endswith("_kill") else []
         command = [sys.executable, os.path.join(_EXAMPLE, "run.py"), "--rlsched-bin",
                    args.rlsched, "--out", out, "--steps", str(args.steps), *MODES[m], *kill,
-                   *(["--trainer-tp", str(tp)] if tp is not None else []), *extra]
+                   *(["--trainer-tp", str(tp)] if tp is not None else []),
+                   *(["--trainer-dp", str(dp)] if dp is not None else []), *extra]
         load_before = os.getloadavg()
         start = time.monotonic()
         result = subprocess.run(command, capture_output=True, text=True)
@@ -112,6 +122,7 @@ def main(argv=None) -> int:
         row = {
             "mode": name,
             "trainer_tp": summary.get("trainer_tp", 1),
+            "trainer_dp": summary.get("trainer_dp", 1),
             "steps": len(curve),
             "start_reward": round(sum(curve[:3]) / min(3, len(curve)), 3),
             "final_reward": round(sum(curve[-5:]) / min(5, len(curve)), 3),
