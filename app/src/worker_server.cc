@@ -16,6 +16,7 @@
 #include "rlsched/common/error.h"
 #include "rlsched/wire/orchestrator_convert.h"
 #include "rlsched/wire/reshard_convert.h"
+#include "rlsched/wire/solve.h"
 
 namespace rlsched::app {
 
@@ -228,6 +229,20 @@ grpc::Status WorkerServer::Refuse(Connection& connection, grpc::StatusCode code,
   goodbye.mutable_goodbye()->set_reason("refused: " + why);
   Send(connection, goodbye);
   return grpc::Status(code, why);
+}
+
+grpc::Status WorkerServer::Call(grpc::ServerContext* context, const v1::Request* request,
+                                v1::Reply* reply) {
+  const auto& metadata = context->client_metadata();
+  const auto token = metadata.find("rlsched-token");
+  if (token == metadata.end() ||
+      std::string_view(token->second.data(), token->second.size()) != options_.token) {
+    ++refused_;
+    spdlog::warn("run: refused a call from {}: wrong or missing token", context->peer());
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token");
+  }
+  *reply = wire::Solve(*request, [context] { return context->IsCancelled(); });
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerServer::Attach(

@@ -17,6 +17,11 @@
 //   heartbeats carry its load (requests running and waiting), handed to the runtime
 //   (Runtime::ReportLoad) for the run's report.
 //
+//   Requests. Scheduler.Call answers the daemon's requests (wire::Solve, as `rlsched
+//   serve` does) on the same server, for a caller presenting the run's token in the
+//   metadata key "rlsched-token" (UNAUTHENTICATED otherwise, counted in refused() and
+//   logged); a cancelled call or one past its deadline stops a simulation.
+//
 //   Weight syncs. A SyncWeights that comes with the engine's part of a weight-sync plan
 //   (scheduler::EngineTransfers) names the plan's id (SyncWeights.plan_id); the part
 //   itself (a WeightSyncPlan: the transfer group, the membership, the engine's ranks,
@@ -93,6 +98,8 @@ class WorkerServer final : public v1::Scheduler::Service,
   grpc::Status Attach(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::SchedulerMessage, v1::WorkerMessage>* stream) override;
+  grpc::Status Call(grpc::ServerContext* context, const v1::Request* request,
+                    v1::Reply* reply) override;
   void Execute(const scheduler::Command& command,
                const scheduler::EngineTransfers* transfers) override;
   void Train(const scheduler::StartTrain& call) override;

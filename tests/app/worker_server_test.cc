@@ -28,6 +28,7 @@
 #include "rlsched/rollout/model.h"
 #include "rlsched/v1/runtime.grpc.pb.h"
 #include "rlsched/wire/reshard_convert.h"
+#include "rlsched/wire/solve.h"
 
 namespace rlsched::app {
 namespace {
@@ -382,6 +383,51 @@ TEST_F(WorkerServerTest, WithoutAWeightLayoutSyncsNameNoPlan) {
   const v1::SchedulerMessage sync = Expect(engine, v1::SchedulerMessage::kCommand);
   ASSERT_TRUE(sync.command().has_sync_weights());
   EXPECT_EQ(sync.command().sync_weights().plan_id(), "");
+  runtime.Stop();
+  server.Shutdown("done", milliseconds(500));
+}
+
+// Scheduler.Call answers the daemon's requests on the run's socket, as `rlsched serve`
+// does (wire::Solve), for a caller with the run's token; without it: UNAUTHENTICATED.
+TEST_F(WorkerServerTest, CallAnswersTheDaemonsRequestsForACallerWithTheToken) {
+  scheduler::ManualClock clock;
+  WorkerServer server({.listen = address_, .token = "t0ken", .heartbeat_timeout_seconds = 0});
+  scheduler::RuntimeOptions options = Options();
+  options.weight_sync.reset();
+  scheduler::Runtime runtime(options, server, server, clock);
+  server.Start(runtime);
+  const auto stub =
+      v1::Scheduler::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  const auto call = [&](const v1::Request& request, const std::string& token, v1::Reply& reply) {
+    grpc::ClientContext context;
+    if (!token.empty()) context.AddMetadata("rlsched-token", token);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    return stub->Call(&context, request, &reply);
+  };
+  v1::Request request;
+  request.set_id("b1");
+  v1::BalanceRequest* balance = request.mutable_balance();
+  for (const std::int64_t length : {900, 30, 500, 470, 200, 220, 640, 10}) {
+    balance->add_lengths(length);
+  }
+  balance->set_num_parts(3);
+  v1::Reply reply;
+  const grpc::Status status = call(request, "t0ken", reply);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(reply, wire::Solve(request)))
+      << reply.DebugString();
+  EXPECT_EQ(reply.id(), "b1");
+  EXPECT_EQ(reply.balance().parts_size(), 3);
+  // A bad request: the daemon's error reply, naming the field.
+  balance->set_num_parts(0);
+  ASSERT_TRUE(call(request, "t0ken", reply).ok());
+  ASSERT_TRUE(reply.has_error()) << reply.DebugString();
+  EXPECT_EQ(reply.error().code(), v1::ERROR_CODE_INVALID_ARGUMENT);
+  EXPECT_EQ(reply.error().field(), "balance.num_parts");
+  // No token, a wrong one: refused and counted.
+  EXPECT_EQ(call(request, "", reply).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call(request, "t0ken2", reply).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(server.refused(), 2);
   runtime.Stop();
   server.Shutdown("done", milliseconds(500));
 }

@@ -339,6 +339,32 @@ def test_colocated_engines_release_and_take_back_their_memory_by_tag(rlsched_bin
     _replay(rlsched_bin, run.log)
 
 
+def test_the_run_answers_the_daemons_requests_for_a_caller_with_its_token(run_factory, tmp_path):
+    from rlsched import InProcessClient, InvalidArgumentError
+    from rlsched.errors import DaemonError
+    from rlsched.run_client import RunClient
+
+    run = run_factory(_write_config(tmp_path, steps=2, engines=2))
+    lengths = [900, 30, 500, 470, 200, 220, 640, 10, 4000, 77]
+    local = InProcessClient()
+    with RunClient(run.socket, token="s3cret") as client:
+        assert client.ping() == local.ping()
+        assert client.balance(lengths, 3, raw=True) == local.balance(lengths, 3, raw=True)
+        assert (client.plan_step(lengths, num_ranks=2, max_token_len=4096, raw=True)
+                == local.plan_step(lengths, num_ranks=2, max_token_len=4096, raw=True))
+        with pytest.raises(InvalidArgumentError) as bad:
+            client.balance(lengths, 0)
+        assert bad.value.field == "balance.num_parts"
+    for token in ("", "wrong"):
+        with RunClient(run.socket, token=token) as stranger:
+            with pytest.raises(DaemonError) as refused:
+                stranger.ping()
+            assert refused.value.code == "UNAUTHENTICATED"
+    # The run itself goes on; the two callers are counted as refused.
+    report = run.run_to_the_end(2)
+    assert int(report["workers_refused"]) == 2
+
+
 def test_a_killed_engine_a_late_engine_and_a_returning_trainer(rlsched_bin, run_factory):
     # Slower (a run second lasts 20 ms), so that the faults land mid-run.
     run = run_factory(extra=("--time-scale", "0.02"))

@@ -18,6 +18,23 @@ _PLANS_KEPT = 8
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 
 
+def open_channel(address: str, tls_ca: str = "", tls_server_name: str = "") -> grpc.Channel:
+    """A channel to the scheduler at `address` (``unix:PATH`` or ``HOST:PORT``):
+    plaintext, or TLS trusting the PEM certificates in the file `tls_ca`, the server's
+    certificate carrying `tls_server_name` when given. No limit on received messages."""
+    if not tls_ca:
+        return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    try:
+        with open(tls_ca, "rb") as f:
+            roots = f.read()
+    except OSError as error:
+        raise ValueError(f"tls_ca (RLSCHED_TLS_CA): cannot read {tls_ca}: "
+                         f"{error.strerror}") from None
+    options = _CHANNEL_OPTIONS + ([("grpc.ssl_target_name_override", tls_server_name)]
+                                  if tls_server_name else [])
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=options)
+
+
 class Worker:
     """A connection to the scheduler: hello, then events out and commands in.
 
@@ -129,18 +146,7 @@ class Worker:
         return plan
 
     def _channel(self) -> grpc.Channel:
-        if not self.tls_ca:
-            return grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
-        try:
-            with open(self.tls_ca, "rb") as f:
-                roots = f.read()
-        except OSError as error:
-            raise ValueError(f"tls_ca (RLSCHED_TLS_CA): cannot read {self.tls_ca}: "
-                             f"{error.strerror}") from None
-        options = _CHANNEL_OPTIONS + ([("grpc.ssl_target_name_override", self.tls_server_name)]
-                                      if self.tls_server_name else [])
-        return grpc.secure_channel(self.address, grpc.ssl_channel_credentials(roots),
-                                   options=options)
+        return open_channel(self.address, self.tls_ca, self.tls_server_name)
 
     def run(self) -> Optional[str]:
         """Attaches and handles commands until the scheduler says Goodbye (returns its
