@@ -4,15 +4,23 @@ loopback.
 
     PYTHONPATH=python:build/python RLSCHED_BIN=build/rlsched /usr/bin/python3 \\
         benchmarks/executor_bench.py [--model config.json] [--train tp=2,pp=2] \\
-        [--infer tp=2,replicas=2] [--colocated] [--bucket-mib 64] [--repeat 3] [--json]
+        [--infer tp=2,replicas=2] [--colocated] [--bucket-mib 64] \\
+        [--target-dtype bf16|fp8_block128] [--repeat 3] [--baseline REV] \\
+        [--profile RANK] [--json]
 
 Default world: 8 ranks, a Llama-shaped model of about 190 M parameters (hidden 1024,
 8 layers, FFN 4096, 32,000 tokens; 380 MB in bf16) from Megatron TP 2 x PP 2 (4 ranks) to
-2 vLLM replicas of TP 2 (4 other ranks), 64 MiB buckets.
+2 vLLM replicas of TP 2 (4 other ranks), 64 MiB buckets; `--target-dtype fp8_block128`:
+the engines hold their linear weights in fp8 (quantised by the senders where a slice
+covers whole 128 x 128 blocks, else by the engines).
 
-Measured, each the best of REPEAT runs and the slowest rank's time:
+Measured in REPEAT rounds, each one sync of every variant in an order that rotates from
+round to round (so that a change in the machine's load hits them alike), each the best
+of its rounds and the slowest rank's time:
 - executor: `Executor.run()` (packing, the collectives, unpacking into the destination
   tensors); its construction (checks, process groups) is reported apart;
+- baseline (with `--baseline REV`): the same for python/rlsched/executor.py as of git
+  revision REV, loaded beside this one: before / after in one run;
 - plain: the same collectives (per bucket, one per source and destination set, the
   same sizes, groups and order, issued asynchronously then waited for) on buffers
   allocated once, with no packing or unpacking: what the transport alone costs;
@@ -23,8 +31,10 @@ Measured, each the best of REPEAT runs and the slowest rank's time:
 - the loopback bandwidth of one 64 MiB send/recv, and the plan's estimate at that
   bandwidth (the plan's links all intra-node: estimate x 400 GB/s / measured), so that
   the planner's cost model can be compared with a real transport.
-Every run's engine tensors are checked against the vLLM layout built from the full
-tensors; a difference makes the exit status 1.
+`--profile RANK` runs one more sync with that rank under cProfile and prints where its
+time went (own time per function and torch operation). Every run's engine tensors are
+checked against the vLLM layout built from the full tensors; a difference makes the
+exit status 1.
 """
 
 import argparse
@@ -34,6 +44,7 @@ import multiprocessing
 import os
 import queue
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +69,45 @@ def _reset_peak_rss():
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return _status_kib("VmRSS")
+
+
+def _profiled_run(ex, destinations, profile):
+    """One more sync of `ex`, under cProfile when `profile`: its seconds and the
+    functions and torch operations that took the most of it (own time), as text."""
+    import cProfile
+    import io
+    import pstats
+
+    if destinations is not None:
+        for v in destinations.values():
+            v.zero_()
+    if not profile:
+        ex.run()
+        return None
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    stats = ex.run()
+    profiler.disable()
+    seconds = time.perf_counter() - start
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
+    lines = [line for line in text.getvalue().splitlines()
+             if line.strip() and not line.startswith(("   Ordered", "         "))]
+    return (f"rank {stats.rank}: one profiled sync {seconds:.3f} s "
+            f"(quantised at the sender {stats.quantized_at_sender}, at the destination "
+            f"{stats.quantized_at_destination} transfers)\n" + "\n".join(lines))
+
+
+def _load_module(name, path):
+    """The Python module in file `path`, imported as `name`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _rank_main(rank, world, cfg, results):
@@ -104,28 +154,6 @@ def _rank_main(rank, world, cfg, results):
         link_seconds = slowest(time.perf_counter() - start if rank in (0, 1) else 0.0)
         del link
 
-        # Set up once (checks, process groups), then run REPEAT syncs.
-        dist.barrier()
-        before = _reset_peak_rss()
-        ex = executor.Executor(plan, sources=sources, destinations=destinations,
-                               dtype=model.dtype, direct_min_bytes=cfg["direct_min_bytes"])
-        setup_growth = _status_kib("VmHWM") - before
-        setup = slowest(ex.setup_seconds)
-        runs, staging, rss_growth = [], 0, 0
-        for _ in range(cfg["repeat"]):
-            if destinations is not None:
-                for v in destinations.values():
-                    v.zero_()
-            dist.barrier()
-            before = _reset_peak_rss()
-            stats = ex.run()
-            rss_growth = max(rss_growth, _status_kib("VmHWM") - before)
-            runs.append(slowest(stats.transfer_seconds))
-            staging = max(staging, stats.peak_staging_bytes)
-        if reference is not None:
-            out["mismatched"] = sum(int((lay.bits(destinations[k]) != lay.bits(v)).sum())
-                                    for k, v in reference.items())
-
         # Plain broadcasts: the same collectives (sizes, groups, order) on buffers
         # allocated once, nothing packed or unpacked.
         buckets = [[c for c in cs if c.kind != "local" and (rank == c.src or rank in c.dst_ranks)]
@@ -139,9 +167,8 @@ def _rank_main(rank, world, cfg, results):
             if rank in members:
                 groups[members] = pg
         buffers = [[torch.empty(c.size, dtype=torch.uint8) for c in cs] for cs in buckets]
-        plain = []
-        for _ in range(cfg["repeat"]):
-            dist.barrier()
+
+        def plain_run():
             start = time.perf_counter()
             for cs, bufs in zip(buckets, buffers):
                 works = []
@@ -155,13 +182,60 @@ def _rank_main(rank, world, cfg, results):
                                                     async_op=True))
                 for w in works:
                     w.wait()
-            plain.append(slowest(time.perf_counter() - start))
+            return time.perf_counter() - start
+
+        # Set up once (checks, process groups): this executor, and the baseline's.
+        dist.barrier()
+        before = _reset_peak_rss()
+        ex = executor.Executor(plan, sources=sources, destinations=destinations,
+                               dtype=model.dtype, direct_min_bytes=cfg["direct_min_bytes"])
+        setup_growth = _status_kib("VmHWM") - before
+        setup = slowest(ex.setup_seconds)
+        variants = [("executor", ex), ("plain", None)]
+        if cfg["baseline"]:
+            base = _load_module("rlsched_executor_baseline", cfg["baseline"])
+            variants.insert(1, ("baseline", base.Executor(
+                base.load_plan(cfg["plan"], rank), sources=sources,
+                destinations=destinations, dtype=model.dtype,
+                direct_min_bytes=cfg["direct_min_bytes"])))
+
+        # REPEAT rounds, each one sync of every variant, in an order that rotates.
+        times = {name: [] for name, _ in variants}
+        staging, rss_growth, mismatched = 0, 0, {}
+        for turn in range(cfg["repeat"]):
+            shift = turn % len(variants)
+            for name, e in variants[shift:] + variants[:shift]:
+                if destinations is not None and e is not None:
+                    for v in destinations.values():
+                        v.zero_()
+                dist.barrier()
+                if e is None:
+                    times[name].append(slowest(plain_run()))
+                    continue
+                before = _reset_peak_rss()
+                stats = e.run()
+                times[name].append(slowest(stats.transfer_seconds))
+                if name == "executor":
+                    rss_growth = max(rss_growth, _status_kib("VmHWM") - before)
+                    staging = max(staging, stats.peak_staging_bytes)
+                    direct, staged = stats.direct, stats.bytes_staged
+                if reference is not None:
+                    mismatched[name] = mismatched.get(name, 0) + sum(
+                        int((lay.bits(destinations[k]) != lay.bits(v)).sum())
+                        for k, v in reference.items())
+        if cfg["profile"]:  # a sync is collective: every rank runs it, some profiled
+            dist.barrier()
+            profiled = _profiled_run(ex, destinations, rank in cfg["profile"])
+            if rank in cfg["profile"]:
+                out["profile"] = profiled
+        out["mismatched"] = mismatched
         collectives = sum(len(cs) for cs in buckets)
-        out.update(executor_seconds=min(runs), setup_seconds=setup, plain_seconds=min(plain),
+        out.update(executor_seconds=min(times["executor"]), setup_seconds=setup,
+                   plain_seconds=min(times["plain"]), times=times,
                    setup_rss_growth_bytes=setup_growth * 1024,
                    staging=staging, rss_growth_bytes=rss_growth * 1024,
-                   link_seconds=link_seconds, collectives=collectives, direct=stats.direct,
-                   staged=stats.bytes_staged)
+                   link_seconds=link_seconds, collectives=collectives, direct=direct,
+                   staged=staged)
     except Exception as error:  # noqa: BLE001 - reported to the parent
         import traceback
         out["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}"
@@ -183,6 +257,13 @@ def main():
     parser.add_argument("--direct-min-kib", type=int, default=1024,
                         help="transfers at least this large move alone, unstaged where "
                              "contiguous (0: pack every transfer)")
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also time python/rlsched/executor.py as of this git revision "
+                             "(its Executor on the same world), alternating with this one "
+                             "and the plain broadcasts in every round")
+    parser.add_argument("--profile", type=int, action="append", default=[], metavar="RANK",
+                        help="after the measured syncs, run one more under cProfile on this "
+                             "rank and print where its time went (repeatable)")
     parser.add_argument("--rlsched", default=os.environ.get("RLSCHED_BIN", "build/rlsched"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -200,6 +281,14 @@ def main():
         train = reshard_run.parse_layout(args.train, reshard_run._TRAIN_KEYS, field="train")
         infer = reshard_run.parse_layout(args.infer, ("tp", "replicas"), flags=("ep",),
                                          field="infer")
+        baseline = None
+        if args.baseline:
+            baseline = os.path.join(workdir, "executor_baseline.py")
+            with open(baseline, "wb") as f:
+                f.write(subprocess.run(
+                    ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "show",
+                     f"{args.baseline}:python/rlsched/executor.py"],
+                    check=True, capture_output=True).stdout)
         plan_path = os.path.join(workdir, "plan.binpb")
         planned = reshard_run.plan_with_rlsched(args.rlsched, model_path, train, infer,
                                                 args.colocated, args.bucket_mib, plan_path,
@@ -213,7 +302,8 @@ def main():
         world = max(T, E) if args.colocated else T + E
         cfg = {"store": os.path.join(workdir, "store"), "model": model, "train": t, "infer": i,
                "full": lay.full_tensors(model), "colocated": args.colocated, "plan": plan_path,
-               "repeat": args.repeat, "fp8": args.target_dtype == "fp8_block128",
+               "repeat": args.repeat, "profile": set(args.profile), "baseline": baseline,
+               "fp8": args.target_dtype == "fp8_block128",
                "direct_min_bytes": args.direct_min_kib << 10 if args.direct_min_kib else None}
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         ctx = multiprocessing.get_context("fork")
@@ -237,12 +327,18 @@ def main():
     if errors:
         print(errors[0], file=sys.stderr)
         return 1
+    for o in sorted(outs, key=lambda o: o["rank"]):
+        if "profile" in o:
+            print(o["profile"], file=sys.stderr)
     o0 = outs[0]
     budget = args.bucket_mib << 20
     link_gbps = (64 << 20) / o0["link_seconds"] / 1e9
     estimate = float(planned["estimate_seconds"])
     bytes_moved = int(planned["bytes_moved"])
-    mismatched = sum(o.get("mismatched", 0) for o in outs)
+    mismatched = {}
+    for o in outs:
+        for name, n in o.get("mismatched", {}).items():
+            mismatched[name] = mismatched.get(name, 0) + n
     r = {
         "ranks": world, "model_bytes": sum(v.numel() * v.element_size()
                                            for v in cfg["full"].values()),
@@ -260,9 +356,15 @@ def main():
         "loopback_gb_per_s": link_gbps,
         "plan_estimate_seconds": estimate,
         "plan_estimate_at_loopback_seconds": estimate * 400.0 / link_gbps,
-        "check_ok": mismatched == 0,
+        "check_ok": not any(mismatched.values()),
+        "mismatched_elements": mismatched,
+        "rounds": o0["times"],
         "target_dtype": args.target_dtype,
     }
+    if "baseline" in o0["times"]:
+        r["baseline"] = args.baseline
+        r["baseline_seconds"] = min(o0["times"]["baseline"])
+        r["baseline_ratio"] = r["baseline_seconds"] / o0["plain_seconds"]
     if args.json:
         print(json.dumps(r, sort_keys=True))
     else:
@@ -273,13 +375,19 @@ def main():
         print(f"executor     {r['executor_seconds']:.3f} s   plain broadcasts "
               f"{r['plain_seconds']:.3f} s   ratio {r['ratio']:.2f}x   (set-up "
               f"{r['setup_seconds']:.3f} s apart)")
+        if "baseline" in r:
+            print(f"baseline     {r['baseline_seconds']:.3f} s   ratio {r['baseline_ratio']:.2f}x "
+                  f"(executor.py as of {args.baseline}, in the same rounds)")
+        print("rounds       " + "; ".join(
+            f"{name} " + " ".join(f"{t:.3f}" for t in ts) for name, ts in r["rounds"].items()))
         print(f"memory       peak staging {r['peak_staging_bytes'] / 2**20:.1f} MiB, peak RSS "
               f"growth {r['peak_rss_growth_bytes'] / 2**20:.1f} MiB per rank in a sync; bucket "
               f"budget {budget / 2**20:.0f} MiB (set-up: "
               f"{r['setup_rss_growth_bytes'] / 2**20:.1f} MiB)")
         print(f"plan         estimate {estimate * 1e3:.3f} ms at 400 GB/s; loopback "
               f"{link_gbps:.2f} GB/s -> {r['plan_estimate_at_loopback_seconds']:.3f} s")
-        print(f"check        {'ok' if r['check_ok'] else 'FAILED'}")
+        print(f"check        {'ok' if r['check_ok'] else 'FAILED'} (mismatched elements: "
+              + ", ".join(f"{k} {v}" for k, v in mismatched.items()) + ")")
     return 0 if r["check_ok"] else 1
 
 

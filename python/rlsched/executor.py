@@ -547,9 +547,30 @@ def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Ten
 
 # ---------------------------------------------------------------------------------
 # fp8 (e4m3, "fn": no infinities, largest 448) in 128 x 128 blocks.
+#
+# Every rank must get the same bytes: the codes are computed on float32 bits, rounded
+# to nearest even and saturated at +-448 (:func:`e4m3_bits`, the per-element formula).
+# The quantiser gets the same bytes with fewer passes over memory (about a dozen cheap
+# vectorised in-place operations per element, on buffers of _CHUNK_ELEMENTS that stay in
+# cache): the block maxima on the input's bits (magnitudes of IEEE floats order as their
+# bits do), one division by the block's scale, then the rounding. With
+# M = 1.5 x 2^(e+20) for a value y of exponent e (2^-6's for |y| < 2^-6), float32
+# addition rounds y + M to a multiple of 2^(e-3), to nearest even: y with the 3
+# mantissa bits e4m3 keeps (or e4m3's subnormal multiples of 2^-9), and (y + M) - M is
+# exact; times 2^-120, its float32 bits are the e4m3 code shifted left by 20 (e4m3's
+# subnormals land on float32's: 2^-129 = 2^20 x 2^-149). Scales that are normal floats
+# keep |y| <= 448 (1 + 2^-22), which rounds to 448: no saturation needed; blocks of
+# other scales (0 after underflow, subnormal, inf, NaN) take the per-element formula.
+# tests/python/test_executor.py checks both against a per-block reference.
 
 FP8_BLOCK = 128
 FP8_MAX = 448.0
+_CHUNK_ELEMENTS = 1 << 18
+_F32_SIGN = -0x80000000
+_F32_EXPONENT = 0x7F800000
+_F32_MIN_NORMAL = 0x3C800000  # 2^-6, e4m3's smallest normal value
+_ROUNDING_OFFSET = (20 << 23) | 0x400000  # exponent e -> 1.5 x 2^(e+20)
+_MAGNITUDE_BITS = {2: 0x7FFF, 4: 0x7FFFFFFF}
 
 
 def e4m3_bits(y: "torch.Tensor") -> "torch.Tensor":
@@ -571,22 +592,111 @@ def e4m3_bits(y: "torch.Tensor") -> "torch.Tensor":
     return (code | (sign << 7)).to(torch.uint8)
 
 
-def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
-                      scales: Optional["torch.Tensor"] = None):
-    """Quantises x [..., rows, cols] (any float dtype) to fp8 e4m3 in 128 x 128 blocks
-    of its last two dims, counted from its origin: per block scale = amax(|x|) / 448 in
-    float32 (1 for an all-zero block), codes = e4m3(x / scale). Writes into `codes`
-    (uint8, x's shape) and `scales` (float32, scale_shape(x.shape)) when given, else
-    allocates them; returns (codes, scales). Works 128 rows at a time, so temporaries
-    stay within a few times one block row. Deterministic: the same input gives the same
-    bytes on every rank."""
+class _Scratch:
+    """The quantiser's buffers: float32 y and int32 m, s of `n` elements, with numpy views
+    of their bits on CPU (numpy's shifts are vectorised; torch 1.13's CPU shift is not
+    and costs as much as five other passes)."""
+
+    def __init__(self, n: int, device):
+        import torch  # noqa: PLC0415
+        self.y = torch.empty(n, dtype=torch.float32, device=device)
+        self.m = torch.empty(n, dtype=torch.int32, device=device)
+        self.s = torch.empty(n, dtype=torch.int32, device=device)
+        self.np = None
+        if self.y.device.type == "cpu":
+            try:
+                import numpy  # noqa: PLC0415
+            except ImportError:  # pragma: no cover - torch's CPU builds come with numpy
+                numpy = None
+            if numpy is not None:
+                self.np = (numpy, self.y.view(torch.int32).numpy().view(numpy.uint32),
+                           self.s.numpy())
+
+    def codes(self, n: int, out: "torch.Tensor") -> None:
+        """y[:n] (float32, each |y| <= 448 (1 + 2^-22), consumed) -> their e4m3 codes
+        (as :func:`e4m3_bits`) into `out` (uint8, n elements in any shape)."""
+        import torch  # noqa: PLC0415
+        y, m, s = self.y[:n], self.m[:n], self.s[:n]
+        b = y.view(torch.int32)
+        torch.bitwise_and(b, _F32_SIGN, out=s)
+        torch.bitwise_and(b, _F32_EXPONENT, out=m)
+        m.clamp_(min=_F32_MIN_NORMAL)
+        m.add_(_ROUNDING_OFFSET)  # M: ulp(y + M) = 2^(e-3)
+        mf = m.view(torch.float32)
+        y.add_(mf).sub_(mf)  # y rounded to e4m3's grid, to nearest even, exactly
+        y.mul_(2.0 ** -120)  # bits: code << 20 (e4m3's subnormals on float32's)
+        if self.np is not None:
+            numpy, bn, sn = self.np
+            numpy.right_shift(bn[:n], 20, out=bn[:n])  # logical: the code, bit 11 aside
+            numpy.right_shift(sn[:n], 24, out=sn[:n])  # arithmetic: -128 when negative
+        else:
+            b.bitwise_and_(0x7FFFFFFF).__irshift__(20)
+            s.__irshift__(24)
+        torch.bitwise_or(b.view(out.shape), s.view(out.shape), out=out)  # low bytes
+
+
+def _subnormals_kept() -> bool:
+    """Whether float32 arithmetic keeps subnormals here (torch.set_flush_denormal(True)
+    flushes them; the rounding above needs them)."""
+    import torch  # noqa: PLC0415
+    return bool(torch.tensor([2.0 ** -140]).mul_(0.5).ne(0).item())
+
+
+def _group_max(t: "torch.Tensor", dim: int) -> "torch.Tensor":
+    """The maxima of t over groups of 128 along `dim` (>= 0), the last group partial."""
+    import torch  # noqa: PLC0415
+    n = t.shape[dim]
+    full = n // FP8_BLOCK * FP8_BLOCK
+    parts = []
+    if full:
+        parts.append(t.narrow(dim, 0, full).unflatten(dim, (full // FP8_BLOCK, FP8_BLOCK))
+                     .amax(dim + 1))
+    if n > full:
+        parts.append(t.narrow(dim, full, n - full).amax(dim, keepdim=True))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+def _quantize_chunk(x, codes, scales, scratch: Optional[_Scratch]) -> None:
+    """Quantises x [k, R, cols] (R rows from a block boundary) into codes [k, R, cols]
+    (uint8) and scales [k, ceil(R / 128), ceil(cols / 128)] (float32); scratch of at
+    least x.numel() elements (None: the per-element formula)."""
+    import torch  # noqa: PLC0415
+    k, r, cols = x.shape
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        x = x.to(torch.float32)
+    # The block maxima, on the magnitudes' bits.
+    width = torch.int16 if x.element_size() == 2 else torch.int32
+    magnitude = torch.bitwise_and(x.view(width), _MAGNITUDE_BITS[x.element_size()])
+    amax = _group_max(_group_max(magnitude, 1), 2).view(x.dtype).to(torch.float32)
+    del magnitude
+    scale = amax / FP8_MAX
+    scale = torch.where(amax == 0, torch.ones_like(scale), scale)
+    scales.copy_(scale)
+    if scratch is None or not bool(((scale >= 2.0 ** -126) & (scale < float("inf"))).all()):
+        _quantize_reference(x, codes, scales)
+        return
+    # y = x / its block's scale, in float32 (as x.float() / scale).
+    n = x.numel()
+    yv = scratch.y[:n].view(k, r, cols)
+    rb, bc = scale.shape[1], scale.shape[2]
+    per_row = scale[:, :, None, :].expand(k, rb, FP8_BLOCK, bc).reshape(
+        k, rb * FP8_BLOCK, bc)[:, :r, :]  # [k, r, blocks]
+    full = cols // FP8_BLOCK * FP8_BLOCK
+    if full:
+        torch.div(x[..., :full].unflatten(-1, (full // FP8_BLOCK, FP8_BLOCK)),
+                  per_row[..., :full // FP8_BLOCK, None],
+                  out=yv[..., :full].unflatten(-1, (full // FP8_BLOCK, FP8_BLOCK)))
+    if cols > full:
+        torch.div(x[..., full:], per_row[..., full // FP8_BLOCK:], out=yv[..., full:])
+    scratch.codes(n, codes)
+
+
+def _quantize_reference(x, codes, scales) -> None:
+    """quantize_block128 with the per-element formula (:func:`e4m3_bits`), 128 rows at a
+    time."""
     import torch  # noqa: PLC0415
     shape = tuple(x.shape)
     rows, cols = shape[-2], shape[-1]
-    if codes is None:
-        codes = torch.empty(shape, dtype=torch.uint8, device=x.device)
-    if scales is None:
-        scales = torch.empty(scale_shape(shape), dtype=torch.float32, device=x.device)
     bc = -(-cols // FP8_BLOCK)
     pad_cols = bc * FP8_BLOCK - cols
     for i in range(0, rows, FP8_BLOCK):
@@ -601,6 +711,50 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
         q = e4m3_bits(blocks / scale.unsqueeze(-2).unsqueeze(-1))
         codes[..., i:i + r, :].copy_(q.reshape(shape[:-2] + (r, bc * FP8_BLOCK))[..., :cols])
         scales[..., i // FP8_BLOCK, :].copy_(scale)
+
+
+def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
+                      scales: Optional["torch.Tensor"] = None):
+    """Quantises x [..., rows, cols] (any float dtype) to fp8 e4m3 in 128 x 128 blocks
+    of its last two dims, counted from its origin: per block scale = amax(|x|) / 448 in
+    float32 (1 for an all-zero block), codes = e4m3_bits(x / scale) with x / scale in
+    float32. Writes into `codes` (uint8, x's shape) and `scales` (float32,
+    scale_shape(x.shape)) when given, else allocates them; returns (codes, scales).
+    Works on a few block rows (or several small matrices) at a time: temporaries stay
+    within about 14 bytes per element of 2^18 elements. Deterministic: the same input
+    gives the same bytes on every rank."""
+    import torch  # noqa: PLC0415
+    shape = tuple(x.shape)
+    rows, cols = shape[-2], shape[-1]
+    if codes is None:
+        codes = torch.empty(shape, dtype=torch.uint8, device=x.device)
+    if scales is None:
+        scales = torch.empty(scale_shape(shape), dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return codes, scales
+    x3 = x.reshape((-1, rows, cols))
+    s3_shape = (x3.shape[0],) + scale_shape(shape)[-2:]
+    # Written through 3-d views of codes and scales, or copies where there are none.
+    try:
+        c3, s3, copy_back = codes.view(x3.shape), scales.view(s3_shape), False
+    except RuntimeError:
+        c3 = torch.empty(x3.shape, dtype=torch.uint8, device=x.device)
+        s3 = torch.empty(s3_shape, dtype=torch.float32, device=x.device)
+        copy_back = True
+    per_matrix = rows * cols
+    block_rows = max(1, _CHUNK_ELEMENTS // (FP8_BLOCK * cols)) * FP8_BLOCK
+    matrices = max(1, _CHUNK_ELEMENTS // per_matrix) if block_rows >= rows else 1
+    chunk = min(x.numel(), matrices * per_matrix if block_rows >= rows else block_rows * cols)
+    scratch = _Scratch(chunk, x.device) if _subnormals_kept() else None
+    for l0 in range(0, x3.shape[0], matrices):
+        l1 = min(l0 + matrices, x3.shape[0])
+        for i in range(0, rows, block_rows):
+            i1 = min(i + block_rows, rows)
+            _quantize_chunk(x3[l0:l1, i:i1], c3[l0:l1, i:i1],
+                            s3[l0:l1, i // FP8_BLOCK:-(-i1 // FP8_BLOCK)], scratch)
+    if copy_back:
+        codes.copy_(c3.view(shape))
+        scales.copy_(s3.view(scales.shape))
     return codes, scales
 
 
@@ -877,13 +1031,18 @@ class Executor:
             mask[tuple(slice(b, e) for b, e in sl[:-2]) + (
                 slice(r0 // FP8_BLOCK, -(-r1 // FP8_BLOCK)),
                 slice(c0 // FP8_BLOCK, -(-c1 // FP8_BLOCK)))] = True
-        codes, scales = quantize_block128(acc)
-        del acc
-        rows, cols = dst.shape[-2], dst.shape[-1]
-        element_mask = mask.repeat_interleave(FP8_BLOCK, -2).repeat_interleave(
-            FP8_BLOCK, -1)[..., :rows, :cols]
-        dst.copy_(torch.where(element_mask, codes, dst))
-        scales_dst.copy_(torch.where(mask, scales, scales_dst))
+        if bool(mask.all()):  # every block: quantised straight into the destination
+            quantize_block128(acc, codes=dst, scales=scales_dst)
+        else:
+            codes, scales = quantize_block128(acc)
+            del acc
+            rows, cols = dst.shape[-2], dst.shape[-1]
+            lead, (rb, bc) = tuple(mask.shape[:-2]), mask.shape[-2:]
+            element_mask = mask[..., :, None, :, None].expand(
+                lead + (rb, FP8_BLOCK, bc, FP8_BLOCK)).reshape(
+                lead + (rb * FP8_BLOCK, bc * FP8_BLOCK))[..., :rows, :cols]
+            dst.copy_(torch.where(element_mask, codes, dst))
+            scales_dst.copy_(torch.where(mask, scales, scales_dst))
         if self.on_slice is not None:
             self.on_slice(name, dst, tuple((0, d) for d in dst.shape))
             self.on_slice(scale_name(name), scales_dst, tuple((0, d) for d in scales_dst.shape))

@@ -387,6 +387,181 @@ def test_quantize_block128_scales_each_block():
     assert int((codes != 0).sum()) == 2
 
 
+def reference_quantize_block128(x):
+    """The quantiser as first written: 128 rows at a time, the block amax of the float32
+    values, x / scale in float32, then the per-element formula (e4m3_bits, checked by
+    brute force above). The executor's quantiser must give the same bits."""
+    shape = tuple(x.shape)
+    rows, cols = shape[-2], shape[-1]
+    codes = torch.empty(shape, dtype=torch.uint8)
+    scales = torch.empty(executor.scale_shape(shape), dtype=torch.float32)
+    bc = -(-cols // 128)
+    for i in range(0, rows, 128):
+        part = torch.nn.functional.pad(x[..., i:i + 128, :].to(torch.float32),
+                                       (0, bc * 128 - cols))
+        r = part.shape[-2]
+        blocks = part.reshape(shape[:-2] + (r, bc, 128))
+        amax = blocks.abs().amax(dim=(-3, -1))
+        scale = torch.where(amax == 0, torch.ones_like(amax), amax / 448.0)
+        q = executor.e4m3_bits(blocks / scale.unsqueeze(-2).unsqueeze(-1))
+        codes[..., i:i + r, :] = q.reshape(shape[:-2] + (r, bc * 128))[..., :cols]
+        scales[..., i // 128, :] = scale
+    return codes, scales
+
+
+def e4m3_values():
+    """Every non-negative finite e4m3 value, as float64, in code order."""
+    codes = torch.arange(0, 0x7F)
+    e, m = (codes >> 3) & 15, codes & 7
+    return torch.where(e == 0, m.double() * 2.0 ** -9,
+                       (1 + m.double() / 8) * torch.pow(2.0, (e - 7).double()))
+
+
+def random_weights(g, shape, dtype):
+    """Random values of `dtype` for the quantiser, per 128 x 128 block (from the origin)
+    of magnitude m between 2^-30 and 2^12 (fp16: its range): Gaussian values times m,
+    448 m at the block's first element (the block amax, so that the scale is m, a power
+    of two: the next ones are ties after the division), e4m3 midpoints times m, values
+    just below the amax, exact zeros, -0, values subnormal in `dtype`, all-zero tiles."""
+    lo, hi = (-14, 5) if dtype == torch.float16 else (-30, 12)
+    blocks = tuple(shape[:-2]) + tuple(-(-d // 128) for d in shape[-2:])
+    mag = torch.exp2(torch.randint(lo, hi, blocks, generator=g).double())
+    mag = mag.repeat_interleave(128, -2).repeat_interleave(128, -1)[..., :shape[-2], :shape[-1]]
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * mag
+    pick = torch.rand(shape, generator=g)
+    sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).double()
+    mids = (e4m3_values()[1:] + e4m3_values()[:-1]) / 2
+    tie = mids[torch.randint(0, len(mids), shape, generator=g)] * mag * sign
+    tiny = torch.finfo(dtype).tiny * torch.rand(shape, generator=g, dtype=torch.float64)
+    for (low, high), value in [((0.0, 0.2), tie), ((0.2, 0.25), torch.zeros_like(x)),
+                               ((0.25, 0.3), 448 * mag * (1 - 2.0 ** -8) * sign),
+                               ((0.3, 0.35), tiny * sign), ((0.35, 0.37), -torch.zeros_like(x))]:
+        x = torch.where((pick >= low) & (pick < high), value, x)
+    zero_tiles = torch.rand(tuple(shape[:-2]) + tuple(-(-d // 32) for d in shape[-2:]),
+                            generator=g) < 0.1
+    zero = zero_tiles.repeat_interleave(32, -2).repeat_interleave(32, -1)
+    x = torch.where(zero[..., :shape[-2], :shape[-1]], torch.zeros_like(x), x)
+    x[..., ::128, ::128] = 448 * mag[..., ::128, ::128]
+    return x.to(dtype)
+
+
+class PathCounter:
+    """Counts the quantiser's chunks by path: the fast rounding, the per-element one."""
+
+    def __init__(self, monkeypatch):
+        self.fast = self.reference = 0
+        codes, reference = executor._Scratch.codes, executor._quantize_reference
+
+        def fast(scratch, n, out):
+            self.fast += 1
+            codes(scratch, n, out)
+
+        def slow(x, codes, scales):
+            self.reference += 1
+            reference(x, codes, scales)
+
+        monkeypatch.setattr(executor._Scratch, "codes", fast)
+        monkeypatch.setattr(executor, "_quantize_reference", slow)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
+                         ids=["bf16", "fp16", "fp32"])
+def test_quantizer_matches_the_per_element_reference(dtype, monkeypatch):
+    # Small chunks, so that chunks start at block rows and group whole matrices too.
+    monkeypatch.setattr(executor, "_CHUNK_ELEMENTS", 3 * 128 * 128)
+    paths = PathCounter(monkeypatch)
+    g = torch.Generator().manual_seed(20261126 + torch.finfo(dtype).bits)
+    shapes = [(1, 1), (7, 300), (128, 128), (130, 260), (300, 1000), (384, 129),
+              (3, 129, 384), (5, 64, 200), (2, 2, 131, 7)]
+    for shape in shapes:
+        x = random_weights(g, shape, dtype)
+        want_codes, want_scales = reference_quantize_block128(x)
+        codes, scales = executor.quantize_block128(x)
+        assert torch.equal(codes, want_codes), (shape, dtype)
+        assert torch.equal(scales.view(torch.int32), want_scales.view(torch.int32)), shape
+        # A strided view (as the sender slices its tensor), into given buffers, and into
+        # buffers that cannot be viewed in 3 dims (transposed).
+        wide = random_weights(g, shape[:-1] + (shape[-1] + 70,), dtype)
+        view = wide[..., 33:33 + shape[-1]]
+        want_codes, want_scales = reference_quantize_block128(view)
+        codes = torch.full(shape, 7, dtype=torch.uint8)
+        scales = torch.full(executor.scale_shape(shape), 7.0)
+        executor.quantize_block128(view, codes=codes, scales=scales)
+        assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales), shape
+        order = list(range(len(shape)))[::-1]  # [::-1]: strided, not viewable in 3 dims
+        codes_t = torch.zeros([shape[d] for d in order], dtype=torch.uint8).permute(order)
+        scale_dims = executor.scale_shape(shape)
+        scales_t = torch.zeros([scale_dims[d] for d in order]).permute(order)
+        executor.quantize_block128(view, codes=codes_t, scales=scales_t)
+        assert torch.equal(codes_t, want_codes) and torch.equal(scales_t, want_scales)
+    assert paths.fast > 20 and paths.reference < paths.fast / 4, vars(paths)
+
+
+def test_quantizer_blocks_with_extreme_scales_match_the_reference(monkeypatch):
+    # Blocks whose scale underflows to 0 or is subnormal (fp32 inputs), +-inf values:
+    # these blocks take the per-element formula, the others the fast one.
+    x = torch.randn(256, 384, generator=torch.Generator().manual_seed(5))
+    x[:128, :128] *= 2.0 ** -140  # scale subnormal: |x / scale| may pass 448
+    x[:128, 128:256] = 0.0
+    x[0:3, 128:131] = torch.tensor([2.0 ** -149, -2.0 ** -148, 3 * 2.0 ** -149])
+    x[100, 300] = float("inf")
+    x[101, 200] = -float("inf")
+    x[255, 383] = 2.0 ** -149  # in a block of ordinary values (rows 128-255: all such)
+    b = torch.randn(256, 300, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    b[128:, 150:] = 2.0 ** -128  # bf16 subnormals: a subnormal scale
+    b[200, 200] = -2.0 ** -133
+    monkeypatch.setattr(executor, "_CHUNK_ELEMENTS", 128 * 128)
+    paths = PathCounter(monkeypatch)
+    for t in (x, b):
+        want_codes, want_scales = reference_quantize_block128(t)
+        codes, scales = executor.quantize_block128(t)
+        assert torch.equal(codes, want_codes)
+        assert torch.equal(scales.view(torch.int32), want_scales.view(torch.int32))
+    assert paths.fast > 0 and paths.reference > 0, vars(paths)
+
+
+def test_fast_rounding_matches_e4m3_bits():
+    # Every e4m3 value, every midpoint and its float32 neighbours, +-0, float32
+    # subnormals and random bit patterns up to 448 (1 + 2^-22) in magnitude: the
+    # quantiser's rounding (for values of blocks with normal scales) gives e4m3_bits.
+    values = e4m3_values().float()
+    mids = ((e4m3_values()[1:] + e4m3_values()[:-1]) / 2).float()
+    g = torch.Generator().manual_seed(11)
+    random_bits = torch.randint(0, 0x43E00003, (200000,), generator=g, dtype=torch.int32)
+    y = torch.cat([values, mids, torch.nextafter(mids, torch.zeros(1)),
+                   torch.nextafter(mids, torch.full((1,), 500.0)),
+                   torch.tensor([0.0, 2.0 ** -149, 2.0 ** -127, 2.0 ** -10, 448.0]),
+                   random_bits.view(torch.float32)])
+    y = torch.cat([y, -y])
+    want = executor.e4m3_bits(y)
+    scratch = executor._Scratch(y.numel(), y.device)
+    assert scratch.np is not None  # numpy's shifts on CPU
+    for shifts in ("numpy", "torch"):
+        if shifts == "torch":
+            scratch.np = None  # as on other devices
+        scratch.y.copy_(y)
+        codes = torch.empty(y.numel(), dtype=torch.uint8)
+        scratch.codes(y.numel(), codes)
+        assert torch.equal(codes, want), shifts
+
+
+def test_quantizer_with_subnormals_flushed():
+    # torch.set_flush_denormal(True) breaks the fast rounding: the quantiser notices and
+    # uses the per-element formula, so the bytes stay the reference's (computed in the
+    # same mode).
+    x = random_weights(torch.Generator().manual_seed(3), (200, 300), torch.bfloat16)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        assert not executor._subnormals_kept()
+        want_codes, want_scales = reference_quantize_block128(x)
+        codes, scales = executor.quantize_block128(x)
+    finally:
+        torch.set_flush_denormal(False)
+    assert executor._subnormals_kept()
+    assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
+
+
 def wider(tmp_path, family, **sizes):
     cfg = json.load(open(config(family)))
     cfg.update(sizes)
