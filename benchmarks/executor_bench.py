@@ -25,6 +25,8 @@ of its rounds and the slowest rank's time:
   same sizes, groups and order, issued asynchronously then waited for) on buffers
   allocated once, with no packing or unpacking: what the transport alone costs;
 - the ratio executor / plain (the target is <= 1.5);
+- the CPU time of a sync (user + system, all ranks summed: on a machine with fewer
+  cores than ranks, wall time follows it);
 - peak staging bytes per rank (the executor's own count) and the growth of the rank's
   peak resident memory during `run()` (VmHWM, reset before each run, minus VmRSS at
   the start), against the bucket budget, and during the set-up;
@@ -143,6 +145,11 @@ def _rank_main(rank, world, cfg, results):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             return float(t[0])
 
+        def total(seconds):
+            t = torch.tensor([seconds], dtype=torch.float64)
+            dist.all_reduce(t)
+            return float(t[0])
+
         # The loopback link: one 64 MiB send from rank 0 to rank 1.
         link = torch.empty(64 << 20, dtype=torch.uint8)
         dist.barrier()
@@ -201,6 +208,7 @@ def _rank_main(rank, world, cfg, results):
 
         # REPEAT rounds, each one sync of every variant, in an order that rotates.
         times = {name: [] for name, _ in variants}
+        cpu_seconds = {name: [] for name, _ in variants}  # all ranks' user + system time
         staging, rss_growth, mismatched = 0, 0, {}
         for turn in range(cfg["repeat"]):
             shift = turn % len(variants)
@@ -209,12 +217,16 @@ def _rank_main(rank, world, cfg, results):
                     for v in destinations.values():
                         v.zero_()
                 dist.barrier()
+                cpu = time.process_time()
                 if e is None:
                     times[name].append(slowest(plain_run()))
+                    cpu_seconds[name].append(total(time.process_time() - cpu))
                     continue
                 before = _reset_peak_rss()
                 stats = e.run()
+                cpu = time.process_time() - cpu
                 times[name].append(slowest(stats.transfer_seconds))
+                cpu_seconds[name].append(total(cpu))
                 if name == "executor":
                     rss_growth = max(rss_growth, _status_kib("VmHWM") - before)
                     staging = max(staging, stats.peak_staging_bytes)
@@ -231,7 +243,7 @@ def _rank_main(rank, world, cfg, results):
         out["mismatched"] = mismatched
         collectives = sum(len(cs) for cs in buckets)
         out.update(executor_seconds=min(times["executor"]), setup_seconds=setup,
-                   plain_seconds=min(times["plain"]), times=times,
+                   plain_seconds=min(times["plain"]), times=times, cpu_seconds=cpu_seconds,
                    setup_rss_growth_bytes=setup_growth * 1024,
                    staging=staging, rss_growth_bytes=rss_growth * 1024,
                    link_seconds=link_seconds, collectives=collectives, direct=direct,
@@ -359,6 +371,7 @@ def main():
         "check_ok": not any(mismatched.values()),
         "mismatched_elements": mismatched,
         "rounds": o0["times"],
+        "cpu_seconds": {k: min(v) for k, v in o0["cpu_seconds"].items()},
         "target_dtype": args.target_dtype,
     }
     if "baseline" in o0["times"]:
@@ -380,6 +393,8 @@ def main():
                   f"(executor.py as of {args.baseline}, in the same rounds)")
         print("rounds       " + "; ".join(
             f"{name} " + " ".join(f"{t:.3f}" for t in ts) for name, ts in r["rounds"].items()))
+        print(f"cpu          {os.cpu_count()} cores; one sync, all ranks' CPU seconds (least of "
+              "the rounds): " + ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_seconds"].items()))
         print(f"memory       peak staging {r['peak_staging_bytes'] / 2**20:.1f} MiB, peak RSS "
               f"growth {r['peak_rss_growth_bytes'] / 2**20:.1f} MiB per rank in a sync; bucket "
               f"budget {budget / 2**20:.0f} MiB (set-up: "

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import json
 import time
 from typing import (TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional,
@@ -569,7 +570,7 @@ _CHUNK_ELEMENTS = 1 << 18
 _F32_SIGN = -0x80000000
 _F32_EXPONENT = 0x7F800000
 _F32_MIN_NORMAL = 0x3C800000  # 2^-6, e4m3's smallest normal value
-_ROUNDING_OFFSET = (20 << 23) | 0x400000  # exponent e -> 1.5 x 2^(e+20)
+_ROUNDING_FACTOR = 1.5 * 2.0 ** 20  # 2^e -> M = 1.5 x 2^(e+20): ulp(y + M) = 2^(e-3)
 _MAGNITUDE_BITS = {2: 0x7FFF, 4: 0x7FFFFFFF}
 
 
@@ -610,7 +611,7 @@ class _Scratch:
                 numpy = None
             if numpy is not None:
                 self.np = (numpy, self.y.view(torch.int32).numpy().view(numpy.uint32),
-                           self.s.numpy())
+                           self.s.numpy().view(numpy.uint32))
 
     def codes(self, n: int, out: "torch.Tensor") -> None:
         """y[:n] (float32, each |y| <= 448 (1 + 2^-22), consumed) -> their e4m3 codes
@@ -618,21 +619,24 @@ class _Scratch:
         import torch  # noqa: PLC0415
         y, m, s = self.y[:n], self.m[:n], self.s[:n]
         b = y.view(torch.int32)
-        torch.bitwise_and(b, _F32_SIGN, out=s)
-        torch.bitwise_and(b, _F32_EXPONENT, out=m)
-        m.clamp_(min=_F32_MIN_NORMAL)
-        m.add_(_ROUNDING_OFFSET)  # M: ulp(y + M) = 2^(e-3)
-        mf = m.view(torch.float32)
-        y.add_(mf).sub_(mf)  # y rounded to e4m3's grid, to nearest even, exactly
-        y.mul_(2.0 ** -120)  # bits: code << 20 (e4m3's subnormals on float32's)
         if self.np is not None:
             numpy, bn, sn = self.np
-            numpy.right_shift(bn[:n], 20, out=bn[:n])  # logical: the code, bit 11 aside
-            numpy.right_shift(sn[:n], 24, out=sn[:n])  # arithmetic: -128 when negative
+            numpy.right_shift(bn[:n], 31, out=sn[:n])  # the sign bit (logical shifts)
+        else:
+            torch.bitwise_and(b, _F32_SIGN, out=s).__irshift__(31).bitwise_and_(1)
+        torch.bitwise_and(b, _F32_EXPONENT, out=m)
+        m.clamp_(min=_F32_MIN_NORMAL)  # 2^e, e at least -6
+        mf = m.view(torch.float32)
+        # y + M with M = 1.5 x 2^20 x 2^e (exact: a power of two times 3), rounded once:
+        # y rounded to e4m3's grid, to nearest even; less M again: exact.
+        y.add_(mf, alpha=_ROUNDING_FACTOR).sub_(mf, alpha=_ROUNDING_FACTOR)
+        y.mul_(2.0 ** -120)  # bits: code << 20 (e4m3's subnormals on float32's)
+        if self.np is not None:
+            numpy.right_shift(bn[:n], 20, out=bn[:n])  # the code (and the sign at bit 11)
         else:
             b.bitwise_and_(0x7FFFFFFF).__irshift__(20)
-            s.__irshift__(24)
-        torch.bitwise_or(b.view(out.shape), s.view(out.shape), out=out)  # low bytes
+        b.add_(s, alpha=0x80)  # the sign at bit 7
+        out.copy_(b.view(out.shape))  # the low bytes
 
 
 def _subnormals_kept() -> bool:
@@ -656,38 +660,50 @@ def _group_max(t: "torch.Tensor", dim: int) -> "torch.Tensor":
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
-def _quantize_chunk(x, codes, scales, scratch: Optional[_Scratch]) -> None:
+def _block_scales(x: "torch.Tensor", scales: "torch.Tensor") -> None:
+    """The scales of x [k, rows, cols]'s blocks into scales [k, row blocks, col blocks]:
+    amax / 448 in float32, 1 for an all-zero block; the maxima on the magnitudes' bits,
+    a few block rows (or matrices) at a time."""
+    import torch  # noqa: PLC0415
+    k, rows, cols = x.shape
+    width = torch.int16 if x.element_size() == 2 else torch.int32
+    bits = x.view(width)
+    piece = 8 * _CHUNK_ELEMENTS  # elements of the magnitudes at a time
+    step = max(1, piece // (FP8_BLOCK * cols)) * FP8_BLOCK
+    matrices = max(1, piece // (rows * cols)) if step >= rows else 1
+    for l0 in range(0, k, matrices):
+        for i in range(0, rows, step):
+            magnitude = torch.bitwise_and(bits[l0:l0 + matrices, i:i + step],
+                                          _MAGNITUDE_BITS[x.element_size()])
+            amax = _group_max(_group_max(magnitude, 1), 2).view(x.dtype).to(torch.float32)
+            scale = amax / FP8_MAX
+            scales[l0:l0 + matrices, i // FP8_BLOCK:(i + step) // FP8_BLOCK].copy_(
+                torch.where(amax == 0, torch.ones_like(scale), scale))
+
+
+def _quantize_chunk(x, codes, scales, scratch: _Scratch) -> None:
     """Quantises x [k, R, cols] (R rows from a block boundary) into codes [k, R, cols]
-    (uint8) and scales [k, ceil(R / 128), ceil(cols / 128)] (float32); scratch of at
-    least x.numel() elements (None: the per-element formula)."""
+    (uint8), given its blocks' scales [k, ceil(R / 128), ceil(cols / 128)] (normal
+    floats); scratch of at least x.numel() elements."""
     import torch  # noqa: PLC0415
     k, r, cols = x.shape
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        x = x.to(torch.float32)
-    # The block maxima, on the magnitudes' bits.
-    width = torch.int16 if x.element_size() == 2 else torch.int32
-    magnitude = torch.bitwise_and(x.view(width), _MAGNITUDE_BITS[x.element_size()])
-    amax = _group_max(_group_max(magnitude, 1), 2).view(x.dtype).to(torch.float32)
-    del magnitude
-    scale = amax / FP8_MAX
-    scale = torch.where(amax == 0, torch.ones_like(scale), scale)
-    scales.copy_(scale)
-    if scratch is None or not bool(((scale >= 2.0 ** -126) & (scale < float("inf"))).all()):
-        _quantize_reference(x, codes, scales)
-        return
-    # y = x / its block's scale, in float32 (as x.float() / scale).
     n = x.numel()
+    # y = x / its block's scale, in float32 (as x.float() / scale).
     yv = scratch.y[:n].view(k, r, cols)
-    rb, bc = scale.shape[1], scale.shape[2]
-    per_row = scale[:, :, None, :].expand(k, rb, FP8_BLOCK, bc).reshape(
-        k, rb * FP8_BLOCK, bc)[:, :r, :]  # [k, r, blocks]
-    full = cols // FP8_BLOCK * FP8_BLOCK
-    if full:
-        torch.div(x[..., :full].unflatten(-1, (full // FP8_BLOCK, FP8_BLOCK)),
-                  per_row[..., :full // FP8_BLOCK, None],
-                  out=yv[..., :full].unflatten(-1, (full // FP8_BLOCK, FP8_BLOCK)))
-    if cols > full:
-        torch.div(x[..., full:], per_row[..., full // FP8_BLOCK:], out=yv[..., full:])
+    rb, bc = scales.shape[1], scales.shape[2]
+    if r % FP8_BLOCK == 0 and cols % FP8_BLOCK == 0:  # whole blocks: one division
+        blocked = (k, rb, FP8_BLOCK, bc, FP8_BLOCK)
+        torch.div(x.view(blocked), scales[:, :, None, :, None], out=yv.view(blocked))
+    else:
+        per_row = scales[:, :, None, :].expand(k, rb, FP8_BLOCK, bc).reshape(
+            k, rb * FP8_BLOCK, bc)[:, :r, :]  # [k, r, col blocks]
+        full = cols // FP8_BLOCK * FP8_BLOCK
+        if full:
+            torch.div(x[..., :full].unflatten(-1, (full // FP8_BLOCK, FP8_BLOCK)),
+                      per_row[..., :full // FP8_BLOCK, None],
+                      out=yv[..., :full].unflatten(-1, (full // FP8_BLOCK, FP8_BLOCK)))
+        if cols > full:
+            torch.div(x[..., full:], per_row[..., full // FP8_BLOCK:], out=yv[..., full:])
     scratch.codes(n, codes)
 
 
@@ -721,8 +737,8 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
     float32. Writes into `codes` (uint8, x's shape) and `scales` (float32,
     scale_shape(x.shape)) when given, else allocates them; returns (codes, scales).
     Works on a few block rows (or several small matrices) at a time: temporaries stay
-    within about 14 bytes per element of 2^18 elements. Deterministic: the same input
-    gives the same bytes on every rank."""
+    within about 8 MiB. Deterministic: the same input gives the same bytes on every
+    rank."""
     import torch  # noqa: PLC0415
     shape = tuple(x.shape)
     rows, cols = shape[-2], shape[-1]
@@ -733,6 +749,8 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
     if x.numel() == 0:
         return codes, scales
     x3 = x.reshape((-1, rows, cols))
+    if x3.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        x3 = x3.to(torch.float32)
     s3_shape = (x3.shape[0],) + scale_shape(shape)[-2:]
     # Written through 3-d views of codes and scales, or copies where there are none.
     try:
@@ -741,21 +759,60 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
         c3 = torch.empty(x3.shape, dtype=torch.uint8, device=x.device)
         s3 = torch.empty(s3_shape, dtype=torch.float32, device=x.device)
         copy_back = True
+    _block_scales(x3, s3)
+    # Block rows whose scales are all normal floats take the fast rounding, the others
+    # (scales 0 after underflow, subnormal, inf, NaN) the per-element formula.
+    fast = (((s3 >= 2.0 ** -126) & (s3 < float("inf"))).all(dim=2).tolist()
+            if _subnormals_kept() else None)
     per_matrix = rows * cols
     block_rows = max(1, _CHUNK_ELEMENTS // (FP8_BLOCK * cols)) * FP8_BLOCK
     matrices = max(1, _CHUNK_ELEMENTS // per_matrix) if block_rows >= rows else 1
     chunk = min(x.numel(), matrices * per_matrix if block_rows >= rows else block_rows * cols)
-    scratch = _Scratch(chunk, x.device) if _subnormals_kept() else None
+    scratch = _Scratch(chunk, x.device) if fast is not None else None
     for l0 in range(0, x3.shape[0], matrices):
         l1 = min(l0 + matrices, x3.shape[0])
         for i in range(0, rows, block_rows):
             i1 = min(i + block_rows, rows)
-            _quantize_chunk(x3[l0:l1, i:i1], c3[l0:l1, i:i1],
-                            s3[l0:l1, i // FP8_BLOCK:-(-i1 // FP8_BLOCK)], scratch)
+            rb0, rb1 = i // FP8_BLOCK, -(-i1 // FP8_BLOCK)
+            if fast is not None and all(all(f[rb0:rb1]) for f in fast[l0:l1]):
+                _quantize_chunk(x3[l0:l1, i:i1], c3[l0:l1, i:i1], s3[l0:l1, rb0:rb1], scratch)
+            else:
+                _quantize_reference(x3[l0:l1, i:i1], c3[l0:l1, i:i1], s3[l0:l1, rb0:rb1])
     if copy_back:
         codes.copy_(c3.view(shape))
         scales.copy_(s3.view(scales.shape))
     return codes, scales
+
+
+def _block_rectangles(mask: "torch.Tensor"):
+    """The True blocks of a block mask [..., row blocks, col blocks] as rectangles
+    (leading index as a tuple of ints or slices, (first, end) row blocks, (first, end)
+    col blocks): per leading index (all at once where every one has the same mask),
+    runs of blocks in a row, merged over consecutive rows that have the same runs."""
+    lead_shape = tuple(mask.shape[:-2])
+    flat = mask.reshape((-1,) + tuple(mask.shape[-2:]))
+    if bool((flat == flat[:1]).all()):
+        leads = [(tuple(slice(None) for _ in lead_shape), flat[0])]
+    else:
+        leads = list(zip(itertools.product(*(range(d) for d in lead_shape)), flat))
+    for lead, m in leads:
+        previous, start = None, 0
+        rows = m.tolist() + [[False] * m.shape[1]]
+        for r, row in enumerate(rows):
+            runs, c = [], 0
+            while c < len(row):
+                if row[c]:
+                    e = c
+                    while e < len(row) and row[e]:
+                        e += 1
+                    runs.append((c, e))
+                    c = e
+                else:
+                    c += 1
+            if runs != previous:
+                for run in previous or []:
+                    yield lead, (start, r), run
+                previous, start = runs, r
 
 
 # ---------------------------------------------------------------------------------
@@ -1025,24 +1082,21 @@ class Executor:
             return
         del gathering[name]
         scales_dst = self.destinations[scale_name(name)]
-        mask = torch.zeros(scales_dst.shape, dtype=torch.bool, device=dst.device)
+        mask = torch.zeros(scales_dst.shape, dtype=torch.bool)
         for sl in self._gather_slices[name]:
             (r0, r1), (c0, c1) = sl[-2], sl[-1]
             mask[tuple(slice(b, e) for b, e in sl[:-2]) + (
                 slice(r0 // FP8_BLOCK, -(-r1 // FP8_BLOCK)),
                 slice(c0 // FP8_BLOCK, -(-c1 // FP8_BLOCK)))] = True
-        if bool(mask.all()):  # every block: quantised straight into the destination
-            quantize_block128(acc, codes=dst, scales=scales_dst)
-        else:
-            codes, scales = quantize_block128(acc)
-            del acc
-            rows, cols = dst.shape[-2], dst.shape[-1]
-            lead, (rb, bc) = tuple(mask.shape[:-2]), mask.shape[-2:]
-            element_mask = mask[..., :, None, :, None].expand(
-                lead + (rb, FP8_BLOCK, bc, FP8_BLOCK)).reshape(
-                lead + (rb * FP8_BLOCK, bc * FP8_BLOCK))[..., :rows, :cols]
-            dst.copy_(torch.where(element_mask, codes, dst))
-            scales_dst.copy_(torch.where(mask, scales, scales_dst))
+        # Only the blocks these slices cover (the others came quantised by their
+        # senders), in rectangles of whole blocks quantised straight into the
+        # destination: the same blocks, so the same bytes.
+        for lead, (r0, r1), (c0, c1) in _block_rectangles(mask):
+            rows = slice(r0 * FP8_BLOCK, r1 * FP8_BLOCK)
+            cols = slice(c0 * FP8_BLOCK, c1 * FP8_BLOCK)
+            quantize_block128(acc[lead + (rows, cols)], codes=dst[lead + (rows, cols)],
+                              scales=scales_dst[lead + (slice(r0, r1), slice(c0, c1))])
+        del acc
         if self.on_slice is not None:
             self.on_slice(name, dst, tuple((0, d) for d in dst.shape))
             self.on_slice(scale_name(name), scales_dst, tuple((0, d) for d in scales_dst.shape))
