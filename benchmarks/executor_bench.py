@@ -20,7 +20,7 @@ of its rounds and the slowest rank's time:
 - executor: `Executor.run()` (packing, the collectives, unpacking into the destination
   tensors); its construction (checks, process groups) is reported apart;
 - baseline (with `--baseline REV`): the same for python/rlsched/executor.py as of git
-  revision REV, loaded beside this one: before / after in one run;
+  revision REV (or a file), loaded beside this one: before / after in one run;
 - plain: the same collectives (per bucket, one per source and destination set, the
   same sizes, groups and order, issued asynchronously then waited for) on buffers
   allocated once, with no packing or unpacking: what the transport alone costs;
@@ -30,6 +30,8 @@ of its rounds and the slowest rank's time:
 - peak staging bytes per rank (the executor's own count) and the growth of the rank's
   peak resident memory during `run()` (VmHWM, reset before each run, minus VmRSS at
   the start), against the bucket budget, and during the set-up;
+- fp8: the quantiser's throughput on one core (GB/s of bf16 input, before the ranks
+  start), to set against the loopback bandwidth;
 - the loopback bandwidth of one 64 MiB send/recv, and the plan's estimate at that
   bandwidth (the plan's links all intra-node: estimate x 400 GB/s / measured), so that
   the planner's cost model can be compared with a real transport.
@@ -99,6 +101,29 @@ def _profiled_run(ex, destinations, profile):
     return (f"rank {stats.rank}: one profiled sync {seconds:.3f} s "
             f"(quantised at the sender {stats.quantized_at_sender}, at the destination "
             f"{stats.quantized_at_destination} transfers)\n" + "\n".join(lines))
+
+
+def _quantizer_gb_per_s(module_path=None):
+    """The fp8 quantiser's throughput on one core, in GB/s of bf16 input: the best of 5
+    quantize_block128 calls on a 2048 x 1024 bf16 tensor (in this process, before the
+    ranks start), with this executor or the one in `module_path`."""
+    import torch
+
+    from rlsched import executor
+
+    module = _load_module("rlsched_executor_q", module_path) if module_path else executor
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            module.quantize_block128(x)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return x.numel() * 2 / best / 1e9
 
 
 def _load_module(name, path):
@@ -269,10 +294,11 @@ def main():
     parser.add_argument("--direct-min-kib", type=int, default=1024,
                         help="transfers at least this large move alone, unstaged where "
                              "contiguous (0: pack every transfer)")
-    parser.add_argument("--baseline", default=None, metavar="REV",
+    parser.add_argument("--baseline", default=None, metavar="REV|FILE",
                         help="also time python/rlsched/executor.py as of this git revision "
-                             "(its Executor on the same world), alternating with this one "
-                             "and the plain broadcasts in every round")
+                             "(or the executor module in FILE): its Executor on the same "
+                             "world, alternating with this one and the plain broadcasts in "
+                             "every round")
     parser.add_argument("--profile", type=int, action="append", default=[], metavar="RANK",
                         help="after the measured syncs, run one more under cProfile on this "
                              "rank and print where its time went (repeatable)")
@@ -294,7 +320,9 @@ def main():
         infer = reshard_run.parse_layout(args.infer, ("tp", "replicas"), flags=("ep",),
                                          field="infer")
         baseline = None
-        if args.baseline:
+        if args.baseline and os.path.isfile(args.baseline):
+            baseline = args.baseline
+        elif args.baseline:
             baseline = os.path.join(workdir, "executor_baseline.py")
             with open(baseline, "wb") as f:
                 f.write(subprocess.run(
@@ -317,6 +345,11 @@ def main():
                "repeat": args.repeat, "profile": set(args.profile), "baseline": baseline,
                "fp8": args.target_dtype == "fp8_block128",
                "direct_min_bytes": args.direct_min_kib << 10 if args.direct_min_kib else None}
+        quantizer = {}
+        if cfg["fp8"]:
+            quantizer["executor"] = _quantizer_gb_per_s()
+            if baseline:
+                quantizer["baseline"] = _quantizer_gb_per_s(baseline)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         ctx = multiprocessing.get_context("fork")
         results = ctx.Queue()
@@ -366,6 +399,7 @@ def main():
         "peak_rss_growth_bytes": max(o["rss_growth_bytes"] for o in outs),
         "setup_rss_growth_bytes": max(o["setup_rss_growth_bytes"] for o in outs),
         "loopback_gb_per_s": link_gbps,
+        "quantizer_gb_per_s": quantizer,
         "plan_estimate_seconds": estimate,
         "plan_estimate_at_loopback_seconds": estimate * 400.0 / link_gbps,
         "check_ok": not any(mismatched.values()),
@@ -390,7 +424,7 @@ def main():
               f"{r['setup_seconds']:.3f} s apart)")
         if "baseline" in r:
             print(f"baseline     {r['baseline_seconds']:.3f} s   ratio {r['baseline_ratio']:.2f}x "
-                  f"(executor.py as of {args.baseline}, in the same rounds)")
+                  f"(executor.py of {args.baseline}, in the same rounds)")
         print("rounds       " + "; ".join(
             f"{name} " + " ".join(f"{t:.3f}" for t in ts) for name, ts in r["rounds"].items()))
         print(f"cpu          {os.cpu_count()} cores; one sync, all ranks' CPU seconds (least of "
@@ -399,6 +433,10 @@ def main():
               f"growth {r['peak_rss_growth_bytes'] / 2**20:.1f} MiB per rank in a sync; bucket "
               f"budget {budget / 2**20:.0f} MiB (set-up: "
               f"{r['setup_rss_growth_bytes'] / 2**20:.1f} MiB)")
+        if quantizer:
+            print("quantiser    " + ", ".join(f"{k} {v:.2f}" for k, v in quantizer.items())
+                  + " GB/s of bf16 in on one core (2048 x 1024); loopback link "
+                  f"{link_gbps:.2f} GB/s")
         print(f"plan         estimate {estimate * 1e3:.3f} ms at 400 GB/s; loopback "
               f"{link_gbps:.2f} GB/s -> {r['plan_estimate_at_loopback_seconds']:.3f} s")
         print(f"check        {'ok' if r['check_ok'] else 'FAILED'} (mismatched elements: "
