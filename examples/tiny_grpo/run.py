@@ -30,6 +30,13 @@ gloo world for, workers.py's PlanSync); the run must still finish every step, tr
 every sample once (the trainer's list; the engines' logs of what they finished, which a
 SIGKILL leaves), count one engine failure, and every worker must have run the plans the
 runtime made (its log's "weight-sync plan" lines), no other.
+``--kill-engine-during-sync STEP`` has the last engine SIGKILL itself during the weight
+sync of version STEP, once in that sync's gloo world and before the transfer completes
+(workers.py ``--die-during-sync``): the runtime sends the other engines of that sync a
+replan (the same version by a plan without the lost engine), the engines leave the
+broken world for the new one and load the version there, and the trainer ranks, whose
+run failed in the old world, move to it too; the run must finish every step as above,
+with the RunReport counting the replans.
 
 Writes to OUT: ``run.json`` (the run config, a SimulatorConfig: the same file runs in
 ``rlsched simulate --config``), ``report.json`` (rlsched's RunReport), ``summary.json``
@@ -157,6 +164,10 @@ def main(argv=None) -> int:
                         help="SIGKILL the last engine in the middle of its generation "
                         "under version STEP (the weights of step STEP); the run goes on "
                         "with the others")
+    parser.add_argument("--kill-engine-during-sync", type=int, default=None, metavar="STEP",
+                        help="the last engine SIGKILLs itself during the weight sync of "
+                        "version STEP, in that sync's world before the transfer completes "
+                        "(the runtime replans the sync for the others)")
     parser.add_argument("--weights", choices=["executor", "file"], default="executor",
                         help="how new weights reach the engines: rlsched's executor over "
                         "torch.distributed gloo (default), or a file per version")
@@ -175,12 +186,22 @@ def main(argv=None) -> int:
                      f"{args.trainer_dp}")
     if args.mode != "async" and args.partial_rollout:
         parser.error("--partial-rollout needs --mode async")
-    if args.kill_engine_at is not None:
+    for option, step in (("--kill-engine-at", args.kill_engine_at),
+                         ("--kill-engine-during-sync", args.kill_engine_during_sync)):
+        if step is None:
+            continue
         if args.engines < 2:
-            parser.error("--kill-engine-at needs --engines 2 or more (one must survive)")
-        if not 1 <= args.kill_engine_at < args.steps:
-            parser.error(f"--kill-engine-at must be in [1, {args.steps - 1}] "
-                         f"(--steps {args.steps}), got {args.kill_engine_at}")
+            parser.error(f"{option} needs --engines 2 or more (one must survive)")
+        if not 1 <= step < args.steps:
+            parser.error(f"{option} must be in [1, {args.steps - 1}] "
+                         f"(--steps {args.steps}), got {step}")
+    if args.kill_engine_during_sync is not None:
+        if args.kill_engine_at is not None:
+            parser.error("--kill-engine-during-sync and --kill-engine-at both kill the last "
+                         "engine: give one")
+        if args.weights != "executor":
+            parser.error("--kill-engine-during-sync needs --weights executor (replans are "
+                         "the weight-sync plans')")
 
     rlsched_bin, pythonpath = _paths(args)
     out = os.path.abspath(args.out)
@@ -252,10 +273,15 @@ def main(argv=None) -> int:
               "--digits", str(args.digits),
               "--alphabet", str(args.alphabet), "--seed", str(args.seed)]
     workers = {}
-    victim = f"engine{args.engines - 1}" if args.kill_engine_at is not None else None
+    killing = args.kill_engine_at is not None or args.kill_engine_during_sync is not None
+    victim = f"engine{args.engines - 1}" if killing else None
     for e in range(args.engines):
         name = f"engine{e}"
-        stall = ["--stall-at-version", str(args.kill_engine_at)] if name == victim else []
+        stall = []
+        if name == victim:
+            stall = (["--stall-at-version", str(args.kill_engine_at)]
+                     if args.kill_engine_at is not None else
+                     ["--die-during-sync", str(args.kill_engine_during_sync)])
         workers[name] = subprocess.Popen(
             [_PYTHON, os.path.join(_HERE, "workers.py"), "--role", "engine", "--engine", str(e),
              "--max-concurrent", str(args.max_concurrent), "--min-step-seconds",
@@ -307,6 +333,11 @@ def main(argv=None) -> int:
         program.kill()
     stdout, _ = program.communicate()
     wall = time.monotonic() - start
+    dying_path = os.path.join(data, f"dying.{victim}")
+    if args.kill_engine_during_sync is not None and os.path.exists(dying_path):
+        with open(dying_path) as f:  # the victim killed itself, saying where
+            dying = json.load(f)
+        killed = {**dying, "engine": victim, "wall_seconds": None, "during_sync": True}
     statuses = {}
     for name, process in workers.items():
         try:
@@ -471,6 +502,17 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
         if not plans:
             sync_problems.append("the runtime's log names no weight-sync plan")
         checks["weight_sync_by_runtime_plans"] = not sync_problems
+    if getattr(args, "kill_engine_during_sync", None) is not None:
+        # Killed during the sync of that version, in its world; the runtime counted one
+        # engine failure, sent the others the sync again by a plan without it (a
+        # replan), and planned that membership (its epochs: one without the victim).
+        members = [e.get("members", []) for e in report.get("weight_sync", [])]
+        lost = int(victim[len("engine"):]) if victim else -1
+        checks["engine_killed_during_sync"] = bool(
+            killed and killed.get("version") == args.kill_engine_during_sync
+            and int(counters.get("engine_failures", 0)) == 1
+            and int(report.get("weight_sync_replans", 0)) > 0
+            and any(m and lost not in [int(x) for x in m] for m in members))
     if args.kill_engine_at is not None:
         # Killed mid-generation (samples in flight, which the runtime requeued), and the
         # runtime counted one engine failure.
@@ -500,6 +542,10 @@ def summarize(args, report, reports, statuses, wall, killed=None, finished_logs=
         "trained_by_engine": trainer.get("trained_by_engine"),
         "killed": killed,
         "weight_sync_epochs": (trainer.get("weight_sync") or {}).get("epochs"),
+        # The runtime's: each membership's plan (members, transfers, bytes, syncs) and
+        # the syncs it sent again because an engine was lost during them.
+        "runtime_weight_sync": report.get("weight_sync"),
+        "weight_sync_replans": int(report.get("weight_sync_replans", 0)),
         "runtime_plans": plans,
         "weight_sync_problems": sync_problems,
         # Seconds per run of the plan (the executor's transfer time; the trainer's side

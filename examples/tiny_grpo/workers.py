@@ -21,9 +21,11 @@ directory (``--data DIR``):
 - ``trainer.store``: with more than one trainer process (``--tp``, ``--dp``), the
   rendezvous file of the trainer's own gloo groups (every trainer process, each DP
   replica's TP group, each TP rank's DP group; tensor_parallel.Grid);
+- ``dying.engine<e>``: with ``--die-during-sync``, where engine e was when it killed
+  itself (the version, the plan, the point of the sync);
 - ``trainer_worlds/<k>.binpb``: with more than one trainer process, the plan of the k-th
-  weight-sync world trainer rank 0 joined (the runtime's ``WeightSyncPlan``, the
-  senders' part), which the other trainer ranks join after it.
+  weight-sync world trainer rank 0 tried, joined or lost while joining (the runtime's
+  ``WeightSyncPlan``, the senders' part), which the other trainer ranks try after it.
 
 The trainer. ``tp * dp`` processes (``--tp``, ``--dp``; trainer rank ``g = dp_rank * tp +
 tp_rank``, Megatron-core's order): rank 0 attaches to the runtime as the
@@ -55,7 +57,9 @@ Weights move one of two ways (``--weights``):
   received) into vLLM-named tensors (``qkv_proj``, ``gate_up_proj``, the vocabulary
   padded to 64 rows), which it splits back into its HF-named parameters. Every version goes to every engine: the engines must all sync
   to every version (the case in sync mode and in async mode with partial rollout,
-  where a sync interrupts every engine at once).
+  where a sync interrupts every engine at once). An engine loads on a thread of its own
+  (the command thread stays free for a replan of the sync under way: a member lost
+  during it, see :class:`PlanSync`).
 - ``file``: trainer rank 0 writes ``weights/v<N>.pt`` (the full weights, its TP group's
   slices gathered) atomically before it reports the step that made it finished; an
   engine loads it on SyncWeights(version N).
@@ -153,6 +157,19 @@ def store_path(data: str, group: str) -> str:
     return os.path.join(data, "stores", group)
 
 
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0][:200]
+
+
+class WorldLost(RuntimeError):
+    """A weight-sync world failed under this worker (a member lost while it was built
+    or during a run); the worker has left it."""
+
+    def __init__(self, plan, reason: str):
+        super().__init__(f"weight-sync plan {plan.plan_id}: {reason}")
+        self.plan, self.reason = plan, reason
+
+
 class PlanSync:
     """One worker's side of the weight sync over rlsched's executor (gloo), by the plans
     ``rlsched run --model --train tp=T,dp=D --infer tp=1`` sends (``WeightSyncPlan``,
@@ -183,10 +200,24 @@ class PlanSync:
     policy's file, the checkpoint a real engine loads); every later version moves
     through the executor, one run of the plan per version, in order.
 
-    What the runtime's messages do not carry, and so cannot be recovered here: a member
-    lost *during* a run. The survivors' SyncWeights is then in progress under the old
-    plan and the runtime sends the new plan only with a later SyncWeights, so an engine
-    whose run fails raises (the run fails) instead of waiting for it.
+    A member lost *during* a sync. The members still in that sync's world see a join
+    or a run fail there (gloo: the dead member's connections close, and every worker
+    that fails leaves the world at once, so those waiting on it fail too rather than at
+    their timeout); each leaves it (:class:`WorldLost`). The runtime sends every engine
+    whose last SyncWeights named that version a replan (``SyncWeights.replan``: the same
+    version by the plan of the membership without the lost engine): an engine still
+    loading it joins the new world and loads it there (the members say what they hold,
+    the trainer sends from the oldest version missing), and reports it once; an engine
+    that holds it already joins the new world and reports nothing. The trainer ranks
+    move to the newest plan as after any failure in their world (the replan's plan
+    comes to rank 0 with ``on_weight_sync_plan``). Worlds tried and lost count as
+    worlds (``epochs``, with why they failed), so every trainer rank tries the same
+    ones in the same order.
+
+    Not recovered: a member lost before it joined a new world (the others wait in the
+    rendezvous for their timeout, then fail); and a replan that names another version
+    than the one an engine is loading (the runtime replans the newest version under
+    way, and this run syncs every engine to every version together).
     """
 
     def __init__(self, data: str, engine: Optional[int] = None,
@@ -218,7 +249,13 @@ class PlanSync:
         self.plan = None  # the WeightUpdate whose world this worker is in
         self.executor = None
         self.broken: Optional[str] = None  # trainer: why the current world's run failed
-        self.epochs: List[dict] = []  # per world joined: its plan, members, runs
+        # Per world tried, in order: its plan, members, rank, runs, and why it failed
+        # (None: it did not).
+        self.epochs: List[dict] = []
+        self.tried = -1  # the epoch of the last world tried
+        # The fault --die-during-sync injects (an engine's): SIGKILL itself in the sync
+        # of this version, once in that sync's world (-1: never).
+        self.die_during_sync = -1
         self.runs = 0
         self.bytes = 0
         self.seconds = 0.0
@@ -349,21 +386,41 @@ class PlanSync:
                                               timeout=self.timeout, wait_for_workers=False)
         return dist.PrefixStore(g.name, self._stores[key])
 
-    def _join(self, plan) -> None:
-        """Builds plan `plan`'s world and its executor (collective over its members)."""
-        import torch.distributed as dist
-
-        start = time.monotonic()
-        lay, ex = self.lay, self.executor_module
+    def _join(self, plan, version: int = -1) -> None:
+        """Builds plan `plan`'s world and its executor (collective over its members).
+        Every attempt is recorded (``epochs``, one per world tried, in order: the other
+        trainer ranks count them as rank 0 does); when a member is lost before the world
+        is complete, this worker leaves what it built and raises :class:`WorldLost`.
+        `version`: an engine's sync that joins (for ``die_during_sync``)."""
         rank, world = plan.rank_offset + self.trainer_rank, plan.group.world_size
-        trainer = self.trainer_ranks(plan)
         if self.engine is None and self.trainer_rank == 0 and self.tp * self.dp > 1:
             path = self._world_path(len(self.epochs))
             with open(path + ".tmp", "wb") as f:
                 f.write(plan.message.SerializeToString())
             os.replace(path + ".tmp", path)
+        self.epochs.append({"plan_id": plan.plan_id, "epoch": plan.epoch,
+                            "members": list(plan.members), "group": plan.group.name,
+                            "world_size": world, "rank": rank, "resend_from": None,
+                            "runs": 0, "time": time.time(), "failed": None})
+        self.tried = plan.epoch
+        try:
+            self._build(plan, rank, world, version)
+        except RuntimeError as e:
+            reason = _first_line(e)
+            self.epochs[-1]["failed"] = reason
+            self._leave(f"joining it failed: {reason}", plan)
+            raise WorldLost(plan, reason) from None
+
+    def _build(self, plan, rank: int, world: int, version: int) -> None:
+        import torch.distributed as dist
+
+        start = time.monotonic()
+        lay, ex = self.lay, self.executor_module
+        trainer = self.trainer_ranks(plan)
         dist.init_process_group(plan.group.backend, store=self._store(plan), rank=rank,
                                 world_size=world, timeout=self.timeout)
+        if version >= 0 and version == self.die_during_sync:
+            self._die(plan, version, "joined its world, before the executor's checks")
         infer = lay.Infer(tp=1, replicas=len(plan.members))
         zeros = {name: torch.zeros(shape, dtype=dtype)
                  for name, (shape, dtype) in lay.hf_shapes(self.layout).items()}
@@ -395,25 +452,37 @@ class PlanSync:
             self.incoming = resend_from
         self.plan, self.broken = plan, None
         self.join_seconds += time.monotonic() - start
-        self.epochs.append({"plan_id": plan.plan_id, "epoch": plan.epoch,
-                            "members": list(plan.members), "group": plan.group.name,
-                            "world_size": world, "rank": rank, "resend_from": resend_from,
-                            "runs": 0, "time": time.time()})
+        self.epochs[-1]["resend_from"] = resend_from
 
-    def _leave(self, reason: str) -> None:
-        """Leaves the current world (its connections close: a member still waiting in
-        one of its collectives fails at once instead of at its timeout)."""
+    def _leave(self, reason: str, plan=None) -> None:
+        """Leaves the current world, or what was built of plan `plan`'s (its connections
+        close: a member still waiting in one of its collectives fails at once instead of
+        at its timeout)."""
         import torch.distributed as dist
 
-        print(f"{self.name}: leaves weight-sync plan {self.plan.plan_id} ({reason})",
+        plan = plan or self.plan
+        print(f"{self.name}: leaves weight-sync plan {plan.plan_id} ({reason})",
               file=sys.stderr, flush=True)
         self.executor = None
-        try:
-            dist.destroy_process_group()
-        except Exception:  # a broken world: what is left of it goes with the process
-            pass
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a broken world: what is left of it goes with the process
+                pass
         gc.collect()
         self.plan = None
+
+    def _die(self, plan, version: int, where: str) -> None:
+        """The fault ``--die-during-sync`` injects: this engine SIGKILLs itself in the
+        sync of `version`, in plan `plan`'s world (saying so in ``dying.engine<e>``)."""
+        import signal
+
+        write_json_atomic(os.path.join(self.data, f"dying.engine{self.engine}"), {
+            "engine": self.engine, "version": version, "plan_id": plan.plan_id,
+            "members": list(plan.members), "where": where, "time": time.time()})
+        print(f"{self.name}: --die-during-sync {version}: SIGKILL ({where})", file=sys.stderr,
+              flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     # ---- Trainer. ----
 
@@ -427,11 +496,12 @@ class PlanSync:
         self.history[version] = sources
         while self.pending():
             if self.plan is None or self.broken:
-                after = -1
                 if self.plan is not None:
-                    after = self.plan.epoch
                     self._leave(self.broken)
-                self._join(self._next_plan(after))
+                try:  # the newest plan, past every world tried (joined, or lost joining)
+                    self._join(self._next_plan(self.tried))
+                except WorldLost:
+                    pass  # left it; the runtime plans the membership without the lost one
                 continue
             fresh = self.history[self.next_version]
             with torch.no_grad():
@@ -453,18 +523,16 @@ class PlanSync:
         if plan is None:
             raise RuntimeError(f"{self.name}: SyncWeights to version {version} names no "
                                "weight-sync plan (rlsched run needs --model --train --infer)")
-        if self.plan is None or plan.plan_id != self.plan.plan_id:
-            self.check(plan)
-            if self.plan is not None:
-                self._leave(f"the runtime's plan {plan.plan_id} replaces it")
-            self._join(plan)
+        self.enter(plan, version)
         while self.received < version:
+            if self.incoming == version and version == self.die_during_sync:
+                self._die(self.plan, version, "before the run that carries it")
             failure = self._try_run()
             if failure:
-                raise RuntimeError(
-                    f"{self.name}: weight sync to version {version} by plan "
-                    f"{self.plan.plan_id} failed ({failure}); the runtime sends the next "
-                    "membership's plan only with a later SyncWeights")
+                lost = self.plan
+                self.epochs[-1]["failed"] = failure
+                self._leave(f"the run failed: {failure}")
+                raise WorldLost(lost, failure)
             v, self.incoming = self.incoming, self.incoming + 1
             if v > self.received:
                 self.received, self.state = v, self._hf_state()
@@ -474,6 +542,16 @@ class PlanSync:
                                f"{self.received}")
         return self.state
 
+    def enter(self, plan, version: int = -1) -> None:
+        """Engine: makes the world of plan `plan` this engine's (leaving the one it is
+        in for it, joining it; nothing when it is there already). Raises
+        :class:`WorldLost` (having left it) when a member is lost while it is built."""
+        if self.plan is not None and plan.plan_id == self.plan.plan_id:
+            return
+        self.check(plan)
+        if self.plan is not None:
+            self._leave(f"the runtime's plan {plan.plan_id} replaces it")
+        self._join(plan, version)
 
     def _hf_state(self) -> Dict[str, torch.Tensor]:
         """The received vLLM tensors as HF-named ones."""
@@ -507,7 +585,7 @@ class PlanSync:
             self._run()
             return None
         except RuntimeError as e:
-            return f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            return _first_line(e)
 
     def _run(self) -> None:
         stats = self.executor.run()
@@ -565,6 +643,12 @@ class TinyEngine(EngineWorker):
         self._thread: Optional[threading.Thread] = None
         self.finished_samples: List[int] = []
         self.syncs: List[dict] = []
+        self.quiet_replans: List[dict] = []  # replans of a version held already
+        # With the executor: the SyncWeights for the sync thread, in order; and what to
+        # do when it cannot go on (main: write the report, exit 1).
+        self._syncs: "queue.Queue" = queue.Queue()
+        self._sync_thread: Optional[threading.Thread] = None
+        self.on_fatal = None
         self.interrupts = 0
         self.resumed_tokens = 0
         self.error: Optional[str] = None
@@ -573,6 +657,9 @@ class TinyEngine(EngineWorker):
         self.seed = welcome.config.seed
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
+        if self.weight_sync is not None:
+            self._sync_thread = threading.Thread(target=self._sync_loop, daemon=True)
+            self._sync_thread.start()
 
     # ---- Commands. ----
 
@@ -604,7 +691,15 @@ class TinyEngine(EngineWorker):
                 self._running.pop(sample, None)
 
     def sync_weights(self, sync) -> None:
+        """An interrupting sync pauses the running samples at once (one GenerationPaused).
+        With the executor the load is the sync thread's (:meth:`_sync_loop`), so that
+        this thread keeps taking commands: a replan for the sync under way among them."""
         start = time.monotonic()
+        if self.weight_sync is not None and sync.replan:
+            # A replan never pauses; the sync thread takes it (the sync it replans is
+            # under way there, or done).
+            self._syncs.put((sync, start))
+            return
         with self._lock:
             if sync.interrupt:
                 self.interrupts += 1
@@ -620,28 +715,116 @@ class TinyEngine(EngineWorker):
                 else:  # an older runtime: a GenerationProgressed per sample
                     for sample, tokens in progress:
                         self.progressed(sample, tokens)
-            if self.weight_sync is None:
-                load_weights(self.data, sync.version, self.model)
-            else:
-                # Every version in order: the trainer runs the plan once per version,
-                # in the world of the runtime's plan this sync names.
-                if sync.version <= self.weight_sync.received:
-                    self._fail(f"SyncWeights to version {sync.version}, but version "
-                               f"{self.weight_sync.received} was received already")
-                try:
-                    state = self.weight_sync.receive(sync.plan, sync.version)
-                except RuntimeError as e:
-                    self._fail(str(e))
-                self.model.load_state_dict(state)
-            self.loaded[sync.version] = weights_digest(self.model.state_dict())
-            for r in self._running.values():
-                r.cache = None  # no KV cache survives a weight update
-            self.weights_loaded(sync.version)
-            # The sync as the engine saw it: SyncWeights taken to weights committed (the
-            # pause, a world joined when the plan is new, the runs, the load).
-            self.syncs.append({"version": sync.version, "plan_id": sync.plan_id,
-                               "seconds": round(time.monotonic() - start, 6)})
-            self._lock.notify()
+            if self.weight_sync is not None:
+                self._syncs.put((sync, start))
+                return
+            load_weights(self.data, sync.version, self.model)
+            self._commit(sync, start, [])
+
+    def _commit(self, sync, start: float, replans: List[dict]) -> None:
+        """Version `sync.version` is in the model: report it (the lock held)."""
+        self.loaded[sync.version] = weights_digest(self.model.state_dict())
+        for r in self._running.values():
+            r.cache = None  # no KV cache survives a weight update
+        self.weights_loaded(sync.version)
+        # The sync as the engine saw it: SyncWeights taken to weights committed (the
+        # pause, a world joined when the plan is new, the runs, the load), and the
+        # replans that took it to another world on the way.
+        self.syncs.append({"version": sync.version, "plan_id": sync.plan_id,
+                           "seconds": round(time.monotonic() - start, 6),
+                           "replans": replans})
+        self._lock.notify()
+
+    # ---- The weight sync (the sync thread, with the executor). ----
+
+    def _sync_loop(self) -> None:
+        """Takes the SyncWeights in order: each one's version by the executor in the
+        world of the plan it names; when that world fails under it (a member lost), it
+        leaves the world and waits for the runtime's replan of the version, which it
+        loads by (reporting weights_loaded once, the sync's). A replan of a version it
+        holds already moves it to the new world and reports nothing."""
+        while True:
+            item = self._syncs.get()
+            if item is None:
+                return
+            sync, start = item
+            try:
+                if sync.replan:
+                    self._replanned(sync)
+                else:
+                    self._load(sync, start)
+            except Exception as e:  # noqa: BLE001: the engine cannot go on
+                self.error = self.error or _first_line(e)
+                print(f"engine{self.engine}: weight sync failed: {self.error}",
+                      file=sys.stderr, flush=True)
+                if self.on_fatal is not None:
+                    self.on_fatal()
+                return
+
+    def _replan_of(self, version: int, timeout: float):
+        """The next replan of `version` from the queue (None in time: none came)."""
+        try:
+            sync, _ = self._syncs.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if sync is None or not sync.replan or sync.version != version:
+            raise RuntimeError(f"waiting for the runtime's replan of version {version}, got "
+                               f"{sync!r}")
+        return sync
+
+    def _load(self, sync, start: float) -> None:
+        ws = self.weight_sync
+        version, plan = sync.version, sync.plan
+        # Every version in order: the trainer runs the plan once per version, in the
+        # world of the runtime's plan this sync names.
+        if version <= ws.received:
+            raise RuntimeError(f"SyncWeights to version {version}, but version "
+                               f"{ws.received} was received already")
+        replans: List[dict] = []
+        # A replan already here supersedes the plan (its world lost a member).
+        while True:
+            with self._syncs.mutex:
+                head = self._syncs.queue[0] if self._syncs.queue else None
+            if head is None or not head[0].replan or head[0].version != version:
+                break
+            plan = self._syncs.get()[0].plan
+            replans.append({"plan_id": plan.plan_id, "lost": None, "waited_seconds": 0.0})
+        while True:
+            tried = time.monotonic()
+            try:
+                state = ws.receive(plan, version)
+                break
+            except WorldLost as lost:
+                print(f"engine{self.engine}: weight sync to version {version}: {lost}; "
+                      "waiting for the runtime's replan", file=sys.stderr, flush=True)
+                failed_after = time.monotonic() - tried
+                replan = self._replan_of(version, ws.timeout.total_seconds())
+                if replan is None:
+                    raise RuntimeError(
+                        f"weight sync to version {version}: {lost}, and no replan of it "
+                        f"within {ws.timeout}") from None
+                plan = replan.plan
+                replans.append({"plan_id": plan.plan_id, "lost": lost.plan.plan_id,
+                                "reason": lost.reason,
+                                "failed_after_seconds": round(failed_after, 6),
+                                "waited_seconds": round(time.monotonic() - tried
+                                                        - failed_after, 6)})
+        with self._lock:
+            self.model.load_state_dict(state)
+            self._commit(sync, start, replans)
+
+    def _replanned(self, sync) -> None:
+        """A replan of a version this engine holds: into the new world, no report."""
+        ws = self.weight_sync
+        if sync.version > ws.received:
+            raise RuntimeError(f"a replan of version {sync.version}, which this engine "
+                               f"neither holds (it holds {ws.received}) nor is loading")
+        self.quiet_replans.append({"version": sync.version, "plan_id": sync.plan_id})
+        try:
+            ws.enter(sync.plan)
+        except WorldLost as lost:  # another member lost: its replan or the next sync
+            print(f"engine{self.engine}: replan of version {sync.version}: {lost}",
+                  file=sys.stderr, flush=True)
 
     def resume(self, resume) -> None:
         with self._lock:
@@ -659,6 +842,15 @@ class TinyEngine(EngineWorker):
         with self._lock:
             self._stop = True
             self._lock.notify()
+        self._syncs.put(None)
+
+    def finish_syncs(self, timeout: float = 60.0) -> None:
+        """Waits for the sync thread to finish the syncs it was given (the last one may
+        still be loading when the run says goodbye; the trainer waits for it)."""
+        if self._sync_thread is not None:
+            self._sync_thread.join(timeout)
+            if self._sync_thread.is_alive() and self.error is None:
+                self.error = f"the weight sync thread did not finish within {timeout} s"
 
     # ---- Generation (the loop thread). ----
 
@@ -713,7 +905,7 @@ class TinyEngine(EngineWorker):
     def report(self) -> dict:
         return {"finished": self.finished_samples, "loaded": self.loaded,
                 "weight_sync": self.weight_sync.report() if self.weight_sync else None,
-                "syncs": self.syncs,
+                "syncs": self.syncs, "quiet_replans": self.quiet_replans,
                 "interrupts": self.interrupts, "resumed_tokens": self.resumed_tokens,
                 "error": self.error}
 
@@ -1083,6 +1275,12 @@ def main(argv=None) -> int:
     parser.add_argument("--entropy-coef", type=float, default=0.0)
     parser.add_argument("--min-step-seconds", type=float, default=0.0,
                         help="engine: a decode step lasts at least this long (a slower engine)")
+    parser.add_argument("--die-during-sync", type=int, default=-1, metavar="VERSION",
+                        help="engine, with the executor: SIGKILL itself in the sync of "
+                        "this version once in that sync's world, before the transfer "
+                        "completes (when the sync joins a new world, before the "
+                        "executor's collective checks; else before the run that carries "
+                        "the version); writes dying.engine<e> first")
     parser.add_argument("--stall-at-version", type=int, default=-1,
                         help="engine: stop generating after the first decode step under "
                         "this version and write stalled.engine<e> (run.py then kills it)")
@@ -1107,6 +1305,11 @@ def main(argv=None) -> int:
                      f"{args.trainer_rank}")
     if args.role == "engine" and args.tp * args.dp != 1:
         parser.error("--tp and --dp are the trainer's (the engines are TP 1)")
+    if args.die_during_sync != -1 and (args.role != "engine" or args.weights != "executor"
+                                       or args.die_during_sync < 1):
+        parser.error(f"--die-during-sync is an engine's, with --weights executor, and a "
+                     f"version >= 1 (version 0 is the initial policy's file), got "
+                     f"{args.die_during_sync} (--role {args.role}, --weights {args.weights})")
     torch.set_num_threads(1)
     import datetime
     grid = None
@@ -1119,6 +1322,7 @@ def main(argv=None) -> int:
     if args.weights == "executor":
         weight_sync = PlanSync(args.data, None if args.role == "trainer" else args.engine,
                                tp=args.tp, dp=args.dp, trainer_rank=args.trainer_rank)
+        weight_sync.die_during_sync = args.die_during_sync
     if args.role == "trainer" and args.trainer_rank > 0:
         rank = TrainerRank(args.data, grid, epochs=args.epochs,
                            max_grad_norm=args.max_grad_norm, entropy_coef=args.entropy_coef,
@@ -1135,11 +1339,28 @@ def main(argv=None) -> int:
                              advantage=args.advantage, max_grad_norm=args.max_grad_norm,
                              entropy_coef=args.entropy_coef, lr_end=args.lr_end,
                              clip_high=args.clip_high, grid=grid)
+    def write_report() -> None:
+        report = worker.report()
+        report["goodbye"] = worker.goodbye
+        import resource
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        report["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 3)
+        write_json_atomic(args.report, report)
+
+    if args.role == "engine" and weight_sync is not None:
+        def fatal() -> None:  # the sync thread cannot go on: the engine fails
+            write_report()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        worker.on_fatal = fatal
     reason = None
     try:
         reason = worker.run()
         if args.role == "trainer":
             worker.drain()
+        elif weight_sync is not None:
+            worker.finish_syncs()
     finally:
         if args.role == "trainer" and reason != "done":
             try:  # the other trainer ranks wait for rank 0's next call: stop them
@@ -1147,13 +1368,9 @@ def main(argv=None) -> int:
             except RuntimeError as e:
                 print(f"trainer: stopping the other trainer ranks failed: {e}",
                       file=sys.stderr)
-        report = worker.report()
-        report["goodbye"] = worker.goodbye
-        import resource
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        report["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 3)
-        write_json_atomic(args.report, report)
-    return 0 if reason == "done" and not getattr(worker, "sync_error", None) else 1
+        write_report()
+    failed = getattr(worker, "sync_error", None) or getattr(worker, "error", None)
+    return 0 if reason == "done" and not failed else 1
 
 
 if __name__ == "__main__":

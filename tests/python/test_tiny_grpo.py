@@ -13,8 +13,12 @@ trainer's (SHA-256 of the engine's own HF-named parameters after loading against
 trainer's at publishing). A third live run kills an engine with SIGKILL
 mid-generation: every step still runs, every sample is trained once, the runtime plans
 the next sync for the survivor (membership epoch 1) and the workers move to that plan's
-world, and the reward curve is the one of no kill (and rises). That the policy learns
-is checked in one process over more steps (the live runs are short).
+world, and the reward curve is the one of no kill (and rises). A fourth has an engine
+SIGKILL itself during a weight sync, in that sync's gloo world: the runtime replans the
+sync for the survivor (SyncWeights.replan), which leaves the broken world at once, loads
+the version in the new one and reports it once, the trainer ranks follow, and the run
+finishes every step. That the policy learns is checked in one process over more steps
+(the live runs are short).
 """
 
 import json
@@ -403,9 +407,11 @@ def _check_worlds(out, reports, names, expected_members, trainer_ranks=1):
         assert sum(w["runs"] for w in worlds) == reports[name]["weight_sync"]["runs"]
         assert worlds[-1]["runs"] >= 1, (name, worlds)
         if name.startswith("engine"):
-            # Each SyncWeights named the plan of the world the engine received it in:
-            # the worlds' plans in order, each named by a run of its syncs.
-            named = [s["plan_id"] for s in reports[name]["syncs"]]
+            # Each SyncWeights named the plan of the world the engine received it in
+            # (then those of its replans, when its world lost a member): the worlds'
+            # plans in order, each named by a run of its syncs.
+            named = [p for s in reports[name]["syncs"]
+                     for p in [s["plan_id"]] + [r["plan_id"] for r in s["replans"]]]
             assert [p for i, p in enumerate(named) if i == 0 or named[i - 1] != p] == [
                 w["plan_id"] for w in worlds], (name, named)
     data = os.path.join(out, "data")
@@ -630,3 +636,81 @@ def test_live_run_survives_an_engine_killed_mid_generation(rlsched_bin, tmp_path
     assert live == pytest.approx(_reference(steps),
                                  abs=1e-12 if tp == 1 else TP2_REWARD_TOLERANCE)
     assert live[-1] > live[0] + 0.03, live  # and the reward went up through the kill
+
+
+def test_live_run_survives_an_engine_lost_during_a_weight_sync(rlsched_bin, tmp_path):
+    """Engine 1 SIGKILLs itself during the weight sync of version 1, in that sync's gloo
+    world (joined, before the executor's collective checks: the others cannot finish
+    the sync without it, so the runtime sees the loss during the sync), sync mode at the
+    default trainer TP 2. The runtime sends engine 0 a replan (the same version by the
+    plan of the membership without engine 1, epoch 1); engine 0's sync thread leaves
+    the broken world as soon as it fails there, joins the new one and loads version 1
+    by it, reporting it once; both trainer ranks, whose join of the old world failed,
+    move to the new one. Every step runs, every sample is trained once, and engine 0's
+    weights are the trainer's after every sync."""
+    steps, prompts, group = 3, 8, 8
+    out = tmp_path / "die"
+    summary, reports, report = _live(rlsched_bin, out, "--mode", "sync", "--steps", str(steps),
+                                     "--kill-engine-during-sync", "1")
+    trainers = ["trainer", "trainer1"]  # the default TP 2
+    assert "engine1" not in reports  # killed: it wrote no report
+    assert summary["ok"], summary["checks"]
+    assert summary["checks"]["engine_killed_during_sync"]
+    killed = summary["killed"]
+    assert (killed["engine"], killed["version"], killed["members"]) == ("engine1", 1, [0, 1])
+    assert killed["where"].startswith("joined its world")
+    assert int(report.get("rejected_events", 0)) == 0  # no second WeightsLoaded, say
+    counters = report["counters"]
+    assert int(counters["engine_failures"]) == 1
+    # The runtime replanned the sync under way for the survivor, by the membership
+    # without the lost engine (epoch 1): one replan, and its plan then carried every
+    # later version (the replan of version 1 and the syncs of 2..steps).
+    assert int(report["weight_sync_replans"]) == 1
+    epochs = [(int(e["epoch"]), [int(m) for m in e["members"]], int(e["syncs"]))
+              for e in report["weight_sync"]]
+    assert epochs == [(0, [0, 1], 2), (1, [0], steps)], epochs
+    # No sample lost or trained twice, by the workers' own counts: the trainer's list
+    # against the engines' logs of what they finished (the victim's survives it).
+    trained = reports["trainer"]["trained"]
+    assert len(trained) == len(set(trained)) == steps * prompts * group == int(counters["trained"])
+    finished = set()
+    for e in (0, 1):
+        with open(os.path.join(out, "data", f"finished.engine{e}")) as f:
+            finished |= {int(x) for x in f.read().split()}
+    assert set(trained) <= finished
+    by_engine = reports["trainer"]["trained_by_engine"]
+    assert set(by_engine) <= {"0", "1"} and sum(by_engine.values()) == len(trained)
+    # The survivor: version 1 failed in the old world (at once, not at the 120 s
+    # timeout), came by the replan's plan, and was reported once; every version once,
+    # in order, each byte-identical to the trainer's.
+    survivor = reports["engine0"]
+    assert [s["version"] for s in survivor["syncs"]] == list(range(1, steps + 1))
+    first = survivor["syncs"][0]
+    plans = _runtime_plans(out)
+    assert [members for _, members in plans] == [[0, 1], [0]], plans
+    (old, _), (new, _) = plans
+    assert [(r["plan_id"], r["lost"]) for r in first["replans"]] == [(new, old)], first
+    assert first["replans"][0]["failed_after_seconds"] < 60, first
+    assert all(not s["replans"] for s in survivor["syncs"][1:])
+    assert survivor["quiet_replans"] == [] and survivor["error"] is None
+    published = reports["trainer"]["published"]
+    assert sorted(int(v) for v in survivor["loaded"]) == list(range(steps + 1))
+    for version, digest in survivor["loaded"].items():
+        assert digest == published[version], version
+    # Worlds: every trainer rank and the survivor tried the old plan's world (lost while
+    # it was built: no run) and then ran every version in the new one, sent from
+    # version 1 (what the survivor lacked).
+    for name in trainers + ["engine0"]:
+        worlds = reports[name]["weight_sync"]["epochs"]
+        assert [(w["plan_id"], w["runs"], w["failed"] is not None) for w in worlds] == [
+            (old, 0, True), (new, steps, False)], (name, worlds)
+        assert worlds[1]["resend_from"] == 1, (name, worlds)
+        assert reports[name]["weight_sync"]["runs"] == steps
+    for name in trainers[1:]:
+        assert reports[name]["sync_error"] is None
+    assert reports["trainer"]["sync_error"] is None
+    _check_worlds(out, reports, trainers + ["engine0"], [[0, 1], [0]], trainer_ranks=2)
+    # Sync mode: the run trains what GRPO in one process trains (TP 2: within
+    # TP2_REWARD_TOLERANCE): the lost engine took no sample with it.
+    live = [s["mean_reward"] for s in reports["trainer"]["steps"]]
+    assert live == pytest.approx(_reference(steps), abs=TP2_REWARD_TOLERANCE)
