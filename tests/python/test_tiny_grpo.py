@@ -714,3 +714,133 @@ def test_live_run_survives_an_engine_lost_during_a_weight_sync(rlsched_bin, tmp_
     # TP2_REWARD_TOLERANCE): the lost engine took no sample with it.
     live = [s["mean_reward"] for s in reports["trainer"]["steps"]]
     assert live == pytest.approx(_reference(steps), abs=TP2_REWARD_TOLERANCE)
+
+
+class _Plan:
+    def __init__(self, plan_id):
+        self.plan_id = plan_id
+
+
+class _Sync:
+    """A SyncWeights as the engine reads it (the message's fields and its plan)."""
+
+    def __init__(self, version, plan_id, replan=False):
+        self.version, self.plan, self.plan_id = version, _Plan(plan_id), plan_id
+        self.replan, self.interrupt = replan, False
+
+    def __repr__(self):
+        return f"_Sync({self.version}, {self.plan_id!r}, replan={self.replan})"
+
+
+class _Worlds:
+    """PlanSync's engine side as TinyEngine's sync thread uses it: the worlds of the
+    plans in `lost` fail under the engine (WorldLost, after which `on_lost` may queue
+    the runtime's replan), the others deliver the version asked for."""
+
+    def __init__(self, lost=(), on_lost=None, timeout=5.0):
+        import datetime
+        self.lost, self.on_lost = set(lost), on_lost
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self.received, self.calls = 0, []
+        self.state = load_model(seed=1).state_dict()
+
+    def receive(self, plan, version):
+        from workers import WorldLost
+        self.calls.append(("receive", plan.plan_id, version))
+        if plan.plan_id in self.lost:
+            if self.on_lost:
+                self.on_lost(plan, version)
+            raise WorldLost(plan, "Connection closed by peer")
+        self.received = version
+        return self.state
+
+    def enter(self, plan, version=-1):
+        self.calls.append(("enter", plan.plan_id))
+
+    def report(self):
+        return {}
+
+
+def _engine_with(tmp_path, worlds):
+    """A TinyEngine (never attached) whose reports are kept, with `worlds` for its
+    executor side."""
+    from workers import TinyEngine, publish_weights
+    data = str(tmp_path)
+    for sub in ("samples", "partial", "weights"):
+        os.makedirs(os.path.join(data, sub), exist_ok=True)
+    publish_weights(data, 0, load_model(seed=0))
+    engine = TinyEngine("unix:/nonexistent", 0, 8, data=data, task=ReverseTask(3, 4, 0),
+                        weight_sync=worlds)
+    events = []
+    engine.send_event = lambda **kind: events.append(kind)
+    fatal = []
+    engine.on_fatal = lambda: fatal.append(engine.error)
+    return engine, events, fatal
+
+
+def _run_syncs(engine, events, *syncs):
+    """Runs the engine's sync thread on `syncs`, each given once the sync before it was
+    reported (as the runtime sends them; a replan at once)."""
+    import threading
+    import time as _time
+    thread = threading.Thread(target=engine._sync_loop)
+    thread.start()
+    for sync in syncs:
+        expected = len(events) + (0 if sync.replan else 1)
+        engine._syncs.put((sync, _time.monotonic()))
+        deadline = _time.monotonic() + 30
+        while len(events) < expected and thread.is_alive() and _time.monotonic() < deadline:
+            _time.sleep(0.005)
+    engine._syncs.put(None)
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_engine_sync_thread_follows_replans(tmp_path):
+    """The engine's side of SyncWeights.replan, without processes: a world lost under
+    the sync of version 1 (the runtime's replan arriving as it fails) is left and the
+    version loaded by the replan's plan, reported once; a replan already queued when a
+    sync starts replaces its plan (the lost world is never tried); a replan of a
+    version held moves the engine to the new world with no report; a world lost with
+    no replan in time, or a replan of a version neither held nor loading, stops the
+    engine naming what it waited for."""
+    worlds = _Worlds(lost={"0-a"}, on_lost=lambda plan, version: engine._syncs.put(
+        (_Sync(version, "1-b", replan=True), 0.0)))
+    engine, events, fatal = _engine_with(tmp_path / "a", worlds)
+    _run_syncs(engine, events, _Sync(1, "0-a"), _Sync(2, "1-b"),
+               _Sync(2, "2-c", replan=True))
+    assert fatal == [] and engine.error is None
+    assert [e["weights_loaded"].version for e in events] == [1, 2]  # once each
+    assert worlds.calls == [("receive", "0-a", 1), ("receive", "1-b", 1),
+                            ("receive", "1-b", 2), ("enter", "2-c")]
+    first = engine.syncs[0]
+    assert (first["version"], first["plan_id"]) == (1, "0-a")
+    assert [(r["plan_id"], r["lost"]) for r in first["replans"]] == [("1-b", "0-a")]
+    assert "Connection closed" in first["replans"][0]["reason"]
+    assert engine.syncs[1]["replans"] == []
+    assert engine.quiet_replans == [{"version": 2, "plan_id": "2-c"}]
+    assert engine.loaded[1] == engine.loaded[2] == weights_digest(worlds.state)
+
+    # The replan queued before the sync starts: its plan only.
+    worlds = _Worlds(lost={"0-a"})
+    engine, events, fatal = _engine_with(tmp_path / "b", worlds)
+    for sync in (_Sync(1, "0-a"), _Sync(1, "1-b", replan=True), None):
+        engine._syncs.put(None if sync is None else (sync, 0.0))
+    engine._sync_loop()
+    assert worlds.calls == [("receive", "1-b", 1)] and fatal == []
+    assert [e["weights_loaded"].version for e in events] == [1]
+    assert [r["plan_id"] for r in engine.syncs[0]["replans"]] == ["1-b"]
+
+    # No replan within the timeout: the engine stops, saying so.
+    worlds = _Worlds(lost={"0-a"}, timeout=0.2)
+    engine, events, fatal = _engine_with(tmp_path / "c", worlds)
+    engine._syncs.put((_Sync(1, "0-a"), 0.0))
+    engine._sync_loop()
+    assert events == [] and len(fatal) == 1
+    assert "no replan of it within" in fatal[0] and "0-a" in fatal[0], fatal
+
+    # A replan of a version this engine neither holds nor is loading.
+    worlds = _Worlds()
+    engine, events, fatal = _engine_with(tmp_path / "d", worlds)
+    _run_syncs(engine, events, _Sync(3, "1-b", replan=True))
+    assert events == [] and len(fatal) == 1 and "neither holds" in fatal[0], fatal
