@@ -545,6 +545,24 @@ def test_fast_rounding_matches_e4m3_bits():
         assert torch.equal(codes, want), shifts
 
 
+@pytest.mark.skipif(os.environ.get("RLSCHED_TEST_EXHAUSTIVE") != "1",
+                    reason="every float32 up to 448: minutes (RLSCHED_TEST_EXHAUSTIVE=1)")
+def test_fast_rounding_matches_e4m3_bits_on_every_float32():
+    # All 2.28e9 float32 values of magnitude up to 448 (1 + 2^-22) and a few ulps past,
+    # both signs (zeros, subnormals): the fast rounding gives e4m3_bits.
+    n = 1 << 24
+    scratch = executor._Scratch(n, "cpu")
+    codes = torch.empty(n, dtype=torch.uint8)
+    for sign in (0, -0x80000000):
+        for start in range(0, 0x43E00004 + 1, n):
+            stop = min(start + n, 0x43E00004 + 1)
+            y = (torch.arange(start, stop, dtype=torch.int64) + sign).to(torch.int32).view(
+                torch.float32)
+            scratch.y[:len(y)].copy_(y)
+            scratch.codes(len(y), codes[:len(y)])
+            assert torch.equal(codes[:len(y)], executor.e4m3_bits(y)), hex(start)
+
+
 def test_quantizer_with_subnormals_flushed():
     # torch.set_flush_denormal(True) breaks the fast rounding: the quantiser notices and
     # uses the per-element formula, so the bytes stay the reference's (computed in the
