@@ -644,6 +644,9 @@ class TinyEngine(EngineWorker):
         self.finished_samples: List[int] = []
         self.syncs: List[dict] = []
         self.quiet_replans: List[dict] = []  # replans of a version held already
+        # Decode steps by "rows,prefilled tokens": [steps, seconds] (a step: its forward
+        # pass, sampling, the finishes it made, and its pacing).
+        self.decode_steps: Dict[str, list] = {}
         # With the executor: the SyncWeights for the sync thread, in order; and what to
         # do when it cannot go on (main: write the report, exit 1).
         self._syncs: "queue.Queue" = queue.Queue()
@@ -872,6 +875,10 @@ class TinyEngine(EngineWorker):
                     self._lock.wait(timeout=0.5)
                     continue
                 start = time.monotonic()
+                # Rows without a KV cache are prefilled (prompt and kept tokens) in this
+                # step's forward pass.
+                prefill = sum(len(r.prompt) + len(r.response) for r in active
+                              if r.cache is None)
                 decode_step(self.model, active, self.version)
                 if 0 <= self.stall_at_version <= self.version:
                     self.stalled = True
@@ -887,6 +894,10 @@ class TinyEngine(EngineWorker):
                 deadline = start + self.min_step_seconds
                 while not self._stop and time.monotonic() < deadline:
                     self._lock.wait(timeout=deadline - time.monotonic())
+                # The engine's speed as it ran: the steps by rows and prefilled tokens.
+                step = self.decode_steps.setdefault(f"{len(active)},{prefill}", [0, 0.0])
+                step[0] += 1
+                step[1] += time.monotonic() - start
 
     def _finish(self, r: Rollout) -> None:
         del self._running[r.sample]
@@ -906,6 +917,8 @@ class TinyEngine(EngineWorker):
         return {"finished": self.finished_samples, "loaded": self.loaded,
                 "weight_sync": self.weight_sync.report() if self.weight_sync else None,
                 "syncs": self.syncs, "quiet_replans": self.quiet_replans,
+                "decode_steps": {k: [n, round(t, 6)] for k, (n, t) in
+                                 self.decode_steps.items()},
                 "interrupts": self.interrupts, "resumed_tokens": self.resumed_tokens,
                 "error": self.error}
 
