@@ -26,7 +26,8 @@
 //   under admission (0 tokens discarded; with over-sampling r = 0.25 for the 90%: at
 //   s = 1 a batch without it waits for its longest group), and under strict at most 1%
 //   of the generated tokens discarded. Then pause mode abort (the paused samples
-//   requeued for any engine) against keep (resumed in place), row for row.
+//   aborted and dispatched to their engine again) against keep (resumed in place),
+//   row for row: the same cost, both prefill prompt and partial tokens again.
 
 #include <chrono>
 #include <cmath>
@@ -59,7 +60,7 @@ struct Row {
   double fraction = 0;     // α of the fraction policy
   bool colocated = false;  // colocated sync on all 128 GPUs (ColocatedBaseline)
   // With partial rollout: paused samples resume on their engine, or are aborted and
-  // requeued for any engine.
+  // dispatched to it again.
   sched::PauseMode pause = sched::PauseMode::kKeep;
 };
 
@@ -193,7 +194,7 @@ int Main(int argc, char** argv) {
       {"async fraction 0.5, partial", sched::Mode::kAsync, 1, true, P::kFraction, 0, 0.5},
       {"async fraction 0.5, drain", sched::Mode::kAsync, 1, false, P::kFraction, 0, 0.5},
       {"colocated sync, 128 GPUs", sched::Mode::kSync, 0, false, P::kAdmission, 0, 0, true},
-      // Pause mode abort: the paused samples are requeued and continue on any engine.
+      // Pause mode abort: the paused samples are aborted and dispatched to their engine again.
       {"async s=1 abort, admission", sched::Mode::kAsync, 1, true, P::kAdmission, 0, 0, false,
        sched::PauseMode::kAbort},
       {"async s=1 abort, strict", sched::Mode::kAsync, 1, true, P::kStrict, 0, 0, false,
@@ -262,13 +263,13 @@ int Main(int argc, char** argv) {
   std::printf("  async s=1 admission partial over colocated sync on all 128 GPUs: %.2fx\n",
               rate(2) / rate(17));
   // Rows 18-21: pause mode abort against keep (rows 2, 4, 6, 10), same workload.
-  std::printf("\nPause mode abort (requeue for any engine) against keep (resume in place):\n");
+  std::printf("\nPause mode abort (resubmitted to the engine) against keep (resumed in place):\n");
   const std::size_t pairs[][2] = {{18, 2}, {19, 4}, {20, 6}, {21, 10}};
   for (const auto& [abort_row, keep_row] : pairs) {
-    std::printf("  %-36s %.2f vs %.2f samples/s (%.3fx), %lld samples requeued\n",
+    std::printf("  %-36s %.2f vs %.2f samples/s (%.3fx), %lld samples resubmitted\n",
                 rows[abort_row].label.c_str(), rate(abort_row), rate(keep_row),
                 rate(abort_row) / rate(keep_row),
-                static_cast<long long>(results[abort_row].report.counters.requeued));
+                static_cast<long long>(results[abort_row].report.counters.resubmitted));
   }
   if (!ok) std::printf("\nSome checks FAILED (see above).\n");
   return ok ? 0 : 1;

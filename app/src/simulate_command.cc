@@ -137,7 +137,7 @@ std::string FormatShare(double fraction) { return fmt::format("{:.1f}%", fractio
 std::string DescribePartial(const v1::OrchestratorOptions& o) {
   if (!o.partial_rollout()) return "no partial rollout (engines drain, then sync)";
   return o.pause_mode() == v1::PAUSE_MODE_ABORT
-             ? "partial rollout (abort at a sync, requeue, continue on any engine)"
+             ? "partial rollout (abort at a sync, resubmit after it)"
              : "partial rollout (interrupt and resume at a sync)";
 }
 
@@ -330,9 +330,10 @@ void PrintRunSummary(const v1::SimulationRun& run, std::ostream& out) {
   Line(out, "partial rollout",
        fmt::format("{} of trained samples ({} samples with tokens of more than one version)",
                    FormatShare(metrics.partial_rollout_ratio()), counters.partial_samples()) +
-           (counters.requeued() > 0 ? fmt::format("; {} paused samples requeued (pause mode abort)",
-                                                  counters.requeued())
-                                    : std::string()));
+           (counters.resubmitted() > 0
+                ? fmt::format("; {} aborted samples resubmitted (pause mode abort)",
+                              counters.resubmitted())
+                : std::string()));
   Line(out, "restarts",
        fmt::format("{} samples regenerated, {} tokens discarded ({} samples and {} tokens for "
                    "staleness, the rest by {} engine failures)",
@@ -534,8 +535,9 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       ->add_option("--pause-mode", args.pause_mode,
                    "Async mode with partial rollout: what a weight sync does with an engine's "
                    "running samples: keep (default: paused on the engine, resumed there) or "
-                   "abort (aborted with their tokens reported, requeued, continued on any "
-                   "engine; for engines that cannot hold a request across a weight update); "
+                   "abort (aborted with their tokens reported, then dispatched to the same "
+                   "engine again from them; for engines that cannot hold a request across a "
+                   "weight update); "
                    "implies --mode async")
       ->type_name("keep|abort")
       ->check(CLI::IsMember({"keep", "abort"}).description(""));

@@ -554,21 +554,6 @@ struct Orchestrator::State {
     Update(e);
   }
 
-  // pause_mode kAbort: a paused sample whose progress its engine reported leaves it
-  // (the engine forgot it) for the queue, its tokens kept unless too stale to train.
-  void Requeue(std::int64_t id) {
-    Sample& x = At(id);
-    DropEmptyLastSpan(id, &engines.at(x.engine));
-    Unplace(id);
-    ++counters.requeued;
-    if (TooStale(x)) {
-      CountStaleRestart(x);
-      ++counters.restarts;
-      DiscardTokens(id);
-    }
-    Enqueue(id);
-  }
-
   void SendAbort(std::int64_t engine, std::int64_t id) {
     if (!out->empty()) {
       if (auto* last = std::get_if<Abort>(&out->back()); last && last->engine == engine) {
@@ -1070,8 +1055,12 @@ struct Orchestrator::State {
     std::vector<std::int64_t> lost = e.in_flight;
     std::sort(lost.begin(), lost.end());
     for (const std::int64_t sample : lost) {
+      // pause_mode kAbort: a paused sample's reported tokens were handed back; kept.
+      const Sample& x = At(sample);
+      const bool returned =
+          options.pause_mode == PauseMode::kAbort && x.interrupted && x.progress_reported;
       Unplace(sample);
-      if (!keep_progress) {
+      if (!keep_progress && !returned) {
         ++counters.restarts;
         DiscardTokens(sample);
       }
@@ -1200,9 +1189,7 @@ struct Orchestrator::State {
       x.tokens = p.tokens;
       x.progress_reported = true;
       ApplyEngineSpans(p.sample, p.spans, engine);
-      if (options.pause_mode == PauseMode::kAbort) {
-        Requeue(p.sample);
-      } else if (TooStale(x)) {
+      if (TooStale(x)) {
         CountStaleRestart(x);
         Restart(p.sample);  // aborted on its engine (not resumed)
       }
@@ -1323,18 +1310,31 @@ struct Orchestrator::State {
     ++weight_syncs;
     weight_sync_seconds += now - engine->sync_started;
     Update(*engine);
-    if (options.pause_mode == PauseMode::kAbort) {
-      // Reported one by one (GenerationProgressed): requeued now, in id order.
-      for (const std::int64_t sample : resumed) Requeue(sample);
-      resumed.clear();
-    }
     for (const std::int64_t sample : resumed) {
       Sample& x = At(sample);
       x.interrupted = false;
       x.progress_reported = false;
       BeginSpan(sample, e.version, engine);
     }
-    if (!resumed.empty()) {
+    if (options.pause_mode == PauseMode::kAbort && !resumed.empty()) {
+      // The engine aborted them: each goes to it again from its tokens, before any
+      // later command to it (as a Resume would).
+      Dispatch d{.engine = e.engine, .version = e.version};
+      for (const std::int64_t sample : resumed) {
+        Sample& x = At(sample);
+        x.dispatched_from = x.tokens;
+        x.dispatched_version = e.version;
+        const Group& group = GroupOf(sample);
+        d.samples.push_back(SampleWork{.sample = sample,
+                                       .group = sample / G,
+                                       .prompt = group.prompt,
+                                       .prompt_tokens = group.prompt_tokens,
+                                       .resume_from = x.tokens,
+                                       .predicted_tokens = x.predicted});
+      }
+      counters.resubmitted += static_cast<std::int64_t>(resumed.size());
+      out->push_back(std::move(d));
+    } else if (!resumed.empty()) {
       out->push_back(Resume{.engine = e.engine, .version = e.version, .samples = resumed});
     }
   }

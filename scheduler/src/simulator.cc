@@ -883,7 +883,7 @@ void Simulation::ExecuteSync(const SyncWeights& sync, double now) {
     engine.finishes = decltype(engine.finishes)();
     if (sync.pause == PauseMode::kAbort) {
       // Aborted: one report of every sample's tokens, then the engine forgets them (the
-      // core requeues them; a later Dispatch continues each from its tokens).
+      // core's Dispatch after WeightsLoaded continues each from its tokens).
       GenerationPaused paused{.time = now, .engine = engine.id, .version = sync.version};
       for (const std::int64_t sample : engine.paused_ids) {
         paused.samples.push_back(

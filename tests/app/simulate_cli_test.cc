@@ -162,8 +162,8 @@ TEST(SimulateCliTest, AsyncOptionsImplyTheMode) {
       {{"--mode", "one_step_off", "--max-staleness", "1", "--partial-rollout=false"},
        "mode             one_step_off (staleness <= 1"},
       {{"--pause-mode", "abort"},
-       "mode             async, max staleness 1, partial rollout (abort at a sync, requeue, "
-       "continue on any engine)"},
+       "mode             async, max staleness 1, partial rollout (abort at a sync, resubmit "
+       "after it)"},
       {{"--pause-mode", "keep", "--mode", "async"},
        "mode             async, max staleness 1, partial rollout (interrupt and resume"},
   };

@@ -267,13 +267,14 @@ def test_ten_steps_with_eight_engines_conserve_samples_as_the_workers_count_them
     _replay(rlsched_bin, run.log)
 
 
-def test_pause_mode_abort_requeues_paused_samples_for_any_engine(rlsched_bin, run_factory,
-                                                                  tmp_path):
+def test_pause_mode_abort_resubmits_paused_samples_to_their_engine(rlsched_bin, run_factory,
+                                                                    tmp_path):
     # Engines that cannot hold a request across a weight update: every interrupting sync
     # says PAUSE_MODE_ABORT, the engines report their samples' tokens and forget them,
-    # and the samples continue from those tokens wherever dispatch sends them.
-    # Under the admission policy (every token kept: a requeued sample continues from all
-    # of them; the strict policy could discard a stale one's).
+    # and once an engine has loaded, its samples are dispatched to it again from those
+    # tokens (no Resume).
+    # Under the admission policy (the strict one could discard a stale sample's tokens,
+    # which then starts again anywhere).
     orchestrator = dict(_CONFIG["orchestrator"], pause_mode="PAUSE_MODE_ABORT",
                         staleness_policy="STALENESS_POLICY_ADMISSION")
     run = run_factory(_write_config(tmp_path, orchestrator=orchestrator, steps=6, engines=4))
@@ -281,10 +282,10 @@ def test_pause_mode_abort_requeues_paused_samples_for_any_engine(rlsched_bin, ru
     counters = report["counters"]
     assert int(counters["trained"]) == 6 * 32 * 4
     assert int(report.get("rejected_events", 0)) == 0
-    # From the log: every interrupting sync says abort; nothing is resumed in place; a
-    # paused sample comes back in a Dispatch from the tokens its pause reported, and
-    # some come back on another engine than the one that paused them.
-    on, paused_at, resumed_from, moved, syncs = {}, {}, 0, 0, 0
+    # From the log: every interrupting sync says abort; nothing is resumed in place;
+    # each paused sample comes back in the next Dispatch to its own engine, after its
+    # WeightsLoaded, from the tokens its pause reported.
+    paused_at, loaded, resubmitted, syncs = {}, set(), 0, 0
     for record in _log_records(run.log):
         if record.WhichOneof("kind") == "command":
             kind = record.command.WhichOneof("kind")
@@ -292,23 +293,23 @@ def test_pause_mode_abort_requeues_paused_samples_for_any_engine(rlsched_bin, ru
             if kind == "sync_weights" and record.command.sync_weights.interrupt:
                 assert record.command.sync_weights.pause == rollout_pb2.PAUSE_MODE_ABORT
                 syncs += 1
+                loaded.discard(record.command.sync_weights.engine)
             if kind == "dispatch":
                 dispatch = record.command.dispatch
                 for work in dispatch.samples:
                     if work.sample in paused_at:
                         engine, tokens = paused_at.pop(work.sample)
-                        assert work.resume_from == tokens, (work, tokens)
-                        resumed_from += 1
-                        moved += engine != dispatch.engine
-                    on[work.sample] = dispatch.engine
+                        assert (dispatch.engine, work.resume_from) == (engine, tokens), work
+                        assert engine in loaded
+                        resubmitted += 1
         elif record.event.WhichOneof("kind") == "generation_paused":
             paused = record.event.generation_paused
             for p in paused.samples:
-                assert on[p.sample] == paused.engine
                 paused_at[p.sample] = (paused.engine, p.tokens)
-    assert syncs >= 4 and resumed_from > 0 and moved > 0, (syncs, resumed_from, moved)
-    assert int(counters["requeued"]) == resumed_from + len(paused_at)
-    assert int(counters.get("discarded_tokens", 0)) == 0
+        elif record.event.WhichOneof("kind") == "weights_loaded":
+            loaded.add(record.event.weights_loaded.engine)
+    assert syncs >= 4 and resubmitted > 0, (syncs, resubmitted)
+    assert int(counters["resubmitted"]) == resubmitted
     _replay(rlsched_bin, run.log)
 
 

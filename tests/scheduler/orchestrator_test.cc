@@ -262,9 +262,10 @@ OrchestratorOptions AbortingOptions(std::int64_t prompts_per_step) {
                               .samples_per_prompt = 1}};
 }
 
-// Pause mode abort: the interrupting sync says so; the paused sample leaves its engine
-// with its tokens when reported (no Resume) and continues on another engine from them.
-TEST(OrchestratorTest, AbortPauseRequeuesPausedSamplesForAnyEngine) {
+// Pause mode abort: the interrupting sync says so; the engine forgets the paused
+// sample once it reported it, and after WeightsLoaded the core dispatches it to the same
+// engine again from its tokens (no Resume), even with another engine free.
+TEST(OrchestratorTest, AbortPauseResubmitsPausedSamplesToTheirEngine) {
   Orchestrator core(AbortingOptions(1));
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
@@ -284,19 +285,21 @@ TEST(OrchestratorTest, AbortPauseRequeuesPausedSamplesForAnyEngine) {
                                .version = 1,
                                .samples = {SampleProgress{.sample = 1, .tokens = 6}}},
               out);
-  EXPECT_TRUE(out.empty());  // no engine free: engine 0 is loading
-  EXPECT_EQ(core.counters().requeued, 1);
-  EXPECT_EQ(core.counters().queued, 2);  // sample 2 (batch 2, needs version 1) and 1
-  EXPECT_EQ(core.counters().in_flight, 0);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(core.counters().in_flight, 1);  // still engine 0's, to be resubmitted
   core.CheckInvariants();
-  // A second engine, already on version 1, takes it from its 6 tokens.
+  // A second engine, already on version 1, gets new work (batch 2), not sample 1.
   core.Handle(EngineJoined{.time = 2.6, .engine = 1, .max_concurrent = 1, .version = 1}, out);
-  const auto dispatches = All<Dispatch>(out);
-  ASSERT_EQ(dispatches.size(), 1u);
-  EXPECT_EQ(Describe(dispatches[0]).rfind("dispatch e1 v1 1/6/", 0), 0u) << Describe(dispatches[0]);
+  ASSERT_EQ(All<Dispatch>(out).size(), 1u);
+  EXPECT_EQ(Describe(All<Dispatch>(out)[0]).rfind("dispatch e1 v1 2/0/", 0), 0u)
+      << Describe(All<Dispatch>(out)[0]);
   out.clear();
   core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
   EXPECT_TRUE(All<Resume>(out).empty());
+  ASSERT_EQ(All<Dispatch>(out).size(), 1u);
+  EXPECT_EQ(Describe(All<Dispatch>(out)[0]).rfind("dispatch e0 v1 1/6/", 0), 0u)
+      << Describe(All<Dispatch>(out)[0]);
+  EXPECT_EQ(core.counters().resubmitted, 1);
   out.clear();
   core.Handle(GenerationFinished{.time = 4, .sample = 1, .tokens = 10, .reward = 0}, out);
   ASSERT_EQ(All<StartTrain>(out).size(), 1u);
@@ -311,11 +314,10 @@ TEST(OrchestratorTest, AbortPauseRequeuesPausedSamplesForAnyEngine) {
   core.CheckInvariants();
 }
 
-// Pause mode abort with one GenerationProgressed per paused sample: requeued at
-// WeightsLoaded (a progress report may precede the engine's pause), then dispatched
-// again, here to the same engine, from the tokens reported; a filtered group's sample
-// already reported gets no Abort (its engine forgot it).
-TEST(OrchestratorTest, AbortPauseWithPerSampleReportsRequeuesAtWeightsLoaded) {
+// Pause mode abort with one GenerationProgressed per paused sample: the same
+// resubmission at WeightsLoaded; a filtered group's sample already reported gets no
+// Abort (its engine forgot it).
+TEST(OrchestratorTest, AbortPauseWithPerSampleReportsResubmitsAtWeightsLoaded) {
   Orchestrator core(AbortingOptions(2));
   std::vector<Command> out;
   core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 4, .version = 0}, out);
@@ -331,20 +333,45 @@ TEST(OrchestratorTest, AbortPauseWithPerSampleReportsRequeuesAtWeightsLoaded) {
   // In flight: 2 and 3 (batch 1), reported one by one.
   core.Handle(GenerationProgressed{.time = 2.5, .sample = 2, .tokens = 6}, out);
   core.Handle(GenerationProgressed{.time = 2.5, .sample = 3, .tokens = 3}, out);
-  EXPECT_EQ(core.counters().requeued, 0);
   core.Handle(GroupFiltered{.time = 2.6, .group = 3}, out);
   EXPECT_TRUE(All<Abort>(out).empty());
   out.clear();
   core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
   EXPECT_TRUE(All<Resume>(out).empty());
-  EXPECT_EQ(core.counters().requeued, 1);
-  bool resumed_from_6 = false;
-  for (const Dispatch& d : All<Dispatch>(out)) {
-    for (const SampleWork& w : d.samples) {
-      if (w.sample == 2) resumed_from_6 = d.engine == 0 && d.version == 1 && w.resume_from == 6;
-    }
-  }
-  EXPECT_TRUE(resumed_from_6);
+  EXPECT_EQ(core.counters().resubmitted, 1);
+  ASSERT_FALSE(All<Dispatch>(out).empty());
+  const Dispatch d = All<Dispatch>(out)[0];
+  EXPECT_EQ(d.engine, 0);
+  EXPECT_EQ(d.version, 1);
+  ASSERT_FALSE(d.samples.empty());
+  EXPECT_EQ(d.samples[0].sample, 2);
+  EXPECT_EQ(d.samples[0].resume_from, 6);
+  core.CheckInvariants();
+}
+
+// Pause mode abort: an engine lost after it returned its paused samples' tokens and
+// before it loaded hands them to the queue with their tokens (returned, so kept even
+// without keep_partial_on_failure), for any engine.
+TEST(OrchestratorTest, AbortPauseTokensSurviveTheEnginesLoss) {
+  Orchestrator core(AbortingOptions(1));
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  core.Handle(GenerationPaused{.time = 2.5,
+                               .engine = 0,
+                               .version = 1,
+                               .samples = {SampleProgress{.sample = 1, .tokens = 6}}},
+              out);
+  out.clear();
+  core.Handle(EngineFailed{.time = 2.7, .engine = 0}, out);
+  EXPECT_EQ(core.counters().discarded_tokens, 0);
+  EXPECT_EQ(core.counters().restarts, 0);
+  core.Handle(EngineJoined{.time = 2.8, .engine = 1, .max_concurrent = 1, .version = 1}, out);
+  ASSERT_EQ(All<Dispatch>(out).size(), 1u);
+  EXPECT_EQ(Describe(All<Dispatch>(out)[0]).rfind("dispatch e1 v1 1/6/", 0), 0u)
+      << Describe(All<Dispatch>(out)[0]);
   core.CheckInvariants();
 }
 
@@ -1528,7 +1555,7 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
     total.steps_started += c.steps_started;
     total.restarts += c.restarts;
     total.partial_samples += c.partial_samples;
-    total.requeued += c.requeued;
+    total.resubmitted += c.resubmitted;
     total.filtered_groups += c.filtered_groups;
     total.discarded_tokens += c.discarded_tokens;
     if (o.mode == Mode::kAsync && o.policy == StalenessPolicy::kAdmission) {
@@ -1547,7 +1574,7 @@ void RunSeeds(std::uint64_t first, std::uint64_t count) {
   EXPECT_GE(total.steps_started, 5 * n);
   EXPECT_GE(total.restarts, n);
   EXPECT_GE(total.partial_samples, n / 4);
-  EXPECT_GE(total.requeued, n / 10);  // pause mode abort requeues paused samples somewhere
+  EXPECT_GE(total.resubmitted, n / 10);  // pause mode abort resubmits paused samples
   EXPECT_GE(total.filtered_groups, n);
   EXPECT_GE(total.discarded_tokens, n);
   // Both policies run and train; the strict one throws stale tokens away somewhere.

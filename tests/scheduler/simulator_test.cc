@@ -390,9 +390,10 @@ TEST(SimulatorModes, PartialRolloutResumesSamples) {
   ExpectConserved(report);
 }
 
-// Pause mode abort: the paused samples go back to the queue with their tokens and
-// continue wherever dispatch sends them (no Resume; a Resume would fail the run).
-TEST(SimulatorModes, AbortPauseRequeuesSamples) {
+// Pause mode abort: the paused samples are dispatched to their engine again with their
+// tokens (no Resume; a Resume of an aborted sample would fail the run), at the same
+// cost as keeping them (prefilled again either way).
+TEST(SimulatorModes, AbortPauseResubmitsSamples) {
   SimulatorConfig config = SmallConfig();
   config.orchestrator.mode = Mode::kAsync;
   config.orchestrator.max_staleness = 2;
@@ -402,11 +403,16 @@ TEST(SimulatorModes, AbortPauseRequeuesSamples) {
   config.steps = 8;
   config.check_invariants = true;
   const SimulationReport report = Simulate(config);
-  EXPECT_GT(report.counters.requeued, 0);
+  EXPECT_GT(report.counters.resubmitted, 0);
   EXPECT_GT(report.counters.partial_samples, 0);
-  EXPECT_EQ(report.counters.discarded_tokens, 0);  // requeued with their tokens
+  EXPECT_EQ(report.counters.discarded_tokens, 0);  // resubmitted with their tokens
   EXPECT_EQ(report.counters.trained, config.steps * 16 * 4);
   ExpectConserved(report);
+  config.orchestrator.pause_mode = PauseMode::kKeep;
+  const SimulationReport kept = Simulate(config);
+  EXPECT_EQ(kept.counters.resubmitted, 0);
+  EXPECT_DOUBLE_EQ(report.metrics.samples_per_second, kept.metrics.samples_per_second);
+  EXPECT_EQ(report.counters.partial_samples, kept.counters.partial_samples);
 }
 
 // Engines fail (mean time between failures ~ a few steps) and replacements join: every

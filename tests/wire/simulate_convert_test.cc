@@ -360,20 +360,20 @@ TEST(SimulateConvertTest, PauseModeBelongsToPartialRollout) {
   request.set_compare(true);
   const v1::SimulateReply reply = SolveSimulate(request);
   std::int64_t aborting = 0;
-  std::int64_t requeued = 0;
+  std::int64_t resubmitted = 0;
   for (const v1::SimulationRun& run : reply.runs()) {
     const v1::OrchestratorOptions& o = run.config().orchestrator();
     EXPECT_EQ(o.pause_mode(), o.partial_rollout() ? v1::PAUSE_MODE_ABORT : v1::PAUSE_MODE_KEEP)
         << run.name();
     if (o.partial_rollout()) {
       ++aborting;
-      requeued += run.report().counters().requeued();
+      resubmitted += run.report().counters().resubmitted();
     } else {
-      EXPECT_EQ(run.report().counters().requeued(), 0) << run.name();
+      EXPECT_EQ(run.report().counters().resubmitted(), 0) << run.name();
     }
   }
   EXPECT_GE(aborting, 2);
-  EXPECT_GT(requeued, 0);
+  EXPECT_GT(resubmitted, 0);
 }
 
 TEST(SimulateConvertTest, FilterNeedsAllEqualGroups) {

@@ -422,7 +422,7 @@ void FillCounters(const Counters& in, v1::OrchestratorCounters& out) {
   out.set_restarts(in.restarts);
   out.set_discarded_tokens(in.discarded_tokens);
   out.set_partial_samples(in.partial_samples);
-  out.set_requeued(in.requeued);
+  out.set_resubmitted(in.resubmitted);
   out.set_trained_tokens(in.trained_tokens);
   out.set_steps_started(in.steps_started);
   out.set_steps_finished(in.steps_finished);

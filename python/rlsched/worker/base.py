@@ -405,8 +405,8 @@ class EngineWorker(Worker):
         sample it paused, each once (an empty list when none was left running); a third
         item, when given, is the sample's ``spans`` (see ``finished``). With the sync's
         ``pause`` ``PAUSE_MODE_ABORT`` the engine has aborted them: this is their last
-        report here (the scheduler requeues them; a later ``dispatch``, to this engine
-        or another, continues each from ``resume_from`` = its tokens)."""
+        report here (after ``weights_loaded`` the scheduler dispatches them to this engine
+        again, each from ``resume_from`` = its tokens)."""
         progress = []
         with self._accounts_lock:
             for item in samples:

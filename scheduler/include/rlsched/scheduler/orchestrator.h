@@ -68,11 +68,12 @@
 //   WeightsLoaded; the core then sends Resume, and the samples continue under the new
 //   version (their version spans record this). That is pause_mode kKeep; with kAbort
 //   (for engines that cannot hold a request across a weight update) the engine aborts
-//   them instead and reports their partial tokens the same way; the core puts them
-//   back in the queue, and they continue (Dispatch, resume_from = their tokens) on
-//   whichever engine dispatch picks, the lightest one whose version admits them, not
-//   necessarily the same. Either way the engine prefills prompt and partial tokens
-//   again under the new weights. Without partial rollout an
+//   them instead and reports their partial tokens the same way, and after
+//   WeightsLoaded the core dispatches them to it again (Dispatch, resume_from = their
+//   tokens) in place of the Resume; an engine lost before that hands them back to the
+//   queue with their tokens (whatever keep_partial_on_failure says: they were
+//   returned). Either way the engine prefills prompt and partial tokens again under
+//   the new weights. Without partial rollout an
 //   engine takes no new work once a newer version exists, drains, then syncs. In
 //   one_step_off and sync, engines sync only when idle.
 //
@@ -141,7 +142,7 @@ enum class MemoryTag { kWeights, kKvCache };
 // What an interrupting weight sync (partial rollout) does with the engine's samples.
 enum class PauseMode {
   kKeep,   // they wait on the engine and continue there under the new weights (Resume)
-  kAbort,  // the engine aborts them, reporting their tokens; they go back to the queue
+  kAbort,  // the engine aborts them, reporting their tokens; then they go to it again
 };
 
 // ---- Events (driver → core). Times are seconds, non-decreasing across events. ----
@@ -285,7 +286,7 @@ struct Abort {
 // Load `version` on the engine; with interrupt, pause its generations first and
 // report their progress (GenerationPaused, or GenerationProgressed per sample), then
 // WeightsLoaded. With interrupt and pause kAbort the engine then forgets the paused
-// samples (the core requeues them) instead of holding them for Resume.
+// samples instead of holding them for Resume (the core dispatches them to it again).
 struct SyncWeights {
   std::int64_t engine = 0;
   std::int64_t version = 0;
@@ -402,8 +403,9 @@ struct Counters {  // in samples unless named *_groups
   std::int64_t stale_restarts = 0;
   std::int64_t stale_discarded_tokens = 0;
   std::int64_t partial_samples = 0;  // trained samples with tokens of > 1 version
-  // Paused samples an interrupting sync with pause_mode kAbort put back in the queue.
-  std::int64_t requeued = 0;
+  // Paused samples an interrupting sync with pause_mode kAbort had aborted, dispatched
+  // again to their engine (resume_from = their tokens) once it loaded the weights.
+  std::int64_t resubmitted = 0;
   std::int64_t trained_tokens = 0;  // prompt + response tokens of trained samples
   std::int64_t steps_started = 0;
   std::int64_t steps_finished = 0;
