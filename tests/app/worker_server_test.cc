@@ -371,31 +371,40 @@ TEST_F(WorkerServerTest, EnginesGetTheirPartOncePerPlanAndANewOneWhenTheMembersh
   server.Shutdown("done", milliseconds(500));
 }
 
-TEST_F(WorkerServerTest, WithoutAWeightLayoutSyncsNameNoPlan) {
+// A run without a weight layout, its server started on `address` (token "t0ken").
+struct RunWithoutLayout {
+  static scheduler::RuntimeOptions WithoutLayout() {
+    scheduler::RuntimeOptions options = Options();
+    options.weight_sync.reset();
+    return options;
+  }
+  explicit RunWithoutLayout(const std::string& address)
+      : server({.listen = address, .token = "t0ken", .heartbeat_timeout_seconds = 0}),
+        runtime(WithoutLayout(), server, server, clock) {
+    server.Start(runtime);
+  }
+  ~RunWithoutLayout() {
+    runtime.Stop();
+    server.Shutdown("done", milliseconds(500));
+  }
   scheduler::ManualClock clock;
-  WorkerServer server({.listen = address_, .token = "t0ken", .heartbeat_timeout_seconds = 0});
-  scheduler::RuntimeOptions options = Options();
-  options.weight_sync.reset();
-  scheduler::Runtime runtime(options, server, server, clock);
-  server.Start(runtime);
+  WorkerServer server;
+  scheduler::Runtime runtime;
+};
+
+TEST_F(WorkerServerTest, WithoutAWeightLayoutSyncsNameNoPlan) {
+  RunWithoutLayout run(address_);
   Worker engine(address_, EngineHello(0));
   Expect(engine, v1::SchedulerMessage::kWelcome);
   const v1::SchedulerMessage sync = Expect(engine, v1::SchedulerMessage::kCommand);
   ASSERT_TRUE(sync.command().has_sync_weights());
   EXPECT_EQ(sync.command().sync_weights().plan_id(), "");
-  runtime.Stop();
-  server.Shutdown("done", milliseconds(500));
 }
 
 // Scheduler.Call answers the daemon's requests on the run's socket, as `rlsched serve`
 // does (wire::Solve), for a caller with the run's token; without it: UNAUTHENTICATED.
 TEST_F(WorkerServerTest, CallAnswersTheDaemonsRequestsForACallerWithTheToken) {
-  scheduler::ManualClock clock;
-  WorkerServer server({.listen = address_, .token = "t0ken", .heartbeat_timeout_seconds = 0});
-  scheduler::RuntimeOptions options = Options();
-  options.weight_sync.reset();
-  scheduler::Runtime runtime(options, server, server, clock);
-  server.Start(runtime);
+  RunWithoutLayout run(address_);
   const auto stub =
       v1::Scheduler::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   const auto call = [&](const v1::Request& request, const std::string& token, v1::Reply& reply) {
@@ -427,9 +436,7 @@ TEST_F(WorkerServerTest, CallAnswersTheDaemonsRequestsForACallerWithTheToken) {
   // No token, a wrong one: refused and counted.
   EXPECT_EQ(call(request, "", reply).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(call(request, "t0ken2", reply).error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(server.refused(), 2);
-  runtime.Stop();
-  server.Shutdown("done", milliseconds(500));
+  EXPECT_EQ(run.server.refused(), 2);
 }
 
 }  // namespace

@@ -262,19 +262,24 @@ OrchestratorOptions AbortingOptions(std::int64_t prompts_per_step) {
                               .samples_per_prompt = 1}};
 }
 
+// Pause mode abort, one sample per step: engine 0 runs samples 0 and 1, 0 finishes and
+// trains, and step 0's end syncs engine 0 (its SyncWeights in `out`).
+Orchestrator AbortingAtTheFirstSync(std::vector<Command>& out) {
+  Orchestrator core(AbortingOptions(1));
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
+  out.clear();
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  return core;
+}
+
 // Pause mode abort: the interrupting sync says so; the engine forgets the paused
 // sample once it reported it, and after WeightsLoaded the core dispatches it to the same
 // engine again from its tokens (no Resume), even with another engine free.
 TEST(OrchestratorTest, AbortPauseResubmitsPausedSamplesToTheirEngine) {
-  Orchestrator core(AbortingOptions(1));
   std::vector<Command> out;
-  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
-  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
-  ASSERT_EQ(All<Dispatch>(out).at(0).samples.size(), 2u);
-  out.clear();
-  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
-  out.clear();
-  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  Orchestrator core = AbortingAtTheFirstSync(out);
   const auto syncs = All<SyncWeights>(out);
   ASSERT_EQ(syncs.size(), 1u);
   EXPECT_TRUE(syncs[0].interrupt);
@@ -353,12 +358,8 @@ TEST(OrchestratorTest, AbortPauseWithPerSampleReportsResubmitsAtWeightsLoaded) {
 // before it loaded hands them to the queue with their tokens (returned, so kept even
 // without keep_partial_on_failure), for any engine.
 TEST(OrchestratorTest, AbortPauseTokensSurviveTheEnginesLoss) {
-  Orchestrator core(AbortingOptions(1));
   std::vector<Command> out;
-  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
-  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 10)}, out);
-  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
-  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  Orchestrator core = AbortingAtTheFirstSync(out);
   core.Handle(GenerationPaused{.time = 2.5,
                                .engine = 0,
                                .version = 1,
