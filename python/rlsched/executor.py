@@ -738,7 +738,7 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
     float32. Writes into `codes` (uint8, x's shape) and `scales` (float32,
     scale_shape(x.shape)) when given, else allocates them; returns (codes, scales).
     Works on a few block rows (or several small matrices) at a time: temporaries stay
-    within about 8 MiB. Deterministic: the same input gives the same bytes on every
+    within about 12 MiB. Deterministic: the same input gives the same bytes on every
     rank."""
     import torch  # noqa: PLC0415
     shape = tuple(x.shape)
