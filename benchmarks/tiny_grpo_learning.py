@@ -4,16 +4,20 @@ Usage (from the repository root, with Debian's python3-torch and the project bui
 
     PYTHONPATH=python:build/python /usr/bin/python3 benchmarks/tiny_grpo_learning.py \\
         [--modes sync,async] [--trainer-tp 1,2] [--trainer-dp 1,2] [--steps 60] \\
-        [--kill-engine-at STEP] \\
+        [--kill-engine-at STEP] [--kill-engine-during-sync VERSION] \\
         [--out DIR] [--rlsched build/rlsched] [-- run.py options...]
 
 Runs ``examples/tiny_grpo/run.py`` (``rlsched run``, 2 engine processes, a trainer,
 the weights through rlsched's executor over gloo by the runtime's weight-sync plans)
 once per mode: ``sync``, ``one_step_off``, ``async`` (max staleness 1, partial
 rollout), ``async_kill`` (the same with the last engine SIGKILLed mid-generation at
---kill-engine-at), each with run.py's learning defaults unless options after ``--`` say
-otherwise, and once per trainer TP size of --trainer-tp and DP size of --trainer-dp
-(run.py's --trainer-tp and --trainer-dp; default: run.py's defaults). For each it prints the reward at the start (mean of the first 3 steps), the
+--kill-engine-at), ``async_die`` (the same with the last engine SIGKILLing itself during
+the weight sync of version --kill-engine-during-sync, run.py's option: the runtime
+replans that sync for the other), ``sync_kill`` and ``sync_die`` (the same in sync
+mode), each with run.py's learning defaults unless options after ``--`` say otherwise,
+and once per trainer TP size of --trainer-tp and DP size of --trainer-dp (run.py's
+--trainer-tp and --trainer-dp; default: run.py's defaults). For each it prints the
+reward at the start (mean of the first 3 steps), the
 first step at which the mean reward of the last 3 steps reached --target (0.9 of the
 task's maximum 1.0) and the trainer's wall seconds then, the final reward (mean of the
 last 5 steps), the run's wall time and samples/s, the weight-sync plans the runtime
@@ -42,6 +46,8 @@ MODES = {
     "async": ["--mode", "async", "--max-staleness", "1", "--partial-rollout"],
     "async_kill": ["--mode", "async", "--max-staleness", "1", "--partial-rollout"],
     "sync_kill": ["--mode", "sync"],
+    "async_die": ["--mode", "async", "--max-staleness", "1", "--partial-rollout"],
+    "sync_die": ["--mode", "sync"],
 }
 
 
@@ -65,6 +71,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--kill-engine-at", type=int, default=10,
                         help="the step of the *_kill modes' SIGKILL")
+    parser.add_argument("--kill-engine-during-sync", type=int, default=1, metavar="VERSION",
+                        help="the version of the *_die modes' sync (1: the first, whose "
+                        "world the engines join then, so the others cannot finish it "
+                        "without the lost engine)")
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--trainer-tp", default=None,
                         help="comma-separated trainer TP sizes, each mode run once per size "
@@ -97,7 +107,9 @@ def main(argv=None) -> int:
     for m, tp, dp in [(m, tp, dp) for m in modes for tp in tps for dp in dps]:
         name = m + ("" if tp is None else f"_tp{tp}") + ("" if dp is None else f"_dp{dp}")
         out = os.path.join(args.out, name)
-        kill = ["--kill-engine-at", str(args.kill_engine_at)] if m.endswith("_kill") else []
+        kill = (["--kill-engine-at", str(args.kill_engine_at)] if m.endswith("_kill") else
+                ["--kill-engine-during-sync", str(args.kill_engine_during_sync)]
+                if m.endswith("_die") else [])
         command = [sys.executable, os.path.join(_EXAMPLE, "run.py"), "--rlsched-bin",
                    args.rlsched, "--out", out, "--steps", str(args.steps), *MODES[m], *kill,
                    *(["--trainer-tp", str(tp)] if tp is not None else []),
@@ -142,6 +154,8 @@ def main(argv=None) -> int:
         if summary.get("killed"):
             row["killed"] = summary["killed"]
             row["restarts"] = summary["counters"].get("restarts")
+            # The syncs the runtime sent again because the engine was lost during them.
+            row["weight_sync_replans"] = summary.get("weight_sync_replans")
         rows.append(row)
         failed |= not summary["ok"] or at is None
         print(json.dumps(row), flush=True)
