@@ -100,6 +100,8 @@ def measure(out, skip):
         report = json.load(f)
     with open(os.path.join(out, "trainer.json")) as f:
         trainer = json.load(f)
+    with open(os.path.join(out, "run.json")) as f:
+        max_concurrent = int(json.load(f).get("engine", {}).get("max_concurrent", 32))
     steps_merged = {}
     for path in sorted(glob.glob(os.path.join(out, "engine*.json"))):
         with open(path) as f:
@@ -125,6 +127,7 @@ def measure(out, skip):
         "decode_per_sequence_seconds": per_row,
         "prefill_seconds_per_token": per_token,
         "decode_steps": decode_steps,
+        "max_concurrent": max_concurrent,
         "weight_sync_seconds": float(metrics.get("seconds_per_weight_sync", 0.0)),
         "train_seconds_per_call": sum(train) / len(train),
         "lengths": sorted(lengths),
@@ -224,7 +227,7 @@ def main(argv=None) -> int:
     for mode in MODES:
         with open(os.path.join(args.out, mode, "run.json")) as f:
             run_config = json.load(f)
-        max_concurrent = int(run_config.get("engine", {}).get("max_concurrent", 32))
+        max_concurrent = measured[mode]["max_concurrent"]
         per_step = run_config["orchestrator"]["prompts_per_step"] * run_config[
             "orchestrator"]["samples_per_prompt"]
         for source in ("sync", mode):
@@ -253,25 +256,38 @@ def main(argv=None) -> int:
              / measured["sync"]["steady_samples_per_second"],
              "simulated_sync_speeds": results[("async", "sync")] / results[("sync", "sync")],
              "simulated_own_speeds": results[("async", "async")] / results[("sync", "sync")]}
-    print(f"async/sync: measured {ratio['measured']:.3f}, simulated {ratio['simulated_sync_speeds']:.3f}"
-          f" (sync speeds; measured/simulated {ratio['measured'] / ratio['simulated_sync_speeds']:.3f}),"
-          f" {ratio['simulated_own_speeds']:.3f} (each mode's own speeds; "
-          f"{ratio['measured'] / ratio['simulated_own_speeds']:.3f})")
+    by_sync, by_own = ratio["simulated_sync_speeds"], ratio["simulated_own_speeds"]
+    print(f"async/sync: measured {ratio['measured']:.3f}, simulated {by_sync:.3f} (sync "
+          f"speeds; measured/simulated {ratio['measured'] / by_sync:.3f}), {by_own:.3f} "
+          f"(each mode's own speeds; {ratio['measured'] / by_own:.3f})")
     print("\nspeeds measured (per run):")
     for mode in MODES:
         s = measured[mode]
-        full = s["decode_base_seconds"] + s["decode_per_sequence_seconds"] * 32
+        n = s["max_concurrent"]
+        full = s["decode_base_seconds"] + s["decode_per_sequence_seconds"] * n
         print(f"  {mode}: decode step {1e3 * s['decode_base_seconds']:.2f} ms + "
-              f"{1e3 * s['decode_per_sequence_seconds']:.3f} ms/row (32 rows: "
-              f"{32 / full:.0f} tokens/s; 1 row: "
+              f"{1e3 * s['decode_per_sequence_seconds']:.3f} ms/row ({n} rows: "
+              f"{n / full:.0f} tokens/s; 1 row: "
               f"{1 / (s['decode_base_seconds'] + s['decode_per_sequence_seconds']):.0f}), "
               f"prefill {1e6 * s['prefill_seconds_per_token']:.1f} us/token "
               f"({s['decode_steps']} steps); weight sync {1e3 * s['weight_sync_seconds']:.1f} ms;"
               f" trainer {s['train_seconds_per_call']:.3f} s/call; mean response "
               f"{s['mean_length']:.2f} tokens; whole run {s['run_samples_per_second']:.2f} "
               f"samples/s over {s['wall_seconds']:.1f} s")
+    # What overlapping generation and training cost on this machine: the async run's
+    # speeds against the sync run's.
+    def full_step(s):
+        return s["decode_base_seconds"] + s["decode_per_sequence_seconds"] * s["max_concurrent"]
+    sync_s, async_s = measured["sync"], measured["async"]
+    slowdown = {"trainer_seconds_per_call": async_s["train_seconds_per_call"]
+                / sync_s["train_seconds_per_call"],
+                "engine_full_step": full_step(async_s) / full_step(sync_s)}
+    print(f"  async run against sync run: trainer {slowdown['trainer_seconds_per_call']:.3f}x "
+          f"the seconds per call, engine {slowdown['engine_full_step']:.3f}x the decode "
+          "step at full concurrency")
     with open(os.path.join(args.out, "vs_simulate.json"), "w") as f:
         json.dump({"steps": args.steps, "skip": args.skip, "rows": rows, "async_over_sync": ratio,
+                   "async_run_over_sync_run": slowdown,
                    "measured": {m: {k: v for k, v in s.items() if k != "lengths"}
                                 for m, s in measured.items()}}, f, indent=1)
     return 1 if failed else 0
