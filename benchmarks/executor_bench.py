@@ -98,9 +98,9 @@ def _profiled_run(ex, destinations, profile):
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
     lines = [line for line in text.getvalue().splitlines()
              if line.strip() and not line.startswith(("   Ordered", "         "))]
-    return (f"rank {stats.rank}: one profiled sync {seconds:.3f} s "
-            f"(quantised at the sender {stats.quantized_at_sender}, at the destination "
-            f"{stats.quantized_at_destination} transfers)\n" + "\n".join(lines))
+    return (f"rank {stats.rank}: one profiled sync {seconds:.3f} s (of the fp8 transfers "
+            f"it received, {stats.quantized_at_sender} came quantised, "
+            f"{stats.quantized_at_destination} were quantised here)\n" + "\n".join(lines))
 
 
 def _quantizer_gb_per_s(module_path=None):
