@@ -6,7 +6,7 @@ loopback.
         benchmarks/executor_bench.py [--model config.json] [--train tp=2,pp=2] \\
         [--infer tp=2,replicas=2] [--colocated] [--bucket-mib 64] \\
         [--target-dtype bf16|fp8_block128] [--repeat 3] [--baseline REV] \\
-        [--profile RANK] [--json]
+        [--profile RANK] [--keep-staging] [--json]
 
 Default world: 8 ranks, a Llama-shaped model of about 190 M parameters (hidden 1024,
 8 layers, FFN 4096, 32,000 tokens; 380 MB in bf16) from Megatron TP 2 x PP 2 (4 ranks) to
@@ -21,6 +21,8 @@ of its rounds and the slowest rank's time:
   tensors); its construction (checks, process groups) is reported apart;
 - baseline (with `--baseline REV`): the same for python/rlsched/executor.py as of git
   revision REV (or a file), loaded beside this one: before / after in one run;
+- kept (with `--keep-staging`): the executor with `keep_staging=True` (its staging
+  buffer allocated once, kept between syncs);
 - plain: the same collectives (per bucket, one per source and destination set, the
   same sizes, groups and order, issued asynchronously then waited for) on buffers
   allocated once, with no packing or unpacking: what the transport alone costs;
@@ -224,6 +226,10 @@ def _rank_main(rank, world, cfg, results):
         setup_growth = _status_kib("VmHWM") - before
         setup = slowest(ex.setup_seconds)
         variants = [("executor", ex), ("plain", None)]
+        if cfg["keep_staging"]:  # the same, its staging buffer kept between syncs
+            variants.insert(1, ("kept", executor.Executor(
+                plan, sources=sources, destinations=destinations, dtype=model.dtype,
+                direct_min_bytes=cfg["direct_min_bytes"], keep_staging=True)))
         if cfg["baseline"]:
             base = _load_module("rlsched_executor_baseline", cfg["baseline"])
             variants.insert(1, ("baseline", base.Executor(
@@ -303,6 +309,8 @@ def main():
                         help="after the measured syncs, run one more under cProfile on this "
                              "rank and print where its time went (repeatable)")
     parser.add_argument("--rlsched", default=os.environ.get("RLSCHED_BIN", "build/rlsched"))
+    parser.add_argument("--keep-staging", action="store_true",
+                        help="also time an Executor that keeps its staging buffer (kept)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -343,7 +351,7 @@ def main():
         cfg = {"store": os.path.join(workdir, "store"), "model": model, "train": t, "infer": i,
                "full": lay.full_tensors(model), "colocated": args.colocated, "plan": plan_path,
                "repeat": args.repeat, "profile": set(args.profile), "baseline": baseline,
-               "fp8": args.target_dtype == "fp8_block128",
+               "fp8": args.target_dtype == "fp8_block128", "keep_staging": args.keep_staging,
                "direct_min_bytes": args.direct_min_kib << 10 if args.direct_min_kib else None}
         quantizer = {}
         if cfg["fp8"]:
@@ -408,6 +416,9 @@ def main():
         "cpu_seconds": {k: min(v) for k, v in o0["cpu_seconds"].items()},
         "target_dtype": args.target_dtype,
     }
+    if "kept" in o0["times"]:
+        r["kept_seconds"] = min(o0["times"]["kept"])
+        r["kept_ratio"] = r["kept_seconds"] / o0["plain_seconds"]
     if "baseline" in o0["times"]:
         r["baseline"] = args.baseline
         r["baseline_seconds"] = min(o0["times"]["baseline"])
@@ -422,6 +433,9 @@ def main():
         print(f"executor     {r['executor_seconds']:.3f} s   plain broadcasts "
               f"{r['plain_seconds']:.3f} s   ratio {r['ratio']:.2f}x   (set-up "
               f"{r['setup_seconds']:.3f} s apart)")
+        if "kept" in r:
+            print(f"kept         {r['kept_seconds']:.3f} s   ratio {r['kept_ratio']:.2f}x "
+                  "(keep_staging: the staging buffer kept between syncs)")
         if "baseline" in r:
             print(f"baseline     {r['baseline_seconds']:.3f} s   ratio {r['baseline_ratio']:.2f}x "
                   f"(executor.py of {args.baseline}, in the same rounds)")

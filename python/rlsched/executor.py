@@ -897,6 +897,7 @@ class ExecuteStats:
     quantized_at_sender: int = 0  # fp8 transfers received as codes + scales
     quantized_at_destination: int = 0  # fp8 transfers received in bf16, quantised here
     peak_staging_bytes: int = 0  # the largest bucket's buffers on this rank
+    staging_allocated_bytes: int = 0  # the staging buffer allocated by this run (0: kept)
     groups: int = 0  # process groups made (world-wide count)
     check_seconds: float = 0.0  # checks and group creation
     transfer_seconds: float = 0.0  # the buckets
@@ -931,7 +932,9 @@ class Executor:
     from `sources` (read at run time: the trainer updates them in place) into
     `destinations` / `on_slice`; it allocates one staging buffer of
     :attr:`staging_bytes` (the largest bucket's packed slices on this rank) for the
-    run and frees it after.
+    run and frees it after, or with `keep_staging` once, kept for the next runs (no
+    allocation and first touch at every sync, for that much memory held between them;
+    leave it off where the memory is wanted back between syncs, e.g. colocated).
 
     Arguments as :func:`execute`.
     """
@@ -942,11 +945,13 @@ class Executor:
                  dtype=None, device=None,
                  direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES,
                  timeout: Optional["datetime.timedelta"] = None,
-                 layout: Optional[dict] = None):
+                 layout: Optional[dict] = None, keep_staging: bool = False):
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
 
         start = time.perf_counter()
+        self.keep_staging = keep_staging
+        self._kept_arena: Optional["torch.Tensor"] = None
         self.plan, self.destinations, self.on_slice = plan, destinations, on_slice
         self.sources = sources or {}
         self.dtype = dtype or torch.bfloat16
@@ -1150,7 +1155,12 @@ class Executor:
         rank, sources = self.rank, self.sources
         stats = ExecuteStats(rank=rank, groups=self.num_groups, check_seconds=self.setup_seconds)
         start = time.perf_counter()
-        arena = torch.empty(self.staging_bytes, dtype=torch.uint8, device=self.device)
+        arena = self._kept_arena
+        if arena is None:
+            arena = torch.empty(self.staging_bytes, dtype=torch.uint8, device=self.device)
+            stats.staging_allocated_bytes = self.staging_bytes
+            if self.keep_staging:
+                self._kept_arena = arena
         gathering: Dict[str, "torch.Tensor"] = {}
         remaining = dict(self._gather_need)
         for cs in self.buckets:

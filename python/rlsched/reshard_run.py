@@ -150,7 +150,7 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
                                on_slice=on_slice, dtype=model.dtype,
                                direct_min_bytes=cfg["direct_min_bytes"],
                                timeout=datetime.timedelta(seconds=cfg["timeout"]),
-                               layout=cfg["layout"])
+                               layout=cfg["layout"], keep_staging=cfg["keep_staging"])
         if rank == cfg["fault_rank"]:  # fault injection, before the sync
             if cfg["fault"] == "stall":  # alive, silent past the others' timeout
                 time.sleep(cfg["timeout"] + 1.0)
@@ -198,12 +198,13 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         deliver: str = "tensors", timeout: float = 120.0,
         direct_min_bytes: Optional[int] = None, syncs: int = 1,
         target_dtype: str = "bf16", fault_rank: Optional[int] = None,
-        fault: str = "exit") -> dict:
+        fault: str = "exit", keep_staging: bool = False) -> dict:
     """Plans (unless `plan_path`), launches the world, executes, checks; returns the
     summary (see the module's docstring). `direct_min_bytes`: the executor's threshold
     for moving a transfer alone (None: its default, 0: pack every transfer). `syncs`:
     the plan runs this many times on one Executor per rank, all but the last sync on
     other source contents (changed in place; the check sees the last sync).
+    `keep_staging`: the executors keep their staging buffer between syncs.
     `fault_rank`: fault injection: after the set-up, that rank exits (`fault` "exit") or
     stays silent past the timeout ("stall") instead of syncing; the others must fail,
     within `timeout` seconds (the collectives' timeout)."""
@@ -261,7 +262,7 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
                "model": model, "train": t, "infer": i, "full": lay.full_tensors(model),
                "colocated": colocated, "plan": plan_path, "check": check, "deliver": deliver,
                "syncs": syncs, "fp8": target_dtype == "fp8_block128", "fault_rank": fault_rank,
-               "fault": fault,
+               "fault": fault, "keep_staging": keep_staging,
                "layout": executor.world_layout(t, i, colocated, target_dtype),
                "direct_min_bytes": (executor.DIRECT_MIN_BYTES if direct_min_bytes is None
                                     else direct_min_bytes or None)}
@@ -323,6 +324,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         "seconds": max(s["transfer_seconds"] for s in stats),
         "setup_seconds": max(s["check_seconds"] for s in stats),
         "peak_staging_bytes": max(s["peak_staging_bytes"] for s in stats),
+        # By the last sync, summed over the ranks (0 with keep_staging after the first).
+        "staging_allocated_bytes": sum(s["staging_allocated_bytes"] for s in stats),
     })
     ok = True
     if check:

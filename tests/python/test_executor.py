@@ -104,6 +104,19 @@ def test_repeated_syncs_read_the_sources_each_time():
         assert_exact(s)
 
 
+def test_a_kept_staging_buffer_is_reused_and_the_bytes_stay_exact():
+    # keep_staging: one staging buffer per rank for all the syncs (the later ones
+    # allocate none), and every transfer packed through it: the last sync's bytes exact.
+    s = run_checked("qwen3", {"tp": 2, "dp": 2}, {"tp": 1, "replicas": 2}, True,
+                    direct_min_bytes=0, syncs=3, keep_staging=True)
+    assert_exact(s)
+    assert s["peak_staging_bytes"] > 0 and s["staging_allocated_bytes"] == 0
+    # Without it, each sync allocates its own.
+    s = run_checked("qwen3", {"tp": 2, "dp": 2}, {"tp": 1, "replicas": 2}, True,
+                    direct_min_bytes=0, syncs=2)
+    assert s["staging_allocated_bytes"] >= s["peak_staging_bytes"] > 0
+
+
 def test_virtual_and_uneven_pipeline(tmp_path):
     # Six layers over PP 2 x VPP 3 chunks, and PP 3 with a two-layer first stage.
     cfg = json.load(open(config("llama")))
