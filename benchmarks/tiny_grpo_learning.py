@@ -72,9 +72,7 @@ def main(argv=None) -> int:
     parser.add_argument("--kill-engine-at", type=int, default=10,
                         help="the step of the *_kill modes' SIGKILL")
     parser.add_argument("--kill-engine-during-sync", type=int, default=1, metavar="VERSION",
-                        help="the version of the *_die modes' sync (1: the first, whose "
-                        "world the engines join then, so the others cannot finish it "
-                        "without the lost engine)")
+                        help="the version of the *_die modes' sync")
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--trainer-tp", default=None,
                         help="comma-separated trainer TP sizes, each mode run once per size "

@@ -198,7 +198,9 @@ class PlanSync:
 
     Versions. The engines start from version 0 as the trainer does (the initial
     policy's file, the checkpoint a real engine loads); every later version moves
-    through the executor, one run of the plan per version, in order.
+    through the executor, one run of the plan per version, in order. A run ends with a
+    barrier of its world: it completes for every member or for none, so no engine
+    reports a version while another member of its world may still lose it.
 
     A member lost *during* a sync. The members still in that sync's world see a join
     or a run fail there (gloo: the dead member's connections close, and every worker
@@ -509,6 +511,7 @@ class PlanSync:
                     self.sources[name].copy_(tensor)
             self.broken = self._try_run()
             if self.broken:
+                self.epochs[-1]["failed"] = self.broken
                 continue
             self.next_version += 1
             # Run v completed here: every member finished run v - 1 before it took part
@@ -588,7 +591,14 @@ class PlanSync:
             return _first_line(e)
 
     def _run(self) -> None:
+        import torch.distributed as dist
+
         stats = self.executor.run()
+        # The run completes for every member of the world or for none: no member counts
+        # the version received (an engine reports it) before all hold it, so a member
+        # lost during the run fails it for all of them (as it would a broadcast chain
+        # between GPUs), and the runtime sees the loss while the sync is under way.
+        dist.barrier()
         self.runs += 1
         self.epochs[-1]["runs"] += 1
         self.bytes += stats.bytes_sent + stats.bytes_received
