@@ -236,12 +236,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
     from model import load_model
-    from task import ReverseTask
+    from task import OPERATIONS, DigitTask
 
     parser = argparse.ArgumentParser(description="GRPO on the reverse task in one process")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--task", choices=OPERATIONS, default="add",
+                        help="add one to each digit (default) or reverse the digits")
     parser.add_argument("--digits", type=int, default=3)
     parser.add_argument("--alphabet", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -254,7 +256,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    task = ReverseTask(args.digits, args.alphabet, args.seed)
+    task = DigitTask(args.task, args.digits, args.alphabet, args.seed)
     model = load_model(seed=args.seed)
     train_in_process(task, model, args.steps, args.prompts, args.group, args.seed, args.lr,
                      args.epochs, args.max_grad_norm, args.entropy_coef, args.advantage,

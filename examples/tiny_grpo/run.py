@@ -140,6 +140,9 @@ def main(argv=None) -> int:
     parser.add_argument("--engine-min-step-seconds", type=float, default=0.0,
                         help="each engine's decode step lasts at least this long (emulates "
                         "slower engines, so that generation, not training, is the bottleneck)")
+    parser.add_argument("--task", choices=("add", "reverse"), default="add",
+                        help="add one to each digit, modulo the alphabet (default), or "
+                             "reverse the digits (harder: GRPO settles near 0.8 here)")
     parser.add_argument("--digits", type=int, default=3)
     parser.add_argument("--alphabet", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -270,7 +273,7 @@ def main(argv=None) -> int:
         time.sleep(0.02)
 
     common = ["--address", socket, "--data", data, "--weights", args.weights,
-              "--digits", str(args.digits),
+              "--task", args.task, "--digits", str(args.digits),
               "--alphabet", str(args.alphabet), "--seed", str(args.seed)]
     workers = {}
     killing = args.kill_engine_at is not None or args.kill_engine_during_sync is not None

@@ -89,7 +89,7 @@ from grpo import (ADVANTAGES, Rollout, advantages, decode_step, lr_at, policy_lo
 from model import CONFIG_PATH, TinyLlama, Config, weights_digest  # noqa: E402
 from tensor_parallel import (Grid, all_reduce_grads, clip_grad_norm, full_state,  # noqa: E402
                              load_full_state, megatron_sources)
-from task import ReverseTask  # noqa: E402
+from task import OPERATIONS, DigitTask  # noqa: E402
 
 from rlsched.v1 import rollout_pb2  # noqa: E402
 from rlsched.worker import EngineWorker, TrainerWorker  # noqa: E402
@@ -619,7 +619,7 @@ class TinyEngine(EngineWorker):
     weight update invalidates (the prefix is prefilled again on resume)."""
 
     def __init__(self, address: str, engine: int, max_concurrent: int, *, data: str,
-                 task: ReverseTask, min_step_seconds: float = 0.0,
+                 task: DigitTask, min_step_seconds: float = 0.0,
                  weight_sync: Optional[PlanSync] = None, stall_at_version: int = -1,
                  **kwargs):
         # With the executor the engine starts from the initial policy's file (version 0,
@@ -1286,6 +1286,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data", required=True, help="the shared data directory")
     parser.add_argument("--engine", type=int, default=0)
     parser.add_argument("--max-concurrent", type=int, default=64)
+    parser.add_argument("--task", choices=OPERATIONS, default="add")
     parser.add_argument("--digits", type=int, default=3)
     parser.add_argument("--alphabet", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
@@ -1353,7 +1354,7 @@ def main(argv=None) -> int:
         return follow(rank, args.report)
     if args.role == "engine":
         worker = TinyEngine(args.address, args.engine, args.max_concurrent, data=args.data,
-                            task=ReverseTask(args.digits, args.alphabet, args.seed),
+                            task=DigitTask(args.task, args.digits, args.alphabet, args.seed),
                             min_step_seconds=args.min_step_seconds, weight_sync=weight_sync,
                             stall_at_version=args.stall_at_version)
     else:

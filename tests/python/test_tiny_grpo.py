@@ -37,7 +37,7 @@ sys.path.insert(0, _EXAMPLE)
 
 import grpo  # noqa: E402
 from model import CONFIG_PATH, Config, load_model, weights_digest  # noqa: E402
-from task import EOS, ReverseTask  # noqa: E402
+from task import EOS, DigitTask  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -108,9 +108,9 @@ def test_kv_cache_decoding_gives_the_full_forwards_logits():
 
 
 def test_the_task_and_its_reward():
-    task = ReverseTask(digits=3, alphabet=4, seed=5)
+    task = DigitTask("reverse", digits=3, alphabet=4, seed=5)
     assert task.prompt(7) == task.prompt(7)  # deterministic
-    assert ReverseTask(3, 4, 5).digits_of(7) == task.digits_of(7)
+    assert DigitTask("reverse", 3, 4, 5).digits_of(7) == task.digits_of(7)
     assert len({tuple(task.digits_of(p)) for p in range(50)}) > 20
     assert all(0 <= d < 4 for p in range(50) for d in task.digits_of(p))
     target = task.target(7)
@@ -121,7 +121,15 @@ def test_the_task_and_its_reward():
     assert task.reward(7, [target[0], wrong[1], target[2]]) == pytest.approx(2 / 3)
     assert task.reward(7, [target[0], EOS]) == pytest.approx(1 / 3)  # cut short
     with pytest.raises(ValueError, match="alphabet"):
-        ReverseTask(3, 11)
+        DigitTask("reverse", 3, 11)
+    with pytest.raises(ValueError, match="operation"):
+        DigitTask("sort", 3, 4)
+    # add (the default): each digit plus one, modulo the alphabet, in order.
+    add = DigitTask(digits=3, alphabet=4, seed=5)
+    assert add.operation == "add" and add.prompt(7) == task.prompt(7)
+    assert add.target(7) == [(d + 1) % 4 for d in add.prompt(7)[1:-1]]
+    assert add.reward(7, add.target(7) + [EOS]) == 1.0
+    assert add.reward(7, [(t + 1) % 4 for t in add.target(7)]) == 0.0
 
 
 def test_group_advantages_are_normalised_within_the_group():
@@ -133,7 +141,7 @@ def test_group_advantages_are_normalised_within_the_group():
 
 
 def test_process_advantages_are_per_position_and_reward_to_go():
-    task = ReverseTask(digits=3, alphabet=4, seed=1)
+    task = DigitTask("reverse", digits=3, alphabet=4, seed=1)
     target = task.target(0)
     wrong = [(t + 1) % 4 for t in target]
     responses = [target + [EOS], [target[0], wrong[1], target[2], EOS],
@@ -180,7 +188,7 @@ def _batch(task, model, n=12, seed=0):
 
 
 def test_engine_logprobs_are_the_models_and_micro_batches_do_not_change_the_gradient():
-    task = ReverseTask(3, 4, 0)
+    task = DigitTask("reverse", 3, 4, 0)
     model = load_model(seed=1)
     rollouts, batch = _batch(task, model)
     # Generation in mixed batches (decode_step) gives the logprobs of a full forward.
@@ -291,7 +299,7 @@ def test_grpo_learns_the_task_in_one_process():
     """Fixed seed: from near chance (the untrained policy spreads over 16 tokens:
     ~0.06; digits only would be 0.25) the mean reward rises clearly in 20 steps of
     8 prompts x 8 samples."""
-    task = ReverseTask(digits=3, alphabet=4, seed=0)
+    task = DigitTask(digits=3, alphabet=4, seed=0)
     model = load_model(seed=0)
     curve = grpo.train_in_process(task, model, steps=20, prompts_per_step=8,
                                   samples_per_prompt=8, seed=0, lr=1e-3, epochs=4,
@@ -530,7 +538,7 @@ TP2_REWARD_TOLERANCE = 2 / 64 + 1e-9
 def _reference(steps):
     """GRPO in one process, TP 1 (run.py's defaults: lr 1e-3, 4 passes, the gradient's
     norm clipped at 1, per-token process advantages)."""
-    return grpo.train_in_process(ReverseTask(3, 4, 0), load_model(seed=0), steps=steps,
+    return grpo.train_in_process(DigitTask("add", 3, 4, 0), load_model(seed=0), steps=steps,
                                  prompts_per_step=8, samples_per_prompt=8, seed=0, lr=1e-3,
                                  epochs=4, max_grad_norm=1.0, advantage="process")
 
@@ -779,7 +787,7 @@ def _engine_with(tmp_path, worlds):
     for sub in ("samples", "partial", "weights"):
         os.makedirs(os.path.join(data, sub), exist_ok=True)
     publish_weights(data, 0, load_model(seed=0))
-    engine = TinyEngine("unix:/nonexistent", 0, 8, data=data, task=ReverseTask(3, 4, 0),
+    engine = TinyEngine("unix:/nonexistent", 0, 8, data=data, task=DigitTask("add", 3, 4, 0),
                         weight_sync=worlds)
     events = []
     engine.send_event = lambda **kind: events.append(kind)
