@@ -507,8 +507,8 @@ struct Runtime::Impl {
     if (gone >= 0) {
       last_sync.erase(gone);
       // The engines syncing when it went were in a transfer group with it: each one
-      // whose last sync named the newest version still loading gets that sync again by
-      // the membership without it (loading it or holding it: all are the new group's).
+      // still loading gets its sync again by the membership without it, and so does each
+      // one that already holds the newest version under way (the new group's members).
       loading.erase(gone);
       if (!loading.empty()) {
         std::int64_t version = -1;
@@ -516,13 +516,13 @@ struct Runtime::Impl {
           version = std::max(version, last_sync.at(engine).version);
         }
         for (const auto& [engine, sync] : last_sync) {
-          if (sync.version != version) continue;
-          replans.push_back(SyncWeights{.engine = engine, .version = version, .replan = true});
+          if (sync.version != version && !loading.contains(engine)) continue;
+          replans.push_back(SyncWeights{.engine = engine, .version = sync.version, .replan = true});
           ++replans_sent;
         }
         spdlog::info(
-            "runtime: engine {} lost during the weight sync of version {}: {} engines get it "
-            "again by a plan without it",
+            "runtime: engine {} lost during the weight sync of version {}: {} engines get "
+            "their sync again by a plan without it",
             gone, version, replans.size());
       }
     }

@@ -29,11 +29,12 @@
 //     their own, so that a sync usually finds its plan made; a plan depends only on
 //     the number of replicas, so where and when it is made changes no command.
 //     An engine lost (EngineFailed, EngineLeft) while syncs are under way breaks their
-//     transfer group: every engine whose last SyncWeights named the newest version
-//     still loading gets that sync again with replan set (SyncWeights::replan), by the
-//     membership without the lost engine (a new epoch), after the core's commands for
-//     the event; they are the runtime's, not the core's (not in on_command, the log or
-//     a replay). RuntimeStatus::weight_sync lists the epochs and their syncs.
+//     transfer group: every engine still loading, and every one whose last SyncWeights
+//     named the newest version still loading, gets its last sync again with replan set
+//     (SyncWeights::replan), by the membership without the lost engine (a new epoch),
+//     after the core's commands for the event; they are the runtime's, not the core's
+//     (not in on_command, the log or a replay). RuntimeStatus::weight_sync lists the
+//     epochs and their syncs.
 //   - step planner: a parallel node that calls balance::PlanStep on a closed batch's
 //     lengths, so StartTrain reaches the trainer with its plan (which sample to which
 //     rank and micro-batch) without holding up the core.
