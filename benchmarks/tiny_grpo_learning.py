@@ -59,12 +59,16 @@ def reached(curve, target, window=3):
     return None
 
 
-def main(argv=None) -> int:
+def split_passthrough(argv):
+    """(this script's arguments, those after ``--`` for run.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = []
-    if "--" in argv:
-        extra = argv[argv.index("--") + 1:]
-        argv = argv[:argv.index("--")]
+    if "--" not in argv:
+        return argv, []
+    return argv[:argv.index("--")], argv[argv.index("--") + 1:]
+
+
+def main(argv=None) -> int:
+    argv, extra = split_passthrough(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="sync,async",
                         help=f"comma-separated, of {', '.join(MODES)}")

@@ -53,6 +53,8 @@ import subprocess
 import sys
 import time
 
+from tiny_grpo_learning import split_passthrough  # this directory: the same run.py pass-through
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _EXAMPLE = os.path.join(_REPO, "examples", "tiny_grpo")
 
@@ -183,11 +185,7 @@ def simulate(rlsched, path):
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = []
-    if "--" in argv:
-        extra = argv[argv.index("--") + 1:]
-        argv = argv[:argv.index("--")]
+    argv, extra = split_passthrough(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip", type=int, default=3,
