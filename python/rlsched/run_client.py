@@ -17,7 +17,6 @@ the metadata key ``rlsched-token``; TLS as for the workers (``tls_ca``, default
 """
 
 import itertools
-import os
 import threading
 from typing import Optional
 
@@ -26,7 +25,7 @@ import grpc
 from rlsched.client import DEFAULT_TIMEOUT_SECONDS, Client, _error_from_reply
 from rlsched.errors import CLIENT_CLOSED, DAEMON_TIMEOUT, DAEMON_UNAVAILABLE, DaemonError
 from rlsched.v1 import service_pb2
-from rlsched.worker.base import open_channel
+from rlsched.worker.base import env_default, open_channel
 
 CALL_METHOD = "/rlsched.v1.Scheduler/Call"
 
@@ -52,17 +51,15 @@ class RunClient(Client):
                  tls_server_name: Optional[str] = None) -> None:  # noqa: D107
         # No daemon: none of Client's process state.
         self.address = address
-        self._token = token if token is not None else os.environ.get("RLSCHED_WORKER_TOKEN", "")
+        self._token = env_default(token, "RLSCHED_WORKER_TOKEN")
         self._timeout = timeout
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
         self._proc = None
         self._restarts = 0
-        self._channel = open_channel(
-            address, tls_ca if tls_ca is not None else os.environ.get("RLSCHED_TLS_CA", ""),
-            tls_server_name if tls_server_name is not None
-            else os.environ.get("RLSCHED_TLS_SERVER_NAME", ""))
+        self._channel = open_channel(address, env_default(tls_ca, "RLSCHED_TLS_CA"),
+                                     env_default(tls_server_name, "RLSCHED_TLS_SERVER_NAME"))
         self._call = self._channel.unary_unary(
             CALL_METHOD, request_serializer=service_pb2.Request.SerializeToString,
             response_deserializer=service_pb2.Reply.FromString)

@@ -37,6 +37,9 @@ constexpr std::int64_t kMaxPrompts = 100'000'000;
 constexpr std::int64_t kMaxEngineId = std::int64_t{1} << 40;
 constexpr std::int64_t kMaxConcurrent = std::int64_t{1} << 30;
 constexpr std::int64_t kMaxTokens = std::int64_t{1} << 40;
+// Colocated: what Release frees, and what the sync that wakes the engine takes back, in
+// this order (the weights' memory before the load, the KV cache after).
+const std::vector<MemoryTag> kReleasedMemory = {MemoryTag::kWeights, MemoryTag::kKvCache};
 
 [[noreturn]] void Invalid(const std::string& field, const std::string& bound,
                           const std::string& got) {
@@ -554,6 +557,12 @@ struct Orchestrator::State {
     Update(e);
   }
 
+  // pause_mode kAbort: a paused sample whose tokens its engine reported and handed back
+  // (the engine forgot it; the core dispatches it again after WeightsLoaded).
+  bool Returned(const Sample& x) const {
+    return options.pause_mode == PauseMode::kAbort && x.interrupted && x.progress_reported;
+  }
+
   void SendAbort(std::int64_t engine, std::int64_t id) {
     if (!out->empty()) {
       if (auto* last = std::get_if<Abort>(&out->back()); last && last->engine == engine) {
@@ -570,10 +579,7 @@ struct Orchestrator::State {
     Sample& x = At(id);
     switch (x.state) {
       case SampleState::kInFlight:
-        // pause_mode kAbort: a paused sample whose progress came is off its engine already.
-        if (options.pause_mode != PauseMode::kAbort || !x.interrupted || !x.progress_reported) {
-          SendAbort(x.engine, id);
-        }
+        if (!Returned(x)) SendAbort(x.engine, id);  // a returned one is off its engine
         Unplace(id);
         break;
       case SampleState::kQueued:
@@ -686,8 +692,6 @@ struct Orchestrator::State {
       x.state = SampleState::kInFlight;
       if (cap > 0) StartGenerating(id / G);
       x.engine = best_id;
-      x.dispatched_from = x.tokens;
-      x.dispatched_version = best->version;
       BeginSpan(id, best->version, nullptr);  // kept tokens may be newer than the engine
       x.slot = static_cast<std::int64_t>(best->in_flight.size());
       best->in_flight.push_back(id);
@@ -695,25 +699,34 @@ struct Orchestrator::State {
       best->outstanding += x.remaining;
       ++counters.in_flight;
       Update(*best);
-      const Group& group = GroupOf(id);
       auto d = std::find_if(dispatches.rbegin(), dispatches.rend(),
                             [&](const Dispatch& c) { return c.engine == best_id; });
       if (d == dispatches.rend()) {
         dispatches.push_back(Dispatch{.engine = best_id, .version = best->version});
         d = dispatches.rbegin();
       }
-      d->samples.push_back(SampleWork{.sample = id,
-                                      .group = id / G,
-                                      .prompt = group.prompt,
-                                      .prompt_tokens = group.prompt_tokens,
-                                      .resume_from = x.tokens,
-                                      .predicted_tokens = x.predicted});
+      d->samples.push_back(DispatchWork(id, best->version));
     }
     for (const Dispatch& d : dispatches) {
       Engine& e = engines.at(d.engine);
       e.pass_count = 0;
       e.pass_work = 0;
     }
+  }
+
+  // Sample `id` as a Dispatch to an engine holding `version` carries it, from its tokens
+  // so far; the engine's account of it starts there.
+  SampleWork DispatchWork(std::int64_t id, std::int64_t version) {
+    Sample& x = At(id);
+    x.dispatched_from = x.tokens;
+    x.dispatched_version = version;
+    const Group& group = GroupOf(id);
+    return SampleWork{.sample = id,
+                      .group = id / G,
+                      .prompt = group.prompt,
+                      .prompt_tokens = group.prompt_tokens,
+                      .resume_from = x.tokens,
+                      .predicted_tokens = x.predicted};
   }
 
   // max_generating_groups: group g holds a place from its first dispatch; its other
@@ -763,7 +776,7 @@ struct Orchestrator::State {
                      .version = latest,
                      .interrupt = interrupt,
                      .pause = interrupt ? options.pause_mode : PauseMode::kKeep};
-    if (e.released) sync.resume = {MemoryTag::kWeights, MemoryTag::kKvCache};
+    if (e.released) sync.resume = kReleasedMemory;
     out->push_back(std::move(sync));
   }
 
@@ -921,7 +934,7 @@ struct Orchestrator::State {
       if (e.releasing || !e.in_flight.empty() || e.syncing_to >= 0) continue;
       e.releasing = true;
       Update(e);
-      out->push_back(Release{.engine = id, .tags = {MemoryTag::kWeights, MemoryTag::kKvCache}});
+      out->push_back(Release{.engine = id, .tags = kReleasedMemory});
     }
     return all;
   }
@@ -1055,10 +1068,7 @@ struct Orchestrator::State {
     std::vector<std::int64_t> lost = e.in_flight;
     std::sort(lost.begin(), lost.end());
     for (const std::int64_t sample : lost) {
-      // pause_mode kAbort: a paused sample's reported tokens were handed back; kept.
-      const Sample& x = At(sample);
-      const bool returned =
-          options.pause_mode == PauseMode::kAbort && x.interrupted && x.progress_reported;
+      const bool returned = Returned(At(sample));  // its tokens handed back: kept
       Unplace(sample);
       if (!keep_progress && !returned) {
         ++counters.restarts;
@@ -1320,18 +1330,8 @@ struct Orchestrator::State {
       // The engine aborted them: each goes to it again from its tokens, before any
       // later command to it (as a Resume would).
       Dispatch d{.engine = e.engine, .version = e.version};
-      for (const std::int64_t sample : resumed) {
-        Sample& x = At(sample);
-        x.dispatched_from = x.tokens;
-        x.dispatched_version = e.version;
-        const Group& group = GroupOf(sample);
-        d.samples.push_back(SampleWork{.sample = sample,
-                                       .group = sample / G,
-                                       .prompt = group.prompt,
-                                       .prompt_tokens = group.prompt_tokens,
-                                       .resume_from = x.tokens,
-                                       .predicted_tokens = x.predicted});
-      }
+      for (const std::int64_t sample : resumed)
+        d.samples.push_back(DispatchWork(sample, e.version));
       counters.resubmitted += static_cast<std::int64_t>(resumed.size());
       out->push_back(std::move(d));
     } else if (!resumed.empty()) {

@@ -431,6 +431,7 @@ struct Runtime::Impl {
   void HandleEvent(const Posted& posted, CoreNode::output_ports_type& ports) {
     Event event = posted.event;
     std::vector<Command> commands;
+    std::vector<Command> replans;  // the runtime's, after the core's (see NoteSyncs)
     Observation observation;
     bool observe = false;
     {
@@ -445,7 +446,7 @@ struct Runtime::Impl {
         if (options.check_invariants) core.CheckInvariants();
         if (core.counters().version_corrections != corrections) NoteCorrection(event);
         if (options.weight_sync) {
-          NoteSyncs(event, commands);
+          NoteSyncs(event, commands, replans);
           NoteMembership(event);
         }
         if (const auto* finished = std::get_if<GenerationFinished>(&event)) {
@@ -478,7 +479,6 @@ struct Runtime::Impl {
     // Replans go after the core's commands and stay out of the observation (the event
     // log and replay hold the core's own commands).
     for (Command& command : replans) commands.push_back(std::move(command));
-    replans.clear();
     for (Command& command : commands) {
       if (auto* start = std::get_if<StartTrain>(&command)) {
         std::get<1>(ports).try_put(TrainWork{.call = std::move(*start), .posted = posted.posted});
@@ -498,8 +498,10 @@ struct Runtime::Impl {
   }
 
   // The syncs under way (with a weight-sync layout), after an accepted event and its
-  // commands; a lost engine's group is rebuilt for them (`replans`). The mutex held.
-  void NoteSyncs(const Event& event, const std::vector<Command>& commands) {
+  // commands; a lost engine's group is rebuilt for them (added to `replans`). The mutex
+  // held.
+  void NoteSyncs(const Event& event, const std::vector<Command>& commands,
+                 std::vector<Command>& replans) {
     std::int64_t gone = -1;
     if (const auto* e = std::get_if<EngineLeft>(&event)) gone = e->engine;
     if (const auto* e = std::get_if<EngineFailed>(&event)) gone = e->engine;
@@ -842,11 +844,10 @@ struct Runtime::Impl {
   // The engines joined and not gone, ascending (the core node, under the mutex; with a
   // weight-sync layout).
   std::shared_ptr<const std::vector<std::int64_t>> members;
-  // Each engine's last SyncWeights, those not yet loaded, the replans an engine's loss
-  // calls for (sent after the event's commands) and their count (the core node).
+  // Each engine's last SyncWeights, those not yet loaded, and the replans sent (the
+  // core node).
   std::map<std::int64_t, SyncWeights> last_sync;
   std::set<std::int64_t> loading;
-  std::vector<Command> replans;
   std::int64_t replans_sent = 0;
   // The weight-sync plans by replicas (prepared by the core node, used by the
   // weight-sync node).

@@ -18,6 +18,11 @@ _PLANS_KEPT = 8
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 
 
+def env_default(value: Optional[str], name: str) -> str:
+    """`value`, or when None the environment variable `name` (default "")."""
+    return value if value is not None else os.environ.get(name, "")
+
+
 def open_channel(address: str, tls_ca: str = "", tls_server_name: str = "") -> grpc.Channel:
     """A channel to the scheduler at `address` (``unix:PATH`` or ``HOST:PORT``):
     plaintext, or TLS trusting the PEM certificates in the file `tls_ca`, the server's
@@ -54,10 +59,9 @@ class Worker:
                  connect_timeout_seconds: float = 30.0, tls_ca: Optional[str] = None,
                  tls_server_name: Optional[str] = None):
         self.address = address
-        self.token = token if token is not None else os.environ.get("RLSCHED_WORKER_TOKEN", "")
-        self.tls_ca = tls_ca if tls_ca is not None else os.environ.get("RLSCHED_TLS_CA", "")
-        self.tls_server_name = (tls_server_name if tls_server_name is not None
-                                else os.environ.get("RLSCHED_TLS_SERVER_NAME", ""))
+        self.token = env_default(token, "RLSCHED_WORKER_TOKEN")
+        self.tls_ca = env_default(tls_ca, "RLSCHED_TLS_CA")
+        self.tls_server_name = env_default(tls_server_name, "RLSCHED_TLS_SERVER_NAME")
         self.name = name or f"{os.uname().nodename}:{os.getpid()}"
         self.heartbeat_seconds = heartbeat_seconds
         self.connect_timeout_seconds = connect_timeout_seconds
