@@ -13,6 +13,12 @@
 //   Built with the wire library (RLSCHED_BUILD_PROGRAM), the module also has
 //   Orchestrator (the decision core over rlsched.v1 messages) and solve() (a whole
 //   rlsched.v1.Request, as the daemon answers it): wire_bindings.cc; HAS_WIRE says which.
+//   quantize_block128() runs rollout::QuantizeBlock128 (fp8 e4m3 in 128 x 128 blocks,
+//   the bytes of python/rlsched/executor.py's torch path) on numpy arrays in place: x
+//   C-contiguous float32, float16, or 16-bit integers holding bf16 or f16 bits (dtype
+//   "bfloat16" or "float16"), into C-contiguous writable codes (uint8, x's shape) and
+//   scales (float32, x.shape[:-2] + (ceil(rows / 128), ceil(cols / 128))); ValueError
+//   naming the argument otherwise.
 //
 // Thread-safety: the functions are pure; concurrent calls from threads are safe. An
 // int64 array read in place is read without the GIL: another thread must not write it
@@ -36,6 +42,7 @@
 #include "rlsched/balance/micro_batch.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
+#include "rlsched/rollout/quantize.h"
 #ifdef RLSCHED_NATIVE_WIRE
 #include "wire_bindings.h"
 #endif
@@ -379,10 +386,84 @@ std::vector<double> TimeBalance(const py::handle& lengths_object, std::int64_t n
   return seconds;
 }
 
+// The shape of an array as text: "(2, 3)".
+std::string ShapeText(const std::vector<py::ssize_t>& shape) {
+  std::string text = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(shape[i]);
+  }
+  return text + (shape.size() == 1 ? ",)" : ")");
+}
+
+// A dtype as numpy prints it ("float32", ">f4").
+std::string DtypeText(const py::dtype& dtype) { return py::str(py::object(dtype)); }
+
+// An output array of quantize_block128: C-contiguous, writable, of `dtype` and `shape`.
+void CheckOutput(const py::array& array, const char* field, const py::dtype& dtype,
+                 const std::vector<py::ssize_t>& shape) {
+  if (!array.dtype().equal(dtype)) {
+    rlsched::Fail(field, "must be an array of dtype " + DtypeText(dtype) + ", got " +
+                             DtypeText(array.dtype()));
+  }
+  const std::vector<py::ssize_t> got(array.shape(), array.shape() + array.ndim());
+  if (got != shape) {
+    rlsched::Fail(field, "must have shape " + ShapeText(shape) + ", got " + ShapeText(got));
+  }
+  if ((array.flags() & py::array::c_style) == 0) rlsched::Fail(field, "must be C-contiguous");
+  if (!array.writeable()) rlsched::Fail(field, "must be writable");
+}
+
+// rollout::QuantizeBlock128 on numpy arrays, in place (see the overview).
+void QuantizeBlock128(const py::array& x, const py::array& codes, const py::array& scales,
+                      const std::optional<std::string>& dtype) {
+  namespace rollout = rlsched::rollout;
+  rollout::ElementType type = rollout::ElementType::kF32;
+  const py::dtype x_dtype = x.dtype();
+  const std::string name = dtype.value_or("");
+  // Native byte order only (dtype equality).
+  if (x_dtype.equal(py::dtype::of<float>()) && (name.empty() || name == "float32")) {
+    type = rollout::ElementType::kF32;
+  } else if (x_dtype.equal(py::dtype("float16")) && (name.empty() || name == "float16")) {
+    type = rollout::ElementType::kF16;
+  } else if ((x_dtype.equal(py::dtype::of<std::int16_t>()) ||
+              x_dtype.equal(py::dtype::of<std::uint16_t>())) &&
+             (name == "bfloat16" || name == "float16")) {
+    type = name == "bfloat16" ? rollout::ElementType::kBf16 : rollout::ElementType::kF16;
+  } else if (!name.empty() && name != "bfloat16" && name != "float16" && name != "float32") {
+    rlsched::Fail("dtype", "unknown value '" + name + "'; one of bfloat16, float16, float32");
+  } else {
+    rlsched::Fail("x",
+                  "must be float32, float16, or int16 or uint16 with dtype 'bfloat16' or "
+                  "'float16' (native byte order), got " +
+                      DtypeText(x_dtype) +
+                      (name.empty() ? std::string() : " with dtype '" + name + "'"));
+  }
+  if (x.ndim() < 2) {
+    rlsched::Fail("x", "must have at least 2 dimensions, got " + std::to_string(x.ndim()));
+  }
+  if ((x.flags() & py::array::c_style) == 0) rlsched::Fail("x", "must be C-contiguous");
+  const std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+  const std::int64_t rows = shape[shape.size() - 2], cols = shape.back();
+  std::int64_t matrices = 1;
+  for (std::size_t d = 0; d + 2 < shape.size(); ++d) matrices *= shape[d];
+  std::vector<py::ssize_t> scale_shape(shape.begin(), shape.end() - 2);
+  scale_shape.push_back(rollout::Fp8Blocks(rows));
+  scale_shape.push_back(rollout::Fp8Blocks(cols));
+  CheckOutput(codes, "codes", py::dtype::of<std::uint8_t>(), shape);
+  CheckOutput(scales, "scales", py::dtype::of<float>(), scale_shape);
+  const void* in = x.data();
+  auto* out_codes = static_cast<std::uint8_t*>(const_cast<void*>(codes.data()));
+  auto* out_scales = static_cast<float*>(const_cast<void*>(scales.data()));
+  const py::gil_scoped_release release;
+  rollout::QuantizeBlock128(in, type, matrices, rows, cols, out_codes, out_scales);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "rlsched in process: the balancer and the step planner (see python/native/module.cc)";
+  m.doc() =
+      "rlsched in process: the balancer, the step planner and the fp8 quantiser (see "
+      "python/native/module.cc)";
   m.attr("__version__") = RLSCHED_VERSION;
 
   // FieldError (and any std::invalid_argument) -> ValueError with a `field` attribute.
@@ -430,6 +511,14 @@ PYBIND11_MODULE(_native, m) {
   m.def("_time_balance", &TimeBalance, py::arg("lengths"), py::arg("num_parts"),
         py::arg("equal_size") = false, py::arg("repeats") = 1,
         "Seconds of each of `repeats` Balance() calls timed in C++ (for the benchmark).");
+
+  m.def("quantize_block128", &QuantizeBlock128, py::arg("x"), py::arg("codes"), py::arg("scales"),
+        py::arg("dtype") = py::none(),
+        "fp8 e4m3 in 128 x 128 blocks of x's last two dims (rollout::QuantizeBlock128), in "
+        "place: x C-contiguous float32, float16, or int16/uint16 holding bf16 (dtype="
+        "'bfloat16') or f16 (dtype='float16') bits; codes uint8 of x's shape, scales float32 "
+        "of x.shape[:-2] + (ceil(rows / 128), ceil(cols / 128)), both C-contiguous and "
+        "writable. The bytes of rlsched.executor's torch path. The GIL is released.");
 
   // The decision core and solve() (wire_bindings.cc), when the wire library was built.
 #ifdef RLSCHED_NATIVE_WIRE

@@ -62,8 +62,10 @@ otherwise the bf16 slices arrive and the engine rank gathers them in a bf16 copy
 tensor (memory beyond the staging buffer: the tensors being gathered) and quantises the
 blocks they cover when the last one is in. Both sides quantise with
 :func:`quantize_block128` (scale = block amax / 448 in float32, codes rounded to nearest
-even on the float32 bits), so the bytes do not depend on who quantised. On CPU it costs
-about a dozen vectorised in-place passes per element (torch, and numpy for shifts).
+even on the float32 bits), so the bytes do not depend on who quantised. On CPU it runs
+in the native module when that has it (``rlsched._native.quantize_block128``, C++: one
+pass for the block maxima and one for the codes, the same bytes), else in torch (about a
+dozen vectorised in-place passes per element, and numpy for shifts).
 
 Thread-safety: one :meth:`Executor.run` per rank at a time; every rank runs the same
 number of syncs in the same order.
@@ -564,6 +566,12 @@ def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Ten
 # keep |y| <= 448 (1 + 2^-22), which rounds to 448: no saturation needed; blocks of
 # other scales (0 after underflow, subnormal, inf, NaN) take the per-element formula.
 # tests/python/test_executor.py checks both against a per-block reference.
+#
+# On CPU the native module's quantiser (rollout/quantize.h, one pass for the block
+# maxima and one for the codes) gives the same bytes several times faster;
+# :func:`_quantize_natively` decides which runs. It keeps subnormals whatever
+# torch.set_flush_denormal says (the torch path then flushes, as its reference does):
+# its bytes are those every rank computes in the default mode.
 
 FP8_BLOCK = 128
 FP8_MAX = 448.0
@@ -730,6 +738,45 @@ def _quantize_reference(x, codes, scales) -> None:
         scales[..., i // FP8_BLOCK, :].copy_(scale)
 
 
+# rlsched._native.quantize_block128, False when the native module lacks it (a build
+# without it, or an older one), None until first looked up.
+_native_quantize_fn = None
+
+
+def _native_quantize():
+    """The native module's quantiser, or None."""
+    global _native_quantize_fn  # noqa: PLW0603 - looked up once
+    if _native_quantize_fn is None:
+        try:
+            from rlsched import _native  # noqa: PLC0415
+        except ImportError:
+            _native = None
+        _native_quantize_fn = getattr(_native, "quantize_block128", None) or False
+    return _native_quantize_fn or None
+
+
+_NATIVE_DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": None, "torch.float32": None}
+
+
+def _quantize_natively(x3, c3, s3) -> bool:
+    """Quantises x3 [k, rows, cols] into c3 (uint8) and s3 (float32, [k, row blocks, col
+    blocks]) with the native module when it has the quantiser, the tensors are on the CPU
+    and contiguous, and x3 is bf16, f16 or f32 (numpy views of the same memory, no
+    copies; the GIL released while it runs); returns whether it did. Otherwise the torch
+    path quantises (GPUs, builds without the module)."""
+    fn = _native_quantize()
+    if fn is None or str(x3.dtype) not in _NATIVE_DTYPES:
+        return False
+    if any(t.device.type != "cpu" or not t.is_contiguous() for t in (x3, c3, s3)):
+        return False
+    import torch  # noqa: PLC0415
+    x = x3.detach()
+    tag = _NATIVE_DTYPES[str(x3.dtype)]
+    fn(x.view(torch.int16).numpy() if tag else x.numpy(), c3.detach().numpy(),
+       s3.detach().numpy(), tag)
+    return True
+
+
 def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
                       scales: Optional["torch.Tensor"] = None):
     """Quantises x [..., rows, cols] (any float dtype) to fp8 e4m3 in 128 x 128 blocks
@@ -737,9 +784,11 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
     float32 (1 for an all-zero block), codes = e4m3_bits(x / scale) with x / scale in
     float32. Writes into `codes` (uint8, x's shape) and `scales` (float32,
     scale_shape(x.shape)) when given, else allocates them; returns (codes, scales).
-    Works on a few block rows (or several small matrices) at a time: temporaries stay
-    within about 12 MiB. Deterministic: the same input gives the same bytes on every
-    rank."""
+    On CPU the native module quantises when it can (:func:`_quantize_natively`: no
+    temporaries beyond a reshaped copy of a non-contiguous x, or of codes and scales that
+    have no 3-d view); the torch path works on a few block rows (or several small
+    matrices) at a time: temporaries stay within about 12 MiB. Deterministic: the same
+    input gives the same bytes on every rank, whichever path quantised."""
     import torch  # noqa: PLC0415
     shape = tuple(x.shape)
     rows, cols = shape[-2], shape[-1]
@@ -760,16 +809,28 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
         c3 = torch.empty(x3.shape, dtype=torch.uint8, device=x.device)
         s3 = torch.empty(s3_shape, dtype=torch.float32, device=x.device)
         copy_back = True
+    if not _quantize_natively(x3, c3, s3):
+        _quantize_torch(x3, c3, s3)
+    if copy_back:
+        codes.copy_(c3.view(shape))
+        scales.copy_(s3.view(scales.shape))
+    return codes, scales
+
+
+def _quantize_torch(x3, c3, s3) -> None:
+    """quantize_block128's torch path on x3 [k, rows, cols] (bf16, f16 or f32) into c3
+    (uint8, x3's shape) and s3 (float32, [k, row blocks, col blocks])."""
     _block_scales(x3, s3)
     # Block rows whose scales are all normal floats take the fast rounding, the others
     # (scales 0 after underflow, subnormal, inf, NaN) the per-element formula.
     fast = (((s3 >= 2.0 ** -126) & (s3 < float("inf"))).all(dim=2).tolist()
             if _subnormals_kept() else None)
+    rows, cols = x3.shape[1], x3.shape[2]
     per_matrix = rows * cols
     block_rows = max(1, _CHUNK_ELEMENTS // (FP8_BLOCK * cols)) * FP8_BLOCK
     matrices = max(1, _CHUNK_ELEMENTS // per_matrix) if block_rows >= rows else 1
-    chunk = min(x.numel(), matrices * per_matrix if block_rows >= rows else block_rows * cols)
-    scratch = _Scratch(chunk, x.device) if fast is not None else None
+    chunk = min(x3.numel(), matrices * per_matrix if block_rows >= rows else block_rows * cols)
+    scratch = _Scratch(chunk, x3.device) if fast is not None else None
     for l0 in range(0, x3.shape[0], matrices):
         l1 = min(l0 + matrices, x3.shape[0])
         for i in range(0, rows, block_rows):
@@ -779,10 +840,6 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
                 _quantize_chunk(x3[l0:l1, i:i1], c3[l0:l1, i:i1], s3[l0:l1, rb0:rb1], scratch)
             else:
                 _quantize_reference(x3[l0:l1, i:i1], c3[l0:l1, i:i1], s3[l0:l1, rb0:rb1])
-    if copy_back:
-        codes.copy_(c3.view(shape))
-        scales.copy_(s3.view(scales.shape))
-    return codes, scales
 
 
 def _block_rectangles(mask: "torch.Tensor"):

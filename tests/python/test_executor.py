@@ -459,11 +459,18 @@ def random_weights(g, shape, dtype):
 
 
 class PathCounter:
-    """Counts the quantiser's chunks by path: the fast rounding, the per-element one."""
+    """Counts the quantiser's calls by path: the native module's, and the torch path's
+    chunks (the fast rounding, the per-element one)."""
 
     def __init__(self, monkeypatch):
-        self.fast = self.reference = 0
+        self.native = self.fast = self.reference = 0
+        natively = executor._quantize_natively
         codes, reference = executor._Scratch.codes, executor._quantize_reference
+
+        def native(x3, c3, s3):
+            done = natively(x3, c3, s3)
+            self.native += int(done)
+            return done
 
         def fast(scratch, n, out):
             self.fast += 1
@@ -473,15 +480,32 @@ class PathCounter:
             self.reference += 1
             reference(x, codes, scales)
 
+        monkeypatch.setattr(executor, "_quantize_natively", native)
         monkeypatch.setattr(executor._Scratch, "codes", fast)
         monkeypatch.setattr(executor, "_quantize_reference", slow)
 
 
+def has_native_quantizer():
+    return executor._native_quantize() is not None
+
+
+# The quantiser's paths: "default" (the native module's on CPU when it has the
+# quantiser, else torch) and "torch" (the native one turned off).
+QUANTIZER_PATHS = ["default", "torch"]
+
+
+def use_path(monkeypatch, path):
+    if path == "torch":
+        monkeypatch.setattr(executor, "_native_quantize_fn", False)
+
+
+@pytest.mark.parametrize("path", QUANTIZER_PATHS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
                          ids=["bf16", "fp16", "fp32"])
-def test_quantizer_matches_the_per_element_reference(dtype, monkeypatch):
+def test_quantizer_matches_the_per_element_reference(dtype, path, monkeypatch):
     # Small chunks, so that chunks start at block rows and group whole matrices too.
     monkeypatch.setattr(executor, "_CHUNK_ELEMENTS", 3 * 128 * 128)
+    use_path(monkeypatch, path)
     paths = PathCounter(monkeypatch)
     g = torch.Generator().manual_seed(20261126 + torch.finfo(dtype).bits)
     shapes = [(1, 1), (7, 300), (128, 128), (130, 260), (300, 1000), (384, 129),
@@ -507,30 +531,117 @@ def test_quantizer_matches_the_per_element_reference(dtype, monkeypatch):
         scales_t = torch.zeros([scale_dims[d] for d in order]).permute(order)
         executor.quantize_block128(view, codes=codes_t, scales=scales_t)
         assert torch.equal(codes_t, want_codes) and torch.equal(scales_t, want_scales)
-    assert paths.fast > 20 and paths.reference < paths.fast / 4, vars(paths)
+    if path == "default" and has_native_quantizer():
+        # Contiguous x natively (strided views of x in torch: their comparisons above
+        # check the torch path's bytes against the same reference).
+        assert paths.native >= len(shapes), vars(paths)
+    else:
+        assert paths.native == 0, vars(paths)
+        assert paths.fast > 20 and paths.reference < paths.fast / 4, vars(paths)
 
 
-def test_quantizer_blocks_with_extreme_scales_match_the_reference(monkeypatch):
-    # Blocks whose scale underflows to 0 or is subnormal (fp32 inputs), +-inf values:
-    # these blocks take the per-element formula, the others the fast one.
-    x = torch.randn(256, 384, generator=torch.Generator().manual_seed(5))
+def extreme_tensors():
+    """Blocks whose scale underflows to 0 or is subnormal (fp32 inputs), or is a normal
+    float below 2^-116 with subnormal inputs, +-inf values, NaNs of both signs and
+    payloads (the scale torch's amax gives, x / NaN), bf16 subnormals."""
+    x = torch.randn(256, 512, generator=torch.Generator().manual_seed(5))
     x[:128, :128] *= 2.0 ** -140  # scale subnormal: |x / scale| may pass 448
     x[:128, 128:256] = 0.0
     x[0:3, 128:131] = torch.tensor([2.0 ** -149, -2.0 ** -148, 3 * 2.0 ** -149])
     x[100, 300] = float("inf")
     x[101, 200] = -float("inf")
     x[255, 383] = 2.0 ** -149  # in a block of ordinary values (rows 128-255: all such)
+    x[128:, 384:] *= 2.0 ** -112  # scales about 2^-118 with subnormal values in them
+    x[130:140, 400:410] = 2.0 ** -127
+    x.view(torch.int32)[10, 10] = 0x7FC00000
+    x.view(torch.int32)[11, 11] = -0x00400000  # 0xFFC00000
+    x.view(torch.int32)[12, 12] = 0x7FFFFFFF
+    x.view(torch.int32)[13, 140] = 0x7F800001  # signalling
     b = torch.randn(256, 300, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
     b[128:, 150:] = 2.0 ** -128  # bf16 subnormals: a subnormal scale
     b[200, 200] = -2.0 ** -133
+    b.view(torch.int16)[5, 5] = -1  # NaN 0xFFFF
+    h = torch.randn(130, 260, generator=torch.Generator().manual_seed(7)).to(torch.float16)
+    h[0, 0] = float("inf")
+    h.view(torch.int16)[129, 259] = 0x7C01  # signalling NaN
+    h[:128, 128:256] *= 2.0 ** -14  # half subnormals
+    return x, b, h
+
+
+@pytest.mark.parametrize("path", QUANTIZER_PATHS)
+def test_quantizer_blocks_with_extreme_scales_match_the_reference(path, monkeypatch):
+    # The torch path: these blocks take the per-element formula, the others the fast one.
     monkeypatch.setattr(executor, "_CHUNK_ELEMENTS", 128 * 128)
+    use_path(monkeypatch, path)
     paths = PathCounter(monkeypatch)
-    for t in (x, b):
+    for t in extreme_tensors():
         want_codes, want_scales = reference_quantize_block128(t)
         codes, scales = executor.quantize_block128(t)
         assert torch.equal(codes, want_codes)
         assert torch.equal(scales.view(torch.int32), want_scales.view(torch.int32))
-    assert paths.fast > 0 and paths.reference > 0, vars(paths)
+    if path == "default" and has_native_quantizer():
+        assert paths.native == 3, vars(paths)
+    else:
+        assert paths.fast > 0 and paths.reference > 0, vars(paths)
+
+
+def test_native_and_torch_quantizers_give_the_same_bytes(monkeypatch):
+    # Random seeded tensors of every dtype and several shapes, with the special values,
+    # both ways (contiguous inputs; the default path then is the native one).
+    if not has_native_quantizer():
+        pytest.skip("rlsched._native has no quantize_block128 (an older or partial build)")
+    g = torch.Generator().manual_seed(20261207)
+    cases = list(extreme_tensors())
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for shape in [(1, 1), (127, 129), (300, 1000), (3, 129, 384), (2, 2, 131, 7)]:
+            x = random_weights(g, shape, dtype)
+            special = torch.rand(shape, generator=g) < 0.001
+            x[special] = float("inf") if dtype != torch.float32 else float("nan")
+            cases.append(x)
+    for x in cases:
+        native = executor.quantize_block128(x)
+        with monkeypatch.context() as m:
+            m.setattr(executor, "_native_quantize_fn", False)
+            torch_path = executor.quantize_block128(x)
+        assert torch.equal(native[0], torch_path[0]), (x.dtype, tuple(x.shape))
+        assert torch.equal(native[1].view(torch.int32), torch_path[1].view(torch.int32))
+    # A parameter that requires grad (as a module's state dict holds them): natively too.
+    paths = PathCounter(monkeypatch)
+    w = torch.nn.Parameter(cases[-1].float())
+    codes, scales = executor.quantize_block128(w)
+    assert paths.native == 1
+    want = reference_quantize_block128(w.detach())
+    assert torch.equal(codes, want[0]) and torch.equal(scales.view(torch.int32),
+                                                       want[1].view(torch.int32))
+
+
+def test_native_quantizer_names_the_bad_argument():
+    if not has_native_quantizer():
+        pytest.skip("rlsched._native has no quantize_block128 (an older or partial build)")
+    import numpy as np
+    from rlsched import _native
+
+    x = np.zeros((130, 260), np.float32)
+    codes, scales = np.zeros(x.shape, np.uint8), np.zeros((2, 3), np.float32)
+    _native.quantize_block128(x, codes, scales)
+    assert (scales == 1).all() and (codes == 0).all()
+    bad = [({"x": np.zeros(3, np.float32)}, "x"), ({"x": x.astype(np.int16)}, "x"),
+           ({"x": x.astype(np.float64)}, "x"), ({"x": x.astype(">f4")}, "x"),
+           ({"x": np.zeros((260, 130), np.float32).T}, "x"),
+           ({"x": x.view(np.int16)[:, :260], "dtype": "fp8"}, "dtype"),
+           ({"codes": codes.astype(np.int8)}, "codes"), ({"codes": codes[:, :-1]}, "codes"),
+           ({"codes": np.zeros((260, 130), np.uint8).T}, "codes"),
+           ({"scales": np.zeros((2, 4), np.float32)}, "scales"),
+           ({"scales": scales.astype(np.float64)}, "scales")]
+    readonly = scales.copy()
+    readonly.flags.writeable = False
+    bad.append(({"scales": readonly}, "scales"))
+    for change, field in bad:
+        args = {"x": x, "codes": codes, "scales": scales, "dtype": None}
+        args.update(change)
+        with pytest.raises(ValueError) as error:
+            _native.quantize_block128(**args)
+        assert error.value.field == field, (change, str(error.value))
 
 
 def test_fast_rounding_matches_e4m3_bits():
@@ -576,21 +687,30 @@ def test_fast_rounding_matches_e4m3_bits_on_every_float32():
             assert torch.equal(codes[:len(y)], executor.e4m3_bits(y)), hex(start)
 
 
-def test_quantizer_with_subnormals_flushed():
-    # torch.set_flush_denormal(True) breaks the fast rounding: the quantiser notices and
-    # uses the per-element formula, so the bytes stay the reference's (computed in the
-    # same mode).
+@pytest.mark.parametrize("path", QUANTIZER_PATHS)
+def test_quantizer_with_subnormals_flushed(path, monkeypatch):
+    # torch.set_flush_denormal(True) breaks the torch path's fast rounding: it notices
+    # and uses the per-element formula, so the bytes stay the reference's computed in
+    # the same mode. The native quantiser does not depend on the mode: its bytes are the
+    # reference's in the default mode (where they differ from the flushed ones).
+    use_path(monkeypatch, path)
+    native = path == "default" and has_native_quantizer()
     x = random_weights(torch.Generator().manual_seed(3), (200, 300), torch.bfloat16)
+    tiny = torch.randn(128, 256, generator=torch.Generator().manual_seed(4)) * 2.0 ** -112
+    tiny[5:9, 5:9] = 2.0 ** -127  # subnormal values of a block whose scale is about 2^-118
+    unflushed = [reference_quantize_block128(t) for t in (x, tiny)]
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot flush subnormals")
     try:
         assert not executor._subnormals_kept()
-        want_codes, want_scales = reference_quantize_block128(x)
-        codes, scales = executor.quantize_block128(x)
+        flushed = [reference_quantize_block128(t) for t in (x, tiny)]
+        got = [executor.quantize_block128(t) for t in (x, tiny)]
     finally:
         torch.set_flush_denormal(False)
     assert executor._subnormals_kept()
-    assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
+    assert not torch.equal(flushed[1][0], unflushed[1][0])  # the mode matters there
+    for (codes, scales), want in zip(got, unflushed if native else flushed):
+        assert torch.equal(codes, want[0]) and torch.equal(scales, want[1])
 
 
 def test_block_rectangles_cover_each_block_once():
