@@ -1,7 +1,8 @@
 // QuantizeBlock128 (rollout/quantize.h) on one core: GB/s of input (bytes/s in Google
 // Benchmark's counters) for bf16, f16 and f32 weights of a few shapes, Gaussian values
-// (every block on the hot loop), and bf16 with a quarter of the blocks tiny (their scales
-// below 2^-116: the exact per-element path).
+// (every block on the hot loop; the loops QuantizeBlock128 chooses, AVX2 where the CPU
+// has it, and bf16 with the baseline instruction set's), and bf16 with a quarter of the
+// blocks tiny (their scales below 2^-116: the exact per-element path).
 //
 //   build/benchmarks/quantize_bench [--benchmark_filter=bf16]
 //
@@ -49,7 +50,7 @@ std::vector<std::uint32_t> Weights(std::int64_t rows, std::int64_t cols, Element
   return bits;
 }
 
-void Quantize(benchmark::State& state, ElementType type, int tiny_every) {
+void Quantize(benchmark::State& state, ElementType type, int tiny_every, bool baseline) {
   const std::int64_t rows = state.range(0), cols = state.range(1);
   const std::vector<std::uint32_t> bits = Weights(rows, cols, type, tiny_every);
   std::vector<float> f32;
@@ -65,7 +66,12 @@ void Quantize(benchmark::State& state, ElementType type, int tiny_every) {
   std::vector<std::uint8_t> codes(bits.size());
   std::vector<float> scales(static_cast<std::size_t>(Fp8Blocks(rows) * Fp8Blocks(cols)));
   for (auto _ : state) {
-    QuantizeBlock128(x, type, 1, rows, cols, codes.data(), scales.data());
+    if (baseline) {
+      rlsched::rollout::internal::QuantizeBlock128Baseline(x, type, 1, rows, cols, codes.data(),
+                                                           scales.data());
+    } else {
+      QuantizeBlock128(x, type, 1, rows, cols, codes.data(), scales.data());
+    }
     benchmark::DoNotOptimize(codes.data());
     benchmark::DoNotOptimize(scales.data());
     benchmark::ClobberMemory();
@@ -78,10 +84,11 @@ void Shapes(benchmark::internal::Benchmark* b) {
   b->Args({2048, 1024})->Args({4096, 4096})->Args({1000, 3000})->Unit(benchmark::kMillisecond);
 }
 
-BENCHMARK_CAPTURE(Quantize, bf16, ElementType::kBf16, 0)->Apply(Shapes);
-BENCHMARK_CAPTURE(Quantize, f16, ElementType::kF16, 0)->Apply(Shapes);
-BENCHMARK_CAPTURE(Quantize, f32, ElementType::kF32, 0)->Apply(Shapes);
-BENCHMARK_CAPTURE(Quantize, bf16_quarter_tiny_blocks, ElementType::kBf16, 4)
+BENCHMARK_CAPTURE(Quantize, bf16, ElementType::kBf16, 0, false)->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, f16, ElementType::kF16, 0, false)->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, f32, ElementType::kF32, 0, false)->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, bf16_baseline_isa, ElementType::kBf16, 0, true)->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, bf16_quarter_tiny_blocks, ElementType::kBf16, 4, false)
     ->Args({2048, 1024})
     ->Unit(benchmark::kMillisecond);
 

@@ -129,9 +129,12 @@ std::uint32_t ScaleBits(std::uint32_t amax) {
 bool Hot(std::uint32_t scale) { return scale >= kHotScaleMin && scale < kF32Infinity; }
 
 // The codes of n elements of a block whose scale is Hot().
+// Inlined into each instruction set's copy of the loops below.
+#define RLSCHED_QUANTIZE_INLINE [[gnu::always_inline]] inline
+
 template <class T>
-void HotCodes(const typename T::Storage* __restrict x, std::int64_t n, float scale,
-              std::uint8_t* __restrict out) {
+RLSCHED_QUANTIZE_INLINE void HotCodes(const typename T::Storage* __restrict x, std::int64_t n,
+                                      float scale, std::uint8_t* __restrict out) {
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint32_t y =
         std::bit_cast<std::uint32_t>(std::bit_cast<float>(T::Bits(x[i])) / scale);
@@ -154,8 +157,9 @@ void ExactCodes(const typename T::Storage* x, std::int64_t n, std::uint32_t scal
 }
 
 template <class T>
-void Quantize(const typename T::Storage* x, std::int64_t matrices, std::int64_t rows,
-              std::int64_t cols, std::uint8_t* codes, float* scales) {
+RLSCHED_QUANTIZE_INLINE void QuantizeLoops(const typename T::Storage* x, std::int64_t matrices,
+                                           std::int64_t rows, std::int64_t cols,
+                                           std::uint8_t* codes, float* scales) {
   using Magnitude = typename T::Magnitude;
   const std::int64_t row_blocks = Fp8Blocks(rows);
   const std::int64_t col_blocks = Fp8Blocks(cols);
@@ -190,9 +194,11 @@ void Quantize(const typename T::Storage* x, std::int64_t matrices, std::int64_t 
           for (std::int64_t j = 0; j < blocks; ++j) {
             const std::int64_t begin = j * kFp8Block;
             const std::int64_t n = std::min(kFp8Block, width - begin);
-            if (Hot(strip_scales[j])) {
-              HotCodes<T>(x + offset + begin, n, std::bit_cast<float>(strip_scales[j]),
-                          codes + offset + begin);
+            const float scale = std::bit_cast<float>(strip_scales[j]);
+            if (Hot(strip_scales[j]) && n == kFp8Block) {  // a constant trip count
+              HotCodes<T>(x + offset + begin, kFp8Block, scale, codes + offset + begin);
+            } else if (Hot(strip_scales[j])) {
+              HotCodes<T>(x + offset + begin, n, scale, codes + offset + begin);
             } else {
               ExactCodes<T>(x + offset + begin, n, strip_scales[j], codes + offset + begin);
             }
@@ -201,6 +207,67 @@ void Quantize(const typename T::Storage* x, std::int64_t matrices, std::int64_t 
       }
     }
   }
+}
+
+// The loops for the baseline instruction set (x86-64: SSE2), and on x86-64 for AVX2 (8
+// lanes), chosen at run time: the binary runs on any x86-64, and the same IEEE
+// operations give the same bytes in either.
+template <class T>
+void QuantizeBaseline(const typename T::Storage* x, std::int64_t matrices, std::int64_t rows,
+                      std::int64_t cols, std::uint8_t* codes, float* scales) {
+  QuantizeLoops<T>(x, matrices, rows, cols, codes, scales);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define RLSCHED_QUANTIZE_AVX2 1
+template <class T>
+[[gnu::target("avx2")]] void QuantizeAvx2(const typename T::Storage* x, std::int64_t matrices,
+                                          std::int64_t rows, std::int64_t cols, std::uint8_t* codes,
+                                          float* scales) {
+  QuantizeLoops<T>(x, matrices, rows, cols, codes, scales);
+}
+#endif
+
+template <class T>
+void Quantize(const void* x, bool baseline, std::int64_t matrices, std::int64_t rows,
+              std::int64_t cols, std::uint8_t* codes, float* scales) {
+  const auto* in = static_cast<const typename T::Storage*>(x);
+#ifdef RLSCHED_QUANTIZE_AVX2
+  if (!baseline && internal::QuantizeUsesAvx2()) {
+    QuantizeAvx2<T>(in, matrices, rows, cols, codes, scales);
+    return;
+  }
+#else
+  (void)baseline;
+#endif
+  QuantizeBaseline<T>(in, matrices, rows, cols, codes, scales);
+}
+
+void Run(const void* x, ElementType type, bool baseline, std::int64_t matrices, std::int64_t rows,
+         std::int64_t cols, std::uint8_t* codes, float* scales) {
+  if (matrices < 0) FailBound("matrices", ">= 0", matrices);
+  if (rows < 0) FailBound("rows", ">= 0", rows);
+  if (cols < 0) FailBound("cols", ">= 0", cols);
+  if (matrices == 0 || rows == 0 || cols == 0) return;
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  if (rows > kMax / cols || matrices > kMax / (rows * cols)) {
+    Fail("matrices", "matrices x rows x cols must fit in int64");
+  }
+  if (x == nullptr) Fail("x", "must not be null");
+  if (codes == nullptr) Fail("codes", "must not be null");
+  if (scales == nullptr) Fail("scales", "must not be null");
+  switch (type) {
+    case ElementType::kBf16:
+      Quantize<Bf16>(x, baseline, matrices, rows, cols, codes, scales);
+      return;
+    case ElementType::kF16:
+      Quantize<F16>(x, baseline, matrices, rows, cols, codes, scales);
+      return;
+    case ElementType::kF32:
+      Quantize<F32>(x, baseline, matrices, rows, cols, codes, scales);
+      return;
+  }
+  Fail("type", "unknown element type");
 }
 
 }  // namespace
@@ -227,29 +294,25 @@ std::uint32_t DivideF32(std::uint32_t x_bits, std::uint32_t s_bits) {
 
 void QuantizeBlock128(const void* x, ElementType type, std::int64_t matrices, std::int64_t rows,
                       std::int64_t cols, std::uint8_t* codes, float* scales) {
-  if (matrices < 0) FailBound("matrices", ">= 0", matrices);
-  if (rows < 0) FailBound("rows", ">= 0", rows);
-  if (cols < 0) FailBound("cols", ">= 0", cols);
-  if (matrices == 0 || rows == 0 || cols == 0) return;
-  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-  if (rows > kMax / cols || matrices > kMax / (rows * cols)) {
-    Fail("matrices", "matrices x rows x cols must fit in int64");
-  }
-  if (x == nullptr) Fail("x", "must not be null");
-  if (codes == nullptr) Fail("codes", "must not be null");
-  if (scales == nullptr) Fail("scales", "must not be null");
-  switch (type) {
-    case ElementType::kBf16:
-      Quantize<Bf16>(static_cast<const std::uint16_t*>(x), matrices, rows, cols, codes, scales);
-      return;
-    case ElementType::kF16:
-      Quantize<F16>(static_cast<const std::uint16_t*>(x), matrices, rows, cols, codes, scales);
-      return;
-    case ElementType::kF32:
-      Quantize<F32>(static_cast<const float*>(x), matrices, rows, cols, codes, scales);
-      return;
-  }
-  Fail("type", "unknown element type");
+  Run(x, type, false, matrices, rows, cols, codes, scales);
 }
+
+namespace internal {
+
+void QuantizeBlock128Baseline(const void* x, ElementType type, std::int64_t matrices,
+                              std::int64_t rows, std::int64_t cols, std::uint8_t* codes,
+                              float* scales) {
+  Run(x, type, true, matrices, rows, cols, codes, scales);
+}
+
+bool QuantizeUsesAvx2() {
+#ifdef RLSCHED_QUANTIZE_AVX2
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+}  // namespace internal
 
 }  // namespace rlsched::rollout

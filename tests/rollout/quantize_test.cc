@@ -132,19 +132,21 @@ Quantized Reference(ElementType type, const std::vector<std::uint32_t>& x, std::
   return q;
 }
 
-// x (stored values, one per element) through QuantizeBlock128.
+// x (stored values, one per element) through QuantizeBlock128 (`baseline`: its
+// baseline instruction set's loops, else those it chooses for this CPU).
 Quantized Quantise(ElementType type, const std::vector<std::uint32_t>& x, std::int64_t matrices,
-                   std::int64_t rows, std::int64_t cols) {
+                   std::int64_t rows, std::int64_t cols, bool baseline = false) {
   const std::int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
   Quantized q{std::vector<std::uint8_t>(x.size(), 0xAB),
               std::vector<float>(static_cast<std::size_t>(matrices * rb * cb), -7.0f)};
+  const auto run = baseline ? internal::QuantizeBlock128Baseline : QuantizeBlock128;
   if (type == ElementType::kF32) {
     std::vector<float> f(x.size());
     std::transform(x.begin(), x.end(), f.begin(), Float);
-    QuantizeBlock128(f.data(), type, matrices, rows, cols, q.codes.data(), q.scales.data());
+    run(f.data(), type, matrices, rows, cols, q.codes.data(), q.scales.data());
   } else {
     std::vector<std::uint16_t> h(x.begin(), x.end());
-    QuantizeBlock128(h.data(), type, matrices, rows, cols, q.codes.data(), q.scales.data());
+    run(h.data(), type, matrices, rows, cols, q.codes.data(), q.scales.data());
   }
   return q;
 }
@@ -296,6 +298,9 @@ TEST(QuantizeBlock128Test, HandCasesInEveryElementType) {
     set(1, 129, 127, 0.03125);
     const Quantized q = Quantise(type, x, 2, rows, cols);
     ASSERT_EQ(q.scales.size(), 12u);
+    const Quantized baseline = Quantise(type, x, 2, rows, cols, true);
+    EXPECT_EQ(q.codes, baseline.codes);
+    EXPECT_EQ(ScaleBits(q.scales), ScaleBits(baseline.scales));
     auto code = [&](std::int64_t m, std::int64_t r, std::int64_t c) {
       return q.codes[static_cast<std::size_t>((m * rows + r) * cols + c)];
     };
@@ -550,10 +555,12 @@ TEST(QuantizeBlock128Test, RandomShapesAndValuesMatchTheReference) {
                    std::to_string(shape.rows) + "x" + std::to_string(shape.cols));
       const std::vector<std::uint32_t> x =
           RandomWeights(rng, type, shape.matrices, shape.rows, shape.cols);
-      const Quantized got = Quantise(type, x, shape.matrices, shape.rows, shape.cols);
       const Quantized want = Reference(type, x, shape.matrices, shape.rows, shape.cols);
-      ASSERT_EQ(ScaleBits(got.scales), ScaleBits(want.scales));
-      ASSERT_EQ(got.codes, want.codes) << FirstDifference(got.codes, want.codes, x);
+      for (const bool baseline : {false, true}) {  // (the same loops without AVX2)
+        const Quantized got = Quantise(type, x, shape.matrices, shape.rows, shape.cols, baseline);
+        ASSERT_EQ(ScaleBits(got.scales), ScaleBits(want.scales)) << baseline;
+        ASSERT_EQ(got.codes, want.codes) << FirstDifference(got.codes, want.codes, x) << baseline;
+      }
     }
   }
 }
@@ -608,16 +615,18 @@ TEST(QuantizeBlock128Test, FlushToZeroAndDenormalsAreZeroChangeNothing) {
         if (x.size() > 1000 && i > x.size() / 2) x[i] = small(rng) | (x[i] & sign);
       }
       const Quantized plain = Quantise(type, x, shape.matrices, shape.rows, shape.cols);
-      Quantized flushed;
-      {
-        const FlushDenormals flush;
-        volatile float least = std::ldexp(1.0f, -126);
-        const float half = least * 0.5f;
-        ASSERT_EQ(half, 0.0f);  // the mode is on
-        flushed = Quantise(type, x, shape.matrices, shape.rows, shape.cols);
+      for (const bool baseline : {false, true}) {
+        Quantized flushed;
+        {
+          const FlushDenormals flush;
+          volatile float least = std::ldexp(1.0f, -126);
+          const float half = least * 0.5f;
+          ASSERT_EQ(half, 0.0f);  // the mode is on
+          flushed = Quantise(type, x, shape.matrices, shape.rows, shape.cols, baseline);
+        }
+        ASSERT_EQ(ScaleBits(flushed.scales), ScaleBits(plain.scales));
+        ASSERT_EQ(flushed.codes, plain.codes) << FirstDifference(flushed.codes, plain.codes, x);
       }
-      ASSERT_EQ(ScaleBits(flushed.scales), ScaleBits(plain.scales));
-      ASSERT_EQ(flushed.codes, plain.codes) << FirstDifference(flushed.codes, plain.codes, x);
     }
   }
   std::mt19937_64 pairs(20261206);

@@ -14,6 +14,9 @@
 //     NaN has the scale torch's amax gives it, the quiet NaN 0x7FC00000.
 //   - code = E4m3Code(bits of float32(x) / scale), the division in IEEE float32.
 //
+//   On x86-64 CPUs with AVX2 the loops run 8 lanes wide (chosen at run time; the
+//   library is built for the baseline instruction set), with the same bytes.
+//
 //   The results do not depend on the floating-point environment's flush-to-zero or
 //   denormals-are-zero modes (the hot loop is used only where they cannot change a
 //   code; the other blocks, and the scales, take an exact path that never hands a
@@ -65,6 +68,19 @@ std::uint8_t E4m3Code(std::uint32_t f32_bits);
 // kept), from the operands' bits, whatever the flush-to-zero and denormals-are-zero
 // modes. NaN results are the hardware's (as for float division on this machine).
 std::uint32_t DivideF32(std::uint32_t x_bits, std::uint32_t s_bits);
+
+namespace internal {
+
+// QuantizeBlock128 with the baseline instruction set's loops (x86-64: SSE2) whatever the
+// CPU offers, for the tests and benchmarks that compare them with the AVX2 ones.
+void QuantizeBlock128Baseline(const void* x, ElementType type, std::int64_t matrices,
+                              std::int64_t rows, std::int64_t cols, std::uint8_t* codes,
+                              float* scales);
+
+// Whether QuantizeBlock128 runs its AVX2 loops here (an x86-64 CPU that has AVX2).
+bool QuantizeUsesAvx2();
+
+}  // namespace internal
 
 }  // namespace rlsched::rollout
 
