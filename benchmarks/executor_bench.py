@@ -33,7 +33,8 @@ of its rounds and the slowest rank's time:
   peak resident memory during `run()` (VmHWM, reset before each run, minus VmRSS at
   the start), against the bucket budget, and during the set-up;
 - fp8: the quantiser's throughput on one core (GB/s of bf16 input, before the ranks
-  start), to set against the loopback bandwidth;
+  start): the executor's (the native module's where it has one, and its torch path
+  apart) and the baseline's, to set against the loopback bandwidth;
 - the loopback bandwidth of one 64 MiB send/recv, and the plan's estimate at that
   bandwidth (the plan's links all intra-node: estimate x 400 GB/s / measured), so that
   the planner's cost model can be compared with a real transport.
@@ -105,10 +106,11 @@ def _profiled_run(ex, destinations, profile):
             f"{stats.quantized_at_destination} were quantised here)\n" + "\n".join(lines))
 
 
-def _quantizer_gb_per_s(module_path=None):
+def _quantizer_gb_per_s(module_path=None, torch_path=False):
     """The fp8 quantiser's throughput on one core, in GB/s of bf16 input: the best of 5
     quantize_block128 calls on a 2048 x 1024 bf16 tensor (in this process, before the
-    ranks start), with this executor or the one in `module_path`."""
+    ranks start), with this executor (`torch_path`: its torch path, the native module's
+    quantiser turned off) or the one in `module_path`."""
     import torch
 
     from rlsched import executor
@@ -116,6 +118,9 @@ def _quantizer_gb_per_s(module_path=None):
     module = _load_module("rlsched_executor_q", module_path) if module_path else executor
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    native = getattr(module, "_native_quantize_fn", None)
+    if torch_path:
+        module._native_quantize_fn = False
     try:
         x = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
         best = float("inf")
@@ -125,6 +130,8 @@ def _quantizer_gb_per_s(module_path=None):
             best = min(best, time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
+        if torch_path:
+            module._native_quantize_fn = native
     return x.numel() * 2 / best / 1e9
 
 
@@ -356,6 +363,9 @@ def main():
         quantizer = {}
         if cfg["fp8"]:
             quantizer["executor"] = _quantizer_gb_per_s()
+            from rlsched import executor
+            if executor._native_quantize() is not None:  # the torch path, for comparison
+                quantizer["executor torch path"] = _quantizer_gb_per_s(torch_path=True)
             if baseline:
                 quantizer["baseline"] = _quantizer_gb_per_s(baseline)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
