@@ -390,7 +390,8 @@ std::vector<double> TimeBalance(const py::handle& lengths_object, std::int64_t n
 std::string ShapeText(const std::vector<py::ssize_t>& shape) {
   std::string text = "(";
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    text += (i ? ", " : "") + std::to_string(shape[i]);
+    if (i) text += ", ";
+    text += std::to_string(shape[i]);
   }
   return text + (shape.size() == 1 ? ",)" : ")");
 }
