@@ -20,7 +20,9 @@ of its rounds and the slowest rank's time:
 - executor: `Executor.run()` (packing, the collectives, unpacking into the destination
   tensors); its construction (checks, process groups) is reported apart;
 - baseline (with `--baseline REV`): the same for python/rlsched/executor.py as of git
-  revision REV (or a file), loaded beside this one: before / after in one run;
+  revision REV (or a file), loaded beside this one: before / after in one run; its
+  ratio is against its own plain broadcasts (baseline plain: its schedule's
+  collectives, which may be fewer or more);
 - kept (with `--keep-staging`): the executor with `keep_staging=True` (its staging
   buffer allocated once, kept between syncs);
 - plain: the same collectives (per bucket, one per source and destination set, the
@@ -195,35 +197,42 @@ def _rank_main(rank, world, cfg, results):
         link_seconds = slowest(time.perf_counter() - start if rank in (0, 1) else 0.0)
         del link
 
-        # Plain broadcasts: the same collectives (sizes, groups, order) on buffers
-        # allocated once, nothing packed or unpacked.
-        buckets = [[c for c in cs if c.kind != "local" and (rank == c.src or rank in c.dst_ranks)]
-                   for cs in executor.schedule(plan.transfers, cfg["direct_min_bytes"])]
-        every = [None] * world
-        dist.all_gather_object(every, sorted({c.members for cs in buckets for c in cs
-                                              if c.kind == "broadcast"}))
-        groups = {}
-        for members in sorted({tuple(m) for g in every for m in g}):
-            pg = dist.new_group(list(members))
-            if rank in members:
-                groups[members] = pg
-        buffers = [[torch.empty(c.size, dtype=torch.uint8) for c in cs] for cs in buckets]
+        def plain(module, plan):
+            """Plain broadcasts: the collectives `module`'s executor issues for `plan`
+            (sizes, groups, order) on buffers allocated once, nothing packed or
+            unpacked; returns the function that runs them and its collective count."""
+            buckets = [[c for c in cs
+                        if c.kind != "local" and (rank == c.src or rank in c.dst_ranks)]
+                       for cs in module.schedule(plan.transfers, cfg["direct_min_bytes"])]
+            every = [None] * world
+            dist.all_gather_object(every, sorted({c.members for cs in buckets for c in cs
+                                                  if c.kind == "broadcast"}))
+            groups = {}
+            for members in sorted({tuple(m) for g in every for m in g}):
+                pg = dist.new_group(list(members))
+                if rank in members:
+                    groups[members] = pg
+            buffers = [[torch.empty(c.size, dtype=torch.uint8) for c in cs] for cs in buckets]
 
-        def plain_run():
-            start = time.perf_counter()
-            for cs, bufs in zip(buckets, buffers):
-                works = []
-                for c, buf in zip(cs, bufs):
-                    if c.kind == "p2p":
-                        tag = c.transfers[0].index
-                        works.append(dist.isend(buf, dst=c.receivers[0], tag=tag) if rank == c.src
-                                     else dist.irecv(buf, src=c.src, tag=tag))
-                    else:
-                        works.append(dist.broadcast(buf, src=c.src, group=groups[c.members],
-                                                    async_op=True))
-                for w in works:
-                    w.wait()
-            return time.perf_counter() - start
+            def run():
+                start = time.perf_counter()
+                for cs, bufs in zip(buckets, buffers):
+                    works = []
+                    for c, buf in zip(cs, bufs):
+                        if c.kind == "p2p":  # an older executor tags by the first transfer
+                            tag = getattr(c, "tag", c.transfers[0].index)
+                            works.append(dist.isend(buf, dst=c.receivers[0], tag=tag)
+                                         if rank == c.src else dist.irecv(buf, src=c.src, tag=tag))
+                        else:
+                            works.append(dist.broadcast(buf, src=c.src, group=groups[c.members],
+                                                        async_op=True))
+                    for w in works:
+                        w.wait()
+                return time.perf_counter() - start
+
+            return run, sum(len(cs) for cs in buckets)
+
+        plain_runs = {"plain": plain(executor, plan)}
 
         # Set up once (checks, process groups): this executor, and the baseline's.
         dist.barrier()
@@ -233,16 +242,20 @@ def _rank_main(rank, world, cfg, results):
         setup_growth = _status_kib("VmHWM") - before
         setup = slowest(ex.setup_seconds)
         variants = [("executor", ex), ("plain", None)]
+        base = None
         if cfg["keep_staging"]:  # the same, its staging buffer kept between syncs
             variants.insert(1, ("kept", executor.Executor(
                 plan, sources=sources, destinations=destinations, dtype=model.dtype,
                 direct_min_bytes=cfg["direct_min_bytes"], keep_staging=True)))
         if cfg["baseline"]:
             base = _load_module("rlsched_executor_baseline", cfg["baseline"])
+            base_plan = base.load_plan(cfg["plan"], rank)
             variants.insert(1, ("baseline", base.Executor(
-                base.load_plan(cfg["plan"], rank), sources=sources,
-                destinations=destinations, dtype=model.dtype,
+                base_plan, sources=sources, destinations=destinations, dtype=model.dtype,
                 direct_min_bytes=cfg["direct_min_bytes"])))
+            # The baseline's own plain broadcasts: its collectives may differ.
+            plain_runs["baseline plain"] = plain(base, base_plan)
+            variants.append(("baseline plain", None))
 
         # REPEAT rounds, each one sync of every variant, in an order that rotates.
         times = {name: [] for name, _ in variants}
@@ -257,7 +270,7 @@ def _rank_main(rank, world, cfg, results):
                 dist.barrier()
                 cpu = time.process_time()
                 if e is None:
-                    times[name].append(slowest(plain_run()))
+                    times[name].append(slowest(plain_runs[name][0]()))
                     cpu_seconds[name].append(total(time.process_time() - cpu))
                     continue
                 before = _reset_peak_rss()
@@ -279,13 +292,14 @@ def _rank_main(rank, world, cfg, results):
             if rank in cfg["profile"]:
                 out["profile"] = profiled
         out["mismatched"] = mismatched
-        collectives = sum(len(cs) for cs in buckets)
+        collectives = plain_runs["plain"][1]
         out.update(executor_seconds=min(times["executor"]), setup_seconds=setup,
                    plain_seconds=min(times["plain"]), times=times, cpu_seconds=cpu_seconds,
                    setup_rss_growth_bytes=setup_growth * 1024,
                    staging=staging, rss_growth_bytes=rss_growth * 1024,
                    link_seconds=link_seconds, collectives=collectives, direct=direct,
-                   staged=staged)
+                   staged=staged, baseline_collectives=(
+                       plain_runs["baseline plain"][1] if base is not None else 0))
     except Exception as error:  # noqa: BLE001 - reported to the parent
         import traceback
         out["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}"
@@ -432,7 +446,9 @@ def main():
     if "baseline" in o0["times"]:
         r["baseline"] = args.baseline
         r["baseline_seconds"] = min(o0["times"]["baseline"])
-        r["baseline_ratio"] = r["baseline_seconds"] / o0["plain_seconds"]
+        r["baseline_plain_seconds"] = min(o0["times"]["baseline plain"])
+        r["baseline_collectives"] = max(o["baseline_collectives"] for o in outs)
+        r["baseline_ratio"] = r["baseline_seconds"] / r["baseline_plain_seconds"]
     if args.json:
         print(json.dumps(r, sort_keys=True))
     else:
@@ -447,7 +463,9 @@ def main():
             print(f"kept         {r['kept_seconds']:.3f} s   ratio {r['kept_ratio']:.2f}x "
                   "(keep_staging: the staging buffer kept between syncs)")
         if "baseline" in r:
-            print(f"baseline     {r['baseline_seconds']:.3f} s   ratio {r['baseline_ratio']:.2f}x "
+            print(f"baseline     {r['baseline_seconds']:.3f} s   its plain broadcasts "
+                  f"{r['baseline_plain_seconds']:.3f} s ({r['baseline_collectives']} "
+                  f"collectives on the busiest rank)   ratio {r['baseline_ratio']:.2f}x "
                   f"(executor.py of {args.baseline}, in the same rounds)")
         print("rounds       " + "; ".join(
             f"{name} " + " ".join(f"{t:.3f}" for t in ts) for name, ts in r["rounds"].items()))

@@ -29,9 +29,13 @@ a send/recv pair when there is one destination, a plain copy when the destinatio
 source rank itself. A transfer of at least ``direct_min_bytes`` (1 MiB) moves in a
 collective of its own, straight from the source tensor and into the destination tensor
 where its slice is contiguous there (no staging copy: on CPU the copies cost as much as
-loopback TCP). Every rank starts its collectives in one global order (bucket, source,
-destinations, first transfer), asynchronously, packing the next while the previous ones
-move, then waits for the bucket and unpacks, so that collectives on different groups
+loopback TCP); one the sender quantises to fp8 moves its codes so (quantised into
+staging on the sender, received in place), its block scales packed with the small
+transfers of the same source and destinations, in a collective after it. Every rank
+starts its collectives in one global order (bucket, source, destinations, single
+transfers before packed ones, first transfer), asynchronously, packing the next while
+the previous ones move, then waits for the bucket and unpacks (a colocated sender that
+also receives a slice takes it from what it packed), so that collectives on different groups
 run at the same time and no two ranks wait on each other in opposite orders. Staging
 memory: one buffer per run, :attr:`Executor.staging_bytes`: the largest bucket's packed
 slices on this rank (what it sends plus what it receives over links in that bucket, at
@@ -58,9 +62,9 @@ in 128 x 128 blocks (torch 1.13 has no float8 type: destination tensors hold the
 ``torch.uint8``, and ``<name>_scale_inv`` the float32 scale of each block, shaped
 :func:`scale_shape`). Where the plan says the sender quantises (the slice covers whole
 blocks), the sender sends the codes then the scales (bytes = elements + 4 x blocks);
-otherwise the bf16 slices arrive and the engine rank gathers them in a bf16 copy of the
-tensor (memory beyond the staging buffer: the tensors being gathered) and quantises the
-blocks they cover when the last one is in. Both sides quantise with
+otherwise the bf16 slices arrive and the engine rank gathers them in a bf16 buffer (the
+whole 128 x 128 blocks they touch: memory beyond the staging buffer, per tensor being
+gathered) and quantises those blocks when the last slice is in. Both sides quantise with
 :func:`quantize_block128` (scale = block amax / 448 in float32, codes rounded to nearest
 even on the float32 bits), so the bytes do not depend on who quantised. On CPU it runs
 in the native module when that has it (``rlsched._native.quantize_block128``, C++: one
@@ -842,6 +846,28 @@ def _quantize_torch(x3, c3, s3) -> None:
                 _quantize_reference(x3[l0:l1, i:i1], c3[l0:l1, i:i1], s3[l0:l1, rb0:rb1])
 
 
+def _gather_region(shape: Tuple[int, ...], slices: Sequence[Slice]):
+    """Where an engine gathers the bf16 slices of an fp8 tensor of `shape` that it
+    quantises itself: ((first row, first col), buffer shape, rectangles). The buffer
+    holds the whole 128 x 128 blocks the slices touch, from the first such block row and
+    col to the last (the leading dims whole); the rectangles (:func:`_block_rectangles`,
+    in blocks of the tensor) are the blocks to quantise."""
+    import torch  # noqa: PLC0415
+    rows, cols = shape[-2], shape[-1]
+    r_lo = min(s[-2][0] for s in slices) // FP8_BLOCK * FP8_BLOCK
+    c_lo = min(s[-1][0] for s in slices) // FP8_BLOCK * FP8_BLOCK
+    r_hi = min(rows, -(-max(s[-2][1] for s in slices) // FP8_BLOCK) * FP8_BLOCK)
+    c_hi = min(cols, -(-max(s[-1][1] for s in slices) // FP8_BLOCK) * FP8_BLOCK)
+    mask = torch.zeros(scale_shape(shape), dtype=torch.bool)
+    for s in slices:
+        (r0, r1), (c0, c1) = s[-2], s[-1]
+        mask[tuple(slice(b, e) for b, e in s[:-2]) + (
+            slice(r0 // FP8_BLOCK, -(-r1 // FP8_BLOCK)),
+            slice(c0 // FP8_BLOCK, -(-c1 // FP8_BLOCK)))] = True
+    return ((r_lo, c_lo), tuple(shape[:-2]) + (max(0, r_hi - r_lo), max(0, c_hi - c_lo)),
+            list(_block_rectangles(mask)))
+
+
 def _block_rectangles(mask: "torch.Tensor"):
     """The True blocks of a block mask [..., row blocks, col blocks] as rectangles
     (leading index as a tuple of ints or slices, (first, end) row blocks, (first, end)
@@ -878,14 +904,25 @@ def _block_rectangles(mask: "torch.Tensor"):
 
 # Transfers of at least this many bytes move in a collective of their own, straight
 # from the source tensor and into the destination tensor where the slice is contiguous
-# there (no staging copy); smaller ones are packed per (source, destination set).
+# there (no staging copy); smaller ones are packed per (source, destination set). A
+# transfer the sender quantises moves its codes alone from this many codes on (the
+# sender quantises them into staging; they arrive straight in the destination where its
+# slice is contiguous), its block scales packed with the small transfers.
 DIRECT_MIN_BYTES = 1 << 20
+
+# What of a transfer a collective carries: all its bytes, or (quantised by the sender)
+# its fp8 codes alone or its float32 block scales alone.
+PART_WHOLE = 0
+PART_CODES = 1
+PART_SCALES = 2
 
 
 @dataclasses.dataclass
 class Collective:
     """One collective of a bucket: the transfers of one (source, destination set) packed
-    into one buffer (`offsets`, `size` bytes), or one large transfer alone (`direct`)."""
+    into one buffer (`offsets`, `size` bytes), or one large transfer alone (`direct`).
+    `parts[i]` says what of ``transfers[i]`` it carries (PART_*; empty: every transfer
+    whole), `sizes[i]` how many bytes."""
     bucket: int
     src: int
     dst_ranks: Tuple[int, ...]
@@ -893,6 +930,14 @@ class Collective:
     offsets: List[int]
     size: int
     direct: bool
+    parts: List[int] = dataclasses.field(default_factory=list)
+    sizes: List[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.parts:
+            self.parts = [PART_WHOLE] * len(self.transfers)
+        if not self.sizes:
+            self.sizes = [part_bytes(t, p) for t, p in zip(self.transfers, self.parts)]
 
     @property
     def receivers(self) -> Tuple[int, ...]:
@@ -908,32 +953,57 @@ class Collective:
         n = len(self.receivers)
         return "local" if n == 0 else "p2p" if n == 1 else "broadcast"
 
+    @property
+    def tag(self) -> int:
+        """A send/recv's tag, unique in the plan: from its first part (a transfer's codes
+        and its scales can travel apart, between the same two ranks)."""
+        return 2 * self.transfers[0].index + (self.parts[0] == PART_SCALES)
+
+
+def part_bytes(t: Transfer, part: int) -> int:
+    """The bytes of `part` (PART_*) of transfer `t`."""
+    if part == PART_WHOLE:
+        return t.bytes
+    codes = t.elements
+    return codes if part == PART_CODES else t.bytes - codes
+
 
 def schedule(transfers: Iterable[Transfer],
              direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES) -> List[List[Collective]]:
     """The collectives of `transfers` (one rank's part, or the whole plan), bucket by
-    bucket, each bucket's in one global order (source, destinations, first transfer):
-    every rank that takes part in a collective finds it at the same place, so that
-    blocking or queued collectives never wait on each other in a cycle.
-    `direct_min_bytes` None: every transfer is packed."""
-    buckets: Dict[int, Dict[tuple, List[Transfer]]] = {}
+    bucket, each bucket's in one global order (source, destinations, the single
+    transfers before the packed ones, first transfer): every rank that takes part in a
+    collective finds it at the same place, so that blocking or queued collectives never
+    wait on each other in a cycle, and a sender has quantised the codes that move alone
+    before it packs their scales. `direct_min_bytes` None: every transfer is packed."""
+    buckets: Dict[int, Dict[tuple, List[Tuple[Transfer, int]]]] = {}
     for t in sorted(transfers, key=lambda t: t.index):
-        direct = (direct_min_bytes is not None and t.bytes >= direct_min_bytes
-                  and t.dst_ranks != (t.src_rank,) and t.quantize == QUANTIZE_NONE)
-        key = (t.src_rank, t.dst_ranks, t.index if direct else -1)
-        buckets.setdefault(t.bucket, {}).setdefault(key, []).append(t)
+        alone = direct_min_bytes is not None and t.dst_ranks != (t.src_rank,)
+        key = (t.src_rank, t.dst_ranks, -1)
+        bucket = buckets.setdefault(t.bucket, {})
+        if alone and t.quantize == QUANTIZE_NONE and t.bytes >= direct_min_bytes:
+            bucket[(t.src_rank, t.dst_ranks, t.index)] = [(t, PART_WHOLE)]
+        elif alone and t.quantize == QUANTIZE_AT_SENDER and t.elements >= direct_min_bytes:
+            bucket[(t.src_rank, t.dst_ranks, t.index)] = [(t, PART_CODES)]
+            bucket.setdefault(key, []).append((t, PART_SCALES))
+        else:
+            bucket.setdefault(key, []).append((t, PART_WHOLE))
     out = []
     for bucket in sorted(buckets):
         cs = []
-        for key, ts in buckets[bucket].items():
-            offsets, size = [], 0
-            for t in ts:
+        for key, parts in buckets[bucket].items():
+            # Packed: the whole transfers, then the scales of codes that moved alone.
+            parts.sort(key=lambda tp: (tp[1] == PART_SCALES, tp[0].index))
+            offsets, sizes, size = [], [], 0
+            for t, p in parts:
                 size = _align(size)
                 offsets.append(size)
-                size += t.bytes
-            cs.append(Collective(bucket=bucket, src=key[0], dst_ranks=key[1], transfers=ts,
-                                 offsets=offsets, size=size, direct=key[2] >= 0))
-        cs.sort(key=lambda c: (c.src, c.dst_ranks, c.transfers[0].index))
+                sizes.append(part_bytes(t, p))
+                size += sizes[-1]
+            cs.append(Collective(bucket=bucket, src=key[0], dst_ranks=key[1],
+                                 transfers=[t for t, _ in parts], offsets=offsets, size=size,
+                                 direct=key[2] >= 0, parts=[p for _, p in parts], sizes=sizes))
+        cs.sort(key=lambda c: (c.src, c.dst_ranks, not c.direct, c.transfers[0].index))
         out.append(cs)
     return out
 
@@ -1050,37 +1120,53 @@ class Executor:
             if self.rank in members:
                 self.groups[members] = pg
         self.num_groups = len(member_sets)
-        # fp8 quantised at the destination: per tensor, the bf16 elements to gather and
-        # the slices they cover, before its blocks are quantised.
+        # fp8 quantised at the destination: per tensor, the bf16 elements to gather, and
+        # where they go (the plan fixes both: :func:`_gather_region`).
         self._gather_need: Dict[str, int] = {}
-        self._gather_slices: Dict[str, List[Slice]] = {}
+        gather_slices: Dict[str, List[Slice]] = {}
         for t in plan.transfers:
             if t.quantize == QUANTIZE_AT_DESTINATION and self.rank in t.dst_ranks:
                 self._gather_need[t.dst_param] = self._gather_need.get(t.dst_param, 0) + t.elements
-                self._gather_slices.setdefault(t.dst_param, []).append(t.dst_slice)
+                gather_slices.setdefault(t.dst_param, []).append(t.dst_slice)
+        self._gather_regions = {name: _gather_region(tuple(destinations[name].shape), slices)
+                                for name, slices in gather_slices.items()}
         # Staging: per bucket, the aligned buffers of the collectives this rank cannot
-        # move straight from or into its tensors.
-        self.staging_bytes = max((sum(_align(self._staged(c)) for c in cs)
-                                  for cs in self.buckets), default=0)
+        # move straight from or into its tensors, at offsets fixed here (None: unstaged);
+        # and where the scales of codes that move alone are packed (a sender quantises
+        # into both at once).
+        self._offsets: List[List[Optional[int]]] = []
+        self._scales_at: Dict[int, int] = {}
+        self.staging_bytes = 0
+        for cs in self.buckets:
+            used, offsets = 0, []
+            for c in cs:
+                if c.kind == "local" or self._direct_view(c) is not None:
+                    offsets.append(None)
+                    continue
+                offsets.append(used)
+                for t, part, offset in zip(c.transfers, c.parts, c.offsets):
+                    if part == PART_SCALES:
+                        self._scales_at[t.index] = used + offset
+                used = _align(used + c.size)
+            self._offsets.append(offsets)
+            self.staging_bytes = max(self.staging_bytes, used)
         self.setup_seconds = time.perf_counter() - start
 
     def _direct_view(self, c: Collective):
-        """The contiguous tensor slice a direct collective moves on this rank, or None."""
+        """The contiguous tensor slice a direct collective moves on this rank, or None:
+        the source's (the sender quantises codes into staging), else the destination's."""
         if not c.direct:
             return None
         t = c.transfers[0]
         if self.rank == c.src:
+            if c.parts[0] != PART_WHOLE:
+                return None
             view = _view(self.sources[t.src_param], t.src_slice)
         elif self.destinations is not None:
             view = _view(self.destinations[t.dst_param], t.dst_slice)
         else:
             return None
         return view if view.is_contiguous() else None
-
-    def _staged(self, c: Collective) -> int:
-        if c.kind == "local" or self._direct_view(c) is not None:
-            return 0
-        return c.size
 
     def _element_type(self, t: Transfer):
         """The element type of a transfer's bytes on the wire (unquantised)."""
@@ -1099,9 +1185,11 @@ class Executor:
         return self.destinations[scale_name(t.dst_param)][index], index
 
     def _write_fp8(self, t: Transfer, codes, scales):
-        """Writes a sender-quantised slice: codes [rows, cols], scales [blocks]."""
+        """Writes a sender-quantised slice: codes [rows, cols] (None: they are in place
+        already), scales [blocks]; then hands both to on_slice."""
         view = _view(self.destinations[t.dst_param], t.dst_slice)
-        view.copy_(codes.reshape(view.shape))
+        if codes is not None:
+            view.copy_(codes.reshape(view.shape))
         sview, index = self._scale_view(t)
         sview.copy_(scales.reshape(sview.shape))
         if self.on_slice is not None:
@@ -1109,62 +1197,74 @@ class Executor:
             self.on_slice(scale_name(t.dst_param), sview,
                           tuple((i.start, i.stop) for i in index))
 
-    def _pack_fp8(self, t: Transfer, src_view, payload):
-        """Quantises a source slice into its wire form: codes, then float32 scales."""
+    def _pack_fp8(self, t: Transfer, src_view, payload, scales=None):
+        """Quantises a source slice into its wire form: codes, then float32 scales; or,
+        with `scales` (a float32 tensor [row blocks, col blocks]: where the scales of
+        codes moving alone are packed), codes alone in `payload`, scales there."""
         import torch  # noqa: PLC0415
         rows, cols, blocks = _fp8_geometry(t)
         n = rows * cols
-        scales = torch.empty((-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)), dtype=torch.float32,
-                             device=payload.device)
+        grid = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+        packed = None
+        if scales is None:
+            packed = payload[n:n + 4 * blocks]
+            if (packed.storage_offset() % 4) == 0:  # written in place
+                scales, packed = packed.view(torch.float32).view(grid), None
+            else:
+                scales = torch.empty(grid, dtype=torch.float32, device=payload.device)
         quantize_block128(src_view.reshape(rows, cols), codes=payload[:n].view(rows, cols),
                           scales=scales)
-        payload[n:n + 4 * blocks].copy_(scales.view(-1).view(torch.uint8))
+        if packed is not None:
+            packed.copy_(scales.view(-1).view(torch.uint8))
 
-    def _unpack_fp8(self, t: Transfer, payload):
+    def _unpack_scales(self, t: Transfer, payload, codes):
+        """A sender-quantised slice's float32 scales from `payload` (bytes), its codes
+        from `codes` (None: already in the destination)."""
         import torch  # noqa: PLC0415
-        rows, cols, blocks = _fp8_geometry(t)
-        n = rows * cols
+        blocks = _fp8_geometry(t)[2]
         scales = torch.empty(blocks, dtype=torch.float32, device=payload.device)
-        scales.view(torch.uint8).copy_(payload[n:n + 4 * blocks])
-        self._write_fp8(t, payload[:n].view(rows, cols), scales)
+        scales.view(torch.uint8).copy_(payload[:4 * blocks])
+        self._write_fp8(t, codes, scales)
 
     def _gather(self, t: Transfer, data, gathering: Dict[str, "torch.Tensor"],
                 remaining: Dict[str, int]):
-        """An unquantised slice of a tensor the engine quantises: kept until the tensor's
-        last slice arrives, then its blocks covered by such slices are quantised."""
+        """An unquantised slice of a tensor the engine quantises: kept in a bf16 copy of
+        the tensor's blocks that such slices touch until its last slice arrives, then
+        those blocks are quantised."""
         import torch  # noqa: PLC0415
         name = t.dst_param
         dst = self.destinations[name]
+        (r_lo, c_lo), shape, rectangles = self._gather_regions[name]
         acc = gathering.get(name)
         if acc is None:
-            acc = gathering[name] = torch.zeros(dst.shape, dtype=data.dtype, device=dst.device)
-        view = _view(acc, t.dst_slice)
+            acc = gathering[name] = torch.zeros(shape, dtype=data.dtype, device=dst.device)
+        s = t.dst_slice
+        view = acc[tuple(slice(b, e) for b, e in s[:-2]) + (
+            slice(s[-2][0] - r_lo, s[-2][1] - r_lo), slice(s[-1][0] - c_lo, s[-1][1] - c_lo))]
         view.copy_(data.reshape(view.shape))
         remaining[name] -= t.elements
         if remaining[name]:
             return
         del gathering[name]
         scales_dst = self.destinations[scale_name(name)]
-        mask = torch.zeros(scales_dst.shape, dtype=torch.bool)
-        for sl in self._gather_slices[name]:
-            (r0, r1), (c0, c1) = sl[-2], sl[-1]
-            mask[tuple(slice(b, e) for b, e in sl[:-2]) + (
-                slice(r0 // FP8_BLOCK, -(-r1 // FP8_BLOCK)),
-                slice(c0 // FP8_BLOCK, -(-c1 // FP8_BLOCK)))] = True
         # Only the blocks these slices cover (the others came quantised by their
         # senders), in rectangles of whole blocks quantised straight into the
         # destination: the same blocks, so the same bytes.
-        for lead, (r0, r1), (c0, c1) in _block_rectangles(mask):
-            rows = slice(r0 * FP8_BLOCK, r1 * FP8_BLOCK)
-            cols = slice(c0 * FP8_BLOCK, c1 * FP8_BLOCK)
-            quantize_block128(acc[lead + (rows, cols)], codes=dst[lead + (rows, cols)],
-                              scales=scales_dst[lead + (slice(r0, r1), slice(c0, c1))])
+        for lead, (r0, r1), (c0, c1) in rectangles:
+            rows, cols = (r0 * FP8_BLOCK, r1 * FP8_BLOCK), (c0 * FP8_BLOCK, c1 * FP8_BLOCK)
+            quantize_block128(
+                acc[lead + (slice(rows[0] - r_lo, rows[1] - r_lo),
+                            slice(cols[0] - c_lo, cols[1] - c_lo))],
+                codes=dst[lead + (slice(*rows), slice(*cols))],
+                scales=scales_dst[lead + (slice(r0, r1), slice(c0, c1))])
         del acc
         if self.on_slice is not None:
             self.on_slice(name, dst, tuple((0, d) for d in dst.shape))
             self.on_slice(scale_name(name), scales_dst, tuple((0, d) for d in scales_dst.shape))
 
-    def _count(self, stats, t: Transfer):
+    def _count(self, stats, t: Transfer, part: int = PART_WHOLE):
+        if part == PART_CODES:  # counted with its scales
+            return
         if t.quantize == QUANTIZE_AT_SENDER:
             stats.quantized_at_sender += 1
         elif t.quantize == QUANTIZE_AT_DESTINATION:
@@ -1182,10 +1282,16 @@ class Executor:
         else:
             self._deliver(t, src_view)
 
-    def _received(self, t: Transfer, payload, gathering, remaining):
-        """A transfer's bytes received into the staging buffer (`payload`: uint8)."""
-        if t.quantize == QUANTIZE_AT_SENDER:
-            self._unpack_fp8(t, payload)
+    def _received(self, t: Transfer, part: int, payload, gathering, remaining):
+        """A part (PART_*) of a transfer, its bytes in staging (`payload`: uint8)."""
+        if part == PART_CODES:  # on_slice sees them with their scales
+            view = _view(self.destinations[t.dst_param], t.dst_slice)
+            view.copy_(payload.view(view.shape))
+        elif part == PART_SCALES:
+            self._unpack_scales(t, payload, None)
+        elif t.quantize == QUANTIZE_AT_SENDER:
+            n = t.elements
+            self._unpack_scales(t, payload[n:], payload[:n])
         elif t.quantize == QUANTIZE_AT_DESTINATION:
             self._gather(t, payload.view(self._element_type(t)), gathering, remaining)
         else:
@@ -1203,13 +1309,34 @@ class Executor:
         elif self.on_slice is not None:
             self.on_slice(t.dst_param, data.reshape(_slice_shape(t.dst_slice)), t.dst_slice)
 
+    def _pack(self, c: Collective, buffer, arena):
+        """Packs what this rank sends in `c` into `buffer` (its staging)."""
+        import torch  # noqa: PLC0415
+        sources = self.sources
+        for t, part, offset, size in zip(c.transfers, c.parts, c.offsets, c.sizes):
+            if part == PART_SCALES:  # written when its codes were quantised
+                continue
+            src = sources[t.src_param]
+            payload = buffer[offset:offset + size]
+            if part == PART_CODES:
+                rows, cols, blocks = _fp8_geometry(t)
+                at = self._scales_at[t.index]
+                grid = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+                self._pack_fp8(t, _view(src, t.src_slice), payload,
+                               scales=arena[at:at + 4 * blocks].view(torch.float32).view(grid))
+            elif t.quantize == QUANTIZE_AT_SENDER:
+                self._pack_fp8(t, _view(src, t.src_slice), payload)
+            else:
+                payload.view(src.dtype).view(_slice_shape(t.src_slice)).copy_(
+                    _view(src, t.src_slice))
+
     def run(self) -> ExecuteStats:
         """Moves the bytes, bucket by bucket; returns this rank's statistics. Every rank
         runs its Executor the same number of times, in the same order."""
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
 
-        rank, sources = self.rank, self.sources
+        rank = self.rank
         stats = ExecuteStats(rank=rank, groups=self.num_groups, check_seconds=self.setup_seconds)
         start = time.perf_counter()
         arena = self._kept_arena
@@ -1220,69 +1347,70 @@ class Executor:
                 self._kept_arena = arena
         gathering: Dict[str, "torch.Tensor"] = {}
         remaining = dict(self._gather_need)
-        for cs in self.buckets:
+        for cs, offsets in zip(self.buckets, self._offsets):
             stats.buckets += 1
             pending, used = [], 0
             # Collectives start as soon as they are packed, so that packing the next one
             # overlaps the transfer of the previous ones; unpacking likewise overlaps the
             # transfers still running.
-            for c in cs:
+            for c, offset in zip(cs, offsets):
                 if c.kind == "local":
                     for t in c.transfers:
                         self._from_source(t, gathering, remaining)
                         self._count(stats, t)
                         stats.bytes_local += t.bytes
                     continue
-                receives = rank in c.receivers
-                view = self._direct_view(c)
-                if view is not None:
-                    buffer, unpack = _bytes_of(view), False
+                staged = offset is not None
+                if staged:
+                    buffer = arena[offset:offset + c.size]
+                    used = _align(offset + c.size)
                 else:
-                    buffer, unpack = arena[used:used + c.size], receives
-                    used = _align(used + c.size)
-                    if rank == c.src:
-                        for t, offset in zip(c.transfers, c.offsets):
-                            src = sources[t.src_param]
-                            if t.quantize == QUANTIZE_AT_SENDER:
-                                self._pack_fp8(t, _view(src, t.src_slice),
-                                               buffer[offset:offset + t.bytes])
-                                continue
-                            part = buffer[offset:offset + t.bytes].view(src.dtype)
-                            part.view(_slice_shape(t.src_slice)).copy_(_view(src, t.src_slice))
+                    view = self._direct_view(c)
+                    if view is None:
+                        raise RuntimeError(f"transfer {c.transfers[0].index}: its tensor slice "
+                                           "is no longer contiguous (the tensors changed "
+                                           "since the Executor was made)")
+                    buffer = _bytes_of(view)
+                sends = rank == c.src
+                if sends:
+                    if staged:
+                        self._pack(c, buffer, arena)
                         stats.bytes_staged += c.size
-                if rank == c.src:
-                    stats.bytes_sent += sum(t.bytes for t in c.transfers)
-                    if rank in c.dst_ranks:  # a colocated sender that also receives
-                        for t in c.transfers:
-                            self._from_source(t, gathering, remaining)
-                            self._count(stats, t)
-                            stats.bytes_local += t.bytes
-                if c.kind == "p2p":  # tagged by its first transfer: unique in the plan
-                    tag = c.transfers[0].index
-                    work = (dist.isend(buffer, dst=c.receivers[0], tag=tag) if rank == c.src
-                            else dist.irecv(buffer, src=c.src, tag=tag))
+                    stats.bytes_sent += sum(c.sizes)
+                if c.kind == "p2p":  # tagged by its first part: unique in the plan
+                    work = (dist.isend(buffer, dst=c.receivers[0], tag=c.tag) if sends
+                            else dist.irecv(buffer, src=c.src, tag=c.tag))
                 else:
                     work = dist.broadcast(buffer, src=c.src, group=self.groups[c.members],
                                           async_op=True)
                 stats.collectives += 1
                 stats.direct += c.direct
-                pending.append((c, work, buffer, unpack, receives))
+                if sends and rank in c.dst_ranks:  # a colocated sender that also receives
+                    for t, part, o, n in zip(c.transfers, c.parts, c.offsets, c.sizes):
+                        if staged:  # what it sends, as a receiver takes it
+                            self._received(t, part, buffer[o:o + n], gathering, remaining)
+                        else:
+                            self._from_source(t, gathering, remaining)
+                        self._count(stats, t, part)
+                        stats.bytes_local += n
+                pending.append((c, work, buffer, staged))
             stats.peak_staging_bytes = max(stats.peak_staging_bytes, used)
-            for c, work, buffer, unpack, receives in pending:
+            for c, work, buffer, staged in pending:
                 if self.timeout is not None and c.kind == "p2p":
                     work.wait(self.timeout)
                 else:
                     work.wait()  # a broadcast's group carries the timeout
-                if not receives:
+                if rank == c.src:
                     continue
-                for t, offset in zip(c.transfers, c.offsets):
-                    if unpack:
-                        self._received(t, buffer[offset:offset + t.bytes], gathering, remaining)
-                        stats.bytes_staged += t.bytes
-                    else:
+                for t, part, o, n in zip(c.transfers, c.parts, c.offsets, c.sizes):
+                    if staged:
+                        self._received(t, part, buffer[o:o + n], gathering, remaining)
+                        stats.bytes_staged += n
+                    elif part == PART_WHOLE:
                         self._deliver(t, None)
-                    self._count(stats, t)
-                    stats.bytes_received += t.bytes
+                    # (codes received in place are handed over with their scales)
+                    self._count(stats, t, part)
+                    stats.bytes_received += n
         del arena
         incomplete = sorted(name for name, left in remaining.items() if left)
         if incomplete:  # the plan's slices of a tensor add up to fewer elements

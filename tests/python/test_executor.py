@@ -752,16 +752,158 @@ FP8_WORLDS = [
 ]
 
 
-@pytest.mark.parametrize("family,sizes,train,infer,colocated", FP8_WORLDS,
-                         ids=[w[0] for w in FP8_WORLDS])
-def test_fp8_byte_exact(tmp_path, family, sizes, train, infer, colocated):
+# Each world packs its small transfers (the 1 MiB default), then moves every transfer
+# alone (direct_min_bytes 1: the senders' codes alone, straight into the destination
+# where its slice is contiguous, their scales packed), over three syncs with kept
+# staging for the latter.
+@pytest.mark.parametrize("family,sizes,train,infer,colocated,alone",
+                         [w + (a,) for w in FP8_WORLDS for a in (False, True)],
+                         ids=[f"{w[0]}-{'alone' if a else 'packed'}" for w in FP8_WORLDS
+                              for a in (False, True)])
+def test_fp8_byte_exact(tmp_path, family, sizes, train, infer, colocated, alone):
+    kw = dict(direct_min_bytes=1, syncs=3, keep_staging=True) if alone else {}
     s = reshard_run.run(wider(tmp_path, family, **sizes), train, infer, colocated=colocated,
                         check=True, bucket_mib=1, timeout=60, target_dtype="fp8",
-                        plan_format="binpb" if family == "qwen3-moe" else "json")
+                        plan_format="binpb" if family == "qwen3-moe" else "json", **kw)
     assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
     assert s["check"]["ok"], s["check"]["problems"]
     assert s["quantized_at_sender"] > 0 and s["quantized_at_destination"] > 0
     assert s["bytes_moved"] == s["plan"]["bytes_moved"]
+    assert s["bytes_received"] + s["bytes_local"] == s["plan"]["bytes_received"]
+    assert (s["direct_collectives"] > 0) == alone
+
+
+def test_fp8_a_colocated_sender_that_also_receives(tmp_path):
+    # A colocated plan whose local copies are merged into the sender's transfer of the
+    # same slice to the other engine: the sender takes its own slice as it packed it
+    # (codes and scales, bf16 to gather, or plain), packed and moving alone.
+    model = wider(tmp_path, "llama", hidden_size=256, intermediate_size=1024, vocab_size=1000)
+    path = str(tmp_path / "merged.json")
+    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], model, {"tp": 2},
+                                  {"tp": 1, "replicas": 2}, True, 1, path,
+                                  target_dtype="fp8_block128")
+    plan = json.load(open(path))
+
+    def key(t):
+        return (t.get("bucket", 0), t.get("src_rank", 0), t["src_param"],
+                json.dumps(t.get("src_slice")), t["dst_param"], json.dumps(t.get("dst_slice")))
+
+    local = {key(t): t for t in plan["transfers"] if t["dst_ranks"] == [t.get("src_rank", 0)]}
+    merged, kinds = [], set()
+    for t in plan["transfers"]:
+        if t["dst_ranks"] != [t.get("src_rank", 0)] and key(t) in local:
+            t["dst_ranks"] = sorted(t["dst_ranks"] + [t.get("src_rank", 0)])
+            kinds.add(t.get("quantize", "QUANTIZE_NONE"))
+            merged.append(local.pop(key(t)))
+    assert len(kinds) == 3  # every way of quantising
+    plan["transfers"] = [t for t in plan["transfers"] if not any(t is m for m in merged)]
+    plan["num_transfers"] = len(plan["transfers"])
+    with open(path, "w") as f:
+        json.dump(plan, f)
+    for direct in (None, 1):
+        s = reshard_run.run(model, {"tp": 2}, {"tp": 1, "replicas": 2}, colocated=True,
+                            check=True, plan_path=path, timeout=60, target_dtype="fp8",
+                            direct_min_bytes=direct)
+        assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
+        assert s["check"]["ok"], s["check"]["problems"]
+        assert s["bytes_local"] > 0 and s["quantized_at_sender"] > 0
+
+
+def random_transfers(rng, n, ranks=4):
+    """`n` transfers of a made-up plan over `ranks` ranks: a few buckets, quantised by
+    the sender (whole blocks), by the destination or not at all, of random sizes."""
+    out = []
+    for i in range(n):
+        src = rng.randrange(ranks)
+        dst = tuple(sorted(rng.sample(range(ranks), rng.randint(1, 3))))
+        q = rng.choice((executor.QUANTIZE_NONE, executor.QUANTIZE_AT_SENDER,
+                        executor.QUANTIZE_AT_DESTINATION))
+        rows, cols = rng.choice((1, 64, 128, 300)), rng.choice((16, 128, 256, 1000))
+        r0, c0 = rng.randrange(3) * 128, rng.randrange(3) * 128
+        sl = ((r0, r0 + rows), (c0, c0 + cols))
+        blocks = -(-rows // 128) * -(-cols // 128)
+        nbytes = rows * cols + 4 * blocks if q == executor.QUANTIZE_AT_SENDER else 2 * rows * cols
+        out.append(executor.Transfer(index=i, bucket=rng.randrange(3), src_rank=src,
+                                     src_param=f"s{i}", src_slice=sl, dst_ranks=dst,
+                                     dst_param=f"d{i}", dst_slice=sl, bytes=nbytes, quantize=q))
+    rng.shuffle(out)
+    return out
+
+
+def test_schedule_moves_every_byte_once_in_one_order():
+    # Random plans and thresholds: every transfer's bytes in exactly one collective
+    # (whole) or two (its codes alone, then its scales packed after them, same bucket
+    # and ranks); packed parts aligned and apart; tags unique; each rank's own part of
+    # the plan scheduled as the collectives of the whole plan it takes part in.
+    import random
+    rng = random.Random(7)
+    for case in range(60):
+        transfers = random_transfers(rng, rng.randint(1, 40))
+        threshold = rng.choice((None, 0, 1, 4096, 1 << 20))
+        cs = [c for b in executor.schedule(transfers, threshold) for c in b]
+        carried, where = {}, {}
+        for k, c in enumerate(cs):
+            assert c.size == (c.offsets[-1] + c.sizes[-1] if c.offsets else 0)
+            for t, part, offset, size in zip(c.transfers, c.parts, c.offsets, c.sizes):
+                assert offset % 8 == 0 and size == executor.part_bytes(t, part)
+                assert (c.bucket, c.src, c.dst_ranks) == (t.bucket, t.src_rank, t.dst_ranks)
+                carried[t.index] = carried.get(t.index, 0) + size
+                where.setdefault(t.index, {})[part] = k
+            ends = [o + n for o, n in zip(c.offsets, c.sizes)]
+            assert all(e <= o for e, o in zip(ends, c.offsets[1:]))
+            if c.direct:
+                assert len(c.transfers) == 1 and c.parts[0] != executor.PART_SCALES
+        assert carried == {t.index: t.bytes for t in transfers}, case
+        for t in transfers:
+            parts = where[t.index]
+            alone = (threshold is not None and t.dst_ranks != (t.src_rank,))
+            if parts.keys() == {executor.PART_WHOLE}:
+                assert not (alone and t.quantize == executor.QUANTIZE_AT_SENDER
+                            and t.elements >= threshold)
+                continue
+            assert alone and t.quantize == executor.QUANTIZE_AT_SENDER
+            assert parts[executor.PART_CODES] < parts[executor.PART_SCALES]
+        tags = [c.tag for c in cs]
+        assert len(tags) == len(set(tags))
+        for rank in range(4):
+            mine = [t for t in transfers if t.src_rank == rank or rank in t.dst_ranks]
+            want = [(c.tag, c.size) for c in cs if c.src == rank or rank in c.dst_ranks]
+            got = [(c.tag, c.size) for b in executor.schedule(mine, threshold) for c in b]
+            assert got == want
+
+
+def test_gather_region_holds_the_slices_and_their_blocks():
+    # Random slices of random fp8 tensors: the region starts and ends on blocks (or the
+    # tensor's edge), holds every slice, and the rectangles cover exactly the blocks
+    # the slices touch, inside the region.
+    import random
+    rng = random.Random(11)
+    for case in range(200):
+        lead = tuple(rng.randint(1, 3) for _ in range(rng.randint(0, 1)))
+        rows, cols = rng.randint(1, 700), rng.randint(1, 700)
+        slices = []
+        for _ in range(rng.randint(1, 5)):
+            r0, c0 = rng.randrange(rows), rng.randrange(cols)
+            r1, c1 = rng.randint(r0 + 1, rows), rng.randint(c0 + 1, cols)
+            head = tuple((i, i + 1) for i in (rng.randrange(d) for d in lead))
+            slices.append(head + ((r0, r1), (c0, c1)))
+        (r_lo, c_lo), shape, rectangles = executor._gather_region(lead + (rows, cols), slices)
+        assert r_lo % 128 == 0 and c_lo % 128 == 0 and shape[:-2] == lead
+        r_hi, c_hi = r_lo + shape[-2], c_lo + shape[-1]
+        assert r_hi == rows or r_hi % 128 == 0
+        assert c_hi == cols or c_hi % 128 == 0
+        touched = torch.zeros(executor.scale_shape(lead + (rows, cols)), dtype=torch.int32)
+        for s in slices:
+            assert r_lo <= s[-2][0] and s[-2][1] <= r_hi and c_lo <= s[-1][0] and s[-1][1] <= c_hi
+            touched[tuple(slice(b, e) for b, e in s[:-2]) + (
+                slice(s[-2][0] // 128, -(-s[-2][1] // 128)),
+                slice(s[-1][0] // 128, -(-s[-1][1] // 128)))] = 1
+        count = torch.zeros_like(touched)
+        for index, (b0, b1), (d0, d1) in rectangles:
+            assert r_lo <= b0 * 128 and min(b1 * 128, rows) <= r_hi
+            assert c_lo <= d0 * 128 and min(d1 * 128, cols) <= c_hi
+            count[index + (slice(b0, b1), slice(d0, d1))] += 1
+        assert torch.equal(count, touched), case
 
 
 def test_fp8_destinations_must_hold_bits_and_scales(tmp_path):
