@@ -30,7 +30,8 @@ of its rounds and the slowest rank's time:
   allocated once, with no packing or unpacking: what the transport alone costs;
 - the ratio executor / plain (the target is <= 1.5);
 - the CPU time of a sync (user + system, all ranks summed: on a machine with fewer
-  cores than ranks, wall time follows it);
+  cores than ranks, wall time follows it), and the part of it in the ranks' main
+  threads (the executor's own work; the rest is gloo's threads moving the bytes);
 - peak staging bytes per rank (the executor's own count) and the growth of the rank's
   peak resident memory during `run()` (VmHWM, reset before each run, minus VmRSS at
   the start), against the bucket budget, and during the set-up;
@@ -41,7 +42,7 @@ of its rounds and the slowest rank's time:
   bandwidth (the plan's links all intra-node: estimate x 400 GB/s / measured), so that
   the planner's cost model can be compared with a real transport.
 `--profile RANK` runs one more sync with that rank under cProfile and prints where its
-time went (own time per function and torch operation). Every run's engine tensors are
+main thread's CPU time went (own time per function and torch operation). Every run's engine tensors are
 checked against the vLLM layout built from the full tensors; a difference makes the
 exit status 1.
 """
@@ -93,7 +94,9 @@ def _profiled_run(ex, destinations, profile):
     if not profile:
         ex.run()
         return None
-    profiler = cProfile.Profile()
+    # The main thread's CPU time, not wall time: with more ranks than cores a rank
+    # waits for a core anywhere, and the transport runs in gloo's threads.
+    profiler = cProfile.Profile(time.thread_time)
     start = time.perf_counter()
     profiler.enable()
     stats = ex.run()
@@ -103,7 +106,8 @@ def _profiled_run(ex, destinations, profile):
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
     lines = [line for line in text.getvalue().splitlines()
              if line.strip() and not line.startswith(("   Ordered", "         "))]
-    return (f"rank {stats.rank}: one profiled sync {seconds:.3f} s (of the fp8 transfers "
+    return (f"rank {stats.rank}: one profiled sync {seconds:.3f} s, its main thread's CPU "
+            f"time below (of the fp8 transfers "
             f"it received, {stats.quantized_at_sender} came quantised, "
             f"{stats.quantized_at_destination} were quantised here)\n" + "\n".join(lines))
 
@@ -260,6 +264,7 @@ def _rank_main(rank, world, cfg, results):
         # REPEAT rounds, each one sync of every variant, in an order that rotates.
         times = {name: [] for name, _ in variants}
         cpu_seconds = {name: [] for name, _ in variants}  # all ranks' user + system time
+        thread_seconds = {name: [] for name, e in variants if e is not None}  # main threads
         staging, rss_growth, mismatched = 0, 0, {}
         for turn in range(cfg["repeat"]):
             shift = turn % len(variants)
@@ -274,8 +279,11 @@ def _rank_main(rank, world, cfg, results):
                     cpu_seconds[name].append(total(time.process_time() - cpu))
                     continue
                 before = _reset_peak_rss()
+                main_cpu = time.thread_time()
                 stats = e.run()
+                main_cpu = time.thread_time() - main_cpu
                 cpu = time.process_time() - cpu
+                thread_seconds[name].append(total(main_cpu))
                 times[name].append(slowest(stats.transfer_seconds))
                 cpu_seconds[name].append(total(cpu))
                 if name == "executor":
@@ -295,6 +303,7 @@ def _rank_main(rank, world, cfg, results):
         collectives = plain_runs["plain"][1]
         out.update(executor_seconds=min(times["executor"]), setup_seconds=setup,
                    plain_seconds=min(times["plain"]), times=times, cpu_seconds=cpu_seconds,
+                   thread_seconds=thread_seconds,
                    setup_rss_growth_bytes=setup_growth * 1024,
                    staging=staging, rss_growth_bytes=rss_growth * 1024,
                    link_seconds=link_seconds, collectives=collectives, direct=direct,
@@ -438,6 +447,7 @@ def main():
         "mismatched_elements": mismatched,
         "rounds": o0["times"],
         "cpu_seconds": {k: min(v) for k, v in o0["cpu_seconds"].items()},
+        "main_thread_cpu_seconds": {k: min(v) for k, v in o0["thread_seconds"].items()},
         "target_dtype": args.target_dtype,
     }
     if "kept" in o0["times"]:
@@ -470,7 +480,9 @@ def main():
         print("rounds       " + "; ".join(
             f"{name} " + " ".join(f"{t:.3f}" for t in ts) for name, ts in r["rounds"].items()))
         print(f"cpu          {os.cpu_count()} cores; one sync, all ranks' CPU seconds (least of "
-              "the rounds): " + ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_seconds"].items()))
+              "the rounds): " + ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_seconds"].items())
+              + "; of which the ranks' main threads (packing, quantising, unpacking): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in r["main_thread_cpu_seconds"].items()))
         print(f"memory       peak staging {r['peak_staging_bytes'] / 2**20:.1f} MiB, peak RSS "
               f"growth {r['peak_rss_growth_bytes'] / 2**20:.1f} MiB per rank in a sync; bucket "
               f"budget {budget / 2**20:.0f} MiB (set-up: "

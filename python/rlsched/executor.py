@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import itertools
 import json
 import time
@@ -920,7 +921,9 @@ PART_SCALES = 2
 @dataclasses.dataclass
 class Collective:
     """One collective of a bucket: the transfers of one (source, destination set) packed
-    into one buffer (`offsets`, `size` bytes), or one large transfer alone (`direct`).
+    into one buffer (`offsets`, `size` bytes), or large transfers alone (`direct`: one,
+    or several whose slices continue each other's, back to back: one slice of the
+    tensors).
     `parts[i]` says what of ``transfers[i]`` it carries (PART_*; empty: every transfer
     whole), `sizes[i]` how many bytes."""
     bucket: int
@@ -939,15 +942,16 @@ class Collective:
         if not self.sizes:
             self.sizes = [part_bytes(t, p) for t, p in zip(self.transfers, self.parts)]
 
-    @property
+    # Cached: a run reads them for every collective of every sync.
+    @functools.cached_property
     def receivers(self) -> Tuple[int, ...]:
         return tuple(d for d in self.dst_ranks if d != self.src)
 
-    @property
+    @functools.cached_property
     def members(self) -> Tuple[int, ...]:
         return tuple(sorted({self.src, *self.dst_ranks}))
 
-    @property
+    @functools.cached_property
     def kind(self) -> str:
         """'local' (the source copies to itself), 'p2p' (send/recv), 'broadcast'."""
         n = len(self.receivers)
@@ -968,6 +972,27 @@ def part_bytes(t: Transfer, part: int) -> int:
     return codes if part == PART_CODES else t.bytes - codes
 
 
+def _follows(a: Slice, b: Slice) -> bool:
+    """Whether slice `b` continues slice `a` along their first dim (the same ranges in
+    the others): together, one slice whose elements are a's then b's."""
+    return len(a) == len(b) > 0 and b[0][0] == a[0][1] and b[1:] == a[1:]
+
+
+def _continues(a: Transfer, b: Transfer, part: int) -> bool:
+    """Whether transfer `b` can join `a`'s single collective: its destination slice
+    continues a's in the same tensor, and (unless the sender stages them: fp8 codes)
+    its source slice continues a's in the same tensor."""
+    if a.dst_param != b.dst_param or not _follows(a.dst_slice, b.dst_slice):
+        return False
+    return part == PART_CODES or (a.src_param == b.src_param
+                                  and _follows(a.src_slice, b.src_slice))
+
+
+def _span(slices: Sequence[Slice]) -> Slice:
+    """The slice that consecutive `slices` (each continuing the previous) make."""
+    return ((slices[0][0][0], slices[-1][0][1]),) + tuple(slices[0][1:])
+
+
 def schedule(transfers: Iterable[Transfer],
              direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES) -> List[List[Collective]]:
     """The collectives of `transfers` (one rank's part, or the whole plan), bucket by
@@ -977,26 +1002,40 @@ def schedule(transfers: Iterable[Transfer],
     wait on each other in a cycle, and a sender has quantised the codes that move alone
     before it packs their scales. `direct_min_bytes` None: every transfer is packed."""
     buckets: Dict[int, Dict[tuple, List[Tuple[Transfer, int]]]] = {}
+    last_alone: Dict[tuple, tuple] = {}  # the latest single collective per (bucket, src, dsts, part)
     for t in sorted(transfers, key=lambda t: t.index):
         alone = direct_min_bytes is not None and t.dst_ranks != (t.src_rank,)
         key = (t.src_rank, t.dst_ranks, -1)
         bucket = buckets.setdefault(t.bucket, {})
+        part = None
         if alone and t.quantize == QUANTIZE_NONE and t.bytes >= direct_min_bytes:
-            bucket[(t.src_rank, t.dst_ranks, t.index)] = [(t, PART_WHOLE)]
+            part = PART_WHOLE
         elif alone and t.quantize == QUANTIZE_AT_SENDER and t.elements >= direct_min_bytes:
-            bucket[(t.src_rank, t.dst_ranks, t.index)] = [(t, PART_CODES)]
+            part = PART_CODES
             bucket.setdefault(key, []).append((t, PART_SCALES))
-        else:
+        if part is None:
             bucket.setdefault(key, []).append((t, PART_WHOLE))
+            continue
+        # A transfer that continues the previous single one's slices (in the next rows,
+        # of the same tensors) joins its collective: one buffer on both sides.
+        group = (t.bucket, t.src_rank, t.dst_ranks, part)
+        previous = last_alone.get(group)
+        if previous is not None and _continues(bucket[previous][-1][0], t, part):
+            bucket[previous].append((t, part))
+        else:
+            last_alone[group] = (t.src_rank, t.dst_ranks, t.index)
+            bucket[last_alone[group]] = [(t, part)]
     out = []
     for bucket in sorted(buckets):
         cs = []
         for key, parts in buckets[bucket].items():
-            # Packed: the whole transfers, then the scales of codes that moved alone.
+            # Packed: the whole transfers, then the scales of codes that moved alone;
+            # aligned. A single collective's parts follow each other unaligned: they
+            # are one slice of the tensors.
             parts.sort(key=lambda tp: (tp[1] == PART_SCALES, tp[0].index))
             offsets, sizes, size = [], [], 0
             for t, p in parts:
-                size = _align(size)
+                size = size if key[2] >= 0 else _align(size)
                 offsets.append(size)
                 sizes.append(part_bytes(t, p))
                 size += sizes[-1]
@@ -1161,9 +1200,10 @@ class Executor:
         if self.rank == c.src:
             if c.parts[0] != PART_WHOLE:
                 return None
-            view = _view(self.sources[t.src_param], t.src_slice)
+            view = _view(self.sources[t.src_param], _span([u.src_slice for u in c.transfers]))
         elif self.destinations is not None:
-            view = _view(self.destinations[t.dst_param], t.dst_slice)
+            view = _view(self.destinations[t.dst_param],
+                         _span([u.dst_slice for u in c.transfers]))
         else:
             return None
         return view if view.is_contiguous() else None

@@ -5,6 +5,7 @@ with the vLLM layout built independently from the full tensors. Skipped, with a
 message, where the interpreter has no torch (Debian: python3-torch).
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -814,6 +815,17 @@ def random_transfers(rng, n, ranks=4):
     the sender (whole blocks), by the destination or not at all, of random sizes."""
     out = []
     for i in range(n):
+        if out and rng.random() < 0.4:  # the next rows of the previous one's tensors
+            p = out[-1]
+            rows = rng.choice((64, 128, 256))
+            shift = lambda s: ((s[0][1], s[0][1] + rows),) + s[1:]  # noqa: E731
+            blocks = -(-rows // 128) * -(-(p.dst_slice[1][1] - p.dst_slice[1][0]) // 128)
+            cols = p.dst_slice[1][1] - p.dst_slice[1][0]
+            nbytes = (rows * cols + 4 * blocks if p.quantize == executor.QUANTIZE_AT_SENDER
+                      else 2 * rows * cols)
+            out.append(dataclasses.replace(p, index=i, src_slice=shift(p.src_slice),
+                                           dst_slice=shift(p.dst_slice), bytes=nbytes))
+            continue
         src = rng.randrange(ranks)
         dst = tuple(sorted(rng.sample(range(ranks), rng.randint(1, 3))))
         q = rng.choice((executor.QUANTIZE_NONE, executor.QUANTIZE_AT_SENDER,
@@ -824,8 +836,9 @@ def random_transfers(rng, n, ranks=4):
         blocks = -(-rows // 128) * -(-cols // 128)
         nbytes = rows * cols + 4 * blocks if q == executor.QUANTIZE_AT_SENDER else 2 * rows * cols
         out.append(executor.Transfer(index=i, bucket=rng.randrange(3), src_rank=src,
-                                     src_param=f"s{i}", src_slice=sl, dst_ranks=dst,
-                                     dst_param=f"d{i}", dst_slice=sl, bytes=nbytes, quantize=q))
+                                     src_param=f"s{i % 3}", src_slice=sl, dst_ranks=dst,
+                                     dst_param=f"d{i % 4}", dst_slice=sl, bytes=nbytes,
+                                     quantize=q))
     rng.shuffle(out)
     return out
 
@@ -837,6 +850,7 @@ def test_schedule_moves_every_byte_once_in_one_order():
     # the plan scheduled as the collectives of the whole plan it takes part in.
     import random
     rng = random.Random(7)
+    joined = 0  # single collectives of several transfers
     for case in range(60):
         transfers = random_transfers(rng, rng.randint(1, 40))
         threshold = rng.choice((None, 0, 1, 4096, 1 << 20))
@@ -845,14 +859,23 @@ def test_schedule_moves_every_byte_once_in_one_order():
         for k, c in enumerate(cs):
             assert c.size == (c.offsets[-1] + c.sizes[-1] if c.offsets else 0)
             for t, part, offset, size in zip(c.transfers, c.parts, c.offsets, c.sizes):
-                assert offset % 8 == 0 and size == executor.part_bytes(t, part)
+                assert (c.direct or offset % 8 == 0) and size == executor.part_bytes(t, part)
                 assert (c.bucket, c.src, c.dst_ranks) == (t.bucket, t.src_rank, t.dst_ranks)
                 carried[t.index] = carried.get(t.index, 0) + size
                 where.setdefault(t.index, {})[part] = k
             ends = [o + n for o, n in zip(c.offsets, c.sizes)]
             assert all(e <= o for e, o in zip(ends, c.offsets[1:]))
-            if c.direct:
-                assert len(c.transfers) == 1 and c.parts[0] != executor.PART_SCALES
+            if c.direct:  # one slice of the tensors: back to back, each continuing the last
+                joined += len(c.transfers) > 1
+                assert len(set(c.parts)) == 1 and c.parts[0] != executor.PART_SCALES
+                assert c.offsets[0] == 0 and ends[:-1] == c.offsets[1:]
+                for a, b in zip(c.transfers, c.transfers[1:]):
+                    assert b.dst_param == a.dst_param and b.dst_slice[0][0] == a.dst_slice[0][1]
+                    assert b.dst_slice[1:] == a.dst_slice[1:]
+                    if c.parts[0] == executor.PART_WHOLE:
+                        assert b.src_param == a.src_param
+                        assert b.src_slice[0][0] == a.src_slice[0][1]
+                        assert b.src_slice[1:] == a.src_slice[1:]
         assert carried == {t.index: t.bytes for t in transfers}, case
         for t in transfers:
             parts = where[t.index]
@@ -870,6 +893,7 @@ def test_schedule_moves_every_byte_once_in_one_order():
             want = [(c.tag, c.size) for c in cs if c.src == rank or rank in c.dst_ranks]
             got = [(c.tag, c.size) for b in executor.schedule(mine, threshold) for c in b]
             assert got == want
+    assert joined > 0
 
 
 def test_gather_region_holds_the_slices_and_their_blocks():
