@@ -42,9 +42,9 @@ of its rounds and the slowest rank's time:
   bandwidth (the plan's links all intra-node: estimate x 400 GB/s / measured), so that
   the planner's cost model can be compared with a real transport.
 `--profile RANK` runs one more sync with that rank under cProfile and prints where its
-main thread's CPU time went (own time per function and torch operation). Every run's engine tensors are
-checked against the vLLM layout built from the full tensors; a difference makes the
-exit status 1.
+main thread's CPU time went (own time per function and torch operation). Every run's
+engine tensors are checked against the vLLM layout built from the full tensors; a
+difference makes the exit status 1.
 """
 
 import argparse

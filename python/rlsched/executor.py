@@ -35,14 +35,14 @@ transfers of the same source and destinations, in a collective after it. Every r
 starts its collectives in one global order (bucket, source, destinations, single
 transfers before packed ones, first transfer), asynchronously, packing the next while
 the previous ones move, then waits for the bucket and unpacks (a colocated sender that
-also receives a slice takes it from what it packed), so that collectives on different groups
-run at the same time and no two ranks wait on each other in opposite orders. Staging
-memory: one buffer per run, :attr:`Executor.staging_bytes`: the largest bucket's packed
-slices on this rank (what it sends plus what it receives over links in that bucket, at
-most the plan's bucket budget each way, less what moves straight; local copies need
-none), plus at most 7 bytes of alignment per transfer. A collective waits at most
-`timeout` (then torch raises), so that a lost rank fails the others instead of hanging
-them.
+also receives a slice takes it from what it packed), so that collectives on different
+groups run at the same time and no two ranks wait on each other in opposite orders.
+Staging memory: one buffer per run, :attr:`Executor.staging_bytes`: the largest
+bucket's packed slices on this rank (what it sends plus what it receives over links in
+that bucket, at most the plan's bucket budget each way, less what moves straight; local
+copies need none), plus at most 7 bytes of alignment per packed slice and per
+collective. A collective waits at most `timeout` (then torch raises), so that a lost
+rank fails the others instead of hanging them.
 
 Checks before any byte moves (every rank checks its part, then the ranks exchange
 their findings in one ``all_gather_object``, so that every rank raises the same
@@ -1002,7 +1002,8 @@ def schedule(transfers: Iterable[Transfer],
     wait on each other in a cycle, and a sender has quantised the codes that move alone
     before it packs their scales. `direct_min_bytes` None: every transfer is packed."""
     buckets: Dict[int, Dict[tuple, List[Tuple[Transfer, int]]]] = {}
-    last_alone: Dict[tuple, tuple] = {}  # the latest single collective per (bucket, src, dsts, part)
+    # The latest single collective per (bucket, source, destinations, part).
+    last_alone: Dict[tuple, tuple] = {}
     for t in sorted(transfers, key=lambda t: t.index):
         alone = direct_min_bytes is not None and t.dst_ranks != (t.src_rank,)
         key = (t.src_rank, t.dst_ranks, -1)
@@ -1080,6 +1081,19 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def _float32_of(packed, copy: bool = True):
+    """The float32 values in `packed` (a flat uint8 tensor of 4 x n bytes): a view of
+    them where they are 4-aligned, else a copy (`copy` False: None)."""
+    import torch  # noqa: PLC0415
+    if packed.storage_offset() % 4 == 0:
+        return packed.view(torch.float32)
+    if not copy:
+        return None
+    out = torch.empty(packed.numel() // 4, dtype=torch.float32, device=packed.device)
+    out.view(torch.uint8).copy_(packed)
+    return out
+
+
 def _bytes_of(view):
     """A contiguous tensor's bytes as a flat uint8 tensor (no copy)."""
     import torch  # noqa: PLC0415
@@ -1099,8 +1113,18 @@ class Executor:
     `destinations` / `on_slice`; it allocates one staging buffer of
     :attr:`staging_bytes` (the largest bucket's packed slices on this rank) for the
     run and frees it after, or with `keep_staging` once, kept for the next runs (no
-    allocation and first touch at every sync, for that much memory held between them;
-    leave it off where the memory is wanted back between syncs, e.g. colocated).
+    allocation and first touch at every sync, for that much memory held between them).
+
+    `keep_staging` is off by default. What it saves is the first touch of a freshly
+    mapped buffer at every sync, which costs only where the allocator maps fresh pages
+    (CPU tensors): measured with benchmarks/executor_bench.py (gloo, 8 ranks on 2
+    cores), about 10% of an fp8 sync (median 0.23-0.24 s against 0.26 s: the senders
+    quantise into staging, and a fresh buffer slows the quantiser from 3.4 to 2.1 GB/s
+    on an idle core), nothing measurable for bf16 (which stages little). On GPUs
+    torch's caching allocator already hands a freed buffer back without that cost, and
+    a kept one is memory a colocated engine cannot get back for its KV cache between
+    syncs (up to one bucket per rank, each way when it both sends and receives). Turn it
+    on for syncs of CPU tensors where that memory may stay held between them.
 
     Arguments as :func:`execute`.
     """
@@ -1248,10 +1272,11 @@ class Executor:
         packed = None
         if scales is None:
             packed = payload[n:n + 4 * blocks]
-            if (packed.storage_offset() % 4) == 0:  # written in place
-                scales, packed = packed.view(torch.float32).view(grid), None
-            else:
+            scales = _float32_of(packed, copy=False)
+            if scales is None:  # not 4-aligned: written after
                 scales = torch.empty(grid, dtype=torch.float32, device=payload.device)
+            else:
+                scales, packed = scales.view(grid), None
         quantize_block128(src_view.reshape(rows, cols), codes=payload[:n].view(rows, cols),
                           scales=scales)
         if packed is not None:
@@ -1260,11 +1285,7 @@ class Executor:
     def _unpack_scales(self, t: Transfer, payload, codes):
         """A sender-quantised slice's float32 scales from `payload` (bytes), its codes
         from `codes` (None: already in the destination)."""
-        import torch  # noqa: PLC0415
-        blocks = _fp8_geometry(t)[2]
-        scales = torch.empty(blocks, dtype=torch.float32, device=payload.device)
-        scales.view(torch.uint8).copy_(payload[:4 * blocks])
-        self._write_fp8(t, codes, scales)
+        self._write_fp8(t, codes, _float32_of(payload[:4 * _fp8_geometry(t)[2]]))
 
     def _gather(self, t: Transfer, data, gathering: Dict[str, "torch.Tensor"],
                 remaining: Dict[str, int]):

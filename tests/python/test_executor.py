@@ -144,6 +144,15 @@ def test_buckets_bound_staging_memory(tmp_path):
         assert_exact(s)
         assert s["buckets"] >= 3
         assert 0 < s["peak_staging_bytes"] <= ways * budget + 8 * s["plan"]["num_transfers"]
+    # fp8, the senders' codes packed or alone (then their scales packed apart: two
+    # aligned parts): the staging holds the bucket's fp8 bytes.
+    for direct in (0, 1):
+        s = reshard_run.run(str(path), {"tp": 2}, {"tp": 1, "replicas": 2}, check=True,
+                            bucket_mib=1, timeout=60, direct_min_bytes=direct,
+                            target_dtype="fp8")
+        assert s["check"]["ok"], s["check"]["problems"]
+        assert s["buckets"] >= 2 and s["quantized_at_sender"] > 0
+        assert 0 < s["peak_staging_bytes"] <= budget + 16 * s["plan"]["num_transfers"]
 
 
 # ---------------------------------------------------------------------------------
@@ -808,6 +817,24 @@ def test_fp8_a_colocated_sender_that_also_receives(tmp_path):
         assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
         assert s["check"]["ok"], s["check"]["problems"]
         assert s["bytes_local"] > 0 and s["quantized_at_sender"] > 0
+
+
+def test_float32_of_reads_packed_scales_at_any_offset():
+    # Scales packed after codes of any length start at any byte offset of the staging
+    # buffer: read in place where 4-aligned, copied where not, the same values.
+    g = torch.Generator().manual_seed(5)
+    values = torch.randn(37, generator=g) * 1e-3
+    for offset in range(8):
+        buffer = torch.zeros(offset + 4 * 37 + 3, dtype=torch.uint8)
+        buffer[offset:offset + 4 * 37] = values.view(torch.uint8)
+        packed = buffer[offset:offset + 4 * 37]
+        got = executor._float32_of(packed)
+        assert torch.equal(got.view(torch.int32), values.view(torch.int32))
+        in_place = executor._float32_of(packed, copy=False)
+        assert (in_place is not None) == (offset % 4 == 0)
+        if in_place is not None:  # a view: writes land in the buffer
+            in_place[0] = 2.0
+            assert torch.equal(buffer[offset:offset + 4], torch.tensor([2.0]).view(torch.uint8))
 
 
 def random_transfers(rng, n, ranks=4):
