@@ -459,6 +459,9 @@ def main():
         r["baseline_plain_seconds"] = min(o0["times"]["baseline plain"])
         r["baseline_collectives"] = max(o["baseline_collectives"] for o in outs)
         r["baseline_ratio"] = r["baseline_seconds"] / r["baseline_plain_seconds"]
+        # This executor against the baseline's collectives (the same bytes, in as many
+        # collectives as the baseline issued).
+        r["ratio_to_baseline_plain"] = r["executor_seconds"] / r["baseline_plain_seconds"]
     if args.json:
         print(json.dumps(r, sort_keys=True))
     else:
@@ -476,7 +479,8 @@ def main():
             print(f"baseline     {r['baseline_seconds']:.3f} s   its plain broadcasts "
                   f"{r['baseline_plain_seconds']:.3f} s ({r['baseline_collectives']} "
                   f"collectives on the busiest rank)   ratio {r['baseline_ratio']:.2f}x "
-                  f"(executor.py of {args.baseline}, in the same rounds)")
+                  f"(executor.py of {args.baseline}, in the same rounds); this executor "
+                  f"against those {r['ratio_to_baseline_plain']:.2f}x")
         print("rounds       " + "; ".join(
             f"{name} " + " ".join(f"{t:.3f}" for t in ts) for name, ts in r["rounds"].items()))
         print(f"cpu          {os.cpu_count()} cores; one sync, all ranks' CPU seconds (least of "
