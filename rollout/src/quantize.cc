@@ -250,6 +250,10 @@ void Run(const void* x, ElementType type, bool baseline, std::int64_t matrices, 
   if (cols < 0) FailBound("cols", ">= 0", cols);
   if (matrices == 0 || rows == 0 || cols == 0) return;
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  // The block counts, ceil(n / 128), are computed as (n + 127) / 128.
+  constexpr std::int64_t kMaxEdge = kMax - (kFp8Block - 1);
+  if (rows > kMaxEdge) FailBound("rows", "<= 2^63 - 128", rows);
+  if (cols > kMaxEdge) FailBound("cols", "<= 2^63 - 128", cols);
   if (rows > kMax / cols || matrices > kMax / (rows * cols)) {
     Fail("matrices", "matrices x rows x cols must fit in int64");
   }

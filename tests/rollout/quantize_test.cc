@@ -466,8 +466,19 @@ TEST(QuantizeBlock128Test, EmptyAndBadSizes) {
               QuantizeBlock128(x, ElementType::kF32, 1 << 30, 1 << 30, 1 << 30, codes, scales);
             }),
             "matrices");
+  // Element counts that fit, block counts ceil(n / 128) that would not.
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  for (const std::int64_t n : {kMax, kMax - 126}) {
+    EXPECT_EQ(field([&] { QuantizeBlock128(x, ElementType::kF32, 1, n, 1, codes, scales); }),
+              "rows");
+    EXPECT_EQ(field([&] { QuantizeBlock128(x, ElementType::kF32, 1, 1, n, codes, scales); }),
+              "cols");
+  }
   EXPECT_EQ(field([&] { QuantizeBlock128(nullptr, ElementType::kF32, 1, 1, 1, codes, scales); }),
             "x");
+  EXPECT_EQ(
+      field([&] { QuantizeBlock128(x, static_cast<ElementType>(7), 1, 1, 1, codes, scales); }),
+      "type");
   EXPECT_EQ(field([&] { QuantizeBlock128(x, ElementType::kF32, 1, 1, 1, nullptr, scales); }),
             "codes");
   EXPECT_EQ(field([&] { QuantizeBlock128(x, ElementType::kF32, 1, 1, 1, codes, nullptr); }),

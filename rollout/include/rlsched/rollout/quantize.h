@@ -31,8 +31,10 @@
 //   QuantizeBlock128(w.data(), ElementType::kBf16, 1, rows, cols, codes.data(), scales.data());
 //
 // Thread-safety: pure functions; concurrent calls on disjoint outputs are safe.
-// Errors: FieldError ("matrices", "rows", "cols", "x", "codes", "scales") for negative
-// sizes, a size whose element count overflows, or a null pointer with elements to write.
+// Errors: FieldError ("matrices", "rows", "cols", "x", "codes", "scales", "type") for
+// negative sizes, rows or cols above 2^63 - 128 (their block counts would overflow), a
+// size whose element count overflows, a null pointer with elements to write, or an
+// ElementType value that is none of the enumerators.
 
 #ifndef RLSCHED_ROLLOUT_QUANTIZE_H_
 #define RLSCHED_ROLLOUT_QUANTIZE_H_
