@@ -991,3 +991,144 @@ def test_command_line_json_summary():
                           config("llama"), "--train", "tp=2,xp=1", "--infer", "tp=1"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and "train: unknown key 'xp'" in bad.stderr
+
+
+# ---------------------------------------------------------------------------------
+# Random plans on a 4-rank colocated gloo world, every rank's destinations against the
+# bytes computed in the test: row bands of a bf16 tensor (moved whole) and of an fp8
+# one (quantised by the sender, whole or cut at a block column, or by the destination,
+# cut anywhere and sent by several ranks), partial blocks in both dims, broadcasts to
+# sets that include the sender, consecutive bands of the same ranks (single collectives
+# that join them: whole, or the senders' codes alone), several thresholds.
+
+_WORLD_RANKS, _WORLD_ROWS, _WORLD_COLS = 4, 520, 400
+
+
+def _world_source(rank, name):
+    g = torch.Generator().manual_seed(1000 * rank + "AB".index(name))
+    x = torch.randn(_WORLD_ROWS, _WORLD_COLS, generator=g)
+    x[:64, :64] *= 2.0 ** -120  # a block of a tiny scale
+    return x.to(torch.bfloat16)
+
+
+def _world_plan(seed):
+    import random
+    rng = random.Random(seed)
+    out = []
+
+    def add(bucket, src, name, sl, dsts, dst, q):
+        rows, cols = sl[0][1] - sl[0][0], sl[1][1] - sl[1][0]
+        nbytes = (rows * cols + 4 * -(-rows // 128) * -(-cols // 128)
+                  if q == executor.QUANTIZE_AT_SENDER else 2 * rows * cols)
+        out.append(executor.Transfer(index=len(out), bucket=bucket, src_rank=src, src_param=name,
+                                     src_slice=sl, dst_ranks=dsts, dst_param=dst, dst_slice=sl,
+                                     bytes=nbytes, quantize=q))
+
+    for dst in ("P", "Q"):
+        r, ranks = 0, None
+        while r < _WORLD_ROWS:
+            h = min(_WORLD_ROWS - r, rng.choice((128, 128, 256)))
+            if ranks is None or rng.random() < 0.4:  # else the same as the previous band
+                ranks = (rng.randrange(2), rng.randrange(_WORLD_RANKS),
+                         tuple(sorted(rng.sample(range(_WORLD_RANKS), rng.randint(1, 3)))),
+                         rng.choice("AB"))
+            bucket, src, dsts, name = ranks
+            q = (executor.QUANTIZE_NONE if dst == "P" else executor.QUANTIZE_AT_SENDER
+                 if rng.random() < 0.6 else executor.QUANTIZE_AT_DESTINATION)
+            if q != executor.QUANTIZE_AT_DESTINATION:
+                cut = rng.choice((None, 128, 256)) if dst == "Q" else None
+                for c0, c1 in [(0, _WORLD_COLS)] if cut is None else [(0, cut), (cut, _WORLD_COLS)]:
+                    add(bucket, src, name, ((r, r + h), (c0, c1)), dsts, dst, q)
+            else:
+                rc, cc = r + rng.randrange(1, h), rng.randrange(1, _WORLD_COLS)
+                for a, b in ((r, rc), (rc, r + h)):
+                    for c0, c1 in ((0, cc), (cc, _WORLD_COLS)):
+                        sender = src if rng.random() < 0.5 else rng.randrange(_WORLD_RANKS)
+                        add(bucket, sender, name, ((a, b), (c0, c1)), dsts, dst, q)
+            r += h
+    return out
+
+
+def _world_rank(rank, store, cases, results):
+    import datetime
+    import traceback
+
+    import torch.distributed as dist
+    out = {"rank": rank, "bad": []}
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", store=dist.FileStore(store, _WORLD_RANKS), rank=rank,
+                                world_size=_WORLD_RANKS, timeout=datetime.timedelta(seconds=60))
+        shape = (_WORLD_ROWS, _WORLD_COLS)
+        for seed, threshold in cases:
+            transfers = _world_plan(seed)
+            mine = [t for t in transfers if t.src_rank == rank or rank in t.dst_ranks]
+            plan = executor.RankPlan(rank=rank, trainer_ranks=_WORLD_RANKS,
+                                     engine_ranks=_WORLD_RANKS, num_buckets=2,
+                                     world_size=_WORLD_RANKS, colocated=True, transfers=mine,
+                                     summary={})
+            dst = {"P": torch.zeros(shape, dtype=torch.bfloat16),
+                   "Q": torch.zeros(shape, dtype=torch.uint8),
+                   "Q_scale_inv": torch.zeros(executor.scale_shape(shape))}
+            executor.execute(plan, {n: _world_source(rank, n) for n in "AB"}, dst,
+                             direct_min_bytes=threshold, timeout=datetime.timedelta(seconds=60))
+            # What this rank should hold: its slices of the senders' tensors, the fp8
+            # tensor quantised whole (blocks are whole in one way of quantising).
+            want = {n: torch.zeros(shape, dtype=torch.bfloat16) for n in "PQ"}
+            got = {n: torch.zeros(shape, dtype=torch.bool) for n in "PQ"}
+            for t in transfers:
+                if rank in t.dst_ranks:
+                    sl = tuple(slice(b, e) for b, e in t.dst_slice)
+                    want[t.dst_param][sl] = _world_source(t.src_rank, t.src_param)[sl]
+                    got[t.dst_param][sl] = True
+            codes, scales = reference_quantize_block128(want["Q"])
+            blocks = torch.nn.functional.max_pool2d(got["Q"][None].float(), 128,
+                                                    ceil_mode=True)[0].bool()
+            if not torch.equal(dst["P"][got["P"]].view(torch.int16),
+                               want["P"][got["P"]].view(torch.int16)):
+                out["bad"].append((seed, threshold, "bf16"))
+            if not torch.equal(dst["Q"][got["Q"]], codes[got["Q"]]):
+                out["bad"].append((seed, threshold, "codes"))
+            if not torch.equal(dst["Q_scale_inv"][blocks].view(torch.int32),
+                               scales[blocks].view(torch.int32)):
+                out["bad"].append((seed, threshold, "scales"))
+    except Exception:  # noqa: BLE001 - reported to the test
+        out["error"] = traceback.format_exc()
+    results.put(out)
+
+
+def test_random_plans_on_a_colocated_world_give_the_exact_bytes(tmp_path):
+    import multiprocessing
+    import queue
+    thresholds = (None, 1, 4096, 1 << 20, 60000)
+    cases = [(20261208 + i, thresholds[i % len(thresholds)]) for i in range(10)]
+    # The plans exercise what they are meant to: single collectives of several
+    # transfers, whole and codes alone, and gathers from several senders.
+    joined, codes_alone = 0, 0
+    for seed, threshold in cases:
+        cs = [c for b in executor.schedule(_world_plan(seed), threshold) for c in b]
+        joined += sum(c.direct and len(c.transfers) > 1 for c in cs)
+        codes_alone += sum(c.direct and c.parts[0] == executor.PART_CODES for c in cs)
+    assert joined > 0 and codes_alone > 0
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_world_rank, daemon=True,
+                         args=(r, str(tmp_path / "store"), cases, results))
+             for r in range(_WORLD_RANKS)]
+    for p in procs:
+        p.start()
+    outs = []
+    try:
+        while len(outs) < _WORLD_RANKS:
+            outs.append(results.get(timeout=120))
+    except queue.Empty:
+        pytest.fail(f"{_WORLD_RANKS - len(outs)} ranks gave no result within 120 s")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    for o in sorted(outs, key=lambda o: o["rank"]):
+        assert "error" not in o, o["error"]
+        assert not o["bad"], o
