@@ -765,20 +765,40 @@ _NATIVE_DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": None, "torch.fl
 
 def _quantize_natively(x3, c3, s3) -> bool:
     """Quantises x3 [k, rows, cols] into c3 (uint8) and s3 (float32, [k, row blocks, col
-    blocks]) with the native module when it has the quantiser, the tensors are on the CPU
-    and contiguous, and x3 is bf16, f16 or f32 (numpy views of the same memory, no
-    copies; the GIL released while it runs); returns whether it did. Otherwise the torch
+    blocks]) with the native module when it has the quantiser, the tensors are on the CPU,
+    c3 and s3 contiguous, and x3 bf16, f16 or f32 (numpy views of the same memory; a
+    strided x3 copied a strip of block rows at a time; the GIL released while it runs);
+    returns whether it did. Otherwise the torch
     path quantises (GPUs, builds without the module)."""
     fn = _native_quantize()
     if fn is None or str(x3.dtype) not in _NATIVE_DTYPES:
         return False
-    if any(t.device.type != "cpu" or not t.is_contiguous() for t in (x3, c3, s3)):
+    if any(t.device.type != "cpu" for t in (x3, c3, s3)) or not (
+            c3.is_contiguous() and s3.is_contiguous()):
         return False
     import torch  # noqa: PLC0415
-    x = x3.detach()
     tag = _NATIVE_DTYPES[str(x3.dtype)]
-    fn(x.view(torch.int16).numpy() if tag else x.numpy(), c3.detach().numpy(),
-       s3.detach().numpy(), tag)
+
+    def run(x, c, s):
+        x = x.detach()
+        fn(x.view(torch.int16).numpy() if tag else x.numpy(), c.detach().numpy(),
+           s.detach().numpy(), tag)
+
+    if x3.is_contiguous():
+        run(x3, c3, s3)
+        return True
+    # A strided x (a column slice of a sender's tensor, a gather rectangle): copied a
+    # strip of whole block rows at a time (within _CHUNK_ELEMENTS x 8 elements, as the
+    # torch path's temporaries), each quantised natively into its rows of c3 and s3.
+    k, rows, cols = x3.shape
+    step = max(1, 8 * _CHUNK_ELEMENTS // (FP8_BLOCK * cols)) * FP8_BLOCK
+    buffer = torch.empty(min(rows, step) * cols, dtype=x3.dtype)
+    for m in range(k):
+        for i in range(0, rows, step):
+            i1 = min(i + step, rows)
+            strip = buffer[:(i1 - i) * cols].view(1, i1 - i, cols)
+            strip.copy_(x3[m:m + 1, i:i1])
+            run(strip, c3[m:m + 1, i:i1], s3[m:m + 1, i // FP8_BLOCK:-(-i1 // FP8_BLOCK)])
     return True
 
 
@@ -790,8 +810,8 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
     float32. Writes into `codes` (uint8, x's shape) and `scales` (float32,
     scale_shape(x.shape)) when given, else allocates them; returns (codes, scales).
     On CPU the native module quantises when it can (:func:`_quantize_natively`: no
-    temporaries beyond a reshaped copy of a non-contiguous x, or of codes and scales that
-    have no 3-d view); the torch path works on a few block rows (or several small
+    temporaries beyond strips of a strided x, or copies of codes and scales that have no
+    3-d view); the torch path works on a few block rows (or several small
     matrices) at a time: temporaries stay within about 12 MiB. Deterministic: the same
     input gives the same bytes on every rank, whichever path quantised."""
     import torch  # noqa: PLC0415

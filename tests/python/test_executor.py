@@ -625,6 +625,29 @@ def test_native_and_torch_quantizers_give_the_same_bytes(monkeypatch):
                                                        want[1].view(torch.int32))
 
 
+def test_strided_inputs_are_quantised_natively_a_strip_at_a_time(monkeypatch):
+    # Column slices and transposes (a sender's slice of its tensor, a gather rectangle):
+    # copied a strip of block rows at a time (strips of 128 rows here), the bytes those
+    # of the torch path.
+    if not has_native_quantizer():
+        pytest.skip("rlsched._native has no quantize_block128 (an older or partial build)")
+    monkeypatch.setattr(executor, "_CHUNK_ELEMENTS", 128 * 64)
+    g = torch.Generator().manual_seed(20261126)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        full = random_weights(g, (2, 400, 700), dtype)
+        full[0, 130:140, 300:310] = 2.0 ** -120  # a block of tiny values: a tiny scale
+        for x in (full[1, :, 200:584], full[0].t(), full[:, 3:397:2, 10:300]):
+            assert not x.is_contiguous()
+            paths = PathCounter(monkeypatch)
+            native = executor.quantize_block128(x)
+            assert paths.native == 1 and paths.fast == paths.reference == 0, vars(paths)
+            with monkeypatch.context() as m:
+                m.setattr(executor, "_native_quantize_fn", False)
+                torch_path = executor.quantize_block128(x)
+            assert torch.equal(native[0], torch_path[0]), (dtype, tuple(x.shape))
+            assert torch.equal(native[1].view(torch.int32), torch_path[1].view(torch.int32))
+
+
 def test_native_quantizer_names_the_bad_argument():
     if not has_native_quantizer():
         pytest.skip("rlsched._native has no quantize_block128 (an older or partial build)")
