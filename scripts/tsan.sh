@@ -20,11 +20,12 @@ tbb=$PWD/$build/onetbb
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
-if [ ! -f "$tbb/lib/cmake/TBB/TBBConfig.cmake" ]; then
+version=$(dpkg-query -W -f='${source:Version}' libtbb-dev)
+# Built again when the installed libtbb-dev is another version than the one built.
+if [ "$(cat "$tbb/debian-version" 2>/dev/null)" != "$version" ]; then
   if ! dpkg-query -W -f='${Status}' dpkg-dev 2>/dev/null | grep -q "install ok installed"; then
     $sudo apt-get install -y -qq --no-install-recommends dpkg-dev >&2
   fi
-  version=$(dpkg-query -W -f='${source:Version}' libtbb-dev)
   if ! apt-cache showsrc onetbb 2>/dev/null | grep -q "^Version: $version\$"; then
     # The binary sources again as source sources (deb822 or one-line format).
     list=$(mktemp)
@@ -43,13 +44,16 @@ if [ ! -f "$tbb/lib/cmake/TBB/TBBConfig.cmake" ]; then
     $sudo apt-get update -qq
   fi
   rm -rf "$build/onetbb-source" && mkdir -p "$build/onetbb-source"
-  (cd "$build/onetbb-source" && apt-get source -qq "onetbb=$version" >/dev/null 2>&1)
+  (cd "$build/onetbb-source" && apt-get source -qq "onetbb=$version" >/dev/null)
   source_dir=$(find "$build/onetbb-source" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+  rm -rf "$build/onetbb-build"
   cmake -S "$source_dir" -B "$build/onetbb-build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DTBB_SANITIZE=thread -DTBB_TEST=OFF -DTBB_EXAMPLES=OFF -DTBBMALLOC_BUILD=OFF \
     -DTBB_STRICT=OFF -DCMAKE_INSTALL_PREFIX="$tbb" >/dev/null
   cmake --build "$build/onetbb-build" -j2
+  rm -rf "$tbb"
   cmake --install "$build/onetbb-build" >/dev/null
+  echo "$version" >"$tbb/debian-version"
 fi
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLSCHED_SANITIZERS=thread \
