@@ -452,6 +452,20 @@ void QuantizeBlock128(const py::array& x, const py::array& codes, const py::arra
   scale_shape.push_back(rollout::Fp8Blocks(cols));
   CheckOutput(codes, "codes", py::dtype::of<std::uint8_t>(), shape);
   CheckOutput(scales, "scales", py::dtype::of<float>(), scale_shape);
+  // The three are C-contiguous: each is one byte range, and the loops assume that no two
+  // of them share memory.
+  const auto range = [](const py::array& a) {
+    const auto begin = reinterpret_cast<std::uintptr_t>(a.data());
+    return std::pair{begin, begin + static_cast<std::uintptr_t>(a.nbytes())};
+  };
+  const auto overlap = [&](const py::array& a, const py::array& b) {
+    const auto [a0, a1] = range(a);
+    const auto [b0, b1] = range(b);
+    return a0 < b1 && b0 < a1;
+  };
+  if (overlap(x, codes)) rlsched::Fail("codes", "must not share memory with x");
+  if (overlap(x, scales)) rlsched::Fail("scales", "must not share memory with x");
+  if (overlap(codes, scales)) rlsched::Fail("scales", "must not share memory with codes");
   const void* in = x.data();
   auto* out_codes = static_cast<std::uint8_t*>(const_cast<void*>(codes.data()));
   auto* out_scales = static_cast<float*>(const_cast<void*>(scales.data()));

@@ -669,6 +669,16 @@ def test_native_quantizer_names_the_bad_argument():
     readonly = scales.copy()
     readonly.flags.writeable = False
     bad.append(({"scales": readonly}, "scales"))
+    # Arrays that share memory: the codes over x's bytes, the scales over x's or codes'.
+    memory = np.zeros(x.nbytes + codes.nbytes, np.uint8)
+    over_x = memory[:x.nbytes].view(np.float32).reshape(x.shape)
+    bad.append(({"x": over_x, "codes": memory[x.nbytes - 5:][:codes.size].reshape(x.shape)},
+                "codes"))
+    bad.append(({"x": over_x, "scales": memory[:scales.nbytes].view(np.float32).reshape(2, 3)},
+                "scales"))
+    bad.append(({"codes": memory[:codes.size].reshape(x.shape),
+                 "scales": memory[100:100 + scales.nbytes].view(np.float32).reshape(2, 3)},
+                "scales"))
     for change, field in bad:
         args = {"x": x, "codes": codes, "scales": scales, "dtype": None}
         args.update(change)
