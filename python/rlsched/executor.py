@@ -1281,26 +1281,18 @@ class Executor:
             self.on_slice(scale_name(t.dst_param), sview,
                           tuple((i.start, i.stop) for i in index))
 
-    def _pack_fp8(self, t: Transfer, src_view, payload, scales=None):
-        """Quantises a source slice into its wire form: codes, then float32 scales; or,
-        with `scales` (a float32 tensor [row blocks, col blocks]: where the scales of
-        codes moving alone are packed), codes alone in `payload`, scales there."""
+    def _pack_fp8(self, t: Transfer, src_view, codes, scales):
+        """Quantises a source slice into its wire form: its codes into `codes`, its
+        float32 block scales into `scales` (both uint8 bytes of staging: after the codes,
+        or where the scales of codes moving alone are packed)."""
         import torch  # noqa: PLC0415
-        rows, cols, blocks = _fp8_geometry(t)
-        n = rows * cols
-        grid = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
-        packed = None
-        if scales is None:
-            packed = payload[n:n + 4 * blocks]
-            scales = _float32_of(packed, copy=False)
-            if scales is None:  # not 4-aligned: written after
-                scales = torch.empty(grid, dtype=torch.float32, device=payload.device)
-            else:
-                scales, packed = scales.view(grid), None
-        quantize_block128(src_view.reshape(rows, cols), codes=payload[:n].view(rows, cols),
-                          scales=scales)
-        if packed is not None:
-            packed.copy_(scales.view(-1).view(torch.uint8))
+        rows, cols, _ = _fp8_geometry(t)
+        in_place = _float32_of(scales, copy=False)
+        _, written = quantize_block128(
+            src_view.reshape(rows, cols), codes=codes.view(rows, cols),
+            scales=None if in_place is None else in_place.view(scale_shape((rows, cols))))
+        if in_place is None:  # not 4-aligned: copied in after
+            scales.copy_(written.view(-1).view(torch.uint8))
 
     def _unpack_scales(self, t: Transfer, payload, codes):
         """A sender-quantised slice's float32 scales from `payload` (bytes), its codes
@@ -1392,7 +1384,6 @@ class Executor:
 
     def _pack(self, c: Collective, buffer, arena):
         """Packs what this rank sends in `c` into `buffer` (its staging)."""
-        import torch  # noqa: PLC0415
         sources = self.sources
         for t, part, offset, size in zip(c.transfers, c.parts, c.offsets, c.sizes):
             if part == PART_SCALES:  # written when its codes were quantised
@@ -1400,13 +1391,12 @@ class Executor:
             src = sources[t.src_param]
             payload = buffer[offset:offset + size]
             if part == PART_CODES:
-                rows, cols, blocks = _fp8_geometry(t)
                 at = self._scales_at[t.index]
-                grid = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
                 self._pack_fp8(t, _view(src, t.src_slice), payload,
-                               scales=arena[at:at + 4 * blocks].view(torch.float32).view(grid))
+                               arena[at:at + part_bytes(t, PART_SCALES)])
             elif t.quantize == QUANTIZE_AT_SENDER:
-                self._pack_fp8(t, _view(src, t.src_slice), payload)
+                n = t.elements
+                self._pack_fp8(t, _view(src, t.src_slice), payload[:n], payload[n:])
             else:
                 payload.view(src.dtype).view(_slice_shape(t.src_slice)).copy_(
                     _view(src, t.src_slice))
