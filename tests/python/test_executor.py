@@ -870,6 +870,30 @@ def test_float32_of_reads_packed_scales_at_any_offset():
             assert torch.equal(buffer[offset:offset + 4], torch.tensor([2.0]).view(torch.uint8))
 
 
+def test_packed_fp8_slices_have_the_quantisers_bytes_at_any_offset():
+    # A sender packs a slice's codes, then its float32 scales right after them: codes of
+    # any length put the scales at any byte offset (written in place where 4-aligned,
+    # copied in where not).
+    import types
+    g = torch.Generator().manual_seed(8)
+    alignments = set()
+    for rows, cols in [(3, 5), (130, 7), (128, 129), (2, 2)]:
+        src = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
+        want_codes, want_scales = executor.quantize_block128(src)
+        t = types.SimpleNamespace(dst_slice=((0, rows), (5, 5 + cols)))
+        n, blocks = rows * cols, executor._fp8_geometry(t)[2]
+        for offset in range(8):
+            buffer = torch.zeros(offset + n + 4 * blocks + 3, dtype=torch.uint8)
+            codes = buffer[offset:offset + n]
+            scales = buffer[offset + n:offset + n + 4 * blocks]
+            executor.Executor._pack_fp8(None, t, src, codes, scales)
+            assert torch.equal(codes.view(rows, cols), want_codes)
+            assert torch.equal(executor._float32_of(scales).view(torch.int32),
+                               want_scales.reshape(-1).view(torch.int32))
+            alignments.add((offset + n) % 4 == 0)
+    assert alignments == {True, False}
+
+
 def random_transfers(rng, n, ranks=4):
     """`n` transfers of a made-up plan over `ranks` ranks: a few buckets, quantised by
     the sender (whole blocks), by the destination or not at all, of random sizes."""
