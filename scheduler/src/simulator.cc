@@ -21,10 +21,15 @@
 //   (S grows by n per step; f is the fraction of the current step already done), so
 //   advancing an engine to "now" costs O(1) plus the square root that inverts it.
 //   A change at a time that is not a step boundary (a dispatch caused by another
-//   engine, a sync) keeps the current step's progress pro rata (f): the time is never
+//   engine, an abort) keeps the current step's progress pro rata (f): the time is never
 //   lost or double-counted; the new samples gain their first token at the end of the
 //   step in progress after their prefill. Prefill and weight loading stall decoding:
 //   `ready` is the time before which the engine does not decode.
+//   An interrupting SyncWeights that comes during a decode step takes effect at the
+//   step's end, as on a GPU engine, which does not cut a forward pass short: the step's
+//   tokens are kept and the samples it completes finish; then the engine pauses (the
+//   progress reports, or GenerationPaused) and loads. The pause is one more target
+//   clock beside the finishes: the tick that reaches it carries it out.
 //   A sample resumed after an interrupt (Resume) or dispatched with resume_from > 0
 //   re-prefills its prompt and the tokens it already has (the KV cache is gone).
 //
@@ -42,6 +47,7 @@
 #include <functional>
 #include <limits>
 #include <numbers>
+#include <optional>
 #include <queue>
 #include <set>
 #include <span>
@@ -383,7 +389,12 @@ class Simulation {
     std::set<std::int64_t> running_ids;  // ordered: progress reports by ascending id
     std::set<std::int64_t> paused_ids;
     std::deque<std::int64_t> loading;  // versions of the SyncWeights not yet loaded
-    bool released = false;             // colocated: memory freed for the trainer
+    // An interrupting SyncWeights that came during a decode step: it takes effect when
+    // the engine's clock reaches pause_clock (the end of that step), or when no sample
+    // is left running.
+    std::optional<SyncWeights> pause;
+    std::int64_t pause_clock = 0;
+    bool released = false;  // colocated: memory freed for the trainer
     bool dirty = false;
     // Timeline.
     Activity activity = Activity::kIdle;
@@ -419,6 +430,7 @@ class Simulation {
   void ExecuteDispatch(const Dispatch& dispatch, double now);
   void ExecuteAbort(const Abort& abort, double now);
   void ExecuteSync(const SyncWeights& sync, double now);
+  void PauseAndLoad(Engine& engine, const SyncWeights& sync, double now);
   void ExecuteResume(const Resume& resume, double now);
   void ExecuteTrain(const StartTrain& train, double now);
   void ExecuteRelease(const Release& release, double now);
@@ -429,6 +441,7 @@ class Simulation {
   double StepsTime(const Engine& engine, std::int64_t m) const;
   void Advance(Engine& engine, double now);
   bool CleanTop(Engine& engine);
+  std::int64_t NextTarget(Engine& engine);
   void StartSample(Engine& engine, std::int64_t sample, Live live, double now);
   std::int64_t StopSample(Engine& engine, std::int64_t sample);
   void Reschedule(Engine& engine, double now);
@@ -634,6 +647,7 @@ void Simulation::Advance(Engine& engine, double now) {
   const double dt = now - start;
   std::int64_t limit = std::numeric_limits<std::int64_t>::max();
   if (CleanTop(engine)) limit = engine.finishes.top().clock - engine.clock;
+  if (engine.pause.has_value()) limit = std::min(limit, engine.pause_clock - engine.clock);
   // Largest m with StepsTime(m) <= dt: solve (B/2)m² + (A − B/2)m − f·A <= dt.
   const double a = StepTime(engine);
   const double b =
@@ -705,10 +719,21 @@ std::int64_t Simulation::StopSample(Engine& engine, std::int64_t sample) {
   return tokens;
 }
 
+// The clock of the engine's next finish or pending pause, whichever comes first; -1
+// when there is neither.
+std::int64_t Simulation::NextTarget(Engine& engine) {
+  std::int64_t target = CleanTop(engine) ? engine.finishes.top().clock : -1;
+  if (engine.pause.has_value() && (target < 0 || engine.pause_clock < target)) {
+    target = engine.pause_clock;
+  }
+  return target;
+}
+
 void Simulation::Reschedule(Engine& engine, double now) {
   ++engine.tick_version;
-  if (!CleanTop(engine)) return;
-  const std::int64_t m = engine.finishes.top().clock - engine.clock;
+  const std::int64_t target = NextTarget(engine);
+  if (target < 0) return;
+  const std::int64_t m = target - engine.clock;
   const double time = m <= 0 ? now : std::max(now, engine.ready) + StepsTime(engine, m);
   Push(time, Kind::kTick, engine.id, engine.tick_version);
 }
@@ -771,10 +796,10 @@ void Simulation::JoinEngine(double now, std::int64_t version, std::int64_t slot)
 // unreported, as a real engine would drop a request aborted before its result left).
 void Simulation::OnTick(Engine& engine, double now) {
   Advance(engine, now);
-  if (!CleanTop(engine)) return;
-  const std::int64_t target = engine.finishes.top().clock;
+  const std::int64_t target = NextTarget(engine);
+  if (target < 0) return;
   if (engine.clock < target) {
-    // The event was scheduled exactly at this finish; floating-point rounding in the
+    // The event was scheduled exactly at this clock; floating-point rounding in the
     // inversion may leave the last step a hair short of done.
     engine.context += engine.running * (target - engine.clock);
     engine.clock = target;
@@ -803,6 +828,9 @@ void Simulation::OnTick(Engine& engine, double now) {
         .time = now, .sample = entry.sample, .tokens = tokens, .reward = reward});
     Drain(now);
   }
+  if (engine.alive && engine.pause.has_value() && engine.clock >= engine.pause_clock) {
+    PauseAndLoad(engine, *std::exchange(engine.pause, std::nullopt), now);
+  }
   MarkDirty(engine);
 }
 
@@ -823,6 +851,11 @@ std::int64_t Simulation::EpochOf(std::int64_t group, std::int64_t prompt) {
 void Simulation::ExecuteDispatch(const Dispatch& dispatch, double now) {
   Engine& engine = EngineAt(dispatch.engine, "Dispatch");
   Advance(engine, now);
+  if (engine.pause.has_value()) {
+    Fail("core dispatched to engine " + std::to_string(engine.id) +
+         " while it pauses for SyncWeights version " + std::to_string(engine.pause->version) +
+         ", at t=" + Num(now));
+  }
   const std::int64_t g = config_.orchestrator.samples_per_prompt;
   for (const SampleWork& work : dispatch.samples) {
     if (live_.contains(work.sample)) {
@@ -861,15 +894,35 @@ void Simulation::ExecuteAbort(const Abort& abort, double now) {
   Engine& engine = EngineAt(abort.engine, "Abort");
   Advance(engine, now);
   for (const std::int64_t sample : abort.samples) StopSample(engine, sample);
+  if (engine.pause.has_value() && engine.running == 0) {
+    // Nothing left running: the pause waits for no step.
+    PauseAndLoad(engine, *std::exchange(engine.pause, std::nullopt), now);
+  }
   MarkDirty(engine);
 }
 
 void Simulation::ExecuteSync(const SyncWeights& sync, double now) {
   Engine& engine = EngineAt(sync.engine, "SyncWeights");
   Advance(engine, now);
+  if (engine.pause.has_value()) {
+    Fail("core sent SyncWeights version " + std::to_string(sync.version) + " to engine " +
+         std::to_string(engine.id) + " while it pauses for version " +
+         std::to_string(engine.pause->version) + ", at t=" + Num(now));
+  }
+  if (sync.interrupt && engine.running > 0 && engine.fraction > 0) {
+    // A decode step is in progress: the pause waits for its end (its tokens are kept).
+    engine.pause = sync;
+    engine.pause_clock = engine.clock + 1;
+    MarkDirty(engine);
+    return;
+  }
+  PauseAndLoad(engine, sync, now);
+}
+
+// Carries out a SyncWeights at a step boundary: with interrupt, every running sample
+// pauses and reports its progress (ascending id); then the engine loads.
+void Simulation::PauseAndLoad(Engine& engine, const SyncWeights& sync, double now) {
   if (sync.interrupt) {
-    // Pause everything; the partial step in progress is dropped (its tokens are not
-    // produced). Every sample in flight reports its progress, ascending id.
     for (const std::int64_t sample : engine.running_ids) {
       Live& live = live_.at(sample);
       live.generated = live.base + (engine.clock - live.start_clock);

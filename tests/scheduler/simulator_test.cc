@@ -272,6 +272,41 @@ TEST(SimulatorScenario, SyncTimeIsOnTheCriticalPath) {
       << report.trace_json;
 }
 
+// An interrupting sync in the middle of a decode step takes effect at the step's end,
+// keeping its tokens. Async, staleness 1, partial rollout, the trainer 10.5 s a step,
+// a sync 2 s. Group 0 decodes over [0, 10] s and trains over [10, 20.5]; group 1
+// decodes over [10, 20] and trains over [20.5, 31]; the idle engine loads version 1
+// over [20.5, 22.5], then decodes group 2 from 22.5. Version 2 comes at 31 s, half-way
+// through group 2's ninth step: the engine pauses at 31.5 with 9 tokens per sample,
+// loads over [31.5, 33.5], decodes the last token over [33.5, 34.5]; step 2 trains
+// over [34.5, 45]. (Were the step in progress dropped, the engine would pause at 31
+// with 8 tokens and step 2 would start at 35.)
+TEST(SimulatorScenario, InterruptWaitsForTheStepInProgress) {
+  SimulatorConfig config = TinyConfig();
+  config.orchestrator.mode = Mode::kAsync;
+  config.orchestrator.max_staleness = 1;
+  config.orchestrator.partial_rollout = true;
+  config.seconds_per_cost_unit = 10.5 / 220.0;
+  config.weight_sync_seconds = 2.0;
+  config.trace = true;
+  const SimulationReport report = Simulate(config);
+  const std::string& trace = report.trace_json;
+  EXPECT_NE(trace.find("\"name\":\"sync v2\",\"ph\":\"X\",\"pid\":1,\"tid\":0,"
+                       "\"ts\":31500000.000,\"dur\":2000000.000"),
+            std::string::npos)
+      << trace;
+  EXPECT_NE(trace.find("\"name\":\"step 2\",\"ph\":\"X\",\"pid\":2,\"tid\":0,\"ts\":34500000"),
+            std::string::npos)
+      << trace;
+  EXPECT_NEAR(report.metrics.elapsed_seconds, 45.0, 1e-6);
+  EXPECT_EQ(report.metrics.weight_syncs, 2);
+  // Group 2's samples hold tokens of versions 1 and 2.
+  EXPECT_EQ(report.counters.partial_samples, 2);
+  EXPECT_EQ(report.counters.discarded_tokens, 0);
+  EXPECT_EQ(report.counters.trained, 6);
+  ExpectConserved(report);
+}
+
 TEST(SimulatorDeterminism, SameSeedSameReportAndTrace) {
   SimulatorConfig config = SmallConfig();
   config.orchestrator.mode = Mode::kAsync;
@@ -595,6 +630,14 @@ void CheckRandomConfigs(std::uint64_t first, std::uint64_t count) {
 // Random small configurations (every feature at once, the core's invariants checked
 // after every event): each run finishes, conserves and keeps the bound.
 TEST(SimulatorProperty, RandomConfigsFinishConserveAndKeepTheBound) { CheckRandomConfigs(1, 60); }
+
+// Seeds (found by a search of 30,000) where the core aborts every running sample of an
+// engine whose interrupting sync waits for the step in progress: the pause then comes
+// at once, with no step to wait for.
+TEST(SimulatorProperty, AbortOfEverySampleWhileAPauseWaits) {
+  CheckRandomConfigs(1454, 1);
+  CheckRandomConfigs(12737, 1);
+}
 
 TEST(SimulatorThorough, RandomConfigs) { CheckRandomConfigs(1000, 800); }
 

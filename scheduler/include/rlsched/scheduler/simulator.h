@@ -18,7 +18,10 @@
 //   seconds_per_cost_unit (the plan of its prompt + response lengths over
 //   `step.num_ranks` ranks) + train_call_overhead_seconds. Weight sync: a fixed time
 //   per engine. Colocated: an engine's Release takes release_seconds and its next
-//   sync resume_seconds more.
+//   sync resume_seconds more. An interrupting sync (partial rollout) that comes during a
+//   decode step takes effect at the step's end, as on a GPU engine: the step's tokens
+//   are kept, the samples it completes finish, then the others pause and the load
+//   starts.
 //   Speeds in the units users measure: SetDecodeSpeed() sets the engine model from
 //   decode tokens/s (one sample alone, and max_concurrent together), and
 //   CostUnitForStepSeconds() the trainer's unit cost from its seconds per step.
