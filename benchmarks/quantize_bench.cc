@@ -1,8 +1,9 @@
 // QuantizeBlock128 (rollout/quantize.h) on one core: GB/s of input (bytes/s in Google
 // Benchmark's counters) for bf16, f16 and f32 weights of a few shapes, Gaussian values
-// (every block on the hot loop; the loops QuantizeBlock128 chooses, AVX2 where the CPU
-// has it, and bf16 with the baseline instruction set's), and bf16 with a quarter of the
-// blocks tiny (their scales below 2^-116: the exact per-element path).
+// (every block on the hot loop; the loops QuantizeBlock128 chooses, the widest the CPU
+// runs of AVX-512 and AVX2, and bf16 with each instruction set's: baseline, AVX2,
+// AVX-512, skipped where the CPU lacks it), and bf16 with a quarter of the blocks tiny
+// (their scales below 2^-116: the exact per-element path).
 //
 //   build/benchmarks/quantize_bench [--benchmark_filter=bf16]
 //
@@ -50,7 +51,17 @@ std::vector<std::uint32_t> Weights(std::int64_t rows, std::int64_t cols, Element
   return bits;
 }
 
-void Quantize(benchmark::State& state, ElementType type, int tiny_every, bool baseline) {
+using rlsched::rollout::internal::QuantizeIsa;
+
+// `isa`: that instruction set's loops; kInUse: those QuantizeBlock128 chooses.
+constexpr int kInUse = -1;
+
+void Quantize(benchmark::State& state, ElementType type, int tiny_every, int isa) {
+  if (isa != kInUse &&
+      !rlsched::rollout::internal::QuantizeIsaAvailable(static_cast<QuantizeIsa>(isa))) {
+    state.SkipWithError("this CPU lacks the instruction set");
+    return;
+  }
   const std::int64_t rows = state.range(0), cols = state.range(1);
   const std::vector<std::uint32_t> bits = Weights(rows, cols, type, tiny_every);
   std::vector<float> f32;
@@ -66,9 +77,9 @@ void Quantize(benchmark::State& state, ElementType type, int tiny_every, bool ba
   std::vector<std::uint8_t> codes(bits.size());
   std::vector<float> scales(static_cast<std::size_t>(Fp8Blocks(rows) * Fp8Blocks(cols)));
   for (auto _ : state) {
-    if (baseline) {
-      rlsched::rollout::internal::QuantizeBlock128Baseline(x, type, 1, rows, cols, codes.data(),
-                                                           scales.data());
+    if (isa != kInUse) {
+      rlsched::rollout::internal::QuantizeBlock128With(static_cast<QuantizeIsa>(isa), x, type, 1,
+                                                       rows, cols, codes.data(), scales.data());
     } else {
       QuantizeBlock128(x, type, 1, rows, cols, codes.data(), scales.data());
     }
@@ -84,11 +95,18 @@ void Shapes(benchmark::internal::Benchmark* b) {
   b->Args({2048, 1024})->Args({4096, 4096})->Args({1000, 3000})->Unit(benchmark::kMillisecond);
 }
 
-BENCHMARK_CAPTURE(Quantize, bf16, ElementType::kBf16, 0, false)->Apply(Shapes);
-BENCHMARK_CAPTURE(Quantize, f16, ElementType::kF16, 0, false)->Apply(Shapes);
-BENCHMARK_CAPTURE(Quantize, f32, ElementType::kF32, 0, false)->Apply(Shapes);
-BENCHMARK_CAPTURE(Quantize, bf16_baseline_isa, ElementType::kBf16, 0, true)->Apply(Shapes);
-BENCHMARK_CAPTURE(Quantize, bf16_quarter_tiny_blocks, ElementType::kBf16, 4, false)
+BENCHMARK_CAPTURE(Quantize, bf16, ElementType::kBf16, 0, kInUse)->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, f16, ElementType::kF16, 0, kInUse)->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, f32, ElementType::kF32, 0, kInUse)->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, bf16_baseline_isa, ElementType::kBf16, 0,
+                  static_cast<int>(QuantizeIsa::kBaseline))
+    ->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, bf16_avx2, ElementType::kBf16, 0, static_cast<int>(QuantizeIsa::kAvx2))
+    ->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, bf16_avx512, ElementType::kBf16, 0,
+                  static_cast<int>(QuantizeIsa::kAvx512))
+    ->Apply(Shapes);
+BENCHMARK_CAPTURE(Quantize, bf16_quarter_tiny_blocks, ElementType::kBf16, 4, kInUse)
     ->Args({2048, 1024})
     ->Unit(benchmark::kMillisecond);
 

@@ -210,8 +210,8 @@ RLSCHED_QUANTIZE_INLINE void QuantizeLoops(const typename T::Storage* x, std::in
 }
 
 // The loops for the baseline instruction set (x86-64: SSE2), and on x86-64 for AVX2 (8
-// lanes), chosen at run time: the binary runs on any x86-64, and the same IEEE
-// operations give the same bytes in either.
+// lanes) and AVX-512 (16 lanes), chosen at run time: the binary runs on any x86-64, and
+// the same IEEE operations give the same bytes in each.
 template <class T>
 void QuantizeBaseline(const typename T::Storage* x, std::int64_t matrices, std::int64_t rows,
                       std::int64_t cols, std::uint8_t* codes, float* scales) {
@@ -219,32 +219,53 @@ void QuantizeBaseline(const typename T::Storage* x, std::int64_t matrices, std::
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define RLSCHED_QUANTIZE_AVX2 1
+#define RLSCHED_QUANTIZE_X86 1
 template <class T>
 [[gnu::target("avx2")]] void QuantizeAvx2(const typename T::Storage* x, std::int64_t matrices,
                                           std::int64_t rows, std::int64_t cols, std::uint8_t* codes,
                                           float* scales) {
   QuantizeLoops<T>(x, matrices, rows, cols, codes, scales);
 }
+
+// GCC keeps to 256-bit vectors unless told to prefer 512 (clang's attribute does not
+// take the option).
+#if defined(__clang__)
+#define RLSCHED_QUANTIZE_AVX512_TARGET "avx512f,avx512bw,avx512vl"
+#else
+#define RLSCHED_QUANTIZE_AVX512_TARGET "avx512f,avx512bw,avx512vl,prefer-vector-width=512"
+#endif
+template <class T>
+[[gnu::target(RLSCHED_QUANTIZE_AVX512_TARGET)]] void QuantizeAvx512(
+    const typename T::Storage* x, std::int64_t matrices, std::int64_t rows, std::int64_t cols,
+    std::uint8_t* codes, float* scales) {
+  QuantizeLoops<T>(x, matrices, rows, cols, codes, scales);
+}
 #endif
 
 template <class T>
-void Quantize(const void* x, bool baseline, std::int64_t matrices, std::int64_t rows,
+void Quantize(const void* x, internal::QuantizeIsa isa, std::int64_t matrices, std::int64_t rows,
               std::int64_t cols, std::uint8_t* codes, float* scales) {
   const auto* in = static_cast<const typename T::Storage*>(x);
-#ifdef RLSCHED_QUANTIZE_AVX2
-  if (!baseline && internal::QuantizeUsesAvx2()) {
-    QuantizeAvx2<T>(in, matrices, rows, cols, codes, scales);
-    return;
-  }
-#else
-  (void)baseline;
+  switch (isa) {
+#ifdef RLSCHED_QUANTIZE_X86
+    case internal::QuantizeIsa::kAvx512:
+      QuantizeAvx512<T>(in, matrices, rows, cols, codes, scales);
+      return;
+    case internal::QuantizeIsa::kAvx2:
+      QuantizeAvx2<T>(in, matrices, rows, cols, codes, scales);
+      return;
 #endif
-  QuantizeBaseline<T>(in, matrices, rows, cols, codes, scales);
+    default:
+      QuantizeBaseline<T>(in, matrices, rows, cols, codes, scales);
+      return;
+  }
 }
 
-void Run(const void* x, ElementType type, bool baseline, std::int64_t matrices, std::int64_t rows,
-         std::int64_t cols, std::uint8_t* codes, float* scales) {
+void Run(const void* x, ElementType type, internal::QuantizeIsa isa, std::int64_t matrices,
+         std::int64_t rows, std::int64_t cols, std::uint8_t* codes, float* scales) {
+  if (!internal::QuantizeIsaAvailable(isa)) {
+    Fail("isa", "an instruction set this build and CPU can run (QuantizeIsaAvailable)");
+  }
   if (matrices < 0) FailBound("matrices", ">= 0", matrices);
   if (rows < 0) FailBound("rows", ">= 0", rows);
   if (cols < 0) FailBound("cols", ">= 0", cols);
@@ -262,13 +283,13 @@ void Run(const void* x, ElementType type, bool baseline, std::int64_t matrices, 
   if (scales == nullptr) Fail("scales", "must not be null");
   switch (type) {
     case ElementType::kBf16:
-      Quantize<Bf16>(x, baseline, matrices, rows, cols, codes, scales);
+      Quantize<Bf16>(x, isa, matrices, rows, cols, codes, scales);
       return;
     case ElementType::kF16:
-      Quantize<F16>(x, baseline, matrices, rows, cols, codes, scales);
+      Quantize<F16>(x, isa, matrices, rows, cols, codes, scales);
       return;
     case ElementType::kF32:
-      Quantize<F32>(x, baseline, matrices, rows, cols, codes, scales);
+      Quantize<F32>(x, isa, matrices, rows, cols, codes, scales);
       return;
   }
   Fail("type", "unknown element type");
@@ -298,23 +319,39 @@ std::uint32_t DivideF32(std::uint32_t x_bits, std::uint32_t s_bits) {
 
 void QuantizeBlock128(const void* x, ElementType type, std::int64_t matrices, std::int64_t rows,
                       std::int64_t cols, std::uint8_t* codes, float* scales) {
-  Run(x, type, false, matrices, rows, cols, codes, scales);
+  Run(x, type, internal::QuantizeIsaInUse(), matrices, rows, cols, codes, scales);
 }
 
 namespace internal {
 
-void QuantizeBlock128Baseline(const void* x, ElementType type, std::int64_t matrices,
-                              std::int64_t rows, std::int64_t cols, std::uint8_t* codes,
-                              float* scales) {
-  Run(x, type, true, matrices, rows, cols, codes, scales);
+bool QuantizeIsaAvailable(QuantizeIsa isa) {
+  switch (isa) {
+    case QuantizeIsa::kBaseline:
+      return true;
+#ifdef RLSCHED_QUANTIZE_X86
+    case QuantizeIsa::kAvx2:
+      return __builtin_cpu_supports("avx2");
+    case QuantizeIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+#endif
+    default:
+      return false;
+  }
 }
 
-bool QuantizeUsesAvx2() {
-#ifdef RLSCHED_QUANTIZE_AVX2
-  return __builtin_cpu_supports("avx2");
-#else
-  return false;
-#endif
+QuantizeIsa QuantizeIsaInUse() {
+  static const QuantizeIsa isa = QuantizeIsaAvailable(QuantizeIsa::kAvx512) ? QuantizeIsa::kAvx512
+                                 : QuantizeIsaAvailable(QuantizeIsa::kAvx2)
+                                     ? QuantizeIsa::kAvx2
+                                     : QuantizeIsa::kBaseline;
+  return isa;
+}
+
+void QuantizeBlock128With(QuantizeIsa isa, const void* x, ElementType type, std::int64_t matrices,
+                          std::int64_t rows, std::int64_t cols, std::uint8_t* codes,
+                          float* scales) {
+  Run(x, type, isa, matrices, rows, cols, codes, scales);
 }
 
 }  // namespace internal

@@ -13,7 +13,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -132,14 +134,45 @@ Quantized Reference(ElementType type, const std::vector<std::uint32_t>& x, std::
   return q;
 }
 
-// x (stored values, one per element) through QuantizeBlock128 (`baseline`: its
-// baseline instruction set's loops, else those it chooses for this CPU).
+// The instruction sets whose loops this build and CPU can run (the baseline always).
+std::vector<internal::QuantizeIsa> AvailableIsas() {
+  std::vector<internal::QuantizeIsa> isas;
+  for (const internal::QuantizeIsa isa :
+       {internal::QuantizeIsa::kBaseline, internal::QuantizeIsa::kAvx2,
+        internal::QuantizeIsa::kAvx512}) {
+    if (internal::QuantizeIsaAvailable(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+const char* IsaName(internal::QuantizeIsa isa) {
+  switch (isa) {
+    case internal::QuantizeIsa::kBaseline:
+      return "baseline";
+    case internal::QuantizeIsa::kAvx2:
+      return "avx2";
+    case internal::QuantizeIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+// x (stored values, one per element) through QuantizeBlock128 (with `isa`'s loops, else
+// those it chooses for this CPU).
 Quantized Quantise(ElementType type, const std::vector<std::uint32_t>& x, std::int64_t matrices,
-                   std::int64_t rows, std::int64_t cols, bool baseline = false) {
+                   std::int64_t rows, std::int64_t cols,
+                   std::optional<internal::QuantizeIsa> isa = std::nullopt) {
   const std::int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
   Quantized q{std::vector<std::uint8_t>(x.size(), 0xAB),
               std::vector<float>(static_cast<std::size_t>(matrices * rb * cb), -7.0f)};
-  const auto run = baseline ? internal::QuantizeBlock128Baseline : QuantizeBlock128;
+  const auto run = [&isa](const void* in, ElementType t, std::int64_t m, std::int64_t r,
+                          std::int64_t c, std::uint8_t* codes, float* scales) {
+    if (isa.has_value()) {
+      internal::QuantizeBlock128With(*isa, in, t, m, r, c, codes, scales);
+    } else {
+      QuantizeBlock128(in, t, m, r, c, codes, scales);
+    }
+  };
   if (type == ElementType::kF32) {
     std::vector<float> f(x.size());
     std::transform(x.begin(), x.end(), f.begin(), Float);
@@ -298,9 +331,11 @@ TEST(QuantizeBlock128Test, HandCasesInEveryElementType) {
     set(1, 129, 127, 0.03125);
     const Quantized q = Quantise(type, x, 2, rows, cols);
     ASSERT_EQ(q.scales.size(), 12u);
-    const Quantized baseline = Quantise(type, x, 2, rows, cols, true);
-    EXPECT_EQ(q.codes, baseline.codes);
-    EXPECT_EQ(ScaleBits(q.scales), ScaleBits(baseline.scales));
+    for (const internal::QuantizeIsa isa : AvailableIsas()) {
+      const Quantized other = Quantise(type, x, 2, rows, cols, isa);
+      EXPECT_EQ(q.codes, other.codes) << IsaName(isa);
+      EXPECT_EQ(ScaleBits(q.scales), ScaleBits(other.scales)) << IsaName(isa);
+    }
     auto code = [&](std::int64_t m, std::int64_t r, std::int64_t c) {
       return q.codes[static_cast<std::size_t>((m * rows + r) * cols + c)];
     };
@@ -558,6 +593,31 @@ std::vector<Shape> RandomShapes(std::mt19937_64& rng, int n) {
   return shapes;
 }
 
+// QuantizeBlock128 runs the widest loops available; the others stay callable for the
+// tests, and one this CPU cannot run is refused by name.
+TEST(QuantizeBlock128Test, ChoosesTheWidestInstructionSetAvailable) {
+  const std::vector<internal::QuantizeIsa> isas = AvailableIsas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.front(), internal::QuantizeIsa::kBaseline);
+  EXPECT_EQ(internal::QuantizeIsaInUse(), isas.back()) << IsaName(isas.back());
+  std::printf("quantize_test: loops available:");
+  for (const internal::QuantizeIsa isa : isas) std::printf(" %s", IsaName(isa));
+  std::printf("\n");
+  const std::uint16_t x[1] = {0x3F80};  // bf16 1.0
+  std::uint8_t codes[1] = {0};
+  float scales[1] = {0};
+  for (const internal::QuantizeIsa isa :
+       {internal::QuantizeIsa::kAvx2, internal::QuantizeIsa::kAvx512}) {
+    if (internal::QuantizeIsaAvailable(isa)) continue;
+    try {
+      internal::QuantizeBlock128With(isa, x, ElementType::kBf16, 1, 1, 1, codes, scales);
+      ADD_FAILURE() << IsaName(isa) << " ran on a CPU without it";
+    } catch (const FieldError& e) {
+      EXPECT_EQ(e.field(), "isa");
+    }
+  }
+}
+
 TEST(QuantizeBlock128Test, RandomShapesAndValuesMatchTheReference) {
   std::mt19937_64 rng(20261203);
   for (const ElementType type : kTypes) {
@@ -567,10 +627,11 @@ TEST(QuantizeBlock128Test, RandomShapesAndValuesMatchTheReference) {
       const std::vector<std::uint32_t> x =
           RandomWeights(rng, type, shape.matrices, shape.rows, shape.cols);
       const Quantized want = Reference(type, x, shape.matrices, shape.rows, shape.cols);
-      for (const bool baseline : {false, true}) {  // (the same loops without AVX2)
-        const Quantized got = Quantise(type, x, shape.matrices, shape.rows, shape.cols, baseline);
-        ASSERT_EQ(ScaleBits(got.scales), ScaleBits(want.scales)) << baseline;
-        ASSERT_EQ(got.codes, want.codes) << FirstDifference(got.codes, want.codes, x) << baseline;
+      for (const internal::QuantizeIsa isa : AvailableIsas()) {
+        const Quantized got = Quantise(type, x, shape.matrices, shape.rows, shape.cols, isa);
+        ASSERT_EQ(ScaleBits(got.scales), ScaleBits(want.scales)) << IsaName(isa);
+        ASSERT_EQ(got.codes, want.codes)
+            << FirstDifference(got.codes, want.codes, x) << IsaName(isa);
       }
     }
   }
@@ -626,14 +687,15 @@ TEST(QuantizeBlock128Test, FlushToZeroAndDenormalsAreZeroChangeNothing) {
         if (x.size() > 1000 && i > x.size() / 2) x[i] = small(rng) | (x[i] & sign);
       }
       const Quantized plain = Quantise(type, x, shape.matrices, shape.rows, shape.cols);
-      for (const bool baseline : {false, true}) {
+      for (const internal::QuantizeIsa isa : AvailableIsas()) {
+        SCOPED_TRACE(IsaName(isa));
         Quantized flushed;
         {
           const FlushDenormals flush;
           volatile float least = std::ldexp(1.0f, -126);
           const float half = least * 0.5f;
           ASSERT_EQ(half, 0.0f);  // the mode is on
-          flushed = Quantise(type, x, shape.matrices, shape.rows, shape.cols, baseline);
+          flushed = Quantise(type, x, shape.matrices, shape.rows, shape.cols, isa);
         }
         ASSERT_EQ(ScaleBits(flushed.scales), ScaleBits(plain.scales));
         ASSERT_EQ(flushed.codes, plain.codes) << FirstDifference(flushed.codes, plain.codes, x);

@@ -14,8 +14,9 @@
 //     NaN has the scale torch's amax gives it, the quiet NaN 0x7FC00000.
 //   - code = E4m3Code(bits of float32(x) / scale), the division in IEEE float32.
 //
-//   On x86-64 CPUs with AVX2 the loops run 8 lanes wide (chosen at run time; the
-//   library is built for the baseline instruction set), with the same bytes.
+//   On x86-64 the loops run 16 lanes wide on CPUs with AVX-512 (F, BW, VL), else 8 with
+//   AVX2 (chosen at run time; the library is built for the baseline instruction set),
+//   with the same bytes.
 //
 //   The results do not depend on the floating-point environment's flush-to-zero or
 //   denormals-are-zero modes (the hot loop is used only where they cannot change a
@@ -73,14 +74,20 @@ std::uint32_t DivideF32(std::uint32_t x_bits, std::uint32_t s_bits);
 
 namespace internal {
 
-// QuantizeBlock128 with the baseline instruction set's loops (x86-64: SSE2) whatever the
-// CPU offers, for the tests and benchmarks that compare them with the AVX2 ones.
-void QuantizeBlock128Baseline(const void* x, ElementType type, std::int64_t matrices,
-                              std::int64_t rows, std::int64_t cols, std::uint8_t* codes,
-                              float* scales);
+// The instruction sets QuantizeBlock128's loops are compiled for: the baseline (x86-64:
+// SSE2; the only one elsewhere), AVX2 (8 lanes) and AVX-512 F + BW + VL (16 lanes).
+enum class QuantizeIsa { kBaseline, kAvx2, kAvx512 };
 
-// Whether QuantizeBlock128 runs its AVX2 loops here (an x86-64 CPU that has AVX2).
-bool QuantizeUsesAvx2();
+// Whether this build and this CPU can run `isa`'s loops.
+bool QuantizeIsaAvailable(QuantizeIsa isa);
+
+// The loops QuantizeBlock128 runs here: the widest available.
+QuantizeIsa QuantizeIsaInUse();
+
+// QuantizeBlock128 with `isa`'s loops, for the tests and benchmarks that compare them
+// (FieldError on "isa" when this build or CPU cannot run them).
+void QuantizeBlock128With(QuantizeIsa isa, const void* x, ElementType type, std::int64_t matrices,
+                          std::int64_t rows, std::int64_t cols, std::uint8_t* codes, float* scales);
 
 }  // namespace internal
 
