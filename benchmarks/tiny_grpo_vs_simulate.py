@@ -19,7 +19,9 @@ after ``--`` passed to both), then measures from each run:
   the simulator prefills each sample apart, the engine a batch at once, and both cost
   the tokens linearly); the context term is 0 (contexts of 5 to 9 tokens);
 - the weight sync: the RunReport's ``seconds_per_weight_sync`` (SyncWeights sent to
-  WeightsLoaded, per engine);
+  WeightsLoaded, per engine; in async it also holds an interrupted engine's wait for
+  its step in progress, which the simulator adds again: at most one decode step of a
+  few milliseconds unpaced, none paced, where the engine loads within its wait);
 - the trainer: its mean seconds per call after the first ``--skip`` (its own clock,
   from StartTrain taken to the step reported: reading the samples, the TP ranks'
   training, publishing), as ``train_call_overhead_seconds`` (``seconds_per_cost_unit``

@@ -634,7 +634,8 @@ bool Simulation::CleanTop(Engine& engine) {
 }
 
 // Decodes from engine.time to now in whole steps (closed form), keeping the step in
-// progress pro rata; never passes the next finish clock. O(1) amortised.
+// progress pro rata; never passes the next finish clock, nor a pending pause's clock.
+// O(1) amortised.
 void Simulation::Advance(Engine& engine, double now) {
   if (!(now > engine.time)) return;
   const double start = std::max(engine.time, engine.ready);
@@ -909,10 +910,13 @@ void Simulation::ExecuteSync(const SyncWeights& sync, double now) {
          std::to_string(engine.id) + " while it pauses for version " +
          std::to_string(engine.pause->version) + ", at t=" + Num(now));
   }
-  if (sync.interrupt && engine.running > 0 && engine.fraction > 0) {
-    // A decode step is in progress: the pause waits for its end (its tokens are kept).
+  // Finishes reached at this very time whose tick has not yet run (a tie in time).
+  const bool due = CleanTop(engine) && engine.finishes.top().clock <= engine.clock;
+  if (sync.interrupt && engine.running > 0 && (engine.fraction > 0 || due)) {
+    // A decode step is in progress: the pause waits for its end (its tokens are kept);
+    // or the step that ended now completed samples: they finish, then the pause.
     engine.pause = sync;
-    engine.pause_clock = engine.clock + 1;
+    engine.pause_clock = engine.fraction > 0 ? engine.clock + 1 : engine.clock;
     MarkDirty(engine);
     return;
   }
@@ -966,6 +970,11 @@ void Simulation::PauseAndLoad(Engine& engine, const SyncWeights& sync, double no
 void Simulation::ExecuteResume(const Resume& resume, double now) {
   Engine& engine = EngineAt(resume.engine, "Resume");
   Advance(engine, now);
+  if (engine.pause.has_value()) {
+    Fail("core resumed samples on engine " + std::to_string(engine.id) +
+         " while it pauses for SyncWeights version " + std::to_string(engine.pause->version) +
+         ", at t=" + Num(now));
+  }
   for (const std::int64_t sample : resume.samples) {
     auto it = live_.find(sample);
     if (it == live_.end() || it->second.engine != engine.id || !it->second.paused) {

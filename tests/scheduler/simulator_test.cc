@@ -307,6 +307,31 @@ TEST(SimulatorScenario, InterruptWaitsForTheStepInProgress) {
   ExpectConserved(report);
 }
 
+// A sync at the very time a decode step completes samples, handled before their finish
+// (a tie in time): they finish first, then the others pause. Async, staleness 1, partial
+// rollout, the trainer 13.75 s a step, a sync of 3.75 - 2^-10 s, a prefill of 2^-11 s
+// per sample (every time exact in binary). Version 2 comes at 37.5 + 2^-10 s (two
+// prefills), when group 2's samples reach their last token: they finish and step 2
+// starts then (were they paused, they would finish only after the load, and step 2
+// would start at 41.25).
+TEST(SimulatorScenario, InterruptAtAFinishLetsTheSamplesFinish) {
+  SimulatorConfig config = TinyConfig();
+  config.orchestrator.mode = Mode::kAsync;
+  config.orchestrator.max_staleness = 1;
+  config.orchestrator.partial_rollout = true;
+  config.engine.prefill_tokens_per_second = 204800;  // 100 tokens in 2^-11 s
+  config.seconds_per_cost_unit = 13.75 / 220.0;
+  config.weight_sync_seconds = 3.75 - 1.0 / 1024;
+  config.trace = true;
+  const SimulationReport report = Simulate(config);
+  EXPECT_NE(report.trace_json.find(
+                "\"name\":\"step 2\",\"ph\":\"X\",\"pid\":2,\"tid\":0,\"ts\":37500976.562"),
+            std::string::npos)
+      << report.trace_json;
+  EXPECT_EQ(report.counters.trained, 6);
+  ExpectConserved(report);
+}
+
 TEST(SimulatorDeterminism, SameSeedSameReportAndTrace) {
   SimulatorConfig config = SmallConfig();
   config.orchestrator.mode = Mode::kAsync;
@@ -632,11 +657,12 @@ void CheckRandomConfigs(std::uint64_t first, std::uint64_t count) {
 TEST(SimulatorProperty, RandomConfigsFinishConserveAndKeepTheBound) { CheckRandomConfigs(1, 60); }
 
 // Seeds (found by a search of 30,000) where the core aborts every running sample of an
-// engine whose interrupting sync waits for the step in progress: the pause then comes
-// at once, with no step to wait for.
+// engine whose interrupting sync waits for the step in progress (the pause then comes
+// at once, with no step to wait for), and one where that engine fails while it waits.
 TEST(SimulatorProperty, AbortOfEverySampleWhileAPauseWaits) {
   CheckRandomConfigs(1454, 1);
   CheckRandomConfigs(12737, 1);
+  CheckRandomConfigs(2340, 1);  // an engine fails while its pause waits
 }
 
 TEST(SimulatorThorough, RandomConfigs) { CheckRandomConfigs(1000, 800); }

@@ -434,9 +434,11 @@ struct Metrics {
   std::vector<std::int64_t> engines;
   std::vector<double> engine_idle_ratio;
   double mean_engine_idle_ratio = 0;
-  double partial_rollout_ratio = 0;    // trained samples with tokens of > 1 version / trained
-  std::int64_t weight_syncs = 0;       // completed SyncWeights (per engine)
-  double weight_sync_seconds = 0;      // their total time, command to WeightsLoaded
+  double partial_rollout_ratio = 0;  // trained samples with tokens of > 1 version / trained
+  std::int64_t weight_syncs = 0;     // completed SyncWeights (per engine)
+  // Their total time, command to WeightsLoaded: an interrupted engine's wait for the
+  // decode step in progress included, then the load.
+  double weight_sync_seconds = 0;
   double seconds_per_weight_sync = 0;  // their mean: the time one sync takes an engine
   // Per finished train step, as the peers report them: elapsed / steps, and the time
   // the trainer waited for a batch (verl's timing_s/gen in async mode).
