@@ -292,9 +292,11 @@ int Main(int argc, char** argv) {
   if (seeds == 1) {
     std::printf("\nTargets (async s = 1):\n");
   } else {
-    std::printf("\nTargets (async s = 1; means over seeds %llu-%llu):\n",
-                static_cast<unsigned long long>(seed),
-                static_cast<unsigned long long>(seed + static_cast<std::uint64_t>(seeds) - 1));
+    std::printf(
+        "\nTargets (async s = 1; samples/s: means over seeds %llu-%llu; tokens and "
+        "samples: totals over them):\n",
+        static_cast<unsigned long long>(seed),
+        static_cast<unsigned long long>(seed + static_cast<std::uint64_t>(seeds) - 1));
   }
   std::printf("  admission, r=0: partial %.2f >= drain %.2f samples/s%39s\n", rate(2), rate(3),
               verdict(rate(2) >= rate(3)));

@@ -325,6 +325,11 @@ void QuantizeBlock128(const void* x, ElementType type, std::int64_t matrices, st
 namespace internal {
 
 bool QuantizeIsaAvailable(QuantizeIsa isa) {
+#ifdef RLSCHED_QUANTIZE_X86
+  // The CPU's features may be asked for before libgcc's own constructor has read them
+  // (from another constructor): read them now (idempotent).
+  __builtin_cpu_init();
+#endif
   switch (isa) {
     case QuantizeIsa::kBaseline:
       return true;

@@ -468,6 +468,12 @@ TEST(QuantizeBlock128Test, ScalesThatAreNotNormalFloats) {
         ASSERT_EQ(q.codes[i], want.codes[i]) << r << ", " << c;
       }
     }
+    // Every instruction set's loops give these bytes (the in-use ones were checked).
+    for (const internal::QuantizeIsa isa : AvailableIsas()) {
+      const Quantized other = Quantise(type, x, 1, rows, cols, isa);
+      EXPECT_EQ(other.codes, q.codes) << IsaName(isa);
+      EXPECT_EQ(ScaleBits(other.scales), s) << IsaName(isa);
+    }
   }
 }
 
@@ -606,8 +612,10 @@ TEST(QuantizeBlock128Test, ChoosesTheWidestInstructionSetAvailable) {
   const std::uint16_t x[1] = {0x3F80};  // bf16 1.0
   std::uint8_t codes[1] = {0};
   float scales[1] = {0};
+  EXPECT_FALSE(internal::QuantizeIsaAvailable(static_cast<internal::QuantizeIsa>(99)));
   for (const internal::QuantizeIsa isa :
-       {internal::QuantizeIsa::kAvx2, internal::QuantizeIsa::kAvx512}) {
+       {internal::QuantizeIsa::kAvx2, internal::QuantizeIsa::kAvx512,
+        static_cast<internal::QuantizeIsa>(99)}) {
     if (internal::QuantizeIsaAvailable(isa)) continue;
     try {
       internal::QuantizeBlock128With(isa, x, ElementType::kBf16, 1, 1, 1, codes, scales);
@@ -651,7 +659,9 @@ TEST(QuantizeBlock128Test, TheSameValuesInEveryTypeGiveTheSameBytes) {
       x[i] = Encode(type, v[i]);
       ASSERT_EQ(Decode(type, x[i]), static_cast<float>(v[i]));
     }
-    results.push_back(Quantise(type, x, 1, rows, cols));
+    for (const internal::QuantizeIsa isa : AvailableIsas()) {
+      results.push_back(Quantise(type, x, 1, rows, cols, isa));
+    }
   }
   for (const Quantized& r : results) {
     EXPECT_EQ(r.codes, results[0].codes);
