@@ -272,6 +272,19 @@ TEST(SimulatorScenario, SyncTimeIsOnTheCriticalPath) {
       << report.trace_json;
 }
 
+// TinyConfig in async with staleness 1 and partial rollout (syncs interrupt), traced,
+// the trainer `train_seconds` a step and a sync `sync_seconds`.
+SimulatorConfig TinyInterrupting(double train_seconds, double sync_seconds) {
+  SimulatorConfig config = TinyConfig();
+  config.orchestrator.mode = Mode::kAsync;
+  config.orchestrator.max_staleness = 1;
+  config.orchestrator.partial_rollout = true;
+  config.seconds_per_cost_unit = train_seconds / 220.0;
+  config.weight_sync_seconds = sync_seconds;
+  config.trace = true;
+  return config;
+}
+
 // An interrupting sync in the middle of a decode step takes effect at the step's end,
 // keeping its tokens. Async, staleness 1, partial rollout, the trainer 10.5 s a step,
 // a sync 2 s. Group 0 decodes over [0, 10] s and trains over [10, 20.5]; group 1
@@ -282,14 +295,7 @@ TEST(SimulatorScenario, SyncTimeIsOnTheCriticalPath) {
 // over [34.5, 45]. (Were the step in progress dropped, the engine would pause at 31
 // with 8 tokens and step 2 would start at 35.)
 TEST(SimulatorScenario, InterruptWaitsForTheStepInProgress) {
-  SimulatorConfig config = TinyConfig();
-  config.orchestrator.mode = Mode::kAsync;
-  config.orchestrator.max_staleness = 1;
-  config.orchestrator.partial_rollout = true;
-  config.seconds_per_cost_unit = 10.5 / 220.0;
-  config.weight_sync_seconds = 2.0;
-  config.trace = true;
-  const SimulationReport report = Simulate(config);
+  const SimulationReport report = Simulate(TinyInterrupting(10.5, 2.0));
   const std::string& trace = report.trace_json;
   EXPECT_NE(trace.find("\"name\":\"sync v2\",\"ph\":\"X\",\"pid\":1,\"tid\":0,"
                        "\"ts\":31500000.000,\"dur\":2000000.000"),
@@ -315,14 +321,8 @@ TEST(SimulatorScenario, InterruptWaitsForTheStepInProgress) {
 // starts then (were they paused, they would finish only after the load, and step 2
 // would start at 41.25).
 TEST(SimulatorScenario, InterruptAtAFinishLetsTheSamplesFinish) {
-  SimulatorConfig config = TinyConfig();
-  config.orchestrator.mode = Mode::kAsync;
-  config.orchestrator.max_staleness = 1;
-  config.orchestrator.partial_rollout = true;
+  SimulatorConfig config = TinyInterrupting(13.75, 3.75 - 1.0 / 1024);
   config.engine.prefill_tokens_per_second = 204800;  // 100 tokens in 2^-11 s
-  config.seconds_per_cost_unit = 13.75 / 220.0;
-  config.weight_sync_seconds = 3.75 - 1.0 / 1024;
-  config.trace = true;
   const SimulationReport report = Simulate(config);
   EXPECT_NE(report.trace_json.find(
                 "\"name\":\"step 2\",\"ph\":\"X\",\"pid\":2,\"tid\":0,\"ts\":37500976.562"),
