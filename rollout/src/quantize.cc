@@ -212,12 +212,6 @@ RLSCHED_QUANTIZE_INLINE void QuantizeLoops(const typename T::Storage* x, std::in
 // The loops for the baseline instruction set (x86-64: SSE2), and on x86-64 for AVX2 (8
 // lanes) and AVX-512 (16 lanes), chosen at run time: the binary runs on any x86-64, and
 // the same IEEE operations give the same bytes in each.
-template <class T>
-void QuantizeBaseline(const typename T::Storage* x, std::int64_t matrices, std::int64_t rows,
-                      std::int64_t cols, std::uint8_t* codes, float* scales) {
-  QuantizeLoops<T>(x, matrices, rows, cols, codes, scales);
-}
-
 #if defined(__x86_64__) && defined(__GNUC__)
 #define RLSCHED_QUANTIZE_X86 1
 template <class T>
@@ -256,16 +250,14 @@ void Quantize(const void* x, internal::QuantizeIsa isa, std::int64_t matrices, s
       return;
 #endif
     default:
-      QuantizeBaseline<T>(in, matrices, rows, cols, codes, scales);
+      QuantizeLoops<T>(in, matrices, rows, cols, codes, scales);
       return;
   }
 }
 
+// `isa`: one this build and CPU can run.
 void Run(const void* x, ElementType type, internal::QuantizeIsa isa, std::int64_t matrices,
          std::int64_t rows, std::int64_t cols, std::uint8_t* codes, float* scales) {
-  if (!internal::QuantizeIsaAvailable(isa)) {
-    Fail("isa", "an instruction set this build and CPU can run (QuantizeIsaAvailable)");
-  }
   if (matrices < 0) FailBound("matrices", ">= 0", matrices);
   if (rows < 0) FailBound("rows", ">= 0", rows);
   if (cols < 0) FailBound("cols", ">= 0", cols);
@@ -356,6 +348,9 @@ QuantizeIsa QuantizeIsaInUse() {
 void QuantizeBlock128With(QuantizeIsa isa, const void* x, ElementType type, std::int64_t matrices,
                           std::int64_t rows, std::int64_t cols, std::uint8_t* codes,
                           float* scales) {
+  if (!QuantizeIsaAvailable(isa)) {
+    Fail("isa", "an instruction set this build and CPU can run (QuantizeIsaAvailable)");
+  }
   Run(x, type, isa, matrices, rows, cols, codes, scales);
 }
 

@@ -431,6 +431,8 @@ class Simulation {
   void ExecuteAbort(const Abort& abort, double now);
   void ExecuteSync(const SyncWeights& sync, double now);
   void PauseAndLoad(Engine& engine, const SyncWeights& sync, double now);
+  // The core never sends an engine work or another sync while its pause waits.
+  void FailIfPausing(const Engine& engine, const char* what, double now) const;
   void ExecuteResume(const Resume& resume, double now);
   void ExecuteTrain(const StartTrain& train, double now);
   void ExecuteRelease(const Release& release, double now);
@@ -852,11 +854,7 @@ std::int64_t Simulation::EpochOf(std::int64_t group, std::int64_t prompt) {
 void Simulation::ExecuteDispatch(const Dispatch& dispatch, double now) {
   Engine& engine = EngineAt(dispatch.engine, "Dispatch");
   Advance(engine, now);
-  if (engine.pause.has_value()) {
-    Fail("core dispatched to engine " + std::to_string(engine.id) +
-         " while it pauses for SyncWeights version " + std::to_string(engine.pause->version) +
-         ", at t=" + Num(now));
-  }
+  FailIfPausing(engine, "Dispatch", now);
   const std::int64_t g = config_.orchestrator.samples_per_prompt;
   for (const SampleWork& work : dispatch.samples) {
     if (live_.contains(work.sample)) {
@@ -905,11 +903,7 @@ void Simulation::ExecuteAbort(const Abort& abort, double now) {
 void Simulation::ExecuteSync(const SyncWeights& sync, double now) {
   Engine& engine = EngineAt(sync.engine, "SyncWeights");
   Advance(engine, now);
-  if (engine.pause.has_value()) {
-    Fail("core sent SyncWeights version " + std::to_string(sync.version) + " to engine " +
-         std::to_string(engine.id) + " while it pauses for version " +
-         std::to_string(engine.pause->version) + ", at t=" + Num(now));
-  }
+  FailIfPausing(engine, "SyncWeights", now);
   // Finishes reached at this very time whose tick has not yet run (a tie in time).
   const bool due = CleanTop(engine) && engine.finishes.top().clock <= engine.clock;
   if (sync.interrupt && engine.running > 0 && (engine.fraction > 0 || due)) {
@@ -921,6 +915,13 @@ void Simulation::ExecuteSync(const SyncWeights& sync, double now) {
     return;
   }
   PauseAndLoad(engine, sync, now);
+}
+
+void Simulation::FailIfPausing(const Engine& engine, const char* what, double now) const {
+  if (!engine.pause.has_value()) return;
+  Fail(std::string("core sent ") + what + " to engine " + std::to_string(engine.id) +
+       " while it pauses for SyncWeights version " + std::to_string(engine.pause->version) +
+       ", at t=" + Num(now));
 }
 
 // Carries out a SyncWeights at a step boundary: with interrupt, every running sample
@@ -970,11 +971,7 @@ void Simulation::PauseAndLoad(Engine& engine, const SyncWeights& sync, double no
 void Simulation::ExecuteResume(const Resume& resume, double now) {
   Engine& engine = EngineAt(resume.engine, "Resume");
   Advance(engine, now);
-  if (engine.pause.has_value()) {
-    Fail("core resumed samples on engine " + std::to_string(engine.id) +
-         " while it pauses for SyncWeights version " + std::to_string(engine.pause->version) +
-         ", at t=" + Num(now));
-  }
+  FailIfPausing(engine, "Resume", now);
   for (const std::int64_t sample : resume.samples) {
     auto it = live_.find(sample);
     if (it == live_.end() || it->second.engine != engine.id || !it->second.paused) {
