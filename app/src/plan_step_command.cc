@@ -22,6 +22,8 @@ namespace {
 
 constexpr std::string_view kPipelineOrder = "pipeline";
 constexpr std::string_view kHeaviestFirstOrder = "heaviest-first";
+constexpr std::string_view kOversizeRaise = "raise";
+constexpr std::string_view kOversizeAlone = "alone";
 // The most pipeline stages the step planner accepts (balance::internal's bound).
 constexpr std::int64_t kMaxPipelineStages = 65536;
 
@@ -40,6 +42,9 @@ std::string DescribeMicroBatches(const v1::PlanStepRequest& request) {
   text += request.order() == v1::MICRO_BATCH_ORDER_HEAVIEST_FIRST
               ? ", heaviest first"
               : ", in pipeline order (light ones at both ends)";
+  if (request.oversize() == v1::OVERSIZE_POLICY_ALONE) {
+    text += "; a longer sequence alone in a micro-batch of its own";
+  }
   return text;
 }
 
@@ -194,6 +199,10 @@ void PrintStepTable(const PlanStepArgs& args, const v1::PlanStepRequest& request
     out << fmt::format("{:<16}{} (fewer sequences or groups than ranks)\n", "empty ranks",
                        reply.empty_ranks());
   }
+  if (reply.oversized() > 0) {
+    out << fmt::format("{:<16}{} sequences above the cap, each alone in a micro-batch\n",
+                       "oversized", reply.oversized());
+  }
   out << fmt::format(
       "{:<16}{} sequences, {} tokens ({} padded): a token-mean loss divides by "
       "the step's tokens, not a micro-batch's\n",
@@ -235,7 +244,8 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
       "--micro-batches-multiple-of micro_batches_multiple_of, --pad-to-multiple-of "
       "pad_to_multiple_of, --pipeline-model-parallel-size pipeline_stages, --overhead overhead, "
       "--count-tolerance count_tolerance, --order order (heaviest-first HEAVIEST_FIRST), "
-      "--equal-size equal_size, --keep-groups keep_groups, --refine-iterations "
+      "--oversize oversize (alone OVERSIZE_POLICY_ALONE), --equal-size equal_size, --keep-groups "
+      "keep_groups, --refine-iterations "
       "refine_iterations, the cost options cost.*.\n"
       "The plan is compared with the common recipe as verl runs it: Karmarkar-Karp across ranks on "
       "verl's workload key 24576·L + L², then per rank ceil(tokens / cap) micro-batches (the max "
@@ -256,7 +266,7 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
       ->add_option("--max-token-len,--max-tokens,--max-tokens-per-micro-batch", args.max_tokens,
                    fmt::format("Hard cap on the (padded) tokens of one micro-batch, in tokens "
                                "(verl's max_token_len per GPU, ppo_max_token_len_per_gpu with "
-                               "use_dynamic_bsz); a longer sequence is an error. {}",
+                               "use_dynamic_bsz); a longer sequence follows --oversize. {}",
                                RangeHelp(IntegerRangeText(1, kInt64Max), "none, required")))
       ->type_name("TOKENS")
       ->check(IntegerIn(1, kInt64Max))
@@ -332,6 +342,15 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
       ->type_name("pipeline|heaviest-first")
       ->check(CLI::IsMember({std::string(kPipelineOrder), std::string(kHeaviestFirstOrder)})
                   .description(""));
+  command
+      ->add_option("--oversize", args.oversize,
+                   fmt::format("A sequence longer than the cap (padded): raise (an error naming "
+                               "it, as verl does) or alone (a micro-batch of its own, as slime "
+                               "does) (default: {})",
+                               defaults.oversize))
+      ->type_name("raise|alone")
+      ->check(CLI::IsMember({std::string(kOversizeRaise), std::string(kOversizeAlone)})
+                  .description(""));
   command->add_flag("--equal-size", args.equal_size,
                     "Every rank holds floor(n/R) or ceil(n/R) sequences (groups with "
                     "--keep-groups)");
@@ -352,6 +371,9 @@ v1::PlanStepRequest MakePlanStepRequest(const PlanStepArgs& args, const LengthsI
     throw std::invalid_argument(
         fmt::format("--order: must be pipeline or heaviest-first, got '{}'", args.order));
   }
+  if (args.oversize != kOversizeRaise && args.oversize != kOversizeAlone) {
+    throw FieldError("--oversize", fmt::format("must be raise or alone, got '{}'", args.oversize));
+  }
 
   v1::PlanStepRequest request;
   *request.mutable_cost() = MakeCostModel(args.cost);
@@ -369,6 +391,8 @@ v1::PlanStepRequest MakePlanStepRequest(const PlanStepArgs& args, const LengthsI
   request.set_count_tolerance(args.count_tolerance);
   request.set_order(args.order == kHeaviestFirstOrder ? v1::MICRO_BATCH_ORDER_HEAVIEST_FIRST
                                                       : v1::MICRO_BATCH_ORDER_PIPELINE);
+  request.set_oversize(args.oversize == kOversizeAlone ? v1::OVERSIZE_POLICY_ALONE
+                                                       : v1::OVERSIZE_POLICY_RAISE);
   if (args.refine_iterations) request.set_refine_iterations(*args.refine_iterations);
   return request;
 }
@@ -389,6 +413,7 @@ FieldError ToStepFlagError(const FieldError& e) {
       {"overhead", "--overhead"},
       {"count_tolerance", "--count-tolerance"},
       {"refine_iterations", "--refine-iterations"},
+      {"oversize", "--oversize"},
   };
   for (const auto& [field, flag] : kFlags) {
     if (e.field() == field) return e.Renamed(fmt::format("{} ({})", flag, field));

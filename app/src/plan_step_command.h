@@ -48,6 +48,7 @@ struct PlanStepArgs {
   std::optional<std::int64_t> overhead;  // unset: the cost model's estimate
   double count_tolerance = 0.01;
   std::string order = "pipeline";  // "pipeline" or "heaviest-first"
+  std::string oversize = "raise";  // "raise" or "alone"
   bool equal_size = false;
   bool keep_groups = false;
   CostArgs cost;  // --cost, the model shape, the coefficients

@@ -289,15 +289,17 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
   Padded padded;
   padded.total_unpadded = internal::CheckWeights(lengths, "lengths");
   padded.lengths = lengths;
-  if (options.pad_to_multiple_of == 1 && options.cost.kind() == CostModel::Kind::kTokens) {
+  const bool alone = options.oversize == OversizePolicy::kAlone;
+  const std::int64_t cap = options.max_tokens_per_micro_batch;
+  if (options.pad_to_multiple_of == 1 && options.cost.kind() == CostModel::Kind::kTokens &&
+      !(alone && std::any_of(lengths.begin(), lengths.end(),
+                             [cap](std::int64_t length) { return length > cap; }))) {
     // No padding and a token's cost is the token: tokens and costs are the lengths,
     // checked as the loop below checks them (the costs' and the sums' checks then
     // pass as the lengths' did).
     std::int64_t most = 0;
     for (std::size_t i = 0; i < lengths.size(); ++i) {
-      if (lengths[i] > kMaxLength || lengths[i] > options.max_tokens_per_micro_batch) {
-        CheckLength(lengths[i], i, options);
-      }
+      if (lengths[i] > kMaxLength || lengths[i] > cap) CheckLength(lengths[i], i, options);
       most = std::max(most, lengths[i]);
     }
     padded.tokens = lengths;
@@ -314,16 +316,43 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
       rlsched::FailBound("lengths[" + std::to_string(i) + "]", "<= 2^31", lengths[i]);
     }
     const std::int64_t t = RoundUp(lengths[i], options.pad_to_multiple_of);
-    if (t > options.max_tokens_per_micro_batch) CheckLength(lengths[i], i, options);
+    if (t > cap) {
+      if (!alone) CheckLength(lengths[i], i, options);
+      padded.oversized.emplace_back(static_cast<std::int64_t>(i), t - cap);
+    }
     tokens[i] = t;
   }
-  padded.total_tokens = internal::CheckWeights(tokens, "lengths (padded)");
+  internal::CheckWeights(tokens, "lengths (padded)");
   padded.cost_storage = options.cost.Costs(tokens);
   padded.total_cost = internal::CheckWeights(padded.cost_storage, "cost");
+  // Oversized sequences count as the cap's tokens from here on (their costs are made).
+  for (const auto& [i, excess] : padded.oversized) {
+    tokens[static_cast<std::size_t>(i)] = cap;
+    padded.oversized_excess += excess;
+  }
+  padded.total_tokens = internal::CheckWeights(tokens, "lengths (padded)");
   padded.tokens = tokens;
   padded.costs = padded.cost_storage;
   for (const std::int64_t c : padded.costs) padded.max_cost = std::max(padded.max_cost, c);
   return padded;
+}
+
+void RestoreOversized(const Padded& padded, std::vector<RankPlan>& ranks) {
+  if (padded.oversized.empty()) return;
+  const auto excess_of = [&](std::int64_t i) -> std::int64_t {
+    const auto it = std::lower_bound(padded.oversized.begin(), padded.oversized.end(),
+                                     std::pair<std::int64_t, std::int64_t>{i, 0});
+    return it != padded.oversized.end() && it->first == i ? it->second : 0;
+  };
+  for (RankPlan& rank : ranks) {
+    for (MicroBatch& b : rank.micro_batches) {
+      for (const std::int64_t i : b.indices) {
+        const std::int64_t excess = excess_of(i);
+        b.tokens += excess;
+        rank.tokens += excess;
+      }
+    }
+  }
 }
 
 RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices) {
@@ -558,9 +587,10 @@ RankPlan MakeRankPlan(const Padded& padded, const RankItems& items, std::int64_t
     for (const std::int32_t b : assignment) ++sizes[static_cast<std::size_t>(b)];
     for (std::size_t b = 0; b < batches.size(); ++b) batches[b].indices.reserve(sizes[b]);
   }
-  if (items.total_unpadded == items.total_tokens) {
+  if (items.total_unpadded == items.total_tokens && padded.oversized.empty()) {
     // No item was padded (padding never shortens one, so equal sums mean equal
-    // lengths): the unpadded lengths are the tokens, and not read from the batch.
+    // lengths; none was cut to the cap): the unpadded lengths are the tokens, and not
+    // read from the batch.
     for (std::size_t i = 0; i < assignment.size(); ++i) {
       MicroBatch& b = batches[static_cast<std::size_t>(assignment[i])];
       b.indices.push_back(items.global[i]);
@@ -744,7 +774,9 @@ RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths,
   }
   const std::int64_t chosen = SmallestWithin(tried, options.count_tolerance);
   if (chosen != static_cast<std::int64_t>(best.micro_batches.size())) best = plan_with(chosen);
-  return best;
+  std::vector<RankPlan> one{std::move(best)};
+  RestoreOversized(padded, one);
+  return std::move(one.front());
 }
 
 }  // namespace rlsched::balance

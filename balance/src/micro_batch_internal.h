@@ -77,6 +77,12 @@ struct Padded {
   std::int64_t total_tokens = 0;    // Σ tokens
   std::int64_t total_cost = 0;      // Σ costs
   std::int64_t max_cost = 0;        // the largest cost (0 for no sequence)
+  // Under OversizePolicy::kAlone: (sequence, its padded tokens above the cap) of each
+  // sequence above the cap, ascending; `tokens` holds the cap for them (so that no
+  // other tokens join them), `costs` their own cost. RestoreOversized() puts the
+  // excess back into a plan's figures.
+  std::vector<std::pair<std::int64_t, std::int64_t>> oversized;
+  std::int64_t oversized_excess = 0;  // Σ of the excess
 
   // What `tokens` and `costs` view when they are not the lengths (else empty).
   std::vector<std::int64_t> token_storage;
@@ -86,6 +92,10 @@ struct Padded {
 // Checks and pads `lengths` (resolved options): std::invalid_argument when a length
 // is out of range or above the cap once padded, or when totals overflow.
 Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& options);
+
+// Adds each oversized sequence's excess (Padded::oversized) to the tokens of its
+// micro-batch and rank. O(Σ indices · log oversized); nothing without oversized ones.
+void RestoreOversized(const Padded& padded, std::vector<RankPlan>& ranks);
 
 // The sequences `indices` of the batch, in that order.
 RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices);

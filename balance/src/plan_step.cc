@@ -66,8 +66,9 @@ std::int64_t EmptyMicroBatches(const StepPlan& plan) {
 void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan) {
   plan.overhead = Overhead(mb);
   plan.sequences = static_cast<std::int64_t>(padded.tokens.size());
-  plan.tokens = padded.total_tokens;
+  plan.tokens = padded.total_tokens + padded.oversized_excess;
   plan.unpadded_tokens = padded.total_unpadded;
+  plan.oversized = static_cast<std::int64_t>(padded.oversized.size());
   // A plan without ranks (the recipe's figures, RecipeDetail::kFigures) counted its own.
   if (plan.ranks.empty()) return;
   plan.empty_ranks = 0;
@@ -935,6 +936,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   result.plan.lower_bound =
       result.plan.empty_micro_batches > 0 ? bound_of(Empties::kAllowed).value : bound.value;
   result.plan.cap_violations = 0;
+  RestoreOversized(padded, result.plan.ranks);
   SetTotals(padded, mb, result.plan);
   return result;
 }

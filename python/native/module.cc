@@ -198,6 +198,12 @@ balance::MicroBatchOrder ToOrder(const std::string& name) {
   rlsched::Fail("order", "unknown value '" + name + "'; one of pipeline, heaviest_first");
 }
 
+balance::OversizePolicy ToOversize(const std::string& name) {
+  if (name.empty() || name == "raise") return balance::OversizePolicy::kRaise;
+  if (name == "alone") return balance::OversizePolicy::kAlone;
+  rlsched::Fail("oversize", "unknown value '" + name + "'; one of raise, alone");
+}
+
 py::dict Balance(const py::handle& lengths_object, std::int64_t num_parts, bool equal_size,
                  const py::handle& groups_object, bool keep_groups, const std::string& algorithm,
                  std::optional<std::int64_t> refine_iterations) {
@@ -306,6 +312,7 @@ py::dict ToDict(const balance::StepPlan& plan) {
   out["unpadded_tokens"] = plan.unpadded_tokens;
   out["empty_micro_batches"] = plan.empty_micro_batches;
   out["empty_ranks"] = plan.empty_ranks;
+  out["oversized"] = plan.oversized;
   return out;
 }
 
@@ -315,7 +322,7 @@ py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
                   std::int64_t micro_batches_multiple_of, std::int64_t pad_to_multiple_of,
                   std::int64_t pipeline_stages, std::optional<std::int64_t> overhead,
                   std::optional<double> count_tolerance, const std::string& order,
-                  std::optional<std::int64_t> refine_iterations) {
+                  std::optional<std::int64_t> refine_iterations, const std::string& oversize) {
   CheckCount("num_ranks", num_ranks);
   const Int64Input lengths = Int64Input::From(lengths_object, "lengths");
   const Int64Input groups = Int64Input::From(groups_object, "groups");
@@ -346,6 +353,7 @@ py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
     micro_batch.count_tolerance = *count_tolerance;
   }
   micro_batch.order = ToOrder(order);
+  micro_batch.oversize = ToOversize(oversize);
   micro_batch.refine = ToRefine(refine_iterations);
 
   balance::PlannedStep step;
@@ -517,12 +525,13 @@ PYBIND11_MODULE(_native, m) {
         py::arg("micro_batches_multiple_of") = 0, py::arg("pad_to_multiple_of") = 0,
         py::arg("pipeline_model_parallel_size") = 0, py::arg("overhead") = py::none(),
         py::arg("count_tolerance") = py::none(), py::arg("order") = "",
-        py::arg("refine_iterations") = py::none(),
-        "PlanStep(): a whole step (token cost). Returns a dict: ranks (each a tuple of "
+        py::arg("refine_iterations") = py::none(), py::arg("oversize") = "",
+        "PlanStep(): a whole step (token cost; oversize: raise or alone). Returns a dict: ranks "
+        "(each a tuple of "
         "micro_batches [(indices, tokens, cost, unpadded_tokens)], tokens, cost, time, "
         "sequences, unpadded_tokens), micro_batches, predicted_step_time, lower_bound, "
         "overhead, sequences, tokens, unpadded_tokens, empty_micro_batches, empty_ranks, "
-        "baseline (a dict).");
+        "oversized, baseline (a dict).");
   m.def("_time_balance", &TimeBalance, py::arg("lengths"), py::arg("num_parts"),
         py::arg("equal_size") = false, py::arg("repeats") = 1,
         "Seconds of each of `repeats` Balance() calls timed in C++ (for the benchmark).");

@@ -145,7 +145,9 @@ class StepPlan:
     micro-batch's summed per-token loss by ``unpadded_tokens`` (the step's), times
     the data-parallel size when the gradients are averaged across ranks; not by the
     micro-batch's own tokens. ``empty_micro_batches`` and ``empty_ranks`` are 0
-    unless the input forces them (fewer sequences than ranks × micro-batches)."""
+    unless the input forces them (fewer sequences than ranks × micro-batches);
+    ``oversized`` counts the sequences above the cap, each alone in its micro-batch
+    (``oversize="alone"``)."""
     ranks: list[RankPlan]
     micro_batches: int
     predicted_step_time: int
@@ -157,6 +159,7 @@ class StepPlan:
     unpadded_tokens: int
     empty_micro_batches: int
     empty_ranks: int
+    oversized: int = 0
 
     @classmethod
     def from_proto(cls, reply: balance_pb2.PlanStepReply) -> "StepPlan":
@@ -173,7 +176,7 @@ class StepPlan:
                    overhead=reply.overhead, sequences=reply.sequences,
                    tokens=reply.tokens, unpadded_tokens=reply.unpadded_tokens,
                    empty_micro_batches=reply.empty_micro_batches,
-                   empty_ranks=reply.empty_ranks)
+                   empty_ranks=reply.empty_ranks, oversized=reply.oversized)
 
 
 # ----------------------------------------------------------------------------------
@@ -714,6 +717,7 @@ class Client:
                   count_tolerance: Optional[float] = None,
                   max_tokens_per_micro_batch: Optional[int] = None,
                   pipeline_stages: Optional[int] = None,
+                  oversize: Union[None, int, str] = None,
                   raw: bool = False) -> Union[StepPlan, balance_pb2.PlanStepReply]:
         """Plans a whole step (``rlsched.v1.PlanStepRequest``): sequences to
         `num_ranks` ranks (the data-parallel size) and each rank's into micro-batches
@@ -726,8 +730,9 @@ class Client:
         `overhead`: the cost of one micro-batch launch in cost units; None estimates
         it from the cost model's shape (about 190 tokens for an 8B model; the reply's
         ``overhead``). `count_tolerance`: None (0.01). `order`: None (pipeline),
-        "pipeline", "heaviest_first". Returns a :class:`StepPlan`, or the
-        ``PlanStepReply`` with ``raw=True``."""
+        "pipeline", "heaviest_first". `oversize`: what a sequence longer than the cap
+        does, None or "raise" (an error naming it), "alone" (a micro-batch of its own).
+        Returns a :class:`StepPlan`, or the ``PlanStepReply`` with ``raw=True``."""
         max_token_len, pipeline_model_parallel_size = _plan_step_sizes(
             max_token_len, max_tokens_per_micro_batch, pipeline_model_parallel_size,
             pipeline_stages)
@@ -748,6 +753,8 @@ class Client:
             message.count_tolerance = count_tolerance
         message.order = _enum(balance_pb2.MicroBatchOrder, "MICRO_BATCH_ORDER_", order,
                               "plan_step.order")
+        message.oversize = _enum(balance_pb2.OversizePolicy, "OVERSIZE_POLICY_", oversize,
+                                 "plan_step.oversize")
         try:
             reply = self.call(request).plan_step
         except InvalidArgumentError as error:
@@ -1061,13 +1068,15 @@ def native_plan_step(lengths, *, num_ranks, max_token_len=None, groups=None,
                      micro_batches_multiple_of=0, pad_to_multiple_of=0,
                      pipeline_model_parallel_size=None, overhead=None, cost=None,
                      order=None, refine_iterations=None, count_tolerance=None,
-                     max_tokens_per_micro_batch=None, pipeline_stages=None, raw=False):
+                     max_tokens_per_micro_batch=None, pipeline_stages=None, oversize=None,
+                     raw=False):
     """:meth:`Client.plan_step` in process; NotImplemented for the arguments only the
-    daemon takes (a cost model other than tokens, an int order, ``raw``)."""
+    daemon takes (a cost model other than tokens, an int order or oversize, ``raw``)."""
     if _native is None or raw or cost not in (None, "tokens"):
         return NotImplemented
     order_name = _native_enum(order, "micro_batch_order_")
-    if order_name is None:
+    oversize_name = _native_enum(oversize, "oversize_policy_")
+    if order_name is None or oversize_name is None:
         return NotImplemented
     max_token_len, pipeline_model_parallel_size = _plan_step_sizes(
         max_token_len, max_tokens_per_micro_batch, pipeline_model_parallel_size,
@@ -1081,7 +1090,7 @@ def native_plan_step(lengths, *, num_ranks, max_token_len=None, groups=None,
         pad_to_multiple_of=pad_to_multiple_of,
         pipeline_model_parallel_size=pipeline_model_parallel_size or 0,
         overhead=overhead, count_tolerance=count_tolerance, order=order_name,
-        refine_iterations=refine_iterations)
+        refine_iterations=refine_iterations, oversize=oversize_name)
     ranks = [RankPlan([MicroBatch(*m) for m in micro_batches], tokens, cost_, time_,
                       sequences, unpadded)
              for micro_batches, tokens, cost_, time_, sequences, unpadded in r["ranks"]]
@@ -1094,7 +1103,7 @@ def native_plan_step(lengths, *, num_ranks, max_token_len=None, groups=None,
                     overhead=r["overhead"], sequences=r["sequences"], tokens=r["tokens"],
                     unpadded_tokens=r["unpadded_tokens"],
                     empty_micro_batches=r["empty_micro_batches"],
-                    empty_ranks=r["empty_ranks"])
+                    empty_ranks=r["empty_ranks"], oversized=r["oversized"])
 
 
 def _plan_step_sizes(max_token_len, max_tokens_per_micro_batch, pipeline_model_parallel_size,

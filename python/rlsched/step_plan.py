@@ -29,7 +29,7 @@ def plan_step_indices(lengths: Any, num_ranks: int, max_token_len: int, *,
     (``groups``, ``equal_size``, ``keep_groups``, ``min_micro_batches``,
     ``micro_batches_multiple_of``, ``pad_to_multiple_of``,
     ``pipeline_model_parallel_size``, ``overhead``, ``cost``, ``order``,
-    ``refine_iterations``, ``count_tolerance``). In process with the native module
+    ``refine_iterations``, ``count_tolerance``, ``oversize``). In process with the native module
     (every cost model when it has the wire library), else through the daemon. Raises
     :class:`rlsched.InvalidArgumentError` naming the argument."""
     import rlsched

@@ -800,5 +800,96 @@ TEST(MicroBatchPropertyTest, ThoroughPruningKeepsThePlan) { PruningSweep(10'000,
 TEST(MicroBatchPropertyTest, RandomSteps) { StepSweep(1, 150); }
 TEST(MicroBatchPropertyTest, ThoroughRandomSteps) { StepSweep(10'000, 1500); }
 
+// OversizePolicy::kAlone: every sequence above the cap (padded) alone in a micro-batch
+// (beside zero-length ones at most), every other micro-batch under the cap, the figures
+// those of the real tokens, the same count on every rank; without such sequences the
+// plan is kRaise's.
+void ExpectOversizedAlone(std::span<const std::int64_t> lengths, const StepOptions& options,
+                          const StepPlan& plan) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const std::int64_t cap = mb.max_tokens_per_micro_batch;
+  std::vector<int> seen(lengths.size(), 0);
+  std::int64_t oversized = 0;
+  for (const std::int64_t l : lengths) oversized += Padded(l, mb.pad_to_multiple_of) > cap;
+  EXPECT_EQ(plan.oversized, oversized);
+  for (const RankPlan& rank : plan.ranks) {
+    ASSERT_EQ(static_cast<std::int64_t>(rank.micro_batches.size()), plan.num_micro_batches);
+    std::int64_t rank_tokens = 0;
+    for (const MicroBatch& b : rank.micro_batches) {
+      std::int64_t tokens = 0, with_tokens = 0, above = 0;
+      for (const std::int64_t i : b.indices) {
+        ++seen[static_cast<std::size_t>(i)];
+        const std::int64_t t = Padded(lengths[static_cast<std::size_t>(i)], mb.pad_to_multiple_of);
+        tokens += t;
+        with_tokens += t > 0 ? 1 : 0;
+        above += t > cap ? 1 : 0;
+      }
+      EXPECT_EQ(b.tokens, tokens);
+      rank_tokens += tokens;
+      if (above > 0) {
+        EXPECT_EQ(with_tokens, 1) << "an oversized sequence shares its micro-batch";
+      } else {
+        EXPECT_LE(b.tokens, cap) << "the cap is broken";
+      }
+    }
+    EXPECT_EQ(rank.tokens, rank_tokens);
+  }
+  for (const int count : seen) ASSERT_EQ(count, 1) << "every sequence exactly once";
+  EXPECT_LE(plan.lower_bound, plan.predicted_step_time);
+}
+
+TEST(MicroBatchTest, OversizedSequenceAloneOrNamed) {
+  const std::vector<std::int64_t> lengths{9000, 100, 200, 300, 5000, 40};
+  StepOptions options;
+  options.num_ranks = 2;
+  options.micro_batch.max_tokens_per_micro_batch = 4096;
+  EXPECT_THAT(ErrorOf([&] { PlanStep(lengths, {}, options); }),
+              HasSubstr("lengths[0]: sequence of 9000 tokens (padded) exceeds"));
+  options.micro_batch.oversize = OversizePolicy::kAlone;
+  const PlannedStep step = PlanStep(lengths, {}, options);
+  EXPECT_EQ(step.plan.oversized, 2);
+  EXPECT_EQ(step.plan.tokens, 14'640);
+  ExpectOversizedAlone(lengths, options, step.plan);
+  const RankPlan rank = PlanMicroBatches(lengths, options.micro_batch);
+  StepPlan one;
+  one.ranks = {rank};
+  one.num_micro_batches = static_cast<std::int64_t>(rank.micro_batches.size());
+  one.oversized = 2;
+  ExpectOversizedAlone(lengths, options, one);
+  EXPECT_EQ(rank.tokens, 14'640);
+}
+
+TEST(MicroBatchPropertyTest, OversizedSequencesAlone) {
+  for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+    workload::Rng rng(seed * 31 + 7);
+    workload::SyntheticBatch batch =
+        workload::GrpoBatch(rng.UniformInt(0, 48), rng.UniformInt(1, 8), seed);
+    if (rng.UniformInt(0, 3) == 0) {
+      for (std::int64_t& l : batch.lengths) l = rng.UniformInt(0, 4) == 0 ? 0 : l;
+    }
+    StepOptions options;
+    options.num_ranks = rng.UniformInt(1, 8);
+    options.equal_size = rng.UniformInt(0, 3) == 0;
+    options.keep_groups = rng.UniformInt(0, 4) == 0;
+    MicroBatchOptions& mb = options.micro_batch;
+    mb.pad_to_multiple_of = rng.UniformInt(0, 1) == 1 ? 1 : rng.UniformInt(2, 128);
+    mb.max_tokens_per_micro_batch = rng.UniformInt(1'000, 20'000);
+    mb.min_micro_batches = rng.UniformInt(1, 3);
+    mb.micro_batches_multiple_of = rng.UniformInt(1, 3);
+    mb.pipeline_stages = rng.UniformInt(0, 2) == 0 ? rng.UniformInt(2, 4) : 1;
+    if (rng.UniformInt(0, 2) == 0) mb.cost = CostModel::Attention(24576.0, 1.0, 0.0);
+    mb.oversize = OversizePolicy::kAlone;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const PlannedStep step = PlanStep(batch.lengths, batch.groups, options);
+    ExpectOversizedAlone(batch.lengths, options, step.plan);
+    if (step.plan.oversized == 0) {
+      StepOptions raise = options;
+      raise.micro_batch.oversize = OversizePolicy::kRaise;
+      ExpectSamePlan(step.plan, PlanStep(batch.lengths, batch.groups, raise).plan);
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 }  // namespace
 }  // namespace rlsched::balance

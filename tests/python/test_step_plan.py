@@ -38,12 +38,17 @@ CASES = [
     (6, 500, 8, 65536, {"cost": {"kind": "attention", "model": MODEL}}, MODEL_FLAGS),
     (7, 64, 2, 20000, {"cost": {"kind": "attention", "model": MODEL}, "overhead": 500},
      MODEL_FLAGS + ["--overhead", "500"]),
+    # Sequences above the cap, each alone (lengths drawn up to twice the cap).
+    (8, 300, 4, 16000, {"oversize": "alone"}, ["--oversize", "alone"]),
+    (9, 120, 2, 9000, {"oversize": "alone", "pad_to_multiple_of": 64,
+                       "cost": {"kind": "attention", "model": MODEL}},
+     ["--oversize", "alone", "--pad-to-multiple-of", "64"] + MODEL_FLAGS),
 ]
 
 
-def _lengths(seed, n, cap):
+def _lengths(seed, n, cap, oversize=False):
     rng = random.Random(seed)
-    return [rng.randint(1, min(cap, 32768)) for _ in range(n)]
+    return [rng.randint(1, 2 * cap if oversize else min(cap, 32768)) for _ in range(n)]
 
 
 def _program_plan(rlsched_bin, lengths, ranks, cap, flags):
@@ -58,17 +63,24 @@ def _program_plan(rlsched_bin, lengths, ranks, cap, flags):
 
 @pytest.mark.parametrize("seed,n,ranks,cap,options,flags", CASES)
 def test_same_lists_as_the_program(rlsched_bin, seed, n, ranks, cap, options, flags):
-    lengths = _lengths(seed, n, cap)
+    alone = options.get("oversize") == "alone"
+    lengths = _lengths(seed, n, cap, alone)
     plan = rlsched.plan_step_indices(lengths, ranks, cap, **options)
     assert plan == _program_plan(rlsched_bin, lengths, ranks, cap, flags)
-    # Every index once; the cap holds (padded lengths); one count on every rank.
+    # Every index once; the cap holds (padded lengths) but for a sequence above it
+    # alone; one count on every rank.
     assert sorted(i for rank in plan for m in rank for i in m) == list(range(n))
     pad = options.get("pad_to_multiple_of", 1)
+    alone_seen = 0
     for rank in plan:
         assert len(rank) == len(plan[0])
         for m in rank:
             assert m == sorted(m)
-            assert sum(-(-lengths[i] // pad) * pad for i in m) <= cap
+            if len(m) == 1 and -(-lengths[m[0]] // pad) * pad > cap:
+                alone_seen += 1
+            else:
+                assert sum(-(-lengths[i] // pad) * pad for i in m) <= cap
+    assert (alone_seen > 0) == alone
     # numpy in, numpy out: the same lists.
     arrays = rlsched.plan_step_indices(np.asarray(lengths, dtype=np.int64), ranks, cap,
                                        as_numpy=True, **options)
@@ -96,6 +108,21 @@ def test_random_plans_place_every_index_once_under_the_cap(seed):
         rank_of = {i: r for r, rank in enumerate(plan) for m in rank for i in m}
         for g in set(groups):
             assert len({rank_of[i] for i in range(n) if groups[i] == g}) == 1
+
+
+def test_oversize_through_the_daemon_and_in_process(client):
+    lengths = [9000, 100, 200, 300, 5000, 40]
+    for plan in (client.plan_step(lengths, num_ranks=2, max_token_len=4096, oversize="alone"),
+                 rlsched.plan_step(lengths, num_ranks=2, max_token_len=4096, oversize="alone")):
+        assert plan.oversized == 2 and plan.tokens == 14640
+        sizes = sorted(m.tokens for r in plan.ranks for m in r.micro_batches if m.tokens > 4096)
+        assert sizes == [5000, 9000]
+    for call in (client.plan_step, rlsched.plan_step):
+        with pytest.raises(rlsched.InvalidArgumentError) as info:
+            call(lengths, num_ranks=2, max_token_len=4096, oversize="raise")
+        assert "lengths[0]" in str(info.value)
+        with pytest.raises(rlsched.InvalidArgumentError, match="oversize"):
+            call(lengths, num_ranks=2, max_token_len=4096, oversize="drop")
 
 
 @pytest.mark.parametrize("args,field", [

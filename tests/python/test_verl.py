@@ -1,12 +1,20 @@
-"""rlsched.integrations.verl against a stand-in for verl.utils.seqlen_balancing.
+"""rlsched.integrations.verl against a stand-in for verl at commit 1dda039b9.
 
-verl is not installable here. The stand-in is a module registered in sys.modules
-under verl's module path, with verl's function names and signatures (verl commit
-b178a3cd56f58b2d502255daba591e92833930a7) and bodies of this test's own: a
-Karmarkar-Karp (largest differencing) partition, the micro-batch recipe (the count
-from the tokens over the cap, the workload key 24576·L + L², no check of the cap),
-and a caller that looks rearrange_micro_batches up at call time, as
-prepare_dynamic_batch does.
+verl is not installable here. The stand-in registers modules in sys.modules under
+verl's module paths with verl's function names and signatures at verl-project/verl
+1dda039b9 (2026-08-22) and bodies of this test's own:
+
+* ``verl.utils.seqlen_balancing``: a Karmarkar-Karp (largest differencing) partition,
+  the micro-batch recipe (the count from the tokens over the cap, the workload key
+  24576·L + L², whole runs of ``force_group_size`` samples, no check of the cap),
+  ``prepare_dynamic_batch`` (which looks ``rearrange_micro_batches`` up at call time),
+  ``restore_dynamic_batch`` and ``get_reverse_idx``;
+* ``verl.workers.engine.utils``: ``prepare_micro_batches``, which imported
+  ``rearrange_micro_batches`` by name and calls it as verl's engines do
+  (``verl/workers/engine/utils.py:112`` at that commit);
+* ``verl.trainer.ppo.ray_trainer``: the driver's ``_balance_batch`` calls
+  (``ray_trainer.py:1215``, ``:1227``, ``:1235``), with ``get_seqlen_balanced_partitions``
+  imported by name.
 """
 
 import inspect
@@ -30,8 +38,10 @@ if not rlsched.native_available():
 
 STANDIN_SOURCE = '''
 import heapq
+from itertools import chain
 
 import torch
+from torch import distributed as dist
 
 from verl.utils import tensordict_utils as tu
 
@@ -66,7 +76,7 @@ def _differencing(values, k, equal_size):
     return [bucket[1] for bucket in heap[0][2]]
 
 
-def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
+def get_seqlen_balanced_partitions(seqlen_list: list[int], k_partitions: int, equal_size: bool):
     assert len(seqlen_list) >= k_partitions
     if equal_size:
         assert len(seqlen_list) % k_partitions == 0
@@ -77,15 +87,18 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
 
 def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
                             same_micro_num_in_dp=True, min_num_micro_batch=None,
-                            use_dynamic_bsz_balance=True):
+                            use_dynamic_bsz_balance=True, force_group_size=1):
     lengths = batch["attention_mask"].sum(dim=1)
-    count = min(len(lengths), -(-int(lengths.sum()) // max_token_len))
+    groups = len(lengths) // force_group_size
+    count = min(groups, -(-int(lengths.sum()) // max_token_len))
     if min_num_micro_batch is not None:
         count = max(count, min_num_micro_batch)
     if num_batches_divided_by is not None:
         count = -(-count // num_batches_divided_by) * num_batches_divided_by
-    parts = get_seqlen_balanced_partitions(calculate_workload(lengths).tolist(), count,
-                                           equal_size=False)
+    work = calculate_workload(lengths).view(groups, force_group_size).sum(dim=1).tolist()
+    parts = get_seqlen_balanced_partitions(work, count, equal_size=False)
+    parts = [[i for g in p for i in range(g * force_group_size, (g + 1) * force_group_size)]
+             for p in parts]
     return [tu.index_select_tensor_dict(batch, p) for p in parts], parts
 
 
@@ -106,7 +119,12 @@ def prepare_dynamic_batch(data, max_token_len, dp_group=None, num_batches_divide
                                    use_dynamic_bsz_balance=use_dynamic_bsz_balance)
 
 
-def get_group_balanced_partitions(seqlen_list, uid_list, k_partitions):
+def restore_dynamic_batch(data, batch_idx_list):
+    order = list(chain.from_iterable(batch_idx_list))
+    return data[torch.tensor(get_reverse_idx(order), dtype=torch.long)]
+
+
+def get_group_balanced_partitions(seqlen_list: list[int], uid_list: list, k_partitions: int):
     runs = []
     for i, uid in enumerate(uid_list):
         if i and uid == uid_list[i - 1]:
@@ -126,21 +144,79 @@ import torch
 
 def index_select_tensor_dict(batch, indices):
     index = torch.tensor(indices, dtype=torch.long)
-    return {key: value[index] for key, value in batch.items()}
+    return {key: value[index] for key, value in batch.items() if isinstance(value, torch.Tensor)}
+
+
+def get_non_tensor_data(data, key, default):
+    return getattr(data, "non_tensor", {}).get(key, default)
 '''
 
-# verl's signatures (the commit above), as (name, default) per parameter.
-VERL_SIGNATURES = {
-    "get_seqlen_balanced_partitions": [("seqlen_list", None), ("k_partitions", None),
-                                       ("equal_size", None)],
-    "get_group_balanced_partitions": [("seqlen_list", None), ("uid_list", None),
-                                      ("k_partitions", None)],
-    "rearrange_micro_batches": [("batch", None), ("max_token_len", None), ("dp_group", None),
-                                ("num_batches_divided_by", None),
-                                ("same_micro_num_in_dp", True), ("min_num_micro_batch", None),
-                                ("use_dynamic_bsz_balance", True)],
-    "get_reverse_idx": [("idx_map", None)],
-}
+# verl/workers/engine/utils.py at 1dda039: the import by name (line 28) and the call
+# (lines 106-121), with a body of this test's own.
+ENGINE_UTILS_SOURCE = '''
+from verl.utils import tensordict_utils as tu
+from verl.utils.seqlen_balancing import rearrange_micro_batches, restore_dynamic_batch
+
+
+def prepare_micro_batches(data, dp_group=None, num_batches_divided_by=None,
+                          same_micro_num_in_dp=True, min_num_micro_batch=None,
+                          use_dynamic_bsz_balance=True):
+    sp_size = tu.get_non_tensor_data(data=data, key="sp_size", default=1)
+    force_group_size = tu.get_non_tensor_data(data=data, key="force_group_size", default=1)
+    max_token_len = data["max_token_len_per_gpu"] * sp_size
+    return rearrange_micro_batches(
+        data,
+        max_token_len=max_token_len,
+        dp_group=dp_group,
+        num_batches_divided_by=num_batches_divided_by,
+        same_micro_num_in_dp=same_micro_num_in_dp,
+        min_num_micro_batch=min_num_micro_batch,
+        use_dynamic_bsz_balance=use_dynamic_bsz_balance,
+        force_group_size=force_group_size,
+    )
+
+
+def restore(output, indices):
+    return restore_dynamic_batch(output, indices)
+'''
+
+# verl/trainer/ppo/ray_trainer.py at 1dda039: the import by name (line 69) and
+# _balance_batch's three calls (lines 1197-1242), on plain arguments, with a body of
+# this test's own.
+RAY_TRAINER_SOURCE = '''
+import torch
+
+from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
+
+
+def balance_batch(attention_mask, dp_size, uid_list=None, minibatch_size=None):
+    seqlens = attention_mask.view(attention_mask.shape[0], -1).sum(-1)
+    workload_lst = calculate_workload(seqlens)
+    if uid_list is not None:
+        from verl.utils.seqlen_balancing import get_group_balanced_partitions
+        return get_group_balanced_partitions(seqlen_list=seqlens.tolist(), uid_list=uid_list,
+                                             k_partitions=dp_size)
+    if minibatch_size is not None:
+        parts = [[] for _ in range(dp_size)]
+        for i in range(len(workload_lst) // minibatch_size):
+            mini = get_seqlen_balanced_partitions(
+                workload_lst[i * minibatch_size:(i + 1) * minibatch_size],
+                k_partitions=dp_size,
+                equal_size=True,
+            )
+            for j, part in enumerate(mini):
+                parts[j].extend([x + minibatch_size * i for x in part])
+        return parts
+    return get_seqlen_balanced_partitions(workload_lst, k_partitions=dp_size, equal_size=True)
+'''
+
+# The signatures at verl b178a3cd (before force_group_size), for the refusal.
+OLD_REARRANGE = '''
+def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
+                            same_micro_num_in_dp=True, min_num_micro_batch=None,
+                            use_dynamic_bsz_balance=True):
+    raise AssertionError("never called: install refuses it")
+'''
 
 
 def _module(name, source=None, path=None):
@@ -151,27 +227,29 @@ def _module(name, source=None, path=None):
     return module
 
 
-def register_standin(modules):
+def register_standin(modules, seqlen_source=None):
     """Registers verl, verl.utils, verl.utils.tensordict_utils,
-    verl.utils.seqlen_balancing and a trainer that imported a function by name into
-    `modules` (sys.modules or a monkeypatch-like setter); returns the stand-in."""
-    verl = _module("verl", path="/site-packages/verl/__init__.py")
-    verl.__path__ = []
-    utils = _module("verl.utils", path="/site-packages/verl/utils/__init__.py")
-    utils.__path__ = []
-    verl.utils = utils
-    modules("verl", verl)
-    modules("verl.utils", utils)
-    tu = _module("verl.utils.tensordict_utils", TENSORDICT_UTILS_SOURCE)
-    utils.tensordict_utils = tu
-    modules("verl.utils.tensordict_utils", tu)
-    standin = _module("verl.utils.seqlen_balancing", STANDIN_SOURCE)
-    utils.seqlen_balancing = standin
-    modules("verl.utils.seqlen_balancing", standin)
-    trainer = _module("verl.trainer.ppo.ray_trainer")
-    trainer.get_seqlen_balanced_partitions = standin.get_seqlen_balanced_partitions
-    modules("verl.trainer.ppo.ray_trainer", trainer)
-    return standin
+    verl.utils.seqlen_balancing, verl.workers.engine.utils and
+    verl.trainer.ppo.ray_trainer into `modules` (sys.modules or a monkeypatch-like
+    setter); returns the seqlen_balancing stand-in. `seqlen_source` replaces its
+    source (another verl's signatures)."""
+    def package(name):
+        module = _module(name, path=f"/site-packages/{name.replace('.', '/')}/__init__.py")
+        module.__path__ = []
+        modules(name, module)
+        return module
+
+    for name in ("verl", "verl.utils", "verl.workers", "verl.workers.engine", "verl.trainer",
+                 "verl.trainer.ppo"):
+        package(name)
+    for name, source in (("verl.utils.tensordict_utils", TENSORDICT_UTILS_SOURCE),
+                         ("verl.utils.seqlen_balancing", seqlen_source or STANDIN_SOURCE),
+                         ("verl.workers.engine.utils", ENGINE_UTILS_SOURCE),
+                         ("verl.trainer.ppo.ray_trainer", RAY_TRAINER_SOURCE)):
+        module = _module(name)
+        modules(name, module)  # registered first: the next sources import it
+        exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return sys.modules["verl.utils.seqlen_balancing"]
 
 
 @pytest.fixture
@@ -179,11 +257,6 @@ def standin(monkeypatch):
     module = register_standin(lambda name, m: monkeypatch.setitem(sys.modules, name, m))
     yield module
     rlsched_verl.uninstall()
-
-
-def _parameters(function):
-    return [(p.name, None if p.default is inspect.Parameter.empty else p.default)
-            for p in inspect.signature(function).parameters.values()]
 
 
 def _check_partition(parts, n, k):
@@ -197,16 +270,22 @@ def _check_partition(parts, n, k):
     assert sorted(seen) == list(range(n)), "every index exactly once"
 
 
-def test_the_drop_ins_have_verls_signatures(standin):
-    for name, parameters in VERL_SIGNATURES.items():
-        assert _parameters(getattr(rlsched_verl, name)) == parameters, name
-        assert _parameters(getattr(standin, name)) == parameters, name
-        assert getattr(rlsched_verl, name).__doc__ != getattr(standin, name).__doc__
+def test_the_drop_ins_have_the_pinned_signatures(standin):
+    assert rlsched_verl.INTEGRATION.commit == rlsched_verl.COMMIT == "1dda039b9"
+    for target in rlsched_verl.INTEGRATION.targets:
+        expected = [(p.name, p.default) for p in target.expected().parameters.values()]
+        for function in (target.drop_in, getattr(standin, target.name)):
+            assert [(p.name, p.default)
+                    for p in inspect.signature(function).parameters.values()] == expected
+        assert target.drop_in.__doc__ != getattr(standin, target.name).__doc__
+    assert "force_group_size=1" in rlsched_verl.INTEGRATION.targets[2].signature
+    assert rlsched_verl.check() == []
 
 
 def test_install_replaces_and_uninstall_restores(standin):
     originals = {name: getattr(standin, name) for name in rlsched_verl.FUNCTIONS}
     trainer = sys.modules["verl.trainer.ppo.ray_trainer"]
+    engine = sys.modules["verl.workers.engine.utils"]
     elsewhere = types.ModuleType("not_verl")
     elsewhere.get_seqlen_balanced_partitions = originals["get_seqlen_balanced_partitions"]
     sys.modules["not_verl"] = elsewhere
@@ -214,11 +293,13 @@ def test_install_replaces_and_uninstall_restores(standin):
         replaced = rlsched_verl.install()
         assert sorted(replaced) == sorted(
             [f"verl.utils.seqlen_balancing.{name}" for name in rlsched_verl.FUNCTIONS]
-            + ["verl.trainer.ppo.ray_trainer.get_seqlen_balanced_partitions"])
+            + ["verl.trainer.ppo.ray_trainer.get_seqlen_balanced_partitions",
+               "verl.workers.engine.utils.rearrange_micro_batches"])
         for name in rlsched_verl.FUNCTIONS:
             assert getattr(standin, name) is getattr(rlsched_verl, name)
         assert trainer.get_seqlen_balanced_partitions is \
             rlsched_verl.get_seqlen_balanced_partitions
+        assert engine.rearrange_micro_batches is rlsched_verl.rearrange_micro_batches
         assert elsewhere.get_seqlen_balanced_partitions is \
             originals["get_seqlen_balanced_partitions"], "only verl's modules are patched"
         assert rlsched_verl.install() == replaced, "installing twice changes nothing"
@@ -228,8 +309,7 @@ def test_install_replaces_and_uninstall_restores(standin):
         assert sorted(restored) == sorted(replaced)
         for name in rlsched_verl.FUNCTIONS:
             assert getattr(standin, name) is originals[name]
-        assert trainer.get_seqlen_balanced_partitions is \
-            originals["get_seqlen_balanced_partitions"]
+        assert engine.rearrange_micro_batches is originals["rearrange_micro_batches"]
         assert rlsched_verl.installed() == []
         assert rlsched_verl.uninstall() == []
     finally:
@@ -240,23 +320,65 @@ def test_install_without_verl_does_nothing(monkeypatch):
     monkeypatch.setitem(sys.modules, "verl", None)  # `import verl` fails
     assert rlsched_verl.install() == []
     assert rlsched_verl.installed() == []
+    assert rlsched_verl.check() == []
 
 
-def test_install_by_module_name_and_partial_module(monkeypatch):
-    # An older verl without get_group_balanced_partitions: the others are replaced.
-    module = types.ModuleType("verl_old.utils.seqlen_balancing")
-    exec(compile(STANDIN_SOURCE.replace("from verl.utils import tensordict_utils as tu", ""),
-                 "verl_old.py", "exec"), module.__dict__)
-    del module.get_group_balanced_partitions
-    monkeypatch.setitem(sys.modules, "verl_old.utils.seqlen_balancing", module)
+def _old_verl(monkeypatch):
+    """The stand-in with rearrange_micro_batches as verl b178a3cd declared it (no
+    force_group_size)."""
+    source = STANDIN_SOURCE[:STANDIN_SOURCE.index("def rearrange_micro_batches")] + \
+        OLD_REARRANGE + STANDIN_SOURCE[STANDIN_SOURCE.index("def get_reverse_idx"):]
+    return register_standin(lambda name, m: monkeypatch.setitem(sys.modules, name, m), source)
+
+
+def test_install_refuses_a_changed_signature_and_names_the_parameter(monkeypatch):
+    module = _old_verl(monkeypatch)
+    original = module.rearrange_micro_batches
+    with pytest.raises(rlsched.integrations.IncompatibleUpstreamError) as error:
+        rlsched_verl.install()
+    message = str(error.value)
+    assert "verl.utils.seqlen_balancing.rearrange_micro_batches" in message
+    assert "'force_group_size' is missing" in message
+    assert "verl-project/verl 1dda039b9" in message and "force=True" in message
+    assert error.value.field == "verl.utils.seqlen_balancing.rearrange_micro_batches"
+    assert isinstance(error.value, TypeError)
+    assert rlsched_verl.installed() == [], "nothing replaced"
+    assert module.rearrange_micro_batches is original
+    assert module.get_reverse_idx is not rlsched_verl.get_reverse_idx
+    assert rlsched_verl.check() == [
+        "verl.utils.seqlen_balancing.rearrange_micro_batches: parameter 8 "
+        "'force_group_size' is missing"]
     try:
-        replaced = rlsched_verl.install("verl_old.utils.seqlen_balancing")
-        assert len(replaced) == 3
-        assert "verl_old.utils.seqlen_balancing.get_group_balanced_partitions" not in replaced
-        assert module.get_reverse_idx is rlsched_verl.get_reverse_idx
+        assert len(rlsched_verl.install(force=True)) == 6
+        assert module.rearrange_micro_batches is rlsched_verl.rearrange_micro_batches
     finally:
         rlsched_verl.uninstall()
-    assert module.get_reverse_idx is not rlsched_verl.get_reverse_idx
+
+
+@pytest.mark.parametrize("change, says", [
+    ("def get_reverse_idx(idx_map, inplace=False):", "parameter 2 'inplace' (inplace=False "),
+    ("def get_reverse_idx(index_map):", "parameter 1 is index_map (positional or keyword), "
+                                        "expected idx_map"),
+    ("def get_reverse_idx(*, idx_map):", "parameter 1 is idx_map (keyword-only)"),
+    ("get_reverse_idx = None\ndef _gone(idx_map):", "get_reverse_idx: not defined"),
+])
+def test_install_refuses_any_difference(monkeypatch, change, says):
+    source = STANDIN_SOURCE.replace("def get_reverse_idx(idx_map):", change)
+    module = register_standin(lambda name, m: monkeypatch.setitem(sys.modules, name, m), source)
+    with pytest.raises(rlsched.integrations.IncompatibleUpstreamError, match="get_reverse_idx"):
+        rlsched_verl.install()
+    assert says in " ".join(rlsched_verl.check())
+    assert module.rearrange_micro_batches is not rlsched_verl.rearrange_micro_batches
+
+
+def test_a_changed_default_is_refused(monkeypatch):
+    source = STANDIN_SOURCE.replace("use_dynamic_bsz_balance=True, force_group_size=1",
+                                    "use_dynamic_bsz_balance=False, force_group_size=1", 1)
+    register_standin(lambda name, m: monkeypatch.setitem(sys.modules, name, m), source)
+    assert rlsched_verl.check() == [
+        "verl.utils.seqlen_balancing.rearrange_micro_batches: parameter 7 is "
+        "use_dynamic_bsz_balance=False (positional or keyword), expected "
+        "use_dynamic_bsz_balance=True (positional or keyword)"]
 
 
 def _random_values(rng, n):
@@ -304,9 +426,9 @@ def test_partition_errors_name_the_argument(standin):
         rlsched_verl.get_seqlen_balanced_partitions([1, 2], 3, False)
     with pytest.raises(ValueError, match="equal_size"):
         rlsched_verl.get_seqlen_balanced_partitions([1, 2, 3], 2, True)
-    with pytest.raises(ValueError, match=r"weights\[1\]: must be >= 0") as error:
+    with pytest.raises(ValueError, match=r"seqlen_list\[1\]: must be >= 0, got -2") as error:
         rlsched_verl.get_seqlen_balanced_partitions([1, -2, 3], 2, False)
-    assert error.value.field == "weights[1]"
+    assert error.value.field == "seqlen_list[1]"
     with pytest.raises(ValueError, match="overflows int64"):
         rlsched_verl.get_seqlen_balanced_partitions([2**62, 2**62, 1], 2, False)
 
@@ -371,6 +493,15 @@ def _padded_batch(lengths, width):
     return {"input_ids": ids, "attention_mask": mask}
 
 
+class _TensorDict(dict):
+    """What prepare_micro_batches reads of verl's TensorDict: tensors by key, the
+    non-tensor entries through tu.get_non_tensor_data."""
+
+    def __init__(self, tensors, **non_tensor):
+        super().__init__(tensors)
+        self.non_tensor = non_tensor
+
+
 def test_micro_batches_never_break_the_cap_where_the_recipe_does(standin):
     # 8 sequences of 7 tokens under a cap of 8: the recipe plans ceil(56 / 8) = 7
     # micro-batches, so one holds 14 tokens.
@@ -383,44 +514,105 @@ def test_micro_batches_never_break_the_cap_where_the_recipe_does(standin):
     assert len(micro_batches) == 8
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_micro_batches_structure_and_cap(standin, seed):
+def _check_micro_batches(parts, lengths, group, cap, alone=False):
+    """verl's invariants (tests/utils/test_seqlen_balancing.py at 1dda039): every index
+    once, each index list ascending; and ours: each run of `group` samples in one
+    micro-batch, the cap kept (an oversized run alone when `alone`)."""
+    n = len(lengths)
+    _check_partition(parts, n, len(parts))
+    where = {i: k for k, part in enumerate(parts) for i in part}
+    for g in range(n // group):
+        assert len({where[i] for i in range(g * group, (g + 1) * group)}) == 1, \
+            f"run {g} split across micro-batches"
+    for part in parts:
+        tokens = sum(lengths[i] for i in part)
+        if tokens > cap:
+            assert alone, "the cap is broken"
+            runs = {i // group for i in part if lengths[i] > 0}
+            assert len(runs) == 1, "an oversized run shares its micro-batch"
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_engine_micro_batches_structure_cap_groups_and_order(standin, seed):
+    """prepare_micro_batches's exact call (force_group_size from the data), then the
+    outputs put back in order by restore_dynamic_batch, as postprocess_batch_func does."""
     rng = random.Random(200 + seed)
+    engine = sys.modules["verl.workers.engine.utils"]
     rlsched_verl.install()
     for _ in range(4):
-        n = rng.randint(1, 96)
+        group = rng.choice([1, 1, 2, 4])
+        n = group * rng.randint(1, 48 // group)
         width = rng.choice([64, 512, 2048])
         lengths = [rng.randint(1, width) for _ in range(n)]
-        batch = _padded_batch(lengths, width)
-        cap = rng.randint(width, 4 * width)
+        per_gpu = rng.randint(width * group, 4 * width * group)
+        sp_size = rng.choice([1, 2])
+        cap = per_gpu * sp_size
         minimum = rng.choice([None, 1, 2, 3])
         multiple = rng.choice([None, 1, 2, 4])
-        if (minimum or 1) > n or (multiple or 1) > n:
-            continue
         balance = rng.random() < 0.5
-        fewest = _round_up(max(minimum or 1, _first_fit_decreasing_bins(lengths, cap)),
+        data = _TensorDict(_padded_batch(lengths, width), force_group_size=group,
+                           sp_size=sp_size)
+        data["max_token_len_per_gpu"] = per_gpu
+        units = [sum(lengths[u * group:(u + 1) * group]) for u in range(n // group)]
+        fewest = _round_up(max(minimum or 1, _first_fit_decreasing_bins(units, cap)),
                            multiple or 1)
         try:
-            micro_batches, parts = standin.rearrange_micro_batches(
-                batch, cap, num_batches_divided_by=multiple, min_num_micro_batch=minimum,
-                use_dynamic_bsz_balance=balance)
+            micro_batches, parts = engine.prepare_micro_batches(
+                data, dp_group=None, num_batches_divided_by=multiple, same_micro_num_in_dp=True,
+                min_num_micro_batch=minimum, use_dynamic_bsz_balance=balance)
         except ValueError as error:
-            # Only when the multiple forces more micro-batches than sequences.
-            assert error.field == "num_batches_divided_by"
-            assert fewest > n
+            # Only when the minimum or the multiple forces more micro-batches than runs
+            # (verl asserts then).
+            assert error.field in ("num_batches_divided_by", "min_num_micro_batch")
+            assert fewest > n // group
             continue
         count = len(parts)
         assert len(micro_batches) == count
-        _check_partition(parts, n, count)
-        assert all(sum(lengths[i] for i in p) <= cap for p in parts), "under the cap"
+        _check_micro_batches(parts, lengths, group, cap)
         assert count >= max(minimum or 1, math.ceil(sum(lengths) / cap))
         if multiple:
             assert count % multiple == 0
-        # The fewest that allow the cap: no more than first-fit decreasing needs.
-        assert count <= fewest
+        assert count <= fewest, "the fewest that keep the cap"
         for micro_batch, part in zip(micro_batches, parts):
-            assert torch.equal(micro_batch["input_ids"], batch["input_ids"][part])
-            assert torch.equal(micro_batch["attention_mask"], batch["attention_mask"][part])
+            assert torch.equal(micro_batch["input_ids"], data["input_ids"][part])
+        outputs = torch.cat([m["input_ids"] for m in micro_batches])
+        assert torch.equal(engine.restore(outputs, parts), data["input_ids"])
+
+
+def test_reward_model_pairs_stay_together_where_the_count_is_forced(standin):
+    # Pairs (chosen, rejected) of 300 + 300 tokens under a cap of 700: each pair alone.
+    engine = sys.modules["verl.workers.engine.utils"]
+    rlsched_verl.install()
+    lengths = [300, 300, 250, 350, 100, 120, 400, 200]
+    data = _TensorDict(_padded_batch(lengths, 400), force_group_size=2)
+    data["max_token_len_per_gpu"] = 700
+    _, parts = engine.prepare_micro_batches(data, dp_group=None, min_num_micro_batch=2)
+    _check_micro_batches(parts, lengths, 2, 700)
+    assert sorted(map(tuple, parts)) == [(0, 1), (2, 3), (4, 5), (6, 7)]
+
+
+def test_oversize_policy_raise_names_the_sample_or_group_and_alone_isolates(standin):
+    rlsched_verl.install()
+    lengths = [30, 90, 40, 10, 20, 20]
+    batch = _padded_batch(lengths, 100)
+    with pytest.raises(ValueError, match=r"max_token_len: sample 1 has 90 tokens, above "
+                                         r"max_token_len = 80 \(oversize policy 'raise'") as e:
+        rlsched_verl.rearrange_micro_batches(batch, 80)
+    assert e.value.field == "max_token_len"
+    with pytest.raises(ValueError, match=r"forced group 0 \(samples 0\.\.1\) has 120 tokens"):
+        rlsched_verl.rearrange_micro_batches(batch, 100, force_group_size=2)
+    with pytest.raises(ValueError, match="force_group_size: the batch's 6 samples must be a "
+                                         "multiple of it, got 4"):
+        rlsched_verl.rearrange_micro_batches(batch, 100, force_group_size=4)
+    rlsched_verl.install(oversize="alone")
+    _, parts = rlsched_verl.rearrange_micro_batches(batch, 80)
+    _check_micro_batches(parts, lengths, 1, 80, alone=True)
+    assert [1] in parts
+    _, parts = rlsched_verl.rearrange_micro_batches(batch, 100, force_group_size=2)
+    _check_micro_batches(parts, lengths, 2, 100, alone=True)
+    assert [0, 1] in parts
+    with pytest.raises(ValueError, match="oversize: must be one of raise, alone"):
+        rlsched_verl.install(oversize="drop")
 
 
 def _round_up(value, multiple):
@@ -439,32 +631,68 @@ def _first_fit_decreasing_bins(lengths, cap):
     return len(loads)
 
 
+class _Jagged:
+    """What rearrange_micro_batches reads of a jagged nested tensor (torch 1.13 has no
+    offsets())."""
+    is_nested = True
+
+    def __init__(self, lengths):
+        self._offsets = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)))
+
+    def offsets(self):
+        return self._offsets
+
+
 def test_micro_batches_of_nested_input_ids_and_errors(standin):
     rlsched_verl.install()
-
-    class Jagged:  # what rearrange_micro_batches reads of a nested tensor
-        is_nested = True
-
-        def __init__(self, lengths):
-            self._offsets = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)))
-
-        def offsets(self):
-            return self._offsets
-
     lengths = [5, 9, 3, 8, 2]
-    batch = {"input_ids": Jagged(lengths), "rows": torch.arange(5)}
+    batch = {"input_ids": _Jagged(lengths), "rows": torch.arange(5)}
     select = sys.modules["verl.utils.tensordict_utils"]
     select.index_select_tensor_dict = lambda b, p: {"rows": b["rows"][p]}
     micro_batches, parts = rlsched_verl.rearrange_micro_batches(batch, max_token_len=10)
-    _check_partition(parts, 5, len(parts))
-    assert all(sum(lengths[i] for i in p) <= 10 for p in parts)
+    _check_micro_batches(parts, lengths, 1, 10)
     assert len(parts) == 3  # 27 tokens under 10
     assert [m["rows"].tolist() for m in micro_batches] == parts
-    with pytest.raises(ValueError, match="max_token_len: must be >= the batch's sequence "
-                                         "length 9, got 8"):
+    with pytest.raises(ValueError, match="sample 1 has 9 tokens, above max_token_len = 8"):
         rlsched_verl.rearrange_micro_batches(batch, max_token_len=8)
     with pytest.raises(ValueError, match="min_num_micro_batch"):
         rlsched_verl.rearrange_micro_batches(batch, max_token_len=10, min_num_micro_batch=6)
+    with pytest.raises(ValueError, match="max_token_len: must be >= 1, got 0"):
+        rlsched_verl.rearrange_micro_batches(batch, max_token_len=0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_driver_balance_batch_paths(standin, seed):
+    """_balance_batch's three calls: a permutation split into dp_size equal parts, each
+    mini-batch split evenly with keep_minibatch, uid runs on one rank with the prefix
+    grouper; and sft_trainer_ray's float32 workloads."""
+    rng = random.Random(400 + seed)
+    trainer = sys.modules["verl.trainer.ppo.ray_trainer"]
+    rlsched_verl.install()
+    dp = rng.choice([1, 2, 4])
+    group = rng.choice([1, 4, 8])
+    prompts = dp * rng.randint(1, 6)
+    n = prompts * group
+    mask = _padded_batch([rng.randint(1, 3000) for _ in range(n)], 3000)["attention_mask"]
+    parts = trainer.balance_batch(mask, dp)
+    _check_partition(parts, n, dp)
+    assert all(len(p) == n // dp for p in parts)
+    mini = n // rng.choice([d for d in (1, 2) if (n // dp) % d == 0])
+    parts = trainer.balance_batch(mask, dp, minibatch_size=mini)
+    assert sorted(i for p in parts for i in p) == list(range(n))
+    for m in range(n // mini):
+        inside = [[i for i in p if m * mini <= i < (m + 1) * mini] for p in parts]
+        assert [len(p) for p in inside] == [mini // dp] * dp
+    uids = [f"p{u}" for u in range(prompts) for _ in range(group)]
+    parts = trainer.balance_batch(mask, dp, uid_list=uids)
+    _check_partition(parts, n, dp)
+    owner = {i: r for r, p in enumerate(parts) for i in p}
+    assert all(len({owner[i] for i in range(u * group, (u + 1) * group)}) == 1
+               for u in range(prompts))
+    # sft_trainer_ray.py:314: calculate_workload of a float32 tensor.
+    work = standin.calculate_workload(torch.Tensor([float(v) for v in mask.sum(-1).tolist()]))
+    _check_partition(standin.get_seqlen_balanced_partitions(work, k_partitions=dp,
+                                                            equal_size=True), n, dp)
 
 
 _DP_SCRIPT = textwrap.dedent('''
@@ -479,13 +707,20 @@ _DP_SCRIPT = textwrap.dedent('''
     dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank,
                             world_size=2)
     rlsched_verl.install()
+    import verl.workers.engine.utils as engine
     import verl.utils.seqlen_balancing as sb
-    # Rank 0 needs 2 micro-batches, rank 1 needs 5; both must run 5.
-    lengths = [[100, 100, 100, 20, 20, 20], [90, 90, 90, 90, 90, 90, 90, 90, 90, 10]][rank]
-    batch = test_verl._padded_batch(lengths, 100)
-    _, parts = sb.prepare_dynamic_batch(batch, max_token_len=200)
-    _, unsynced = sb.rearrange_micro_batches(batch, 200, same_micro_num_in_dp=False)
-    print(json.dumps({{"parts": parts, "unsynced": len(unsynced)}}))
+    # Rank 0 needs 3 micro-batches, rank 1 needs 5; both must run 5.
+    lengths = [[100] * 4 + [20] * 6, [90] * 9 + [10]][rank]
+    data = test_verl._TensorDict(test_verl._padded_batch(lengths, 100), force_group_size=2)
+    data["max_token_len_per_gpu"] = 200
+    _, parts = engine.prepare_micro_batches(data=data, dp_group=dist.group.WORLD,
+                                            same_micro_num_in_dp=True)
+    # As verl: no group, no all-reduce.
+    _, no_group = sb.prepare_dynamic_batch(data, max_token_len=200)
+    _, unsynced = sb.rearrange_micro_batches(data, 200, dp_group=dist.group.WORLD,
+                                             same_micro_num_in_dp=False)
+    print(json.dumps({{"parts": parts, "no_group": len(no_group),
+                       "unsynced": len(unsynced)}}))
     dist.destroy_process_group()
 ''')
 
@@ -504,11 +739,12 @@ def test_micro_batch_count_agrees_across_data_parallel_ranks(tmp_path):
         out, err = process.communicate(timeout=180)
         assert process.returncode == 0, err
         outputs.append(json.loads(out.strip().splitlines()[-1]))
-    assert [o["unsynced"] for o in outputs] == [2, 5]
-    lengths = [[100, 100, 100, 20, 20, 20], [90] * 9 + [10]]
+    assert [o["unsynced"] for o in outputs] == [3, 5]
+    assert [o["no_group"] for o in outputs] == [3, 5]
+    lengths = [[100] * 4 + [20] * 6, [90] * 9 + [10]]
     for rank, output in enumerate(outputs):
-        _check_partition(output["parts"], len(lengths[rank]), 5)
-        assert all(sum(lengths[rank][i] for i in p) <= 200 for p in output["parts"])
+        assert len(output["parts"]) == 5
+        _check_micro_batches(output["parts"], lengths[rank], 2, 200)
 
 
 @pytest.mark.parametrize("seed", range(5))

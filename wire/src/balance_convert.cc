@@ -107,6 +107,18 @@ balance::MicroBatchOrder ToMicroBatchOrder(v1::MicroBatchOrder order) {
   }
 }
 
+balance::OversizePolicy ToOversizePolicy(v1::OversizePolicy policy) {
+  switch (policy) {
+    case v1::OVERSIZE_POLICY_UNSPECIFIED:
+    case v1::OVERSIZE_POLICY_RAISE:
+      return balance::OversizePolicy::kRaise;
+    case v1::OVERSIZE_POLICY_ALONE:
+      return balance::OversizePolicy::kAlone;
+    default:
+      Fail("oversize", fmt::format("unknown value {}", static_cast<int>(policy)));
+  }
+}
+
 using Int64Field = google::protobuf::RepeatedField<std::int64_t>;
 
 std::span<const std::int64_t> AsSpan(const Int64Field& field) {
@@ -247,6 +259,7 @@ balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request) {
     micro_batch.count_tolerance = request.count_tolerance();
   }
   micro_batch.order = ToMicroBatchOrder(request.order());
+  micro_batch.oversize = ToOversizePolicy(request.oversize());
   micro_batch.refine =
       ToRefineOptions(request.has_refine_iterations(), request.refine_iterations());
   micro_batch.cost = ToCostModel(request.cost());
@@ -289,6 +302,7 @@ v1::PlanStepReply ToPlanStepReply(const balance::PlannedStep& step) {
   reply.set_unpadded_tokens(plan.unpadded_tokens);
   reply.set_empty_micro_batches(plan.empty_micro_batches);
   reply.set_empty_ranks(plan.empty_ranks);
+  reply.set_oversized(plan.oversized);
   return reply;
 }
 
@@ -396,9 +410,10 @@ void WriteJson(const v1::PlanStepReply& reply, std::ostream& out) {
   rest.set_unpadded_tokens(reply.unpadded_tokens());
   rest.set_empty_micro_batches(reply.empty_micro_batches());
   rest.set_empty_ranks(reply.empty_ranks());
+  rest.set_oversized(reply.oversized());
   const std::string tail = ToJson(rest);
   constexpr std::string_view kEmptyRanks = "{\"ranks\":[]";
-  if (v1::PlanStepReply::descriptor()->field_count() != 11 ||
+  if (v1::PlanStepReply::descriptor()->field_count() != 12 ||
       !std::string_view(tail).starts_with(kEmptyRanks) || !HandWrittenJsonFits(reply)) {
     out << ToJson(reply);  // a layout this writer does not know: the whole message
     return;

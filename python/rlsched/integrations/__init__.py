@@ -1,5 +1,229 @@
 """rlsched inside the RL frameworks: drop-ins for their balancing functions.
 
-:mod:`rlsched.integrations.verl` replaces verl's (``verl.utils.seqlen_balancing``)
-with ``install()`` and restores them with ``uninstall()``.
+Each framework's module (:mod:`rlsched.integrations.verl`, ...) holds its adapters and
+one :class:`Integration`: the upstream repository and commit the adapters were written
+for, and per replaced function its module path, its name and its signature at that
+commit. This module is the mechanism they share:
+
+* :meth:`Integration.check` compares every upstream function with the signature the
+  adapter was written for (parameter names, kinds, order and defaults, as
+  :func:`inspect.signature` gives them; annotations are not compared) and lists the
+  differences;
+* :meth:`Integration.install` replaces nothing unless every function matches (else it
+  raises :class:`IncompatibleUpstreamError` naming the function, the parameter and the
+  commit), then sets the drop-ins as module attributes, and also where another module
+  of the same package bound the upstream function by name (``from pkg.mod import f``
+  before the install); modules imported later bind the drop-ins;
+  ``install(force=True)`` replaces the functions that exist whatever their signatures;
+* :meth:`Integration.uninstall` puts back what it replaced.
+
+A framework that is not importable is not an error: ``install()`` returns ``[]``.
+Install in every process that balances (in Ray, e.g. through the runtime environment's
+``worker_process_setup_hook``).
 """
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import sys
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from rlsched.errors import RlschedError
+
+__all__ = ["Target", "Integration", "IncompatibleUpstreamError", "INCOMPATIBLE_UPSTREAM"]
+
+#: ``code`` of :class:`IncompatibleUpstreamError`.
+INCOMPATIBLE_UPSTREAM = "INCOMPATIBLE_UPSTREAM"
+
+
+class IncompatibleUpstreamError(RlschedError, TypeError):
+    """An upstream function differs from the one an adapter was written for; ``field``
+    is ``"<module>.<function>"``. Nothing was replaced."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(INCOMPATIBLE_UPSTREAM, message, field)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One upstream function and its drop-in.
+
+    ``signature``: the upstream parameter list at the pinned commit, as Python source
+    without annotations, e.g. ``"(batch, max_token_len, dp_group=None)"``; the drop-in
+    must have the same one (the tests check it)."""
+
+    module: str
+    name: str
+    signature: str
+    drop_in: Callable
+
+    def expected(self) -> inspect.Signature:
+        namespace: dict[str, Any] = {}
+        exec(f"def _upstream{self.signature}: pass", {}, namespace)  # our own literal
+        return inspect.signature(namespace["_upstream"])
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+def _describe(parameter: inspect.Parameter) -> str:
+    default = "" if parameter.default is inspect.Parameter.empty else f"={parameter.default!r}"
+    return f"{parameter.name}{default} ({parameter.kind.description})"
+
+
+def _same_default(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001  (a default whose == raises is a difference)
+        return False
+
+
+def signature_differences(function: Callable, expected: inspect.Signature) -> list[str]:
+    """What differs between ``function``'s parameters and ``expected``'s, each naming
+    the parameter ([] when they match)."""
+    try:
+        actual = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError) as error:
+        return [f"its signature cannot be read ({error})"]
+    wanted = list(expected.parameters.values())
+    differences = []
+    for position in range(max(len(actual), len(wanted))):
+        have = actual[position] if position < len(actual) else None
+        want = wanted[position] if position < len(wanted) else None
+        if have is None:
+            differences.append(f"parameter {position + 1} '{want.name}' is missing")
+        elif want is None:
+            differences.append(f"parameter {position + 1} '{have.name}' ({_describe(have)}) "
+                               "is new")
+        elif (have.name != want.name or have.kind != want.kind
+              or not _same_default(have.default, want.default)):
+            differences.append(f"parameter {position + 1} is {_describe(have)}, "
+                               f"expected {_describe(want)}")
+    return differences
+
+
+class Integration:
+    """The drop-ins of one framework, pinned to an upstream commit (see the module
+    docstring). Thread-safe; installing twice is a no-op that returns the same list."""
+
+    def __init__(self, framework: str, repository: str, commit: str,
+                 targets: Sequence[Target]) -> None:
+        self.framework = framework
+        self.repository = repository
+        self.commit = commit
+        self.targets = tuple(targets)
+        self._lock = threading.Lock()
+        # (module object, attribute, the object it held) for everything replaced.
+        self._replaced: list[tuple[Any, str, Any]] = []
+        self.originals: dict[str, Callable] = {}  # upstream functions by name, installed
+
+    @property
+    def pinned(self) -> str:
+        return f"{self.repository} {self.commit}"
+
+    def _import(self, module: str) -> Optional[Any]:
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name and module.startswith(error.name):
+                return None  # the framework (or this module of it) is not installed
+            raise
+
+    def check(self) -> list[str]:
+        """The differences between the installed framework and the pinned commit, one
+        line each naming the function and the parameter; [] when it matches or is not
+        installed."""
+        problems = []
+        for target in self.targets:
+            module = self._import(target.module)
+            if module is None:
+                continue
+            function = module.__dict__.get(target.name)
+            if not callable(function):
+                problems.append(f"{target.path}: not defined")
+                continue
+            if function is target.drop_in:
+                continue
+            problems.extend(f"{target.path}: {difference}"
+                            for difference in signature_differences(function, target.expected()))
+        return problems
+
+    def install(self, *, force: bool = False) -> list[str]:
+        """Replaces the upstream functions by the drop-ins; returns what it replaced
+        (``"<module>.<function>"``), [] when the framework is not importable.
+        Raises :class:`IncompatibleUpstreamError` (replacing nothing) when a function
+        is missing or its signature differs from the pinned commit's, unless `force`."""
+        with self._lock:
+            if self._replaced:
+                return _names(self._replaced)
+            modules = {t.module: self._import(t.module) for t in self.targets}
+            if all(module is None for module in modules.values()):
+                return []
+            problems = [] if force else self.check()
+            missing = [t.module for t in self.targets if modules[t.module] is None]
+            if missing and not force:
+                problems.append(f"{missing[0]}: not importable")
+            if problems:
+                raise IncompatibleUpstreamError(
+                    f"{self.framework}: the installed version differs from {self.pinned}, "
+                    f"which rlsched's drop-ins were written for: {'; '.join(problems)}. "
+                    "Nothing was replaced; install(force=True) replaces them anyway",
+                    problems[0].split(":", 1)[0])
+            entries = []
+            for target in self.targets:
+                module = modules[target.module]
+                original = None if module is None else module.__dict__.get(target.name)
+                if callable(original) and original is not target.drop_in:
+                    entries.append((module, target, original))
+            replaced = [(m, t.name, o) for m, t, o in entries]
+            replaced += _bindings_elsewhere(entries)
+            drop_ins = {t.name: t.drop_in for _, t, _ in entries}
+            for module, name, _ in replaced:
+                setattr(module, name, drop_ins[name])
+            self.originals.update({t.name: o for _, t, o in entries})
+            self._replaced.extend(replaced)
+            return _names(replaced)
+
+    def uninstall(self) -> list[str]:
+        """Puts back what :meth:`install` replaced, where the drop-in is still in place;
+        returns what it restored."""
+        with self._lock:
+            drop_ins = {t.name: t.drop_in for t in self.targets}
+            restored = []
+            for module, name, original in reversed(self._replaced):
+                if getattr(module, name, None) is drop_ins[name]:
+                    setattr(module, name, original)
+                    restored.append((module, name, original))
+            self._replaced.clear()
+            self.originals.clear()
+            return _names(reversed(restored))
+
+    def installed(self) -> list[str]:
+        """What is replaced now (``"<module>.<function>"``)."""
+        with self._lock:
+            return _names(self._replaced)
+
+
+def _bindings_elsewhere(entries) -> list[tuple[Any, str, Any]]:
+    """(module, name, original) for every other loaded module of the same top-level
+    package whose global `name` is the upstream function itself."""
+    found = []
+    for module, target, original in entries:
+        package = module.__name__.split(".")[0]
+        for other_name, other in list(sys.modules.items()):
+            if other is None or other is module or not (
+                    other_name == package or other_name.startswith(package + ".")):
+                continue
+            if getattr(other, "__dict__", {}).get(target.name) is original:
+                found.append((other, target.name, original))
+    return found
+
+
+def _names(entries) -> list[str]:
+    return [f"{getattr(module, '__name__', module)}.{name}" for module, name, _ in entries]

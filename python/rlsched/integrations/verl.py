@@ -1,68 +1,94 @@
 """rlsched in verl: in-process drop-ins for ``verl.utils.seqlen_balancing``.
 
-::
+Written for verl-project/verl at commit 1dda039b9 (2026-08-22, after v0.9.0); the
+signatures of that commit are checked at :func:`install` (see
+:mod:`rlsched.integrations`). ::
 
     import rlsched.integrations.verl as rlsched_verl
     rlsched_verl.install()    # ['verl.utils.seqlen_balancing.get_seqlen_balanced_partitions', ...]
     ...
     rlsched_verl.uninstall()  # verl's own functions again
 
-:func:`install` replaces, as module attributes, the functions of FUNCTIONS that
-verl's ``verl.utils.seqlen_balancing`` defines, and the same functions where an
-already imported ``verl.*`` module bound them by name (``from
-verl.utils.seqlen_balancing import get_seqlen_balanced_partitions`` in the PPO
-trainer, ``rearrange_micro_batches`` in the Megatron workers); modules imported
-later bind the drop-ins, and the module's own callers (``prepare_dynamic_batch``)
-look them up at call time. It returns what it replaced, does nothing when verl is
-not importable (returns ``[]``), and needs the native module ``rlsched._native``.
-Call it in every process that balances: the driver (the batch across the
-data-parallel ranks) and each Ray worker (the micro-batches).
+In Ray, install in every worker too: ``runtime_env={"worker_process_setup_hook":
+"rlsched.integrations.verl.install"}``.
 
-The drop-ins take the same arguments and return the same structures as verl's
-functions of the same names:
+The call sites it serves, at that commit (file:line):
+
+* ``verl/workers/engine/utils.py:112`` ``prepare_micro_batches`` (every training and
+  inference step of the FSDP, Megatron, TorchTitan, VeOmni and Automodel engines)::
+
+      rearrange_micro_batches(data, max_token_len=..., dp_group=..., num_batches_divided_by=...,
+          same_micro_num_in_dp=..., min_num_micro_batch=..., use_dynamic_bsz_balance=...,
+          force_group_size=force_group_size)
+
+  ``data`` a TensorDict whose ``input_ids`` is nested (jagged), ``max_token_len`` the
+  per-GPU budget times the sequence-parallel size; the module imported the function
+  by name (line 28), so :func:`install` rebinds it there too. Then
+  ``restore_dynamic_batch`` (``seqlen_balancing.py:528``, unchanged) undoes the order
+  through :func:`get_reverse_idx`.
+* ``verl/utils/seqlen_balancing.py:509`` ``prepare_dynamic_batch``: the same function,
+  looked up in its own module at call time, without ``force_group_size``.
+* ``verl/trainer/ppo/ray_trainer.py:1235`` ``RayPPOTrainer._balance_batch``:
+  ``get_seqlen_balanced_partitions(workload_lst, k_partitions=dp_size, equal_size=True)``
+  with ``workload_lst`` an int64 tensor of ``calculate_workload``; with
+  ``keep_minibatch`` (line 1227) once per mini-batch on a slice of it; with the prefix
+  grouper (line 1215) ``get_group_balanced_partitions(seqlen_list=..., uid_list=...,
+  k_partitions=dp_size)``, imported at call time. ``verl/trainer/ppo/v1/trainer_base.py:1521``
+  and ``verl/trainer/sft_trainer_ray.py:316`` call ``get_seqlen_balanced_partitions``
+  the same way (the latter with a float32 tensor of integral workloads).
+
+The drop-ins take the same arguments and return the same structures:
 
 * :func:`get_seqlen_balanced_partitions` — ``k_partitions`` lists of indices, each
-  ascending and non-empty, by rlsched's partitioner on the values as given (verl
-  passes its workload estimate, which may exceed 2^31 per sequence: any
-  non-negative integers with an int64 total). Its largest part is at most a
-  Karmarkar-Karp partition's (tests/python/test_verl.py checks it on random
-  instances). Values with a fraction go to the function it replaced.
+  ascending and non-empty, by rlsched's partitioner on the values as given (any
+  non-negative integers with an int64 total; integral floats as integers; values with
+  a fraction go to verl's function). Its largest part is at most a Karmarkar-Karp
+  partition's (the tests check it on random instances).
 * :func:`get_group_balanced_partitions` — the same with every run of equal
   consecutive uids kept on one part; a run weighs the sum of verl's
   ``calculate_workload`` over its sequences; every part holds the same number of
-  runs, give or take one.
-* :func:`rearrange_micro_batches` — the micro-batches and their index lists, under
-  ``max_token_len`` tokens each (never over it: the workload-balanced split it
-  replaces can be), the fewest that allow it (at least ``min_num_micro_batch``, a
-  multiple of ``num_batches_divided_by``), the same count on every rank of
-  ``dp_group`` when ``same_micro_num_in_dp`` and torch.distributed is initialized,
-  tokens balanced across them; lighter micro-batches at both ends
-  (``use_dynamic_bsz_balance``), else heaviest first.
+  runs, give or take one (exactly the same when the count divides, which verl's
+  driver requires).
+* :func:`rearrange_micro_batches` — the micro-batches and their index lists (each
+  ascending), under ``max_token_len`` tokens each (never over it: verl's
+  workload-balanced split can be), the fewest that allow it (at least
+  ``min_num_micro_batch``, a multiple of ``num_batches_divided_by``), the same count on
+  every rank of ``dp_group`` when ``same_micro_num_in_dp`` and a group is given (as
+  verl: no group, no all-reduce), tokens balanced across them; every run of
+  ``force_group_size`` consecutive samples in one micro-batch; lighter micro-batches
+  at both ends (``use_dynamic_bsz_balance``), else heaviest first. A sample (or forced
+  group) longer than the cap follows the oversize policy of :func:`install`: ``"raise"``
+  (verl's: it asserts ``max_token_len >= `` the longest sample) names it, ``"alone"``
+  gives it a micro-batch of its own.
 * :func:`get_reverse_idx` — the inverse permutation (a list, or a tensor / array
   like the argument); raises ValueError naming the entry when the argument is not a
   permutation of ``range(len)``.
 
 Errors: :class:`rlsched.InvalidArgumentError` (a ValueError naming the argument)
-where verl's functions assert.
+where verl's functions assert; :class:`rlsched.integrations.IncompatibleUpstreamError`
+from :func:`install` when the installed verl's signatures differ from 1dda039's.
 """
 
 from __future__ import annotations
 
-import importlib
 import operator
 import sys
-import threading
 from typing import Any, Callable
 
 from rlsched import client as _client
 from rlsched.errors import InvalidArgumentError
+from rlsched.integrations import Integration, Target
 
 __all__ = [
     "MODULE",
+    "COMMIT",
     "FUNCTIONS",
+    "INTEGRATION",
+    "OVERSIZE_POLICIES",
     "install",
     "uninstall",
     "installed",
+    "check",
     "get_seqlen_balanced_partitions",
     "get_group_balanced_partitions",
     "rearrange_micro_batches",
@@ -70,14 +96,12 @@ __all__ = [
 ]
 
 MODULE = "verl.utils.seqlen_balancing"
-FUNCTIONS = ("get_seqlen_balanced_partitions", "get_group_balanced_partitions",
-             "rearrange_micro_batches", "get_reverse_idx")
+COMMIT = "1dda039b9"
+#: What a sample (or forced group) above the cap does: raise (verl's behaviour) or
+#: take a micro-batch of its own.
+OVERSIZE_POLICIES = ("raise", "alone")
 
-_lock = threading.Lock()
-# (module, attribute, the function it held) for everything install() replaced.
-_replaced: list[tuple[Any, str, Callable]] = []
-# verl's functions by name, from MODULE, while installed.
-_originals: dict[str, Callable] = {}
+_settings = {"oversize": "raise"}
 
 
 def _native():
@@ -102,6 +126,13 @@ def _index(value: Any, field: str) -> int:
         raise InvalidArgumentError(f"{field}: must be an integer, got {value!r}", field) from None
 
 
+def _at_least(value: Any, bound: int, field: str) -> int:
+    number = _index(value, field)
+    if number < bound:
+        raise InvalidArgumentError(f"{field}: must be >= {bound}, got {number}", field)
+    return number
+
+
 def _as_list(values: Any) -> list:
     if hasattr(values, "tolist"):  # tensors, numpy arrays
         values = values.tolist()
@@ -110,6 +141,11 @@ def _as_list(values: Any) -> list:
 
 def _has_fraction(values: list) -> bool:
     return any(isinstance(v, float) and not v.is_integer() for v in values)
+
+
+def _integers(values: list) -> list:
+    """Integral floats (a float tensor's workloads) as ints; the rest as given."""
+    return [int(v) if isinstance(v, float) and v.is_integer() else v for v in values]
 
 
 def _fill_empty_parts(parts: list[list[int]], weights: list) -> bool:
@@ -134,21 +170,33 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
     a list of lists of indices, each ascending and non-empty, every index once; with
     `equal_size` every part holds ``len(seqlen_list) // k_partitions`` indices."""
     values = _as_list(seqlen_list)
-    if _has_fraction(values) and "get_seqlen_balanced_partitions" in _originals:
-        return _originals["get_seqlen_balanced_partitions"](seqlen_list, k_partitions,
-                                                            equal_size)
+    original = INTEGRATION.originals.get("get_seqlen_balanced_partitions")
+    if _has_fraction(values) and original is not None:
+        return original(seqlen_list, k_partitions, equal_size)
+    values = _integers(values)
     k = _index(k_partitions, "k_partitions")
     _client._check_partition_arguments(len(values), k, equal_size)
-    parts = _solve(_native().partition_weights, values, k, bool(equal_size))
+    try:
+        parts = _solve(_native().partition_weights, values, k, bool(equal_size))
+    except InvalidArgumentError as error:
+        raise _renamed(error, "weights", "seqlen_list") from None
     if not equal_size and _fill_empty_parts(parts, values):
         parts = [sorted(part) for part in parts]
     return parts
 
 
+def _renamed(error: InvalidArgumentError, internal: str, argument: str) -> InvalidArgumentError:
+    """The native module's error with its argument name in verl's terms."""
+    if not error.field.startswith(internal):
+        return error
+    field = argument + error.field[len(internal):]
+    return InvalidArgumentError(error.message.replace(error.field, field, 1), field)
+
+
 def _workloads(lengths: list) -> list[int]:
     """verl's workload estimate of each length: its own calculate_workload when the
-    module is loaded (it takes a tensor), else the same formula for a 7B shape as verl
-    states it, 24576·L + L²."""
+    module is loaded (it takes a tensor), else verl's formula for a 7B shape,
+    24576·L + L² (seqlen_balancing.py:46)."""
     module = sys.modules.get(MODULE)
     estimate = getattr(module, "calculate_workload", None)
     if estimate is not None:
@@ -162,6 +210,16 @@ def _workloads(lengths: list) -> list[int]:
     return [24576 * int(length) + int(length) ** 2 for length in lengths]
 
 
+def _runs(uids: list) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for i, uid in enumerate(uids):
+        if i > 0 and uid == uids[i - 1]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def get_group_balanced_partitions(seqlen_list, uid_list, k_partitions):
     """`k_partitions` parts, each a list of ascending indices, with every run of equal
     consecutive uids (a prompt's responses) on one part; the runs' workloads are
@@ -172,19 +230,16 @@ def get_group_balanced_partitions(seqlen_list, uid_list, k_partitions):
         raise InvalidArgumentError(
             f"uid_list: must have one uid per sequence ({len(lengths)}), got {len(uids)}",
             "uid_list")
-    k = _index(k_partitions, "k_partitions")
-    if k < 1:
-        raise InvalidArgumentError(f"k_partitions: must be >= 1, got {k}", "k_partitions")
-    runs: list[list[int]] = []
-    for i, uid in enumerate(uids):
-        if i > 0 and uid == uids[i - 1]:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
+    k = _at_least(k_partitions, 1, "k_partitions")
+    runs = _runs(uids)
     if len(runs) < k:
         raise InvalidArgumentError(
             f"k_partitions: must be at most the number of uid groups ({len(runs)}), got {k}",
             "k_partitions")
+    for i, length in enumerate(lengths):
+        if _index(length, f"seqlen_list[{i}]") < 0:
+            raise InvalidArgumentError(f"seqlen_list[{i}]: must be >= 0, got {length}",
+                                       f"seqlen_list[{i}]")
     workloads = _workloads(lengths)
     weights = [sum(workloads[i] for i in run) for run in runs]
     parts = _solve(_native().partition_weights, weights, k, True)
@@ -213,29 +268,77 @@ def _selector() -> Callable:
     return index
 
 
-def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
-                            same_micro_num_in_dp=True, min_num_micro_batch=None,
-                            use_dynamic_bsz_balance=True):
-    """Splits `batch` (``input_ids``, nested or with an ``attention_mask``) into
-    micro-batches of at most `max_token_len` tokens each; returns the micro-batches
-    and, for each, the ascending indices of its sequences in `batch`."""
-    import torch
-    import torch.distributed as dist
-
+def _effective_lengths(batch) -> list[int]:
+    """Each sample's tokens: the jagged ``input_ids``' row lengths, else the
+    ``attention_mask``'s row sums (seqlen_balancing.py:376-382)."""
     input_ids = batch["input_ids"]
     if getattr(input_ids, "is_nested", False):
         sizes = input_ids.offsets().diff()
-        widest = int(sizes.max().item()) if sizes.numel() else 0
     else:
-        mask = batch["attention_mask"]
-        widest = int(mask.shape[-1])
-        sizes = mask.sum(dim=1)
-    lengths = [int(v) for v in sizes.cpu().tolist()]
-    cap = _index(max_token_len, "max_token_len")
-    if cap < widest:
+        sizes = batch["attention_mask"].sum(dim=1)
+    return [int(v) for v in sizes.cpu().tolist()]
+
+
+def _units(lengths: list[int], group: int, cap: int) -> list[int]:
+    """The tokens of each run of `group` consecutive samples; a run above the cap is
+    refused under the "raise" policy, naming it."""
+    if len(lengths) % group != 0:
         raise InvalidArgumentError(
-            f"max_token_len: must be >= the batch's sequence length {widest}, got {cap}",
-            "max_token_len")
+            f"force_group_size: the batch's {len(lengths)} samples must be a multiple of "
+            f"it, got {group}", "force_group_size")
+    units = [sum(lengths[u * group:(u + 1) * group]) for u in range(len(lengths) // group)]
+    if _settings["oversize"] == "raise":
+        for u, tokens in enumerate(units):
+            if tokens > cap:
+                what = (f"sample {u}" if group == 1 else
+                        f"forced group {u} (samples {u * group}..{(u + 1) * group - 1})")
+                raise InvalidArgumentError(
+                    f"max_token_len: {what} has {tokens} tokens, above max_token_len = {cap} "
+                    "(oversize policy 'raise'; install(oversize='alone') gives it a "
+                    "micro-batch of its own)", "max_token_len")
+    return units
+
+
+def _agreed_count(plan: Callable[[int], dict], planned: dict, dp_group) -> dict:
+    """The plan at the smallest count every rank of `dp_group` can take: every rank
+    plans at least the largest count; the smallest feasible count at or above it is
+    that count, which a second all-reduce confirms (the loop's decisions use
+    all-reduced values only, so every rank takes the same turns)."""
+    import torch
+    import torch.distributed as dist
+
+    device = _device_name()
+
+    def largest(value: int) -> int:
+        tensor = torch.tensor([value], device=device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=dp_group)
+        return int(tensor.cpu().item())
+
+    count = planned["micro_batches"]
+    target = largest(count)
+    while True:
+        if count != target:
+            planned = plan(target)
+            count = planned["micro_batches"]
+        agreed = largest(count)
+        if agreed == target:
+            return planned
+        target = agreed
+
+
+def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
+                            same_micro_num_in_dp=True, min_num_micro_batch=None,
+                            use_dynamic_bsz_balance=True, force_group_size=1):
+    """Splits `batch` (``input_ids``, nested or with an ``attention_mask``) into
+    micro-batches of at most `max_token_len` tokens each, every run of
+    `force_group_size` consecutive samples in one; returns the micro-batches and, for
+    each, the ascending indices of its samples in `batch`."""
+    import torch.distributed as dist
+
+    lengths = _effective_lengths(batch)
+    cap = _at_least(max_token_len, 1, "max_token_len")
+    group = _at_least(force_group_size, 1, "force_group_size")
+    units = _units(lengths, group, cap)
     minimum = 1 if min_num_micro_batch is None else _index(min_num_micro_batch,
                                                            "min_num_micro_batch")
     multiple = 0 if num_batches_divided_by is None else _index(num_batches_divided_by,
@@ -244,38 +347,24 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     native = _native()
 
     def plan(count: int) -> dict:
-        return _solve(native.plan_step, lengths, 1, cap, min_micro_batches=max(count, 0),
-                      micro_batches_multiple_of=multiple, order=order)
+        return _solve(native.plan_step, units, 1, cap, min_micro_batches=max(count, 0),
+                      micro_batches_multiple_of=multiple, order=order,
+                      oversize=_settings["oversize"])
 
     planned = plan(minimum)
+    if (same_micro_num_in_dp and dp_group is not None and dist.is_available()
+            and dist.is_initialized()):
+        planned = _agreed_count(plan, planned, dp_group)
     count = planned["micro_batches"]
-    if same_micro_num_in_dp and dist.is_available() and dist.is_initialized():
-        device = _device_name()
-
-        def largest(value: int) -> int:
-            tensor = torch.tensor([value], device=device)
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=dp_group)
-            return int(tensor.cpu().item())
-
-        # Every rank plans at least the largest count; the smallest feasible count at
-        # or above it is that count, which a second all-reduce confirms (the loop's
-        # decisions use all-reduced values only, so every rank takes the same turns).
-        target = largest(count)
-        while True:
-            if count != target:
-                planned = plan(target)
-                count = planned["micro_batches"]
-            agreed = largest(count)
-            if agreed == target:
-                break
-            target = agreed
-    if count > len(lengths):
+    if count > len(units):
         field = ("min_num_micro_batch" if minimum >= count else
                  "num_batches_divided_by" if multiple > 1 else "dp_group")
+        what = "samples" if group == 1 else f"groups of {group} samples"
         raise InvalidArgumentError(
-            f"{field}: {count} micro-batches for {len(lengths)} sequences would leave some "
+            f"{field}: {count} micro-batches for {len(units)} {what} would leave some "
             "empty", field)
-    indices = [sorted(micro_batch[0]) for micro_batch in planned["ranks"][0][0]]
+    indices = [[i for u in sorted(micro_batch[0]) for i in range(u * group, (u + 1) * group)]
+               for micro_batch in planned["ranks"][0][0]]
     select = _selector()
     return [select(batch, part) for part in indices], indices
 
@@ -306,70 +395,53 @@ def get_reverse_idx(idx_map):
     return inverse
 
 
-_DROP_INS: dict[str, Callable] = {
-    "get_seqlen_balanced_partitions": get_seqlen_balanced_partitions,
-    "get_group_balanced_partitions": get_group_balanced_partitions,
-    "rearrange_micro_batches": rearrange_micro_batches,
-    "get_reverse_idx": get_reverse_idx,
-}
+INTEGRATION = Integration("verl", "verl-project/verl", COMMIT, [
+    # seqlen_balancing.py:213
+    Target(MODULE, "get_seqlen_balanced_partitions", "(seqlen_list, k_partitions, equal_size)",
+           get_seqlen_balanced_partitions),
+    # seqlen_balancing.py:554
+    Target(MODULE, "get_group_balanced_partitions", "(seqlen_list, uid_list, k_partitions)",
+           get_group_balanced_partitions),
+    # seqlen_balancing.py:348
+    Target(MODULE, "rearrange_micro_batches",
+           "(batch, max_token_len, dp_group=None, num_batches_divided_by=None, "
+           "same_micro_num_in_dp=True, min_num_micro_batch=None, use_dynamic_bsz_balance=True, "
+           "force_group_size=1)", rearrange_micro_batches),
+    # seqlen_balancing.py:471
+    Target(MODULE, "get_reverse_idx", "(idx_map)", get_reverse_idx),
+])
+FUNCTIONS = tuple(t.name for t in INTEGRATION.targets)
 
 
-def _names(entries) -> list[str]:
-    return [f"{getattr(module, '__name__', module)}.{name}" for module, name, _ in entries]
-
-
-def install(module=None) -> list[str]:
+def install(*, force: bool = False, oversize: str = "raise") -> list[str]:
     """Replaces verl's balancing functions by the drop-ins; returns what it replaced
-    (``"<module>.<function>"``), ``[]`` when verl is not importable. `module`: the
-    module object or name to patch (default MODULE). Installing again is a no-op that
-    returns the same list; :func:`uninstall` restores."""
-    with _lock:
-        if _replaced:
-            return _names(_replaced)
-        if module is None or isinstance(module, str):
-            name = module or MODULE
-            try:
-                module = importlib.import_module(name)
-            except ModuleNotFoundError as error:
-                if error.name and name.startswith(error.name):
-                    return []  # verl is not installed
-                raise
+    (``"<module>.<function>"``), ``[]`` when verl is not importable. Refuses (replacing
+    nothing, :class:`~rlsched.integrations.IncompatibleUpstreamError` naming the
+    function and the parameter) a verl whose signatures differ from 1dda039's, unless
+    `force`. `oversize`: the policy for a sample above the cap (OVERSIZE_POLICIES).
+    Installing again is a no-op that returns the same list (the policy is updated)."""
+    if oversize not in OVERSIZE_POLICIES:
+        raise InvalidArgumentError(
+            f"oversize: must be one of {', '.join(OVERSIZE_POLICIES)}, got {oversize!r}",
+            "oversize")
+    replaced = INTEGRATION.install(force=force)
+    if replaced:
         _native()
-        originals = {name: module.__dict__[name] for name in FUNCTIONS
-                     if callable(module.__dict__.get(name))}
-        entries = [(module, name, original) for name, original in originals.items()]
-        # Modules of the same package that bound a function by name before now.
-        package = module.__name__.split(".")[0]
-        for other_name, other in list(sys.modules.items()):
-            if other is None or other is module or not (
-                    other_name == package or other_name.startswith(package + ".")):
-                continue
-            namespace = getattr(other, "__dict__", {})
-            for name, original in originals.items():
-                if namespace.get(name) is original:
-                    entries.append((other, name, original))
-        for target, name, _ in entries:
-            setattr(target, name, _DROP_INS[name])
-        _originals.update(originals)
-        _replaced.extend(entries)
-        return _names(entries)
+    _settings["oversize"] = oversize
+    return replaced
 
 
 def uninstall() -> list[str]:
-    """Puts back what :func:`install` replaced (where the drop-in is still in place);
-    returns what it restored."""
-    with _lock:
-        restored = []
-        for target, name, original in reversed(_replaced):
-            if getattr(target, name, None) is _DROP_INS[name]:
-                setattr(target, name, original)
-                restored.append((target, name, original))
-        _replaced.clear()
-        _originals.clear()
-        return _names(reversed(restored))
+    """Puts back what :func:`install` replaced; returns what it restored."""
+    _settings["oversize"] = "raise"
+    return INTEGRATION.uninstall()
 
 
 def installed() -> list[str]:
     """What is replaced now (``"<module>.<function>"``)."""
-    with _lock:
-        return _names(_replaced)
+    return INTEGRATION.installed()
+
+
+def check() -> list[str]:
+    """How the installed verl differs from 1dda039 (one line per difference)."""
+    return INTEGRATION.check()

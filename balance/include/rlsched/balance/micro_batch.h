@@ -94,10 +94,18 @@ enum class MicroBatchOrder {
   kHeaviestFirst,  // by cost, descending
 };
 
+// What a sequence whose padded tokens exceed the cap does.
+enum class OversizePolicy {
+  kRaise,  // an error naming it (FieldError on lengths[i])
+  kAlone,  // a micro-batch of its own (no other sequence with tokens beside it); it
+           // counts as the cap's tokens while packing and at its own cost
+};
+
 struct MicroBatchOptions {
   // Hard cap on the (padded) tokens of one micro-batch, >= 1. A sequence longer than
-  // the cap is an error.
+  // the cap follows `oversize`.
   std::int64_t max_tokens_per_micro_batch = 0;
+  OversizePolicy oversize = OversizePolicy::kRaise;
   std::int64_t min_micro_batches = 1;          // >= 1
   std::int64_t micro_batches_multiple_of = 1;  // >= 1, e.g. the pipeline-parallel size
   std::int64_t pad_to_multiple_of = 1;         // >= 1
@@ -134,7 +142,8 @@ struct RankPlan {
 
 // Plans the micro-batches of one rank (indices are positions in `lengths`).
 // Preconditions (else std::invalid_argument naming the field and the bound): lengths
-// as for Balance(); max_tokens_per_micro_batch >= 1 and no padded length above it;
+// as for Balance(); max_tokens_per_micro_batch >= 1 and no padded length above it unless
+// oversize is kAlone;
 // the other options as documented; totals fit in int64.
 // Complexity: O(n log n) per micro-batch count tried, plus the refinement.
 RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths, const MicroBatchOptions& options);
@@ -180,10 +189,13 @@ struct StepPlan {
   // min_micro_batches / micro_batches_multiple_of above what the ranks can fill.
   std::int64_t empty_micro_batches = 0;
   std::int64_t empty_ranks = 0;
+  // Sequences above the cap, each alone in its micro-batch (OversizePolicy::kAlone);
+  // their micro-batches are the only ones above the cap.
+  std::int64_t oversized = 0;
 };
 
 struct PlannedStep {
-  StepPlan plan;  // never breaks the cap; cap_violations == 0
+  StepPlan plan;  // never breaks the cap (but for oversized sequences alone); cap_violations == 0
   // PlanBaseline() on the same input, for comparison (not used by `plan`): its figures
   // (count, predicted time, lower bound, cap violations, empty micro-batches, totals and
   // empty ranks), what a plan-step reply reports of it, without its ranks (`ranks`
