@@ -53,12 +53,15 @@ class Target:
 
     ``signature``: the upstream parameter list at the pinned commit, as Python source
     without annotations, e.g. ``"(batch, max_token_len, dp_group=None)"``; the drop-in
-    must have the same one (the tests check it)."""
+    must have the same one (the tests check it). ``name`` may be dotted (a method,
+    ``"SequencePacker._pack_implementation"``; a class's signature is its constructor's).
+    A target without a drop-in is checked, not replaced: an upstream interface the
+    adapters build on."""
 
     module: str
     name: str
     signature: str
-    drop_in: Callable
+    drop_in: Optional[Callable] = None
 
     def expected(self) -> inspect.Signature:
         namespace: dict[str, Any] = {}
@@ -144,7 +147,7 @@ class Integration:
             module = self._import(target.module)
             if module is None:
                 continue
-            function = module.__dict__.get(target.name)
+            function = _lookup(module, target.name)
             if not callable(function):
                 problems.append(f"{target.path}: not defined")
                 continue
@@ -177,6 +180,8 @@ class Integration:
                     problems[0].split(":", 1)[0])
             entries = []
             for target in self.targets:
+                if target.drop_in is None:
+                    continue
                 module = modules[target.module]
                 original = None if module is None else module.__dict__.get(target.name)
                 if callable(original) and original is not target.drop_in:
@@ -208,6 +213,15 @@ class Integration:
         """What is replaced now (``"<module>.<function>"``)."""
         with self._lock:
             return _names(self._replaced)
+
+
+def _lookup(module: Any, name: str) -> Any:
+    value = module
+    for part in name.split("."):
+        value = getattr(value, "__dict__", {}).get(part)
+        if value is None:
+            return None
+    return value
 
 
 def _bindings_elsewhere(entries) -> list[tuple[Any, str, Any]]:
