@@ -459,6 +459,7 @@ TEST(StepConvertTest, EveryOption) {
   request.set_overhead(250);
   request.set_count_tolerance(0.05);
   request.set_order(v1::MICRO_BATCH_ORDER_HEAVIEST_FIRST);
+  request.set_oversize(v1::OVERSIZE_POLICY_ALONE);
   request.set_refine_iterations(0);
   const balance::StepOptions options = ToStepOptions(request);
   EXPECT_EQ(options.num_ranks, 3);
@@ -473,6 +474,7 @@ TEST(StepConvertTest, EveryOption) {
   EXPECT_EQ(micro_batch.overhead, 250);
   EXPECT_EQ(micro_batch.count_tolerance, 0.05);
   EXPECT_EQ(micro_batch.order, balance::MicroBatchOrder::kHeaviestFirst);
+  EXPECT_EQ(micro_batch.oversize, balance::OversizePolicy::kAlone);
   EXPECT_FALSE(micro_batch.refine.enabled);
   EXPECT_EQ(micro_batch.cost.kind(), balance::CostModel::Kind::kAttention);
   EXPECT_DOUBLE_EQ(micro_batch.cost.quadratic(), 1e-4);
@@ -500,6 +502,8 @@ TEST(StepConvertTest, ValidationErrorsNameTheField) {
   const std::vector<InvalidCase<v1::PlanStepRequest>> cases = {
       {"num_ranks zero", [](auto& r) { r.set_num_ranks(0); },
        "num_ranks: must be in [1, 1048576], got 0"},
+      {"unknown oversize", [](auto& r) { r.set_oversize(static_cast<v1::OversizePolicy>(7)); },
+       "oversize: unknown value 7"},
       {"num_ranks too large", [](auto& r) { r.set_num_ranks(balance::kMaxParts + 1); },
        "num_ranks: must be in [1, 1048576], got 1048577"},
       {"no cap", [](auto& r) { r.clear_max_tokens_per_micro_batch(); },
@@ -924,7 +928,7 @@ TEST(ToJsonTest, PlanStepFieldNames) {
                               "\"1\",\"micro_batches\":\"7\",\"empty_micro_batches\":\"0\"}"));
   EXPECT_THAT(json, HasSubstr("\"overhead\":\"0\",\"sequences\":\"8\",\"tokens\":\"56\","
                               "\"unpadded_tokens\":\"56\",\"empty_micro_batches\":\"0\","
-                              "\"empty_ranks\":\"0\"}"));
+                              "\"empty_ranks\":\"0\",\"oversized\":\"0\"}"));
 
   const std::string request_json = ToJson(request);
   for (const char* field :
