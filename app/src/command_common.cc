@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 #include "rlsched/common/workload.h"
+#include "rlsched/wire/reshard_convert.h"
 
 namespace rlsched::app {
 namespace {
@@ -157,6 +159,13 @@ void AddCostOptions(CLI::App& command, CostArgs& args) {
                       shape.num_attention_heads, shape.num_kv_heads, shape.vocab_size))
       ->type_name("tokens|attention")
       ->check(CLI::IsMember({"tokens", "attention"}).description(""));
+  command
+      .add_option("--model", args.model,
+                  "The model's Hugging Face config.json, or its folder: the attention cost of "
+                  "its architecture (GQA, head_dim, MoE experts per token, MLA, dense layers; "
+                  "Llama, Qwen2/2.5, Qwen3, Qwen3-MoE, DeepSeek-V3); not with the shape or "
+                  "coefficient options (field cost.model_config_json)")
+      ->type_name("FILE|DIR");
 
   // Shape and coefficients exclude each other; MakeCostModel() says so. The names are
   // Megatron-core's and Hugging Face's (--num-heads is the short alias).
@@ -279,9 +288,51 @@ void CheckKeepGroups(bool keep_groups, const LengthsInput& input) {
   }
 }
 
+std::string ReadModelConfig(const std::string& given) {
+  std::error_code error;
+  std::string path = given;
+  if (std::filesystem::is_directory(given, error)) {
+    path = (std::filesystem::path(given) / "config.json").string();
+    if (!std::filesystem::is_regular_file(path, error)) {
+      throw std::invalid_argument(
+          fmt::format("--model: {}: a folder without config.json (give the model's folder or "
+                      "its config.json)",
+                      given));
+    }
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw std::invalid_argument(
+        fmt::format("--model: {}: cannot open: {}", path, std::strerror(errno)));
+  }
+  std::string text;
+  char buffer[1 << 16];
+  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(file.gcount()));
+    if (static_cast<std::int64_t>(text.size()) > kMaxModelConfigBytes) {
+      throw std::invalid_argument(
+          fmt::format("--model: {}: larger than {} bytes", path, kMaxModelConfigBytes));
+    }
+  }
+  if (file.bad()) throw std::runtime_error(fmt::format("--model: {}: cannot read", path));
+  return text;
+}
+
 v1::CostModel MakeCostModel(const CostArgs& args) {
   const bool has_shape = HasShapeOptions(args);
   const bool has_coefficients = HasCoefficientOptions(args);
+  if (!args.model.empty()) {
+    if (has_shape || has_coefficients) {
+      throw FieldError("--model", "cannot be combined with model shape or coefficient options");
+    }
+    if (args.kind == "tokens") {
+      throw FieldError("--model", "gives an attention cost, not with --cost tokens");
+    }
+    v1::CostModel cost;
+    cost.set_kind(v1::COST_KIND_ATTENTION);
+    cost.set_model_config_json(ReadModelConfig(args.model));
+    return cost;
+  }
   if (args.kind == "tokens" && (has_shape || has_coefficients)) {
     throw std::invalid_argument(
         "--cost: model shape and coefficient options need --cost attention, got tokens");
@@ -355,7 +406,9 @@ std::string DescribeBatch(const InputArgs& args,
 
 std::string DescribeCost(const CostArgs& args, const balance::CostModel& cost) {
   std::string text = cost.Describe();
-  if (cost.kind() == balance::CostModel::Kind::kAttention && !HasCoefficientOptions(args)) {
+  if (!args.model.empty()) {
+    text += " from " + args.model;
+  } else if (cost.kind() == balance::CostModel::Kind::kAttention && !HasCoefficientOptions(args)) {
     text += HasShapeOptions(args) ? " from the model shape"
                                   : " from the default model shape (Llama-3.1-8B)";
   }

@@ -67,7 +67,8 @@ struct InputArgs {
 
 // The cost-model options. Unset optionals were not given.
 struct CostArgs {
-  std::string kind;  // --cost: "tokens", "attention", or empty: tokens unless shape/coefficients
+  std::string model;  // --model: a config.json or a model folder (not with shape/coefficients)
+  std::string kind;   // --cost: "tokens", "attention", or empty: tokens unless shape/coefficients
   // Model shape; unset fields take balance::ModelShape{} (Llama-3.1-8B) values.
   std::optional<std::int64_t> hidden_size;
   std::optional<std::int64_t> num_layers;
@@ -157,6 +158,14 @@ void FlushOutput(std::ostream& out);
 std::ifstream OpenFile(std::string_view option, const std::string& path);
 // The whole file `path`, at most `max_bytes`, for `option`'s errors.
 std::string ReadWholeFile(std::string_view option, const std::string& path, std::int64_t max_bytes);
+
+// The text of a --model value, as `reshard`, `run` and the cost options read it: a Hugging Face
+// config.json, or a model folder holding one (its config.json is read), at most
+// wire::kMaxModelConfigBytes. Throws std::invalid_argument naming --model and the path
+// for a folder without config.json, a path that cannot be opened or a file too large,
+// e.g. "--model: /models/x: a folder without config.json (...)";
+// std::runtime_error when reading fails.
+std::string ReadModelConfig(const std::string& given);
 
 }  // namespace rlsched::app
 

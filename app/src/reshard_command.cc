@@ -381,36 +381,6 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args) {
   return command;
 }
 
-std::string ReadModelConfig(const std::string& given) {
-  std::error_code error;
-  std::string path = given;
-  if (std::filesystem::is_directory(given, error)) {
-    path = (std::filesystem::path(given) / "config.json").string();
-    if (!std::filesystem::is_regular_file(path, error)) {
-      throw std::invalid_argument(
-          fmt::format("--model: {}: a folder without config.json (give the model's folder or "
-                      "its config.json)",
-                      given));
-    }
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw std::invalid_argument(
-        fmt::format("--model: {}: cannot open: {}", path, std::strerror(errno)));
-  }
-  std::string text;
-  char buffer[1 << 16];
-  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(file.gcount()));
-    if (static_cast<std::int64_t>(text.size()) > kMaxModelConfigBytes) {
-      throw std::invalid_argument(
-          fmt::format("--model: {}: larger than {} bytes", path, kMaxModelConfigBytes));
-    }
-  }
-  if (file.bad()) throw std::runtime_error(fmt::format("--model: {}: cannot read", path));
-  return text;
-}
-
 void AddReshardPlacementOptions(CLI::App& command, ReshardArgs& args) {
   command.add_flag("--round-robin-experts", args.round_robin_experts,
                    "With ep in --infer: engine rank r holds experts r, r + tp, ... (default: "

@@ -65,14 +65,6 @@ CLI::App* AddReshardCommand(CLI::App& app, ReshardArgs& args);
 // --target-dtype, written into `args`.
 void AddReshardPlacementOptions(CLI::App& command, ReshardArgs& args);
 
-// The text of a --model value, as `reshard` and `run` read it: a Hugging Face
-// config.json, or a model folder holding one (its config.json is read), at most
-// wire::kMaxModelConfigBytes. Throws std::invalid_argument naming --model and the path
-// for a folder without config.json, a path that cannot be opened or a file too large,
-// e.g. "--model: /models/x: a folder without config.json (...)";
-// std::runtime_error when reading fails.
-std::string ReadModelConfig(const std::string& given);
-
 // The trainer layout of a --train value: comma-separated key=value pairs with keys
 // tp, pp, vpp, ep, etp, cp, dp (each at most once, an integer in [1, 65536]; unset
 // keys are 1) and first-stage-layers, last-stage-layers (Megatron-core's uneven

@@ -45,25 +45,18 @@ void CheckShape(const ModelShape& shape) {
   }
 }
 
-// Matrix parameters and forward + backward FLOPs of one token (linear part) and of
-// one squared token (attention), see the file comment of cost_model.h. In double:
-// shapes up to ~1e6 keep every product far inside its range.
-struct ShapeWork {
-  double parameters;
-  double per_token;
-  double per_token_squared;
-};
-
-ShapeWork WorkOf(const ModelShape& shape) {
-  const double h = static_cast<double>(shape.hidden_size);
-  const double layers = static_cast<double>(shape.num_layers);
-  const double f = static_cast<double>(shape.ffn_hidden_size);
-  const double head_dim = h / static_cast<double>(shape.num_attention_heads);
-  const double kv = static_cast<double>(shape.num_kv_heads) * head_dim;
-  const double mlp_matrices = shape.gated_mlp ? 3.0 : 2.0;
-  const double layer_parameters = h * (h + 2.0 * kv) + h * h + mlp_matrices * h * f;
-  const double parameters = layers * layer_parameters + h * static_cast<double>(shape.vocab_size);
-  return {parameters, 3.0 * 2.0 * parameters, 3.0 * layers * 2.0 * h};
+void CheckWork(const TransformerWork& work) {
+  if (!std::isfinite(work.flops_per_token) || work.flops_per_token <= 0.0) {
+    rlsched::FailBound("work.flops_per_token", "finite and > 0", work.flops_per_token);
+  }
+  if (!std::isfinite(work.flops_per_squared_token) || work.flops_per_squared_token < 0.0) {
+    rlsched::FailBound("work.flops_per_squared_token", "finite and >= 0",
+                       work.flops_per_squared_token);
+  }
+  if (!std::isfinite(work.parameters) || work.parameters < 0.0) {
+    rlsched::FailBound("work.parameters", "finite and >= 0", work.parameters);
+  }
+  if (work.num_layers < 1) rlsched::FailBound("work.num_layers", ">= 1", work.num_layers);
 }
 
 // The smallest value an overhead-model field may take.
@@ -79,34 +72,54 @@ void CheckOverheadField(double value, AtLeast at_least, const char* name) {
 
 }  // namespace
 
-double MicroBatchOverheadTokens(const ModelShape& shape, const MicroBatchOverheadModel& model) {
+// Matrix parameters and forward + backward FLOPs of one token (linear part) and of one
+// squared token (attention), see the file comment. In double: shapes up to ~1e6 keep
+// every product far inside its range.
+TransformerWork WorkOf(const ModelShape& shape) {
   CheckShape(shape);
+  const double h = static_cast<double>(shape.hidden_size);
+  const double layers = static_cast<double>(shape.num_layers);
+  const double f = static_cast<double>(shape.ffn_hidden_size);
+  const double head_dim = h / static_cast<double>(shape.num_attention_heads);
+  const double kv = static_cast<double>(shape.num_kv_heads) * head_dim;
+  const double mlp_matrices = shape.gated_mlp ? 3.0 : 2.0;
+  const double layer_parameters = h * (h + 2.0 * kv) + h * h + mlp_matrices * h * f;
+  const double parameters = layers * layer_parameters + h * static_cast<double>(shape.vocab_size);
+  return {3.0 * 2.0 * parameters, 3.0 * layers * 2.0 * h, parameters, shape.num_layers};
+}
+
+double MicroBatchOverheadTokens(const ModelShape& shape, const MicroBatchOverheadModel& model) {
+  return MicroBatchOverheadTokens(WorkOf(shape), model);
+}
+
+double MicroBatchOverheadTokens(const TransformerWork& work, const MicroBatchOverheadModel& model) {
+  CheckWork(work);
   CheckOverheadField(model.flops_per_second, AtLeast::kPositive, "flops_per_second");
   CheckOverheadField(model.memory_bytes_per_second, AtLeast::kPositive, "memory_bytes_per_second");
   CheckOverheadField(model.bytes_per_parameter, AtLeast::kZero, "bytes_per_parameter");
   CheckOverheadField(model.kernels_per_layer, AtLeast::kZero, "kernels_per_layer");
   CheckOverheadField(model.kernel_latency_seconds, AtLeast::kZero, "kernel_latency_seconds");
   CheckOverheadField(model.framework_seconds, AtLeast::kZero, "framework_seconds");
-  const ShapeWork work = WorkOf(shape);
   const double weights =
       3.0 * model.bytes_per_parameter * work.parameters / model.memory_bytes_per_second;
-  const double launches = model.kernels_per_layer * static_cast<double>(shape.num_layers) *
-                          model.kernel_latency_seconds;
-  return model.flops_per_second * (weights + launches + model.framework_seconds) / work.per_token;
+  const double launches =
+      model.kernels_per_layer * static_cast<double>(work.num_layers) * model.kernel_latency_seconds;
+  return model.flops_per_second * (weights + launches + model.framework_seconds) /
+         work.flops_per_token;
 }
 
 namespace {
 
 // The default overhead of a cost model whose token costs `linear` units.
-std::int64_t OverheadFor(const ModelShape& shape, double linear) {
-  const double units = linear * MicroBatchOverheadTokens(shape);
+std::int64_t OverheadFor(const TransformerWork& work, double linear) {
+  const double units = linear * MicroBatchOverheadTokens(work);
   return units < 4.0e18 ? std::llround(units) : std::int64_t{4'000'000'000'000'000'000};
 }
 
 }  // namespace
 
 CostModel CostModel::Tokens() {
-  return CostModel(Kind::kTokens, 1.0, 0.0, 0.0, OverheadFor(ModelShape{}, 1.0));
+  return CostModel(Kind::kTokens, 1.0, 0.0, 0.0, OverheadFor(WorkOf(ModelShape{}), 1.0));
 }
 
 CostModel CostModel::Attention(double linear, double quadratic, double constant) {
@@ -115,15 +128,18 @@ CostModel CostModel::Attention(double linear, double quadratic, double constant)
   CheckCoefficient(constant, "coefficients.constant");
   if (linear + quadratic <= 0.0) rlsched::Fail("coefficients", "linear + quadratic must be > 0");
   return CostModel(Kind::kAttention, linear, quadratic, constant,
-                   OverheadFor(ModelShape{}, linear));
+                   OverheadFor(WorkOf(ModelShape{}), linear));
 }
 
 CostModel CostModel::Attention(const ModelShape& shape, double constant) {
-  CheckShape(shape);
-  const ShapeWork work = WorkOf(shape);
+  return Attention(WorkOf(shape), constant);
+}
+
+CostModel CostModel::Attention(const TransformerWork& work, double constant) {
+  CheckWork(work);
   CheckCoefficient(constant, "per_sequence");
-  return CostModel(Kind::kAttention, 1.0, work.per_token_squared / work.per_token, constant,
-                   OverheadFor(shape, 1.0));
+  return CostModel(Kind::kAttention, 1.0, work.flops_per_squared_token / work.flops_per_token,
+                   constant, OverheadFor(work, 1.0));
 }
 
 std::int64_t CostModel::Cost(std::int64_t length) const {

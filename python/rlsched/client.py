@@ -317,13 +317,41 @@ _PLAN_STEP_NAMES = {
 }
 
 
-def _fill_common(message, lengths, groups, cost, refine_iterations) -> None:
+ModelArg = Union[None, str, "os.PathLike[str]", Mapping[str, Any]]
+
+
+def _model_config_json(model: ModelArg) -> str:
+    """The text of a Hugging Face config.json from a path (the file, or the model's
+    folder holding it) or the parsed config (a mapping)."""
+    if isinstance(model, Mapping):
+        return json.dumps(dict(model))
+    if not isinstance(model, (str, os.PathLike)):
+        raise InvalidArgumentError(
+            f"model: expected a config.json path, a model folder or a mapping, got "
+            f"{type(model).__name__}", "model")
+    path = os.fspath(model)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as error:
+        raise InvalidArgumentError(f"model: {path}: {error.strerror}", "model") from None
+
+
+def _fill_common(message, lengths, groups, cost, refine_iterations, model=None) -> None:
     _extend_int64(message.lengths, _as_int_list(lengths), "lengths")
     if groups is not None:
         _extend_int64(message.groups, _as_int_list(groups), "groups")
-    model = _cost_model(cost)
     if model is not None:
-        message.cost.CopyFrom(model)
+        if cost not in (None, "attention"):
+            raise InvalidArgumentError("model: cannot be combined with a cost model (cost=)",
+                                       "model")
+        message.cost.kind = balance_pb2.COST_KIND_ATTENTION
+        message.cost.model_config_json = _model_config_json(model)
+    cost_model = None if model is not None else _cost_model(cost)
+    if cost_model is not None:
+        message.cost.CopyFrom(cost_model)
     if refine_iterations is not None:
         message.refine_iterations = refine_iterations
 
@@ -678,14 +706,16 @@ class Client:
                 keep_groups: bool = False, cost: CostArg = None,
                 algorithm: Union[None, int, str] = None,
                 refine_iterations: Optional[int] = None,
-                num_parts: Optional[int] = None,
+                num_parts: Optional[int] = None, model: ModelArg = None,
                 raw: bool = False) -> Union[BalanceResult, balance_pb2.BalanceReply]:
         """Splits sequences of the given lengths into `num_ranks` parts (the
         data-parallel size; field ``num_parts``, also accepted under that name), the
         heaviest as light as possible (``rlsched.v1.BalanceRequest``; see
         balance.proto for every field). `cost`: None (tokens), "tokens", "attention" with a mapping
         such as ``{"kind": "attention", "model": {"hidden_size": 4096, ...}}``, or
-        a ``rlsched.v1.CostModel``. `algorithm`: None, "karmarkar_karp", "greedy".
+        a ``rlsched.v1.CostModel``. `model`: a Hugging Face config.json (its path, the
+        model's folder, or the parsed mapping), the attention cost of its architecture
+        (not with `cost`). `algorithm`: None, "karmarkar_karp", "greedy".
         Returns a :class:`BalanceResult`, or the ``BalanceReply`` with ``raw=True``.
         """
         num_ranks = _aliased("num_ranks", num_ranks, "num_parts", num_parts)
@@ -693,7 +723,7 @@ class Client:
             raise InvalidArgumentError("num_ranks: required (the number of parts)", "num_ranks")
         request = service_pb2.Request()
         message = request.balance
-        _fill_common(message, lengths, groups, cost, refine_iterations)
+        _fill_common(message, lengths, groups, cost, refine_iterations, model)
         message.num_parts = num_ranks
         message.equal_size = equal_size
         message.keep_groups = keep_groups
@@ -717,7 +747,7 @@ class Client:
                   count_tolerance: Optional[float] = None,
                   max_tokens_per_micro_batch: Optional[int] = None,
                   pipeline_stages: Optional[int] = None,
-                  oversize: Union[None, int, str] = None,
+                  oversize: Union[None, int, str] = None, model: ModelArg = None,
                   raw: bool = False) -> Union[StepPlan, balance_pb2.PlanStepReply]:
         """Plans a whole step (``rlsched.v1.PlanStepRequest``): sequences to
         `num_ranks` ranks (the data-parallel size) and each rank's into micro-batches
@@ -732,13 +762,15 @@ class Client:
         ``overhead``). `count_tolerance`: None (0.01). `order`: None (pipeline),
         "pipeline", "heaviest_first". `oversize`: what a sequence longer than the cap
         does, None or "raise" (an error naming it), "alone" (a micro-batch of its own).
+        `model`: a Hugging Face config.json (its path, the model's folder, or the
+        parsed mapping), the attention cost of its architecture (not with `cost`).
         Returns a :class:`StepPlan`, or the ``PlanStepReply`` with ``raw=True``."""
         max_token_len, pipeline_model_parallel_size = _plan_step_sizes(
             max_token_len, max_tokens_per_micro_batch, pipeline_model_parallel_size,
             pipeline_stages)
         request = service_pb2.Request()
         message = request.plan_step
-        _fill_common(message, lengths, groups, cost, refine_iterations)
+        _fill_common(message, lengths, groups, cost, refine_iterations, model)
         message.num_ranks = num_ranks
         message.max_tokens_per_micro_batch = max_token_len
         message.equal_size = equal_size
@@ -1036,10 +1068,10 @@ def _native_lengths(values: Any) -> Any:
 
 def native_balance(lengths, num_ranks=None, *, groups=None, equal_size=False,
                    keep_groups=False, cost=None, algorithm=None, refine_iterations=None,
-                   num_parts=None, raw=False):
+                   num_parts=None, model=None, raw=False):
     """:meth:`Client.balance` in process; NotImplemented for the arguments only the
-    daemon takes (a cost model other than tokens, an int algorithm, ``raw``)."""
-    if _native is None or raw or cost not in (None, "tokens"):
+    daemon takes (a cost model other than tokens, a model, an int algorithm, ``raw``)."""
+    if _native is None or raw or cost not in (None, "tokens") or model is not None:
         return NotImplemented
     algorithm_name = _native_enum(algorithm, "algorithm_")
     if algorithm_name is None:
@@ -1069,10 +1101,11 @@ def native_plan_step(lengths, *, num_ranks, max_token_len=None, groups=None,
                      pipeline_model_parallel_size=None, overhead=None, cost=None,
                      order=None, refine_iterations=None, count_tolerance=None,
                      max_tokens_per_micro_batch=None, pipeline_stages=None, oversize=None,
-                     raw=False):
+                     model=None, raw=False):
     """:meth:`Client.plan_step` in process; NotImplemented for the arguments only the
-    daemon takes (a cost model other than tokens, an int order or oversize, ``raw``)."""
-    if _native is None or raw or cost not in (None, "tokens"):
+    daemon takes (a cost model other than tokens, a model, an int order or oversize,
+    ``raw``)."""
+    if _native is None or raw or cost not in (None, "tokens") or model is not None:
         return NotImplemented
     order_name = _native_enum(order, "micro_batch_order_")
     oversize_name = _native_enum(oversize, "oversize_policy_")

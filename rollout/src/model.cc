@@ -154,6 +154,45 @@ ModelSize SizeOf(const ModelConfig& m) {
   return size;
 }
 
+TrainingFlops TrainingFlopsOf(const ModelConfig& m) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  const double h = d(m.hidden_size), heads = d(m.num_heads);
+  double projections = 0.0, squared = 0.0;  // per layer, forward
+  if (m.is_mla()) {
+    const double qk = d(m.qk_nope_head_dim + m.qk_rope_head_dim), v = d(m.v_head_dim);
+    projections = m.q_lora_rank > 0
+                      ? 2.0 * h * d(m.q_lora_rank) + 2.0 * d(m.q_lora_rank) * heads * qk
+                      : 2.0 * h * heads * qk;
+    projections += 2.0 * h * d(m.kv_lora_rank + m.qk_rope_head_dim) +
+                   2.0 * d(m.kv_lora_rank) * heads * (d(m.qk_nope_head_dim) + v) +
+                   2.0 * heads * v * h;
+    squared = heads * (qk + v);
+  } else {
+    const double hd = d(m.head_dim);
+    projections = 2.0 * h * heads * hd + 4.0 * h * d(m.num_kv_heads) * hd + 2.0 * heads * hd * h;
+    squared = heads * 2.0 * hd;
+  }
+  const double moe_layers = d(m.NumMoeLayers()), dense_layers = d(m.num_layers) - moe_layers;
+  double moe_mlp = 0.0;
+  if (m.is_moe() && moe_layers > 0.0) {
+    if (m.experts_per_token < 1) {
+      FailConfig("num_experts_per_tok",
+                 "required for the cost of an MoE model (routed experts "
+                 "per token)");
+    }
+    moe_mlp = 6.0 * h * d(m.moe_intermediate_size) * d(m.experts_per_token + m.num_shared_experts) +
+              2.0 * h * d(m.num_experts);
+  }
+  const double dense_mlp = 6.0 * h * d(m.intermediate_size);
+  const double forward = dense_layers * (projections + dense_mlp) +
+                         moe_layers * (projections + moe_mlp) + 2.0 * h * d(m.vocab_size);
+  TrainingFlops flops;
+  flops.per_token = 3.0 * forward;
+  flops.per_squared_token = 3.0 * d(m.num_layers) * squared;
+  flops.parameters = SizeOf(m).bytes / d(m.dtype_bytes);
+  return flops;
+}
+
 ModelConfig ParseHfConfig(std::string_view json_text) {
   Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) rlsched::Fail("config", "not valid JSON");
@@ -187,6 +226,7 @@ ModelConfig ParseHfConfig(std::string_view json_text) {
   }
   if (m.family == Family::kQwen3Moe) {
     m.num_experts = Int(j, "num_experts");
+    m.experts_per_token = Int(j, "num_experts_per_tok", 0);
     m.moe_intermediate_size = Int(j, "moe_intermediate_size");
     // Transformers: layer i is sparse when i is not in mlp_only_layers and
     // (i + 1) % decoder_sparse_step == 0.
@@ -217,6 +257,7 @@ ModelConfig ParseHfConfig(std::string_view json_text) {
   }
   if (m.family == Family::kDeepseekV3) {
     m.num_experts = Int(j, "n_routed_experts");
+    m.experts_per_token = Int(j, "num_experts_per_tok", 0);
     m.moe_intermediate_size = Int(j, "moe_intermediate_size");
     m.num_shared_experts = Int(j, "n_shared_experts", 0);
     // Transformers: layer i is sparse when i >= first_k_dense_replace and
@@ -260,6 +301,12 @@ void Validate(const ModelConfig& m) {
   }
   if (m.is_moe()) {
     CheckPositive("moe_intermediate_size", m.moe_intermediate_size);
+    if (m.experts_per_token < 0 || m.experts_per_token > m.num_experts) {
+      rlsched::FailBound("config.num_experts_per_tok",
+                         "in [0, " + std::string(ExpertsKey(m)) + " = " +
+                             std::to_string(m.num_experts) + "] (0: not given)",
+                         m.experts_per_token);
+    }
     if (m.num_experts >= kMaxDim) FailConfig(ExpertsKey(m), "must be below 2^31");
   }
   if (m.first_dense_layers < 0 || m.first_dense_layers >= kMaxDim) {

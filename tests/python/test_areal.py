@@ -174,6 +174,7 @@ def test_areals_own_cases(standin):
     with pytest.raises(ValueError, match="min_groups"):
         kk([100, 200], 500, 3)
     assert kk([1, 2, 3, 4], 100, 2) == kk([1, 2, 3, 4], 100, 2)
+    assert kk([np.int64(v) for v in (1, 2, 3, 4)], 100, 2) == kk([1, 2, 3, 4], 100, 2)
     assert [sum(x for x in (1, 2, 3, 4) if x - 1 in g) for g in kk([1, 2, 3, 4], 100, 2)] \
         == [5, 5]
 

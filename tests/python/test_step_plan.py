@@ -8,6 +8,7 @@ cap, every rank has the same micro-batch count; numpy output; errors name the ar
 """
 
 import json
+import os
 import random
 import subprocess
 
@@ -16,6 +17,9 @@ import pytest
 import rlsched
 
 np = pytest.importorskip("numpy")
+
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "configs")
+QWEN3_MOE = os.path.join(CONFIGS, "qwen3-30b-a3b.json")
 
 MODEL = {"hidden_size": 4096, "num_layers": 32, "ffn_hidden_size": 14336,
          "num_attention_heads": 32, "num_kv_heads": 8, "vocab_size": 128256}
@@ -43,6 +47,8 @@ CASES = [
     (9, 120, 2, 9000, {"oversize": "alone", "pad_to_multiple_of": 64,
                        "cost": {"kind": "attention", "model": MODEL}},
      ["--oversize", "alone", "--pad-to-multiple-of", "64"] + MODEL_FLAGS),
+    # The cost of a Hugging Face config's architecture (an MoE model).
+    (10, 400, 8, 32768, {"model": QWEN3_MOE}, ["--model", QWEN3_MOE]),
 ]
 
 
@@ -108,6 +114,26 @@ def test_random_plans_place_every_index_once_under_the_cap(seed):
         rank_of = {i: r for r, rank in enumerate(plan) for m in rank for i in m}
         for g in set(groups):
             assert len({rank_of[i] for i in range(n) if groups[i] == g}) == 1
+
+
+def test_model_config_path_folder_and_mapping_agree(client, tmp_path):
+    lengths = _lengths(11, 300, 32768)
+    with open(QWEN3_MOE, encoding="utf-8") as f:
+        config = json.load(f)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plans = [rlsched.plan_step(lengths, num_ranks=4, max_token_len=32768, model=m)
+             for m in (QWEN3_MOE, str(tmp_path), config)]
+    plans.append(client.plan_step(lengths, num_ranks=4, max_token_len=32768, model=QWEN3_MOE))
+    assert len({(p.predicted_step_time, p.overhead) for p in plans}) == 1
+    dense = rlsched.plan_step(lengths, num_ranks=4, max_token_len=32768,
+                              model=os.path.join(CONFIGS, "llama-3.1-8b.json"))
+    assert dense.overhead != plans[0].overhead
+    with pytest.raises(rlsched.InvalidArgumentError, match="model: cannot be combined"):
+        rlsched.plan_step(lengths, num_ranks=4, max_token_len=32768, model=config,
+                          cost="tokens")
+    with pytest.raises(rlsched.InvalidArgumentError, match="config.num_experts_per_tok"):
+        rlsched.plan_step(lengths, num_ranks=4, max_token_len=32768,
+                          model=dict(config, num_experts_per_tok=0))
 
 
 def test_oversize_through_the_daemon_and_in_process(client):

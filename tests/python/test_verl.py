@@ -286,34 +286,68 @@ def test_install_replaces_and_uninstall_restores(standin):
     originals = {name: getattr(standin, name) for name in rlsched_verl.FUNCTIONS}
     trainer = sys.modules["verl.trainer.ppo.ray_trainer"]
     engine = sys.modules["verl.workers.engine.utils"]
-    elsewhere = types.ModuleType("not_verl")
-    elsewhere.get_seqlen_balanced_partitions = originals["get_seqlen_balanced_partitions"]
-    sys.modules["not_verl"] = elsewhere
+    # A recipe outside verl that imported a function under another name.
+    recipe = types.ModuleType("my_recipe")
+    recipe.balance = originals["get_seqlen_balanced_partitions"]
+    sys.modules["my_recipe"] = recipe
     try:
         replaced = rlsched_verl.install()
         assert sorted(replaced) == sorted(
             [f"verl.utils.seqlen_balancing.{name}" for name in rlsched_verl.FUNCTIONS]
             + ["verl.trainer.ppo.ray_trainer.get_seqlen_balanced_partitions",
-               "verl.workers.engine.utils.rearrange_micro_batches"])
+               "verl.workers.engine.utils.rearrange_micro_batches", "my_recipe.balance"])
         for name in rlsched_verl.FUNCTIONS:
             assert getattr(standin, name) is getattr(rlsched_verl, name)
         assert trainer.get_seqlen_balanced_partitions is \
             rlsched_verl.get_seqlen_balanced_partitions
         assert engine.rearrange_micro_batches is rlsched_verl.rearrange_micro_batches
-        assert elsewhere.get_seqlen_balanced_partitions is \
-            originals["get_seqlen_balanced_partitions"], "only verl's modules are patched"
+        assert recipe.balance is rlsched_verl.get_seqlen_balanced_partitions
         assert rlsched_verl.install() == replaced, "installing twice changes nothing"
         assert rlsched_verl.installed() == replaced
+        # A module imported after the install binds the drop-in; uninstall puts it back.
+        late = types.ModuleType("late_recipe")
+        late.rearrange = standin.rearrange_micro_batches
+        sys.modules["late_recipe"] = late
 
         restored = rlsched_verl.uninstall()
-        assert sorted(restored) == sorted(replaced)
+        assert sorted(restored) == sorted(replaced + ["late_recipe.rearrange"])
         for name in rlsched_verl.FUNCTIONS:
             assert getattr(standin, name) is originals[name]
         assert engine.rearrange_micro_batches is originals["rearrange_micro_batches"]
+        assert recipe.balance is originals["get_seqlen_balanced_partitions"]
+        assert late.rearrange is originals["rearrange_micro_batches"]
         assert rlsched_verl.installed() == []
         assert rlsched_verl.uninstall() == []
     finally:
-        del sys.modules["not_verl"]
+        sys.modules.pop("my_recipe", None)
+        sys.modules.pop("late_recipe", None)
+
+
+def test_install_refuses_without_the_native_module(standin, monkeypatch):
+    monkeypatch.setattr(rlsched.client, "_native", None)
+    original = standin.rearrange_micro_batches
+    with pytest.raises(ImportError, match="native module"):
+        rlsched_verl.install()
+    assert standin.rearrange_micro_batches is original
+    assert rlsched_verl.installed() == []
+
+
+def test_a_decorated_upstream_function_is_refused(monkeypatch):
+    source = STANDIN_SOURCE.replace("def get_reverse_idx(idx_map):", """def _logged(f):
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapper
+
+
+@_logged
+def get_reverse_idx(idx_map):""")
+    register_standin(lambda name, m: monkeypatch.setitem(sys.modules, name, m), source)
+    with pytest.raises(rlsched.integrations.IncompatibleUpstreamError,
+                       match="get_reverse_idx: wrapped by a decorator"):
+        rlsched_verl.install()
 
 
 def test_install_without_verl_does_nothing(monkeypatch):
@@ -426,21 +460,32 @@ def test_partition_errors_name_the_argument(standin):
         rlsched_verl.get_seqlen_balanced_partitions([1, 2], 3, False)
     with pytest.raises(ValueError, match="equal_size"):
         rlsched_verl.get_seqlen_balanced_partitions([1, 2, 3], 2, True)
-    with pytest.raises(ValueError, match=r"seqlen_list\[1\]: must be >= 0, got -2") as error:
-        rlsched_verl.get_seqlen_balanced_partitions([1, -2, 3], 2, False)
-    assert error.value.field == "seqlen_list[1]"
     with pytest.raises(ValueError, match="overflows int64"):
         rlsched_verl.get_seqlen_balanced_partitions([2**62, 2**62, 1], 2, False)
 
 
-def test_values_with_a_fraction_go_to_verls_function(standin):
-    values = [1.5, 2.25, 3.0, 7.75, 0.5, 4.0]
-    expected = standin.get_seqlen_balanced_partitions(values, 2, True)
+def test_values_the_partitioner_does_not_take_go_to_verls_function(standin, monkeypatch):
+    import numpy
+    cases = [[1.5, 2.25, 3.0, 7.75, 0.5, 4.0],  # fractions
+             [1, -2, 3, 4],  # a negative workload
+             [numpy.float32(v) for v in (1.5, 2.0, 3.0, 4.0)],  # numpy scalars
+             [torch.tensor(v) for v in (1.5, 2.0, 3.0, 4.0)]]  # 0-d float tensors
     rlsched_verl.install()
-    assert rlsched_verl.get_seqlen_balanced_partitions(values, 2, True) == expected
-    rlsched_verl.uninstall()
+    for values in cases:
+        expected = rlsched_verl.INTEGRATION.originals["get_seqlen_balanced_partitions"](
+            values, 2, True)
+        assert rlsched_verl.get_seqlen_balanced_partitions(values, 2, True) == expected
+    # Integral values of any of those types are rlsched's.
+    for values in ([torch.tensor(v) for v in (5, 1, 4, 2)], [numpy.int64(v) for v in (5, 1, 4, 2)],
+                   torch.tensor([5.0, 1.0, 4.0, 2.0])):
+        assert sorted(rlsched_verl.get_seqlen_balanced_partitions(values, 2, True)) == \
+            [[0, 1], [2, 3]]
+    monkeypatch.setattr(rlsched_verl.INTEGRATION, "originals", {})
     with pytest.raises(ValueError, match="must be an integer"):
-        rlsched_verl.get_seqlen_balanced_partitions(values, 2, True)
+        rlsched_verl.get_seqlen_balanced_partitions(cases[0], 2, True)
+    with pytest.raises(ValueError, match=r"seqlen_list\[1\]: must be >= 0, got -2") as error:
+        rlsched_verl.get_seqlen_balanced_partitions([1, -2, 3], 2, False)
+    assert error.value.field == "seqlen_list[1]"
 
 
 def test_no_part_is_empty_when_zeros_would_leave_one():
@@ -471,6 +516,7 @@ def test_group_partitions_keep_runs_and_balance(standin, seed):
             members = range(r * group_size, (r + 1) * group_size)
             assert len({part_of[i] for i in members}) == 1, "a run stays on one part"
         assert all(len(p) == n // k for p in ours), "equal runs per part"
+        assert len(set(uids[i] for p in ours for i in p)) >= 1
 
         def heaviest(parts):
             return max(sum(24576 * lengths[i] + lengths[i] ** 2 for i in p) for p in parts)
@@ -481,8 +527,12 @@ def test_group_partitions_keep_runs_and_balance(standin, seed):
 def test_group_partitions_errors():
     with pytest.raises(ValueError, match="uid_list"):
         rlsched_verl.get_group_balanced_partitions([1, 2, 3], ["a", "b"], 1)
-    with pytest.raises(ValueError, match="k_partitions.*uid groups \\(2\\)"):
+    with pytest.raises(ValueError, match=r"k_partitions: must divide the number of uid runs "
+                                         r"\(2: consecutive equal uids\), got 3"):
         rlsched_verl.get_group_balanced_partitions([1, 2, 3], ["a", "a", "b"], 3)
+    # 5 runs on 2 ranks: verl asserts; a run split across ranks would break the grouper.
+    with pytest.raises(ValueError, match="must divide the number of uid runs \\(5"):
+        rlsched_verl.get_group_balanced_partitions([1] * 10, list("aabbaaccdd"), 2)
 
 
 def _padded_batch(lengths, width):
@@ -599,8 +649,10 @@ def test_oversize_policy_raise_names_the_sample_or_group_and_alone_isolates(stan
                                          r"max_token_len = 80 \(oversize policy 'raise'") as e:
         rlsched_verl.rearrange_micro_batches(batch, 80)
     assert e.value.field == "max_token_len"
-    with pytest.raises(ValueError, match=r"forced group 0 \(samples 0\.\.1\) has 120 tokens"):
-        rlsched_verl.rearrange_micro_batches(batch, 100, force_group_size=2)
+    # A forced pair above the cap whose samples fit: alone (verl lets it break the cap).
+    _, parts = rlsched_verl.rearrange_micro_batches(batch, 100, force_group_size=2)
+    _check_micro_batches(parts, lengths, 2, 100, alone=True)
+    assert [0, 1] in parts
     with pytest.raises(ValueError, match="force_group_size: the batch's 6 samples must be a "
                                          "multiple of it, got 4"):
         rlsched_verl.rearrange_micro_batches(batch, 100, force_group_size=4)
@@ -693,6 +745,58 @@ def test_driver_balance_batch_paths(standin, seed):
     work = standin.calculate_workload(torch.Tensor([float(v) for v in mask.sum(-1).tolist()]))
     _check_partition(standin.get_seqlen_balanced_partitions(work, k_partitions=dp,
                                                             equal_size=True), n, dp)
+
+
+_DP_FAIL_SCRIPT = textwrap.dedent('''
+    import json, sys
+    import torch.distributed as dist
+    sys.path[:0] = [{paths}]
+    sys.path.insert(0, {here!r})
+    import test_verl
+    test_verl.register_standin(sys.modules.__setitem__)
+    from rlsched.integrations import verl as rlsched_verl
+    rank, mode = int(sys.argv[1]), sys.argv[3]
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank,
+                            world_size=2)
+    rlsched_verl.install()
+    import verl.workers.engine.utils as engine
+    lengths = {{"oversized": [[50, 120, 30], [60, 60, 60]],
+                "short": [[10, 10, 10], [60, 60, 60, 60]]}}[mode][rank]
+    data = test_verl._TensorDict(test_verl._padded_batch(lengths, 120))
+    data["max_token_len_per_gpu"] = 100
+    try:
+        engine.prepare_micro_batches(data=data, dp_group=dist.group.WORLD)
+        print(json.dumps({{"error": None}}))
+    except ValueError as error:
+        print(json.dumps({{"error": error.field}}))
+    dist.destroy_process_group()
+''')
+
+
+@pytest.mark.parametrize("mode, fields", [("oversized", ["max_token_len", "dp_group"]),
+                                          ("short", ["dp_group", "dp_group"])])
+def test_a_batch_refused_on_one_rank_stops_every_rank(tmp_path, mode, fields):
+    """Rank 0's batch is refused (a sample above the cap; or fewer samples than the
+    micro-batches rank 1 needs): both ranks raise, neither waits in a collective."""
+    import json
+    script = _DP_FAIL_SCRIPT.format(paths=", ".join(repr(p) for p in sys.path if p),
+                                    here=os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    processes = [subprocess.Popen([sys.executable, "-c", script, str(rank),
+                                   str(tmp_path / "store"), mode],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env) for rank in range(2)]
+    outputs = []
+    for process in processes:
+        try:
+            out, err = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for p in processes:
+                p.kill()
+            pytest.fail("a rank waited in a collective")
+        assert process.returncode == 0, err
+        outputs.append(json.loads(out.strip().splitlines()[-1])["error"])
+    assert outputs == fields
 
 
 _DP_SCRIPT = textwrap.dedent('''

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -17,6 +18,7 @@
 
 #include "rlsched/common/error.h"
 #include "rlsched/common/workload.h"
+#include "rlsched/wire/reshard_convert.h"
 
 namespace rlsched::wire {
 namespace {
@@ -119,6 +121,54 @@ TEST(BalanceConvertTest, ModelShapeMatchesTheLibrary) {
   EXPECT_EQ(options.cost.Cost(8192), expected.Cost(8192));
 }
 
+std::string ConfigText(const std::string& name) {
+  std::ifstream file(std::string(RLSCHED_TEST_CONFIG_DIR) + "/" + name);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// A Hugging Face config gives the attention cost of its architecture: a dense Llama the
+// same as its shape; an MoE model its own (hand counts in tests/rollout); errors name
+// the key under cost.model_config_json.
+TEST(BalanceConvertTest, ModelConfigJsonGivesTheArchitecturesCost) {
+  v1::BalanceRequest request = SmallRequest();
+  request.mutable_cost()->set_model_config_json(ConfigText("llama-3.1-8b.json"));
+  const balance::CostModel llama = ToBalanceOptions(request).cost;  // kind unset: attention
+  const balance::CostModel shape = balance::CostModel::Attention(balance::ModelShape{});
+  EXPECT_EQ(llama.kind(), balance::CostModel::Kind::kAttention);
+  EXPECT_DOUBLE_EQ(llama.quadratic(), shape.quadratic());
+  EXPECT_EQ(llama.Cost(32768), shape.Cost(32768));
+  request.mutable_cost()->set_model_config_json(ConfigText("qwen3-30b-a3b.json"));
+  request.mutable_cost()->set_kind(v1::COST_KIND_ATTENTION);
+  request.mutable_cost()->set_per_sequence(7.0);
+  const balance::CostModel qwen = ToBalanceOptions(request).cost;
+  EXPECT_DOUBLE_EQ(qwen.quadratic(), 3.0 * 48 * 32 * 256 / 18'249'940'992.0);
+  EXPECT_DOUBLE_EQ(qwen.constant(), 7.0);
+  EXPECT_GT(qwen.micro_batch_overhead(), llama.micro_batch_overhead());
+
+  const auto error = [](const v1::BalanceRequest& r) {
+    try {
+      ToBalanceOptions(r);
+    } catch (const FieldError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  v1::BalanceRequest bad = request;
+  bad.mutable_cost()->set_kind(v1::COST_KIND_TOKENS);
+  EXPECT_THAT(error(bad), HasSubstr("apply only to COST_KIND_ATTENTION"));
+  bad = request;
+  bad.mutable_cost()->mutable_model()->set_hidden_size(64);
+  EXPECT_THAT(error(bad), HasSubstr("cost.model_config_json: cannot be combined"));
+  bad = request;
+  bad.mutable_cost()->set_model_config_json(R"({"model_type": "llama", "hidden_size": 64})");
+  EXPECT_THAT(error(bad), HasSubstr("cost.model_config_json.config.intermediate_size"));
+  bad = request;
+  bad.mutable_cost()->set_model_config_json(std::string(kMaxModelConfigBytes + 1, ' '));
+  EXPECT_THAT(error(bad), HasSubstr("cost.model_config_json: must be at most"));
+}
+
 TEST(BalanceConvertTest, ZeroKvHeadsMeansAsManyAsHeads) {
   v1::BalanceRequest request = WithModel(SmallRequest());
   request.mutable_cost()->mutable_model()->set_num_kv_heads(0);
@@ -172,21 +222,21 @@ TEST(BalanceConvertTest, ValidationErrorsNameTheField) {
        "cost.kind: unknown value 5"},
       {"attention without model or coefficients",
        [](auto& r) { r.mutable_cost()->set_kind(v1::COST_KIND_ATTENTION); },
-       "cost: COST_KIND_ATTENTION needs exactly one of model and coefficients"},
+       "cost: COST_KIND_ATTENTION needs exactly one of model, coefficients and model_config_json"},
       {"attention with model and coefficients", [](auto& r) { r = WithModel(WithCoefficients(r)); },
-       "cost: COST_KIND_ATTENTION needs exactly one of model and coefficients"},
+       "cost: COST_KIND_ATTENTION needs exactly one of model, coefficients and model_config_json"},
       {"tokens with a model",
        [](auto& r) {
          r = WithModel(r);
          r.mutable_cost()->set_kind(v1::COST_KIND_TOKENS);
        },
-       "cost: model and coefficients apply only to COST_KIND_ATTENTION"},
+       "cost: model, coefficients and model_config_json apply only to COST_KIND_ATTENTION"},
       {"unspecified kind with coefficients",
        [](auto& r) {
          r = WithCoefficients(r);
          r.mutable_cost()->set_kind(v1::COST_KIND_UNSPECIFIED);
        },
-       "cost: model and coefficients apply only to COST_KIND_ATTENTION"},
+       "cost: model, coefficients and model_config_json apply only to COST_KIND_ATTENTION"},
       {"tokens with per_sequence", [](auto& r) { r.mutable_cost()->set_per_sequence(1.0); },
        "cost.per_sequence: "},
       {"hidden_size",
@@ -549,7 +599,7 @@ TEST(StepConvertTest, ValidationErrorsNameTheField) {
        "cost.kind: unknown value 5"},
       {"attention without model or coefficients",
        [](auto& r) { r.mutable_cost()->set_kind(v1::COST_KIND_ATTENTION); },
-       "cost: COST_KIND_ATTENTION needs exactly one of model and coefficients"},
+       "cost: COST_KIND_ATTENTION needs exactly one of model, coefficients and model_config_json"},
       {"hidden_size",
        [](auto& r) { (r = WithModel(r)).mutable_cost()->mutable_model()->set_hidden_size(0); },
        "cost.model.hidden_size: must be >= 1, got 0"},

@@ -16,6 +16,8 @@
 
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
+#include "rlsched/rollout/model.h"
+#include "rlsched/wire/reshard_convert.h"
 
 namespace rlsched::wire {
 
@@ -44,12 +46,41 @@ balance::ModelShape ToModelShape(const v1::ModelShape& model) {
   return shape;
 }
 
+// The cost model of a Hugging Face config.json's text (errors name
+// "model_config_json.config.<key>").
+balance::CostModel CostModelOfConfig(const v1::CostModel& cost) {
+  if (cost.has_model() || cost.has_coefficients()) {
+    Fail("model_config_json", "cannot be combined with model or coefficients");
+  }
+  const auto bytes = static_cast<std::int64_t>(cost.model_config_json().size());
+  if (bytes > kMaxModelConfigBytes) {
+    FailBound("model_config_json", fmt::format("at most {} bytes", kMaxModelConfigBytes), bytes);
+  }
+  rollout::ModelConfig model;
+  rollout::TrainingFlops flops;
+  try {
+    model = rollout::ParseHfConfig(cost.model_config_json());
+    flops = rollout::TrainingFlopsOf(model);
+  } catch (const FieldError& e) {
+    throw e.Within("model_config_json");
+  }
+  balance::TransformerWork work;
+  work.flops_per_token = flops.per_token;
+  work.flops_per_squared_token = flops.per_squared_token;
+  work.parameters = flops.parameters;
+  work.num_layers = model.num_layers;
+  return balance::CostModel::Attention(work, cost.per_sequence());
+}
+
 balance::CostModel CostModelOf(const v1::CostModel& cost) {
+  const bool from_config = !cost.model_config_json().empty();
   switch (cost.kind()) {
     case v1::COST_KIND_UNSPECIFIED:
+      if (from_config) return CostModelOfConfig(cost);
+      [[fallthrough]];
     case v1::COST_KIND_TOKENS:
-      if (cost.has_model() || cost.has_coefficients()) {
-        Fail("", "model and coefficients apply only to COST_KIND_ATTENTION");
+      if (cost.has_model() || cost.has_coefficients() || from_config) {
+        Fail("", "model, coefficients and model_config_json apply only to COST_KIND_ATTENTION");
       }
       if (cost.per_sequence() != 0.0) {
         Fail("per_sequence", "applies only to COST_KIND_ATTENTION with a model");
@@ -60,8 +91,9 @@ balance::CostModel CostModelOf(const v1::CostModel& cost) {
     default:
       Fail("kind", fmt::format("unknown value {}", static_cast<int>(cost.kind())));
   }
+  if (from_config) return CostModelOfConfig(cost);
   if (cost.has_model() == cost.has_coefficients()) {
-    Fail("", "COST_KIND_ATTENTION needs exactly one of model and coefficients");
+    Fail("", "COST_KIND_ATTENTION needs exactly one of model, coefficients and model_config_json");
   }
   if (cost.has_model()) {
     return balance::CostModel::Attention(ToModelShape(cost.model()), cost.per_sequence());

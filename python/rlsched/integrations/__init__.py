@@ -11,11 +11,15 @@ commit. This module is the mechanism they share:
   differences;
 * :meth:`Integration.install` replaces nothing unless every function matches (else it
   raises :class:`IncompatibleUpstreamError` naming the function, the parameter and the
-  commit), then sets the drop-ins as module attributes, and also where another module
-  of the same package bound the upstream function by name (``from pkg.mod import f``
-  before the install); modules imported later bind the drop-ins;
-  ``install(force=True)`` replaces the functions that exist whatever their signatures;
-* :meth:`Integration.uninstall` puts back what it replaced.
+  commit; a function wrapped by a decorator counts as a difference, since replacing it
+  would drop the decorator) and the solver the drop-ins need is there (else
+  ImportError), then sets the drop-ins as module attributes, and also wherever a loaded
+  module bound the upstream function, under any name (``from pkg.mod import f as g``
+  before the install, in the framework or in a user's recipe); modules imported later
+  bind the drop-ins; ``install(force=True)`` replaces the functions that exist whatever
+  their signatures;
+* :meth:`Integration.uninstall` puts back what it replaced, and the drop-ins that
+  modules imported since bound.
 
 A framework that is not importable is not an error: ``install()`` returns ``[]``.
 Install in every process that balances (in Ray, e.g. through the runtime environment's
@@ -33,7 +37,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from rlsched.errors import RlschedError
 
-__all__ = ["Target", "Integration", "IncompatibleUpstreamError", "INCOMPATIBLE_UPSTREAM"]
+__all__ = ["Target", "Integration", "IncompatibleUpstreamError", "INCOMPATIBLE_UPSTREAM",
+           "needs_native", "signature_differences"]
 
 #: ``code`` of :class:`IncompatibleUpstreamError`.
 INCOMPATIBLE_UPSTREAM = "INCOMPATIBLE_UPSTREAM"
@@ -62,6 +67,10 @@ class Target:
     name: str
     signature: str
     drop_in: Optional[Callable] = None
+
+    def __post_init__(self) -> None:
+        if self.drop_in is not None and "." in self.name:
+            raise ValueError(f"{self.path}: only a module's function can be replaced")
 
     def expected(self) -> inspect.Signature:
         namespace: dict[str, Any] = {}
@@ -116,15 +125,19 @@ class Integration:
     docstring). Thread-safe; installing twice is a no-op that returns the same list."""
 
     def __init__(self, framework: str, repository: str, commit: str,
-                 targets: Sequence[Target]) -> None:
+                 targets: Sequence[Target], ready: Optional[Callable[[], None]] = None) -> None:
         self.framework = framework
         self.repository = repository
         self.commit = commit
         self.targets = tuple(targets)
+        # Raises ImportError when the drop-ins cannot run (e.g. no native module).
+        self._ready = ready
         self._lock = threading.Lock()
-        # (module object, attribute, the object it held) for everything replaced.
-        self._replaced: list[tuple[Any, str, Any]] = []
-        self.originals: dict[str, Callable] = {}  # upstream functions by name, installed
+        # (module, attribute, the original it held, the drop-in set) for what is replaced.
+        self._replaced: list[tuple[Any, str, Any, Callable]] = []
+        # The upstream functions by name, from the last install (kept after uninstall for
+        # a drop-in that a module imported in between still holds).
+        self.originals: dict[str, Callable] = {}
 
     @property
     def pinned(self) -> str:
@@ -153,6 +166,9 @@ class Integration:
                 continue
             if function is target.drop_in:
                 continue
+            if getattr(function, "__wrapped__", None) is not None:
+                problems.append(f"{target.path}: wrapped by a decorator ({function!r}), which "
+                                "a replacement would drop")
             problems.extend(f"{target.path}: {difference}"
                             for difference in signature_differences(function, target.expected()))
         return problems
@@ -178,36 +194,38 @@ class Integration:
                     f"which rlsched's drop-ins were written for: {'; '.join(problems)}. "
                     "Nothing was replaced; install(force=True) replaces them anyway",
                     problems[0].split(":", 1)[0])
-            entries = []
+            if self._ready is not None:
+                self._ready()
+            originals = {}
             for target in self.targets:
-                if target.drop_in is None:
-                    continue
                 module = modules[target.module]
                 original = None if module is None else module.__dict__.get(target.name)
-                if callable(original) and original is not target.drop_in:
-                    entries.append((module, target, original))
-            replaced = [(m, t.name, o) for m, t, o in entries]
-            replaced += _bindings_elsewhere(entries)
-            drop_ins = {t.name: t.drop_in for _, t, _ in entries}
-            for module, name, _ in replaced:
-                setattr(module, name, drop_ins[name])
-            self.originals.update({t.name: o for _, t, o in entries})
+                if target.drop_in is not None and callable(original) \
+                        and original is not target.drop_in:
+                    originals[target.name] = (original, target.drop_in)
+            replaced = _bindings({id(o): (o, d) for o, d in originals.values()})
+            for module, name, _, drop_in in replaced:
+                setattr(module, name, drop_in)
+            self.originals.update({name: o for name, (o, _) in originals.items()})
             self._replaced.extend(replaced)
             return _names(replaced)
 
     def uninstall(self) -> list[str]:
-        """Puts back what :meth:`install` replaced, where the drop-in is still in place;
-        returns what it restored."""
+        """Puts back what :meth:`install` replaced where the drop-in is still in place,
+        and the drop-ins that modules imported since bound; returns what it restored."""
         with self._lock:
-            drop_ins = {t.name: t.drop_in for t in self.targets}
             restored = []
-            for module, name, original in reversed(self._replaced):
-                if getattr(module, name, None) is drop_ins[name]:
+            for module, name, original, drop_in in reversed(self._replaced):
+                if module.__dict__.get(name) is drop_in:
                     setattr(module, name, original)
-                    restored.append((module, name, original))
+                    restored.append((module, name, original, drop_in))
+            back = {id(t.drop_in): (t.drop_in, self.originals[t.name]) for t in self.targets
+                    if t.drop_in is not None and t.name in self.originals}
+            for module, name, drop_in, original in _bindings(back):
+                setattr(module, name, original)
+                restored.append((module, name, original, drop_in))
             self._replaced.clear()
-            self.originals.clear()
-            return _names(reversed(restored))
+            return _names(restored)
 
     def installed(self) -> list[str]:
         """What is replaced now (``"<module>.<function>"``)."""
@@ -216,28 +234,49 @@ class Integration:
 
 
 def _lookup(module: Any, name: str) -> Any:
+    """``module.<name>`` (dotted: a class's attribute) without running descriptors; a
+    class or static method as its function."""
     value = module
     for part in name.split("."):
-        value = getattr(value, "__dict__", {}).get(part)
-        if value is None:
+        try:
+            value = inspect.getattr_static(value, part)
+        except AttributeError:
             return None
+    if isinstance(value, (classmethod, staticmethod)):
+        value = value.__func__
     return value
 
 
-def _bindings_elsewhere(entries) -> list[tuple[Any, str, Any]]:
-    """(module, name, original) for every other loaded module of the same top-level
-    package whose global `name` is the upstream function itself."""
+def _bindings(objects: dict) -> list[tuple[Any, str, Any, Any]]:
+    """(module, name, old, new) for every global of a loaded module outside rlsched that
+    is one of the `objects` ({id(old): (old, new)}), under any name."""
     found = []
-    for module, target, original in entries:
-        package = module.__name__.split(".")[0]
-        for other_name, other in list(sys.modules.items()):
-            if other is None or other is module or not (
-                    other_name == package or other_name.startswith(package + ".")):
-                continue
-            if getattr(other, "__dict__", {}).get(target.name) is original:
-                found.append((other, target.name, original))
+    for module_name, module in list(sys.modules.items()):
+        if module_name == "rlsched" or module_name.startswith("rlsched."):
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        for name, value in list(namespace.items()):
+            pair = objects.get(id(value))
+            if pair is not None and pair[0] is value:
+                found.append((module, name, value, pair[1]))
     return found
 
 
 def _names(entries) -> list[str]:
-    return [f"{getattr(module, '__name__', module)}.{name}" for module, name, _ in entries]
+    return [f"{getattr(entry[0], '__name__', entry[0])}.{entry[1]}" for entry in entries]
+
+
+def needs_native(framework: str) -> Callable[[], None]:
+    """An Integration's `ready` check: ImportError unless rlsched's native module (which
+    every drop-in solves with, in process) is importable."""
+    def ready() -> None:
+        from rlsched import client
+        if client._native is None:
+            raise ImportError(
+                f"rlsched.integrations.{framework} needs the native module rlsched._native: "
+                "install the package with pip (see README.md) or build with "
+                "-DRLSCHED_BUILD_PYTHON=ON; nothing was replaced")
+    return ready

@@ -52,7 +52,7 @@ from typing import Any
 import rlsched
 from rlsched import client as _client
 from rlsched.errors import InvalidArgumentError
-from rlsched.integrations import Integration, Target
+from rlsched.integrations import Integration, Target, needs_native
 
 __all__ = ["MODULE", "COMMIT", "INTEGRATION", "AllocationError", "install", "uninstall",
            "installed", "check", "kk_allocate"]
@@ -71,6 +71,8 @@ def _values(values: Any) -> list[int]:
         values = values.tolist()
     out = []
     for i, value in enumerate(values):
+        if hasattr(value, "item") and not isinstance(value, (int, float)):
+            value = value.item()  # numpy scalars, 0-d tensors
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -129,7 +131,7 @@ INTEGRATION = Integration("AReaL", "areal-project/AReaL", COMMIT, [
            "(values, capacity, min_groups, n_groups_divisor=1, equal_size=False)", kk_allocate),
     # seqpack.py:167, which hands kk_allocate out (checked, not replaced)
     Target(MODULE, "get_allocate_fn", "(algorithm='ffd')"),
-])
+], ready=needs_native("areal"))
 
 
 def install(*, force: bool = False) -> list[str]:

@@ -47,7 +47,7 @@ from typing import Any, Callable, Optional
 
 import rlsched
 from rlsched.errors import InvalidArgumentError
-from rlsched.integrations import Integration, Target
+from rlsched.integrations import Integration, Target, needs_native
 
 __all__ = ["MODULE", "COMMIT", "INTEGRATION", "install", "uninstall", "installed", "check",
            "get_packer", "pack"]
@@ -128,7 +128,7 @@ INTEGRATION = Integration("NeMo-RL", "NVIDIA-NeMo/RL", COMMIT, [
     Target(MODULE, "SequencePacker",
            "(bin_capacity, collect_metrics=False, min_bin_count=None, bin_count_multiple=None)"),
     Target(MODULE, "SequencePacker._pack_implementation", "(self, sequence_lengths)"),
-])
+], ready=needs_native("nemo_rl"))
 
 
 def install(*, names=("rlsched",), force: bool = False) -> list[str]:

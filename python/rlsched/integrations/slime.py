@@ -37,7 +37,9 @@ per sample (``slime.utils.flops_utils.calculate_fwd_flops``, a linear plus a qua
 term in the length, read off at run time) with ``balance_by_flops`` or
 ``balance_data``, else tokens. Unlike slime's FLOPs balancing, the cap is kept. A plan
 that would leave a micro-batch empty is refused, naming the setting. Without dynamic
-batching (fixed ``micro_batch_size``), slime's own function decides.
+batching (fixed ``micro_batch_size``), slime's own function decides. Refusals raise
+:class:`ScheduleError`, a ValueError naming the setting and, where slime asserts, an
+AssertionError as slime's.
 """
 
 from __future__ import annotations
@@ -47,10 +49,15 @@ from typing import Any
 
 import rlsched
 from rlsched.errors import InvalidArgumentError
-from rlsched.integrations import Integration, Target
+from rlsched.integrations import Integration, Target, needs_native
 
-__all__ = ["MODULE", "COMMIT", "INTEGRATION", "install", "uninstall", "installed", "check",
-           "build_dp_schedule"]
+__all__ = ["MODULE", "COMMIT", "INTEGRATION", "ScheduleError", "install", "uninstall",
+           "installed", "check", "build_dp_schedule"]
+
+class ScheduleError(InvalidArgumentError, AssertionError):
+    """A schedule refused: a ValueError naming the setting, and an AssertionError where
+    slime's function asserts (its own tests expect one)."""
+
 
 MODULE = "slime.utils.dp_schedule"
 COMMIT = "624b824a8"
@@ -61,10 +68,10 @@ def _config(train_parallel_config: Any, key: str) -> int:
     try:
         value = int(train_parallel_config[key])
     except (KeyError, TypeError, ValueError):
-        raise InvalidArgumentError(
+        raise ScheduleError(
             f"train_parallel_config[{key!r}]: required, an integer", key) from None
     if value < 1:
-        raise InvalidArgumentError(f"train_parallel_config[{key!r}]: must be >= 1, got {value}",
+        raise ScheduleError(f"train_parallel_config[{key!r}]: must be >= 1, got {value}",
                                    key)
     return value
 
@@ -73,7 +80,7 @@ def _steps(rollout_indices: list, total: int, global_batch_size: int) -> list[li
     """Each step's samples (global positions, rollout by rollout in first-seen order);
     trailing rollouts that do not fill a step are dropped."""
     if len(rollout_indices) != total:
-        raise InvalidArgumentError(
+        raise ScheduleError(
             f"rollout_indices: must have one id per sample ({total}), got {len(rollout_indices)}",
             "rollout_indices")
     rollouts: dict[Any, list[int]] = {}
@@ -81,7 +88,7 @@ def _steps(rollout_indices: list, total: int, global_batch_size: int) -> list[li
         rollouts.setdefault(rollout, []).append(i)
     members = list(rollouts.values())
     if global_batch_size < 1 or len(members) < global_batch_size:
-        raise InvalidArgumentError(
+        raise ScheduleError(
             f"global_batch_size: must be in [1, {len(members)}] (the rollouts), "
             f"got {global_batch_size}", "global_batch_size")
     steps = len(members) // global_batch_size
@@ -102,7 +109,7 @@ def _flops_cost(args: Any) -> dict:
     quadratic = (two - 2 * one) / (2 * s * s)
     linear = (one - quadratic * s * s) / s
     if not linear > 0:
-        raise InvalidArgumentError(
+        raise ScheduleError(
             f"args: slime's FLOPs per token must be > 0, got {linear}", "args")
     return {"kind": "attention",
             "coefficients": {"linear": 1.0, "quadratic": max(quadratic, 0.0) / linear}}
@@ -112,7 +119,7 @@ def _plan(lengths: list[int], dp: int, cap: int, multiple: int, cost: Any):
     plan = rlsched.plan_step(lengths, num_ranks=dp, max_token_len=cap,
                              micro_batches_multiple_of=multiple, cost=cost, oversize="alone")
     if plan.empty_micro_batches:
-        raise InvalidArgumentError(
+        raise ScheduleError(
             f"train_parallel_config: a step of {len(lengths)} samples cannot fill "
             f"{dp} ranks × {plan.micro_batches} micro-batches (dp_size × a multiple of "
             f"microbatch_group_size_per_vp_stage = {multiple}) without an empty one",
@@ -133,7 +140,7 @@ def build_dp_schedule(args, train_parallel_config, total_lengths, *, global_batc
     cap = int(getattr(args, "max_tokens_per_gpu", 0) or 0) * _config(train_parallel_config,
                                                                        "cp_size")
     if cap < 1:
-        raise InvalidArgumentError(
+        raise ScheduleError(
             "args.max_tokens_per_gpu: must be >= 1 with use_dynamic_batch_size",
             "max_tokens_per_gpu")
     vpp = _config(train_parallel_config, "vpp_size")
@@ -161,7 +168,7 @@ INTEGRATION = Integration("slime", "THUDM/slime", COMMIT, [
     Target(MODULE, "build_dp_schedule",
            "(args, train_parallel_config, total_lengths, *, global_batch_size, rollout_indices)",
            build_dp_schedule),
-])
+], ready=needs_native("slime"))
 
 
 def install(*, force: bool = False) -> list[str]:

@@ -47,19 +47,23 @@ The drop-ins take the same arguments and return the same structures:
 * :func:`get_group_balanced_partitions` — the same with every run of equal
   consecutive uids kept on one part; a run weighs the sum of verl's
   ``calculate_workload`` over its sequences; every part holds the same number of
-  runs, give or take one (exactly the same when the count divides, which verl's
-  driver requires).
+  runs (``k_partitions`` must divide the runs, as verl asserts: a run split across
+  ranks would break its prefix grouper).
 * :func:`rearrange_micro_batches` — the micro-batches and their index lists (each
   ascending), under ``max_token_len`` tokens each (never over it: verl's
   workload-balanced split can be), the fewest that allow it (at least
-  ``min_num_micro_batch``, a multiple of ``num_batches_divided_by``), the same count on
-  every rank of ``dp_group`` when ``same_micro_num_in_dp`` and a group is given (as
-  verl: no group, no all-reduce), tokens balanced across them; every run of
-  ``force_group_size`` consecutive samples in one micro-batch; lighter micro-batches
-  at both ends (``use_dynamic_bsz_balance``), else heaviest first. A sample (or forced
-  group) longer than the cap follows the oversize policy of :func:`install`: ``"raise"``
-  (verl's: it asserts ``max_token_len >= `` the longest sample) names it, ``"alone"``
-  gives it a micro-batch of its own.
+  ``min_num_micro_batch``, a multiple of ``num_batches_divided_by``; so the count can be
+  above verl's ``ceil(tokens / cap)``, never below), the same count on every rank of
+  ``dp_group`` when ``same_micro_num_in_dp`` and a group is given (as verl: no group, no
+  all-reduce), tokens balanced across them; every run of ``force_group_size``
+  consecutive samples in one micro-batch; lighter micro-batches at both ends
+  (``use_dynamic_bsz_balance``), else heaviest first. A sample longer than the cap
+  follows the oversize policy of :func:`install`: ``"raise"`` (verl's: it asserts
+  ``max_token_len >=`` the longest sample) names it, ``"alone"`` gives it a micro-batch of
+  its own; a forced run longer than the cap whose samples fit takes one of its own (it
+  cannot be split; verl lets it break the cap). A batch refused on one rank of
+  ``dp_group`` makes every rank raise (the all-reduces carry the refusal), so that no
+  rank waits in a collective for one that stopped.
 * :func:`get_reverse_idx` — the inverse permutation (a list, or a tensor / array
   like the argument); raises ValueError naming the entry when the argument is not a
   permutation of ``range(len)``.
@@ -72,12 +76,13 @@ from :func:`install` when the installed verl's signatures differ from 1dda039's.
 from __future__ import annotations
 
 import operator
+import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from rlsched import client as _client
 from rlsched.errors import InvalidArgumentError
-from rlsched.integrations import Integration, Target
+from rlsched.integrations import Integration, Target, needs_native
 
 __all__ = [
     "MODULE",
@@ -85,6 +90,7 @@ __all__ = [
     "FUNCTIONS",
     "INTEGRATION",
     "OVERSIZE_POLICIES",
+    "OVERSIZE_ENV",
     "install",
     "uninstall",
     "installed",
@@ -100,6 +106,10 @@ COMMIT = "1dda039b9"
 #: What a sample (or forced group) above the cap does: raise (verl's behaviour) or
 #: take a micro-batch of its own.
 OVERSIZE_POLICIES = ("raise", "alone")
+
+#: The environment variable that sets install()'s default oversize policy, so that a
+#: Ray worker_process_setup_hook (which takes no arguments) installs the policy chosen.
+OVERSIZE_ENV = "RLSCHED_VERL_OVERSIZE"
 
 _settings = {"oversize": "raise"}
 
@@ -134,13 +144,20 @@ def _at_least(value: Any, bound: int, field: str) -> int:
 
 
 def _as_list(values: Any) -> list:
+    """A list of Python numbers: a tensor's or array's values, or a list's elements
+    (0-d tensors and numpy scalars as their values)."""
     if hasattr(values, "tolist"):  # tensors, numpy arrays
-        values = values.tolist()
-    return list(values)
+        return values.tolist()
+    return [v.item() if hasattr(v, "item") and not isinstance(v, (int, float)) else v
+            for v in values]
 
 
-def _has_fraction(values: list) -> bool:
-    return any(isinstance(v, float) and not v.is_integer() for v in values)
+def _for_verl(values: list) -> bool:
+    """Values the native partitioner does not take and verl's own function does: a
+    fraction (or a non-finite float) or a negative number."""
+    return any((isinstance(v, float) and not v.is_integer()) or
+               (isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0)
+               for v in values)
 
 
 def _integers(values: list) -> list:
@@ -171,7 +188,7 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
     `equal_size` every part holds ``len(seqlen_list) // k_partitions`` indices."""
     values = _as_list(seqlen_list)
     original = INTEGRATION.originals.get("get_seqlen_balanced_partitions")
-    if _has_fraction(values) and original is not None:
+    if _for_verl(values) and original is not None:
         return original(seqlen_list, k_partitions, equal_size)
     values = _integers(values)
     k = _index(k_partitions, "k_partitions")
@@ -223,7 +240,8 @@ def _runs(uids: list) -> list[list[int]]:
 def get_group_balanced_partitions(seqlen_list, uid_list, k_partitions):
     """`k_partitions` parts, each a list of ascending indices, with every run of equal
     consecutive uids (a prompt's responses) on one part; the runs' workloads are
-    balanced and every part holds the same number of runs, give or take one."""
+    balanced and every part holds the same number of runs (k must divide them, as
+    verl asserts)."""
     lengths = _as_list(seqlen_list)
     uids = _as_list(uid_list)
     if len(lengths) != len(uids):
@@ -232,10 +250,10 @@ def get_group_balanced_partitions(seqlen_list, uid_list, k_partitions):
             "uid_list")
     k = _at_least(k_partitions, 1, "k_partitions")
     runs = _runs(uids)
-    if len(runs) < k:
+    if len(runs) < k or len(runs) % k != 0:
         raise InvalidArgumentError(
-            f"k_partitions: must be at most the number of uid groups ({len(runs)}), got {k}",
-            "k_partitions")
+            f"k_partitions: must divide the number of uid runs ({len(runs)}: consecutive "
+            f"equal uids), got {k}", "k_partitions")
     for i, length in enumerate(lengths):
         if _index(length, f"seqlen_list[{i}]") < 0:
             raise InvalidArgumentError(f"seqlen_list[{i}]: must be >= 0, got {length}",
@@ -280,50 +298,77 @@ def _effective_lengths(batch) -> list[int]:
 
 
 def _units(lengths: list[int], group: int, cap: int) -> list[int]:
-    """The tokens of each run of `group` consecutive samples; a run above the cap is
-    refused under the "raise" policy, naming it."""
+    """The tokens of each run of `group` consecutive samples. Under the "raise" policy a
+    sample above the cap is refused, naming it (verl asserts max_token_len >= the
+    longest sample); a run above the cap whose samples fit takes a micro-batch of its
+    own (verl lets such a run break the cap: it cannot be split)."""
     if len(lengths) % group != 0:
         raise InvalidArgumentError(
             f"force_group_size: the batch's {len(lengths)} samples must be a multiple of "
             f"it, got {group}", "force_group_size")
-    units = [sum(lengths[u * group:(u + 1) * group]) for u in range(len(lengths) // group)]
     if _settings["oversize"] == "raise":
-        for u, tokens in enumerate(units):
+        for i, tokens in enumerate(lengths):
             if tokens > cap:
-                what = (f"sample {u}" if group == 1 else
-                        f"forced group {u} (samples {u * group}..{(u + 1) * group - 1})")
                 raise InvalidArgumentError(
-                    f"max_token_len: {what} has {tokens} tokens, above max_token_len = {cap} "
-                    "(oversize policy 'raise'; install(oversize='alone') gives it a "
+                    f"max_token_len: sample {i} has {tokens} tokens, above max_token_len = "
+                    f"{cap} (oversize policy 'raise'; install(oversize='alone') gives it a "
                     "micro-batch of its own)", "max_token_len")
-    return units
+    return [sum(lengths[u * group:(u + 1) * group]) for u in range(len(lengths) // group)]
 
 
-def _agreed_count(plan: Callable[[int], dict], planned: dict, dp_group) -> dict:
-    """The plan at the smallest count every rank of `dp_group` can take: every rank
-    plans at least the largest count; the smallest feasible count at or above it is
-    that count, which a second all-reduce confirms (the loop's decisions use
-    all-reduced values only, so every rank takes the same turns)."""
-    import torch
-    import torch.distributed as dist
+class _Ranks:
+    """The count agreement across `dp_group`: all-reduces of (count, failed) by MAX, so
+    that a rank whose batch is refused makes every rank raise, never leaves the others
+    waiting in a collective."""
 
-    device = _device_name()
+    def __init__(self, dp_group) -> None:
+        self.group = dp_group
+        self.device = _device_name()
 
-    def largest(value: int) -> int:
-        tensor = torch.tensor([value], device=device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=dp_group)
-        return int(tensor.cpu().item())
+    def largest(self, count: int, failed: bool) -> tuple[int, bool]:
+        import torch
+        import torch.distributed as dist
+        tensor = torch.tensor([count, int(failed)], device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        values = tensor.cpu().tolist()
+        return int(values[0]), bool(values[1])
 
-    count = planned["micro_batches"]
-    target = largest(count)
-    while True:
+
+def _agreed_plan(plan: Callable[[int], dict], minimum: int, units: int, ranks: _Ranks) -> dict:
+    """The plan at the smallest count every rank of the group can take: every rank plans
+    at least the largest count; the smallest feasible count at or above it is that
+    count, which another all-reduce confirms (the loop's decisions use all-reduced
+    values only, so every rank takes the same turns and makes the same calls)."""
+    error: Optional[InvalidArgumentError] = None
+    planned: dict = {}
+
+    def attempt(count: int) -> int:
+        nonlocal error, planned
+        try:
+            if count > units:
+                raise InvalidArgumentError(
+                    f"dp_group: the data-parallel ranks need {count} micro-batches each (the "
+                    f"most any rank needs to keep the cap), more than this rank's {units} "
+                    "samples (or forced groups): balance the batch across the ranks, or raise "
+                    "max_token_len", "dp_group")
+            planned = plan(count)
+            return planned["micro_batches"]
+        except InvalidArgumentError as refused:
+            error = refused
+            return 0
+
+    count = attempt(minimum)
+    target, failed = ranks.largest(count, error is not None)
+    while not failed:
         if count != target:
-            planned = plan(target)
-            count = planned["micro_batches"]
-        agreed = largest(count)
-        if agreed == target:
+            count = attempt(target)
+        agreed, failed = ranks.largest(count, error is not None)
+        if not failed and agreed == target:
             return planned
         target = agreed
+    raise error or InvalidArgumentError(
+        "dp_group: another data-parallel rank refused its batch (its error says why); "
+        "every rank stops with it", "dp_group")
 
 
 def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
@@ -335,26 +380,32 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     each, the ascending indices of its samples in `batch`."""
     import torch.distributed as dist
 
-    lengths = _effective_lengths(batch)
-    cap = _at_least(max_token_len, 1, "max_token_len")
-    group = _at_least(force_group_size, 1, "force_group_size")
-    units = _units(lengths, group, cap)
-    minimum = 1 if min_num_micro_batch is None else _index(min_num_micro_batch,
-                                                           "min_num_micro_batch")
-    multiple = 0 if num_batches_divided_by is None else _index(num_batches_divided_by,
-                                                               "num_batches_divided_by")
+    ranks = (_Ranks(dp_group) if same_micro_num_in_dp and dp_group is not None and
+             dist.is_available() and dist.is_initialized() else None)
+    try:
+        lengths = _effective_lengths(batch)
+        cap = _at_least(max_token_len, 1, "max_token_len")
+        group = _at_least(force_group_size, 1, "force_group_size")
+        units = _units(lengths, group, cap)
+        minimum = 1 if min_num_micro_batch is None else _index(min_num_micro_batch,
+                                                               "min_num_micro_batch")
+        multiple = 0 if num_batches_divided_by is None else _index(num_batches_divided_by,
+                                                                   "num_batches_divided_by")
+    except InvalidArgumentError:
+        if ranks is not None:
+            ranks.largest(0, True)  # the others raise too, at their first all-reduce
+        raise
     order = "pipeline" if use_dynamic_bsz_balance else "heaviest_first"
     native = _native()
 
     def plan(count: int) -> dict:
         return _solve(native.plan_step, units, 1, cap, min_micro_batches=max(count, 0),
-                      micro_batches_multiple_of=multiple, order=order,
-                      oversize=_settings["oversize"])
+                      micro_batches_multiple_of=multiple, order=order, oversize="alone")
 
-    planned = plan(minimum)
-    if (same_micro_num_in_dp and dp_group is not None and dist.is_available()
-            and dist.is_initialized()):
-        planned = _agreed_count(plan, planned, dp_group)
+    if ranks is not None:
+        planned = _agreed_plan(plan, minimum, len(units), ranks)
+    else:
+        planned = plan(minimum)
     count = planned["micro_batches"]
     if count > len(units):
         field = ("min_num_micro_batch" if minimum >= count else
@@ -409,24 +460,25 @@ INTEGRATION = Integration("verl", "verl-project/verl", COMMIT, [
            "force_group_size=1)", rearrange_micro_batches),
     # seqlen_balancing.py:471
     Target(MODULE, "get_reverse_idx", "(idx_map)", get_reverse_idx),
-])
+], ready=needs_native("verl"))
 FUNCTIONS = tuple(t.name for t in INTEGRATION.targets)
 
 
-def install(*, force: bool = False, oversize: str = "raise") -> list[str]:
+def install(*, force: bool = False, oversize: Optional[str] = None) -> list[str]:
     """Replaces verl's balancing functions by the drop-ins; returns what it replaced
     (``"<module>.<function>"``), ``[]`` when verl is not importable. Refuses (replacing
     nothing, :class:`~rlsched.integrations.IncompatibleUpstreamError` naming the
     function and the parameter) a verl whose signatures differ from 1dda039's, unless
-    `force`. `oversize`: the policy for a sample above the cap (OVERSIZE_POLICIES).
-    Installing again is a no-op that returns the same list (the policy is updated)."""
+    `force`. `oversize`: the policy for a sample above the cap (OVERSIZE_POLICIES;
+    default: the environment variable OVERSIZE_ENV, else "raise"). Installing again is
+    a no-op that returns the same list (the policy is updated)."""
+    if oversize is None:
+        oversize = os.environ.get(OVERSIZE_ENV) or "raise"
     if oversize not in OVERSIZE_POLICIES:
         raise InvalidArgumentError(
             f"oversize: must be one of {', '.join(OVERSIZE_POLICIES)}, got {oversize!r}",
             "oversize")
     replaced = INTEGRATION.install(force=force)
-    if replaced:
-        _native()
     _settings["oversize"] = oversize
     return replaced
 

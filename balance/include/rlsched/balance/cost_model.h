@@ -57,6 +57,22 @@ struct ModelShape {
   bool gated_mlp = true;  // SwiGLU (Llama, Qwen): three FFN matrices instead of two
 };
 
+// A transformer's training work, however its architecture gives it: forward + backward
+// FLOPs of one token's linear work (projections, MLP or experts, LM head), of one
+// squared token of a sequence (causal attention), and the parameters every micro-batch
+// streams. WorkOf(ModelShape) derives it for a dense shape; rlsched::rollout's
+// TrainingWork() from a Hugging Face config (GQA, MoE, MLA, tied embeddings).
+struct TransformerWork {
+  double flops_per_token = 0.0;          // > 0, finite
+  double flops_per_squared_token = 0.0;  // >= 0, finite
+  double parameters = 0.0;               // >= 0, finite
+  std::int64_t num_layers = 1;           // >= 1 (kernel launches per micro-batch)
+};
+
+// The work of a dense shape (see the file comment). Throws FieldError naming the bad
+// shape field. O(1).
+TransformerWork WorkOf(const ModelShape& shape);
+
 // What one micro-batch costs a trainer beyond its tokens, for the estimate below.
 // The defaults are an H100-class GPU (989 TFLOP/s dense bf16 at 40% utilisation,
 // 3.35 TB/s of HBM) running a Megatron-style training loop.
@@ -84,6 +100,9 @@ struct MicroBatchOverheadModel {
 // about 190 tokens, a 0.5B model about 1,000, a 70B model about 140.
 // Throws std::invalid_argument naming the bad field (shape or model). O(1).
 double MicroBatchOverheadTokens(const ModelShape& shape, const MicroBatchOverheadModel& model = {});
+// The same for any transformer's work (N = work.parameters, a = work.flops_per_token).
+double MicroBatchOverheadTokens(const TransformerWork& work,
+                                const MicroBatchOverheadModel& model = {});
 
 class CostModel {
  public:
@@ -96,6 +115,9 @@ class CostModel {
   // Throws std::invalid_argument naming the bad field. Its micro-batch overhead is
   // MicroBatchOverheadTokens(shape).
   static CostModel Attention(const ModelShape& shape, double constant = 0.0);
+  // linear = 1, quadratic = flops_per_squared_token / flops_per_token; the overhead
+  // MicroBatchOverheadTokens(work). Throws FieldError naming the bad field ("work.…").
+  static CostModel Attention(const TransformerWork& work, double constant = 0.0);
   // Coefficients given directly: finite, >= 0, linear + quadratic > 0. Its micro-batch
   // overhead is linear · MicroBatchOverheadTokens(ModelShape{}) (a token costs `linear`).
   static CostModel Attention(double linear, double quadratic, double constant);

@@ -53,6 +53,7 @@ struct ModelConfig {
 
   // Mixture of experts (0 experts: dense).
   std::int64_t num_experts = 0;
+  std::int64_t experts_per_token = 0;  // routed experts per token (0: not given)
   std::int64_t moe_intermediate_size = 0;
   std::int64_t num_shared_experts = 0;  // DeepSeek: shared experts fused into one MLP
   // Which layers of an MoE model have routed experts, as rules (never one entry per
@@ -116,6 +117,30 @@ ModelConfig ParseHfConfig(std::string_view json_text);
 // Checks the invariants ParseHfConfig() establishes (for configs built in code),
 // including the size limits above. O(dense_layers + num_experts).
 void Validate(const ModelConfig& model);
+
+// What training costs per token, for the step planner's cost model: forward + backward
+// (3 × forward) FLOPs of one token's linear work and of one squared token of a
+// sequence (causal attention: half the score matrix), and the parameters.
+//   per layer, per token (forward, 2 FLOPs a multiply-add; h hidden, H heads, G KV
+//   heads, d head_dim):
+//     attention projections  2·h·H·d (q) + 2·2·h·G·d (k, v) + 2·H·d·h (o);
+//       MLA: q 2·h·q_lora + 2·q_lora·H·(nope + rope) (or 2·h·H·(nope + rope) without a
+//       q LoRA), kv 2·h·(kv_lora + rope) + 2·kv_lora·H·(nope + v), o 2·H·v·h
+//     MLP  2·3·h·f (dense layers, gated)
+//     MoE  2·3·h·m·(k + s) + 2·h·E (k routed of E experts of width m, s shared ones,
+//          the router)
+//   once per token: the LM head 2·h·V (tied embeddings change no FLOPs, only the
+//   parameters)
+//   per layer, per squared token: H·(dq + dv) (QKᵀ and AV over half the square; d
+//   each without MLA, nope + rope and v with it)
+// Throws FieldError on config.num_experts_per_tok for an MoE model without it. O(1)
+// plus NumMoeLayers().
+struct TrainingFlops {
+  double per_token = 0.0;
+  double per_squared_token = 0.0;
+  double parameters = 0.0;  // every tensor's elements (all experts)
+};
+TrainingFlops TrainingFlopsOf(const ModelConfig& model);
 
 // A full (unsharded) tensor: a matrix [rows, cols], or a vector [rows] with
 // cols == 1 and is_vector set.
