@@ -28,6 +28,8 @@ import pytest
 import rlsched
 from rlsched.integrations import nemo_rl as rlsched_nemo
 
+torch = pytest.importorskip("torch", reason="python3-torch is needed for the NeMo-RL stand-in")
+
 if not rlsched.native_available():
     pytest.skip("the native module rlsched._native is not built", allow_module_level=True)
 
@@ -113,7 +115,61 @@ from nemo_rl.data.packing.algorithms import PackingAlgorithm, SequencePacker, ge
 '''
 
 BATCHED_DATA_DICT_SOURCE = '''
+from collections import UserDict
+from typing import Optional
+
+import torch
+
 from nemo_rl.data.packing import get_packer
+
+
+class SlicedDataDict(dict):
+    pass
+
+
+class BatchedDataDict(UserDict):
+    def shard_by_batch_size(self, shards: int, batch_size: Optional[int] = None,
+                            allow_uneven_shards: bool = False,
+                            dynamic_batching_args=None, sequence_packing_args=None):
+        # Dynamic batching only: rows sorted by length per global batch, dealt to the
+        # shards in turn; runs of positions filled greedily under rows x longest row.
+        args = dynamic_batching_args
+        lengths = self.data[args["input_lengths_key"]]
+        total = len(lengths)
+        batch_size = batch_size or total
+        size = batch_size // shards
+        order = []
+        for c in range(total // batch_size):
+            rows = sorted(range(c * batch_size, (c + 1) * batch_size),
+                          key=lambda i: int(lengths[i]))
+            order.append([rows[s::shards] for s in range(shards)])
+        out = []
+        for s in range(shards):
+            picked = torch.tensor([i for chunk in order for i in chunk[s]], dtype=torch.long)
+            out.append(SlicedDataDict({k: v[picked] for k, v in self.data.items()}))
+        width = self.data[args["input_key"]].shape[1]
+        indices, padded = [], []
+        for c in range(total // batch_size):
+            runs, run_lengths, longest = [[0, 0]], [0], 0
+            for j in range(size):
+                tallest = max(int(shard[args["input_lengths_key"]][c * size + j])
+                              for shard in out)
+                tallest = min(-(-tallest // args["sequence_length_round"])
+                              * args["sequence_length_round"], width)
+                longest = max(longest, tallest)
+                if (runs[-1][1] - runs[-1][0] + 1) * longest <= args["max_tokens_per_microbatch"]:
+                    runs[-1][1] += 1
+                    run_lengths[-1] = longest
+                else:
+                    runs.append([j, j + 1])
+                    longest = tallest
+                    run_lengths.append(longest)
+            indices.append(runs)
+            padded.append(run_lengths)
+        for shard in out:
+            shard.micro_batch_indices = indices
+            shard.micro_batch_lengths = padded
+        return out, [i for chunk in order for rows in chunk for i in rows]
 
 
 def packed_shards(lengths, sequence_packing_args, shards, batch_size):
@@ -175,14 +231,18 @@ def test_install_rebinds_every_get_packer_and_uninstall_restores(standin):
     data = sys.modules["nemo_rl.distributed.batched_data_dict"]
     packing = sys.modules["nemo_rl.data.packing"]
     assert rlsched_nemo.check() == []
+    method = data.BatchedDataDict.shard_by_batch_size
     assert sorted(rlsched_nemo.install()) == [
         "nemo_rl.data.packing.algorithms.get_packer", "nemo_rl.data.packing.get_packer",
+        "nemo_rl.distributed.batched_data_dict.BatchedDataDict.shard_by_batch_size",
         "nemo_rl.distributed.batched_data_dict.get_packer"]
     assert data.get_packer is packing.get_packer is rlsched_nemo.get_packer
+    assert data.BatchedDataDict.shard_by_batch_size is rlsched_nemo.shard_by_batch_size
     assert standin.SequencePacker.__dict__.get("_pack_implementation") is not None, \
         "checked, not replaced"
     rlsched_nemo.uninstall()
     assert data.get_packer is packing.get_packer is standin.get_packer is original
+    assert data.BatchedDataDict.shard_by_batch_size is method
 
 
 def test_the_name_resolves_to_rlscheds_packer_and_the_others_to_nemo_rls(standin):
@@ -280,3 +340,63 @@ def test_shards_through_the_sharding_call(standin, seed):
                                  max_token_len=8192)
         assert [[[start + i for i in m.indices] for m in rank.micro_batches]
                 for rank in plan.ranks] == [shard[chunk] for shard in ours]
+
+
+def _dynamic(lengths, shards, batch_size, round_to, budget, width):
+    data = sys.modules["nemo_rl.distributed.batched_data_dict"]
+    batch = data.BatchedDataDict({
+        "input_ids": torch.zeros(len(lengths), width, dtype=torch.long),
+        "input_lengths": torch.tensor(lengths)})
+    args = {"max_tokens_per_microbatch": budget, "sequence_length_round": round_to,
+            "input_key": "input_ids", "input_lengths_key": "input_lengths"}
+    return batch.shard_by_batch_size(shards, batch_size=batch_size, dynamic_batching_args=args)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dynamic_batching_runs_fewest_and_balanced(standin, seed):
+    """NeMo-RL's invariants of dynamic batching (runs tiling each batch's positions,
+    rows × padded length within the budget, a multiple of the round, the same runs on
+    every shard) with the greedy fill's count and a heaviest run no heavier."""
+    rng = random.Random(1000 + seed)
+    shards = rng.choice([1, 2, 4])
+    batch_size = shards * rng.randint(2, 24)
+    width = rng.choice([512, 2048, 4096])
+    lengths = [rng.randint(1, width) for _ in range(batch_size * rng.randint(1, 3))]
+    round_to = rng.choice([1, 4, 64])
+    budget = rng.randint(width, 8 * width)
+    theirs, _ = _dynamic(lengths, shards, batch_size, round_to, budget, width)
+    rlsched_nemo.install()
+    ours, order = _dynamic(lengths, shards, batch_size, round_to, budget, width)
+    assert sorted(order) == list(range(len(lengths)))
+    size = batch_size // shards
+    for c, (runs, padded) in enumerate(zip(ours[0].micro_batch_indices,
+                                           ours[0].micro_batch_lengths)):
+        assert all(s.micro_batch_indices is ours[0].micro_batch_indices for s in ours)
+        assert runs[0][0] == 0 and runs[-1][1] == size
+        assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(runs, runs[1:]))
+        assert len(runs) == len(theirs[0].micro_batch_indices[c]), "the fewest runs"
+        for (a, b), length in zip(runs, padded):
+            tallest = max(int(s["input_lengths"][c * size + j]) for s in ours
+                          for j in range(a, b))
+            assert length == min(-(-tallest // round_to) * round_to, width)
+            assert length % round_to == 0 or length == width
+            assert (b - a) * length <= budget, "within the budget"
+        heaviest = max((b - a) * n for (a, b), n in zip(runs, padded))
+        greedy = max((b - a) * n for (a, b), n in zip(theirs[0].micro_batch_indices[c],
+                                                        theirs[0].micro_batch_lengths[c]))
+        assert heaviest <= greedy
+    rlsched_nemo.uninstall()
+    rlsched_nemo.install(dynamic_batching=False)
+    again, _ = _dynamic(lengths, shards, batch_size, round_to, budget, width)
+    assert again[0].micro_batch_indices == theirs[0].micro_batch_indices
+
+
+def test_dynamic_micro_batches_by_hand():
+    # NeMo-RL's example: greedy fills [0, 2], [2, 3], [3, 4] under 32 tokens.
+    runs, padded = rlsched_nemo.dynamic_micro_batches([8, 8, 28, 32], 32)
+    assert runs == [[0, 2], [2, 3], [3, 4]] and padded == [8, 28, 32]
+    # Greedy: [0, 3] (3 × 10) then [3, 4] alone; balanced: two runs of 2 × 10.
+    runs, padded = rlsched_nemo.dynamic_micro_batches([10, 10, 10, 10], 30)
+    assert runs == [[0, 2], [2, 4]] and padded == [10, 10]
+    with pytest.raises(ValueError, match=r"lengths\[1\]: 40 tokens"):
+        rlsched_nemo.dynamic_micro_batches([10, 40], 32)

@@ -58,9 +58,9 @@ class Target:
 
     ``signature``: the upstream parameter list at the pinned commit, as Python source
     without annotations, e.g. ``"(batch, max_token_len, dp_group=None)"``; the drop-in
-    must have the same one (the tests check it). ``name`` may be dotted (a method,
-    ``"SequencePacker._pack_implementation"``; a class's signature is its constructor's).
-    A target without a drop-in is checked, not replaced: an upstream interface the
+    must have the same one (the tests check it). ``name`` may be ``"Class.method"`` (a
+    method, replaced on its class; a class's own signature is its constructor's). A
+    target without a drop-in is checked, not replaced: an upstream interface the
     adapters build on."""
 
     module: str
@@ -69,8 +69,8 @@ class Target:
     drop_in: Optional[Callable] = None
 
     def __post_init__(self) -> None:
-        if self.drop_in is not None and "." in self.name:
-            raise ValueError(f"{self.path}: only a module's function can be replaced")
+        if self.drop_in is not None and self.name.count(".") > 1:
+            raise ValueError(f"{self.path}: a module's function or a class's method")
 
     def expected(self) -> inspect.Signature:
         namespace: dict[str, Any] = {}
@@ -196,16 +196,21 @@ class Integration:
                     problems[0].split(":", 1)[0])
             if self._ready is not None:
                 self._ready()
-            originals = {}
+            originals, replaced = {}, []
             for target in self.targets:
                 module = modules[target.module]
-                original = None if module is None else module.__dict__.get(target.name)
-                if target.drop_in is not None and callable(original) \
-                        and original is not target.drop_in:
-                    originals[target.name] = (original, target.drop_in)
-            replaced = _bindings({id(o): (o, d) for o, d in originals.values()})
-            for module, name, _, drop_in in replaced:
-                setattr(module, name, drop_in)
+                original = None if module is None else _lookup(module, target.name)
+                if target.drop_in is None or not callable(original) \
+                        or original is target.drop_in:
+                    continue
+                originals[target.name] = (original, target.drop_in)
+                if "." in target.name:  # a method: on its class
+                    owner, method = target.name.split(".")
+                    replaced.append((_lookup(module, owner), method, original, target.drop_in))
+            replaced += _bindings({id(o): (o, d) for name, (o, d) in originals.items()
+                                   if "." not in name})
+            for owner, name, _, drop_in in replaced:
+                setattr(owner, name, drop_in)
             self.originals.update({name: o for name, (o, _) in originals.items()})
             self._replaced.extend(replaced)
             return _names(replaced)
@@ -266,7 +271,12 @@ def _bindings(objects: dict) -> list[tuple[Any, str, Any, Any]]:
 
 
 def _names(entries) -> list[str]:
-    return [f"{getattr(entry[0], '__name__', entry[0])}.{entry[1]}" for entry in entries]
+    def where(owner: Any) -> str:
+        if isinstance(owner, type):
+            return f"{owner.__module__}.{owner.__qualname__}"
+        return getattr(owner, "__name__", str(owner))
+
+    return [f"{where(entry[0])}.{entry[1]}" for entry in entries]
 
 
 def needs_native(framework: str) -> Callable[[], None]:

@@ -34,10 +34,19 @@ the bins so that the round-robin deal gives each shard its planned micro-batches
 otherwise it packs one rank under the same constraints. A sequence above the capacity
 raises ValueError naming it, as NeMo-RL's packers do.
 
-Not replaced: the dynamic-batching path of ``shard_by_batch_size`` (with
-``dynamic_batching_args``), whose micro-batch decision is written inline in that method
-(``batched_data_dict.py:774-846``: contiguous runs of length-sorted rows under a
-rows × longest-row budget), not in a function of its own.
+Dynamic batching (``shard_by_batch_size`` with ``dynamic_batching_args``,
+``batched_data_dict.py:430``) decides its micro-batches inline in that method
+(``batched_data_dict.py:774-846``): the rows of each global batch sorted by length and
+dealt to the shards in turn, then at each shard position the longest row across the
+shards (rounded up to ``sequence_length_round``, at most the input's width), and
+contiguous runs of positions under a padded budget, rows × the run's longest row <=
+``max_tokens_per_microbatch``, the same runs on every shard; it fills each run greedily,
+so the last one of a batch is often a few rows. :func:`install` wraps the method
+(``BatchedDataDict.shard_by_batch_size``, replaced on the class): NeMo-RL's method moves
+the data, then the runs are decided again by :func:`dynamic_micro_batches` (the same,
+fewest, number of runs under the same budget, the heaviest run as light as possible)
+and set on every shard as NeMo-RL sets them (``micro_batch_indices``,
+``micro_batch_lengths``). ``install(dynamic_batching=False)`` leaves the method alone.
 """
 
 from __future__ import annotations
@@ -49,14 +58,17 @@ import rlsched
 from rlsched.errors import InvalidArgumentError
 from rlsched.integrations import Integration, Target, needs_native
 
-__all__ = ["MODULE", "COMMIT", "INTEGRATION", "install", "uninstall", "installed", "check",
-           "get_packer", "pack"]
+__all__ = ["MODULE", "DATA_MODULE", "COMMIT", "INTEGRATION", "install", "uninstall",
+           "installed", "check", "get_packer", "pack", "dynamic_micro_batches",
+           "shard_by_batch_size"]
 
 MODULE = "nemo_rl.data.packing.algorithms"
+DATA_MODULE = "nemo_rl.distributed.batched_data_dict"
 COMMIT = "7ea279abf"
 
 _lock = threading.Lock()
 _names: set[str] = set()
+_settings = {"dynamic_batching": True}
 _classes: dict[type, type] = {}  # NeMo-RL's SequencePacker -> rlsched's subclass
 
 
@@ -119,6 +131,85 @@ def get_packer(algorithm, bin_capacity, collect_metrics=False, min_bin_count=Non
                                bin_count_multiple=bin_count_multiple)
 
 
+def _runs(lengths: list[int], limit: int) -> list[int]:
+    """The ends of the fewest contiguous runs of positions whose rows × longest row stay
+    within `limit`, filled greedily (each position's length at most `limit`)."""
+    ends, start, longest = [], 0, 0
+    for j, length in enumerate(lengths):
+        longest = max(longest, length)
+        if (j - start + 1) * longest > limit:
+            ends.append(j)
+            start, longest = j, length
+    ends.append(len(lengths))
+    return ends
+
+
+def dynamic_micro_batches(lengths: Any, max_tokens: int) -> tuple[list[list[int]], list[int]]:
+    """Contiguous runs of positions (half-open ``[start, end]``) and each run's padded
+    length (its longest), every run's rows × padded length within `max_tokens`: the
+    fewest runs, and among those the heaviest run (rows × padded length) as light as
+    possible (the greedy fill's count, then a bisection on the heaviest run's tokens).
+    `lengths`: each position's padded length (each at most `max_tokens`). O(n log
+    max_tokens)."""
+    values = [int(length) for length in lengths]
+    cap = int(max_tokens)
+    for j, length in enumerate(values):
+        if length > cap:
+            raise InvalidArgumentError(
+                f"lengths[{j}]: {length} tokens (padded), above max_tokens_per_microbatch = "
+                f"{cap}", f"lengths[{j}]")
+    if not values:
+        return [[0, 0]], [0]
+    count = len(_runs(values, cap))
+    low, high = max(values), cap  # the heaviest run's tokens: at least the longest row
+    while low < high:
+        middle = (low + high) // 2
+        if len(_runs(values, middle)) <= count:
+            high = middle
+        else:
+            low = middle + 1
+    ends = _runs(values, low)
+    starts = [0] + ends[:-1]
+    return ([[a, b] for a, b in zip(starts, ends)],
+            [max(values[a:b]) for a, b in zip(starts, ends)])
+
+
+def _rebalance(shards: list, args: Any, width: int) -> None:
+    """Sets every shard's micro_batch_indices and micro_batch_lengths from
+    dynamic_micro_batches, per global batch, on the rows NeMo-RL placed."""
+    chunks = shards[0].micro_batch_indices
+    size = chunks[0][-1][1] if chunks and chunks[0] else 0  # positions per chunk
+    round_to = int(args["sequence_length_round"])
+    indices, lengths = [], []
+    for c in range(len(chunks)):
+        longest = []
+        for j in range(c * size, (c + 1) * size):
+            tallest = max(int(shard[args["input_lengths_key"]][j]) for shard in shards)
+            longest.append(min(-(-tallest // round_to) * round_to, width))
+        runs, padded = dynamic_micro_batches(longest, args["max_tokens_per_microbatch"])
+        indices.append(runs)
+        lengths.append(padded)
+    for shard in shards:
+        shard.micro_batch_indices = indices
+        shard.micro_batch_lengths = lengths
+
+
+def shard_by_batch_size(self, shards, batch_size=None, allow_uneven_shards=False,
+                        dynamic_batching_args=None, sequence_packing_args=None):
+    """NeMo-RL's ``BatchedDataDict.shard_by_batch_size``, with the micro-batches of
+    dynamic batching decided again by :func:`dynamic_micro_batches`."""
+    original = INTEGRATION.originals["BatchedDataDict.shard_by_batch_size"]
+    result = original(self, shards, batch_size=batch_size,
+                      allow_uneven_shards=allow_uneven_shards,
+                      dynamic_batching_args=dynamic_batching_args,
+                      sequence_packing_args=sequence_packing_args)
+    if dynamic_batching_args is None or not _settings["dynamic_batching"]:
+        return result
+    width = int(self[dynamic_batching_args["input_key"]].shape[1])
+    _rebalance(result[0], dynamic_batching_args, width)
+    return result
+
+
 INTEGRATION = Integration("NeMo-RL", "NVIDIA-NeMo/RL", COMMIT, [
     # nemo_rl/data/packing/algorithms.py:655
     Target(MODULE, "get_packer",
@@ -128,12 +219,18 @@ INTEGRATION = Integration("NeMo-RL", "NVIDIA-NeMo/RL", COMMIT, [
     Target(MODULE, "SequencePacker",
            "(bin_capacity, collect_metrics=False, min_bin_count=None, bin_count_multiple=None)"),
     Target(MODULE, "SequencePacker._pack_implementation", "(self, sequence_lengths)"),
+    # nemo_rl/distributed/batched_data_dict.py:430, wrapped on its class
+    Target(DATA_MODULE, "BatchedDataDict.shard_by_batch_size",
+           "(self, shards, batch_size=None, allow_uneven_shards=False, "
+           "dynamic_batching_args=None, sequence_packing_args=None)", shard_by_batch_size),
 ], ready=needs_native("nemo_rl"))
 
 
-def install(*, names=("rlsched",), force: bool = False) -> list[str]:
+def install(*, names=("rlsched",), dynamic_batching: bool = True,
+            force: bool = False) -> list[str]:
     """Makes `names` (case-insensitive; NeMo-RL's own names too, to take them over)
-    resolve to rlsched's packer in every binding of ``get_packer``; returns what it
+    resolve to rlsched's packer in every binding of ``get_packer``, and (with
+    `dynamic_batching`) dynamic batching's micro-batches rlsched's; returns what it
     replaced, ``[]`` when NeMo-RL is not importable. Refuses (replacing nothing,
     :class:`~rlsched.integrations.IncompatibleUpstreamError`) a NeMo-RL whose
     signatures differ from 7ea279abf's, unless `force`."""
@@ -144,6 +241,7 @@ def install(*, names=("rlsched",), force: bool = False) -> list[str]:
     if replaced:
         _names.clear()
         _names.update(n.lower() for n in names)
+        _settings["dynamic_batching"] = bool(dynamic_batching)
     return replaced
 
 
