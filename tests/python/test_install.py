@@ -90,7 +90,8 @@ def test_pip_install_builds_the_native_module_and_the_protobuf_modules(installed
     script = textwrap.dedent("""
         import json, os, sys
         import rlsched, rlsched._native, rlsched.v1.service_pb2, rlsched.v1.runtime_pb2
-        import rlsched.integrations.verl
+        import rlsched.integrations.verl, rlsched.integrations.slime
+        import rlsched.integrations.nemo_rl, rlsched.integrations.areal
         lengths = [4096, 17, 900, 2500, 333, 8000, 64, 1200, 512, 3000]
         result = rlsched.balance(lengths, 3)
         parts = rlsched.get_seqlen_balanced_partitions(lengths, 2, equal_size=True)
