@@ -28,6 +28,7 @@ import types
 import pytest
 
 import rlsched
+import standins
 from rlsched.integrations import areal as rlsched_areal
 
 if not rlsched.native_available():
@@ -105,25 +106,14 @@ def redistribution(seqlens, world_size, rank, packing_algorithm="ffd"):
 
 
 def register_standin(setitem, seqpack_source=SEQPACK_SOURCE):
-    for name in ("areal", "areal.utils", "areal.infra"):
-        package = types.ModuleType(name)
-        package.__path__ = []
-        setitem(name, package)
-    for name, source in (("areal.utils.seqpack", seqpack_source),
-                         ("areal.utils.data", DATA_SOURCE),
-                         ("areal.infra.dist_rollout", DIST_ROLLOUT_SOURCE)):
-        module = types.ModuleType(name)
-        module.__file__ = f"/site-packages/{name.replace('.', '/')}.py"
-        setitem(name, module)
-        exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return sys.modules["areal.utils.seqpack"]
+    return standins.register(setitem, ("areal", "areal.utils", "areal.infra"), (
+        ("areal.utils.seqpack", seqpack_source), ("areal.utils.data", DATA_SOURCE),
+        ("areal.infra.dist_rollout", DIST_ROLLOUT_SOURCE)))["areal.utils.seqpack"]
 
 
 @pytest.fixture
 def standin(monkeypatch):
-    module = register_standin(lambda name, m: monkeypatch.setitem(sys.modules, name, m))
-    yield module
-    rlsched_areal.uninstall()
+    yield from standins.fixture(monkeypatch, register_standin, rlsched_areal)
 
 
 def check_groups(groups, values, capacity, minimum=None, divisor=1):

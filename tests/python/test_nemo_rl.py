@@ -21,11 +21,11 @@ for the bins refused with ValueError, the same answer twice.
 
 import random
 import sys
-import types
 
 import pytest
 
 import rlsched
+import standins
 from rlsched.integrations import nemo_rl as rlsched_nemo
 
 torch = pytest.importorskip("torch", reason="python3-torch is needed for the NeMo-RL stand-in")
@@ -190,30 +190,17 @@ def packed_shards(lengths, sequence_packing_args, shards, batch_size):
 
 
 def register_standin(setitem, algorithms_source=ALGORITHMS_SOURCE):
-    for name in ("nemo_rl", "nemo_rl.data", "nemo_rl.distributed"):
-        package = types.ModuleType(name)
-        package.__path__ = []
-        setitem(name, package)
-    for name, source, is_package in (
-            ("nemo_rl.data.packing", None, True),
-            ("nemo_rl.data.packing.algorithms", algorithms_source, False),
-            ("nemo_rl.data.packing", PACKING_SOURCE, True),
-            ("nemo_rl.distributed.batched_data_dict", BATCHED_DATA_DICT_SOURCE, False)):
-        module = sys.modules.get(name) if source == PACKING_SOURCE else types.ModuleType(name)
-        module.__file__ = f"/site-packages/{name.replace('.', '/')}.py"
-        if is_package:
-            module.__path__ = []
-        setitem(name, module)
-        if source:
-            exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return sys.modules["nemo_rl.data.packing.algorithms"]
+    return standins.register(
+        setitem, ("nemo_rl", "nemo_rl.data", "nemo_rl.distributed", "nemo_rl.data.packing"),
+        (("nemo_rl.data.packing.algorithms", algorithms_source),
+         ("nemo_rl.data.packing", PACKING_SOURCE),
+         ("nemo_rl.distributed.batched_data_dict", BATCHED_DATA_DICT_SOURCE))
+    )["nemo_rl.data.packing.algorithms"]
 
 
 @pytest.fixture
 def standin(monkeypatch):
-    module = register_standin(lambda name, m: monkeypatch.setitem(sys.modules, name, m))
-    yield module
-    rlsched_nemo.uninstall()
+    yield from standins.fixture(monkeypatch, register_standin, rlsched_nemo)
 
 
 def check_bins(bins, lengths, cap, minimum=None, multiple=None):

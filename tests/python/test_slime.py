@@ -23,6 +23,7 @@ import types
 import pytest
 
 import rlsched
+import standins
 from rlsched.integrations import slime as rlsched_slime
 
 if not rlsched.native_available():
@@ -102,35 +103,16 @@ def split_train_data_by_dp(args, train_parallel_config, data):
 '''
 
 
-def _module(name, source=None):
-    module = types.ModuleType(name)
-    module.__file__ = f"/site-packages/{name.replace('.', '/')}.py"
-    if source is not None:
-        sys.modules[name] = module
-        exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return module
-
-
 def register_standin(setitem, dp_schedule_source=DP_SCHEDULE_SOURCE):
-    for name in ("slime", "slime.utils", "slime.ray"):
-        package = _module(name)
-        package.__path__ = []
-        setitem(name, package)
-    for name, source in (("slime.utils.flops_utils", FLOPS_SOURCE),
-                         ("slime.utils.dp_schedule", dp_schedule_source),
-                         ("slime.ray.rollout", ROLLOUT_SOURCE)):
-        module = types.ModuleType(name)
-        module.__file__ = f"/site-packages/{name.replace('.', '/')}.py"
-        setitem(name, module)
-        exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return sys.modules["slime.utils.dp_schedule"]
+    return standins.register(setitem, ("slime", "slime.utils", "slime.ray"), (
+        ("slime.utils.flops_utils", FLOPS_SOURCE),
+        ("slime.utils.dp_schedule", dp_schedule_source),
+        ("slime.ray.rollout", ROLLOUT_SOURCE)))["slime.utils.dp_schedule"]
 
 
 @pytest.fixture
 def standin(monkeypatch):
-    module = register_standin(lambda name, m: monkeypatch.setitem(sys.modules, name, m))
-    yield module
-    rlsched_slime.uninstall()
+    yield from standins.fixture(monkeypatch, register_standin, rlsched_slime)
 
 
 def make_args(**overrides):

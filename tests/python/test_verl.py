@@ -31,6 +31,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="python3-torch is needed for the verl stand-in")
 
 import rlsched  # noqa: E402
+import standins  # noqa: E402
 from rlsched.integrations import verl as rlsched_verl  # noqa: E402
 
 if not rlsched.native_available():
@@ -219,44 +220,24 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
 '''
 
 
-def _module(name, source=None, path=None):
-    module = types.ModuleType(name)
-    module.__file__ = path or f"/site-packages/{name.replace('.', '/')}.py"
-    if source is not None:
-        exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return module
-
-
 def register_standin(modules, seqlen_source=None):
-    """Registers verl, verl.utils, verl.utils.tensordict_utils,
+    """Registers verl's packages, verl.utils.tensordict_utils,
     verl.utils.seqlen_balancing, verl.workers.engine.utils and
     verl.trainer.ppo.ray_trainer into `modules` (sys.modules or a monkeypatch-like
     setter); returns the seqlen_balancing stand-in. `seqlen_source` replaces its
     source (another verl's signatures)."""
-    def package(name):
-        module = _module(name, path=f"/site-packages/{name.replace('.', '/')}/__init__.py")
-        module.__path__ = []
-        modules(name, module)
-        return module
-
-    for name in ("verl", "verl.utils", "verl.workers", "verl.workers.engine", "verl.trainer",
-                 "verl.trainer.ppo"):
-        package(name)
-    for name, source in (("verl.utils.tensordict_utils", TENSORDICT_UTILS_SOURCE),
-                         ("verl.utils.seqlen_balancing", seqlen_source or STANDIN_SOURCE),
-                         ("verl.workers.engine.utils", ENGINE_UTILS_SOURCE),
-                         ("verl.trainer.ppo.ray_trainer", RAY_TRAINER_SOURCE)):
-        module = _module(name)
-        modules(name, module)  # registered first: the next sources import it
-        exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return sys.modules["verl.utils.seqlen_balancing"]
+    return standins.register(
+        modules, ("verl", "verl.utils", "verl.workers", "verl.workers.engine", "verl.trainer",
+                  "verl.trainer.ppo"),
+        (("verl.utils.tensordict_utils", TENSORDICT_UTILS_SOURCE),
+         ("verl.utils.seqlen_balancing", seqlen_source or STANDIN_SOURCE),
+         ("verl.workers.engine.utils", ENGINE_UTILS_SOURCE),
+         ("verl.trainer.ppo.ray_trainer", RAY_TRAINER_SOURCE)))["verl.utils.seqlen_balancing"]
 
 
 @pytest.fixture
 def standin(monkeypatch):
-    module = register_standin(lambda name, m: monkeypatch.setitem(sys.modules, name, m))
-    yield module
-    rlsched_verl.uninstall()
+    yield from standins.fixture(monkeypatch, register_standin, rlsched_verl)
 
 
 def _check_partition(parts, n, k):

@@ -134,24 +134,10 @@ INTEGRATION = Integration("AReaL", "areal-project/AReaL", COMMIT, [
 ], ready=needs_native("areal"))
 
 
-def install(*, force: bool = False) -> list[str]:
-    """Replaces AReaL's ``kk_allocate``; returns what it replaced, ``[]`` when AReaL is
-    not importable. Refuses (replacing nothing,
-    :class:`~rlsched.integrations.IncompatibleUpstreamError`) an AReaL whose signatures
-    differ from cbff54d64's, unless `force`."""
-    return INTEGRATION.install(force=force)
-
-
-def uninstall() -> list[str]:
-    """Puts back what :func:`install` replaced; returns what it restored."""
-    return INTEGRATION.uninstall()
-
-
-def installed() -> list[str]:
-    """What is replaced now."""
-    return INTEGRATION.installed()
-
-
-def check() -> list[str]:
-    """How the installed AReaL differs from cbff54d64 (one line per difference)."""
-    return INTEGRATION.check()
+#: install(force=False), uninstall(), installed(), check(): the Integration's (see
+#: rlsched.integrations): [] when the framework is not importable; a version whose
+#: signatures differ from the pinned commit's refused, replacing nothing, unless force.
+install = INTEGRATION.install
+uninstall = INTEGRATION.uninstall
+installed = INTEGRATION.installed
+check = INTEGRATION.check

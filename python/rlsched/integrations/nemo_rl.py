@@ -251,11 +251,7 @@ def uninstall() -> list[str]:
     return INTEGRATION.uninstall()
 
 
-def installed() -> list[str]:
-    """What is replaced now."""
-    return INTEGRATION.installed()
-
-
-def check() -> list[str]:
-    """How the installed NeMo-RL differs from 7ea279abf (one line per difference)."""
-    return INTEGRATION.check()
+#: What is replaced now; how the installed framework differs from the pinned commit
+#: (the Integration's, see rlsched.integrations).
+installed = INTEGRATION.installed
+check = INTEGRATION.check

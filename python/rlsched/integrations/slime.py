@@ -171,24 +171,10 @@ INTEGRATION = Integration("slime", "THUDM/slime", COMMIT, [
 ], ready=needs_native("slime"))
 
 
-def install(*, force: bool = False) -> list[str]:
-    """Replaces slime's ``build_dp_schedule``; returns what it replaced, ``[]`` when
-    slime is not importable. Refuses (replacing nothing,
-    :class:`~rlsched.integrations.IncompatibleUpstreamError`) a slime whose signature
-    differs from 624b824a8's, unless `force`."""
-    return INTEGRATION.install(force=force)
-
-
-def uninstall() -> list[str]:
-    """Puts back what :func:`install` replaced; returns what it restored."""
-    return INTEGRATION.uninstall()
-
-
-def installed() -> list[str]:
-    """What is replaced now."""
-    return INTEGRATION.installed()
-
-
-def check() -> list[str]:
-    """How the installed slime differs from 624b824a8 (one line per difference)."""
-    return INTEGRATION.check()
+#: install(force=False), uninstall(), installed(), check(): the Integration's (see
+#: rlsched.integrations): [] when the framework is not importable; a version whose
+#: signatures differ from the pinned commit's refused, replacing nothing, unless force.
+install = INTEGRATION.install
+uninstall = INTEGRATION.uninstall
+installed = INTEGRATION.installed
+check = INTEGRATION.check

@@ -489,11 +489,7 @@ def uninstall() -> list[str]:
     return INTEGRATION.uninstall()
 
 
-def installed() -> list[str]:
-    """What is replaced now (``"<module>.<function>"``)."""
-    return INTEGRATION.installed()
-
-
-def check() -> list[str]:
-    """How the installed verl differs from 1dda039 (one line per difference)."""
-    return INTEGRATION.check()
+#: What is replaced now; how the installed framework differs from the pinned commit
+#: (the Integration's, see rlsched.integrations).
+installed = INTEGRATION.installed
+check = INTEGRATION.check
