@@ -182,22 +182,45 @@ def _fill_empty_parts(parts: list[list[int]], weights: list) -> bool:
     return moved
 
 
+def _integer_input(values: Any) -> Any:
+    """What the native module reads without a Python pass when the values are integers:
+    a CPU integer tensor as its numpy view, an integer array as it is, a list as it is;
+    None for anything else (floats: element by element)."""
+    if hasattr(values, "is_floating_point"):  # a torch tensor
+        if values.is_floating_point() or values.is_complex() or values.device.type != "cpu":
+            return None
+        return values.numpy()
+    if hasattr(values, "__array_interface__"):  # numpy
+        return values if values.dtype.kind in "iu" else None
+    return values if isinstance(values, list) else None
+
+
 def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
     """`k_partitions` parts of balanced sums of `seqlen_list` (the values as given):
     a list of lists of indices, each ascending and non-empty, every index once; with
     `equal_size` every part holds ``len(seqlen_list) // k_partitions`` indices."""
-    values = _as_list(seqlen_list)
-    original = INTEGRATION.originals.get("get_seqlen_balanced_partitions")
-    if _for_verl(values) and original is not None:
-        return original(seqlen_list, k_partitions, equal_size)
-    values = _integers(values)
     k = _index(k_partitions, "k_partitions")
-    _client._check_partition_arguments(len(values), k, equal_size)
+    _client._check_partition_arguments(len(seqlen_list), k, equal_size)
+    values = _integer_input(seqlen_list)
     try:
+        if values is None:
+            raise InvalidArgumentError("not integers", "")
         parts = _solve(_native().partition_weights, values, k, bool(equal_size))
-    except InvalidArgumentError as error:
-        raise _renamed(error, "weights", "seqlen_list") from None
-    if not equal_size and _fill_empty_parts(parts, values):
+    except (InvalidArgumentError, TypeError) as error:
+        # Fractions, negatives, floats, 0-d tensors: element by element (the native
+        # module takes non-negative integers; verl's function the rest).
+        values = _as_list(seqlen_list)
+        original = INTEGRATION.originals.get("get_seqlen_balanced_partitions")
+        if _for_verl(values) and original is not None:
+            return original(seqlen_list, k_partitions, equal_size)
+        values = _integers(values)
+        try:
+            parts = _solve(_native().partition_weights, values, k, bool(equal_size))
+        except InvalidArgumentError as refused:
+            raise _renamed(refused, "weights", "seqlen_list") from None
+    if not equal_size and any(not part for part in parts):
+        weights = _as_list(seqlen_list) if values is None else list(values)
+        _fill_empty_parts(parts, weights)
         parts = [sorted(part) for part in parts]
     return parts
 
