@@ -773,6 +773,24 @@ std::optional<StepPlan> BinsFirstPlan(const Padded& padded, const StepOptions& o
   return std::nullopt;
 }
 
+// The common recipe's figures alone, for comparison (it ignores groups): what the reply
+// reports of it (PlannedStep::baseline). `bound`: the plan's bound without empty
+// micro-batches, the baseline's too without groups or empty micro-batches.
+StepPlan BaselineFigures(const Padded& padded, const StepOptions& options, std::int64_t bound,
+                         bool shared_sort, std::vector<std::int32_t> recipe_ascending,
+                         std::vector<std::int64_t> recipe_sorted) {
+  StepPlan baseline = shared_sort
+                          ? internal::RecipePlan(padded, options, recipe_ascending, recipe_sorted,
+                                                 internal::RecipeDetail::kFigures)
+                          : internal::RecipePlan(padded, options, internal::RecipeDetail::kFigures);
+  const Empties empties = baseline.empty_micro_batches > 0 ? Empties::kAllowed : Empties::kNone;
+  baseline.lower_bound = options.keep_groups || empties == Empties::kAllowed
+                             ? UngroupedBound(padded, PartSizes::kAny, empties, options)
+                             : bound;
+  SetTotals(padded, options.micro_batch, baseline);
+  return baseline;
+}
+
 }  // namespace
 
 PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
@@ -821,8 +839,8 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     balanced_assignment =
         BalancedAssignment(padded.tokens, padded.costs, groups, balance, order, sorted);
     balanced_ranks = RanksOf(balanced_assignment, options.num_ranks);
-    if (std::equal(padded.costs.begin(), padded.costs.end(), padded.lengths.begin(),
-                   padded.lengths.end())) {
+    if (options.baseline && std::equal(padded.costs.begin(), padded.costs.end(),
+                                       padded.lengths.begin(), padded.lengths.end())) {
       recipe_ascending = RecipeAscendingFrom(std::move(order), sorted);
       recipe_sorted = std::move(sorted);
       shared_sort = true;
@@ -889,25 +907,10 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
     take(PlanForRanks(padded, TimeAwareRanks(units, options, m0), movable, mb, 0, best));
   }
 
-  // The common recipe, for comparison (it ignores groups).
-  // Its figures alone: what the reply reports of it (PlannedStep::baseline).
-  if (shared_sort) {
-    result.baseline = internal::RecipePlan(padded, options, recipe_ascending, recipe_sorted,
-                                           internal::RecipeDetail::kFigures);
-    recipe_ascending = std::vector<std::int32_t>();
-    recipe_sorted = std::vector<std::int64_t>();
-  } else {
-    result.baseline = internal::RecipePlan(padded, options, internal::RecipeDetail::kFigures);
+  if (options.baseline) {
+    result.baseline = BaselineFigures(padded, options, bound.value, shared_sort,
+                                      std::move(recipe_ascending), std::move(recipe_sorted));
   }
-  // Without groups or empty micro-batches the baseline's
-  // bound is the same one.
-  const Empties baseline_empties =
-      result.baseline.empty_micro_batches > 0 ? Empties::kAllowed : Empties::kNone;
-  result.baseline.lower_bound =
-      options.keep_groups || baseline_empties == Empties::kAllowed
-          ? UngroupedBound(padded, PartSizes::kAny, baseline_empties, options)
-          : bound.value;
-  SetTotals(padded, mb, result.baseline);
   // Karmarkar-Karp on cost is a valid answer when it keeps the cap (it ignores groups).
   // Planned only when it could change the plan (CannotChangeTheChoice): its bounds from
   // the batch, then from its ranks (exact with one pipeline stage), come first.

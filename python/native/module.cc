@@ -322,7 +322,8 @@ py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
                   std::int64_t micro_batches_multiple_of, std::int64_t pad_to_multiple_of,
                   std::int64_t pipeline_stages, std::optional<std::int64_t> overhead,
                   std::optional<double> count_tolerance, const std::string& order,
-                  std::optional<std::int64_t> refine_iterations, const std::string& oversize) {
+                  std::optional<std::int64_t> refine_iterations, const std::string& oversize,
+                  bool baseline) {
   CheckCount("num_ranks", num_ranks);
   const Int64Input lengths = Int64Input::From(lengths_object, "lengths");
   const Int64Input groups = Int64Input::From(groups_object, "groups");
@@ -331,6 +332,7 @@ py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
   options.num_ranks = num_ranks;
   options.equal_size = equal_size;
   options.keep_groups = keep_groups;
+  options.baseline = baseline;
   balance::MicroBatchOptions& micro_batch = options.micro_batch;
   if (max_token_len < 1) rlsched::FailBound("max_token_len", ">= 1", max_token_len);
   micro_batch.max_tokens_per_micro_batch = max_token_len;
@@ -362,12 +364,12 @@ py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
     step = balance::PlanStep(lengths.span(), groups.span(), options);
   }
   py::dict out = ToDict(step.plan);
-  py::dict baseline;
-  baseline["predicted_step_time"] = step.baseline.predicted_step_time;
-  baseline["cap_violations"] = step.baseline.cap_violations;
-  baseline["micro_batches"] = step.baseline.num_micro_batches;
-  baseline["empty_micro_batches"] = step.baseline.empty_micro_batches;
-  out["baseline"] = std::move(baseline);
+  py::dict recipe;
+  recipe["predicted_step_time"] = step.baseline.predicted_step_time;
+  recipe["cap_violations"] = step.baseline.cap_violations;
+  recipe["micro_batches"] = step.baseline.num_micro_batches;
+  recipe["empty_micro_batches"] = step.baseline.empty_micro_batches;
+  out["baseline"] = std::move(recipe);
   return out;
 }
 
@@ -526,7 +528,9 @@ PYBIND11_MODULE(_native, m) {
         py::arg("pipeline_model_parallel_size") = 0, py::arg("overhead") = py::none(),
         py::arg("count_tolerance") = py::none(), py::arg("order") = "",
         py::arg("refine_iterations") = py::none(), py::arg("oversize") = "",
-        "PlanStep(): a whole step (token cost; oversize: raise or alone). Returns a dict: ranks "
+        py::arg("baseline") = true,
+        "PlanStep(): a whole step (token cost; oversize: raise or alone; baseline: false "
+        "leaves the common recipe's figures zero). Returns a dict: ranks "
         "(each a tuple of "
         "micro_batches [(indices, tokens, cost, unpadded_tokens)], tokens, cost, time, "
         "sequences, unpadded_tokens), micro_batches, predicted_step_time, lower_bound, "

@@ -882,6 +882,13 @@ TEST(MicroBatchPropertyTest, OversizedSequencesAlone) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const PlannedStep step = PlanStep(batch.lengths, batch.groups, options);
     ExpectOversizedAlone(batch.lengths, options, step.plan);
+    // Without the common recipe's figures: the same plan, the figures zero.
+    StepOptions plan_only = options;
+    plan_only.baseline = false;
+    const PlannedStep alone = PlanStep(batch.lengths, batch.groups, plan_only);
+    ExpectSamePlan(step.plan, alone.plan);
+    EXPECT_EQ(alone.baseline.predicted_step_time, 0);
+    EXPECT_EQ(alone.baseline.num_micro_batches, 0);
     if (step.plan.oversized == 0) {
       StepOptions raise = options;
       raise.micro_batch.oversize = OversizePolicy::kRaise;

@@ -136,6 +136,16 @@ def test_model_config_path_folder_and_mapping_agree(client, tmp_path):
                           model=dict(config, num_experts_per_tok=0))
 
 
+def test_without_the_baseline_the_same_plan(client):
+    lengths = _lengths(12, 500, 32768)
+    for call in (client.plan_step, rlsched.plan_step):
+        full = call(lengths, num_ranks=8, max_token_len=32768)
+        plan_only = call(lengths, num_ranks=8, max_token_len=32768, baseline=False)
+        assert plan_only.ranks == full.ranks
+        assert full.baseline.predicted_step_time > 0
+        assert plan_only.baseline.predicted_step_time == 0
+
+
 def test_oversize_through_the_daemon_and_in_process(client):
     lengths = [9000, 100, 200, 300, 5000, 40]
     for plan in (client.plan_step(lengths, num_ranks=2, max_token_len=4096, oversize="alone"),

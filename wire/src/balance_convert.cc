@@ -267,6 +267,7 @@ balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request) {
   options.num_ranks = request.num_ranks();
   options.equal_size = request.equal_size();
   options.keep_groups = request.keep_groups();
+  options.baseline = !request.skip_baseline();
   balance::MicroBatchOptions& micro_batch = options.micro_batch;
   CheckAtLeastOne("max_tokens_per_micro_batch", request.max_tokens_per_micro_batch());
   micro_batch.max_tokens_per_micro_batch = request.max_tokens_per_micro_batch();

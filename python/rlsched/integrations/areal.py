@@ -87,7 +87,8 @@ def _count(values: list[int], capacity: int, minimum: int, divisor: int) -> list
     multiple of `divisor` (empty ones left out where the values cannot fill them)."""
     plan = rlsched.plan_step(values, num_ranks=1, max_token_len=capacity,
                              min_micro_batches=min(minimum, len(values)),
-                             micro_batches_multiple_of=divisor, order="heaviest_first")
+                             micro_batches_multiple_of=divisor, order="heaviest_first",
+                             baseline=False)
     return [list(m.indices) for m in plan.ranks[0].micro_batches if m.indices]
 
 

@@ -90,13 +90,14 @@ def pack(sequence_lengths: Any, bin_capacity: int, min_bin_count: Optional[int] 
                 f"sequence_lengths[{i}]")
     shards = bin_count_multiple or 1
     if shards > 1 and min_bin_count == shards and len(lengths) >= shards:
-        plan = rlsched.plan_step(lengths, num_ranks=shards, max_token_len=cap)
+        plan = rlsched.plan_step(lengths, num_ranks=shards, max_token_len=cap, baseline=False)
         if not plan.empty_micro_batches:
             ranks = [[list(m.indices) for m in rank.micro_batches] for rank in plan.ranks]
             return [ranks[s][k] for k in range(plan.micro_batches) for s in range(shards)]
     plan = rlsched.plan_step(lengths, num_ranks=1, max_token_len=cap,
                              min_micro_batches=min(max(min_bin_count or 1, 1), len(lengths)),
-                             micro_batches_multiple_of=shards, order="heaviest_first")
+                             micro_batches_multiple_of=shards, order="heaviest_first",
+                             baseline=False)
     return [list(m.indices) for m in plan.ranks[0].micro_batches if m.indices]
 
 

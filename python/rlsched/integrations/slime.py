@@ -117,7 +117,8 @@ def _flops_cost(args: Any) -> dict:
 
 def _plan(lengths: list[int], dp: int, cap: int, multiple: int, cost: Any):
     plan = rlsched.plan_step(lengths, num_ranks=dp, max_token_len=cap,
-                             micro_batches_multiple_of=multiple, cost=cost, oversize="alone")
+                             micro_batches_multiple_of=multiple, cost=cost, oversize="alone",
+                             baseline=False)
     if plan.empty_micro_batches:
         raise ScheduleError(
             f"train_parallel_config: a step of {len(lengths)} samples cannot fill "

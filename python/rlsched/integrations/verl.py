@@ -423,7 +423,8 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
 
     def plan(count: int) -> dict:
         return _solve(native.plan_step, units, 1, cap, min_micro_batches=max(count, 0),
-                      micro_batches_multiple_of=multiple, order=order, oversize="alone")
+                      micro_batches_multiple_of=multiple, order=order, oversize="alone",
+                      baseline=False)
 
     if ranks is not None:
         planned = _agreed_plan(plan, minimum, len(units), ranks)
