@@ -855,3 +855,21 @@ def test_reverse_idx_errors():
         rlsched_verl.get_reverse_idx([0, 1, 0])
     with pytest.raises(ValueError, match=r"idx_map\[1\]: must be in \[0, 2\), got 5"):
         rlsched_verl.get_reverse_idx([0, 5])
+
+
+def test_the_pin_checker_reads_a_checkout_without_importing_it(tmp_path):
+    """scripts/check_upstream_pins.py on a checkout written from the stand-in (ok) and
+    from the older signature (refused, exit 1)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                          "check_upstream_pins.py")
+    older = STANDIN_SOURCE[:STANDIN_SOURCE.index("def rearrange_micro_batches")] + \
+        OLD_REARRANGE + STANDIN_SOURCE[STANDIN_SOURCE.index("def get_reverse_idx"):]
+    for source, status in ((STANDIN_SOURCE, 0), (older, 1)):
+        root = tmp_path / str(status)
+        (root / "verl" / "utils").mkdir(parents=True)
+        (root / "verl" / "utils" / "seqlen_balancing.py").write_text(source)
+        run = subprocess.run([sys.executable, script, "--verl", str(root)],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == status, run.stdout + run.stderr
+        assert ("DIFF verl.utils.seqlen_balancing.rearrange_micro_batches" in run.stdout) == \
+            bool(status)
