@@ -321,16 +321,24 @@ std::string ReadModelConfig(const std::string& given) {
 v1::CostModel MakeCostModel(const CostArgs& args) {
   const bool has_shape = HasShapeOptions(args);
   const bool has_coefficients = HasCoefficientOptions(args);
-  if (!args.model.empty()) {
-    if (has_shape || has_coefficients) {
+  if (args.model) {
+    // --per-sequence goes with a config as with a shape; the other shape options not.
+    CostArgs others = args;
+    others.per_sequence.reset();
+    if (HasShapeOptions(others) || has_coefficients) {
       throw FieldError("--model", "cannot be combined with model shape or coefficient options");
     }
     if (args.kind == "tokens") {
       throw FieldError("--model", "gives an attention cost, not with --cost tokens");
     }
+    if (args.model->empty()) throw FieldError("--model", "a config.json or a model folder, got ''");
     v1::CostModel cost;
     cost.set_kind(v1::COST_KIND_ATTENTION);
-    cost.set_model_config_json(ReadModelConfig(args.model));
+    cost.set_model_config_json(ReadModelConfig(*args.model));
+    if (cost.model_config_json().empty()) {
+      throw FieldError("--model", *args.model + ": an empty file, not a config.json");
+    }
+    if (args.per_sequence) cost.set_per_sequence(*args.per_sequence);
     return cost;
   }
   if (args.kind == "tokens" && (has_shape || has_coefficients)) {
@@ -406,8 +414,8 @@ std::string DescribeBatch(const InputArgs& args,
 
 std::string DescribeCost(const CostArgs& args, const balance::CostModel& cost) {
   std::string text = cost.Describe();
-  if (!args.model.empty()) {
-    text += " from " + args.model;
+  if (args.model) {
+    text += " from " + *args.model;
   } else if (cost.kind() == balance::CostModel::Kind::kAttention && !HasCoefficientOptions(args)) {
     text += HasShapeOptions(args) ? " from the model shape"
                                   : " from the default model shape (Llama-3.1-8B)";

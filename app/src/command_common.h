@@ -67,8 +67,9 @@ struct InputArgs {
 
 // The cost-model options. Unset optionals were not given.
 struct CostArgs {
-  std::string model;  // --model: a config.json or a model folder (not with shape/coefficients)
-  std::string kind;   // --cost: "tokens", "attention", or empty: tokens unless shape/coefficients
+  // --model: a config.json or a model folder (not with shape/coefficients); unset: none.
+  std::optional<std::string> model;
+  std::string kind;  // --cost: "tokens", "attention", or empty: tokens unless shape/coefficients
   // Model shape; unset fields take balance::ModelShape{} (Llama-3.1-8B) values.
   std::optional<std::int64_t> hidden_size;
   std::optional<std::int64_t> num_layers;

@@ -235,7 +235,7 @@ def plan_micro_batches(lengths, max_token_len=None, **kwargs):
     native module: every option with its wire library, else the token cost)."""
     if _in_process():
         result = _client.native_plan_step(lengths, num_ranks=1, max_token_len=max_token_len,
-                                          **kwargs)
+                                          baseline=False, **kwargs)
         if result is not NotImplemented:
             return [m.indices for m in result.ranks[0].micro_batches]
     return _fallback().plan_micro_batches(lengths, max_token_len, **kwargs)

@@ -320,23 +320,45 @@ _PLAN_STEP_NAMES = {
 ModelArg = Union[None, str, "os.PathLike[str]", Mapping[str, Any]]
 
 
+# The most bytes of a config.json read (the daemon's bound, wire::kMaxModelConfigBytes).
+_MAX_MODEL_CONFIG_BYTES = 1 << 20
+
+
 def _model_config_json(model: ModelArg) -> str:
     """The text of a Hugging Face config.json from a path (the file, or the model's
-    folder holding it) or the parsed config (a mapping)."""
+    folder holding it), its text (a str that opens with "{"), the parsed config (a
+    mapping) or an object with ``to_dict()`` (a transformers config)."""
+    if hasattr(model, "to_dict") and not isinstance(model, Mapping):
+        model = model.to_dict()
     if isinstance(model, Mapping):
-        return json.dumps(dict(model))
+        try:
+            return json.dumps(dict(model), allow_nan=False,
+                              default=lambda v: v.item() if hasattr(v, "item") else str(v))
+        except ValueError as error:
+            raise InvalidArgumentError(f"model: {error}", "model") from None
+    if isinstance(model, str) and model.lstrip().startswith("{"):
+        return model
     if not isinstance(model, (str, os.PathLike)):
         raise InvalidArgumentError(
-            f"model: expected a config.json path, a model folder or a mapping, got "
+            f"model: expected a config.json path, a model folder, its text or a mapping, got "
             f"{type(model).__name__}", "model")
     path = os.fspath(model)
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        with open(path, "rb") as f:
+            data = f.read(_MAX_MODEL_CONFIG_BYTES + 1)
     except OSError as error:
         raise InvalidArgumentError(f"model: {path}: {error.strerror}", "model") from None
+    if len(data) > _MAX_MODEL_CONFIG_BYTES:
+        raise InvalidArgumentError(
+            f"model: {path}: larger than {_MAX_MODEL_CONFIG_BYTES} bytes", "model")
+    if not data.strip():
+        raise InvalidArgumentError(f"model: {path}: an empty file, not a config.json", "model")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgumentError(f"model: {path}: not UTF-8 text", "model") from None
 
 
 def _fill_common(message, lengths, groups, cost, refine_iterations, model=None) -> None:
@@ -809,11 +831,14 @@ class Client:
                            keep_groups: bool = False,
                            refine_iterations: Optional[int] = None,
                            max_tokens_per_micro_batch: Optional[int] = None,
-                           pipeline_stages: Optional[int] = None) -> list[list[int]]:
+                           pipeline_stages: Optional[int] = None,
+                           oversize: Union[None, int, str] = None, model: ModelArg = None,
+                           count_tolerance: Optional[float] = None) -> list[list[int]]:
         """One rank's micro-batches: :meth:`plan_step` with ``num_ranks=1`` (the
         same arguments and aliases). Returns the micro-batches in execution order,
         each a list of ascending indices into `lengths`; none holds more than
-        `max_token_len` (padded) tokens.
+        `max_token_len` (padded) tokens, but for a sequence above it alone with
+        ``oversize="alone"``.
         """
         plan = self.plan_step(
             lengths, num_ranks=1, max_token_len=max_token_len,
@@ -825,7 +850,8 @@ class Client:
             pipeline_model_parallel_size=pipeline_model_parallel_size,
             pipeline_stages=pipeline_stages,
             overhead=overhead, cost=cost, order=order,
-            refine_iterations=refine_iterations, raw=True)
+            refine_iterations=refine_iterations, oversize=oversize, model=model,
+            count_tolerance=count_tolerance, baseline=False, raw=True)
         return [list(m.indices) for m in plan.ranks[0].micro_batches]
 
     def reshard(self, model_config_json: Union[str, bytes, Mapping[str, Any]], *,

@@ -136,6 +136,31 @@ def test_model_config_path_folder_and_mapping_agree(client, tmp_path):
                           model=dict(config, num_experts_per_tok=0))
 
 
+def test_model_as_text_mapping_and_bad_files(client, tmp_path):
+    np = pytest.importorskip("numpy")
+    with open(QWEN3_MOE, encoding="utf-8") as f:
+        text = f.read()
+    config = json.loads(text)
+    lengths = _lengths(13, 100, 32768)
+    expected = rlsched.plan_step(lengths, num_ranks=2, max_token_len=32768, model=QWEN3_MOE)
+    with_numpy = dict(config, hidden_size=np.int64(config["hidden_size"]))
+    for model in (text, with_numpy):
+        plan = rlsched.plan_step(lengths, num_ranks=2, max_token_len=32768, model=model)
+        assert plan.predicted_step_time == expected.predicted_step_time
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "binary.json").write_bytes(bytes(range(256)) * 4)
+    for name, message in (("empty.json", "an empty file"), ("binary.json", "not UTF-8")):
+        with pytest.raises(rlsched.InvalidArgumentError, match=message):
+            rlsched.plan_step(lengths, num_ranks=2, max_token_len=32768,
+                              model=str(tmp_path / name))
+    with pytest.raises(rlsched.InvalidArgumentError, match="model: .*NaN|model: Out of range"):
+        rlsched.plan_step(lengths, num_ranks=2, max_token_len=32768,
+                          model=dict(config, rope_theta=float("nan")))
+    # One rank's micro-batches through the daemon take the same options.
+    assert client.plan_micro_batches([5, 300, 7], 100, oversize="alone", model=config) == \
+        rlsched.plan_micro_batches([5, 300, 7], 100, oversize="alone", model=config)
+
+
 def test_without_the_baseline_the_same_plan(client):
     lengths = _lengths(12, 500, 32768)
     for call in (client.plan_step, rlsched.plan_step):
