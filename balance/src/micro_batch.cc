@@ -322,7 +322,7 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
     }
     tokens[i] = t;
   }
-  internal::CheckWeights(tokens, "lengths (padded)");
+  const std::int64_t total_padded = internal::CheckWeights(tokens, "lengths (padded)");
   padded.cost_storage = options.cost.Costs(tokens);
   padded.total_cost = internal::CheckWeights(padded.cost_storage, "cost");
   // Oversized sequences count as the cap's tokens from here on (their costs are made).
@@ -330,27 +330,25 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
     tokens[static_cast<std::size_t>(i)] = cap;
     padded.oversized_excess += excess;
   }
-  padded.total_tokens = internal::CheckWeights(tokens, "lengths (padded)");
+  padded.total_tokens = total_padded - padded.oversized_excess;
   padded.tokens = tokens;
   padded.costs = padded.cost_storage;
   for (const std::int64_t c : padded.costs) padded.max_cost = std::max(padded.max_cost, c);
   return padded;
 }
 
-void RestoreOversized(const Padded& padded, std::vector<RankPlan>& ranks) {
+void RestoreOversized(const Padded& padded, RankPlan& rank) {
   if (padded.oversized.empty()) return;
   const auto excess_of = [&](std::int64_t i) -> std::int64_t {
     const auto it = std::lower_bound(padded.oversized.begin(), padded.oversized.end(),
                                      std::pair<std::int64_t, std::int64_t>{i, 0});
     return it != padded.oversized.end() && it->first == i ? it->second : 0;
   };
-  for (RankPlan& rank : ranks) {
-    for (MicroBatch& b : rank.micro_batches) {
-      for (const std::int64_t i : b.indices) {
-        const std::int64_t excess = excess_of(i);
-        b.tokens += excess;
-        rank.tokens += excess;
-      }
+  for (MicroBatch& b : rank.micro_batches) {
+    for (const std::int64_t i : b.indices) {
+      const std::int64_t excess = excess_of(i);
+      b.tokens += excess;
+      rank.tokens += excess;
     }
   }
 }
@@ -774,9 +772,8 @@ RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths,
   }
   const std::int64_t chosen = SmallestWithin(tried, options.count_tolerance);
   if (chosen != static_cast<std::int64_t>(best.micro_batches.size())) best = plan_with(chosen);
-  std::vector<RankPlan> one{std::move(best)};
-  RestoreOversized(padded, one);
-  return std::move(one.front());
+  RestoreOversized(padded, best);
+  return best;
 }
 
 }  // namespace rlsched::balance

@@ -94,8 +94,8 @@ struct Padded {
 Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& options);
 
 // Adds each oversized sequence's excess (Padded::oversized) to the tokens of its
-// micro-batch and rank. O(Σ indices · log oversized); nothing without oversized ones.
-void RestoreOversized(const Padded& padded, std::vector<RankPlan>& ranks);
+// micro-batch and of `rank`. O(indices · log oversized); nothing without oversized ones.
+void RestoreOversized(const Padded& padded, RankPlan& rank);
 
 // The sequences `indices` of the batch, in that order.
 RankItems Gather(const Padded& padded, std::span<const std::int64_t> indices);

@@ -939,7 +939,7 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   result.plan.lower_bound =
       result.plan.empty_micro_batches > 0 ? bound_of(Empties::kAllowed).value : bound.value;
   result.plan.cap_violations = 0;
-  RestoreOversized(padded, result.plan.ranks);
+  for (RankPlan& rank : result.plan.ranks) RestoreOversized(padded, rank);
   SetTotals(padded, mb, result.plan);
   return result;
 }

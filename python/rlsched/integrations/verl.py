@@ -165,12 +165,10 @@ def _integers(values: list) -> list:
     return [int(v) if isinstance(v, float) and v.is_integer() else v for v in values]
 
 
-def _fill_empty_parts(parts: list[list[int]], weights: list) -> bool:
-    """Gives each empty part the lightest item of the part with the most items; returns
-    whether it moved any. With at least as many items as parts such a part has two or
-    more; the moved item weighs no more than the load it leaves, so the largest load
-    does not grow."""
-    moved = False
+def _fill_empty_parts(parts: list[list[int]], weights: list) -> None:
+    """Gives each empty part the lightest item of the part with the most items. With at
+    least as many items as parts such a part has two or more; the moved item weighs no
+    more than the load it leaves, so the largest load does not grow."""
     for p, part in enumerate(parts):
         if part:
             continue
@@ -178,8 +176,6 @@ def _fill_empty_parts(parts: list[list[int]], weights: list) -> bool:
         lightest = min(parts[donor], key=lambda i: (weights[i], -i))
         parts[donor].remove(lightest)
         parts[p] = [lightest]
-        moved = True
-    return moved
 
 
 def _integer_input(values: Any) -> Any:
@@ -201,26 +197,28 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
     `equal_size` every part holds ``len(seqlen_list) // k_partitions`` indices."""
     k = _index(k_partitions, "k_partitions")
     _client._check_partition_arguments(len(seqlen_list), k, equal_size)
+    partition = _native().partition_weights
     values = _integer_input(seqlen_list)
-    try:
-        if values is None:
-            raise InvalidArgumentError("not integers", "")
-        parts = _solve(_native().partition_weights, values, k, bool(equal_size))
-    except (InvalidArgumentError, TypeError) as error:
-        # Fractions, negatives, floats, 0-d tensors: element by element (the native
-        # module takes non-negative integers; verl's function the rest).
+    parts = None
+    if values is not None:
+        try:
+            parts = _solve(partition, values, k, bool(equal_size))
+        except (InvalidArgumentError, TypeError):
+            pass  # not non-negative integers after all: element by element below
+    if parts is None:
+        # Fractions, negatives, floats, 0-d tensors (the native module takes non-negative
+        # integers; verl's function the rest).
         values = _as_list(seqlen_list)
         original = INTEGRATION.originals.get("get_seqlen_balanced_partitions")
         if _for_verl(values) and original is not None:
             return original(seqlen_list, k_partitions, equal_size)
         values = _integers(values)
         try:
-            parts = _solve(_native().partition_weights, values, k, bool(equal_size))
+            parts = _solve(partition, values, k, bool(equal_size))
         except InvalidArgumentError as refused:
             raise _renamed(refused, "weights", "seqlen_list") from None
     if not equal_size and any(not part for part in parts):
-        weights = _as_list(seqlen_list) if values is None else list(values)
-        _fill_empty_parts(parts, weights)
+        _fill_empty_parts(parts, list(values))
         parts = [sorted(part) for part in parts]
     return parts
 
