@@ -693,7 +693,7 @@ RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOpti
   const std::int64_t q = options.micro_batches_multiple_of;
   for (std::int64_t m = from;; m += q) {
     search.packing = Pack(search.items, m, options.max_tokens_per_micro_batch, options.refine,
-                          std::nullopt, PackGoalFor(search.items.tokens.size(), options));
+                          std::nullopt, PackGoalFor(options));
     if (search.packing) {
       search.feasible_count = m;
       return search;
@@ -751,7 +751,7 @@ RankPlan PlanMicroBatches(std::span<const std::int64_t> lengths,
   auto plan_with = [&](std::int64_t count) {
     if (count == first) return MakeRankPlan(padded, items, count, *search.packing, options);
     const auto packing = Pack(items, count, options.max_tokens_per_micro_batch, options.refine,
-                              search.packing, PackGoalFor(items.tokens.size(), options));
+                              search.packing, PackGoalFor(options));
     return MakeRankPlan(padded, items, count, *packing, options);
   };
   RankPlan best = plan_with(first);

@@ -148,16 +148,11 @@ void FillEmptyBins(const RankItems& items, std::int64_t m, Assignment& assignmen
 enum class PackGoal { kBalanced, kWithinCap };
 
 // With one pipeline stage a rank's time is its cost plus m overheads, whatever the
-// split of its cost: for a rank of at least this many sequences the planner packs
-// for the cap alone (PackGoal::kWithinCap). Below it the balanced packings cost
-// little and give micro-batches of even cost (and memory).
-inline constexpr std::int64_t kWithinCapSequences = 8192;
-
-// The goal for a rank of `sequences` sequences under `options` (resolved).
-inline PackGoal PackGoalFor(std::size_t sequences, const MicroBatchOptions& options) {
-  return options.pipeline_stages == 1 && static_cast<std::int64_t>(sequences) >= kWithinCapSequences
-             ? PackGoal::kWithinCap
-             : PackGoal::kBalanced;
+// split of its cost: the planner packs for the cap alone (PackGoal::kWithinCap), which
+// costs a fraction of the balanced packing. With more stages the split sets the
+// pipeline's bubble, and the packing is balanced.
+inline PackGoal PackGoalFor(const MicroBatchOptions& options) {
+  return options.pipeline_stages == 1 ? PackGoal::kWithinCap : PackGoal::kBalanced;
 }
 
 // A packing of `items` into exactly m bins under the cap (with balanced cost for
@@ -197,7 +192,7 @@ struct RankSearch {
 };
 
 // The smallest count from `from` on (in steps of the multiple) that Pack() packs (for
-// PackGoalFor(the items, options)).
+// PackGoalFor(options)).
 RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOptions& options);
 
 // The smallest count whose time is within `tolerance` of the best of `tried`

@@ -466,8 +466,7 @@ StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t
     for (const RankSearch& search : searches) {
       std::optional<Assignment> repacked;
       if (search.feasible_count != count) {
-        repacked = Pack(search.items, count, cap, mb.refine, search.packing,
-                        PackGoalFor(search.items.tokens.size(), mb));
+        repacked = Pack(search.items, count, cap, mb.refine, search.packing, PackGoalFor(mb));
       }
       const Assignment& packing = search.feasible_count == count ? *search.packing : *repacked;
       plan.ranks.push_back(MakeRankPlan(padded, search.items, count, packing, mb));
@@ -762,8 +761,7 @@ std::optional<StepPlan> BinsFirstPlan(const Padded& padded, const StepOptions& o
             slot_of[static_cast<std::size_t>((*packing)[static_cast<std::size_t>(rank[j])])]);
       }
       const std::optional<Assignment> refined =
-          Pack(mine, m, mb.max_tokens_per_micro_batch, mb.refine, start,
-               PackGoalFor(mine.tokens.size(), mb));
+          Pack(mine, m, mb.max_tokens_per_micro_batch, mb.refine, start, PackGoalFor(mb));
       plan.ranks.push_back(MakeRankPlan(padded, mine, m, *refined, mb));
       plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
     }

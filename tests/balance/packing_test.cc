@@ -295,13 +295,13 @@ TEST(PackingTest, PackWithinCapPacksWhatTheBalancedPackPacks) {
   EXPECT_GT(differs, 10);  // the goals do differ
 }
 
-// With one pipeline stage a rank of at least kWithinCapSequences sequences is packed for
-// the cap alone: the plan keeps every invariant (each sequence once, the cap, no empty
-// micro-batch, the bound below the time), and its time is the ranks' cost plus m
-// overheads, as with any packing at that count.
+// With one pipeline stage a rank is packed for the cap alone: the plan keeps every
+// invariant (each sequence once, the cap, no empty micro-batch, the bound below the
+// time), and its time is the ranks' cost plus m overheads, as with any packing at that
+// count.
 TEST(PackingTest, LargeRanksAtOnePipelineStageArePackedForTheCap) {
   workload::Rng rng(7);
-  std::vector<std::int64_t> lengths(3 * internal::kWithinCapSequences);
+  std::vector<std::int64_t> lengths(3000);
   for (std::int64_t& length : lengths) {
     length =
         std::min<std::int64_t>(8192, static_cast<std::int64_t>(std::exp(6.0 + rng.Normal())) + 1);

@@ -18,11 +18,11 @@
 //   Karmarkar-Karp on cost repaired under the cap, LPT on tokens, or first-fit
 //   decreasing), then, when p > 1, a larger m if that lowers the rank's time by more
 //   than `count_tolerance`, never more micro-batches than sequences (no empty
-//   micro-batch unless the minimum or the multiple forces one); the cost is balanced
-//   across the m micro-batches by the capped local search, which never breaks the cap.
-//   With one pipeline stage a rank of 8,192 sequences or more is packed for the cap
-//   alone (the first of those constructions that keeps it, first-fit first, not
-//   refined): its time, its cost plus m overheads, does not depend on the split.
+//   micro-batch unless the minimum or the multiple forces one). With p > 1 the cost is
+//   balanced across the m micro-batches by the capped local search, which never breaks
+//   the cap. With one pipeline stage a rank is packed for the cap alone (the first of
+//   those constructions that keeps it, first-fit first, not refined): its time, its
+//   cost plus m overheads, does not depend on the split.
 //
 //   Every micro-batch costs `overhead` (kernel launches, streaming the weights, the
 //   framework's own work); unset, it is estimated from the cost model's shape (see
