@@ -1,0 +1,1 @@
+"""Stand-in of the verl package (see ../README.md)."""
