@@ -116,16 +116,29 @@ def _join_training_world(role: str, rank: int, size: int, store_dir: str, genera
                             rank=rank, world_size=size, timeout=datetime.timedelta(seconds=5))
 
 
+def registry(custom_backend_module: str = BACKEND_MODULE):
+    """verl's CheckpointEngineRegistry from the stand-in package on disk, after
+    importing `custom_backend_module` as verl's import_external_libs does (modules of
+    another stand-in that this process imported before are dropped first)."""
+    base = sys.modules.get("verl.checkpoint_engine.base")
+    if base is None or not str(getattr(base, "__file__", "")).startswith(STANDINS):
+        for name in list(sys.modules):
+            if name == "verl" or name.startswith("verl.") or name == custom_backend_module:
+                del sys.modules[name]
+    if STANDINS not in sys.path:
+        sys.path.insert(0, STANDINS)
+    importlib.import_module(custom_backend_module)
+    return importlib.import_module("verl.checkpoint_engine.base").CheckpointEngineRegistry
+
+
 def _worker(role: str, rank: int, size: int, node: str, config: dict, conn) -> None:
     try:
-        sys.path.insert(0, STANDINS)
         os.environ["RLSCHED_NODE_ID"] = node
         os.environ["RLSCHED_WEIGHT_SYNC_HOST"] = "127.0.0.1"
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         import torch.distributed as dist
         _join_training_world(role, rank, size, config["store_dir"], config.get("generation", 0))
-        importlib.import_module(config.get("custom_backend_module", BACKEND_MODULE))
-        from verl.checkpoint_engine.base import CheckpointEngineRegistry
+        CheckpointEngineRegistry = registry(config.get("custom_backend_module", BACKEND_MODULE))
         engine_kwargs = dict(config.get("engine_kwargs", {}))
         if role == "actor":
             engine = CheckpointEngineRegistry.new(config.get("backend", "rlsched"),
@@ -151,8 +164,8 @@ def _worker(role: str, rank: int, size: int, node: str, config: dict, conn) -> N
             elif method == "update_weights":
                 step = kwargs["global_steps"]
                 if role == "actor":
-                    weights = _weights(config["specs"], config["seed"], step,
-                                       kwargs.get("die_at", {}).get(rank))
+                    weights = _weights(kwargs.get("specs") or config["specs"], config["seed"],
+                                       step, kwargs.get("die_at", {}).get(rank))
                     result = asyncio.run(engine.send_weights(weights, global_steps=step))
                 else:
                     result = asyncio.run(_consume(engine, step))
@@ -209,13 +222,12 @@ class World:
                 results.append(("lost", None))
         return results
 
-    def sync(self, global_steps: int, die_at=None, timeout: float = 120.0) -> dict:
+    def sync(self, global_steps: int, die_at=None, specs=None, timeout: float = 120.0) -> dict:
         """One CheckpointEngineManager.update_weights: returns {"metrics": merged actor
-        metrics, "received": per rollout worker, "statuses": per member}."""
-        sys.path.insert(0, STANDINS)
-        importlib.import_module(BACKEND_MODULE)
-        from verl.checkpoint_engine.base import CheckpointEngineRegistry
-        backend_cls = CheckpointEngineRegistry.get(self.config.get("backend", "rlsched"))
+        metrics, "received": per rollout worker, "statuses": per member}. `die_at`:
+        {actor rank: the tensor index at which it dies}; `specs`: the tensors the actors'
+        generator yields this time (default: the world's)."""
+        backend_cls = registry().get(self.config.get("backend", "rlsched"))
         actors, rollouts = self.members[:self.actors], self.members[self.actors:]
         prepared = self.call(self.members, "prepare")
         if any(status != "ok" for status, _ in prepared):
@@ -232,7 +244,7 @@ class World:
         joined = self.call(self.members, "init_process_group", per_rank, timeout)
         if any(status != "ok" for status, _ in joined):
             return {"statuses": joined}
-        update = {"global_steps": global_steps, "die_at": die_at or {}}
+        update = {"global_steps": global_steps, "die_at": die_at or {}, "specs": specs}
         statuses = self.call(self.members, "update_weights", [update] * len(self.members),
                              timeout)
         metrics = {}

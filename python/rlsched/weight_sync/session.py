@@ -219,7 +219,10 @@ class WeightSync:
         self._generation = 0  # the master's next generation
         self._groups: Optional[_Groups] = None
         self._healthy = False
-        self._manifests: dict[str, list[TensorSpec]] = {}  # per membership digest
+        # The tensors of the last complete sync, and plans made from them (the owner of
+        # every chunk) per (manifest digest, senders).
+        self._manifest: Optional[list[TensorSpec]] = None
+        self._plans: dict[tuple, list[int]] = {}
         self.last_metrics: dict[str, float] = {}
 
     # ---- the five steps -------------------------------------------------------------
@@ -230,7 +233,8 @@ class WeightSync:
         rendezvous address."""
         metadata = {"node": node_id(),
                     "generation": self._groups.topology["generation"]
-                    if self._groups is not None and self._healthy else -1}
+                    if self._groups is not None and self._healthy else -1,
+                    "manifest": self._manifest_digest()}
         if self.is_master:
             if self._store is None:
                 import torch.distributed as dist  # noqa: PLC0415
@@ -258,6 +262,7 @@ class WeightSync:
         held = self._groups.topology if self._groups is not None else None
         if (self._healthy and held is not None and held["generation"] == topology["generation"]
                 and held["digest"] == topology["digest"] and held["rank"] == topology["rank"]):
+            held["manifest"] = topology["manifest"]  # the groups stay; the tensors may not
             return
         self._groups = None
         self._healthy = False
@@ -322,9 +327,12 @@ class WeightSync:
                                   f"{'send' if trainer else 'receive'} is not its part", "rank")
         return self._groups
 
-    def manifest(self, membership_digest: str) -> Optional[list[TensorSpec]]:
-        """The tensors kept from the last sync of that membership (None before it)."""
-        return self._manifests.get(membership_digest)
+    def manifest(self) -> Optional[list[TensorSpec]]:
+        """The tensors kept from the last complete sync (None before it)."""
+        return self._manifest
+
+    def _manifest_digest(self) -> Optional[str]:
+        return None if self._manifest is None else _plan.manifest_digest(self._manifest)
 
 
 def _topology(num_trainers: int, num_engines: int, metadata: list) -> dict:
@@ -349,7 +357,8 @@ def _topology(num_trainers: int, num_engines: int, metadata: list) -> dict:
         generation = max([master["next_generation"]] +
                          [m.get("generation", -1) + 1 for m in metadata])
     membership_digest = membership.digest()
-    return {"num_trainers": num_trainers, "world_size": num_trainers + num_engines,
+    manifests = {m.get("manifest") for m in metadata[:num_trainers]}
+    return {"manifest": manifests.pop() if len(manifests) == 1 else None,"num_trainers": num_trainers, "world_size": num_trainers + num_engines,
             "master": {"host": master["host"], "port": master["port"]},
             "generation": generation, "membership_digest": membership_digest,
             "digest": f"{membership_digest}-{master['port']}",
@@ -406,7 +415,11 @@ class _Sender:
         self.sync, self.groups, self.global_steps = sync, groups, global_steps
         self.rank = topology["rank"]
         self.options = sync.options
-        self.known = sync.manifest(topology["membership_digest"])
+        # The kept tensors when every trainer rank kept the same ones (build_topology
+        # compared them), else None: the senders are then chosen as the chunks come.
+        agreed = topology["manifest"] is not None and topology["manifest"] == \
+            sync._manifest_digest()
+        self.known = sync.manifest() if agreed else None
         self.owners = self._planned_owners() if self.known is not None else None
         self.online = OnlineSenders(topology["senders"])
         self.seen: list[TensorSpec] = []
@@ -421,11 +434,17 @@ class _Sender:
         self.inflight: list = []
 
     def _planned_owners(self) -> list[int]:
-        chunks = []
-        for source, spec in enumerate(self.known):
-            for wire in _plan.wire_specs(spec, self.options.fp8):
-                chunks += _plan.chunks_of(len(chunks), source, wire, self.options.bucket_bytes)
-        return _plan.plan_senders(chunks, self.groups.topology["senders"])
+        """The owner of every chunk, planned once per (tensors, senders)."""
+        senders = self.groups.topology["senders"]
+        key = (self.groups.topology["manifest"], tuple(senders))
+        if key not in self.sync._plans:
+            chunks = []
+            for source, spec in enumerate(self.known):
+                for wire in _plan.wire_specs(spec, self.options.fp8):
+                    chunks += _plan.chunks_of(len(chunks), source, wire,
+                                              self.options.bucket_bytes)
+            self.sync._plans = {key: _plan.plan_senders(chunks, senders)}
+        return self.sync._plans[key]
 
     async def run(self, weights) -> dict:
         import time  # noqa: PLC0415
@@ -455,7 +474,8 @@ class _Sender:
             self._abort(f"trainer ranks stopped: {type(error).__name__}: {error}", "")
             raise
         self._drain()
-        self.sync._manifests[self.groups.topology["membership_digest"]] = self.seen
+        if self.known is None:
+            self.sync._manifest = self.seen
         return self._metrics(time.perf_counter() - start)
 
     def _check(self, index: int, spec: TensorSpec) -> None:
