@@ -162,7 +162,7 @@ def test_a_renamed_tensor_stops_every_member_with_its_name():
     assert all(status == "raised" for status, _ in statuses), statuses
     for _, (kind, message, field) in statuses:
         assert kind == "WeightSyncError" and "self_attn.key_proj" in message, message
-        assert field == name, (kind, message, field)
+        assert field == renamed[3][0], (kind, message, field)
 
 
 def test_an_actor_rank_lost_mid_send_fails_every_member_then_the_next_sync_works():
@@ -183,3 +183,27 @@ def test_an_actor_rank_lost_mid_send_fails_every_member_then_the_next_sync_works
         _check_exact(world, world.sync(3), 3, False)
     finally:
         world.close()
+
+
+def _config_specs(config):
+    from rlsched.weight_sync.models import hf_tensors
+    return [(s.name, s.shape, s.dtype) for s in hf_tensors(config)]
+
+
+TINY = {"model_type": "qwen3", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "vocab_size": 600, "torch_dtype": "bfloat16"}
+
+
+def test_a_model_config_plans_the_first_sync_and_checks_the_generator():
+    world = _world(4, 4, colocated=False, specs=_config_specs(TINY), model_config=TINY)
+    try:
+        first = world.sync(1)
+        _check_exact(world, first, 1, False)
+        short = _config_specs(TINY)[:-1]  # the generator without the output head
+        missing = world.sync(2, specs=short)
+    finally:
+        world.close()
+    assert first["metrics"]["rlsched/weight_sync/planned"] == 1
+    for status, detail in missing["statuses"]:
+        assert status == "raised" and detail[2] == "lm_head.weight", detail

@@ -53,10 +53,11 @@ import inspect
 import json
 import os
 import socket
-from typing import Any, AsyncIterator, Iterable, Optional, Union
+from typing import Any, AsyncIterator, Iterable, Mapping, Optional, Union
 
 from rlsched.errors import RlschedError
 from rlsched.weight_sync import plan as _plan
+from rlsched.weight_sync.models import hf_tensors
 from rlsched.weight_sync.plan import (Bucket, BucketPacker, Chunk, Membership, OnlineSenders,
                                       SyncOptions, TensorSpec)
 
@@ -190,13 +191,18 @@ class WeightSync:
     ``timeout_s``: the longest any collective or rendezvous waits. ``device``: where
     engine ranks receive (default: ``"cuda"`` with NCCL, else ``"cpu"``). The
     bandwidths and ``gpus_per_node`` feed the cost model of the sync's metrics.
+    ``model_config``: the model's Hugging Face ``config.json`` (a path to it or to its
+    directory, or the mapping), on the trainer ranks: the tensors are then known before
+    the first sync (:func:`rlsched.weight_sync.models.hf_tensors`), which is planned
+    like the later ones, and the generator is checked against them.
     """
 
     def __init__(self, bucket_bytes: int, is_master: bool = False, *, fp8: bool = False,
                  senders: Optional[int] = None, transport: str = "auto",
                  timeout_s: float = 600.0, device: Optional[str] = None,
                  host: Optional[str] = None, intra_node_gb_per_s: float = 400.0,
-                 inter_node_gb_per_s: float = 50.0, gpus_per_node: int = 8) -> None:
+                 inter_node_gb_per_s: float = 50.0, gpus_per_node: int = 8,
+                 model_config: Union[None, str, Mapping[str, Any]] = None) -> None:
         self.options = SyncOptions(bucket_bytes=bucket_bytes, fp8=bool(fp8), senders=senders,
                                    intra_node_gb_per_s=intra_node_gb_per_s,
                                    inter_node_gb_per_s=inter_node_gb_per_s,
@@ -221,8 +227,9 @@ class WeightSync:
         self._healthy = False
         # The tensors of the last complete sync, and plans made from them (the owner of
         # every chunk) per (manifest digest, senders).
-        self._manifest: Optional[list[TensorSpec]] = None
-        self._plans: dict[tuple, list[int]] = {}
+        self._manifest: Optional[list[TensorSpec]] = (
+            None if model_config is None else hf_tensors(_read_config(model_config)))
+        self._plans: dict[tuple, dict] = {}
         self.last_metrics: dict[str, float] = {}
 
     # ---- the five steps -------------------------------------------------------------
@@ -335,6 +342,23 @@ class WeightSync:
         return None if self._manifest is None else _plan.manifest_digest(self._manifest)
 
 
+def _read_config(config: Union[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+    from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
+    if isinstance(config, Mapping):
+        return config
+    path = os.path.join(config, "config.json") if os.path.isdir(config) else config
+    try:
+        with open(path, encoding="utf-8") as f:
+            loaded = json.load(f)
+    except (OSError, ValueError) as error:
+        raise InvalidArgumentError(f"model_config: cannot read {path!r}: {error}",
+                                   "model_config") from error
+    if not isinstance(loaded, dict):
+        raise InvalidArgumentError(f"model_config: {path!r} is not a JSON object",
+                                   "model_config")
+    return loaded
+
+
 def _topology(num_trainers: int, num_engines: int, metadata: list) -> dict:
     from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
     for field, value in (("actor_wg_world_size", num_trainers),
@@ -419,31 +443,36 @@ class _Sender:
         # compared them), else None: the senders are then chosen as the chunks come.
         agreed = topology["manifest"] is not None and topology["manifest"] == \
             sync._manifest_digest()
-        self.known = sync.manifest() if agreed else None
-        self.owners = self._planned_owners() if self.known is not None else None
+        known = sync.manifest() if agreed else None
+        self.known = None if known is None else {spec.name: spec for spec in known}
+        self.owners = self._planned_owners(known) if known is not None else None
         self.online = OnlineSenders(topology["senders"])
         self.seen: list[TensorSpec] = []
+        self._names: set[str] = set()
         self.wires: list[TensorSpec] = []
         self.packer = BucketPacker(sync.options.bucket_bytes)
         self.sent = {s: 0 for s in topology["senders"]}
         self.buckets = 0
-        self.chunk_count = 0
         self.staging: list = [None, None]
         self.staging_work: list = [None, None]
         self.slot = 0  # the staging buffer of this rank's open bucket
         self.inflight: list = []
 
-    def _planned_owners(self) -> list[int]:
-        """The owner of every chunk, planned once per (tensors, senders)."""
+    def _planned_owners(self, known: list[TensorSpec]) -> dict[tuple[str, int], int]:
+        """The sender of every chunk, (wire tensor name, byte offset) -> trainer rank,
+        planned once per (tensors, senders)."""
         senders = self.groups.topology["senders"]
         key = (self.groups.topology["manifest"], tuple(senders))
         if key not in self.sync._plans:
-            chunks = []
-            for source, spec in enumerate(self.known):
+            chunks, names = [], []
+            for source, spec in enumerate(known):
                 for wire in _plan.wire_specs(spec, self.options.fp8):
-                    chunks += _plan.chunks_of(len(chunks), source, wire,
-                                              self.options.bucket_bytes)
-            self.sync._plans = {key: _plan.plan_senders(chunks, senders)}
+                    cut = _plan.chunks_of(len(names), source, wire, self.options.bucket_bytes)
+                    chunks += cut
+                    names += [wire.name] * len(cut)
+            owners = _plan.plan_senders(chunks, senders)
+            self.sync._plans = {key: {(names[i], c.offset): owners[i]
+                                      for i, c in enumerate(chunks)}}
         return self.sync._plans[key]
 
     async def run(self, weights) -> dict:
@@ -453,14 +482,10 @@ class _Sender:
             async for name, tensor in _items(weights):
                 spec = TensorSpec(str(name), tuple(int(d) for d in tensor.shape),
                                   _dtype_name(tensor.dtype))
-                self._check(len(self.seen), spec)
+                self._check(spec)
                 self.seen.append(spec)
                 self._tensor(len(self.seen) - 1, spec, tensor)
-            if self.known is not None and len(self.seen) < len(self.known):
-                missing = self.known[len(self.seen)]
-                raise _Mismatch(f"tensor {missing.name!r} (number {len(self.seen)}) is missing: "
-                                f"the generator ended after {len(self.seen)} of the "
-                                f"{len(self.known)} tensors of the last sync", missing.name)
+            self._check_complete()
             for bucket in self.packer.finish():
                 self._close(bucket)
             if self.rank == 0:
@@ -478,21 +503,31 @@ class _Sender:
             self.sync._manifest = self.seen
         return self._metrics(time.perf_counter() - start)
 
-    def _check(self, index: int, spec: TensorSpec) -> None:
+    def _check(self, spec: TensorSpec) -> None:
         if spec.dtype not in _plan.ITEM_SIZES:
             raise _Mismatch(f"tensor {spec.name!r}: dtype {spec.dtype} is not one a sync "
                             f"carries ({', '.join(_plan.ITEM_SIZES)})", spec.name)
+        if spec.name in self._names:
+            raise _Mismatch(f"tensor {spec.name!r} comes twice", spec.name)
+        self._names.add(spec.name)
         if self.known is None:
             return
-        if index >= len(self.known):
-            raise _Mismatch(f"tensor {spec.name!r} (number {index}) is extra: the last sync "
-                            f"had {len(self.known)} tensors", spec.name)
-        want = self.known[index]
+        want = self.known.get(spec.name)
+        if want is None:
+            raise _Mismatch(f"tensor {spec.name!r} {list(spec.shape)} {spec.dtype} is not one "
+                            f"of the {len(self.known)} planned (renamed or extra: rebuild the "
+                            "topology, or fix the model config, to plan again)", spec.name)
         if want != spec:
-            raise _Mismatch(f"tensor number {index} is {spec.name!r} {list(spec.shape)} "
-                            f"{spec.dtype}, the last sync's was {want.name!r} "
-                            f"{list(want.shape)} {want.dtype} (renamed, reshaped, retyped or "
-                            "reordered: rebuild the topology to plan again)", want.name)
+            raise _Mismatch(f"tensor {spec.name!r} is {list(spec.shape)} {spec.dtype}, planned "
+                            f"as {list(want.shape)} {want.dtype} (reshaped or retyped)",
+                            spec.name)
+
+    def _check_complete(self) -> None:
+        if self.known is None or len(self._names) == len(self.known):
+            return
+        missing = next(name for name in self.known if name not in self._names)
+        raise _Mismatch(f"tensor {missing!r} is missing: the generator gave "
+                        f"{len(self._names)} of the {len(self.known)} planned tensors", missing)
 
     def _tensor(self, source: int, spec: TensorSpec, tensor) -> None:
         data = None  # this rank's wire bytes of the tensor, made when it sends a chunk
@@ -510,8 +545,8 @@ class _Sender:
 
     def _bucket_for(self, chunk: Chunk) -> Bucket:
         """The open bucket `chunk` joins (its sender's full one closed first)."""
-        owner = self.owners[self.chunk_count] if self.owners is not None else self.online(chunk)
-        self.chunk_count += 1
+        owner = (self.owners[(self.wires[chunk.wire].name, chunk.offset)]
+                 if self.owners is not None else self.online(chunk))
         self.sent[owner] += chunk.size
         closed, bucket, new = self.packer.add(chunk, owner)
         if closed is not None:
