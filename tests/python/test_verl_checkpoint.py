@@ -78,7 +78,10 @@ def test_bad_engine_kwargs_are_refused_by_name(monkeypatch):
     for kwargs, field in (({"bucket_size": 100}, "bucket_bytes"),
                           ({"bucket_size": BUCKET, "senders": 0}, "senders"),
                           ({"bucket_size": BUCKET, "transport": "mpi"}, "transport"),
-                          ({"bucket_size": BUCKET, "timeout_s": -1}, "timeout_s")):
+                          ({"bucket_size": BUCKET, "timeout_s": -1}, "timeout_s"),
+                          ({"bucket_size": BUCKET, "fp8": "false"}, "fp8"),
+                          ({"bucket_size": BUCKET, "senders": True}, "senders"),
+                          ({"bucket_size": 1 << 40}, "bucket_bytes")):
         with pytest.raises(ValueError) as raised:
             registry.new("rlsched", **kwargs)
         assert raised.value.field == field
@@ -156,6 +159,10 @@ def test_a_renamed_tensor_stops_every_member_with_its_name():
     try:
         _check_exact(world, world.sync(1), 1, False)
         result = world.sync(2, specs=renamed)
+        # The next sync learns the new names (and plans from them the one after).
+        world.config["specs"] = renamed  # what the driver expects
+        _check_exact(world, world.sync(3, specs=renamed), 3, False)
+        _check_exact(world, world.sync(4, specs=renamed), 4, False)
     finally:
         world.close()
     statuses = result["statuses"]

@@ -21,8 +21,9 @@ The cost model (:func:`estimate`) is the resharding planner's per-GPU links
 NIC unless every engine rank shares its node (then over NVLink); an engine node takes
 each byte in once over its NICs, the bytes of different senders over different NICs
 (at most ``gpus_per_node`` at once), and every engine GPU takes every byte over NVLink
-from its node's peers. The sync takes as long as its busiest link. The lower bound is
-the same with every sender carrying an equal share.
+from its node's peers. The sync takes as long as its busiest link. The lower bound: every
+engine GPU takes every byte over NVLink at best, and the senders' links together carry
+every byte once.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ ITEM_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "uint8": 
 FP8_BLOCK = 128
 #: Chunk offsets inside a bucket are multiples of this many bytes.
 ALIGN = 8
+#: The largest bucket (64 GiB): two staging buffers of it are allocated per sender.
+MAX_BUCKET_BYTES = 1 << 36
 _FLOATS = ("bfloat16", "float16", "float32")
 # The linear weights an fp8 engine holds in fp8: q/k/v/o, gate/up/down and the fused
 # qkv and gate_up projections, dense or per expert; not embeddings, norms, routers or
@@ -154,19 +157,26 @@ class SyncOptions:
 
     def check(self) -> None:
         from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
-        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 4096:
-            raise InvalidArgumentError(
-                f"bucket_bytes: {self.bucket_bytes!r}, expected an int >= 4096", "bucket_bytes")
-        if self.senders is not None and (not isinstance(self.senders, int) or self.senders < 1):
+        if not _is_int(self.bucket_bytes) or not 4096 <= self.bucket_bytes <= MAX_BUCKET_BYTES:
+            raise InvalidArgumentError(f"bucket_bytes: {self.bucket_bytes!r}, expected an int "
+                                       f"in [4096, {MAX_BUCKET_BYTES}]", "bucket_bytes")
+        if not isinstance(self.fp8, bool):
+            raise InvalidArgumentError(f"fp8: {self.fp8!r}, expected true or false", "fp8")
+        if self.senders is not None and (not _is_int(self.senders) or self.senders < 1):
             raise InvalidArgumentError(
                 f"senders: {self.senders!r}, expected an int >= 1 or None", "senders")
         for field in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
             value = getattr(self, field)
-            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value < float("inf"):
                 raise InvalidArgumentError(f"{field}: {value!r}, expected > 0", field)
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+        if not _is_int(self.gpus_per_node) or self.gpus_per_node < 1:
             raise InvalidArgumentError(
                 f"gpus_per_node: {self.gpus_per_node!r}, expected an int >= 1", "gpus_per_node")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def sender_ranks(membership: Membership, senders: Optional[int]) -> list[int]:
@@ -297,7 +307,7 @@ class Estimate:
 def estimate(sent: dict[int, int], membership: Membership, options: SyncOptions,
              senders: Sequence[int]) -> Estimate:
     """The cost model of the module docstring for `sent` (bytes per sending trainer
-    rank); the lower bound spreads the same total evenly over `senders`."""
+    rank), and its lower bound for any split of the same bytes over `senders`."""
     total = sum(sent.values())
     gb = 1e9
     engine_nodes = set(membership.engine_nodes)
@@ -316,10 +326,20 @@ def estimate(sent: dict[int, int], membership: Membership, options: SyncOptions,
                 worst = max(worst, sum(remote) / (paths * options.inter_node_gb_per_s * gb))
         return worst
 
-    even = {rank: total / len(senders) for rank in senders}
     return Estimate(seconds=seconds({r: float(b) for r, b in sent.items()}),
-                    lower_bound_seconds=seconds(even),
+                    lower_bound_seconds=_lower_bound(total, membership, options, senders),
                     busiest_sender_bytes=max(sent.values(), default=0), total_bytes=total)
+
+
+def _lower_bound(total: int, membership: Membership, options: SyncOptions,
+                 senders: Sequence[int]) -> float:
+    """No plan beats it: every engine GPU takes every byte over NVLink at most, and the
+    senders' links together carry every byte once."""
+    gb = 1e9
+    engine_nodes = set(membership.engine_nodes)
+    out = sum(options.intra_node_gb_per_s if engine_nodes == {membership.trainer_nodes[r]}
+              else options.inter_node_gb_per_s for r in senders)
+    return max(total / (options.intra_node_gb_per_s * gb), total / (out * gb))
 
 
 def manifest_digest(specs: Iterable[TensorSpec]) -> str:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import inspect
+import hashlib
 import json
 import os
 import socket
@@ -129,6 +129,8 @@ class _Groups:
         master = topology["master"]
         self.store = dist.TCPStore(master["host"], master["port"], None, False, timeout)
         prefix = f"rlsched/g{topology['generation']}/{topology['digest']}/"
+        self._sync_store = dist.PrefixStore(prefix + "sync/", self.store)
+        self._syncs = 0
         self._agree(dist.PrefixStore(prefix + "digest/", self.store), rank, topology, timeout)
         self.control = None
         self.data: dict[int, Any] = {}
@@ -144,6 +146,29 @@ class _Groups:
         for sender in topology["senders"]:
             if sender == rank or is_engine:
                 self.data[sender] = group(f"sender{sender}", sender, backend)
+
+    def begin(self) -> None:
+        """Counts this member's syncs (the abort key is per sync)."""
+        self._syncs += 1
+
+    def set_abort(self, message: str, field: str) -> None:
+        """Tells every member why this trainer rank stopped the sync."""
+        try:
+            self._sync_store.set(f"why{self._syncs}", json.dumps([message, field]))
+            self._sync_store.add(f"abort{self._syncs}", 1)
+        except RuntimeError:
+            pass  # the store is gone: the others time out
+
+    def abort_reason(self) -> Optional[tuple[str, str]]:
+        """(message, field) if a trainer rank stopped this sync, else None."""
+        try:  # add(key, 0) reads a counter without waiting for it
+            if self._sync_store.add(f"abort{self._syncs}", 0) > 0:
+                why = self._sync_store.get(f"why{self._syncs}")
+                message, field = json.loads(why.decode())
+                return message, field
+        except (RuntimeError, ValueError):
+            pass
+        return None
 
     @staticmethod
     def _agree(store, rank: int, topology: dict, timeout: datetime.timedelta) -> None:
@@ -203,7 +228,7 @@ class WeightSync:
                  host: Optional[str] = None, intra_node_gb_per_s: float = 400.0,
                  inter_node_gb_per_s: float = 50.0, gpus_per_node: int = 8,
                  model_config: Union[None, str, Mapping[str, Any]] = None) -> None:
-        self.options = SyncOptions(bucket_bytes=bucket_bytes, fp8=bool(fp8), senders=senders,
+        self.options = SyncOptions(bucket_bytes=bucket_bytes, fp8=fp8, senders=senders,
                                    intra_node_gb_per_s=intra_node_gb_per_s,
                                    inter_node_gb_per_s=inter_node_gb_per_s,
                                    gpus_per_node=gpus_per_node)
@@ -212,7 +237,8 @@ class WeightSync:
             from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
             raise InvalidArgumentError(f"transport: {transport!r}, expected auto, gloo or nccl",
                                        "transport")
-        if not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < 1e7:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not 0 < timeout_s < 1e7:
             from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
             raise InvalidArgumentError(f"timeout_s: {timeout_s!r}, expected in (0, 1e7)",
                                        "timeout_s")
@@ -238,10 +264,10 @@ class WeightSync:
         """This member's metadata for :meth:`build_topology`: its node, the generation
         of the groups it holds (-1 if none or broken), and on the master the
         rendezvous address."""
-        metadata = {"node": node_id(),
-                    "generation": self._groups.topology["generation"]
-                    if self._groups is not None and self._healthy else -1,
-                    "manifest": self._manifest_digest()}
+        held = self._groups.topology if self._groups is not None and self._healthy else None
+        metadata = {"node": node_id(), "manifest": self._manifest_digest(),
+                    "held": None if held is None else
+                    [held["generation"], held["digest"], held["rank"]]}
         if self.is_master:
             if self._store is None:
                 import torch.distributed as dist  # noqa: PLC0415
@@ -271,27 +297,34 @@ class WeightSync:
                 and held["digest"] == topology["digest"] and held["rank"] == topology["rank"]):
             held["manifest"] = topology["manifest"]  # the groups stay; the tensors may not
             return
-        self._groups = None
-        self._healthy = False
+        self._release()
         if self.is_master:
             self._generation = max(self._generation, topology["generation"] + 1)
         senders = _plan.sender_ranks(_membership(topology), self.options.senders)
         agreed = f"{topology['membership_digest']}/{self._options_digest()}"
-        self._groups = _Groups(dict(topology, senders=senders, agreed=agreed), self._backend(),
-                               self.timeout)
+        try:
+            self._groups = _Groups(dict(topology, senders=senders, agreed=agreed),
+                                   self._backend(), self.timeout)
+        except RuntimeError as error:  # a member gone, a refused connection
+            if isinstance(error, WeightSyncError):
+                raise
+            raise WeightSyncError(f"init_process_group: the groups of generation "
+                                  f"{topology['generation']} could not be made: {error}",
+                                  "timeout") from error
         self._healthy = True
 
     async def send(self, weights, global_steps: Optional[int] = None) -> dict:
         """Walks `weights` ((name, full tensor) pairs, a generator or an async one) to
         the end and sends this rank's buckets. Every trainer rank calls it. Returns
         the sync's metrics (seconds, bytes, the cost model's estimate)."""
-        groups = self._joined(trainer=True)
+        sender = _Sender(self, self._joined(trainer=True), global_steps)
         try:
-            sender = _Sender(self, groups, global_steps)
             metrics = await sender.run(weights)
         except BaseException:
-            self._healthy = False
+            self._release()
             raise
+        finally:
+            sender.staging = [None, None]  # the staging buffers go with the sync
         self.last_metrics = metrics
         return metrics
 
@@ -303,13 +336,19 @@ class WeightSync:
             async for item in _receive(self, groups, global_steps):
                 yield item
         except BaseException:
-            self._healthy = False
+            groups = None
+            self._release()
             raise
 
     def finalize(self) -> None:
         """Ends a sync; the groups stay for the next one while healthy."""
         if not self._healthy:
-            self._groups = None
+            self._release()
+
+    def _release(self) -> None:
+        """Drops the groups (their threads and sockets go with the last reference)."""
+        self._groups = None
+        self._healthy = False
 
     # ---- helpers --------------------------------------------------------------------
 
@@ -359,36 +398,56 @@ def _read_config(config: Union[str, Mapping[str, Any]]) -> Mapping[str, Any]:
     return loaded
 
 
-def _topology(num_trainers: int, num_engines: int, metadata: list) -> dict:
+def _count(field: str, value: Any) -> int:
     from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
-    for field, value in (("actor_wg_world_size", num_trainers),
-                         ("rollout_world_size", num_engines)):
-        if not isinstance(value, int) or value < 1:
-            raise InvalidArgumentError(f"{field}: {value!r}, expected an int >= 1", field)
-    if len(metadata) != num_trainers + num_engines:
-        raise InvalidArgumentError(
-            f"metadata: {len(metadata)} entries, expected {num_trainers} + {num_engines}",
-            "metadata")
-    master = metadata[0].get("master") if isinstance(metadata[0], dict) else None
-    if master is None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{field}: {value!r}, expected an int >= 1", field)
+    return value
+
+
+def _checked_metadata(metadata: list, world: int) -> list[dict]:
+    from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
+    if not isinstance(metadata, (list, tuple)) or len(metadata) != world:
+        size = len(metadata) if isinstance(metadata, (list, tuple)) else type(metadata).__name__
+        raise InvalidArgumentError(f"metadata: {size} entries, expected one per member "
+                                   f"({world})", "metadata")
+    for i, m in enumerate(metadata):
+        if not isinstance(m, dict) or not isinstance(m.get("node"), str):
+            raise InvalidArgumentError(f"metadata[{i}]: {m!r} is not a prepare() of "
+                                       "rlsched.weight_sync (no node)", f"metadata[{i}].node")
+    master = metadata[0].get("master")
+    if not (isinstance(master, dict) and isinstance(master.get("host"), str)
+            and isinstance(master.get("port"), int)
+            and isinstance(master.get("next_generation"), int)):
         raise InvalidArgumentError("metadata[0]: trainer rank 0 must be the master "
-                                   "(is_master=True)", "metadata[0]")
-    membership = Membership(tuple(str(m["node"]) for m in metadata[:num_trainers]),
-                            tuple(str(m["node"]) for m in metadata[num_trainers:]))
-    generations = {m.get("generation", -1) for m in metadata}
-    generation = generations.pop() if len(generations) == 1 else -1
-    if generation < 0:
-        generation = max([master["next_generation"]] +
-                         [m.get("generation", -1) + 1 for m in metadata])
+                                   "(is_master=True), with its rendezvous address",
+                                   "metadata[0].master")
+    return list(metadata)
+
+
+def _topology(num_trainers: int, num_engines: int, metadata: list) -> dict:
+    world = _count("actor_wg_world_size", num_trainers) + _count("rollout_world_size",
+                                                                 num_engines)
+    metadata = _checked_metadata(metadata, world)
+    master = metadata[0]["master"]
+    membership = Membership(tuple(m["node"] for m in metadata[:num_trainers]),
+                            tuple(m["node"] for m in metadata[num_trainers:]))
     membership_digest = membership.digest()
+    digest = f"{membership_digest}-{master['port']}"
+    # The groups are kept when every member holds them at its own rank; else a new
+    # generation, which no member has used (its rendezvous keys are fresh).
+    held = [m.get("held") for m in metadata]
+    generation = held[0][0] if held[0] else -1
+    if any(h != [generation, digest, rank] for rank, h in enumerate(held)):
+        generation = max([master["next_generation"]] +
+                         [h[0] + 1 for h in held if isinstance(h, list) and h])
     manifests = {m.get("manifest") for m in metadata[:num_trainers]}
-    return {"manifest": manifests.pop() if len(manifests) == 1 else None,"num_trainers": num_trainers, "world_size": num_trainers + num_engines,
+    return {"num_trainers": num_trainers, "world_size": world,
             "master": {"host": master["host"], "port": master["port"]},
             "generation": generation, "membership_digest": membership_digest,
-            "digest": f"{membership_digest}-{master['port']}",
+            "digest": digest, "manifest": manifests.pop() if len(manifests) == 1 else None,
             "trainer_nodes": list(membership.trainer_nodes),
-            "engine_nodes": list(membership.engine_nodes),
-            "senders": None}
+            "engine_nodes": list(membership.engine_nodes), "senders": None}
 
 
 def _membership(topology: dict) -> Membership:
@@ -397,10 +456,16 @@ def _membership(topology: dict) -> Membership:
 
 # ---- the wire ----------------------------------------------------------------------
 
-def _wait(work, what: str) -> None:
+def _wait(work, what: str, groups: Optional[_Groups] = None) -> None:
+    """Waits for `work`; on failure raises WeightSyncError, with the reason a trainer
+    rank left in the store when there is one (`groups` given)."""
     try:
         work.wait()
     except RuntimeError as error:
+        reason = groups.abort_reason() if groups is not None else None
+        if reason is not None:
+            raise WeightSyncError(f"the trainer ranks stopped the sync: {reason[0]}",
+                                  reason[1]) from error
         raise WeightSyncError(f"{what}: {error}", "timeout") from error
 
 
@@ -412,12 +477,13 @@ def _send_header(control, header: dict, keep: list) -> None:
     keep.append((control.broadcast(data, 0), data))
 
 
-def _receive_header(control) -> dict:
+def _receive_header(groups: _Groups) -> dict:
     import torch  # noqa: PLC0415
     length = torch.zeros(1, dtype=torch.int64)
-    _wait(control.broadcast(length, 0), "the next bucket's header from trainer rank 0")
+    _wait(groups.control.broadcast(length, 0), "the next bucket's header from trainer rank 0",
+          groups)
     data = torch.empty(int(length.item()), dtype=torch.uint8)
-    _wait(control.broadcast(data, 0), "a bucket header from trainer rank 0")
+    _wait(groups.control.broadcast(data, 0), "a bucket header from trainer rank 0", groups)
     return json.loads(bytes(data.numpy()).decode())
 
 
@@ -478,6 +544,7 @@ class _Sender:
     async def run(self, weights) -> dict:
         import time  # noqa: PLC0415
         start = time.perf_counter()
+        self.groups.begin()
         try:
             async for name, tensor in _items(weights):
                 spec = TensorSpec(str(name), tuple(int(d) for d in tensor.shape),
@@ -491,6 +558,8 @@ class _Sender:
             if self.rank == 0:
                 _send_header(self.groups.control, self._header("end"), self.inflight)
         except _Mismatch as mismatch:
+            # The next sync learns the tensors again.
+            self.sync._manifest, self.sync._plans = None, {}
             self._abort(str(mismatch), mismatch.field)
             raise WeightSyncError(str(mismatch), mismatch.field) from None
         except WeightSyncError:
@@ -577,14 +646,23 @@ class _Sender:
                                                   device=device)
 
     def _close(self, bucket: Bucket) -> None:
+        import torch  # noqa: PLC0415
         header = self._header("bucket", bucket)
         self.buckets += 1
         if self.rank == 0:
+            reason = self.groups.abort_reason()
+            if reason is not None:  # another trainer rank stopped
+                raise _Mismatch(*reason)
             _send_header(self.groups.control, header, self.inflight)
         if bucket.sender == self.rank:
+            # The bucket's size and contents as this rank sees them, first: an engine
+            # rank compares them with trainer rank 0's header before it receives.
+            preamble = torch.tensor([bucket.nbytes, _chunks_digest(header["chunks"])],
+                                    dtype=torch.int64)
+            data = self.groups.data[self.rank]
+            self.inflight.append((data.broadcast(preamble, 0), preamble))
             payload = self.staging[self.slot][:bucket.nbytes]
-            work = self.groups.data[self.rank].broadcast(payload, 0)
-            self.staging_work[self.slot] = work
+            self.staging_work[self.slot] = data.broadcast(payload, 0)
 
     def _header(self, status: str, bucket: Optional[Bucket] = None, message: str = "",
                 field: str = "") -> dict:
@@ -601,6 +679,7 @@ class _Sender:
         return header
 
     def _abort(self, message: str, field: str) -> None:
+        self.groups.set_abort(message, field)
         if self.rank == 0:
             try:
                 _send_header(self.groups.control, self._header("abort", message=message,
@@ -635,17 +714,39 @@ class _Sender:
                 "rlsched/weight_sync/lower_bound_seconds": estimate.lower_bound_seconds}
 
 
+def _chunks_digest(chunks: list) -> int:
+    return int(hashlib.sha256(json.dumps(chunks).encode()).hexdigest()[:15], 16)
+
+
+def _check_preamble(groups: _Groups, header: dict) -> None:
+    """The sender's own view of the bucket against trainer rank 0's header, before a
+    byte of it is received (a payload of another size would abort the process)."""
+    import torch  # noqa: PLC0415
+    preamble = torch.zeros(2, dtype=torch.int64)
+    _wait(groups.data[header["sender"]].broadcast(preamble, 0),
+          f"bucket {header['seq']}'s size from trainer rank {header['sender']}", groups)
+    if preamble.tolist() != [header["nbytes"], _chunks_digest(header["chunks"])]:
+        names = sorted({chunk[0] for chunk in header["chunks"]})
+        raise WeightSyncError(
+            f"bucket {header['seq']}: trainer rank {header['sender']} holds "
+            f"{preamble[0].item()} bytes of other tensors than trainer rank 0 says "
+            f"({header['nbytes']} bytes of {', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''}): the trainer ranks' generators disagree",
+            names[0] if names else "")
+
+
 async def _receive(sync: WeightSync, groups: _Groups, global_steps: Optional[int]):
     """An engine rank's side (see the module docstring)."""
     import torch  # noqa: PLC0415
     device = sync.device or ("cuda" if sync._backend() == "nccl" else "cpu")
     agreed = groups.topology["agreed"]
+    groups.begin()
     partial: dict[int, list] = {}  # wire id -> [bytes buffer, bytes received]
     delivered = 0
     pending = None
     seq = 0
     while True:
-        header = _receive_header(groups.control)
+        header = _receive_header(groups)
         if header["status"] == "abort":
             raise WeightSyncError(f"the trainer ranks stopped the sync: {header['message']}",
                                   header.get("field", ""))
@@ -660,15 +761,16 @@ async def _receive(sync: WeightSync, groups: _Groups, global_steps: Optional[int
         if header["status"] == "end":
             break
         seq += 1
+        _check_preamble(groups, header)
         buffer = torch.empty(header["nbytes"], dtype=torch.uint8, device=device)
         work = groups.data[header["sender"]].broadcast(buffer, 0)
         if pending is not None:
-            for item in _unpack(*pending, partial):
+            for item in _unpack(*pending, partial, groups):
                 delivered += 1
                 yield item
         pending = (header, buffer, work)
     if pending is not None:
-        for item in _unpack(*pending, partial):
+        for item in _unpack(*pending, partial, groups):
             delivered += 1
             yield item
     if partial or delivered != header.get("wires"):
@@ -676,10 +778,10 @@ async def _receive(sync: WeightSync, groups: _Groups, global_steps: Optional[int
                               f"({len(partial)} incomplete)", "")
 
 
-def _unpack(header: dict, buffer, work, partial: dict):
+def _unpack(header: dict, buffer, work, partial: dict, groups: _Groups):
     """The tensors that bucket `header` completes, as (name, tensor)."""
     import torch  # noqa: PLC0415
-    _wait(work, f"bucket {header['seq']} from trainer rank {header['sender']}")
+    _wait(work, f"bucket {header['seq']} from trainer rank {header['sender']}", groups)
     for name, shape, dtype, wire, offset, size, at, nbytes in header["chunks"]:
         piece = buffer[at:at + size]
         if size == nbytes:
