@@ -21,8 +21,10 @@ warm-up sync:
 Both verl patterns are written here to the behaviour verl documents (one collective
 per bucket of ``bucket_size`` from actor rank 0), not copied. With ``--transport nccl``
 (a machine with GPUs; one GPU per rank) the same three run on NCCL with CUDA tensors.
-Beside each measurement: the bytes on the busiest sender, and the plan's estimate with
-the link speed taken from the one-sender run (its bytes over its time).
+Beside each measurement: the bytes on the busiest sender, and the cost model's estimate
+with every link at the speed the one-sender run measured (its bytes over its time): on
+one machine an engine rank's intake is a link like a sender's, so the model expects
+no gain from spreading the senders here; the gain it expects across nodes is on paper.
 
 On paper (no processes): for Qwen3-30B-A3B (4 + 4 GPUs, one node each), Qwen3-235B-A22B
 (8 + 8 nodes of 8 GPUs) and DeepSeek-V3 (64 + 64 nodes of 8 GPUs), their bf16 tensors
@@ -280,11 +282,23 @@ def measured(args) -> list[str]:
     seconds = {p: statistics.median(max(times[p][i] for _, times, _ in outs)
                                     for i in range(args.syncs))
                for p in ("one sender", "rank 0 + relays", "rlsched")}
-    link = total / seconds["one sender"]  # bytes per second of one sender's broadcast
+    # The cost model with every link at the speed the one-sender run measured (one
+    # machine: every rank's link is loopback, an engine rank's intake as much as a
+    # sender's output).
+    from rlsched.weight_sync import plan
+    link = total / seconds["one sender"] / 1e9
+    options = plan.SyncOptions(bucket_bytes=args.bucket_mib << 20, intra_node_gb_per_s=link,
+                               inter_node_gb_per_s=link)
+    membership = plan.Membership(("host",) * args.trainers, ("host",) * args.engines)
     busiest = {"one sender": total, "rank 0 + relays": total,
                "rlsched": metrics["rlsched/weight_sync/busiest_sender_bytes"]}
+    sent = {"one sender": {0: total},
+            "rlsched": {0: busiest["rlsched"], 1: total - busiest["rlsched"]}}
     for pattern, value in seconds.items():
-        estimate = "" if pattern == "rank 0 + relays" else f"{busiest[pattern] / link:.3f} s"
+        estimate = ""
+        if pattern in sent:
+            e = plan.estimate(sent[pattern], membership, options, list(sent[pattern]))
+            estimate = f"{e.seconds:.3f} s"
         rows.append(f"| {pattern} | {value:.3f} | {busiest[pattern] / 2**20:.1f} MiB | "
                     f"{estimate} |")
     rows.append(f"speed-up of rlsched: {seconds['one sender'] / seconds['rlsched']:.2f}x "
