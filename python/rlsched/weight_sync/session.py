@@ -658,7 +658,7 @@ class _Sender:
             # The bucket's size and contents as this rank sees them, first: an engine
             # rank compares them with trainer rank 0's header before it receives.
             preamble = torch.tensor([bucket.nbytes, _chunks_digest(header["chunks"])],
-                                    dtype=torch.int64)
+                                    dtype=torch.int64, device=self.staging[self.slot].device)
             data = self.groups.data[self.rank]
             self.inflight.append((data.broadcast(preamble, 0), preamble))
             payload = self.staging[self.slot][:bucket.nbytes]
@@ -718,13 +718,14 @@ def _chunks_digest(chunks: list) -> int:
     return int(hashlib.sha256(json.dumps(chunks).encode()).hexdigest()[:15], 16)
 
 
-def _check_preamble(groups: _Groups, header: dict) -> None:
+def _check_preamble(groups: _Groups, header: dict, device: str) -> None:
     """The sender's own view of the bucket against trainer rank 0's header, before a
     byte of it is received (a payload of another size would abort the process)."""
     import torch  # noqa: PLC0415
-    preamble = torch.zeros(2, dtype=torch.int64)
+    preamble = torch.zeros(2, dtype=torch.int64, device=device)
     _wait(groups.data[header["sender"]].broadcast(preamble, 0),
           f"bucket {header['seq']}'s size from trainer rank {header['sender']}", groups)
+    preamble = preamble.cpu()
     if preamble.tolist() != [header["nbytes"], _chunks_digest(header["chunks"])]:
         names = sorted({chunk[0] for chunk in header["chunks"]})
         raise WeightSyncError(
@@ -761,7 +762,7 @@ async def _receive(sync: WeightSync, groups: _Groups, global_steps: Optional[int
         if header["status"] == "end":
             break
         seq += 1
-        _check_preamble(groups, header)
+        _check_preamble(groups, header, device)
         buffer = torch.empty(header["nbytes"], dtype=torch.uint8, device=device)
         work = groups.data[header["sender"]].broadcast(buffer, 0)
         if pending is not None:
