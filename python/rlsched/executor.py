@@ -270,6 +270,7 @@ def plan_from_json(plan: dict, rank: int) -> RankPlan:
     engine_ranks = int(plan.get("engine_ranks", 0))
     max_rank = max((max(t.src_rank, *t.dst_ranks) for t in transfers if t.dst_ranks), default=-1)
     world, colocated = _plan_world(trainer_ranks, engine_ranks, max_rank)
+    _check_totals(plan, transfers)
     mine = [t for t in transfers if t.src_rank == rank or rank in t.dst_ranks]
     summary = {k: plan.get(k) for k in _SUMMARY_FIELDS if k in plan}
     summary["num_transfers"] = len(transfers)
@@ -283,6 +284,21 @@ def plan_from_json(plan: dict, rank: int) -> RankPlan:
     return RankPlan(rank=rank, trainer_ranks=trainer_ranks, engine_ranks=engine_ranks,
                     num_buckets=int(plan.get("num_buckets", 0)), world_size=world,
                     colocated=colocated, transfers=mine, summary=summary, made_for=made_for)
+
+
+def _check_totals(plan: dict, transfers: List[Transfer]) -> None:
+    """A listed plan against its own totals (``num_transfers``, ``bytes_received``): a
+    transfer removed, added or re-addressed is refused before any byte moves."""
+    recorded = plan.get("num_transfers")
+    if recorded is not None and int(recorded) != len(transfers):
+        raise ValueError(f"transfers: {len(transfers)} listed, the plan records "
+                         f"num_transfers = {int(recorded)} (a transfer removed or added)")
+    received = plan.get("bytes_received")
+    delivered = sum(t.bytes * len(t.dst_ranks) for t in transfers)
+    if received is not None and transfers and int(received) != delivered:
+        raise ValueError(f"transfers: they deliver {delivered} bytes, the plan records "
+                         f"bytes_received = {int(received)} (a transfer removed, added or "
+                         "re-addressed)")
 
 
 def _read_delimited(f, message_type):
@@ -479,6 +495,13 @@ def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Ten
         if not t.dst_ranks or list(t.dst_ranks) != sorted(set(t.dst_ranks)):
             problems.append((rank, "dst_ranks", f"{list(t.dst_ranks)} not strictly ascending in "
                                                 f"{where}"))
+            continue
+        engines = (0, plan.engine_ranks) if plan.colocated else \
+            (plan.trainer_ranks, plan.trainer_ranks + plan.engine_ranks)
+        strangers = [d for d in t.dst_ranks if not engines[0] <= d < engines[1]]
+        if strangers:
+            problems.append((rank, "dst_ranks", f"{strangers} not engine ranks in "
+                                                f"[{engines[0]}, {engines[1]}) in {where}"))
             continue
         if not 0 <= t.src_rank < plan.trainer_ranks:
             problems.append((rank, "src_rank", f"{t.src_rank} not a trainer rank in [0, "

@@ -341,6 +341,31 @@ def test_unreadable_plans_name_what_is_wrong(tmp_path):
         executor.load_plan(cut, 1)
 
 
+def test_an_incomplete_or_readdressed_plan_is_refused_before_any_byte(tmp_path):
+    # A transfer removed from a JSON plan left elements of the engines' tensors with the
+    # previous version's values; a receiver changed to a trainer rank, likewise.
+    path, plan = write_plan(tmp_path, "llama", {"tp": 2}, {"tp": 1, "replicas": 2})
+    removed = dict(plan, transfers=plan["transfers"][1:])
+    with pytest.raises(ValueError, match="transfers: .* num_transfers"):
+        executor.plan_from_json(removed, 0)
+    unrecorded = {k: v for k, v in removed.items() if k != "num_transfers"}
+    with pytest.raises(ValueError, match="bytes_received"):
+        executor.plan_from_json(unrecorded, 0)
+    moved = json.loads(json.dumps(plan))
+    # A receiver changed to trainer rank 1 (separate GPUs: the engines are 2 and 3).
+    moved["transfers"][0]["dst_ranks"][0] = 1
+    part = executor.plan_from_json(moved, 1)
+    model = lay.parse_config(open(config("llama")).read())
+    sources = lay.megatron_shards(model, lay.Train(tp=2), 1, lay.full_tensors(model))
+    problems = executor.check_plan(part, 4, sources, None)
+    assert [field for _, field, _ in problems] == ["dst_ranks"], problems
+    bad = tmp_path / "moved.json"
+    bad.write_text(json.dumps(moved))
+    s = run_plan("llama", {"tp": 2}, {"tp": 1, "replicas": 2}, str(bad))
+    assert not s["ok"] and "not engine ranks" in s["refused"], s
+    assert "buckets" not in s  # no rank started the transfers
+
+
 def test_check_plan_names_the_field_without_a_world(tmp_path):
     # check_plan() alone: a missing tensor, a wrong dtype (bytes), a slice outside.
     path, plan = write_plan(tmp_path, "llama", {"tp": 1}, {"tp": 1})
