@@ -793,6 +793,10 @@ class Client:
         max_token_len, pipeline_model_parallel_size = _plan_step_sizes(
             max_token_len, max_tokens_per_micro_batch, pipeline_model_parallel_size,
             pipeline_stages)
+        _check_step_ints(num_ranks=num_ranks, min_micro_batches=min_micro_batches,
+                         micro_batches_multiple_of=micro_batches_multiple_of,
+                         pad_to_multiple_of=pad_to_multiple_of, overhead=overhead,
+                         refine_iterations=refine_iterations)
         request = service_pb2.Request()
         message = request.plan_step
         _fill_common(message, lengths, groups, cost, refine_iterations, model)
@@ -1093,6 +1097,8 @@ def _native_lengths(values: Any) -> Any:
     contiguous int64), other objects with tolist() (tensors) as lists."""
     if hasattr(values, "tolist") and not hasattr(values, "__array_interface__"):
         return values.tolist()
+    if not hasattr(values, "__len__") and hasattr(values, "__iter__"):
+        return list(values)  # a generator or iterator, as the daemon path takes it
     return values
 
 
@@ -1144,6 +1150,10 @@ def native_plan_step(lengths, *, num_ranks, max_token_len=None, groups=None,
     max_token_len, pipeline_model_parallel_size = _plan_step_sizes(
         max_token_len, max_tokens_per_micro_batch, pipeline_model_parallel_size,
         pipeline_stages)
+    _check_step_ints(num_ranks=num_ranks, min_micro_batches=min_micro_batches,
+                     micro_batches_multiple_of=micro_batches_multiple_of,
+                     pad_to_multiple_of=pad_to_multiple_of, overhead=overhead,
+                     refine_iterations=refine_iterations)
     r = _native_solve(
         _native.plan_step, _native_lengths(lengths), num_ranks, max_token_len,
         groups=None if groups is None else _native_lengths(groups),
@@ -1181,7 +1191,25 @@ def _plan_step_sizes(max_token_len, max_tokens_per_micro_batch, pipeline_model_p
     pipeline_model_parallel_size = _aliased(
         "pipeline_model_parallel_size", pipeline_model_parallel_size, "pipeline_stages",
         pipeline_stages)
+    _check_step_ints(max_token_len=max_token_len,
+                     pipeline_model_parallel_size=pipeline_model_parallel_size)
     return max_token_len, pipeline_model_parallel_size
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _check_step_ints(**named) -> None:
+    """plan_step's integer arguments, the same on both paths: an int (not a bool) that
+    int64 holds, or None; else InvalidArgumentError naming the argument and the value
+    (the request's own bounds are the planner's, checked after)."""
+    for name, value in named.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgumentError(f"{name}: expected an int, got {value!r}", name)
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise InvalidArgumentError(f"{name}: {value} does not fit in int64", name)
 
 
 def _check_partition_arguments(n, k, equal_size):

@@ -124,3 +124,29 @@ def test_threads_share_the_in_process_client(local):
     for thread in threads:
         thread.join()
     assert results == [expected] * 4
+
+
+@pytest.mark.parametrize("call", [
+    lambda f: f.plan_step([3, 4, 5], num_ranks=1, max_token_len=2 ** 63),
+    lambda f: f.plan_step([3, 4, 5], num_ranks=2 ** 64, max_token_len=10),
+    lambda f: f.plan_step([3, 4, 5], num_ranks=1, max_token_len=10, overhead=-2 ** 70),
+    lambda f: f.plan_step([3, 4, 5], num_ranks=1, max_token_len=10, min_micro_batches=1.5),
+    lambda f: f.plan_micro_batches([3, 4, 5], 2 ** 63),
+])
+def test_the_module_functions_and_the_daemon_refuse_big_ints_alike(client, call):
+    # In process these dumped pybind11's signature as a TypeError; through the daemon
+    # protobuf's ValueError named no argument.
+    errors = []
+    for functions in (rlsched, client):
+        with pytest.raises(rlsched.InvalidArgumentError) as raised:
+            call(functions)
+        errors.append((raised.value.field, raised.value.message))
+    assert errors[0] == errors[1] and errors[0][0], errors
+
+
+def test_the_module_functions_take_a_generator_as_the_daemon_does(client):
+    lengths = [3, 4, 5, 6, 9, 1]
+    want = client.get_seqlen_balanced_partitions(iter(lengths), 2, False)
+    assert rlsched.get_seqlen_balanced_partitions((x for x in lengths), 2, False) == want
+    plan = rlsched.plan_step((x for x in lengths), num_ranks=2, max_token_len=16)
+    assert plan.sequences == len(lengths)
