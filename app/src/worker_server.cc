@@ -231,6 +231,24 @@ grpc::Status WorkerServer::Refuse(Connection& connection, grpc::StatusCode code,
   return grpc::Status(code, why);
 }
 
+std::optional<std::string> CheckEngineHello(const v1::Hello& hello, std::int64_t latest) {
+  auto outside = [](const char* field, std::int64_t value, std::int64_t lo, std::int64_t hi) {
+    return "hello." + std::string(field) + ": must be in [" + std::to_string(lo) + ", " +
+           std::to_string(hi) + "], got " + std::to_string(value);
+  };
+  if (hello.engine() < 0 || hello.engine() > scheduler::kMaxEngineId) {
+    return outside("engine", hello.engine(), 0, scheduler::kMaxEngineId);
+  }
+  if (hello.max_concurrent() < 1 || hello.max_concurrent() > scheduler::kMaxConcurrent) {
+    return outside("max_concurrent", hello.max_concurrent(), 1, scheduler::kMaxConcurrent);
+  }
+  if (hello.version() < -1 || hello.version() > latest) {
+    return outside("version", hello.version(), -1, latest) + " (the newest weights are version " +
+           std::to_string(latest) + ")";
+  }
+  return std::nullopt;
+}
+
 grpc::Status WorkerServer::Call(grpc::ServerContext* context, const v1::Request* request,
                                 v1::Reply* reply) {
   const auto& metadata = context->client_metadata();
@@ -272,20 +290,20 @@ grpc::Status WorkerServer::Attach(
   }
   connection->role = hello.role();
   if (!hello.name().empty()) connection->peer += " (" + hello.name() + ")";
+  if (hello.role() == v1::WORKER_ROLE_ENGINE) {
+    // Everything the core checks of EngineJoined, so that no engine is welcomed that
+    // the core then refuses (attached, idle and never told). Read before mutex_: the
+    // newest version only grows, so an engine within it now stays within it.
+    if (const std::optional<std::string> why =
+            CheckEngineHello(hello, runtime_->Status().counters.steps_finished)) {
+      return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT, *why);
+    }
+  }
   std::optional<scheduler::StartTrain> resend;
   {
     std::lock_guard lock(mutex_);
     if (shut_down_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the run is over");
     if (hello.role() == v1::WORKER_ROLE_ENGINE) {
-      if (hello.engine() < 0) {
-        return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT,
-                      "hello.engine: must be >= 0, got " + std::to_string(hello.engine()));
-      }
-      if (hello.max_concurrent() < 1) {
-        return Refuse(
-            *connection, grpc::StatusCode::INVALID_ARGUMENT,
-            "hello.max_concurrent: must be >= 1, got " + std::to_string(hello.max_concurrent()));
-      }
       if (engines_.contains(hello.engine())) {
         return Refuse(*connection, grpc::StatusCode::ALREADY_EXISTS,
                       "engine " + std::to_string(hello.engine()) + " is already attached");

@@ -76,6 +76,10 @@ struct WorkerServerOptions {
   int weight_sync_port = 0;
 };
 
+// Why an engine's Hello cannot join a run whose newest weights are version `latest`
+// (the core's bounds on EngineJoined: engine id, concurrency, version), or nullopt.
+std::optional<std::string> CheckEngineHello(const v1::Hello& hello, std::int64_t latest);
+
 class WorkerServer final : public v1::Scheduler::Service,
                            public scheduler::EngineBackend,
                            public scheduler::TrainerBackend {

@@ -34,8 +34,6 @@ namespace {
 
 constexpr std::int64_t kMaxGroupSize = 1 << 20;
 constexpr std::int64_t kMaxPrompts = 100'000'000;
-constexpr std::int64_t kMaxEngineId = std::int64_t{1} << 40;
-constexpr std::int64_t kMaxConcurrent = std::int64_t{1} << 30;
 constexpr std::int64_t kMaxTokens = std::int64_t{1} << 40;
 // Colocated: what Release frees, and what the sync that wakes the engine takes back, in
 // this order (the weights' memory before the load, the KV cache after).

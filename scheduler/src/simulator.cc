@@ -72,7 +72,7 @@ namespace {
 constexpr std::int64_t kMaxSteps = 1'000'000;
 constexpr std::int64_t kMaxEngines = 100'000;
 constexpr std::int64_t kMaxGpusPerUnit = 4096;
-constexpr std::int64_t kMaxConcurrent = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxSimulatedConcurrent = std::int64_t{1} << 20;
 constexpr std::int64_t kMaxSamplesPerStep = 10'000'000;  // ceil((1 + r)·P)·G
 constexpr std::int64_t kMaxDatasetPrompts = 100'000'000;
 constexpr std::int64_t kMaxLengthsList = 10'000'000;
@@ -1288,7 +1288,7 @@ void Validate(const SimulatorConfig& config) {
   RequireInt("steps", config.steps, 1, kMaxSteps);
   RequireInt("engines", config.engines, 1, kMaxEngines);
   const EngineModel& engine = config.engine;
-  RequireInt("engine.max_concurrent", engine.max_concurrent, 1, kMaxConcurrent);
+  RequireInt("engine.max_concurrent", engine.max_concurrent, 1, kMaxSimulatedConcurrent);
   RequireReal("engine.prefill_tokens_per_second", engine.prefill_tokens_per_second, 0, true, 1e15);
   RequireReal("engine.decode_base_seconds", engine.decode_base_seconds, 0, false, kMaxSeconds);
   RequireReal("engine.decode_per_sequence_seconds", engine.decode_per_sequence_seconds, 0, false,
@@ -1457,7 +1457,7 @@ double EstimatedSampleAttempts(const SimulatorConfig& config) {
 }
 
 void SetDecodeSpeed(EngineModel& model, const DecodeSpeed& speed) {
-  RequireInt("engine.max_concurrent", model.max_concurrent, 1, kMaxConcurrent);
+  RequireInt("engine.max_concurrent", model.max_concurrent, 1, kMaxSimulatedConcurrent);
   RequireReal("single_tokens_per_second", speed.single_tokens_per_second, 0, true, 1e12);
   const auto n = static_cast<double>(model.max_concurrent);
   const double single = speed.single_tokens_per_second;

@@ -439,5 +439,48 @@ TEST_F(WorkerServerTest, CallAnswersTheDaemonsRequestsForACallerWithTheToken) {
   EXPECT_EQ(run.server.refused(), 2);
 }
 
+// A Hello the core would refuse (an id, a concurrency or a version out of its bounds)
+// is refused at the door with a Goodbye saying why, and counted; before, it was
+// welcomed, the core refused the engine, and it stayed attached and idle.
+TEST_F(WorkerServerTest, HellosTheCoreCannotUseAreRefusedAndCounted) {
+  RunWithoutLayout run(address_);
+  const std::vector<std::pair<v1::Hello, std::string>> cases = [] {
+    std::vector<std::pair<v1::Hello, std::string>> out;
+    v1::Hello hello = EngineHello(std::int64_t{1} << 62);
+    out.emplace_back(hello, "hello.engine: must be in [0, 1099511627776]");
+    hello = EngineHello(1);
+    hello.set_max_concurrent(std::int64_t{1} << 62);
+    out.emplace_back(hello, "hello.max_concurrent: must be in [1, 1073741824]");
+    hello = EngineHello(2);
+    hello.set_version(1000);
+    out.emplace_back(hello, "hello.version: must be in [-1, 0], got 1000");
+    hello = EngineHello(3);
+    hello.set_max_concurrent(0);
+    out.emplace_back(hello, "hello.max_concurrent: must be in [1, 1073741824], got 0");
+    return out;
+  }();
+  for (const auto& [hello, why] : cases) {
+    Worker intruder(address_, hello);
+    const v1::SchedulerMessage goodbye = Expect(intruder, v1::SchedulerMessage::kGoodbye);
+    EXPECT_NE(goodbye.goodbye().reason().find(why), std::string::npos)
+        << goodbye.goodbye().reason();
+  }
+  EXPECT_EQ(run.server.refused(), static_cast<std::int64_t>(cases.size()));
+  EXPECT_EQ(run.server.engines_attached(), 0);
+  // A good engine still joins.
+  Worker engine(address_, EngineHello(0));
+  Expect(engine, v1::SchedulerMessage::kWelcome);
+}
+
+TEST(CheckEngineHelloTest, TheBoundsAreTheCoresInclusive) {
+  v1::Hello hello = EngineHello(scheduler::kMaxEngineId);
+  hello.set_max_concurrent(scheduler::kMaxConcurrent);
+  hello.set_version(5);
+  EXPECT_EQ(CheckEngineHello(hello, 5), std::nullopt);
+  EXPECT_NE(CheckEngineHello(hello, 4), std::nullopt);
+  hello.set_version(-2);
+  EXPECT_NE(CheckEngineHello(hello, 5), std::nullopt);
+}
+
 }  // namespace
 }  // namespace rlsched::app

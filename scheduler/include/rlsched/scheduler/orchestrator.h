@@ -175,11 +175,16 @@ struct PromptsAvailable {
   double time = 0;
   std::vector<Prompt> prompts;
 };
+// The largest engine id and per-engine concurrency EngineJoined takes.
+inline constexpr std::int64_t kMaxEngineId = std::int64_t{1} << 40;
+inline constexpr std::int64_t kMaxConcurrent = std::int64_t{1} << 30;
 struct EngineJoined {
   double time = 0;
-  std::int64_t engine = 0;          // >= 0, not currently joined
-  std::int64_t max_concurrent = 1;  // samples in flight at once, >= 1
-  std::int64_t version = -1;        // weights it holds; -1: none (the core syncs it)
+  std::int64_t engine = 0;          // in [0, kMaxEngineId], not currently joined
+  std::int64_t max_concurrent = 1;  // samples in flight at once, in [1, kMaxConcurrent]
+  // Weights it holds, at most the newest version (= steps finished); -1: none (the
+  // core syncs it).
+  std::int64_t version = -1;
 };
 struct EngineLeft {  // graceful: its samples come back with their progress
   double time = 0;
