@@ -94,11 +94,19 @@ def _source(root: str, module: str):
     return None
 
 
+def integrations(framework: str) -> list:
+    """The framework's pinned Integrations: every one its module defines (verl's
+    drop-ins and its checkpoint-engine interface)."""
+    from rlsched.integrations import Integration
+    module = importlib.import_module(f"rlsched.integrations.{framework}")
+    found = [value for value in vars(module).values() if isinstance(value, Integration)]
+    return sorted(found, key=lambda i: i is not module.INTEGRATION)
+
+
 def check(framework: str, root: str) -> list:
-    """(target path, problem or "") for every Target of the framework's Integration."""
-    integration = importlib.import_module(f"rlsched.integrations.{framework}").INTEGRATION
+    """(target path, problem or "") for every Target of the framework's Integrations."""
     results = []
-    for target in integration.targets:
+    for target in (t for i in integrations(framework) for t in i.targets):
         path = _source(root, target.module)
         if path is None:
             results.append((target.path, f"no file for {target.module} under {root}"))
@@ -132,8 +140,8 @@ def main() -> int:
             continue
         if not os.path.isdir(root):
             parser.error(f"--{framework.replace('_', '-')}: {root}: not a directory")
-        integration = importlib.import_module(f"rlsched.integrations.{framework}").INTEGRATION
-        print(f"{integration.framework} ({integration.pinned}) in {root}:")
+        pinned = ", ".join(f"{i.framework} ({i.pinned})" for i in integrations(framework))
+        print(f"{pinned} in {root}:")
         for path, problem in check(framework, root):
             print(f"  {'ok  ' if not problem else 'DIFF'} {path}{': ' + problem if problem else ''}")
             failed = failed or bool(problem)

@@ -21,6 +21,7 @@ import inspect
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -867,6 +868,11 @@ def test_the_pin_checker_reads_a_checkout_without_importing_it(tmp_path):
         root = tmp_path / str(status)
         (root / "verl" / "utils").mkdir(parents=True)
         (root / "verl" / "utils" / "seqlen_balancing.py").write_text(source)
+        # The checkpoint engine's interface, pinned beside the drop-ins.
+        (root / "verl" / "checkpoint_engine").mkdir()
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                 "standin_packages", "verl", "checkpoint_engine", "base.py"),
+                    root / "verl" / "checkpoint_engine" / "base.py")
         run = subprocess.run([sys.executable, script, "--verl", str(root)],
                              capture_output=True, text=True, timeout=60)
         assert run.returncode == status, run.stdout + run.stderr

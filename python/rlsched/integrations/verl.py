@@ -89,6 +89,8 @@ __all__ = [
     "COMMIT",
     "FUNCTIONS",
     "INTEGRATION",
+    "CHECKPOINT_MODULE",
+    "CHECKPOINT_ENGINE",
     "OVERSIZE_POLICIES",
     "OVERSIZE_ENV",
     "install",
@@ -515,3 +517,21 @@ def uninstall() -> list[str]:
 #: (the Integration's, see rlsched.integrations).
 installed = INTEGRATION.installed
 check = INTEGRATION.check
+
+
+#: The module of verl's checkpoint-engine interface, and that interface at the pinned
+#: commit: checked (nothing replaced) by :mod:`rlsched.integrations.verl_checkpoint`,
+#: the backend "rlsched", before it registers.
+CHECKPOINT_MODULE = "verl.checkpoint_engine.base"
+CHECKPOINT_ENGINE = Integration("verl checkpoint engine", "verl-project/verl", COMMIT, [
+    Target(CHECKPOINT_MODULE, "CheckpointEngineRegistry.register", "(backend)"),
+    Target(CHECKPOINT_MODULE, "CheckpointEngineRegistry.get", "(cls, backend)"),
+    Target(CHECKPOINT_MODULE, "CheckpointEngine.prepare", "(self)"),
+    Target(CHECKPOINT_MODULE, "CheckpointEngine.build_topology",
+           "(cls, actor_wg_world_size, rollout_world_size, metadata)"),
+    Target(CHECKPOINT_MODULE, "CheckpointEngine.init_process_group", "(self, **kwargs)"),
+    Target(CHECKPOINT_MODULE, "CheckpointEngine.finalize", "(self)"),
+    Target(CHECKPOINT_MODULE, "CheckpointEngine.send_weights",
+           "(self, weights, global_steps=None)"),
+    Target(CHECKPOINT_MODULE, "CheckpointEngine.receive_weights", "(self, global_steps=None)"),
+])

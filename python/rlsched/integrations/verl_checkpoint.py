@@ -51,27 +51,18 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rlsched.integrations import IncompatibleUpstreamError, Integration, Target
+from rlsched.integrations import IncompatibleUpstreamError
+from rlsched.integrations.verl import CHECKPOINT_ENGINE, CHECKPOINT_MODULE as MODULE, COMMIT
 from rlsched.weight_sync import WeightSync
 
 __all__ = ["COMMIT", "MODULE", "INTEGRATION", "BACKEND", "RlschedCheckpointEngine", "check"]
 
-MODULE = "verl.checkpoint_engine.base"
-COMMIT = "1dda039b9"
 BACKEND = "rlsched"
 
-#: verl's interface at the pinned commit: checked, nothing replaced.
-INTEGRATION = Integration("verl checkpoint engine", "verl-project/verl", COMMIT, [
-    Target(MODULE, "CheckpointEngineRegistry.register", "(backend)"),
-    Target(MODULE, "CheckpointEngineRegistry.get", "(cls, backend)"),
-    Target(MODULE, "CheckpointEngine.prepare", "(self)"),
-    Target(MODULE, "CheckpointEngine.build_topology",
-           "(cls, actor_wg_world_size, rollout_world_size, metadata)"),
-    Target(MODULE, "CheckpointEngine.init_process_group", "(self, **kwargs)"),
-    Target(MODULE, "CheckpointEngine.finalize", "(self)"),
-    Target(MODULE, "CheckpointEngine.send_weights", "(self, weights, global_steps=None)"),
-    Target(MODULE, "CheckpointEngine.receive_weights", "(self, global_steps=None)"),
-])
+#: verl's interface at the pinned commit (checked, nothing replaced), kept with verl's
+#: other pins in :mod:`rlsched.integrations.verl` so that scripts/check_upstream_pins.py
+#: reads it without verl installed.
+INTEGRATION = CHECKPOINT_ENGINE
 
 
 def check() -> list[str]:
