@@ -228,7 +228,6 @@ class World:
         {actor rank: the tensor index at which it dies}; `specs`: the tensors the actors'
         generator yields this time (default: the world's)."""
         backend_cls = registry().get(self.config.get("backend", "rlsched"))
-        actors, rollouts = self.members[:self.actors], self.members[self.actors:]
         prepared = self.call(self.members, "prepare")
         if any(status != "ok" for status, _ in prepared):
             return {"statuses": prepared}

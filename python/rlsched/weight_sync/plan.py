@@ -35,10 +35,9 @@ import re
 from typing import Iterable, Optional, Sequence
 
 __all__ = ["TensorSpec", "Chunk", "Bucket", "Membership", "SyncOptions", "Estimate",
-           "ITEM_SIZES", "FP8_BLOCK", "ALIGN", "wire_specs", "chunks_of", "plan_senders",
-           "OnlineSenders", "BucketPacker", "pack_buckets", "estimate", "manifest_digest", "scale_name",
-           "sender_ranks",
-           "quantized"]
+           "ITEM_SIZES", "FP8_BLOCK", "ALIGN", "MAX_BUCKET_BYTES", "wire_specs", "chunks_of",
+           "plan_senders", "OnlineSenders", "BucketPacker", "pack_buckets", "estimate",
+           "manifest_digest", "scale_name", "sender_ranks", "quantized"]
 
 #: Element sizes of the dtypes a sync carries (torch's names without ``torch.``).
 ITEM_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "uint8": 1,

@@ -47,7 +47,6 @@ Every collective waits at most ``timeout_s``: a lost member fails the others wit
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import hashlib
 import json
