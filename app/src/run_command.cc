@@ -289,6 +289,13 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
                                          fmt::format("{:g}", defaults.heartbeat_timeout_seconds))))
       ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
   command
+      ->add_option("--hello-timeout", args.hello_timeout_seconds,
+                   fmt::format("Wall seconds a new stream has to say Hello before it is "
+                               "closed; 0: never. {}",
+                               RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
+                                         fmt::format("{:g}", defaults.hello_timeout_seconds))))
+      ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
+  command
       ->add_option("--timeout", args.timeout_seconds,
                    fmt::format("Give up after this many wall seconds (exit status 1). {}",
                                RangeHelp(RealRangeText(0, kMaxTimeoutSeconds, /*min_open=*/true),
@@ -428,6 +435,7 @@ int RunRunCommand(const RunArgs& args) {
                                      .tls_cert_pem = tls_cert,
                                      .tls_key_pem = tls_key,
                                      .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds,
+                                     .hello_timeout_seconds = args.hello_timeout_seconds,
                                      .weight_sync_backend = args.weight_sync_backend,
                                      .weight_sync_address = weight_sync_host,
                                      .weight_sync_port = weight_sync_port};

@@ -50,6 +50,7 @@ struct RunArgs {
   std::string trace;
   bool json = false;
   double heartbeat_timeout_seconds = 10;
+  double hello_timeout_seconds = 10;
   double timeout_seconds = 600;
   // The weight layout, as `rlsched reshard` takes it (--model, --train, --infer and the
   // topology options; replicas: the run's engines): with it every SyncWeights names

@@ -206,6 +206,11 @@ std::int64_t WorkerServer::engines_attached() const {
   return static_cast<std::int64_t>(engines_.size());
 }
 
+std::int64_t WorkerServer::waiting_streams() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<std::int64_t>(waiting_.size());
+}
+
 bool WorkerServer::trainer_attached() const {
   std::lock_guard lock(mutex_);
   return trainer_ != nullptr;
@@ -278,8 +283,17 @@ grpc::Status WorkerServer::Attach(
     ~CloseOnReturn() { connection->Close(); }
   } close_on_return{connection.get()};
 
+  {  // Waiting for the Hello: watched for the deadline.
+    std::lock_guard lock(mutex_);
+    waiting_[connection.get()] = connection;
+  }
   v1::WorkerMessage first;
-  if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
+  const bool read = stream->Read(&first);
+  {
+    std::lock_guard lock(mutex_);
+    waiting_.erase(connection.get());
+  }
+  if (!read) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
   if (!first.has_hello()) {
     return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT,
                   "the first message must be hello");
@@ -560,13 +574,32 @@ void WorkerServer::Train(const scheduler::StartTrain& call) {
   Send(*connection, message);  // when the stream is closed: sent again on attach
 }
 
+void WorkerServer::DropSilent(std::int64_t now) {
+  const auto hello_ms = static_cast<std::int64_t>(options_.hello_timeout_seconds * 1000);
+  if (hello_ms <= 0) return;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    const std::shared_ptr<Connection>& connection = it->second;
+    if (now - connection->last_seen_ms.load() <= hello_ms) {
+      ++it;
+      continue;
+    }
+    ++refused_;
+    spdlog::warn("run: {} said no hello within {} s; closing it", connection->peer,
+                 options_.hello_timeout_seconds);
+    connection->context->TryCancel();
+    it = waiting_.erase(it);  // once; its handler's erase then finds nothing
+  }
+}
+
 void WorkerServer::Watch() {
   const auto timeout_ms = static_cast<std::int64_t>(options_.heartbeat_timeout_seconds * 1000);
   std::unique_lock lock(mutex_);
   while (!shut_down_) {
     watch_cv_.wait_for(lock, std::chrono::milliseconds(200));
-    if (shut_down_ || timeout_ms <= 0) continue;
+    if (shut_down_) continue;
     const std::int64_t now = NowMillis();
+    DropSilent(now);
+    if (timeout_ms <= 0) continue;
     for (const auto& [key, connection] : all_) {
       const std::int64_t writing = connection->write_started_ms.load();
       if (now - connection->last_seen_ms.load() > timeout_ms) {

@@ -68,6 +68,9 @@ struct WorkerServerOptions {
   std::string tls_cert_pem;
   std::string tls_key_pem;
   double heartbeat_timeout_seconds = 10;
+  // A stream that has not said Hello within this many seconds is closed (0: never):
+  // each holds two server threads until then.
+  double hello_timeout_seconds = 10;
   v1::Welcome welcome;  // what every worker is told (the run's config, the time scale)
   // The weight-sync plans' transfer group (TransferGroup): its backend, and where it
   // meets (empty and 0: not given).
@@ -98,6 +101,7 @@ class WorkerServer final : public v1::Scheduler::Service,
   std::int64_t engines_attached() const;
   bool trainer_attached() const;
   std::int64_t refused() const { return refused_.load(); }
+  std::int64_t waiting_streams() const;  // connected, no Hello yet
 
   grpc::Status Attach(
       grpc::ServerContext* context,
@@ -115,6 +119,8 @@ class WorkerServer final : public v1::Scheduler::Service,
   void SendWelcome(Connection& connection);
   grpc::Status Refuse(Connection& connection, grpc::StatusCode code, const std::string& why);
   void Watch();
+  // Drops the streams silent past their deadline (mutex_ held; `now` in NowMillis()).
+  void DropSilent(std::int64_t now);
   // The plan of `transfers` (built and sent to the trainer when it is a new one) and
   // the engine's WeightSyncPlan when `connection` has not had it; the plan's id. The
   // plan mutex held.
@@ -133,7 +139,8 @@ class WorkerServer final : public v1::Scheduler::Service,
   std::map<std::int64_t, std::shared_ptr<Connection>> engines_;
   std::shared_ptr<Connection> trainer_;
   std::map<Connection*, std::shared_ptr<Connection>> all_;
-  std::optional<scheduler::StartTrain> pending_call_;  // sent, not yet finished
+  std::map<Connection*, std::shared_ptr<Connection>> waiting_;  // no Hello yet
+  std::optional<scheduler::StartTrain> pending_call_;           // sent, not yet finished
   std::atomic<std::int64_t> refused_{0};
   bool shut_down_ = false;
 

@@ -482,5 +482,62 @@ TEST(CheckEngineHelloTest, TheBoundsAreTheCoresInclusive) {
   EXPECT_NE(CheckEngineHello(hello, 5), std::nullopt);
 }
 
+// A stream that never says Hello: what it reads until the server ends it.
+class SilentStream {
+ public:
+  explicit SilentStream(const std::string& address)
+      : stub_(v1::Scheduler::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        stream_(stub_->Attach(&context_)) {}
+  ~SilentStream() {
+    context_.TryCancel();
+    (void)stream_->Finish();
+  }
+  // The server's next message, or nullopt when the stream ended without one.
+  std::optional<v1::SchedulerMessage> Read() {
+    v1::SchedulerMessage message;
+    if (!stream_->Read(&message)) return std::nullopt;
+    return message;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<v1::Scheduler::Stub> stub_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::SchedulerMessage>> stream_;
+};
+
+struct RunWithDoor {
+  explicit RunWithDoor(const std::string& address)
+      : server({.listen = address,
+                .token = "t0ken",
+                .heartbeat_timeout_seconds = 0,
+                .hello_timeout_seconds = 0.5}),
+        runtime(RunWithoutLayout::WithoutLayout(), server, server, clock) {
+    server.Start(runtime);
+  }
+  ~RunWithDoor() {
+    runtime.Stop();
+    server.Shutdown("done", milliseconds(500));
+  }
+  scheduler::ManualClock clock;
+  WorkerServer server;
+  scheduler::Runtime runtime;
+};
+
+// A stream that never says Hello is closed after hello_timeout_seconds, and counted;
+// before, each held two server threads for the whole run.
+TEST_F(WorkerServerTest, SilentStreamsAreClosedAtTheirDeadline) {
+  RunWithDoor run(address_);
+  SilentStream first(address_);
+  SilentStream second(address_);
+  EXPECT_EQ(first.Read(), std::nullopt);  // closed, without a message
+  EXPECT_EQ(second.Read(), std::nullopt);
+  EXPECT_EQ(run.server.refused(), 2);
+  EXPECT_EQ(run.server.waiting_streams(), 0);
+  // An engine that says Hello joins.
+  Worker engine(address_, EngineHello(0));
+  Expect(engine, v1::SchedulerMessage::kWelcome);
+}
+
 }  // namespace
 }  // namespace rlsched::app
