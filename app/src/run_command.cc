@@ -281,20 +281,21 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
   command->add_option("--trace", args.trace, "Write the run's Chrome/Perfetto trace JSON")
       ->type_name("FILE");
   command->add_flag("--json", args.json, "Print a rlsched.v1.RunReport as JSON at the end");
-  command
-      ->add_option("--heartbeat-timeout", args.heartbeat_timeout_seconds,
-                   fmt::format("Wall seconds of silence after which a worker is dropped; 0: "
-                               "never. {}",
-                               RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
-                                         fmt::format("{:g}", defaults.heartbeat_timeout_seconds))))
-      ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
-  command
-      ->add_option("--hello-timeout", args.hello_timeout_seconds,
-                   fmt::format("Wall seconds a new stream has to say Hello before it is "
-                               "closed; 0: never. {}",
-                               RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
-                                         fmt::format("{:g}", defaults.hello_timeout_seconds))))
-      ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
+  // A worker's deadline in wall seconds, 0: none.
+  auto deadline = [&](const char* flag, double& value, const char* what, double fallback) {
+    command
+        ->add_option(flag, value,
+                     fmt::format("{} {}", what,
+                                 RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
+                                           fmt::format("{:g}", fallback))))
+        ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
+  };
+  deadline("--heartbeat-timeout", args.heartbeat_timeout_seconds,
+           "Wall seconds of silence after which a worker is dropped; 0: never.",
+           defaults.heartbeat_timeout_seconds);
+  deadline("--hello-timeout", args.hello_timeout_seconds,
+           "Wall seconds a new stream has to say Hello before it is closed; 0: never.",
+           defaults.hello_timeout_seconds);
   command
       ->add_option("--timeout", args.timeout_seconds,
                    fmt::format("Give up after this many wall seconds (exit status 1). {}",
