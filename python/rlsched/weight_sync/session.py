@@ -91,8 +91,26 @@ def node_id() -> str:
 
 
 def _host() -> str:
+    """The address other members reach the master at: ``$RLSCHED_WEIGHT_SYNC_HOST``,
+    else Ray's node address when Ray is initialised, else the address of the interface
+    that routes outwards (the host name's address can be a loopback one, 127.0.1.1 on
+    Debian), else the host name's."""
     if os.environ.get(_HOST_ENV):
         return os.environ[_HOST_ENV]
+    try:
+        import ray  # noqa: PLC0415
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.255.255.255", 1))  # no packet is sent
+            address = probe.getsockname()[0]
+        if not address.startswith("127."):
+            return address
+    except OSError:
+        pass
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
