@@ -317,7 +317,7 @@ def _effective_lengths(batch) -> list[int]:
         sizes = input_ids.offsets().diff()
     else:
         sizes = batch["attention_mask"].sum(dim=1)
-    return [int(v) for v in sizes.cpu().tolist()]
+    return sizes.cpu().tolist()  # Python ints (an integer tensor's tolist)
 
 
 def _units(lengths: list[int], group: int, cap: int) -> list[int]:
@@ -329,13 +329,14 @@ def _units(lengths: list[int], group: int, cap: int) -> list[int]:
         raise InvalidArgumentError(
             f"force_group_size: the batch's {len(lengths)} samples must be a multiple of "
             f"it, got {group}", "force_group_size")
-    if _settings["oversize"] == "raise":
-        for i, tokens in enumerate(lengths):
-            if tokens > cap:
-                raise InvalidArgumentError(
-                    f"max_token_len: sample {i} has {tokens} tokens, above max_token_len = "
-                    f"{cap} (oversize policy 'raise'; install(oversize='alone') gives it a "
-                    "micro-batch of its own)", "max_token_len")
+    if _settings["oversize"] == "raise" and lengths and max(lengths) > cap:
+        i = next(i for i, tokens in enumerate(lengths) if tokens > cap)
+        raise InvalidArgumentError(
+            f"max_token_len: sample {i} has {lengths[i]} tokens, above max_token_len = "
+            f"{cap} (oversize policy 'raise'; install(oversize='alone') gives it a "
+            "micro-batch of its own)", "max_token_len")
+    if group == 1:
+        return lengths
     return [sum(lengths[u * group:(u + 1) * group]) for u in range(len(lengths) // group)]
 
 
@@ -438,8 +439,10 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
         raise InvalidArgumentError(
             f"{field}: {count} micro-batches for {len(units)} {what} would leave some "
             "empty", field)
-    indices = [[i for u in sorted(micro_batch[0]) for i in range(u * group, (u + 1) * group)]
-               for micro_batch in planned["ranks"][0][0]]
+    micro_batches = planned["ranks"][0][0]  # each one's units, ascending
+    indices = ([list(micro_batch[0]) for micro_batch in micro_batches] if group == 1 else
+               [[i for u in micro_batch[0] for i in range(u * group, (u + 1) * group)]
+                for micro_batch in micro_batches])
     select = _selector()
     return [select(batch, part) for part in indices], indices
 
