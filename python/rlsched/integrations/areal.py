@@ -105,9 +105,9 @@ def kk_allocate(values, capacity, min_groups, n_groups_divisor=1, equal_size=Fal
         raise AllocationError(f"n_groups_divisor: must be >= 1, got {divisor}",
                               "n_groups_divisor")
     minimum = divisor if min_groups is None or min_groups < divisor else int(min_groups)
-    for i, value in enumerate(items):
-        if value > cap:
-            raise AllocationError(f"values[{i}]: {value}, above capacity = {cap}", f"values[{i}]")
+    if items and max(items) > cap:
+        i = next(i for i, value in enumerate(items) if value > cap)
+        raise AllocationError(f"values[{i}]: {items[i]}, above capacity = {cap}", f"values[{i}]")
     if len(items) < minimum:
         raise AllocationError(
             f"min_groups: {minimum} groups for {len(items)} values would leave some empty",
@@ -119,11 +119,12 @@ def kk_allocate(values, capacity, min_groups, n_groups_divisor=1, equal_size=Fal
             f"equal_size: {len(items)} values cannot make {k} groups of equal size",
             "equal_size")
     groups = _balanced(items, k, bool(equal_size))
-    if any(not g or sum(items[i] for i in g) > cap for g in groups):
+    sums = [sum(items[i] for i in g) for g in groups]
+    if not all(groups) or max(sums) > cap:
         groups = packed  # the partition breaks the cap or leaves a group empty
-    groups = [sorted(g) for g in groups]
-    groups.sort(key=lambda g: (-sum(items[i] for i in g), g[0]))
-    return groups
+        sums = [sum(items[i] for i in g) for g in groups]
+    ordered = sorted((-total, sorted(g)) for total, g in zip(sums, groups))
+    return [g for _, g in ordered]
 
 
 INTEGRATION = Integration("AReaL", "areal-project/AReaL", COMMIT, [
