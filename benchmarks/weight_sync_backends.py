@@ -148,12 +148,10 @@ def _run_rank(rank: int, args, store_port: int, results) -> None:
     world = dist.ProcessGroupGloo(dist.PrefixStore("world-" + str(trainer), store), role_rank,
                                   trainers if trainer else engines, timeout)
     tensors = _tensors(_specs(args.mib), device) if trainer else None
-    bucket = args.bucket_mib << 20
     times = {}
     for pattern in ("one sender", "rank 0 + relays", "rlsched"):
         times[pattern] = []
-        runner = _Pattern(pattern, rank, trainers, engines, bucket, store, timeout,
-                          args.transport, device)
+        runner = _Pattern(pattern, rank, args, store, timeout, device)
         for sync in range(args.syncs + 1):
             world.barrier().wait()
             start = time.perf_counter()
@@ -166,29 +164,29 @@ def _run_rank(rank: int, args, store_port: int, results) -> None:
 
 
 class _Pattern:
-    def __init__(self, pattern, rank, trainers, engines, bucket, store, timeout, transport,
-                 device):
+    def __init__(self, pattern, rank, args, store, timeout, device):
         import torch.distributed as dist
-        self.pattern, self.rank, self.trainers, self.bucket = pattern, rank, trainers, bucket
-        self.device = device
+        from rlsched.weight_sync.session import _new_group
+        self.pattern, self.rank, self.device = pattern, rank, device
+        self.trainers, self.engines = args.trainers, args.engines
+        self.bucket = args.bucket_mib << 20
+        self.group = None
         if pattern == "rlsched":
             from rlsched.weight_sync import WeightSync
-            self.sync = WeightSync(bucket, rank == 0, transport=transport,
+            self.sync = WeightSync(self.bucket, rank == 0, transport=args.transport,
                                    timeout_s=timeout.total_seconds())
             self.meta_store = dist.PrefixStore("meta-" + pattern, store)
+            self.round = 0
             return
         # verl's patterns: one group of the source (and, with relays, every other trainer
         # rank: all share rank 0's node here) and the engine ranks.
         # The engines know the bucket sizes (verl sends each bucket's metadata ahead).
-        self.sizes = _bucket_sizes(_specs(int(os.environ["RLSCHED_BENCH_MIB"])), bucket)
-        members = [0] + (list(range(1, trainers)) if pattern == "rank 0 + relays" else []) \
-            + list(range(trainers, trainers + engines))
-        self.group = None
+        self.sizes = _bucket_sizes(_specs(args.mib), self.bucket)
+        relays = list(range(1, self.trainers)) if pattern == "rank 0 + relays" else []
+        members = [0] + relays + list(range(self.trainers, self.trainers + self.engines))
         if rank in members:
-            kind = dist.ProcessGroupGloo if transport == "gloo" else None
-            prefix = dist.PrefixStore("verl-" + pattern, store)
-            self.group = (kind(prefix, members.index(rank), len(members), timeout) if kind
-                          else _nccl(prefix, members.index(rank), len(members), timeout))
+            self.group = _new_group(args.transport, dist.PrefixStore("verl-" + pattern, store),
+                                    members.index(rank), len(members), timeout)
 
     def run(self, weights):
         if self.pattern == "rlsched":
@@ -216,15 +214,14 @@ class _Pattern:
         if self.group is not None:
             self.group.broadcast(payload, 0).wait()
 
-
     def _rlsched(self, weights):
-        key = f"meta{getattr(self, 'round', 0)}"
-        self.round = getattr(self, "round", 0) + 1
+        key = f"meta{self.round}"
+        self.round += 1
         self.meta_store.set(f"{key}/{self.rank}", json.dumps(self.sync.prepare()))
-        world = self.trainers + self.engines_count()
+        world = self.trainers + self.engines
         metadata = [json.loads(self.meta_store.get(f"{key}/{r}")) for r in range(world)]
         trainer_kwargs, engine_kwargs = type(self.sync).build_topology(
-            self.trainers, world - self.trainers, metadata)
+            self.trainers, self.engines, metadata)
         mine = (trainer_kwargs if self.rank < self.trainers else engine_kwargs)["topology"]
         self.sync.init_process_group(mine[self.rank if self.rank < self.trainers
                                           else self.rank - self.trainers])
@@ -237,24 +234,12 @@ class _Pattern:
             asyncio.run(consume())
         self.sync.finalize()
 
-    def engines_count(self):
-        return int(os.environ["RLSCHED_BENCH_ENGINES"])
-
     def close(self):
         self.group = None
 
 
-def _nccl(store, rank, size, timeout):
-    import torch.distributed as dist
-    options = dist.ProcessGroupNCCL.Options()
-    options._timeout = timeout
-    return dist.ProcessGroupNCCL(store, rank, size, options)
-
-
 def measured(args) -> list[str]:
     import torch.distributed as dist
-    os.environ["RLSCHED_BENCH_ENGINES"] = str(args.engines)
-    os.environ["RLSCHED_BENCH_MIB"] = str(args.mib)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=120),
                           wait_for_workers=False)

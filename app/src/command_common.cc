@@ -300,22 +300,8 @@ std::string ReadModelConfig(const std::string& given) {
                       given));
     }
   }
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw std::invalid_argument(
-        fmt::format("--model: {}: cannot open: {}", path, std::strerror(errno)));
-  }
-  std::string text;
-  char buffer[1 << 16];
-  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(file.gcount()));
-    if (static_cast<std::int64_t>(text.size()) > kMaxModelConfigBytes) {
-      throw std::invalid_argument(
-          fmt::format("--model: {}: larger than {} bytes", path, kMaxModelConfigBytes));
-    }
-  }
-  if (file.bad()) throw std::runtime_error(fmt::format("--model: {}: cannot read", path));
-  return text;
+  // "--model:" as the option: the messages read "--model: PATH: ...".
+  return ReadWholeFile("--model:", path, kMaxModelConfigBytes);
 }
 
 v1::CostModel MakeCostModel(const CostArgs& args) {

@@ -196,12 +196,8 @@ def test_build_topology_refuses_bad_metadata_by_field():
 def test_kept_groups_only_when_every_member_holds_them_at_its_rank():
     from rlsched.weight_sync import WeightSync
     master = {"host": "h", "port": 7, "next_generation": 3}
-    nodes = ["a", "b", "c"]
-    first, _ = WeightSync.build_topology(1, 2, [{"node": n} for n in nodes[:1]]
-                                         + [{"node": n} for n in nodes[1:]]
-                                         if False else
-                                         [dict(node="a", master=master), dict(node="b"),
-                                          dict(node="c")])
+    first, _ = WeightSync.build_topology(1, 2, [dict(node="a", master=master),
+                                                dict(node="b"), dict(node="c")])
     topology = first["topology"][0]
     assert topology["generation"] == 3
     held = [[3, topology["digest"], r] for r in range(3)]
@@ -209,8 +205,7 @@ def test_kept_groups_only_when_every_member_holds_them_at_its_rank():
             dict(node="c", held=held[2])]
     kept, _ = WeightSync.build_topology(1, 2, meta)
     assert kept["topology"][0]["generation"] == 3
-    swapped = [dict(meta[0]), dict(meta[2], held=held[1]), dict(meta[1], held=held[2])]
-    swapped[1]["node"], swapped[2]["node"] = "b", "c"
-    swapped[1]["held"], swapped[2]["held"] = held[2], held[1]  # two members swapped ranks
+    # Two members swapped ranks: each holds the groups at the other's rank.
+    swapped = [meta[0], dict(meta[1], held=held[2]), dict(meta[2], held=held[1])]
     fresh, _ = WeightSync.build_topology(1, 2, swapped)
     assert fresh["topology"][0]["generation"] == 4

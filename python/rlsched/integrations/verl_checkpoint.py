@@ -65,9 +65,8 @@ BACKEND = "rlsched"
 INTEGRATION = CHECKPOINT_ENGINE
 
 
-def check() -> list[str]:
-    """The differences between the installed verl and the pinned commit ([] if none)."""
-    return INTEGRATION.check()
+#: The differences between the installed verl and the pinned commit ([] if none).
+check = INTEGRATION.check
 
 
 def _base():

@@ -270,9 +270,10 @@ class WeightSync:
         self._healthy = False
         # The tensors of the last complete sync, and plans made from them (the owner of
         # every chunk) per (manifest digest, senders).
-        self._manifest: Optional[list[TensorSpec]] = (
-            None if model_config is None else hf_tensors(_read_config(model_config)))
+        self._manifest: Optional[list[TensorSpec]] = None
+        self._manifest_digest: Optional[str] = None
         self._plans: dict[tuple, dict] = {}
+        self._keep(None if model_config is None else hf_tensors(_read_config(model_config)))
         self.last_metrics: dict[str, float] = {}
 
     # ---- the five steps -------------------------------------------------------------
@@ -282,16 +283,16 @@ class WeightSync:
         of the groups it holds (-1 if none or broken), and on the master the
         rendezvous address."""
         held = self._groups.topology if self._groups is not None and self._healthy else None
-        metadata = {"node": node_id(), "manifest": self._manifest_digest(),
+        metadata = {"node": node_id(), "manifest": self._manifest_digest,
                     "held": None if held is None else
                     [held["generation"], held["digest"], held["rank"]]}
         if self.is_master:
             if self._store is None:
                 import torch.distributed as dist  # noqa: PLC0415
-                host = self.host or _host()
-                self._store = dist.TCPStore(host, 0, None, True, self.timeout,
+                self.host = self.host or _host()
+                self._store = dist.TCPStore(self.host, 0, None, True, self.timeout,
                                             wait_for_workers=False)
-            metadata["master"] = {"host": self.host or _host(), "port": self._store.port,
+            metadata["master"] = {"host": self.host, "port": self._store.port,
                                   "next_generation": self._generation}
         return metadata
 
@@ -394,8 +395,12 @@ class WeightSync:
         """The tensors kept from the last complete sync (None before it)."""
         return self._manifest
 
-    def _manifest_digest(self) -> Optional[str]:
-        return None if self._manifest is None else _plan.manifest_digest(self._manifest)
+    def _keep(self, manifest: Optional[list[TensorSpec]]) -> None:
+        """Keeps `manifest` (None: forget the tensors and their plans) and its digest."""
+        self._manifest = manifest
+        self._manifest_digest = None if manifest is None else _plan.manifest_digest(manifest)
+        if manifest is None:
+            self._plans = {}
 
 
 def _read_config(config: Union[str, Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -525,7 +530,7 @@ class _Sender:
         # The kept tensors when every trainer rank kept the same ones (build_topology
         # compared them), else None: the senders are then chosen as the chunks come.
         agreed = topology["manifest"] is not None and topology["manifest"] == \
-            sync._manifest_digest()
+            sync._manifest_digest
         known = sync.manifest() if agreed else None
         self.known = None if known is None else {spec.name: spec for spec in known}
         self.owners = self._planned_owners(known) if known is not None else None
@@ -576,7 +581,7 @@ class _Sender:
                 _send_header(self.groups.control, self._header("end"), self.inflight)
         except _Mismatch as mismatch:
             # The next sync learns the tensors again.
-            self.sync._manifest, self.sync._plans = None, {}
+            self.sync._keep(None)
             self._abort(str(mismatch), mismatch.field)
             raise WeightSyncError(str(mismatch), mismatch.field) from None
         except WeightSyncError:
@@ -586,7 +591,7 @@ class _Sender:
             raise
         self._drain()
         if self.known is None:
-            self.sync._manifest = self.seen
+            self.sync._keep(self.seen)
         return self._metrics(time.perf_counter() - start)
 
     def _check(self, spec: TensorSpec) -> None:
@@ -664,14 +669,16 @@ class _Sender:
 
     def _close(self, bucket: Bucket) -> None:
         import torch  # noqa: PLC0415
-        header = self._header("bucket", bucket)
+        # The header only where it is used: rank 0 sends it, the sender digests it.
+        mine = bucket.sender == self.rank
+        header = self._header("bucket", bucket) if self.rank == 0 or mine else None
         self.buckets += 1
         if self.rank == 0:
             reason = self.groups.abort_reason()
             if reason is not None:  # another trainer rank stopped
                 raise _Mismatch(*reason)
             _send_header(self.groups.control, header, self.inflight)
-        if bucket.sender == self.rank:
+        if mine:
             # The bucket's size and contents as this rank sees them, first: an engine
             # rank compares them with trainer rank 0's header before it receives.
             preamble = torch.tensor([bucket.nbytes, _chunks_digest(header["chunks"])],
