@@ -18,9 +18,37 @@ constexpr std::size_t kComparisonSortBelow = 512;
 // The widest digit of a pass (2^11 counters: they stay in the L1 cache).
 constexpr int kMaxDigitBits = 11;
 
+// Weights spanning less than 2^32: words (max − weight) · 2^32 + index sorted as plain
+// integers (no indirection), the order of the comparison below.
+std::vector<std::int32_t> PackedSort(std::span<const std::int64_t> weights, std::int64_t max,
+                                     std::vector<std::int64_t>* sorted) {
+  const std::size_t n = weights.size();
+  std::vector<std::uint64_t> words(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    words[i] = static_cast<std::uint64_t>(max - weights[i]) << 32 | i;
+  }
+  std::sort(words.begin(), words.end());
+  std::vector<std::int32_t> order(n);
+  for (std::size_t s = 0; s < n; ++s) {
+    order[s] = static_cast<std::int32_t>(static_cast<std::uint32_t>(words[s]));
+  }
+  if (sorted != nullptr) {
+    sorted->resize(n);
+    for (std::size_t s = 0; s < n; ++s) {
+      (*sorted)[s] = max - static_cast<std::int64_t>(words[s] >> 32);
+    }
+  }
+  return order;
+}
+
 std::vector<std::int32_t> ComparisonSort(std::span<const std::int64_t> weights,
                                          std::vector<std::int64_t>* sorted) {
   const std::size_t n = weights.size();
+  if (n > 1) {
+    const auto [min, max] = std::minmax_element(weights.begin(), weights.end());
+    const std::uint64_t range = static_cast<std::uint64_t>(*max) - static_cast<std::uint64_t>(*min);
+    if (range >> 32 == 0) return PackedSort(weights, *max, sorted);
+  }
   std::vector<std::int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
