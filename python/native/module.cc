@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "rlsched/balance/balance.h"
+#include "rlsched/balance/cost_model.h"
 #include "rlsched/balance/micro_batch.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
@@ -237,18 +238,23 @@ py::dict Balance(const py::handle& lengths_object, std::int64_t num_parts, bool 
   return out;
 }
 
+// Indices as a list of Python ints.
+py::list IntList(std::span<const std::int64_t> values) {
+  py::list list(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    PyObject* value = PyLong_FromLongLong(static_cast<long long>(values[i]));
+    if (value == nullptr) throw py::error_already_set();
+    PyList_SET_ITEM(list.ptr(), static_cast<py::ssize_t>(i), value);  // steals
+  }
+  return list;
+}
+
 // The parts of `partition` as lists of Python ints (ascending).
 py::list ToLists(const balance::Partition& partition) {
   py::list parts(static_cast<std::size_t>(partition.num_parts()));
   for (std::int64_t p = 0; p < partition.num_parts(); ++p) {
-    const std::span<const std::int64_t> indices = partition.part(p);
-    py::list part(indices.size());
-    for (std::size_t i = 0; i < indices.size(); ++i) {
-      PyObject* index = PyLong_FromLongLong(static_cast<long long>(indices[i]));
-      if (index == nullptr) throw py::error_already_set();
-      PyList_SET_ITEM(part.ptr(), static_cast<py::ssize_t>(i), index);  // steals
-    }
-    PyList_SET_ITEM(parts.ptr(), static_cast<py::ssize_t>(p), part.release().ptr());
+    PyList_SET_ITEM(parts.ptr(), static_cast<py::ssize_t>(p),
+                    IntList(partition.part(p)).release().ptr());
   }
   return parts;
 }
@@ -316,18 +322,15 @@ py::dict ToDict(const balance::StepPlan& plan) {
   return out;
 }
 
-py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
-                  std::int64_t max_token_len, const py::handle& groups_object, bool equal_size,
-                  bool keep_groups, std::int64_t min_micro_batches,
-                  std::int64_t micro_batches_multiple_of, std::int64_t pad_to_multiple_of,
-                  std::int64_t pipeline_stages, std::optional<std::int64_t> overhead,
-                  std::optional<double> count_tolerance, const std::string& order,
-                  std::optional<std::int64_t> refine_iterations, const std::string& oversize,
-                  bool baseline) {
+// PlanStep()'s options from the module's arguments (see plan_step's docstring).
+balance::StepOptions StepOptionsFrom(
+    std::int64_t num_ranks, std::int64_t max_token_len, bool equal_size, bool keep_groups,
+    std::int64_t min_micro_batches, std::int64_t micro_batches_multiple_of,
+    std::int64_t pad_to_multiple_of, std::int64_t pipeline_stages,
+    std::optional<std::int64_t> overhead, std::optional<double> count_tolerance,
+    const std::string& order, std::optional<std::int64_t> refine_iterations,
+    const std::string& oversize, bool baseline) {
   CheckCount("num_ranks", num_ranks);
-  const Int64Input lengths = Int64Input::From(lengths_object, "lengths");
-  const Int64Input groups = Int64Input::From(groups_object, "groups");
-  CheckGroups(lengths, groups, keep_groups);
   balance::StepOptions options;
   options.num_ranks = num_ranks;
   options.equal_size = equal_size;
@@ -357,12 +360,32 @@ py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
   micro_batch.order = ToOrder(order);
   micro_batch.oversize = ToOversize(oversize);
   micro_batch.refine = ToRefine(refine_iterations);
+  return options;
+}
 
-  balance::PlannedStep step;
-  {
-    const py::gil_scoped_release release;
-    step = balance::PlanStep(lengths.span(), groups.span(), options);
-  }
+// PlanStep() on Python lengths and groups, the GIL released while it solves.
+balance::PlannedStep SolveStep(const py::handle& lengths_object, const py::handle& groups_object,
+                               const balance::StepOptions& options) {
+  const Int64Input lengths = Int64Input::From(lengths_object, "lengths");
+  const Int64Input groups = Int64Input::From(groups_object, "groups");
+  CheckGroups(lengths, groups, options.keep_groups);
+  const py::gil_scoped_release release;
+  return balance::PlanStep(lengths.span(), groups.span(), options);
+}
+
+py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
+                  std::int64_t max_token_len, const py::handle& groups_object, bool equal_size,
+                  bool keep_groups, std::int64_t min_micro_batches,
+                  std::int64_t micro_batches_multiple_of, std::int64_t pad_to_multiple_of,
+                  std::int64_t pipeline_stages, std::optional<std::int64_t> overhead,
+                  std::optional<double> count_tolerance, const std::string& order,
+                  std::optional<std::int64_t> refine_iterations, const std::string& oversize,
+                  bool baseline) {
+  const balance::StepOptions options =
+      StepOptionsFrom(num_ranks, max_token_len, equal_size, keep_groups, min_micro_batches,
+                      micro_batches_multiple_of, pad_to_multiple_of, pipeline_stages, overhead,
+                      count_tolerance, order, refine_iterations, oversize, baseline);
+  const balance::PlannedStep step = SolveStep(lengths_object, groups_object, options);
   py::dict out = ToDict(step.plan);
   py::dict recipe;
   recipe["predicted_step_time"] = step.baseline.predicted_step_time;
@@ -371,6 +394,40 @@ py::dict PlanStep(const py::handle& lengths_object, std::int64_t num_ranks,
   recipe["empty_micro_batches"] = step.baseline.empty_micro_batches;
   out["baseline"] = std::move(recipe);
   return out;
+}
+
+// PlanStep() answered with its indices alone: (plan, micro_batches, empty_micro_batches),
+// plan[r][k] the ascending indices of rank r's k-th micro-batch, in execution order.
+py::tuple PlanStepIndices(const py::handle& lengths_object, std::int64_t num_ranks,
+                          std::int64_t max_token_len, const py::handle& groups_object,
+                          bool equal_size, bool keep_groups, std::int64_t min_micro_batches,
+                          std::int64_t micro_batches_multiple_of, std::int64_t pad_to_multiple_of,
+                          std::int64_t pipeline_stages, std::optional<std::int64_t> overhead,
+                          std::optional<double> count_tolerance, const std::string& order,
+                          std::optional<std::int64_t> refine_iterations,
+                          const std::string& oversize,
+                          std::optional<std::pair<double, double>> attention) {
+  balance::StepOptions options =
+      StepOptionsFrom(num_ranks, max_token_len, equal_size, keep_groups, min_micro_batches,
+                      micro_batches_multiple_of, pad_to_multiple_of, pipeline_stages, overhead,
+                      count_tolerance, order, refine_iterations, oversize, false);
+  if (attention) {
+    options.micro_batch.cost =
+        balance::CostModel::Attention(attention->first, attention->second, 0.0);
+  }
+  const balance::PlannedStep step = SolveStep(lengths_object, groups_object, options);
+  py::list ranks(step.plan.ranks.size());
+  for (std::size_t r = 0; r < step.plan.ranks.size(); ++r) {
+    const std::vector<balance::MicroBatch>& batches = step.plan.ranks[r].micro_batches;
+    py::list rank(batches.size());
+    for (std::size_t k = 0; k < batches.size(); ++k) {
+      PyList_SET_ITEM(rank.ptr(), static_cast<py::ssize_t>(k),
+                      IntList(batches[k].indices).release().ptr());
+    }
+    PyList_SET_ITEM(ranks.ptr(), static_cast<py::ssize_t>(r), rank.release().ptr());
+  }
+  return py::make_tuple(std::move(ranks), step.plan.num_micro_batches,
+                        step.plan.empty_micro_batches);
 }
 
 // The library's own time for Balance() on these lengths (token cost, the default
@@ -536,6 +593,18 @@ PYBIND11_MODULE(_native, m) {
         "sequences, unpadded_tokens), micro_batches, predicted_step_time, lower_bound, "
         "overhead, sequences, tokens, unpadded_tokens, empty_micro_batches, empty_ranks, "
         "oversized, baseline (a dict).");
+  m.def("plan_step_indices", &PlanStepIndices, py::arg("lengths"), py::arg("num_ranks"),
+        py::arg("max_token_len"), py::arg("groups") = py::none(), py::arg("equal_size") = false,
+        py::arg("keep_groups") = false, py::arg("min_micro_batches") = 0,
+        py::arg("micro_batches_multiple_of") = 0, py::arg("pad_to_multiple_of") = 0,
+        py::arg("pipeline_model_parallel_size") = 0, py::arg("overhead") = py::none(),
+        py::arg("count_tolerance") = py::none(), py::arg("order") = "",
+        py::arg("refine_iterations") = py::none(), py::arg("oversize") = "",
+        py::arg("attention") = py::none(),
+        "plan_step() (without the baseline) answered with its indices alone: a tuple (plan, "
+        "micro_batches, empty_micro_batches), plan[r][k] the ascending indices of rank r's "
+        "k-th micro-batch in execution order, as lists of ints. attention: None (the token "
+        "cost) or (linear, quadratic), the attention cost with those coefficients.");
   m.def("_time_balance", &TimeBalance, py::arg("lengths"), py::arg("num_parts"),
         py::arg("equal_size") = false, py::arg("repeats") = 1,
         "Seconds of each of `repeats` Balance() calls timed in C++ (for the benchmark).");

@@ -35,10 +35,10 @@ import sys
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-from rlsched.errors import RlschedError
+from rlsched.errors import InvalidArgumentError, RlschedError
 
 __all__ = ["Target", "Integration", "IncompatibleUpstreamError", "INCOMPATIBLE_UPSTREAM",
-           "needs_native", "signature_differences"]
+           "needs_native", "signature_differences", "plan_step_indices"]
 
 #: ``code`` of :class:`IncompatibleUpstreamError`.
 INCOMPATIBLE_UPSTREAM = "INCOMPATIBLE_UPSTREAM"
@@ -290,3 +290,24 @@ def needs_native(framework: str) -> Callable[[], None]:
                 "install the package with pip (see README.md) or build with "
                 "-DRLSCHED_BUILD_PYTHON=ON; nothing was replaced")
     return ready
+
+
+def plan_step_indices(lengths: Any, num_ranks: int, max_token_len: int,
+                      **options: Any) -> tuple[list, int, int]:
+    """``rlsched._native.plan_step_indices`` for the drop-ins: ``(plan, micro_batches,
+    empty_micro_batches)``, ``plan[r][k]`` the ascending indices of rank r's k-th
+    micro-batch. A list is handed over as it is (ints, integral floats, numpy integers);
+    any other sequence, or a list with an entry the native module refuses, as int() of
+    each entry, as the frameworks' own functions read them. Raises
+    :class:`~rlsched.InvalidArgumentError` naming the argument."""
+    from rlsched import client
+    if isinstance(lengths, list):
+        try:
+            return client._native_solve(client._native.plan_step_indices, lengths, num_ranks,
+                                        max_token_len, **options)
+        except InvalidArgumentError as error:
+            if not error.field.startswith("lengths["):
+                raise
+    return client._native_solve(client._native.plan_step_indices,
+                                [int(length) for length in lengths], num_ranks, max_token_len,
+                                **options)

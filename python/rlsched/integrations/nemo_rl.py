@@ -54,9 +54,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
-import rlsched
 from rlsched.errors import InvalidArgumentError
-from rlsched.integrations import Integration, Target, needs_native
+from rlsched.integrations import Integration, Target, needs_native, plan_step_indices
 
 __all__ = ["MODULE", "DATA_MODULE", "COMMIT", "INTEGRATION", "install", "uninstall",
            "installed", "check", "get_packer", "pack", "dynamic_micro_batches",
@@ -79,26 +78,32 @@ def pack(sequence_lengths: Any, bin_capacity: int, min_bin_count: Optional[int] 
     sequences allow (no bin empty: NeMo-RL's bin-count adjustment raises when they do
     not); with ``min_bin_count == bin_count_multiple`` (shards) ``bins[s::shards]`` is
     shard s's share of a joint plan."""
-    lengths = [int(length) for length in sequence_lengths]
+    converted = not isinstance(sequence_lengths, list)
+    lengths = [int(length) for length in sequence_lengths] if converted else sequence_lengths
     if not lengths:
         return []
     cap = int(bin_capacity)
-    for i, length in enumerate(lengths):
-        if length > cap:
-            raise InvalidArgumentError(
-                f"sequence_lengths[{i}]: {length} tokens, above bin_capacity = {cap}",
-                f"sequence_lengths[{i}]")
+    try:
+        over = max(lengths) > cap
+    except TypeError:  # entries max() cannot compare
+        over = True
+    if over and not converted:  # as int() reads them
+        lengths = [int(length) for length in lengths]
+        over = max(lengths) > cap
+    if over:
+        i = next(i for i, length in enumerate(lengths) if length > cap)
+        raise InvalidArgumentError(
+            f"sequence_lengths[{i}]: {lengths[i]} tokens, above bin_capacity = {cap}",
+            f"sequence_lengths[{i}]")
     shards = bin_count_multiple or 1
     if shards > 1 and min_bin_count == shards and len(lengths) >= shards:
-        plan = rlsched.plan_step(lengths, num_ranks=shards, max_token_len=cap, baseline=False)
-        if not plan.empty_micro_batches:
-            ranks = [[list(m.indices) for m in rank.micro_batches] for rank in plan.ranks]
-            return [ranks[s][k] for k in range(plan.micro_batches) for s in range(shards)]
-    plan = rlsched.plan_step(lengths, num_ranks=1, max_token_len=cap,
-                             min_micro_batches=min(max(min_bin_count or 1, 1), len(lengths)),
-                             micro_batches_multiple_of=shards, order="heaviest_first",
-                             baseline=False)
-    return [list(m.indices) for m in plan.ranks[0].micro_batches if m.indices]
+        ranks, count, empty = plan_step_indices(lengths, shards, cap)
+        if not empty:
+            return [ranks[s][k] for k in range(count) for s in range(shards)]
+    ranks, _, _ = plan_step_indices(
+        lengths, 1, cap, min_micro_batches=min(max(min_bin_count or 1, 1), len(lengths)),
+        micro_batches_multiple_of=shards, order="heaviest_first")
+    return [indices for indices in ranks[0] if indices]
 
 
 def _packer_class(base: type) -> type:

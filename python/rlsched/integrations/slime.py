@@ -44,12 +44,12 @@ AssertionError as slime's.
 
 from __future__ import annotations
 
+import bisect
 import sys
 from typing import Any
 
-import rlsched
 from rlsched.errors import InvalidArgumentError
-from rlsched.integrations import Integration, Target, needs_native
+from rlsched.integrations import Integration, Target, needs_native, plan_step_indices
 
 __all__ = ["MODULE", "COMMIT", "INTEGRATION", "ScheduleError", "install", "uninstall",
            "installed", "check", "build_dp_schedule"]
@@ -76,29 +76,43 @@ def _config(train_parallel_config: Any, key: str) -> int:
     return value
 
 
-def _steps(rollout_indices: list, total: int, global_batch_size: int) -> list[list[int]]:
-    """Each step's samples (global positions, rollout by rollout in first-seen order);
-    trailing rollouts that do not fill a step are dropped."""
+def _steps(rollout_indices: list, total: int, global_batch_size: int) -> list:
+    """Each step's samples (global positions, rollout by rollout in first-seen order; a
+    range when they are contiguous); trailing rollouts that do not fill a step are
+    dropped."""
     if len(rollout_indices) != total:
         raise ScheduleError(
             f"rollout_indices: must have one id per sample ({total}), got {len(rollout_indices)}",
             "rollout_indices")
-    rollouts: dict[Any, list[int]] = {}
-    for i, rollout in enumerate(rollout_indices):
-        rollouts.setdefault(rollout, []).append(i)
-    members = list(rollouts.values())
-    if global_batch_size < 1 or len(members) < global_batch_size:
+    try:  # ids in order (each rollout's samples together): each step a range
+        ordered = rollout_indices == sorted(rollout_indices)
+    except TypeError:
+        ordered = False
+    rollouts = list(dict.fromkeys(rollout_indices)) if ordered else None
+    members: list[list[int]] = []
+    if not ordered:
+        by_rollout: dict[Any, list[int]] = {}
+        for i, rollout in enumerate(rollout_indices):
+            by_rollout.setdefault(rollout, []).append(i)
+        members = list(by_rollout.values())
+    count = len(rollouts) if ordered else len(members)
+    if global_batch_size < 1 or count < global_batch_size:
         raise ScheduleError(
-            f"global_batch_size: must be in [1, {len(members)}] (the rollouts), "
+            f"global_batch_size: must be in [1, {count}] (the rollouts), "
             f"got {global_batch_size}", "global_batch_size")
-    steps = len(members) // global_batch_size
+    steps = count // global_batch_size
+    if ordered:
+        ends = [bisect.bisect_right(rollout_indices, rollouts[(s + 1) * global_batch_size - 1])
+                for s in range(steps)]
+        return [range(start, end) for start, end in zip([0] + ends[:-1], ends)]
     return [[i for rollout in members[s * global_batch_size:(s + 1) * global_batch_size]
              for i in rollout] for s in range(steps)]
 
 
-def _flops_cost(args: Any) -> dict:
+def _flops_cost(args: Any) -> tuple[float, float]:
     """slime's forward FLOPs of one sample, f(s) = c1·s + c2·s² (flops_utils.py:74), as
-    rlsched's attention cost with coefficients in units of c1 (1 per token)."""
+    rlsched's attention cost's coefficients (linear, quadratic) in units of c1 (1 per
+    token)."""
     module = sys.modules.get(FLOPS_MODULE)
     if module is None:
         import importlib
@@ -111,21 +125,37 @@ def _flops_cost(args: Any) -> dict:
     if not linear > 0:
         raise ScheduleError(
             f"args: slime's FLOPs per token must be > 0, got {linear}", "args")
-    return {"kind": "attention",
-            "coefficients": {"linear": 1.0, "quadratic": max(quadratic, 0.0) / linear}}
+    return 1.0, max(quadratic, 0.0) / linear
 
 
-def _plan(lengths: list[int], dp: int, cap: int, multiple: int, cost: Any):
-    plan = rlsched.plan_step(lengths, num_ranks=dp, max_token_len=cap,
-                             micro_batches_multiple_of=multiple, cost=cost, oversize="alone",
-                             baseline=False)
-    if plan.empty_micro_batches:
+def _plan(lengths: list, dp: int, cap: int, multiple: int, attention: Any):
+    plan, count, empty = plan_step_indices(lengths, dp, cap,
+                                           micro_batches_multiple_of=multiple,
+                                           oversize="alone", attention=attention)
+    if empty:
         raise ScheduleError(
             f"train_parallel_config: a step of {len(lengths)} samples cannot fill "
-            f"{dp} ranks × {plan.micro_batches} micro-batches (dp_size × a multiple of "
+            f"{dp} ranks × {count} micro-batches (dp_size × a multiple of "
             f"microbatch_group_size_per_vp_stage = {multiple}) without an empty one",
             "microbatch_group_size_per_vp_stage" if multiple > 1 else "dp_size")
-    return plan
+    return plan, count
+
+
+def _place(plan: list, samples: Any, partitions: list, micro_batch_indices: list) -> None:
+    """Appends each rank's planned micro-batches (indices into `samples`) to its
+    partition (global positions) and their positions in it to its micro-batches."""
+    offset = samples.start if isinstance(samples, range) else None
+    for rank, micro_batches in enumerate(plan):
+        partition, indices = partitions[rank], micro_batch_indices[rank]
+        for micro_batch in micro_batches:
+            start = len(partition)
+            if offset == 0:
+                partition.extend(micro_batch)
+            elif offset is not None:
+                partition.extend([offset + i for i in micro_batch])
+            else:
+                partition.extend([samples[i] for i in micro_batch])
+            indices.append(list(range(start, len(partition))))
 
 
 def build_dp_schedule(args, train_parallel_config, total_lengths, *, global_batch_size,
@@ -136,7 +166,7 @@ def build_dp_schedule(args, train_parallel_config, total_lengths, *, global_batc
         return INTEGRATION.originals["build_dp_schedule"](
             args, train_parallel_config, total_lengths, global_batch_size=global_batch_size,
             rollout_indices=rollout_indices)
-    lengths = [int(length) for length in total_lengths]
+    lengths = total_lengths if isinstance(total_lengths, list) else list(total_lengths)
     dp = _config(train_parallel_config, "dp_size")
     cap = int(getattr(args, "max_tokens_per_gpu", 0) or 0) * _config(train_parallel_config,
                                                                        "cp_size")
@@ -148,18 +178,16 @@ def build_dp_schedule(args, train_parallel_config, total_lengths, *, global_batc
     multiple = _config(train_parallel_config, "microbatch_group_size_per_vp_stage") \
         if vpp > 1 else 1
     flops = getattr(args, "balance_by_flops", False) or getattr(args, "balance_data", False)
-    cost = _flops_cost(args) if flops else None
+    attention = _flops_cost(args) if flops else None
     partitions: list[list[int]] = [[] for _ in range(dp)]
     micro_batch_indices: list[list[list[int]]] = [[] for _ in range(dp)]
     num_microbatches, global_batch_sizes = [], []
     for samples in _steps(list(rollout_indices), len(lengths), int(global_batch_size)):
-        plan = _plan([lengths[i] for i in samples], dp, cap, multiple, cost)
-        for rank, rank_plan in enumerate(plan.ranks):
-            for micro_batch in rank_plan.micro_batches:
-                start = len(partitions[rank])
-                partitions[rank].extend(samples[i] for i in micro_batch.indices)
-                micro_batch_indices[rank].append(list(range(start, len(partitions[rank]))))
-        num_microbatches.append(plan.micro_batches)
+        step = lengths[samples.start:samples.stop] if isinstance(samples, range) \
+            else [lengths[i] for i in samples]
+        plan, count = _plan(step, dp, cap, multiple, attention)
+        _place(plan, samples, partitions, micro_batch_indices)
+        num_microbatches.append(count)
         global_batch_sizes.append(int(global_batch_size))
     return partitions, micro_batch_indices, num_microbatches, global_batch_sizes
 
