@@ -50,12 +50,21 @@ their findings in one ``all_gather_object``, so that every rank raises the same
 against the plan's trainer and engine ranks, each sent tensor present with the slice's
 number of dims, the slice inside its shape and bytes equal to elements x element size,
 each destination tensor present and the slice inside it with the same element size and
-shape, source and destination slices with the same shape (dims of size 1 aside), and no
-destination tensor written more elements than it has; and, when the caller says which
+shape, source and destination slices with the same shape (dims of size 1 aside), every
+element of every destination tensor written exactly once by the slices the rank
+receives (:func:`coverage_problems`: from the slices' corners, no per-element work; the
+problem names the tensor, the first element written never or twice and the transfers
+that write it; vocabulary padding and fp8 block scales aside); for a plan read whole
+from a file (:func:`load_plan`), the ranks' parts together against the plan's
+``num_transfers`` and ``bytes_received`` (every transfer in its sender's part and in
+each receiver's); and, when the caller says which
 layouts its world runs (``layout``, see :func:`world_layout`), each against the layouts
 the plan records it was made for (``ReshardPlan.train``, ``infer``, ``topology``,
 ``target_dtype``): two layouts of one world size can give slices of the same shapes
-(a plan for trainer TP 2 run by DP 2 ranks), which only this check tells apart.
+(a plan for trainer TP 2 run by DP 2 ranks), which only this check tells apart. A rank
+that cannot read its part (a cut ``.binpb``) calls :func:`refuse_plan`, which takes part
+in the same exchange: every rank raises with its cause instead of losing the rank.
+:class:`PlanMismatchError` is an :class:`rlsched.errors.InvalidArgumentError`.
 
 fp8 targets (``--target-dtype fp8_block128``): an engine's linear weights are fp8 e4m3
 in 128 x 128 blocks (torch 1.13 has no float8 type: destination tensors hold the bits as
@@ -86,6 +95,8 @@ import time
 from typing import (TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional,
                     Sequence, Tuple)
 
+from rlsched.errors import InvalidArgumentError
+
 if TYPE_CHECKING:  # torch is imported where it is used, so that reading plans needs none
     import torch
 
@@ -104,17 +115,24 @@ MAX_PROBLEMS = 20
 Slice = Tuple[Tuple[int, int], ...]
 
 
-class PlanMismatchError(ValueError):
-    """The plan does not fit this world or these tensors; raised on every rank before
-    any byte moves. ``problems`` lists them as ``(rank, field, text)``."""
+class PlanMismatchError(InvalidArgumentError):
+    """The plan does not fit this world or these tensors, or a rank could not read its
+    part; raised on every rank before any byte moves. ``problems`` lists them as
+    ``(rank, field, text)`` (rank -1: the ranks' parts together), ``field`` is the first
+    one's. An
+    :class:`~rlsched.errors.InvalidArgumentError` (so also a ValueError)."""
 
     def __init__(self, problems: Sequence[Tuple[int, str, str]], total: int):
-        self.problems = list(problems)
+        self.problems = [tuple(p) for p in problems]
         self.total = total
-        lines = [f"rank {rank}: {field}: {text}" for rank, field, text in self.problems]
+        lines = [f"{f'rank {rank}' if rank >= 0 else 'the parts'}: {field}: {text}"
+                 for rank, field, text in self.problems]
         more = f" (and {total - len(self.problems)} more)" if total > len(self.problems) else ""
         super().__init__(f"the plan does not fit this world: {total} problem(s){more}:\n  "
-                         + "\n  ".join(lines))
+                         + "\n  ".join(lines), self.problems[0][1] if self.problems else "")
+
+    def __reduce__(self):
+        return (type(self), (self.problems, self.total))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +172,10 @@ class RankPlan:
     # What the plan was made for, as :func:`world_layout` gives it; None for a plan that
     # does not record it (written by an rlsched before the plan carried its layouts).
     made_for: Optional[dict] = None
+    # The whole plan's recorded (num_transfers, bytes_received), for a part read from a
+    # plan file that is run whole (:func:`load_plan`): the ranks check their parts
+    # against them together. None: not checked (a run's part of a replica's world).
+    totals: Optional[Tuple[int, int]] = dataclasses.field(default=None, compare=False)
 
 
 _TRAIN_SIZES = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp")
@@ -283,7 +305,8 @@ def plan_from_json(plan: dict, rank: int) -> RankPlan:
                          f"({type(error).__name__}: {error})") from None
     return RankPlan(rank=rank, trainer_ranks=trainer_ranks, engine_ranks=engine_ranks,
                     num_buckets=int(plan.get("num_buckets", 0)), world_size=world,
-                    colocated=colocated, transfers=mine, summary=summary, made_for=made_for)
+                    colocated=colocated, transfers=mine, summary=summary, made_for=made_for,
+                    totals=(len(transfers), sum(t.bytes * len(t.dst_ranks) for t in transfers)))
 
 
 def _check_totals(plan: dict, transfers: List[Transfer]) -> None:
@@ -383,7 +406,9 @@ def plan_from_binpb(path: str, rank: int) -> RankPlan:
             f.seek(entry.offset)
             transfers += part_transfers(_read_delimited(f, reshard_pb2.ReshardRankPart), rank,
                                         "binary plan")
-    return summary_rank_plan(s, rank, world, colocated, transfers)
+    part = summary_rank_plan(s, rank, world, colocated, transfers)
+    part.totals = (s.num_transfers, s.bytes_received)
+    return part
 
 
 def load_plan(path: str, rank: int) -> RankPlan:
@@ -468,6 +493,116 @@ def check_layout(plan: RankPlan, layout: dict) -> List[Tuple[int, str, str]]:
     return problems
 
 
+# Coverage: every element of a destination tensor written exactly once, from the plan's
+# destination slices (boxes: a (begin, end) interval per dim) before any byte moves.
+# The indicator of a box is a signed sum over its 2^dims corners c (each coordinate a
+# begin or an end) of Q_c(x) = [x >= c in every dim], the sign -1 per end taken. The
+# Q_c of distinct points are linearly independent, so the boxes write the tensor's own
+# box B exactly once iff their corners' signed counts, less B's, all cancel. Where they
+# do not, the smallest corner (row-major) with a nonzero residual, p, is the first
+# element written other than once: every Q_q nonzero at an element before p has q before
+# p (a zero residual), and at p itself no other nonzero residual counts; so p is written
+# 1 + residual(p) times (p lies in B: the boxes do, and outside B both sides are 0).
+
+def _add_corners(corners: Dict[Tuple[int, ...], int], box: Slice, sign: int) -> None:
+    for corner in itertools.product(*(((b, 1), (e, -1)) for b, e in box)):
+        weight = sign
+        for _, end_sign in corner:
+            weight *= end_sign
+        point = tuple(c for c, _ in corner)
+        corners[point] = corners.get(point, 0) + weight
+
+
+def first_miscovered(shape: Sequence[int], boxes: Iterable[Slice],
+                     extent: Optional[Slice] = None
+                     ) -> Optional[Tuple[Tuple[int, ...], int]]:
+    """The first element (row-major) of a tensor of `shape` that `boxes` (slices inside
+    it: a (begin, end) pair per dim) do not write exactly once, and how many times they
+    write it (0: never); None when they write every element exactly once. `extent`:
+    only the elements of this box of the tensor count (the boxes inside it). Pure; time
+    and memory O(boxes x 2^dims) (the signed corner counts above), no per-element
+    work."""
+    corners: Dict[Tuple[int, ...], int] = {}
+    for box in boxes:
+        _add_corners(corners, box, 1)
+    _add_corners(corners, extent or tuple((0, d) for d in shape), -1)
+    residual = [point for point, count in corners.items() if count]
+    if not residual:
+        return None
+    first = min(residual)
+    return first, 1 + corners[first]
+
+
+def _inside(point: Tuple[int, ...], box: Slice) -> bool:
+    return all(b <= x < e for x, (b, e) in zip(point, box))
+
+
+def _coverage_text(name: str, extent: str, transfers: Sequence[Transfer], element,
+                   times: int) -> str:
+    if times == 0:
+        return (f"element {list(element)} of '{name}' ({extent}) is written by no "
+                f"transfer ({len(transfers)} transfer(s) write into it: a transfer missing "
+                "or re-addressed)")
+    writers = [t.index for t in transfers if _inside(element, t.dst_slice)]
+    return (f"element {list(element)} of '{name}' ({extent}) is written {times} "
+            f"times, by transfers {writers[:8]}")
+
+
+# vLLM's vocabulary tables (canonical names), padded to a multiple of this many rows
+# that no transfer writes (rlsched/rollout/layout.h: VllmPaddedVocab): the last rows
+# of the table, so at most VOCAB_PADDING - 1 trailing rows of a rank's shard.
+VOCAB_TABLES = ("embed_tokens.weight", "lm_head.weight")
+VOCAB_PADDING = 64
+
+
+def _vocabulary_extent(name: str, shape: Tuple[int, ...],
+                       slices: Sequence[Slice]) -> Optional[Slice]:
+    """The part of a destination tensor its slices must write: None (all of it), or for
+    a vocabulary table all but the trailing rows of its padding (fewer than
+    VOCAB_PADDING rows after the last row written)."""
+    if not name.endswith(VOCAB_TABLES) or not shape:
+        return None
+    rows = max(max((s[0][1] for s in slices), default=0), shape[0] - (VOCAB_PADDING - 1))
+    return ((0, rows),) + tuple((0, d) for d in shape[1:])
+
+
+def coverage_problems(rank: int, transfers: Sequence[Transfer],
+                      destinations: Optional[Mapping[str, "torch.Tensor"]]
+                      ) -> List[Tuple[int, str, str]]:
+    """Whether the `transfers` `rank` receives write each element of its destination
+    tensors exactly once, as (rank, "dst_slice", text) problems naming the tensor, the
+    first element written other than once (row-major) and the transfers that write it.
+    Every tensor of `destinations` counts, whole (a fp8 tensor's ``_scale_inv`` aside: its
+    blocks follow the codes; and a vocabulary table's padding, :data:`VOCAB_TABLES`:
+    fewer than :data:`VOCAB_PADDING` trailing rows may stay unwritten); without them (an ``on_slice`` callback alone) a tensor's
+    extent is taken as the box its slices span, so only elements written twice, or
+    missing between others, are found. The slices must lie inside their tensors
+    (:func:`check_plan` checks that first)."""
+    received: Dict[str, List[Transfer]] = {}
+    for t in transfers:
+        if rank in t.dst_ranks:
+            received.setdefault(t.dst_param, []).append(t)
+    names = set(received)
+    if destinations is not None:
+        scales = {scale_name(n) for n in destinations}
+        names.update(n for n, d in destinations.items() if n not in scales and d.numel())
+    problems = []
+    for name in sorted(names):
+        mine = received.get(name, [])
+        slices = [t.dst_slice for t in mine]
+        if destinations is not None:
+            shape = tuple(destinations[name].shape)
+            extent, text = _vocabulary_extent(name, shape, slices), f"shape {list(shape)}"
+        else:  # the box the slices span
+            extent = tuple((min(b for b, _ in dims), max(e for _, e in dims))
+                           for dims in zip(*slices))
+            shape, text = tuple(e for _, e in extent), f"its slices span {_slice_text(extent)}"
+        found = first_miscovered(shape, slices, extent)
+        if found is not None:
+            problems.append((rank, "dst_slice", _coverage_text(name, text, mine, *found)))
+    return problems
+
+
 def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Tensor"],
                destinations: Optional[Mapping[str, "torch.Tensor"]],
                layout: Optional[dict] = None) -> List[Tuple[int, str, str]]:
@@ -486,7 +621,6 @@ def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Ten
         problems = check_layout(plan, layout)
         if problems:
             return problems
-    written: Dict[str, int] = {}
     for t in plan.transfers:
         where = f"transfer {t.index} (bucket {t.bucket})"
         if t.quantize not in (QUANTIZE_NONE, QUANTIZE_AT_SENDER, QUANTIZE_AT_DESTINATION):
@@ -568,13 +702,7 @@ def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Ten
                     problems.append((rank, "dst_param", f"'{scale_name(t.dst_param)}' must be "
                                                         f"float32 {list(want)}, got {got} "
                                                         f"({where})"))
-            written[t.dst_param] = written.get(t.dst_param, 0) + t.elements
-            if written[t.dst_param] > dst.numel():
-                problems.append((rank, "dst_slice",
-                                 f"the plan writes more than the {dst.numel()} elements of "
-                                 f"'{t.dst_param}' (by {where})"))
-                written[t.dst_param] = -(1 << 62)  # reported once
-    return problems
+    return problems or coverage_problems(rank, plan.transfers, destinations)
 
 
 # ---------------------------------------------------------------------------------
@@ -1143,6 +1271,70 @@ def _bytes_of(view):
     return view.reshape(-1).view(torch.uint8)
 
 
+def _part_counts(plan: RankPlan) -> Optional[Tuple[int, int, int, int, Tuple[int, int]]]:
+    """What this rank's part says of the whole plan, for a part of a plan run whole
+    (``plan.totals``; else None): the transfers it sends, their deliveries (one per
+    receiver) and bytes delivered, the transfers it receives; and the plan's totals."""
+    if plan.totals is None:
+        return None
+    sent = [t for t in plan.transfers if t.src_rank == plan.rank]
+    return (len(sent), sum(len(t.dst_ranks) for t in sent),
+            sum(t.bytes * len(t.dst_ranks) for t in sent),
+            sum(plan.rank in t.dst_ranks for t in plan.transfers), tuple(plan.totals))
+
+
+def _totals_problems(counts: Sequence[tuple]) -> List[Tuple[int, str, str]]:
+    """The ranks' parts (:func:`_part_counts` of every rank) against each other and the
+    plan's recorded totals: every transfer is in its sender's part, and in the part of
+    each of its receivers."""
+    sent, deliveries, delivered, received = (sum(c[k] for c in counts) for k in range(4))
+    num_transfers, bytes_received = counts[0][4]
+    problems = []
+    if sent != num_transfers:
+        problems.append((-1, "num_transfers", f"the ranks' parts send {sent} transfers, the "
+                                              f"plan records {num_transfers}"))
+    if delivered != bytes_received:
+        problems.append((-1, "bytes_received", f"the ranks' parts deliver {delivered} bytes, "
+                                               f"the plan records {bytes_received}"))
+    if deliveries != received:
+        problems.append((-1, "dst_ranks", f"the senders' parts deliver {deliveries} times, the "
+                                          f"receivers' parts receive {received} transfers"))
+    return problems
+
+
+def exchange_findings(problems: Sequence[Tuple[int, str, str]],
+                      groups: Sequence[Tuple[int, ...]] = (),
+                      counts: Optional[tuple] = None) -> List[tuple]:
+    """The collective every rank's :class:`Executor` starts with (one
+    ``all_gather_object`` on the default group): each rank's `problems` with the plan,
+    the member sets of its broadcasts (`groups`) and its part's counts
+    (:func:`_part_counts`); raises :class:`PlanMismatchError` on every rank, with every
+    rank's problems, when any rank has one or the parts disagree. Returns what every
+    rank sent."""
+    import torch.distributed as dist  # noqa: PLC0415
+    gathered: List[Optional[tuple]] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (list(problems[:MAX_PROBLEMS]), len(problems),
+                                      list(groups), counts))
+    found = [p for g in gathered for p in g[0]]
+    total = sum(g[1] for g in gathered)
+    if not total and all(g[3] is not None for g in gathered):
+        found = _totals_problems([g[3] for g in gathered])
+        total = len(found)
+    if total:
+        raise PlanMismatchError(found[:MAX_PROBLEMS], total)
+    return gathered
+
+
+def refuse_plan(rank: int, field: str, text: str) -> None:
+    """For a rank that cannot make its :class:`Executor` (its part of the plan does not
+    read, e.g. a cut ``.binpb``): takes part in the exchange the other ranks' Executors
+    start with, so that every rank raises the same :class:`PlanMismatchError` naming
+    this rank's cause instead of waiting for it (or failing on its closed
+    connection). Always raises."""
+    exchange_findings([(rank, field, text)])
+    raise AssertionError("unreachable: the exchange raises")  # pragma: no cover
+
+
 class Executor:
     """One rank's side of a plan, set up once and run at every weight sync.
 
@@ -1208,14 +1400,8 @@ class Executor:
                         if not problems else [])
         my_groups = sorted({c.members for cs in self.buckets for c in cs
                             if c.kind == "broadcast"})
-        gathered: List[Optional[tuple]] = [None] * world
-        dist.all_gather_object(gathered, (problems[:MAX_PROBLEMS], len(problems), my_groups))
-        all_problems, total = [], 0
-        for g in gathered:
-            all_problems.extend(g[0])
-            total += g[1]
-        if total:
-            raise PlanMismatchError(all_problems[:MAX_PROBLEMS], total)
+        gathered = exchange_findings(problems, my_groups,
+                                     None if problems else _part_counts(plan))
 
         member_sets = sorted({tuple(m) for g in gathered for m in g[2]})
         self.groups = {}
@@ -1527,8 +1713,10 @@ def execute(plan: RankPlan, sources: Optional[Mapping[str, "torch.Tensor"]] = No
     `sources`: this rank's Megatron-named local tensors (trainer ranks). `destinations`:
     vLLM-named preallocated tensors (engine ranks); `on_slice(name, tensor, dst_slice)`
     is called for every received slice, after the copy into `destinations` when both are
-    given. `dtype`: the element type of 2-byte slices handed to `on_slice` without a
-    destination tensor (default bfloat16; 4-byte slices are float32). `device`: where
+    given; the plan must write every element of every destination tensor exactly once
+    (:func:`coverage_problems`). `dtype`: the element type of 2-byte slices handed to
+    `on_slice` without a destination tensor (default bfloat16; 4-byte slices are
+    float32). `device`: where
     staging buffers live (default: the sources' or destinations' device, else CPU; the
     NCCL backend needs CUDA tensors). `direct_min_bytes`: transfers at least this large
     move alone and without staging where their slice is contiguous (None: pack all);

@@ -17,7 +17,9 @@ after them, or on the same ranks with ``--colocated``), joins them in one
 ``torch.distributed`` world (a file store in a temporary folder; gloo on loopback, or
 NCCL) and executes. It prints one summary (``--json``: one JSON object): ranks, buckets,
 collectives, bytes moved, seconds (the slowest rank's), the largest staging memory of a
-rank, the plan's own estimate, and the check's result. With ``--target-dtype fp8`` the
+rank, the plan's own estimate, and the check's result; for a plan refused before any
+byte moved, ``refused`` (the problems every rank found: a plan part that does not read,
+as a cut ``.binpb``, included) and ``refused_ranks``. With ``--target-dtype fp8`` the
 engines' linear weights are fp8 codes (uint8) with float32 block scales, and the check
 compares them with the reference shards quantised by the same block-128 rule.
 
@@ -105,6 +107,17 @@ def plan_with_rlsched(rlsched_bin: str, model_path: str, train: dict, infer: dic
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _load_part(executor, path: str, rank: int):
+    """This rank's part of the plan file; when it does not read (a cut ``.binpb``), every
+    rank is refused with this rank's cause (:func:`rlsched.executor.refuse_plan`: the
+    others are in their Executors' first collective) instead of failing on its closed
+    connection."""
+    try:
+        return executor.load_plan(path, rank)
+    except (ValueError, OSError) as error:
+        executor.refuse_plan(rank, "plan", f"{os.path.basename(path)}: {error}")
+
+
 def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
     """One rank's process: init the world, build its tensors, execute, check."""
     import torch  # noqa: PLC0415
@@ -139,7 +152,7 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
                 def on_slice(name, tensor, dst_slice, target=target):
                     target[name][tuple(slice(b, e) for b, e in dst_slice)].copy_(tensor)
 
-        plan = executor.load_plan(cfg["plan"], rank)
+        plan = _load_part(executor, cfg["plan"], rank)
         # With several syncs the earlier ones move other weights: every element's lowest
         # bit flipped, in place, before the Executor is made (as an earlier train step's
         # weights); the flip is undone before the last sync, which the check sees.
@@ -307,6 +320,7 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
         return summary
     if refused:
         summary["refused"] = refused[0]
+        summary["refused_ranks"] = [o["rank"] for o in outs if "refused" in o]
         summary["ok"] = False
         return summary
     stats = [o["stats"] for o in outs if "stats" in o]

@@ -366,6 +366,149 @@ def test_an_incomplete_or_readdressed_plan_is_refused_before_any_byte(tmp_path):
     assert "buckets" not in s  # no rank started the transfers
 
 
+def qkv_transfers(plan, rank=None):
+    """The indices of a JSON plan's transfers into layer 0's qkv_proj (of `rank`)."""
+    return [i for i, t in enumerate(plan["transfers"])
+            if t["dst_param"] == "model.layers.0.self_attn.qkv_proj.weight"
+            and (rank is None or str(rank) in t["dst_ranks"])]
+
+
+def without_transfer(plan, i):
+    """`plan` with transfer i removed and its totals adjusted to match: only the
+    coverage of the destinations tells."""
+    plan = json.loads(json.dumps(plan))
+    t = plan["transfers"].pop(i)
+    plan["num_transfers"] = str(int(plan["num_transfers"]) - 1)
+    plan["bytes_received"] = str(int(plan["bytes_received"]) - int(t["bytes"]) * len(t["dst_ranks"]))
+    return plan
+
+
+def run_refused(tmp_path, plan, train, infer, colocated=False, name="bad.json"):
+    """Runs `plan` (no --check); asserts every rank refused it before any byte moved."""
+    bad = tmp_path / name
+    bad.write_text(json.dumps(plan))
+    s = reshard_run.run(config("llama"), train, infer, colocated=colocated, plan_path=str(bad),
+                        timeout=60)
+    assert not s["ok"] and "error" not in s and "refused" in s, s.get("error") or s
+    assert s["refused_ranks"] == list(range(s["ranks"])), s
+    assert "buckets" not in s  # no rank started the transfers
+    return s["refused"]
+
+
+def test_a_plan_missing_a_transfer_is_refused_by_coverage(tmp_path):
+    # The totals adjusted with it: a JSON plan that ran (exit 0, qkv_proj elements with
+    # the previous version's values) before the coverage check.
+    train, infer = {"tp": 2}, {"tp": 1, "replicas": 2}
+    _, plan = write_plan(tmp_path, "llama", train, infer)
+    i = qkv_transfers(plan)[0]
+    refused = run_refused(tmp_path, without_transfer(plan, i), train, infer)
+    qkv = "'model.layers.0.self_attn.qkv_proj.weight' (shape [128, 64])"
+    first = [int(r["begin"]) for r in plan["transfers"][i]["dst_slice"]]
+    for rank in (2, 3):
+        assert f"rank {rank}: dst_slice: element {first} of {qkv} is written by no transfer" \
+            in refused, refused
+
+
+def test_overlapping_transfers_are_refused_naming_both(tmp_path):
+    train, infer = {"tp": 2}, {"tp": 1, "replicas": 2}
+    _, plan = write_plan(tmp_path, "llama", train, infer)
+    i, j = qkv_transfers(plan)[:2]
+    # j writes i's rows (the same shape: every size and total stays right).
+    plan["transfers"][j]["dst_slice"] = plan["transfers"][i]["dst_slice"]
+    refused = run_refused(tmp_path, plan, train, infer)
+    first = [int(r["begin"]) for r in plan["transfers"][i]["dst_slice"]]
+    assert (f"rank 2: dst_slice: element {first} of 'model.layers.0.self_attn.qkv_proj.weight' "
+            f"(shape [128, 64]) is written 2 times, by transfers {sorted([i, j])}") in refused
+
+
+def test_a_bad_plan_seen_by_one_rank_fails_every_rank_with_its_cause(tmp_path):
+    # Colocated: the trainer ranks are the engine ranks. One transfer into rank 0's
+    # qkv_proj re-addressed to rank 1: rank 0 misses its rows, rank 1 has them twice;
+    # then one into rank 1 alone removed (totals adjusted): only rank 1 sees it.
+    train, infer = {"tp": 2}, {"tp": 1, "replicas": 2}
+    _, plan = write_plan(tmp_path, "llama", train, infer, colocated=True)
+    readdressed = json.loads(json.dumps(plan))
+    t = readdressed["transfers"][next(i for i in qkv_transfers(plan, 0)
+                                      if plan["transfers"][i]["dst_ranks"] == ["0"])]
+    t["dst_ranks"] = ["1"]
+    refused = run_refused(tmp_path, readdressed, train, infer, colocated=True)
+    assert "rank 0: dst_slice: element" in refused and "is written by no transfer" in refused
+    assert "rank 1: dst_slice: element" in refused and "is written 2 times" in refused
+    i = next(i for i in qkv_transfers(plan, 1) if plan["transfers"][i]["dst_ranks"] == ["1"])
+    refused = run_refused(tmp_path, without_transfer(plan, i), train, infer, colocated=True,
+                          name="one.json")
+    assert "rank 1: dst_slice" in refused and "rank 0:" not in refused, refused
+
+
+def rewrite_binpb(path, out, edit):
+    """Writes binary plan `path` to `out` after `edit(rank, part)` changed its parts (a
+    part shared by several ranks is edited once, for the first)."""
+    from google.protobuf.internal.encoder import _VarintBytes
+    from rlsched.v1 import reshard_pb2
+    with open(path, "rb") as f:
+        index = executor._read_delimited(f, reshard_pb2.ReshardPlanIndex)  # noqa: SLF001
+        parts = {}
+        for entry in index.parts:
+            f.seek(entry.offset)
+            parts.setdefault(entry.offset, (entry.rank, executor._read_delimited(  # noqa: SLF001
+                f, reshard_pb2.ReshardRankPart)))
+    blobs = {}
+    for offset, (rank, part) in parts.items():
+        edit(rank, part)
+        data = part.SerializeToString()
+        blobs[offset] = _VarintBytes(len(data)) + data
+    for entry in index.parts:
+        entry.num_transfers = len(parts[entry.offset][1].transfers)
+    head = index.SerializeToString()  # offsets are fixed64: the size stays
+    at, where = len(_VarintBytes(len(head))) + len(head), {}
+    for offset, blob in blobs.items():
+        where[offset], at = at, at + len(blob)
+    for entry in index.parts:
+        entry.offset, entry.size = where[entry.offset], len(blobs[entry.offset])
+    head = index.SerializeToString()
+    with open(out, "wb") as f:
+        f.write(_VarintBytes(len(head)) + head + b"".join(blobs.values()))
+
+
+def test_a_cut_or_inconsistent_binary_plan_fails_every_rank_with_its_cause(tmp_path):
+    train, infer = {"tp": 2}, {"tp": 1, "replicas": 2}
+    binary = str(tmp_path / "plan.binpb")
+    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), train, infer,
+                                  False, 1, binary)
+    data = open(binary, "rb").read()
+    cut = tmp_path / "cut.binpb"
+    cut.write_bytes(data[:-100])  # the engines' part (read by ranks 2 and 3) cut short
+    s = reshard_run.run(config("llama"), train, infer, plan_path=str(cut), timeout=60)
+    # Every rank refused with the cause (before: rank 0's "Connection closed by peer").
+    assert "error" not in s and s["refused_ranks"] == [0, 1, 2, 3], s.get("error") or s
+    assert "rank 2: plan: cut.binpb: binary plan: a message of" in s["refused"]
+    assert "is cut short" in s["refused"] and "rank 0:" not in s["refused"]
+    assert s["wall_seconds"] < 30  # no rank waited for the 60 s timeout
+    # Trainer rank 0's part without its first transfer, the engines' unchanged: the
+    # engines would wait for bytes rank 0 never sends.
+    dropped = str(tmp_path / "dropped.binpb")
+    rewrite_binpb(binary, dropped, lambda rank, part: rank == 0 and part.transfers.pop(0))
+    assert executor.load_plan(binary, 0).transfers[1:] == executor.load_plan(dropped, 0).transfers
+    s = reshard_run.run(config("llama"), train, infer, plan_path=dropped, timeout=60)
+    assert "error" not in s and s["refused_ranks"] == [0, 1, 2, 3], s.get("error") or s
+    assert "the parts: num_transfers: the ranks' parts send 36 transfers, the plan records 37" \
+        in s["refused"], s["refused"]
+    assert "the parts: dst_ranks: the senders' parts deliver" in s["refused"]
+
+
+def test_command_line_refuses_an_incomplete_plan_naming_the_cause(tmp_path):
+    train, infer = {"tp": 2}, {"tp": 1, "replicas": 2}
+    _, plan = write_plan(tmp_path, "llama", train, infer)
+    bad = tmp_path / "removed.json"
+    bad.write_text(json.dumps(without_transfer(plan, qkv_transfers(plan)[0])))
+    done = subprocess.run(
+        [sys.executable, "-m", "rlsched.reshard_run", "--model", config("llama"), "--train",
+         "tp=2", "--infer", "tp=1,replicas=2", "--plan", str(bad), "--timeout", "60"],
+        capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "qkv_proj.weight' (shape [128, 64]) is written by no transfer" in done.stderr
+
+
 def test_check_plan_names_the_field_without_a_world(tmp_path):
     # check_plan() alone: a missing tensor, a wrong dtype (bytes), a slice outside.
     path, plan = write_plan(tmp_path, "llama", {"tp": 1}, {"tp": 1})
@@ -1106,27 +1249,38 @@ def _world_plan(seed):
                                      src_slice=sl, dst_ranks=dsts, dst_param=dst, dst_slice=sl,
                                      bytes=nbytes, quantize=q))
 
+    def receivers():
+        """Every rank in one of 1-3 random sets (so that every rank's destinations are
+        written exactly once), each set with its own bucket, sender (in the set or not)
+        and source tensor."""
+        ranks = rng.sample(range(_WORLD_RANKS), _WORLD_RANKS)
+        cuts = sorted(rng.sample(range(1, _WORLD_RANKS), rng.randint(0, 2)))
+        return [(rng.randrange(2), rng.randrange(_WORLD_RANKS), tuple(sorted(ranks[a:b])),
+                 rng.choice("AB")) for a, b in zip([0] + cuts, cuts + [_WORLD_RANKS])]
+
+    def band(dst, r, h, ranks):
+        bucket, src, dsts, name = ranks
+        q = (executor.QUANTIZE_NONE if dst == "P" else executor.QUANTIZE_AT_SENDER
+             if rng.random() < 0.6 else executor.QUANTIZE_AT_DESTINATION)
+        if q != executor.QUANTIZE_AT_DESTINATION:
+            cut = rng.choice((None, 128, 256)) if dst == "Q" else None
+            for c0, c1 in [(0, _WORLD_COLS)] if cut is None else [(0, cut), (cut, _WORLD_COLS)]:
+                add(bucket, src, name, ((r, r + h), (c0, c1)), dsts, dst, q)
+        else:
+            rc, cc = r + rng.randrange(1, h), rng.randrange(1, _WORLD_COLS)
+            for a, b in ((r, rc), (rc, r + h)):
+                for c0, c1 in ((0, cc), (cc, _WORLD_COLS)):
+                    sender = src if rng.random() < 0.5 else rng.randrange(_WORLD_RANKS)
+                    add(bucket, sender, name, ((a, b), (c0, c1)), dsts, dst, q)
+
     for dst in ("P", "Q"):
-        r, ranks = 0, None
+        r, sets = 0, None
         while r < _WORLD_ROWS:
             h = min(_WORLD_ROWS - r, rng.choice((128, 128, 256)))
-            if ranks is None or rng.random() < 0.4:  # else the same as the previous band
-                ranks = (rng.randrange(2), rng.randrange(_WORLD_RANKS),
-                         tuple(sorted(rng.sample(range(_WORLD_RANKS), rng.randint(1, 3)))),
-                         rng.choice("AB"))
-            bucket, src, dsts, name = ranks
-            q = (executor.QUANTIZE_NONE if dst == "P" else executor.QUANTIZE_AT_SENDER
-                 if rng.random() < 0.6 else executor.QUANTIZE_AT_DESTINATION)
-            if q != executor.QUANTIZE_AT_DESTINATION:
-                cut = rng.choice((None, 128, 256)) if dst == "Q" else None
-                for c0, c1 in [(0, _WORLD_COLS)] if cut is None else [(0, cut), (cut, _WORLD_COLS)]:
-                    add(bucket, src, name, ((r, r + h), (c0, c1)), dsts, dst, q)
-            else:
-                rc, cc = r + rng.randrange(1, h), rng.randrange(1, _WORLD_COLS)
-                for a, b in ((r, rc), (rc, r + h)):
-                    for c0, c1 in ((0, cc), (cc, _WORLD_COLS)):
-                        sender = src if rng.random() < 0.5 else rng.randrange(_WORLD_RANKS)
-                        add(bucket, sender, name, ((a, b), (c0, c1)), dsts, dst, q)
+            if sets is None or rng.random() < 0.4:  # else the same as the previous band
+                sets = receivers()
+            for ranks in sets:
+                band(dst, r, h, ranks)
             r += h
     return out
 
