@@ -19,7 +19,9 @@ NCCL) and executes. It prints one summary (``--json``: one JSON object): ranks, 
 collectives, bytes moved, seconds (the slowest rank's), the largest staging memory of a
 rank, the plan's own estimate, and the check's result; for a plan refused before any
 byte moved, ``refused`` (the problems every rank found: a plan part that does not read,
-as a cut ``.binpb``, included) and ``refused_ranks``. With ``--target-dtype fp8`` the
+as a cut ``.binpb``, included) and ``refused_ranks``; for a world that failed,
+``error`` (the first failed rank's, with its traceback) and ``errors`` (every failed
+rank's, one line each). With ``--target-dtype fp8`` the
 engines' linear weights are fp8 codes (uint8) with float32 block scales, and the check
 compares them with the reference shards quantised by the same block-128 rule.
 
@@ -316,6 +318,10 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
     refused = [o["refused"] for o in outs if "refused" in o]
     if errors:
         summary["error"] = errors[0]
+        # Every failed rank's error in one line each: the first is often a peer's closed
+        # connection, the cause another rank's.
+        summary["errors"] = [f"rank {o['rank']}: {o['error'].splitlines()[0]}"
+                             for o in outs if "error" in o]
         summary["ok"] = False
         return summary
     if refused:
@@ -420,6 +426,9 @@ def main(argv=None) -> int:
     if "refused" in summary or "error" in summary:
         if not args.json:
             print(summary.get("refused") or summary.get("error"), file=sys.stderr)
+            if len(summary.get("errors", ())) > 1:
+                print("every failed rank:\n  " + "\n  ".join(summary["errors"]),
+                      file=sys.stderr)
         return 2
     return 0 if summary["ok"] else 1
 

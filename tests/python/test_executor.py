@@ -535,6 +535,8 @@ def test_a_lost_rank_fails_the_others_within_the_timeout(fault):
     assert not s["ok"] and "error" in s
     f = s["fault"]
     assert f["failed_ranks"] and 5 not in f["failed_ranks"]
+    # Each failed rank's error, one line each (the first rank's alone may be a peer's).
+    assert [e.split(":")[0] for e in s["errors"]] == [f"rank {r}" for r in f["failed_ranks"]]
     assert f["max_seconds_to_error"] < 2 + 1.5
     if fault == "stall":
         assert "Timed out" in s["error"] and f["max_seconds_to_error"] >= 1.9
