@@ -15,8 +15,15 @@ namespace {
 // Below this many items a comparison sort wins over the cost of the digit counters.
 constexpr std::size_t kComparisonSortBelow = 512;
 
+// From this many items the narrow radix sort (digits of at most kSmallDigitBits, fewer
+// counters) beats a comparison sort, whose branches mispredict on unordered weights.
+constexpr std::size_t kSmallRadixFrom = 48;
+
 // The widest digit of a pass (2^11 counters: they stay in the L1 cache).
 constexpr int kMaxDigitBits = 11;
+
+// The widest digit of a pass below kComparisonSortBelow items.
+constexpr int kSmallDigitBits = 8;
 
 // Weights spanning less than 2^32: words (max − weight) · 2^32 + index sorted as plain
 // integers (no indirection), the order of the comparison below.
@@ -75,8 +82,9 @@ template <typename Place>
 void NarrowRadixSort(std::span<const std::int64_t> weights, std::int64_t max, std::uint64_t range,
                      Place&& place) {
   const std::size_t n = weights.size();
+  const int widest = n < kComparisonSortBelow ? kSmallDigitBits : kMaxDigitBits;
   const int bits = std::max(1, static_cast<int>(std::bit_width(range)));
-  const int passes = (bits + kMaxDigitBits - 1) / kMaxDigitBits;
+  const int passes = (bits + widest - 1) / widest;
   const int digit_bits = (bits + passes - 1) / passes;  // balanced digits: fewer counters
   const std::size_t buckets = std::size_t{1} << digit_bits;
   const std::uint64_t mask = buckets - 1;
@@ -184,10 +192,13 @@ std::vector<std::int32_t> WideRadixSort(std::span<const std::int64_t> weights,
 
 std::vector<std::int32_t> HeaviestFirst(std::span<const std::int64_t> weights,
                                         std::vector<std::int64_t>* sorted) {
-  if (weights.size() < kComparisonSortBelow) return ComparisonSort(weights, sorted);
+  if (weights.size() < kSmallRadixFrom) return ComparisonSort(weights, sorted);
   const auto [min, max] = std::minmax_element(weights.begin(), weights.end());
   const std::uint64_t range = static_cast<std::uint64_t>(*max) - static_cast<std::uint64_t>(*min);
-  if (range >> 32 != 0) return WideRadixSort(weights, sorted);
+  if (range >> 32 != 0) {
+    return weights.size() < kComparisonSortBelow ? ComparisonSort(weights, sorted)
+                                                 : WideRadixSort(weights, sorted);
+  }
   const std::int64_t top = *max;
   std::vector<std::int32_t> order(weights.size());
   if (sorted == nullptr) {
