@@ -1,7 +1,6 @@
 // Greedy LPT: items by weight descending onto the lightest part that may take one.
 
 #include <algorithm>
-#include <queue>
 #include <utility>
 #include <vector>
 
@@ -12,18 +11,63 @@ namespace rlsched::balance {
 
 namespace internal {
 
+namespace {
+
+// The open parts, lightest first (ties: lowest index): a binary min-heap whose top is
+// replaced in place (one sift instead of a pop and a push). Every part is in it at most
+// once, so the order is total and the top is the same as any heap's.
+class OpenParts {
+ public:
+  using Entry = std::pair<std::int64_t, std::int32_t>;  // (load, part)
+
+  explicit OpenParts(std::int64_t parts) {
+    heap_.reserve(static_cast<std::size_t>(parts));
+    // Loads 0 in ascending part order: already a heap.
+    for (std::int32_t p = 0; p < parts; ++p) heap_.emplace_back(0, p);
+  }
+
+  const Entry& Top() const { return heap_.front(); }
+
+  void ReplaceTop(Entry entry) {
+    heap_.front() = entry;
+    SiftDown();
+  }
+
+  void PopTop() {
+    heap_.front() = heap_.back();
+    heap_.pop_back();
+    if (!heap_.empty()) SiftDown();
+  }
+
+ private:
+  void SiftDown() {
+    const std::size_t size = heap_.size();
+    const Entry entry = heap_.front();
+    std::size_t i = 0;
+    while (true) {
+      std::size_t child = 2 * i + 1;
+      if (child >= size) break;
+      if (child + 1 < size && heap_[child + 1] < heap_[child]) ++child;
+      if (!(heap_[child] < entry)) break;
+      heap_[i] = heap_[child];
+      i = child;
+    }
+    heap_[i] = entry;
+  }
+
+  std::vector<Entry> heap_;
+};
+
+}  // namespace
+
 Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
                            std::span<const std::int32_t> order, std::int64_t num_parts,
                            PartSizes sizes) {
   const bool equal_size = sizes == PartSizes::kEqual;
   const std::int64_t n = static_cast<std::int64_t>(weights.size());
 
-  // Lightest part first, then lowest index.
-  using Entry = std::pair<std::int64_t, std::int32_t>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> open;
   // Only as many parts as items can receive one, so n < k never touches the rest.
-  const std::int64_t used_parts = std::min(num_parts, std::max<std::int64_t>(n, 1));
-  for (std::int32_t p = 0; p < used_parts; ++p) open.emplace(0, p);
+  OpenParts open(std::min(num_parts, std::max<std::int64_t>(n, 1)));
 
   // Equal size: every part takes `floor` items, and `extra` of them one more.
   const std::int64_t floor = n / num_parts;
@@ -33,20 +77,20 @@ Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
 
   Assignment assignment(weights.size(), 0);
   for (const std::int32_t item : order) {
-    auto [load, part] = open.top();
-    open.pop();
     // In equal-size mode a part at `floor` closes once every extra slot is taken.
-    while (equal_size && counts[static_cast<std::size_t>(part)] == floor && extra_used == extra) {
-      std::tie(load, part) = open.top();
-      open.pop();
+    while (equal_size && counts[static_cast<std::size_t>(open.Top().second)] == floor &&
+           extra_used == extra) {
+      open.PopTop();
     }
+    const auto [load, part] = open.Top();
     assignment[static_cast<std::size_t>(item)] = part;
     const std::int64_t count = ++counts[static_cast<std::size_t>(part)];
     if (equal_size && count == floor + 1) {
       ++extra_used;
-      continue;  // full
+      open.PopTop();  // full
+      continue;
     }
-    open.emplace(load + weights[static_cast<std::size_t>(item)], part);
+    open.ReplaceTop({load + weights[static_cast<std::size_t>(item)], part});
   }
   return assignment;
 }

@@ -60,11 +60,10 @@ class LocalSearch {
     std::reverse(lightest_first_.begin(), lightest_first_.end());
     for (std::size_t i = 0; i < assignment.size(); ++i) {
       part_of_[i] = assignment[i];
-      items_[static_cast<std::size_t>(assignment[i])].push_back(static_cast<std::int32_t>(i));
       loads_[static_cast<std::size_t>(assignment[i])] += weights[i];
       if (!sizes_.empty()) size_loads_[static_cast<std::size_t>(assignment[i])] += sizes_[i];
     }
-    for (auto& list : items_) std::sort(list.begin(), list.end(), Lighter());
+    FillItems();
     for (std::size_t p = 0; p < loads_.size(); ++p) {
       by_load_.emplace(loads_[p], static_cast<std::int32_t>(p));
     }
@@ -115,6 +114,25 @@ class LocalSearch {
     }
   };
   LighterT Lighter() const { return LighterT{weights_}; }
+
+  // Each part's items in Lighter() order, dealt from every item in that order:
+  // lightest_first_ with each run of equal weights reversed (it lists ties by index
+  // descending). O(n), where sorting each part cost O(n log(n / k)).
+  void FillItems() {
+    std::vector<std::size_t> counts(items_.size(), 0);
+    for (const std::int32_t p : part_of_) ++counts[static_cast<std::size_t>(p)];
+    for (std::size_t p = 0; p < items_.size(); ++p) items_[p].reserve(counts[p]);
+    const std::size_t n = lightest_first_.size();
+    for (std::size_t start = 0; start < n;) {
+      std::size_t end = start + 1;
+      while (end < n && W(lightest_first_[end]) == W(lightest_first_[start])) ++end;
+      for (std::size_t j = end; j-- > start;) {
+        const std::int32_t item = lightest_first_[j];
+        items_[static_cast<std::size_t>(part_of_[static_cast<std::size_t>(item)])].push_back(item);
+      }
+      start = end;
+    }
+  }
 
   std::int64_t W(std::int32_t item) const { return weights_[static_cast<std::size_t>(item)]; }
   std::vector<std::int32_t>& Items(std::int32_t part) {
@@ -170,8 +188,12 @@ class LocalSearch {
     const auto& h = Items(heavy);
     const auto& p = Items(partner);
     const std::int64_t half = (heavy_load - light_load) / 2;
+    // No step with this partner ends below ceil((H + P) / 2): once one reaches it, no
+    // later candidate can replace it (Consider takes only a strictly smaller max).
+    const std::int64_t reachable = light_load + half + (heavy_load - light_load) % 2;
     std::size_t j = 0;  // first item of H heavier than w(y) + half; moves forward only
     for (const std::int32_t y : p) {
+      if (best.pair_max == reachable) return;
       const std::int64_t target = W(y) + half;
       while (j < h.size() && W(h[j]) <= target) ++j;
       if (j < h.size()) {
