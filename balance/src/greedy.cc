@@ -13,23 +13,26 @@ namespace internal {
 
 namespace {
 
-// The open parts, lightest first (ties: lowest index): a binary min-heap whose top is
-// replaced in place (one sift instead of a pop and a push). Every part is in it at most
-// once, so the order is total and the top is the same as any heap's.
+// The open parts, lightest first (ties: lowest index): a binary min-heap of keys
+// load · 2^32 + part whose top is replaced in place (one sift instead of a pop and a
+// push). Every part is in it at most once, so the order is total and the top is the
+// same as any heap's.
 class OpenParts {
  public:
-  using Entry = std::pair<std::int64_t, std::int32_t>;  // (load, part)
-
   explicit OpenParts(std::int64_t parts) {
     heap_.reserve(static_cast<std::size_t>(parts));
     // Loads 0 in ascending part order: already a heap.
-    for (std::int32_t p = 0; p < parts; ++p) heap_.emplace_back(0, p);
+    for (std::int64_t p = 0; p < parts; ++p) heap_.push_back(static_cast<Key>(p));
   }
 
-  const Entry& Top() const { return heap_.front(); }
+  std::int64_t TopLoad() const { return static_cast<std::int64_t>(heap_.front() >> 32); }
+  std::int32_t TopPart() const {
+    return static_cast<std::int32_t>(static_cast<std::uint32_t>(heap_.front()));
+  }
 
-  void ReplaceTop(Entry entry) {
-    heap_.front() = entry;
+  // The top part's load becomes `load`.
+  void ReplaceTop(std::int64_t load) {
+    heap_.front() = static_cast<Key>(load) << 32 | (heap_.front() & 0xffff'ffffu);
     SiftDown();
   }
 
@@ -40,14 +43,16 @@ class OpenParts {
   }
 
  private:
+  __extension__ typedef unsigned __int128 Key;
+
   void SiftDown() {
     const std::size_t size = heap_.size();
-    const Entry entry = heap_.front();
+    const Key entry = heap_.front();
     std::size_t i = 0;
     while (true) {
       std::size_t child = 2 * i + 1;
       if (child >= size) break;
-      if (child + 1 < size && heap_[child + 1] < heap_[child]) ++child;
+      if (child + 1 < size) child += heap_[child + 1] < heap_[child] ? 1 : 0;
       if (!(heap_[child] < entry)) break;
       heap_[i] = heap_[child];
       i = child;
@@ -55,7 +60,7 @@ class OpenParts {
     heap_[i] = entry;
   }
 
-  std::vector<Entry> heap_;
+  std::vector<Key> heap_;
 };
 
 }  // namespace
@@ -78,11 +83,12 @@ Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
   Assignment assignment(weights.size(), 0);
   for (const std::int32_t item : order) {
     // In equal-size mode a part at `floor` closes once every extra slot is taken.
-    while (equal_size && counts[static_cast<std::size_t>(open.Top().second)] == floor &&
+    while (equal_size && counts[static_cast<std::size_t>(open.TopPart())] == floor &&
            extra_used == extra) {
       open.PopTop();
     }
-    const auto [load, part] = open.Top();
+    const std::int64_t load = open.TopLoad();
+    const std::int32_t part = open.TopPart();
     assignment[static_cast<std::size_t>(item)] = part;
     const std::int64_t count = ++counts[static_cast<std::size_t>(part)];
     if (equal_size && count == floor + 1) {
@@ -90,7 +96,7 @@ Assignment GreedyLptSorted(std::span<const std::int64_t> weights,
       open.PopTop();  // full
       continue;
     }
-    open.ReplaceTop({load + weights[static_cast<std::size_t>(item)], part});
+    open.ReplaceTop(load + weights[static_cast<std::size_t>(item)]);
   }
   return assignment;
 }

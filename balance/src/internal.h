@@ -68,10 +68,20 @@ Partition PartitionSorted(std::span<const std::int64_t> weights,
 // refinement and the exact search report.
 struct SortedAssignment {
   Assignment assignment;
+  std::int64_t lower_bound = 0;  // LowerBound() of the weights
   std::int64_t refine_steps = 0;
   std::int64_t exact_nodes = 0;
   bool proven_optimal = false;  // by the exact search
 };
+
+// LowerBound() from the weights sorted descending (checked by CheckWeights): the same
+// bound without a selection over a copy. O(n).
+std::int64_t LowerBoundSorted(std::span<const std::int64_t> sorted, std::int64_t num_parts,
+                              PartSizes sizes);
+
+// MakePartition() without input checks, given the weights' LowerBound().
+Partition MakePartitionBounded(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                               const Assignment& assignment, std::int64_t lower_bound);
 SortedAssignment AssignSorted(std::span<const std::int64_t> weights,
                               std::span<const std::int32_t> order,
                               std::span<const std::int64_t> sorted,

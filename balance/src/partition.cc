@@ -119,8 +119,32 @@ Partition MakePartition(std::span<const std::int64_t> weights, std::int64_t num_
                         PartSizes sizes, const Assignment& assignment) {
   internal::CheckNumParts(num_parts);
   internal::CheckAssignment(assignment, weights.size(), num_parts);
+  return internal::MakePartitionBounded(weights, num_parts, assignment,
+                                        LowerBound(weights, num_parts, sizes));
+}
+
+namespace internal {
+
+std::int64_t LowerBoundSorted(std::span<const std::int64_t> sorted, std::int64_t num_parts,
+                              PartSizes sizes) {
+  const std::int64_t sum = CheckWeights(sorted, "weights");
+  if (sorted.empty()) return 0;
+  const std::int64_t largest = sorted.front();
+  std::int64_t bound = std::max(largest, sum / num_parts + (sum % num_parts != 0 ? 1 : 0));
+  const std::int64_t per_part = static_cast<std::int64_t>(sorted.size()) / num_parts;
+  if (sizes == PartSizes::kEqual && per_part >= 2) {
+    // The part holding the largest item also holds at least per_part - 1 others.
+    std::int64_t smallest = 0;
+    for (std::int64_t i = 1; i < per_part; ++i) smallest += sorted[sorted.size() - i];
+    bound = std::max(bound, largest + smallest);
+  }
+  return bound;
+}
+
+Partition MakePartitionBounded(std::span<const std::int64_t> weights, std::int64_t num_parts,
+                               const Assignment& assignment, std::int64_t lower_bound) {
   Partition result;
-  result.lower_bound = LowerBound(weights, num_parts, sizes);
+  result.lower_bound = lower_bound;
   const std::size_t k = static_cast<std::size_t>(num_parts);
   result.offsets.assign(k + 1, 0);
   result.loads.assign(k, 0);
@@ -146,6 +170,8 @@ Partition MakePartition(std::span<const std::int64_t> weights, std::int64_t num_
   result.proven_optimal = result.max_load == result.lower_bound;
   return result;
 }
+
+}  // namespace internal
 
 namespace {
 
@@ -177,8 +203,10 @@ SortedAssignment AssignSorted(std::span<const std::int64_t> weights,
                               const PartitionOptions& options) {
   const std::int64_t k = options.num_parts;
   const PartSizes sizes = PartSizesFor(options.equal_size);
-  const std::int64_t bound = LowerBound(weights, k, sizes);
+  const std::int64_t bound = sorted.size() == weights.size() ? LowerBoundSorted(sorted, k, sizes)
+                                                             : LowerBound(weights, k, sizes);
   SortedAssignment result;
+  result.lower_bound = bound;
   Assignment& assignment = result.assignment;
   if (options.algorithm == Algorithm::kGreedy) {
     assignment = GreedyLptSorted(weights, order, k, sizes);
@@ -207,8 +235,8 @@ Partition PartitionSorted(std::span<const std::int64_t> weights,
                           std::span<const std::int32_t> order, std::span<const std::int64_t> sorted,
                           const PartitionOptions& options) {
   const SortedAssignment assigned = AssignSorted(weights, order, sorted, options);
-  Partition result = MakePartition(weights, options.num_parts, PartSizesFor(options.equal_size),
-                                   assigned.assignment);
+  Partition result =
+      MakePartitionBounded(weights, options.num_parts, assigned.assignment, assigned.lower_bound);
   result.refine_steps = assigned.refine_steps;
   result.exact_nodes = assigned.exact_nodes;
   result.proven_optimal = result.proven_optimal || assigned.proven_optimal;

@@ -52,6 +52,7 @@ class LocalSearch {
         capacity_(capacity),
         size_loads_(static_cast<std::size_t>(num_parts), 0),
         items_(static_cast<std::size_t>(num_parts)),
+        item_weights_(static_cast<std::size_t>(num_parts)),
         loads_(static_cast<std::size_t>(num_parts), 0),
         equal_size_(part_sizes == PartSizes::kEqual),
         floor_count_(static_cast<std::int64_t>(weights.size()) / num_parts),
@@ -121,14 +122,19 @@ class LocalSearch {
   void FillItems() {
     std::vector<std::size_t> counts(items_.size(), 0);
     for (const std::int32_t p : part_of_) ++counts[static_cast<std::size_t>(p)];
-    for (std::size_t p = 0; p < items_.size(); ++p) items_[p].reserve(counts[p]);
+    for (std::size_t p = 0; p < items_.size(); ++p) {
+      items_[p].reserve(counts[p]);
+      item_weights_[p].reserve(counts[p]);
+    }
     const std::size_t n = lightest_first_.size();
     for (std::size_t start = 0; start < n;) {
       std::size_t end = start + 1;
       while (end < n && W(lightest_first_[end]) == W(lightest_first_[start])) ++end;
       for (std::size_t j = end; j-- > start;) {
         const std::int32_t item = lightest_first_[j];
-        items_[static_cast<std::size_t>(part_of_[static_cast<std::size_t>(item)])].push_back(item);
+        const auto part = static_cast<std::size_t>(part_of_[static_cast<std::size_t>(item)]);
+        items_[part].push_back(item);
+        item_weights_[part].push_back(W(item));
       }
       start = end;
     }
@@ -137,6 +143,10 @@ class LocalSearch {
   std::int64_t W(std::int32_t item) const { return weights_[static_cast<std::size_t>(item)]; }
   std::vector<std::int32_t>& Items(std::int32_t part) {
     return items_[static_cast<std::size_t>(part)];
+  }
+  // The weights of Items(part), in its order.
+  const std::vector<std::int64_t>& Weights(std::int32_t part) const {
+    return item_weights_[static_cast<std::size_t>(part)];
   }
 
   bool CanMove(std::int32_t from, std::int32_t to) {
@@ -172,35 +182,36 @@ class LocalSearch {
   void BestMove(std::int32_t heavy, std::int32_t partner, std::int64_t heavy_load,
                 std::int64_t light_load, Step& best) {
     const auto& h = Items(heavy);
+    const auto& hw = Weights(heavy);
     const std::int64_t half = (heavy_load - light_load) / 2;
     // First item heavier than half; it and the one before are the candidates.
-    const auto it = std::partition_point(h.begin(), h.end(),
-                                         [&](std::int32_t item) { return W(item) <= half; });
-    if (it != h.end()) Consider(W(*it), heavy_load, light_load, heavy, partner, *it, -1, best);
-    if (it != h.begin()) {
-      const std::int32_t x = *std::prev(it);
-      Consider(W(x), heavy_load, light_load, heavy, partner, x, -1, best);
-    }
+    const auto j =
+        static_cast<std::size_t>(std::upper_bound(hw.begin(), hw.end(), half) - hw.begin());
+    if (j < h.size()) Consider(hw[j], heavy_load, light_load, heavy, partner, h[j], -1, best);
+    if (j > 0) Consider(hw[j - 1], heavy_load, light_load, heavy, partner, h[j - 1], -1, best);
   }
 
   void BestSwap(std::int32_t heavy, std::int32_t partner, std::int64_t heavy_load,
                 std::int64_t light_load, Step& best) {
     const auto& h = Items(heavy);
     const auto& p = Items(partner);
+    const std::int64_t* const hw = Weights(heavy).data();
+    const std::int64_t* const pw = Weights(partner).data();
     const std::int64_t half = (heavy_load - light_load) / 2;
     // No step with this partner ends below ceil((H + P) / 2): once one reaches it, no
     // later candidate can replace it (Consider takes only a strictly smaller max).
     const std::int64_t reachable = light_load + half + (heavy_load - light_load) % 2;
     std::size_t j = 0;  // first item of H heavier than w(y) + half; moves forward only
-    for (const std::int32_t y : p) {
+    for (std::size_t i = 0; i < p.size(); ++i) {
       if (best.pair_max == reachable) return;
-      const std::int64_t target = W(y) + half;
-      while (j < h.size() && W(h[j]) <= target) ++j;
+      const std::int64_t wy = pw[i];
+      const std::int64_t target = wy + half;
+      while (j < h.size() && hw[j] <= target) ++j;
       if (j < h.size()) {
-        Consider(W(h[j]) - W(y), heavy_load, light_load, heavy, partner, h[j], y, best);
+        Consider(hw[j] - wy, heavy_load, light_load, heavy, partner, h[j], p[i], best);
       }
       if (j > 0) {
-        Consider(W(h[j - 1]) - W(y), heavy_load, light_load, heavy, partner, h[j - 1], y, best);
+        Consider(hw[j - 1] - wy, heavy_load, light_load, heavy, partner, h[j - 1], p[i], best);
       }
     }
   }
@@ -226,12 +237,17 @@ class LocalSearch {
     auto& list = Items(part);
     const auto it = std::lower_bound(list.begin(), list.end(), item, Lighter());
     RLSCHED_CHECK(it != list.end() && *it == item);
+    auto& weights = item_weights_[static_cast<std::size_t>(part)];
+    weights.erase(weights.begin() + (it - list.begin()));
     list.erase(it);
   }
 
   void Insert(std::int32_t part, std::int32_t item) {
     auto& list = Items(part);
-    list.insert(std::upper_bound(list.begin(), list.end(), item, Lighter()), item);
+    const auto it = std::upper_bound(list.begin(), list.end(), item, Lighter());
+    auto& weights = item_weights_[static_cast<std::size_t>(part)];
+    weights.insert(weights.begin() + (it - list.begin()), W(item));
+    list.insert(it, item);
   }
 
   void SetLoad(std::int32_t part, std::int64_t load) {
@@ -266,7 +282,8 @@ class LocalSearch {
   std::span<const std::int64_t> sizes_;  // empty: no capacity
   std::int64_t capacity_;
   std::vector<std::int64_t> size_loads_;
-  std::vector<std::vector<std::int32_t>> items_;  // per part, lightest first
+  std::vector<std::vector<std::int32_t>> items_;         // per part, lightest first
+  std::vector<std::vector<std::int64_t>> item_weights_;  // their weights, in that order
   std::vector<std::int64_t> loads_;
   std::set<std::pair<std::int64_t, std::int32_t>> by_load_;
   bool equal_size_;
