@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -50,6 +51,7 @@ constexpr std::int64_t kMaxEmulatedEngines = 4096;
 constexpr double kMinTimeScale = 1e-6;
 constexpr double kMaxTimeScale = 1e6;
 constexpr double kMaxHeartbeatTimeoutSeconds = 86400;
+constexpr std::int64_t kMaxWaitingStreams = 100000;
 constexpr double kMaxTimeoutSeconds = 1e7;
 
 // The run's clock: wall seconds / time_scale (emulated workers run that much faster).
@@ -62,6 +64,37 @@ class ScaledClock final : public scheduler::Clock {
  private:
   scheduler::SteadyClock wall_;
   double scale_;
+};
+
+// SIGTERM and SIGINT end a run gracefully (the report written, Goodbye to every worker,
+// the event log flushed, the socket removed); a second one ends it at once.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "set from a signal handler");
+
+void OnStopSignal(int signal) { g_stop_signal.store(signal); }
+
+std::string SignalName(int signal) {
+  return signal == SIGTERM  ? "SIGTERM"
+         : signal == SIGINT ? "SIGINT"
+                            : fmt::format("signal {}", signal);
+}
+
+void CatchStopSignals() {
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESETHAND;  // the second signal: the default action
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+// Removes the run's Unix socket file when the run ends, however it ends.
+struct RemoveSocketOnExit {
+  std::string path;  // empty: a TCP address
+  ~RemoveSocketOnExit() {
+    std::error_code ignored;
+    if (!path.empty()) std::filesystem::remove(path, ignored);
+  }
 };
 
 // A child process (an emulated worker), killed and reaped on destruction.
@@ -297,6 +330,21 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
            "Wall seconds a new stream has to say Hello before it is closed; 0: never.",
            defaults.hello_timeout_seconds);
   command
+      ->add_option("--stuck-timeout", args.stuck_timeout_seconds,
+                   fmt::format("Wall seconds an engine may run requests without generating a "
+                               "token (by the counter its heartbeats carry) before it is dropped "
+                               "as stuck, its samples re-queued; 0: never. {}",
+                               RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
+                                         "10 x --heartbeat-timeout")))
+      ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
+  command
+      ->add_option("--max-waiting", args.max_waiting_streams,
+                   fmt::format("Streams that may wait for their Hello at once; one more is "
+                               "turned away (the worker SDK retries); 0: no cap. {}",
+                               RangeHelp(IntegerRangeText(0, kMaxWaitingStreams),
+                                         fmt::format("{}", defaults.max_waiting_streams))))
+      ->check(IntegerIn(0, kMaxWaitingStreams));
+  command
       ->add_option("--timeout", args.timeout_seconds,
                    fmt::format("Give up after this many wall seconds (exit status 1). {}",
                                RangeHelp(RealRangeText(0, kMaxTimeoutSeconds, /*min_open=*/true),
@@ -431,15 +479,19 @@ int RunRunCommand(const RunArgs& args) {
     log = std::make_unique<wire::EventLogWriter>(log_file, config);
   }
 
-  WorkerServerOptions server_options{.listen = listen,
-                                     .token = token,
-                                     .tls_cert_pem = tls_cert,
-                                     .tls_key_pem = tls_key,
-                                     .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds,
-                                     .hello_timeout_seconds = args.hello_timeout_seconds,
-                                     .weight_sync_backend = args.weight_sync_backend,
-                                     .weight_sync_address = weight_sync_host,
-                                     .weight_sync_port = weight_sync_port};
+  WorkerServerOptions server_options{
+      .listen = listen,
+      .token = token,
+      .tls_cert_pem = tls_cert,
+      .tls_key_pem = tls_key,
+      .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds,
+      .hello_timeout_seconds = args.hello_timeout_seconds,
+      .max_waiting_streams = args.max_waiting_streams,
+      .stuck_timeout_seconds = args.stuck_timeout_seconds.value_or(
+          std::min(10 * args.heartbeat_timeout_seconds, kMaxHeartbeatTimeoutSeconds)),
+      .weight_sync_backend = args.weight_sync_backend,
+      .weight_sync_address = weight_sync_host,
+      .weight_sync_port = weight_sync_port};
   *server_options.welcome.mutable_config() = wire::ToSimulatorConfigMessage(config);
   server_options.welcome.set_time_scale(scale);
   // Heartbeats: ten per timeout, at most one a second and at least every 50 ms.
@@ -481,6 +533,9 @@ int RunRunCommand(const RunArgs& args) {
       log->Append(command);
     };
   }
+  options.on_reject = [&server](const scheduler::Event& event, const std::string& why) {
+    server.Rejected(event, why);
+  };
   options.on_step = [&](const scheduler::StepProgress& p) {
     const scheduler::Metrics& m = p.metrics;
     std::cerr << fmt::format(
@@ -498,6 +553,8 @@ int RunRunCommand(const RunArgs& args) {
   runtime_ptr = &runtime;
   server.Start(runtime);
   const bool unix_socket = listen.starts_with("unix:");
+  const RemoveSocketOnExit remove_socket{unix_socket ? listen.substr(5) : ""};
+  CatchStopSignals();
   spdlog::info("run: listening on {}{}", listen,
                unix_socket ? "" : fmt::format(" (port {})", server.port()));
 
@@ -524,8 +581,9 @@ int RunRunCommand(const RunArgs& args) {
     // The run starts when the emulated workers are there (their start-up is not the
     // run's time): the prompts go out then.
     const double wait_until = clock.wall() + std::min(args.timeout_seconds, 60.0);
-    while (server.engines_attached() < args.emulated_engines ||
-           (args.emulated_trainer && !server.trainer_attached())) {
+    while ((server.engines_attached() < args.emulated_engines ||
+            (args.emulated_trainer && !server.trainer_attached())) &&
+           g_stop_signal.load() == 0) {
       CheckChildren(children, child_names, "at start-up");
       if (clock.wall() > wait_until) {
         throw std::runtime_error("the emulated workers did not attach within 60 s");
@@ -540,7 +598,7 @@ int RunRunCommand(const RunArgs& args) {
   bool done = false;
   try {
     const double give_up = clock.wall() + args.timeout_seconds;
-    while (!done && clock.wall() < give_up) {
+    while (!done && clock.wall() < give_up && g_stop_signal.load() == 0) {
       done = runtime.WaitUntilDone(std::chrono::milliseconds(200));
       if (!done) CheckChildren(children, child_names, "before the end");
     }
@@ -550,8 +608,13 @@ int RunRunCommand(const RunArgs& args) {
     throw;
   }
   const double wall = clock.wall();
+  const int stop_signal = done ? 0 : g_stop_signal.load();
+  const std::string ending = done          ? "done"
+                             : stop_signal ? fmt::format("stopped by {}", SignalName(stop_signal))
+                                           : "stopped (timeout)";
+  if (stop_signal != 0) spdlog::warn("run: {}: ending the run", SignalName(stop_signal));
   runtime.Stop();  // no more events; what they caused is sent
-  server.Shutdown(done ? "done" : "timeout", std::chrono::milliseconds(2000));
+  server.Shutdown(done ? "done" : ending, std::chrono::milliseconds(2000));
   children.clear();
   if (log) {
     std::lock_guard lock(log_mutex);
@@ -575,6 +638,8 @@ int RunRunCommand(const RunArgs& args) {
     report.set_events(status.events);
     report.set_rejected_events(status.rejected_events);
     report.set_workers_refused(server.refused());
+    report.set_ignored_events(server.ignored_events());
+    report.set_stuck_engines(server.stuck_engines());
     report.set_wall_seconds(wall);
     report.set_time_scale(scale);
     report.set_done(done);
@@ -620,16 +685,21 @@ int RunRunCommand(const RunArgs& args) {
   } else {
     std::cout << fmt::format(
         "run {}: {} steps, {} samples trained in {:.1f} s ({:.1f} s of wall time), {:.2f} "
-        "samples/s, staleness max {}, events {} (refused {}), engines' version accounts {} "
+        "samples/s, staleness max {}, events {} (refused {}, {} before the core), engines' "
+        "version accounts {} "
         "({} differing from the core's), requests with telemetry {} (mean {:.2f} s)\n",
-        done ? "done" : "stopped (timeout)", status.counters.steps_finished,
-        status.counters.trained, status.metrics.elapsed_seconds, wall,
-        status.metrics.samples_per_second, status.metrics.max_staleness, status.events,
-        status.rejected_events, status.counters.version_reports,
+        ending, status.counters.steps_finished, status.counters.trained,
+        status.metrics.elapsed_seconds, wall, status.metrics.samples_per_second,
+        status.metrics.max_staleness, status.events, status.rejected_events,
+        server.ignored_events(), status.counters.version_reports,
         status.counters.version_corrections, status.requests.requests,
         status.requests.mean_seconds);
   }
   FlushOutput(std::cout);
+  if (stop_signal != 0) {
+    std::cerr << fmt::format("rlsched run: {} before the run finished\n", ending);
+    return 128 + stop_signal;
+  }
   if (!done) {
     std::cerr << fmt::format("rlsched run: the run did not finish within --timeout {} s\n",
                              args.timeout_seconds);

@@ -51,6 +51,8 @@ struct RunArgs {
   bool json = false;
   double heartbeat_timeout_seconds = 10;
   double hello_timeout_seconds = 10;
+  std::int64_t max_waiting_streams = 64;  // streams waiting for their Hello at once; 0: no cap
+  std::optional<double> stuck_timeout_seconds;  // unset: 10 x heartbeat_timeout_seconds
   double timeout_seconds = 600;
   // The weight layout, as `rlsched reshard` takes it (--model, --train, --infer and the
   // topology options; replicas: the run's engines): with it every SyncWeights names

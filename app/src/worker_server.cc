@@ -119,6 +119,11 @@ struct WorkerServer::Connection {
   // When the write under way started (NowMillis()), 0 when none is: a peer that stops
   // reading blocks it, which the watcher takes as a loss.
   std::atomic<std::int64_t> write_started_ms{0};
+  // Liveness (an engine sending Heartbeat.generated_tokens): its counter, when it last
+  // moved or the engine last ran nothing (0: not judged), when it was told it is stuck.
+  std::atomic<std::int64_t> tokens{-1};
+  std::atomic<std::int64_t> progress_ms{0};
+  std::atomic<std::int64_t> stuck_ms{0};
 
   // Queues `message`; false when the connection is closed.
   bool Send(v1::SchedulerMessage message) {
@@ -276,6 +281,20 @@ grpc::Status WorkerServer::Attach(
   connection->stream = stream;
   connection->peer = context->peer();
   connection->last_seen_ms = NowMillis();
+  {  // The door: waiting for the Hello, watched for the deadline; a full door turns the
+     // stream away before it costs a thread of its own.
+    std::lock_guard lock(mutex_);
+    const auto cap = static_cast<std::size_t>(options_.max_waiting_streams);
+    if (cap > 0 && waiting_.size() >= cap) {
+      ++refused_;
+      spdlog::warn("run: turned away {}: {} streams have not said hello yet (--max-waiting)",
+                   connection->peer, waiting_.size());
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          fmt::format("{} streams have not said hello yet; try again later", waiting_.size()));
+    }
+    waiting_[connection.get()] = connection;
+  }
   connection->writer = std::thread([raw = connection.get()] { raw->Write(); });
   // The handler's stream lives until it returns: the writer stops first.
   struct CloseOnReturn {
@@ -283,10 +302,6 @@ grpc::Status WorkerServer::Attach(
     ~CloseOnReturn() { connection->Close(); }
   } close_on_return{connection.get()};
 
-  {  // Waiting for the Hello: watched for the deadline.
-    std::lock_guard lock(mutex_);
-    waiting_[connection.get()] = connection;
-  }
   v1::WorkerMessage first;
   const bool read = stream->Read(&first);
   {
@@ -366,50 +381,10 @@ grpc::Status WorkerServer::Attach(
   while (stream->Read(&message)) {
     connection->last_seen_ms = NowMillis();
     if (message.has_heartbeat()) {
-      if (connection->role == v1::WORKER_ROLE_ENGINE) {
-        try {
-          runtime_->ReportLoad(connection->engine, message.heartbeat().running(),
-                               message.heartbeat().waiting());
-        } catch (const std::invalid_argument& e) {
-          spdlog::warn("run: engine {} sent an invalid heartbeat: heartbeat.{}", connection->engine,
-                       e.what());
-        }
-      }
-      continue;
+      Heartbeat(*connection, message.heartbeat());
+    } else if (message.has_event()) {
+      Receive(*connection, message.event());
     }
-    if (!message.has_event()) continue;
-    scheduler::Event event;
-    try {
-      event = wire::ToEvent(message.event());
-    } catch (const std::invalid_argument& e) {
-      spdlog::warn("run: worker {} sent an invalid event: {}", connection->peer, e.what());
-      continue;
-    }
-    const bool trainer_event = std::holds_alternative<scheduler::TrainStepFinished>(event);
-    if (connection->role == v1::WORKER_ROLE_TRAINER) {
-      if (!trainer_event && !std::holds_alternative<scheduler::GroupFiltered>(event)) {
-        spdlog::warn("run: the trainer sent an engine's event; ignored");
-        continue;
-      }
-      if (const auto* finished = std::get_if<scheduler::TrainStepFinished>(&event)) {
-        std::lock_guard lock(mutex_);
-        if (pending_call_ && pending_call_->step == finished->step &&
-            pending_call_->call == finished->call) {
-          pending_call_.reset();
-        }
-      }
-    } else {
-      const std::optional<std::int64_t> engine = scheduler::EngineOf(event);
-      if (trainer_event || std::holds_alternative<scheduler::EngineJoined>(event) ||
-          std::holds_alternative<scheduler::EngineFailed>(event) ||
-          std::holds_alternative<scheduler::PromptsAvailable>(event) ||
-          (engine && *engine != connection->engine)) {
-        spdlog::warn("run: engine {} sent an event it may not send; ignored", connection->engine);
-        continue;
-      }
-      if (std::holds_alternative<scheduler::EngineLeft>(event)) connection->left = true;
-    }
-    runtime_->Post(std::move(event));
   }
 
   // A lost engine's EngineFailed is posted while its id is still taken, so that the
@@ -438,6 +413,126 @@ grpc::Status WorkerServer::Attach(
     spdlog::warn("run: the trainer is lost; the run waits until a trainer attaches");
   }
   return grpc::Status::OK;
+}
+
+void WorkerServer::Heartbeat(Connection& connection, const v1::Heartbeat& heartbeat) {
+  if (connection.role != v1::WORKER_ROLE_ENGINE) return;
+  if (heartbeat.has_generated_tokens()) {
+    if (heartbeat.running() <= 0 || heartbeat.generated_tokens() > connection.tokens.load()) {
+      connection.progress_ms = NowMillis();  // moving, or nothing to move
+    }
+    connection.tokens = std::max(connection.tokens.load(), heartbeat.generated_tokens());
+  }
+  try {
+    runtime_->ReportLoad(connection.engine, heartbeat.running(), heartbeat.waiting());
+  } catch (const std::invalid_argument& e) {
+    spdlog::warn("run: engine {} sent an invalid heartbeat: heartbeat.{}", connection.engine,
+                 e.what());
+  }
+}
+
+// Why `connection` may not send `event` (a trainer: TrainStepFinished and GroupFiltered;
+// an engine: its own reports), or nullopt.
+std::optional<std::string> WorkerServer::Forbidden(const Connection& connection,
+                                                   const scheduler::Event& event) {
+  const bool trainer_event = std::holds_alternative<scheduler::TrainStepFinished>(event);
+  if (connection.role == v1::WORKER_ROLE_TRAINER) {
+    if (trainer_event || std::holds_alternative<scheduler::GroupFiltered>(event)) {
+      return std::nullopt;
+    }
+    return "event: the trainer sends train_step_finished and group_filtered only";
+  }
+  if (trainer_event || std::holds_alternative<scheduler::EngineJoined>(event) ||
+      std::holds_alternative<scheduler::EngineFailed>(event) ||
+      std::holds_alternative<scheduler::PromptsAvailable>(event)) {
+    return "event: an engine reports its own generations, pauses, weights, release and leave "
+           "only";
+  }
+  const std::optional<std::int64_t> engine = scheduler::EngineOf(event);
+  if (engine && *engine != connection.engine) {
+    return "engine: must be this stream's engine " + std::to_string(connection.engine) + ", got " +
+           std::to_string(*engine);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// The event's reports speak for the stream's engine (a trainer's for none), whatever the
+// worker wrote.
+void BindToSender(scheduler::Event& event, std::int64_t engine) {
+  std::visit(
+      [engine](auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, scheduler::GenerationProgressed> ||
+                      std::is_same_v<T, scheduler::GenerationFinished> ||
+                      std::is_same_v<T, scheduler::GroupFiltered>) {
+          e.engine = engine;
+        }
+      },
+      event);
+}
+
+}  // namespace
+
+void WorkerServer::Receive(Connection& connection, const v1::OrchestratorEvent& message) {
+  scheduler::Event event;
+  try {
+    event = wire::ToEvent(message);
+  } catch (const std::invalid_argument& e) {
+    TellRefused(connection, message, e.what());
+    return;
+  }
+  BindToSender(
+      event, connection.role == v1::WORKER_ROLE_ENGINE ? connection.engine : scheduler::kAnyEngine);
+  if (const std::optional<std::string> why = Forbidden(connection, event)) {
+    TellRefused(connection, message, *why);
+    return;
+  }
+  if (connection.role == v1::WORKER_ROLE_TRAINER) {
+    if (const auto* finished = std::get_if<scheduler::TrainStepFinished>(&event)) {
+      std::lock_guard lock(mutex_);
+      if (pending_call_ && pending_call_->step == finished->step &&
+          pending_call_->call == finished->call) {
+        pending_call_.reset();
+      }
+    }
+  } else if (std::holds_alternative<scheduler::EngineLeft>(event)) {
+    connection.left = true;
+  }
+  runtime_->Post(std::move(event));
+}
+
+void WorkerServer::TellRefused(Connection& connection, const v1::OrchestratorEvent& event,
+                               const std::string& why) {
+  ++ignored_events_;
+  spdlog::warn("run: worker {} sent an event refused before the core: {}", connection.peer, why);
+  v1::SchedulerMessage message;
+  *message.mutable_refused()->mutable_event() = event;
+  message.mutable_refused()->set_reason(why);
+  Send(connection, message);
+}
+
+void WorkerServer::Rejected(const scheduler::Event& event, const std::string& why) {
+  if (std::holds_alternative<scheduler::EngineFailed>(event) ||
+      std::holds_alternative<scheduler::PromptsAvailable>(event)) {
+    return;  // the server's and the data loader's own: no worker sent them
+  }
+  std::shared_ptr<Connection> sender;
+  {
+    std::lock_guard lock(mutex_);
+    if (const std::optional<std::int64_t> engine = scheduler::EngineOf(event)) {
+      const auto it = engines_.find(*engine);
+      if (it != engines_.end()) sender = it->second;
+    } else {
+      sender = trainer_;
+    }
+  }
+  if (sender == nullptr) return;  // gone since
+  v1::SchedulerMessage message;
+  *message.mutable_refused()->mutable_event() = wire::ToEventMessage(event);
+  message.mutable_refused()->set_reason(why);
+  Send(*sender, message);
 }
 
 void WorkerServer::PlanPart(std::int64_t rank_offset, std::int64_t ranks,
@@ -591,6 +686,29 @@ void WorkerServer::DropSilent(std::int64_t now) {
   }
 }
 
+void WorkerServer::DropStuck(std::int64_t now) {
+  const auto stuck_ms = static_cast<std::int64_t>(options_.stuck_timeout_seconds * 1000);
+  if (stuck_ms <= 0) return;
+  for (const auto& [id, connection] : engines_) {
+    const std::int64_t told = connection->stuck_ms.load();
+    if (told != 0) {  // told; dropped once the Goodbye had time to go
+      if (now - told > 200) connection->context->TryCancel();
+      continue;
+    }
+    const std::int64_t progress = connection->progress_ms.load();
+    if (progress == 0 || now - progress <= stuck_ms) continue;
+    const std::string why =
+        fmt::format("stuck: requests running and no token generated for {:g} s (its counter at {})",
+                    options_.stuck_timeout_seconds, connection->tokens.load());
+    spdlog::warn("run: engine {} {}; its samples go back to the queue", id, why);
+    ++stuck_engines_;
+    connection->stuck_ms = now;
+    v1::SchedulerMessage goodbye;
+    goodbye.mutable_goodbye()->set_reason(why);
+    Send(*connection, goodbye);
+  }
+}
+
 void WorkerServer::Watch() {
   const auto timeout_ms = static_cast<std::int64_t>(options_.heartbeat_timeout_seconds * 1000);
   std::unique_lock lock(mutex_);
@@ -599,6 +717,7 @@ void WorkerServer::Watch() {
     if (shut_down_) continue;
     const std::int64_t now = NowMillis();
     DropSilent(now);
+    DropStuck(now);
     if (timeout_ms <= 0) continue;
     for (const auto& [key, connection] : all_) {
       const std::int64_t writing = connection->write_started_ms.load();

@@ -71,6 +71,14 @@ struct WorkerServerOptions {
   // A stream that has not said Hello within this many seconds is closed (0: never):
   // each holds two server threads until then.
   double hello_timeout_seconds = 10;
+  // At most this many streams wait for their Hello at once (0: no cap); one more is
+  // turned away (RESOURCE_EXHAUSTED, counted in refused(); the worker SDK retries).
+  std::int64_t max_waiting_streams = 64;
+  // An engine with requests running whose generated-token counter (Heartbeat.
+  // generated_tokens) has not moved for this many seconds is stuck: told Goodbye, then
+  // dropped (EngineFailed: its samples go back to the queue). 0: never; engines that do
+  // not send the counter are not judged.
+  double stuck_timeout_seconds = 100;
   v1::Welcome welcome;  // what every worker is told (the run's config, the time scale)
   // The weight-sync plans' transfer group (TransferGroup): its backend, and where it
   // meets (empty and 0: not given).
@@ -101,6 +109,13 @@ class WorkerServer final : public v1::Scheduler::Service,
   std::int64_t engines_attached() const;
   bool trainer_attached() const;
   std::int64_t refused() const { return refused_.load(); }
+  // Events refused before the core (malformed, or not the worker's to send), each told
+  // to its worker (Refused).
+  std::int64_t ignored_events() const { return ignored_events_.load(); }
+  std::int64_t stuck_engines() const { return stuck_engines_.load(); }  // dropped as stuck
+  // Tells the worker that sent `event` that the core refused it, and why (the runtime's
+  // on_reject). Thread-safe.
+  void Rejected(const scheduler::Event& event, const std::string& why);
   std::int64_t waiting_streams() const;  // connected, no Hello yet
 
   grpc::Status Attach(
@@ -119,8 +134,17 @@ class WorkerServer final : public v1::Scheduler::Service,
   void SendWelcome(Connection& connection);
   grpc::Status Refuse(Connection& connection, grpc::StatusCode code, const std::string& why);
   void Watch();
+  void Heartbeat(Connection& connection, const v1::Heartbeat& heartbeat);
+  // Checks an event, binds it to its sender and posts it (or tells the worker why not).
+  void Receive(Connection& connection, const v1::OrchestratorEvent& message);
+  static std::optional<std::string> Forbidden(const Connection& connection,
+                                              const scheduler::Event& event);
+  void TellRefused(Connection& connection, const v1::OrchestratorEvent& event,
+                   const std::string& why);
   // Drops the streams silent past their deadline (mutex_ held; `now` in NowMillis()).
   void DropSilent(std::int64_t now);
+  // Tells, then drops, the engines stuck past their deadline (mutex_ held).
+  void DropStuck(std::int64_t now);
   // The plan of `transfers` (built and sent to the trainer when it is a new one) and
   // the engine's WeightSyncPlan when `connection` has not had it; the plan's id. The
   // plan mutex held.
@@ -142,6 +166,8 @@ class WorkerServer final : public v1::Scheduler::Service,
   std::map<Connection*, std::shared_ptr<Connection>> waiting_;  // no Hello yet
   std::optional<scheduler::StartTrain> pending_call_;           // sent, not yet finished
   std::atomic<std::int64_t> refused_{0};
+  std::atomic<std::int64_t> ignored_events_{0};
+  std::atomic<std::int64_t> stuck_engines_{0};
   bool shut_down_ = false;
 
   std::condition_variable watch_cv_;

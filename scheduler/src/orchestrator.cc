@@ -229,6 +229,9 @@ void Validate(const OrchestratorOptions& o) {
   if (o.initial_prediction < 1 || o.initial_prediction > kMaxTokens) {
     Invalid("initial_prediction", "in [1, " + Str(kMaxTokens) + "]", Str(o.initial_prediction));
   }
+  if (o.max_response_tokens < 0 || o.max_response_tokens > kMaxTokens) {
+    Invalid("max_response_tokens", "in [0, " + Str(kMaxTokens) + "]", Str(o.max_response_tokens));
+  }
 }
 
 struct Orchestrator::State {
@@ -306,6 +309,7 @@ struct Orchestrator::State {
   }
   Group& GroupOf(std::int64_t sample) { return groups[static_cast<std::size_t>(sample / G)]; }
   Sample& At(std::int64_t sample) { return samples[static_cast<std::size_t>(sample)]; }
+  const Sample& At(std::int64_t sample) const { return samples[static_cast<std::size_t>(sample)]; }
 
   // Brings the engine's busy accounting and its place in `ready` and `behind` up to
   // date; called after every change of its samples, version, sync or liveness.
@@ -1102,17 +1106,52 @@ struct Orchestrator::State {
     RemoveEngine(e.engine, options.keep_partial_on_failure);
   }
 
-  void CheckTokens(const Sample& x, std::int64_t tokens) {
-    if (tokens < x.tokens || tokens > kMaxTokens) {
-      Invalid("tokens", "in [" + Str(x.tokens) + ", " + Str(kMaxTokens) + "]", Str(tokens));
+  // A report's response tokens: at least the last reported, at most the cap.
+  void CheckTokens(const std::string& field, const Sample& x, std::int64_t tokens) const {
+    const std::int64_t cap =
+        options.max_response_tokens > 0 ? options.max_response_tokens : kMaxTokens;
+    if (tokens < x.tokens || tokens > cap) {
+      Invalid(field, "in [" + Str(x.tokens) + ", " + Str(cap) + "]", Str(tokens));
+    }
+  }
+
+  // A sample's report from `engine` (kAnyEngine: vouched for by the driver): the
+  // sample must be in flight there.
+  void CheckReporter(std::int64_t sample, std::int64_t engine) const {
+    if (engine == kAnyEngine) return;
+    const Sample& x = At(sample);
+    if (x.engine != engine) {
+      Invalid("sample", "a sample in flight on the reporting engine " + Str(engine),
+              Str(sample) + " (in flight on engine " + Str(x.engine) + ")");
+    }
+  }
+
+  // An engine's GroupFiltered: the group runs there alone (see GroupFiltered).
+  void CheckGroupReporter(std::int64_t g, std::int64_t engine) const {
+    if (engine == kAnyEngine) return;
+    bool here = false;
+    for (std::int64_t j = 0; j < G; ++j) {
+      const Sample& x = At(g * G + j);
+      if (x.state != SampleState::kInFlight) continue;
+      if (x.engine != engine) {
+        Invalid(
+            "group", "a group running on the reporting engine " + Str(engine) + " alone",
+            Str(g) + " (sample " + Str(g * G + j) + " in flight on engine " + Str(x.engine) + ")");
+      }
+      here = true;
+    }
+    if (!here) {
+      Invalid("group", "a group running on the reporting engine " + Str(engine) + " alone",
+              Str(g) + " (none of its samples in flight there)");
     }
   }
 
   void On(const GenerationProgressed& e) {
     CheckTime(e.time);
     const std::int64_t id = CheckSampleInFlight(e.sample);
+    CheckReporter(id, e.engine);
     Sample& x = At(id);
-    CheckTokens(x, e.tokens);
+    CheckTokens("tokens", x, e.tokens);
     CheckEngineSpans("", x, e.spans, e.tokens);
     Advance(e.time);
     x.tokens = e.tokens;
@@ -1158,10 +1197,7 @@ struct Orchestrator::State {
                              : x.engine != e.engine ? " (in flight on engine " + Str(x.engine) + ")"
                                                     : " (not interrupted)"));
       }
-      if (p.tokens < x.tokens || p.tokens > kMaxTokens) {
-        Invalid(field() + ".tokens", "in [" + Str(x.tokens) + ", " + Str(kMaxTokens) + "]",
-                Str(p.tokens));
-      }
+      CheckTokens(field() + ".tokens", x, p.tokens);
       CheckEngineSpans(field() + ".", x, p.spans, p.tokens);
       listed.emplace_back(p.sample, i);
     }
@@ -1208,7 +1244,8 @@ struct Orchestrator::State {
   void On(const GenerationFinished& e) {
     CheckTime(e.time);
     Sample& x = At(CheckSampleInFlight(e.sample));
-    CheckTokens(x, e.tokens);
+    CheckReporter(e.sample, e.engine);
+    CheckTokens("tokens", x, e.tokens);
     if (!std::isfinite(e.reward)) Invalid("reward", "finite", Str(e.reward));
     CheckEngineSpans("", x, e.spans, e.tokens);
     Advance(e.time);
@@ -1247,6 +1284,7 @@ struct Orchestrator::State {
         groups[static_cast<std::size_t>(e.group)].state != GroupState::kLive) {
       Invalid("group", "a live (admitted, not closed, trained or filtered) group", Str(e.group));
     }
+    CheckGroupReporter(e.group, e.engine);
     Advance(e.time);
     FilterGroup(e.group);
   }

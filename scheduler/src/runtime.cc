@@ -59,10 +59,9 @@ std::optional<std::int64_t> EngineOf(const Event& event) {
   return std::visit(
       [](const auto& e) -> std::optional<std::int64_t> {
         if constexpr (requires { e.engine; }) {
-          return e.engine;
-        } else {
-          return std::nullopt;
+          if (e.engine != kAnyEngine) return e.engine;
         }
+        return std::nullopt;
       },
       event);
 }
@@ -433,6 +432,7 @@ struct Runtime::Impl {
     std::vector<Command> commands;
     std::vector<Command> replans;  // the runtime's, after the core's (see NoteSyncs)
     Observation observation;
+    std::string rejection;
     bool observe = false;
     {
       std::lock_guard lock(mutex);
@@ -458,6 +458,7 @@ struct Runtime::Impl {
         commands.clear();
         spdlog::warn("runtime: event {} refused: {}", EventName(event), e.what());
         observation.rejected = true;
+        rejection = e.what();
       }
       const auto* finished = std::get_if<TrainStepFinished>(&event);
       if (finished != nullptr && !observation.rejected &&
@@ -476,6 +477,7 @@ struct Runtime::Impl {
         if (options.on_command || options.trace) observation.commands = commands;
       }
     }
+    if (observation.rejected && options.on_reject) options.on_reject(event, rejection);
     // Replans go after the core's commands and stay out of the observation (the event
     // log and replay hold the core's own commands).
     for (Command& command : replans) commands.push_back(std::move(command));

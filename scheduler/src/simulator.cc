@@ -827,8 +827,11 @@ void Simulation::OnTick(Engine& engine, double now) {
       rewards = rewards_.emplace(group, workload_.GroupRewards(group)).first;
     }
     const double reward = rewards->second[static_cast<std::size_t>(entry.sample - group * g)];
-    Deliver(GenerationFinished{
-        .time = now, .sample = entry.sample, .tokens = tokens, .reward = reward});
+    Deliver(GenerationFinished{.time = now,
+                               .sample = entry.sample,
+                               .tokens = tokens,
+                               .reward = reward,
+                               .engine = engine.id});
     Drain(now);
   }
   if (engine.alive && engine.pause.has_value() && engine.clock >= engine.pause_clock) {
@@ -952,8 +955,10 @@ void Simulation::PauseAndLoad(Engine& engine, const SyncWeights& sync, double no
       Deliver(std::move(paused));
     } else {
       for (const std::int64_t sample : engine.paused_ids) {
-        Deliver(GenerationProgressed{
-            .time = now, .sample = sample, .tokens = live_.at(sample).generated});
+        Deliver(GenerationProgressed{.time = now,
+                                     .sample = sample,
+                                     .tokens = live_.at(sample).generated,
+                                     .engine = engine.id});
       }
     }
   }
@@ -1342,6 +1347,11 @@ void Validate(const SimulatorConfig& config) {
     throw e.Within("orchestrator");
   }
   const OrchestratorPolicy& core = config.orchestrator;
+  if (core.max_response_tokens > 0 && core.max_response_tokens < longest) {
+    rlsched::FailBound("orchestrator.max_response_tokens",
+                       "0 or >= the workload's longest response (" + std::to_string(longest) + ")",
+                       std::to_string(core.max_response_tokens));
+  }
   const double per_step =
       std::ceil((1.0 + core.oversample) * static_cast<double>(core.prompts_per_step)) *
       static_cast<double>(core.samples_per_prompt);

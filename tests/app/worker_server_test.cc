@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -117,6 +118,12 @@ class Worker {
     v1::SchedulerMessage message = std::move(inbox_.front());
     inbox_.pop_front();
     return message;
+  }
+  void Send(const v1::WorkerMessage& message) { stream_->Write(message); }
+  void Report(const v1::OrchestratorEvent& event) {
+    v1::WorkerMessage message;
+    *message.mutable_event() = event;
+    Send(message);
   }
   // Nothing more arrives within `wait`.
   bool Quiet(milliseconds wait) {
@@ -378,9 +385,17 @@ struct RunWithoutLayout {
     options.weight_sync.reset();
     return options;
   }
+  // As `rlsched run` wires them: the core's refusals are told to their senders.
+  static scheduler::RuntimeOptions TellingRefusals(WorkerServer& server) {
+    scheduler::RuntimeOptions options = WithoutLayout();
+    options.on_reject = [&server](const scheduler::Event& event, const std::string& why) {
+      server.Rejected(event, why);
+    };
+    return options;
+  }
   explicit RunWithoutLayout(const std::string& address)
       : server({.listen = address, .token = "t0ken", .heartbeat_timeout_seconds = 0}),
-        runtime(WithoutLayout(), server, server, clock) {
+        runtime(TellingRefusals(server), server, server, clock) {
     server.Start(runtime);
   }
   ~RunWithoutLayout() {
@@ -472,6 +487,80 @@ TEST_F(WorkerServerTest, HellosTheCoreCannotUseAreRefusedAndCounted) {
   Expect(engine, v1::SchedulerMessage::kWelcome);
 }
 
+// An engine loads the version its first SyncWeights names and reports it.
+void LoadFirstSync(Worker& engine, std::int64_t id) {
+  Expect(engine, v1::SchedulerMessage::kWelcome);
+  const v1::SchedulerMessage sync = Expect(engine, v1::SchedulerMessage::kCommand);
+  ASSERT_TRUE(sync.command().has_sync_weights()) << sync.DebugString();
+  v1::OrchestratorEvent loaded;
+  loaded.mutable_weights_loaded()->set_engine(id);
+  loaded.mutable_weights_loaded()->set_version(sync.command().sync_weights().version());
+  engine.Report(loaded);
+}
+
+std::string RefusalReason(Worker& worker) {
+  return Expect(worker, v1::SchedulerMessage::kRefused).refused().reason();
+}
+
+// No engine speaks for another's samples: the server binds every report to the stream's
+// engine (whatever engine it writes), the core takes it only for samples in flight
+// there, and the sender is told why (Refused), as it is for events not its own to send.
+// Before, an engine's finish of another engine's sample was trained.
+TEST_F(WorkerServerTest, AnEngineCannotReportForAnotherEnginesSamples) {
+  RunWithoutLayout run(address_);
+  Worker honest(address_, EngineHello(0));
+  LoadFirstSync(honest, 0);
+  run.runtime.WaitIdle();
+  run.runtime.Post(scheduler::PromptsAvailable{
+      .prompts = {{.id = 0, .prompt_tokens = 10}, {.id = 1, .prompt_tokens = 10}}});
+  const v1::SchedulerMessage dispatch = Expect(honest, v1::SchedulerMessage::kCommand);
+  ASSERT_TRUE(dispatch.command().has_dispatch()) << dispatch.DebugString();
+  const std::int64_t victim = dispatch.command().dispatch().samples(0).sample();
+
+  Worker rogue(address_, EngineHello(1));
+  LoadFirstSync(rogue, 1);
+  v1::OrchestratorEvent finish;
+  finish.mutable_generation_finished()->set_sample(victim);
+  finish.mutable_generation_finished()->set_tokens(1);
+  rogue.Report(finish);
+  EXPECT_EQ(RefusalReason(rogue),
+            "sample: must be a sample in flight on the reporting engine 1, got " +
+                std::to_string(victim) + " (in flight on engine 0)");
+  finish.mutable_generation_finished()->set_engine(0);  // a forged id changes nothing
+  rogue.Report(finish);
+  EXPECT_NE(RefusalReason(rogue).find("(in flight on engine 0)"), std::string::npos);
+  v1::OrchestratorEvent progress;
+  progress.mutable_generation_progressed()->set_sample(victim);
+  progress.mutable_generation_progressed()->set_tokens(100000);
+  rogue.Report(progress);
+  EXPECT_NE(RefusalReason(rogue).find("sample: must be a sample in flight on the reporting"),
+            std::string::npos);
+  v1::OrchestratorEvent filter;
+  filter.mutable_group_filtered()->set_group(victim / 2);
+  rogue.Report(filter);
+  EXPECT_NE(RefusalReason(rogue).find("group: must be a group running on the reporting engine 1"),
+            std::string::npos);
+  v1::OrchestratorEvent step;
+  step.mutable_train_step_finished()->set_step(0);
+  rogue.Report(step);
+  EXPECT_NE(RefusalReason(rogue).find("event: an engine reports its own"), std::string::npos);
+  EXPECT_EQ(run.server.ignored_events(), 1);
+
+  // The sample's own engine finishes it: taken, nothing told.
+  finish.mutable_generation_finished()->clear_engine();
+  finish.mutable_generation_finished()->set_tokens(7);
+  honest.Report(finish);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (run.runtime.Status().counters.buffered == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  run.runtime.WaitIdle();
+  const scheduler::RuntimeStatus status = run.runtime.Status();
+  EXPECT_EQ(status.rejected_events, 4);
+  EXPECT_EQ(status.counters.buffered, 1);
+  EXPECT_TRUE(honest.Quiet(milliseconds(200)));
+}
+
 TEST(CheckEngineHelloTest, TheBoundsAreTheCoresInclusive) {
   v1::Hello hello = EngineHello(scheduler::kMaxEngineId);
   hello.set_max_concurrent(scheduler::kMaxConcurrent);
@@ -507,11 +596,11 @@ class SilentStream {
 };
 
 struct RunWithDoor {
-  explicit RunWithDoor(const std::string& address)
+  explicit RunWithDoor(const std::string& address, double hello_timeout_seconds = 0.5)
       : server({.listen = address,
                 .token = "t0ken",
                 .heartbeat_timeout_seconds = 0,
-                .hello_timeout_seconds = 0.5}),
+                .hello_timeout_seconds = hello_timeout_seconds}),
         runtime(RunWithoutLayout::WithoutLayout(), server, server, clock) {
     server.Start(runtime);
   }
@@ -537,6 +626,96 @@ TEST_F(WorkerServerTest, SilentStreamsAreClosedAtTheirDeadline) {
   // An engine that says Hello joins.
   Worker engine(address_, EngineHello(0));
   Expect(engine, v1::SchedulerMessage::kWelcome);
+}
+
+// The threads of this process (/proc/self/status).
+std::int64_t Threads() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with("Threads:")) return std::stoll(line.substr(8));
+  }
+  return -1;
+}
+
+// Streams waiting for their Hello are capped (max_waiting_streams, 64 by default): 300
+// silent connections leave 64 waiting (two threads each) and the rest turned away at
+// once, counted; before, each held two server threads for the whole run.
+TEST_F(WorkerServerTest, SilentStreamsBeyondTheCapAreTurnedAway) {
+  RunWithDoor run(address_, /*hello_timeout_seconds=*/60);
+  const std::int64_t before = Threads();
+  std::vector<std::unique_ptr<SilentStream>> streams;
+  for (int i = 0; i < 300; ++i) streams.push_back(std::make_unique<SilentStream>(address_));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (run.server.waiting_streams() + run.server.refused() < 300 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(run.server.waiting_streams(), 64);
+  EXPECT_EQ(run.server.refused(), 300 - 64);
+  EXPECT_LT(Threads() - before, 150) << "threads before: " << before;
+}
+
+struct RunWithStuckTimeout {
+  explicit RunWithStuckTimeout(const std::string& address)
+      : server({.listen = address,
+                .token = "t0ken",
+                .heartbeat_timeout_seconds = 0,
+                .stuck_timeout_seconds = 0.6}),
+        runtime(RunWithoutLayout::WithoutLayout(), server, server, clock) {
+    server.Start(runtime);
+  }
+  ~RunWithStuckTimeout() {
+    runtime.Stop();
+    server.Shutdown("done", milliseconds(500));
+  }
+  scheduler::ManualClock clock;
+  WorkerServer server;
+  scheduler::Runtime runtime;
+};
+
+v1::WorkerMessage Beat(std::int64_t running, std::optional<std::int64_t> tokens) {
+  v1::WorkerMessage message;
+  message.mutable_heartbeat()->set_running(running);
+  if (tokens) message.mutable_heartbeat()->set_generated_tokens(*tokens);
+  return message;
+}
+
+// An engine whose generated-token counter stays still while it runs requests is told it
+// is stuck (Goodbye) and dropped: EngineFailed, its samples re-queued. Engines whose
+// counter moves, or that run nothing, or that do not send it (older workers) are kept.
+TEST_F(WorkerServerTest, AnEngineWhoseTokenCounterStaysStillIsDroppedAsStuck) {
+  RunWithStuckTimeout run(address_);
+  Worker stuck(address_, EngineHello(0));
+  Worker busy(address_, EngineHello(1));
+  Worker idle(address_, EngineHello(2));
+  Worker older(address_, EngineHello(3));
+  for (Worker* w : {&stuck, &busy, &idle, &older}) Expect(*w, v1::SchedulerMessage::kWelcome);
+  std::optional<v1::SchedulerMessage> goodbye;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (std::int64_t tick = 0; std::chrono::steady_clock::now() < until; ++tick) {
+    stuck.Send(Beat(3, 500));
+    busy.Send(Beat(3, 500 + tick));
+    idle.Send(Beat(0, 7));
+    older.Send(Beat(3, std::nullopt));
+    if (run.server.stuck_engines() > 0 && tick > 40) break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_EQ(run.server.stuck_engines(), 1);
+  for (std::optional<v1::SchedulerMessage> m = stuck.Next(); m; m = stuck.Next()) {
+    if (m->has_goodbye()) goodbye = m;
+  }
+  ASSERT_TRUE(goodbye.has_value());
+  EXPECT_TRUE(goodbye->goodbye().reason().starts_with(
+      "stuck: requests running and no token generated for 0.6 s (its counter at 500)"))
+      << goodbye->goodbye().reason();
+  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (run.server.engines_attached() > 3 && std::chrono::steady_clock::now() < settled) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  run.runtime.WaitIdle();
+  EXPECT_EQ(run.server.engines_attached(), 3);
+  EXPECT_EQ(run.runtime.Status().counters.engine_failures, 1);
 }
 
 }  // namespace

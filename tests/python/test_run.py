@@ -394,6 +394,140 @@ def test_a_killed_engine_a_late_engine_and_a_returning_trainer(rlsched_bin, run_
     _replay(rlsched_bin, run.log)
 
 
+def test_a_rogue_engine_cannot_report_for_other_engines_samples(rlsched_bin, run_factory,
+                                                               tmp_path):
+    """An engine on the real socket that reports finishes and progress for samples it was
+    not given (and a group it does not run) is refused every time and told why (its
+    on_refused); the run trains every sample once, from the engines that ran it."""
+    from rlsched.worker import EngineWorker
+
+    refused = []
+
+    class Rogue(EngineWorker):
+        def dispatch(self, dispatch):
+            for work in dispatch.samples:
+                for other in range(work.sample + 1, work.sample + 4):
+                    self.finished(other, 1, 0.0)
+                    self.progressed(other, 100000)
+                self.send_event(group_filtered=rollout_pb2.GroupFiltered(
+                    group=work.sample // 4 + 1, engine=0))
+                self.finished(work.sample, work.resume_from + 1, 0.0)
+
+        def abort(self, abort):
+            pass
+
+        def resume(self, resume):
+            for sample in resume.samples:
+                self.finished(sample, self._accounts[sample].tokens + 1, 0.0)
+
+        def release(self, release):
+            self.released()
+
+        def sync_weights(self, sync):
+            if sync.interrupt and not sync.replan:
+                self.paused(sync.version, [])
+            self.weights_loaded(sync.version)
+
+        def on_refused(self, event, reason):
+            refused.append((event.WhichOneof("kind"), reason))
+
+    run = run_factory(_write_config(tmp_path, steps=3))
+    rogue = Rogue(run.socket, 9, 4, token="s3cret")
+    thread = threading.Thread(target=rogue.run, daemon=True)
+    thread.start()
+    report = run.run_to_the_end(3)
+    thread.join(timeout=60)
+    assert int(report["counters"]["trained"]) == 3 * 32 * 4
+    stolen = [r for _, r in refused if "in flight on engine" in r]
+    assert stolen, refused[:5]
+    assert all(r.startswith(("sample: ", "group: ")) for _, r in refused), refused[:5]
+    kinds = {k for k, _ in refused}
+    assert {"generation_finished", "generation_progressed", "group_filtered"} <= kinds
+    assert int(report["rejected_events"]) >= len(refused)
+    assert [e for e, _ in rogue.refusals][-1].WhichOneof("kind") == refused[-1][0]
+
+
+def test_a_worker_turned_away_by_a_full_door_retries_until_welcomed(rlsched_bin, run_factory,
+                                                                     tmp_path):
+    """Streams that never say Hello fill the door (--max-waiting 2); the next worker is
+    turned away (RESOURCE_EXHAUSTED) and the worker SDK retries with backoff until the
+    silent ones are closed at their deadline (--hello-timeout), then joins."""
+    import grpc
+    from rlsched.worker import EngineWorker
+    from rlsched.worker.base import ATTACH_METHOD
+
+    run = run_factory(_write_config(tmp_path, steps=1),
+                      extra=("--time-scale", "0.005", "--max-waiting", "2",
+                             "--hello-timeout", "1.5"))
+    channel = grpc.insecure_channel(run.socket)
+    attach = channel.stream_stream(ATTACH_METHOD,
+                                   request_serializer=runtime_pb2.WorkerMessage.SerializeToString,
+                                   response_deserializer=runtime_pb2.SchedulerMessage.FromString)
+    hold = threading.Event()
+
+    def silence():
+        hold.wait(60)
+        return
+        yield
+
+    silent = [attach(silence()) for _ in range(2)]
+    welcomed = threading.Event()
+
+    class Engine(EngineWorker):
+        def on_welcome(self, welcome):
+            welcomed.set()
+
+        def dispatch(self, dispatch):
+            for work in dispatch.samples:
+                self.finished(work.sample, work.resume_from + 1, 0.0)
+
+        def abort(self, abort):
+            pass
+
+        def sync_weights(self, sync):
+            if sync.interrupt and not sync.replan:
+                self.paused(sync.version, [])
+            self.weights_loaded(sync.version)
+
+    time.sleep(0.3)  # the silent streams are waiting
+    engine = Engine(run.socket, 0, 32, token="s3cret", connect_timeout_seconds=30)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    assert welcomed.wait(30), "".join(run.err_lines)[-2000:]
+    run.wait_for("turned away")
+    run.trainer()
+    status, out, err = run.finish()
+    hold.set()
+    for call in silent:
+        call.cancel()
+    channel.close()
+    assert status == 0, err[-3000:]
+    report = json.loads(out)
+    assert report["done"]
+    assert int(report["workers_refused"]) >= 3  # turned away once at least, 2 silent closed
+
+
+def test_sigterm_ends_the_run_gracefully(rlsched_bin, run_factory):
+    """SIGTERM mid-run: the report is printed (not done), every worker is told Goodbye and
+    ends on its own, the event log is whole (it replays), the socket file is gone, and
+    the exit status says which signal (128 + 15)."""
+    run = run_factory(extra=("--time-scale", "0.02"))
+    for engine in range(2):
+        run.engine(engine)
+    run.trainer()
+    run.wait_for("step    0")
+    run.process.send_signal(signal.SIGTERM)
+    status, out, err = run.finish()
+    assert status == 128 + signal.SIGTERM, err[-3000:]
+    report = json.loads(out)
+    assert not report["done"] and int(report["counters"]["steps_finished"]) >= 1
+    assert "stopped by SIGTERM before the run finished" in err
+    for name, (process, _) in run.workers.items():
+        assert process.returncode == 0, (name, process.stderr.read()[-2000:])
+    assert not os.path.exists(run.socket[len("unix:"):])
+    _replay(rlsched_bin, run.log)
+
+
 def test_a_worker_with_a_wrong_token_is_refused(rlsched_bin, run_factory, tmp_path):
     run = run_factory(_write_config(tmp_path, steps=2))
     intruder = run.start("intruder", "--role", "engine", "--engine", "0", token="guess")

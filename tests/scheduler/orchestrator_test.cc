@@ -779,6 +779,58 @@ TEST(OrchestratorTest, InvalidEventsNameTheFieldAndChangeNothing) {
   EXPECT_EQ(core.counters().in_flight, 1);
 }
 
+// A report that names its engine is taken only for samples in flight there: an engine
+// cannot finish, advance or filter another engine's work (nor a report go past the
+// response cap); each refusal names the field and changes nothing.
+TEST(OrchestratorTest, ReportsAreBoundToTheEngineRunningTheSample) {
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .prompts_per_step = 2,
+                                         .samples_per_prompt = 2,
+                                         .max_response_tokens = 100}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(EngineJoined{.time = 0, .engine = 1, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 2)}, out);
+  std::map<std::int64_t, std::int64_t> on;  // sample -> engine
+  for (const Dispatch& d : All<Dispatch>(out)) {
+    for (const SampleWork& w : d.samples) on[w.sample] = d.engine;
+  }
+  ASSERT_EQ(on.size(), 4u);
+  const std::int64_t sample = on.begin()->first;
+  const std::int64_t owner = on.begin()->second;
+  const std::int64_t other = 1 - owner;
+  const auto refused = [&](const Event& e, const std::string& field) {
+    try {
+      core.Handle(e, out);
+      ADD_FAILURE() << "accepted: " << DescribeEvent(e);
+    } catch (const std::invalid_argument& error) {
+      EXPECT_EQ(std::string(error.what()).rfind(field + ":", 0), 0u) << error.what();
+    }
+    core.CheckInvariants();
+  };
+  refused(GenerationFinished{.time = 1, .sample = sample, .tokens = 1, .engine = other}, "sample");
+  refused(GenerationProgressed{.time = 1, .sample = sample, .tokens = 1, .engine = other},
+          "sample");
+  refused(GenerationProgressed{.time = 1, .sample = sample, .tokens = 101, .engine = owner},
+          "tokens");
+  refused(GenerationFinished{.time = 1, .sample = sample, .tokens = 101}, "tokens");
+  // Group 0's two samples: on one engine each, or both on one.
+  const bool split = on.at(0) != on.at(1);
+  refused(GroupFiltered{.time = 1, .group = 0, .engine = split ? on.at(0) : 1 - on.at(0)}, "group");
+  EXPECT_EQ(core.counters().in_flight, 4);
+  EXPECT_EQ(core.counters().filtered, 0);
+
+  out.clear();
+  core.Handle(GenerationFinished{.time = 2, .sample = sample, .tokens = 100, .engine = owner}, out);
+  EXPECT_EQ(core.counters().buffered, 1);
+  // The other sample of its group, still running, may be filtered by its own engine
+  // when nothing of the group runs elsewhere; or by the trainer (kAnyEngine).
+  const std::int64_t mate = sample ^ 1;
+  core.Handle(GroupFiltered{.time = 3, .group = sample / 2, .engine = on.at(mate)}, out);
+  EXPECT_EQ(core.counters().filtered_groups, 1);
+  core.CheckInvariants();
+}
+
 // An engine paused for an interrupting sync reports all its samples in one event; a
 // report that does not match the pause is refused, naming the field, and changes nothing.
 TEST(OrchestratorTest, PauseReportCoversEveryPausedSampleOnce) {
@@ -1116,6 +1168,7 @@ TEST(OrchestratorTest, OptionsAreValidated) {
   expect_error(negative_steps, "num_steps");
   policy_error({.length_quantile = 0}, "length_quantile");
   policy_error({.initial_prediction = 0}, "initial_prediction");
+  policy_error({.max_response_tokens = -1}, "max_response_tokens");
   policy_error({.max_generating_groups = -1}, "max_generating_groups");
   // Pause mode abort needs something to pause: async with partial rollout.
   policy_error({.mode = Mode::kSync, .pause_mode = PauseMode::kAbort}, "pause_mode");

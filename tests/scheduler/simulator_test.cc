@@ -193,6 +193,9 @@ TEST(SimulatorValidate, NamesTheField) {
       {"step.micro_batch.max_tokens_per_micro_batch: must be >= the longest sequence",
        [](SimulatorConfig& c) { c.step.micro_batch.max_tokens_per_micro_batch = 8192; }},
       {"step.", [](SimulatorConfig& c) { c.step.micro_batch.min_micro_batches = 0; }},
+      {"orchestrator.max_response_tokens: must be 0 or >= the workload's longest response "
+       "(16384), got 16383",
+       [](SimulatorConfig& c) { c.orchestrator.max_response_tokens = 16383; }},
   };
   for (const Case& test : cases) {
     SimulatorConfig config = DefaultSimulatorConfig();

@@ -78,6 +78,7 @@ v1::OrchestratorEvent ToEventMessage(const s::Event& event) {
           x->set_sample(e.sample);
           x->set_tokens(e.tokens);
           AddSpans(e.spans, *x->mutable_spans());
+          if (e.engine != s::kAnyEngine) x->set_engine(e.engine);
         } else if constexpr (std::is_same_v<T, s::GenerationFinished>) {
           v1::GenerationFinished* x = m.mutable_generation_finished();
           x->set_time(e.time);
@@ -94,9 +95,11 @@ v1::OrchestratorEvent ToEventMessage(const s::Event& event) {
             t->set_seconds(e.telemetry->seconds);
             t->set_paused_seconds(e.telemetry->paused_seconds);
           }
+          if (e.engine != s::kAnyEngine) x->set_engine(e.engine);
         } else if constexpr (std::is_same_v<T, s::GroupFiltered>) {
           m.mutable_group_filtered()->set_time(e.time);
           m.mutable_group_filtered()->set_group(e.group);
+          if (e.engine != s::kAnyEngine) m.mutable_group_filtered()->set_engine(e.engine);
         } else if constexpr (std::is_same_v<T, s::TrainStepFinished>) {
           v1::TrainStepFinished* x = m.mutable_train_step_finished();
           x->set_time(e.time);
@@ -156,7 +159,8 @@ s::Event ToEvent(const v1::OrchestratorEvent& m) {
       return s::GenerationProgressed{.time = x.time(),
                                      .sample = x.sample(),
                                      .tokens = x.tokens(),
-                                     .spans = SpansOf(x.spans())};
+                                     .spans = SpansOf(x.spans()),
+                                     .engine = x.has_engine() ? x.engine() : s::kAnyEngine};
     }
     case v1::OrchestratorEvent::kGenerationFinished: {
       const v1::GenerationFinished& x = m.generation_finished();
@@ -164,7 +168,8 @@ s::Event ToEvent(const v1::OrchestratorEvent& m) {
                               .sample = x.sample(),
                               .tokens = x.tokens(),
                               .reward = x.reward(),
-                              .spans = SpansOf(x.spans())};
+                              .spans = SpansOf(x.spans()),
+                              .engine = x.has_engine() ? x.engine() : s::kAnyEngine};
       if (x.has_telemetry()) {
         const v1::RequestTelemetry& t = x.telemetry();
         e.telemetry = s::RequestTelemetry{.generated_tokens = t.generated_tokens(),
@@ -177,8 +182,10 @@ s::Event ToEvent(const v1::OrchestratorEvent& m) {
       return e;
     }
     case v1::OrchestratorEvent::kGroupFiltered:
-      return s::GroupFiltered{.time = m.group_filtered().time(),
-                              .group = m.group_filtered().group()};
+      return s::GroupFiltered{
+          .time = m.group_filtered().time(),
+          .group = m.group_filtered().group(),
+          .engine = m.group_filtered().has_engine() ? m.group_filtered().engine() : s::kAnyEngine};
     case v1::OrchestratorEvent::kTrainStepFinished: {
       const v1::TrainStepFinished& x = m.train_step_finished();
       return s::TrainStepFinished{.time = x.time(), .step = x.step(), .call = x.call()};

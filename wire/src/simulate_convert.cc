@@ -32,7 +32,7 @@ constexpr std::array<ComparisonRun, 6> kComparisonRuns = {{
 
 // The OrchestratorPolicy fields: a message of the simulator's Validate() that starts
 // with one of these (without "orchestrator.") is about them.
-constexpr std::array<std::string_view, 17> kOrchestratorFields = {
+constexpr std::array<std::string_view, 18> kOrchestratorFields = {
     "mode",
     "max_staleness",
     "partial_rollout",
@@ -49,6 +49,7 @@ constexpr std::array<std::string_view, 17> kOrchestratorFields = {
     "initial_prediction",
     "longest_first",
     "max_generating_groups",
+    "max_response_tokens",
     "filter",
 };
 
@@ -227,6 +228,7 @@ void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& confi
   if (in.has_initial_prediction()) out.initial_prediction = in.initial_prediction();
   if (in.has_longest_first()) out.longest_first = in.longest_first();
   if (in.has_max_generating_groups()) out.max_generating_groups = in.max_generating_groups();
+  if (in.has_max_response_tokens()) out.max_response_tokens = in.max_response_tokens();
   if (in.has_num_steps()) {
     Fail("num_steps", "does not apply to a simulation, which runs `steps` train steps");
   }
@@ -647,6 +649,7 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   orchestrator->set_initial_prediction(o.initial_prediction);
   orchestrator->set_longest_first(o.longest_first);
   orchestrator->set_max_generating_groups(o.max_generating_groups);
+  orchestrator->set_max_response_tokens(o.max_response_tokens);
 
   message.set_steps(config.steps);
   message.set_engines(config.engines);

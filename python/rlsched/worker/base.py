@@ -1,5 +1,7 @@
 """The worker side of ``rlsched.v1.Scheduler/Attach`` (see the package docstring)."""
 
+import collections
+import logging
 import os
 import queue
 import threading
@@ -16,6 +18,11 @@ ATTACH_METHOD = "/rlsched.v1.Scheduler/Attach"
 _PLANS_KEPT = 8
 # A trainer's part of a large plan (every transfer) can exceed gRPC's 4 MiB default.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
+# Refusals kept in Worker.refusals (the newest).
+_REFUSALS_KEPT = 256
+# Attach failures retried until welcomed: not listening yet, or the door full for now.
+_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+_log = logging.getLogger("rlsched.worker")
 
 
 def env_default(value: Optional[str], name: str) -> str:
@@ -71,6 +78,9 @@ class Worker:
         # newest.
         self.weight_plans: Dict[str, WeightUpdate] = {}
         self.weight_plan: Optional[WeightUpdate] = None
+        # The scheduler's refusals of this worker's events, newest last: (event, reason).
+        self.refusals: "collections.deque[Tuple[rollout_pb2.OrchestratorEvent, str]]" = \
+            collections.deque(maxlen=_REFUSALS_KEPT)
         self._out: "queue.Queue[Optional[runtime_pb2.WorkerMessage]]" = queue.Queue()
         self._done = threading.Event()
 
@@ -93,9 +103,28 @@ class Worker:
     def on_stop(self) -> None:
         """Called when the session ends (Goodbye, or the scheduler went away)."""
 
+    def on_refused(self, event: rollout_pb2.OrchestratorEvent, reason: str) -> None:
+        """Called when the scheduler refused one of this worker's events (the state is
+        unchanged): ``event`` as the scheduler saw it, ``reason`` naming the field and
+        the bound (``"sample: must be a sample in flight on the reporting engine 3, got
+        17 (...)"``). Some are races an honest worker meets (a finish crossing the
+        ``abort`` of its sample); others are its errors. The default logs a warning
+        (logger ``rlsched.worker``); override to raise, which ends :meth:`run` with that
+        exception. ``self.refusals`` keeps the newest."""
+        _log.warning("the scheduler refused %s: %s", event.WhichOneof("kind"), reason)
+
     def load(self) -> Tuple[int, int]:
         """``(running, waiting)`` requests, sent with every heartbeat (a trainer: zeros)."""
         return 0, 0
+
+    def generated_tokens(self) -> Optional[int]:
+        """An engine's generated-token counter (tokens decoded since it started, never
+        going down), sent with every heartbeat; None: not sent. With it the scheduler
+        tells a stuck engine (requests running, the counter still for ``rlsched run
+        --stuck-timeout``) from a busy one, and drops it (Goodbye "stuck: ..."); without
+        it the engine is not judged. Read it from the engine's own metrics (vLLM's and
+        SGLang's generation-token counters)."""
+        return None
 
     # ---- Sending. ----
 
@@ -106,10 +135,10 @@ class Worker:
 
     # ---- The session. ----
 
-    def _requests(self):
+    def _requests(self, out: "queue.Queue[Optional[runtime_pb2.WorkerMessage]]"):
         yield runtime_pb2.WorkerMessage(hello=self.hello())
         while True:
-            message = self._out.get()
+            message = out.get()
             if message is None:
                 return
             yield message
@@ -123,8 +152,11 @@ class Worker:
 
     def _heartbeat(self) -> None:
         running, waiting = self.load()
-        self._out.put(runtime_pb2.WorkerMessage(
-            heartbeat=runtime_pb2.Heartbeat(running=running, waiting=waiting)))
+        beat = runtime_pb2.Heartbeat(running=running, waiting=waiting)
+        tokens = self.generated_tokens()
+        if tokens is not None:
+            beat.generated_tokens = int(tokens)
+        self._out.put(runtime_pb2.WorkerMessage(heartbeat=beat))
 
     def _heartbeats(self) -> None:
         while not self._done.wait(self._heartbeat_interval()):
@@ -154,43 +186,70 @@ class Worker:
 
     def run(self) -> Optional[str]:
         """Attaches and handles commands until the scheduler says Goodbye (returns its
-        reason) or goes away (raises grpc.RpcError). Retries while the scheduler is
-        not listening yet, up to ``connect_timeout_seconds``."""
+        reason) or goes away (raises grpc.RpcError). Until welcomed it retries, with
+        backoff up to ``connect_timeout_seconds``, while the scheduler is not listening
+        yet or turns the stream away for now (UNAVAILABLE, RESOURCE_EXHAUSTED: its door
+        is full of streams that have not said Hello)."""
         deadline = time.monotonic() + self.connect_timeout_seconds
+        delay = 0.05
         channel = self._channel()
         try:
-            grpc.channel_ready_future(channel).result(
-                timeout=max(0.0, deadline - time.monotonic()))
-            attach = channel.stream_stream(
-                ATTACH_METHOD,
-                request_serializer=runtime_pb2.WorkerMessage.SerializeToString,
-                response_deserializer=runtime_pb2.SchedulerMessage.FromString)
-            heartbeat = threading.Thread(target=self._heartbeats, daemon=True)
-            heartbeat.start()
-            try:
-                for message in attach(self._requests()):
-                    kind = message.WhichOneof("kind")
-                    if kind == "welcome":
-                        self.welcome = message.welcome
-                        self.on_welcome(message.welcome)
-                        self._heartbeat()  # the first, with the load at the start
-                    elif kind == "command":
-                        self.on_command(message.command)
-                    elif kind == "weight_sync_plan":
-                        self._plan(message.weight_sync_plan)
-                    elif kind == "goodbye":
-                        self.goodbye = message.goodbye.reason
-                        break
-            except grpc.RpcError:
-                if self.goodbye is None:
-                    raise
-            finally:
-                self._done.set()
-                self._out.put(None)
-                self.on_stop()
-            return self.goodbye
+            while True:
+                try:
+                    grpc.channel_ready_future(channel).result(
+                        timeout=max(0.0, deadline - time.monotonic()))
+                    return self._session(channel)
+                except grpc.RpcError as error:
+                    if (self.welcome is not None or error.code() not in _RETRIED
+                            or time.monotonic() + delay > deadline):
+                        raise
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+                self._out = queue.Queue()  # the failed attempt's request thread keeps its own
         finally:
+            self._done.set()
+            self._out.put(None)
+            self.on_stop()
             channel.close()
+
+    def _session(self, channel: grpc.Channel) -> Optional[str]:
+        """One Attach stream: the commands until Goodbye; raises grpc.RpcError when the
+        stream fails (before a Goodbye)."""
+        attach = channel.stream_stream(
+            ATTACH_METHOD,
+            request_serializer=runtime_pb2.WorkerMessage.SerializeToString,
+            response_deserializer=runtime_pb2.SchedulerMessage.FromString)
+        out = self._out
+        try:
+            for message in attach(self._requests(out)):
+                if self._handle(message):
+                    break
+        except grpc.RpcError:
+            if self.goodbye is None:
+                raise
+        finally:
+            out.put(None)
+        return self.goodbye
+
+    def _handle(self, message: runtime_pb2.SchedulerMessage) -> bool:
+        """One message of the scheduler's; True for Goodbye."""
+        kind = message.WhichOneof("kind")
+        if kind == "welcome":
+            self.welcome = message.welcome
+            self.on_welcome(message.welcome)
+            self._heartbeat()  # the first, with the load at the start
+            threading.Thread(target=self._heartbeats, daemon=True).start()
+        elif kind == "command":
+            self.on_command(message.command)
+        elif kind == "weight_sync_plan":
+            self._plan(message.weight_sync_plan)
+        elif kind == "refused":
+            self.refusals.append((message.refused.event, message.refused.reason))
+            self.on_refused(message.refused.event, message.refused.reason)
+        elif kind == "goodbye":
+            self.goodbye = message.goodbye.reason
+            return True
+        return False
 
 
 class _Account:

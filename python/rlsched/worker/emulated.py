@@ -154,6 +154,7 @@ class EmulatedEngine(EngineWorker):
         super().__init__(*args, **kwargs)
         self._lock = threading.Condition()
         self._running: Dict[int, _Sample] = {}
+        self._generated = 0.0  # tokens decoded, all samples (the heartbeats' counter)
         self._timers: List = []  # (run time, seq, callable)
         self._seq = 0
         self._stop = False
@@ -316,8 +317,15 @@ class EmulatedEngine(EngineWorker):
             step = self._step_seconds(active)
             gained = (now - last) / step if step > 0 else float("inf")
             for run in active:
+                before = run.tokens
                 run.tokens = min(float(run.length), run.tokens + gained)
+                self._generated += run.tokens - before
         return now
+
+    def generated_tokens(self) -> Optional[int]:
+        with self._lock:
+            self._advance()
+            return int(self._generated)
 
     def _loop(self) -> None:
         with self._lock:

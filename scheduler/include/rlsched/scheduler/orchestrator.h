@@ -194,14 +194,23 @@ struct EngineFailed {  // its samples come back; progress kept per option
   double time = 0;
   std::int64_t engine = 0;
 };
-// A sample's total generated tokens so far (at least the last reported). Required
-// after SyncWeights{interrupt = true}, for every sample then in flight on the engine,
-// unless the engine reports them all in one GenerationPaused.
+// The engine a sample's report comes from (GenerationProgressed, GenerationFinished,
+// GroupFiltered): a report naming an engine is refused ("sample", or "group") unless
+// the sample is in flight on that engine. kAnyEngine: the driver vouches for it (an
+// in-process driver); a live run's worker server names the stream's engine in every
+// report, so that no engine can speak for another's samples.
+inline constexpr std::int64_t kAnyEngine = -1;
+
+// A sample's total generated tokens so far (at least the last reported, at most
+// max_response_tokens). Required after SyncWeights{interrupt = true}, for every sample
+// then in flight on the engine, unless the engine reports them all in one
+// GenerationPaused.
 struct GenerationProgressed {
   double time = 0;
   std::int64_t sample = 0;
   std::int64_t tokens = 0;
-  EngineSpans spans;  // the engine's account of its tokens' versions; empty: none
+  EngineSpans spans;                 // the engine's account of its tokens' versions; empty: none
+  std::int64_t engine = kAnyEngine;  // the reporting engine (see kAnyEngine)
 };
 struct SampleProgress {
   std::int64_t sample = 0;
@@ -235,15 +244,20 @@ struct RequestTelemetry {
 struct GenerationFinished {
   double time = 0;
   std::int64_t sample = 0;
-  std::int64_t tokens = 0;  // total response tokens, >= the progress reported
+  // Total response tokens, >= the progress reported, <= max_response_tokens.
+  std::int64_t tokens = 0;
   double reward = 0;
   EngineSpans spans;  // the engine's account of its tokens' versions; empty: none
   std::optional<RequestTelemetry> telemetry;
+  std::int64_t engine = kAnyEngine;  // the reporting engine (see kAnyEngine)
 };
-// An external judgement (e.g. a verifier) dropping a whole group.
+// An external judgement (e.g. a verifier) dropping a whole group. From an engine
+// (engine >= 0) only while the group runs there alone: at least one of its samples in
+// flight on that engine and none on another (else refused, naming "group").
 struct GroupFiltered {
   double time = 0;
   std::int64_t group = 0;
+  std::int64_t engine = kAnyEngine;  // kAnyEngine: the trainer's or the driver's judgement
 };
 // The trainer call started last has finished (with streaming, a step is several calls).
 struct TrainStepFinished {
@@ -373,6 +387,10 @@ struct OrchestratorPolicy {
   double length_quantile = 0.5;
   // Response tokens predicted before any sample has finished, >= 1.
   std::int64_t initial_prediction = 1024;
+  // The engines' generation cap (vLLM's max_tokens, a framework's response length),
+  // >= 0 (0: no cap below 2^40): a progress or finish report of more response tokens
+  // is refused, naming "tokens".
+  std::int64_t max_response_tokens = 0;
 };
 
 // The policy and the embedder's hooks. Written with the policy's designated

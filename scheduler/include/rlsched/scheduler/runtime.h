@@ -13,8 +13,8 @@
 //     injected clock (never earlier than the previous event: the core needs
 //     non-decreasing times), handles it, and sends the commands on. An event the core
 //     refuses (an unknown sample, a step that was not started…) is counted in
-//     RuntimeStatus::rejected_events and logged; the state is unchanged and the run
-//     goes on.
+//     RuntimeStatus::rejected_events, logged and handed to on_reject (a live run tells
+//     the worker that sent it); the state is unchanged and the run goes on.
 //   - weight sync: a serial node on the engines' path. For SyncWeights it attaches
 //     the engine's part of its membership's resharding plan (EngineTransfers): the
 //     core node passes on, with each SyncWeights, the engines joined and not left or
@@ -171,8 +171,9 @@ std::vector<EngineTransfers> SplitWeightSync(const WeightSyncLayout& layout,
 
 // The engine a command is for; -1 for StartTrain (the trainer's). O(1).
 std::int64_t EngineOf(const Command& command);
-// The engine an engine-scoped event names (EngineJoined, EngineLeft, EngineFailed,
-// WeightsLoaded, EngineReleased, GenerationPaused); nullopt for the others. O(1).
+// The engine an event names (EngineJoined, EngineLeft, EngineFailed, WeightsLoaded,
+// EngineReleased, GenerationPaused; GenerationProgressed, GenerationFinished and
+// GroupFiltered unless kAnyEngine); nullopt for the others. O(1).
 std::optional<std::int64_t> EngineOf(const Event& event);
 
 class EngineBackend {
@@ -213,6 +214,9 @@ struct RuntimeOptions {
   // Every command, in the core's order (the sink's thread; StartTrain without its plan).
   std::function<void(const Command&)> on_command;
   std::function<void(const StepProgress&)> on_step;
+  // Every event the core refused, with the reason (the core node's thread, before the
+  // event reaches on_event): a live run tells the worker that sent it.
+  std::function<void(const Event&, const std::string& why)> on_reject;
 };
 
 // Throws std::invalid_argument naming the field (orchestrator.*, step.*,
