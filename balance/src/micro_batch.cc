@@ -78,26 +78,23 @@ Assignment LptOnTokens(const RankItems& items, std::int64_t m,
   const auto n = static_cast<std::int64_t>(items.tokens.size());
   // Only as many bins as items can receive one (as GreedyLptSorted).
   const auto bins = static_cast<std::size_t>(std::min(m, std::max<std::int64_t>(n, 1)));
-  struct Open {
-    std::int64_t load;
-    std::int32_t bin;
-  };
-  auto lighter = [](const Open& x, const Open& y) {
-    return x.load != y.load ? x.load < y.load : x.bin < y.bin;
-  };
-  std::vector<Open> heap(bins);  // ascending, so a min-heap
-  for (std::size_t b = 0; b < bins; ++b) heap[b] = Open{0, static_cast<std::int32_t>(b)};
+  // Keys load · 2^32 + bin: one comparison orders by load, then bin; the sift picks
+  // the lighter child without a branch.
+  __extension__ typedef unsigned __int128 Key;
+  std::vector<Key> heap(bins);  // ascending, so a min-heap
+  for (std::size_t b = 0; b < bins; ++b) heap[b] = static_cast<Key>(b);
   Assignment assignment(items.tokens.size(), 0);
   for (const std::int32_t i : by_tokens) {
-    Open top = heap.front();
-    assignment[static_cast<std::size_t>(i)] = top.bin;
-    top.load += items.tokens[static_cast<std::size_t>(i)];
+    const Key bin = heap.front() & 0xffff'ffffu;
+    assignment[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(bin);
+    const Key top =
+        heap.front() + (static_cast<Key>(items.tokens[static_cast<std::size_t>(i)]) << 32);
     std::size_t hole = 0;
     for (;;) {
       std::size_t child = 2 * hole + 1;
       if (child >= bins) break;
-      if (child + 1 < bins && lighter(heap[child + 1], heap[child])) ++child;
-      if (!lighter(heap[child], top)) break;
+      if (child + 1 < bins) child += heap[child + 1] < heap[child] ? 1 : 0;
+      if (!(heap[child] < top)) break;
       heap[hole] = heap[child];
       hole = child;
     }

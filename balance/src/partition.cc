@@ -40,7 +40,15 @@ std::int64_t CheckWeights(std::span<const std::int64_t> weights, std::string_vie
     rlsched::Fail(std::string(field), "at most " + std::to_string(kMaxItems) + " entries, got " +
                                           std::to_string(weights.size()));
   }
+  // One pass without branches; the failing entry found again, in order, on failure.
   std::int64_t sum = 0;
+  bool bad = false;
+  for (const std::int64_t w : weights) {
+    bad |= w < 0;
+    bad |= __builtin_add_overflow(sum, w, &sum);
+  }
+  if (!bad) return sum;
+  sum = 0;
   for (std::size_t i = 0; i < weights.size(); ++i) {
     if (weights[i] < 0) {
       rlsched::FailBound(std::string(field) + "[" + std::to_string(i) + "]", ">= 0", weights[i]);

@@ -82,9 +82,11 @@ void SetTotals(const Padded& padded, const MicroBatchOptions& mb, StepPlan& plan
 // step_baseline.cc, replaced it there; it stays a candidate, so the plan is the same.)
 OnCostRanks KarmarkarKarpOnCostRanks(const Padded& padded, const StepOptions& options) {
   const MicroBatchOptions& mb = options.micro_batch;
-  const Partition ranks =
-      MakePartition(padded.costs, options.num_ranks, PartSizes::kEqual,
-                    KarmarkarKarp(padded.costs, options.num_ranks, PartSizes::kEqual));
+  // One rank takes everything (what Karmarkar-Karp into one part gives).
+  const Partition ranks = MakePartition(
+      padded.costs, options.num_ranks, PartSizes::kEqual,
+      options.num_ranks == 1 ? Assignment(padded.costs.size(), 0)
+                             : KarmarkarKarp(padded.costs, options.num_ranks, PartSizes::kEqual));
   OnCostRanks result;
   for (std::int64_t r = 0; r < options.num_ranks; ++r) {
     result.items.push_back(Gather(padded, ranks.part(r)));
