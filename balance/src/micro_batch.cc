@@ -484,13 +484,17 @@ namespace {
 // First-fit comes before the balanced constructions: it packs tightest (at the
 // smallest count of a large rank, often the only one that fits) and costs least.
 std::optional<Assignment> FirstWithinCap(const RankItems& items, std::int64_t m, std::int64_t cap,
-                                         const std::optional<Assignment>& extra) {
+                                         const std::optional<Assignment>& extra,
+                                         std::span<const std::int32_t> given_by_tokens) {
   auto done = [&](Assignment packing) {
     FillEmptyBins(items, m, packing);
     return std::optional<Assignment>(std::move(packing));
   };
   if (extra && WithinCap(LoadsOf(items, m, *extra), cap)) return done(*extra);
-  const std::vector<std::int32_t> by_tokens = HeaviestFirst(items.tokens);
+  std::vector<std::int32_t> sorted_here;
+  if (given_by_tokens.size() != items.tokens.size()) sorted_here = HeaviestFirst(items.tokens);
+  const std::span<const std::int32_t> by_tokens =
+      given_by_tokens.size() == items.tokens.size() ? given_by_tokens : sorted_here;
   if (auto ffd = FirstFitDecreasing(items, m, cap, by_tokens)) return done(std::move(*ffd));
   Assignment kk = KarmarkarKarpSorted(
       items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
@@ -507,19 +511,22 @@ std::optional<Assignment> FirstWithinCap(const RankItems& items, std::int64_t m,
 
 std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int64_t cap,
                                const RefineOptions& refine, const std::optional<Assignment>& extra,
-                               PackGoal goal) {
+                               PackGoal goal, std::span<const std::int32_t> given_by_tokens) {
   const std::int64_t n = static_cast<std::int64_t>(items.tokens.size());
   if (n <= m) {
     Assignment one_each(static_cast<std::size_t>(n));
     std::iota(one_each.begin(), one_each.end(), 0);
     return one_each;
   }
-  if (goal == PackGoal::kWithinCap) return FirstWithinCap(items, m, cap, extra);
+  if (goal == PackGoal::kWithinCap) return FirstWithinCap(items, m, cap, extra, given_by_tokens);
   std::vector<Assignment> starts;
   // The items by tokens, heaviest first, sorted once for the repair, the greedy and
   // first-fit; by cost the same order when costs are the tokens (the tokens' cost model
   // without padding).
-  const std::vector<std::int32_t> by_tokens = HeaviestFirst(items.tokens);
+  std::vector<std::int32_t> sorted_here;
+  if (given_by_tokens.size() != items.tokens.size()) sorted_here = HeaviestFirst(items.tokens);
+  const std::span<const std::int32_t> by_tokens =
+      given_by_tokens.size() == items.tokens.size() ? given_by_tokens : sorted_here;
   Assignment kk = KarmarkarKarpSorted(
       items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
       PartSizes::kAny);
@@ -688,9 +695,11 @@ double TimeBound(double rank_cost, double max_item, std::int64_t m,
 RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOptions& options) {
   RankSearch search{std::move(items), 0, std::nullopt};
   const std::int64_t q = options.micro_batches_multiple_of;
+  std::vector<std::int32_t> by_tokens;  // sorted at the second count (most ranks need one)
   for (std::int64_t m = from;; m += q) {
+    if (m != from && by_tokens.empty()) by_tokens = HeaviestFirst(search.items.tokens);
     search.packing = Pack(search.items, m, options.max_tokens_per_micro_batch, options.refine,
-                          std::nullopt, PackGoalFor(options));
+                          std::nullopt, PackGoalFor(options), by_tokens);
     if (search.packing) {
       search.feasible_count = m;
       return search;

@@ -158,10 +158,12 @@ inline PackGoal PackGoalFor(const MicroBatchOptions& options) {
 // A packing of `items` into exactly m bins under the cap (with balanced cost for
 // PackGoal::kBalanced), or nullopt if none of the constructions fits. `extra` is one
 // more starting point (e.g. a packing found for fewer bins, which stays valid with
-// empty bins added). With at least m items no bin is left empty.
+// empty bins added). With at least m items no bin is left empty. `by_tokens`, when
+// given, is HeaviestFirst(items.tokens) (for callers that pack the same items again).
 std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int64_t cap,
                                const RefineOptions& refine, const std::optional<Assignment>& extra,
-                               PackGoal goal = PackGoal::kBalanced);
+                               PackGoal goal = PackGoal::kBalanced,
+                               std::span<const std::int32_t> by_tokens = {});
 
 // Σ (cost_i + overhead) + (p − 1) · max (cost_i + overhead) (resolved options).
 std::int64_t RankTime(const std::vector<MicroBatch>& batches, const MicroBatchOptions& options);

@@ -49,10 +49,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import rlsched
 from rlsched import client as _client
 from rlsched.errors import InvalidArgumentError
-from rlsched.integrations import Integration, Target, needs_native
+from rlsched.integrations import Integration, Target, needs_native, plan_step_indices
 
 __all__ = ["MODULE", "COMMIT", "INTEGRATION", "AllocationError", "install", "uninstall",
            "installed", "check", "kk_allocate"]
@@ -69,6 +68,8 @@ class AllocationError(InvalidArgumentError, RuntimeError):
 def _values(values: Any) -> list[int]:
     if hasattr(values, "tolist"):
         values = values.tolist()
+    if isinstance(values, list) and all(type(value) is int and value >= 0 for value in values):
+        return values
     out = []
     for i, value in enumerate(values):
         if hasattr(value, "item") and not isinstance(value, (int, float)):
@@ -85,11 +86,10 @@ def _values(values: Any) -> list[int]:
 def _count(values: list[int], capacity: int, minimum: int, divisor: int) -> list[list[int]]:
     """The step planner's groups: the fewest under the cap, at least `minimum` and a
     multiple of `divisor` (empty ones left out where the values cannot fill them)."""
-    plan = rlsched.plan_step(values, num_ranks=1, max_token_len=capacity,
-                             min_micro_batches=min(minimum, len(values)),
-                             micro_batches_multiple_of=divisor, order="heaviest_first",
-                             baseline=False)
-    return [list(m.indices) for m in plan.ranks[0].micro_batches if m.indices]
+    plan, _, _ = plan_step_indices(values, 1, capacity,
+                                   min_micro_batches=min(minimum, len(values)),
+                                   micro_batches_multiple_of=divisor, order="heaviest_first")
+    return [indices for indices in plan[0] if indices]
 
 
 def _balanced(values: list[int], k: int, equal_size: bool) -> list[list[int]]:
