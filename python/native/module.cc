@@ -238,30 +238,11 @@ py::dict Balance(const py::handle& lengths_object, std::int64_t num_parts, bool 
   return out;
 }
 
-// Python ints 0, 1, ... made once and shared by the index lists handed out (ints are
-// immutable), up to kSharedInts of them: an index list then costs a reference count
-// per entry instead of an allocation. Used with the GIL held.
-constexpr std::int64_t kSharedInts = std::int64_t{1} << 18;
-
-PyObject* SharedInt(std::int64_t value) {
-  static std::vector<PyObject*>* const shared = new std::vector<PyObject*>();  // never freed
-  if (value < 0 || value >= kSharedInts) return PyLong_FromLongLong(value);
-  const auto i = static_cast<std::size_t>(value);
-  while (shared->size() <= i) {
-    PyObject* next = PyLong_FromSize_t(shared->size());
-    if (next == nullptr) return nullptr;
-    shared->push_back(next);
-  }
-  PyObject* object = (*shared)[i];
-  Py_INCREF(object);
-  return object;
-}
-
 // Indices as a list of Python ints.
 py::list IntList(std::span<const std::int64_t> values) {
   py::list list(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
-    PyObject* value = SharedInt(values[i]);
+    PyObject* value = PyLong_FromLongLong(static_cast<long long>(values[i]));
     if (value == nullptr) throw py::error_already_set();
     PyList_SET_ITEM(list.ptr(), static_cast<py::ssize_t>(i), value);  // steals
   }
