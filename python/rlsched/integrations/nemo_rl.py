@@ -78,24 +78,25 @@ def pack(sequence_lengths: Any, bin_capacity: int, min_bin_count: Optional[int] 
     sequences allow (no bin empty: NeMo-RL's bin-count adjustment raises when they do
     not); with ``min_bin_count == bin_count_multiple`` (shards) ``bins[s::shards]`` is
     shard s's share of a joint plan."""
-    converted = not isinstance(sequence_lengths, list)
-    lengths = [int(length) for length in sequence_lengths] if converted else sequence_lengths
+    lengths = sequence_lengths if isinstance(sequence_lengths, list) \
+        else [int(length) for length in sequence_lengths]
     if not lengths:
         return []
     cap = int(bin_capacity)
     try:
-        over = max(lengths) > cap
-    except TypeError:  # entries max() cannot compare
-        over = True
-    if over and not converted:  # as int() reads them
-        lengths = [int(length) for length in lengths]
-        over = max(lengths) > cap
-    if over:
-        i = next(i for i, length in enumerate(lengths) if length > cap)
-        raise InvalidArgumentError(
-            f"sequence_lengths[{i}]: {lengths[i]} tokens, above bin_capacity = {cap}",
-            f"sequence_lengths[{i}]")
-    shards = bin_count_multiple or 1
+        return _pack(lengths, cap, min_bin_count, bin_count_multiple or 1)
+    except InvalidArgumentError as error:
+        # A sequence above the capacity (the planner refuses it too), named as NeMo-RL's
+        # packers name it.
+        for i, length in enumerate(int(length) for length in lengths):
+            if length > cap:
+                raise InvalidArgumentError(
+                    f"sequence_lengths[{i}]: {length} tokens, above bin_capacity = {cap}",
+                    f"sequence_lengths[{i}]") from None
+        raise error
+
+
+def _pack(lengths: list, cap: int, min_bin_count: Optional[int], shards: int) -> list:
     if shards > 1 and min_bin_count == shards and len(lengths) >= shards:
         ranks, count, empty = plan_step_indices(lengths, shards, cap)
         if not empty:
