@@ -91,6 +91,30 @@ struct SmallerSpread {
 // most 64 times.
 class WaitingTuples {
  public:
+  // The buckets' storage is the thread's from the last run, when no other run of the
+  // thread holds it (their capacity kept: a run then reallocates none of its buckets).
+  WaitingTuples() {
+    Spare& spare = ThreadSpare();
+    if (!spare.in_use) {
+      spare.in_use = true;
+      for (int b = 0; b < 64; ++b) buckets_[b].swap(spare.buckets[b]);
+      owns_spare_ = true;
+    }
+  }
+
+  ~WaitingTuples() {
+    if (!owns_spare_) return;
+    Spare& spare = ThreadSpare();
+    for (int b = 0; b < 64; ++b) {
+      buckets_[b].clear();
+      if (buckets_[b].capacity() <= kKeptUnits) buckets_[b].swap(spare.buckets[b]);
+    }
+    spare.in_use = false;
+  }
+
+  WaitingTuples(const WaitingTuples&) = delete;
+  WaitingTuples& operator=(const WaitingTuples&) = delete;
+
   bool empty() const { return size_ == 0; }
 
   void Push(const Unit& unit) {
@@ -128,6 +152,18 @@ class WaitingTuples {
   }
 
  private:
+  // A bucket's storage kept for the thread's next run up to this many units.
+  static constexpr std::size_t kKeptUnits = std::size_t{1} << 16;
+
+  struct Spare {
+    std::vector<Unit> buckets[64];
+    bool in_use = false;
+  };
+  static Spare& ThreadSpare() {
+    thread_local Spare spare;
+    return spare;
+  }
+
   int BucketOf(std::int64_t spread) const {
     return std::bit_width(static_cast<std::uint64_t>(last_ ^ spread));
   }
@@ -149,6 +185,7 @@ class WaitingTuples {
   std::size_t head_ = 0;           // bucket 0's first unit not yet popped
   std::uint64_t nonempty_ = 0;
   std::size_t size_ = 0;
+  bool owns_spare_ = false;
 };
 
 // One join of two slots: `item` (the first item of one) goes to the part of `with`
@@ -166,14 +203,14 @@ class Differencer {
   Differencer(std::span<const std::int64_t> sorted, std::span<const std::int32_t> order,
               std::int64_t num_parts)
       : sorted_(sorted), order_(order), n_(order.size()), k_(static_cast<std::size_t>(num_parts)) {
-    joins_.reserve(n_);
+    joins_.reset(new Link[n_ > 0 ? n_ - 1 : 0]);
   }
 
   // `singles[s]` is the slot of the s-th heaviest item (internal::HeaviestFirstSlots).
   Differencer(std::span<const std::uint64_t> singles,
               std::int64_t num_parts) requires std::is_same_v<Key, std::uint64_t>
       : singles_(singles), n_(singles.size()), k_(static_cast<std::size_t>(num_parts)) {
-    joins_.reserve(n_);
+    joins_.reset(new Link[n_ > 0 ? n_ - 1 : 0]);
   }
 
   Assignment RunUnconstrained() {
@@ -380,7 +417,7 @@ class Differencer {
   // item goes where a's goes); Extract replays the log backwards.
   Key Join(Key a, Key b) {
     const std::int32_t head_b = Head(b);
-    joins_.push_back(Link{head_b, Head(a)});
+    joins_[num_joins_++] = Link{head_b, Head(a)};
     return a + (b - static_cast<Key>(static_cast<std::uint32_t>(head_b)));
   }
 
@@ -612,7 +649,7 @@ class Differencer {
       assignment[static_cast<std::size_t>(Head(t.base[t.lo + s]))] =
           static_cast<std::int32_t>(size - 1 - s);
     }
-    for (std::size_t j = joins_.size(); j-- > 0;) {
+    for (std::size_t j = num_joins_; j-- > 0;) {
       assignment[static_cast<std::size_t>(joins_[j].item)] =
           assignment[static_cast<std::size_t>(joins_[j].with)];
     }
@@ -625,7 +662,8 @@ class Differencer {
   std::span<const std::int32_t> order_;
   std::size_t n_;
   std::size_t k_;
-  std::vector<Link> joins_;  // every join, in order
+  std::unique_ptr<Link[]> joins_;  // every join, in order (at most n − 1)
+  std::size_t num_joins_ = 0;
   std::vector<Tuple> pool_;
   std::vector<std::int32_t> free_;
   std::vector<Key> scratch_;
