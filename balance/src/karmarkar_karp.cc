@@ -339,7 +339,7 @@ class Differencer {
   static constexpr std::size_t kNearFront = 8;
 
   // SortSlots sorts this many 64-bit slots or more by radix.
-  static constexpr std::size_t kRadixSortFrom = 256;
+  static constexpr std::size_t kRadixSortFrom = 128;
 
   // The single item at sorted position `s`.
   Key Single(std::size_t s) const {
