@@ -119,11 +119,13 @@ def kk_allocate(values, capacity, min_groups, n_groups_divisor=1, equal_size=Fal
             f"equal_size: {len(items)} values cannot make {k} groups of equal size",
             "equal_size")
     groups = _balanced(items, k, bool(equal_size))
-    sums = [sum(items[i] for i in g) for g in groups]
+    value = items.__getitem__
+    sums = [sum(map(value, g)) for g in groups]
     if not all(groups) or max(sums) > cap:
         groups = packed  # the partition breaks the cap or leaves a group empty
-        sums = [sum(items[i] for i in g) for g in groups]
-    ordered = sorted((-total, sorted(g)) for total, g in zip(sums, groups))
+        sums = [sum(map(value, g)) for g in groups]
+    # Both give each group's indices ascending.
+    ordered = sorted(zip([-total for total in sums], groups))
     return [g for _, g in ordered]
 
 
