@@ -4,7 +4,7 @@
 // Usage
 //   runtime_overhead [--engines N] [--concurrency C] [--steps S] [--prompts P]
 //                    [--samples G] [--mode sync|one_step_off|async] [--program PATH]
-//                    [--pause batched|per_sample]
+//                    [--pause batched|per_sample] [--event-log-rounds N]
 //   (defaults: 8 engines × 64 samples, 200 steps of 64 prompts × 8 samples, async s = 1
 //   with partial rollout; PATH = the rlsched built beside this program; batched)
 //
@@ -80,7 +80,13 @@ struct Options {
   std::string mode = "async";
   std::string program = RLSCHED_PROGRAM;
   bool per_sample_pause = false;  // --pause per_sample
+  // --event-log-rounds N: N saturated runs each without the event log, with it, and with
+  // it synced (--event-log-fsync), interleaved; their medians compared. 0: off.
+  std::int64_t event_log_rounds = 0;
 };
+
+// How a run keeps its event log.
+enum class EventLog { kNone, kWritten, kSynced };
 
 // What one worker counted.
 struct WorkerStats {
@@ -357,6 +363,8 @@ Options Parse(int argc, char** argv) {
       if (o.mode != "sync" && o.mode != "one_step_off" && o.mode != "async") {
         throw std::invalid_argument("--mode: must be sync, one_step_off or async");
       }
+    } else if (flag == "--event-log-rounds") {
+      o.event_log_rounds = ParseCount(flag, value, 1000);
     } else if (flag == "--program") {
       o.program = value;
     } else if (flag == "--pause") {
@@ -383,7 +391,7 @@ struct RunResult {
   std::vector<std::string> errors;
 };
 
-RunResult RunOnce(const Options& o, Clock::duration think) {
+RunResult RunOnce(const Options& o, Clock::duration think, EventLog log = EventLog::kNone) {
   char dir_template[] = "/tmp/rlsched-overhead-XXXXXX";
   if (::mkdtemp(dir_template) == nullptr) throw std::runtime_error("mkdtemp failed");
   const std::string dir = dir_template;
@@ -405,10 +413,13 @@ RunResult RunOnce(const Options& o, Clock::duration think) {
   const std::string out_path = dir + "/report.json";
   RunResult result;
   {
-    RunProcess run(
-        {o.program, "run", "--config", dir + "/run.json", "--listen", "unix:" + socket,
-         "--token-file", dir + "/token", "--heartbeat-timeout", "0", "--timeout", "600", "--json"},
-        out_path);
+    std::vector<std::string> argv = {
+        o.program,        "run",          "--config",     dir + "/run.json",     "--listen",
+        "unix:" + socket, "--token-file", dir + "/token", "--heartbeat-timeout", "0",
+        "--timeout",      "600",          "--json"};
+    if (log != EventLog::kNone) argv.insert(argv.end(), {"--event-log", dir + "/events.log"});
+    if (log == EventLog::kSynced) argv.push_back("--event-log-fsync");
+    RunProcess run(argv, out_path);
     // The workers connect once the socket is there (wait_for_ready covers the rest).
     for (int i = 0; i < 3000; ++i) {
       struct stat st {};
@@ -449,8 +460,45 @@ RunResult RunOnce(const Options& o, Clock::duration think) {
   std::remove((dir + "/run.json").c_str());
   std::remove((dir + "/token").c_str());
   std::remove(out_path.c_str());
+  std::remove((dir + "/events.log").c_str());
   ::rmdir(dir.c_str());
   return result;
+}
+
+double EventsPerSecond(const RunResult& r) {
+  return r.report.wall_seconds() > 0
+             ? static_cast<double>(r.report.events()) / r.report.wall_seconds()
+             : 0;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n == 0 ? 0 : n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// The event log's cost at the saturated rate: rounds of (none, written, synced), each
+// kind's median; false when a run failed. Target: written >= 0.90 x none.
+bool CompareEventLogs(const Options& o) {
+  std::vector<double> rates[3];
+  bool ok = true;
+  for (std::int64_t round = 0; round < o.event_log_rounds; ++round) {
+    for (const EventLog log : {EventLog::kNone, EventLog::kWritten, EventLog::kSynced}) {
+      const RunResult r = RunOnce(o, Clock::duration::zero(), log);
+      ok = ok && r.status == 0 && r.parsed && r.report.done() && r.errors.empty();
+      rates[static_cast<int>(log)].push_back(EventsPerSecond(r));
+    }
+  }
+  const double none = Median(rates[0]);
+  const double written = Median(rates[1]);
+  const double synced = Median(rates[2]);
+  std::printf(
+      "\nEvent log, saturated, medians of %lld interleaved runs each: none %.0f events/s, "
+      "--event-log %.0f (%.3f x), --event-log-fsync %.0f (%.3f x); target written >= 0.90 x: "
+      "%s\n",
+      static_cast<long long>(o.event_log_rounds), none, written, none > 0 ? written / none : 0,
+      synced, none > 0 ? synced / none : 0, written >= 0.9 * none ? "PASS" : "FAIL");
+  return ok;
 }
 
 // Prints one run's figures; false when it failed.
@@ -511,6 +559,7 @@ int Main(int argc, char** argv) {
   const double p99_ms = 1e3 * paced.report.command_latency_p99_seconds();
   std::printf("\nTargets: saturated >= 20,000 events/s: %.0f %s; paced p99 < 5 ms: %.3f ms %s\n",
               rate, rate >= 20000 ? "PASS" : "FAIL", p99_ms, p99_ms < 5.0 ? "PASS" : "FAIL");
+  if (o.event_log_rounds > 0) ok = CompareEventLogs(o) && ok;
   return ok ? 0 : 1;
 }
 

@@ -2,6 +2,7 @@
 
 #include "run_command.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <google/protobuf/util/json_util.h>
@@ -19,8 +20,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "command_common.h"
+#include "event_log_file.h"
 #include "rlsched/common/error.h"
 #include "rlsched/scheduler/runtime.h"
 #include "rlsched/v1/runtime.pb.h"
@@ -35,6 +39,7 @@
 #include "rlsched/wire/orchestrator_convert.h"
 #include "rlsched/wire/reshard_convert.h"
 #include "rlsched/wire/simulate_convert.h"
+#include "run_resume.h"
 #include "serve.h"
 #include "worker_server.h"
 
@@ -55,15 +60,17 @@ constexpr std::int64_t kMaxWaitingStreams = 100000;
 constexpr double kMaxTimeoutSeconds = 1e7;
 
 // The run's clock: wall seconds / time_scale (emulated workers run that much faster).
+// A resumed run's clock starts at the log's last event time.
 class ScaledClock final : public scheduler::Clock {
  public:
-  explicit ScaledClock(double scale) : scale_(scale) {}
-  double Now() const override { return wall_.Now() / scale_; }
+  ScaledClock(double scale, double start) : scale_(scale), start_(start) {}
+  double Now() const override { return start_ + wall_.Now() / scale_; }
   double wall() const { return wall_.Now(); }
 
  private:
   scheduler::SteadyClock wall_;
   double scale_;
+  double start_;
 };
 
 // SIGTERM and SIGINT end a run gracefully (the report written, Goodbye to every worker,
@@ -107,7 +114,18 @@ class Child {
     std::vector<char*> envp;
     for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
-    const int error = posix_spawn(&pid_, args[0], nullptr, nullptr, args.data(), envp.data());
+    // In a session of its own: it outlives a scheduler killed hard (and reattaches to the
+    // resumed one); a terminal's Ctrl-C reaches the scheduler, which ends it gracefully.
+    // Its standard output is not the run's (which carries --json): /dev/null.
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSID);
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    const int error = posix_spawn(&pid_, args[0], &files, &attributes, args.data(), envp.data());
+    posix_spawn_file_actions_destroy(&files);
+    posix_spawnattr_destroy(&attributes);
     if (error != 0) {
       throw std::runtime_error(fmt::format("cannot start {}: {}", argv[0], std::strerror(error)));
     }
@@ -136,18 +154,74 @@ class Child {
   pid_t pid_ = -1;
 };
 
-// Throws when one of the emulated workers has exited, naming it and its status.
-void CheckChildren(std::vector<std::unique_ptr<Child>>& children,
-                   const std::vector<std::string>& names, std::string_view when) {
-  for (std::size_t i = 0; i < children.size(); ++i) {
-    int status = 0;
-    if (children[i]->Exited(status)) {
-      throw std::runtime_error(
-          fmt::format("the emulated worker ({}) exited {} (status {})", names[i], when,
-                      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)));
+// The emulated workers the run starts (python/rlsched/worker/emulated.py), detached:
+// they wait for a scheduler that went away (--reattach-seconds) and reattach to it.
+class EmulatedWorkers {
+ public:
+  EmulatedWorkers(std::vector<std::string> env, std::string address, std::int64_t max_concurrent,
+                  double reattach_seconds, std::string reports)
+      : env_(std::move(env)),
+        address_(std::move(address)),
+        max_concurrent_(max_concurrent),
+        reattach_seconds_(reattach_seconds),
+        reports_(std::move(reports)) {}
+  void StartEngine(std::int64_t engine) {
+    Start(fmt::format("engine {}", engine), {"--role", "engine", "--engine", std::to_string(engine),
+                                             "--max-concurrent", std::to_string(max_concurrent_)});
+  }
+  void StartTrainer() { Start("trainer", {"--role", "trainer"}); }
+  // Throws when one has exited, naming it and its status (at start-up: a worker that
+  // cannot start is the run's error).
+  void CheckStarted() {
+    for (std::size_t i = 0; i < children_.size(); ++i) {
+      int status = 0;
+      if (children_[i]->Exited(status)) {
+        throw std::runtime_error(
+            fmt::format("the emulated worker (--role {}) exited at start-up (status {})", names_[i],
+                        WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)));
+      }
     }
   }
-}
+  // Reaps those that exited since (logged: a lost worker is the runtime's to handle).
+  void Reap() {
+    for (std::size_t i = 0; i < children_.size(); ++i) {
+      int status = 0;
+      if (!reaped_[i] && children_[i]->Exited(status)) {
+        reaped_[i] = true;
+        spdlog::warn("run: the emulated worker ({}) exited (status {})", names_[i],
+                     WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+      }
+    }
+  }
+
+ private:
+  void Start(std::string name, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {RLSCHED_WORKER_PYTHON,
+                                     "-m",
+                                     "rlsched.worker.emulated",
+                                     "--address",
+                                     address_,
+                                     "--reattach-seconds",
+                                     fmt::format("{:g}", reattach_seconds_)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    if (!reports_.empty()) {  // engine-3.json, trainer.json
+      std::string file = name;
+      std::replace(file.begin(), file.end(), ' ', '-');
+      argv.insert(argv.end(), {"--report", (std::filesystem::path(reports_) / (file + ".json"))});
+    }
+    children_.push_back(std::make_unique<Child>(argv, env_));
+    names_.push_back(std::move(name));
+    reaped_.push_back(false);
+  }
+  std::vector<std::string> env_;
+  std::string address_;
+  std::int64_t max_concurrent_;
+  double reattach_seconds_;
+  std::string reports_;
+  std::vector<std::unique_ptr<Child>> children_;
+  std::vector<std::string> names_;
+  std::vector<bool> reaped_;
+};
 
 std::string RandomToken() {
   std::random_device device;
@@ -214,7 +288,8 @@ std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fra
 // here so that a layout the planner refuses stops the run before it starts (the plan is
 // the runtime's for the full membership: the layout is planned once); nullopt without
 // those options.
-std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std::int64_t engines) {
+std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std::int64_t engines,
+                                                        std::optional<v1::ReshardRequest>& logged) {
   const ReshardArgs& w = args.weights;
   if (w.model.empty() && w.train.empty() && w.infer.empty()) return std::nullopt;
   if (w.model.empty() || w.train.empty() || w.infer.empty()) {
@@ -232,6 +307,7 @@ std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std
         request.infer().replicas(), engines));
   }
   request.mutable_infer()->set_replicas(engines);
+  logged = request;
   scheduler::WeightSyncLayout layout;
   try {
     layout.model = wire::ToModelConfig(request);
@@ -311,6 +387,29 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
                    "Write every event and command (delimited rlsched.v1.EventLogRecord) "
                    "for `rlsched replay`")
       ->type_name("FILE");
+  command->add_flag("--event-log-fsync", args.event_log_fsync,
+                    "Sync the event log to the disk after each write (against a power loss, "
+                    "not only the scheduler's death; a disk flush per event)");
+  command
+      ->add_option("--resume", args.resume,
+                   "Continue the run this event log recorded (a scheduler killed mid-run), "
+                   "appending to it; give the flags it was started with (checked against "
+                   "it), with --listen and --token-file: its workers reattach there")
+      ->type_name("FILE");
+  command
+      ->add_option("--reattach-window", args.reattach_seconds,
+                   fmt::format("With --resume: wall seconds the logged run's workers have to "
+                               "reattach; then the engines still missing are taken as lost and "
+                               "missing emulated workers start afresh. Emulated workers wait as "
+                               "long for a scheduler that went away. {}",
+                               RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
+                                         fmt::format("{:g}", defaults.reattach_seconds))))
+      ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
+  command
+      ->add_option("--emulated-reports", args.emulated_reports,
+                   "Each emulated worker writes what it counted there (engine-N.json: samples "
+                   "finished; trainer.json: the samples it trained)")
+      ->type_name("PATH");
   command->add_option("--trace", args.trace, "Write the run's Chrome/Perfetto trace JSON")
       ->type_name("FILE");
   command->add_flag("--json", args.json, "Print a rlsched.v1.RunReport as JSON at the end");
@@ -384,6 +483,59 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
   return command;
 }
 
+// What --resume needs besides the logged run's flags: the address the workers reattach
+// to, and the token they present.
+void CheckResumeFlags(const RunArgs& args) {
+  if (args.listen.empty()) {
+    throw std::invalid_argument(
+        "--resume: needs --listen, the address the workers of the logged run reattach to");
+  }
+  if (args.token_file.empty()) {
+    throw std::invalid_argument(
+        "--resume: needs --token-file, the token the workers of the logged run present");
+  }
+  if (!args.event_log.empty() && args.event_log != args.resume) {
+    throw std::invalid_argument("--event-log: a resumed run appends to its --resume log " +
+                                args.resume + ", got " + args.event_log);
+  }
+}
+
+// A resumed run: the engines the core knows and a trainer have --reattach-window seconds
+// to attach again. Then the known engines still missing are taken as failed (their
+// samples go back to the queue) and the emulated workers still missing start afresh.
+void AwaitReattach(const RunArgs& args, WorkerServer& server, scheduler::Runtime& runtime,
+                   const ScaledClock& clock, std::optional<EmulatedWorkers>& emulated) {
+  // The engines the core knows, and the emulated ones (the log may have lost their join).
+  std::vector<std::int64_t> known = runtime.Status().engines;
+  std::vector<std::int64_t> expected = known;
+  for (std::int64_t e = 0; e < (emulated ? args.emulated_engines : 0); ++e) expected.push_back(e);
+  std::sort(expected.begin(), expected.end());
+  expected.erase(std::unique(expected.begin(), expected.end()), expected.end());
+  const auto missing = [&](const std::vector<std::int64_t>& ids) {
+    const std::vector<std::int64_t> attached = server.attached_engines();
+    std::vector<std::int64_t> out;
+    std::set_difference(ids.begin(), ids.end(), attached.begin(), attached.end(),
+                        std::back_inserter(out));
+    return out;
+  };
+  const double until = clock.wall() + args.reattach_seconds;
+  while ((!missing(expected).empty() || !server.trainer_attached()) && clock.wall() < until &&
+         g_stop_signal.load() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  server.Await({});
+  for (const std::int64_t engine : missing(known)) {
+    spdlog::warn("run: engine {} did not reattach within {:g} s; its samples go back to the queue",
+                 engine, args.reattach_seconds);
+    runtime.Post(scheduler::EngineFailed{.engine = engine});
+  }
+  if (!emulated) return;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(args.emulated_engines));
+  std::iota(all.begin(), all.end(), 0);
+  for (const std::int64_t engine : missing(all)) emulated->StartEngine(engine);
+  if (args.emulated_trainer && !server.trainer_attached()) emulated->StartTrainer();
+}
+
 int RunRunCommand(const RunArgs& args) {
   // The config, as `simulate --config` reads it.
   v1::SimulatorConfig config_message;
@@ -404,8 +556,9 @@ int RunRunCommand(const RunArgs& args) {
     throw std::invalid_argument(
         fmt::format("--config {}: {}", args.config.empty() ? "(default)" : args.config, e.what()));
   }
-  const std::optional<scheduler::WeightSyncLayout> weight_layout =
-      WeightLayout(args, args.emulated_engines > 0 ? args.emulated_engines : config.engines);
+  std::optional<v1::ReshardRequest> layout_request;
+  const std::optional<scheduler::WeightSyncLayout> weight_layout = WeightLayout(
+      args, args.emulated_engines > 0 ? args.emulated_engines : config.engines, layout_request);
   std::string weight_sync_host;
   int weight_sync_port = 0;
   if (!args.weight_sync_address.empty()) {
@@ -464,20 +617,24 @@ int RunRunCommand(const RunArgs& args) {
       args.listen.empty() ? fmt::format("unix:/tmp/rlsched-run-{}.sock", getpid()) : args.listen;
   const double scale =
       args.time_scale.value_or(args.emulated_engines > 0 || args.emulated_trainer ? 0.005 : 1.0);
-  ScaledClock clock(scale);
-
-  // The event log.
-  std::ofstream log_file;
-  std::unique_ptr<wire::EventLogWriter> log;
-  std::mutex log_mutex;
-  if (!args.event_log.empty()) {
-    log_file.open(args.event_log, std::ios::binary | std::ios::trunc);
-    if (!log_file) {
-      throw std::invalid_argument(
-          fmt::format("--event-log {}: cannot open: {}", args.event_log, std::strerror(errno)));
-    }
-    log = std::make_unique<wire::EventLogWriter>(log_file, config);
+  // The event log: a new one, or the resumed run's (checked against the flags).
+  std::optional<ResumedRun> resumed;
+  std::optional<EventLogFile> log;
+  if (!args.resume.empty()) {
+    CheckResumeFlags(args);
+    resumed = ReadResumedRun(args.resume, wire::ToSimulatorConfigMessage(config), layout_request);
+    log.emplace(EventLogFile::Continue(args.resume, resumed->whole_bytes, args.event_log_fsync));
+    spdlog::info("run: resuming {}: {} events up to run second {:.3f}{}", args.resume,
+                 resumed->resume.events.size(), resumed->last_time,
+                 resumed->torn_bytes > 0
+                     ? fmt::format(" (a torn last record of {} bytes cut off)", resumed->torn_bytes)
+                     : "");
+  } else if (!args.event_log.empty()) {
+    log.emplace(EventLogFile::Create(
+        args.event_log, wire::EventLogHeader(config, layout_request ? &*layout_request : nullptr),
+        args.event_log_fsync));
   }
+  ScaledClock clock(scale, resumed ? resumed->last_time : 0.0);
 
   WorkerServerOptions server_options{
       .listen = listen,
@@ -505,7 +662,7 @@ int RunRunCommand(const RunArgs& args) {
   const std::int64_t P = config.orchestrator.prompts_per_step;
   const auto per_batch = static_cast<std::int64_t>(
       std::ceil((1.0 + config.orchestrator.oversample) * static_cast<double>(P)));
-  std::int64_t next_prompt = 0;
+  std::int64_t next_prompt = resumed ? resumed->prompts_posted : 0;
   scheduler::Runtime* runtime_ptr = nullptr;
   auto prompts = [&](std::int64_t count) {
     scheduler::PromptsAvailable event;
@@ -524,15 +681,12 @@ int RunRunCommand(const RunArgs& args) {
   options.weight_sync = weight_layout;
   options.trace = !args.trace.empty();
   if (log) {
-    options.on_event = [&](const scheduler::Event& event) {
-      std::lock_guard lock(log_mutex);
-      log->Append(event);
-    };
-    options.on_command = [&](const scheduler::Command& command) {
-      std::lock_guard lock(log_mutex);
-      log->Append(command);
+    options.journal = [&log](const scheduler::Event& event,
+                             std::span<const scheduler::Command> commands) {
+      log->Append(event, commands);
     };
   }
+  if (resumed) options.resume = std::move(resumed->resume);
   options.on_reject = [&server](const scheduler::Event& event, const std::string& why) {
     server.Rejected(event, why);
   };
@@ -549,8 +703,10 @@ int RunRunCommand(const RunArgs& args) {
     if (runtime_ptr != nullptr) runtime_ptr->Post(prompts(refill));
   };
 
-  scheduler::Runtime runtime(options, server, server, clock);
+  scheduler::Runtime runtime(std::move(options), server, server, clock);
   runtime_ptr = &runtime;
+  filtered_seen = runtime.Status().counters.filtered_groups;
+  if (resumed) server.Await(runtime.Status().engines);  // before any can attach
   server.Start(runtime);
   const bool unix_socket = listen.starts_with("unix:");
   const RemoveSocketOnExit remove_socket{unix_socket ? listen.substr(5) : ""};
@@ -558,40 +714,36 @@ int RunRunCommand(const RunArgs& args) {
   spdlog::info("run: listening on {}{}", listen,
                unix_socket ? "" : fmt::format(" (port {})", server.port()));
 
-  std::vector<std::unique_ptr<Child>> children;
-  std::vector<std::string> child_names;
+  std::optional<EmulatedWorkers> emulated;
   if (args.emulated_engines > 0 || args.emulated_trainer) {
     // Emulated workers trust the run's own certificate (self-signed, or its chain).
-    const std::vector<std::string> env = WorkerEnvironment(
-        token, args.tls_cert.empty() ? "" : std::filesystem::absolute(args.tls_cert).string());
-    const std::string address = unix_socket ? listen : fmt::format("localhost:{}", server.port());
-    auto start = [&](std::vector<std::string> extra) {
-      std::vector<std::string> argv = {RLSCHED_WORKER_PYTHON, "-m", "rlsched.worker.emulated",
-                                       "--address", address};
-      argv.insert(argv.end(), extra.begin(), extra.end());
-      children.push_back(std::make_unique<Child>(argv, env));
-      child_names.push_back(fmt::format("{}", fmt::join(extra.begin(), extra.begin() + 2, " ")) +
-                            (extra.size() > 2 && extra[1] == "engine" ? " " + extra[3] : ""));
-    };
-    for (std::int64_t e = 0; e < args.emulated_engines; ++e) {
-      start({"--role", "engine", "--engine", std::to_string(e), "--max-concurrent",
-             std::to_string(config.engine.max_concurrent)});
-    }
-    if (args.emulated_trainer) start({"--role", "trainer"});
+    emulated.emplace(
+        WorkerEnvironment(
+            token, args.tls_cert.empty() ? "" : std::filesystem::absolute(args.tls_cert).string()),
+        unix_socket ? listen : fmt::format("localhost:{}", server.port()),
+        config.engine.max_concurrent, args.reattach_seconds, args.emulated_reports);
+  }
+  if (resumed) {
+    AwaitReattach(args, server, runtime, clock, emulated);
+  } else if (emulated) {
+    for (std::int64_t e = 0; e < args.emulated_engines; ++e) emulated->StartEngine(e);
+    if (args.emulated_trainer) emulated->StartTrainer();
     // The run starts when the emulated workers are there (their start-up is not the
     // run's time): the prompts go out then.
     const double wait_until = clock.wall() + std::min(args.timeout_seconds, 60.0);
     while ((server.engines_attached() < args.emulated_engines ||
             (args.emulated_trainer && !server.trainer_attached())) &&
            g_stop_signal.load() == 0) {
-      CheckChildren(children, child_names, "at start-up");
+      emulated->CheckStarted();
       if (clock.wall() > wait_until) {
         throw std::runtime_error("the emulated workers did not attach within 60 s");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  runtime.Post(prompts((scheduler::EffectiveStaleness(config.orchestrator) + 3) * per_batch));
+  if (next_prompt == 0) {  // a new run, or one killed before its first prompts were logged
+    runtime.Post(prompts((scheduler::EffectiveStaleness(config.orchestrator) + 3) * per_batch));
+  }
 
   // Wait for the steps, watching the emulated workers: one that exits before the end
   // ends the run with its status.
@@ -600,7 +752,7 @@ int RunRunCommand(const RunArgs& args) {
     const double give_up = clock.wall() + args.timeout_seconds;
     while (!done && clock.wall() < give_up && g_stop_signal.load() == 0) {
       done = runtime.WaitUntilDone(std::chrono::milliseconds(200));
-      if (!done) CheckChildren(children, child_names, "before the end");
+      if (!done && emulated) emulated->Reap();
     }
   } catch (const std::exception& e) {
     server.Shutdown(std::string("failed: ") + e.what(), std::chrono::milliseconds(1000));
@@ -615,11 +767,8 @@ int RunRunCommand(const RunArgs& args) {
   if (stop_signal != 0) spdlog::warn("run: {}: ending the run", SignalName(stop_signal));
   runtime.Stop();  // no more events; what they caused is sent
   server.Shutdown(done ? "done" : ending, std::chrono::milliseconds(2000));
-  children.clear();
-  if (log) {
-    std::lock_guard lock(log_mutex);
-    log->Flush();
-  }
+  emulated.reset();
+  if (log) log->Flush();
   if (!args.trace.empty()) {
     std::ofstream trace(args.trace, std::ios::binary | std::ios::trunc);
     trace << runtime.TraceJson();

@@ -12,7 +12,10 @@
 //   the config's dataset (cycled), with the config's prompt lengths, posted ahead of
 //   the trainer. A line per finished step goes to stderr; --json prints a
 //   rlsched.v1.RunReport at the end. --event-log writes every event and command
-//   (wire/orchestrator_convert.h), which `rlsched replay` checks.
+//   (wire/orchestrator_convert.h, event_log_file.h), which `rlsched replay` checks;
+//   --resume LOG continues the run a killed scheduler recorded there (run_resume.h):
+//   its workers reattach (emulated ones run detached from the scheduler and wait for
+//   it), and those that do not within --reattach-window are taken as lost.
 //
 //   The weight layout: with --model (a Hugging Face config.json or its model
 //   folder, read as `reshard` reads it: ReadModelConfig), --train and --infer
@@ -47,6 +50,10 @@ struct RunArgs {
   bool emulated_trainer = false;
   std::optional<double> time_scale;  // unset: 0.005 with emulated workers, else 1
   std::string event_log;
+  bool event_log_fsync = false;  // fdatasync after each write of the event log
+  std::string resume;            // continue the run this event log recorded (appended to)
+  double reattach_seconds = 30;  // a resumed run: how long the workers have to reattach
+  std::string emulated_reports;  // a folder: each emulated worker writes what it counted
   std::string trace;
   bool json = false;
   double heartbeat_timeout_seconds = 10;

@@ -211,6 +211,18 @@ std::int64_t WorkerServer::engines_attached() const {
   return static_cast<std::int64_t>(engines_.size());
 }
 
+void WorkerServer::Await(const std::vector<std::int64_t>& engines) {
+  std::lock_guard lock(mutex_);
+  awaited_ = {engines.begin(), engines.end()};
+}
+
+std::vector<std::int64_t> WorkerServer::attached_engines() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::int64_t> ids;
+  for (const auto& [id, connection] : engines_) ids.push_back(id);
+  return ids;
+}
+
 std::int64_t WorkerServer::waiting_streams() const {
   std::lock_guard lock(mutex_);
   return static_cast<std::int64_t>(waiting_.size());
@@ -347,7 +359,7 @@ grpc::Status WorkerServer::Attach(
       }
       SendWelcome(*connection);
       trainer_ = connection;
-      resend = pending_call_;
+      resend = CallToResend(hello);
     } else {
       return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT,
                     "hello.role: must be engine or trainer");
@@ -357,9 +369,11 @@ grpc::Status WorkerServer::Attach(
 
   if (connection->role == v1::WORKER_ROLE_ENGINE) {
     spdlog::info("run: engine {} attached from {}", connection->engine, connection->peer);
-    runtime_->Post(scheduler::EngineJoined{.engine = hello.engine(),
-                                           .max_concurrent = hello.max_concurrent(),
-                                           .version = hello.version()});
+    runtime_->Post(
+        scheduler::EngineAttached{.engine = hello.engine(),
+                                  .max_concurrent = hello.max_concurrent(),
+                                  .version = hello.version(),
+                                  .samples = {hello.samples().begin(), hello.samples().end()}});
   } else {
     spdlog::info("run: trainer attached from {}", connection->peer);
     {
@@ -413,6 +427,21 @@ grpc::Status WorkerServer::Attach(
     spdlog::warn("run: the trainer is lost; the run waits until a trainer attaches");
   }
   return grpc::Status::OK;
+}
+
+std::optional<scheduler::StartTrain> WorkerServer::CallToResend(const v1::Hello& hello) {
+  if (!pending_call_ || !hello.has_call() || hello.call().step() != pending_call_->step ||
+      hello.call().call() != pending_call_->call) {
+    return pending_call_;  // not the trainer's last call: sent (again)
+  }
+  if (hello.call().finished()) {  // its finish was lost with a scheduler that died
+    spdlog::info("run: the trainer finished call {}.{} before attaching", pending_call_->step,
+                 pending_call_->call);
+    runtime_->Post(
+        scheduler::TrainStepFinished{.step = pending_call_->step, .call = pending_call_->call});
+    pending_call_.reset();
+  }
+  return std::nullopt;  // finished, or still training it
 }
 
 void WorkerServer::Heartbeat(Connection& connection, const v1::Heartbeat& heartbeat) {
@@ -635,6 +664,12 @@ void WorkerServer::Execute(const scheduler::Command& command,
     if (shut_down_) return;  // the run is over: the workers have been told
     const auto it = engines_.find(engine);
     if (it != engines_.end()) connection = it->second;
+    if (connection == nullptr && awaited_.contains(engine)) {
+      // A resumed run's engine not back yet: it says what it holds when it is, and the
+      // core reconciles (EngineAttached); what it missed is given again then.
+      spdlog::debug("run: engine {} not reattached yet: a command dropped", engine);
+      return;
+    }
   }
   if (connection == nullptr) {
     throw std::runtime_error("engine " + std::to_string(engine) + " is not attached");

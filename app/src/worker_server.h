@@ -7,7 +7,9 @@
 //   the version it holds, the run's token). A wrong or missing token, a second
 //   connection for an attached engine id or a second trainer is refused (Goodbye with
 //   the reason, UNAUTHENTICATED or ALREADY_EXISTS) and logged. An engine's Hello is
-//   posted as EngineJoined (the same id attaching again after a failure is a rejoin);
+//   posted as EngineAttached, with the samples it says it holds (a new engine joins; the
+//   same id attaching again after a failure rejoins; an engine a resumed scheduler
+//   knows is kept when it holds what the scheduler thinks);
 //   then each event it sends is posted to the runtime, after checking that it speaks
 //   for itself (engine-scoped events carry its own id; a trainer sends
 //   TrainStepFinished and GroupFiltered only). A dropped stream, or no message for
@@ -52,8 +54,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "rlsched/scheduler/runtime.h"
 #include "rlsched/v1/runtime.grpc.pb.h"
@@ -107,6 +111,11 @@ class WorkerServer final : public v1::Scheduler::Service,
   int port() const { return port_; }  // the bound TCP port (0 for a Unix socket)
 
   std::int64_t engines_attached() const;
+  std::vector<std::int64_t> attached_engines() const;  // ascending
+  // A resumed run: the engines the core knows, awaited; a command for one of them not
+  // attached is dropped (it reattaches saying what it holds) instead of failing it.
+  // Await({}) ends the wait (then such a command fails the engine). Thread-safe.
+  void Await(const std::vector<std::int64_t>& engines);
   bool trainer_attached() const;
   std::int64_t refused() const { return refused_.load(); }
   // Events refused before the core (malformed, or not the worker's to send), each told
@@ -135,6 +144,9 @@ class WorkerServer final : public v1::Scheduler::Service,
   grpc::Status Refuse(Connection& connection, grpc::StatusCode code, const std::string& why);
   void Watch();
   void Heartbeat(Connection& connection, const v1::Heartbeat& heartbeat);
+  // The pending trainer call to send an attaching trainer: none when its Hello says it
+  // is training it, or finished it (then its finish is posted). mutex_ held.
+  std::optional<scheduler::StartTrain> CallToResend(const v1::Hello& hello);
   // Checks an event, binds it to its sender and posts it (or tells the worker why not).
   void Receive(Connection& connection, const v1::OrchestratorEvent& message);
   static std::optional<std::string> Forbidden(const Connection& connection,
@@ -164,7 +176,8 @@ class WorkerServer final : public v1::Scheduler::Service,
   std::shared_ptr<Connection> trainer_;
   std::map<Connection*, std::shared_ptr<Connection>> all_;
   std::map<Connection*, std::shared_ptr<Connection>> waiting_;  // no Hello yet
-  std::optional<scheduler::StartTrain> pending_call_;           // sent, not yet finished
+  std::set<std::int64_t> awaited_;  // a resumed run's engines, until the window ends
+  std::optional<scheduler::StartTrain> pending_call_;  // sent, not yet finished
   std::atomic<std::int64_t> refused_{0};
   std::atomic<std::int64_t> ignored_events_{0};
   std::atomic<std::int64_t> stuck_engines_{0};

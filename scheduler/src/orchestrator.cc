@@ -303,6 +303,10 @@ struct Orchestrator::State {
 
   // ---- helpers ----
 
+  bool IsJoined(std::int64_t id) const {
+    const auto it = engines.find(id);
+    return it != engines.end() && it->second.alive;
+  }
   Engine* FindEngine(std::int64_t id) {
     auto it = engines.find(id);
     return it == engines.end() || !it->second.alive ? nullptr : &it->second;
@@ -1031,19 +1035,87 @@ struct Orchestrator::State {
     prompts.insert(prompts.end(), e.prompts.begin(), e.prompts.end());
   }
 
+  // EngineJoined's and EngineAttached's bounds: the id's, then (for EngineJoined) that it
+  // is not joined, then the concurrency's and the version's.
+  void CheckJoining(std::int64_t id, std::int64_t max_concurrent, std::int64_t version,
+                    bool must_be_new) const {
+    if (id < 0 || id > kMaxEngineId) {
+      Invalid("engine", "in [0, " + Str(kMaxEngineId) + "]", Str(id));
+    }
+    if (must_be_new && IsJoined(id)) Invalid("engine", "not joined", Str(id));
+    if (max_concurrent < 1 || max_concurrent > kMaxConcurrent) {
+      Invalid("max_concurrent", "in [1, " + Str(kMaxConcurrent) + "]", Str(max_concurrent));
+    }
+    if (version < -1 || version > latest) {
+      Invalid("version", "in [-1, " + Str(latest) + "]", Str(version));
+    }
+  }
+
   void On(const EngineJoined& e) {
     CheckTime(e.time);
-    if (e.engine < 0 || e.engine > kMaxEngineId) {
-      Invalid("engine", "in [0, " + Str(kMaxEngineId) + "]", Str(e.engine));
+    CheckJoining(e.engine, e.max_concurrent, e.version, /*must_be_new=*/true);
+    Advance(e.time);
+    Join(e);
+  }
+
+  // The samples an attaching engine holds, ascending (refused: negative, repeated, more
+  // than it runs at once).
+  static std::vector<std::int64_t> HeldSamples(const EngineAttached& e) {
+    if (static_cast<std::int64_t>(e.samples.size()) > e.max_concurrent) {
+      Invalid("samples", "at most max_concurrent (" + Str(e.max_concurrent) + ") samples",
+              Str(std::int64_t(e.samples.size())));
     }
-    if (FindEngine(e.engine) != nullptr) Invalid("engine", "not joined", Str(e.engine));
-    if (e.max_concurrent < 1 || e.max_concurrent > kMaxConcurrent) {
-      Invalid("max_concurrent", "in [1, " + Str(kMaxConcurrent) + "]", Str(e.max_concurrent));
+    std::vector<std::pair<std::int64_t, std::size_t>> held;
+    for (std::size_t i = 0; i < e.samples.size(); ++i) {
+      if (e.samples[i] < 0)
+        Invalid("samples[" + std::to_string(i) + "]", ">= 0", Str(e.samples[i]));
+      held.emplace_back(e.samples[i], i);
     }
-    if (e.version < -1 || e.version > latest) {
-      Invalid("version", "in [-1, " + Str(latest) + "]", Str(e.version));
+    std::sort(held.begin(), held.end());
+    std::vector<std::int64_t> out;
+    for (std::size_t i = 0; i < held.size(); ++i) {
+      if (i > 0 && held[i].first == held[i - 1].first) {
+        Invalid("samples[" + std::to_string(held[i].second) + "]", "each sample once",
+                Str(held[i].first));
+      }
+      out.push_back(held[i].first);
+    }
+    return out;
+  }
+
+  bool Keeps(const EngineAttached& e, const std::vector<std::int64_t>& held) const {
+    const auto it = engines.find(e.engine);
+    if (it == engines.end() || !it->second.alive) return false;
+    const Engine& engine = it->second;
+    if (engine.max_concurrent != e.max_concurrent || engine.version != e.version ||
+        engine.syncing_to >= 0 || engine.pausing || engine.releasing || engine.released) {
+      return false;
+    }
+    std::vector<std::int64_t> mine = engine.in_flight;
+    std::sort(mine.begin(), mine.end());
+    if (mine != held) return false;
+    return std::none_of(mine.begin(), mine.end(),
+                        [this](std::int64_t sample) { return At(sample).interrupted; });
+  }
+
+  void On(const EngineAttached& e) {
+    CheckTime(e.time);
+    CheckJoining(e.engine, e.max_concurrent, e.version, /*must_be_new=*/false);
+    std::vector<std::int64_t> held = HeldSamples(e);
+    if (Keeps(e, held)) {
+      Advance(e.time);
+      return;
     }
     Advance(e.time);
+    if (!held.empty()) out->push_back(Abort{.engine = e.engine, .samples = std::move(held)});
+    if (FindEngine(e.engine) != nullptr) RemoveEngine(e.engine, true);
+    Join(EngineJoined{.time = e.time,
+                      .engine = e.engine,
+                      .max_concurrent = e.max_concurrent,
+                      .version = e.version});
+  }
+
+  void Join(const EngineJoined& e) {
     Engine& engine = engines[e.engine];
     engine.id = e.engine;
     engine.alive = true;
@@ -1437,6 +1509,20 @@ void Orchestrator::Handle(const Event& event, std::vector<Command>& out) {
 const Counters& Orchestrator::counters() const { return state_->counters; }
 const std::vector<TrainedSample>& Orchestrator::last_batch() const { return state_->last_batch; }
 std::int64_t Orchestrator::latest_version() const { return state_->latest; }
+std::vector<std::int64_t> Orchestrator::engines() const {
+  std::vector<std::int64_t> alive;
+  for (const auto& [id, engine] : state_->engines) {
+    if (engine.alive) alive.push_back(id);
+  }
+  return alive;
+}
+bool Orchestrator::KeepsEngine(const EngineAttached& attached) const {
+  try {
+    return state_->Keeps(attached, State::HeldSamples(attached));
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
 bool Orchestrator::done() const {
   const State& st = *state_;
   return st.options.num_steps > 0 && st.counters.steps_finished >= st.options.num_steps;

@@ -336,9 +336,9 @@ void SetEventTime(Event& event, double time) {
 
 const char* EventName(const Event& event) {
   static constexpr const char* kNames[] = {
-      "PromptsAvailable",     "EngineJoined",       "EngineLeft",      "EngineFailed",
-      "GenerationProgressed", "GenerationFinished", "GroupFiltered",   "TrainStepFinished",
-      "WeightsLoaded",        "EngineReleased",     "GenerationPaused"};
+      "PromptsAvailable",     "EngineJoined",       "EngineLeft",       "EngineFailed",
+      "GenerationProgressed", "GenerationFinished", "GroupFiltered",    "TrainStepFinished",
+      "WeightsLoaded",        "EngineReleased",     "GenerationPaused", "EngineAttached"};
   static_assert(std::size(kNames) == std::variant_size_v<Event>);
   return kNames[event.index()];
 }
@@ -423,6 +423,7 @@ struct Runtime::Impl {
     tbb::flow::make_edge(tbb::flow::output_port<1>(core_node), plan_node);
     tbb::flow::make_edge(plan_node, trainer_node);
     tbb::flow::make_edge(tbb::flow::output_port<2>(core_node), sink_node);
+    if (options.resume) Replay(*options.resume);
   }
 
   // ---- The core node. ----
@@ -440,14 +441,17 @@ struct Runtime::Impl {
       SetEventTime(event, time);
       try {
         const std::int64_t corrections = core.counters().version_corrections;
+        const std::vector<Event> seen = AsMembership(event);
         core.Handle(event, commands);
         last_time = time;
         ++events;
         if (options.check_invariants) core.CheckInvariants();
         if (core.counters().version_corrections != corrections) NoteCorrection(event);
         if (options.weight_sync) {
-          NoteSyncs(event, commands, replans);
-          NoteMembership(event);
+          for (const Event& e : seen) {
+            NoteSyncs(e, commands, replans);
+            NoteMembership(e);
+          }
         }
         if (const auto* finished = std::get_if<GenerationFinished>(&event)) {
           if (finished->telemetry) AddTelemetry(finished->sample, *finished->telemetry);
@@ -460,6 +464,10 @@ struct Runtime::Impl {
         observation.rejected = true;
         rejection = e.what();
       }
+      if (options.journal && !Journal(event, commands)) {
+        commands.clear();
+        replans.clear();
+      }
       const auto* finished = std::get_if<TrainStepFinished>(&event);
       if (finished != nullptr && !observation.rejected &&
           core.counters().steps_finished == finished->step + 1 &&
@@ -470,11 +478,10 @@ struct Runtime::Impl {
                                             .metrics = core.metrics(time)};
       }
       if (core.done()) done_cv.notify_all();
-      observe = options.on_event || options.on_command || options.trace ||
-                (options.on_step && observation.progress);
+      observe = options.trace || (options.on_step && observation.progress);
       if (observe) {
         observation.event = event;
-        if (options.on_command || options.trace) observation.commands = commands;
+        if (options.trace) observation.commands = commands;
       }
     }
     if (observation.rejected && options.on_reject) options.on_reject(event, rejection);
@@ -539,6 +546,51 @@ struct Runtime::Impl {
   }
 
   // The membership after an accepted event (with a weight-sync layout). The mutex held.
+  // The event as the weight-sync bookkeeping sees it (before the core handles it): an
+  // EngineAttached is nothing (kept), EngineJoined (new) or EngineLeft then EngineJoined
+  // (reset). The mutex held.
+  std::vector<Event> AsMembership(const Event& event) const {
+    const auto* attached = std::get_if<EngineAttached>(&event);
+    if (attached == nullptr) return {event};
+    if (core.KeepsEngine(*attached)) return {};
+    const std::vector<std::int64_t> alive = core.engines();
+    const EngineJoined joined{.engine = attached->engine,
+                              .max_concurrent = attached->max_concurrent,
+                              .version = attached->version};
+    if (!std::binary_search(alive.begin(), alive.end(), attached->engine)) return {joined};
+    return {EngineLeft{.engine = attached->engine}, joined};
+  }
+
+  // A resumed run: the logged events go to the core (their commands were sent before the
+  // crash), then the trainer call the log left unfinished goes to the trainer again.
+  void Replay(const RuntimeResume& resume) {
+    {
+      std::lock_guard lock(mutex);
+      std::vector<Command> commands;
+      std::vector<Command> replans;
+      for (const Event& event : resume.events) {
+        commands.clear();
+        try {
+          const std::vector<Event> seen = AsMembership(event);
+          core.Handle(event, commands);
+          if (options.weight_sync) {
+            for (const Event& e : seen) {
+              NoteSyncs(e, commands, replans);
+              NoteMembership(e);
+            }
+          }
+          ++events;
+        } catch (const std::invalid_argument&) {
+          ++rejected_events;  // as in the run (it refused the same)
+        }
+        last_time = std::max(last_time, EventTime(event));
+      }
+    }
+    if (resume.call) {
+      plan_node.try_put(TrainWork{.call = *resume.call, .posted = std::chrono::steady_clock::now()});
+    }
+  }
+
   void NoteMembership(const Event& event) {
     std::int64_t joined = -1;
     std::int64_t gone = -1;
@@ -746,10 +798,6 @@ struct Runtime::Impl {
   // ---- The sink. ----
 
   void Observe(const Observation& observation) {
-    if (options.on_event) options.on_event(observation.event);
-    if (options.on_command) {
-      for (const Command& command : observation.commands) options.on_command(command);
-    }
     if (observation.progress && options.on_step) options.on_step(*observation.progress);
     if (options.trace) Record(observation);
   }
@@ -791,6 +839,20 @@ struct Runtime::Impl {
   }
 
   // ---- Errors and waiting. ----
+
+  // Hands an event and its commands to the journal before any command leaves; false
+  // (the run failed, nothing leaves) when the journal cannot take them. The mutex held.
+  bool Journal(const Event& event, const std::vector<Command>& commands) {
+    try {
+      options.journal(event, commands);
+      return true;
+    } catch (const std::exception& e) {
+      spdlog::error("runtime: the journal failed: {}", e.what());
+      if (fatal_error.empty()) fatal_error = std::string("journal: ") + e.what();
+      done_cv.notify_all();
+      return false;
+    }
+  }
 
   void Fatal(const std::string& message) {
     spdlog::error("runtime: {}", message);
@@ -923,7 +985,8 @@ RuntimeStatus Runtime::Status() const {
       .requests = impl_->Requests(),
       .engine_load = impl_->Loads(),
       .weight_sync = impl_->Epochs(),
-      .weight_sync_replans = impl_->replans_sent};
+      .weight_sync_replans = impl_->replans_sent,
+      .engines = impl_->core.engines()};
 }
 
 void Runtime::ReportLoad(std::int64_t engine, std::int64_t running, std::int64_t waiting) {

@@ -519,6 +519,10 @@ std::string Describe(const Event& event) {
         } else if constexpr (std::is_same_v<T, EngineJoined>) {
           return t + "EngineJoined engine=" + std::to_string(e.engine) +
                  " version=" + std::to_string(e.version);
+        } else if constexpr (std::is_same_v<T, EngineAttached>) {
+          return t + "EngineAttached engine=" + std::to_string(e.engine) +
+                 " version=" + std::to_string(e.version) +
+                 " samples=" + std::to_string(e.samples.size());
         } else if constexpr (std::is_same_v<T, EngineLeft>) {
           return t + "EngineLeft engine=" + std::to_string(e.engine);
         } else if constexpr (std::is_same_v<T, EngineFailed>) {

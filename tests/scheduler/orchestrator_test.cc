@@ -831,6 +831,72 @@ TEST(OrchestratorTest, ReportsAreBoundToTheEngineRunningTheSample) {
   core.CheckInvariants();
 }
 
+// An engine attaching with what it holds: kept as it is when the core's view matches;
+// otherwise what it holds is aborted first and it starts afresh (its samples back to the
+// queue); a new engine joins (what it holds aborted). Bad lists are refused by field.
+TEST(OrchestratorTest, AnAttachingEngineIsKeptWhenItHoldsWhatTheCoreThinks) {
+  Orchestrator core(
+      OrchestratorOptions{{.mode = Mode::kAsync, .prompts_per_step = 2, .samples_per_prompt = 2}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 4, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 2)}, out);
+  std::vector<std::int64_t> held;
+  for (const Dispatch& d : All<Dispatch>(out)) {
+    for (const SampleWork& w : d.samples) held.push_back(w.sample);
+  }
+  ASSERT_EQ(held.size(), 4u);
+  const EngineAttached same{.time = 1,
+                            .engine = 0,
+                            .max_concurrent = 4,
+                            .version = 0,
+                            .samples = {held.rbegin(), held.rend()}};
+  EXPECT_TRUE(core.KeepsEngine(same));
+  out.clear();
+  core.Handle(same, out);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(core.counters().in_flight, 4);
+
+  // It lost one (a dispatch it never got): reset. Abort first, then the four again.
+  EngineAttached fewer = same;
+  fewer.samples.pop_back();
+  EXPECT_FALSE(core.KeepsEngine(fewer));
+  core.Handle(fewer, out);
+  ASSERT_FALSE(out.empty());
+  ASSERT_TRUE(std::holds_alternative<Abort>(out.front())) << Describe(out.front());
+  EXPECT_EQ(std::get<Abort>(out.front()).samples.size(), 3u);
+  EXPECT_EQ(All<Dispatch>(out).size(), 1u);
+  EXPECT_EQ(core.counters().in_flight, 4);
+  EXPECT_EQ(core.engines(), (std::vector<std::int64_t>{0}));
+
+  // A new engine holding a sample it should not: aborted, then it joins.
+  out.clear();
+  core.Handle(
+      EngineAttached{
+          .time = 2, .engine = 7, .max_concurrent = 2, .version = 0, .samples = {held[0]}},
+      out);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(Describe(out.front()), "abort e7 " + std::to_string(held[0]));
+  EXPECT_EQ(core.engines(), (std::vector<std::int64_t>{0, 7}));
+  core.CheckInvariants();
+
+  const auto refused = [&](const EngineAttached& e, const std::string& field) {
+    try {
+      core.Handle(e, out);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_EQ(std::string(error.what()).rfind(field + ":", 0), 0u) << error.what();
+    }
+  };
+  refused({.time = 3, .engine = 9, .max_concurrent = 2, .version = 0, .samples = {1, 1}},
+          "samples[1]");
+  refused({.time = 3, .engine = 9, .max_concurrent = 1, .version = 0, .samples = {1, 2}},
+          "samples");
+  refused({.time = 3, .engine = 9, .max_concurrent = 2, .version = 0, .samples = {-1}},
+          "samples[0]");
+  refused({.time = 3, .engine = 9, .max_concurrent = 2, .version = 5}, "version");
+  core.CheckInvariants();
+}
+
 // An engine paused for an interrupting sync reports all its samples in one event; a
 // report that does not match the pause is refused, naming the field, and changes nothing.
 TEST(OrchestratorTest, PauseReportCoversEveryPausedSampleOnce) {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <queue>
 #include <set>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -373,8 +374,10 @@ TEST(RuntimeTest, SyncRunTrainsEveryStepWithItsPlan) {
   Cluster cluster(clock, {});
   RuntimeOptions options = AsyncOptions(3);
   options.orchestrator.mode = Mode::kSync;
-  std::int64_t commands = 0;  // the sink's thread; read after WaitIdle
-  options.on_command = [&commands](const Command&) { ++commands; };
+  std::int64_t commands = 0;  // the core node's thread; read after WaitIdle
+  options.journal = [&commands](const Event&, std::span<const Command> given) {
+    commands += static_cast<std::int64_t>(given.size());
+  };
   Runtime runtime(options, cluster, cluster, clock);
   Drive(runtime, cluster, clock, 4, 64);
   const RuntimeStatus status = runtime.Status();
@@ -472,8 +475,10 @@ TEST(RuntimeTest, SameEventsGiveSameCommandsAndTheLogReplays) {
     Cluster cluster(clock, {});
     RuntimeOptions options = AsyncOptions(4);
     std::vector<std::string>& out = run == 0 ? first : second;
-    options.on_command = [&out](const Command& c) { out.push_back(DescribeCommand(c)); };
-    if (run == 0) options.on_event = [&log](const Event& e) { log.push_back(e); };
+    options.journal = [&out, &log, run](const Event& e, std::span<const Command> given) {
+      for (const Command& c : given) out.push_back(DescribeCommand(c));
+      if (run == 0) log.push_back(e);
+    };
     Runtime runtime(options, cluster, cluster, clock);
     Drive(runtime, cluster, clock, 5, 128);
     runtime.Stop();
@@ -507,10 +512,8 @@ TEST(RuntimeTest, APauseReportGivesTheSameRunAsPerSampleReports) {
     // Samples of 0.4 to 27 s against a 3 s step: the syncs interrupt many of them.
     Cluster cluster(clock, {.seconds_per_token = 0.01, .per_sample_progress = run == 1});
     RuntimeOptions options = AsyncOptions(6);
-    options.on_command = [&commands, run](const Command& c) {
-      commands[run].push_back(DescribeCommand(c));
-    };
-    options.on_event = [&, run](const Event& e) {
+    options.journal = [&, run](const Event& e, std::span<const Command> given) {
+      for (const Command& c : given) commands[run].push_back(DescribeCommand(c));
       paused_events[run] += std::holds_alternative<GenerationPaused>(e) ? 1 : 0;
       progress_events[run] += std::holds_alternative<GenerationProgressed>(e) ? 1 : 0;
       if (run == 0) log.push_back(e);
@@ -572,8 +575,8 @@ TEST(RuntimeTest, EnginesAccountsOfVersionsAndTelemetryAreRecorded) {
     ManualClock clock;
     Cluster cluster(clock, {.seconds_per_token = 0.01, .accounts = run == 1});
     RuntimeOptions options = AsyncOptions(6);
-    options.on_command = [&commands, run](const Command& c) {
-      commands[run].push_back(DescribeCommand(c));
+    options.journal = [&commands, run](const Event&, std::span<const Command> given) {
+      for (const Command& c : given) commands[run].push_back(DescribeCommand(c));
     };
     Runtime runtime(options, cluster, cluster, clock);
     Drive(runtime, cluster, clock, 5, 128);
@@ -872,8 +875,10 @@ TEST(RuntimeTest, AnEngineLostDuringASyncGetsTheOthersTheSyncAgainByANewPlan) {
   RuntimeOptions options = AsyncOptions(4);
   options.weight_sync = TinyLayout(4);
   std::int64_t core_replans = 0;
-  options.on_command = [&](const Command& command) {
-    if (const auto* sync = std::get_if<SyncWeights>(&command)) core_replans += sync->replan;
+  options.journal = [&](const Event&, std::span<const Command> given) {
+    for (const Command& command : given) {
+      if (const auto* sync = std::get_if<SyncWeights>(&command)) core_replans += sync->replan;
+    }
   };
   Runtime runtime(options, cluster, cluster, clock);
   Drive(runtime, cluster, clock, 4, 128);

@@ -151,8 +151,7 @@ TEST(OrchestratorConvertTest, CommandsCarryEveryField) {
 
 // A short sync run of the core, logged as the runtime logs it.
 std::string LoggedRun(s::SimulatorConfig config) {
-  std::ostringstream out;
-  EventLogWriter writer(out, config);
+  std::string out = EventLogHeader(config, nullptr);
   s::Orchestrator core(RunOrchestratorOptions(config));
   double time = 0;
   std::vector<s::Event> pending = {s::EngineJoined{.engine = 0, .max_concurrent = 4},
@@ -167,9 +166,8 @@ std::string LoggedRun(s::SimulatorConfig config) {
     time += 1;
     std::vector<s::Command> commands;
     core.Handle(event, commands);
-    writer.Append(event);
+    AppendEventRecords(event, commands, out);
     for (const s::Command& command : commands) {
-      writer.Append(command);
       if (const auto* d = std::get_if<s::Dispatch>(&command)) {
         for (const s::SampleWork& w : d->samples) {
           pending.push_back(s::GenerationFinished{.sample = w.sample,
@@ -183,8 +181,7 @@ std::string LoggedRun(s::SimulatorConfig config) {
       }
     }
   }
-  writer.Flush();
-  return out.str();
+  return out;
 }
 
 s::SimulatorConfig SmallLoggedConfig() {
@@ -225,8 +222,7 @@ TEST(OrchestratorConvertTest, ALogWithPauseReportsReplays) {
   config.orchestrator.prompts_per_step = 1;
   config.orchestrator.samples_per_prompt = 2;
   config.steps = 3;
-  std::ostringstream out;
-  EventLogWriter writer(out, config);
+  std::string out = EventLogHeader(config, nullptr);
   s::Orchestrator core(RunOrchestratorOptions(config));
   std::map<std::int64_t, std::set<std::int64_t>> running;  // engine -> samples in flight
   std::deque<s::Event> pending = {s::EngineJoined{.engine = 0, .max_concurrent = 2},
@@ -256,9 +252,8 @@ TEST(OrchestratorConvertTest, ALogWithPauseReportsReplays) {
     time += 0.5;
     std::vector<s::Command> commands;
     core.Handle(event, commands);
-    writer.Append(event);
+    AppendEventRecords(event, commands, out);
     for (const s::Command& command : commands) {
-      writer.Append(command);
       if (const auto* d = std::get_if<s::Dispatch>(&command)) {
         for (const s::SampleWork& w : d->samples) running[d->engine].insert(w.sample);
       } else if (const auto* a = std::get_if<s::Abort>(&command)) {
@@ -279,16 +274,46 @@ TEST(OrchestratorConvertTest, ALogWithPauseReportsReplays) {
       }
     }
   }
-  writer.Flush();
   ASSERT_TRUE(core.done());
   EXPECT_GE(pauses, 2);
   EXPECT_GE(paused_samples, 2);
   EXPECT_GT(core.counters().partial_samples, 0);
-  std::istringstream in(out.str());
+  std::istringstream in(out);
   const ReplayResult result = Replay(ReadEventLog(in));
   EXPECT_FALSE(result.first_difference.has_value()) << result.logged << " vs " << result.replayed;
   EXPECT_EQ(result.rejected_events, 0);
   EXPECT_GT(result.commands, 10);
+}
+
+// A log whose writer died mid-record: read with torn_tail, the whole records are kept
+// and the cut one counted; the weight layout record comes back as written.
+TEST(OrchestratorConvertTest, ATornTailIsLeftOutWhenAskedAndTheLayoutReadBack) {
+  v1::ReshardRequest layout;
+  layout.set_model_config_json(R"({"model_type": "llama"})");
+  layout.mutable_train()->set_tp(2);
+  const s::SimulatorConfig config = SmallLoggedConfig();
+  std::string bytes = EventLogHeader(config, &layout);
+  const std::string body = LoggedRun(config).substr(EventLogHeader(config, nullptr).size());
+  bytes += body;
+  std::istringstream whole(bytes);
+  const EventLog log = ReadEventLog(whole);
+  ASSERT_TRUE(log.weight_layout.has_value());
+  EXPECT_EQ(log.weight_layout->train().tp(), 2);
+  EXPECT_EQ(log.whole_bytes, static_cast<std::int64_t>(bytes.size()));
+  EXPECT_EQ(log.torn_bytes, 0);
+  for (const std::size_t cut : {std::size_t{1}, std::size_t{3}, body.size() / 2}) {
+    std::istringstream in(bytes.substr(0, bytes.size() - cut));
+    EXPECT_THROW((void)ReadEventLog(in), FieldError);
+    std::istringstream again(bytes.substr(0, bytes.size() - cut));
+    const EventLog torn = ReadEventLog(again, /*torn_tail=*/true);
+    EXPECT_GT(torn.torn_bytes, 0);
+    EXPECT_EQ(torn.whole_bytes + torn.torn_bytes, static_cast<std::int64_t>(bytes.size() - cut));
+    EXPECT_LT(torn.records.size(), log.records.size());
+    // What is kept is a prefix of the records, byte for byte.
+    for (std::size_t i = 0; i < torn.records.size(); ++i) {
+      EXPECT_EQ(torn.records[i].SerializeAsString(), log.records[i].SerializeAsString());
+    }
+  }
 }
 
 TEST(OrchestratorConvertTest, ABrokenLogIsRefusedWithTheRecordNamed) {

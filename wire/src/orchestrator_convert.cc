@@ -3,9 +3,10 @@
 
 #include "rlsched/wire/orchestrator_convert.h"
 
-#include <google/protobuf/io/zero_copy_stream_impl.h>
-#include <google/protobuf/util/delimited_message_util.h>
+#include <google/protobuf/io/coded_stream.h>
 
+#include <iterator>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
@@ -72,6 +73,13 @@ v1::OrchestratorEvent ToEventMessage(const s::Event& event) {
         } else if constexpr (std::is_same_v<T, s::EngineFailed>) {
           m.mutable_engine_failed()->set_time(e.time);
           m.mutable_engine_failed()->set_engine(e.engine);
+        } else if constexpr (std::is_same_v<T, s::EngineAttached>) {
+          v1::EngineAttached* x = m.mutable_engine_attached();
+          x->set_time(e.time);
+          x->set_engine(e.engine);
+          x->set_max_concurrent(e.max_concurrent);
+          x->set_version(e.version);
+          x->mutable_samples()->Add(e.samples.begin(), e.samples.end());
         } else if constexpr (std::is_same_v<T, s::GenerationProgressed>) {
           v1::GenerationProgressed* x = m.mutable_generation_progressed();
           x->set_time(e.time);
@@ -151,6 +159,14 @@ s::Event ToEvent(const v1::OrchestratorEvent& m) {
     }
     case v1::OrchestratorEvent::kEngineLeft:
       return s::EngineLeft{.time = m.engine_left().time(), .engine = m.engine_left().engine()};
+    case v1::OrchestratorEvent::kEngineAttached: {
+      const v1::EngineAttached& x = m.engine_attached();
+      return s::EngineAttached{.time = x.time(),
+                               .engine = x.engine(),
+                               .max_concurrent = x.max_concurrent(),
+                               .version = x.version(),
+                               .samples = {x.samples().begin(), x.samples().end()}};
+    }
     case v1::OrchestratorEvent::kEngineFailed:
       return s::EngineFailed{.time = m.engine_failed().time(),
                              .engine = m.engine_failed().engine()};
@@ -282,65 +298,111 @@ s::OrchestratorOptions RunOrchestratorOptions(const s::SimulatorConfig& config) 
 
 // ---- The event log. ----
 
-EventLogWriter::EventLogWriter(std::ostream& out, const s::SimulatorConfig& config) : out_(out) {
+namespace {
+
+void AppendRecord(const v1::EventLogRecord& record, std::string& out) {
+  const std::size_t size = record.ByteSizeLong();
+  char prefix[10];
+  std::uint8_t* const end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(
+      size, reinterpret_cast<std::uint8_t*>(prefix));
+  out.append(prefix, reinterpret_cast<char*>(end));
+  const std::size_t at = out.size();
+  out.resize(at + size);
+  record.SerializeWithCachedSizesToArray(reinterpret_cast<std::uint8_t*>(out.data() + at));
+}
+
+// The record at the front of `in` (`index` for errors); nullopt when it is cut short:
+// its size, or fewer bytes left than it says.
+std::optional<v1::EventLogRecord> NextRecord(google::protobuf::io::CodedInputStream& in,
+                                             std::int64_t left, std::int64_t index) {
+  std::uint64_t size = 0;
+  const int before = in.CurrentPosition();
+  if (!in.ReadVarint64(&size)) return std::nullopt;
+  const std::int64_t prefix = in.CurrentPosition() - before;
+  if (size > static_cast<std::uint64_t>(left - prefix)) return std::nullopt;
+  v1::EventLogRecord record;
+  const auto limit = in.PushLimit(static_cast<int>(size));
+  if (!record.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
+    Fail("record " + std::to_string(index), "not an EventLogRecord");
+  }
+  in.PopLimit(limit);
+  return record;
+}
+
+void ReadHeader(const v1::EventLogRecord& record, EventLog& log) {
+  if (!record.has_header()) Fail("record 0", "must be the header (the run's config)");
+  log.header = record.header();
+  try {
+    log.config = ToSimulatorConfig(record.header());
+  } catch (const FieldError& e) {
+    throw e.Within("record 0.header");
+  }
+}
+
+}  // namespace
+
+std::string EventLogHeader(const s::SimulatorConfig& config, const v1::ReshardRequest* layout) {
+  std::string out;
   v1::EventLogRecord header;
   *header.mutable_header() = ToSimulatorConfigMessage(config);
-  Write(header);
+  AppendRecord(header, out);
+  if (layout != nullptr) {
+    v1::EventLogRecord record;
+    *record.mutable_weight_layout() = *layout;
+    AppendRecord(record, out);
+  }
+  return out;
 }
 
-void EventLogWriter::Append(const s::Event& event) {
+void AppendEventRecords(const s::Event& event, std::span<const s::Command> commands,
+                        std::string& out) {
   v1::EventLogRecord record;
   *record.mutable_event() = ToEventMessage(event);
-  Write(record);
-}
-
-void EventLogWriter::Append(const s::Command& command) {
-  v1::EventLogRecord record;
-  *record.mutable_command() = ToCommandMessage(command);
-  Write(record);
-}
-
-void EventLogWriter::Flush() {
-  out_.flush();
-  if (!out_) throw std::runtime_error("event log: write failed");
-}
-
-void EventLogWriter::Write(const v1::EventLogRecord& record) {
-  if (!google::protobuf::util::SerializeDelimitedToOstream(record, &out_) || !out_) {
-    throw std::runtime_error("event log: write failed");
+  AppendRecord(record, out);
+  for (const s::Command& command : commands) {
+    *record.mutable_command() = ToCommandMessage(command);
+    AppendRecord(record, out);
   }
 }
 
-EventLog ReadEventLog(std::istream& in) {
-  google::protobuf::io::IstreamInputStream stream(&in);
+EventLog ReadEventLog(std::istream& in, bool torn_tail) {
+  const std::string bytes(std::istreambuf_iterator<char>(in), {});
+  if (bytes.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    FailBound("log", "at most 2 GiB", std::to_string(bytes.size()) + " bytes");
+  }
+  google::protobuf::io::CodedInputStream stream(reinterpret_cast<const std::uint8_t*>(bytes.data()),
+                                                static_cast<int>(bytes.size()));
+  stream.SetTotalBytesLimit(std::numeric_limits<int>::max());
   EventLog log;
-  bool has_header = false;
-  for (std::int64_t index = 0;; ++index) {
-    v1::EventLogRecord record;
-    bool clean_eof = false;
-    if (!google::protobuf::util::ParseDelimitedFromZeroCopyStream(&record, &stream, &clean_eof)) {
-      if (clean_eof) break;
-      Fail("record " + std::to_string(index), "truncated or not an EventLogRecord");
+  const auto total = static_cast<std::int64_t>(bytes.size());
+  for (std::int64_t index = 0; stream.CurrentPosition() < total; ++index) {
+    std::optional<v1::EventLogRecord> record =
+        NextRecord(stream, total - stream.CurrentPosition(), index);
+    if (!record) {
+      if (!torn_tail) Fail("record " + std::to_string(index), "truncated");
+      log.torn_bytes = total - log.whole_bytes;
+      break;
     }
+    log.whole_bytes = stream.CurrentPosition();
     if (index == 0) {
-      if (!record.has_header()) Fail("record 0", "must be the header (the run's config)");
-      try {
-        log.config = ToSimulatorConfig(record.header());
-      } catch (const FieldError& e) {
-        throw e.Within("record 0.header");
-      }
-      has_header = true;
+      ReadHeader(*record, log);
       continue;
     }
-    if (record.kind_case() == v1::EventLogRecord::kHeader) {
-      Fail("record " + std::to_string(index), "a second header");
+    const std::string name = "record " + std::to_string(index);
+    switch (record->kind_case()) {
+      case v1::EventLogRecord::kHeader:
+        Fail(name, "a second header");
+      case v1::EventLogRecord::kWeightLayout:
+        if (index != 1) Fail(name, "the weight layout comes right after the header");
+        log.weight_layout = std::move(*record->mutable_weight_layout());
+        continue;
+      case v1::EventLogRecord::KIND_NOT_SET:
+        Fail(name, "kind: must be set");
+      default:
+        log.records.push_back(std::move(*record));
     }
-    if (record.kind_case() == v1::EventLogRecord::KIND_NOT_SET) {
-      Fail("record " + std::to_string(index), "kind: must be set");
-    }
-    log.records.push_back(std::move(record));
   }
-  if (!has_header) Fail("record 0", "missing: the log is empty");
+  if (log.whole_bytes == 0) Fail("record 0", "missing: the log is empty");
   return log;
 }
 

@@ -22,6 +22,14 @@ _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 _REFUSALS_KEPT = 256
 # Attach failures retried until welcomed: not listening yet, or the door full for now.
 _RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+# A welcomed session lost without a Goodbye (the scheduler died, or dropped the stream):
+# reattached within reattach_seconds.
+_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+         grpc.StatusCode.INTERNAL, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+class _Stop:
+    """The end of one session's requests (a queue outlives its sessions)."""
 _log = logging.getLogger("rlsched.worker")
 
 
@@ -56,15 +64,19 @@ class Worker:
     name the server's certificate must carry when the address does not say it (default:
     ``RLSCHED_TLS_SERVER_NAME``; a Unix socket's is ``localhost``). Commands are
     handled on the thread that calls :meth:`run`, one at a time, in order; events may
-    be sent from any thread.
+    be sent from any thread. With ``reattach_seconds`` > 0, a welcomed session lost
+    without a Goodbye (the scheduler killed and resumed, ``rlsched run --resume``) is
+    attached again within that many seconds, saying what the worker holds (an engine its
+    samples and weights, a trainer its last call); the events sent meanwhile go out
+    then, and ``on_welcome`` is called again.
     """
 
     role = runtime_pb2.WORKER_ROLE_UNSPECIFIED
 
     def __init__(self, address: str, token: Optional[str] = None, *,
                  name: Optional[str] = None, heartbeat_seconds: float = 1.0,
-                 connect_timeout_seconds: float = 30.0, tls_ca: Optional[str] = None,
-                 tls_server_name: Optional[str] = None):
+                 connect_timeout_seconds: float = 30.0, reattach_seconds: float = 0.0,
+                 tls_ca: Optional[str] = None, tls_server_name: Optional[str] = None):
         self.address = address
         self.token = env_default(token, "RLSCHED_WORKER_TOKEN")
         self.tls_ca = env_default(tls_ca, "RLSCHED_TLS_CA")
@@ -72,6 +84,9 @@ class Worker:
         self.name = name or f"{os.uname().nodename}:{os.getpid()}"
         self.heartbeat_seconds = heartbeat_seconds
         self.connect_timeout_seconds = connect_timeout_seconds
+        self.reattach_seconds = reattach_seconds
+        self._lost_at: Optional[float] = None  # when the welcomed session was lost
+        self._heartbeats_started = False
         self.welcome: Optional[runtime_pb2.Welcome] = None
         self.goodbye: Optional[str] = None
         # The weight-sync plans received (WeightSyncPlan, decoded), by plan id, and the
@@ -90,7 +105,7 @@ class Worker:
         return runtime_pb2.Hello(role=self.role, token=self.token, name=self.name)
 
     def on_welcome(self, welcome: runtime_pb2.Welcome) -> None:
-        """Called once, before any command."""
+        """Called before any command, and again at each reattach."""
 
     def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
         raise NotImplementedError
@@ -135,12 +150,14 @@ class Worker:
 
     # ---- The session. ----
 
-    def _requests(self, out: "queue.Queue[Optional[runtime_pb2.WorkerMessage]]"):
+    def _requests(self, stop: _Stop):
         yield runtime_pb2.WorkerMessage(hello=self.hello())
         while True:
-            message = out.get()
-            if message is None:
+            message = self._out.get()
+            if message is None or message is stop:
                 return
+            if isinstance(message, _Stop):
+                continue  # an earlier session's end
             yield message
 
     def _heartbeat_interval(self) -> float:
@@ -189,7 +206,8 @@ class Worker:
         reason) or goes away (raises grpc.RpcError). Until welcomed it retries, with
         backoff up to ``connect_timeout_seconds``, while the scheduler is not listening
         yet or turns the stream away for now (UNAVAILABLE, RESOURCE_EXHAUSTED: its door
-        is full of streams that have not said Hello)."""
+        is full of streams that have not said Hello); once welcomed, a lost session is
+        attached again within ``reattach_seconds`` (0: not)."""
         deadline = time.monotonic() + self.connect_timeout_seconds
         delay = 0.05
         channel = self._channel()
@@ -200,17 +218,29 @@ class Worker:
                         timeout=max(0.0, deadline - time.monotonic()))
                     return self._session(channel)
                 except grpc.RpcError as error:
-                    if (self.welcome is not None or error.code() not in _RETRIED
-                            or time.monotonic() + delay > deadline):
-                        raise
+                    deadline = self._retry_deadline(error, deadline, delay)
                 time.sleep(delay)
-                delay = min(2 * delay, 2.0)
-                self._out = queue.Queue()  # the failed attempt's request thread keeps its own
+                delay = min(2 * delay, 2.0 if self._lost_at is None else 0.5)
         finally:
             self._done.set()
             self._out.put(None)
             self.on_stop()
             channel.close()
+
+    def _retry_deadline(self, error: grpc.RpcError, deadline: float, delay: float) -> float:
+        """The deadline to retry the attach by, or raises `error`."""
+        now = time.monotonic()
+        if self.welcome is None:  # not yet attached
+            if error.code() not in _RETRIED or now + delay > deadline:
+                raise error
+            return deadline
+        if self.reattach_seconds <= 0 or error.code() not in _LOST:
+            raise error
+        if self._lost_at is None:
+            self._lost_at = now
+        if now + delay > self._lost_at + self.reattach_seconds:
+            raise error
+        return self._lost_at + self.reattach_seconds
 
     def _session(self, channel: grpc.Channel) -> Optional[str]:
         """One Attach stream: the commands until Goodbye; raises grpc.RpcError when the
@@ -219,16 +249,16 @@ class Worker:
             ATTACH_METHOD,
             request_serializer=runtime_pb2.WorkerMessage.SerializeToString,
             response_deserializer=runtime_pb2.SchedulerMessage.FromString)
-        out = self._out
+        stop = _Stop()
         try:
-            for message in attach(self._requests(out)):
+            for message in attach(self._requests(stop)):
                 if self._handle(message):
                     break
         except grpc.RpcError:
             if self.goodbye is None:
                 raise
         finally:
-            out.put(None)
+            self._out.put(stop)
         return self.goodbye
 
     def _handle(self, message: runtime_pb2.SchedulerMessage) -> bool:
@@ -236,9 +266,12 @@ class Worker:
         kind = message.WhichOneof("kind")
         if kind == "welcome":
             self.welcome = message.welcome
+            self._lost_at = None
             self.on_welcome(message.welcome)
             self._heartbeat()  # the first, with the load at the start
-            threading.Thread(target=self._heartbeats, daemon=True).start()
+            if not self._heartbeats_started:
+                self._heartbeats_started = True
+                threading.Thread(target=self._heartbeats, daemon=True).start()
         elif kind == "command":
             self.on_command(message.command)
         elif kind == "weight_sync_plan":
@@ -334,8 +367,19 @@ class EngineWorker(Worker):
         hello = super().hello()
         hello.engine = self.engine
         hello.max_concurrent = self.max_concurrent
-        hello.version = self.version
+        with self._accounts_lock:
+            hello.version = self.version
+            # What it holds (a reattach): its samples, and those whose finish waits to go
+            # out (sent after this Hello, in order: so the scheduler keeps them here).
+            held = set(self._accounts) | self._finishes_waiting()
+            hello.samples.extend(sorted(held))
         return hello
+
+    def _finishes_waiting(self) -> set:
+        with self._out.mutex:
+            return {m.event.generation_finished.sample for m in self._out.queue
+                    if isinstance(m, runtime_pb2.WorkerMessage) and m.HasField("event")
+                    and m.event.HasField("generation_finished")}
 
     def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
         kind = command.WhichOneof("kind")
@@ -509,14 +553,32 @@ class TrainerWorker(Worker):
 
     role = runtime_pb2.WORKER_ROLE_TRAINER
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._call: Optional[runtime_pb2.TrainCall] = None  # the last call given
+        self._call_lock = threading.Lock()
+
+    def hello(self) -> runtime_pb2.Hello:
+        hello = super().hello()
+        with self._call_lock:
+            if self._call is not None:
+                hello.call.CopyFrom(self._call)  # a reattach: what became of it
+        return hello
+
     def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
         if command.WhichOneof("kind") == "start_train":
-            self.start_train(command.start_train)
+            call = command.start_train
+            with self._call_lock:
+                self._call = runtime_pb2.TrainCall(step=call.step, call=call.call)
+            self.start_train(call)
 
     def start_train(self, call: rollout_pb2.StartTrain) -> None:
         raise NotImplementedError
 
     def step_finished(self, step: int, call: int) -> None:
+        with self._call_lock:
+            if self._call is not None and (self._call.step, self._call.call) == (step, call):
+                self._call.finished = True
         self.send_event(train_step_finished=rollout_pb2.TrainStepFinished(step=step, call=call))
 
     def filtered(self, group: int) -> None:

@@ -169,6 +169,8 @@ class EmulatedEngine(EngineWorker):
     # ---- The model, from the welcome's config. ----
 
     def on_welcome(self, welcome) -> None:
+        if self._thread is not None:
+            return  # a reattach: the same run, its engine time going on
         config = welcome.config
         self.clock = _Clock(welcome.time_scale)
         engine = config.engine
@@ -413,14 +415,17 @@ def main(argv=None) -> int:
     parser.add_argument("--report", default=None, help="write what this worker counted (JSON)")
     parser.add_argument("--connect-timeout", type=float, default=30.0,
                         help="seconds to wait for the scheduler (default 30)")
+    parser.add_argument("--reattach-seconds", type=float, default=0.0,
+                        help="seconds to wait for a scheduler that went away, then attach "
+                             "again (a resumed run; default 0: end)")
     args = parser.parse_args(argv)
+    common = {"token": args.token, "connect_timeout_seconds": args.connect_timeout,
+              "reattach_seconds": args.reattach_seconds}
     if args.role == "engine":
         worker = EmulatedEngine(args.address, args.engine, args.max_concurrent,
-                                version=args.version, token=args.token,
-                                connect_timeout_seconds=args.connect_timeout)
+                                version=args.version, **common)
     else:
-        worker = EmulatedTrainer(args.address, token=args.token,
-                                 connect_timeout_seconds=args.connect_timeout)
+        worker = EmulatedTrainer(args.address, **common)
     reason = None
     try:
         reason = worker.run()

@@ -186,6 +186,21 @@ struct EngineJoined {
   // core syncs it).
   std::int64_t version = -1;
 };
+// An engine attaching to a live run, with what it holds (its weights, and the samples it
+// was given and has not finished or had aborted). Not joined: EngineJoined, after an
+// Abort of what it holds. Joined (a scheduler resumed from its log): kept as it is when
+// KeepsEngine (the same version and concurrency, no sync, pause or release under way,
+// exactly these samples in flight on it); otherwise EngineLeft (its samples back to the
+// queue with their reported progress), Abort of what it holds, then EngineJoined.
+// Refused as EngineJoined is, or naming samples[i] (negative, repeated) or samples (more
+// than max_concurrent).
+struct EngineAttached {
+  double time = 0;
+  std::int64_t engine = 0;
+  std::int64_t max_concurrent = 1;
+  std::int64_t version = -1;
+  std::vector<std::int64_t> samples;
+};
 struct EngineLeft {  // graceful: its samples come back with their progress
   double time = 0;
   std::int64_t engine = 0;
@@ -276,9 +291,10 @@ struct WeightsLoaded {
   std::int64_t version = 0;  // the version of the SyncWeights command
 };
 
-using Event = std::variant<PromptsAvailable, EngineJoined, EngineLeft, EngineFailed,
-                           GenerationProgressed, GenerationFinished, GroupFiltered,
-                           TrainStepFinished, WeightsLoaded, EngineReleased, GenerationPaused>;
+using Event =
+    std::variant<PromptsAvailable, EngineJoined, EngineLeft, EngineFailed, GenerationProgressed,
+                 GenerationFinished, GroupFiltered, TrainStepFinished, WeightsLoaded,
+                 EngineReleased, GenerationPaused, EngineAttached>;
 
 // ---- Commands (core → driver). ----
 
@@ -495,6 +511,11 @@ class Orchestrator {
   const std::vector<TrainedSample>& last_batch() const;
   // The policy version the trainer will produce next (= steps finished).
   std::int64_t latest_version() const;
+  // The engines joined (not left or failed), ascending. O(engines).
+  std::vector<std::int64_t> engines() const;
+  // Whether `attached` would keep its engine as it is (see EngineAttached). O(k log k)
+  // for k samples.
+  bool KeepsEngine(const EngineAttached& attached) const;
   bool done() const;  // num_steps > 0 and that many steps finished
 
   // Checks conservation and the staleness bound over the whole state; throws

@@ -7,11 +7,12 @@
 //
 //     Post(event) ─▶ core ─┬─ engine commands ─▶ weight sync ─▶ engines (EngineBackend)
 //       (any thread)  │    ├─ StartTrain ─▶ step planner ─▶ trainer (TrainerBackend)
-//                     │    └─ observations ─▶ sink (event log hook, progress, trace)
+//                     │    └─ observations ─▶ sink (progress, trace)
 //
 //   - core: one serial node that owns the Orchestrator. It stamps each event with the
 //     injected clock (never earlier than the previous event: the core needs
-//     non-decreasing times), handles it, and sends the commands on. An event the core
+//     non-decreasing times), handles it, hands both to the journal (the event log) and
+//     sends the commands on. An event the core
 //     refuses (an unknown sample, a step that was not started…) is counted in
 //     RuntimeStatus::rejected_events, logged and handed to on_reject (a live run tells
 //     the worker that sent it); the state is unchanged and the run goes on.
@@ -33,13 +34,13 @@
 //     named the newest version still loading, gets its last sync again with replan set
 //     (SyncWeights::replan), by the membership without the lost engine (a new epoch),
 //     after the core's commands for the event; they are the runtime's, not the core's
-//     (not in on_command, the log or a replay). RuntimeStatus::weight_sync lists the
+//     (not in the journal, the log or a replay). RuntimeStatus::weight_sync lists the
 //     epochs and their syncs.
 //   - step planner: a parallel node that calls balance::PlanStep on a closed batch's
 //     lengths, so StartTrain reaches the trainer with its plan (which sample to which
 //     rank and micro-batch) without holding up the core.
-//   - sink: a serial node that hands every stamped event to the event-log hook (in the
-//     core's order), reports each finished step, and records the Chrome/Perfetto trace.
+//   - sink: a serial node that reports each finished step and records the
+//     Chrome/Perfetto trace. (The event log is written in the core node: `journal`.)
 //
 //   What the engines say of their work. A generation report may carry the engine's
 //   account of the versions its tokens were generated under (EngineSpans, see
@@ -83,6 +84,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -200,6 +202,17 @@ struct StepProgress {
   Metrics metrics;  // over [first event, time]
 };
 
+// A run resumed from its event log (`rlsched run --resume`).
+struct RuntimeResume {
+  // The logged events, stamped, in order: handed to the core before any other, their
+  // commands dropped (they were sent before; the workers reattach and say what they
+  // hold, EngineAttached). Refused ones are refused again, as in the run.
+  std::vector<Event> events;
+  // The trainer call the log started and did not see finished: sent to the trainer
+  // again (planned as any call); the trainer that finished it says so when it attaches.
+  std::optional<StartTrain> call;
+};
+
 struct RuntimeOptions {
   // The decision core's policy and hooks. Its planner must be empty: the runtime plans
   // every trainer call in its own node (`step`).
@@ -208,15 +221,18 @@ struct RuntimeOptions {
   std::optional<WeightSyncLayout> weight_sync;  // attach each engine's transfers
   bool check_invariants = false;                // Orchestrator::CheckInvariants() per event
   bool trace = false;                           // record the Chrome trace (TraceJson())
-  // Every event the core received, stamped, in order (called from the sink's thread):
-  // the event log. A rejected event is passed too (replay rejects it the same way).
-  std::function<void(const Event&)> on_event;
-  // Every command, in the core's order (the sink's thread; StartTrain without its plan).
-  std::function<void(const Command&)> on_command;
+  // The event log: every event the core received, stamped, with the commands it gave,
+  // in the core's order, called in the core node before any of those commands leaves it
+  // (so a log written here holds every command a worker may have seen). A refused
+  // event is passed too, with no commands (replay refuses it the same way). The
+  // runtime's own commands (replans) are not passed. A journal that throws fails the
+  // run (Wait* rethrow it): its commands do not leave.
+  std::function<void(const Event&, std::span<const Command>)> journal;
   std::function<void(const StepProgress&)> on_step;
   // Every event the core refused, with the reason (the core node's thread, before the
   // event reaches on_event): a live run tells the worker that sent it.
   std::function<void(const Event&, const std::string& why)> on_reject;
+  std::optional<RuntimeResume> resume;  // continue a logged run (see RuntimeResume)
 };
 
 // Throws std::invalid_argument naming the field (orchestrator.*, step.*,
@@ -294,6 +310,7 @@ struct RuntimeStatus {
   // engine was lost during them (SyncWeights::replan).
   std::vector<WeightSyncEpoch> weight_sync;
   std::int64_t weight_sync_replans = 0;
+  std::vector<std::int64_t> engines;  // joined, not left or failed (the core's), ascending
 };
 
 class Runtime {

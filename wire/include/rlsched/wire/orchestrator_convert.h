@@ -10,13 +10,14 @@
 //
 //   The event log (`rlsched run --event-log FILE`) is a sequence of EventLogRecord
 //   messages, each preceded by its size as a varint (protobuf's delimited format):
-//   first a header with the run's config, then every event the core received (stamped
-//   with its time) followed by the commands the core answered with (StartTrain without
-//   its plan, which the runtime adds later). Replay() feeds the events to a fresh core
-//   and compares its commands with the logged ones: a live run is deterministic given
+//   first a header with the run's config (and its weight layout, when it has one), then
+//   every event the core received (stamped with its time) followed by the commands the
+//   core answered with (StartTrain without its plan, which the runtime adds later). A
+//   resumed run (`rlsched run --resume`) appends to the same log. Replay() feeds the events to a
+//   fresh core and compares its commands with the logged ones: a live run is deterministic given
 //   its events.
 //
-// Thread-safety: the functions are pure; an EventLogWriter is not thread-safe.
+// Thread-safety: the functions are pure.
 
 #ifndef RLSCHED_WIRE_ORCHESTRATOR_CONVERT_H_
 #define RLSCHED_WIRE_ORCHESTRATOR_CONVERT_H_
@@ -24,7 +25,7 @@
 #include <cstdint>
 #include <istream>
 #include <optional>
-#include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,30 +47,31 @@ v1::OrchestratorCommand ToCommandMessage(const scheduler::Command& command);
 // filter_all_equal. No planner (the runtime plans each call). O(1).
 scheduler::OrchestratorOptions RunOrchestratorOptions(const scheduler::SimulatorConfig& config);
 
-// Appends records to a stream in the delimited format. Throws std::runtime_error when
-// the stream fails.
-class EventLogWriter {
- public:
-  // Writes the header (the run's config, as ToSimulatorConfigMessage()).
-  EventLogWriter(std::ostream& out, const scheduler::SimulatorConfig& config);
-  void Append(const scheduler::Event& event);
-  void Append(const scheduler::Command& command);
-  void Flush();
-
- private:
-  void Write(const v1::EventLogRecord& record);
-  std::ostream& out_;
-};
+// The first records of a run's event log: the header (the run's config, as
+// ToSimulatorConfigMessage()), then the weight layout when `layout` is given. O(size).
+std::string EventLogHeader(const scheduler::SimulatorConfig& config,
+                           const v1::ReshardRequest* layout);
+// Appends to `out` the records of an event and of the commands the core gave for it, in
+// the delimited format (StartTrain without its plan). O(size).
+void AppendEventRecords(const scheduler::Event& event, std::span<const scheduler::Command> commands,
+                        std::string& out);
 
 struct EventLog {
+  v1::SimulatorConfig header;  // as logged
   scheduler::SimulatorConfig config;
+  std::optional<v1::ReshardRequest> weight_layout;
   // In order: each event, then the commands it gave.
   std::vector<v1::EventLogRecord> records;
+  // The bytes up to the end of the last whole record, and those of a record cut short
+  // after it (a log whose writer died mid-write; read with torn_tail).
+  std::int64_t whole_bytes = 0;
+  std::int64_t torn_bytes = 0;
 };
 
 // Reads a whole log. Throws FieldError naming the record ("record 12: …") on a
-// truncated or malformed record or a missing header. O(size).
-EventLog ReadEventLog(std::istream& in);
+// malformed record, a missing header or (unless `torn_tail`) a last record cut short;
+// with `torn_tail` such a record is left out and counted in torn_bytes. O(size).
+EventLog ReadEventLog(std::istream& in, bool torn_tail = false);
 
 struct ReplayResult {
   std::int64_t events = 0;
