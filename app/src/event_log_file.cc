@@ -75,7 +75,10 @@ void EventLogFile::Flush() {
   while (written < pending_.size()) {
     const ssize_t n = ::write(fd_, pending_.data() + written, pending_.size() - written);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) Failed(path_, "write failed");
+    if (n < 0) {
+      pending_.erase(0, written);  // what went is not written again
+      Failed(path_, "write failed");
+    }
     written += static_cast<std::size_t>(n);
   }
   pending_.clear();

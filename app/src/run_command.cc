@@ -494,7 +494,9 @@ void CheckResumeFlags(const RunArgs& args) {
     throw std::invalid_argument(
         "--resume: needs --token-file, the token the workers of the logged run present");
   }
-  if (!args.event_log.empty() && args.event_log != args.resume) {
+  std::error_code ignored;
+  if (!args.event_log.empty() && std::filesystem::weakly_canonical(args.event_log, ignored) !=
+                                     std::filesystem::weakly_canonical(args.resume, ignored)) {
     throw std::invalid_argument("--event-log: a resumed run appends to its --resume log " +
                                 args.resume + ", got " + args.event_log);
   }
@@ -518,16 +520,23 @@ void AwaitReattach(const RunArgs& args, WorkerServer& server, scheduler::Runtime
                         std::back_inserter(out));
     return out;
   };
-  const double until = clock.wall() + args.reattach_seconds;
+  const double since = clock.wall();
+  const double until = since + args.reattach_seconds;
   while ((!missing(expected).empty() || !server.trainer_attached()) && clock.wall() < until &&
          g_stop_signal.load() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  server.Await({});
+  if (missing(expected).empty() && server.trainer_attached()) {
+    spdlog::info("run: the logged run's workers are back after {:.3f} s", clock.wall() - since);
+  }
+  if (g_stop_signal.load() != 0) return;
   for (const std::int64_t engine : missing(known)) {
-    spdlog::warn("run: engine {} did not reattach within {:g} s; its samples go back to the queue",
-                 engine, args.reattach_seconds);
-    runtime.Post(scheduler::EngineFailed{.engine = engine});
+    if (server.FailUnlessAttached(engine)) {
+      spdlog::warn(
+          "run: engine {} did not reattach within {:g} s; its samples go back to the "
+          "queue",
+          engine, args.reattach_seconds);
+    }
   }
   if (!emulated) return;
   std::vector<std::int64_t> all(static_cast<std::size_t>(args.emulated_engines));
@@ -706,7 +715,6 @@ int RunRunCommand(const RunArgs& args) {
   scheduler::Runtime runtime(std::move(options), server, server, clock);
   runtime_ptr = &runtime;
   filtered_seen = runtime.Status().counters.filtered_groups;
-  if (resumed) server.Await(runtime.Status().engines);  // before any can attach
   server.Start(runtime);
   const bool unix_socket = listen.starts_with("unix:");
   const RemoveSocketOnExit remove_socket{unix_socket ? listen.substr(5) : ""};
@@ -741,7 +749,8 @@ int RunRunCommand(const RunArgs& args) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  if (next_prompt == 0) {  // a new run, or one killed before its first prompts were logged
+  if (next_prompt == 0 && g_stop_signal.load() == 0) {  // a new run, or one killed before
+                                                        // its first prompts were logged
     runtime.Post(prompts((scheduler::EffectiveStaleness(config.orchestrator) + 3) * per_batch));
   }
 

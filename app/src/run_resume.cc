@@ -14,36 +14,18 @@
 namespace rlsched::app {
 namespace {
 
-scheduler::StartTrain ToStartTrain(const v1::StartTrain& m) {
-  return scheduler::StartTrain{.step = m.step(),
-                               .call = m.call(),
-                               .version = m.version(),
-                               .groups = {m.groups().begin(), m.groups().end()},
-                               .samples = {m.samples().begin(), m.samples().end()},
-                               .lengths = {m.lengths().begin(), m.lengths().end()}};
-}
-
-// The events of the log, what the data loader posted, and the last trainer call left
-// unfinished.
+// The events of the log, and what the data loader posted.
 void TakeRecords(const wire::EventLog& log, ResumedRun& run) {
-  std::optional<scheduler::StartTrain> call;
   for (const v1::EventLogRecord& record : log.records) {
-    if (record.has_command()) {
-      if (record.command().has_start_train()) call = ToStartTrain(record.command().start_train());
-      continue;
-    }
+    if (record.has_command()) continue;
     scheduler::Event event = wire::ToEvent(record.event());
     run.last_time =
         std::max(run.last_time, std::visit([](const auto& e) { return e.time; }, event));
     if (const auto* p = std::get_if<scheduler::PromptsAvailable>(&event)) {
       run.prompts_posted += static_cast<std::int64_t>(p->prompts.size());
     }
-    if (const auto* f = std::get_if<scheduler::TrainStepFinished>(&event)) {
-      if (call && call->step == f->step && call->call == f->call) call.reset();
-    }
     run.resume.events.push_back(std::move(event));
   }
-  run.resume.call = std::move(call);
 }
 
 }  // namespace

@@ -26,7 +26,7 @@
 namespace rlsched::app {
 
 struct ResumedRun {
-  scheduler::RuntimeResume resume;  // the events, the unfinished trainer call
+  scheduler::RuntimeResume resume;  // the events
   double last_time = 0;             // of the last event, run seconds
   std::int64_t prompts_posted = 0;  // over the logged PromptsAvailable events
   std::int64_t whole_bytes = 0;     // the log's whole records (a torn last one is cut off)

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <deque>
 #include <stdexcept>
 #include <string_view>
@@ -211,9 +212,11 @@ std::int64_t WorkerServer::engines_attached() const {
   return static_cast<std::int64_t>(engines_.size());
 }
 
-void WorkerServer::Await(const std::vector<std::int64_t>& engines) {
-  std::lock_guard lock(mutex_);
-  awaited_ = {engines.begin(), engines.end()};
+bool WorkerServer::FailUnlessAttached(std::int64_t engine) {
+  std::lock_guard lock(mutex_);  // an attach of it is posted before or after, not between
+  if (engines_.contains(engine)) return false;
+  runtime_->Post(scheduler::EngineFailed{.engine = engine});
+  return true;
 }
 
 std::vector<std::int64_t> WorkerServer::attached_engines() const {
@@ -267,6 +270,19 @@ std::optional<std::string> CheckEngineHello(const v1::Hello& hello, std::int64_t
   if (hello.version() < -1 || hello.version() > latest) {
     return outside("version", hello.version(), -1, latest) + " (the newest weights are version " +
            std::to_string(latest) + ")";
+  }
+  if (hello.samples_size() > hello.max_concurrent()) {
+    return "hello.samples: at most max_concurrent (" + std::to_string(hello.max_concurrent()) +
+           "), got " + std::to_string(hello.samples_size());
+  }
+  std::vector<std::int64_t> held(hello.samples().begin(), hello.samples().end());
+  std::sort(held.begin(), held.end());
+  if (!held.empty() && held.front() < 0) {
+    return "hello.samples: each >= 0, got " + std::to_string(held.front());
+  }
+  const auto repeated = std::adjacent_find(held.begin(), held.end());
+  if (repeated != held.end()) {
+    return "hello.samples: each sample once, got " + std::to_string(*repeated) + " twice";
   }
   return std::nullopt;
 }
@@ -332,7 +348,7 @@ grpc::Status WorkerServer::Attach(
   connection->role = hello.role();
   if (!hello.name().empty()) connection->peer += " (" + hello.name() + ")";
   if (hello.role() == v1::WORKER_ROLE_ENGINE) {
-    // Everything the core checks of EngineJoined, so that no engine is welcomed that
+    // Everything the core checks of EngineAttached, so that no engine is welcomed that
     // the core then refuses (attached, idle and never told). Read before mutex_: the
     // newest version only grows, so an engine within it now stays within it.
     if (const std::optional<std::string> why =
@@ -420,6 +436,7 @@ grpc::Status WorkerServer::Attach(
       engines_.erase(connection->engine);
     } else if (trainer_ == connection) {
       trainer_.reset();
+      trainer_said_.reset();
     }
   }
   connection->Close();  // the queued messages are written (or the stream is cancelled)
@@ -430,18 +447,24 @@ grpc::Status WorkerServer::Attach(
 }
 
 std::optional<scheduler::StartTrain> WorkerServer::CallToResend(const v1::Hello& hello) {
-  if (!pending_call_ || !hello.has_call() || hello.call().step() != pending_call_->step ||
-      hello.call().call() != pending_call_->call) {
-    return pending_call_;  // not the trainer's last call: sent (again)
-  }
-  if (hello.call().finished()) {  // its finish was lost with a scheduler that died
-    spdlog::info("run: the trainer finished call {}.{} before attaching", pending_call_->step,
-                 pending_call_->call);
-    runtime_->Post(
-        scheduler::TrainStepFinished{.step = pending_call_->step, .call = pending_call_->call});
-    pending_call_.reset();
-  }
+  trainer_said_.reset();
+  if (hello.has_call()) trainer_said_ = hello.call();
+  if (!pending_call_ || !TrainerHas(*pending_call_)) return pending_call_;  // sent (again)
+  if (trainer_said_->finished()) FinishedBeforeAttach();
   return std::nullopt;  // finished, or still training it
+}
+
+bool WorkerServer::TrainerHas(const scheduler::StartTrain& call) const {
+  return trainer_said_ && trainer_said_->step() == call.step && trainer_said_->call() == call.call;
+}
+
+void WorkerServer::FinishedBeforeAttach() {
+  spdlog::info("run: the trainer finished call {}.{} before attaching", trainer_said_->step(),
+               trainer_said_->call());
+  runtime_->Post(
+      scheduler::TrainStepFinished{.step = trainer_said_->step(), .call = trainer_said_->call()});
+  pending_call_.reset();
+  trainer_said_.reset();  // posted once
 }
 
 void WorkerServer::Heartbeat(Connection& connection, const v1::Heartbeat& heartbeat) {
@@ -472,6 +495,7 @@ std::optional<std::string> WorkerServer::Forbidden(const Connection& connection,
     return "event: the trainer sends train_step_finished and group_filtered only";
   }
   if (trainer_event || std::holds_alternative<scheduler::EngineJoined>(event) ||
+      std::holds_alternative<scheduler::EngineAttached>(event) ||
       std::holds_alternative<scheduler::EngineFailed>(event) ||
       std::holds_alternative<scheduler::PromptsAvailable>(event)) {
     return "event: an engine reports its own generations, pauses, weights, release and leave "
@@ -664,15 +688,13 @@ void WorkerServer::Execute(const scheduler::Command& command,
     if (shut_down_) return;  // the run is over: the workers have been told
     const auto it = engines_.find(engine);
     if (it != engines_.end()) connection = it->second;
-    if (connection == nullptr && awaited_.contains(engine)) {
-      // A resumed run's engine not back yet: it says what it holds when it is, and the
-      // core reconciles (EngineAttached); what it missed is given again then.
-      spdlog::debug("run: engine {} not reattached yet: a command dropped", engine);
-      return;
-    }
   }
   if (connection == nullptr) {
-    throw std::runtime_error("engine " + std::to_string(engine) + " is not attached");
+    // Its stream is gone (its EngineFailed is posted by its handler), or a resumed run's
+    // engine is not back yet (it says what it holds when it is, and the core reconciles:
+    // EngineAttached; one that does not come back is failed after the window).
+    spdlog::debug("run: engine {} not attached: a command dropped", engine);
+    return;
   }
   v1::SchedulerMessage message;
   *message.mutable_command() = wire::ToCommandMessage(command);
@@ -692,6 +714,14 @@ void WorkerServer::Train(const scheduler::StartTrain& call) {
   std::shared_ptr<Connection> connection;
   {
     std::lock_guard lock(mutex_);
+    if (TrainerHas(call)) {  // a resumed run's call, which the attached trainer has had
+      if (trainer_said_->finished()) {
+        FinishedBeforeAttach();
+      } else {
+        pending_call_ = call;  // it is training it: not sent again
+      }
+      return;
+    }
     pending_call_ = call;
     connection = trainer_;
   }

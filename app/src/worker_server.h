@@ -92,7 +92,8 @@ struct WorkerServerOptions {
 };
 
 // Why an engine's Hello cannot join a run whose newest weights are version `latest`
-// (the core's bounds on EngineJoined: engine id, concurrency, version), or nullopt.
+// (the core's bounds on EngineAttached: engine id, concurrency, version, the samples it
+// holds), or nullopt.
 std::optional<std::string> CheckEngineHello(const v1::Hello& hello, std::int64_t latest);
 
 class WorkerServer final : public v1::Scheduler::Service,
@@ -112,10 +113,10 @@ class WorkerServer final : public v1::Scheduler::Service,
 
   std::int64_t engines_attached() const;
   std::vector<std::int64_t> attached_engines() const;  // ascending
-  // A resumed run: the engines the core knows, awaited; a command for one of them not
-  // attached is dropped (it reattaches saying what it holds) instead of failing it.
-  // Await({}) ends the wait (then such a command fails the engine). Thread-safe.
-  void Await(const std::vector<std::int64_t>& engines);
+  // Posts EngineFailed for `engine` unless it is attached (checked and posted under the
+  // lock an attach takes, so that no attach slips between); whether it posted.
+  // Thread-safe.
+  bool FailUnlessAttached(std::int64_t engine);
   bool trainer_attached() const;
   std::int64_t refused() const { return refused_.load(); }
   // Events refused before the core (malformed, or not the worker's to send), each told
@@ -147,6 +148,10 @@ class WorkerServer final : public v1::Scheduler::Service,
   // The pending trainer call to send an attaching trainer: none when its Hello says it
   // is training it, or finished it (then its finish is posted). mutex_ held.
   std::optional<scheduler::StartTrain> CallToResend(const v1::Hello& hello);
+  // Whether the attached trainer said (Hello.call) it has had `call`. mutex_ held.
+  bool TrainerHas(const scheduler::StartTrain& call) const;
+  // Posts the finish the trainer said it made of its call. mutex_ held.
+  void FinishedBeforeAttach();
   // Checks an event, binds it to its sender and posts it (or tells the worker why not).
   void Receive(Connection& connection, const v1::OrchestratorEvent& message);
   static std::optional<std::string> Forbidden(const Connection& connection,
@@ -176,8 +181,8 @@ class WorkerServer final : public v1::Scheduler::Service,
   std::shared_ptr<Connection> trainer_;
   std::map<Connection*, std::shared_ptr<Connection>> all_;
   std::map<Connection*, std::shared_ptr<Connection>> waiting_;  // no Hello yet
-  std::set<std::int64_t> awaited_;  // a resumed run's engines, until the window ends
-  std::optional<scheduler::StartTrain> pending_call_;  // sent, not yet finished
+  std::optional<scheduler::StartTrain> pending_call_;           // sent, not yet finished
+  std::optional<v1::TrainCall> trainer_said_;                   // the attached trainer's Hello.call
   std::atomic<std::int64_t> refused_{0};
   std::atomic<std::int64_t> ignored_events_{0};
   std::atomic<std::int64_t> stuck_engines_{0};

@@ -1107,8 +1107,15 @@ struct Orchestrator::State {
       return;
     }
     Advance(e.time);
+    // What it holds, and what the core gave it since its Hello was made (those commands
+    // reach the new stream): both go back, so both are aborted there.
+    if (const Engine* known = FindEngine(e.engine)) {
+      held.insert(held.end(), known->in_flight.begin(), known->in_flight.end());
+      std::sort(held.begin(), held.end());
+      held.erase(std::unique(held.begin(), held.end()), held.end());
+      RemoveEngine(e.engine, true);
+    }
     if (!held.empty()) out->push_back(Abort{.engine = e.engine, .samples = std::move(held)});
-    if (FindEngine(e.engine) != nullptr) RemoveEngine(e.engine, true);
     Join(EngineJoined{.time = e.time,
                       .engine = e.engine,
                       .max_concurrent = e.max_concurrent,
@@ -1408,19 +1415,25 @@ struct Orchestrator::State {
               Str(e.version));
     }
     std::vector<std::int64_t> resumed;
+    std::vector<std::int64_t> unreported;  // paused, no progress report: taken back
     std::vector<std::int64_t> in_flight = engine->in_flight;
     std::sort(in_flight.begin(), in_flight.end());
     for (const std::int64_t sample : in_flight) {
       const Sample& x = At(sample);
-      if (x.interrupted && !x.progress_reported) {
-        Invalid("sample",
-                "reported (GenerationPaused or GenerationProgressed) before WeightsLoaded after "
-                "an interrupt",
-                Str(sample));
-      }
-      if (x.interrupted) resumed.push_back(sample);
+      if (x.interrupted) (x.progress_reported ? resumed : unreported).push_back(sample);
     }
     Advance(e.time);
+    if (!unreported.empty()) {
+      // An engine out of step with the core (its pause report refused, or lost): what it
+      // did not report is aborted there and goes back to the queue, with the progress
+      // last reported, instead of leaving the engine in the sync for ever.
+      for (const std::int64_t sample : unreported) {
+        Unplace(sample);
+        Enqueue(sample);
+      }
+      counters.unreported_pauses += static_cast<std::int64_t>(unreported.size());
+      out->push_back(Abort{.engine = e.engine, .samples = unreported});
+    }
     engine->version = e.version;
     engine->syncing_to = -1;
     engine->pausing = false;

@@ -564,6 +564,7 @@ struct Runtime::Impl {
   // A resumed run: the logged events go to the core (their commands were sent before the
   // crash), then the trainer call the log left unfinished goes to the trainer again.
   void Replay(const RuntimeResume& resume) {
+    std::optional<StartTrain> call;
     {
       std::lock_guard lock(mutex);
       std::vector<Command> commands;
@@ -573,6 +574,7 @@ struct Runtime::Impl {
         try {
           const std::vector<Event> seen = AsMembership(event);
           core.Handle(event, commands);
+          NoteCall(event, commands, call);
           if (options.weight_sync) {
             for (const Event& e : seen) {
               NoteSyncs(e, commands, replans);
@@ -586,8 +588,19 @@ struct Runtime::Impl {
         last_time = std::max(last_time, EventTime(event));
       }
     }
-    if (resume.call) {
-      plan_node.try_put(TrainWork{.call = *resume.call, .posted = std::chrono::steady_clock::now()});
+    if (call)
+      plan_node.try_put(TrainWork{.call = *call, .posted = std::chrono::steady_clock::now()});
+  }
+
+  // The trainer call under way after an accepted event: the core's last StartTrain, until
+  // its TrainStepFinished.
+  static void NoteCall(const Event& event, const std::vector<Command>& commands,
+                       std::optional<StartTrain>& call) {
+    if (const auto* f = std::get_if<TrainStepFinished>(&event)) {
+      if (call && call->step == f->step && call->call == f->call) call.reset();
+    }
+    for (const Command& command : commands) {
+      if (const auto* start = std::get_if<StartTrain>(&command)) call = *start;
     }
   }
 

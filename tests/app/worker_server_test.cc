@@ -472,6 +472,15 @@ TEST_F(WorkerServerTest, HellosTheCoreCannotUseAreRefusedAndCounted) {
     hello = EngineHello(3);
     hello.set_max_concurrent(0);
     out.emplace_back(hello, "hello.max_concurrent: must be in [1, 1073741824], got 0");
+    hello = EngineHello(4);  // max_concurrent 4
+    for (const std::int64_t sample : {1, 2, 3, 4, 5}) hello.add_samples(sample);
+    out.emplace_back(hello, "hello.samples: at most max_concurrent (4), got 5");
+    hello = EngineHello(5);
+    for (const std::int64_t sample : {7, 3, 7}) hello.add_samples(sample);
+    out.emplace_back(hello, "hello.samples: each sample once, got 7 twice");
+    hello = EngineHello(6);
+    hello.add_samples(-2);
+    out.emplace_back(hello, "hello.samples: each >= 0, got -2");
     return out;
   }();
   for (const auto& [hello, why] : cases) {

@@ -227,9 +227,6 @@ TEST(OrchestratorTest, PartialRolloutRecordsVersionSpans) {
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(Describe(out[0]), "sync e0 v1 interrupt");
   out.clear();
-  // WeightsLoaded before the interrupted sample's progress is a protocol error.
-  EXPECT_THROW(core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out),
-               std::invalid_argument);
   core.Handle(GenerationProgressed{.time = 2.5, .sample = 1, .tokens = 6}, out);
   core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
   ASSERT_GE(out.size(), 1u);
@@ -863,7 +860,7 @@ TEST(OrchestratorTest, AnAttachingEngineIsKeptWhenItHoldsWhatTheCoreThinks) {
   core.Handle(fewer, out);
   ASSERT_FALSE(out.empty());
   ASSERT_TRUE(std::holds_alternative<Abort>(out.front())) << Describe(out.front());
-  EXPECT_EQ(std::get<Abort>(out.front()).samples.size(), 3u);
+  EXPECT_EQ(std::get<Abort>(out.front()).samples.size(), 4u);  // held, and in flight on it
   EXPECT_EQ(All<Dispatch>(out).size(), 1u);
   EXPECT_EQ(core.counters().in_flight, 4);
   EXPECT_EQ(core.engines(), (std::vector<std::int64_t>{0}));
@@ -894,6 +891,35 @@ TEST(OrchestratorTest, AnAttachingEngineIsKeptWhenItHoldsWhatTheCoreThinks) {
   refused({.time = 3, .engine = 9, .max_concurrent = 2, .version = 0, .samples = {-1}},
           "samples[0]");
   refused({.time = 3, .engine = 9, .max_concurrent = 2, .version = 5}, "version");
+  core.CheckInvariants();
+}
+
+// An engine out of step (its pause report refused or lost) that reports WeightsLoaded:
+// the paused samples it did not report are aborted there and given out again with the
+// progress last reported, instead of the engine staying in the sync (a hung run).
+TEST(OrchestratorTest, WeightsLoadedWithoutThePauseReportTakesThePausedSamplesBack) {
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kAsync,
+                                         .max_staleness = 1,
+                                         .partial_rollout = true,
+                                         .prompts_per_step = 1,
+                                         .samples_per_prompt = 2}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 2)}, out);
+  core.Handle(GenerationProgressed{.time = 0.5, .sample = 1, .tokens = 3}, out);
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 4, .reward = 0}, out);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1.5, .sample = 1, .tokens = 5, .reward = 0}, out);
+  core.Handle(TrainStepFinished{.time = 2, .step = 0}, out);
+  out.clear();
+  // Group 1 (samples 2, 3) runs on engine 0 when the sync interrupts it.
+  ASSERT_EQ(core.counters().in_flight, 2);
+  core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(Describe(out.front()), "abort e0 2 3");
+  EXPECT_EQ(core.counters().unreported_pauses, 2);
+  EXPECT_EQ(All<Dispatch>(out).size(), 1u);  // given out again, to the engine now ready
+  EXPECT_EQ(core.counters().in_flight, 2);
   core.CheckInvariants();
 }
 
@@ -955,10 +981,7 @@ TEST(OrchestratorTest, PauseReportCoversEveryPausedSampleOnce) {
                "samples[1].sample");  // twice
   expect_error(paused(3, 0, 1, {{.sample = 2, .tokens = -1}}), "samples[0].tokens");
   expect_error(paused(3, 0, 1, {}), "samples");  // sample 2 left out
-  // Nothing of the refused reports was applied: sample 2 is still unreported.
-  EXPECT_THROW(core.Handle(WeightsLoaded{.time = 3, .engine = 0, .version = 1}, out),
-               std::invalid_argument);
-
+  // Nothing of the refused reports was applied: sample 2's report is taken now.
   core.Handle(paused(3, 0, 1, {{.sample = 2, .tokens = 7}}), out);
   EXPECT_TRUE(out.empty());
   expect_error(paused(3, 0, 1, {{.sample = 2, .tokens = 7}}), "engine");  // reported already

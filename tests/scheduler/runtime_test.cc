@@ -546,6 +546,65 @@ TEST(RuntimeTest, APauseReportGivesTheSameRunAsPerSampleReports) {
   EXPECT_EQ(replayed, commands[0]);
 }
 
+// A run resumed from its journal (RuntimeResume): the core rebuilt from the logged
+// events holds what the first life's did, and the trainer call the log left under way
+// goes to the trainer again; the replayed events' commands do not go out.
+TEST(RuntimeTest, AResumedRunRebuildsTheCoreAndSendsTheUnfinishedCallAgain) {
+  std::int64_t open_calls = 0;  // cuts with a trainer call under way
+  for (const std::int64_t cut : {40, 90, 150, 151, 152}) {
+    ManualClock clock;
+    Cluster first(clock, {});
+    RuntimeOptions options = AsyncOptions(6);
+    std::vector<Event> log;
+    std::optional<StartTrain> open_call;
+    options.journal = [&](const Event& e, std::span<const Command> given) {
+      log.push_back(e);
+      if (const auto* f = std::get_if<TrainStepFinished>(&e);
+          f && open_call && open_call->step == f->step && open_call->call == f->call) {
+        open_call.reset();
+      }
+      for (const Command& c : given) {
+        if (const auto* start = std::get_if<StartTrain>(&c)) open_call = *start;
+      }
+    };
+    RuntimeStatus before;
+    {
+      Runtime runtime(options, first, first, clock);
+      Drive(runtime, first, clock, 3, 64, cut);
+      runtime.Stop();
+      before = runtime.Status();
+    }
+    ASSERT_FALSE(before.done) << "cut " << cut;
+    ManualClock later(clock.Now());
+    Cluster second(later, {});
+    RuntimeOptions resumed = AsyncOptions(6);
+    resumed.resume = RuntimeResume{.events = log};
+    std::int64_t journaled = 0;
+    resumed.journal = [&](const Event&, std::span<const Command>) { ++journaled; };
+    Runtime runtime(resumed, second, second, later);
+    runtime.WaitIdle();
+    const RuntimeStatus after = runtime.Status();
+    EXPECT_EQ(journaled, 0);  // the logged events are not logged again
+    EXPECT_EQ(after.events + after.rejected_events, before.events + before.rejected_events);
+    EXPECT_EQ(after.counters.admitted, before.counters.admitted);
+    EXPECT_EQ(after.counters.trained, before.counters.trained);
+    EXPECT_EQ(after.counters.in_flight, before.counters.in_flight);
+    EXPECT_EQ(after.counters.queued, before.counters.queued);
+    EXPECT_EQ(after.counters.steps_started, before.counters.steps_started);
+    EXPECT_EQ(after.engines, (std::vector<std::int64_t>{0, 1, 2}));
+    const std::vector<StartTrain> calls = second.calls();
+    ASSERT_EQ(calls.size(), open_call ? 1u : 0u) << "cut " << cut;
+    if (open_call) {
+      ++open_calls;
+      EXPECT_EQ(calls[0].step, open_call->step);
+      EXPECT_EQ(calls[0].call, open_call->call);
+      EXPECT_EQ(calls[0].samples, open_call->samples);
+      EXPECT_TRUE(calls[0].plan.has_value());  // planned as any call
+    }
+  }
+  EXPECT_GT(open_calls, 0);
+}
+
 TEST(RuntimeTest, RefusedEventsAreCountedAndTheRunGoesOn) {
   ManualClock clock;
   Cluster cluster(clock, {});

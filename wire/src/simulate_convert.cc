@@ -433,6 +433,7 @@ void FillCounters(const Counters& in, v1::OrchestratorCounters& out) {
   out.set_engine_failures(in.engine_failures);
   out.set_version_reports(in.version_reports);
   out.set_version_corrections(in.version_corrections);
+  out.set_unreported_pauses(in.unreported_pauses);
 }
 
 void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {

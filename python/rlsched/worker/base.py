@@ -30,6 +30,9 @@ _LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode
 
 class _Stop:
     """The end of one session's requests (a queue outlives its sessions)."""
+
+    def __init__(self):
+        self.ended = False
 _log = logging.getLogger("rlsched.worker")
 
 
@@ -158,6 +161,11 @@ class Worker:
                 return
             if isinstance(message, _Stop):
                 continue  # an earlier session's end
+            if stop.ended:  # taken after our session died: the next session's to send
+                with self._out.mutex:
+                    self._out.queue.appendleft(message)
+                    self._out.not_empty.notify()
+                return
             yield message
 
     def _heartbeat_interval(self) -> float:
@@ -250,6 +258,8 @@ class Worker:
             request_serializer=runtime_pb2.WorkerMessage.SerializeToString,
             response_deserializer=runtime_pb2.SchedulerMessage.FromString)
         stop = _Stop()
+        if self._lost_at is not None:
+            self._drop_stale()
         try:
             for message in attach(self._requests(stop)):
                 if self._handle(message):
@@ -258,8 +268,22 @@ class Worker:
             if self.goodbye is None:
                 raise
         finally:
+            stop.ended = True
             self._out.put(stop)
         return self.goodbye
+
+    def _drop_stale(self) -> None:
+        """Before an engine's reattach: the lost session's waiting messages. Its Hello says
+        what it holds, and the scheduler keeps or resets it on that; the waiting reports
+        spoke to the scheduler's old view (a finish sent after a reset could pass for the
+        finish of the sample's next dispatch). A sample it finished meanwhile is not
+        held: the scheduler gives it out again."""
+        if self.role != runtime_pb2.WORKER_ROLE_ENGINE:
+            return  # a trainer's finishes and filters stand (its Hello says its call)
+        with self._out.mutex:
+            kept = [m for m in self._out.queue if not isinstance(m, runtime_pb2.WorkerMessage)]
+            self._out.queue.clear()
+            self._out.queue.extend(kept)
 
     def _handle(self, message: runtime_pb2.SchedulerMessage) -> bool:
         """One message of the scheduler's; True for Goodbye."""
@@ -369,17 +393,8 @@ class EngineWorker(Worker):
         hello.max_concurrent = self.max_concurrent
         with self._accounts_lock:
             hello.version = self.version
-            # What it holds (a reattach): its samples, and those whose finish waits to go
-            # out (sent after this Hello, in order: so the scheduler keeps them here).
-            held = set(self._accounts) | self._finishes_waiting()
-            hello.samples.extend(sorted(held))
+            hello.samples.extend(sorted(self._accounts))  # what it holds (a reattach)
         return hello
-
-    def _finishes_waiting(self) -> set:
-        with self._out.mutex:
-            return {m.event.generation_finished.sample for m in self._out.queue
-                    if isinstance(m, runtime_pb2.WorkerMessage) and m.HasField("event")
-                    and m.event.HasField("generation_finished")}
 
     def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
         kind = command.WhichOneof("kind")
@@ -471,8 +486,11 @@ class EngineWorker(Worker):
         account). ``telemetry``: ``RequestTelemetry`` fields the engine measured
         (e.g. ``preemptions``, ``first_token_seconds``), over the base class's."""
         now = time.monotonic()
-        with self._accounts_lock:
+        with self._accounts_lock:  # held until queued: a Hello sees it held or waiting
             account = self._accounts.pop(sample, None)
+            self.__finish_report(sample, tokens, reward, account, now, spans, telemetry)
+
+    def __finish_report(self, sample, tokens, reward, account, now, spans, telemetry) -> None:
         figures = {}
         if account is not None:
             if spans is None:

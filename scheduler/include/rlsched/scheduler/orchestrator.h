@@ -191,7 +191,8 @@ struct EngineJoined {
 // Abort of what it holds. Joined (a scheduler resumed from its log): kept as it is when
 // KeepsEngine (the same version and concurrency, no sync, pause or release under way,
 // exactly these samples in flight on it); otherwise EngineLeft (its samples back to the
-// queue with their reported progress), Abort of what it holds, then EngineJoined.
+// queue with their reported progress), Abort of what it holds and of what the core had
+// in flight on it (commands sent after its Hello reach the new stream), then EngineJoined.
 // Refused as EngineJoined is, or naming samples[i] (negative, repeated) or samples (more
 // than max_concurrent).
 struct EngineAttached {
@@ -285,6 +286,11 @@ struct EngineReleased {
   double time = 0;
   std::int64_t engine = 0;
 };
+// After an interrupting sync, the samples paused on the engine that no pause report
+// covered (a report refused or lost: the engine is out of step) are aborted on it (Abort,
+// before the Resume) and go back to the queue with the progress last reported
+// (Counters::unreported_pauses), rather than refusing WeightsLoaded and leaving the engine
+// in the sync.
 struct WeightsLoaded {
   double time = 0;
   std::int64_t engine = 0;
@@ -453,6 +459,8 @@ struct Counters {  // in samples unless named *_groups
   // and those whose account differed from the core's inference (the engine's recorded).
   std::int64_t version_reports = 0;
   std::int64_t version_corrections = 0;
+  // Paused samples an engine's WeightsLoaded came without a report of, taken back.
+  std::int64_t unreported_pauses = 0;
 };
 
 // A trained sample, as the trainer receives it (kept for the last started step).

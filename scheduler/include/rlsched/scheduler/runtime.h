@@ -206,11 +206,11 @@ struct StepProgress {
 struct RuntimeResume {
   // The logged events, stamped, in order: handed to the core before any other, their
   // commands dropped (they were sent before; the workers reattach and say what they
-  // hold, EngineAttached). Refused ones are refused again, as in the run.
+  // hold, EngineAttached). Refused ones are refused again, as in the run. The trainer
+  // call they leave under way (the core's last StartTrain without its finish) goes to
+  // the trainer again, planned as any call: a trainer that already has it says so when
+  // it attaches (TrainerBackend's to sort out).
   std::vector<Event> events;
-  // The trainer call the log started and did not see finished: sent to the trainer
-  // again (planned as any call); the trainer that finished it says so when it attaches.
-  std::optional<StartTrain> call;
 };
 
 struct RuntimeOptions {
@@ -229,8 +229,8 @@ struct RuntimeOptions {
   // run (Wait* rethrow it): its commands do not leave.
   std::function<void(const Event&, std::span<const Command>)> journal;
   std::function<void(const StepProgress&)> on_step;
-  // Every event the core refused, with the reason (the core node's thread, before the
-  // event reaches on_event): a live run tells the worker that sent it.
+  // Every event the core refused, with the reason (the core node's thread, after the
+  // journal has it): a live run tells the worker that sent it.
   std::function<void(const Event&, const std::string& why)> on_reject;
   std::optional<RuntimeResume> resume;  // continue a logged run (see RuntimeResume)
 };
