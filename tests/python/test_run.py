@@ -414,10 +414,11 @@ def test_a_rogue_engine_cannot_report_for_other_engines_samples(rlsched_bin, run
                         continue
                     self.finished(other, 1, 0.0)
                     self.progressed(other, 100000)
-                group = work.sample // 4 + 1  # filtered only where it is not the rogue's
-                if not mine & set(range(4 * group, 4 * group + 4)):
-                    self.send_event(group_filtered=rollout_pb2.GroupFiltered(
-                        group=group, engine=0))
+                # A filter of a group it does not run (one it ran alone would be taken,
+                # and a rogue attached first could filter every group and starve the
+                # data loader: the worker server test files one for a running group).
+                self.send_event(group_filtered=rollout_pb2.GroupFiltered(
+                    group=10 ** 6 + work.sample, engine=0))
                 self.finished(work.sample, work.resume_from + 1, 0.0)
 
         def abort(self, abort):
