@@ -375,6 +375,16 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
   command->add_flag("--emulated-trainer", args.emulated_trainer,
                     "Start an emulated trainer as a child process");
   command
+      ->add_option(
+          "--wait-for-engines", args.wait_for_engines,
+          fmt::format("Send the first prompts once this many engines are attached (and the "
+                      "trainer, with --emulated-trainer), so that the first step and the first "
+                      "weight sync see the whole fleet rather than the engine that started "
+                      "first; at most --timeout. {}",
+                      RangeHelp(IntegerRangeText(0, kMaxEmulatedEngines),
+                                "--emulated-engines (0 without them: at once)")))
+      ->check(IntegerIn(0, kMaxEmulatedEngines));
+  command
       ->add_option("--time-scale", args.time_scale,
                    fmt::format("Wall seconds per run second, told to the workers: emulated ones "
                                "run that much faster; the report's times are run seconds. {}",
@@ -543,6 +553,31 @@ void AwaitReattach(const RunArgs& args, WorkerServer& server, scheduler::Runtime
   std::iota(all.begin(), all.end(), 0);
   for (const std::int64_t engine : missing(all)) emulated->StartEngine(engine);
   if (args.emulated_trainer && !server.trainer_attached()) emulated->StartTrainer();
+}
+
+// A new run starts when --wait-for-engines engines (and an emulated trainer) are attached:
+// the workers' start-up is not the run's time, and the first step's dispatch and weight
+// sync see the whole fleet. Emulated workers get 60 s, workers from outside --timeout.
+void AwaitStart(const RunArgs& args, const WorkerServer& server, const ScaledClock& clock,
+                std::optional<EmulatedWorkers>& emulated) {
+  const std::int64_t engines = args.wait_for_engines.value_or(args.emulated_engines);
+  const bool trainer = emulated && args.emulated_trainer;
+  const double limit = emulated ? std::min(args.timeout_seconds, 60.0) : args.timeout_seconds;
+  const double since = clock.wall();
+  while ((server.engines_attached() < engines || (trainer && !server.trainer_attached())) &&
+         g_stop_signal.load() == 0) {
+    if (emulated) emulated->CheckStarted();
+    if (clock.wall() > since + limit) {
+      throw std::runtime_error(fmt::format(
+          "--wait-for-engines: {} engines{} did not attach within {:g} s ({} did)", engines,
+          trainer ? " and the trainer" : "", limit, server.engines_attached()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (engines > 0) {
+    spdlog::info("run: {} engines attached after {:.3f} s: the first prompts go out",
+                 server.engines_attached(), clock.wall() - since);
+  }
 }
 
 int RunRunCommand(const RunArgs& args) {
@@ -733,21 +768,12 @@ int RunRunCommand(const RunArgs& args) {
   }
   if (resumed) {
     AwaitReattach(args, server, runtime, clock, emulated);
-  } else if (emulated) {
-    for (std::int64_t e = 0; e < args.emulated_engines; ++e) emulated->StartEngine(e);
-    if (args.emulated_trainer) emulated->StartTrainer();
-    // The run starts when the emulated workers are there (their start-up is not the
-    // run's time): the prompts go out then.
-    const double wait_until = clock.wall() + std::min(args.timeout_seconds, 60.0);
-    while ((server.engines_attached() < args.emulated_engines ||
-            (args.emulated_trainer && !server.trainer_attached())) &&
-           g_stop_signal.load() == 0) {
-      emulated->CheckStarted();
-      if (clock.wall() > wait_until) {
-        throw std::runtime_error("the emulated workers did not attach within 60 s");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } else {
+    if (emulated) {
+      for (std::int64_t e = 0; e < args.emulated_engines; ++e) emulated->StartEngine(e);
+      if (args.emulated_trainer) emulated->StartTrainer();
     }
+    AwaitStart(args, server, clock, emulated);
   }
   if (next_prompt == 0 && g_stop_signal.load() == 0) {  // a new run, or one killed before
                                                         // its first prompts were logged

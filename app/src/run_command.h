@@ -48,6 +48,9 @@ struct RunArgs {
   std::optional<std::int64_t> steps;
   std::int64_t emulated_engines = 0;
   bool emulated_trainer = false;
+  // Engines attached before the first prompts go out; unset: the emulated engines (0
+  // without them: at once).
+  std::optional<std::int64_t> wait_for_engines;
   std::optional<double> time_scale;  // unset: 0.005 with emulated workers, else 1
   std::string event_log;
   bool event_log_fsync = false;  // fdatasync after each write of the event log

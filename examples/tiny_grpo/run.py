@@ -263,7 +263,10 @@ def main(argv=None) -> int:
         # summary checks the workers' worlds against them).
         [rlsched_bin, "--log-level", "info", "run", "--config", config_path, "--listen", socket,
          "--token-file", token_path, "--event-log", os.path.join(out, "events.log"), "--trace",
-         os.path.join(out, "trace.json"), "--json", "--timeout", str(args.timeout), *layout],
+         os.path.join(out, "trace.json"), "--json", "--timeout", str(args.timeout),
+         # The first step starts on every engine: one that starts late would otherwise
+         # join after the first weight sync, a new membership (and world) mid-run.
+         "--wait-for-engines", str(args.engines), *layout],
         stdout=subprocess.PIPE, stderr=log("rlsched"), text=True)
     deadline = time.monotonic() + 30
     while not os.path.exists(socket[5:]):

@@ -777,10 +777,15 @@ class TinyEngine(EngineWorker):
     def _replan_of(self, version: int, timeout: float):
         """The next replan of `version` from the queue (None in time: none came)."""
         try:
-            sync, _ = self._syncs.get(timeout=timeout)
+            item = self._syncs.get(timeout=timeout)
         except queue.Empty:
             return None
-        if sync is None or not sync.replan or sync.version != version:
+        if item is None:  # the engine stops (the run is over)
+            self._syncs.put(None)  # for the sync loop, which ends on it
+            raise RuntimeError(f"stopped while waiting for the runtime's replan of version "
+                               f"{version}")
+        sync = item[0]
+        if not sync.replan or sync.version != version:
             raise RuntimeError(f"waiting for the runtime's replan of version {version}, got "
                                f"{sync!r}")
         return sync

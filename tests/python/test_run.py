@@ -394,6 +394,31 @@ def test_a_killed_engine_a_late_engine_and_a_returning_trainer(rlsched_bin, run_
     _replay(rlsched_bin, run.log)
 
 
+def test_the_first_prompts_wait_for_the_engines_asked_for(rlsched_bin, run_factory):
+    """--wait-for-engines 2: with one engine attached nothing is dispatched; the first
+    prompts go out once the second one is there, and the first step runs on both."""
+    run = run_factory(extra=("--time-scale", "0.005", "--wait-for-engines", "2"))
+    run.engine(0)
+    run.trainer()
+    run.wait_for("engine 0 attached")
+    run.wait_for("trainer attached")
+    time.sleep(1.0)
+    assert not any("the first prompts go out" in line or line.startswith("step ")
+                   for line in run.err_lines), "".join(run.err_lines)
+    run.engine(1)
+    status, out, err = run.finish()
+    assert status == 0, err[-3000:]
+    assert "2 engines attached after" in err
+    assert json.loads(out)["done"]
+    # In the event log both engines' attaches come before the first prompts, and each
+    # engine is dispatched samples from the first batch on.
+    order = [record.event.WhichOneof("kind") for record in _log_records(run.log)
+             if record.WhichOneof("kind") == "event"]
+    first_prompts = order.index("prompts_available")
+    assert order[:first_prompts].count("engine_attached") == 2, order[:first_prompts + 1]
+    assert run.report("engine0")["finished"] and run.report("engine1")["finished"]
+
+
 def test_a_rogue_engine_cannot_report_for_other_engines_samples(rlsched_bin, run_factory,
                                                                tmp_path):
     """An engine on the real socket that reports finishes and progress for samples it was
@@ -626,6 +651,11 @@ def test_bad_arguments_are_refused_clearly(rlsched_bin, tmp_path):
                              "--emulated-trainer"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "steps" in result.stderr
+    result = subprocess.run([rlsched_bin, "run", "--emulated-engines", "1",
+                             "--emulated-trainer", "--wait-for-engines", "-1"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "--wait-for-engines" in result.stderr and "[0, 4096]" in result.stderr
     log = tmp_path / "not-a-log"
     log.write_bytes(b"\x05abc")
     result = subprocess.run([rlsched_bin, "replay", str(log)], capture_output=True, text=True,
