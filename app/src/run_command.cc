@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "command_common.h"
+#include "data_loader.h"
 #include "event_log_file.h"
 #include "rlsched/common/error.h"
 #include "rlsched/scheduler/runtime.h"
@@ -702,22 +703,14 @@ int RunRunCommand(const RunArgs& args) {
           : 1.0);
   WorkerServer server(server_options);
 
-  // The data loader: the dataset's prompts in order, cycled, ahead of the trainer.
-  const std::int64_t P = config.orchestrator.prompts_per_step;
-  const auto per_batch = static_cast<std::int64_t>(
-      std::ceil((1.0 + config.orchestrator.oversample) * static_cast<double>(P)));
-  std::int64_t next_prompt = resumed ? resumed->prompts_posted : 0;
+  DataLoader loader(config, resumed ? resumed->prompts_posted : 0);
   scheduler::Runtime* runtime_ptr = nullptr;
-  auto prompts = [&](std::int64_t count) {
-    scheduler::PromptsAvailable event;
-    for (std::int64_t i = 0; i < count; ++i, ++next_prompt) {
-      const std::int64_t id = next_prompt % config.dataset_prompts;
-      event.prompts.push_back(
-          {.id = id, .prompt_tokens = scheduler::WorkloadPromptTokens(config, id)});
+  // Posts the prompts the counters say are due (a step finished, groups filtered).
+  const auto top_up = [&loader](scheduler::Runtime& runtime, const scheduler::Counters& c) {
+    if (auto prompts = loader.TopUp(c.steps_finished, c.filtered_groups)) {
+      runtime.Post(std::move(*prompts));
     }
-    return event;
   };
-  std::int64_t filtered_seen = 0;
 
   scheduler::RuntimeOptions options;
   options.orchestrator = wire::RunOrchestratorOptions(config);
@@ -741,15 +734,11 @@ int RunRunCommand(const RunArgs& args) {
         "idle {}  restarts {}\n",
         p.step, p.time, m.samples_per_second, m.max_staleness, Percent(m.trainer_idle_ratio),
         Percent(m.mean_engine_idle_ratio), p.counters.restarts);
-    // Refill: a batch's worth, and the groups filtered since.
-    const std::int64_t refill = per_batch + (p.counters.filtered_groups - filtered_seen);
-    filtered_seen = p.counters.filtered_groups;
-    if (runtime_ptr != nullptr) runtime_ptr->Post(prompts(refill));
+    if (runtime_ptr != nullptr) top_up(*runtime_ptr, p.counters);
   };
 
   scheduler::Runtime runtime(std::move(options), server, server, clock);
   runtime_ptr = &runtime;
-  filtered_seen = runtime.Status().counters.filtered_groups;
   server.Start(runtime);
   const bool unix_socket = listen.starts_with("unix:");
   const RemoveSocketOnExit remove_socket{unix_socket ? listen.substr(5) : ""};
@@ -775,10 +764,9 @@ int RunRunCommand(const RunArgs& args) {
     }
     AwaitStart(args, server, clock, emulated);
   }
-  if (next_prompt == 0 && g_stop_signal.load() == 0) {  // a new run, or one killed before
-                                                        // its first prompts were logged
-    runtime.Post(prompts((scheduler::EffectiveStaleness(config.orchestrator) + 3) * per_batch));
-  }
+  // The first prompts; a resumed run's due ones its log lost (a refill after a logged
+  // step's end, the scheduler killed before it was logged).
+  if (g_stop_signal.load() == 0) top_up(runtime, runtime.counters());
 
   // Wait for the steps, watching the emulated workers: one that exits before the end
   // ends the run with its status.
@@ -787,6 +775,7 @@ int RunRunCommand(const RunArgs& args) {
     const double give_up = clock.wall() + args.timeout_seconds;
     while (!done && clock.wall() < give_up && g_stop_signal.load() == 0) {
       done = runtime.WaitUntilDone(std::chrono::milliseconds(200));
+      if (!done) top_up(runtime, runtime.counters());  // groups filtered mid-step
       if (!done && emulated) emulated->Reap();
     }
   } catch (const std::exception& e) {

@@ -1002,6 +1002,11 @@ RuntimeStatus Runtime::Status() const {
       .engines = impl_->core.engines()};
 }
 
+Counters Runtime::counters() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->core.counters();
+}
+
 void Runtime::ReportLoad(std::int64_t engine, std::int64_t running, std::int64_t waiting) {
   impl_->ReportLoad(engine, running, waiting);
 }

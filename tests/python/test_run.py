@@ -610,6 +610,34 @@ def test_workers_attach_over_tls(rlsched_bin, run_factory, tmp_path):
     assert sorted(run.report("trainer")["trained"]) == list(range(2 * 32 * 4))
 
 
+def test_groups_filtered_mid_step_are_replaced_at_once(rlsched_bin, tmp_path):
+    """Dynamic sampling that drops most groups (85% all-equal rewards): a step needs more
+    groups than the loader keeps ahead (3 batches of 8 in sync mode), so the refill for
+    filtered groups cannot wait for the step's end (the run would starve and hang)."""
+    config = _write_config(
+        tmp_path, steps=3, engines=2, all_equal_rate=0.85,
+        orchestrator={"mode": "ORCHESTRATOR_MODE_SYNC", "prompts_per_step": 8,
+                      "samples_per_prompt": 4, "filter_all_equal": True})
+    log = tmp_path / "events.log"
+    result = subprocess.run(
+        [rlsched_bin, "run", "--config", config, "--emulated-engines", "2", "--emulated-trainer",
+         "--json", "--timeout", "120", "--event-log", str(log)],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["done"] and int(report["counters"]["trained"]) == 3 * 8 * 4
+    prompts_before_first_step = 0
+    for record in _log_records(log):
+        if record.WhichOneof("kind") != "event":
+            continue
+        kind = record.event.WhichOneof("kind")
+        if kind == "train_step_finished":
+            break
+        if kind == "prompts_available":
+            prompts_before_first_step += len(record.event.prompts_available.prompts)
+    assert prompts_before_first_step > 3 * 8, prompts_before_first_step
+
+
 def test_emulated_workers_over_tls_and_bad_tls_arguments(rlsched_bin, tmp_path):
     cert, key = _certificate(tmp_path, "run")
     config = _write_config(tmp_path, steps=2)

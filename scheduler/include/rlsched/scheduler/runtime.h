@@ -341,6 +341,8 @@ class Runtime {
   void Stop();
 
   RuntimeStatus Status() const;
+  // The core's counters alone (Status() without the metrics and summaries: for polling).
+  Counters counters() const;
   // The run's Chrome trace JSON (chrome://tracing, Perfetto) when options.trace: the
   // trainer's calls and the engines' weight syncs as spans, the events as instants.
   std::string TraceJson() const;
