@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <shared_mutex>
 #include <stdexcept>
 #include <system_error>
 #include <tuple>
@@ -879,11 +880,22 @@ struct Runtime::Impl {
     return !fatal_error.empty();
   }
 
+  // The check and the put under one shared lock, so that Stop() sees every put that got
+  // past the check (its wait covers their tasks) and none comes after it.
   bool Post(Event event) {
-    if (stopped.load()) return false;
+    std::shared_lock lock(post_mutex);
+    if (stopped) return false;
     core_node.try_put(
         Posted{.event = std::move(event), .posted = std::chrono::steady_clock::now()});
     return true;
+  }
+
+  void Stop() {
+    {
+      std::unique_lock lock(post_mutex);
+      stopped = true;
+    }
+    graph.wait_for_all();
   }
 
   RuntimeOptions options;
@@ -900,7 +912,8 @@ struct Runtime::Impl {
   std::int64_t engine_failures_posted = 0;
   std::string fatal_error;
   std::condition_variable done_cv;
-  std::atomic<bool> stopped{false};
+  std::shared_mutex post_mutex;      // Post() shared, Stop() exclusive
+  bool stopped = false;              // guarded by post_mutex
   LatencyHistogram command_latency;  // the engine and trainer nodes
   // The engines' telemetry (the core node, under the mutex).
   RequestSummary requests;
@@ -979,10 +992,7 @@ bool Runtime::WaitUntilDone(std::chrono::milliseconds timeout) {
   return ended;
 }
 
-void Runtime::Stop() {
-  impl_->stopped.store(true);
-  impl_->graph.wait_for_all();
-}
+void Runtime::Stop() { impl_->Stop(); }
 
 RuntimeStatus Runtime::Status() const {
   std::lock_guard lock(impl_->mutex);
