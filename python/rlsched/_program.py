@@ -15,10 +15,13 @@ program with the same arguments (``os.execv``, so the exit status is the program
 without a shipped program it says so and exits with status 2.
 """
 
+import errno
 import os
 import shutil
 import sys
 from typing import Iterable, Optional
+
+from rlsched.errors import PROGRAM_NOT_FOUND, RlschedError
 
 # The program inside the package, relative to a directory of the package's __path__.
 SHIPPED_RELATIVE = os.path.join("bin", "rlsched")
@@ -26,8 +29,16 @@ SHIPPED_RELATIVE = os.path.join("bin", "rlsched")
 _CONSOLE_SCRIPT_MARK = b"rlsched._program"
 
 
-class ProgramNotFoundError(FileNotFoundError):
-    """No ``rlsched`` program in any of the places :func:`find_program` looks."""
+class ProgramNotFoundError(RlschedError, FileNotFoundError):
+    """No ``rlsched`` program in any of the places :func:`find_program` looks. Also a
+    :class:`FileNotFoundError`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(PROGRAM_NOT_FOUND, message, "")
+        self.errno, self.strerror = errno.ENOENT, message
+
+    def __reduce__(self):
+        return (type(self), (self.message,))
 
 
 def _package_dirs() -> list:

@@ -8,10 +8,12 @@ directory on ``sys.path`` to the package's ``__path__``, so with
 
 from __future__ import annotations
 
+from rlsched.errors import MissingDependencyError
+
 try:
     from rlsched.v1 import balance_pb2, reshard_pb2, rollout_pb2, service_pb2
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError(
+    raise MissingDependencyError(
         "rlsched: the generated protobuf modules rlsched.v1.{balance,reshard,rollout,service}_pb2 "
         "were not found. Build the project (they are generated into "
         "<build>/python/rlsched/v1/) and put <build>/python on PYTHONPATH next to "

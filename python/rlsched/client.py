@@ -43,7 +43,7 @@ from rlsched._program import ProgramNotFoundError, find_program
 from rlsched._proto import balance_pb2, reshard_pb2, rollout_pb2, service_pb2
 from rlsched.errors import (CLIENT_CLOSED, DAEMON_DIED, DAEMON_TIMEOUT,
                             DAEMON_UNAVAILABLE, PROTOCOL_ERROR, DaemonError,
-                            InvalidArgumentError, RlschedError)
+                            InvalidArgumentError, RlschedError, plain_message)
 
 __all__ = [
     "Client",
@@ -528,7 +528,7 @@ class Client:
             return find_program()
         except ProgramNotFoundError as error:
             raise DaemonError(DAEMON_UNAVAILABLE,
-                              f"{error}; or pass Client(binary=...)") from error
+                              f"{plain_message(error)}; or pass Client(binary=...)") from error
 
     def _start(self) -> subprocess.Popen:
         binary = self._resolve_binary()

@@ -95,7 +95,7 @@ import time
 from typing import (TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional,
                     Sequence, Tuple)
 
-from rlsched.errors import InvalidArgumentError
+from rlsched.errors import ExecutorError, InvalidArgumentError, RlschedError, plain_message
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that reading plans needs none
     import torch
@@ -212,7 +212,8 @@ def world_layout(train, infer, colocated: bool = False, target_dtype: str = "bf1
                  "expert_parallel": expert_parallel,
                  "round_robin_experts": bool(i.get("round_robin_experts", False))}
     if target_dtype not in _TARGET_DTYPES:
-        raise ValueError(f"target_dtype: {target_dtype!r} is not bf16 or fp8_block128")
+        raise InvalidArgumentError(f"target_dtype: {target_dtype!r} is not bf16 or fp8_block128",
+                                   "target_dtype")
     return {"train": out_train, "infer": out_infer, "colocated": bool(colocated),
             "target_dtype": _TARGET_DTYPES[target_dtype]}
 
@@ -249,18 +250,27 @@ def _json_ranges(ranges) -> Slice:
     return tuple((int(r.get("begin", 0)), int(r.get("end", 0))) for r in ranges)
 
 
+def _cause(error: Exception) -> str:
+    """What a wrapping message quotes of `error`: its message when it is one of ours,
+    else its type and text."""
+    if isinstance(error, RlschedError):
+        return plain_message(error)
+    return f"{type(error).__name__}: {error}"
+
+
 def _json_transfer(index: int, t: dict) -> Transfer:
     try:
         return _json_transfer_fields(index, t)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise ValueError(f"transfers[{index}]: not a transfer of rlsched.v1.ReshardPlan "
-                         f"({type(error).__name__}: {error})") from None
+        raise InvalidArgumentError(f"transfers[{index}]: not a transfer of "
+                                   f"rlsched.v1.ReshardPlan ({_cause(error)})",
+                                   f"transfers[{index}]") from None
 
 
 def _json_transfer_fields(index: int, t: dict) -> Transfer:
     q = t.get("quantize", "QUANTIZE_NONE")
     if isinstance(q, str) and q not in _QUANTIZE_NAMES:
-        raise ValueError(f"quantize {q!r}")
+        raise InvalidArgumentError(f"quantize {q!r}", f"transfers[{index}].quantize")
     return Transfer(index=index, bucket=int(t.get("bucket", 0)), src_rank=int(t.get("src_rank", 0)),
                     src_param=t["src_param"], src_slice=_json_ranges(t.get("src_slice", [])),
                     dst_ranks=tuple(int(r) for r in t.get("dst_ranks", [])),
@@ -286,8 +296,8 @@ def plan_from_json(plan: dict, rank: int) -> RankPlan:
     as ``rlsched reshard --plan-out plan.json`` writes it) that `rank` takes part in."""
     transfers = [_json_transfer(i, t) for i, t in enumerate(plan.get("transfers", []))]
     if not transfers and int(plan.get("num_transfers", 0)) > 0:
-        raise ValueError("transfers: the plan has none listed (plan it with include_transfers / "
-                         "--plan-out)")
+        raise InvalidArgumentError("transfers: the plan has none listed (plan it with "
+                                   "include_transfers / --plan-out)", "transfers")
     trainer_ranks = int(plan.get("trainer_ranks", 0))
     engine_ranks = int(plan.get("engine_ranks", 0))
     max_rank = max((max(t.src_rank, *t.dst_ranks) for t in transfers if t.dst_ranks), default=-1)
@@ -301,8 +311,9 @@ def plan_from_json(plan: dict, rank: int) -> RankPlan:
                              plan.get("target_dtype", "bf16"),
                              lambda m, k, d: m.get(k, d))
     except (TypeError, ValueError, AttributeError) as error:
-        raise ValueError(f"train / infer / topology: not the layouts of rlsched.v1.ReshardPlan "
-                         f"({type(error).__name__}: {error})") from None
+        raise InvalidArgumentError(f"train / infer / topology: not the layouts of "
+                                   f"rlsched.v1.ReshardPlan ({_cause(error)})",
+                                   getattr(error, "field", "")) from None
     return RankPlan(rank=rank, trainer_ranks=trainer_ranks, engine_ranks=engine_ranks,
                     num_buckets=int(plan.get("num_buckets", 0)), world_size=world,
                     colocated=colocated, transfers=mine, summary=summary, made_for=made_for,
@@ -314,32 +325,34 @@ def _check_totals(plan: dict, transfers: List[Transfer]) -> None:
     transfer removed, added or re-addressed is refused before any byte moves."""
     recorded = plan.get("num_transfers")
     if recorded is not None and int(recorded) != len(transfers):
-        raise ValueError(f"transfers: {len(transfers)} listed, the plan records "
-                         f"num_transfers = {int(recorded)} (a transfer removed or added)")
+        raise InvalidArgumentError(f"transfers: {len(transfers)} listed, the plan records "
+                                   f"num_transfers = {int(recorded)} (a transfer removed or "
+                                   "added)", "transfers")
     received = plan.get("bytes_received")
     delivered = sum(t.bytes * len(t.dst_ranks) for t in transfers)
     if received is not None and transfers and int(received) != delivered:
-        raise ValueError(f"transfers: they deliver {delivered} bytes, the plan records "
-                         f"bytes_received = {int(received)} (a transfer removed, added or "
-                         "re-addressed)")
+        raise InvalidArgumentError(f"transfers: they deliver {delivered} bytes, the plan "
+                                   f"records bytes_received = {int(received)} (a transfer "
+                                   "removed, added or re-addressed)", "transfers")
 
 
 def _read_delimited(f, message_type):
     from google.protobuf.internal.decoder import _DecodeVarint32  # noqa: PLC0415
     head = f.read(10)
     if not head:
-        raise ValueError("binary plan: unexpected end of file")
+        raise InvalidArgumentError("binary plan: unexpected end of file", "plan")
     size, used = _DecodeVarint32(head, 0)
     f.seek(f.tell() - len(head) + used)
     data = f.read(size)
     if len(data) != size:
-        raise ValueError(f"binary plan: a message of {size} bytes is cut short ({len(data)} read)")
+        raise InvalidArgumentError(f"binary plan: a message of {size} bytes is cut short "
+                                   f"({len(data)} read)", "plan")
     message = message_type()
     try:
         message.ParseFromString(data)
     except Exception as error:  # noqa: BLE001 - protobuf's DecodeError and kin
-        raise ValueError(f"binary plan: a {message_type.__name__} that does not parse "
-                         f"({error})") from None
+        raise InvalidArgumentError(f"binary plan: a {message_type.__name__} that does not "
+                                   f"parse ({error})", "plan") from None
     return message
 
 
@@ -347,16 +360,18 @@ def part_transfers(part, rank: int, source: str) -> List[Transfer]:
     """The transfers of a ``rlsched.v1.ReshardRankPart`` (GPU `rank`'s part, from a binary
     plan file or a run's ``rlsched.v1.WeightSyncPlan``), in the part's order, parameter
     names and receiver sets resolved through the part's tables. A transfer naming an
-    entry outside the tables raises ValueError starting with `source`."""
+    entry outside the tables raises an InvalidArgumentError (a ValueError) whose message starts with
+    `source`."""
     names = list(part.param_names)
     groups = [tuple(g.ranks) for g in part.dst_groups]
     out = []
     for t in part.transfers:
         if not (0 <= t.src_param < len(names) and 0 <= t.dst_param < len(names)
                 and 0 <= t.dst_group < len(groups)):
-            raise ValueError(f"{source}: transfer {t.index} of rank {rank}'s part names a "
-                             f"parameter or receiver set outside the part's tables "
-                             f"({len(names)} names, {len(groups)} sets)")
+            raise InvalidArgumentError(f"{source}: transfer {t.index} of rank {rank}'s part "
+                                       f"names a parameter or receiver set outside the "
+                                       f"part's tables ({len(names)} names, {len(groups)} "
+                                       "sets)", "transfers")
         out.append(Transfer(
             index=t.index, bucket=t.bucket, src_rank=t.src_rank, src_param=names[t.src_param],
             src_slice=tuple(zip(t.src_slice[0::2], t.src_slice[1::2])),
@@ -394,8 +409,9 @@ def plan_from_binpb(path: str, rank: int) -> RankPlan:
     with open(path, "rb") as f:
         index = _read_delimited(f, reshard_pb2.ReshardPlanIndex)
         if index.format_version != 1:
-            raise ValueError(f"format_version: binary plan format {index.format_version}, "
-                             "this executor reads 1")
+            raise InvalidArgumentError(f"format_version: binary plan format "
+                                       f"{index.format_version}, this executor reads 1",
+                                       "format_version")
         s = index.summary
         max_rank = max((p.rank for p in index.parts), default=-1)
         world, colocated = _plan_world(s.trainer_ranks, s.engine_ranks, max_rank)
@@ -1647,9 +1663,11 @@ class Executor:
                 else:
                     view = self._direct_view(c)
                     if view is None:
-                        raise RuntimeError(f"transfer {c.transfers[0].index}: its tensor slice "
-                                           "is no longer contiguous (the tensors changed "
-                                           "since the Executor was made)")
+                        raise ExecutorError(f"transfer {c.transfers[0].index}: its tensor "
+                                            "slice is no longer contiguous (the tensors "
+                                            "changed since the Executor was made)",
+                                            c.transfers[0].src_param if self.rank == c.src
+                                            else c.transfers[0].dst_param)
                     buffer = _bytes_of(view)
                 sends = rank == c.src
                 if sends:
@@ -1694,7 +1712,8 @@ class Executor:
         del arena
         incomplete = sorted(name for name, left in remaining.items() if left)
         if incomplete:  # the plan's slices of a tensor add up to fewer elements
-            raise RuntimeError(f"fp8: tensors not complete after the last bucket: {incomplete}")
+            raise ExecutorError(f"fp8: tensors not complete after the last bucket: "
+                                f"{incomplete}", "fp8")
         stats.transfer_seconds = time.perf_counter() - start
         return stats
 

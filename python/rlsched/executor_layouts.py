@@ -31,6 +31,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from rlsched.errors import InvalidArgumentError
+
 # The content of Megatron's vocabulary padding rows (bf16 bits 0x7EAD, a finite value
 # that no full tensor holds: full tensors draw from [1, 0x7800)).
 MEGATRON_PAD = 0x7EAD
@@ -81,7 +83,8 @@ def parse_config(text: str) -> Model:
     family = j.get("model_type") or ""
     known = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
     if family not in known:
-        raise ValueError(f"config.model_type: {family!r} is not one of {', '.join(known)}")
+        raise InvalidArgumentError(f"config.model_type: {family!r} is not one of "
+                                   f"{', '.join(known)}", "config.model_type")
     heads = int(j["num_attention_heads"])
     m = Model(family=family, hidden=int(j["hidden_size"]), ffn=int(j["intermediate_size"]),
               layers=int(j["num_hidden_layers"]), heads=heads,

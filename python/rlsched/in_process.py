@@ -26,7 +26,7 @@ import threading
 
 from rlsched._proto import service_pb2
 from rlsched.client import Client, _error_from_reply
-from rlsched.errors import CLIENT_CLOSED, DaemonError
+from rlsched.errors import CLIENT_CLOSED, DaemonError, MissingDependencyError
 
 __all__ = ["InProcessClient", "available"]
 
@@ -49,7 +49,7 @@ class InProcessClient(Client):
 
     def __init__(self) -> None:  # noqa: D107 - the class says it
         if not available():
-            raise ImportError(
+            raise MissingDependencyError(
                 "rlsched._native was built without the wire library (HAS_WIRE is False or "
                 "the module is missing): build with RLSCHED_BUILD_WIRE=ON or pip install")
         # No daemon: none of Client's process state.

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from rlsched._proto import rollout_pb2
-from rlsched.errors import InvalidArgumentError
+from rlsched.errors import InvalidArgumentError, MissingDependencyError
 
 __all__ = ["Orchestrator", "TrainedSample", "EVENT_KINDS", "available"]
 
@@ -179,7 +179,7 @@ class Orchestrator:
 
     def __init__(self, config: ConfigArg = None, *, plan_steps: bool = False) -> None:
         if not available():
-            raise ImportError(
+            raise MissingDependencyError(
                 "rlsched.Orchestrator needs rlsched._native built with the wire library "
                 "(CMake with RLSCHED_BUILD_WIRE=ON, the default, or pip install)")
         if config is None:

@@ -48,6 +48,7 @@ import traceback
 from typing import Dict, List, Optional
 
 from rlsched._program import ProgramNotFoundError, find_program
+from rlsched.errors import ExecutorError, InvalidArgumentError, plain_message
 
 _TRAIN_KEYS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "first_stage_layers",
                "last_stage_layers")
@@ -66,14 +67,17 @@ def parse_layout(text: str, keys, flags=(), field="train") -> Dict[str, object]:
             out[key] = True
             continue
         if key not in keys:
-            raise ValueError(f"{field}: unknown key {key!r} "
-                             f"(keys: {', '.join(tuple(keys) + tuple(flags))})")
+            raise InvalidArgumentError(f"{field}: unknown key {key!r} "
+                                       f"(keys: {', '.join(tuple(keys) + tuple(flags))})",
+                                       field)
         try:
             out[key] = int(value)
         except ValueError:
-            raise ValueError(f"{field}.{key}: {value!r} is not an integer") from None
+            raise InvalidArgumentError(f"{field}.{key}: {value!r} is not an integer",
+                                       f"{field}.{key}") from None
         if out[key] < 1:
-            raise ValueError(f"{field}.{key}: must be >= 1, got {out[key]}")
+            raise InvalidArgumentError(f"{field}.{key}: must be >= 1, got {out[key]}",
+                                       f"{field}.{key}")
     return out
 
 
@@ -104,8 +108,8 @@ def plan_with_rlsched(rlsched_bin: str, model_path: str, train: dict, infer: dic
         args += ["--target-dtype", target_dtype]
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise ValueError(f"rlsched reshard failed (exit {done.returncode}): "
-                         f"{done.stderr.strip() or done.stdout.strip()}")
+        raise InvalidArgumentError(f"rlsched reshard failed (exit {done.returncode}): "
+                                   f"{done.stderr.strip() or done.stdout.strip()}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -117,7 +121,8 @@ def _load_part(executor, path: str, rank: int):
     try:
         return executor.load_plan(path, rank)
     except (ValueError, OSError) as error:
-        executor.refuse_plan(rank, "plan", f"{os.path.basename(path)}: {error}")
+        executor.refuse_plan(rank, "plan", f"{os.path.basename(path)}: "
+                             f"{plain_message(error)}")
 
 
 def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
@@ -227,18 +232,21 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
     from rlsched import executor_layouts as lay  # noqa: PLC0415
 
     if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend: {backend!r} is not gloo or nccl")
+        raise InvalidArgumentError(f"backend: {backend!r} is not gloo or nccl", "backend")
     if plan_format not in ("json", "binpb"):
-        raise ValueError(f"plan_format: {plan_format!r} is not json or binpb")
+        raise InvalidArgumentError(f"plan_format: {plan_format!r} is not json or binpb",
+                                   "plan_format")
     if deliver not in ("tensors", "callback"):
-        raise ValueError(f"deliver: {deliver!r} is not tensors or callback")
+        raise InvalidArgumentError(f"deliver: {deliver!r} is not tensors or callback",
+                                   "deliver")
     if syncs < 1:
-        raise ValueError(f"syncs: must be >= 1, got {syncs}")
+        raise InvalidArgumentError(f"syncs: must be >= 1, got {syncs}", "syncs")
     if fault not in ("exit", "stall"):
-        raise ValueError(f"fault: {fault!r} is not exit or stall")
+        raise InvalidArgumentError(f"fault: {fault!r} is not exit or stall", "fault")
     target_dtype = {"fp8": "fp8_block128"}.get(target_dtype, target_dtype)
     if target_dtype not in ("bf16", "fp8_block128"):
-        raise ValueError(f"target_dtype: {target_dtype!r} is not bf16 or fp8_block128 (fp8)")
+        raise InvalidArgumentError(f"target_dtype: {target_dtype!r} is not bf16 or "
+                                   "fp8_block128 (fp8)", "target_dtype")
     with open(model_path, "r", encoding="utf-8") as f:
         model = lay.parse_config(f.read())
     t = lay.Train(**{k: v for k, v in train.items()})
@@ -258,7 +266,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
                 try:
                     rlsched_bin = find_program()
                 except ProgramNotFoundError as error:
-                    raise ValueError(f"{error}; or pass --rlsched") from error
+                    raise InvalidArgumentError(f"{plain_message(error)}; or pass --rlsched",
+                                               "rlsched_bin") from error
             plan_path = os.path.join(workdir, "plan." + plan_format)
             infer_arg = {"tp": i.tp, "replicas": i.replicas, "ep": i.expert_parallel}
             planned = plan_with_rlsched(rlsched_bin, model_path, train, infer_arg, colocated,
@@ -302,7 +311,7 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
                             p.kill()
                     what = (f"rank {procs.index(dead[0])} exited with status {dead[0].exitcode}"
                             if dead else f"no result within {timeout + 30:.0f} s")
-                    raise RuntimeError(f"the world failed: {what}")
+                    raise ExecutorError(f"the world failed: {what}")
         for p in procs:
             p.join(timeout=30)
         summary["wall_seconds"] = time.perf_counter() - start
@@ -417,7 +426,7 @@ def main(argv=None) -> int:
                       direct_min_bytes=(None if args.direct_min_kib is None
                                         else args.direct_min_kib << 10))
     except (ValueError, OSError, RuntimeError) as error:
-        print(f"reshard_run: {error}", file=sys.stderr)
+        print(f"reshard_run: {plain_message(error)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(summary, sort_keys=True))

@@ -1,10 +1,14 @@
 """Error replies of the daemon, and the client's own argument checks."""
 
+import ast
+import builtins
+import pathlib
 import pickle
 
 import pytest
 
 import rlsched
+from rlsched import errors
 from rlsched.errors import DaemonError, InvalidArgumentError, RlschedError
 from rlsched.v1 import service_pb2
 
@@ -101,3 +105,77 @@ def test_errors_pickle():
         assert (copy.code, copy.message, copy.field) == (error.code, error.message,
                                                          error.field)
         assert str(copy) == str(error)
+
+
+# The package's sources (not an installed copy).
+_PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "python" / "rlsched"
+# The builtins the package may raise as they are: NotImplementedError marks an abstract
+# method, AssertionError a line that cannot be reached.
+_BUILTINS_ALLOWED = {"NotImplementedError", "AssertionError"}
+
+
+def _is_builtin_exception(name: str) -> bool:
+    value = getattr(builtins, name, None)
+    return isinstance(value, type) and issubclass(value, BaseException)
+
+
+def _name(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _bare_raises(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            name = _name(node.exc.func if isinstance(node.exc, ast.Call) else node.exc)
+            if _is_builtin_exception(name) and name not in _BUILTINS_ALLOWED:
+                yield node.lineno, f"raise {name}"
+
+
+def _builtin_only_classes(tree: ast.AST):
+    """Public exception classes whose bases are all builtins (so not RlschedErrors)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and node.bases \
+                and node.name != "RlschedError":
+            bases = [_name(b) for b in node.bases]
+            if all(_is_builtin_exception(b) for b in bases):
+                yield node.lineno, f"class {node.name}({', '.join(bases)})"
+
+
+def test_the_package_raises_only_rlsched_errors():
+    sources = sorted(_PACKAGE.rglob("*.py"))
+    assert len(sources) > 20, _PACKAGE
+    found = []
+    for path in sources:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for line, what in [*_bare_raises(tree), *_builtin_only_classes(tree)]:
+            found.append(f"{path.relative_to(_PACKAGE.parent)}:{line}: {what}")
+    assert found == [], "not an RlschedError:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("cls, builtin, code", [
+    (errors.WeightSyncError, RuntimeError, "WEIGHT_SYNC_FAILED"),
+    (errors.ExecutorError, RuntimeError, "EXECUTOR_FAILED"),
+    (errors.WorkerError, RuntimeError, "WORKER_FAILED"),
+])
+def test_run_time_failures_are_runtime_errors(cls, builtin, code):
+    error = cls("transfer 3: no longer contiguous", "lm_head.weight")
+    assert isinstance(error, RlschedError) and isinstance(error, builtin)
+    assert not isinstance(error, ValueError)
+    assert (error.code, error.message, error.field) == (
+        code, "transfer 3: no longer contiguous", "lm_head.weight")
+    assert str(error) == f"{code}: transfer 3: no longer contiguous (field lm_head.weight)"
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls and str(copy) == str(error)
+    assert errors.plain_message(error) == "transfer 3: no longer contiguous"
+    assert errors.plain_message(KeyError("x")) == "'x'"
+
+
+def test_a_missing_dependency_or_program_is_still_the_builtin():
+    missing = errors.MissingDependencyError("needs torch")
+    assert isinstance(missing, ImportError) and str(missing) == "MISSING_DEPENDENCY: needs torch"
+    assert type(pickle.loads(pickle.dumps(missing))) is errors.MissingDependencyError
+    program = rlsched.ProgramNotFoundError("rlsched program not found")
+    assert isinstance(program, FileNotFoundError) and isinstance(program, RlschedError)
+    assert program.code == "PROGRAM_NOT_FOUND" and program.errno == 2
+    copy = pickle.loads(pickle.dumps(program))
+    assert (type(copy), copy.message, copy.errno) == (type(program), program.message, 2)

@@ -35,7 +35,7 @@ import sys
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-from rlsched.errors import InvalidArgumentError, RlschedError
+from rlsched.errors import InvalidArgumentError, MissingDependencyError, RlschedError
 
 __all__ = ["Target", "Integration", "IncompatibleUpstreamError", "INCOMPATIBLE_UPSTREAM",
            "needs_native", "signature_differences", "plan_step_indices"]
@@ -70,7 +70,8 @@ class Target:
 
     def __post_init__(self) -> None:
         if self.drop_in is not None and self.name.count(".") > 1:
-            raise ValueError(f"{self.path}: a module's function or a class's method")
+            raise InvalidArgumentError(f"{self.path}: a module's function or a class's "
+                                       "method", "name")
 
     def expected(self) -> inspect.Signature:
         namespace: dict[str, Any] = {}
@@ -285,7 +286,7 @@ def needs_native(framework: str) -> Callable[[], None]:
     def ready() -> None:
         from rlsched import client
         if client._native is None:
-            raise ImportError(
+            raise MissingDependencyError(
                 f"rlsched.integrations.{framework} needs the native module rlsched._native: "
                 "install the package with pip (see README.md) or build with "
                 "-DRLSCHED_BUILD_PYTHON=ON; nothing was replaced")

@@ -81,7 +81,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from rlsched import client as _client
-from rlsched.errors import InvalidArgumentError
+from rlsched.errors import InvalidArgumentError, MissingDependencyError
 from rlsched.integrations import Integration, Target, needs_native
 
 __all__ = [
@@ -119,7 +119,7 @@ _settings = {"oversize": "raise"}
 def _native():
     native = _client._native
     if native is None:
-        raise ImportError(
+        raise MissingDependencyError(
             "rlsched.integrations.verl needs the native module rlsched._native: install the "
             "package with pip (see README.md) or build with -DRLSCHED_BUILD_PYTHON=ON")
     return native

@@ -51,6 +51,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from rlsched.errors import MissingDependencyError
+
 from rlsched.integrations import IncompatibleUpstreamError
 from rlsched.integrations.verl import CHECKPOINT_ENGINE, CHECKPOINT_MODULE as MODULE, COMMIT
 from rlsched.weight_sync import WeightSync
@@ -74,8 +76,9 @@ def _base():
     try:
         return importlib.import_module(MODULE)
     except ModuleNotFoundError as error:
-        raise ImportError(f"rlsched.integrations.verl_checkpoint needs verl ({MODULE}), "
-                          f"written for verl-project/verl {COMMIT}: {error}") from error
+        raise MissingDependencyError(f"rlsched.integrations.verl_checkpoint needs verl "
+                                     f"({MODULE}), written for verl-project/verl {COMMIT}: "
+                                     f"{error}") from error
 
 
 def _define(base):

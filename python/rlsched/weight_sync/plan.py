@@ -34,6 +34,8 @@ import json
 import re
 from typing import Iterable, Optional, Sequence
 
+from rlsched.errors import InvalidArgumentError, MissingDependencyError
+
 __all__ = ["TensorSpec", "Chunk", "Bucket", "Membership", "SyncOptions", "Estimate",
            "ITEM_SIZES", "FP8_BLOCK", "ALIGN", "MAX_BUCKET_BYTES", "wire_specs", "chunks_of",
            "plan_senders", "OnlineSenders", "BucketPacker", "pack_buckets", "estimate",
@@ -155,7 +157,6 @@ class SyncOptions:
     gpus_per_node: int = 8
 
     def check(self) -> None:
-        from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
         if not _is_int(self.bucket_bytes) or not 4096 <= self.bucket_bytes <= MAX_BUCKET_BYTES:
             raise InvalidArgumentError(f"bucket_bytes: {self.bucket_bytes!r}, expected an int "
                                        f"in [4096, {MAX_BUCKET_BYTES}]", "bucket_bytes")
@@ -206,8 +207,9 @@ def plan_senders(chunks: Sequence[Chunk], senders: Sequence[int]) -> list[int]:
         return [senders[0]] * len(chunks)
     from rlsched import client  # noqa: PLC0415
     if client._native is None:
-        raise ImportError("rlsched.weight_sync plans with the native module rlsched._native: "
-                          "install the package with pip (see README.md)")
+        raise MissingDependencyError("rlsched.weight_sync plans with the native module "
+                                     "rlsched._native: install the package with pip (see "
+                                     "README.md)")
     parts = client._native.partition_weights([c.size for c in chunks], len(senders), False)
     owner = [0] * len(chunks)
     for part, indices in enumerate(parts):

@@ -54,7 +54,7 @@ import os
 import socket
 from typing import Any, AsyncIterator, Iterable, Mapping, Optional, Union
 
-from rlsched.errors import RlschedError
+from rlsched.errors import WEIGHT_SYNC_FAILED, InvalidArgumentError, WeightSyncError
 from rlsched.weight_sync import plan as _plan
 from rlsched.weight_sync.models import hf_tensors
 from rlsched.weight_sync.plan import (Bucket, BucketPacker, Chunk, Membership, OnlineSenders,
@@ -62,18 +62,8 @@ from rlsched.weight_sync.plan import (Bucket, BucketPacker, Chunk, Membership, O
 
 __all__ = ["WeightSync", "WeightSyncError", "WEIGHT_SYNC_FAILED", "node_id"]
 
-#: ``code`` of :class:`WeightSyncError`.
-WEIGHT_SYNC_FAILED = "WEIGHT_SYNC_FAILED"
 _NODE_ENV = "RLSCHED_NODE_ID"
 _HOST_ENV = "RLSCHED_WEIGHT_SYNC_HOST"
-
-
-class WeightSyncError(RlschedError, RuntimeError):
-    """A sync failed or was refused; ``field`` names what is at fault (a tensor's name,
-    ``membership``, ``timeout``) when known."""
-
-    def __init__(self, message: str, field: str = "") -> None:
-        super().__init__(WEIGHT_SYNC_FAILED, message, field)
 
 
 def node_id() -> str:
@@ -251,12 +241,10 @@ class WeightSync:
                                    gpus_per_node=gpus_per_node)
         self.options.check()
         if transport not in ("auto", "gloo", "nccl"):
-            from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
             raise InvalidArgumentError(f"transport: {transport!r}, expected auto, gloo or nccl",
                                        "transport")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
                 or not 0 < timeout_s < 1e7:
-            from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
             raise InvalidArgumentError(f"timeout_s: {timeout_s!r}, expected in (0, 1e7)",
                                        "timeout_s")
         self.is_master = bool(is_master)
@@ -404,7 +392,6 @@ class WeightSync:
 
 
 def _read_config(config: Union[str, Mapping[str, Any]]) -> Mapping[str, Any]:
-    from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
     if isinstance(config, Mapping):
         return config
     path = os.path.join(config, "config.json") if os.path.isdir(config) else config
@@ -421,14 +408,12 @@ def _read_config(config: Union[str, Mapping[str, Any]]) -> Mapping[str, Any]:
 
 
 def _count(field: str, value: Any) -> int:
-    from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgumentError(f"{field}: {value!r}, expected an int >= 1", field)
     return value
 
 
 def _checked_metadata(metadata: list, world: int) -> list[dict]:
-    from rlsched.errors import InvalidArgumentError  # noqa: PLC0415
     if not isinstance(metadata, (list, tuple)) or len(metadata) != world:
         size = len(metadata) if isinstance(metadata, (list, tuple)) else type(metadata).__name__
         raise InvalidArgumentError(f"metadata: {size} entries, expected one per member "

@@ -10,6 +10,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
 
+from rlsched.errors import InvalidArgumentError
 from rlsched.v1 import rollout_pb2, runtime_pb2
 from rlsched.worker.weights import SyncWeights, WeightUpdate
 
@@ -51,8 +52,8 @@ def open_channel(address: str, tls_ca: str = "", tls_server_name: str = "") -> g
         with open(tls_ca, "rb") as f:
             roots = f.read()
     except OSError as error:
-        raise ValueError(f"tls_ca (RLSCHED_TLS_CA): cannot read {tls_ca}: "
-                         f"{error.strerror}") from None
+        raise InvalidArgumentError(f"tls_ca (RLSCHED_TLS_CA): cannot read {tls_ca}: "
+                                   f"{error.strerror}", "tls_ca") from None
     options = _CHANNEL_OPTIONS + ([("grpc.ssl_target_name_override", tls_server_name)]
                                   if tls_server_name else [])
     return grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=options)
@@ -196,14 +197,16 @@ class Worker:
         self.on_weight_sync_plan(plan)
 
     def plan_of(self, plan_id: str) -> Optional[WeightUpdate]:
-        """The weight-sync plan `plan_id` names (None for ""); raises ValueError for an
-        id the scheduler never sent (a protocol error)."""
+        """The weight-sync plan `plan_id` names (None for ""); raises an
+        InvalidArgumentError (a ValueError) for an id the scheduler never sent (a
+        protocol error)."""
         if not plan_id:
             return None
         plan = self.weight_plans.get(plan_id)
         if plan is None:
-            raise ValueError(f"plan_id: {plan_id!r} names no weight-sync plan received "
-                             f"(have {sorted(self.weight_plans)})")
+            raise InvalidArgumentError(f"plan_id: {plan_id!r} names no weight-sync plan "
+                                       f"received (have {sorted(self.weight_plans)})",
+                                       "plan_id")
         return plan
 
     def _channel(self) -> grpc.Channel:

@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Dict, List, Optional
 
+from rlsched.errors import WorkerError
 from rlsched.v1 import rollout_pb2
 from rlsched.worker.base import EngineWorker, TrainerWorker
 
@@ -234,7 +235,8 @@ class EmulatedEngine(EngineWorker):
         self.plan_problems.extend(record["problems"])
         self.plans[plan.plan_id] = record
         if record["problems"]:
-            raise RuntimeError("weight-sync plan: " + "; ".join(record["problems"]))
+            raise WorkerError("weight-sync plan: " + "; ".join(record["problems"]),
+                              "weight_sync_plan")
 
     def sync_weights(self, sync) -> None:
         if sync.plan is not None:
@@ -243,12 +245,12 @@ class EmulatedEngine(EngineWorker):
             if moved != sync.plan.bytes:
                 self.plan_problems.append(f"sync v{sync.version}: the transfer moves {moved} "
                                           f"bytes, told {sync.plan.bytes}")
-                raise RuntimeError(self.plan_problems[-1])
+                raise WorkerError(self.plan_problems[-1], "sync_weights.plan")
             self.moved_bytes += moved
             self.plans[sync.plan.plan_id]["replans" if sync.replan else "syncs"] += 1
         elif self.plans:
             self.plan_problems.append(f"sync v{sync.version}: no plan in a run with plans")
-            raise RuntimeError(self.plan_problems[-1])
+            raise WorkerError(self.plan_problems[-1], "sync_weights.plan")
         if sync.replan:
             return  # the emulated transfer of the sync under way, by the new plan: no time
         with self._lock:
@@ -268,8 +270,9 @@ class EmulatedEngine(EngineWorker):
             # A released engine takes its weights' memory back, loads, then its KV cache.
             expected = _BOTH_MEMORIES if self._released else []
             if list(sync.resume) != expected:
-                raise RuntimeError(f"sync v{sync.version}: resume {list(sync.resume)}, expected "
-                                   f"{expected} (released: {self._released})")
+                raise WorkerError(f"sync v{sync.version}: resume {list(sync.resume)}, "
+                                  f"expected {expected} (released: {self._released})",
+                                  "sync_weights.resume")
             delay = self.sync_seconds + (self.resume_seconds if self._released else 0.0)
             self._released = False
             self._at(now + delay, lambda: self.weights_loaded(sync.version))
@@ -287,7 +290,8 @@ class EmulatedEngine(EngineWorker):
 
     def release(self, release) -> None:
         if sorted(release.tags) != _BOTH_MEMORIES:
-            raise RuntimeError(f"release: tags {list(release.tags)}, expected {_BOTH_MEMORIES}")
+            raise WorkerError(f"release: tags {list(release.tags)}, expected "
+                              f"{_BOTH_MEMORIES}", "release.tags")
         with self._lock:
             now = self._advance()
             self._released = True
@@ -386,7 +390,7 @@ class EmulatedTrainer(TrainerWorker):
         self.plan_problems.extend(problems)
         self.plans[plan.plan_id] = record
         if problems:
-            raise RuntimeError("weight-sync plan: " + "; ".join(problems))
+            raise WorkerError("weight-sync plan: " + "; ".join(problems), "weight_sync_plan")
 
     def on_welcome(self, welcome) -> None:
         config = welcome.config

@@ -23,6 +23,7 @@ import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 from rlsched import executor
+from rlsched.errors import InvalidArgumentError
 
 # A transfer's bytes on the wire: the trainer's bf16, or fp8 e4m3 codes then an fp32
 # scale per 128 x 128 block when the sender quantises.
@@ -78,8 +79,9 @@ class WeightUpdate:
         self.transfers: Tuple[int, ...] = tuple(message.transfers)
         self.bytes: int = message.bytes
         if len(message.parts) != self.ranks:
-            raise ValueError(f"weight_sync_plan {self.plan_id}: parts: {len(message.parts)} for "
-                             f"{self.ranks} ranks")
+            raise InvalidArgumentError(f"weight_sync_plan {self.plan_id}: parts: "
+                                       f"{len(message.parts)} for {self.ranks} ranks",
+                                       "weight_sync_plan.parts")
         self.by_rank: Dict[int, List[executor.Transfer]] = {
             self.rank_offset + i: executor.part_transfers(part, self.rank_offset + i,
                                                           f"weight_sync_plan {self.plan_id}")
@@ -152,8 +154,9 @@ class WeightUpdate:
     def rank_plan(self, rank: int) -> "executor.RankPlan":
         """Rank `rank`'s part as the executor takes it (one of the worker's ranks)."""
         if rank not in self.by_rank:
-            raise ValueError(f"rank: {rank} is not one of this worker's ranks "
-                             f"[{self.rank_offset}, {self.rank_offset + self.ranks})")
+            raise InvalidArgumentError(f"rank: {rank} is not one of this worker's ranks "
+                                       f"[{self.rank_offset}, {self.rank_offset + self.ranks})",
+                                       "rank")
         return executor.summary_rank_plan(
             self.summary, rank, self.group.world_size, bool(self.summary.topology.colocated),
             list(self.by_rank[rank]))
