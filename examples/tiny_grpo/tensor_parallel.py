@@ -269,10 +269,10 @@ def full_state(model) -> Dict[str, torch.Tensor]:
 def megatron_sources(model, layout, dp: int = 1, dp_rank: int = 0) -> Dict[str, torch.Tensor]:
     """This rank's tensors in Megatron-core's layout at its TP size (and DP size `dp`,
     replica `dp_rank`: trainer rank dp_rank * tp + tp rank; names and slices by rlsched's
-    rules, ``executor_layouts.megatron_shards``), from its own slices only: the slices
+    rules, ``layouts.megatron_shards``), from its own slices only: the slices
     are placed at their rank's place in zero tensors of the full shapes, whose other
     ranks' parts the rule never reads."""
-    from rlsched import executor_layouts as lay
+    from rlsched.weight_sync import layouts as lay
 
     group = model.tp
     rank, size = (0, 1) if group is None else (group.rank, group.size)

@@ -189,8 +189,8 @@ class PlanSync:
     plan the runtime sent it (waiting for one newer than the world that failed) and
     records it (``trainer_worlds/<k>.binpb``); the other trainer ranks leave for the
     world rank 0 recorded next, so that all join the same worlds in the same order.
-    Joining is collective: every rank makes its :class:`rlsched.executor.Executor` from
-    its part (checked against the world's layouts before any byte moves), then the
+    Joining is collective: every rank makes its
+    :class:`rlsched.weight_sync.executor.Executor` from its part (checked against the world's layouts before any byte moves), then the
     members exchange the last version each engine holds and the oldest each trainer
     rank can still send, and the trainer ranks send again every version from the
     oldest a member lacks (an engine that holds one already receives it and keeps what
@@ -227,8 +227,8 @@ class PlanSync:
                  trainer_rank: int = 0):
         import datetime
 
-        from rlsched import executor
-        from rlsched import executor_layouts as lay
+        from rlsched.weight_sync import executor
+        from rlsched.weight_sync import layouts as lay
 
         self.lay, self.executor_module = lay, executor
         self.data = data

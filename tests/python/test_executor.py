@@ -1,5 +1,5 @@
-"""The weight-sync executor (rlsched.executor) on real torch.distributed worlds: gloo on
-loopback, one forked process per rank (rlsched.reshard_run), tiny models of every
+"""The weight-sync executor (rlsched.weight_sync.executor) on real torch.distributed worlds: gloo on
+loopback, one forked process per rank (rlsched.weight_sync.launcher), tiny models of every
 family (tests/data/configs/tiny-*.json). Every engine tensor is compared bit for bit
 with the vLLM layout built independently from the full tensors. Skipped, with a
 message, where the interpreter has no torch (Debian: python3-torch).
@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip(
     "torch", reason="the executor's tests need torch (Debian: apt-get install python3-torch)")
 
-from rlsched import executor, reshard_run  # noqa: E402
-from rlsched import executor_layouts as lay  # noqa: E402
+from rlsched.weight_sync import executor, launcher  # noqa: E402
+from rlsched.weight_sync import layouts as lay  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CONFIGS = os.path.join(_REPO, "tests", "data", "configs")
@@ -28,7 +28,7 @@ def config(family):
 
 
 def run_checked(family, train, infer, colocated=False, **kw):
-    s = reshard_run.run(config(family), train, infer, colocated=colocated, check=True,
+    s = launcher.run(config(family), train, infer, colocated=colocated, check=True,
                         bucket_mib=kw.pop("bucket_mib", 1), timeout=60, **kw)
     assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
     return s
@@ -125,7 +125,7 @@ def test_virtual_and_uneven_pipeline(tmp_path):
     path = tmp_path / "six-layers.json"
     path.write_text(json.dumps(cfg))
     for train in ({"pp": 2, "vpp": 3}, {"pp": 3, "first_stage_layers": 2}):
-        s = reshard_run.run(str(path), train, {"tp": 2}, check=True, bucket_mib=1, timeout=60)
+        s = launcher.run(str(path), train, {"tp": 2}, check=True, bucket_mib=1, timeout=60)
         assert_exact(s)
 
 
@@ -139,7 +139,7 @@ def test_buckets_bound_staging_memory(tmp_path):
     path.write_text(json.dumps(cfg))
     budget = 1 << 20
     for colocated, ways in ((False, 1), (True, 2)):
-        s = reshard_run.run(str(path), {"tp": 2}, {"tp": 1, "replicas": 2}, colocated=colocated,
+        s = launcher.run(str(path), {"tp": 2}, {"tp": 1, "replicas": 2}, colocated=colocated,
                             check=True, bucket_mib=1, timeout=60, direct_min_bytes=0)
         assert_exact(s)
         assert s["buckets"] >= 3
@@ -147,7 +147,7 @@ def test_buckets_bound_staging_memory(tmp_path):
     # fp8, the senders' codes packed or alone (then their scales packed apart: two
     # aligned parts): the staging holds the bucket's fp8 bytes.
     for direct in (0, 1):
-        s = reshard_run.run(str(path), {"tp": 2}, {"tp": 1, "replicas": 2}, check=True,
+        s = launcher.run(str(path), {"tp": 2}, {"tp": 1, "replicas": 2}, check=True,
                             bucket_mib=1, timeout=60, direct_min_bytes=direct,
                             target_dtype="fp8")
         assert s["check"]["ok"], s["check"]["problems"]
@@ -160,14 +160,14 @@ def test_buckets_bound_staging_memory(tmp_path):
 
 def write_plan(tmp_path, family, train, infer, colocated=False, name="plan.json"):
     path = str(tmp_path / name)
-    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config(family), train,
+    launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config(family), train,
                                   infer, colocated, 1, path)
     with open(path) as f:
         return path, json.load(f)
 
 
 def run_plan(family, train, infer, plan_path, colocated=False):
-    return reshard_run.run(config(family), train, infer, colocated=colocated, check=True,
+    return launcher.run(config(family), train, infer, colocated=colocated, check=True,
                            plan_path=plan_path, timeout=60)
 
 
@@ -235,7 +235,7 @@ def test_plans_record_the_layouts_they_were_made_for(tmp_path):
                              "first_stage_layers": 1}
     assert executor.plan_from_json(plan, 0).made_for == want
     binary = str(tmp_path / "plan.binpb")
-    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), train, infer,
+    launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), train, infer,
                                   False, 1, binary)
     assert executor.load_plan(binary, 4).made_for == want
     colocated, _ = write_plan(tmp_path, "llama", {"tp": 2}, {"tp": 1}, colocated=True,
@@ -253,7 +253,7 @@ def test_a_run_part_decodes_as_the_binary_plan_file_does(tmp_path):
     from rlsched.worker import WeightUpdate
     train, infer = {"tp": 2, "pp": 2}, {"tp": 2, "replicas": 2}
     binary = str(tmp_path / "plan.binpb")
-    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("qwen3"), train, infer,
+    launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("qwen3"), train, infer,
                                   False, 1, binary)
     with open(binary, "rb") as f:
         index = executor._read_delimited(f, reshard_pb2.ReshardPlanIndex)  # noqa: SLF001
@@ -331,7 +331,7 @@ def test_unreadable_plans_name_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match=r"transfers\[3\]: .*src_param"):
         executor.plan_from_json(plan, 0)
     binary = str(tmp_path / "plan.binpb")
-    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), {"tp": 1},
+    launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), {"tp": 1},
                                   {"tp": 1}, False, 1, binary)
     assert len(executor.load_plan(binary, 1).transfers) == len(plan["transfers"])
     data = open(binary, "rb").read()
@@ -387,7 +387,7 @@ def run_refused(tmp_path, plan, train, infer, colocated=False, name="bad.json"):
     """Runs `plan` (no --check); asserts every rank refused it before any byte moved."""
     bad = tmp_path / name
     bad.write_text(json.dumps(plan))
-    s = reshard_run.run(config("llama"), train, infer, colocated=colocated, plan_path=str(bad),
+    s = launcher.run(config("llama"), train, infer, colocated=colocated, plan_path=str(bad),
                         timeout=60)
     assert not s["ok"] and "error" not in s and "refused" in s, s.get("error") or s
     assert s["refused_ranks"] == list(range(s["ranks"])), s
@@ -473,12 +473,12 @@ def rewrite_binpb(path, out, edit):
 def test_a_cut_or_inconsistent_binary_plan_fails_every_rank_with_its_cause(tmp_path):
     train, infer = {"tp": 2}, {"tp": 1, "replicas": 2}
     binary = str(tmp_path / "plan.binpb")
-    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), train, infer,
+    launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), train, infer,
                                   False, 1, binary)
     data = open(binary, "rb").read()
     cut = tmp_path / "cut.binpb"
     cut.write_bytes(data[:-100])  # the engines' part (read by ranks 2 and 3) cut short
-    s = reshard_run.run(config("llama"), train, infer, plan_path=str(cut), timeout=60)
+    s = launcher.run(config("llama"), train, infer, plan_path=str(cut), timeout=60)
     # Every rank refused with the cause (before: rank 0's "Connection closed by peer").
     assert "error" not in s and s["refused_ranks"] == [0, 1, 2, 3], s.get("error") or s
     assert "rank 2: plan: cut.binpb: binary plan: a message of" in s["refused"]
@@ -489,7 +489,7 @@ def test_a_cut_or_inconsistent_binary_plan_fails_every_rank_with_its_cause(tmp_p
     dropped = str(tmp_path / "dropped.binpb")
     rewrite_binpb(binary, dropped, lambda rank, part: rank == 0 and part.transfers.pop(0))
     assert executor.load_plan(binary, 0).transfers[1:] == executor.load_plan(dropped, 0).transfers
-    s = reshard_run.run(config("llama"), train, infer, plan_path=dropped, timeout=60)
+    s = launcher.run(config("llama"), train, infer, plan_path=dropped, timeout=60)
     assert "error" not in s and s["refused_ranks"] == [0, 1, 2, 3], s.get("error") or s
     assert "the parts: num_transfers: the ranks' parts send 36 transfers, the plan records 37" \
         in s["refused"], s["refused"]
@@ -502,7 +502,7 @@ def test_command_line_refuses_an_incomplete_plan_naming_the_cause(tmp_path):
     bad = tmp_path / "removed.json"
     bad.write_text(json.dumps(without_transfer(plan, qkv_transfers(plan)[0])))
     done = subprocess.run(
-        [sys.executable, "-m", "rlsched.reshard_run", "--model", config("llama"), "--train",
+        [sys.executable, "-m", "rlsched.weight_sync.launcher", "--model", config("llama"), "--train",
          "tp=2", "--infer", "tp=1,replicas=2", "--plan", str(bad), "--timeout", "60"],
         capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert done.returncode == 2, (done.stdout, done.stderr)
@@ -530,7 +530,7 @@ def test_check_plan_names_the_field_without_a_world(tmp_path):
 def test_a_lost_rank_fails_the_others_within_the_timeout(fault):
     # Engine rank 5 exits (its peers see the connection close) or stays silent (they
     # time out): every sender of its data fails, none waits past the 2 s timeout.
-    s = reshard_run.run(config("llama"), {"tp": 2, "pp": 2}, {"tp": 2, "replicas": 2},
+    s = launcher.run(config("llama"), {"tp": 2, "pp": 2}, {"tp": 2, "replicas": 2},
                         fault_rank=5, fault=fault, timeout=2)
     assert not s["ok"] and "error" in s
     f = s["fault"]
@@ -975,7 +975,7 @@ FP8_WORLDS = [
                               for a in (False, True)])
 def test_fp8_byte_exact(tmp_path, family, sizes, train, infer, colocated, alone):
     kw = dict(direct_min_bytes=1, syncs=3, keep_staging=True) if alone else {}
-    s = reshard_run.run(wider(tmp_path, family, **sizes), train, infer, colocated=colocated,
+    s = launcher.run(wider(tmp_path, family, **sizes), train, infer, colocated=colocated,
                         check=True, bucket_mib=1, timeout=60, target_dtype="fp8",
                         plan_format="binpb" if family == "qwen3-moe" else "json", **kw)
     assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
@@ -992,7 +992,7 @@ def test_fp8_a_colocated_sender_that_also_receives(tmp_path):
     # (codes and scales, bf16 to gather, or plain), packed and moving alone.
     model = wider(tmp_path, "llama", hidden_size=256, intermediate_size=1024, vocab_size=1000)
     path = str(tmp_path / "merged.json")
-    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], model, {"tp": 2},
+    launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], model, {"tp": 2},
                                   {"tp": 1, "replicas": 2}, True, 1, path,
                                   target_dtype="fp8_block128")
     plan = json.load(open(path))
@@ -1014,7 +1014,7 @@ def test_fp8_a_colocated_sender_that_also_receives(tmp_path):
     with open(path, "w") as f:
         json.dump(plan, f)
     for direct in (None, 1):
-        s = reshard_run.run(model, {"tp": 2}, {"tp": 1, "replicas": 2}, colocated=True,
+        s = launcher.run(model, {"tp": 2}, {"tp": 1, "replicas": 2}, colocated=True,
                             check=True, plan_path=path, timeout=60, target_dtype="fp8",
                             direct_min_bytes=direct)
         assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
@@ -1186,7 +1186,7 @@ def test_gather_region_holds_the_slices_and_their_blocks():
 
 def test_fp8_destinations_must_hold_bits_and_scales(tmp_path):
     path = str(tmp_path / "fp8.json")
-    reshard_run.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), {"tp": 1},
+    launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), {"tp": 1},
                                   {"tp": 1}, False, 1, path, target_dtype="fp8_block128")
     part = executor.load_plan(path, 1)  # the engine rank
     model = lay.parse_config(open(config("llama")).read())
@@ -1207,14 +1207,14 @@ def test_fp8_destinations_must_hold_bits_and_scales(tmp_path):
 def test_command_line_json_summary():
     env = dict(os.environ)
     done = subprocess.run(
-        [sys.executable, "-m", "rlsched.reshard_run", "--model", config("deepseek-v3"),
+        [sys.executable, "-m", "rlsched.weight_sync.launcher", "--model", config("deepseek-v3"),
          "--train", "tp=2,ep=2", "--infer", "tp=2,ep", "--plan-format", "binpb", "--check",
          "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     s = json.loads(done.stdout)
     assert s["ok"] and s["check"]["ok"] and s["ranks"] == 4
     assert s["bytes_moved"] == s["plan"]["bytes_moved"] > 0 and s["seconds"] > 0
-    bad = subprocess.run([sys.executable, "-m", "rlsched.reshard_run", "--model",
+    bad = subprocess.run([sys.executable, "-m", "rlsched.weight_sync.launcher", "--model",
                           config("llama"), "--train", "tp=2,xp=1", "--infer", "tp=1"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and "train: unknown key 'xp'" in bad.stderr

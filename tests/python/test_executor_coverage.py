@@ -1,4 +1,4 @@
-"""rlsched.executor's coverage check (every destination element written exactly once,
+"""rlsched.weight_sync.executor's coverage check (every destination element written exactly once,
 from the plan's slices, before any byte moves) on seeded random instances, against a
 per-element count. Pure Python: no torch, no world (the worlds are in
 test_executor.py)."""
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from rlsched import executor
+from rlsched.weight_sync import executor
 
 
 def count(shape, boxes):

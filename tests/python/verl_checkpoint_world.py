@@ -70,7 +70,7 @@ def digest(tensor) -> str:
 
 def expected(specs, seed: int, step: int, fp8: bool) -> dict:
     """name -> (digest, dtype, shape) of what every rollout worker must receive."""
-    from rlsched.executor import quantize_block128
+    from rlsched.weight_sync.executor import quantize_block128
     from rlsched.weight_sync.plan import TensorSpec, quantized, scale_name
     out = {}
     for index, (name, shape, dtype) in enumerate(specs):

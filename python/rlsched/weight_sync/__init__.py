@@ -7,6 +7,19 @@ rlsched (which trainer rank sends which bytes, in which bucket) and run on
   ``init_process_group``, ``send`` / ``receive``, ``finalize``;
 * :mod:`rlsched.weight_sync.plan` — the plan alone (chunks, senders, buckets, the cost
   model and its lower bound), pure.
+
+The resharding weight sync, planned by ``rlsched reshard`` (trainer shards to engine
+shards, slice by slice), is here too; its modules are imported by name:
+
+* :mod:`rlsched.weight_sync.executor` — runs a resharding plan on ``torch.distributed``;
+* :mod:`rlsched.weight_sync.layouts` — the reference layouts it is checked against
+  (deterministic full tensors, Megatron and vLLM shards), with torch;
+* :mod:`rlsched.weight_sync.launcher` — a whole world on one machine
+  (``python3 -m rlsched.weight_sync.launcher``).
+
+Their old paths ``rlsched.executor``, ``rlsched.executor_layouts`` and
+``rlsched.reshard_run`` still import (and run) for a release, with a
+:class:`DeprecationWarning`.
 """
 
 from rlsched.weight_sync.plan import (Estimate, Membership, SyncOptions, TensorSpec,

@@ -636,7 +636,7 @@ class _Sender:
         device = self.staging[self.slot].device
         if not _plan.quantized(spec, self.options.fp8):
             return [_wire_bytes(tensor.detach().to(device))]
-        from rlsched.executor import quantize_block128  # noqa: PLC0415
+        from rlsched.weight_sync.executor import quantize_block128  # noqa: PLC0415
         codes, scales = quantize_block128(tensor.detach().to(device))
         return [_wire_bytes(codes), _wire_bytes(scales)]
 

@@ -13,16 +13,17 @@ and a new transfer group (``group.name``): the old group is torn down.
 :class:`WeightUpdate` is the part decoded: the transfer group (name, backend, world
 size, address, port), the worker's ranks in it (``rank_offset`` .. ``rank_offset +
 ranks - 1``), the plan's transfers each rank sends or receives (``by_rank``, as
-:class:`rlsched.executor.Transfer`; :meth:`WeightUpdate.rank_plan` gives the
-:class:`rlsched.executor.RankPlan` an :class:`rlsched.executor.Executor` runs), and the
-buckets' metadata (:meth:`WeightUpdate.buckets`: per bucket, each slice's names,
-dtype, shape, bytes and sender rank).
+:class:`rlsched.weight_sync.executor.Transfer`; :meth:`WeightUpdate.rank_plan` gives the
+:class:`rlsched.weight_sync.executor.RankPlan` an
+:class:`rlsched.weight_sync.executor.Executor` runs), and the buckets' metadata
+(:meth:`WeightUpdate.buckets`: per bucket, each slice's names, dtype, shape, bytes and
+sender rank).
 """
 
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
-from rlsched import executor
+from rlsched.weight_sync import executor
 from rlsched.errors import InvalidArgumentError
 
 # A transfer's bytes on the wire: the trainer's bf16, or fp8 e4m3 codes then an fp32
