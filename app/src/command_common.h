@@ -24,6 +24,8 @@
 #ifndef RLSCHED_SCHEDULER_COMMAND_COMMON_H_
 #define RLSCHED_SCHEDULER_COMMAND_COMMON_H_
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -104,6 +106,42 @@ CLI::Validator IntegerIn(std::int64_t min, std::int64_t max);
 // A finite real number in [min, max] ((min, max] when `min_open`; max infinite: no
 // upper bound); the error reads "--opt: must be a number in [min, max], got 'x'".
 CLI::Validator RealIn(double min, double max, bool min_open = false);
+
+// A numeric option's range, written once for its help and its check.
+struct IntegerRange {
+  std::int64_t min;
+  std::int64_t max;  // kInt64Max: no upper bound
+};
+struct RealRange {
+  double min;
+  double max;  // infinite: no upper bound
+  bool min_open = false;
+};
+
+// Adds a numeric option bounded by `range`: its help is `help` followed by
+// "Range: <range>; default: <default_text>." (RangeHelp), and a value outside is refused
+// (IntegerIn, RealIn). `value`: an integer or a real, or an optional one.
+template <class T>
+CLI::Option* AddBoundedOption(CLI::App& command, const std::string& flag, T& value,
+                              std::string_view help, IntegerRange range,
+                              std::string_view default_text = "") {
+  return command
+      .add_option(flag, value,
+                  fmt::format("{} {}", help,
+                              RangeHelp(IntegerRangeText(range.min, range.max), default_text)))
+      ->check(IntegerIn(range.min, range.max));
+}
+template <class T>
+CLI::Option* AddBoundedOption(CLI::App& command, const std::string& flag, T& value,
+                              std::string_view help, RealRange range,
+                              std::string_view default_text = "") {
+  return command
+      .add_option(
+          flag, value,
+          fmt::format("{} {}", help,
+                      RangeHelp(RealRangeText(range.min, range.max, range.min_open), default_text)))
+      ->check(RealIn(range.min, range.max, range.min_open));
+}
 
 // The range of Unsigned64(): [0, 2^64 - 1].
 inline constexpr std::string_view kUnsigned64Range = "integer in [0, 18446744073709551615]";

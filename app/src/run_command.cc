@@ -40,6 +40,7 @@
 #include "rlsched/wire/orchestrator_convert.h"
 #include "rlsched/wire/reshard_convert.h"
 #include "rlsched/wire/simulate_convert.h"
+#include "run_report.h"
 #include "run_resume.h"
 #include "serve.h"
 #include "worker_server.h"
@@ -330,6 +331,150 @@ std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std
   return layout;
 }
 
+// Where workers attach and how they prove who they are; the config and its steps.
+void AddRunInputOptions(CLI::App& command, RunArgs& args) {
+  command
+      .add_option("--config", args.config,
+                  "The run config: a JSON rlsched.v1.SimulatorConfig (the same file "
+                  "`simulate --config` reads; default: simulate's defaults)")
+      ->type_name("FILE");
+  command
+      .add_option("--listen", args.listen,
+                  "Where workers attach: unix:PATH or HOST:PORT (default: a Unix socket "
+                  "in the temporary directory)")
+      ->type_name("ADDRESS");
+  command
+      .add_option("--token-file", args.token_file,
+                  "The shared token workers present (required unless every worker is "
+                  "emulated; then a random one)")
+      ->type_name("FILE");
+  command
+      .add_option("--tls-cert", args.tls_cert,
+                  "Serve workers over TLS with this PEM certificate chain (with --tls-key; "
+                  "workers trust it through RLSCHED_TLS_CA, emulated ones are told)")
+      ->type_name("FILE");
+  command
+      .add_option("--tls-key", args.tls_key,
+                  "The PEM private key of --tls-cert (readable by the run only)")
+      ->type_name("FILE");
+  AddBoundedOption(command, "--steps", args.steps, "Train steps to run (the config's `steps`).",
+                   IntegerRange{1, wire::kMaxSimulationSteps}, "the config's steps");
+}
+
+// The emulated workers the run starts, when it starts, and its clock.
+void AddEmulationOptions(CLI::App& command, RunArgs& args) {
+  AddBoundedOption(command, "--emulated-engines", args.emulated_engines,
+                   "Start this many emulated engines as child processes.",
+                   IntegerRange{0, kMaxEmulatedEngines}, "0");
+  command.add_flag("--emulated-trainer", args.emulated_trainer,
+                   "Start an emulated trainer as a child process");
+  AddBoundedOption(command, "--wait-for-engines", args.wait_for_engines,
+                   "Send the first prompts once this many engines are attached (and the "
+                   "trainer, with --emulated-trainer), so that the first step and the first "
+                   "weight sync see the whole fleet rather than the engine that started "
+                   "first; at most --timeout.",
+                   IntegerRange{0, kMaxEmulatedEngines},
+                   "--emulated-engines (0 without them: at once)");
+  AddBoundedOption(command, "--time-scale", args.time_scale,
+                   "Wall seconds per run second, told to the workers: emulated ones run that "
+                   "much faster; the report's times are run seconds.",
+                   RealRange{kMinTimeScale, kMaxTimeScale},
+                   "0.005 with emulated workers (a run second lasting 5 ms), else 1");
+}
+
+// The event log, the resume from it, and what the run writes besides.
+void AddRecordOptions(CLI::App& command, RunArgs& args, const RunArgs& defaults) {
+  command
+      .add_option("--event-log", args.event_log,
+                  "Write every event and command (delimited rlsched.v1.EventLogRecord) "
+                  "for `rlsched replay`")
+      ->type_name("FILE");
+  command.add_flag("--event-log-fsync", args.event_log_fsync,
+                   "Sync the event log to the disk after each write (against a power loss, "
+                   "not only the scheduler's death; a disk flush per event)");
+  command
+      .add_option("--resume", args.resume,
+                  "Continue the run this event log recorded (a scheduler killed mid-run), "
+                  "appending to it; give the flags it was started with (checked against "
+                  "it), with --listen and --token-file: its workers reattach there")
+      ->type_name("FILE");
+  AddBoundedOption(command, "--reattach-window", args.reattach_seconds,
+                   "With --resume: wall seconds the logged run's workers have to reattach; "
+                   "then the engines still missing are taken as lost and missing emulated "
+                   "workers start afresh. Emulated workers wait as long for a scheduler that "
+                   "went away.",
+                   RealRange{0, kMaxHeartbeatTimeoutSeconds},
+                   fmt::format("{:g}", defaults.reattach_seconds));
+  command
+      .add_option("--emulated-reports", args.emulated_reports,
+                  "Each emulated worker writes what it counted there (engine-N.json: samples "
+                  "finished; trainer.json: the samples it trained)")
+      ->type_name("PATH");
+  command.add_option("--trace", args.trace, "Write the run's Chrome/Perfetto trace JSON")
+      ->type_name("FILE");
+  command.add_flag("--json", args.json, "Print a rlsched.v1.RunReport as JSON at the end");
+}
+
+// The deadlines: the workers' (silence, Hello, progress), the door's, the run's.
+void AddDeadlineOptions(CLI::App& command, RunArgs& args, const RunArgs& defaults) {
+  const RealRange seconds{0, kMaxHeartbeatTimeoutSeconds};
+  AddBoundedOption(command, "--heartbeat-timeout", args.heartbeat_timeout_seconds,
+                   "Wall seconds of silence after which a worker is dropped; 0: never.", seconds,
+                   fmt::format("{:g}", defaults.heartbeat_timeout_seconds));
+  AddBoundedOption(command, "--hello-timeout", args.hello_timeout_seconds,
+                   "Wall seconds a new stream has to say Hello before it is closed; 0: never.",
+                   seconds, fmt::format("{:g}", defaults.hello_timeout_seconds));
+  AddBoundedOption(command, "--stuck-timeout", args.stuck_timeout_seconds,
+                   "Wall seconds an engine may run requests without generating a token (by "
+                   "the counter its heartbeats carry) before it is dropped as stuck, its "
+                   "samples re-queued; 0: never.",
+                   seconds, "10 x --heartbeat-timeout");
+  AddBoundedOption(command, "--max-waiting", args.max_waiting_streams,
+                   "Streams that may wait for their Hello at once; one more is turned away "
+                   "(the worker SDK retries); 0: no cap.",
+                   IntegerRange{0, kMaxWaitingStreams},
+                   fmt::format("{}", defaults.max_waiting_streams));
+  AddBoundedOption(command, "--timeout", args.timeout_seconds,
+                   "Give up after this many wall seconds (exit status 1).",
+                   RealRange{0, kMaxTimeoutSeconds, /*min_open=*/true},
+                   fmt::format("{:g}", defaults.timeout_seconds));
+}
+
+// The weight layout: `reshard`'s options (its parsers check the values), and where the
+// transfer group meets.
+void AddRunWeightOptions(CLI::App& command, RunArgs& args) {
+  ReshardArgs& w = args.weights;
+  command
+      .add_option("--model", w.model,
+                  "The model's Hugging Face config.json, or its model folder (which holds "
+                  "config.json), as `reshard --model`: with --train and --infer, every "
+                  "SyncWeights names the engine's part of the weight-sync plan, sent to it "
+                  "over the stream (the trainer gets the senders' part; default: no weight "
+                  "layout)")
+      ->type_name("FILE|DIR");
+  command
+      .add_option("--train", w.train,
+                  "The trainer's layout, as `reshard --train` (tp=8,pp=2,dp=4; keys tp, pp, "
+                  "vpp, ep, etp, cp, dp, first-stage-layers, last-stage-layers)")
+      ->type_name("K=V,...");
+  command
+      .add_option("--infer", w.infer,
+                  "One engine's layout, as `reshard --infer` (tp=N, ep); the replicas are the "
+                  "run's engines, one plan per membership (the engines attached)")
+      ->type_name("K=V,...");
+  AddReshardPlacementOptions(command, w);
+  command
+      .add_option("--weight-sync-backend", args.weight_sync_backend,
+                  "The weight-sync transfer group's collective backend (default gloo)")
+      ->type_name("gloo|nccl")
+      ->check(CLI::IsMember({"gloo", "nccl"}).description(""));
+  command
+      .add_option("--weight-sync-address", args.weight_sync_address,
+                  "Where the weight-sync transfer group meets, HOST:PORT (told to the workers; "
+                  "default: not given, the workers agree on their own)")
+      ->type_name("HOST:PORT");
+}
+
 }  // namespace
 
 CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
@@ -338,161 +483,15 @@ CLI::App* AddRunCommand(CLI::App& app, RunArgs& args) {
       "run",
       "Run live: the orchestrator, the step planner and the weight-sync plan driving engine "
       "and trainer workers attached over gRPC (or emulated ones it starts)");
-  command
-      ->add_option("--config", args.config,
-                   "The run config: a JSON rlsched.v1.SimulatorConfig (the same file "
-                   "`simulate --config` reads; default: simulate's defaults)")
-      ->type_name("FILE");
-  command
-      ->add_option("--listen", args.listen,
-                   "Where workers attach: unix:PATH or HOST:PORT (default: a Unix socket "
-                   "in the temporary directory)")
-      ->type_name("ADDRESS");
-  command
-      ->add_option("--token-file", args.token_file,
-                   "The shared token workers present (required unless every worker is "
-                   "emulated; then a random one)")
-      ->type_name("FILE");
-  command
-      ->add_option("--tls-cert", args.tls_cert,
-                   "Serve workers over TLS with this PEM certificate chain (with --tls-key; "
-                   "workers trust it through RLSCHED_TLS_CA, emulated ones are told)")
-      ->type_name("FILE");
-  command
-      ->add_option("--tls-key", args.tls_key,
-                   "The PEM private key of --tls-cert (readable by the run only)")
-      ->type_name("FILE");
-  command
-      ->add_option("--steps", args.steps,
-                   fmt::format("Train steps to run (the config's `steps`). {}",
-                               RangeHelp(IntegerRangeText(1, wire::kMaxSimulationSteps),
-                                         "the config's steps")))
-      ->check(IntegerIn(1, wire::kMaxSimulationSteps));
-  command
-      ->add_option("--emulated-engines", args.emulated_engines,
-                   fmt::format("Start this many emulated engines as child processes. {}",
-                               RangeHelp(IntegerRangeText(0, kMaxEmulatedEngines), "0")))
-      ->check(IntegerIn(0, kMaxEmulatedEngines));
-  command->add_flag("--emulated-trainer", args.emulated_trainer,
-                    "Start an emulated trainer as a child process");
-  command
-      ->add_option(
-          "--wait-for-engines", args.wait_for_engines,
-          fmt::format("Send the first prompts once this many engines are attached (and the "
-                      "trainer, with --emulated-trainer), so that the first step and the first "
-                      "weight sync see the whole fleet rather than the engine that started "
-                      "first; at most --timeout. {}",
-                      RangeHelp(IntegerRangeText(0, kMaxEmulatedEngines),
-                                "--emulated-engines (0 without them: at once)")))
-      ->check(IntegerIn(0, kMaxEmulatedEngines));
-  command
-      ->add_option("--time-scale", args.time_scale,
-                   fmt::format("Wall seconds per run second, told to the workers: emulated ones "
-                               "run that much faster; the report's times are run seconds. {}",
-                               RangeHelp(RealRangeText(kMinTimeScale, kMaxTimeScale),
-                                         "0.005 with emulated workers (a run second lasting 5 "
-                                         "ms), else 1")))
-      ->check(RealIn(kMinTimeScale, kMaxTimeScale));
-  command
-      ->add_option("--event-log", args.event_log,
-                   "Write every event and command (delimited rlsched.v1.EventLogRecord) "
-                   "for `rlsched replay`")
-      ->type_name("FILE");
-  command->add_flag("--event-log-fsync", args.event_log_fsync,
-                    "Sync the event log to the disk after each write (against a power loss, "
-                    "not only the scheduler's death; a disk flush per event)");
-  command
-      ->add_option("--resume", args.resume,
-                   "Continue the run this event log recorded (a scheduler killed mid-run), "
-                   "appending to it; give the flags it was started with (checked against "
-                   "it), with --listen and --token-file: its workers reattach there")
-      ->type_name("FILE");
-  command
-      ->add_option("--reattach-window", args.reattach_seconds,
-                   fmt::format("With --resume: wall seconds the logged run's workers have to "
-                               "reattach; then the engines still missing are taken as lost and "
-                               "missing emulated workers start afresh. Emulated workers wait as "
-                               "long for a scheduler that went away. {}",
-                               RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
-                                         fmt::format("{:g}", defaults.reattach_seconds))))
-      ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
-  command
-      ->add_option("--emulated-reports", args.emulated_reports,
-                   "Each emulated worker writes what it counted there (engine-N.json: samples "
-                   "finished; trainer.json: the samples it trained)")
-      ->type_name("PATH");
-  command->add_option("--trace", args.trace, "Write the run's Chrome/Perfetto trace JSON")
-      ->type_name("FILE");
-  command->add_flag("--json", args.json, "Print a rlsched.v1.RunReport as JSON at the end");
-  // A worker's deadline in wall seconds, 0: none.
-  auto deadline = [&](const char* flag, double& value, const char* what, double fallback) {
-    command
-        ->add_option(flag, value,
-                     fmt::format("{} {}", what,
-                                 RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
-                                           fmt::format("{:g}", fallback))))
-        ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
-  };
-  deadline("--heartbeat-timeout", args.heartbeat_timeout_seconds,
-           "Wall seconds of silence after which a worker is dropped; 0: never.",
-           defaults.heartbeat_timeout_seconds);
-  deadline("--hello-timeout", args.hello_timeout_seconds,
-           "Wall seconds a new stream has to say Hello before it is closed; 0: never.",
-           defaults.hello_timeout_seconds);
-  command
-      ->add_option("--stuck-timeout", args.stuck_timeout_seconds,
-                   fmt::format("Wall seconds an engine may run requests without generating a "
-                               "token (by the counter its heartbeats carry) before it is dropped "
-                               "as stuck, its samples re-queued; 0: never. {}",
-                               RangeHelp(RealRangeText(0, kMaxHeartbeatTimeoutSeconds),
-                                         "10 x --heartbeat-timeout")))
-      ->check(RealIn(0, kMaxHeartbeatTimeoutSeconds));
-  command
-      ->add_option("--max-waiting", args.max_waiting_streams,
-                   fmt::format("Streams that may wait for their Hello at once; one more is "
-                               "turned away (the worker SDK retries); 0: no cap. {}",
-                               RangeHelp(IntegerRangeText(0, kMaxWaitingStreams),
-                                         fmt::format("{}", defaults.max_waiting_streams))))
-      ->check(IntegerIn(0, kMaxWaitingStreams));
-  command
-      ->add_option("--timeout", args.timeout_seconds,
-                   fmt::format("Give up after this many wall seconds (exit status 1). {}",
-                               RangeHelp(RealRangeText(0, kMaxTimeoutSeconds, /*min_open=*/true),
-                                         fmt::format("{:g}", defaults.timeout_seconds))))
-      ->check(RealIn(0, kMaxTimeoutSeconds, /*min_open=*/true));
-  // The weight layout: `reshard`'s options (its parsers check the values).
-  ReshardArgs& w = args.weights;
-  command
-      ->add_option("--model", w.model,
-                   "The model's Hugging Face config.json, or its model folder (which holds "
-                   "config.json), as `reshard --model`: with --train and --infer, every "
-                   "SyncWeights names the engine's part of the weight-sync plan, sent to it "
-                   "over the stream (the trainer gets the senders' part; default: no weight "
-                   "layout)")
-      ->type_name("FILE|DIR");
-  command
-      ->add_option("--train", w.train,
-                   "The trainer's layout, as `reshard --train` (tp=8,pp=2,dp=4; keys tp, pp, "
-                   "vpp, ep, etp, cp, dp, first-stage-layers, last-stage-layers)")
-      ->type_name("K=V,...");
-  command
-      ->add_option("--infer", w.infer,
-                   "One engine's layout, as `reshard --infer` (tp=N, ep); the replicas are the "
-                   "run's engines, one plan per membership (the engines attached)")
-      ->type_name("K=V,...");
-  AddReshardPlacementOptions(*command, w);
-  command
-      ->add_option("--weight-sync-backend", args.weight_sync_backend,
-                   "The weight-sync transfer group's collective backend (default gloo)")
-      ->type_name("gloo|nccl")
-      ->check(CLI::IsMember({"gloo", "nccl"}).description(""));
-  command
-      ->add_option("--weight-sync-address", args.weight_sync_address,
-                   "Where the weight-sync transfer group meets, HOST:PORT (told to the workers; "
-                   "default: not given, the workers agree on their own)")
-      ->type_name("HOST:PORT");
+  AddRunInputOptions(*command, args);
+  AddEmulationOptions(*command, args);
+  AddRecordOptions(*command, args, defaults);
+  AddDeadlineOptions(*command, args, defaults);
+  AddRunWeightOptions(*command, args);
   return command;
 }
+
+namespace {
 
 // What --resume needs besides the logged run's flags: the address the workers reattach
 // to, and the token they present.
@@ -581,8 +580,8 @@ void AwaitStart(const RunArgs& args, const WorkerServer& server, const ScaledClo
   }
 }
 
-int RunRunCommand(const RunArgs& args) {
-  // The config, as `simulate --config` reads it.
+// The config, as `simulate --config` reads it, with --steps.
+scheduler::SimulatorConfig ReadRunConfig(const RunArgs& args) {
   v1::SimulatorConfig config_message;
   if (!args.config.empty()) {
     const std::string text = ReadWholeFile("--config", args.config, kMaxRunFileBytes);
@@ -594,128 +593,166 @@ int RunRunCommand(const RunArgs& args) {
     }
   }
   if (args.steps) config_message.set_steps(*args.steps);
-  scheduler::SimulatorConfig config;
   try {
-    config = wire::ToSimulatorConfig(config_message);
+    return wire::ToSimulatorConfig(config_message);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(
         fmt::format("--config {}: {}", args.config.empty() ? "(default)" : args.config, e.what()));
   }
-  std::optional<v1::ReshardRequest> layout_request;
-  const std::optional<scheduler::WeightSyncLayout> weight_layout = WeightLayout(
-      args, args.emulated_engines > 0 ? args.emulated_engines : config.engines, layout_request);
-  std::string weight_sync_host;
-  int weight_sync_port = 0;
-  if (!args.weight_sync_address.empty()) {
-    const std::size_t colon = args.weight_sync_address.rfind(':');
-    std::int64_t port = -1;
-    if (colon != std::string::npos && colon > 0) {
-      const std::string digits = args.weight_sync_address.substr(colon + 1);
-      if (!digits.empty() && digits.size() <= 5 &&
-          digits.find_first_not_of("0123456789") == std::string::npos) {
-        port = std::stoll(digits);
-      }
+}
+
+// --weight-sync-address as host and port (empty and 0 when not given).
+std::pair<std::string, int> WeightSyncAddress(const RunArgs& args, bool has_layout) {
+  const std::string& address = args.weight_sync_address;
+  if (address.empty()) return {"", 0};
+  const std::size_t colon = address.rfind(':');
+  std::int64_t port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    const std::string digits = address.substr(colon + 1);
+    if (!digits.empty() && digits.size() <= 5 &&
+        digits.find_first_not_of("0123456789") == std::string::npos) {
+      port = std::stoll(digits);
     }
-    if (port < 1 || port > 65535) {
-      throw std::invalid_argument(fmt::format(
-          "--weight-sync-address: must be HOST:PORT with a port in [1, 65535], got '{}'",
-          args.weight_sync_address));
-    }
-    weight_sync_host = args.weight_sync_address.substr(0, colon);
-    weight_sync_port = static_cast<int>(port);
   }
-  if (!weight_layout && (!args.weight_sync_address.empty())) {
+  if (port < 1 || port > 65535) {
+    throw std::invalid_argument(fmt::format(
+        "--weight-sync-address: must be HOST:PORT with a port in [1, 65535], got '{}'", address));
+  }
+  if (!has_layout) {
     throw std::invalid_argument(
         "--weight-sync-address: needs the weight layout (--model, --train, --infer)");
   }
-  const bool all_emulated = args.emulated_engines > 0 && args.emulated_trainer;
-  std::string token;
+  return {address.substr(0, colon), static_cast<int>(port)};
+}
+
+// The workers' token: --token-file's, or a random one when every worker is emulated.
+std::string WorkerToken(const RunArgs& args) {
   if (!args.token_file.empty()) {
-    token = Trimmed(ReadWholeFile("--token-file", args.token_file, kMaxRunFileBytes));
+    std::string token = Trimmed(ReadWholeFile("--token-file", args.token_file, kMaxRunFileBytes));
     if (token.empty()) throw std::invalid_argument("--token-file " + args.token_file + ": empty");
-  } else if (all_emulated) {
-    token = RandomToken();
-  } else {
-    throw std::invalid_argument(
-        "--token-file: required when workers attach from outside (without --emulated-engines "
-        "and --emulated-trainer)");
+    return token;
   }
+  if (args.emulated_engines > 0 && args.emulated_trainer) return RandomToken();
+  throw std::invalid_argument(
+      "--token-file: required when workers attach from outside (without --emulated-engines "
+      "and --emulated-trainer)");
+}
+
+// --tls-cert and --tls-key's PEM texts (both empty without TLS).
+std::pair<std::string, std::string> ReadTls(const RunArgs& args) {
   if (args.tls_cert.empty() != args.tls_key.empty()) {
     throw std::invalid_argument(args.tls_cert.empty() ? "--tls-cert: required with --tls-key"
                                                       : "--tls-key: required with --tls-cert");
   }
-  std::string tls_cert;
-  std::string tls_key;
-  if (!args.tls_cert.empty()) {
-    tls_cert = ReadWholeFile("--tls-cert", args.tls_cert, kMaxRunFileBytes);
-    tls_key = ReadWholeFile("--tls-key", args.tls_key, kMaxRunFileBytes);
-    // gRPC takes any text and fails at start-up with a message of its own; say which
-    // file is not PEM first.
-    if (tls_cert.find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
-      throw std::invalid_argument("--tls-cert " + args.tls_cert + ": not a PEM certificate");
-    }
-    if (tls_key.find("PRIVATE KEY-----") == std::string::npos) {
-      throw std::invalid_argument("--tls-key " + args.tls_key + ": not a PEM private key");
-    }
+  if (args.tls_cert.empty()) return {};
+  std::string cert = ReadWholeFile("--tls-cert", args.tls_cert, kMaxRunFileBytes);
+  std::string key = ReadWholeFile("--tls-key", args.tls_key, kMaxRunFileBytes);
+  // gRPC takes any text and fails at start-up with a message of its own; say which file is
+  // not PEM first.
+  if (cert.find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
+    throw std::invalid_argument("--tls-cert " + args.tls_cert + ": not a PEM certificate");
   }
-  const std::string listen =
+  if (key.find("PRIVATE KEY-----") == std::string::npos) {
+    throw std::invalid_argument("--tls-key " + args.tls_key + ": not a PEM private key");
+  }
+  return {std::move(cert), std::move(key)};
+}
+
+// What the flags make of a run before it starts: read and checked, nothing started.
+struct RunSetup {
+  scheduler::SimulatorConfig config;
+  std::optional<v1::ReshardRequest> layout_request;
+  std::optional<scheduler::WeightSyncLayout> weight_layout;
+  std::string listen;
+  double scale = 1;
+  WorkerServerOptions server;
+};
+
+RunSetup PrepareRun(const RunArgs& args) {
+  RunSetup setup;
+  setup.config = ReadRunConfig(args);
+  setup.weight_layout =
+      WeightLayout(args, args.emulated_engines > 0 ? args.emulated_engines : setup.config.engines,
+                   setup.layout_request);
+  const auto [host, port] = WeightSyncAddress(args, setup.weight_layout.has_value());
+  std::string token = WorkerToken(args);
+  auto [cert, key] = ReadTls(args);
+  setup.listen =
       args.listen.empty() ? fmt::format("unix:/tmp/rlsched-run-{}.sock", getpid()) : args.listen;
-  const double scale =
+  setup.scale =
       args.time_scale.value_or(args.emulated_engines > 0 || args.emulated_trainer ? 0.005 : 1.0);
-  // The event log: a new one, or the resumed run's (checked against the flags).
-  std::optional<ResumedRun> resumed;
-  std::optional<EventLogFile> log;
+  setup.server =
+      WorkerServerOptions{.listen = setup.listen,
+                          .token = std::move(token),
+                          .tls_cert_pem = std::move(cert),
+                          .tls_key_pem = std::move(key),
+                          .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds,
+                          .hello_timeout_seconds = args.hello_timeout_seconds,
+                          .max_waiting_streams = args.max_waiting_streams,
+                          .stuck_timeout_seconds = args.stuck_timeout_seconds.value_or(std::min(
+                              10 * args.heartbeat_timeout_seconds, kMaxHeartbeatTimeoutSeconds)),
+                          .weight_sync_backend = args.weight_sync_backend,
+                          .weight_sync_address = host,
+                          .weight_sync_port = port};
+  *setup.server.welcome.mutable_config() = wire::ToSimulatorConfigMessage(setup.config);
+  setup.server.welcome.set_time_scale(setup.scale);
+  // Heartbeats: ten per timeout, at most one a second and at least every 50 ms.
+  setup.server.welcome.set_heartbeat_seconds(
+      args.heartbeat_timeout_seconds > 0
+          ? std::clamp(args.heartbeat_timeout_seconds / 10.0, 0.05, 1.0)
+          : 1.0);
+  return setup;
+}
+
+// The event log: the resumed run's (read into `resumed`, checked against the flags), a
+// new one, or none.
+std::optional<EventLogFile> OpenEventLog(const RunArgs& args, const RunSetup& setup,
+                                         std::optional<ResumedRun>& resumed) {
   if (!args.resume.empty()) {
     CheckResumeFlags(args);
-    resumed = ReadResumedRun(args.resume, wire::ToSimulatorConfigMessage(config), layout_request);
-    log.emplace(EventLogFile::Continue(args.resume, resumed->whole_bytes, args.event_log_fsync));
+    resumed = ReadResumedRun(args.resume, wire::ToSimulatorConfigMessage(setup.config),
+                             setup.layout_request);
     spdlog::info("run: resuming {}: {} events up to run second {:.3f}{}", args.resume,
                  resumed->resume.events.size(), resumed->last_time,
                  resumed->torn_bytes > 0
                      ? fmt::format(" (a torn last record of {} bytes cut off)", resumed->torn_bytes)
                      : "");
-  } else if (!args.event_log.empty()) {
-    log.emplace(EventLogFile::Create(
-        args.event_log, wire::EventLogHeader(config, layout_request ? &*layout_request : nullptr),
-        args.event_log_fsync));
+    return EventLogFile::Continue(args.resume, resumed->whole_bytes, args.event_log_fsync);
   }
-  ScaledClock clock(scale, resumed ? resumed->last_time : 0.0);
+  if (args.event_log.empty()) return std::nullopt;
+  return EventLogFile::Create(
+      args.event_log,
+      wire::EventLogHeader(setup.config, setup.layout_request ? &*setup.layout_request : nullptr),
+      args.event_log_fsync);
+}
 
-  WorkerServerOptions server_options{
-      .listen = listen,
-      .token = token,
-      .tls_cert_pem = tls_cert,
-      .tls_key_pem = tls_key,
-      .heartbeat_timeout_seconds = args.heartbeat_timeout_seconds,
-      .hello_timeout_seconds = args.hello_timeout_seconds,
-      .max_waiting_streams = args.max_waiting_streams,
-      .stuck_timeout_seconds = args.stuck_timeout_seconds.value_or(
-          std::min(10 * args.heartbeat_timeout_seconds, kMaxHeartbeatTimeoutSeconds)),
-      .weight_sync_backend = args.weight_sync_backend,
-      .weight_sync_address = weight_sync_host,
-      .weight_sync_port = weight_sync_port};
-  *server_options.welcome.mutable_config() = wire::ToSimulatorConfigMessage(config);
-  server_options.welcome.set_time_scale(scale);
-  // Heartbeats: ten per timeout, at most one a second and at least every 50 ms.
-  server_options.welcome.set_heartbeat_seconds(
-      args.heartbeat_timeout_seconds > 0
-          ? std::clamp(args.heartbeat_timeout_seconds / 10.0, 0.05, 1.0)
-          : 1.0);
-  WorkerServer server(server_options);
+void PrintStep(const scheduler::StepProgress& p) {
+  const scheduler::Metrics& m = p.metrics;
+  std::cerr << fmt::format(
+      "step {:>4}  t {:>9.1f} s  samples/s {:>8.2f}  staleness max {}  trainer idle {}  engine "
+      "idle {}  restarts {}\n",
+      p.step, p.time, m.samples_per_second, m.max_staleness, Percent(m.trainer_idle_ratio),
+      Percent(m.mean_engine_idle_ratio), p.counters.restarts);
+}
 
-  DataLoader loader(config, resumed ? resumed->prompts_posted : 0);
-  scheduler::Runtime* runtime_ptr = nullptr;
-  // Posts the prompts the counters say are due (a step finished, groups filtered).
-  const auto top_up = [&loader](scheduler::Runtime& runtime, const scheduler::Counters& c) {
-    if (auto prompts = loader.TopUp(c.steps_finished, c.filtered_groups)) {
-      runtime.Post(std::move(*prompts));
-    }
-  };
+// Posts the prompts the counters say are due (a step finished, groups filtered).
+void TopUp(DataLoader& loader, scheduler::Runtime& runtime, const scheduler::Counters& c) {
+  if (auto prompts = loader.TopUp(c.steps_finished, c.filtered_groups)) {
+    runtime.Post(std::move(*prompts));
+  }
+}
 
+// The runtime's options: the config's policy, the layout, the event log, the refusals told
+// to their senders, and at each step its line and the data loader's refill.
+scheduler::RuntimeOptions MakeRuntimeOptions(const RunArgs& args, const RunSetup& setup,
+                                             std::optional<EventLogFile>& log,
+                                             std::optional<ResumedRun>& resumed,
+                                             WorkerServer& server, DataLoader& loader,
+                                             scheduler::Runtime*& runtime) {
   scheduler::RuntimeOptions options;
-  options.orchestrator = wire::RunOrchestratorOptions(config);
-  options.step = config.step;
-  options.weight_sync = weight_layout;
+  options.orchestrator = wire::RunOrchestratorOptions(setup.config);
+  options.step = setup.config.step;
+  options.weight_sync = setup.weight_layout;
   options.trace = !args.trace.empty();
   if (log) {
     options.journal = [&log](const scheduler::Event& event,
@@ -727,55 +764,25 @@ int RunRunCommand(const RunArgs& args) {
   options.on_reject = [&server](const scheduler::Event& event, const std::string& why) {
     server.Rejected(event, why);
   };
-  options.on_step = [&](const scheduler::StepProgress& p) {
-    const scheduler::Metrics& m = p.metrics;
-    std::cerr << fmt::format(
-        "step {:>4}  t {:>9.1f} s  samples/s {:>8.2f}  staleness max {}  trainer idle {}  engine "
-        "idle {}  restarts {}\n",
-        p.step, p.time, m.samples_per_second, m.max_staleness, Percent(m.trainer_idle_ratio),
-        Percent(m.mean_engine_idle_ratio), p.counters.restarts);
-    if (runtime_ptr != nullptr) top_up(*runtime_ptr, p.counters);
+  options.on_step = [&loader, &runtime](const scheduler::StepProgress& p) {
+    PrintStep(p);
+    if (runtime != nullptr) TopUp(loader, *runtime, p.counters);
   };
+  return options;
+}
 
-  scheduler::Runtime runtime(std::move(options), server, server, clock);
-  runtime_ptr = &runtime;
-  server.Start(runtime);
-  const bool unix_socket = listen.starts_with("unix:");
-  const RemoveSocketOnExit remove_socket{unix_socket ? listen.substr(5) : ""};
-  CatchStopSignals();
-  spdlog::info("run: listening on {}{}", listen,
-               unix_socket ? "" : fmt::format(" (port {})", server.port()));
-
-  std::optional<EmulatedWorkers> emulated;
-  if (args.emulated_engines > 0 || args.emulated_trainer) {
-    // Emulated workers trust the run's own certificate (self-signed, or its chain).
-    emulated.emplace(
-        WorkerEnvironment(
-            token, args.tls_cert.empty() ? "" : std::filesystem::absolute(args.tls_cert).string()),
-        unix_socket ? listen : fmt::format("localhost:{}", server.port()),
-        config.engine.max_concurrent, args.reattach_seconds, args.emulated_reports);
-  }
-  if (resumed) {
-    AwaitReattach(args, server, runtime, clock, emulated);
-  } else {
-    if (emulated) {
-      for (std::int64_t e = 0; e < args.emulated_engines; ++e) emulated->StartEngine(e);
-      if (args.emulated_trainer) emulated->StartTrainer();
-    }
-    AwaitStart(args, server, clock, emulated);
-  }
-  // The first prompts; a resumed run's due ones its log lost (a refill after a logged
-  // step's end, the scheduler killed before it was logged).
-  if (g_stop_signal.load() == 0) top_up(runtime, runtime.counters());
-
-  // Wait for the steps, watching the emulated workers: one that exits before the end
-  // ends the run with its status.
+// Waits for the steps (or --timeout, or a stop signal), refilling the data loader and
+// watching the emulated workers: one that exits before the end ends the run with its
+// status. True when the steps finished.
+bool AwaitSteps(const RunArgs& args, const ScaledClock& clock, WorkerServer& server,
+                scheduler::Runtime& runtime, DataLoader& loader,
+                std::optional<EmulatedWorkers>& emulated) {
   bool done = false;
   try {
     const double give_up = clock.wall() + args.timeout_seconds;
     while (!done && clock.wall() < give_up && g_stop_signal.load() == 0) {
       done = runtime.WaitUntilDone(std::chrono::milliseconds(200));
-      if (!done) top_up(runtime, runtime.counters());  // groups filtered mid-step
+      if (!done) TopUp(loader, runtime, runtime.counters());  // groups filtered mid-step
       if (!done && emulated) emulated->Reap();
     }
   } catch (const std::exception& e) {
@@ -783,14 +790,92 @@ int RunRunCommand(const RunArgs& args) {
     runtime.Stop();
     throw;
   }
-  const double wall = clock.wall();
+  return done;
+}
+
+// Prints the report (or the summary) and returns the exit status: 0 when the steps
+// finished, 128 + the signal when stopped by one, 1 at --timeout.
+int Finish(const RunArgs& args, const scheduler::RuntimeStatus& status, const RunOutcome& outcome,
+           int stop_signal) {
+  if (args.json) {
+    std::cout << wire::ToJson(ToRunReport(status, outcome)) << '\n';
+  } else {
+    std::cout << RunSummary(status, outcome);
+  }
+  FlushOutput(std::cout);
+  if (stop_signal != 0) {
+    std::cerr << fmt::format("rlsched run: {} before the run finished\n", outcome.ending);
+    return 128 + stop_signal;
+  }
+  if (!outcome.done) {
+    std::cerr << fmt::format("rlsched run: the run did not finish within --timeout {} s\n",
+                             args.timeout_seconds);
+    return 1;
+  }
+  return 0;
+}
+
+// Starts the workers a new run emulates and waits for them (a resumed run's: for those
+// that reattach).
+void StartWorkers(const RunArgs& args, WorkerServer& server, scheduler::Runtime& runtime,
+                  const ScaledClock& clock, bool resumed,
+                  std::optional<EmulatedWorkers>& emulated) {
+  if (resumed) return AwaitReattach(args, server, runtime, clock, emulated);
+  if (emulated) {
+    for (std::int64_t e = 0; e < args.emulated_engines; ++e) emulated->StartEngine(e);
+    if (args.emulated_trainer) emulated->StartTrainer();
+  }
+  AwaitStart(args, server, clock, emulated);
+}
+
+}  // namespace
+
+int RunRunCommand(const RunArgs& args) {
+  const RunSetup setup = PrepareRun(args);
+  std::optional<ResumedRun> resumed;
+  std::optional<EventLogFile> log = OpenEventLog(args, setup, resumed);
+  ScaledClock clock(setup.scale, resumed ? resumed->last_time : 0.0);
+  WorkerServer server(setup.server);
+  DataLoader loader(setup.config, resumed ? resumed->prompts_posted : 0);
+  scheduler::Runtime* runtime_ptr = nullptr;
+  scheduler::Runtime runtime(
+      MakeRuntimeOptions(args, setup, log, resumed, server, loader, runtime_ptr), server, server,
+      clock);
+  runtime_ptr = &runtime;
+  server.Start(runtime);
+  const bool unix_socket = setup.listen.starts_with("unix:");
+  const RemoveSocketOnExit remove_socket{unix_socket ? setup.listen.substr(5) : ""};
+  CatchStopSignals();
+  spdlog::info("run: listening on {}{}", setup.listen,
+               unix_socket ? "" : fmt::format(" (port {})", server.port()));
+
+  std::optional<EmulatedWorkers> emulated;
+  if (args.emulated_engines > 0 || args.emulated_trainer) {
+    // Emulated workers trust the run's own certificate (self-signed, or its chain).
+    emulated.emplace(
+        WorkerEnvironment(
+            setup.server.token,
+            args.tls_cert.empty() ? "" : std::filesystem::absolute(args.tls_cert).string()),
+        unix_socket ? setup.listen : fmt::format("localhost:{}", server.port()),
+        setup.config.engine.max_concurrent, args.reattach_seconds, args.emulated_reports);
+  }
+  StartWorkers(args, server, runtime, clock, resumed.has_value(), emulated);
+  // The first prompts; a resumed run's due ones its log lost (a refill after a logged
+  // step's end, the scheduler killed before it was logged).
+  if (g_stop_signal.load() == 0) TopUp(loader, runtime, runtime.counters());
+  const bool done = AwaitSteps(args, clock, server, runtime, loader, emulated);
+
   const int stop_signal = done ? 0 : g_stop_signal.load();
-  const std::string ending = done          ? "done"
-                             : stop_signal ? fmt::format("stopped by {}", SignalName(stop_signal))
-                                           : "stopped (timeout)";
+  RunOutcome outcome{.done = done, .wall_seconds = clock.wall(), .time_scale = setup.scale};
+  outcome.ending = done          ? "done"
+                   : stop_signal ? fmt::format("stopped by {}", SignalName(stop_signal))
+                                 : "stopped (timeout)";
   if (stop_signal != 0) spdlog::warn("run: {}: ending the run", SignalName(stop_signal));
   runtime.Stop();  // no more events; what they caused is sent
-  server.Shutdown(done ? "done" : ending, std::chrono::milliseconds(2000));
+  server.Shutdown(outcome.ending, std::chrono::milliseconds(2000));
+  outcome.workers_refused = server.refused();
+  outcome.ignored_events = server.ignored_events();
+  outcome.stuck_engines = server.stuck_engines();
   emulated.reset();
   if (log) log->Flush();
   if (!args.trace.empty()) {
@@ -798,87 +883,7 @@ int RunRunCommand(const RunArgs& args) {
     trace << runtime.TraceJson();
     if (!trace) throw std::runtime_error("--trace " + args.trace + ": cannot write");
   }
-
-  const scheduler::RuntimeStatus status = runtime.Status();
-  if (args.json) {
-    scheduler::SimulationReport as_report;
-    as_report.metrics = status.metrics;
-    as_report.counters = status.counters;
-    const v1::SimulationReport converted = wire::ToSimulationReportMessage(as_report, false);
-    v1::RunReport report;
-    *report.mutable_metrics() = converted.metrics();
-    *report.mutable_counters() = converted.counters();
-    report.set_events(status.events);
-    report.set_rejected_events(status.rejected_events);
-    report.set_workers_refused(server.refused());
-    report.set_ignored_events(server.ignored_events());
-    report.set_stuck_engines(server.stuck_engines());
-    report.set_wall_seconds(wall);
-    report.set_time_scale(scale);
-    report.set_done(done);
-    report.set_command_latency_count(status.command_latency.count);
-    report.set_command_latency_p50_seconds(status.command_latency.p50_seconds);
-    report.set_command_latency_p99_seconds(status.command_latency.p99_seconds);
-    report.set_command_latency_max_seconds(status.command_latency.max_seconds);
-    const scheduler::RequestSummary& r = status.requests;
-    v1::RequestTelemetrySummary* requests = report.mutable_requests();
-    requests->set_requests(r.requests);
-    requests->set_generated_tokens(r.generated_tokens);
-    requests->set_preemptions(r.preemptions);
-    requests->set_interruptions(r.interruptions);
-    requests->set_mean_seconds(r.mean_seconds);
-    requests->set_p50_seconds(r.p50_seconds);
-    requests->set_p99_seconds(r.p99_seconds);
-    requests->set_max_seconds(r.max_seconds);
-    requests->set_mean_first_token_seconds(r.mean_first_token_seconds);
-    requests->set_p99_first_token_seconds(r.p99_first_token_seconds);
-    requests->set_paused_seconds(r.paused_seconds);
-    for (const scheduler::EngineLoad& l : status.engine_load) {
-      v1::EngineLoad* load = report.add_engine_load();
-      load->set_engine(l.engine);
-      load->set_heartbeats(l.heartbeats);
-      load->set_running(l.running);
-      load->set_waiting(l.waiting);
-      load->set_max_running(l.max_running);
-      load->set_max_waiting(l.max_waiting);
-      load->set_mean_running(l.mean_running);
-      load->set_mean_waiting(l.mean_waiting);
-    }
-    for (const scheduler::WeightSyncEpoch& e : status.weight_sync) {
-      v1::WeightSyncEpoch* epoch = report.add_weight_sync();
-      epoch->set_epoch(e.epoch);
-      epoch->mutable_members()->Add(e.members.begin(), e.members.end());
-      epoch->set_transfers(e.transfers);
-      epoch->set_buckets(e.buckets);
-      epoch->set_bytes(e.bytes);
-      epoch->set_syncs(e.syncs);
-    }
-    report.set_weight_sync_replans(status.weight_sync_replans);
-    std::cout << wire::ToJson(report) << '\n';
-  } else {
-    std::cout << fmt::format(
-        "run {}: {} steps, {} samples trained in {:.1f} s ({:.1f} s of wall time), {:.2f} "
-        "samples/s, staleness max {}, events {} (refused {}, {} before the core), engines' "
-        "version accounts {} "
-        "({} differing from the core's), requests with telemetry {} (mean {:.2f} s)\n",
-        ending, status.counters.steps_finished, status.counters.trained,
-        status.metrics.elapsed_seconds, wall, status.metrics.samples_per_second,
-        status.metrics.max_staleness, status.events, status.rejected_events,
-        server.ignored_events(), status.counters.version_reports,
-        status.counters.version_corrections, status.requests.requests,
-        status.requests.mean_seconds);
-  }
-  FlushOutput(std::cout);
-  if (stop_signal != 0) {
-    std::cerr << fmt::format("rlsched run: {} before the run finished\n", ending);
-    return 128 + stop_signal;
-  }
-  if (!done) {
-    std::cerr << fmt::format("rlsched run: the run did not finish within --timeout {} s\n",
-                             args.timeout_seconds);
-    return 1;
-  }
-  return 0;
+  return Finish(args, runtime.Status(), outcome, stop_signal);
 }
 
 CLI::App* AddReplayCommand(CLI::App& app, ReplayArgs& args) {
