@@ -246,19 +246,16 @@ class CMakeBuildExt(build_ext):
                 shipped.unlink()
 
 
+# The metadata (name, dependencies, extras, the console script) is pyproject.toml's
+# [project]; the version, dynamic there, comes from CMakeLists.txt.
 setup(
-    name="rlsched",
     version=project_version(),
-    description="Scheduling for RL post-training of LLMs: balancing, step planning, resharding",
-    python_requires=">=3.9",
     package_dir={"": "python"},
     packages=find_packages("python", include=["rlsched", "rlsched.*"]),
+    # The package's inline types (PEP 561).
+    package_data={"rlsched": ["py.typed"]},
     # Built by CMakeBuildExt; the sources are listed for sdists only.
     ext_modules=[Extension("rlsched._native", sources=["python/native/module.cc"])],
-    install_requires=["protobuf>=3.12"],
-    extras_require={"numpy": ["numpy"], "run": ["grpcio"], "executor": ["torch"]},
-    # `rlsched ...` in an activated venv runs the program shipped in the package.
-    entry_points={"console_scripts": ["rlsched = rlsched._program:main"]},
     cmdclass={"build": Build, "build_py": BuildPy, "build_ext": CMakeBuildExt,
               "egg_info": EggInfo},
     zip_safe=False,

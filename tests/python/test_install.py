@@ -311,3 +311,19 @@ def test_console_script_without_a_shipped_program_exits_2(tmp_path, monkeypatch,
     assert _program.main(["--version"]) == 2
     err = capsys.readouterr().err
     assert "no rlsched program" in err and "RLSCHED_PIP_PROGRAM=0" in err
+
+
+def test_pip_install_ships_the_type_marker_and_the_weight_sync(installed, tmp_path):
+    script = "import os, rlsched; print(os.path.dirname(rlsched.__file__))"
+    where = subprocess.run([str(installed["python"]), "-c", script], cwd=tmp_path,
+                           env=installed["env"], capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr
+    package = where.stdout.strip()
+    for name in ("py.typed", "weight_sync/executor.py", "weight_sync/layouts.py",
+                 "weight_sync/launcher.py", "executor.py", "reshard_run.py"):
+        assert os.path.isfile(os.path.join(package, name)), name
+    show = subprocess.run([str(installed["python"]), "-m", "pip", "show", "rlsched"],
+                          cwd=tmp_path, env=installed["env"], capture_output=True, text=True,
+                          timeout=120)
+    assert show.returncode == 0, show.stderr
+    assert "Requires: protobuf" in show.stdout.splitlines()
