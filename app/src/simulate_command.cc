@@ -462,20 +462,20 @@ void WriteTraceFile(const std::string& path, const std::string& trace) {
 
 }  // namespace
 
-CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
-  CLI::App* command = app.add_subcommand(
-      "simulate",
-      "Simulate RL post-training in virtual time: the orchestrator drives modelled inference "
-      "engines and a modelled trainer; prints throughput against the ideal bound, idle "
-      "ratios, staleness and partial rollouts");
-  command->fallthrough();
+namespace {
+
+// The comparison runs' names, "a, b, c".
+std::string ComparisonRunNames() {
   std::string names;
   for (const ComparisonRun& run : ComparisonRuns()) {
     names += fmt::format("{}{}", names.empty() ? "" : ", ", run.name);
   }
-  const SimulatorConfig defaults = DefaultSimulatorConfig();
+  return names;
+}
+
+std::string SimulateFooter(const SimulatorConfig& defaults) {
   const OrchestratorPolicy& d = defaults.orchestrator;
-  command->footer(fmt::format(
+  return fmt::format(
       "Defaults: {} engines of {} concurrent samples, {} trainer ranks, {} prompts × {} samples, "
       "{} steps, heavy-tailed lengths, sync mode; --config FILE sets any field of the "
       "rlsched.v1.SimulatorConfig (rollout.proto) in protobuf's JSON mapping, unset fields keep "
@@ -498,51 +498,58 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
       "Output: a summary, or with --json the rlsched.v1.SimulateReply in protobuf's JSON "
       "mapping (proto field names; int64 values are strings; no trace).",
       defaults.engines, defaults.engine.max_concurrent, defaults.step.num_ranks, d.prompts_per_step,
-      d.samples_per_prompt, defaults.steps, kColocatedRunName, names, kDefaultTraceRun));
+      d.samples_per_prompt, defaults.steps, kColocatedRunName, ComparisonRunNames(),
+      kDefaultTraceRun);
+}
 
-  command->add_option("--config", args.config, "The SimulatorConfig as JSON")->type_name("FILE");
-  CLI::Option* mode =
+// The options --compare sets for each of its runs (it refuses them).
+struct ModeOptions {
+  CLI::Option* mode;
+  CLI::Option* staleness;
+  CLI::Option* partial;
+  CLI::Option* no_partial;
+};
+
+// The mode and its staleness policy, partial rollout and pause mode.
+ModeOptions AddModeOptions(CLI::App& command, SimulateArgs& args, const OrchestratorPolicy& d) {
+  ModeOptions options{};
+  options.mode =
       command
-          ->add_option("--mode", args.mode,
-                       fmt::format("Orchestrator mode (default: {}; async when --max-staleness or "
-                                   "--partial-rollout is given, or --staleness-policy or "
-                                   "--staleness-fraction; sync with --colocated)",
-                                   ModeName(d.mode)))
+          .add_option("--mode", args.mode,
+                      fmt::format("Orchestrator mode (default: {}; async when --max-staleness or "
+                                  "--partial-rollout is given, or --staleness-policy or "
+                                  "--staleness-fraction; sync with --colocated)",
+                                  ModeName(d.mode)))
           ->type_name("sync|one_step_off|async")
           ->check(CLI::IsMember({"sync", "one_step_off", "async"}).description(""));
-  CLI::Option* staleness =
-      command
-          ->add_option("--max-staleness", args.max_staleness,
-                       fmt::format("Staleness bound s of async mode, in policy versions (train "
-                                   "steps); implies --mode async; 0 behaves as sync. {}",
-                                   RangeHelp(IntegerRangeText(0, kMaxStaleness),
-                                             fmt::format("{}", d.max_staleness))))
-          ->type_name("S")
-          ->check(IntegerIn(0, kMaxStaleness));
-  const std::string partial_help = fmt::format(
-      "Async mode: interrupt generations at a weight sync and resume them under the "
-      "new weights; implies --mode async (default: {} in async mode)",
-      d.partial_rollout ? "on" : "off");
-  CLI::Option* partial = command->add_flag_function(
+  options.staleness =
+      AddBoundedOption(command, "--max-staleness", args.max_staleness,
+                       "Staleness bound s of async mode, in policy versions (train steps); "
+                       "implies --mode async; 0 behaves as sync.",
+                       IntegerRange{0, kMaxStaleness}, fmt::format("{}", d.max_staleness))
+          ->type_name("S");
+  options.partial = command.add_flag_function(
       "--partial-rollout", [&args](std::int64_t count) { args.partial_rollout = count > 0; },
-      partial_help);
-  CLI::Option* no_partial = command->add_flag_function(
+      fmt::format("Async mode: interrupt generations at a weight sync and resume them under the "
+                  "new weights; implies --mode async (default: {} in async mode)",
+                  d.partial_rollout ? "on" : "off"));
+  options.no_partial = command.add_flag_function(
       "--no-partial-rollout", [&args](std::int64_t) { args.partial_rollout = false; },
       "Async mode without partial rollout: engines drain, then sync (= --partial-rollout=false); "
       "implies --mode async");
-  no_partial->excludes(partial);
+  options.no_partial->excludes(options.partial);
   command
-      ->add_option("--pause-mode", args.pause_mode,
-                   "Async mode with partial rollout: what a weight sync does with an engine's "
-                   "running samples: keep (default: paused on the engine, resumed there) or "
-                   "abort (aborted with their tokens reported, then dispatched to the same "
-                   "engine again from them; for engines that cannot hold a request across a "
-                   "weight update); "
-                   "implies --mode async")
+      .add_option("--pause-mode", args.pause_mode,
+                  "Async mode with partial rollout: what a weight sync does with an engine's "
+                  "running samples: keep (default: paused on the engine, resumed there) or "
+                  "abort (aborted with their tokens reported, then dispatched to the same "
+                  "engine again from them; for engines that cannot hold a request across a "
+                  "weight update); "
+                  "implies --mode async")
       ->type_name("keep|abort")
       ->check(CLI::IsMember({"keep", "abort"}).description(""));
   command
-      ->add_option(
+      .add_option(
           "--staleness-policy", args.staleness_policy,
           "Async mode: admission (default: generation at most s batches ahead, every token "
           "kept; the per-token staleness is reported), fraction (verl's staleness_threshold, "
@@ -550,244 +557,235 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
           "generated again); implies --mode async")
       ->type_name("admission|fraction|strict")
       ->check(CLI::IsMember({"admission", "fraction", "strict"}).description(""));
+  AddBoundedOption(command, "--staleness-fraction", args.staleness_fraction,
+                   "Async mode's fraction policy α, a real number (verl's staleness_threshold): "
+                   "at most (1 + α)·P groups start per policy version, so at most ⌈α·P⌉ groups "
+                   "of a batch carry older tokens, and generation runs at most ⌈α⌉ batches "
+                   "ahead; nothing is discarded. Implies --mode async --staleness-policy "
+                   "fraction; not with --max-staleness.",
+                   RealRange{0.0, kMaxStalenessFraction}, fmt::format("{:g}", d.staleness_fraction))
+      ->type_name("A");
+  return options;
+}
+
+// Streaming, colocation and over-sampling: how batches reach the trainer.
+void AddBatchOptions(CLI::App& command, SimulateArgs& args, const SimulatorConfig& defaults) {
+  const OrchestratorPolicy& d = defaults.orchestrator;
   command
-      ->add_option(
-          "--staleness-fraction", args.staleness_fraction,
-          fmt::format("Async mode's fraction policy α, a real number (verl's "
-                      "staleness_threshold): at most (1 + α)·P groups start per policy version, "
-                      "so at most ⌈α·P⌉ groups of a batch carry older tokens, and generation "
-                      "runs at most ⌈α⌉ batches ahead; nothing is discarded. Implies --mode "
-                      "async --staleness-policy fraction; not with --max-staleness. {}",
-                      RangeHelp(RealRangeText(0.0, kMaxStalenessFraction),
-                                fmt::format("{:g}", d.staleness_fraction))))
-      ->type_name("A")
-      ->check(RealIn(0.0, kMaxStalenessFraction));
-  command
-      ->add_option("--train-calls-per-sync", args.train_calls_per_sync,
-                   fmt::format("Streaming (verl's trigger_parameter_sync_step): trainer calls per "
-                               "weight sync K, a divisor of --prompts-per-step; each call trains "
-                               "P/K prompts as soon as they are complete, the engines get new "
-                               "weights after the K-th. {}",
-                               RangeHelp(IntegerRangeText(1, kInt64Max) +
-                                             ", a divisor of --prompts-per-step",
-                                         fmt::format("{}", d.train_calls_per_sync))))
+      .add_option("--train-calls-per-sync", args.train_calls_per_sync,
+                  fmt::format("Streaming (verl's trigger_parameter_sync_step): trainer calls per "
+                              "weight sync K, a divisor of --prompts-per-step; each call trains "
+                              "P/K prompts as soon as they are complete, the engines get new "
+                              "weights after the K-th. {}",
+                              RangeHelp(IntegerRangeText(1, kInt64Max) +
+                                            ", a divisor of --prompts-per-step",
+                                        fmt::format("{}", d.train_calls_per_sync))))
       ->type_name("K")
       ->check(IntegerIn(1, kInt64Max));
-  command->add_flag(
+  command.add_flag(
       "--colocated", args.colocated,
       fmt::format("Sync mode with engines and trainer taking turns on the same GPUs: a closed "
                   "batch releases the engines, the trainer runs, the engines resume with the "
                   "new weights; implies --mode sync (default: {})",
                   d.colocated ? "on" : "off"));
-  command
-      ->add_option("--release-seconds", args.release_seconds,
-                   fmt::format("Colocated: seconds an engine takes to free its GPU memory for "
-                               "the trainer; needs --colocated or --compare. {}",
-                               RangeHelp(RealRangeText(0.0, kMaxSeconds),
-                                         fmt::format("{:g}", defaults.release_seconds))))
-      ->type_name("SECONDS")
-      ->check(RealIn(0.0, kMaxSeconds));
-  command
-      ->add_option("--resume-seconds", args.resume_seconds,
-                   fmt::format("Colocated: seconds an engine takes to take its GPU memory back, "
-                               "before loading the new weights; needs --colocated or --compare. {}",
-                               RangeHelp(RealRangeText(0.0, kMaxSeconds),
-                                         fmt::format("{:g}", defaults.resume_seconds))))
-      ->type_name("SECONDS")
-      ->check(RealIn(0.0, kMaxSeconds));
-  command
-      ->add_option("--oversample", args.oversample,
-                   fmt::format("Over-sampling r, a fraction of P: admit up to ceil((1 + r)·P) "
-                               "prompts per batch. {}",
-                               RangeHelp(RealRangeText(0.0, kMaxOversample),
-                                         fmt::format("{:g}", d.oversample))))
-      ->type_name("R")
-      ->check(RealIn(0.0, kMaxOversample));
-  command
-      ->add_option("--engines", args.engines,
-                   fmt::format("Inference engines (field engines). {}",
-                               RangeHelp(IntegerRangeText(1, kMaxSimulationEngines),
-                                         fmt::format("{}", defaults.engines))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxSimulationEngines));
-  command
-      ->add_option("--engine-concurrency", args.engine_concurrency,
-                   fmt::format("Samples an engine runs at once (field engine.max_concurrent). {}",
-                               RangeHelp(IntegerRangeText(1, kMaxConcurrent),
-                                         fmt::format("{}", defaults.engine.max_concurrent))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxConcurrent));
+  AddBoundedOption(command, "--release-seconds", args.release_seconds,
+                   "Colocated: seconds an engine takes to free its GPU memory for the trainer; "
+                   "needs --colocated or --compare.",
+                   RealRange{0.0, kMaxSeconds}, fmt::format("{:g}", defaults.release_seconds))
+      ->type_name("SECONDS");
+  AddBoundedOption(command, "--resume-seconds", args.resume_seconds,
+                   "Colocated: seconds an engine takes to take its GPU memory back, before "
+                   "loading the new weights; needs --colocated or --compare.",
+                   RealRange{0.0, kMaxSeconds}, fmt::format("{:g}", defaults.resume_seconds))
+      ->type_name("SECONDS");
+  AddBoundedOption(command, "--oversample", args.oversample,
+                   "Over-sampling r, a fraction of P: admit up to ceil((1 + r)·P) prompts per "
+                   "batch.",
+                   RealRange{0.0, kMaxOversample}, fmt::format("{:g}", d.oversample))
+      ->type_name("R");
+}
+
+// The engines and the trainer: how many, on how many GPUs, how fast.
+void AddClusterOptions(CLI::App& command, SimulateArgs& args, const SimulatorConfig& defaults) {
+  AddBoundedOption(command, "--engines", args.engines, "Inference engines (field engines).",
+                   IntegerRange{1, kMaxSimulationEngines}, fmt::format("{}", defaults.engines))
+      ->type_name("N");
+  AddBoundedOption(command, "--engine-concurrency", args.engine_concurrency,
+                   "Samples an engine runs at once (field engine.max_concurrent).",
+                   IntegerRange{1, kMaxConcurrent},
+                   fmt::format("{}", defaults.engine.max_concurrent))
+      ->type_name("N");
   const DecodeSpeed speed = DecodeSpeedOf(defaults.engine);
   command
-      ->add_option("--engine-tokens-per-second", args.engine_tokens_per_second,
-                   fmt::format("Decode speed of one engine in tokens per second: one sample "
-                               "alone (SINGLE, a number in (0, {:.0f}]), and --engine-concurrency "
-                               "samples together (FULL, all of them, in [SINGLE, concurrency × "
-                               "SINGLE]); sets the engine model's decode time (field "
-                               "decode_speed; default: {:.4g},{:.4g})",
-                               kMaxSingleTokensPerSecond, speed.single_tokens_per_second,
-                               speed.full_tokens_per_second))
+      .add_option("--engine-tokens-per-second", args.engine_tokens_per_second,
+                  fmt::format("Decode speed of one engine in tokens per second: one sample "
+                              "alone (SINGLE, a number in (0, {:.0f}]), and --engine-concurrency "
+                              "samples together (FULL, all of them, in [SINGLE, concurrency × "
+                              "SINGLE]); sets the engine model's decode time (field "
+                              "decode_speed; default: {:.4g},{:.4g})",
+                              kMaxSingleTokensPerSecond, speed.single_tokens_per_second,
+                              speed.full_tokens_per_second))
       ->type_name("SINGLE,FULL");
-  command
-      ->add_option("--gpus-per-engine", args.gpus_per_engine,
-                   fmt::format("GPUs behind one engine (its tensor-parallel size), for "
-                               "--compare's colocated_sync run on the same GPUs. {}",
-                               RangeHelp(IntegerRangeText(1, kMaxGpusPerUnit),
-                                         fmt::format("{}", defaults.gpus_per_engine))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxGpusPerUnit));
-  command
-      ->add_option("--trainer-ranks", args.trainer_ranks,
-                   fmt::format("Data-parallel ranks of the trainer (its data-parallel size; field "
-                               "trainer_ranks). {}",
-                               RangeHelp(IntegerRangeText(1, kMaxSimulationTrainerRanks),
-                                         fmt::format("{}", defaults.step.num_ranks))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxSimulationTrainerRanks));
-  command
-      ->add_option("--gpus-per-trainer-rank", args.gpus_per_trainer_rank,
-                   fmt::format("GPUs behind one trainer rank, for --compare's colocated_sync run "
-                               "on the same GPUs. {}",
-                               RangeHelp(IntegerRangeText(1, kMaxGpusPerUnit),
-                                         fmt::format("{}", defaults.gpus_per_trainer_rank))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxGpusPerUnit));
-  command
-      ->add_option("--train-seconds-per-step", args.train_seconds_per_step,
-                   fmt::format("The trainer's mean seconds per step on this workload (all its "
-                               "calls, overheads included; above the calls' overheads); sets the "
-                               "seconds per cost unit. {}",
-                               RangeHelp(RealRangeText(0.0, kMaxSeconds, /*min_open=*/true),
-                                         fmt::format("unset, {:g} s per cost unit (the summary "
-                                                     "prints the mean seconds per step)",
-                                                     defaults.seconds_per_cost_unit))))
-      ->type_name("SECONDS")
-      ->check(RealIn(0.0, kMaxSeconds, /*min_open=*/true));
-  command
-      ->add_option(
-          "--train-call-overhead-seconds", args.train_call_overhead_seconds,
-          fmt::format("Seconds added to every trainer call (reward, advantages, the "
-                      "optimizer step). {}",
-                      RangeHelp(RealRangeText(0.0, kMaxSeconds),
-                                fmt::format("{:g}", defaults.train_call_overhead_seconds))))
-      ->type_name("SECONDS")
-      ->check(RealIn(0.0, kMaxSeconds));
-  command
-      ->add_option("--prompts-per-step", args.prompts_per_step,
+  AddBoundedOption(command, "--gpus-per-engine", args.gpus_per_engine,
+                   "GPUs behind one engine (its tensor-parallel size), for --compare's "
+                   "colocated_sync run on the same GPUs.",
+                   IntegerRange{1, kMaxGpusPerUnit}, fmt::format("{}", defaults.gpus_per_engine))
+      ->type_name("N");
+  AddBoundedOption(command, "--trainer-ranks", args.trainer_ranks,
+                   "Data-parallel ranks of the trainer (its data-parallel size; field "
+                   "trainer_ranks).",
+                   IntegerRange{1, kMaxSimulationTrainerRanks},
+                   fmt::format("{}", defaults.step.num_ranks))
+      ->type_name("N");
+  AddBoundedOption(command, "--gpus-per-trainer-rank", args.gpus_per_trainer_rank,
+                   "GPUs behind one trainer rank, for --compare's colocated_sync run on the same "
+                   "GPUs.",
+                   IntegerRange{1, kMaxGpusPerUnit},
+                   fmt::format("{}", defaults.gpus_per_trainer_rank))
+      ->type_name("N");
+  AddBoundedOption(command, "--train-seconds-per-step", args.train_seconds_per_step,
+                   "The trainer's mean seconds per step on this workload (all its calls, "
+                   "overheads included; above the calls' overheads); sets the seconds per cost "
+                   "unit.",
+                   RealRange{0.0, kMaxSeconds, /*min_open=*/true},
+                   fmt::format("unset, {:g} s per cost unit (the summary prints the mean seconds "
+                               "per step)",
+                               defaults.seconds_per_cost_unit))
+      ->type_name("SECONDS");
+  AddBoundedOption(command, "--train-call-overhead-seconds", args.train_call_overhead_seconds,
+                   "Seconds added to every trainer call (reward, advantages, the optimizer "
+                   "step).",
+                   RealRange{0.0, kMaxSeconds},
+                   fmt::format("{:g}", defaults.train_call_overhead_seconds))
+      ->type_name("SECONDS");
+}
+
+// The batch's shape, the steps and the response lengths.
+void AddWorkloadOptions(CLI::App& command, SimulateArgs& args, const SimulatorConfig& defaults) {
+  const OrchestratorPolicy& d = defaults.orchestrator;
+  AddBoundedOption(command, "--prompts-per-step", args.prompts_per_step,
                    fmt::format("Prompts per train step P (verl's train_batch_size); "
-                               "ceil((1 + r)·P)·G must stay <= {}. {}",
-                               kMaxSamplesPerStep,
-                               RangeHelp(IntegerRangeText(1, kMaxSamplesPerStep),
-                                         fmt::format("{}", d.prompts_per_step))))
-      ->type_name("P")
-      ->check(IntegerIn(1, kMaxSamplesPerStep));
-  command
-      ->add_option("--samples-per-prompt", args.samples_per_prompt,
-                   fmt::format("Samples per prompt G, a GRPO group (verl's rollout.n). {}",
-                               RangeHelp(IntegerRangeText(1, kMaxGroupSize),
-                                         fmt::format("{}", d.samples_per_prompt))))
-      ->type_name("G")
-      ->check(IntegerIn(1, kMaxGroupSize));
-  command
-      ->add_option("--steps", args.steps,
-                   fmt::format("Train steps to simulate. {}",
-                               RangeHelp(IntegerRangeText(1, kMaxSimulationSteps),
-                                         fmt::format("{}", defaults.steps))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxSimulationSteps));
-  CLI::Option* lengths = command
-                             ->add_option("--lengths", args.lengths,
-                                          "Draw response lengths from this file (see below)")
-                             ->type_name("FILE");
-  CLI::Option* length_dist =
+                               "ceil((1 + r)·P)·G must stay <= {}.",
+                               kMaxSamplesPerStep),
+                   IntegerRange{1, kMaxSamplesPerStep}, fmt::format("{}", d.prompts_per_step))
+      ->type_name("P");
+  AddBoundedOption(command, "--samples-per-prompt", args.samples_per_prompt,
+                   "Samples per prompt G, a GRPO group (verl's rollout.n).",
+                   IntegerRange{1, kMaxGroupSize}, fmt::format("{}", d.samples_per_prompt))
+      ->type_name("G");
+  AddBoundedOption(command, "--steps", args.steps, "Train steps to simulate.",
+                   IntegerRange{1, kMaxSimulationSteps}, fmt::format("{}", defaults.steps))
+      ->type_name("N");
+  CLI::Option* lengths =
       command
-          ->add_option(
-              "--length-dist", args.length_dist,
-              fmt::format("Lognormal response lengths in tokens, exp(N(MU, SIGMA)) clipped to "
-                          "[1, MAX]; MU a number in [{:g}, {:g}], SIGMA in [0, {:g}], MAX an "
-                          "integer in [1, {}] (default: lognormal:{:g},{:g},{})",
-                          -kMaxMu, kMaxMu, kMaxSigma, balance::kMaxLength, defaults.lengths.mu,
-                          defaults.lengths.sigma, defaults.lengths.max_tokens))
-          ->type_name("lognormal:MU,SIGMA,MAX");
-  length_dist->excludes(lengths);
+          .add_option("--lengths", args.lengths, "Draw response lengths from this file (see below)")
+          ->type_name("FILE");
   command
-      ->add_option("--all-equal-rate", args.all_equal_rate,
-                   fmt::format("Probability that a group's rewards are all equal. {}",
-                               RangeHelp(RealRangeText(0.0, 1.0),
-                                         fmt::format("{:g}", defaults.all_equal_rate))))
-      ->type_name("X")
-      ->check(RealIn(0.0, 1.0));
-  command->add_flag("--filter-all-equal", args.filter_all_equal,
-                    "Dynamic sampling: drop groups whose rewards are all equal and sample more "
-                    "(needs --all-equal-rate > 0)");
+      .add_option("--length-dist", args.length_dist,
+                  fmt::format("Lognormal response lengths in tokens, exp(N(MU, SIGMA)) clipped to "
+                              "[1, MAX]; MU a number in [{:g}, {:g}], SIGMA in [0, {:g}], MAX an "
+                              "integer in [1, {}] (default: lognormal:{:g},{:g},{})",
+                              -kMaxMu, kMaxMu, kMaxSigma, balance::kMaxLength, defaults.lengths.mu,
+                              defaults.lengths.sigma, defaults.lengths.max_tokens))
+      ->type_name("lognormal:MU,SIGMA,MAX")
+      ->excludes(lengths);
+}
+
+// Dynamic sampling, dispatch order and admission.
+void AddSamplingOptions(CLI::App& command, SimulateArgs& args, const SimulatorConfig& defaults) {
+  AddBoundedOption(command, "--all-equal-rate", args.all_equal_rate,
+                   "Probability that a group's rewards are all equal.", RealRange{0.0, 1.0},
+                   fmt::format("{:g}", defaults.all_equal_rate))
+      ->type_name("X");
+  command.add_flag("--filter-all-equal", args.filter_all_equal,
+                   "Dynamic sampling: drop groups whose rewards are all equal and sample more "
+                   "(needs --all-equal-rate > 0)");
   command
-      ->add_option("--dispatch", args.dispatch,
-                   fmt::format("Order of the queued samples: longest-first (by predicted length) "
-                               "or arrival (first in first out, as the peers' rollout loops) "
-                               "(default: {})",
-                               defaults.orchestrator.longest_first ? "longest-first" : "arrival"))
+      .add_option("--dispatch", args.dispatch,
+                  fmt::format("Order of the queued samples: longest-first (by predicted length) "
+                              "or arrival (first in first out, as the peers' rollout loops) "
+                              "(default: {})",
+                              defaults.orchestrator.longest_first ? "longest-first" : "arrival"))
       ->type_name("longest-first|arrival")
       ->check(CLI::IsMember({"longest-first", "arrival"}));
+  AddBoundedOption(command, "--max-generating-groups", args.max_generating_groups,
+                   "Groups generating at once at most, 0 for no limit: a group holds its place "
+                   "from its first sample's dispatch until all its samples are complete (verl's "
+                   "fully-async rollouter: 16 prompts per server).",
+                   IntegerRange{0, kMaxSamplesPerStep},
+                   fmt::format("{}", defaults.orchestrator.max_generating_groups))
+      ->type_name("N");
+}
+
+// The seed, the weight loads, the failures and the work budget.
+void AddRunModelOptions(CLI::App& command, SimulateArgs& args, const SimulatorConfig& defaults) {
   command
-      ->add_option("--max-generating-groups", args.max_generating_groups,
-                   fmt::format("Groups generating at once at most, 0 for no limit: a group "
-                               "holds its place from its first sample's dispatch until all "
-                               "its samples are complete (verl's fully-async rollouter: 16 "
-                               "prompts per server). {}",
-                               RangeHelp(IntegerRangeText(0, kMaxSamplesPerStep),
-                                         fmt::format("{}", d.max_generating_groups))))
-      ->type_name("N")
-      ->check(IntegerIn(0, kMaxSamplesPerStep));
-  command
-      ->add_option(
+      .add_option(
           "--seed", args.seed,
           fmt::format("Seed of the workload and the failures. {}",
                       RangeHelp(std::string(kUnsigned64Range), fmt::format("{}", defaults.seed))))
       ->type_name("N")
       ->check(Unsigned64());
-  command
-      ->add_option("--weight-sync-seconds", args.weight_sync_seconds,
-                   fmt::format("Seconds to load new weights on one engine. {}",
-                               RangeHelp(RealRangeText(0.0, kMaxSeconds),
-                                         fmt::format("{:g}", defaults.weight_sync_seconds))))
-      ->type_name("SECONDS")
-      ->check(RealIn(0.0, kMaxSeconds));
-  command
-      ->add_option("--mtbf", args.mtbf,
-                   fmt::format("Mean seconds between failures of an engine (field "
-                               "engine_mtbf_seconds); 0: never; a replacement joins after the "
-                               "config's rejoin_seconds. {}",
-                               RangeHelp(RealRangeText(0.0, kMaxSeconds),
-                                         fmt::format("{:g}", defaults.engine_mtbf_seconds))))
-      ->type_name("SECONDS")
-      ->check(RealIn(0.0, kMaxSeconds));
-  command
-      ->add_option("--max-events", args.max_events,
-                   fmt::format("The work budget: a run whose estimated sample attempts (steps × "
-                               "prompts × samples, times the restarts failures cause) exceed it "
-                               "is refused before it starts, and one that needs more events "
-                               "stops (about 10^5 to 10^6 events a second). {}",
-                               RangeHelp(IntegerRangeText(1, kInt64Max),
-                                         fmt::format("{}", defaults.max_events))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kInt64Max));
-  CLI::Option* compare =
-      command->add_flag("--compare", args.compare,
-                        fmt::format("Run {} (when the GPUs divide), {} on the same workload and "
-                                    "print one table",
-                                    kColocatedRunName, names));
-  compare->excludes(mode)->excludes(staleness)->excludes(partial)->excludes(no_partial);
+  AddBoundedOption(command, "--weight-sync-seconds", args.weight_sync_seconds,
+                   "Seconds to load new weights on one engine.", RealRange{0.0, kMaxSeconds},
+                   fmt::format("{:g}", defaults.weight_sync_seconds))
+      ->type_name("SECONDS");
+  AddBoundedOption(command, "--mtbf", args.mtbf,
+                   "Mean seconds between failures of an engine (field engine_mtbf_seconds); 0: "
+                   "never; a replacement joins after the config's rejoin_seconds.",
+                   RealRange{0.0, kMaxSeconds}, fmt::format("{:g}", defaults.engine_mtbf_seconds))
+      ->type_name("SECONDS");
+  AddBoundedOption(command, "--max-events", args.max_events,
+                   "The work budget: a run whose estimated sample attempts (steps × prompts × "
+                   "samples, times the restarts failures cause) exceed it is refused before it "
+                   "starts, and one that needs more events stops (about 10^5 to 10^6 events a "
+                   "second).",
+                   IntegerRange{1, kInt64Max}, fmt::format("{}", defaults.max_events))
+      ->type_name("N");
+}
+
+// --compare (which sets the mode options itself), the trace and the JSON output.
+void AddOutputOptions(CLI::App& command, SimulateArgs& args, const ModeOptions& modes) {
+  CLI::Option* compare = command.add_flag(
+      "--compare", args.compare,
+      fmt::format("Run {} (when the GPUs divide), {} on the same workload and print one table",
+                  kColocatedRunName, ComparisonRunNames()));
+  compare->excludes(modes.mode)
+      ->excludes(modes.staleness)
+      ->excludes(modes.partial)
+      ->excludes(modes.no_partial);
   CLI::Option* trace =
-      command->add_option("--trace", args.trace, "Write the Chrome trace JSON (Perfetto) to FILE")
+      command.add_option("--trace", args.trace, "Write the Chrome trace JSON (Perfetto) to FILE")
           ->type_name("FILE");
   command
-      ->add_option(
+      .add_option(
           "--trace-run", args.trace_run,
           fmt::format("With --compare and --trace: the run traced (default {})", kDefaultTraceRun))
       ->type_name("NAME")
       ->needs(compare)
       ->needs(trace);
-  command->add_flag("--json", args.json, "Print the SimulateReply as one line of JSON");
+  command.add_flag("--json", args.json, "Print the SimulateReply as one line of JSON");
+}
+
+}  // namespace
+
+CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "simulate",
+      "Simulate RL post-training in virtual time: the orchestrator drives modelled inference "
+      "engines and a modelled trainer; prints throughput against the ideal bound, idle "
+      "ratios, staleness and partial rollouts");
+  command->fallthrough();
+  const SimulatorConfig defaults = DefaultSimulatorConfig();
+  command->footer(SimulateFooter(defaults));
+  command->add_option("--config", args.config, "The SimulatorConfig as JSON")->type_name("FILE");
+  const ModeOptions modes = AddModeOptions(*command, args, defaults.orchestrator);
+  AddBatchOptions(*command, args, defaults);
+  AddClusterOptions(*command, args, defaults);
+  AddWorkloadOptions(*command, args, defaults);
+  AddSamplingOptions(*command, args, defaults);
+  AddRunModelOptions(*command, args, defaults);
+  AddOutputOptions(*command, args, modes);
   return command;
 }
 
@@ -876,20 +874,10 @@ std::vector<std::int64_t> ReadResponseLengths(std::istream& in) {
   return std::move(input.lengths);
 }
 
-v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_view config_json,
-                                        const std::vector<std::int64_t>& response_lengths) {
-  v1::SimulateRequest request;
-  v1::SimulatorConfig& config = *request.mutable_config();
-  if (!config_json.empty()) {
-    const auto status = google::protobuf::util::JsonStringToMessage(
-        google::protobuf::StringPiece(config_json.data(), config_json.size()), &config);
-    if (!status.ok()) {
-      throw std::invalid_argument(
-          fmt::format("--config {}: not a JSON rlsched.v1.SimulatorConfig: {}", args.config,
-                      std::string(status.message())));
-    }
-  }
-  v1::OrchestratorOptions& o = *config.mutable_orchestrator();
+namespace {
+
+// The flags of the orchestrator's mode and staleness into `o`.
+void SetModeFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
   if (args.mode) {
     if (*args.mode == "sync") {
       o.set_mode(v1::ORCHESTRATOR_MODE_SYNC);
@@ -928,6 +916,10 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
     }
     o.set_staleness_fraction(*args.staleness_fraction);
   }
+}
+
+// The flags of the batches (streaming, colocation, sampling, dispatch) into `o`.
+void SetBatchFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
   if (args.train_calls_per_sync) o.set_train_calls_per_sync(*args.train_calls_per_sync);
   if (args.colocated) o.set_colocated(true);
   if (args.oversample) o.set_oversample(*args.oversample);
@@ -936,6 +928,10 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   if (args.filter_all_equal) o.set_filter_all_equal(true);
   if (!args.dispatch.empty()) o.set_longest_first(args.dispatch == "longest-first");
   if (args.max_generating_groups) o.set_max_generating_groups(*args.max_generating_groups);
+}
+
+// The flags of the cluster (engines, trainer, their speeds) into `config`.
+void SetClusterFlags(const SimulateArgs& args, v1::SimulatorConfig& config) {
   if (args.engines) config.set_engines(*args.engines);
   if (args.engine_concurrency)
     config.mutable_engine()->set_max_concurrent(*args.engine_concurrency);
@@ -956,6 +952,12 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   if (args.train_call_overhead_seconds) {
     config.set_train_call_overhead_seconds(*args.train_call_overhead_seconds);
   }
+}
+
+// The flags of the steps and the lengths (a distribution, or the lengths read) into
+// `config`.
+void SetWorkloadFlags(const SimulateArgs& args, const std::vector<std::int64_t>& response_lengths,
+                      v1::SimulatorConfig& config) {
   if (args.steps) config.set_steps(*args.steps);
   if (!args.length_dist.empty()) {
     const v1::LengthDistribution dist = ParseLengthDist(args.length_dist);
@@ -970,6 +972,10 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
     lengths.clear_lengths();
     lengths.mutable_lengths()->Add(response_lengths.begin(), response_lengths.end());
   }
+}
+
+// The other flags of the run model (rewards, seed, loads, failures, the work budget).
+void SetRunModelFlags(const SimulateArgs& args, v1::SimulatorConfig& config) {
   if (args.all_equal_rate) config.set_all_equal_rate(*args.all_equal_rate);
   if (args.seed) config.set_seed(*args.seed);
   if (args.weight_sync_seconds) config.set_weight_sync_seconds(*args.weight_sync_seconds);
@@ -978,6 +984,28 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   if (args.mtbf) config.set_engine_mtbf_seconds(*args.mtbf);
   if (args.max_events) config.set_max_events(*args.max_events);
   if (!args.trace.empty()) config.set_trace(true);
+}
+
+}  // namespace
+
+v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_view config_json,
+                                        const std::vector<std::int64_t>& response_lengths) {
+  v1::SimulateRequest request;
+  v1::SimulatorConfig& config = *request.mutable_config();
+  if (!config_json.empty()) {
+    const auto status = google::protobuf::util::JsonStringToMessage(
+        google::protobuf::StringPiece(config_json.data(), config_json.size()), &config);
+    if (!status.ok()) {
+      throw std::invalid_argument(
+          fmt::format("--config {}: not a JSON rlsched.v1.SimulatorConfig: {}", args.config,
+                      std::string(status.message())));
+    }
+  }
+  SetModeFlags(args, *config.mutable_orchestrator());
+  SetBatchFlags(args, *config.mutable_orchestrator());
+  SetClusterFlags(args, config);
+  SetWorkloadFlags(args, response_lengths, config);
+  SetRunModelFlags(args, config);
   request.set_compare(args.compare);
   if (!args.trace_run.empty()) {
     if (!args.compare) throw std::invalid_argument("--trace-run: needs --compare");
