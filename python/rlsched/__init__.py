@@ -53,19 +53,21 @@ Frameworks: :mod:`rlsched.integrations.verl` puts drop-ins for verl's balancing
 functions in place (``install()``).
 """
 
+import os as _os
+import threading as _threading
 from pkgutil import extend_path
+from typing import Optional as _Optional
 
-__path__ = extend_path(__path__, __name__)  # noqa: F821 - the package's own path
+__path__ = extend_path(__path__, __name__)
 
 
 def _add_editable_dir() -> None:
     # `pip install -e` of the repository (setup.py) imports this directory in place and
     # writes what it builds (the native module, rlsched.v1, _version.py) to
     # <repo>/build-python/editable/rlsched/: a directory like a build tree's, added last.
-    import os.path
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    editable = os.path.join(root, "build-python", "editable", "rlsched")
-    if os.path.isdir(editable) and editable not in __path__:
+    root = _os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
+    editable = _os.path.join(root, "build-python", "editable", "rlsched")
+    if _os.path.isdir(editable) and editable not in __path__:
         __path__.append(editable)
 
 
@@ -77,27 +79,23 @@ _add_editable_dir()
 # underlay: a _pb2 module imported after it would take its descriptors from there, and
 # its messages would not compare equal to those of modules imported before.
 try:
-    from rlsched.v1 import (balance_pb2 as _balance_pb2,  # noqa: E402,F401
+    from rlsched.v1 import (balance_pb2 as _balance_pb2,  # noqa: F401 - imported first
                             reshard_pb2 as _reshard_pb2, rollout_pb2 as _rollout_pb2,
                             runtime_pb2 as _runtime_pb2, service_pb2 as _service_pb2)
 except ImportError:  # no build: rlsched._proto says what is missing
     pass
 
-import os as _os  # noqa: E402
-import threading as _threading  # noqa: E402
-from typing import Optional as _Optional  # noqa: E402
-
-from rlsched._program import ProgramNotFoundError, find_program  # noqa: E402
-from rlsched.client import (BalanceResult, BaselinePlan, Client,  # noqa: E402
+from rlsched._program import ProgramNotFoundError, find_program
+from rlsched.client import (BalanceResult, BaselinePlan, Client,
                             MicroBatch, Part, RankPlan, StepPlan)
-from rlsched import client as _client  # noqa: E402
-from rlsched.client import native_available  # noqa: E402
-from rlsched.errors import (DaemonError, InvalidArgumentError,  # noqa: E402
+from rlsched import client as _client
+from rlsched.client import native_available
+from rlsched.errors import (DaemonError, InvalidArgumentError,
                             RlschedError)
-from rlsched.in_process import InProcessClient  # noqa: E402
-from rlsched import in_process as _in_process_module  # noqa: E402
-from rlsched.orchestrator import Orchestrator, TrainedSample  # noqa: E402
-from rlsched.step_plan import plan_step_indices  # noqa: E402
+from rlsched.in_process import InProcessClient
+from rlsched import in_process as _in_process_module
+from rlsched.orchestrator import Orchestrator, TrainedSample
+from rlsched.step_plan import plan_step_indices
 
 __all__ = [
     "Client",
@@ -128,7 +126,6 @@ __all__ = [
     "simulate",
     "__version__",
 ]
-
 
 
 def _find_version() -> str:
@@ -270,9 +267,9 @@ def _mirror_signatures() -> None:
                      get_seqlen_balanced_partitions, reshard, simulate):
         method = getattr(Client, function.__name__)
         signature = inspect.signature(method)
-        function.__signature__ = signature.replace(
-            parameters=list(signature.parameters.values())[1:])
-        function.__doc__ = (f"{inspect.cleandoc(function.__doc__)}\n\n"
+        setattr(function, "__signature__", signature.replace(
+            parameters=list(signature.parameters.values())[1:]))
+        function.__doc__ = (f"{inspect.cleandoc(function.__doc__ or '')}\n\n"
                             f"{inspect.getdoc(method)}")
 
 

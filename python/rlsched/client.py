@@ -34,7 +34,7 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import IO, Any, Optional, Union
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
@@ -328,8 +328,9 @@ def _model_config_json(model: ModelArg) -> str:
     """The text of a Hugging Face config.json from a path (the file, or the model's
     folder holding it), its text (a str that opens with "{"), the parsed config (a
     mapping) or an object with ``to_dict()`` (a transformers config)."""
-    if hasattr(model, "to_dict") and not isinstance(model, Mapping):
-        model = model.to_dict()
+    to_dict = getattr(model, "to_dict", None)
+    if to_dict is not None and not isinstance(model, Mapping):
+        model = to_dict()
     if isinstance(model, Mapping):
         try:
             return json.dumps(dict(model), allow_nan=False,
@@ -406,6 +407,17 @@ class _Gone(Exception):
     """The daemon went away during a call (broken pipe or EOF)."""
 
 
+def _fileno(pipe: Optional[IO[bytes]]) -> int:
+    """The descriptor of one of the daemon's pipes (the client starts it with both)."""
+    assert pipe is not None, "the daemon is started with its stdin and stdout piped"
+    return pipe.fileno()
+
+
+def _close(pipe: Optional[IO[bytes]]) -> None:
+    if pipe is not None:
+        pipe.close()
+
+
 # ----------------------------------------------------------------------------------
 # The client
 
@@ -475,7 +487,7 @@ class Client:
             # EOF on its input ends the daemon with status 0; its output stays open
             # until it has exited (a closed output would be an error for it).
             try:
-                proc.stdin.close()
+                _close(proc.stdin)
             except OSError:
                 pass
             try:
@@ -484,7 +496,7 @@ class Client:
                 proc.kill()
                 proc.wait()
             finally:
-                proc.stdout.close()
+                _close(proc.stdout)
 
     @property
     def closed(self) -> bool:
@@ -516,7 +528,7 @@ class Client:
         if proc is not None:
             for stream in (proc.stdin, proc.stdout):
                 try:
-                    stream.close()
+                    _close(stream)
                 except OSError:
                     pass
             proc.returncode = -1  # never wait for the parent's child
@@ -550,7 +562,7 @@ class Client:
         self._rbuf.clear()
         for stream in (proc.stdin, proc.stdout):
             try:
-                stream.close()
+                _close(stream)
             except OSError:
                 pass
         if proc.poll() is None:
@@ -586,7 +598,7 @@ class Client:
 
     def _write(self, proc: subprocess.Popen, data: bytes,
                deadline: Optional[float]) -> None:
-        fd = proc.stdin.fileno()
+        fd = _fileno(proc.stdin)
         view = memoryview(data)
         try:
             while view:
@@ -616,7 +628,7 @@ class Client:
             buf += chunk
 
     def _read_frame(self, proc: subprocess.Popen, deadline: Optional[float]) -> bytes:
-        fd = proc.stdout.fileno()
+        fd = _fileno(proc.stdout)
         buf = self._rbuf
         size = 0
         shift = 0
@@ -1060,7 +1072,7 @@ def _error_from_reply(error: service_pb2.Error) -> RlschedError:
 # In process: the native module rlsched._native (python/native/), when it was built
 
 try:
-    from rlsched import _native
+    import rlsched._native as _native
 except ImportError:  # not built, or built for another interpreter
     _native = None
 

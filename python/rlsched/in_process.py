@@ -31,7 +31,7 @@ from rlsched.errors import CLIENT_CLOSED, DaemonError, MissingDependencyError
 __all__ = ["InProcessClient", "available"]
 
 try:
-    from rlsched import _native
+    import rlsched._native as _native
 except ImportError:  # not built, or built for another interpreter
     _native = None
 
@@ -47,7 +47,7 @@ class InProcessClient(Client):
     Raises ImportError at construction when the native module lacks the wire library
     (see :func:`available`)."""
 
-    def __init__(self) -> None:  # noqa: D107 - the class says it
+    def __init__(self) -> None:
         if not available():
             raise MissingDependencyError(
                 "rlsched._native was built without the wire library (HAS_WIRE is False or "

@@ -68,7 +68,7 @@ from rlsched.errors import InvalidArgumentError, MissingDependencyError
 __all__ = ["Orchestrator", "TrainedSample", "EVENT_KINDS", "available"]
 
 try:
-    from rlsched import _native
+    import rlsched._native as _native
 except ImportError:  # not built, or built for another interpreter
     _native = None
 
@@ -182,6 +182,7 @@ class Orchestrator:
             raise MissingDependencyError(
                 "rlsched.Orchestrator needs rlsched._native built with the wire library "
                 "(CMake with RLSCHED_BUILD_WIRE=ON, the default, or pip install)")
+        data: Union[bytes, str]
         if config is None:
             data, is_json = b"", False
         elif isinstance(config, rollout_pb2.SimulatorConfig):
@@ -227,7 +228,7 @@ class Orchestrator:
         except ValueError as error:
             invalid = _invalid(error)
             if hasattr(error, "commands"):
-                invalid.commands = [_commands(c) for c in error.commands]
+                setattr(invalid, "commands", [_commands(c) for c in error.commands])
             raise invalid from None
 
     # -- state -------------------------------------------------------------------------

@@ -48,7 +48,7 @@ class RunClient(Client):
     def __init__(self, address: str, token: Optional[str] = None, *,
                  timeout: Optional[float] = DEFAULT_TIMEOUT_SECONDS,
                  tls_ca: Optional[str] = None,
-                 tls_server_name: Optional[str] = None) -> None:  # noqa: D107
+                 tls_server_name: Optional[str] = None) -> None:
         # No daemon: none of Client's process state.
         self.address = address
         self._token = env_default(token, "RLSCHED_WORKER_TOKEN")

@@ -38,5 +38,5 @@ def plan_step_indices(lengths: Any, num_ranks: int, max_token_len: int, *,
     out = [[list(m.indices) for m in rank.micro_batches] for rank in plan.ranks]
     if as_numpy:
         import numpy as np
-        out = [[np.asarray(indices, dtype=np.int64) for indices in rank] for rank in out]
+        return [[np.asarray(indices, dtype=np.int64) for indices in rank] for rank in out]
     return out

@@ -93,7 +93,7 @@ def _same_default(a: Any, b: Any) -> bool:
         return True
     try:
         return type(a) is type(b) and bool(a == b)
-    except Exception:  # noqa: BLE001  (a default whose == raises is a difference)
+    except Exception:  # a default whose == raises is a difference
         return False
 
 
@@ -110,6 +110,7 @@ def signature_differences(function: Callable, expected: inspect.Signature) -> li
         have = actual[position] if position < len(actual) else None
         want = wanted[position] if position < len(wanted) else None
         if have is None:
+            assert want is not None  # one of the two lists is longer
             differences.append(f"parameter {position + 1} '{want.name}' is missing")
         elif want is None:
             differences.append(f"parameter {position + 1} '{have.name}' ({_describe(have)}) "

@@ -54,6 +54,7 @@ from rlsched.integrations import Integration, Target, needs_native, plan_step_in
 __all__ = ["MODULE", "COMMIT", "INTEGRATION", "ScheduleError", "install", "uninstall",
            "installed", "check", "build_dp_schedule"]
 
+
 class ScheduleError(InvalidArgumentError, AssertionError):
     """A schedule refused: a ValueError naming the setting, and an AssertionError where
     slime's function asserts (its own tests expect one)."""
@@ -72,7 +73,7 @@ def _config(train_parallel_config: Any, key: str) -> int:
             f"train_parallel_config[{key!r}]: required, an integer", key) from None
     if value < 1:
         raise ScheduleError(f"train_parallel_config[{key!r}]: must be >= 1, got {value}",
-                                   key)
+                            key)
     return value
 
 
@@ -88,7 +89,7 @@ def _steps(rollout_indices: list, total: int, global_batch_size: int) -> list:
         ordered = rollout_indices == sorted(rollout_indices)
     except TypeError:
         ordered = False
-    rollouts = list(dict.fromkeys(rollout_indices)) if ordered else None
+    rollouts = list(dict.fromkeys(rollout_indices)) if ordered else []
     members: list[list[int]] = []
     if not ordered:
         by_rollout: dict[Any, list[int]] = {}
@@ -168,8 +169,8 @@ def build_dp_schedule(args, train_parallel_config, total_lengths, *, global_batc
             rollout_indices=rollout_indices)
     lengths = total_lengths if isinstance(total_lengths, list) else list(total_lengths)
     dp = _config(train_parallel_config, "dp_size")
-    cap = int(getattr(args, "max_tokens_per_gpu", 0) or 0) * _config(train_parallel_config,
-                                                                       "cp_size")
+    cp = _config(train_parallel_config, "cp_size")
+    cap = int(getattr(args, "max_tokens_per_gpu", 0) or 0) * cp
     if cap < 1:
         raise ScheduleError(
             "args.max_tokens_per_gpu: must be >= 1 with use_dynamic_batch_size",

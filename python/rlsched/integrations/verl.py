@@ -243,8 +243,8 @@ def _workloads(lengths: list) -> list[int]:
         try:
             import torch
         except ImportError:
-            torch = None
-        if torch is not None:
+            pass
+        else:
             return [int(w) for w in
                     estimate(torch.tensor(lengths, dtype=torch.int64)).tolist()]
     return [24576 * int(length) + int(length) ** 2 for length in lengths]

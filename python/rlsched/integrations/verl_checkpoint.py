@@ -49,7 +49,8 @@ is Ray's (or ``$RLSCHED_NODE_ID``).
 
 from __future__ import annotations
 
-from typing import Optional
+import importlib
+from typing import Any, Optional
 
 from rlsched.errors import MissingDependencyError
 
@@ -72,7 +73,6 @@ check = INTEGRATION.check
 
 
 def _base():
-    import importlib  # noqa: PLC0415
     try:
         return importlib.import_module(MODULE)
     except ModuleNotFoundError as error:
@@ -81,7 +81,7 @@ def _base():
                                      f"{error}") from error
 
 
-def _define(base):
+def _define(base: Any):
     problems = check()
     if problems:
         raise IncompatibleUpstreamError(

@@ -92,8 +92,8 @@ import functools
 import itertools
 import json
 import time
-from typing import (TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional,
-                    Sequence, Tuple)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional,
+                    Sequence, Tuple, cast)
 
 from rlsched.errors import ExecutorError, InvalidArgumentError, RlschedError, plain_message
 
@@ -123,7 +123,7 @@ class PlanMismatchError(InvalidArgumentError):
     :class:`~rlsched.errors.InvalidArgumentError` (so also a ValueError)."""
 
     def __init__(self, problems: Sequence[Tuple[int, str, str]], total: int):
-        self.problems = [tuple(p) for p in problems]
+        self.problems = [(rank, field, text) for rank, field, text in problems]
         self.total = total
         lines = [f"{f'rank {rank}' if rank >= 0 else 'the parts'}: {field}: {text}"
                  for rank, field, text in self.problems]
@@ -200,7 +200,7 @@ def world_layout(train, infer, colocated: bool = False, target_dtype: str = "bf1
     `infer` a mapping (or ``layouts.Infer``) of tp, replicas, expert_parallel
     (or ``ep``) and round_robin_experts; `target_dtype` bf16 or fp8_block128 (fp8)."""
     t, i = _fields(train), _fields(infer)
-    out_train = {k: int(t.get(k) or 1) for k in _TRAIN_SIZES}
+    out_train: Dict[str, Any] = {k: int(t.get(k) or 1) for k in _TRAIN_SIZES}
     for key in ("first_stage_layers", "last_stage_layers"):
         if t.get(key) is not None:
             out_train[key] = int(t[key])
@@ -337,7 +337,7 @@ def _check_totals(plan: dict, transfers: List[Transfer]) -> None:
 
 
 def _read_delimited(f, message_type):
-    from google.protobuf.internal.decoder import _DecodeVarint32  # noqa: PLC0415
+    from google.protobuf.internal.decoder import _DecodeVarint32
     head = f.read(10)
     if not head:
         raise InvalidArgumentError("binary plan: unexpected end of file", "plan")
@@ -350,7 +350,7 @@ def _read_delimited(f, message_type):
     message = message_type()
     try:
         message.ParseFromString(data)
-    except Exception as error:  # noqa: BLE001 - protobuf's DecodeError and kin
+    except Exception as error:  # protobuf's DecodeError and kin
         raise InvalidArgumentError(f"binary plan: a {message_type.__name__} that does not "
                                    f"parse ({error})", "plan") from None
     return message
@@ -405,7 +405,7 @@ def summary_rank_plan(summary, rank: int, world_size: int, colocated: bool,
 def plan_from_binpb(path: str, rank: int) -> RankPlan:
     """This rank's part of a binary plan file (``--plan-out plan.binpb``): the index, then
     only the part at this rank's offset."""
-    from rlsched._proto import reshard_pb2  # noqa: PLC0415
+    from rlsched._proto import reshard_pb2
     with open(path, "rb") as f:
         index = _read_delimited(f, reshard_pb2.ReshardPlanIndex)
         if index.format_version != 1:
@@ -590,10 +590,10 @@ def coverage_problems(rank: int, transfers: Sequence[Transfer],
     first element written other than once (row-major) and the transfers that write it.
     Every tensor of `destinations` counts, whole (a fp8 tensor's ``_scale_inv`` aside: its
     blocks follow the codes; and a vocabulary table's padding, :data:`VOCAB_TABLES`:
-    fewer than :data:`VOCAB_PADDING` trailing rows may stay unwritten); without them (an ``on_slice`` callback alone) a tensor's
-    extent is taken as the box its slices span, so only elements written twice, or
-    missing between others, are found. The slices must lie inside their tensors
-    (:func:`check_plan` checks that first)."""
+    fewer than :data:`VOCAB_PADDING` trailing rows may stay unwritten); without them (an
+    ``on_slice`` callback alone) a tensor's extent is taken as the box its slices span, so
+    only elements written twice, or missing between others, are found. The slices must
+    lie inside their tensors (:func:`check_plan` checks that first)."""
     received: Dict[str, List[Transfer]] = {}
     for t in transfers:
         if rank in t.dst_ranks:
@@ -706,7 +706,7 @@ def check_plan(plan: RankPlan, world_size: int, sources: Mapping[str, "torch.Ten
                                                 f"destination '{t.dst_param}' ({dst.dtype}) "
                                                 f"in {where}"))
             if t.quantize != QUANTIZE_NONE:
-                import torch  # noqa: PLC0415
+                import torch
                 scales = destinations.get(scale_name(t.dst_param))
                 want = scale_shape(dst.shape)
                 if dst.dtype != torch.uint8:
@@ -759,7 +759,7 @@ def e4m3_bits(y: "torch.Tensor") -> "torch.Tensor":
     """float32 values -> their fp8 e4m3 bits (uint8), rounded to nearest even and
     saturated at +-448, computed on the float32 bits so that every rank gets the same
     bytes. NaN is not expected (block scaling keeps values finite)."""
-    import torch  # noqa: PLC0415
+    import torch
     b = y.contiguous().view(torch.int32)
     sign = (b >> 31) & 1
     a_bits = b & 0x7FFFFFFF
@@ -780,24 +780,24 @@ class _Scratch:
     and costs as much as five other passes)."""
 
     def __init__(self, n: int, device):
-        import torch  # noqa: PLC0415
+        import torch
         self.y = torch.empty(n, dtype=torch.float32, device=device)
         self.m = torch.empty(n, dtype=torch.int32, device=device)
         self.s = torch.empty(n, dtype=torch.int32, device=device)
         self.np = None
         if self.y.device.type == "cpu":
             try:
-                import numpy  # noqa: PLC0415
+                import numpy
             except ImportError:  # pragma: no cover - torch's CPU builds come with numpy
-                numpy = None
-            if numpy is not None:
+                pass
+            else:
                 self.np = (numpy, self.y.view(torch.int32).numpy().view(numpy.uint32),
                            self.s.numpy().view(numpy.uint32))
 
     def codes(self, n: int, out: "torch.Tensor") -> None:
         """y[:n] (float32, each |y| <= 448 (1 + 2^-22), consumed) -> their e4m3 codes
         (as :func:`e4m3_bits`) into `out` (uint8, n elements in any shape)."""
-        import torch  # noqa: PLC0415
+        import torch
         y, m, s = self.y[:n], self.m[:n], self.s[:n]
         b = y.view(torch.int32)
         if self.np is not None:
@@ -823,13 +823,13 @@ class _Scratch:
 def _subnormals_kept() -> bool:
     """Whether float32 arithmetic keeps subnormals here (torch.set_flush_denormal(True)
     flushes them; the rounding above needs them)."""
-    import torch  # noqa: PLC0415
+    import torch
     return bool(torch.tensor([2.0 ** -140]).mul_(0.5).ne(0).item())
 
 
 def _group_max(t: "torch.Tensor", dim: int) -> "torch.Tensor":
     """The maxima of t over groups of 128 along `dim` (>= 0), the last group partial."""
-    import torch  # noqa: PLC0415
+    import torch
     n = t.shape[dim]
     full = n // FP8_BLOCK * FP8_BLOCK
     parts = []
@@ -845,7 +845,7 @@ def _block_scales(x: "torch.Tensor", scales: "torch.Tensor") -> None:
     """The scales of x [k, rows, cols]'s blocks into scales [k, row blocks, col blocks]:
     amax / 448 in float32, 1 for an all-zero block; the maxima on the magnitudes' bits,
     a few block rows (or matrices) at a time."""
-    import torch  # noqa: PLC0415
+    import torch
     k, rows, cols = x.shape
     width = torch.int16 if x.element_size() == 2 else torch.int32
     bits = x.view(width)
@@ -866,7 +866,7 @@ def _quantize_chunk(x, codes, scales, scratch: _Scratch) -> None:
     """Quantises x [k, R, cols] (R rows from a block boundary) into codes [k, R, cols]
     (uint8), given its blocks' scales [k, ceil(R / 128), ceil(cols / 128)] (normal
     floats); scratch of at least x.numel() elements."""
-    import torch  # noqa: PLC0415
+    import torch
     k, r, cols = x.shape
     n = x.numel()
     # y = x / its block's scale, in float32 (as x.float() / scale).
@@ -891,7 +891,7 @@ def _quantize_chunk(x, codes, scales, scratch: _Scratch) -> None:
 def _quantize_reference(x, codes, scales) -> None:
     """quantize_block128 with the per-element formula (:func:`e4m3_bits`), 128 rows at a
     time."""
-    import torch  # noqa: PLC0415
+    import torch
     shape = tuple(x.shape)
     rows, cols = shape[-2], shape[-1]
     bc = -(-cols // FP8_BLOCK)
@@ -917,10 +917,10 @@ _native_quantize_fn = None
 
 def _native_quantize():
     """The native module's quantiser, or None."""
-    global _native_quantize_fn  # noqa: PLW0603 - looked up once
+    global _native_quantize_fn  # looked up once
     if _native_quantize_fn is None:
         try:
-            from rlsched import _native  # noqa: PLC0415
+            from rlsched import _native
         except ImportError:
             _native = None
         _native_quantize_fn = getattr(_native, "quantize_block128", None) or False
@@ -943,7 +943,7 @@ def _quantize_natively(x3, c3, s3) -> bool:
     if any(t.device.type != "cpu" for t in (x3, c3, s3)) or not (
             c3.is_contiguous() and s3.is_contiguous()):
         return False
-    import torch  # noqa: PLC0415
+    import torch
     tag = _NATIVE_DTYPES[str(x3.dtype)]
 
     def run(x, c, s):
@@ -981,7 +981,7 @@ def quantize_block128(x: "torch.Tensor", codes: Optional["torch.Tensor"] = None,
     3-d view); the torch path works on a few block rows (or several small
     matrices) at a time: temporaries stay within about 12 MiB. Deterministic: the same
     input gives the same bytes on every rank, whichever path quantised."""
-    import torch  # noqa: PLC0415
+    import torch
     shape = tuple(x.shape)
     rows, cols = shape[-2], shape[-1]
     if codes is None:
@@ -1028,7 +1028,8 @@ def _quantize_torch(x3, c3, s3) -> None:
         for i in range(0, rows, block_rows):
             i1 = min(i + block_rows, rows)
             rb0, rb1 = i // FP8_BLOCK, -(-i1 // FP8_BLOCK)
-            if fast is not None and all(all(f[rb0:rb1]) for f in fast[l0:l1]):
+            if fast is not None and scratch is not None \
+                    and all(all(f[rb0:rb1]) for f in fast[l0:l1]):
                 _quantize_chunk(x3[l0:l1, i:i1], c3[l0:l1, i:i1], s3[l0:l1, rb0:rb1], scratch)
             else:
                 _quantize_reference(x3[l0:l1, i:i1], c3[l0:l1, i:i1], s3[l0:l1, rb0:rb1])
@@ -1040,7 +1041,7 @@ def _gather_region(shape: Tuple[int, ...], slices: Sequence[Slice]):
     holds the whole 128 x 128 blocks the slices touch, from the first such block row and
     col to the last (the leading dims whole); the rectangles (:func:`_block_rectangles`,
     in blocks of the tensor) are the blocks to quantise."""
-    import torch  # noqa: PLC0415
+    import torch
     rows, cols = shape[-2], shape[-1]
     r_lo = min(s[-2][0] for s in slices) // FP8_BLOCK * FP8_BLOCK
     c_lo = min(s[-1][0] for s in slices) // FP8_BLOCK * FP8_BLOCK
@@ -1068,10 +1069,12 @@ def _block_rectangles(mask: "torch.Tensor"):
     else:
         leads = list(zip(itertools.product(*(range(d) for d in lead_shape)), flat))
     for lead, m in leads:
-        previous, start = None, 0
+        previous: Optional[List[Tuple[int, int]]] = None
+        start = 0
         rows = m.tolist() + [[False] * m.shape[1]]
         for r, row in enumerate(rows):
-            runs, c = [], 0
+            runs: List[Tuple[int, int]] = []
+            c = 0
             while c < len(row):
                 if row[c]:
                     e = c
@@ -1191,14 +1194,15 @@ def schedule(transfers: Iterable[Transfer],
     buckets: Dict[int, Dict[tuple, List[Tuple[Transfer, int]]]] = {}
     # The latest single collective per (bucket, source, destinations, part).
     last_alone: Dict[tuple, tuple] = {}
+    threshold = 0 if direct_min_bytes is None else direct_min_bytes
     for t in sorted(transfers, key=lambda t: t.index):
         alone = direct_min_bytes is not None and t.dst_ranks != (t.src_rank,)
         key = (t.src_rank, t.dst_ranks, -1)
         bucket = buckets.setdefault(t.bucket, {})
         part = None
-        if alone and t.quantize == QUANTIZE_NONE and t.bytes >= direct_min_bytes:
+        if alone and t.quantize == QUANTIZE_NONE and t.bytes >= threshold:
             part = PART_WHOLE
-        elif alone and t.quantize == QUANTIZE_AT_SENDER and t.elements >= direct_min_bytes:
+        elif alone and t.quantize == QUANTIZE_AT_SENDER and t.elements >= threshold:
             part = PART_CODES
             bucket.setdefault(key, []).append((t, PART_SCALES))
         if part is None:
@@ -1214,22 +1218,22 @@ def schedule(transfers: Iterable[Transfer],
             last_alone[group] = (t.src_rank, t.dst_ranks, t.index)
             bucket[last_alone[group]] = [(t, part)]
     out = []
-    for bucket in sorted(buckets):
+    for number in sorted(buckets):
         cs = []
-        for key, parts in buckets[bucket].items():
+        for (src, dst_ranks, single), parts in buckets[number].items():
             # Packed: the whole transfers, then the scales of codes that moved alone;
             # aligned. A single collective's parts follow each other unaligned: they
             # are one slice of the tensors.
             parts.sort(key=lambda tp: (tp[1] == PART_SCALES, tp[0].index))
             offsets, sizes, size = [], [], 0
             for t, p in parts:
-                size = size if key[2] >= 0 else _align(size)
+                size = size if single >= 0 else _align(size)
                 offsets.append(size)
                 sizes.append(part_bytes(t, p))
                 size += sizes[-1]
-            cs.append(Collective(bucket=bucket, src=key[0], dst_ranks=key[1],
+            cs.append(Collective(bucket=number, src=src, dst_ranks=dst_ranks,
                                  transfers=[t for t, _ in parts], offsets=offsets, size=size,
-                                 direct=key[2] >= 0, parts=[p for _, p in parts], sizes=sizes))
+                                 direct=single >= 0, parts=[p for _, p in parts], sizes=sizes))
         cs.sort(key=lambda c: (c.src, c.dst_ranks, not c.direct, c.transfers[0].index))
         out.append(cs)
     return out
@@ -1271,7 +1275,7 @@ def _align(n: int) -> int:
 def _float32_of(packed, copy: bool = True):
     """The float32 values in `packed` (a flat uint8 tensor of 4 x n bytes): a view of
     them where they are 4-aligned, else a copy (`copy` False: None)."""
-    import torch  # noqa: PLC0415
+    import torch
     if packed.storage_offset() % 4 == 0:
         return packed.view(torch.float32)
     if not copy:
@@ -1283,11 +1287,11 @@ def _float32_of(packed, copy: bool = True):
 
 def _bytes_of(view):
     """A contiguous tensor's bytes as a flat uint8 tensor (no copy)."""
-    import torch  # noqa: PLC0415
+    import torch
     return view.reshape(-1).view(torch.uint8)
 
 
-def _part_counts(plan: RankPlan) -> Optional[Tuple[int, int, int, int, Tuple[int, int]]]:
+def _part_counts(plan: RankPlan) -> Optional[Tuple[int, int, int, int, Tuple[int, ...]]]:
     """What this rank's part says of the whole plan, for a part of a plan run whole
     (``plan.totals``; else None): the transfers it sends, their deliveries (one per
     receiver) and bytes delivered, the transfers it receives; and the plan's totals."""
@@ -1327,10 +1331,11 @@ def exchange_findings(problems: Sequence[Tuple[int, str, str]],
     (:func:`_part_counts`); raises :class:`PlanMismatchError` on every rank, with every
     rank's problems, when any rank has one or the parts disagree. Returns what every
     rank sent."""
-    import torch.distributed as dist  # noqa: PLC0415
-    gathered: List[Optional[tuple]] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (list(problems[:MAX_PROBLEMS]), len(problems),
-                                      list(groups), counts))
+    import torch.distributed as dist
+    slots: List[Optional[tuple]] = [None] * dist.get_world_size()
+    dist.all_gather_object(slots, (list(problems[:MAX_PROBLEMS]), len(problems),
+                                   list(groups), counts))
+    gathered = cast(List[tuple], slots)  # every slot filled by the gather
     found = [p for g in gathered for p in g[0]]
     total = sum(g[1] for g in gathered)
     if not total and all(g[3] is not None for g in gathered):
@@ -1387,14 +1392,16 @@ class Executor:
                  direct_min_bytes: Optional[int] = DIRECT_MIN_BYTES,
                  timeout: Optional["datetime.timedelta"] = None,
                  layout: Optional[dict] = None, keep_staging: bool = False):
-        import torch  # noqa: PLC0415
-        import torch.distributed as dist  # noqa: PLC0415
+        import torch
+        import torch.distributed as dist
 
         start = time.perf_counter()
         self.keep_staging = keep_staging
         self._kept_arena: Optional["torch.Tensor"] = None
         self.plan, self.destinations, self.on_slice = plan, destinations, on_slice
         self.sources = sources or {}
+        # The destination tensors, {} without them: what writes fp8 or gathers needs them.
+        self._targets: Mapping[str, "torch.Tensor"] = destinations or {}
         self.dtype = dtype or torch.bfloat16
         if device is None:
             any_tensor = next(iter(self.sources.values()), None)
@@ -1436,7 +1443,7 @@ class Executor:
             if t.quantize == QUANTIZE_AT_DESTINATION and self.rank in t.dst_ranks:
                 self._gather_need[t.dst_param] = self._gather_need.get(t.dst_param, 0) + t.elements
                 gather_slices.setdefault(t.dst_param, []).append(t.dst_slice)
-        self._gather_regions = {name: _gather_region(tuple(destinations[name].shape), slices)
+        self._gather_regions = {name: _gather_region(tuple(self._targets[name].shape), slices)
                                 for name, slices in gather_slices.items()}
         # Staging: per bucket, the aligned buffers of the collectives this rank cannot
         # move straight from or into its tensors, at offsets fixed here (None: unstaged);
@@ -1446,7 +1453,8 @@ class Executor:
         self._scales_at: Dict[int, int] = {}
         self.staging_bytes = 0
         for cs in self.buckets:
-            used, offsets = 0, []
+            used = 0
+            offsets: List[Optional[int]] = []
             for c in cs:
                 if c.kind == "local" or self._direct_view(c) is not None:
                     offsets.append(None)
@@ -1479,7 +1487,7 @@ class Executor:
 
     def _element_type(self, t: Transfer):
         """The element type of a transfer's bytes on the wire (unquantised)."""
-        import torch  # noqa: PLC0415
+        import torch
         if self.destinations is not None and t.quantize == QUANTIZE_NONE:
             return self.destinations[t.dst_param].dtype
         return torch.float32 if t.bytes == 4 * t.elements else self.dtype
@@ -1491,12 +1499,12 @@ class Executor:
         index = tuple(slice(b, e) for b, e in t.dst_slice[:-2]) + (
             slice(r0 // FP8_BLOCK, -(-r1 // FP8_BLOCK)),
             slice(c0 // FP8_BLOCK, -(-c1 // FP8_BLOCK)))
-        return self.destinations[scale_name(t.dst_param)][index], index
+        return self._targets[scale_name(t.dst_param)][index], index
 
     def _write_fp8(self, t: Transfer, codes, scales):
         """Writes a sender-quantised slice: codes [rows, cols] (None: they are in place
         already), scales [blocks]; then hands both to on_slice."""
-        view = _view(self.destinations[t.dst_param], t.dst_slice)
+        view = _view(self._targets[t.dst_param], t.dst_slice)
         if codes is not None:
             view.copy_(codes.reshape(view.shape))
         sview, index = self._scale_view(t)
@@ -1510,7 +1518,7 @@ class Executor:
         """Quantises a source slice into its wire form: its codes into `codes`, its
         float32 block scales into `scales` (both uint8 bytes of staging: after the codes,
         or where the scales of codes moving alone are packed)."""
-        import torch  # noqa: PLC0415
+        import torch
         rows, cols, _ = _fp8_geometry(t)
         in_place = _float32_of(scales, copy=False)
         _, written = quantize_block128(
@@ -1529,9 +1537,9 @@ class Executor:
         """An unquantised slice of a tensor the engine quantises: kept in a bf16 copy of
         the tensor's blocks that such slices touch until its last slice arrives, then
         those blocks are quantised."""
-        import torch  # noqa: PLC0415
+        import torch
         name = t.dst_param
-        dst = self.destinations[name]
+        dst = self._targets[name]
         (r_lo, c_lo), shape, rectangles = self._gather_regions[name]
         acc = gathering.get(name)
         if acc is None:
@@ -1544,7 +1552,7 @@ class Executor:
         if remaining[name]:
             return
         del gathering[name]
-        scales_dst = self.destinations[scale_name(name)]
+        scales_dst = self._targets[scale_name(name)]
         # Only the blocks these slices cover (the others came quantised by their
         # senders), in rectangles of whole blocks quantised straight into the
         # destination: the same blocks, so the same bytes.
@@ -1583,7 +1591,7 @@ class Executor:
     def _received(self, t: Transfer, part: int, payload, gathering, remaining):
         """A part (PART_*) of a transfer, its bytes in staging (`payload`: uint8)."""
         if part == PART_CODES:  # on_slice sees them with their scales
-            view = _view(self.destinations[t.dst_param], t.dst_slice)
+            view = _view(self._targets[t.dst_param], t.dst_slice)
             view.copy_(payload.view(view.shape))
         elif part == PART_SCALES:
             self._unpack_scales(t, payload, None)
@@ -1629,8 +1637,8 @@ class Executor:
     def run(self) -> ExecuteStats:
         """Moves the bytes, bucket by bucket; returns this rank's statistics. Every rank
         runs its Executor the same number of times, in the same order."""
-        import torch  # noqa: PLC0415
-        import torch.distributed as dist  # noqa: PLC0415
+        import torch
+        import torch.distributed as dist
 
         rank = self.rank
         stats = ExecuteStats(rank=rank, groups=self.num_groups, check_seconds=self.setup_seconds)
@@ -1657,7 +1665,7 @@ class Executor:
                         stats.bytes_local += t.bytes
                     continue
                 staged = offset is not None
-                if staged:
+                if offset is not None:
                     buffer = arena[offset:offset + c.size]
                     used = _align(offset + c.size)
                 else:

@@ -45,21 +45,23 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional
 
 from rlsched._program import ProgramNotFoundError, find_program
 from rlsched.errors import ExecutorError, InvalidArgumentError, plain_message
 
+# torch, the executor and its layouts are imported in the functions that use them: the
+# command line's parsing and its errors need none.
 _TRAIN_KEYS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "first_stage_layers",
                "last_stage_layers")
 # At most this many differences are described in the check's result.
 _MAX_CHECK_PROBLEMS = 10
 
 
-def parse_layout(text: str, keys, flags=(), field="train") -> Dict[str, object]:
+def parse_layout(text: str, keys, flags=(), field="train") -> Dict[str, int]:
     """``tp=2,pp=2`` -> {"tp": 2, "pp": 2}; '-' in a key reads as '_'; `flags` are
-    keys without a value (``ep`` in --infer)."""
-    out: Dict[str, object] = {}
+    keys without a value (``ep`` in --infer), True when given."""
+    out: Dict[str, int] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, _, value = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -71,17 +73,18 @@ def parse_layout(text: str, keys, flags=(), field="train") -> Dict[str, object]:
                                        f"(keys: {', '.join(tuple(keys) + tuple(flags))})",
                                        field)
         try:
-            out[key] = int(value)
+            number = int(value)
         except ValueError:
             raise InvalidArgumentError(f"{field}.{key}: {value!r} is not an integer",
                                        f"{field}.{key}") from None
-        if out[key] < 1:
-            raise InvalidArgumentError(f"{field}.{key}: must be >= 1, got {out[key]}",
+        if number < 1:
+            raise InvalidArgumentError(f"{field}.{key}: must be >= 1, got {number}",
                                        f"{field}.{key}")
+        out[key] = number
     return out
 
 
-def _layout_arg(layout: Dict[str, object]) -> str:
+def _layout_arg(layout: Mapping[str, int]) -> str:
     parts = []
     for key, value in layout.items():
         if value is True:
@@ -127,11 +130,11 @@ def _load_part(executor, path: str, rank: int):
 
 def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
     """One rank's process: init the world, build its tensors, execute, check."""
-    import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch
+    import torch.distributed as dist
 
-    from rlsched.weight_sync import executor  # noqa: PLC0415
-    from rlsched.weight_sync import layouts as lay  # noqa: PLC0415
+    from rlsched.weight_sync import executor
+    from rlsched.weight_sync import layouts as lay
 
     torch.set_num_threads(1)
     out: dict = {"rank": rank}
@@ -187,7 +190,8 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
         out["stats"] = stats.as_dict()
         if cfg["check"] and reference is not None:
             got = destinations if destinations is not None else target
-            problems, mismatched, elements = [], 0, 0
+            problems: List[str] = []
+            mismatched, elements = 0, 0
             for name, want in reference.items():
                 elements += want.numel()
                 have = got[name]
@@ -201,7 +205,7 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
                             "mismatched_elements": mismatched, "problems": problems}
     except executor.PlanMismatchError as error:
         out["refused"] = str(error)
-    except Exception as error:  # noqa: BLE001 - reported to the launcher
+    except Exception as error:  # any: reported to the launcher
         out["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}"
         if "sync_start" in locals():
             out["seconds_to_error"] = time.perf_counter() - sync_start
@@ -211,7 +215,7 @@ def _rank_main(rank: int, world: int, cfg: dict, results) -> None:
             dist.destroy_process_group()
 
 
-def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
+def run(model_path: str, train: Dict[str, int], infer: Mapping[str, int],
         colocated: bool = False, backend: str = "gloo", check: bool = False,
         plan_path: Optional[str] = None, bucket_mib: Optional[int] = None,
         plan_format: str = "json", rlsched_bin: Optional[str] = None,
@@ -228,8 +232,8 @@ def run(model_path: str, train: Dict[str, int], infer: Dict[str, object],
     `fault_rank`: fault injection: after the set-up, that rank exits (`fault` "exit") or
     stays silent past the timeout ("stall") instead of syncing; the others must fail,
     within `timeout` seconds (the collectives' timeout)."""
-    from rlsched.weight_sync import executor  # noqa: PLC0415
-    from rlsched.weight_sync import layouts as lay  # noqa: PLC0415
+    from rlsched.weight_sync import executor
+    from rlsched.weight_sync import layouts as lay
 
     if backend not in ("gloo", "nccl"):
         raise InvalidArgumentError(f"backend: {backend!r} is not gloo or nccl", "backend")

@@ -14,12 +14,15 @@ are left out. A tied output head (``tie_word_embeddings``) is not a tensor of it
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, List, Mapping, Tuple
 
 from rlsched.errors import InvalidArgumentError
 from rlsched.weight_sync.plan import ITEM_SIZES, TensorSpec
 
 __all__ = ["hf_tensors"]
+
+# Tensors as (name, shape) pairs.
+_Shapes = List[Tuple[str, Tuple[int, ...]]]
 
 
 def _int(config: Mapping[str, Any], key: str, default: Any = None) -> int:
@@ -54,7 +57,7 @@ def hf_tensors(config: Mapping[str, Any], dtype: str = "") -> list[TensorSpec]:
     return [TensorSpec(name, shape, dtype) for name, shape in out]
 
 
-def _attention(config: Mapping[str, Any], model_type: str) -> list:
+def _attention(config: Mapping[str, Any], model_type: str) -> _Shapes:
     hidden = _int(config, "hidden_size")
     heads = _int(config, "num_attention_heads")
     if config.get("kv_lora_rank"):  # MLA (DeepSeek-V2/V3)
@@ -71,9 +74,9 @@ def _attention(config: Mapping[str, Any], model_type: str) -> list:
                     ("o_proj.weight", (hidden, heads * v_dim))]
     kv_heads = _int(config, "num_key_value_heads", heads)
     head_dim = _int(config, "head_dim", hidden // max(heads, 1))
-    out = [("q_proj.weight", (heads * head_dim, hidden)),
-           ("k_proj.weight", (kv_heads * head_dim, hidden)),
-           ("v_proj.weight", (kv_heads * head_dim, hidden))]
+    out: _Shapes = [("q_proj.weight", (heads * head_dim, hidden)),
+                    ("k_proj.weight", (kv_heads * head_dim, hidden)),
+                    ("v_proj.weight", (kv_heads * head_dim, hidden))]
     if config.get("attention_bias", model_type in ("qwen2", "qwen2_moe")):
         out += [("q_proj.bias", (heads * head_dim,)), ("k_proj.bias", (kv_heads * head_dim,)),
                 ("v_proj.bias", (kv_heads * head_dim,))]
@@ -83,7 +86,7 @@ def _attention(config: Mapping[str, Any], model_type: str) -> list:
     return out
 
 
-def _ffn(inner: int, hidden: int, prefix: str = "") -> list:
+def _ffn(inner: int, hidden: int, prefix: str = "") -> _Shapes:
     return [(prefix + "gate_proj.weight", (inner, hidden)),
             (prefix + "up_proj.weight", (inner, hidden)),
             (prefix + "down_proj.weight", (hidden, inner))]
@@ -99,13 +102,13 @@ def _sparse(config: Mapping[str, Any], layer: int) -> bool:
     return layer not in (config.get("mlp_only_layers") or []) and (layer + 1) % step == 0
 
 
-def _mlp(config: Mapping[str, Any], model_type: str, layer: int) -> list:
+def _mlp(config: Mapping[str, Any], model_type: str, layer: int) -> _Shapes:
     hidden = _int(config, "hidden_size")
     if not _sparse(config, layer):
         return _ffn(_int(config, "intermediate_size"), hidden)
     inner = _int(config, "moe_intermediate_size")
     experts = _int(config, "n_routed_experts", config.get("num_experts"))
-    out = [("gate.weight", (experts, hidden))]
+    out: _Shapes = [("gate.weight", (experts, hidden))]
     if model_type == "deepseek_v3":
         out.append(("gate.e_score_correction_bias", (experts,)))
     for expert in range(experts):

@@ -205,7 +205,7 @@ def plan_senders(chunks: Sequence[Chunk], senders: Sequence[int]) -> list[int]:
     sender carries as few bytes as it finds. Deterministic."""
     if len(senders) == 1 or not chunks:
         return [senders[0]] * len(chunks)
-    from rlsched import client  # noqa: PLC0415
+    from rlsched import client  # here: the rest of the plan needs neither it nor protobuf
     if client._native is None:
         raise MissingDependencyError("rlsched.weight_sync plans with the native module "
                                      "rlsched._native: install the package with pip (see "
@@ -271,7 +271,7 @@ class BucketPacker:
         if bucket is not None and not bucket.fits(chunk, self.bucket_bytes):
             closed, bucket = bucket, None
         new = bucket is None
-        if new:
+        if bucket is None:
             bucket = self.open[sender] = Bucket(sender)
         bucket.add(chunk)
         return closed, bucket, new

@@ -52,6 +52,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 from typing import Any, AsyncIterator, Iterable, Mapping, Optional, Union
 
 from rlsched.errors import WEIGHT_SYNC_FAILED, InvalidArgumentError, WeightSyncError
@@ -59,6 +60,9 @@ from rlsched.weight_sync import plan as _plan
 from rlsched.weight_sync.models import hf_tensors
 from rlsched.weight_sync.plan import (Bucket, BucketPacker, Chunk, Membership, OnlineSenders,
                                       SyncOptions, TensorSpec)
+
+# torch, ray and the executor (for its fp8 rule) are imported in the functions that use
+# them: optional dependencies, and planning a sync needs none.
 
 __all__ = ["WeightSync", "WeightSyncError", "WEIGHT_SYNC_FAILED", "node_id"]
 
@@ -72,7 +76,7 @@ def node_id() -> str:
     if os.environ.get(_NODE_ENV):
         return os.environ[_NODE_ENV]
     try:
-        import ray  # noqa: PLC0415
+        import ray
         if ray.is_initialized():
             return ray.get_runtime_context().get_node_id()
     except ImportError:
@@ -88,7 +92,7 @@ def _host() -> str:
     if os.environ.get(_HOST_ENV):
         return os.environ[_HOST_ENV]
     try:
-        import ray  # noqa: PLC0415
+        import ray
         if ray.is_initialized():
             return ray.util.get_node_ip_address()
     except ImportError:
@@ -112,7 +116,7 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _torch_dtype(name: str):
-    import torch  # noqa: PLC0415
+    import torch
     return getattr(torch, name)
 
 
@@ -129,7 +133,7 @@ class _Groups:
     """The process groups of one generation, on this member."""
 
     def __init__(self, topology: dict, backend: str, timeout: datetime.timedelta) -> None:
-        import torch.distributed as dist  # noqa: PLC0415
+        import torch.distributed as dist
         self.topology = topology
         rank, trainers = topology["rank"], topology["num_trainers"]
         engines = topology["world_size"] - trainers
@@ -139,7 +143,7 @@ class _Groups:
         self._sync_store = dist.PrefixStore(prefix + "sync/", self.store)
         self._syncs = 0
         self._agree(dist.PrefixStore(prefix + "digest/", self.store), rank, topology, timeout)
-        self.control = None
+        self.control: Any = None  # on trainer rank 0 and the engine ranks
         self.data: dict[int, Any] = {}
 
         def group(name: str, root: int, kind: str):
@@ -201,14 +205,16 @@ class _Groups:
 
 
 def _new_group(kind: str, store, rank: int, size: int, timeout: datetime.timedelta):
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch.distributed as dist
     if kind == "gloo":
         return dist.ProcessGroupGloo(store, rank, size, timeout)
     # NCCL: written to torch's ProcessGroupNCCL(store, rank, size, options); no GPU
     # machine ran it in CI (see the docs).
-    options = dist.ProcessGroupNCCL.Options()
+    # Untyped: the signature is torch 2's; Debian's torch 1.13 types say (..., timeout).
+    nccl: Any = dist.ProcessGroupNCCL
+    options = nccl.Options()
     options._timeout = timeout
-    return dist.ProcessGroupNCCL(store, rank, size, options)
+    return nccl(store, rank, size, options)
 
 
 class WeightSync:
@@ -252,7 +258,7 @@ class WeightSync:
         self.timeout = datetime.timedelta(seconds=float(timeout_s))
         self.device = device
         self.host = host
-        self._store = None  # the master's TCPStore server
+        self._store: Any = None  # the master's TCPStore server
         self._generation = 0  # the master's next generation
         self._groups: Optional[_Groups] = None
         self._healthy = False
@@ -271,12 +277,12 @@ class WeightSync:
         of the groups it holds (-1 if none or broken), and on the master the
         rendezvous address."""
         held = self._groups.topology if self._groups is not None and self._healthy else None
-        metadata = {"node": node_id(), "manifest": self._manifest_digest,
-                    "held": None if held is None else
-                    [held["generation"], held["digest"], held["rank"]]}
+        metadata: dict[str, Any] = {
+            "node": node_id(), "manifest": self._manifest_digest,
+            "held": None if held is None else [held["generation"], held["digest"], held["rank"]]}
         if self.is_master:
             if self._store is None:
-                import torch.distributed as dist  # noqa: PLC0415
+                import torch.distributed as dist
                 self.host = self.host or _host()
                 self._store = dist.TCPStore(self.host, 0, None, True, self.timeout,
                                             wait_for_workers=False)
@@ -342,7 +348,7 @@ class WeightSync:
             async for item in _receive(self, groups, global_steps):
                 yield item
         except BaseException:
-            groups = None
+            del groups
             self._release()
             raise
 
@@ -365,7 +371,7 @@ class WeightSync:
     def _backend(self) -> str:
         if self.transport != "auto":
             return self.transport
-        import torch  # noqa: PLC0415
+        import torch
         return "nccl" if torch.cuda.is_available() else "gloo"
 
     def _joined(self, trainer: bool) -> _Groups:
@@ -477,7 +483,7 @@ def _wait(work, what: str, groups: Optional[_Groups] = None) -> None:
 
 
 def _send_header(control, header: dict, keep: list) -> None:
-    import torch  # noqa: PLC0415
+    import torch
     data = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
     length = torch.tensor([data.numel()], dtype=torch.int64)
     keep.append((control.broadcast(length, 0), length))
@@ -485,7 +491,7 @@ def _send_header(control, header: dict, keep: list) -> None:
 
 
 def _receive_header(groups: _Groups) -> dict:
-    import torch  # noqa: PLC0415
+    import torch
     length = torch.zeros(1, dtype=torch.int64)
     _wait(groups.control.broadcast(length, 0), "the next bucket's header from trainer rank 0",
           groups)
@@ -537,7 +543,8 @@ class _Sender:
         senders = self.groups.topology["senders"]
         key = (self.groups.topology["manifest"], tuple(senders))
         if key not in self.sync._plans:
-            chunks, names = [], []
+            chunks: list[Chunk] = []
+            names: list[str] = []
             for source, spec in enumerate(known):
                 for wire in _plan.wire_specs(spec, self.options.fp8):
                     cut = _plan.chunks_of(len(names), source, wire, self.options.bucket_bytes)
@@ -549,7 +556,6 @@ class _Sender:
         return self.sync._plans[key]
 
     async def run(self, weights) -> dict:
-        import time  # noqa: PLC0415
         start = time.perf_counter()
         self.groups.begin()
         try:
@@ -636,13 +642,13 @@ class _Sender:
         device = self.staging[self.slot].device
         if not _plan.quantized(spec, self.options.fp8):
             return [_wire_bytes(tensor.detach().to(device))]
-        from rlsched.weight_sync.executor import quantize_block128  # noqa: PLC0415
+        from rlsched.weight_sync.executor import quantize_block128
         codes, scales = quantize_block128(tensor.detach().to(device))
         return [_wire_bytes(codes), _wire_bytes(scales)]
 
     def _stage(self) -> None:
         """Takes the next staging buffer, once its previous broadcast is done."""
-        import torch  # noqa: PLC0415
+        import torch
         self.slot = 1 - self.slot
         if self.staging_work[self.slot] is not None:
             _wait(self.staging_work[self.slot], "a bucket's broadcast to the engine ranks")
@@ -653,10 +659,10 @@ class _Sender:
                                                   device=device)
 
     def _close(self, bucket: Bucket) -> None:
-        import torch  # noqa: PLC0415
+        import torch
         # The header only where it is used: rank 0 sends it, the sender digests it.
         mine = bucket.sender == self.rank
-        header = self._header("bucket", bucket) if self.rank == 0 or mine else None
+        header = self._header("bucket", bucket) if self.rank == 0 or mine else {}
         self.buckets += 1
         if self.rank == 0:
             reason = self.groups.abort_reason()
@@ -730,7 +736,7 @@ def _chunks_digest(chunks: list) -> int:
 def _check_preamble(groups: _Groups, header: dict, device: str) -> None:
     """The sender's own view of the bucket against trainer rank 0's header, before a
     byte of it is received (a payload of another size would abort the process)."""
-    import torch  # noqa: PLC0415
+    import torch
     preamble = torch.zeros(2, dtype=torch.int64, device=device)
     _wait(groups.data[header["sender"]].broadcast(preamble, 0),
           f"bucket {header['seq']}'s size from trainer rank {header['sender']}", groups)
@@ -747,7 +753,7 @@ def _check_preamble(groups: _Groups, header: dict, device: str) -> None:
 
 async def _receive(sync: WeightSync, groups: _Groups, global_steps: Optional[int]):
     """An engine rank's side (see the module docstring)."""
-    import torch  # noqa: PLC0415
+    import torch
     device = sync.device or ("cuda" if sync._backend() == "nccl" else "cpu")
     agreed = groups.topology["agreed"]
     groups.begin()
@@ -790,7 +796,7 @@ async def _receive(sync: WeightSync, groups: _Groups, global_steps: Optional[int
 
 def _unpack(header: dict, buffer, work, partial: dict, groups: _Groups):
     """The tensors that bucket `header` completes, as (name, tensor)."""
-    import torch  # noqa: PLC0415
+    import torch
     _wait(work, f"bucket {header['seq']} from trainer rank {header['sender']}", groups)
     for name, shape, dtype, wire, offset, size, at, nbytes in header["chunks"]:
         piece = buffer[at:at + size]

@@ -34,6 +34,8 @@ class _Stop:
 
     def __init__(self):
         self.ended = False
+
+
 _log = logging.getLogger("rlsched.worker")
 
 

@@ -34,7 +34,7 @@ import math
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 from rlsched.errors import WorkerError
 from rlsched.v1 import rollout_pb2
@@ -425,6 +425,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     common = {"token": args.token, "connect_timeout_seconds": args.connect_timeout,
               "reattach_seconds": args.reattach_seconds}
+    worker: Union[EmulatedEngine, EmulatedTrainer]
     if args.role == "engine":
         worker = EmulatedEngine(args.address, args.engine, args.max_concurrent,
                                 version=args.version, **common)
@@ -451,6 +452,7 @@ def _write_report(args, worker, reason) -> None:
         report["calls"] = worker.calls
     with open(args.report, "w") as out:
         json.dump(report, out)
+
 
 if __name__ == "__main__":
     sys.exit(main())
