@@ -401,26 +401,25 @@ v1::PlanStepRequest MakePlanStepRequest(const PlanStepArgs& args, const LengthsI
 
 namespace {
 
-// A SolvePlanStep() error in the command's terms: the flag that set the field, then
-// the field ("--micro-batches-multiple-of (micro_batches_multiple_of): …"); other fields as they
-// are.
+// The plan's fields and the flags that set them.
+const FlagField kStepFlags[] = {
+    {.flag = "--ranks", .path = "num_ranks"},
+    {.flag = "--max-token-len", .path = "max_tokens_per_micro_batch"},
+    {.flag = "--min-micro-batches", .path = "min_micro_batches"},
+    {.flag = "--micro-batches-multiple-of", .path = "micro_batches_multiple_of"},
+    {.flag = "--pad-to-multiple-of", .path = "pad_to_multiple_of"},
+    {.flag = "--pipeline-model-parallel-size", .path = "pipeline_stages"},
+    {.flag = "--overhead", .path = "overhead"},
+    {.flag = "--count-tolerance", .path = "count_tolerance"},
+    {.flag = "--refine-iterations", .path = "refine_iterations"},
+    {.flag = "--oversize", .path = "oversize"},
+};
+
+// A SolvePlanStep() error in the command's terms: the flag that set the field, then the
+// field ("--micro-batches-multiple-of (micro_batches_multiple_of): …"); a sequence above
+// the cap names the cap by its flag; other fields as they are.
 FieldError ToStepFlagError(const FieldError& e) {
-  static constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
-      {"num_ranks", "--ranks"},
-      {"max_tokens_per_micro_batch", "--max-token-len"},
-      {"min_micro_batches", "--min-micro-batches"},
-      {"micro_batches_multiple_of", "--micro-batches-multiple-of"},
-      {"pad_to_multiple_of", "--pad-to-multiple-of"},
-      {"pipeline_stages", "--pipeline-model-parallel-size"},
-      {"overhead", "--overhead"},
-      {"count_tolerance", "--count-tolerance"},
-      {"refine_iterations", "--refine-iterations"},
-      {"oversize", "--oversize"},
-  };
-  for (const auto& [field, flag] : kFlags) {
-    if (e.field() == field) return e.Renamed(fmt::format("{} ({})", flag, field));
-  }
-  // A sequence above the cap: the cap by the flag that set it.
+  if (std::optional<FieldError> flagged = ToFlagError(e, kStepFlags)) return *flagged;
   constexpr std::string_view kCapField = "max_tokens_per_micro_batch";
   const std::size_t cap = e.requirement().find(kCapField);
   if (e.field().starts_with("lengths") && cap != std::string::npos) {

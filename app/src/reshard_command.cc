@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "command_common.h"
+#include "flag_errors.h"
 #include "rlsched/common/error.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
@@ -36,7 +37,6 @@ constexpr std::int64_t kMaxReplicas = std::int64_t{1} << 20;
 constexpr std::int64_t kMaxStageLayers = (std::int64_t{1} << 31) - 1;
 constexpr std::int64_t kMaxBucketMiB = std::int64_t{1} << 20;  // 2^40 bytes
 constexpr double kMaxGbPerS = 1e6;
-constexpr std::string_view kModelPrefix = "model_config_json: ";
 
 // One entry of a key=value list: the key and its value (empty when there was no '=').
 struct Entry {
@@ -99,14 +99,18 @@ std::int64_t IntegerValue(std::string_view option, const Entry& entry, std::int6
   return value;
 }
 
+// A planner error in the command's terms: the flag that set the field, then the field
+// ("--bucket-mib (bucket_bytes): …", "--model FILE (config.num_hidden_layers): …").
+FieldError ToReshardFlagError(const ReshardArgs& args, const FieldError& e) {
+  return ToFlagError(e, WeightLayoutFlags(args.model)).value_or(e);
+}
+
 // ToModelConfig() with its errors naming the file instead of the request field.
 rollout::ModelConfig ParseModel(const ReshardArgs& args, const v1::ReshardRequest& request) {
   try {
     return ToModelConfig(request);
-  } catch (const std::invalid_argument& e) {
-    std::string_view message = e.what();
-    if (message.starts_with(kModelPrefix)) message.remove_prefix(kModelPrefix.size());
-    throw std::invalid_argument(fmt::format("--model {}: {}", args.model, message));
+  } catch (const FieldError& e) {
+    throw ToReshardFlagError(args, e);
   }
 }
 
@@ -514,25 +518,6 @@ v1::ReshardRequest MakeReshardRequest(const ReshardArgs& args, std::string model
   request.set_include_transfers(!args.plan_out.empty());
   return request;
 }
-
-namespace {
-
-// A planner error in the command's terms: the flag that set the field, then the field
-// ("--bucket-mib (bucket_bytes): …", "--model FILE (config.num_hidden_layers): …").
-FieldError ToReshardFlagError(const ReshardArgs& args, const FieldError& e) {
-  const std::string_view field = e.field();
-  auto under = [&](std::string_view prefix) {
-    return field == prefix || (field.starts_with(prefix) && field.size() > prefix.size() &&
-                               (field[prefix.size()] == '.' || field[prefix.size()] == '['));
-  };
-  if (under("bucket_bytes")) return e.Renamed(fmt::format("--bucket-mib ({})", field));
-  if (under("train")) return e.Renamed(fmt::format("--train ({})", field));
-  if (under("infer")) return e.Renamed(fmt::format("--infer ({})", field));
-  if (under("config")) return e.Renamed(fmt::format("--model {} ({})", args.model, field));
-  return e;
-}
-
-}  // namespace
 
 void RunReshardCommand(const ReshardArgs& args, std::ostream& out, std::ostream& err) {
   const v1::ReshardRequest request = MakeReshardRequest(args, ReadModelConfig(args.model));

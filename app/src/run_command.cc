@@ -33,6 +33,7 @@
 #include "command_common.h"
 #include "data_loader.h"
 #include "event_log_file.h"
+#include "flag_errors.h"
 #include "rlsched/common/error.h"
 #include "rlsched/scheduler/runtime.h"
 #include "rlsched/v1/runtime.pb.h"
@@ -262,30 +263,6 @@ std::vector<std::string> WorkerEnvironment(const std::string& token, const std::
 
 std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
 
-// A weight-layout error in the run's terms: the option that set the field, then the
-// field ("--train (train.pp): ..."). `field` is the field's path in a ReshardRequest.
-[[noreturn]] void FailWeightLayout(const RunArgs& args, const FieldError& e) {
-  const std::string& field = e.field();
-  auto under = [&](std::string_view prefix) {
-    return field == prefix || (field.starts_with(prefix) && field.size() > prefix.size() &&
-                               (field[prefix.size()] == '.' || field[prefix.size()] == '['));
-  };
-  std::string option;
-  if (under("train")) option = "--train";
-  if (under("infer")) option = "--infer";
-  if (under("bucket_bytes")) option = "--bucket-mib";
-  if (under("topology.gpus_per_node")) option = "--gpus-per-node";
-  if (under("topology.intra_node_gb_per_s")) option = "--intra-node-gb-per-s";
-  if (under("topology.inter_node_gb_per_s")) option = "--inter-node-gb-per-s";
-  if (under("topology.colocated")) option = "--colocated";
-  if (under("target_dtype")) option = "--target-dtype";
-  if (under("model_config_json") || under("config") || under("model")) {
-    option = "--model " + args.weights.model;
-  }
-  if (option.empty()) throw e;
-  throw e.Renamed(fmt::format("{} ({})", option, field));
-}
-
 // The weight layout of --model, --train and --infer (with `engines` replicas), planned
 // here so that a layout the planner refuses stops the run before it starts (the plan is
 // the runtime's for the full membership: the layout is planned once); nullopt without
@@ -319,14 +296,9 @@ std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std
     layout.plan = std::make_shared<const rollout::ReshardPlan>(
         rollout::PlanReshard(layout.model, layout.reshard));
   } catch (const FieldError& e) {
-    FailWeightLayout(args, e);
-  } catch (const std::invalid_argument& e) {
-    // ToModelConfig's "model_config_json: config...." and ToReshardOptions' "train.tp: ...".
-    const std::string_view text = e.what();
-    const std::size_t colon = text.find(": ");
-    if (colon == std::string_view::npos) throw;
-    FailWeightLayout(
-        args, FieldError(std::string(text.substr(0, colon)), std::string(text.substr(colon + 2))));
+    // In the run's terms: the option that set the field, then the field ("--train
+    // (train.pp): ...").
+    throw ToFlagError(e, WeightLayoutFlags(args.weights.model)).value_or(e);
   }
   return layout;
 }

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "command_common.h"
+#include "flag_errors.h"
 #include "lengths_reader.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
@@ -49,12 +50,6 @@ constexpr double kMaxSingleTokensPerSecond = 1e12;              // decode_speed
 constexpr std::int64_t kMaxInputFileBytes = kDefaultMaxMessageBytes;
 
 // The flag that sets a field of the config (path relative to the SimulatorConfig).
-struct FlagField {
-  std::string_view flag;
-  std::string_view path;
-  bool given;
-};
-
 std::vector<FlagField> FlagFields(const SimulateArgs& args) {
   return {
       {"--mode", "orchestrator.mode", args.mode.has_value()},
@@ -100,28 +95,17 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
   };
 }
 
-bool HasPathPrefix(std::string_view path, std::string_view prefix) {
-  if (!path.starts_with(prefix)) return false;
-  const std::string_view tail = path.substr(prefix.size());
-  return tail.empty() || tail.front() == '.' || tail.front() == '[';
-}
-
 // A SolveSimulate() error (field "config.<path>", "trace_run") in the command's terms:
 // the flag that set the field, or the --config file, and the field.
-std::string ToSimulateFlagError(const SimulateArgs& args, const FieldError& e) {
+FieldError ToSimulateFlagError(const SimulateArgs& args, const FieldError& e) {
   constexpr std::string_view kConfig = "config.";
-  const std::string_view field = e.field();
-  if (field == "trace_run") return e.Renamed("--trace-run").what();
-  if (!field.starts_with(kConfig)) return e.what();
-  const std::string_view path = field.substr(kConfig.size());
-  for (const FlagField& flag : FlagFields(args)) {
-    if (flag.given && HasPathPrefix(path, flag.path)) {
-      return e.Renamed(fmt::format("{} ({})", flag.flag, path)).what();
-    }
-  }
-  const std::string in_wire_terms = e.Renamed(std::string(path)).what();
-  if (!args.config.empty()) return fmt::format("--config {}: {}", args.config, in_wire_terms);
-  return in_wire_terms;
+  const std::string& field = e.field();
+  if (field == "trace_run") return e.Renamed("--trace-run");
+  if (!field.starts_with(kConfig)) return e;
+  const FieldError in_wire_terms = e.Renamed(field.substr(kConfig.size()));
+  if (auto flagged = ToFlagError(in_wire_terms, FlagFields(args))) return *flagged;
+  if (args.config.empty()) return in_wire_terms;
+  return FieldError("--config " + args.config, in_wire_terms.what());
 }
 
 std::string FormatRate(double value) { return fmt::format("{:.2f}", value); }
@@ -1036,7 +1020,7 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
   try {
     reply = SolveSimulate(request);
   } catch (const FieldError& e) {
-    throw std::invalid_argument(ToSimulateFlagError(args, e));
+    throw ToSimulateFlagError(args, e);
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   spdlog::info("simulated {} run{} in {:.3f} s", reply.runs_size(),
