@@ -8,6 +8,10 @@ CTest (tests/CMakeLists.txt) sets RLSCHED_BIN to the built program and PYTHONPAT
 
 Without PYTHONPATH the two directories are derived from RLSCHED_BIN (default
 build/rlsched): <repo>/python and the program's directory + /python.
+
+Which CTest suite runs which file is chosen by file name in one place, the Python
+section of tests/CMakeLists.txt: the long files have suites of their own, python.client
+runs every other test_*.py file.
 """
 
 import os
