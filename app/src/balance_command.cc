@@ -12,6 +12,7 @@
 
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 #include "rlsched/wire/balance_convert.h"
 
 namespace rlsched::app {
@@ -166,8 +167,7 @@ CLI::App* AddBalanceCommand(CLI::App& app, BalanceArgs& args) {
 v1::BalanceRequest MakeBalanceRequest(const BalanceArgs& args, const LengthsInput& input) {
   CheckKeepGroups(args.keep_groups, input);
   if (args.algorithm != "kk" && args.algorithm != "lpt") {
-    throw std::invalid_argument(
-        fmt::format("--algorithm: must be kk or lpt, got '{}'", args.algorithm));
+    Fail("--algorithm", fmt::format("must be kk or lpt, got '{}'", args.algorithm));
   }
 
   v1::BalanceRequest request;

@@ -42,7 +42,7 @@ LengthsInput ReadNamed(std::istream& in, std::string_view name) {
   try {
     return ReadLengths(in);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("{}: {}", name, e.what()));
+    Fail(name, e.what());
   } catch (const std::runtime_error& e) {
     throw std::runtime_error(fmt::format("{}: {}", name, e.what()));
   }
@@ -51,11 +51,11 @@ LengthsInput ReadNamed(std::istream& in, std::string_view name) {
 LengthsInput ReadFile(const std::string& path) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
-    throw std::invalid_argument(fmt::format("{}: is a directory", path));
+    Fail(path, "is a directory");
   }
   std::ifstream file(path);
   if (!file) {
-    throw std::invalid_argument(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    Fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
   }
   return ReadNamed(file, path);
 }
@@ -284,7 +284,7 @@ LengthsInput ReadInput(const InputArgs& args, std::istream& in) {
 
 void CheckKeepGroups(bool keep_groups, const LengthsInput& input) {
   if (keep_groups && input.groups.empty()) {
-    throw std::invalid_argument("--keep-groups: the input has no group column");
+    Fail("--keep-groups", "the input has no group column");
   }
 }
 
@@ -294,10 +294,10 @@ std::string ReadModelConfig(const std::string& given) {
   if (std::filesystem::is_directory(given, error)) {
     path = (std::filesystem::path(given) / "config.json").string();
     if (!std::filesystem::is_regular_file(path, error)) {
-      throw std::invalid_argument(
-          fmt::format("--model: {}: a folder without config.json (give the model's folder or "
-                      "its config.json)",
-                      given));
+      Fail("--model",
+           fmt::format(
+               "{}: a folder without config.json (give the model's folder or its config.json)",
+               given));
     }
   }
   // "--model:" as the option: the messages read "--model: PATH: ...".
@@ -328,16 +328,13 @@ v1::CostModel MakeCostModel(const CostArgs& args) {
     return cost;
   }
   if (args.kind == "tokens" && (has_shape || has_coefficients)) {
-    throw std::invalid_argument(
-        "--cost: model shape and coefficient options need --cost attention, got tokens");
+    Fail("--cost", "model shape and coefficient options need --cost attention, got tokens");
   }
   if (has_shape && has_coefficients) {
-    throw std::invalid_argument(
-        "--linear, --quadratic, --constant: cannot be combined with model shape options");
+    Fail("--linear, --quadratic, --constant", "cannot be combined with model shape options");
   }
   if (!args.kind.empty() && args.kind != "tokens" && args.kind != "attention") {
-    throw std::invalid_argument(
-        fmt::format("--cost: must be tokens or attention, got '{}'", args.kind));
+    Fail("--cost", fmt::format("must be tokens or attention, got '{}'", args.kind));
   }
 
   v1::CostModel cost;
@@ -358,12 +355,12 @@ v1::CostModel MakeCostModel(const CostArgs& args) {
   const std::int64_t num_heads = args.num_heads.value_or(defaults.num_attention_heads);
   const std::int64_t num_kv_heads = args.num_kv_heads.value_or(defaults.num_kv_heads);
   if (hidden_size % num_heads != 0) {
-    throw std::invalid_argument(fmt::format(
-        "--num-attention-heads: must divide the hidden size ({}), got {}", hidden_size, num_heads));
+    Fail("--num-attention-heads",
+         fmt::format("must divide the hidden size ({}), got {}", hidden_size, num_heads));
   }
   if (num_kv_heads != 0 && num_heads % num_kv_heads != 0) {
-    throw std::invalid_argument(fmt::format(
-        "--num-kv-heads: must divide the number of heads ({}), got {}", num_heads, num_kv_heads));
+    Fail("--num-kv-heads",
+         fmt::format("must divide the number of heads ({}), got {}", num_heads, num_kv_heads));
   }
   v1::ModelShape* model = cost.mutable_model();
   model->set_hidden_size(hidden_size);
@@ -426,12 +423,11 @@ void FlushOutput(std::ostream& out) {
 std::ifstream OpenFile(std::string_view option, const std::string& path) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
-    throw std::invalid_argument(fmt::format("{} {}: is a directory", option, path));
+    Fail(fmt::format("{} {}", option, path), "is a directory");
   }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
-    throw std::invalid_argument(
-        fmt::format("{} {}: cannot open: {}", option, path, std::strerror(errno)));
+    Fail(fmt::format("{} {}", option, path), fmt::format("cannot open: {}", std::strerror(errno)));
   }
   return file;
 }
@@ -444,8 +440,7 @@ std::string ReadWholeFile(std::string_view option, const std::string& path,
   while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
     text.append(buffer, static_cast<std::size_t>(file.gcount()));
     if (static_cast<std::int64_t>(text.size()) > max_bytes) {
-      throw std::invalid_argument(
-          fmt::format("{} {}: larger than {} bytes", option, path, max_bytes));
+      Fail(fmt::format("{} {}", option, path), fmt::format("larger than {} bytes", max_bytes));
     }
   }
   if (file.bad()) throw std::runtime_error(fmt::format("{} {}: cannot read", option, path));

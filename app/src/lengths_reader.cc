@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::app {
 namespace {
@@ -64,7 +65,7 @@ bool LooksLikeHeader(std::string_view line) {
 }
 
 [[noreturn]] void FailAt(std::int64_t line, std::string_view what) {
-  throw std::invalid_argument(fmt::format("line {}: {}", line, what));
+  Fail(fmt::format("line {}", line), what);
 }
 
 // std::getline() that stops at kMaxLineBytes: the next line of `in` (without its
@@ -124,7 +125,7 @@ class Collector {
     input_.groups.push_back(group);
   }
   LengthsInput Finish() {
-    if (input_.lengths.empty()) throw std::invalid_argument("no lengths");
+    if (input_.lengths.empty()) Fail("", "no lengths");
     return std::move(input_);
   }
 

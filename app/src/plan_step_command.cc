@@ -370,8 +370,7 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
 v1::PlanStepRequest MakePlanStepRequest(const PlanStepArgs& args, const LengthsInput& input) {
   CheckKeepGroups(args.keep_groups, input);
   if (args.order != kPipelineOrder && args.order != kHeaviestFirstOrder) {
-    throw std::invalid_argument(
-        fmt::format("--order: must be pipeline or heaviest-first, got '{}'", args.order));
+    Fail("--order", fmt::format("must be pipeline or heaviest-first, got '{}'", args.order));
   }
   if (args.oversize != kOversizeRaise && args.oversize != kOversizeAlone) {
     throw FieldError("--oversize", fmt::format("must be raise or alone, got '{}'", args.oversize));

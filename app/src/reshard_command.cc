@@ -47,7 +47,7 @@ struct Entry {
 // Splits `text` at commas into key[=value] entries, '_' in a key read as '-'. Throws
 // std::invalid_argument naming `option` for an empty entry or a repeated key.
 std::vector<Entry> SplitEntries(std::string_view option, std::string_view text) {
-  if (text.empty()) throw std::invalid_argument(fmt::format("{}: must not be empty", option));
+  if (text.empty()) Fail(option, "must not be empty");
   std::vector<Entry> entries;
   std::set<std::string, std::less<>> seen;
   std::size_t start = 0;
@@ -55,7 +55,7 @@ std::vector<Entry> SplitEntries(std::string_view option, std::string_view text) 
     const std::size_t comma = std::min(text.find(',', start), text.size());
     const std::string_view item = text.substr(start, comma - start);
     if (item.empty()) {
-      throw std::invalid_argument(fmt::format("{}: empty entry in '{}'", option, text));
+      Fail(option, fmt::format("empty entry in '{}'", text));
     }
     Entry entry;
     const std::size_t equals = item.find('=');
@@ -64,10 +64,10 @@ std::vector<Entry> SplitEntries(std::string_view option, std::string_view text) 
     std::replace(entry.key.begin(), entry.key.end(), '_', '-');
     if (equals != std::string_view::npos) entry.value = std::string(item.substr(equals + 1));
     if (entry.key.empty()) {
-      throw std::invalid_argument(fmt::format("{}: entry '{}' has no key", option, item));
+      Fail(option, fmt::format("entry '{}' has no key", item));
     }
     if (!seen.insert(entry.key).second) {
-      throw std::invalid_argument(fmt::format("{}: duplicate key '{}'", option, entry.key));
+      Fail(option, fmt::format("duplicate key '{}'", entry.key));
     }
     entries.push_back(std::move(entry));
     if (comma == text.size()) break;
@@ -78,23 +78,23 @@ std::vector<Entry> SplitEntries(std::string_view option, std::string_view text) 
 
 [[noreturn]] void UnknownKey(std::string_view option, const std::string& key,
                              std::string_view keys) {
-  throw std::invalid_argument(fmt::format("{}: unknown key '{}' (keys: {})", option, key, keys));
+  Fail(option, fmt::format("unknown key '{}' (keys: {})", key, keys));
 }
 
 // The integer value of `entry`, in [min, max].
 std::int64_t IntegerValue(std::string_view option, const Entry& entry, std::int64_t min,
                           std::int64_t max) {
   if (!entry.value) {
-    throw std::invalid_argument(fmt::format("{}: {} needs a value ({}=N), an integer in [{}, {}]",
-                                            option, entry.key, entry.key, min, max));
+    Fail(option, fmt::format("{} needs a value ({}=N), an integer in [{}, {}]", entry.key,
+                             entry.key, min, max));
   }
   const std::string& text = *entry.value;
   std::int64_t value = 0;
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ptr != end || ec != std::errc() || value < min || value > max) {
-    throw std::invalid_argument(fmt::format("{}: {} must be an integer in [{}, {}], got '{}'",
-                                            option, entry.key, min, max, text));
+    Fail(option,
+         fmt::format("{} must be an integer in [{}, {}], got '{}'", entry.key, min, max, text));
   }
   return value;
 }
@@ -247,10 +247,10 @@ void CheckVerifiable(const rollout::ModelConfig& model) {
     parameters += tensor.Elements();
   }
   if (2 * parameters > rollout::kMaxVerifyElements) {
-    throw std::invalid_argument(fmt::format(
-        "--verify: the model has {} parameters; the verifier holds several copies of it, at "
-        "most {} elements in all: use a model of a few million parameters",
-        parameters, rollout::kMaxVerifyElements));
+    Fail("--verify",
+         fmt::format("the model has {} parameters; the verifier holds several copies of it, at "
+                     "most {} elements in all: use a model of a few million parameters",
+                     parameters, rollout::kMaxVerifyElements));
   }
 }
 
@@ -263,7 +263,7 @@ void Verify(const rollout::ModelConfig& model, const rollout::ReshardOptions& op
   try {
     result = rollout::VerifyPlan(model, options, plan);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("--verify: {}", e.what()));
+    Fail("--verify", e.what());
   }
   const std::chrono::duration<double, std::milli> elapsed =
       std::chrono::steady_clock::now() - start;
@@ -298,8 +298,7 @@ bool IsBinaryPlanPath(const std::string& path) {
 void WritePlanFile(const std::string& path, const rollout::ReshardPlan& plan) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
   if (!file) {
-    throw std::invalid_argument(
-        fmt::format("--plan-out: {}: cannot open: {}", path, std::strerror(errno)));
+    Fail("--plan-out", fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   }
   try {
     if (IsBinaryPlanPath(path)) {
@@ -474,9 +473,9 @@ v1::InferLayout ParseInferOption(std::string_view text) {
       infer.set_replicas(IntegerValue(kOption, entry, 1, kMaxReplicas));
     } else if (entry.key == "ep") {
       if (entry.value) {
-        throw std::invalid_argument(fmt::format(
-            "{}: ep takes no value (it turns on expert parallelism, EP = TP), got 'ep={}'", kOption,
-            *entry.value));
+        Fail(kOption,
+             fmt::format("ep takes no value (it turns on expert parallelism, EP = TP), got 'ep={}'",
+                         *entry.value));
       }
       infer.set_expert_parallel(true);
     } else {
@@ -493,7 +492,7 @@ v1::ReshardRequest MakeReshardRequest(const ReshardArgs& args, std::string model
   *request.mutable_infer() = ParseInferOption(args.infer);
   if (args.round_robin_experts) {
     if (!request.infer().expert_parallel()) {
-      throw std::invalid_argument("--round-robin-experts: needs ep in --infer");
+      Fail("--round-robin-experts", "needs ep in --infer");
     }
     request.mutable_infer()->set_expert_placement(v1::EXPERT_PLACEMENT_ROUND_ROBIN);
   }
@@ -503,8 +502,8 @@ v1::ReshardRequest MakeReshardRequest(const ReshardArgs& args, std::string model
   topology->set_intra_node_gb_per_s(args.intra_node_gb_per_s);
   topology->set_inter_node_gb_per_s(args.inter_node_gb_per_s);
   if (args.bucket_mb < 1 || args.bucket_mb > kMaxBucketMiB) {
-    throw std::invalid_argument(fmt::format("--bucket-mib: must be an {}, got {}",
-                                            IntegerRangeText(1, kMaxBucketMiB), args.bucket_mb));
+    Fail("--bucket-mib",
+         fmt::format("must be an {}, got {}", IntegerRangeText(1, kMaxBucketMiB), args.bucket_mb));
   }
   request.set_bucket_bytes(args.bucket_mb << 20);
   if (args.target_dtype == "fp8_block128" || args.target_dtype == "fp8") {
@@ -512,8 +511,8 @@ v1::ReshardRequest MakeReshardRequest(const ReshardArgs& args, std::string model
   } else if (args.target_dtype == "bf16") {
     request.set_target_dtype(v1::TARGET_DTYPE_BF16);
   } else {
-    throw std::invalid_argument(fmt::format(
-        "--target-dtype: must be bf16 or fp8_block128 (alias fp8), got '{}'", args.target_dtype));
+    Fail("--target-dtype",
+         fmt::format("must be bf16 or fp8_block128 (alias fp8), got '{}'", args.target_dtype));
   }
   request.set_include_transfers(!args.plan_out.empty());
   return request;

@@ -272,18 +272,16 @@ std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std
   const ReshardArgs& w = args.weights;
   if (w.model.empty() && w.train.empty() && w.infer.empty()) return std::nullopt;
   if (w.model.empty() || w.train.empty() || w.infer.empty()) {
-    throw std::invalid_argument(fmt::format("{}: required with {}",
-                                            w.model.empty()   ? "--model"
-                                            : w.train.empty() ? "--train"
-                                                              : "--infer",
-                                            w.model.empty() ? "--train and --infer" : "--model"));
+    Fail((w.model.empty()   ? "--model"
+          : w.train.empty() ? "--train"
+                            : "--infer"),
+         fmt::format("required with {}", w.model.empty() ? "--train and --infer" : "--model"));
   }
   v1::ReshardRequest request = MakeReshardRequest(w, ReadModelConfig(w.model));
   if (request.infer().replicas() != 0 && request.infer().replicas() != engines) {
-    throw std::invalid_argument(fmt::format(
-        "--infer: replicas={} differs from the run's engines ({}): each engine is one replica "
-        "(leave replicas out)",
-        request.infer().replicas(), engines));
+    Fail("--infer", fmt::format("replicas={} differs from the run's engines ({}): each engine is "
+                                "one replica (leave replicas out)",
+                                request.infer().replicas(), engines));
   }
   request.mutable_infer()->set_replicas(engines);
   logged = request;
@@ -469,18 +467,16 @@ namespace {
 // to, and the token they present.
 void CheckResumeFlags(const RunArgs& args) {
   if (args.listen.empty()) {
-    throw std::invalid_argument(
-        "--resume: needs --listen, the address the workers of the logged run reattach to");
+    Fail("--resume", "needs --listen, the address the workers of the logged run reattach to");
   }
   if (args.token_file.empty()) {
-    throw std::invalid_argument(
-        "--resume: needs --token-file, the token the workers of the logged run present");
+    Fail("--resume", "needs --token-file, the token the workers of the logged run present");
   }
   std::error_code ignored;
   if (!args.event_log.empty() && std::filesystem::weakly_canonical(args.event_log, ignored) !=
                                      std::filesystem::weakly_canonical(args.resume, ignored)) {
-    throw std::invalid_argument("--event-log: a resumed run appends to its --resume log " +
-                                args.resume + ", got " + args.event_log);
+    Fail("--event-log",
+         "a resumed run appends to its --resume log " + args.resume + ", got " + args.event_log);
   }
 }
 
@@ -559,17 +555,15 @@ scheduler::SimulatorConfig ReadRunConfig(const RunArgs& args) {
     const std::string text = ReadWholeFile("--config", args.config, kMaxRunFileBytes);
     const auto status = google::protobuf::util::JsonStringToMessage(text, &config_message);
     if (!status.ok()) {
-      throw std::invalid_argument(
-          fmt::format("--config {}: not a JSON rlsched.v1.SimulatorConfig: {}", args.config,
-                      std::string(status.message())));
+      Fail(fmt::format("--config {}", args.config),
+           fmt::format("not a JSON rlsched.v1.SimulatorConfig: {}", std::string(status.message())));
     }
   }
   if (args.steps) config_message.set_steps(*args.steps);
   try {
     return wire::ToSimulatorConfig(config_message);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(
-        fmt::format("--config {}: {}", args.config.empty() ? "(default)" : args.config, e.what()));
+    Fail(fmt::format("--config {}", args.config.empty() ? "(default)" : args.config), e.what());
   }
 }
 
@@ -587,12 +581,11 @@ std::pair<std::string, int> WeightSyncAddress(const RunArgs& args, bool has_layo
     }
   }
   if (port < 1 || port > 65535) {
-    throw std::invalid_argument(fmt::format(
-        "--weight-sync-address: must be HOST:PORT with a port in [1, 65535], got '{}'", address));
+    Fail("--weight-sync-address",
+         fmt::format("must be HOST:PORT with a port in [1, 65535], got '{}'", address));
   }
   if (!has_layout) {
-    throw std::invalid_argument(
-        "--weight-sync-address: needs the weight layout (--model, --train, --infer)");
+    Fail("--weight-sync-address", "needs the weight layout (--model, --train, --infer)");
   }
   return {address.substr(0, colon), static_cast<int>(port)};
 }
@@ -601,20 +594,20 @@ std::pair<std::string, int> WeightSyncAddress(const RunArgs& args, bool has_layo
 std::string WorkerToken(const RunArgs& args) {
   if (!args.token_file.empty()) {
     std::string token = Trimmed(ReadWholeFile("--token-file", args.token_file, kMaxRunFileBytes));
-    if (token.empty()) throw std::invalid_argument("--token-file " + args.token_file + ": empty");
+    if (token.empty()) Fail("--token-file " + args.token_file, "empty");
     return token;
   }
   if (args.emulated_engines > 0 && args.emulated_trainer) return RandomToken();
-  throw std::invalid_argument(
-      "--token-file: required when workers attach from outside (without --emulated-engines "
-      "and --emulated-trainer)");
+  Fail("--token-file",
+       "required when workers attach from outside (without --emulated-engines and "
+       "--emulated-trainer)");
 }
 
 // --tls-cert and --tls-key's PEM texts (both empty without TLS).
 std::pair<std::string, std::string> ReadTls(const RunArgs& args) {
   if (args.tls_cert.empty() != args.tls_key.empty()) {
-    throw std::invalid_argument(args.tls_cert.empty() ? "--tls-cert: required with --tls-key"
-                                                      : "--tls-key: required with --tls-cert");
+    Fail(args.tls_cert.empty() ? "--tls-cert" : "--tls-key",
+         args.tls_cert.empty() ? "required with --tls-key" : "required with --tls-cert");
   }
   if (args.tls_cert.empty()) return {};
   std::string cert = ReadWholeFile("--tls-cert", args.tls_cert, kMaxRunFileBytes);
@@ -622,10 +615,10 @@ std::pair<std::string, std::string> ReadTls(const RunArgs& args) {
   // gRPC takes any text and fails at start-up with a message of its own; say which file is
   // not PEM first.
   if (cert.find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
-    throw std::invalid_argument("--tls-cert " + args.tls_cert + ": not a PEM certificate");
+    Fail("--tls-cert " + args.tls_cert, "not a PEM certificate");
   }
   if (key.find("PRIVATE KEY-----") == std::string::npos) {
-    throw std::invalid_argument("--tls-key " + args.tls_key + ": not a PEM private key");
+    Fail("--tls-key " + args.tls_key, "not a PEM private key");
   }
   return {std::move(cert), std::move(key)};
 }
@@ -870,13 +863,13 @@ CLI::App* AddReplayCommand(CLI::App& app, ReplayArgs& args) {
 int RunReplayCommand(const ReplayArgs& args) {
   std::ifstream in(args.log, std::ios::binary);
   if (!in) {
-    throw std::invalid_argument(fmt::format("{}: cannot open: {}", args.log, std::strerror(errno)));
+    Fail(args.log, fmt::format("cannot open: {}", std::strerror(errno)));
   }
   wire::EventLog log;
   try {
     log = wire::ReadEventLog(in);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("{}: {}", args.log, e.what()));
+    Fail(args.log, e.what());
   }
   const wire::ReplayResult result = wire::Replay(log);
   if (result.first_difference) {

@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <variant>
 
+#include "rlsched/common/error.h"
+
 namespace rlsched::app {
 namespace {
 
@@ -44,32 +46,29 @@ ResumedRun ReadResumedRun(const std::string& path, const v1::SimulatorConfig& co
                           const std::optional<v1::ReshardRequest>& layout) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    throw std::invalid_argument(
-        fmt::format("--resume {}: cannot open: {}", path, std::strerror(errno)));
+    Fail(fmt::format("--resume {}", path), fmt::format("cannot open: {}", std::strerror(errno)));
   }
   wire::EventLog log;
   try {
     log = wire::ReadEventLog(in, /*torn_tail=*/true);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("--resume {}: {}", path, e.what()));
+    Fail(fmt::format("--resume {}", path), e.what());
   }
   if (const std::optional<std::string> d = FirstDifference(log.header, config)) {
-    throw std::invalid_argument(fmt::format(
-        "--resume {}: the flags make another config than the logged run's ({}); give the "
-        "flags it was started with",
-        path, *d));
+    Fail(fmt::format("--resume {}", path),
+         fmt::format("the flags make another config than the logged run's ({}); give the flags it "
+                     "was started with",
+                     *d));
   }
   if (log.weight_layout.has_value() != layout.has_value()) {
-    throw std::invalid_argument(fmt::format(
-        "--resume {}: the logged run {} a weight layout (--model, --train, --infer); the flags "
-        "{}",
-        path, log.weight_layout ? "has" : "has no", layout ? "give one" : "give none"));
+    Fail(fmt::format("--resume {}", path),
+         fmt::format("the logged run {} a weight layout (--model, --train, --infer); the flags {}",
+                     log.weight_layout ? "has" : "has no", layout ? "give one" : "give none"));
   }
   if (layout) {
     if (const std::optional<std::string> d = FirstDifference(*log.weight_layout, *layout)) {
-      throw std::invalid_argument(fmt::format(
-          "--resume {}: the flags make another weight layout than the logged run's ({})", path,
-          *d));
+      Fail(fmt::format("--resume {}", path),
+           fmt::format("the flags make another weight layout than the logged run's ({})", *d));
     }
   }
   ResumedRun run{.whole_bytes = log.whole_bytes, .torn_bytes = log.torn_bytes};

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "rlsched/common/error.h"
 #include "rlsched/wire/balance_convert.h"
 #include "rlsched/wire/solve.h"
 
@@ -317,18 +318,17 @@ RequestReader::Frame RequestReader::NextLine() {
 ServeOutcome Serve(const ServeOptions& options, google::protobuf::io::ZeroCopyInputStream& input,
                    ReplySink& output) {
   if (options.threads < 0 || options.threads > kMaxThreads) {
-    throw std::invalid_argument(
-        fmt::format("threads: must be in [0, {}], got {}", kMaxThreads, options.threads));
+    Fail("threads", fmt::format("must be in [0, {}], got {}", kMaxThreads, options.threads));
   }
   if (!(options.request_timeout_seconds >= 0 &&
         options.request_timeout_seconds <= kMaxRequestTimeoutSeconds)) {
-    throw std::invalid_argument(fmt::format("request_timeout_seconds: must be in [0, {}], got {}",
-                                            kMaxRequestTimeoutSeconds,
-                                            options.request_timeout_seconds));
+    Fail("request_timeout_seconds",
+         fmt::format("must be in [0, {}], got {}", kMaxRequestTimeoutSeconds,
+                     options.request_timeout_seconds));
   }
   if (options.max_message_bytes < 1 || options.max_message_bytes > kMaxMessageBytesLimit) {
-    throw std::invalid_argument(fmt::format("max_message_bytes: must be in [1, {}], got {}",
-                                            kMaxMessageBytesLimit, options.max_message_bytes));
+    Fail("max_message_bytes", fmt::format("must be in [1, {}], got {}", kMaxMessageBytesLimit,
+                                          options.max_message_bytes));
   }
   const int threads = options.threads > 0 ? options.threads : tbb::info::default_concurrency();
   const WireFormat format = options.format;

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "command_common.h"
+#include "rlsched/common/error.h"
 
 namespace rlsched::app {
 namespace {
@@ -104,8 +105,7 @@ class OpenedFd {
     if (path == "-") return;
     fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
     if (fd_ < 0) {
-      throw std::invalid_argument(
-          fmt::format("{}: {}: cannot open: {}", option, path, std::strerror(errno)));
+      Fail(option, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
     }
     owned_ = true;
   }
@@ -213,8 +213,7 @@ int RunServeCommand(const ServeArgs& args) {
 
   ServeOptions options;
   if (args.format != kDelimitedFormat && args.format != kJsonFormat) {
-    throw std::invalid_argument(
-        fmt::format("--format: must be delimited or json, got '{}'", args.format));
+    Fail("--format", fmt::format("must be delimited or json, got '{}'", args.format));
   }
   options.format = args.format == kJsonFormat ? WireFormat::kJson : WireFormat::kDelimited;
   options.threads = static_cast<int>(args.threads.value_or(0));

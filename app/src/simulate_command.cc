@@ -436,8 +436,7 @@ void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
 void WriteTraceFile(const std::string& path, const std::string& trace) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
   if (!file) {
-    throw std::invalid_argument(
-        fmt::format("--trace {}: cannot open: {}", path, std::strerror(errno)));
+    Fail(fmt::format("--trace {}", path), fmt::format("cannot open: {}", std::strerror(errno)));
   }
   file << trace;
   file.close();
@@ -775,11 +774,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
 
 v1::DecodeSpeed ParseEngineTokensPerSecond(std::string_view text) {
   const auto fail = [text]() {
-    throw std::invalid_argument(
-        fmt::format("--engine-tokens-per-second: must be SINGLE,FULL (decode tokens per second of "
-                    "one engine: one sample alone, a number in (0, {:.0f}], and at full "
-                    "concurrency, > 0), got '{}'",
-                    kMaxSingleTokensPerSecond, text));
+    Fail("--engine-tokens-per-second",
+         fmt::format("must be SINGLE,FULL (decode tokens per second of one engine: one sample "
+                     "alone, a number in (0, {:.0f}], and at full concurrency, > 0), got '{}'",
+                     kMaxSingleTokensPerSecond, text));
   };
   const std::size_t comma = text.find(',');
   if (comma == std::string_view::npos) fail();
@@ -802,10 +800,10 @@ v1::DecodeSpeed ParseEngineTokensPerSecond(std::string_view text) {
 
 v1::LengthDistribution ParseLengthDist(std::string_view text) {
   const auto fail = [text]() -> void {
-    throw std::invalid_argument(fmt::format(
-        "--length-dist: must be lognormal:MU,SIGMA,MAX (MU a number in [{:g}, {:g}], SIGMA a "
-        "number in [0, {:g}], MAX an integer in [1, {}]), got '{}'",
-        -kMaxMu, kMaxMu, kMaxSigma, balance::kMaxLength, text));
+    Fail("--length-dist",
+         fmt::format("must be lognormal:MU,SIGMA,MAX (MU a number in [{:g}, {:g}], SIGMA a number "
+                     "in [0, {:g}], MAX an integer in [1, {}]), got '{}'",
+                     -kMaxMu, kMaxMu, kMaxSigma, balance::kMaxLength, text));
   };
   if (!text.starts_with(kLogNormalPrefix)) fail();
   std::string_view rest = text.substr(kLogNormalPrefix.size());
@@ -851,8 +849,7 @@ std::vector<std::int64_t> ReadResponseLengths(std::istream& in) {
   LengthsInput input = ReadLengths(in, kMaxSimulationLengths, LengthColumn::kResponse);
   for (std::size_t i = 0; i < input.lengths.size(); ++i) {
     if (input.lengths[i] < 1) {
-      throw std::invalid_argument(
-          fmt::format("length {} (entry {}) must be >= 1", input.lengths[i], i + 1));
+      Fail("", fmt::format("length {} (entry {}) must be >= 1", input.lengths[i], i + 1));
     }
   }
   return std::move(input.lengths);
@@ -870,8 +867,7 @@ void SetModeFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
     } else if (*args.mode == "async") {
       o.set_mode(v1::ORCHESTRATOR_MODE_ASYNC);
     } else {
-      throw std::invalid_argument(
-          fmt::format("--mode: must be sync, one_step_off or async, got '{}'", *args.mode));
+      Fail("--mode", fmt::format("must be sync, one_step_off or async, got '{}'", *args.mode));
     }
   }
   if (args.max_staleness) o.set_max_staleness(*args.max_staleness);
@@ -888,15 +884,15 @@ void SetModeFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
     } else if (policy == "strict") {
       o.set_staleness_policy(v1::STALENESS_POLICY_STRICT);
     } else {
-      throw std::invalid_argument(fmt::format(
-          "--staleness-policy: must be admission, fraction or strict, got '{}'", policy));
+      Fail("--staleness-policy",
+           fmt::format("must be admission, fraction or strict, got '{}'", policy));
     }
   }
   if (args.staleness_fraction) {
     if (args.max_staleness) {
-      throw std::invalid_argument(
-          "--max-staleness: does not apply with --staleness-fraction (the fraction policy's α "
-          "bounds the staleness: generation runs at most ⌈α⌉ batches ahead); give one of them");
+      Fail("--max-staleness",
+           "does not apply with --staleness-fraction (the fraction policy's α bounds the "
+           "staleness: generation runs at most ⌈α⌉ batches ahead); give one of them");
     }
     o.set_staleness_fraction(*args.staleness_fraction);
   }
@@ -980,9 +976,8 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
     const auto status = google::protobuf::util::JsonStringToMessage(
         google::protobuf::StringPiece(config_json.data(), config_json.size()), &config);
     if (!status.ok()) {
-      throw std::invalid_argument(
-          fmt::format("--config {}: not a JSON rlsched.v1.SimulatorConfig: {}", args.config,
-                      std::string(status.message())));
+      Fail(fmt::format("--config {}", args.config),
+           fmt::format("not a JSON rlsched.v1.SimulatorConfig: {}", std::string(status.message())));
     }
   }
   SetModeFlags(args, *config.mutable_orchestrator());
@@ -992,8 +987,8 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
   SetRunModelFlags(args, config);
   request.set_compare(args.compare);
   if (!args.trace_run.empty()) {
-    if (!args.compare) throw std::invalid_argument("--trace-run: needs --compare");
-    if (args.trace.empty()) throw std::invalid_argument("--trace-run: needs --trace");
+    if (!args.compare) Fail("--trace-run", "needs --compare");
+    if (args.trace.empty()) Fail("--trace-run", "needs --trace");
     request.set_trace_run(args.trace_run);
   }
   return request;
@@ -1009,7 +1004,7 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
     try {
       response_lengths = ReadResponseLengths(file);
     } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("--lengths {}: {}", args.lengths, e.what()));
+      Fail(fmt::format("--lengths {}", args.lengths), e.what());
     }
     spdlog::info("read {} response lengths from {}", response_lengths.size(), args.lengths);
   }

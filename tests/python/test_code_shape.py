@@ -1,5 +1,6 @@
-"""scripts/function_lengths.py: the scanner finds each function's lines from its signature
-to its closing brace, and the list of known long functions is checked both ways."""
+"""The code's shape: scripts/function_lengths.py finds each function's lines from its
+signature to its closing brace, and checks the list of known long functions both ways;
+the program refuses bad input with FieldError only."""
 
 import importlib.util
 import os
@@ -82,3 +83,18 @@ def test_long_functions_are_checked_against_the_list():
     assert any("d.cc: Split is within the limit now" in p for p in problems)
     assert not any("a.cc" in p for p in problems)
     assert len(problems) == 3
+
+
+def test_the_program_refuses_bad_input_only_with_field_errors():
+    """app/ throws FieldError (rlsched::Fail) for bad input, never a bare
+    std::invalid_argument that loses the field."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    app = os.path.join(root, "app", "src")
+    bare = []
+    for name in sorted(os.listdir(app)):
+        if name.endswith((".cc", ".h")):
+            with open(os.path.join(app, name), encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    if "throw std::invalid_argument" in line:
+                        bare.append(f"app/src/{name}:{number}: {line.strip()}")
+    assert not bare, "\n".join(bare)
