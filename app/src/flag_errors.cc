@@ -10,12 +10,18 @@ bool IsUnder(std::string_view path, std::string_view prefix) {
   return tail.empty() || tail.front() == '.' || tail.front() == '[';
 }
 
-std::optional<FieldError> ToFlagError(const FieldError& e, std::span<const FlagField> flags) {
+FieldError ToFlagError(const FieldError& e, std::span<const FlagField> flags,
+                       const FlagScope& scope) {
+  const bool within = !scope.within.empty() && e.field().starts_with(scope.within);
+  const FieldError in_scope = within ? e.Renamed(e.field().substr(scope.within.size())) : e;
   for (const FlagField& flag : flags) {
-    if (!flag.given || !IsUnder(e.field(), flag.path)) continue;
-    return e.Renamed(flag.name_field ? fmt::format("{} ({})", flag.flag, e.field()) : flag.flag);
+    if (!flag.given || !IsUnder(in_scope.field(), flag.path)) continue;
+    return in_scope.Renamed(flag.name_field ? fmt::format("{} ({})", flag.flag, in_scope.field())
+                                            : flag.flag);
   }
-  return std::nullopt;
+  if (!within) return e;
+  if (scope.file.empty()) return in_scope;
+  return FieldError(scope.file, in_scope.what());
 }
 
 std::vector<FlagField> WeightLayoutFlags(const std::string& model_file) {

@@ -10,7 +10,6 @@
 #ifndef RLSCHED_APP_FLAG_ERRORS_H_
 #define RLSCHED_APP_FLAG_ERRORS_H_
 
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -32,8 +31,20 @@ struct FlagField {
 // Whether `path` is `prefix` or a field under it (after a '.' or a '[').
 bool IsUnder(std::string_view path, std::string_view prefix);
 
-// `e` named by the first given flag whose path holds its field, or nullopt. O(flags).
-std::optional<FieldError> ToFlagError(const FieldError& e, std::span<const FlagField> flags);
+// Where a command's flags set fields: `within` the request (the prefix stripped from a
+// field before it is matched and named, "config." for `simulate`), and the file the
+// fields without a flag came from ("--config run.json"; empty: none).
+struct FlagScope {
+  std::string_view within;
+  std::string file;
+};
+
+// `e` in the command's terms: named by the first given flag whose path holds its field
+// ("--train (train.pp): ..."); a field within the scope that no flag holds is named by the
+// file ("--config run.json: orchestrator.mode: ...") or as it is in the scope
+// ("orchestrator.mode: ..."); any other error as it is. O(flags).
+FieldError ToFlagError(const FieldError& e, std::span<const FlagField> flags,
+                       const FlagScope& scope = {});
 
 // The weight layout's flags, shared by `reshard` and `run`: --model FILE (the model
 // config's fields, and the request's model_config_json), --train, --infer,

@@ -414,19 +414,14 @@ const FlagField kStepFlags[] = {
     {.flag = "--oversize", .path = "oversize"},
 };
 
-// A SolvePlanStep() error in the command's terms: the flag that set the field, then the
-// field ("--micro-batches-multiple-of (micro_batches_multiple_of): …"); a sequence above
-// the cap names the cap by its flag; other fields as they are.
-FieldError ToStepFlagError(const FieldError& e) {
-  if (std::optional<FieldError> flagged = ToFlagError(e, kStepFlags)) return *flagged;
+// A sequence above the cap names the cap by the flag that set it.
+FieldError NamingTheCapFlag(const FieldError& e) {
   constexpr std::string_view kCapField = "max_tokens_per_micro_batch";
   const std::size_t cap = e.requirement().find(kCapField);
-  if (e.field().starts_with("lengths") && cap != std::string::npos) {
-    std::string requirement = e.requirement();
-    requirement.replace(cap, kCapField.size(), "--max-token-len");
-    return FieldError(e.field(), requirement);
-  }
-  return e;
+  if (!e.field().starts_with("lengths") || cap == std::string::npos) return e;
+  std::string requirement = e.requirement();
+  requirement.replace(cap, kCapField.size(), "--max-token-len");
+  return FieldError(e.field(), requirement);
 }
 
 }  // namespace
@@ -439,7 +434,8 @@ void RunPlanStepCommand(const PlanStepArgs& args, std::istream& in, std::ostream
     try {
       return SolvePlanStep(request);
     } catch (const FieldError& e) {
-      throw ToStepFlagError(e);
+      // In the command's terms: "--micro-batches-multiple-of (micro_batches_multiple_of): …".
+      throw NamingTheCapFlag(ToFlagError(e, kStepFlags));
     }
   }();
   const std::chrono::duration<double, std::milli> elapsed =

@@ -99,18 +99,12 @@ std::int64_t IntegerValue(std::string_view option, const Entry& entry, std::int6
   return value;
 }
 
-// A planner error in the command's terms: the flag that set the field, then the field
-// ("--bucket-mib (bucket_bytes): …", "--model FILE (config.num_hidden_layers): …").
-FieldError ToReshardFlagError(const ReshardArgs& args, const FieldError& e) {
-  return ToFlagError(e, WeightLayoutFlags(args.model)).value_or(e);
-}
-
 // ToModelConfig() with its errors naming the file instead of the request field.
 rollout::ModelConfig ParseModel(const ReshardArgs& args, const v1::ReshardRequest& request) {
   try {
     return ToModelConfig(request);
   } catch (const FieldError& e) {
-    throw ToReshardFlagError(args, e);
+    throw ToFlagError(e, WeightLayoutFlags(args.model));
   }
 }
 
@@ -529,7 +523,7 @@ void RunReshardCommand(const ReshardArgs& args, std::ostream& out, std::ostream&
     try {
       return rollout::PlanReshard(model, options);
     } catch (const FieldError& e) {
-      throw ToReshardFlagError(args, e);
+      throw ToFlagError(e, WeightLayoutFlags(args.model));
     }
   }();
   const std::chrono::duration<double, std::milli> elapsed =

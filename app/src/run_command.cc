@@ -296,7 +296,7 @@ std::optional<scheduler::WeightSyncLayout> WeightLayout(const RunArgs& args, std
   } catch (const FieldError& e) {
     // In the run's terms: the option that set the field, then the field ("--train
     // (train.pp): ...").
-    throw ToFlagError(e, WeightLayoutFlags(args.weights.model)).value_or(e);
+    throw ToFlagError(e, WeightLayoutFlags(args.weights.model));
   }
   return layout;
 }

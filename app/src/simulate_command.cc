@@ -92,20 +92,8 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--resume-seconds", "resume_seconds", args.resume_seconds.has_value()},
       {"--mtbf", "engine_mtbf_seconds", args.mtbf.has_value()},
       {"--max-events", "max_events", args.max_events.has_value()},
+      {.flag = "--trace-run", .path = "trace_run", .name_field = false},
   };
-}
-
-// A SolveSimulate() error (field "config.<path>", "trace_run") in the command's terms:
-// the flag that set the field, or the --config file, and the field.
-FieldError ToSimulateFlagError(const SimulateArgs& args, const FieldError& e) {
-  constexpr std::string_view kConfig = "config.";
-  const std::string& field = e.field();
-  if (field == "trace_run") return e.Renamed("--trace-run");
-  if (!field.starts_with(kConfig)) return e;
-  const FieldError in_wire_terms = e.Renamed(field.substr(kConfig.size()));
-  if (auto flagged = ToFlagError(in_wire_terms, FlagFields(args))) return *flagged;
-  if (args.config.empty()) return in_wire_terms;
-  return FieldError("--config " + args.config, in_wire_terms.what());
 }
 
 std::string FormatRate(double value) { return fmt::format("{:.2f}", value); }
@@ -1015,7 +1003,11 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
   try {
     reply = SolveSimulate(request);
   } catch (const FieldError& e) {
-    throw ToSimulateFlagError(args, e);
+    // In the command's terms: the flag that set the field (paths within the request's
+    // config), or the --config file, and the field.
+    throw ToFlagError(e, FlagFields(args),
+                      FlagScope{.within = "config.",
+                                .file = args.config.empty() ? "" : "--config " + args.config});
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   spdlog::info("simulated {} run{} in {:.3f} s", reply.runs_size(),
