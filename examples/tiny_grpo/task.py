@@ -6,11 +6,11 @@ response is, by the task's operation, ``add``: ``(d1 + 1) .. (dn + 1) EOS`` modu
 alphabet (the default), or ``reverse``: ``dn .. d1 EOS``. Reversal is the harder one for
 this model: output position i must look back 2i + 1 tokens, a different offset per
 position, and GRPO from scratch settles near 0.8 (the middle digit copied from an end);
-``add`` looks back a fixed n + 1 tokens and maps each digit. The digits of prompt ``p`` are drawn from
-``random.Random(seed * 1_000_003 + p)`` (deterministic across runs and processes), each
-in ``[0, alphabet)``. The reward of a response is the fraction of the n positions whose
-token is right (a response cut short, or ended early by EOS, is wrong at the missing
-positions; what follows the n-th token is not scored).
+``add`` looks back a fixed n + 1 tokens and maps each digit. The digits of prompt ``p``
+are drawn from ``random.Random(seed * 1_000_003 + p)`` (deterministic across runs and
+processes), each in ``[0, alphabet)``. The reward of a response is the fraction of the n
+positions whose token is right (a response cut short, or ended early by EOS, is wrong at
+the missing positions; what follows the n-th token is not scored).
 """
 
 import random

@@ -55,11 +55,11 @@ Weights move one of two ways (``--weights``):
   version, in order (the planner picks which DP replica sends what); an engine, on
   SyncWeights(N), runs it until it holds version N (once per version it has not
   received) into vLLM-named tensors (``qkv_proj``, ``gate_up_proj``, the vocabulary
-  padded to 64 rows), which it splits back into its HF-named parameters. Every version goes to every engine: the engines must all sync
-  to every version (the case in sync mode and in async mode with partial rollout,
-  where a sync interrupts every engine at once). An engine loads on a thread of its own
-  (the command thread stays free for a replan of the sync under way: a member lost
-  during it, see :class:`PlanSync`).
+  padded to 64 rows), which it splits back into its HF-named parameters. Every version
+  goes to every engine: the engines must all sync to every version (the case in sync
+  mode and in async mode with partial rollout, where a sync interrupts every engine at
+  once). An engine loads on a thread of its own (the command thread stays free for a
+  replan of the sync under way: a member lost during it, see :class:`PlanSync`).
 - ``file``: trainer rank 0 writes ``weights/v<N>.pt`` (the full weights, its TP group's
   slices gathered) atomically before it reports the step that made it finished; an
   engine loads it on SyncWeights(version N).
@@ -84,6 +84,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+# The example's modules, and rlsched, imported after the sys.path entry above
+# (noqa: E402).
 from grpo import (ADVANTAGES, Rollout, advantages, decode_step, lr_at, policy_loss,  # noqa: E402
                   sample_seed, set_lr)
 from model import CONFIG_PATH, TinyLlama, Config, weights_digest  # noqa: E402
@@ -190,11 +192,11 @@ class PlanSync:
     records it (``trainer_worlds/<k>.binpb``); the other trainer ranks leave for the
     world rank 0 recorded next, so that all join the same worlds in the same order.
     Joining is collective: every rank makes its
-    :class:`rlsched.weight_sync.executor.Executor` from its part (checked against the world's layouts before any byte moves), then the
-    members exchange the last version each engine holds and the oldest each trainer
-    rank can still send, and the trainer ranks send again every version from the
-    oldest a member lacks (an engine that holds one already receives it and keeps what
-    it had).
+    :class:`rlsched.weight_sync.executor.Executor` from its part (checked against the
+    world's layouts before any byte moves), then the members exchange the last version
+    each engine holds and the oldest each trainer rank can still send, and the trainer
+    ranks send again every version from the oldest a member lacks (an engine that holds
+    one already receives it and keeps what it had).
 
     Versions. The engines start from version 0 as the trainer does (the initial
     policy's file, the checkpoint a real engine loads); every later version moves
@@ -766,7 +768,7 @@ class TinyEngine(EngineWorker):
                     self._replanned(sync)
                 else:
                     self._load(sync, start)
-            except Exception as e:  # noqa: BLE001: the engine cannot go on
+            except Exception as e:  # any: the engine cannot go on
                 self.error = self.error or _first_line(e)
                 print(f"engine{self.engine}: weight sync failed: {self.error}",
                       file=sys.stderr, flush=True)
@@ -1368,6 +1370,7 @@ def main(argv=None) -> int:
                              advantage=args.advantage, max_grad_norm=args.max_grad_norm,
                              entropy_coef=args.entropy_coef, lr_end=args.lr_end,
                              clip_high=args.clip_high, grid=grid)
+
     def write_report() -> None:
         report = worker.report()
         report["goodbye"] = worker.goodbye

@@ -13,6 +13,7 @@ if missing:
           "(apt-get install python3-pytest python3-protobuf)")
     sys.exit(77)
 
+# Imported once the check above found it (noqa: E402).
 import pytest  # noqa: E402
 
 sys.exit(pytest.main(sys.argv[1:]))

@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip(
     "torch", reason="the executor's tests need torch (Debian: apt-get install python3-torch)")
 
+# Imported after the importorskip above (noqa: E402).
 from rlsched.weight_sync import executor, launcher  # noqa: E402
 from rlsched.weight_sync import layouts as lay  # noqa: E402
 
@@ -29,7 +30,7 @@ def config(family):
 
 def run_checked(family, train, infer, colocated=False, **kw):
     s = launcher.run(config(family), train, infer, colocated=colocated, check=True,
-                        bucket_mib=kw.pop("bucket_mib", 1), timeout=60, **kw)
+                     bucket_mib=kw.pop("bucket_mib", 1), timeout=60, **kw)
     assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
     return s
 
@@ -140,7 +141,7 @@ def test_buckets_bound_staging_memory(tmp_path):
     budget = 1 << 20
     for colocated, ways in ((False, 1), (True, 2)):
         s = launcher.run(str(path), {"tp": 2}, {"tp": 1, "replicas": 2}, colocated=colocated,
-                            check=True, bucket_mib=1, timeout=60, direct_min_bytes=0)
+                         check=True, bucket_mib=1, timeout=60, direct_min_bytes=0)
         assert_exact(s)
         assert s["buckets"] >= 3
         assert 0 < s["peak_staging_bytes"] <= ways * budget + 8 * s["plan"]["num_transfers"]
@@ -148,8 +149,8 @@ def test_buckets_bound_staging_memory(tmp_path):
     # aligned parts): the staging holds the bucket's fp8 bytes.
     for direct in (0, 1):
         s = launcher.run(str(path), {"tp": 2}, {"tp": 1, "replicas": 2}, check=True,
-                            bucket_mib=1, timeout=60, direct_min_bytes=direct,
-                            target_dtype="fp8")
+                         bucket_mib=1, timeout=60, direct_min_bytes=direct,
+                         target_dtype="fp8")
         assert s["check"]["ok"], s["check"]["problems"]
         assert s["buckets"] >= 2 and s["quantized_at_sender"] > 0
         assert 0 < s["peak_staging_bytes"] <= budget + 16 * s["plan"]["num_transfers"]
@@ -161,14 +162,14 @@ def test_buckets_bound_staging_memory(tmp_path):
 def write_plan(tmp_path, family, train, infer, colocated=False, name="plan.json"):
     path = str(tmp_path / name)
     launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config(family), train,
-                                  infer, colocated, 1, path)
+                               infer, colocated, 1, path)
     with open(path) as f:
         return path, json.load(f)
 
 
 def run_plan(family, train, infer, plan_path, colocated=False):
     return launcher.run(config(family), train, infer, colocated=colocated, check=True,
-                           plan_path=plan_path, timeout=60)
+                        plan_path=plan_path, timeout=60)
 
 
 def test_shifted_slice_is_caught_by_the_check(tmp_path):
@@ -236,7 +237,7 @@ def test_plans_record_the_layouts_they_were_made_for(tmp_path):
     assert executor.plan_from_json(plan, 0).made_for == want
     binary = str(tmp_path / "plan.binpb")
     launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), train, infer,
-                                  False, 1, binary)
+                               False, 1, binary)
     assert executor.load_plan(binary, 4).made_for == want
     colocated, _ = write_plan(tmp_path, "llama", {"tp": 2}, {"tp": 1}, colocated=True,
                               name="colocated.json")
@@ -254,13 +255,13 @@ def test_a_run_part_decodes_as_the_binary_plan_file_does(tmp_path):
     train, infer = {"tp": 2, "pp": 2}, {"tp": 2, "replicas": 2}
     binary = str(tmp_path / "plan.binpb")
     launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("qwen3"), train, infer,
-                                  False, 1, binary)
+                               False, 1, binary)
     with open(binary, "rb") as f:
-        index = executor._read_delimited(f, reshard_pb2.ReshardPlanIndex)  # noqa: SLF001
+        index = executor._read_delimited(f, reshard_pb2.ReshardPlanIndex)
         parts = {}
         for entry in index.parts:
             f.seek(entry.offset)
-            parts[entry.rank] = executor._read_delimited(  # noqa: SLF001
+            parts[entry.rank] = executor._read_delimited(
                 f, reshard_pb2.ReshardRankPart)
     # Replica 1: GPUs 6, 7 (4 trainer GPUs, then 2 per replica).
     message = runtime_pb2.WeightSyncPlan(
@@ -332,7 +333,7 @@ def test_unreadable_plans_name_what_is_wrong(tmp_path):
         executor.plan_from_json(plan, 0)
     binary = str(tmp_path / "plan.binpb")
     launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), {"tp": 1},
-                                  {"tp": 1}, False, 1, binary)
+                               {"tp": 1}, False, 1, binary)
     assert len(executor.load_plan(binary, 1).transfers) == len(plan["transfers"])
     data = open(binary, "rb").read()
     cut = str(tmp_path / "cut.binpb")
@@ -379,7 +380,8 @@ def without_transfer(plan, i):
     plan = json.loads(json.dumps(plan))
     t = plan["transfers"].pop(i)
     plan["num_transfers"] = str(int(plan["num_transfers"]) - 1)
-    plan["bytes_received"] = str(int(plan["bytes_received"]) - int(t["bytes"]) * len(t["dst_ranks"]))
+    plan["bytes_received"] = str(int(plan["bytes_received"])
+                                 - int(t["bytes"]) * len(t["dst_ranks"]))
     return plan
 
 
@@ -388,7 +390,7 @@ def run_refused(tmp_path, plan, train, infer, colocated=False, name="bad.json"):
     bad = tmp_path / name
     bad.write_text(json.dumps(plan))
     s = launcher.run(config("llama"), train, infer, colocated=colocated, plan_path=str(bad),
-                        timeout=60)
+                     timeout=60)
     assert not s["ok"] and "error" not in s and "refused" in s, s.get("error") or s
     assert s["refused_ranks"] == list(range(s["ranks"])), s
     assert "buckets" not in s  # no rank started the transfers
@@ -446,11 +448,11 @@ def rewrite_binpb(path, out, edit):
     from google.protobuf.internal.encoder import _VarintBytes
     from rlsched.v1 import reshard_pb2
     with open(path, "rb") as f:
-        index = executor._read_delimited(f, reshard_pb2.ReshardPlanIndex)  # noqa: SLF001
+        index = executor._read_delimited(f, reshard_pb2.ReshardPlanIndex)
         parts = {}
         for entry in index.parts:
             f.seek(entry.offset)
-            parts.setdefault(entry.offset, (entry.rank, executor._read_delimited(  # noqa: SLF001
+            parts.setdefault(entry.offset, (entry.rank, executor._read_delimited(
                 f, reshard_pb2.ReshardRankPart)))
     blobs = {}
     for offset, (rank, part) in parts.items():
@@ -474,7 +476,7 @@ def test_a_cut_or_inconsistent_binary_plan_fails_every_rank_with_its_cause(tmp_p
     train, infer = {"tp": 2}, {"tp": 1, "replicas": 2}
     binary = str(tmp_path / "plan.binpb")
     launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), train, infer,
-                                  False, 1, binary)
+                               False, 1, binary)
     data = open(binary, "rb").read()
     cut = tmp_path / "cut.binpb"
     cut.write_bytes(data[:-100])  # the engines' part (read by ranks 2 and 3) cut short
@@ -502,8 +504,8 @@ def test_command_line_refuses_an_incomplete_plan_naming_the_cause(tmp_path):
     bad = tmp_path / "removed.json"
     bad.write_text(json.dumps(without_transfer(plan, qkv_transfers(plan)[0])))
     done = subprocess.run(
-        [sys.executable, "-m", "rlsched.weight_sync.launcher", "--model", config("llama"), "--train",
-         "tp=2", "--infer", "tp=1,replicas=2", "--plan", str(bad), "--timeout", "60"],
+        [sys.executable, "-m", "rlsched.weight_sync.launcher", "--model", config("llama"),
+         "--train", "tp=2", "--infer", "tp=1,replicas=2", "--plan", str(bad), "--timeout", "60"],
         capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "qkv_proj.weight' (shape [128, 64]) is written by no transfer" in done.stderr
@@ -531,7 +533,7 @@ def test_a_lost_rank_fails_the_others_within_the_timeout(fault):
     # Engine rank 5 exits (its peers see the connection close) or stays silent (they
     # time out): every sender of its data fails, none waits past the 2 s timeout.
     s = launcher.run(config("llama"), {"tp": 2, "pp": 2}, {"tp": 2, "replicas": 2},
-                        fault_rank=5, fault=fault, timeout=2)
+                     fault_rank=5, fault=fault, timeout=2)
     assert not s["ok"] and "error" in s
     f = s["fault"]
     assert f["failed_ranks"] and 5 not in f["failed_ranks"]
@@ -976,8 +978,8 @@ FP8_WORLDS = [
 def test_fp8_byte_exact(tmp_path, family, sizes, train, infer, colocated, alone):
     kw = dict(direct_min_bytes=1, syncs=3, keep_staging=True) if alone else {}
     s = launcher.run(wider(tmp_path, family, **sizes), train, infer, colocated=colocated,
-                        check=True, bucket_mib=1, timeout=60, target_dtype="fp8",
-                        plan_format="binpb" if family == "qwen3-moe" else "json", **kw)
+                     check=True, bucket_mib=1, timeout=60, target_dtype="fp8",
+                     plan_format="binpb" if family == "qwen3-moe" else "json", **kw)
     assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
     assert s["check"]["ok"], s["check"]["problems"]
     assert s["quantized_at_sender"] > 0 and s["quantized_at_destination"] > 0
@@ -993,8 +995,8 @@ def test_fp8_a_colocated_sender_that_also_receives(tmp_path):
     model = wider(tmp_path, "llama", hidden_size=256, intermediate_size=1024, vocab_size=1000)
     path = str(tmp_path / "merged.json")
     launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], model, {"tp": 2},
-                                  {"tp": 1, "replicas": 2}, True, 1, path,
-                                  target_dtype="fp8_block128")
+                               {"tp": 1, "replicas": 2}, True, 1, path,
+                               target_dtype="fp8_block128")
     plan = json.load(open(path))
 
     def key(t):
@@ -1015,8 +1017,8 @@ def test_fp8_a_colocated_sender_that_also_receives(tmp_path):
         json.dump(plan, f)
     for direct in (None, 1):
         s = launcher.run(model, {"tp": 2}, {"tp": 1, "replicas": 2}, colocated=True,
-                            check=True, plan_path=path, timeout=60, target_dtype="fp8",
-                            direct_min_bytes=direct)
+                         check=True, plan_path=path, timeout=60, target_dtype="fp8",
+                         direct_min_bytes=direct)
         assert "refused" not in s and "error" not in s, s.get("refused") or s.get("error")
         assert s["check"]["ok"], s["check"]["problems"]
         assert s["bytes_local"] > 0 and s["quantized_at_sender"] > 0
@@ -1064,6 +1066,11 @@ def test_packed_fp8_slices_have_the_quantisers_bytes_at_any_offset():
     assert alignments == {True, False}
 
 
+def _next_rows(s, rows):
+    """Slice `s` moved to the `rows` rows after its own (the first dim)."""
+    return ((s[0][1], s[0][1] + rows),) + s[1:]
+
+
 def random_transfers(rng, n, ranks=4):
     """`n` transfers of a made-up plan over `ranks` ranks: a few buckets, quantised by
     the sender (whole blocks), by the destination or not at all, of random sizes."""
@@ -1072,13 +1079,13 @@ def random_transfers(rng, n, ranks=4):
         if out and rng.random() < 0.4:  # the next rows of the previous one's tensors
             p = out[-1]
             rows = rng.choice((64, 128, 256))
-            shift = lambda s: ((s[0][1], s[0][1] + rows),) + s[1:]  # noqa: E731
             blocks = -(-rows // 128) * -(-(p.dst_slice[1][1] - p.dst_slice[1][0]) // 128)
             cols = p.dst_slice[1][1] - p.dst_slice[1][0]
             nbytes = (rows * cols + 4 * blocks if p.quantize == executor.QUANTIZE_AT_SENDER
                       else 2 * rows * cols)
-            out.append(dataclasses.replace(p, index=i, src_slice=shift(p.src_slice),
-                                           dst_slice=shift(p.dst_slice), bytes=nbytes))
+            out.append(dataclasses.replace(p, index=i, src_slice=_next_rows(p.src_slice, rows),
+                                           dst_slice=_next_rows(p.dst_slice, rows),
+                                           bytes=nbytes))
             continue
         src = rng.randrange(ranks)
         dst = tuple(sorted(rng.sample(range(ranks), rng.randint(1, 3))))
@@ -1187,7 +1194,7 @@ def test_gather_region_holds_the_slices_and_their_blocks():
 def test_fp8_destinations_must_hold_bits_and_scales(tmp_path):
     path = str(tmp_path / "fp8.json")
     launcher.plan_with_rlsched(os.environ["RLSCHED_BIN"], config("llama"), {"tp": 1},
-                                  {"tp": 1}, False, 1, path, target_dtype="fp8_block128")
+                               {"tp": 1}, False, 1, path, target_dtype="fp8_block128")
     part = executor.load_plan(path, 1)  # the engine rank
     model = lay.parse_config(open(config("llama")).read())
     bf16 = lay.vllm_shards(model, lay.Infer(), 0, lay.full_tensors(model))
@@ -1330,7 +1337,7 @@ def _world_rank(rank, store, cases, results):
             if not torch.equal(dst["Q_scale_inv"][blocks].view(torch.int32),
                                scales[blocks].view(torch.int32)):
                 out["bad"].append((seed, threshold, "scales"))
-    except Exception:  # noqa: BLE001 - reported to the test
+    except Exception:  # any: reported to the test
         out["error"] = traceback.format_exc()
     results.put(out)
 

@@ -39,7 +39,8 @@ def partition(rng, box, pieces):
             break
         d = rng.choice(dims)
         cut = rng.randrange(b[d][0] + 1, b[d][1])
-        out[i:i + 1] = [b[:d] + ((b[d][0], cut),) + b[d + 1:], b[:d] + ((cut, b[d][1]),) + b[d + 1:]]
+        out[i:i + 1] = [b[:d] + ((b[d][0], cut),) + b[d + 1:],
+                        b[:d] + ((cut, b[d][1]),) + b[d + 1:]]
     rng.shuffle(out)
     return out
 

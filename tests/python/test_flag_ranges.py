@@ -118,9 +118,9 @@ _EXTRA = {
     ("simulate", "--gpus-per-engine"): {"--max-events": "1"},
     ("simulate", "--gpus-per-trainer-rank"): {"--max-events": "1"},
     # run: the bounds whose run is too long (a step of a million wall seconds, 4,096
-    # engine processes or waiting for them, the last step or a timeout before the end) stop after the
-    # config and the weight layout are checked, at a --weight-sync-address that is not
-    # HOST:PORT; the others run.
+    # engine processes or waiting for them, the last step or a timeout before the end)
+    # stop after the config and the weight layout are checked, at a
+    # --weight-sync-address that is not HOST:PORT; the others run.
     ("run", "--steps"): _RUN_STOPPED,
     ("run", "--emulated-engines"): _RUN_STOPPED,
     ("run", "--wait-for-engines"): _RUN_STOPPED,

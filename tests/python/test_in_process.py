@@ -54,8 +54,8 @@ def _lengths(seed, n):
     ("plan_micro_batches", (_lengths(6, 100), 30000), {"cost": ATTENTION}),
     ("get_seqlen_balanced_partitions", (_lengths(7, 96), 8, True), {}),
     ("reshard", (json.dumps(TINY_LLAMA),), {"train": {"tp": 2, "pp": 2, "dp": 2},
-                                             "infer": {"tp": 4, "replicas": 2},
-                                             "include_transfers": True}),
+                                            "infer": {"tp": 4, "replicas": 2},
+                                            "include_transfers": True}),
     ("simulate", (SMALL_SIMULATION,), {}),
 ])
 def test_same_replies_as_the_daemon(client, local, method, args, kwargs):
@@ -68,7 +68,7 @@ def test_same_replies_as_the_daemon(client, local, method, args, kwargs):
     ("balance", ([1, 2], 2), {"cost": {"kind": "attention", "model": {"hidden_size": 0}}}),
     ("plan_step", ([1, 50000],), {"num_ranks": 1, "max_token_len": 40000, "cost": ATTENTION}),
     ("reshard", (json.dumps(TINY_LLAMA),), {"train": {}, "infer": {"tp": 1},
-                                             "bucket_bytes": -5}),
+                                            "bucket_bytes": -5}),
     ("simulate", ({"engines": 0},), {}),
 ])
 def test_same_errors_as_the_daemon(client, local, method, args, kwargs):
@@ -76,7 +76,7 @@ def test_same_errors_as_the_daemon(client, local, method, args, kwargs):
         getattr(client, method)(*args, **kwargs)
     with pytest.raises(rlsched.RlschedError) as here:
         getattr(local, method)(*args, **kwargs)
-    assert type(here.value) is type(daemon.value)
+    assert type(here.value) is type(daemon.value)  # noqa: E721 - the same class exactly
     assert (here.value.code, here.value.field, here.value.message) == \
         (daemon.value.code, daemon.value.field, daemon.value.message)
     assert here.value.field

@@ -103,13 +103,12 @@ def _daemon_cases():
         "lengths": [1, 2, 3], "num_ranks": 8, "max_tokens_per_micro_batch": 16,
         "micro_batches_multiple_of": 1048576}})
     reshard = json.dumps({"id": "bad", "reshard": {
-        "model_config_json": json.dumps({"architectures": ["Qwen3MoeForCausalLM"],
-                                      "model_type": "qwen3_moe", "num_hidden_layers": 2**31 - 1,
-                                      "decoder_sparse_step": 2, "hidden_size": 64,
-                                      "intermediate_size": 128, "moe_intermediate_size": 32,
-                                      "num_attention_heads": 4, "num_key_value_heads": 2,
-                                      "head_dim": 16, "num_experts": 4,
-                                      "num_experts_per_tok": 2, "vocab_size": 1024}),
+        "model_config_json": json.dumps({
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "num_hidden_layers": 2**31 - 1, "decoder_sparse_step": 2, "hidden_size": 64,
+            "intermediate_size": 128, "moe_intermediate_size": 32,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 1024}),
         "train": {"tp": 1}, "infer": {"tp": 1}}})
     return [("nested arrays", nested, "ERROR_CODE_INVALID_JSON"),
             ("simulate mtbf", simulate_mtbf, "ERROR_CODE_INVALID_ARGUMENT"),

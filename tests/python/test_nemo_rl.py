@@ -370,7 +370,7 @@ def test_dynamic_batching_runs_fewest_and_balanced(standin, seed):
             assert (b - a) * length <= budget, "within the budget"
         heaviest = max((b - a) * n for (a, b), n in zip(runs, padded))
         greedy = max((b - a) * n for (a, b), n in zip(theirs[0].micro_batch_indices[c],
-                                                        theirs[0].micro_batch_lengths[c]))
+                                                      theirs[0].micro_batch_lengths[c]))
         assert heaviest <= greedy
     rlsched_nemo.uninstall()
     rlsched_nemo.install(dynamic_batching=False)

@@ -12,7 +12,6 @@ Skipped when the native module lacks the wire library.
 """
 
 import json
-import random
 
 import pytest
 
@@ -23,6 +22,7 @@ pytestmark = pytest.mark.skipif(
     not orchestrator_module.available(),
     reason="rlsched._native was built without the wire library (or not at all)")
 
+# Imported after the skip mark above (noqa: E402).
 from _orchestrator_driver import Driver  # noqa: E402
 from rlsched.v1 import balance_pb2, rollout_pb2  # noqa: E402
 

@@ -91,7 +91,7 @@ def test_balance_algorithm_and_cost(client):
         lengths, 2,
         cost={"kind": "attention", "coefficients": {"linear": 1.0, "quadratic": 0.001}})
     for part in attention.parts:
-        expected = sum(round(l + 0.001 * l * l) for l in (lengths[i] for i in part.indices))
+        expected = sum(round(n + 0.001 * n * n) for n in (lengths[i] for i in part.indices))
         assert abs(part.cost - expected) <= len(part.indices)
     model = balance_pb2.CostModel(kind=balance_pb2.COST_KIND_ATTENTION)
     model.model.CopyFrom(balance_pb2.ModelShape(hidden_size=4096, num_layers=32,

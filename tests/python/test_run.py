@@ -78,7 +78,8 @@ class _Run:
         deadline = time.monotonic() + timeout
         while not any(text in line for line in list(self.err_lines)):
             assert self.process.poll() is None, "".join(self.err_lines)[-3000:]
-            assert time.monotonic() < deadline, f"no '{text}' in: " + "".join(self.err_lines)[-3000:]
+            assert time.monotonic() < deadline, \
+                f"no '{text}' in: " + "".join(self.err_lines)[-3000:]
             time.sleep(0.02)
 
     def _wait_for_socket(self):
@@ -259,16 +260,16 @@ def test_ten_steps_with_eight_engines_conserve_samples_as_the_workers_count_them
     assert requests["p50_seconds"] <= requests["p99_seconds"] <= requests["max_seconds"]
     # Every engine's load, from its heartbeats: at most its 32 places, some busy.
     load = report["engine_load"]
-    assert [int(l["engine"]) for l in load] == list(range(8)), load
-    for l in load:
-        assert int(l["heartbeats"]) >= 1, l
-        assert int(l.get("max_running", 0)) + int(l.get("max_waiting", 0)) <= 32, l
-    assert sum(int(l.get("max_running", 0)) for l in load) > 0, load
+    assert [int(e["engine"]) for e in load] == list(range(8)), load
+    for e in load:
+        assert int(e["heartbeats"]) >= 1, e
+        assert int(e.get("max_running", 0)) + int(e.get("max_waiting", 0)) <= 32, e
+    assert sum(int(e.get("max_running", 0)) for e in load) > 0, load
     _replay(rlsched_bin, run.log)
 
 
 def test_pause_mode_abort_resubmits_paused_samples_to_their_engine(rlsched_bin, run_factory,
-                                                                    tmp_path):
+                                                                   tmp_path):
     # Engines that cannot hold a request across a weight update: every interrupting sync
     # says PAUSE_MODE_ABORT, the engines report their samples' tokens and forget them,
     # and once an engine has loaded, its samples are dispatched to it again from those
@@ -314,7 +315,7 @@ def test_pause_mode_abort_resubmits_paused_samples_to_their_engine(rlsched_bin, 
 
 
 def test_colocated_engines_release_and_take_back_their_memory_by_tag(rlsched_bin, run_factory,
-                                                                      tmp_path):
+                                                                     tmp_path):
     # Colocated sync: before each step every engine frees its weights and KV cache;
     # the next sync wakes it, weights' memory first, KV cache after the load. The
     # emulated engines refuse any other tags (the run would fail).
@@ -420,7 +421,7 @@ def test_the_first_prompts_wait_for_the_engines_asked_for(rlsched_bin, run_facto
 
 
 def test_a_rogue_engine_cannot_report_for_other_engines_samples(rlsched_bin, run_factory,
-                                                               tmp_path):
+                                                                tmp_path):
     """An engine on the real socket that reports finishes and progress for samples it was
     not given (and a group it does not run) is refused every time and told why (its
     on_refused); the run trains every sample once, from the engines that ran it."""
@@ -481,7 +482,7 @@ def test_a_rogue_engine_cannot_report_for_other_engines_samples(rlsched_bin, run
 
 
 def test_a_worker_turned_away_by_a_full_door_retries_until_welcomed(rlsched_bin, run_factory,
-                                                                     tmp_path):
+                                                                    tmp_path):
     """Streams that never say Hello fill the door (--max-waiting 2); the next worker is
     turned away (RESOURCE_EXHAUSTED) and the worker SDK retries with backoff until the
     silent ones are closed at their deadline (--hello-timeout), then joins."""
@@ -787,7 +788,7 @@ def test_each_engine_gets_its_part_of_the_weight_sync_plan(rlsched_bin, run_fact
 
 
 def test_a_lost_engine_gets_the_survivors_a_new_weight_sync_plan(rlsched_bin, run_factory,
-                                                                  tmp_path):
+                                                                 tmp_path):
     run = run_factory(_write_config(tmp_path, steps=6, engines=4),
                       extra=("--time-scale", "0.02", *_LAYOUT))
     for engine in range(4):

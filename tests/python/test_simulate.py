@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-import rlsched
 from rlsched.errors import InvalidArgumentError
 from rlsched.v1 import rollout_pb2
 

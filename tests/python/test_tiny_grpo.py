@@ -35,6 +35,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _EXAMPLE = os.path.join(_REPO, "examples", "tiny_grpo")
 sys.path.insert(0, _EXAMPLE)
 
+# Imported after the importorskip and the example's sys.path entry above (noqa: E402).
 import grpo  # noqa: E402
 from model import CONFIG_PATH, Config, load_model, weights_digest  # noqa: E402
 from task import EOS, DigitTask  # noqa: E402

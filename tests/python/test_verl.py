@@ -31,6 +31,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="python3-torch is needed for the verl stand-in")
 
+# Imported after the importorskip above (noqa: E402).
 import rlsched  # noqa: E402
 import standins  # noqa: E402
 from rlsched.integrations import verl as rlsched_verl  # noqa: E402

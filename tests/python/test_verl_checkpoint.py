@@ -16,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+# Imported after the importorskip above (noqa: E402).
 import standins  # noqa: E402
 import verl_checkpoint_world as vw  # noqa: E402
 from rlsched.integrations import IncompatibleUpstreamError  # noqa: E402

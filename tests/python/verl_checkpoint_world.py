@@ -150,7 +150,7 @@ def _worker(role: str, rank: int, size: int, node: str, config: dict, conn) -> N
                                                   bucket_size=config["bucket_size"],
                                                   **engine_kwargs)
         conn.send(("ready", None))
-    except BaseException:  # noqa: BLE001 - reported to the driver
+    except BaseException:  # any: reported to the driver
         conn.send(("error", traceback.format_exc()))
         return
     while True:
@@ -172,7 +172,7 @@ def _worker(role: str, rank: int, size: int, node: str, config: dict, conn) -> N
             else:
                 result = getattr(engine, method)(**kwargs)
             conn.send(("ok", result))
-        except BaseException as error:  # noqa: BLE001 - reported to the driver
+        except BaseException as error:  # any: reported to the driver
             conn.send(("raised", (type(error).__name__, str(error),
                                   getattr(error, "field", ""))))
 
