@@ -10,6 +10,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "format.h"
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
@@ -19,10 +20,6 @@ namespace rlsched::app {
 
 using namespace ::rlsched::wire;  // NOLINT: the conversions the commands call
 namespace {
-
-std::string FormatRatio(double ratio) {
-  return ratio >= 100.0 ? fmt::format("{:.0f}×", ratio) : fmt::format("{:.1f}×", ratio);
-}
 
 std::string DescribeAlgorithm(const BalanceArgs& args) {
   std::string text = args.algorithm == "lpt" ? "greedy LPT" : "Karmarkar-Karp";

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "format.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
 #include "rlsched/common/workload.h"
@@ -404,13 +405,6 @@ std::string DescribeCost(const CostArgs& args, const balance::CostModel& cost) {
                                   : " from the default model shape (Llama-3.1-8B)";
   }
   return text;
-}
-
-std::string FormatPercent(double fraction) {
-  const double percent = fraction * 100.0;
-  if (percent == 0.0) return "0%";
-  if (std::fabs(percent) >= 0.01) return fmt::format("{:.2f}%", percent);
-  return fmt::format("{:.2g}%", percent);
 }
 
 std::size_t Digits(std::int64_t value) { return fmt::formatted_size("{}", value); }

@@ -185,7 +185,6 @@ std::string DescribeBatch(const InputArgs& args,
 std::string DescribeCost(const CostArgs& args, const balance::CostModel& cost);
 
 // A fraction as a percentage: "0%", "12.34%", or two significant digits below 0.01%.
-std::string FormatPercent(double fraction);
 
 // The number of characters of `value` in decimal.
 std::size_t Digits(std::int64_t value);

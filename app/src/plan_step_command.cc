@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "format.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
 #include "rlsched/wire/balance_convert.h"

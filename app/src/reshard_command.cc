@@ -20,6 +20,7 @@
 
 #include "command_common.h"
 #include "flag_errors.h"
+#include "format.h"
 #include "rlsched/common/error.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
@@ -106,28 +107,6 @@ rollout::ModelConfig ParseModel(const ReshardArgs& args, const v1::ReshardReques
   } catch (const FieldError& e) {
     throw ToFlagError(e, WeightLayoutFlags(args.model));
   }
-}
-
-std::string FormatBytes(std::int64_t bytes) {
-  return fmt::format("{:.2f} GB ({} bytes)", static_cast<double>(bytes) / 1e9, bytes);
-}
-
-std::string FormatDuration(double seconds) {
-  if (seconds >= 1.0) return fmt::format("{:.3f} s", seconds);
-  if (seconds >= 1e-3) return fmt::format("{:.3f} ms", seconds * 1e3);
-  return fmt::format("{:.3f} µs", seconds * 1e6);
-}
-
-std::string FormatCount(double count) {
-  if (count >= 1e9) return fmt::format("{:.2f} B", count / 1e9);
-  if (count >= 1e6) return fmt::format("{:.2f} M", count / 1e6);
-  return fmt::format("{:.0f}", count);
-}
-
-// "a / b" as "1.23×", or "n/a" when b is 0.
-std::string FormatQuotient(double a, double b) {
-  if (!(b > 0.0)) return "n/a";
-  return fmt::format("{:.2f}×", a / b);
 }
 
 std::string_view DescribeLink(v1::LinkKind kind) {
@@ -223,11 +202,11 @@ void PrintPlanSummary(const ReshardArgs& args, const v1::ReshardRequest& request
                        " (per bucket the busiest link's bytes / bandwidth, summed)");
   line("lower bound",
        fmt::format("{} (estimate / lower bound = {})", FormatDuration(plan.lower_bound_seconds()),
-                   FormatQuotient(plan.estimate_seconds(), plan.lower_bound_seconds())));
+                   FormatRatio(plan.estimate_seconds() / plan.lower_bound_seconds())));
   line("naive", fmt::format("{} (gather every tensor on trainer GPU 0, broadcast to every "
                             "engine GPU; naive / estimate = {})",
                             FormatDuration(plan.naive_seconds()),
-                            FormatQuotient(plan.naive_seconds(), plan.estimate_seconds())));
+                            FormatRatio(plan.naive_seconds() / plan.estimate_seconds())));
 }
 
 // Throws std::invalid_argument naming --verify when `model` is certainly too large

@@ -34,6 +34,7 @@
 #include "data_loader.h"
 #include "event_log_file.h"
 #include "flag_errors.h"
+#include "format.h"
 #include "rlsched/common/error.h"
 #include "rlsched/scheduler/runtime.h"
 #include "rlsched/v1/runtime.pb.h"
@@ -260,8 +261,6 @@ std::vector<std::string> WorkerEnvironment(const std::string& token, const std::
   if (!tls_ca.empty()) env.push_back("RLSCHED_TLS_CA=" + tls_ca);
   return env;
 }
-
-std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
 
 // The weight layout of --model, --train and --infer (with `engines` replicas), planned
 // here so that a layout the planner refuses stops the run before it starts (the plan is
@@ -696,8 +695,8 @@ void PrintStep(const scheduler::StepProgress& p) {
   std::cerr << fmt::format(
       "step {:>4}  t {:>9.1f} s  samples/s {:>8.2f}  staleness max {}  trainer idle {}  engine "
       "idle {}  restarts {}\n",
-      p.step, p.time, m.samples_per_second, m.max_staleness, Percent(m.trainer_idle_ratio),
-      Percent(m.mean_engine_idle_ratio), p.counters.restarts);
+      p.step, p.time, m.samples_per_second, m.max_staleness, FormatPercent(m.trainer_idle_ratio),
+      FormatPercent(m.mean_engine_idle_ratio), p.counters.restarts);
 }
 
 // Posts the prompts the counters say are due (a step finished, groups filtered).

@@ -19,6 +19,7 @@
 
 #include "command_common.h"
 #include "flag_errors.h"
+#include "format.h"
 #include "lengths_reader.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
@@ -98,14 +99,6 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
 
 std::string FormatRate(double value) { return fmt::format("{:.2f}", value); }
 
-std::string FormatSeconds(double seconds) {
-  if (seconds >= 100.0) return fmt::format("{:.0f} s", seconds);
-  if (seconds >= 1.0) return fmt::format("{:.2f} s", seconds);
-  return fmt::format("{:.3g} s", seconds);
-}
-
-std::string FormatShare(double fraction) { return fmt::format("{:.1f}%", fraction * 100.0); }
-
 std::string DescribePartial(const v1::OrchestratorOptions& o) {
   if (!o.partial_rollout()) return "no partial rollout (engines drain, then sync)";
   return o.pause_mode() == v1::PAUSE_MODE_ABORT
@@ -121,7 +114,7 @@ std::string DescribeMode(const v1::SimulatorConfig& config) {
         return fmt::format(
             "sync, colocated (engines and trainer take turns on the same GPUs; per engine: "
             "release {}, resume {} before its weight sync)",
-            FormatSeconds(config.release_seconds()), FormatSeconds(config.resume_seconds()));
+            FormatDuration(config.release_seconds()), FormatDuration(config.resume_seconds()));
       }
       return "sync";
     case v1::ORCHESTRATOR_MODE_ONE_STEP_OFF:
@@ -178,11 +171,11 @@ void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out
                          config.decode_speed().single_tokens_per_second(),
                          config.decode_speed().full_tokens_per_second());
   engines +=
-      fmt::format("; weight sync {} per engine", FormatSeconds(config.weight_sync_seconds()));
+      fmt::format("; weight sync {} per engine", FormatDuration(config.weight_sync_seconds()));
   if (config.engine_mtbf_seconds() > 0) {
     engines += fmt::format("; failures: MTBF {}, rejoin after {}",
-                           FormatSeconds(config.engine_mtbf_seconds()),
-                           FormatSeconds(config.rejoin_seconds()));
+                           FormatDuration(config.engine_mtbf_seconds()),
+                           FormatDuration(config.rejoin_seconds()));
   }
   Line(out, "engines", engines);
   const v1::StepPlanOptions& step = config.step();
@@ -193,11 +186,11 @@ void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out
   trainer += fmt::format(
       "; mean {} per step; micro-batches of at most {} tokens, {} pipeline stage{}; {:g} s per "
       "cost unit",
-      FormatSeconds(run.report().mean_train_seconds()), step.max_tokens_per_micro_batch(),
+      FormatDuration(run.report().mean_train_seconds()), step.max_tokens_per_micro_batch(),
       step.pipeline_stages(), step.pipeline_stages() == 1 ? "" : "s",
       config.seconds_per_cost_unit());
   if (config.train_call_overhead_seconds() > 0) {
-    trainer += fmt::format(" + {} per call", FormatSeconds(config.train_call_overhead_seconds()));
+    trainer += fmt::format(" + {} per call", FormatDuration(config.train_call_overhead_seconds()));
   }
   Line(out, "trainer", trainer);
   Line(out, "GPUs",
@@ -208,7 +201,7 @@ void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out
                    config.gpus_per_trainer_rank()));
   std::string batch =
       fmt::format("{} prompts × {} samples", o.prompts_per_step(), o.samples_per_prompt());
-  if (o.oversample() > 0) batch += fmt::format(", over-sampling {}", FormatShare(o.oversample()));
+  if (o.oversample() > 0) batch += fmt::format(", over-sampling {}", FormatPercent(o.oversample()));
   if (o.train_calls_per_sync() > 1) {
     batch += fmt::format(", streamed: {} trainer calls of {} prompts per weight sync",
                          o.train_calls_per_sync(), o.prompts_per_step() / o.train_calls_per_sync());
@@ -218,7 +211,7 @@ void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out
   Line(out, "batch", batch);
   Line(out, "lengths", DescribeLengths(config.lengths()));
   std::string rewards =
-      fmt::format("all equal in {} of groups", FormatShare(config.all_equal_rate()));
+      fmt::format("all equal in {} of groups", FormatPercent(config.all_equal_rate()));
   if (o.filter_all_equal()) rewards += "; such groups are filtered (dynamic sampling)";
   Line(out, "rewards", rewards);
   Line(out, "seed", fmt::format("{}", config.seed()));
@@ -242,7 +235,7 @@ void PrintStaleness(const v1::OrchestratorMetrics& metrics, std::ostream& out) {
                       Digits(at(metrics.token_staleness_histogram(), k))});
   }
   auto share = [](std::int64_t part, std::int64_t whole) {
-    return FormatShare(whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0);
+    return FormatPercent(whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0);
   };
   out << fmt::format("{:>9}  {:>{}}  {:>6}  {:>{}}  {:>6}\n", "staleness", "samples", width,
                      "share", "tokens", width, "share");
@@ -276,32 +269,32 @@ void PrintRunSummary(const v1::SimulationRun& run, std::ostream& out) {
   Line(out, "ideal bound",
        fmt::format(
            "{}; reached {}", DescribeIdeal(report),
-           FormatShare(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second()))));
+           FormatPercent(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second()))));
   Line(out, "elapsed",
        fmt::format("{} (virtual) for {} steps; per step: generation {}, training {}",
-                   FormatSeconds(metrics.elapsed_seconds()), counters.steps_finished(),
-                   FormatSeconds(report.mean_generation_seconds()),
-                   FormatSeconds(report.mean_train_seconds())));
+                   FormatDuration(metrics.elapsed_seconds()), counters.steps_finished(),
+                   FormatDuration(report.mean_generation_seconds()),
+                   FormatDuration(report.mean_train_seconds())));
   Line(out, "trainer idle",
        fmt::format("{}; per step {} of {} waiting for a batch",
-                   FormatShare(metrics.trainer_idle_ratio()),
-                   FormatSeconds(metrics.trainer_wait_seconds_per_step()),
-                   FormatSeconds(metrics.seconds_per_step())));
-  std::string engine_idle = FormatShare(metrics.mean_engine_idle_ratio());
+                   FormatPercent(metrics.trainer_idle_ratio()),
+                   FormatDuration(metrics.trainer_wait_seconds_per_step()),
+                   FormatDuration(metrics.seconds_per_step())));
+  std::string engine_idle = FormatPercent(metrics.mean_engine_idle_ratio());
   if (metrics.engine_idle_ratio_size() > 0) {
     const auto [min, max] =
         std::minmax_element(metrics.engine_idle_ratio().begin(), metrics.engine_idle_ratio().end());
-    engine_idle += fmt::format(" mean (min {}, max {} over {} engines)", FormatShare(*min),
-                               FormatShare(*max), metrics.engine_idle_ratio_size());
+    engine_idle += fmt::format(" mean (min {}, max {} over {} engines)", FormatPercent(*min),
+                               FormatPercent(*max), metrics.engine_idle_ratio_size());
   }
   Line(out, "engine idle", engine_idle);
   Line(out, "weight syncs",
        fmt::format("{} (per engine), {} each, {} in all", metrics.weight_syncs(),
-                   FormatSeconds(metrics.seconds_per_weight_sync()),
-                   FormatSeconds(metrics.weight_sync_seconds())));
+                   FormatDuration(metrics.seconds_per_weight_sync()),
+                   FormatDuration(metrics.weight_sync_seconds())));
   Line(out, "partial rollout",
        fmt::format("{} of trained samples ({} samples with tokens of more than one version)",
-                   FormatShare(metrics.partial_rollout_ratio()), counters.partial_samples()) +
+                   FormatPercent(metrics.partial_rollout_ratio()), counters.partial_samples()) +
            (counters.resubmitted() > 0
                 ? fmt::format("; {} aborted samples resubmitted (pause mode abort)",
                               counters.resubmitted())
@@ -363,11 +356,11 @@ void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
               : "-",
         FormatRate(metrics.samples_per_second()),
         fmt::format("{:.2f}", Ratio(metrics.samples_per_second(), sync_rate)),
-        FormatShare(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second())),
-        FormatShare(metrics.trainer_idle_ratio()),
-        FormatShare(metrics.mean_engine_idle_ratio()),
+        FormatPercent(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second())),
+        FormatPercent(metrics.trainer_idle_ratio()),
+        FormatPercent(metrics.mean_engine_idle_ratio()),
         fmt::format("{}", metrics.max_staleness()),
-        FormatShare(metrics.partial_rollout_ratio()),
+        FormatPercent(metrics.partial_rollout_ratio()),
         fmt::format("{}", report.counters().restarts()),
     });
   }
@@ -402,8 +395,8 @@ void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
     out << fmt::format(
         "\n{}: sync on the same {} GPUs, engines and trainer taking turns: {} engines and {} "
         "trainer ranks; per engine release {}, resume {}.\n",
-        kColocatedRunName, gpus, c.engines(), c.trainer_ranks(), FormatSeconds(c.release_seconds()),
-        FormatSeconds(c.resume_seconds()));
+        kColocatedRunName, gpus, c.engines(), c.trainer_ranks(),
+        FormatDuration(c.release_seconds()), FormatDuration(c.resume_seconds()));
   } else {
     out << fmt::format(
         "\nnote: no {} run: the {} GPUs ({} engines × {} + {} trainer ranks × {}) do not divide "
