@@ -144,30 +144,11 @@ void AddInputOptions(CLI::App& command, InputArgs& args, std::string_view verb) 
       ->needs(example);
 }
 
-void AddCostOptions(CLI::App& command, CostArgs& args) {
-  const balance::ModelShape shape;
-  command
-      .add_option(
-          "--cost", args.kind,
-          fmt::format("Cost of a sequence of L tokens, in cost units: tokens (= L) or attention "
-                      "(linear·L + quadratic·L² + constant, in units of one token's linear "
-                      "work). Attention takes its coefficients from the model shape options "
-                      "below, or from the coefficient options; with neither, from a "
-                      "Llama-3.1-8B shape (hidden {}, {} layers, FFN {}, {} heads, {} KV heads, "
-                      "vocab {}). Default: tokens, or attention when a shape or coefficient "
-                      "option is given (field cost.kind)",
-                      shape.hidden_size, shape.num_layers, shape.ffn_hidden_size,
-                      shape.num_attention_heads, shape.num_kv_heads, shape.vocab_size))
-      ->type_name("tokens|attention")
-      ->check(CLI::IsMember({"tokens", "attention"}).description(""));
-  command
-      .add_option("--model", args.model,
-                  "The model's Hugging Face config.json, or its folder: the attention cost of "
-                  "its architecture (GQA, head_dim, MoE experts per token, MLA, dense layers; "
-                  "Llama, Qwen2/2.5, Qwen3, Qwen3-MoE, DeepSeek-V3); not with the shape or "
-                  "coefficient options (field cost.model_config_json)")
-      ->type_name("FILE|DIR");
+namespace {
 
+// The model shape of the attention cost (unset values are Llama-3.1-8B's).
+void AddCostShapeOptions(CLI::App& command, CostArgs& args) {
+  const balance::ModelShape shape;
   // Shape and coefficients exclude each other; MakeCostModel() says so. The names are
   // Megatron-core's and Hugging Face's (--num-heads is the short alias).
   const std::string shape_group =
@@ -231,7 +212,11 @@ void AddCostOptions(CLI::App& command, CostArgs& args) {
       ->type_name("X")
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(shape_group);
+}
 
+// The attention cost's coefficients (not with a model shape).
+void AddCostCoefficientOptions(CLI::App& command, CostArgs& args) {
+  const std::string non_negative = RealRangeText(0.0, std::numeric_limits<double>::infinity());
   const std::string coefficient_group =
       "Coefficients (attention cost; not with a model shape; fields cost.coefficients.*; "
       "linear + quadratic must be > 0, and a sequence's cost below 2^62)";
@@ -253,6 +238,35 @@ void AddCostOptions(CLI::App& command, CostArgs& args) {
       ->type_name("X")
       ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
+}
+
+}  // namespace
+
+void AddCostOptions(CLI::App& command, CostArgs& args) {
+  const balance::ModelShape shape;
+  command
+      .add_option(
+          "--cost", args.kind,
+          fmt::format("Cost of a sequence of L tokens, in cost units: tokens (= L) or attention "
+                      "(linear·L + quadratic·L² + constant, in units of one token's linear "
+                      "work). Attention takes its coefficients from the model shape options "
+                      "below, or from the coefficient options; with neither, from a "
+                      "Llama-3.1-8B shape (hidden {}, {} layers, FFN {}, {} heads, {} KV heads, "
+                      "vocab {}). Default: tokens, or attention when a shape or coefficient "
+                      "option is given (field cost.kind)",
+                      shape.hidden_size, shape.num_layers, shape.ffn_hidden_size,
+                      shape.num_attention_heads, shape.num_kv_heads, shape.vocab_size))
+      ->type_name("tokens|attention")
+      ->check(CLI::IsMember({"tokens", "attention"}).description(""));
+  command
+      .add_option("--model", args.model,
+                  "The model's Hugging Face config.json, or its folder: the attention cost of "
+                  "its architecture (GQA, head_dim, MoE experts per token, MLA, dense layers; "
+                  "Llama, Qwen2/2.5, Qwen3, Qwen3-MoE, DeepSeek-V3); not with the shape or "
+                  "coefficient options (field cost.model_config_json)")
+      ->type_name("FILE|DIR");
+  AddCostShapeOptions(command, args);
+  AddCostCoefficientOptions(command, args);
 }
 
 void AddRefineOption(CLI::App& command, std::optional<std::int64_t>& refine_iterations) {

@@ -232,14 +232,10 @@ void PrintStepTable(const PlanStepArgs& args, const v1::PlanStepRequest& request
 
 }  // namespace
 
-CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
-  CLI::App* command = app.add_subcommand(
-      "plan-step",
-      "Plan a whole training step: sequences to R data-parallel ranks, and each rank's into "
-      "micro-batches under a hard token cap, the same count on every rank, minimising the "
-      "predicted step time");
-  command->fallthrough();
-  command->footer(fmt::format(
+namespace {
+
+std::string PlanStepFooter() {
+  return fmt::format(
       "{}\nOutput: a table, or with --json the rlsched.v1.PlanStepReply in protobuf's JSON "
       "mapping (proto field names; int64 values are strings).\n"
       "Fields of rlsched.v1.PlanStepRequest (the daemon's names): --ranks num_ranks, "
@@ -254,37 +250,40 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
       "verl's workload key 24576·L + L², then per rank ceil(tokens / cap) micro-batches (the max "
       "over ranks) by Karmarkar-Karp on the same key — which can put a micro-batch over the cap; "
       "its step time is predicted with our cost model.",
-      kInputHelp));
+      kInputHelp);
+}
 
+// The step's shape: the ranks, the cap's padding, the pipeline, the launch cost.
+void AddStepShapeOptions(CLI::App& command, PlanStepArgs& args) {
   const PlanStepArgs defaults;
   command
-      ->add_option("--ranks", args.ranks,
-                   fmt::format("Number of data-parallel ranks R (verl's and Megatron's "
-                               "data-parallel size). {}",
-                               RangeHelp(IntegerRangeText(1, balance::kMaxParts),
-                                         fmt::format("{}", defaults.ranks))))
+      .add_option("--ranks", args.ranks,
+                  fmt::format("Number of data-parallel ranks R (verl's and Megatron's "
+                              "data-parallel size). {}",
+                              RangeHelp(IntegerRangeText(1, balance::kMaxParts),
+                                        fmt::format("{}", defaults.ranks))))
       ->type_name("R")
       ->check(IntegerIn(1, balance::kMaxParts));
   command
-      ->add_option("--max-token-len,--max-tokens,--max-tokens-per-micro-batch", args.max_tokens,
-                   fmt::format("Hard cap on the (padded) tokens of one micro-batch, in tokens "
-                               "(verl's max_token_len per GPU, ppo_max_token_len_per_gpu with "
-                               "use_dynamic_bsz); a longer sequence follows --oversize. {}",
-                               RangeHelp(IntegerRangeText(1, kInt64Max), "none, required")))
+      .add_option("--max-token-len,--max-tokens,--max-tokens-per-micro-batch", args.max_tokens,
+                  fmt::format("Hard cap on the (padded) tokens of one micro-batch, in tokens "
+                              "(verl's max_token_len per GPU, ppo_max_token_len_per_gpu with "
+                              "use_dynamic_bsz); a longer sequence follows --oversize. {}",
+                              RangeHelp(IntegerRangeText(1, kInt64Max), "none, required")))
       ->type_name("TOKENS")
       ->check(IntegerIn(1, kInt64Max))
       ->required();
   command
-      ->add_option("--min-micro-batches", args.min_micro_batches,
-                   fmt::format("At least N micro-batches per rank; R × the count must stay <= {}. "
-                               "{}",
-                               balance::kMaxForcedMicroBatches,
-                               RangeHelp(IntegerRangeText(1, balance::kMaxParts),
-                                         fmt::format("{}", defaults.min_micro_batches))))
+      .add_option("--min-micro-batches", args.min_micro_batches,
+                  fmt::format("At least N micro-batches per rank; R × the count must stay <= {}. "
+                              "{}",
+                              balance::kMaxForcedMicroBatches,
+                              RangeHelp(IntegerRangeText(1, balance::kMaxParts),
+                                        fmt::format("{}", defaults.min_micro_batches))))
       ->type_name("N")
       ->check(IntegerIn(1, balance::kMaxParts));
   command
-      ->add_option(
+      .add_option(
           "--micro-batches-multiple-of,--multiple-of", args.multiple_of,
           fmt::format("The micro-batch count is a multiple of N (e.g. the pipeline-parallel "
                       "size, as Megatron's interleaved schedule requires); R × the count "
@@ -295,7 +294,7 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
       ->type_name("N")
       ->check(IntegerIn(1, balance::kMaxParts));
   command
-      ->add_option(
+      .add_option(
           "--pad-to-multiple-of,--pad-to", args.pad_to,
           fmt::format(
               "Pad every length up to a multiple of N tokens (e.g. 2·CP·TP) before "
@@ -305,7 +304,7 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
       ->type_name("N")
       ->check(IntegerIn(1, kInt64Max));
   command
-      ->add_option(
+      .add_option(
           "--pipeline-model-parallel-size,--pipeline-stages,--pp", args.pipeline_stages,
           fmt::format("Pipeline-parallel stages p (Megatron's pipeline_model_parallel_size): "
                       "a rank's time is Σ t_i + (p − 1)·max t_i (1F1B), t_i = cost_i + "
@@ -315,7 +314,7 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
       ->type_name("P")
       ->check(IntegerIn(1, kMaxPipelineStages));
   command
-      ->add_option(
+      .add_option(
           "--overhead", args.overhead,
           fmt::format(
               "Cost of one micro-batch launch (forward + backward) in cost units "
@@ -329,31 +328,49 @@ CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
       ->type_name("X")
       ->check(IntegerIn(0, kInt64Max));
   command
-      ->add_option("--count-tolerance", args.count_tolerance,
-                   fmt::format("The micro-batch count is the smallest whose predicted step time is "
-                               "within this fraction of the best count's. {}",
-                               RangeHelp(RealRangeText(0.0, 1.0),
-                                         fmt::format("{:g}", defaults.count_tolerance))))
+      .add_option("--count-tolerance", args.count_tolerance,
+                  fmt::format("The micro-batch count is the smallest whose predicted step time is "
+                              "within this fraction of the best count's. {}",
+                              RangeHelp(RealRangeText(0.0, 1.0),
+                                        fmt::format("{:g}", defaults.count_tolerance))))
       ->type_name("F")
       ->check(RealIn(0.0, 1.0));
+}
+
+// How a rank's micro-batches are ordered, and what a sequence above the cap does.
+void AddStepPolicyOptions(CLI::App& command, PlanStepArgs& args) {
+  const PlanStepArgs defaults;
   command
-      ->add_option(
-          "--order", args.order,
-          fmt::format("Order of a rank's micro-batches: pipeline (light ones at both ends, "
-                      "the heaviest in the middle) or heaviest-first (default: {})",
-                      defaults.order))
+      .add_option("--order", args.order,
+                  fmt::format("Order of a rank's micro-batches: pipeline (light ones at both ends, "
+                              "the heaviest in the middle) or heaviest-first (default: {})",
+                              defaults.order))
       ->type_name("pipeline|heaviest-first")
       ->check(CLI::IsMember({std::string(kPipelineOrder), std::string(kHeaviestFirstOrder)})
                   .description(""));
   command
-      ->add_option("--oversize", args.oversize,
-                   fmt::format("A sequence longer than the cap (padded): raise (an error naming "
-                               "it, as verl does) or alone (a micro-batch of its own, as slime "
-                               "does) (default: {})",
-                               defaults.oversize))
+      .add_option("--oversize", args.oversize,
+                  fmt::format("A sequence longer than the cap (padded): raise (an error naming "
+                              "it, as verl does) or alone (a micro-batch of its own, as slime "
+                              "does) (default: {})",
+                              defaults.oversize))
       ->type_name("raise|alone")
       ->check(CLI::IsMember({std::string(kOversizeRaise), std::string(kOversizeAlone)})
                   .description(""));
+}
+
+}  // namespace
+
+CLI::App* AddPlanStepCommand(CLI::App& app, PlanStepArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "plan-step",
+      "Plan a whole training step: sequences to R data-parallel ranks, and each rank's into "
+      "micro-batches under a hard token cap, the same count on every rank, minimising the "
+      "predicted step time");
+  command->fallthrough();
+  command->footer(PlanStepFooter());
+  AddStepShapeOptions(*command, args);
+  AddStepPolicyOptions(*command, args);
   command->add_flag("--equal-size", args.equal_size,
                     "Every rank holds floor(n/R) or ceil(n/R) sequences (groups with "
                     "--keep-groups)");
