@@ -1,4 +1,4 @@
-"""The weight-sync executor (python/rlsched/executor.py) against plain broadcasts of the
+"""The weight-sync executor (python/rlsched/weight_sync/executor.py) against plain broadcasts of the
 same bytes, on one machine: one forked process per rank, torch.distributed with gloo on
 loopback.
 
@@ -19,7 +19,7 @@ round to round (so that a change in the machine's load hits them alike), each th
 of its rounds and the slowest rank's time:
 - executor: `Executor.run()` (packing, the collectives, unpacking into the destination
   tensors); its construction (checks, process groups) is reported apart;
-- baseline (with `--baseline REV`): the same for python/rlsched/executor.py as of git
+- baseline (with `--baseline REV`): the same for the executor as of git
   revision REV (or a file), loaded beside this one: before / after in one run; its
   ratio is against its own plain broadcasts (baseline plain: its schedule's
   collectives, which may be fewer or more);
@@ -119,7 +119,7 @@ def _quantizer_gb_per_s(module_path=None, torch_path=False):
     quantiser turned off) or the one in `module_path`."""
     import torch
 
-    from rlsched import executor
+    from rlsched.weight_sync import executor
 
     module = _load_module("rlsched_executor_q", module_path) if module_path else executor
     threads = torch.get_num_threads()
@@ -141,6 +141,18 @@ def _quantizer_gb_per_s(module_path=None, torch_path=False):
     return x.numel() * 2 / best / 1e9
 
 
+def _executor_at(revision):
+    """The executor's source as of git `revision` (its path moved into the weight_sync
+    subpackage; older revisions hold it at python/rlsched/executor.py)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in ("python/rlsched/weight_sync/executor.py", "python/rlsched/executor.py"):
+        shown = subprocess.run(["git", "-C", here, "show", f"{revision}:{path}"],
+                               capture_output=True)
+        if shown.returncode == 0:
+            return shown.stdout
+    raise SystemExit(f"--baseline {revision}: no executor in that revision")
+
+
 def _load_module(name, path):
     """The Python module in file `path`, imported as `name`."""
     import importlib.util
@@ -156,8 +168,8 @@ def _rank_main(rank, world, cfg, results):
     import torch
     import torch.distributed as dist
 
-    from rlsched import executor
-    from rlsched import executor_layouts as lay
+    from rlsched.weight_sync import executor
+    from rlsched.weight_sync import layouts as lay
 
     torch.set_num_threads(1)
     out = {"rank": rank}
@@ -331,7 +343,7 @@ def main():
                         help="transfers at least this large move alone, unstaged where "
                              "contiguous (0: pack every transfer)")
     parser.add_argument("--baseline", default=None, metavar="REV|FILE",
-                        help="also time python/rlsched/executor.py as of this git revision "
+                        help="also time the executor as of this git revision "
                              "(or the executor module in FILE): its Executor on the same "
                              "world, alternating with this one and the plain broadcasts in "
                              "every round")
@@ -344,8 +356,8 @@ def main():
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from rlsched import reshard_run
-    from rlsched import executor_layouts as lay
+    from rlsched.weight_sync import launcher as reshard_run
+    from rlsched.weight_sync import layouts as lay
 
     workdir = tempfile.mkdtemp(prefix="rlsched-executor-bench-")
     try:
@@ -363,10 +375,7 @@ def main():
         elif args.baseline:
             baseline = os.path.join(workdir, "executor_baseline.py")
             with open(baseline, "wb") as f:
-                f.write(subprocess.run(
-                    ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "show",
-                     f"{args.baseline}:python/rlsched/executor.py"],
-                    check=True, capture_output=True).stdout)
+                f.write(_executor_at(args.baseline))
         plan_path = os.path.join(workdir, "plan.binpb")
         planned = reshard_run.plan_with_rlsched(args.rlsched, model_path, train, infer,
                                                 args.colocated, args.bucket_mib, plan_path,
@@ -386,7 +395,7 @@ def main():
         quantizer = {}
         if cfg["fp8"]:
             quantizer["executor"] = _quantizer_gb_per_s()
-            from rlsched import executor
+            from rlsched.weight_sync import executor
             if executor._native_quantize() is not None:  # the torch path, for comparison
                 quantizer["executor torch path"] = _quantizer_gb_per_s(torch_path=True)
             if baseline:
