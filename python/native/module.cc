@@ -14,7 +14,7 @@
 //   Orchestrator (the decision core over rlsched.v1 messages) and solve() (a whole
 //   rlsched.v1.Request, as the daemon answers it): wire_bindings.cc; HAS_WIRE says which.
 //   quantize_block128() runs rollout::QuantizeBlock128 (fp8 e4m3 in 128 x 128 blocks,
-//   the bytes of python/rlsched/executor.py's torch path) on numpy arrays in place: x
+//   the bytes of python/rlsched/weight_sync/executor.py's torch path) on numpy arrays in place: x
 //   C-contiguous float32, float16, or 16-bit integers holding bf16 or f16 bits (dtype
 //   "bfloat16" or "float16"), into C-contiguous writable codes (uint8, x's shape) and
 //   scales (float32, x.shape[:-2] + (ceil(rows / 128), ceil(cols / 128))); ValueError
@@ -615,7 +615,7 @@ PYBIND11_MODULE(_native, m) {
         "place: x C-contiguous float32, float16, or int16/uint16 holding bf16 (dtype="
         "'bfloat16') or f16 (dtype='float16') bits; codes uint8 of x's shape, scales float32 "
         "of x.shape[:-2] + (ceil(rows / 128), ceil(cols / 128)), both C-contiguous and "
-        "writable. The bytes of rlsched.executor's torch path. The GIL is released.");
+        "writable. The bytes of rlsched.weight_sync.executor's torch path. The GIL is released.");
 
   // The decision core and solve() (wire_bindings.cc), when the wire library was built.
 #ifdef RLSCHED_NATIVE_WIRE
