@@ -315,8 +315,9 @@ RequestReader::Frame RequestReader::NextLine() {
   return frame;
 }
 
-ServeOutcome Serve(const ServeOptions& options, google::protobuf::io::ZeroCopyInputStream& input,
-                   ReplySink& output) {
+namespace {
+
+void CheckServeOptions(const ServeOptions& options) {
   if (options.threads < 0 || options.threads > kMaxThreads) {
     Fail("threads", fmt::format("must be in [0, {}], got {}", kMaxThreads, options.threads));
   }
@@ -330,124 +331,168 @@ ServeOutcome Serve(const ServeOptions& options, google::protobuf::io::ZeroCopyIn
     Fail("max_message_bytes", fmt::format("must be in [1, {}], got {}", kMaxMessageBytesLimit,
                                           options.max_message_bytes));
   }
-  const int threads = options.threads > 0 ? options.threads : tbb::info::default_concurrency();
-  const WireFormat format = options.format;
-  const auto tokens = static_cast<std::size_t>(2 * threads);
-  spdlog::info("serving {} on {} thread{}, at most {} requests in flight, frames up to {} bytes",
-               format == WireFormat::kJson ? "JSON lines" : "length-delimited protobuf", threads,
-               threads == 1 ? "" : "s", tokens, options.max_message_bytes);
+}
 
-  RequestReader reader(input, format, options.max_message_bytes);
-  // Read by the input stage, set by the output stage (the two may run concurrently).
-  std::atomic<bool> stopping{false};
-  bool input_done = false;                           // the input stage's own
-  bool read_failed = false;                          // the input stage's own
-  std::int64_t sequence = 0;                         // the input stage's own
-  ServeOutcome outcome = ServeOutcome::kEndOfInput;  // the output stage's own
-  std::int64_t replies = 0;                          // the output stage's own
-  std::int64_t errors = 0;                           // the output stage's own
-  const auto start = std::chrono::steady_clock::now();
+// One serving of a stream: the pipeline's three stages and what they share. Read and
+// Write are serial (oneTBB runs each in order, one call at a time); Solve runs in
+// parallel and reads only `stopping_`.
+class ServeSession {
+ public:
+  ServeSession(const ServeOptions& options, google::protobuf::io::ZeroCopyInputStream& input,
+               ReplySink& output)
+      : options_(options),
+        format_(options.format),
+        reader_(input, options.format, options.max_message_bytes),
+        output_(output) {}
 
   // Serial, in order: the next frame, or the end. A bad frame becomes the last job.
-  auto read = [&](tbb::flow_control& control) -> Job* {
-    if (input_done || stopping.load(std::memory_order_acquire)) {
+  Job* Read(tbb::flow_control& control) {
+    if (input_done_ || stopping_.load(std::memory_order_acquire)) {
       control.stop();
       return nullptr;
     }
     try {
       auto job = std::make_unique<Job>();
-      job->sequence = sequence++;
-      Frame frame = reader.Next();
-      switch (frame.kind) {
-        case Frame::Kind::kPayload:
-          job->payload = std::move(frame.payload);
-          return job.release();
-        case Frame::Kind::kEnd:
-          input_done = true;
-          control.stop();
-          return nullptr;
-        case Frame::Kind::kBadFrame:
-          spdlog::error("bad frame: {}; replying BAD_FRAME and stopping", frame.error);
-          job->answer.error_code = v1::ERROR_CODE_BAD_FRAME;
-          job->answer.frame =
-              EncodeReply(ErrorReply("", v1::ERROR_CODE_BAD_FRAME, frame.error), format);
-          job->stop = ServeOutcome::kBadFrame;
-          input_done = true;
-          return job.release();
-      }
+      job->sequence = sequence_++;
+      if (TakeFrame(*job, reader_.Next())) return job.release();
+      control.stop();
+      return nullptr;
     } catch (const std::exception& e) {  // out of memory for a frame
-      spdlog::error("cannot read request {}: {}; stopping", sequence - 1, e.what());
+      spdlog::error("cannot read request {}: {}; stopping", sequence_ - 1, e.what());
     } catch (...) {
-      spdlog::error("cannot read request {}; stopping", sequence - 1);
+      spdlog::error("cannot read request {}; stopping", sequence_ - 1);
     }
-    read_failed = true;
-    input_done = true;
+    read_failed_ = true;
+    input_done_ = true;
     control.stop();
     return nullptr;
-  };
+  }
 
   // Parallel: decode, solve, encode. Skipped once serving stops.
-  auto solve = [&](Job* job) -> Job* {
-    if (job->stop || stopping.load(std::memory_order_acquire)) return job;
+  Job* Solve(Job* job) const {
+    if (job->stop || stopping_.load(std::memory_order_acquire)) return job;
     const auto solve_start = std::chrono::steady_clock::now();
     std::function<bool()> should_stop;
-    if (options.request_timeout_seconds > 0) {
+    if (options_.request_timeout_seconds > 0) {
       const auto deadline =
           solve_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(options.request_timeout_seconds));
+                            std::chrono::duration<double>(options_.request_timeout_seconds));
       should_stop = [deadline] { return std::chrono::steady_clock::now() >= deadline; };
     }
     try {
-      job->answer = AnswerPayload(job->payload, format, should_stop);
+      job->answer = AnswerPayload(job->payload, format_, should_stop);
     } catch (...) {  // std::bad_alloc: even the error reply failed
       job->answer.error_code = v1::ERROR_CODE_INTERNAL;
-      job->answer.frame = InternalErrorFrame("internal error: out of memory", format);
+      job->answer.frame = InternalErrorFrame("internal error: out of memory", format_);
     }
     job->payload = std::string();
     job->solve_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - solve_start)
             .count();
     return job;
-  };
+  }
 
   // Serial, in order: write and flush the reply.
-  auto write = [&](Job* raw) {
+  void Write(Job* raw) {
     const std::unique_ptr<Job> job(raw);
-    if (outcome != ServeOutcome::kEndOfInput) return;  // stopped: drop the rest
+    if (outcome_ != ServeOutcome::kEndOfInput) return;  // stopped: drop the rest
     try {
       const Answer& answer = job->answer;
       if (answer.frame.empty()) {  // out of memory even for an error reply
         spdlog::error("cannot answer request {}: out of memory; stopping", job->sequence);
-        outcome = ServeOutcome::kInternalError;
-        stopping.store(true, std::memory_order_release);
-        return;
+        return Stop(ServeOutcome::kInternalError);
       }
-      if (!output.Write(answer.frame)) {
+      if (!output_.Write(answer.frame)) {
         spdlog::error("cannot write the reply to request {}: the output is closed; stopping",
                       job->sequence);
-        outcome = ServeOutcome::kOutputFailed;
-        stopping.store(true, std::memory_order_release);
-        return;
+        return Stop(ServeOutcome::kOutputFailed);
       }
-      ++replies;
-      if (answer.error_code != v1::ERROR_CODE_UNSPECIFIED) ++errors;
-      spdlog::debug("request {} (id '{}', {}): {} in {:.3f} ms", job->sequence, answer.id,
-                    RequestKindName(answer.kind),
-                    answer.error_code == v1::ERROR_CODE_UNSPECIFIED
-                        ? std::string_view("ok")
-                        : std::string_view(v1::ErrorCode_Name(answer.error_code)),
-                    job->solve_ms);
-      if (job->stop) {
-        outcome = *job->stop;
-        stopping.store(true, std::memory_order_release);
-      }
+      Count(*job);
+      if (job->stop) Stop(*job->stop);
     } catch (...) {  // out of memory in the sink
       spdlog::error("cannot write the reply to request {}; stopping", job->sequence);
-      outcome = ServeOutcome::kInternalError;
-      stopping.store(true, std::memory_order_release);
+      Stop(ServeOutcome::kInternalError);
     }
-  };
+  }
 
+  // After the pipeline: how serving ended, logged with the counts.
+  ServeOutcome Finish(std::chrono::steady_clock::time_point start) {
+    if (read_failed_ && outcome_ == ServeOutcome::kEndOfInput) {
+      outcome_ = ServeOutcome::kInternalError;
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    spdlog::info("served {} request{} ({} error{}) in {:.3f} s; {}", replies_,
+                 replies_ == 1 ? "" : "s", errors_, errors_ == 1 ? "" : "s", seconds,
+                 DescribeOutcome(outcome_));
+    return outcome_;
+  }
+
+ private:
+  // Fills `job` from `frame`; false at the end of the input.
+  bool TakeFrame(Job& job, Frame frame) {
+    switch (frame.kind) {
+      case Frame::Kind::kPayload:
+        job.payload = std::move(frame.payload);
+        return true;
+      case Frame::Kind::kEnd:
+        input_done_ = true;
+        return false;
+      case Frame::Kind::kBadFrame:
+        spdlog::error("bad frame: {}; replying BAD_FRAME and stopping", frame.error);
+        job.answer.error_code = v1::ERROR_CODE_BAD_FRAME;
+        job.answer.frame =
+            EncodeReply(ErrorReply("", v1::ERROR_CODE_BAD_FRAME, frame.error), format_);
+        job.stop = ServeOutcome::kBadFrame;
+        input_done_ = true;
+        return true;
+    }
+    return false;
+  }
+
+  void Count(const Job& job) {
+    const Answer& answer = job.answer;
+    ++replies_;
+    if (answer.error_code != v1::ERROR_CODE_UNSPECIFIED) ++errors_;
+    spdlog::debug("request {} (id '{}', {}): {} in {:.3f} ms", job.sequence, answer.id,
+                  RequestKindName(answer.kind),
+                  answer.error_code == v1::ERROR_CODE_UNSPECIFIED
+                      ? std::string_view("ok")
+                      : std::string_view(v1::ErrorCode_Name(answer.error_code)),
+                  job.solve_ms);
+  }
+
+  void Stop(ServeOutcome outcome) {
+    outcome_ = outcome;
+    stopping_.store(true, std::memory_order_release);
+  }
+
+  const ServeOptions& options_;
+  const WireFormat format_;
+  RequestReader reader_;
+  ReplySink& output_;
+  // Read by the input stage, set by the output stage (the two may run concurrently).
+  std::atomic<bool> stopping_{false};
+  bool input_done_ = false;                           // the input stage's own
+  bool read_failed_ = false;                          // the input stage's own
+  std::int64_t sequence_ = 0;                         // the input stage's own
+  ServeOutcome outcome_ = ServeOutcome::kEndOfInput;  // the output stage's own
+  std::int64_t replies_ = 0;                          // the output stage's own
+  std::int64_t errors_ = 0;                           // the output stage's own
+};
+
+}  // namespace
+
+ServeOutcome Serve(const ServeOptions& options, google::protobuf::io::ZeroCopyInputStream& input,
+                   ReplySink& output) {
+  CheckServeOptions(options);
+  const int threads = options.threads > 0 ? options.threads : tbb::info::default_concurrency();
+  const auto tokens = static_cast<std::size_t>(2 * threads);
+  spdlog::info("serving {} on {} thread{}, at most {} requests in flight, frames up to {} bytes",
+               options.format == WireFormat::kJson ? "JSON lines" : "length-delimited protobuf",
+               threads, threads == 1 ? "" : "s", tokens, options.max_message_bytes);
+  ServeSession session(options, input, output);
+  const auto start = std::chrono::steady_clock::now();
   // More threads than the hardware has: raise oneTBB's process-wide cap while serving.
   std::optional<tbb::global_control> parallelism;
   if (threads > tbb::info::default_concurrency()) {
@@ -457,17 +502,16 @@ ServeOutcome Serve(const ServeOptions& options, google::protobuf::io::ZeroCopyIn
   tbb::task_arena arena(threads);
   arena.execute([&] {
     tbb::parallel_pipeline(
-        tokens, tbb::make_filter<void, Job*>(tbb::filter_mode::serial_in_order, read) &
-                    tbb::make_filter<Job*, Job*>(tbb::filter_mode::parallel, solve) &
-                    tbb::make_filter<Job*, void>(tbb::filter_mode::serial_in_order, write));
+        tokens,
+        tbb::make_filter<void, Job*>(
+            tbb::filter_mode::serial_in_order,
+            [&session](tbb::flow_control& control) { return session.Read(control); }) &
+            tbb::make_filter<Job*, Job*>(tbb::filter_mode::parallel,
+                                         [&session](Job* job) { return session.Solve(job); }) &
+            tbb::make_filter<Job*, void>(tbb::filter_mode::serial_in_order,
+                                         [&session](Job* job) { session.Write(job); }));
   });
-
-  if (read_failed && outcome == ServeOutcome::kEndOfInput) outcome = ServeOutcome::kInternalError;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("served {} request{} ({} error{}) in {:.3f} s; {}", replies, replies == 1 ? "" : "s",
-               errors, errors == 1 ? "" : "s", seconds, DescribeOutcome(outcome));
-  return outcome;
+  return session.Finish(start);
 }
 
 }  // namespace rlsched::app
