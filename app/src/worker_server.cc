@@ -309,20 +309,7 @@ grpc::Status WorkerServer::Attach(
   connection->stream = stream;
   connection->peer = context->peer();
   connection->last_seen_ms = NowMillis();
-  {  // The door: waiting for the Hello, watched for the deadline; a full door turns the
-     // stream away before it costs a thread of its own.
-    std::lock_guard lock(mutex_);
-    const auto cap = static_cast<std::size_t>(options_.max_waiting_streams);
-    if (cap > 0 && waiting_.size() >= cap) {
-      ++refused_;
-      spdlog::warn("run: turned away {}: {} streams have not said hello yet (--max-waiting)",
-                   connection->peer, waiting_.size());
-      return grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          fmt::format("{} streams have not said hello yet; try again later", waiting_.size()));
-    }
-    waiting_[connection.get()] = connection;
-  }
+  if (std::optional<grpc::Status> turned_away = EnterDoor(connection)) return *turned_away;
   connection->writer = std::thread([raw = connection.get()] { raw->Write(); });
   // The handler's stream lives until it returns: the writer stops first.
   struct CloseOnReturn {
@@ -341,7 +328,43 @@ grpc::Status WorkerServer::Attach(
     return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT,
                   "the first message must be hello");
   }
-  const v1::Hello& hello = first.hello();
+  std::optional<scheduler::StartTrain> resend;
+  if (std::optional<grpc::Status> refused = Admit(connection, first.hello(), resend)) {
+    return *refused;
+  }
+  Announce(*connection, first.hello(), resend);
+
+  v1::WorkerMessage message;
+  while (stream->Read(&message)) {
+    connection->last_seen_ms = NowMillis();
+    if (message.has_heartbeat()) {
+      Heartbeat(*connection, message.heartbeat());
+    } else if (message.has_event()) {
+      Receive(*connection, message.event());
+    }
+  }
+  Detach(connection, context);
+  return grpc::Status::OK;
+}
+
+std::optional<grpc::Status> WorkerServer::EnterDoor(const std::shared_ptr<Connection>& connection) {
+  std::lock_guard lock(mutex_);
+  const auto cap = static_cast<std::size_t>(options_.max_waiting_streams);
+  if (cap > 0 && waiting_.size() >= cap) {
+    ++refused_;
+    spdlog::warn("run: turned away {}: {} streams have not said hello yet (--max-waiting)",
+                 connection->peer, waiting_.size());
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        fmt::format("{} streams have not said hello yet; try again later", waiting_.size()));
+  }
+  waiting_[connection.get()] = connection;
+  return std::nullopt;
+}
+
+std::optional<grpc::Status> WorkerServer::Admit(const std::shared_ptr<Connection>& connection,
+                                                const v1::Hello& hello,
+                                                std::optional<scheduler::StartTrain>& resend) {
   if (hello.token() != options_.token) {
     return Refuse(*connection, grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token");
   }
@@ -356,67 +379,60 @@ grpc::Status WorkerServer::Attach(
       return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT, *why);
     }
   }
-  std::optional<scheduler::StartTrain> resend;
-  {
-    std::lock_guard lock(mutex_);
-    if (shut_down_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the run is over");
-    if (hello.role() == v1::WORKER_ROLE_ENGINE) {
-      if (engines_.contains(hello.engine())) {
-        return Refuse(*connection, grpc::StatusCode::ALREADY_EXISTS,
-                      "engine " + std::to_string(hello.engine()) + " is already attached");
-      }
-      connection->engine = hello.engine();
-      SendWelcome(*connection);  // queued before any command can be
-      engines_[hello.engine()] = connection;
-    } else if (hello.role() == v1::WORKER_ROLE_TRAINER) {
-      if (trainer_ != nullptr) {
-        return Refuse(*connection, grpc::StatusCode::ALREADY_EXISTS,
-                      "a trainer is already attached");
-      }
-      SendWelcome(*connection);
-      trainer_ = connection;
-      resend = CallToResend(hello);
-    } else {
-      return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT,
-                    "hello.role: must be engine or trainer");
+  std::lock_guard lock(mutex_);
+  if (shut_down_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the run is over");
+  if (hello.role() == v1::WORKER_ROLE_ENGINE) {
+    if (engines_.contains(hello.engine())) {
+      return Refuse(*connection, grpc::StatusCode::ALREADY_EXISTS,
+                    "engine " + std::to_string(hello.engine()) + " is already attached");
     }
-    all_[connection.get()] = connection;
+    connection->engine = hello.engine();
+    SendWelcome(*connection);  // queued before any command can be
+    engines_[hello.engine()] = connection;
+  } else if (hello.role() == v1::WORKER_ROLE_TRAINER) {
+    if (trainer_ != nullptr) {
+      return Refuse(*connection, grpc::StatusCode::ALREADY_EXISTS, "a trainer is already attached");
+    }
+    SendWelcome(*connection);
+    trainer_ = connection;
+    resend = CallToResend(hello);
+  } else {
+    return Refuse(*connection, grpc::StatusCode::INVALID_ARGUMENT,
+                  "hello.role: must be engine or trainer");
   }
+  all_[connection.get()] = connection;
+  return std::nullopt;
+}
 
-  if (connection->role == v1::WORKER_ROLE_ENGINE) {
-    spdlog::info("run: engine {} attached from {}", connection->engine, connection->peer);
+void WorkerServer::Announce(Connection& connection, const v1::Hello& hello,
+                            const std::optional<scheduler::StartTrain>& resend) {
+  if (connection.role == v1::WORKER_ROLE_ENGINE) {
+    spdlog::info("run: engine {} attached from {}", connection.engine, connection.peer);
     runtime_->Post(
         scheduler::EngineAttached{.engine = hello.engine(),
                                   .max_concurrent = hello.max_concurrent(),
                                   .version = hello.version(),
                                   .samples = {hello.samples().begin(), hello.samples().end()}});
-  } else {
-    spdlog::info("run: trainer attached from {}", connection->peer);
-    {
-      std::lock_guard plan_lock(plan_mutex_);
-      if (plan_ != nullptr && connection->plan_id != plan_->id) {
-        Send(*connection, plan_->trainer);
-        connection->plan_id = plan_->id;
-      }
-    }
-    if (resend) {
-      spdlog::info("run: sending trainer call {}.{} again", resend->step, resend->call);
-      v1::SchedulerMessage message;
-      *message.mutable_command() = wire::ToCommandMessage(*resend);
-      Send(*connection, message);
+    return;
+  }
+  spdlog::info("run: trainer attached from {}", connection.peer);
+  {
+    std::lock_guard plan_lock(plan_mutex_);
+    if (plan_ != nullptr && connection.plan_id != plan_->id) {
+      Send(connection, plan_->trainer);
+      connection.plan_id = plan_->id;
     }
   }
-
-  v1::WorkerMessage message;
-  while (stream->Read(&message)) {
-    connection->last_seen_ms = NowMillis();
-    if (message.has_heartbeat()) {
-      Heartbeat(*connection, message.heartbeat());
-    } else if (message.has_event()) {
-      Receive(*connection, message.event());
-    }
+  if (resend) {
+    spdlog::info("run: sending trainer call {}.{} again", resend->step, resend->call);
+    v1::SchedulerMessage message;
+    *message.mutable_command() = wire::ToCommandMessage(*resend);
+    Send(connection, message);
   }
+}
 
+void WorkerServer::Detach(const std::shared_ptr<Connection>& connection,
+                          grpc::ServerContext* context) {
   // A lost engine's EngineFailed is posted while its id is still taken, so that the
   // EngineJoined of the same id attaching again comes after it.
   bool shut_down = false;
@@ -443,7 +459,6 @@ grpc::Status WorkerServer::Attach(
   if (!shut_down && connection->role == v1::WORKER_ROLE_TRAINER) {
     spdlog::warn("run: the trainer is lost; the run waits until a trainer attaches");
   }
-  return grpc::Status::OK;
 }
 
 std::optional<scheduler::StartTrain> WorkerServer::CallToResend(const v1::Hello& hello) {

@@ -148,6 +148,19 @@ class WorkerServer final : public v1::Scheduler::Service,
   // The pending trainer call to send an attaching trainer: none when its Hello says it
   // is training it, or finished it (then its finish is posted). mutex_ held.
   std::optional<scheduler::StartTrain> CallToResend(const v1::Hello& hello);
+  // Attach's steps. The door: the stream waits for its Hello (watched for the deadline),
+  // or is turned away when the door is full (a status then).
+  std::optional<grpc::Status> EnterDoor(const std::shared_ptr<Connection>& connection);
+  // The Hello checked and the worker registered; a status when refused. `resend`: the
+  // trainer call a returning trainer gets again.
+  std::optional<grpc::Status> Admit(const std::shared_ptr<Connection>& connection,
+                                    const v1::Hello& hello,
+                                    std::optional<scheduler::StartTrain>& resend);
+  // The core told of an engine (EngineAttached); a trainer sent the plan and its call.
+  void Announce(Connection& connection, const v1::Hello& hello,
+                const std::optional<scheduler::StartTrain>& resend);
+  // After the stream closed: a lost engine failed, the worker unregistered.
+  void Detach(const std::shared_ptr<Connection>& connection, grpc::ServerContext* context);
   // Whether the attached trainer said (Hello.call) it has had `call`. mutex_ held.
   bool TrainerHas(const scheduler::StartTrain& call) const;
   // Posts the finish the trainer said it made of its call. mutex_ held.
