@@ -37,7 +37,7 @@
 
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
-#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/json.h"
 #include "rlsched/wire/reshard_convert.h"
 
 namespace {

@@ -18,8 +18,8 @@
 //
 // Thread-safety: RunBalanceCommand() touches no global state besides logging.
 
-#ifndef RLSCHED_SCHEDULER_BALANCE_COMMAND_H_
-#define RLSCHED_SCHEDULER_BALANCE_COMMAND_H_
+#ifndef RLSCHED_APP_BALANCE_COMMAND_H_
+#define RLSCHED_APP_BALANCE_COMMAND_H_
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -63,4 +63,4 @@ void RunBalanceCommand(const BalanceArgs& args, std::istream& in, std::ostream& 
 
 }  // namespace rlsched::app
 
-#endif  // RLSCHED_SCHEDULER_BALANCE_COMMAND_H_
+#endif  // RLSCHED_APP_BALANCE_COMMAND_H_

@@ -316,7 +316,7 @@ std::string ReadModelConfig(const std::string& given) {
     }
   }
   // "--model:" as the option: the messages read "--model: PATH: ...".
-  return ReadWholeFile("--model:", path, kMaxModelConfigBytes);
+  return ReadWholeFile("--model:", path, wire::kMaxModelConfigBytes);
 }
 
 v1::CostModel MakeCostModel(const CostArgs& args) {

@@ -21,8 +21,8 @@
 //
 // Thread-safety: ReadInput() logs; everything else is pure.
 
-#ifndef RLSCHED_SCHEDULER_COMMAND_COMMON_H_
-#define RLSCHED_SCHEDULER_COMMAND_COMMON_H_
+#ifndef RLSCHED_APP_COMMAND_COMMON_H_
+#define RLSCHED_APP_COMMAND_COMMON_H_
 
 #include <fmt/format.h>
 
@@ -207,4 +207,4 @@ std::string ReadModelConfig(const std::string& given);
 
 }  // namespace rlsched::app
 
-#endif  // RLSCHED_SCHEDULER_COMMAND_COMMON_H_
+#endif  // RLSCHED_APP_COMMAND_COMMON_H_

@@ -20,8 +20,8 @@
 //
 // Thread-safety: pure apart from reading the given stream.
 
-#ifndef RLSCHED_SCHEDULER_LENGTHS_READER_H_
-#define RLSCHED_SCHEDULER_LENGTHS_READER_H_
+#ifndef RLSCHED_APP_LENGTHS_READER_H_
+#define RLSCHED_APP_LENGTHS_READER_H_
 
 #include <cstdint>
 #include <istream>
@@ -63,4 +63,4 @@ LengthsInput ParseLengths(std::string_view text, std::int64_t max_lengths = bala
 
 }  // namespace rlsched::app
 
-#endif  // RLSCHED_SCHEDULER_LENGTHS_READER_H_
+#endif  // RLSCHED_APP_LENGTHS_READER_H_

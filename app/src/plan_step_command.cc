@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "flag_errors.h"
 #include "format.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"

@@ -20,8 +20,8 @@
 //
 // Thread-safety: RunPlanStepCommand() touches no global state besides logging.
 
-#ifndef RLSCHED_SCHEDULER_PLAN_STEP_COMMAND_H_
-#define RLSCHED_SCHEDULER_PLAN_STEP_COMMAND_H_
+#ifndef RLSCHED_APP_PLAN_STEP_COMMAND_H_
+#define RLSCHED_APP_PLAN_STEP_COMMAND_H_
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -75,4 +75,4 @@ void RunPlanStepCommand(const PlanStepArgs& args, std::istream& in, std::ostream
 
 }  // namespace rlsched::app
 
-#endif  // RLSCHED_SCHEDULER_PLAN_STEP_COMMAND_H_
+#endif  // RLSCHED_APP_PLAN_STEP_COMMAND_H_

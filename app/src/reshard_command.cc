@@ -25,7 +25,7 @@
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
 #include "rlsched/rollout/verify.h"
-#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/json.h"
 #include "rlsched/wire/reshard_convert.h"
 
 namespace rlsched::app {

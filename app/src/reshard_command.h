@@ -25,8 +25,8 @@
 //
 // Thread-safety: RunReshardCommand() touches no global state besides logging.
 
-#ifndef RLSCHED_SCHEDULER_RESHARD_COMMAND_H_
-#define RLSCHED_SCHEDULER_RESHARD_COMMAND_H_
+#ifndef RLSCHED_APP_RESHARD_COMMAND_H_
+#define RLSCHED_APP_RESHARD_COMMAND_H_
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -95,4 +95,4 @@ void RunReshardCommand(const ReshardArgs& args, std::ostream& out, std::ostream&
 
 }  // namespace rlsched::app
 
-#endif  // RLSCHED_SCHEDULER_RESHARD_COMMAND_H_
+#endif  // RLSCHED_APP_RESHARD_COMMAND_H_

@@ -38,7 +38,7 @@
 #include "rlsched/common/error.h"
 #include "rlsched/scheduler/runtime.h"
 #include "rlsched/v1/runtime.pb.h"
-#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/json.h"
 #include "rlsched/wire/orchestrator_convert.h"
 #include "rlsched/wire/reshard_convert.h"
 #include "rlsched/wire/simulate_convert.h"

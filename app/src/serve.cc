@@ -20,7 +20,7 @@
 #include <utility>
 
 #include "rlsched/common/error.h"
-#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/json.h"
 #include "rlsched/wire/solve.h"
 
 namespace rlsched::app {

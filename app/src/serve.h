@@ -60,8 +60,8 @@
 // for more threads than the hardware has, it raises oneTBB's process-wide
 // max_allowed_parallelism while it runs.
 
-#ifndef RLSCHED_SCHEDULER_SERVE_H_
-#define RLSCHED_SCHEDULER_SERVE_H_
+#ifndef RLSCHED_APP_SERVE_H_
+#define RLSCHED_APP_SERVE_H_
 
 #include <google/protobuf/io/zero_copy_stream.h>
 
@@ -224,4 +224,4 @@ ServeOutcome Serve(const ServeOptions& options, google::protobuf::io::ZeroCopyIn
 
 }  // namespace rlsched::app
 
-#endif  // RLSCHED_SCHEDULER_SERVE_H_
+#endif  // RLSCHED_APP_SERVE_H_

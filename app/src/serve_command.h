@@ -28,8 +28,8 @@
 // Thread-safety: RunServeCommand() sets process-wide state (SIGPIPE ignored,
 // protobuf's log handler); run it once, from main.
 
-#ifndef RLSCHED_SCHEDULER_SERVE_COMMAND_H_
-#define RLSCHED_SCHEDULER_SERVE_COMMAND_H_
+#ifndef RLSCHED_APP_SERVE_COMMAND_H_
+#define RLSCHED_APP_SERVE_COMMAND_H_
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -60,4 +60,4 @@ int RunServeCommand(const ServeArgs& args);
 
 }  // namespace rlsched::app
 
-#endif  // RLSCHED_SCHEDULER_SERVE_COMMAND_H_
+#endif  // RLSCHED_APP_SERVE_COMMAND_H_

@@ -23,7 +23,7 @@
 #include "lengths_reader.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
-#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/json.h"
 #include "rlsched/wire/simulate_convert.h"
 #include "serve.h"
 

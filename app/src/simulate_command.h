@@ -54,8 +54,8 @@
 //
 // Thread-safety: RunSimulateCommand() touches no global state besides logging.
 
-#ifndef RLSCHED_SCHEDULER_SIMULATE_COMMAND_H_
-#define RLSCHED_SCHEDULER_SIMULATE_COMMAND_H_
+#ifndef RLSCHED_APP_SIMULATE_COMMAND_H_
+#define RLSCHED_APP_SIMULATE_COMMAND_H_
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -147,4 +147,4 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out);
 
 }  // namespace rlsched::app
 
-#endif  // RLSCHED_SCHEDULER_SIMULATE_COMMAND_H_
+#endif  // RLSCHED_APP_SIMULATE_COMMAND_H_

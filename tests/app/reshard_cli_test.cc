@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "reshard_command.h"
-#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/json.h"
 #include "rlsched/wire/reshard_convert.h"
 #include "serve.h"
 #include "serve_test_util.h"

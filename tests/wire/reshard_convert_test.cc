@@ -24,7 +24,7 @@
 #include "rlsched/common/workload.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
-#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/json.h"
 #include "tiny_configs.h"
 
 namespace rlsched::wire {

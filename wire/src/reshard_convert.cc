@@ -20,7 +20,7 @@
 
 #include "rlsched/common/error.h"
 #include "rlsched/rollout/layout.h"
-#include "rlsched/wire/balance_convert.h"
+#include "rlsched/wire/json.h"
 
 namespace rlsched::wire {
 

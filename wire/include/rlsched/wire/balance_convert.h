@@ -38,6 +38,7 @@
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/micro_batch.h"
 #include "rlsched/v1/balance.pb.h"
+#include "rlsched/wire/json.h"
 
 namespace rlsched::wire {
 
@@ -82,11 +83,6 @@ v1::PlanStepReply SolvePlanStep(const v1::PlanStepRequest& request);
 
 // A step plan (and its baseline's figures) as SolvePlanStep() answers it. O(plan).
 v1::PlanStepReply ToPlanStepReply(const balance::PlannedStep& step);
-
-// `message` in protobuf's JSON mapping on one line: proto field names (snake_case),
-// default-valued fields printed, enums by name (int64 values are JSON strings, as the
-// mapping requires). Throws std::runtime_error if protobuf refuses to print it.
-std::string ToJson(const google::protobuf::Message& message);
 
 // Writes ToJson(reply) to `out`, byte for byte, one part at a time: the memory of the
 // largest part's text instead of the whole reply's (1,000,000 indices in 1,024 parts:
