@@ -10,7 +10,7 @@
 // Overview
 //   Every setting runs balance::PlanStep() on each input and reports, for our plan
 //   (PlannedStep::plan) and the baseline (PlannedStep::baseline: the recipe as verl
-//   runs it, see micro_batch.h: verl's Karmarkar-Karp with equal counts across ranks
+//   runs it, see plan_step.h: verl's Karmarkar-Karp with equal counts across ranks
 //   on its workload key 24576·L + L², m = ceil(tokens / cap) per rank, the max over
 //   ranks, then the same Karmarkar-Karp into m micro-batches, timed with our cost
 //   model):
@@ -61,7 +61,7 @@
 #include <vector>
 
 #include "rlsched/balance/cost_model.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/workload.h"
 
 #ifndef RLSCHED_BENCHMARK_DATA_DIR

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "rlsched/balance/balance.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/workload.h"
 
 namespace {

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
 
 namespace rlsched::balance::internal {

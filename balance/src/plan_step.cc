@@ -20,7 +20,7 @@
 #include "rank_packer.h"
 #include "recipe_partition.h"
 #include "rlsched/balance/balance.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/error.h"
 #include "step_bound.h"
 

@@ -29,7 +29,7 @@
 
 #include "micro_batch_internal.h"
 #include "recipe_partition.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "step_bound.h"
 
 namespace rlsched::balance {

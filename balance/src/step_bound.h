@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "micro_batch_internal.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
 
 namespace rlsched::balance::internal {

@@ -40,7 +40,7 @@
 
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/cost_model.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
 #include "rlsched/rollout/quantize.h"

@@ -35,7 +35,7 @@
 #include <variant>
 #include <vector>
 
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/error.h"
 #include "rlsched/scheduler/orchestrator.h"
 #include "rlsched/scheduler/simulator.h"

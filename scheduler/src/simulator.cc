@@ -60,7 +60,7 @@
 #include <vector>
 
 #include "rlsched/balance/cost_model.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
 #include "rlsched/common/workload.h"

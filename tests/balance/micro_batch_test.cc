@@ -1,4 +1,4 @@
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -20,7 +20,7 @@
 #include "internal.h"
 #include "micro_batch_internal.h"
 #include "recipe_partition.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/error.h"
 #include "rlsched/common/workload.h"
 

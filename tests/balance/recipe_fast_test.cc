@@ -16,7 +16,7 @@
 
 #include "micro_batch_internal.h"
 #include "recipe_partition.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/workload.h"
 

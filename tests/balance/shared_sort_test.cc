@@ -18,7 +18,7 @@
 #include "micro_batch_internal.h"
 #include "recipe_partition.h"
 #include "rlsched/balance/balance.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/error.h"
 #include "rlsched/common/workload.h"
 

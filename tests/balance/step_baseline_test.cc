@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "recipe_partition.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/workload.h"
 
 namespace rlsched::balance {

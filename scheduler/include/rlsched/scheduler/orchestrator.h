@@ -125,7 +125,7 @@
 #include <variant>
 #include <vector>
 
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 
 namespace rlsched::scheduler {
 

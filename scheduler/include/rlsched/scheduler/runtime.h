@@ -88,7 +88,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
 #include "rlsched/scheduler/orchestrator.h"

@@ -49,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/workload.h"
 #include "rlsched/scheduler/orchestrator.h"
 

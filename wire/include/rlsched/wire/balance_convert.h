@@ -36,7 +36,7 @@
 #include <string>
 
 #include "rlsched/balance/balance.h"
-#include "rlsched/balance/micro_batch.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/v1/balance.pb.h"
 #include "rlsched/wire/json.h"
 
