@@ -47,7 +47,7 @@
 
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/balance/partition.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 #ifndef RLSCHED_BENCHMARK_DATA_DIR
 #define RLSCHED_BENCHMARK_DATA_DIR "tests/data"

@@ -62,7 +62,7 @@
 
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/balance/plan_step.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 #ifndef RLSCHED_BENCHMARK_DATA_DIR
 #define RLSCHED_BENCHMARK_DATA_DIR "tests/data"

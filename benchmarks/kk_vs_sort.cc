@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "rlsched/balance/partition.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace {
 

@@ -45,7 +45,7 @@
 #include <thread>
 #include <vector>
 
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "rlsched/v1/service.pb.h"
 #include "rlsched/wire/balance_convert.h"
 

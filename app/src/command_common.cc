@@ -19,7 +19,7 @@
 #include "format.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "rlsched/wire/reshard_convert.h"
 
 namespace rlsched::app {

@@ -63,7 +63,7 @@
 #include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::scheduler {
 namespace {

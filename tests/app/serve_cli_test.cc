@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "serve.h"
 #include "serve_test_util.h"
 #include "subprocess.h"

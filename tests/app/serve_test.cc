@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "rlsched/wire/balance_convert.h"
 #include "rlsched/wire/reshard_convert.h"
 #include "serve_test_util.h"

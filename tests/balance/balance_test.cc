@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "test_util.h"
 
 namespace rlsched::balance {

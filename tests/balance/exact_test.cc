@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "rlsched/balance/partition.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "test_util.h"
 
 namespace rlsched::balance {

@@ -15,7 +15,7 @@
 #include "karmarkar_karp_reference.h"
 #include "order.h"
 #include "rlsched/balance/partition.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::balance {
 namespace {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "micro_batch_internal.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "test_util.h"
 
 namespace rlsched::balance {

@@ -22,7 +22,7 @@
 #include "recipe_partition.h"
 #include "rlsched/balance/plan_step.h"
 #include "rlsched/common/error.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::balance {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/partition.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "test_util.h"
 
 namespace rlsched::balance {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "micro_batch_internal.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::balance::internal {
 namespace {

@@ -18,7 +18,7 @@
 #include "recipe_partition.h"
 #include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::balance {
 namespace {

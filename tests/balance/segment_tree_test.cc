@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::balance::internal {
 namespace {

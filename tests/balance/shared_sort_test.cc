@@ -20,7 +20,7 @@
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/plan_step.h"
 #include "rlsched/common/error.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::balance {
 namespace {

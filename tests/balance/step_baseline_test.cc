@@ -13,7 +13,7 @@
 
 #include "recipe_partition.h"
 #include "rlsched/balance/plan_step.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::balance {
 namespace {

@@ -1,4 +1,4 @@
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 #include <gtest/gtest.h>
 

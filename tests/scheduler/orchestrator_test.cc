@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "rlsched/common/error.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::scheduler {
 namespace {

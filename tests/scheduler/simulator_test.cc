@@ -17,7 +17,7 @@
 
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/common/error.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "rlsched/scheduler/orchestrator.h"
 
 namespace rlsched::scheduler {

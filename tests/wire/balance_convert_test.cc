@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "rlsched/common/error.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "rlsched/wire/reshard_convert.h"
 
 namespace rlsched::wire {

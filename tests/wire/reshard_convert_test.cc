@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "rlsched/common/error.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
 #include "rlsched/wire/json.h"

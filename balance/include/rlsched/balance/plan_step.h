@@ -43,7 +43,7 @@
 //   // step.plan.ranks[r].micro_batches[j].indices: rank r's j-th micro-batch;
 //   // step.plan.unpadded_tokens: the denominator of a token-mean loss over the step;
 //   // step.baseline.cap_violations: the common recipe's micro-batches over the cap
-//   (workload::GrpoBatch is in rlsched/common/workload.h; any lengths and group ids will do.)
+//   (workload::GrpoBatch is in rlsched/workload/workload.h; any lengths and group ids will do.)
 //
 // Thread-safety: pure, single-threaded; concurrent calls are safe. Deterministic.
 

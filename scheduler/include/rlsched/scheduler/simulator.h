@@ -26,7 +26,7 @@
 //   decode tokens/s (one sample alone, and max_concurrent together), and
 //   CostUnitForStepSeconds() the trainer's unit cost from its seconds per step.
 //   Workload: a dataset of `dataset_prompts` prompts, cycled in order (epochs).
-//   Response lengths are heavy-tailed by default (rlsched/common/workload.h: lognormal
+//   Response lengths are heavy-tailed by default (rlsched/workload/workload.h: lognormal
 //   μ = 6.67, σ = 1.15, at most 16,384; prompts uniform in [100, 500]) or drawn from a list of
 //   lengths; a sample's length is the distribution's quantile at Φ(ρ·z_prompt + √(1 −
 //   ρ²)·z_sample), so lengths keep their distribution and correlate (ρ = length_correlation) across
@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "rlsched/balance/plan_step.h"
-#include "rlsched/common/workload.h"
+#include "rlsched/workload/workload.h"
 #include "rlsched/scheduler/orchestrator.h"
 
 namespace rlsched::scheduler {
