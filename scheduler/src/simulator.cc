@@ -60,8 +60,8 @@
 #include <vector>
 
 #include "rlsched/balance/cost_model.h"
-#include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
+#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/error.h"
 #include "rlsched/workload/workload.h"
 
@@ -421,6 +421,12 @@ class Simulation {
   // A new engine in slot `slot` (a failed engine's, or a new one when -1).
   void JoinEngine(double now, std::int64_t version, std::int64_t slot);
   void OnTick(Engine& engine, double now);
+  // Run()'s steps: one happening (false: a stale one, skipped), an engine's failure, the
+  // error of a run with nothing left to happen, and the report at its end.
+  bool Handle(const Happening& h);
+  void FailEngine(Engine& engine);
+  [[noreturn]] void Stalled() const;
+  SimulationReport Report(double end);
 
   // Core events and commands.
   void Deliver(Event event) { pending_.push_back(std::move(event)); }
@@ -1132,75 +1138,13 @@ SimulationReport Simulation::Run() {
   for (std::int64_t e = 0; e < config_.engines; ++e) JoinEngine(0.0, /*version=*/0, /*slot=*/-1);
   Settle(0.0);
   while (!core_.done()) {
-    if (queue_.empty()) {
-      const Counters& c = core_.counters();
-      Fail("simulation stalled at t=" + Num(now_) + ": no event remains; steps finished " +
-           std::to_string(c.steps_finished) + " of " + std::to_string(config_.steps) +
-           ", admitted " + std::to_string(c.admitted) + ", queued " + std::to_string(c.queued) +
-           ", in flight " + std::to_string(c.in_flight) + ", buffered " +
-           std::to_string(c.buffered) + ", filtered " + std::to_string(c.filtered));
-    }
+    if (queue_.empty()) Stalled();
     const Happening h = queue_.top();
     queue_.pop();
     now_ = h.time;
-    switch (h.kind) {
-      case Kind::kTick: {
-        Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
-        if (!engine.alive || engine.tick_version != h.a) continue;  // stale
-        OnTick(engine, now_);
-        break;
-      }
-      case Kind::kLoaded: {
-        Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
-        if (!engine.alive || engine.incarnation != h.incarnation) continue;
-        Advance(engine, now_);
-        engine.loading.pop_front();
-        engine.version = h.a;
-        MarkDirty(engine);
-        Deliver(WeightsLoaded{.time = now_, .engine = engine.id, .version = h.a});
-        break;
-      }
-      case Kind::kTrainDone:
-        trainer_busy_ = false;
-        trace_.Slice(
-            2, 0,
-            "step " + std::to_string(h.a) +
-                (config_.orchestrator.train_calls_per_sync > 1 ? " call " + std::to_string(h.engine)
-                                                               : std::string()),
-            train_start_, now_);
-        Deliver(TrainStepFinished{.time = now_, .step = h.a, .call = h.engine});
-        break;
-      case Kind::kReleased: {
-        Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
-        if (!engine.alive || engine.incarnation != h.incarnation) continue;
-        Deliver(EngineReleased{.time = now_, .engine = engine.id});
-        break;
-      }
-      case Kind::kFail: {
-        Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
-        Advance(engine, now_);
-        for (const std::int64_t sample : engine.running_ids) live_.erase(sample);
-        for (const std::int64_t sample : engine.paused_ids) live_.erase(sample);
-        engine.running_ids.clear();
-        engine.paused_ids.clear();
-        engine.finishes = decltype(engine.finishes)();
-        engine.running = 0;
-        engine.loading.clear();
-        UpdateActivity(engine, now_);
-        engine.alive = false;
-        trace_.Instant(1, engine.id, "failed", now_);
-        Deliver(EngineFailed{.time = now_, .engine = engine.id});
-        Push(now_ + config_.rejoin_seconds, Kind::kJoin, engine.id);
-        break;
-      }
-      case Kind::kJoin:
-        // A replacement holds no weights: the core syncs it first.
-        JoinEngine(now_, /*version=*/-1, /*slot=*/h.engine);
-        break;
-    }
+    if (!Handle(h)) continue;  // stale
     Settle(now_);
   }
-
   const double end = now_;
   for (Engine& engine : engines_) {
     if (engine.alive) {
@@ -1210,7 +1154,80 @@ SimulationReport Simulation::Run() {
       UpdateActivity(engine, end);
     }
   }
+  return Report(end);
+}
 
+void Simulation::Stalled() const {
+  const Counters& c = core_.counters();
+  Fail("simulation stalled at t=" + Num(now_) + ": no event remains; steps finished " +
+       std::to_string(c.steps_finished) + " of " + std::to_string(config_.steps) + ", admitted " +
+       std::to_string(c.admitted) + ", queued " + std::to_string(c.queued) + ", in flight " +
+       std::to_string(c.in_flight) + ", buffered " + std::to_string(c.buffered) + ", filtered " +
+       std::to_string(c.filtered));
+}
+
+bool Simulation::Handle(const Happening& h) {
+  switch (h.kind) {
+    case Kind::kTick: {
+      Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
+      if (!engine.alive || engine.tick_version != h.a) return false;
+      OnTick(engine, now_);
+      return true;
+    }
+    case Kind::kLoaded: {
+      Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
+      if (!engine.alive || engine.incarnation != h.incarnation) return false;
+      Advance(engine, now_);
+      engine.loading.pop_front();
+      engine.version = h.a;
+      MarkDirty(engine);
+      Deliver(WeightsLoaded{.time = now_, .engine = engine.id, .version = h.a});
+      return true;
+    }
+    case Kind::kTrainDone:
+      trainer_busy_ = false;
+      trace_.Slice(
+          2, 0,
+          "step " + std::to_string(h.a) +
+              (config_.orchestrator.train_calls_per_sync > 1 ? " call " + std::to_string(h.engine)
+                                                             : std::string()),
+          train_start_, now_);
+      Deliver(TrainStepFinished{.time = now_, .step = h.a, .call = h.engine});
+      return true;
+    case Kind::kReleased: {
+      Engine& engine = engines_[static_cast<std::size_t>(h.engine)];
+      if (!engine.alive || engine.incarnation != h.incarnation) return false;
+      Deliver(EngineReleased{.time = now_, .engine = engine.id});
+      return true;
+    }
+    case Kind::kFail:
+      FailEngine(engines_[static_cast<std::size_t>(h.engine)]);
+      return true;
+    case Kind::kJoin:
+      // A replacement holds no weights: the core syncs it first.
+      JoinEngine(now_, /*version=*/-1, /*slot=*/h.engine);
+      return true;
+  }
+  return true;
+}
+
+void Simulation::FailEngine(Engine& engine) {
+  Advance(engine, now_);
+  for (const std::int64_t sample : engine.running_ids) live_.erase(sample);
+  for (const std::int64_t sample : engine.paused_ids) live_.erase(sample);
+  engine.running_ids.clear();
+  engine.paused_ids.clear();
+  engine.finishes = decltype(engine.finishes)();
+  engine.running = 0;
+  engine.loading.clear();
+  UpdateActivity(engine, now_);
+  engine.alive = false;
+  trace_.Instant(1, engine.id, "failed", now_);
+  Deliver(EngineFailed{.time = now_, .engine = engine.id});
+  Push(now_ + config_.rejoin_seconds, Kind::kJoin, engine.id);
+}
+
+SimulationReport Simulation::Report(double end) {
   SimulationReport report;
   report.metrics = core_.metrics(end);
   report.counters = core_.counters();
@@ -1293,7 +1310,10 @@ SimulatorConfig DefaultSimulatorConfig() {
   return config;
 }
 
-void Validate(const SimulatorConfig& config) {
+namespace {
+
+// The cluster and the costs: engines, trainer, their speeds, the budget.
+void ValidateCluster(const SimulatorConfig& config) {
   RequireInt("steps", config.steps, 1, kMaxSteps);
   RequireInt("engines", config.engines, 1, kMaxEngines);
   const EngineModel& engine = config.engine;
@@ -1320,7 +1340,10 @@ void Validate(const SimulatorConfig& config) {
   RequireReal("resume_seconds", config.resume_seconds, 0, false, kMaxSeconds);
   RequireInt("dataset_prompts", config.dataset_prompts, 1, kMaxDatasetPrompts);
   RequireInt("max_events", config.max_events, 1, std::numeric_limits<std::int64_t>::max());
+}
 
+// The response and prompt lengths, and the rewards' draws; the longest response.
+std::int64_t ValidateWorkload(const SimulatorConfig& config) {
   const LengthDistribution& lengths = config.lengths;
   std::int64_t longest = 0;
   if (lengths.lengths.empty()) {
@@ -1343,8 +1366,11 @@ void Validate(const SimulatorConfig& config) {
   RequireReal("all_equal_rate", config.all_equal_rate, 0, false, 1);
   RequireReal("engine_mtbf_seconds", config.engine_mtbf_seconds, 0, false, kMaxSeconds);
   RequireReal("rejoin_seconds", config.rejoin_seconds, 0, false, kMaxSeconds);
+  return longest;
+}
 
-  // The orchestrator, as the simulation runs it.
+// The orchestrator as the simulation runs it, against the workload's longest response.
+void ValidateOrchestrator(const SimulatorConfig& config, std::int64_t longest) {
   try {
     Validate(CoreOptions(config));
   } catch (const rlsched::FieldError& e) {
@@ -1384,8 +1410,11 @@ void Validate(const SimulatorConfig& config) {
                     "equal, so the filter would drop nothing), got true");
     }
   }
+}
 
-  // The step options, by planning the longest possible sequence alone.
+// The step options, by planning the longest possible sequence alone.
+void ValidateStep(const SimulatorConfig& config, std::int64_t longest) {
+  const LengthDistribution& lengths = config.lengths;
   const balance::StepOptions& step = config.step;
   const std::int64_t longest_sequence = lengths.max_prompt_tokens + longest;
   const std::int64_t cap = step.micro_batch.max_tokens_per_micro_batch;
@@ -1404,6 +1433,15 @@ void Validate(const SimulatorConfig& config) {
   } catch (const rlsched::FieldError& e) {
     throw e.Within("step");
   }
+}
+
+}  // namespace
+
+void Validate(const SimulatorConfig& config) {
+  ValidateCluster(config);
+  const std::int64_t longest = ValidateWorkload(config);
+  ValidateOrchestrator(config, longest);
+  ValidateStep(config, longest);
 }
 
 void CheckWorkBudget(const SimulatorConfig& config) {
