@@ -137,6 +137,120 @@ std::int32_t TensorIndex::operator[](const std::string& name) const {
   return it->second;
 }
 
+namespace {
+
+// What a layout's shards are built from: the model, its tensors, the list being built,
+// the tensor-parallel size and rank, the hidden size.
+struct ShardContext {
+  const ModelConfig& m;
+  const TensorIndex& index;
+  std::vector<LocalParam>& out;
+  std::int64_t tp, t, h;
+};
+
+// Megatron's MLA attention of one layer (hl, ha: the HF layer and attention prefixes;
+// ml, ma: Megatron's).
+void MegatronMla(const ShardContext& c, const std::string& hl, const std::string& ha,
+                 const std::string& ml, const std::string& ma) {
+  const ModelConfig& m = c.m;
+  const TensorIndex& index = c.index;
+  std::vector<LocalParam>& out = c.out;
+  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+  const std::int64_t heads = m.num_heads / tp;
+  const std::int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  const std::int64_t kv = m.qk_nope_head_dim + m.v_head_dim;
+  Replicated(index, out, ml + "input_layernorm.weight", hl + "input_layernorm.weight");
+  if (m.q_lora_rank > 0) {
+    Replicated(index, out, ma + "linear_q_down_proj.weight", ha + "q_a_proj.weight");
+    Replicated(index, out, ma + "linear_q_up_proj.layer_norm_weight", ha + "q_a_layernorm.weight");
+    ParamBuilder(index, out, ma + "linear_q_up_proj.weight", {heads * qk, m.q_lora_rank})
+        .Rows(ha + "q_b_proj.weight", t * heads * qk, (t + 1) * heads * qk, {0, 0});
+  } else {
+    ParamBuilder(index, out, ma + "linear_q_proj.weight", {heads * qk, h})
+        .Rows(ha + "q_proj.weight", t * heads * qk, (t + 1) * heads * qk, {0, 0});
+  }
+  Replicated(index, out, ma + "linear_kv_down_proj.weight", ha + "kv_a_proj_with_mqa.weight");
+  Replicated(index, out, ma + "linear_kv_up_proj.layer_norm_weight", ha + "kv_a_layernorm.weight");
+  ParamBuilder(index, out, ma + "linear_kv_up_proj.weight", {heads * kv, m.kv_lora_rank})
+      .Rows(ha + "kv_b_proj.weight", t * heads * kv, (t + 1) * heads * kv, {0, 0});
+  const std::int64_t o = heads * m.v_head_dim;
+  ParamBuilder(index, out, ma + "linear_proj.weight", {h, o})
+      .Cols(ha + "o_proj.weight", t * o, (t + 1) * o, {0, 0});
+}
+
+// Megatron's fused QKV attention of one layer: per query group [q heads of the group; k;
+// v], whole groups per rank.
+void MegatronQkv(const ShardContext& c, const std::string& hl, const std::string& ha,
+                 const std::string& ma) {
+  const ModelConfig& m = c.m;
+  const TensorIndex& index = c.index;
+  std::vector<LocalParam>& out = c.out;
+  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+  const std::int64_t d = m.head_dim;
+  const std::int64_t groups = m.num_kv_heads / tp;
+  const std::int64_t q_per_group = m.num_heads / m.num_kv_heads;
+  const std::int64_t group_rows = (q_per_group + 2) * d;
+  Replicated(index, out, ma + "linear_qkv.layer_norm_weight", hl + "input_layernorm.weight");
+  for (const char* kind : {"weight", "bias"}) {
+    const bool bias = kind[0] == 'b';
+    if (bias && !m.qkv_bias) continue;
+    std::vector<std::int64_t> shape{groups * group_rows};
+    if (!bias) shape.push_back(h);
+    ParamBuilder b(index, out, ma + "linear_qkv." + kind, std::move(shape));
+    for (std::int64_t j = 0; j < groups; ++j) {
+      const std::int64_t g = t * groups + j, base = j * group_rows;
+      auto at = [&](std::int64_t row) {
+        return bias ? std::vector<std::int64_t>{row} : std::vector<std::int64_t>{row, 0};
+      };
+      b.Rows(ha + "q_proj." + kind, g * q_per_group * d, (g + 1) * q_per_group * d, at(base));
+      b.Rows(ha + "k_proj." + kind, g * d, (g + 1) * d, at(base + q_per_group * d));
+      b.Rows(ha + "v_proj." + kind, g * d, (g + 1) * d, at(base + (q_per_group + 1) * d));
+    }
+  }
+  if (m.qk_norm) {
+    Replicated(index, out, ma + "q_layernorm.weight", ha + "q_norm.weight");
+    Replicated(index, out, ma + "k_layernorm.weight", ha + "k_norm.weight");
+  }
+  const std::int64_t o = m.num_heads * d / tp;
+  ParamBuilder(index, out, ma + "linear_proj.weight", {h, o})
+      .Cols(ha + "o_proj.weight", t * o, (t + 1) * o, {0, 0});
+}
+
+// Megatron's MLP of one layer: the router and shared experts of a MoE layer (the
+// experts are MegatronExpertShards'), or the dense MLP.
+void MegatronMlp(const ShardContext& c, std::int64_t layer, const std::string& hl,
+                 const std::string& ml) {
+  const ModelConfig& m = c.m;
+  const TensorIndex& index = c.index;
+  std::vector<LocalParam>& out = c.out;
+  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+  const std::string norm = hl + "post_attention_layernorm.weight";
+  auto dense_mlp = [&](const std::string& mprefix, const std::string& hprefix, std::int64_t ffn) {
+    const std::int64_t per = ffn / tp;
+    ParamBuilder fc1(index, out, mprefix + "linear_fc1.weight", {2 * per, h});
+    GateUp(fc1, index[hprefix + "gate_proj.weight"], ffn, tp, t, {});
+    ParamBuilder(index, out, mprefix + "linear_fc2.weight", {h, per})
+        .Cols(hprefix + "down_proj.weight", t * per, (t + 1) * per, {0, 0});
+  };
+  if (m.IsMoeLayer(layer)) {
+    Replicated(index, out, ml + "pre_mlp_layernorm.weight", norm);
+    Replicated(index, out, ml + "mlp.router.weight", hl + "mlp.gate.weight");
+    if (m.router_bias) {
+      Replicated(index, out, ml + "mlp.router.expert_bias",
+                 hl + "mlp.gate.e_score_correction_bias");
+    }
+    if (m.num_shared_experts > 0) {
+      dense_mlp(ml + "mlp.shared_experts.", hl + "mlp.shared_experts.",
+                m.num_shared_experts * m.moe_intermediate_size);
+    }
+  } else {
+    Replicated(index, out, ml + "mlp.linear_fc1.layer_norm_weight", norm);
+    dense_mlp(ml + "mlp.", hl + "mlp.", m.intermediate_size);
+  }
+}
+
+}  // namespace
+
 std::vector<LocalParam> MegatronDenseShards(const ModelConfig& m, const TensorIndex& index,
                                             const TrainLayout& train, std::int64_t pp_rank,
                                             std::int64_t tp_rank) {
@@ -151,83 +265,13 @@ std::vector<LocalParam> MegatronDenseShards(const ModelConfig& m, const TensorIn
   for (std::int64_t layer : StageLayers(m, train, pp_rank)) {
     const std::string hl = L(layer), ha = hl + "self_attn.", ml = ML(layer),
                       ma = ml + "self_attention.";
+    const ShardContext c{m, index, out, tp, t, h};
     if (m.is_mla()) {
-      const std::int64_t heads = m.num_heads / tp;
-      const std::int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-      const std::int64_t kv = m.qk_nope_head_dim + m.v_head_dim;
-      Replicated(index, out, ml + "input_layernorm.weight", hl + "input_layernorm.weight");
-      if (m.q_lora_rank > 0) {
-        Replicated(index, out, ma + "linear_q_down_proj.weight", ha + "q_a_proj.weight");
-        Replicated(index, out, ma + "linear_q_up_proj.layer_norm_weight",
-                   ha + "q_a_layernorm.weight");
-        ParamBuilder(index, out, ma + "linear_q_up_proj.weight", {heads * qk, m.q_lora_rank})
-            .Rows(ha + "q_b_proj.weight", t * heads * qk, (t + 1) * heads * qk, {0, 0});
-      } else {
-        ParamBuilder(index, out, ma + "linear_q_proj.weight", {heads * qk, h})
-            .Rows(ha + "q_proj.weight", t * heads * qk, (t + 1) * heads * qk, {0, 0});
-      }
-      Replicated(index, out, ma + "linear_kv_down_proj.weight", ha + "kv_a_proj_with_mqa.weight");
-      Replicated(index, out, ma + "linear_kv_up_proj.layer_norm_weight",
-                 ha + "kv_a_layernorm.weight");
-      ParamBuilder(index, out, ma + "linear_kv_up_proj.weight", {heads * kv, m.kv_lora_rank})
-          .Rows(ha + "kv_b_proj.weight", t * heads * kv, (t + 1) * heads * kv, {0, 0});
-      const std::int64_t o = heads * m.v_head_dim;
-      ParamBuilder(index, out, ma + "linear_proj.weight", {h, o})
-          .Cols(ha + "o_proj.weight", t * o, (t + 1) * o, {0, 0});
+      MegatronMla(c, hl, ha, ml, ma);
     } else {
-      // Fused QKV: per query group [q heads of the group; k; v]; whole groups per rank.
-      const std::int64_t d = m.head_dim;
-      const std::int64_t groups = m.num_kv_heads / tp;
-      const std::int64_t q_per_group = m.num_heads / m.num_kv_heads;
-      const std::int64_t group_rows = (q_per_group + 2) * d;
-      Replicated(index, out, ma + "linear_qkv.layer_norm_weight", hl + "input_layernorm.weight");
-      for (const char* kind : {"weight", "bias"}) {
-        const bool bias = kind[0] == 'b';
-        if (bias && !m.qkv_bias) continue;
-        std::vector<std::int64_t> shape{groups * group_rows};
-        if (!bias) shape.push_back(h);
-        ParamBuilder b(index, out, ma + "linear_qkv." + kind, std::move(shape));
-        for (std::int64_t j = 0; j < groups; ++j) {
-          const std::int64_t g = t * groups + j, base = j * group_rows;
-          auto at = [&](std::int64_t row) {
-            return bias ? std::vector<std::int64_t>{row} : std::vector<std::int64_t>{row, 0};
-          };
-          b.Rows(ha + "q_proj." + kind, g * q_per_group * d, (g + 1) * q_per_group * d, at(base));
-          b.Rows(ha + "k_proj." + kind, g * d, (g + 1) * d, at(base + q_per_group * d));
-          b.Rows(ha + "v_proj." + kind, g * d, (g + 1) * d, at(base + (q_per_group + 1) * d));
-        }
-      }
-      if (m.qk_norm) {
-        Replicated(index, out, ma + "q_layernorm.weight", ha + "q_norm.weight");
-        Replicated(index, out, ma + "k_layernorm.weight", ha + "k_norm.weight");
-      }
-      const std::int64_t o = m.num_heads * d / tp;
-      ParamBuilder(index, out, ma + "linear_proj.weight", {h, o})
-          .Cols(ha + "o_proj.weight", t * o, (t + 1) * o, {0, 0});
+      MegatronQkv(c, hl, ha, ma);
     }
-    const std::string norm = hl + "post_attention_layernorm.weight";
-    auto dense_mlp = [&](const std::string& mprefix, const std::string& hprefix, std::int64_t ffn) {
-      const std::int64_t per = ffn / tp;
-      ParamBuilder fc1(index, out, mprefix + "linear_fc1.weight", {2 * per, h});
-      GateUp(fc1, index[hprefix + "gate_proj.weight"], ffn, tp, t, {});
-      ParamBuilder(index, out, mprefix + "linear_fc2.weight", {h, per})
-          .Cols(hprefix + "down_proj.weight", t * per, (t + 1) * per, {0, 0});
-    };
-    if (m.IsMoeLayer(layer)) {
-      Replicated(index, out, ml + "pre_mlp_layernorm.weight", norm);
-      Replicated(index, out, ml + "mlp.router.weight", hl + "mlp.gate.weight");
-      if (m.router_bias) {
-        Replicated(index, out, ml + "mlp.router.expert_bias",
-                   hl + "mlp.gate.e_score_correction_bias");
-      }
-      if (m.num_shared_experts > 0) {
-        dense_mlp(ml + "mlp.shared_experts.", hl + "mlp.shared_experts.",
-                  m.num_shared_experts * m.moe_intermediate_size);
-      }
-    } else {
-      Replicated(index, out, ml + "mlp.linear_fc1.layer_norm_weight", norm);
-      dense_mlp(ml + "mlp.", hl + "mlp.", m.intermediate_size);
-    }
+    MegatronMlp(c, layer, hl, ml);
   }
   if (last) {
     Replicated(index, out, "decoder.final_layernorm.weight", "model.norm.weight");
@@ -264,6 +308,145 @@ std::vector<LocalParam> MegatronExpertShards(const ModelConfig& m, const TensorI
   return out;
 }
 
+namespace {
+
+// vLLM's MLA attention of one layer (a: its attention prefix).
+void VllmMla(const ShardContext& c, const std::string& a) {
+  const ModelConfig& m = c.m;
+  const TensorIndex& index = c.index;
+  std::vector<LocalParam>& out = c.out;
+  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+  const std::int64_t heads = m.num_heads / tp;
+  const std::int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  const std::int64_t kv = m.qk_nope_head_dim + m.v_head_dim;
+  const std::int64_t kv_a = m.kv_lora_rank + m.qk_rope_head_dim;
+  if (m.q_lora_rank > 0) {
+    ParamBuilder(index, out, a + "fused_qkv_a_proj.weight", {m.q_lora_rank + kv_a, h})
+        .Rows(a + "q_a_proj.weight", 0, m.q_lora_rank, {0, 0})
+        .Rows(a + "kv_a_proj_with_mqa.weight", 0, kv_a, {m.q_lora_rank, 0});
+    Replicated(index, out, a + "q_a_layernorm.weight", a + "q_a_layernorm.weight");
+    ParamBuilder(index, out, a + "q_b_proj.weight", {heads * qk, m.q_lora_rank})
+        .Rows(a + "q_b_proj.weight", t * heads * qk, (t + 1) * heads * qk, {0, 0});
+  } else {
+    ParamBuilder(index, out, a + "q_proj.weight", {heads * qk, h})
+        .Rows(a + "q_proj.weight", t * heads * qk, (t + 1) * heads * qk, {0, 0});
+    Replicated(index, out, a + "kv_a_proj_with_mqa.weight", a + "kv_a_proj_with_mqa.weight");
+  }
+  Replicated(index, out, a + "kv_a_layernorm.weight", a + "kv_a_layernorm.weight");
+  ParamBuilder(index, out, a + "kv_b_proj.weight", {heads * kv, m.kv_lora_rank})
+      .Rows(a + "kv_b_proj.weight", t * heads * kv, (t + 1) * heads * kv, {0, 0});
+  const std::int64_t o = heads * m.v_head_dim;
+  ParamBuilder(index, out, a + "o_proj.weight", {h, o})
+      .Cols(a + "o_proj.weight", t * o, (t + 1) * o, {0, 0});
+}
+
+// vLLM's fused QKV attention of one layer: [Q_r; K_r; V_r], the KV heads replicated when
+// tp > num_kv_heads.
+void VllmQkv(const ShardContext& c, const std::string& a) {
+  const ModelConfig& m = c.m;
+  const TensorIndex& index = c.index;
+  std::vector<LocalParam>& out = c.out;
+  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+  const std::int64_t d = m.head_dim;
+  const std::int64_t q_heads = m.num_heads / tp;
+  const std::int64_t kv_heads = tp >= m.num_kv_heads ? 1 : m.num_kv_heads / tp;
+  const std::int64_t kv_first = tp >= m.num_kv_heads ? t / (tp / m.num_kv_heads) : t * kv_heads;
+  for (const char* kind : {"weight", "bias"}) {
+    const bool bias = kind[0] == 'b';
+    if (bias && !m.qkv_bias) continue;
+    auto at = [&](std::int64_t row) {
+      return bias ? std::vector<std::int64_t>{row} : std::vector<std::int64_t>{row, 0};
+    };
+    std::vector<std::int64_t> shape{(q_heads + 2 * kv_heads) * d};
+    if (!bias) shape.push_back(h);
+    ParamBuilder(index, out, a + "qkv_proj." + kind, std::move(shape))
+        .Rows(a + "q_proj." + kind, t * q_heads * d, (t + 1) * q_heads * d, at(0))
+        .Rows(a + "k_proj." + kind, kv_first * d, (kv_first + kv_heads) * d, at(q_heads * d))
+        .Rows(a + "v_proj." + kind, kv_first * d, (kv_first + kv_heads) * d,
+              at((q_heads + kv_heads) * d));
+  }
+  if (m.qk_norm) {
+    Replicated(index, out, a + "q_norm.weight", a + "q_norm.weight");
+    Replicated(index, out, a + "k_norm.weight", a + "k_norm.weight");
+  }
+  const std::int64_t o = q_heads * d;
+  ParamBuilder(index, out, a + "o_proj.weight", {h, o})
+      .Cols(a + "o_proj.weight", t * o, (t + 1) * o, {0, 0});
+}
+
+// vLLM's fused experts of a MoE layer (l: its prefix): whole experts per rank under
+// expert parallelism, else every expert split by tp.
+void VllmExperts(const ShardContext& c, const InferLayout& infer, std::int64_t layer,
+                 const std::string& l) {
+  const ModelConfig& m = c.m;
+  const TensorIndex& index = c.index;
+  std::vector<LocalParam>& out = c.out;
+  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+  std::vector<std::int64_t> experts;
+  std::int64_t moe_tp = tp, moe_rank = t;
+  if (infer.expert_parallel) {
+    moe_tp = 1;
+    moe_rank = 0;
+    const std::int64_t base = m.num_experts / tp, rem = m.num_experts % tp;
+    if (infer.round_robin_experts) {
+      for (std::int64_t e = t; e < m.num_experts; e += tp) experts.push_back(e);
+    } else {
+      const std::int64_t start = t * base + std::min(t, rem);
+      for (std::int64_t e = start; e < start + base + (t < rem ? 1 : 0); ++e) {
+        experts.push_back(e);
+      }
+    }
+  } else {
+    for (std::int64_t e = 0; e < m.num_experts; ++e) experts.push_back(e);
+  }
+  const std::int64_t per = m.moe_intermediate_size / moe_tp;
+  const std::int64_t n = static_cast<std::int64_t>(experts.size());
+  ParamBuilder w13(index, out, l + "mlp.experts.w13_weight", {n, 2 * per, h});
+  w13.Reserve(static_cast<std::size_t>(2 * n));
+  for (std::int64_t j = 0; j < n; ++j) {
+    GateUp(w13, index.ExpertGate(layer, experts[j]), m.moe_intermediate_size, moe_tp, moe_rank,
+           {j});
+  }
+  ParamBuilder w2(index, out, l + "mlp.experts.w2_weight", {n, h, per});
+  w2.Reserve(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) {
+    w2.Cols(index.ExpertGate(layer, experts[j]) + 2, moe_rank * per, (moe_rank + 1) * per,
+            {j, 0, 0});
+  }
+}
+
+// vLLM's MLP of one layer (l: its prefix): the router, experts and shared experts of a
+// MoE layer, or the dense MLP.
+void VllmMlp(const ShardContext& c, const InferLayout& infer, std::int64_t layer,
+             const std::string& l) {
+  const ModelConfig& m = c.m;
+  const TensorIndex& index = c.index;
+  std::vector<LocalParam>& out = c.out;
+  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+  auto dense_mlp = [&](const std::string& prefix, std::int64_t ffn) {
+    const std::int64_t per = ffn / tp;
+    ParamBuilder gate_up(index, out, prefix + "gate_up_proj.weight", {2 * per, h});
+    GateUp(gate_up, index[prefix + "gate_proj.weight"], ffn, tp, t, {});
+    ParamBuilder(index, out, prefix + "down_proj.weight", {h, per})
+        .Cols(prefix + "down_proj.weight", t * per, (t + 1) * per, {0, 0});
+  };
+  if (m.IsMoeLayer(layer)) {
+    Replicated(index, out, l + "mlp.gate.weight", l + "mlp.gate.weight");
+    if (m.router_bias) {
+      Replicated(index, out, l + "mlp.gate.e_score_correction_bias",
+                 l + "mlp.gate.e_score_correction_bias");
+    }
+    VllmExperts(c, infer, layer, l);
+    if (m.num_shared_experts > 0) {
+      dense_mlp(l + "mlp.shared_experts.", m.num_shared_experts * m.moe_intermediate_size);
+    }
+  } else {
+    dense_mlp(l + "mlp.", m.intermediate_size);
+  }
+}
+
+}  // namespace
+
 std::vector<LocalParam> VllmShards(const ModelConfig& m, const TensorIndex& index,
                                    const InferLayout& infer, std::int64_t tp_rank) {
   std::vector<LocalParam> out;
@@ -274,110 +457,15 @@ std::vector<LocalParam> VllmShards(const ModelConfig& m, const TensorIndex& inde
   for (std::int64_t layer = 0; layer < m.num_layers; ++layer) {
     const std::string l = L(layer), a = l + "self_attn.";
     Replicated(index, out, l + "input_layernorm.weight", l + "input_layernorm.weight");
+    const ShardContext c{m, index, out, tp, t, h};
     if (m.is_mla()) {
-      const std::int64_t heads = m.num_heads / tp;
-      const std::int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-      const std::int64_t kv = m.qk_nope_head_dim + m.v_head_dim;
-      const std::int64_t kv_a = m.kv_lora_rank + m.qk_rope_head_dim;
-      if (m.q_lora_rank > 0) {
-        ParamBuilder(index, out, a + "fused_qkv_a_proj.weight", {m.q_lora_rank + kv_a, h})
-            .Rows(a + "q_a_proj.weight", 0, m.q_lora_rank, {0, 0})
-            .Rows(a + "kv_a_proj_with_mqa.weight", 0, kv_a, {m.q_lora_rank, 0});
-        Replicated(index, out, a + "q_a_layernorm.weight", a + "q_a_layernorm.weight");
-        ParamBuilder(index, out, a + "q_b_proj.weight", {heads * qk, m.q_lora_rank})
-            .Rows(a + "q_b_proj.weight", t * heads * qk, (t + 1) * heads * qk, {0, 0});
-      } else {
-        ParamBuilder(index, out, a + "q_proj.weight", {heads * qk, h})
-            .Rows(a + "q_proj.weight", t * heads * qk, (t + 1) * heads * qk, {0, 0});
-        Replicated(index, out, a + "kv_a_proj_with_mqa.weight", a + "kv_a_proj_with_mqa.weight");
-      }
-      Replicated(index, out, a + "kv_a_layernorm.weight", a + "kv_a_layernorm.weight");
-      ParamBuilder(index, out, a + "kv_b_proj.weight", {heads * kv, m.kv_lora_rank})
-          .Rows(a + "kv_b_proj.weight", t * heads * kv, (t + 1) * heads * kv, {0, 0});
-      const std::int64_t o = heads * m.v_head_dim;
-      ParamBuilder(index, out, a + "o_proj.weight", {h, o})
-          .Cols(a + "o_proj.weight", t * o, (t + 1) * o, {0, 0});
+      VllmMla(c, a);
     } else {
-      // [Q_r; K_r; V_r]; KV heads replicated when tp > num_kv_heads.
-      const std::int64_t d = m.head_dim;
-      const std::int64_t q_heads = m.num_heads / tp;
-      const std::int64_t kv_heads = tp >= m.num_kv_heads ? 1 : m.num_kv_heads / tp;
-      const std::int64_t kv_first = tp >= m.num_kv_heads ? t / (tp / m.num_kv_heads) : t * kv_heads;
-      for (const char* kind : {"weight", "bias"}) {
-        const bool bias = kind[0] == 'b';
-        if (bias && !m.qkv_bias) continue;
-        auto at = [&](std::int64_t row) {
-          return bias ? std::vector<std::int64_t>{row} : std::vector<std::int64_t>{row, 0};
-        };
-        std::vector<std::int64_t> shape{(q_heads + 2 * kv_heads) * d};
-        if (!bias) shape.push_back(h);
-        ParamBuilder(index, out, a + "qkv_proj." + kind, std::move(shape))
-            .Rows(a + "q_proj." + kind, t * q_heads * d, (t + 1) * q_heads * d, at(0))
-            .Rows(a + "k_proj." + kind, kv_first * d, (kv_first + kv_heads) * d, at(q_heads * d))
-            .Rows(a + "v_proj." + kind, kv_first * d, (kv_first + kv_heads) * d,
-                  at((q_heads + kv_heads) * d));
-      }
-      if (m.qk_norm) {
-        Replicated(index, out, a + "q_norm.weight", a + "q_norm.weight");
-        Replicated(index, out, a + "k_norm.weight", a + "k_norm.weight");
-      }
-      const std::int64_t o = q_heads * d;
-      ParamBuilder(index, out, a + "o_proj.weight", {h, o})
-          .Cols(a + "o_proj.weight", t * o, (t + 1) * o, {0, 0});
+      VllmQkv(c, a);
     }
     Replicated(index, out, l + "post_attention_layernorm.weight",
                l + "post_attention_layernorm.weight");
-    auto dense_mlp = [&](const std::string& prefix, std::int64_t ffn) {
-      const std::int64_t per = ffn / tp;
-      ParamBuilder gate_up(index, out, prefix + "gate_up_proj.weight", {2 * per, h});
-      GateUp(gate_up, index[prefix + "gate_proj.weight"], ffn, tp, t, {});
-      ParamBuilder(index, out, prefix + "down_proj.weight", {h, per})
-          .Cols(prefix + "down_proj.weight", t * per, (t + 1) * per, {0, 0});
-    };
-    if (m.IsMoeLayer(layer)) {
-      Replicated(index, out, l + "mlp.gate.weight", l + "mlp.gate.weight");
-      if (m.router_bias) {
-        Replicated(index, out, l + "mlp.gate.e_score_correction_bias",
-                   l + "mlp.gate.e_score_correction_bias");
-      }
-      // Experts: whole experts per rank under expert parallelism, else split by tp.
-      std::vector<std::int64_t> experts;
-      std::int64_t moe_tp = tp, moe_rank = t;
-      if (infer.expert_parallel) {
-        moe_tp = 1;
-        moe_rank = 0;
-        const std::int64_t base = m.num_experts / tp, rem = m.num_experts % tp;
-        if (infer.round_robin_experts) {
-          for (std::int64_t e = t; e < m.num_experts; e += tp) experts.push_back(e);
-        } else {
-          const std::int64_t start = t * base + std::min(t, rem);
-          for (std::int64_t e = start; e < start + base + (t < rem ? 1 : 0); ++e) {
-            experts.push_back(e);
-          }
-        }
-      } else {
-        for (std::int64_t e = 0; e < m.num_experts; ++e) experts.push_back(e);
-      }
-      const std::int64_t per = m.moe_intermediate_size / moe_tp;
-      const std::int64_t n = static_cast<std::int64_t>(experts.size());
-      ParamBuilder w13(index, out, l + "mlp.experts.w13_weight", {n, 2 * per, h});
-      w13.Reserve(static_cast<std::size_t>(2 * n));
-      for (std::int64_t j = 0; j < n; ++j) {
-        GateUp(w13, index.ExpertGate(layer, experts[j]), m.moe_intermediate_size, moe_tp, moe_rank,
-               {j});
-      }
-      ParamBuilder w2(index, out, l + "mlp.experts.w2_weight", {n, h, per});
-      w2.Reserve(static_cast<std::size_t>(n));
-      for (std::int64_t j = 0; j < n; ++j) {
-        w2.Cols(index.ExpertGate(layer, experts[j]) + 2, moe_rank * per, (moe_rank + 1) * per,
-                {j, 0, 0});
-      }
-      if (m.num_shared_experts > 0) {
-        dense_mlp(l + "mlp.shared_experts.", m.num_shared_experts * m.moe_intermediate_size);
-      }
-    } else {
-      dense_mlp(l + "mlp.", m.intermediate_size);
-    }
+    VllmMlp(c, infer, layer, l);
   }
   Replicated(index, out, "model.norm.weight", "model.norm.weight");
   if (!m.tie_word_embeddings) {
