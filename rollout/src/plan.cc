@@ -161,10 +161,29 @@ class Planner {
   void BuildSources();
   void BuildJobs();
   void Assign();
+  // Assign()'s steps: the link loads and the bound's accumulators sized, the jobs in
+  // the order they are assigned (largest first), the holding a holder rank sends `src`
+  // from, and one job's transfers (`remote`, `far`: scratch).
+  void PrepareAssign();
+  std::vector<std::int32_t> JobsLargestFirst() const;
+  std::int32_t HoldingOf(const SourceRect& src, std::int64_t rank) const;
+  void AssignJob(std::int32_t j, std::vector<std::int64_t>& remote, std::vector<std::int64_t>& far);
+  // Sends job `j` to the engine GPUs `remote` (ascending) of each node from a holder on
+  // that node; those with none on theirs go to `far`.
+  void SendWithinNodes(std::int32_t j, const std::vector<std::int64_t>& remote,
+                       std::vector<std::int64_t>& far);
+  // Sends job `j` to `far` over the NICs from the least loaded holder.
+  void SendAcrossNodes(std::int32_t j, std::vector<std::int64_t>& far);
   // Appends the record of job `job` sent by `sender` from `holding` to the ranks
   // dsts_[dst_begin, end).
   void Emit(std::int32_t job, std::int64_t sender, std::int32_t holding, std::size_t dst_begin);
   void Bucket();
+  // Bucket()'s steps: transfers above the budget split by rows of their region; the
+  // pacing keys (key, record), sorted; the records built by bucket, in key order.
+  void SplitLarge();
+  std::vector<std::pair<double, std::size_t>> PacingKeys() const;
+  void MaterializeByBucket(const std::vector<std::pair<double, std::size_t>>& keys,
+                           const std::vector<std::int64_t>& bucket);
   // Bucket()'s first fit of the records in the order of `keys` (key, record), rooms
   // held as T: bucket[record].
   template <class T>
@@ -344,6 +363,13 @@ void Planner::Emit(std::int32_t job_index, std::int64_t sender, std::int32_t hol
 }
 
 void Planner::Assign() {
+  PrepareAssign();
+  std::vector<std::int64_t> remote;  // engine GPUs without the bytes, ascending
+  std::vector<std::int64_t> far;     // those on nodes without a holder
+  for (const std::int32_t j : JobsLargestFirst()) AssignJob(j, remote, far);
+}
+
+void Planner::PrepareAssign() {
   recs_.reserve(jobs_.size() + jobs_.size() / 4);
   // Every job reaches each replica once (a local copy, or in one transfer).
   dsts_.reserve(jobs_.size() * static_cast<std::size_t>(o_.infer.replicas));
@@ -356,116 +382,131 @@ void Planner::Assign() {
   for (std::int64_t g = 0; g < ranks; ++g) node_of_[g] = g / o_.topology.gpus_per_node;
   need_remote_.assign(engines, 0);
   need_offnode_.assign(engines, 0);
-  // Largest jobs first, ties in job order: a counting sort over the distinct sizes
-  // (few: the same shapes repeat over layers and experts).
+}
+
+// Largest jobs first, ties in job order: a counting sort over the distinct sizes (few:
+// the same shapes repeat over layers and experts).
+std::vector<std::int32_t> Planner::JobsLargestFirst() const {
   std::vector<std::int32_t> order(jobs_.size());
-  {
-    std::unordered_map<std::int64_t, std::int32_t> size_ids;
-    std::vector<std::int64_t> sizes;                  // by id
-    std::vector<std::int32_t> size_of(jobs_.size());  // per job
-    for (std::size_t j = 0; j < jobs_.size(); ++j) {
-      const auto [it, inserted] =
-          size_ids.try_emplace(jobs_[j].bytes, static_cast<std::int32_t>(sizes.size()));
-      if (inserted) sizes.push_back(jobs_[j].bytes);
-      size_of[j] = it->second;
-    }
-    std::vector<std::int32_t> by_size(sizes.size());  // ids, largest size first
-    std::iota(by_size.begin(), by_size.end(), 0);
-    std::sort(by_size.begin(), by_size.end(),
-              [&](std::int32_t a, std::int32_t b) { return sizes[a] > sizes[b]; });
-    std::vector<std::size_t> next(sizes.size());  // per id: its next place in `order`
-    std::size_t place = 0;
-    std::vector<std::size_t> count(sizes.size(), 0);
-    for (std::int32_t id : size_of) ++count[id];
-    for (std::int32_t id : by_size) {
-      next[id] = place;
-      place += count[id];
-    }
-    for (std::size_t j = 0; j < jobs_.size(); ++j) {
-      order[next[size_of[j]]++] = static_cast<std::int32_t>(j);
-    }
+  std::unordered_map<std::int64_t, std::int32_t> size_ids;
+  std::vector<std::int64_t> sizes;                  // by id
+  std::vector<std::int32_t> size_of(jobs_.size());  // per job
+  for (std::size_t j = 0; j < jobs_.size(); ++j) {
+    const auto [it, inserted] =
+        size_ids.try_emplace(jobs_[j].bytes, static_cast<std::int32_t>(sizes.size()));
+    if (inserted) sizes.push_back(jobs_[j].bytes);
+    size_of[j] = it->second;
   }
-  std::vector<std::int64_t> remote;  // engine GPUs without the bytes, ascending
-  std::vector<std::int64_t> far;     // those on nodes without a holder
+  std::vector<std::int32_t> by_size(sizes.size());  // ids, largest size first
+  std::iota(by_size.begin(), by_size.end(), 0);
+  std::sort(by_size.begin(), by_size.end(),
+            [&](std::int32_t a, std::int32_t b) { return sizes[a] > sizes[b]; });
+  std::vector<std::size_t> next(sizes.size());  // per id: its next place in `order`
+  std::size_t place = 0;
+  std::vector<std::size_t> count(sizes.size(), 0);
+  for (std::int32_t id : size_of) ++count[id];
+  for (std::int32_t id : by_size) {
+    next[id] = place;
+    place += count[id];
+  }
+  for (std::size_t j = 0; j < jobs_.size(); ++j) {
+    order[next[size_of[j]]++] = static_cast<std::int32_t>(j);
+  }
+  return order;
+}
+
+// The first holding that lists the rank's class.
+std::int32_t Planner::HoldingOf(const SourceRect& src, std::int64_t rank) const {
+  for (std::size_t i = 0; i < src.holdings.size(); ++i) {
+    const auto& hs = classes_[src.holdings[i].cls].holders;
+    if (std::binary_search(hs.begin(), hs.end(), rank)) return static_cast<std::int32_t>(i);
+  }
+  RLSCHED_CHECK(!"every holder has a holding");
+  return 0;
+}
+
+void Planner::AssignJob(std::int32_t j, std::vector<std::int64_t>& remote,
+                        std::vector<std::int64_t>& far) {
+  const Job& job = jobs_[j];
+  const SourceRect& src = sources_[job.source];
+  remote.clear();
+  far.clear();
+  const std::int64_t lowest = src.holders.front(), highest = src.holders.back();
+  for (std::int64_t rep = 0; rep < o_.infer.replicas; ++rep) {
+    const std::int64_t e = rep * o_.infer.tp + job.tp_rank;
+    const std::int64_t gpu = EngineRank(o_, rep, job.tp_rank);
+    if (gpu >= lowest && gpu <= highest &&
+        std::binary_search(src.holders.begin(), src.holders.end(), gpu)) {
+      const std::size_t begin = dsts_.size();
+      dsts_.push_back(gpu);
+      Emit(j, gpu, HoldingOf(src, gpu), begin);
+      plan_.bytes_local += job.bytes;
+      continue;
+    }
+    need_remote_[e] += job.bytes;
+    remote.push_back(gpu);
+  }
+  SendWithinNodes(j, remote, far);
+  if (!far.empty()) SendAcrossNodes(j, far);
+  plan_.bytes_received += job.bytes * o_.infer.replicas;
+}
+
+void Planner::SendWithinNodes(std::int32_t j, const std::vector<std::int64_t>& remote,
+                              std::vector<std::int64_t>& far) {
+  const Job& job = jobs_[j];
+  const SourceRect& src = sources_[job.source];
+  const std::int64_t lowest = src.holders.front(), highest = src.holders.back();
   const std::int64_t gpn = o_.topology.gpus_per_node;
-  for (const std::int32_t j : order) {
-    const Job& job = jobs_[j];
-    const SourceRect& src = sources_[job.source];
-    // The holding (param) a holder rank sends from: the first that lists its class.
-    auto holding_of = [&](std::int64_t rank) -> std::int32_t {
-      for (std::size_t i = 0; i < src.holdings.size(); ++i) {
-        const auto& hs = classes_[src.holdings[i].cls].holders;
-        if (std::binary_search(hs.begin(), hs.end(), rank)) return static_cast<std::int32_t>(i);
-      }
-      RLSCHED_CHECK(!"every holder has a holding");
-      return 0;
-    };
-    remote.clear();
-    far.clear();
-    const std::int64_t lowest = src.holders.front(), highest = src.holders.back();
-    for (std::int64_t rep = 0; rep < o_.infer.replicas; ++rep) {
-      const std::int64_t e = rep * o_.infer.tp + job.tp_rank;
-      const std::int64_t gpu = EngineRank(o_, rep, job.tp_rank);
-      if (gpu >= lowest && gpu <= highest &&
-          std::binary_search(src.holders.begin(), src.holders.end(), gpu)) {
-        const std::size_t begin = dsts_.size();
-        dsts_.push_back(gpu);
-        Emit(j, gpu, holding_of(gpu), begin);
-        plan_.bytes_local += job.bytes;
-        continue;
-      }
-      need_remote_[e] += job.bytes;
-      remote.push_back(gpu);
+  // Per node (the GPUs ascend, so a node's are consecutive).
+  for (std::size_t first = 0, last = 0; first < remote.size(); first = last) {
+    const std::int64_t node = Node(remote[first]);
+    while (last < remote.size() && Node(remote[last]) == node) ++last;
+    // Holders on this node send over the intra-node links; else over the NICs. The
+    // holders ascend, so a node's are consecutive: the first least loaded.
+    auto on_node = src.holders.end(), off_node = src.holders.end();
+    if (highest >= node * gpn && lowest < (node + 1) * gpn) {
+      on_node = std::lower_bound(src.holders.begin(), src.holders.end(), node * gpn);
+      off_node = std::lower_bound(on_node, src.holders.end(), (node + 1) * gpn);
     }
-    // Per node (the GPUs ascend, so a node's are consecutive).
-    for (std::size_t first = 0, last = 0; first < remote.size(); first = last) {
-      const std::int64_t node = Node(remote[first]);
-      while (last < remote.size() && Node(remote[last]) == node) ++last;
-      // Holders on this node send over the intra-node links; else over the NICs. The
-      // holders ascend, so a node's are consecutive: the first least loaded.
-      auto on_node = src.holders.end(), off_node = src.holders.end();
-      if (highest >= node * gpn && lowest < (node + 1) * gpn) {
-        on_node = std::lower_bound(src.holders.begin(), src.holders.end(), node * gpn);
-        off_node = std::lower_bound(on_node, src.holders.end(), (node + 1) * gpn);
-      }
-      std::int64_t best = -1;
-      for (auto h = on_node; h != off_node; ++h) {
-        if (best < 0 || Load(*h, LinkKind::kIntraOut) < Load(best, LinkKind::kIntraOut)) best = *h;
-      }
-      if (best < 0) {
-        for (std::size_t k = first; k < last; ++k) {
-          const std::int64_t d = remote[k];
-          far.push_back(d);
-          const std::int64_t e = o_.topology.colocated ? d : d - o_.train.world_size();
-          need_offnode_[e] += job.bytes;
-        }
-        continue;
-      }
-      Load(best, LinkKind::kIntraOut) += job.bytes;
-      const std::size_t begin = dsts_.size();
+    std::int64_t best = -1;
+    for (auto h = on_node; h != off_node; ++h) {
+      if (best < 0 || Load(*h, LinkKind::kIntraOut) < Load(best, LinkKind::kIntraOut)) best = *h;
+    }
+    if (best < 0) {
       for (std::size_t k = first; k < last; ++k) {
-        Load(remote[k], LinkKind::kIntraIn) += job.bytes;
-        dsts_.push_back(remote[k]);
+        const std::int64_t d = remote[k];
+        far.push_back(d);
+        const std::int64_t e = o_.topology.colocated ? d : d - o_.train.world_size();
+        need_offnode_[e] += job.bytes;
       }
-      Emit(j, best, holding_of(best), begin);
+      continue;
     }
-    if (!far.empty()) {
-      std::sort(far.begin(), far.end());
-      std::int64_t best = src.holders.front();
-      for (std::int64_t h : src.holders) {
-        if (Load(h, LinkKind::kNicOut) < Load(best, LinkKind::kNicOut)) best = h;
-      }
-      Load(best, LinkKind::kNicOut) += job.bytes;
-      const std::size_t begin = dsts_.size();
-      for (std::int64_t d : far) {
-        Load(d, LinkKind::kNicIn) += job.bytes;
-        dsts_.push_back(d);
-      }
-      set_nic_bytes_[src.holder_set] += job.bytes;
-      Emit(j, best, holding_of(best), begin);
+    Load(best, LinkKind::kIntraOut) += job.bytes;
+    const std::size_t begin = dsts_.size();
+    for (std::size_t k = first; k < last; ++k) {
+      Load(remote[k], LinkKind::kIntraIn) += job.bytes;
+      dsts_.push_back(remote[k]);
     }
-    plan_.bytes_received += job.bytes * o_.infer.replicas;
+    Emit(j, best, HoldingOf(src, best), begin);
   }
+}
+
+void Planner::SendAcrossNodes(std::int32_t j, std::vector<std::int64_t>& far) {
+  const Job& job = jobs_[j];
+  const SourceRect& src = sources_[job.source];
+  std::sort(far.begin(), far.end());
+  std::int64_t best = src.holders.front();
+  for (std::int64_t h : src.holders) {
+    if (Load(h, LinkKind::kNicOut) < Load(best, LinkKind::kNicOut)) best = h;
+  }
+  Load(best, LinkKind::kNicOut) += job.bytes;
+  const std::size_t begin = dsts_.size();
+  for (std::int64_t d : far) {
+    Load(d, LinkKind::kNicIn) += job.bytes;
+    dsts_.push_back(d);
+  }
+  set_nic_bytes_[src.holder_set] += job.bytes;
+  Emit(j, best, HoldingOf(src, best), begin);
 }
 
 void Planner::Materialize(const Rec& r, std::int64_t bucket, Transfer& x) const {
@@ -493,46 +534,65 @@ void Planner::Materialize(const Rec& r, std::int64_t bucket, Transfer& x) const 
 }
 
 void Planner::Bucket() {
-  // Split transfers above the budget by rows of their region.
+  SplitLarge();
+  const std::vector<std::pair<double, std::size_t>> keys = PacingKeys();
+  const std::int64_t budget = o_.bucket_bytes;
+  const std::vector<Rec>& xs = recs_;
+  // First fit: the earliest bucket in which the sender and every receiver have room.
+  // Each rank's room per bucket, sent and received, is a BucketRooms: the first bucket
+  // at or after b with room for a transfer is found in O(log buckets). b only grows,
+  // so the first b that no rank moves is the answer.
+  std::vector<std::int64_t> bucket(xs.size());
+  if (budget <= std::numeric_limits<std::int32_t>::max()) {
+    FirstFit<std::int32_t>(keys, bucket);
+  } else {
+    FirstFit<std::int64_t>(keys, bucket);
+  }
+  MaterializeByBucket(keys, bucket);
+}
+
+void Planner::SplitLarge() {
   const std::int64_t budget = o_.bucket_bytes;
   const bool any_large =
       std::any_of(recs_.begin(), recs_.end(), [&](const Rec& r) { return r.bytes > budget; });
-  if (any_large) {
-    std::vector<Rec> split;
-    split.reserve(recs_.size());
-    for (const Rec& x : recs_) {
-      if (x.bytes <= budget) {
-        split.push_back(x);
-        continue;
-      }
-      // Rows are the second-to-last dim of a matrix slice; the last of a vector one.
-      const Range* src_slice = ranges_.data() + x.ranges;
-      const auto sd = static_cast<std::size_t>(x.src_dims);
-      const std::size_t src_row = sd >= 2 ? sd - 2 : 0;
-      const std::int64_t rows = src_slice[src_row].end - src_slice[src_row].begin;
-      const std::int64_t cols = sd >= 2 ? src_slice[sd - 1].end - src_slice[sd - 1].begin : 1;
-      const Quantize quantize = x.quantize;
-      std::int64_t step = 1;
-      if (quantize == Quantize::kAtSender) {  // whole blocks per part
-        step = kBlock;
-        while (step < rows && SliceBytes(step + kBlock, cols, 1, quantize) <= budget) {
-          step += kBlock;
-        }
-      } else {
-        step = std::max<std::int64_t>(1, budget / (x.bytes / rows));
-      }
-      for (std::int64_t r = 0; r < rows; r += step) {
-        Rec part = x;
-        const std::int64_t n = std::min(step, rows - r);
-        part.part_begin = r;
-        part.part_rows = n;
-        part.bytes = quantize == Quantize::kAtSender ? SliceBytes(n, cols, 1, quantize)
-                                                     : n * (x.bytes / rows);
-        split.push_back(part);
-      }
+  if (!any_large) return;
+  std::vector<Rec> split;
+  split.reserve(recs_.size());
+  for (const Rec& x : recs_) {
+    if (x.bytes <= budget) {
+      split.push_back(x);
+      continue;
     }
-    recs_ = std::move(split);
+    // Rows are the second-to-last dim of a matrix slice; the last of a vector one.
+    const Range* src_slice = ranges_.data() + x.ranges;
+    const auto sd = static_cast<std::size_t>(x.src_dims);
+    const std::size_t src_row = sd >= 2 ? sd - 2 : 0;
+    const std::int64_t rows = src_slice[src_row].end - src_slice[src_row].begin;
+    const std::int64_t cols = sd >= 2 ? src_slice[sd - 1].end - src_slice[sd - 1].begin : 1;
+    const Quantize quantize = x.quantize;
+    std::int64_t step = 1;
+    if (quantize == Quantize::kAtSender) {  // whole blocks per part
+      step = kBlock;
+      while (step < rows && SliceBytes(step + kBlock, cols, 1, quantize) <= budget) {
+        step += kBlock;
+      }
+    } else {
+      step = std::max<std::int64_t>(1, budget / (x.bytes / rows));
+    }
+    for (std::int64_t r = 0; r < rows; r += step) {
+      Rec part = x;
+      const std::int64_t n = std::min(step, rows - r);
+      part.part_begin = r;
+      part.part_rows = n;
+      part.bytes =
+          quantize == Quantize::kAtSender ? SliceBytes(n, cols, 1, quantize) : n * (x.bytes / rows);
+      split.push_back(part);
+    }
   }
+  recs_ = std::move(split);
+}
+
+std::vector<std::pair<double, std::size_t>> Planner::PacingKeys() const {
   const std::vector<Rec>& xs = recs_;
   const std::size_t ranks = link_bytes_.size() / kLinks;
   // Order: each receiver's streams (bytes in over its intra-node link, over its NIC,
@@ -562,17 +622,12 @@ void Planner::Bucket() {
     keys[i] = {key, i};
   }
   std::sort(keys.begin(), keys.end());
+  return keys;
+}
 
-  // First fit: the earliest bucket in which the sender and every receiver have room.
-  // Each rank's room per bucket, sent and received, is a BucketRooms: the first bucket
-  // at or after b with room for a transfer is found in O(log buckets). b only grows,
-  // so the first b that no rank moves is the answer.
-  std::vector<std::int64_t> bucket(xs.size());
-  if (budget <= std::numeric_limits<std::int32_t>::max()) {
-    FirstFit<std::int32_t>(keys, bucket);
-  } else {
-    FirstFit<std::int64_t>(keys, bucket);
-  }
+void Planner::MaterializeByBucket(const std::vector<std::pair<double, std::size_t>>& keys,
+                                  const std::vector<std::int64_t>& bucket) {
+  const std::vector<Rec>& xs = recs_;
   // By bucket, in key order within a bucket (a counting sort); each Transfer is built
   // once, in its final place.
   std::vector<std::size_t> start(plan_.num_buckets + 1, 0);
