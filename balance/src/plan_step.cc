@@ -3,6 +3,8 @@
 // the whole batch packed first, and Karmarkar-Karp on cost), each planned at the
 // micro-batch counts that may help, and the best kept.
 
+#include "rlsched/balance/plan_step.h"
+
 #include <algorithm>
 #include <functional>
 #include <limits>
@@ -20,7 +22,6 @@
 #include "rank_packer.h"
 #include "recipe_partition.h"
 #include "rlsched/balance/balance.h"
-#include "rlsched/balance/plan_step.h"
 #include "rlsched/common/error.h"
 #include "step_bound.h"
 
@@ -800,6 +801,128 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
 
 namespace internal {
 
+namespace {
+
+// The balancer's split of the sequences to ranks, and the common recipe's sort of the
+// batch when the balancer's can serve it too.
+struct BalancedSplit {
+  std::vector<std::vector<std::int64_t>> ranks;
+  Assignment assignment;          // the rank of every sequence in `ranks` (no groups)
+  std::int64_t groups_bound = 0;  // with whole groups: the balancer's bound over groups
+  // The recipe's order of the batch when the balancer's sort gave it (else empty).
+  std::vector<std::int32_t> recipe_ascending;
+  std::vector<std::int64_t> recipe_sorted;
+  bool shared_sort = false;
+};
+
+// Sequences to ranks: the balancer on the padded lengths' cost (Balance()'s partition of
+// padded.tokens, whose costs Pad() made). The common recipe, for comparison (it ignores
+// groups), sorts the unpadded lengths: when the costs are those lengths (the tokens' cost
+// model without padding) one sort serves both.
+BalancedSplit SplitToRanks(const Padded& padded, std::span<const std::int64_t> groups,
+                           const StepOptions& options) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  BalanceOptions balance;
+  balance.partition.num_parts = options.num_ranks;
+  balance.partition.equal_size = options.equal_size;
+  balance.partition.refine = mb.refine;
+  balance.cost = mb.cost;
+  balance.keep_groups = options.keep_groups;
+  BalancedSplit split;
+  if (options.keep_groups) {
+    const Partition partition =
+        BalancedPartition(padded.tokens, padded.costs, groups, balance, {}, {});
+    split.groups_bound = partition.lower_bound;
+    split.ranks = PartsOf(partition);
+    return split;
+  }
+  std::vector<std::int64_t> sorted;
+  std::vector<std::int32_t> order = HeaviestFirst(padded.costs, &sorted);
+  split.assignment =
+      BalancedAssignment(padded.tokens, padded.costs, groups, balance, order, sorted);
+  split.ranks = RanksOf(split.assignment, options.num_ranks);
+  if (options.baseline && std::equal(padded.costs.begin(), padded.costs.end(),
+                                     padded.lengths.begin(), padded.lengths.end())) {
+    split.recipe_ascending = RecipeAscendingFrom(std::move(order), sorted);
+    split.recipe_sorted = std::move(sorted);
+    split.shared_sort = true;
+  }
+  return split;
+}
+
+// Every candidate planned is kept: Choose may prefer one with fewer micro-batches within
+// the count tolerance of the best. Candidates that cannot beat the best are not planned
+// (PlanForRanks's stop_at), which keeps large inputs fast.
+struct Candidates {
+  std::vector<StepPlan> plans;
+  std::int64_t best = std::numeric_limits<std::int64_t>::max();
+
+  void Take(StepPlan plan) {
+    if (plan.ranks.empty()) return;  // pruned
+    best = std::min(best, plan.predicted_step_time);
+    plans.push_back(std::move(plan));
+  }
+};
+
+// The balancer's assignment and, with a pipeline, the packed and time-aware ones.
+void PlanAssignments(const Padded& padded, const Units& units, const Movable& movable,
+                     const StepOptions& options, const StepBound& bound, BalancedSplit& split,
+                     std::int64_t num_units, Candidates& candidates) {
+  const MicroBatchOptions& mb = options.micro_batch;
+  const bool pipeline = mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs;
+  // With a pipeline the packed candidate comes first at the bound's best count (the
+  // most micro-batches the ranks can fill without an overhead): the other candidates
+  // then skip the counts, or whole plans, that cannot come near it (see PlanForRanks).
+  const bool packed_first = pipeline && bound.count > 0;
+  if (packed_first) {
+    if (auto packed = PackedPlan(padded, units, movable, options, bound.value, bound.count,
+                                 std::numeric_limits<double>::infinity())) {
+      candidates.Take(std::move(*packed));
+    }
+  }
+  // The balancer's assignment (not planned when it cannot come near the packed one).
+  StepPlan balanced = PlanForRanks(padded, std::move(split.ranks), movable, mb, 0, candidates.best,
+                                   split.assignment);
+  split.assignment = Assignment();  // released (`= {}` would keep the storage)
+  const std::int64_t m0 =
+      balanced.ranks.empty()
+          ? std::max(bound.count,
+                     SmallestCount(CeilDiv(TotalTokens(padded), options.num_ranks), mb))
+          : balanced.num_micro_batches;
+  candidates.Take(std::move(balanced));
+  if (!pipeline) return;
+  // Else the packed candidate at the balancer's count.
+  if (!packed_first) {
+    if (auto packed = PackedPlan(padded, units, movable, options, bound.value, m0,
+                                 static_cast<double>(candidates.best))) {
+      candidates.Take(std::move(*packed));
+    }
+  }
+  // And the time-aware assignment for the balancer's count.
+  candidates.Take(
+      PlanForRanks(padded, TimeAwareRanks(units, options, m0), movable, mb, 0, candidates.best));
+}
+
+// Karmarkar-Karp on cost is a valid answer when it keeps the cap (it ignores groups).
+// Planned only when it could change the plan (CannotChangeTheChoice): its bounds from
+// the batch, then from its ranks (exact with one pipeline stage), come first.
+void PlanOnCost(const Padded& padded, const StepOptions& options, Pruning pruning,
+                Candidates& candidates) {
+  auto may_change = [&](const OnCostRanks* on_cost_ranks) {
+    if (pruning == Pruning::kNone) return true;
+    const auto least = OnCostLowerBound(padded, options, on_cost_ranks);
+    return !least || !CannotChangeTheChoice(candidates.plans, least->count, least->time,
+                                            options.micro_batch.count_tolerance);
+  };
+  if (!may_change(nullptr)) return;
+  const OnCostRanks on_cost_ranks = KarmarkarKarpOnCostRanks(padded, options);
+  if (!may_change(&on_cost_ranks)) return;
+  StepPlan on_cost = KarmarkarKarpOnCost(padded, options, on_cost_ranks);
+  if (on_cost.cap_violations == 0) candidates.plans.push_back(std::move(on_cost));
+}
+
+}  // namespace
+
 PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std::int64_t> groups,
                      const StepOptions& unresolved, Pruning pruning) {
   CheckStepOptions(unresolved);
@@ -809,48 +932,11 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   const Padded padded = Pad(lengths, mb);
   const Movable movable{options.keep_groups ? groups : std::span<const std::int64_t>{},
                         options.equal_size};
+  BalancedSplit split = SplitToRanks(padded, groups, options);
 
-  // Sequences to ranks: the balancer on the padded lengths' cost (Balance()'s
-  // partition of padded.tokens, whose costs Pad() made). The common recipe, for
-  // comparison (it ignores groups), sorts the unpadded lengths: when the costs are
-  // those lengths (the tokens' cost model without padding) one sort serves both.
-  BalanceOptions balance;
-  balance.partition.num_parts = options.num_ranks;
-  balance.partition.equal_size = options.equal_size;
-  balance.partition.refine = mb.refine;
-  balance.cost = mb.cost;
-  balance.keep_groups = options.keep_groups;
-  PlannedStep result;
-  std::vector<std::vector<std::int64_t>> balanced_ranks;
-  Assignment balanced_assignment;  // the rank of every sequence in balanced_ranks (no groups)
-  std::int64_t groups_bound = 0;   // with whole groups: the balancer's bound over groups
-  // The recipe's order of the batch when the balancer's sort gave it (else empty).
-  std::vector<std::int32_t> recipe_ascending;
-  std::vector<std::int64_t> recipe_sorted;
-  bool shared_sort = false;
-  if (options.keep_groups) {
-    const Partition partition =
-        BalancedPartition(padded.tokens, padded.costs, groups, balance, {}, {});
-    groups_bound = partition.lower_bound;
-    balanced_ranks = PartsOf(partition);
-  } else {
-    std::vector<std::int64_t> sorted;
-    std::vector<std::int32_t> order = HeaviestFirst(padded.costs, &sorted);
-    balanced_assignment =
-        BalancedAssignment(padded.tokens, padded.costs, groups, balance, order, sorted);
-    balanced_ranks = RanksOf(balanced_assignment, options.num_ranks);
-    if (options.baseline && std::equal(padded.costs.begin(), padded.costs.end(),
-                                       padded.lengths.begin(), padded.lengths.end())) {
-      recipe_ascending = RecipeAscendingFrom(std::move(order), sorted);
-      recipe_sorted = std::move(sorted);
-      shared_sort = true;
-    }
-  }
-
-  // The lower bound first: its best count guides the packed candidate below. With
-  // whole groups the heaviest rank holds at least the balancer's bound over groups.
-  // With a pipeline the bound also knows the units (whole groups) and equal counts.
-  const std::int64_t max_unit = groups_bound;
+  // The lower bound first: its best count guides the packed candidate. With whole groups
+  // the heaviest rank holds at least the balancer's bound over groups. With a pipeline
+  // the bound also knows the units (whole groups) and equal counts.
   const Units units = mb.pipeline_stages > 1 ? MakeUnits(padded, groups,
                                                          options.keep_groups ? Grouping::kGroups
                                                                              : Grouping::kSequences)
@@ -858,84 +944,27 @@ PlannedStep PlanStep(std::span<const std::int64_t> lengths, std::span<const std:
   // The bound of plans without an empty micro-batch, what the planner makes unless the
   // input forces one (then the bound is taken again, allowing them).
   auto bound_of = [&](Empties empties) {
-    return StepLowerBound(padded, max_unit, {units.cost, units.largest},
+    return StepLowerBound(padded, split.groups_bound, {units.cost, units.largest},
                           PartSizesFor(options.equal_size), empties, options);
   };
   const StepBound bound = bound_of(Empties::kNone);
 
-  const std::int64_t num_units = static_cast<std::int64_t>(lengths.size());
-  const bool pipeline = mb.pipeline_stages > 1 && num_units * options.num_ranks <= kMaxGreedyPairs;
-  // Every candidate planned is kept: Choose may prefer one with fewer micro-batches
-  // within the count tolerance of the best. Candidates that cannot beat the best are
-  // not planned (PlanForRanks's stop_at), which keeps large inputs fast.
-  std::vector<StepPlan> candidates;
-  std::int64_t best = std::numeric_limits<std::int64_t>::max();
-  auto take = [&](StepPlan plan) {
-    if (plan.ranks.empty()) return;  // pruned
-    best = std::min(best, plan.predicted_step_time);
-    candidates.push_back(std::move(plan));
-  };
-  // With a pipeline the packed candidate comes first at the bound's best count (the
-  // most micro-batches the ranks can fill without an overhead): the other candidates
-  // then skip the counts, or whole plans, that cannot come near it (see PlanForRanks).
-  const bool packed_first = pipeline && bound.count > 0;
-  if (packed_first) {
-    if (auto packed = PackedPlan(padded, units, movable, options, bound.value, bound.count,
-                                 std::numeric_limits<double>::infinity())) {
-      take(std::move(*packed));
-    }
-  }
-  // The balancer's assignment (not planned when it cannot come near the packed one).
-  StepPlan balanced =
-      PlanForRanks(padded, std::move(balanced_ranks), movable, mb, 0, best, balanced_assignment);
-  balanced_assignment = Assignment();  // released (`= {}` would keep the storage)
-  const std::int64_t m0 =
-      balanced.ranks.empty()
-          ? std::max(bound.count,
-                     SmallestCount(CeilDiv(TotalTokens(padded), options.num_ranks), mb))
-          : balanced.num_micro_batches;
-  take(std::move(balanced));
-  if (pipeline) {
-    // Else the packed candidate at the balancer's count.
-    if (!packed_first) {
-      if (auto packed = PackedPlan(padded, units, movable, options, bound.value, m0,
-                                   static_cast<double>(best))) {
-        take(std::move(*packed));
-      }
-    }
-    // And the time-aware assignment for the balancer's count.
-    take(PlanForRanks(padded, TimeAwareRanks(units, options, m0), movable, mb, 0, best));
-  }
-
+  Candidates candidates;
+  PlanAssignments(padded, units, movable, options, bound, split,
+                  static_cast<std::int64_t>(lengths.size()), candidates);
+  PlannedStep result;
   if (options.baseline) {
-    result.baseline = BaselineFigures(padded, options, bound.value, shared_sort,
-                                      std::move(recipe_ascending), std::move(recipe_sorted));
+    result.baseline =
+        BaselineFigures(padded, options, bound.value, split.shared_sort,
+                        std::move(split.recipe_ascending), std::move(split.recipe_sorted));
   }
-  // Karmarkar-Karp on cost is a valid answer when it keeps the cap (it ignores groups).
-  // Planned only when it could change the plan (CannotChangeTheChoice): its bounds from
-  // the batch, then from its ranks (exact with one pipeline stage), come first.
-  if (!options.keep_groups) {
-    auto may_change = [&](const internal::OnCostRanks* on_cost_ranks) {
-      if (pruning == Pruning::kNone) return true;
-      const auto least = internal::OnCostLowerBound(padded, options, on_cost_ranks);
-      return !least ||
-             !CannotChangeTheChoice(candidates, least->count, least->time, mb.count_tolerance);
-    };
-    if (may_change(nullptr)) {
-      const internal::OnCostRanks on_cost_ranks =
-          internal::KarmarkarKarpOnCostRanks(padded, options);
-      if (may_change(&on_cost_ranks)) {
-        StepPlan on_cost = internal::KarmarkarKarpOnCost(padded, options, on_cost_ranks);
-        if (on_cost.cap_violations == 0) candidates.push_back(std::move(on_cost));
-      }
-    }
-  }
+  if (!options.keep_groups) PlanOnCost(padded, options, pruning, candidates);
   // Empty micro-batches left by every candidate: try the bins-first assignment.
-  if (LeastEmpty(candidates) > 0 && !options.keep_groups && !options.equal_size) {
+  if (LeastEmpty(candidates.plans) > 0 && !options.keep_groups && !options.equal_size) {
     if (auto bins_first = BinsFirstPlan(padded, options))
-      candidates.push_back(std::move(*bins_first));
+      candidates.plans.push_back(std::move(*bins_first));
   }
-  result.plan = Choose(std::move(candidates), mb.count_tolerance);
+  result.plan = Choose(std::move(candidates.plans), mb.count_tolerance);
   result.plan.lower_bound =
       result.plan.empty_micro_batches > 0 ? bound_of(Empties::kAllowed).value : bound.value;
   result.plan.cap_violations = 0;
