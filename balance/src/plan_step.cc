@@ -364,148 +364,190 @@ void FillRanks(const Padded& padded, std::span<const std::int64_t> unit_of, std:
 // cap needs more micro-batches than another rank has sequences can still force empty
 // ones (the plan counts them). `rank_of`, when given, is the rank of every sequence in
 // `ranks` (each ascending), which spares the first gather finding it.
+// PlanForRanks's ranks: their lists either in `ranks` (before a gather, after a take
+// back) or in the searches' items (their `global`, the same lists), which hold them
+// until taken back.
+class RankLists {
+ public:
+  RankLists(const Padded& padded, std::vector<std::vector<std::int64_t>> ranks,
+            std::span<const std::int32_t> rank_of, const MicroBatchOptions& mb)
+      : padded_(padded), mb_(mb), ranks_(std::move(ranks)), rank_of_(rank_of) {}
+
+  std::int64_t size() const { return static_cast<std::int64_t>(ranks_.size() + searches_.size()); }
+
+  // The lists of the ranks back from the searches (for FillRanks, or a gather again).
+  std::vector<std::vector<std::int64_t>>& TakeBack() {
+    ranks_.resize(searches_.size());
+    for (std::size_t r = 0; r < searches_.size(); ++r) {
+      ranks_[r] = std::move(searches_[r].items.global);
+    }
+    searches_.clear();
+    return ranks_;
+  }
+
+  // The ranks' sequences gathered, as the searches start from them. `rank_of` holds
+  // while the ranks are the caller's (FillRanks has not moved any).
+  void Gather() {
+    if (!searches_.empty()) TakeBack();
+    for (RankItems& items : GatherRanks(padded_, std::move(ranks_), rank_of_)) {
+      searches_.push_back(RankSearch{std::move(items), 0, std::nullopt});
+    }
+    ranks_.clear();
+    rank_of_ = {};
+  }
+
+  // Of the gathered ranks: the smallest count every one can pack.
+  std::int64_t SmallestCount() const {
+    std::int64_t from = 0;
+    for (const RankSearch& search : searches_) {
+      from = std::max(from, balance::internal::SmallestCount(search.items.total_tokens, mb_));
+    }
+    return from;
+  }
+
+  // The fewest sequences of a rank, wherever the lists are.
+  std::int64_t Fewest() const {
+    std::int64_t least = std::numeric_limits<std::int64_t>::max();
+    for (const auto& rank : ranks_) {
+      least = std::min(least, static_cast<std::int64_t>(rank.size()));
+    }
+    for (const RankSearch& search : searches_) {
+      least = std::min(least, static_cast<std::int64_t>(search.items.global.size()));
+    }
+    return least;
+  }
+
+  // Whether no count from `start` on can give a plan below `stop_at`: a rank takes at
+  // least C_r + (p − 1)·L_r + (start + p − 1)·o (see TimeBound).
+  bool CannotReach(std::int64_t start, std::int64_t stop_at) const {
+    if (stop_at == std::numeric_limits<std::int64_t>::max()) return false;
+    const double p1 = static_cast<double>(mb_.pipeline_stages - 1);
+    const double overheads = (static_cast<double>(start) + p1) * static_cast<double>(Overhead(mb_));
+    double least = 0.0;
+    for (const RankSearch& search : searches_) {
+      least = std::max(least, static_cast<double>(search.items.total_cost) +
+                                  p1 * LargestCost(search) + overheads);
+    }
+    return least >= static_cast<double>(stop_at);
+  }
+
+  // Every rank's smallest feasible count from `start`; the largest of them.
+  std::int64_t FindFeasible(std::int64_t start) {
+    std::int64_t m = start;
+    for (RankSearch& search : searches_) {
+      search = balance::internal::FindFeasible(std::move(search.items), start, mb_);
+      m = std::max(m, search.feasible_count);
+    }
+    return m;
+  }
+
+  StepPlan PlanWith(std::int64_t count) const {
+    StepPlan plan;
+    plan.num_micro_batches = count;
+    for (const RankSearch& search : searches_) {
+      std::optional<Assignment> repacked;
+      if (search.feasible_count != count) {
+        repacked = Pack(search.items, count, mb_.max_tokens_per_micro_batch, mb_.refine,
+                        search.packing, PackGoalFor(mb_));
+      }
+      const Assignment& packing = search.feasible_count == count ? *search.packing : *repacked;
+      plan.ranks.push_back(MakeRankPlan(padded_, search.items, count, packing, mb_));
+      plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
+    }
+    plan.empty_micro_batches = EmptyMicroBatches(plan);
+    return plan;
+  }
+
+  // No plan at `count` has a step time below this.
+  double BoundWith(std::int64_t count) const {
+    double bound = 0;
+    for (const RankSearch& search : searches_) {
+      bound = std::max(bound, TimeBound(static_cast<double>(search.items.total_cost),
+                                        LargestCost(search), count, mb_));
+    }
+    return bound;
+  }
+
+ private:
+  static double LargestCost(const RankSearch& search) {
+    const auto& costs = search.items.costs;
+    return costs.empty() ? 0.0 : static_cast<double>(*std::max_element(costs.begin(), costs.end()));
+  }
+
+  const Padded& padded_;
+  const MicroBatchOptions& mb_;
+  std::vector<std::vector<std::int64_t>> ranks_;
+  std::span<const std::int32_t> rank_of_;
+  std::vector<RankSearch> searches_;
+};
+
+// PlanForRanks's first count: the smallest every rank can pack, at least `desired`
+// (only_count) where the batch has the sequences, the ranks filled (FillRanks) when they
+// fall short; nullopt when no count can give a plan below `stop_at`.
+std::optional<std::int64_t> FirstCount(const Padded& padded, RankLists& lists,
+                                       const Movable& movable, const MicroBatchOptions& mb,
+                                       std::int64_t desired, std::int64_t stop_at) {
+  const std::int64_t q = mb.micro_batches_multiple_of;
+  const std::int64_t num_ranks = lists.size();
+  const auto n = static_cast<std::int64_t>(padded.tokens.size());
+  // The most sequences every rank can hold, as a multiple of q (with fixed counts, what
+  // the ranks hold).
+  std::int64_t fillable = RoundDown(n / num_ranks, q);
+  if (movable.fixed_counts) fillable = std::min(fillable, RoundDown(lists.Fewest(), q));
+  for (int round = 0;; ++round) {
+    lists.Gather();
+    const std::int64_t from = lists.SmallestCount();
+    // Every rank at least `target` sequences where the batch has them.
+    const std::int64_t target = std::max(from, std::min(desired, fillable));
+    if (lists.Fewest() < target && !movable.fixed_counts) {
+      // When the batch cannot fill every rank to it: as evenly as it can.
+      FillRanks(padded, movable.group_of, std::min(target, n / num_ranks), lists.TakeBack());
+      lists.Gather();
+      if (lists.SmallestCount() != from && round < 3) continue;  // the fill raised the count
+    }
+    const std::int64_t start = std::max(from, std::min(desired, RoundDown(lists.Fewest(), q)));
+    if (lists.CannotReach(start, stop_at)) return std::nullopt;
+    const std::int64_t m = lists.FindFeasible(start);
+    // A packing needed more micro-batches than some rank has sequences: fill again.
+    if (round < 3 && m > lists.Fewest() && lists.Fewest() < fillable && !movable.fixed_counts) {
+      desired = std::max(desired, m);
+      continue;
+    }
+    return m;
+  }
+}
+
 StepPlan PlanForRanks(const Padded& padded, std::vector<std::vector<std::int64_t>> ranks,
                       const Movable& movable, const MicroBatchOptions& mb,
                       std::int64_t only_count = 0,
                       std::int64_t stop_at = std::numeric_limits<std::int64_t>::max(),
                       std::span<const std::int32_t> rank_of = {}) {
-  const std::int64_t cap = mb.max_tokens_per_micro_batch;
   const std::int64_t q = mb.micro_batches_multiple_of;
-  const auto num_ranks = static_cast<std::int64_t>(ranks.size());
-  const auto n = static_cast<std::int64_t>(padded.tokens.size());
-  // The most sequences every rank can hold, as a multiple of q (with fixed counts,
-  // what the ranks hold).
-  std::int64_t fillable = RoundDown(n / num_ranks, q);
-  std::vector<RankSearch> searches;
-  // The lists of the ranks back from the searches (for FillRanks, or a gather again).
-  auto take_back = [&] {
-    ranks.resize(searches.size());
-    for (std::size_t r = 0; r < searches.size(); ++r) {
-      ranks[r] = std::move(searches[r].items.global);
-    }
-    searches.clear();
-  };
-  // The ranks' sequences gathered, as the searches below start from them: the lists of
-  // `ranks` move into the searches' items (their `global`, the same lists), which hold
-  // them until taken back. `rank_of` holds while `ranks` are the caller's (FillRanks
-  // has not moved any).
-  auto gather = [&] {
-    if (!searches.empty()) take_back();
-    for (RankItems& items : GatherRanks(padded, std::move(ranks), rank_of)) {
-      searches.push_back(RankSearch{std::move(items), 0, std::nullopt});
-    }
-    ranks.clear();
-    rank_of = {};
-  };
-  // Of the gathered ranks.
-  auto smallest_count = [&] {
-    std::int64_t from = 0;
-    for (const RankSearch& search : searches) {
-      from = std::max(from, SmallestCount(search.items.total_tokens, mb));
-    }
-    return from;
-  };
-  // Of the ranks, wherever their lists are (`ranks` before a gather, else the searches).
-  auto fewest = [&] {
-    std::int64_t least = std::numeric_limits<std::int64_t>::max();
-    for (const auto& rank : ranks) least = std::min(least, static_cast<std::int64_t>(rank.size()));
-    for (const RankSearch& search : searches) {
-      least = std::min(least, static_cast<std::int64_t>(search.items.global.size()));
-    }
-    return least;
-  };
-  if (movable.fixed_counts) fillable = std::min(fillable, RoundDown(fewest(), q));
-  std::int64_t m = 0;
-  std::int64_t desired = only_count > 0 ? RoundUp(only_count, q) : 0;
-  for (int round = 0;; ++round) {
-    gather();
-    const std::int64_t from = smallest_count();
-    // Every rank at least `target` sequences where the batch has them.
-    const std::int64_t target = std::max(from, std::min(desired, fillable));
-    if (fewest() < target && !movable.fixed_counts) {
-      // When the batch cannot fill every rank to it: as evenly as it can.
-      take_back();
-      FillRanks(padded, movable.group_of, std::min(target, n / num_ranks), ranks);
-      gather();
-      if (smallest_count() != from && round < 3) continue;  // the fill raised the count
-    }
-    const std::int64_t start = std::max(from, std::min(desired, RoundDown(fewest(), q)));
-    // No count from `start` on gives a rank less than C_r + (p − 1)·L_r +
-    // (start + p − 1)·o (see TimeBound): then no plan here reaches stop_at.
-    if (stop_at < std::numeric_limits<std::int64_t>::max()) {
-      const double p1 = static_cast<double>(mb.pipeline_stages - 1);
-      const double overheads =
-          (static_cast<double>(start) + p1) * static_cast<double>(Overhead(mb));
-      double least = 0.0;
-      for (const RankSearch& search : searches) {
-        const auto& costs = search.items.costs;
-        const double largest =
-            costs.empty() ? 0.0
-                          : static_cast<double>(*std::max_element(costs.begin(), costs.end()));
-        least = std::max(least,
-                         static_cast<double>(search.items.total_cost) + p1 * largest + overheads);
-      }
-      if (least >= static_cast<double>(stop_at)) {
-        StepPlan none;
-        none.predicted_step_time = std::numeric_limits<std::int64_t>::max();
-        return none;
-      }
-    }
-    m = start;
-    for (RankSearch& search : searches) {
-      search = FindFeasible(std::move(search.items), start, mb);
-      m = std::max(m, search.feasible_count);
-    }
-    // A packing needed more micro-batches than some rank has sequences: fill again.
-    if (round < 3 && m > fewest() && fewest() < fillable && !movable.fixed_counts) {
-      desired = std::max(desired, m);
-      continue;
-    }
-    break;
+  RankLists lists(padded, std::move(ranks), rank_of, mb);
+  const std::optional<std::int64_t> first =
+      FirstCount(padded, lists, movable, mb, only_count > 0 ? RoundUp(only_count, q) : 0, stop_at);
+  if (!first) {
+    StepPlan none;
+    none.predicted_step_time = std::numeric_limits<std::int64_t>::max();
+    return none;
   }
-  auto plan_with = [&](std::int64_t count) {
-    StepPlan plan;
-    plan.num_micro_batches = count;
-    for (const RankSearch& search : searches) {
-      std::optional<Assignment> repacked;
-      if (search.feasible_count != count) {
-        repacked = Pack(search.items, count, cap, mb.refine, search.packing, PackGoalFor(mb));
-      }
-      const Assignment& packing = search.feasible_count == count ? *search.packing : *repacked;
-      plan.ranks.push_back(MakeRankPlan(padded, search.items, count, packing, mb));
-      plan.predicted_step_time = std::max(plan.predicted_step_time, plan.ranks.back().time);
-    }
-    plan.empty_micro_batches = EmptyMicroBatches(plan);
-    return plan;
-  };
-  auto bound_with = [&](std::int64_t count) {
-    double bound = 0;
-    for (const RankSearch& search : searches) {
-      const auto& costs = search.items.costs;
-      const double max_item =
-          costs.empty() ? 0.0 : static_cast<double>(*std::max_element(costs.begin(), costs.end()));
-      bound = std::max(
-          bound, TimeBound(static_cast<double>(search.items.total_cost), max_item, count, mb));
-    }
-    return bound;
-  };
-
-  if (only_count > 0) return plan_with(m);
+  std::int64_t m = *first;
+  if (only_count > 0) return lists.PlanWith(m);
   // Never more micro-batches than the fewest sequences of a rank.
-  const std::int64_t last = std::max(m, RoundDown(fewest(), q));
-  StepPlan best = plan_with(m);
+  const std::int64_t last = std::max(m, RoundDown(lists.Fewest(), q));
+  StepPlan best = lists.PlanWith(m);
   std::vector<std::pair<std::int64_t, std::int64_t>> tried{{m, best.predicted_step_time}};
   for (int counted = 0; counted < kMaxCountsTried && m + q <= last; ++counted) {
     m += q;
-    const double bound = bound_with(m);
+    const double bound = lists.BoundWith(m);
     if (bound >= static_cast<double>(best.predicted_step_time)) break;
     if (bound >= static_cast<double>(stop_at)) continue;  // a larger count may still beat it
-    StepPlan plan = plan_with(m);
+    StepPlan plan = lists.PlanWith(m);
     tried.emplace_back(m, plan.predicted_step_time);
     if (plan.predicted_step_time < best.predicted_step_time) best = std::move(plan);
   }
   const std::int64_t chosen = SmallestWithin(tried, mb.count_tolerance);
-  if (chosen != best.num_micro_batches) best = plan_with(chosen);
+  if (chosen != best.num_micro_batches) best = lists.PlanWith(chosen);
   return best;
 }
 
