@@ -239,6 +239,97 @@ struct Movable {
   bool fixed_counts = false;
 };
 
+// FillRanks's ranks: their units (sequences, or whole groups), cheapest first, built
+// when a rank first gives one; the units each rank takes in.
+class RankFill {
+ public:
+  RankFill(const Padded& padded, std::span<const std::int64_t> unit_of,
+           std::vector<std::vector<std::int64_t>>& ranks)
+      : padded_(padded),
+        unit_of_(unit_of),
+        ranks_(ranks),
+        units_(ranks.size()),
+        built_(ranks.size(), 0),
+        next_(ranks.size(), 0),
+        incoming_(ranks.size()) {}
+
+  // Rank `r`'s cheapest unit not moved of at most `room` sequences (ties: first
+  // sequence) moves to rank `d`; its size, or 0 when every unit is too large.
+  std::int64_t Give(std::size_t r, std::size_t d, std::int64_t room) {
+    std::vector<Unit>& list = UnitsOf(r);
+    while (next_[r] < list.size() && list[next_[r]].moved) ++next_[r];
+    for (std::size_t j = next_[r]; j < list.size(); ++j) {
+      Unit& unit = list[j];
+      if (unit.moved || static_cast<std::int64_t>(unit.members.size()) > room) continue;
+      unit.moved = true;
+      incoming_[d].insert(incoming_[d].end(), unit.members.begin(), unit.members.end());
+      return static_cast<std::int64_t>(unit.members.size());
+    }
+    return 0;
+  }
+
+  // The ranks' lists after the moves, each ascending.
+  void Finish() {
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      if (!built_[r] && incoming_[r].empty()) continue;
+      std::vector<std::int64_t> kept;
+      if (built_[r]) {
+        for (const Unit& unit : units_[r]) {
+          if (!unit.moved) kept.insert(kept.end(), unit.members.begin(), unit.members.end());
+        }
+      } else {
+        kept = std::move(ranks_[r]);
+      }
+      kept.insert(kept.end(), incoming_[r].begin(), incoming_[r].end());
+      std::sort(kept.begin(), kept.end());
+      ranks_[r] = std::move(kept);
+    }
+  }
+
+ private:
+  struct Unit {
+    std::int64_t cost = 0;
+    std::vector<std::int64_t> members;  // ascending
+    bool moved = false;
+  };
+
+  std::vector<Unit>& UnitsOf(std::size_t r) {
+    std::vector<Unit>& list = units_[r];
+    if (built_[r]) return list;
+    built_[r] = 1;
+    if (unit_of_.empty()) {
+      for (const std::int64_t i : ranks_[r]) {
+        list.push_back({padded_.costs[static_cast<std::size_t>(i)], {i}});
+      }
+    } else {
+      std::vector<std::int64_t> by_group = ranks_[r];
+      std::stable_sort(by_group.begin(), by_group.end(), [&](std::int64_t a, std::int64_t b) {
+        return unit_of_[static_cast<std::size_t>(a)] < unit_of_[static_cast<std::size_t>(b)];
+      });
+      for (std::size_t j = 0; j < by_group.size(); ++j) {
+        const std::size_t i = static_cast<std::size_t>(by_group[j]);
+        if (j == 0 || unit_of_[i] != unit_of_[static_cast<std::size_t>(by_group[j - 1])]) {
+          list.emplace_back();
+        }
+        list.back().cost += padded_.costs[i];
+        list.back().members.push_back(by_group[j]);
+      }
+    }
+    std::stable_sort(list.begin(), list.end(), [](const Unit& a, const Unit& b) {
+      return std::tie(a.cost, a.members.front()) < std::tie(b.cost, b.members.front());
+    });
+    return list;
+  }
+
+  const Padded& padded_;
+  std::span<const std::int64_t> unit_of_;
+  std::vector<std::vector<std::int64_t>>& ranks_;
+  std::vector<std::vector<Unit>> units_;
+  std::vector<char> built_;
+  std::vector<std::size_t> next_;  // per rank: the first unit not moved
+  std::vector<std::vector<std::int64_t>> incoming_;
+};
+
 // Moves units (sequences; whole groups when `unit_of` holds the group of each
 // sequence) so that every rank holds at least `target` sequences, as far as the batch
 // allows: each rank short of it (lowest index first) takes the cheapest unit (ties:
@@ -255,46 +346,12 @@ void FillRanks(const Padded& padded, std::span<const std::int64_t> unit_of, std:
     short_rank = short_rank || count[r] < target;
   }
   if (!short_rank) return;
-  struct Unit {
-    std::int64_t cost = 0;
-    std::vector<std::int64_t> members;  // ascending
-    bool moved = false;
-  };
-  std::vector<std::vector<Unit>> units(num_ranks);
-  std::vector<char> built(num_ranks, 0);
-  auto build = [&](std::size_t r) {
-    if (built[r]) return;
-    built[r] = 1;
-    std::vector<Unit>& list = units[r];
-    if (unit_of.empty()) {
-      for (const std::int64_t i : ranks[r]) {
-        list.push_back({padded.costs[static_cast<std::size_t>(i)], {i}});
-      }
-    } else {
-      std::vector<std::int64_t> by_group = ranks[r];
-      std::stable_sort(by_group.begin(), by_group.end(), [&](std::int64_t a, std::int64_t b) {
-        return unit_of[static_cast<std::size_t>(a)] < unit_of[static_cast<std::size_t>(b)];
-      });
-      for (std::size_t j = 0; j < by_group.size(); ++j) {
-        const std::size_t i = static_cast<std::size_t>(by_group[j]);
-        if (j == 0 || unit_of[i] != unit_of[static_cast<std::size_t>(by_group[j - 1])]) {
-          list.emplace_back();
-        }
-        list.back().cost += padded.costs[i];
-        list.back().members.push_back(by_group[j]);
-      }
-    }
-    std::stable_sort(list.begin(), list.end(), [](const Unit& a, const Unit& b) {
-      return std::tie(a.cost, a.members.front()) < std::tie(b.cost, b.members.front());
-    });
-  };
+  RankFill fill(padded, unit_of, ranks);
   // Donors by sequence count (stale entries skipped); exhausted donors leave for good.
   std::priority_queue<std::pair<std::int64_t, std::int64_t>> donors;  // (count, −rank)
   for (std::size_t r = 0; r < num_ranks; ++r) {
     donors.emplace(count[r], -static_cast<std::int64_t>(r));
   }
-  std::vector<std::size_t> next(num_ranks, 0);  // the first unit not moved
-  std::vector<std::vector<std::int64_t>> incoming(num_ranks);
   for (std::size_t d = 0; d < num_ranks; ++d) {
     std::vector<std::pair<std::int64_t, std::int64_t>> set_aside;  // d itself
     while (count[d] < target && !donors.empty()) {
@@ -310,23 +367,10 @@ void FillRanks(const Padded& padded, std::span<const std::int64_t> unit_of, std:
         donors.emplace(c, negative);
         break;
       }
-      build(r);
-      std::vector<Unit>& list = units[r];
-      while (next[r] < list.size() && list[next[r]].moved) ++next[r];
-      Unit* give = nullptr;
-      for (std::size_t j = next[r]; j < list.size(); ++j) {
-        if (!list[j].moved &&
-            static_cast<std::int64_t>(list[j].members.size()) <= count[r] - target) {
-          give = &list[j];
-          break;
-        }
-      }
-      if (give == nullptr) continue;  // every unit too large: exhausted
-      give->moved = true;
-      const auto size = static_cast<std::int64_t>(give->members.size());
+      const std::int64_t size = fill.Give(r, d, count[r] - target);
+      if (size == 0) continue;  // every unit too large: exhausted
       count[r] -= size;
       count[d] += size;
-      incoming[d].insert(incoming[d].end(), give->members.begin(), give->members.end());
       donors.emplace(count[r], negative);
     }
     for (const auto& entry : set_aside) donors.push(entry);
@@ -335,20 +379,7 @@ void FillRanks(const Padded& padded, std::span<const std::int64_t> unit_of, std:
       if (donors.empty() || donors.top().first <= target) break;
     }
   }
-  for (std::size_t r = 0; r < num_ranks; ++r) {
-    if (!built[r] && incoming[r].empty()) continue;
-    std::vector<std::int64_t> kept;
-    if (built[r]) {
-      for (const Unit& unit : units[r]) {
-        if (!unit.moved) kept.insert(kept.end(), unit.members.begin(), unit.members.end());
-      }
-    } else {
-      kept = std::move(ranks[r]);
-    }
-    kept.insert(kept.end(), incoming[r].begin(), incoming[r].end());
-    std::sort(kept.begin(), kept.end());
-    ranks[r] = std::move(kept);
-  }
+  fill.Finish();
 }
 
 // The best plan for a given assignment of sequences to ranks (rank r holds
