@@ -186,13 +186,19 @@ bool RankPacker::FitsEqual(double t) {
       static_cast<std::size_t>(std::partition_point(order_.begin(), order_.end(),
                                                     [&](std::size_t u) { return !IsShort(u); }) -
                                order_.begin());
-  // The fillers: the cheapest short units, one per slot the long ranks leave; the
-  // reserve is their mean cost (a few rounds, as the slots depend on it).
+  const std::optional<std::size_t> opened = ChooseFillers(t, end);
+  if (!opened || !PlaceFillers(t, *opened)) return false;
+  UpgradeFillers(t, *opened);
+  return PlaceShort(t, end, *opened);
+}
+
+std::optional<std::size_t> RankPacker::ChooseFillers(double t, std::size_t end) {
+  // The reserve is the fillers' mean cost (a few rounds, as the slots depend on it).
   std::size_t opened = 0;
   reserve_ = 0.0;
   for (int round = 0; round < 4; ++round) {
     opened = PlaceLong(t, end);
-    if (opened > num_ranks_) return false;
+    if (opened > num_ranks_) return std::nullopt;
     std::size_t slots = 0;
     for (std::size_t r = 0; r < opened; ++r) slots += quota_ - std::min(quota_, held_[r].size());
     fillers_.clear();
@@ -203,13 +209,16 @@ bool RankPacker::FitsEqual(double t) {
       fillers_.push_back(u);
       sum += static_cast<double>(units_.cost[u]);
     }
-    if (fillers_.size() < slots) return false;
+    if (fillers_.size() < slots) return std::nullopt;
     const double mean = slots == 0 ? 0.0 : sum / static_cast<double>(slots);
     if (mean <= reserve_ * (1.0 + 1e-3) + 1e-9) break;
     reserve_ = mean;
   }
   reserve_ = 0.0;
-  // The fillers, most costly first, worst fit onto the long ranks short of the quota.
+  return opened;
+}
+
+bool RankPacker::PlaceFillers(double t, std::size_t opened) {
   for (std::size_t r = 0; r < opened; ++r) {
     room_.Set(r, held_[r].size() < quota_ ? Room(r, t) : -1.0);
   }
@@ -220,9 +229,13 @@ bool RankPacker::FitsEqual(double t) {
     Add(r, u);
     room_.Set(r, held_[r].size() < quota_ ? Room(r, t) : -1.0);
   }
-  // Room left on a long rank: its fillers, cheapest first, each swapped for the
-  // costliest short unit not placed yet that still fits (a Fenwick tree over the
-  // short units by cost finds it), taking cost off the other ranks.
+  return true;
+}
+
+void RankPacker::UpgradeFillers(double t, std::size_t opened) {
+  // A rank's fillers, cheapest first, each swapped for the costliest short unit not
+  // placed yet that still fits (a Fenwick tree over the short units by cost finds it),
+  // taking cost off the other ranks.
   for (const std::size_t u : pool_) taken_[u] = 0;
   pool_.clear();
   for (const std::size_t u : by_cost_) {
@@ -267,7 +280,9 @@ bool RankPacker::FitsEqual(double t) {
       Rebuild(r, before);
     }
   }
-  // The other short units worst fit onto every rank with a slot left.
+}
+
+bool RankPacker::PlaceShort(double t, std::size_t end, std::size_t opened) {
   for (std::size_t r = 0; r < num_ranks_; ++r) {
     if (r >= opened) Open(r);
     room_.Set(r, Room(r, t));

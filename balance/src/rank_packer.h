@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "fenwick_tree.h"
@@ -56,6 +57,16 @@ class RankPacker {
   bool Fits(double t) { return equal_counts_ ? FitsEqual(t) : FitsAny(t); }
   bool FitsAny(double t);
   bool FitsEqual(double t);
+  // FitsEqual's steps. The long units placed and the fillers chosen (the cheapest short
+  // units, one per slot the long ranks leave); the ranks opened, or nullopt when they do
+  // not fit.
+  std::optional<std::size_t> ChooseFillers(double t, std::size_t end);
+  // The fillers, most costly first, worst fit onto the long ranks short of the quota.
+  bool PlaceFillers(double t, std::size_t opened);
+  // Room left on a long rank: its fillers swapped for costlier short units that fit.
+  void UpgradeFillers(double t, std::size_t opened);
+  // The other short units (of order_ from `end`) worst fit onto every rank.
+  bool PlaceShort(double t, std::size_t end, std::size_t opened);
 
   // Long units first fit (the first `end` of order_); returns the ranks opened, or
   // num_ranks + 1 when some unit fits nowhere.
