@@ -598,28 +598,21 @@ class Differencing {
 
   // AbsorbSinglesByTree()'s loop on the keys `codec` makes (NextHolds() of a holds, and
   // a's heaviest sum fits the keys).
+  // RunTree()'s tournament over a's parts (leaves 0 … k − 1: a's parts, then the empty
+  // ones, key 0; k … size − 1 padding, the greatest key): tree_keys[node] for node in
+  // [1, size) holds the loser of its match; the winner and its leaf, and the size.
   template <typename Codec>
-  void RunTree(Solution& a, const Codec& codec, std::vector<typename Codec::Key>& tree_keys,
-               std::vector<typename Codec::Key>& win_keys) {
+  std::tuple<std::size_t, typename Codec::Key, std::int32_t> BuildTree(
+      const Solution& a, const Codec& codec, std::vector<typename Codec::Key>& tree_keys,
+      std::vector<typename Codec::Key>& win_keys) {
     using Key = typename Codec::Key;
     auto key_of = [&](const Part& part) {
       return codec.Encode(static_cast<std::uint64_t>(part.sum),
                           static_cast<std::uint32_t>(part.count),
                           static_cast<std::uint32_t>(part.head));
     };
-    // NextHolds() on these keys.
-    auto next_holds = [&](Key lightest, Key heaviest) {
-      const std::size_t p = singles_left_ - 1;
-      const auto value = static_cast<std::uint64_t>(value_[p]);
-      const std::uint64_t spread = codec.SumOf(heaviest) - codec.SumOf(lightest);
-      if (value != spread) return value < spread;
-      return codec.Encode(value, 1, static_cast<std::uint32_t>(index_[p])) < heaviest;
-    };
     std::size_t size = 1;
     while (size < k_) size *= 2;
-    // Leaves 0 … k − 1 (a's parts, then the empty ones, key 0), k … size − 1 padding
-    // (the greatest key). tree_keys[node] for node in [1, size) holds the loser of its
-    // match; the winner is kept apart.
     constexpr Key kPadding = ~Key{0};
     tree_keys.assign(2 * size, kPadding);
     tree_leaves_.resize(2 * size);
@@ -652,6 +645,49 @@ class Differencing {
     }
     Key winner = win_keys[1];
     auto winner_leaf = static_cast<std::int32_t>(win_leaves_[1]);
+    return {size, winner, winner_leaf};
+  }
+
+  // a's parts back from RunTree()'s tournament: every leaf's key is the winner's or one
+  // node's.
+  template <typename Codec>
+  void PartsFromTree(Solution& a, const Codec& codec, const std::vector<typename Codec::Key>& keys,
+                     std::size_t size, typename Codec::Key winner, std::int32_t winner_leaf) {
+    using Key = typename Codec::Key;
+    a.parts.clear();
+    auto keep = [&](Key key, std::uint32_t leaf) {
+      if (leaf < k_ && codec.CountOf(key) != 0) {
+        a.parts.push_back(
+            Part{static_cast<Sum>(codec.SumOf(key)), static_cast<std::int32_t>(codec.CountOf(key)),
+                 static_cast<std::int32_t>(codec.HeadOf(key)), heads_[leaf], tails_[leaf]});
+      }
+    };
+    keep(winner, static_cast<std::uint32_t>(winner_leaf));
+    for (std::size_t node = 1; node < size; ++node) keep(keys[node], tree_leaves_[node]);
+    std::sort(a.parts.begin(), a.parts.end(),
+              [](const Part& x, const Part& y) { return Lighter(x, y); });
+    a.sorted = true;
+    a.heaviest = a.parts.back();
+  }
+
+  template <typename Codec>
+  void RunTree(Solution& a, const Codec& codec, std::vector<typename Codec::Key>& tree_keys,
+               std::vector<typename Codec::Key>& win_keys) {
+    using Key = typename Codec::Key;
+    auto key_of = [&](const Part& part) {
+      return codec.Encode(static_cast<std::uint64_t>(part.sum),
+                          static_cast<std::uint32_t>(part.count),
+                          static_cast<std::uint32_t>(part.head));
+    };
+    // NextHolds() on these keys.
+    auto next_holds = [&](Key lightest, Key heaviest) {
+      const std::size_t p = singles_left_ - 1;
+      const auto value = static_cast<std::uint64_t>(value_[p]);
+      const std::uint64_t spread = codec.SumOf(heaviest) - codec.SumOf(lightest);
+      if (value != spread) return value < spread;
+      return codec.Encode(value, 1, static_cast<std::uint32_t>(index_[p])) < heaviest;
+    };
+    auto [size, winner, winner_leaf] = BuildTree(a, codec, tree_keys, win_keys);
     Key heaviest = key_of(a.heaviest);
     Key* const keys = tree_keys.data();
     std::uint32_t* const leaves = tree_leaves_.data();
@@ -689,21 +725,7 @@ class Differencing {
       winner = up;
       winner_leaf = static_cast<std::int32_t>(up_leaf);
     } while (singles_left_ > 0 && next_holds(winner, heaviest));
-    // a's parts back from the tree: every leaf's key is the winner's or one node's.
-    a.parts.clear();
-    auto keep = [&](Key key, std::uint32_t leaf) {
-      if (leaf < k_ && codec.CountOf(key) != 0) {
-        a.parts.push_back(
-            Part{static_cast<Sum>(codec.SumOf(key)), static_cast<std::int32_t>(codec.CountOf(key)),
-                 static_cast<std::int32_t>(codec.HeadOf(key)), heads_[leaf], tails_[leaf]});
-      }
-    };
-    keep(winner, static_cast<std::uint32_t>(winner_leaf));
-    for (std::size_t node = 1; node < size; ++node) keep(keys[node], leaves[node]);
-    std::sort(a.parts.begin(), a.parts.end(),
-              [](const Part& x, const Part& y) { return Lighter(x, y); });
-    a.sorted = true;
-    a.heaviest = a.parts.back();
+    PartsFromTree(a, codec, tree_keys, size, winner, winner_leaf);
   }
 
   std::size_t k_;
