@@ -65,159 +65,187 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options, RecipeDeta
   return RecipePlan(padded, options, ascending, sorted_length, detail);
 }
 
-StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
-                    std::span<const std::int32_t> ascending,
-                    std::span<const std::int64_t> sorted_length, RecipeDetail detail) {
-  const bool lists = detail == RecipeDetail::kMicroBatches;
+namespace {
+
+// The batch split to ranks as the recipe splits it: every rank's sequences (index, when
+// the micro-batches are listed, and length) gathered by (workload, index), and the
+// micro-batch count every rank runs.
+struct RecipeSplit {
+  std::vector<std::size_t> offsets;       // rank r: [offsets[r], offsets[r + 1])
+  std::vector<std::int32_t> rank_index;   // empty unless the micro-batches are listed
+  std::vector<std::int64_t> rank_length;  // unpadded
+  std::int64_t count = 0;
+};
+
+RecipeSplit SplitAsRecipe(const Padded& padded, const StepOptions& options,
+                          std::span<const std::int32_t> ascending,
+                          std::span<const std::int64_t> sorted_length, bool lists) {
   const MicroBatchOptions& mb = options.micro_batch;
-  const std::int64_t cap = mb.max_tokens_per_micro_batch;
-  const std::span<const std::int64_t> lengths = padded.lengths;
-  const std::size_t n = lengths.size();
+  const std::size_t n = padded.lengths.size();
   std::vector<std::int64_t> sorted_workload(n);
   for (std::size_t p = 0; p < n; ++p) sorted_workload[p] = RecipeWorkload(sorted_length[p]);
-
   // Sequences to ranks. A rank's positions in that order, ascending, are its sequences
   // by (workload, index): verl sorts a rank's sequences so (stably, from index order)
   // before it reorders them.
   const auto num_ranks = static_cast<std::size_t>(options.num_ranks);
   const RecipePartition split = RecipeKarmarkarKarpPositions(sorted_workload, ascending,
                                                              options.num_ranks, PartSizes::kEqual);
-  std::vector<std::size_t> offsets(num_ranks + 1, 0);
+  RecipeSplit out;
+  out.offsets.assign(num_ranks + 1, 0);
   for (std::size_t r = 0; r < num_ranks; ++r) {
-    offsets[r + 1] = offsets[r] + static_cast<std::size_t>(split.counts[r]);
+    out.offsets[r + 1] = out.offsets[r] + static_cast<std::size_t>(split.counts[r]);
   }
-  // Every rank's sequences (index and length), gathered in one pass in that order
-  // (a write stream per rank instead of a read at a random place per sequence).
-  // (The indices only for the micro-batches' lists.)
-  std::vector<std::int32_t> rank_index(lists ? n : 0);
-  // (In the workloads' storage, read no more.)
-  std::vector<std::int64_t> rank_length = std::move(sorted_workload);
+  // Every rank's sequences, gathered in one pass in that order (a write stream per rank
+  // instead of a read at a random place per sequence), in the workloads' storage.
+  out.rank_index.resize(lists ? n : 0);
+  out.rank_length = std::move(sorted_workload);
   std::vector<std::int64_t> rank_tokens(num_ranks, 0);  // the lengths, unpadded, as verl counts
-  {
-    std::vector<std::size_t> cursor(offsets.begin(), offsets.end() - 1);
-    for (std::size_t p = 0; p < n; ++p) {
-      const auto r = static_cast<std::size_t>(split.part_of_position[p]);
-      const std::size_t at = cursor[r]++;
-      if (lists) rank_index[at] = ascending[p];
-      rank_length[at] = sorted_length[p];
-      rank_tokens[r] += sorted_length[p];
-    }
+  std::vector<std::size_t> cursor(out.offsets.begin(), out.offsets.end() - 1);
+  for (std::size_t p = 0; p < n; ++p) {
+    const auto r = static_cast<std::size_t>(split.part_of_position[p]);
+    const std::size_t at = cursor[r]++;
+    if (lists) out.rank_index[at] = ascending[p];
+    out.rank_length[at] = sorted_length[p];
+    rank_tokens[r] += sorted_length[p];
   }
-  std::int64_t count = 0;
   for (std::size_t r = 0; r < num_ranks; ++r) {
-    const std::int64_t wanted =
-        std::min(static_cast<std::int64_t>(split.counts[r]), CeilDiv(rank_tokens[r], cap));
-    count = std::max(count, std::max(mb.min_micro_batches, wanted));
+    const std::int64_t wanted = std::min(static_cast<std::int64_t>(split.counts[r]),
+                                         CeilDiv(rank_tokens[r], mb.max_tokens_per_micro_batch));
+    out.count = std::max(out.count, std::max(mb.min_micro_batches, wanted));
   }
-  count = RoundUp(count, mb.micro_batches_multiple_of);
+  out.count = RoundUp(out.count, mb.micro_batches_multiple_of);
+  return out;
+}
 
-  // No padding and a token's cost is the token (Pad()'s fast case): a sequence's
-  // tokens and cost are its length.
-  const bool plain = mb.pad_to_multiple_of == 1 && mb.cost.kind() == CostModel::Kind::kTokens;
-  StepPlan plan;
-  plan.num_micro_batches = count;
-  const auto num_batches = static_cast<std::size_t>(count);
-  std::vector<Sequence> sequences;          // by position in the rank's order
-  std::vector<std::int64_t> rank_workload;  // by (workload, index) ascending
-  std::vector<std::int32_t> rank_ascending;
-  std::vector<std::int32_t> part_of;       // by position in the rank's order
-  std::vector<std::int64_t> first;         // by part: its first position in the rank's order
-  std::vector<std::int64_t> batch_tokens;  // by part, for the figures alone
-  std::vector<std::int64_t> batch_costs;
-  std::vector<std::size_t> by_key(num_batches);
-  std::vector<std::size_t> slot_of(num_batches);
-  for (std::size_t r = 0; r < num_ranks; ++r) {
-    // The rank in the recipe's order: by (workload, index), then the even positions
-    // followed by the odd ones reversed; its padding, cost and workload follow from
-    // the length as Pad() and RecipeWorkload() make them.
-    const std::size_t begin = offsets[r];
-    const std::size_t size = offsets[r + 1] - begin;
-    rank_workload.resize(size);
-    if (!lists) {
-      for (std::size_t s = 0; s < size; ++s) {
-        rank_workload[s] = RecipeWorkload(rank_length[begin + s]);
-      }
+// One rank at a time into the recipe's micro-batches (the buffers reused from rank to
+// rank): its order, its split, and either its figures or its micro-batches' lists.
+class RecipeRank {
+ public:
+  RecipeRank(const MicroBatchOptions& mb, std::int64_t count, bool lists)
+      : mb_(mb),
+        count_(count),
+        num_batches_(static_cast<std::size_t>(count)),
+        lists_(lists),
+        // No padding and a token's cost is the token (Pad()'s fast case): a sequence's
+        // tokens and cost are its length.
+        plain_(mb.pad_to_multiple_of == 1 && mb.cost.kind() == CostModel::Kind::kTokens),
+        by_key_(num_batches_),
+        slot_of_(num_batches_) {}
+
+  // The rank of `lengths` (and `indices`, when listed), by (workload, index), into
+  // micro-batches: its figures added to `plan`, or its RankPlan appended.
+  void Plan(std::span<const std::int32_t> indices, std::span<const std::int64_t> lengths,
+            StepPlan& plan) {
+    Order(indices, lengths);
+    // rank_workload_ is its workloads in rank_ascending_'s order.
+    const RecipePartition parts =
+        RecipeKarmarkarKarpPositions(rank_workload_, rank_ascending_, count_, PartSizes::kAny);
+    if (lists_) {
+      plan.ranks.push_back(MicroBatches(parts, plan));
+      const RankPlan& rank = plan.ranks.back();
+      plan.predicted_step_time = std::max(plan.predicted_step_time, rank.time);
+    } else {
+      AddFigures(lengths, parts, plan);
     }
-    sequences.resize(lists ? size : 0);
-    for (std::size_t s = 0; s < (lists ? size : 0); ++s) {
+  }
+
+ private:
+  // The rank in the recipe's order: by (workload, index), then the even positions
+  // followed by the odd ones reversed; its padding, cost and workload follow from the
+  // length as Pad() and RecipeWorkload() make them.
+  void Order(std::span<const std::int32_t> indices, std::span<const std::int64_t> lengths) {
+    const std::size_t size = lengths.size();
+    rank_workload_.resize(size);
+    if (!lists_) {
+      for (std::size_t s = 0; s < size; ++s) rank_workload_[s] = RecipeWorkload(lengths[s]);
+    }
+    sequences_.resize(lists_ ? size : 0);
+    for (std::size_t s = 0; s < (lists_ ? size : 0); ++s) {
       // Source position s goes to s / 2 (even) or size − 1 − (s − 1) / 2 (odd).
-      Sequence& q = sequences[s % 2 == 0 ? s / 2 : size - 1 - (s - 1) / 2];
-      q.index = rank_index[begin + s];
-      q.unpadded_tokens = rank_length[begin + s];
-      q.tokens = plain ? q.unpadded_tokens : RoundUp(q.unpadded_tokens, mb.pad_to_multiple_of);
-      q.cost = plain ? q.tokens : mb.cost.Cost(q.tokens);
-      rank_workload[s] = RecipeWorkload(q.unpadded_tokens);
+      Sequence& q = sequences_[s % 2 == 0 ? s / 2 : size - 1 - (s - 1) / 2];
+      q.index = indices[s];
+      q.unpadded_tokens = lengths[s];
+      q.tokens = plain_ ? q.unpadded_tokens : RoundUp(q.unpadded_tokens, mb_.pad_to_multiple_of);
+      q.cost = plain_ ? q.tokens : mb_.cost.Cost(q.tokens);
+      rank_workload_[s] = RecipeWorkload(q.unpadded_tokens);
     }
     // Those positions by (workload, position) ascending, from the (workload, index)
     // order: in a run of equal workloads, the even ones come first in the recipe's order
     // (ascending), then the odd ones (descending).
-    rank_ascending.clear();
+    rank_ascending_.clear();
     for (std::size_t run = 0; run < size;) {
       std::size_t end = run + 1;
-      while (end < size && rank_workload[end] == rank_workload[run]) ++end;
+      while (end < size && rank_workload_[end] == rank_workload_[run]) ++end;
       for (std::size_t s = run + run % 2; s < end; s += 2) {
-        rank_ascending.push_back(static_cast<std::int32_t>(s / 2));
+        rank_ascending_.push_back(static_cast<std::int32_t>(s / 2));
       }
       for (std::size_t s = end; s-- > run;) {
-        if (s % 2 == 1) rank_ascending.push_back(static_cast<std::int32_t>(size - 1 - (s - 1) / 2));
+        if (s % 2 == 1) {
+          rank_ascending_.push_back(static_cast<std::int32_t>(size - 1 - (s - 1) / 2));
+        }
       }
       run = end;
     }
-    // The rank into micro-batches; rank_workload is its workloads in rank_ascending's
-    // order.
-    const RecipePartition parts =
-        RecipeKarmarkarKarpPositions(rank_workload, rank_ascending, count, PartSizes::kAny);
-    if (!lists) {
-      // The figures: each micro-batch's tokens and cost from its sequences' lengths.
-      // The t-th position of rank_ascending has the t-th workload, so the t-th length
-      // (equal workloads, equal lengths).
-      batch_tokens.assign(num_batches, 0);
-      batch_costs.assign(num_batches, 0);
-      for (std::size_t t = 0; t < size; ++t) {
-        const auto p = static_cast<std::size_t>(parts.part_of_position[t]);
-        const std::int64_t length = rank_length[begin + t];
-        const std::int64_t tokens = plain ? length : RoundUp(length, mb.pad_to_multiple_of);
-        batch_tokens[p] += tokens;
-        batch_costs[p] += plain ? tokens : mb.cost.Cost(tokens);
-      }
-      for (std::size_t p = 0; p < num_batches; ++p) {
-        plan.cap_violations += batch_tokens[p] > cap ? 1 : 0;
-        plan.empty_micro_batches += parts.counts[p] == 0 ? 1 : 0;
-      }
-      plan.empty_ranks += size == 0 ? 1 : 0;
-      plan.predicted_step_time = std::max(plan.predicted_step_time, RankTime(batch_costs, mb));
-      continue;
+  }
+
+  // The figures: each micro-batch's tokens and cost from its sequences' lengths. The t-th
+  // position of rank_ascending has the t-th workload, so the t-th length (equal
+  // workloads, equal lengths).
+  void AddFigures(std::span<const std::int64_t> lengths, const RecipePartition& parts,
+                  StepPlan& plan) {
+    const std::int64_t cap = mb_.max_tokens_per_micro_batch;
+    batch_tokens_.assign(num_batches_, 0);
+    batch_costs_.assign(num_batches_, 0);
+    for (std::size_t t = 0; t < lengths.size(); ++t) {
+      const auto p = static_cast<std::size_t>(parts.part_of_position[t]);
+      const std::int64_t tokens = plain_ ? lengths[t] : RoundUp(lengths[t], mb_.pad_to_multiple_of);
+      batch_tokens_[p] += tokens;
+      batch_costs_[p] += plain_ ? tokens : mb_.cost.Cost(tokens);
     }
-    part_of.resize(size);
-    first.assign(num_batches, std::numeric_limits<std::int64_t>::max());
+    for (std::size_t p = 0; p < num_batches_; ++p) {
+      plan.cap_violations += batch_tokens_[p] > cap ? 1 : 0;
+      plan.empty_micro_batches += parts.counts[p] == 0 ? 1 : 0;
+    }
+    plan.empty_ranks += lengths.empty() ? 1 : 0;
+    plan.predicted_step_time = std::max(plan.predicted_step_time, RankTime(batch_costs_, mb_));
+  }
+
+  // Each part's place: by (sum, first item) descending, stably (an empty part's first
+  // item counts as 0), then the even positions reversed followed by the odd ones.
+  void PlaceParts(const RecipePartition& parts) {
+    const std::size_t size = sequences_.size();
+    part_of_.resize(size);
+    first_.assign(num_batches_, std::numeric_limits<std::int64_t>::max());
     for (std::size_t t = 0; t < size; ++t) {
-      const auto j = static_cast<std::size_t>(rank_ascending[t]);
+      const auto j = static_cast<std::size_t>(rank_ascending_[t]);
       const std::int32_t p = parts.part_of_position[t];
-      part_of[j] = p;
-      std::int64_t& f = first[static_cast<std::size_t>(p)];
+      part_of_[j] = p;
+      std::int64_t& f = first_[static_cast<std::size_t>(p)];
       f = std::min(f, static_cast<std::int64_t>(j));
     }
-    // By (sum, first item) descending, stably (an empty part's first item counts as 0),
-    // then the even positions reversed followed by the odd ones: every part's place.
-    for (std::size_t p = 0; p < num_batches; ++p) {
-      if (parts.counts[p] == 0) first[p] = 0;
+    for (std::size_t p = 0; p < num_batches_; ++p) {
+      if (parts.counts[p] == 0) first_[p] = 0;
     }
-    std::iota(by_key.begin(), by_key.end(), std::size_t{0});
-    std::stable_sort(by_key.begin(), by_key.end(), [&](std::size_t a, std::size_t b) {
-      return std::pair(parts.sums[a], first[a]) > std::pair(parts.sums[b], first[b]);
+    std::iota(by_key_.begin(), by_key_.end(), std::size_t{0});
+    std::stable_sort(by_key_.begin(), by_key_.end(), [&](std::size_t a, std::size_t b) {
+      return std::pair(parts.sums[a], first_[a]) > std::pair(parts.sums[b], first_[b]);
     });
-    const std::vector<std::size_t> order = EvensReversedThenOdds(by_key);
-    for (std::size_t slot = 0; slot < num_batches; ++slot) slot_of[order[slot]] = slot;
+    const std::vector<std::size_t> order = EvensReversedThenOdds(by_key_);
+    for (std::size_t slot = 0; slot < num_batches_; ++slot) slot_of_[order[slot]] = slot;
+  }
+
+  // The rank's micro-batches, each's sequences in the rank's order, then by index.
+  RankPlan MicroBatches(const RecipePartition& parts, StepPlan& plan) {
+    PlaceParts(parts);
     RankPlan rank_plan;
-    rank_plan.micro_batches.resize(num_batches);
-    for (std::size_t p = 0; p < num_batches; ++p) {
-      rank_plan.micro_batches[slot_of[p]].indices.reserve(
+    rank_plan.micro_batches.resize(num_batches_);
+    for (std::size_t p = 0; p < num_batches_; ++p) {
+      rank_plan.micro_batches[slot_of_[p]].indices.reserve(
           static_cast<std::size_t>(parts.counts[p]));
     }
-    // Each micro-batch's sequences in the rank's order, then by index.
-    for (std::size_t j = 0; j < size; ++j) {
-      const Sequence& q = sequences[j];
-      MicroBatch& batch = rank_plan.micro_batches[slot_of[static_cast<std::size_t>(part_of[j])]];
+    for (std::size_t j = 0; j < sequences_.size(); ++j) {
+      const Sequence& q = sequences_[j];
+      MicroBatch& batch = rank_plan.micro_batches[slot_of_[static_cast<std::size_t>(part_of_[j])]];
       batch.indices.push_back(q.index);
       batch.tokens += q.tokens;
       batch.unpadded_tokens += q.unpadded_tokens;
@@ -225,15 +253,49 @@ StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
     }
     for (MicroBatch& batch : rank_plan.micro_batches) {
       std::sort(batch.indices.begin(), batch.indices.end());
-      plan.cap_violations += batch.tokens > cap ? 1 : 0;
+      plan.cap_violations += batch.tokens > mb_.max_tokens_per_micro_batch ? 1 : 0;
       rank_plan.sequences += static_cast<std::int64_t>(batch.indices.size());
       rank_plan.tokens += batch.tokens;
       rank_plan.unpadded_tokens += batch.unpadded_tokens;
       rank_plan.cost += batch.cost;
     }
-    rank_plan.time = RankTime(rank_plan.micro_batches, mb);
-    plan.predicted_step_time = std::max(plan.predicted_step_time, rank_plan.time);
-    plan.ranks.push_back(std::move(rank_plan));
+    rank_plan.time = RankTime(rank_plan.micro_batches, mb_);
+    return rank_plan;
+  }
+
+  const MicroBatchOptions& mb_;
+  const std::int64_t count_;
+  const std::size_t num_batches_;
+  const bool lists_;
+  const bool plain_;
+  std::vector<Sequence> sequences_;          // by position in the rank's order
+  std::vector<std::int64_t> rank_workload_;  // by (workload, index) ascending
+  std::vector<std::int32_t> rank_ascending_;
+  std::vector<std::int32_t> part_of_;       // by position in the rank's order
+  std::vector<std::int64_t> first_;         // by part: its first position in the rank's order
+  std::vector<std::int64_t> batch_tokens_;  // by part, for the figures alone
+  std::vector<std::int64_t> batch_costs_;
+  std::vector<std::size_t> by_key_;
+  std::vector<std::size_t> slot_of_;
+};
+
+}  // namespace
+
+StepPlan RecipePlan(const Padded& padded, const StepOptions& options,
+                    std::span<const std::int32_t> ascending,
+                    std::span<const std::int64_t> sorted_length, RecipeDetail detail) {
+  const bool lists = detail == RecipeDetail::kMicroBatches;
+  const RecipeSplit split = SplitAsRecipe(padded, options, ascending, sorted_length, lists);
+  StepPlan plan;
+  plan.num_micro_batches = split.count;
+  RecipeRank rank(options.micro_batch, split.count, lists);
+  const std::span<const std::int64_t> lengths = split.rank_length;
+  const std::span<const std::int32_t> indices = split.rank_index;
+  for (std::size_t r = 0; r + 1 < split.offsets.size(); ++r) {
+    const std::size_t begin = split.offsets[r];
+    const std::size_t size = split.offsets[r + 1] - begin;
+    rank.Plan(lists ? indices.subspan(begin, size) : std::span<const std::int32_t>{},
+              lengths.subspan(begin, size), plan);
   }
   if (lists) plan.empty_micro_batches = EmptyMicroBatches(plan);
   return plan;
