@@ -596,8 +596,14 @@ class Differencing {
     int sum_shift;
   };
 
-  // AbsorbSinglesByTree()'s loop on the keys `codec` makes (NextHolds() of a holds, and
-  // a's heaviest sum fits the keys).
+  // A part's key as `codec` makes it.
+  template <typename Codec>
+  static typename Codec::Key CodecKey(const Codec& codec, const Part& part) {
+    return codec.Encode(static_cast<std::uint64_t>(part.sum),
+                        static_cast<std::uint32_t>(part.count),
+                        static_cast<std::uint32_t>(part.head));
+  }
+
   // RunTree()'s tournament over a's parts (leaves 0 … k − 1: a's parts, then the empty
   // ones, key 0; k … size − 1 padding, the greatest key): tree_keys[node] for node in
   // [1, size) holds the loser of its match; the winner and its leaf, and the size.
@@ -606,11 +612,6 @@ class Differencing {
       const Solution& a, const Codec& codec, std::vector<typename Codec::Key>& tree_keys,
       std::vector<typename Codec::Key>& win_keys) {
     using Key = typename Codec::Key;
-    auto key_of = [&](const Part& part) {
-      return codec.Encode(static_cast<std::uint64_t>(part.sum),
-                          static_cast<std::uint32_t>(part.count),
-                          static_cast<std::uint32_t>(part.head));
-    };
     std::size_t size = 1;
     while (size < k_) size *= 2;
     constexpr Key kPadding = ~Key{0};
@@ -619,7 +620,7 @@ class Differencing {
     heads_.assign(k_, -1);
     tails_.assign(k_, -1);
     for (std::size_t j = 0; j < a.parts.size(); ++j) {
-      tree_keys[size + j] = key_of(a.parts[j]);
+      tree_keys[size + j] = CodecKey(codec, a.parts[j]);
       heads_[j] = a.parts[j].head_pos;
       tails_[j] = a.parts[j].tail_pos;
     }
@@ -670,15 +671,12 @@ class Differencing {
     a.heaviest = a.parts.back();
   }
 
+  // AbsorbSinglesByTree()'s loop on the keys `codec` makes (NextHolds() of a holds, and
+  // a's heaviest sum fits the keys).
   template <typename Codec>
   void RunTree(Solution& a, const Codec& codec, std::vector<typename Codec::Key>& tree_keys,
                std::vector<typename Codec::Key>& win_keys) {
     using Key = typename Codec::Key;
-    auto key_of = [&](const Part& part) {
-      return codec.Encode(static_cast<std::uint64_t>(part.sum),
-                          static_cast<std::uint32_t>(part.count),
-                          static_cast<std::uint32_t>(part.head));
-    };
     // NextHolds() on these keys.
     auto next_holds = [&](Key lightest, Key heaviest) {
       const std::size_t p = singles_left_ - 1;
@@ -688,7 +686,7 @@ class Differencing {
       return codec.Encode(value, 1, static_cast<std::uint32_t>(index_[p])) < heaviest;
     };
     auto [size, winner, winner_leaf] = BuildTree(a, codec, tree_keys, win_keys);
-    Key heaviest = key_of(a.heaviest);
+    Key heaviest = CodecKey(codec, a.heaviest);
     Key* const keys = tree_keys.data();
     std::uint32_t* const leaves = tree_leaves_.data();
     do {
