@@ -134,14 +134,11 @@ CLI::App* AddBalanceCommand(CLI::App& app, BalanceArgs& args) {
       "cost options cost.*; the lengths and the group column lengths, groups.",
       kInputHelp));
 
-  command
-      ->add_option("--ranks,--parts", args.parts,
-                   fmt::format("Number of parts K: the data-parallel ranks (verl's and Megatron's "
-                               "data-parallel size). {}",
-                               RangeHelp(IntegerRangeText(1, balance::kMaxParts),
-                                         fmt::format("{}", BalanceArgs{}.parts))))
-      ->type_name("K")
-      ->check(IntegerIn(1, balance::kMaxParts));
+  AddBoundedOption(*command, "--ranks,--parts", args.parts,
+                   "Number of parts K: the data-parallel ranks (verl's and Megatron's "
+                   "data-parallel size).",
+                   IntegerRange{1, balance::kMaxParts}, fmt::format("{}", BalanceArgs{}.parts))
+      ->type_name("K");
   command->add_flag("--equal-size", args.equal_size,
                     "Every part holds floor(n/K) or ceil(n/K) sequences (groups with "
                     "--keep-groups)");

@@ -19,8 +19,8 @@
 #include "format.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/common/error.h"
-#include "rlsched/workload/workload.h"
 #include "rlsched/wire/reshard_convert.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::app {
 namespace {
@@ -155,62 +155,43 @@ void AddCostShapeOptions(CLI::App& command, CostArgs& args) {
       "Model shape (attention cost; unset values are Llama-3.1-8B's; not with coefficients; "
       "fields cost.model.*)";
   const std::string positive = IntegerRangeText(1, kInt64Max);
-  command
-      .add_option(
-          "--hidden-size", args.hidden_size,
-          fmt::format("Hidden size. {}", RangeHelp(positive, fmt::format("{}", shape.hidden_size))))
+  AddBoundedOption(command, "--hidden-size", args.hidden_size, "Hidden size.",
+                   IntegerRange{1, kInt64Max}, fmt::format("{}", shape.hidden_size))
       ->type_name("N")
-      ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
-  command
-      .add_option("--num-layers", args.num_layers,
-                  fmt::format("Number of transformer layers. {}",
-                              RangeHelp(positive, fmt::format("{}", shape.num_layers))))
+  AddBoundedOption(command, "--num-layers", args.num_layers, "Number of transformer layers.",
+                   IntegerRange{1, kInt64Max}, fmt::format("{}", shape.num_layers))
       ->type_name("N")
-      ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
-  command
-      .add_option("--ffn-hidden-size", args.ffn_hidden_size,
-                  fmt::format("FFN (intermediate) size. {}",
-                              RangeHelp(positive, fmt::format("{}", shape.ffn_hidden_size))))
+  AddBoundedOption(command, "--ffn-hidden-size", args.ffn_hidden_size, "FFN (intermediate) size.",
+                   IntegerRange{1, kInt64Max}, fmt::format("{}", shape.ffn_hidden_size))
       ->type_name("N")
-      ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
-  command
-      .add_option("--num-attention-heads,--num-heads", args.num_heads,
-                  fmt::format("Attention heads; divides the hidden size. {}",
-                              RangeHelp(positive, fmt::format("{}", shape.num_attention_heads))))
+  AddBoundedOption(command, "--num-attention-heads,--num-heads", args.num_heads,
+                   "Attention heads; divides the hidden size.", IntegerRange{1, kInt64Max},
+                   fmt::format("{}", shape.num_attention_heads))
       ->type_name("N")
-      ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
-  command
-      .add_option("--num-kv-heads", args.num_kv_heads,
-                  fmt::format("Key/value heads (Megatron's query groups); divides the heads; 0: as "
-                              "many as heads. {}",
-                              RangeHelp(IntegerRangeText(0, kInt64Max),
-                                        fmt::format("{}", shape.num_kv_heads))))
+  AddBoundedOption(command, "--num-kv-heads", args.num_kv_heads,
+                   "Key/value heads (Megatron's query groups); divides the heads; 0: as "
+                   "many as heads.",
+                   IntegerRange{0, kInt64Max}, fmt::format("{}", shape.num_kv_heads))
       ->type_name("N")
-      ->check(IntegerIn(0, kInt64Max))
       ->group(shape_group);
-  command
-      .add_option("--vocab-size", args.vocab_size,
-                  fmt::format("Vocabulary size. {}",
-                              RangeHelp(positive, fmt::format("{}", shape.vocab_size))))
+  AddBoundedOption(command, "--vocab-size", args.vocab_size, "Vocabulary size.",
+                   IntegerRange{1, kInt64Max}, fmt::format("{}", shape.vocab_size))
       ->type_name("N")
-      ->check(IntegerIn(1, kInt64Max))
       ->group(shape_group);
   command
       .add_flag("--plain-mlp", args.plain_mlp,
                 "Two-matrix MLP instead of a gated one (default: gated, as Llama's)")
       ->group(shape_group);
   const std::string non_negative = RealRangeText(0.0, std::numeric_limits<double>::infinity());
-  command
-      .add_option("--per-sequence", args.per_sequence,
-                  fmt::format("Extra cost per sequence, in cost units (one token's linear work); "
-                              "a sequence's cost must stay below 2^62. {}",
-                              RangeHelp(non_negative, "0")))
+  AddBoundedOption(command, "--per-sequence", args.per_sequence,
+                   "Extra cost per sequence, in cost units (one token's linear work); "
+                   "a sequence's cost must stay below 2^62.",
+                   RealRange{0.0, std::numeric_limits<double>::infinity()}, "0")
       ->type_name("X")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(shape_group);
 }
 
@@ -220,23 +201,17 @@ void AddCostCoefficientOptions(CLI::App& command, CostArgs& args) {
   const std::string coefficient_group =
       "Coefficients (attention cost; not with a model shape; fields cost.coefficients.*; "
       "linear + quadratic must be > 0, and a sequence's cost below 2^62)";
-  command
-      .add_option("--linear", args.linear,
-                  fmt::format("Cost units per token. {}", RangeHelp(non_negative, "1")))
+  AddBoundedOption(command, "--linear", args.linear, "Cost units per token.",
+                   RealRange{0.0, std::numeric_limits<double>::infinity()}, "1")
       ->type_name("X")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
-  command
-      .add_option("--quadratic", args.quadratic,
-                  fmt::format("Cost units per squared token. {}", RangeHelp(non_negative, "0")))
+  AddBoundedOption(command, "--quadratic", args.quadratic, "Cost units per squared token.",
+                   RealRange{0.0, std::numeric_limits<double>::infinity()}, "0")
       ->type_name("X")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
-  command
-      .add_option("--constant", args.constant,
-                  fmt::format("Cost units per sequence. {}", RangeHelp(non_negative, "0")))
+  AddBoundedOption(command, "--constant", args.constant, "Cost units per sequence.",
+                   RealRange{0.0, std::numeric_limits<double>::infinity()}, "0")
       ->type_name("X")
-      ->check(RealIn(0.0, std::numeric_limits<double>::infinity()))
       ->group(coefficient_group);
 }
 
@@ -270,14 +245,11 @@ void AddCostOptions(CLI::App& command, CostArgs& args) {
 }
 
 void AddRefineOption(CLI::App& command, std::optional<std::int64_t>& refine_iterations) {
-  command
-      .add_option(
-          "--refine-iterations", refine_iterations,
-          fmt::format("Local-search budget in improving steps; 0 disables it. {}",
-                      RangeHelp(IntegerRangeText(0, kInt64Max),
-                                fmt::format("{}", balance::RefineOptions{}.max_iterations))))
-      ->type_name("N")
-      ->check(IntegerIn(0, kInt64Max));
+  AddBoundedOption(command, "--refine-iterations", refine_iterations,
+                   "Local-search budget in improving steps; 0 disables it.",
+                   IntegerRange{0, kInt64Max},
+                   fmt::format("{}", balance::RefineOptions{}.max_iterations))
+      ->type_name("N");
 }
 
 LengthsInput ReadInput(const InputArgs& args, std::istream& in) {

@@ -257,85 +257,62 @@ std::string PlanStepFooter() {
 // The step's shape: the ranks, the cap's padding, the pipeline, the launch cost.
 void AddStepShapeOptions(CLI::App& command, PlanStepArgs& args) {
   const PlanStepArgs defaults;
-  command
-      .add_option("--ranks", args.ranks,
-                  fmt::format("Number of data-parallel ranks R (verl's and Megatron's "
-                              "data-parallel size). {}",
-                              RangeHelp(IntegerRangeText(1, balance::kMaxParts),
-                                        fmt::format("{}", defaults.ranks))))
-      ->type_name("R")
-      ->check(IntegerIn(1, balance::kMaxParts));
-  command
-      .add_option("--max-token-len,--max-tokens,--max-tokens-per-micro-batch", args.max_tokens,
-                  fmt::format("Hard cap on the (padded) tokens of one micro-batch, in tokens "
-                              "(verl's max_token_len per GPU, ppo_max_token_len_per_gpu with "
-                              "use_dynamic_bsz); a longer sequence follows --oversize. {}",
-                              RangeHelp(IntegerRangeText(1, kInt64Max), "none, required")))
+  AddBoundedOption(command, "--ranks", args.ranks,
+                   "Number of data-parallel ranks R (verl's and Megatron's "
+                   "data-parallel size).",
+                   IntegerRange{1, balance::kMaxParts}, fmt::format("{}", defaults.ranks))
+      ->type_name("R");
+  AddBoundedOption(command, "--max-token-len,--max-tokens,--max-tokens-per-micro-batch",
+                   args.max_tokens,
+                   "Hard cap on the (padded) tokens of one micro-batch, in tokens "
+                   "(verl's max_token_len per GPU, ppo_max_token_len_per_gpu with "
+                   "use_dynamic_bsz); a longer sequence follows --oversize.",
+                   IntegerRange{1, kInt64Max}, "none, required")
       ->type_name("TOKENS")
-      ->check(IntegerIn(1, kInt64Max))
       ->required();
-  command
-      .add_option("--min-micro-batches", args.min_micro_batches,
-                  fmt::format("At least N micro-batches per rank; R × the count must stay <= {}. "
-                              "{}",
-                              balance::kMaxForcedMicroBatches,
-                              RangeHelp(IntegerRangeText(1, balance::kMaxParts),
-                                        fmt::format("{}", defaults.min_micro_batches))))
-      ->type_name("N")
-      ->check(IntegerIn(1, balance::kMaxParts));
-  command
-      .add_option(
-          "--micro-batches-multiple-of,--multiple-of", args.multiple_of,
-          fmt::format("The micro-batch count is a multiple of N (e.g. the pipeline-parallel "
-                      "size, as Megatron's interleaved schedule requires); R × the count "
-                      "must stay <= {}. {}",
-                      balance::kMaxForcedMicroBatches,
-                      RangeHelp(IntegerRangeText(1, balance::kMaxParts),
-                                fmt::format("{}", defaults.multiple_of))))
-      ->type_name("N")
-      ->check(IntegerIn(1, balance::kMaxParts));
-  command
-      .add_option(
-          "--pad-to-multiple-of,--pad-to", args.pad_to,
-          fmt::format(
-              "Pad every length up to a multiple of N tokens (e.g. 2·CP·TP) before "
-              "it counts against the cap and the cost; the padded lengths' total must stay "
-              "below 2^63. {}",
-              RangeHelp(IntegerRangeText(1, kInt64Max), fmt::format("{}", defaults.pad_to))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kInt64Max));
-  command
-      .add_option(
-          "--pipeline-model-parallel-size,--pipeline-stages,--pp", args.pipeline_stages,
-          fmt::format("Pipeline-parallel stages p (Megatron's pipeline_model_parallel_size): "
-                      "a rank's time is Σ t_i + (p − 1)·max t_i (1F1B), t_i = cost_i + "
-                      "overhead. {}",
-                      RangeHelp(IntegerRangeText(1, kMaxPipelineStages),
-                                fmt::format("{}", defaults.pipeline_stages))))
-      ->type_name("P")
-      ->check(IntegerIn(1, kMaxPipelineStages));
-  command
-      .add_option(
-          "--overhead", args.overhead,
-          fmt::format(
-              "Cost of one micro-batch launch (forward + backward) in cost units "
-              "(tokens of linear work); 0 makes micro-batches free; a rank's time with it must "
-              "stay below 2^63. {}",
-              RangeHelp(IntegerRangeText(0, kInt64Max),
-                        "estimated from the model shape (streaming the weights, "
-                        "kernel launches, the framework's own work on an "
-                        "H100-class GPU): 190 for the default Llama-3.1-8B "
-                        "shape")))
-      ->type_name("X")
-      ->check(IntegerIn(0, kInt64Max));
-  command
-      .add_option("--count-tolerance", args.count_tolerance,
-                  fmt::format("The micro-batch count is the smallest whose predicted step time is "
-                              "within this fraction of the best count's. {}",
-                              RangeHelp(RealRangeText(0.0, 1.0),
-                                        fmt::format("{:g}", defaults.count_tolerance))))
-      ->type_name("F")
-      ->check(RealIn(0.0, 1.0));
+  AddBoundedOption(command, "--min-micro-batches", args.min_micro_batches,
+                   fmt::format("At least N micro-batches per rank; R × the count must stay <= {}.",
+                               balance::kMaxForcedMicroBatches),
+                   IntegerRange{1, balance::kMaxParts},
+                   fmt::format("{}", defaults.min_micro_batches))
+      ->type_name("N");
+  AddBoundedOption(
+      command, "--micro-batches-multiple-of,--multiple-of", args.multiple_of,
+      fmt::format("The micro-batch count is a multiple of N (e.g. the pipeline-parallel "
+                  "size, as Megatron's interleaved schedule requires); R × the count "
+                  "must stay <= {}.",
+                  balance::kMaxForcedMicroBatches),
+      IntegerRange{1, balance::kMaxParts}, fmt::format("{}", defaults.multiple_of))
+      ->type_name("N");
+  AddBoundedOption(command, "--pad-to-multiple-of,--pad-to", args.pad_to,
+                   "Pad every length up to a multiple of N tokens (e.g. 2·CP·TP) before "
+                   "it counts against the cap and the cost; the padded lengths' total must stay "
+                   "below 2^63.",
+                   IntegerRange{1, kInt64Max}, fmt::format("{}", defaults.pad_to))
+      ->type_name("N");
+  AddBoundedOption(command, "--pipeline-model-parallel-size,--pipeline-stages,--pp",
+                   args.pipeline_stages,
+                   "Pipeline-parallel stages p (Megatron's pipeline_model_parallel_size): "
+                   "a rank's time is Σ t_i + (p − 1)·max t_i (1F1B), t_i = cost_i + "
+                   "overhead.",
+                   IntegerRange{1, kMaxPipelineStages}, fmt::format("{}", defaults.pipeline_stages))
+      ->type_name("P");
+  AddBoundedOption(
+      command, "--overhead", args.overhead,
+      "Cost of one micro-batch launch (forward + backward) in cost units "
+      "(tokens of linear work); 0 makes micro-batches free; a rank's time with it must "
+      "stay below 2^63.",
+      IntegerRange{0, kInt64Max},
+      "estimated from the model shape (streaming the weights, "
+      "kernel launches, the framework's own work on an "
+      "H100-class GPU): 190 for the default Llama-3.1-8B "
+      "shape")
+      ->type_name("X");
+  AddBoundedOption(command, "--count-tolerance", args.count_tolerance,
+                   "The micro-batch count is the smallest whose predicted step time is "
+                   "within this fraction of the best count's.",
+                   RealRange{0.0, 1.0}, fmt::format("{:g}", defaults.count_tolerance))
+      ->type_name("F");
 }
 
 // How a rank's micro-batches are ordered, and what a sequence above the cap does.

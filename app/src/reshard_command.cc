@@ -364,39 +364,29 @@ void AddReshardPlacementOptions(CLI::App& command, ReshardArgs& args) {
   command.add_flag("--colocated", args.colocated,
                    "The engines run on the trainer's GPUs (default: on separate GPUs)");
   const ReshardArgs defaults;
-  command
-      .add_option("--gpus-per-node", args.gpus_per_node,
-                  fmt::format("GPUs per node (field topology.gpus_per_node). {}",
-                              RangeHelp(IntegerRangeText(1, kMaxSize),
-                                        fmt::format("{}", defaults.gpus_per_node))))
-      ->type_name("N")
-      ->check(IntegerIn(1, kMaxSize));
+  AddBoundedOption(command, "--gpus-per-node", args.gpus_per_node,
+                   "GPUs per node (field topology.gpus_per_node).", IntegerRange{1, kMaxSize},
+                   fmt::format("{}", defaults.gpus_per_node))
+      ->type_name("N");
   const std::string bandwidth = RealRangeText(0.0, kMaxGbPerS, /*min_open=*/true);
-  command
-      .add_option(
-          "--intra-node-gb-per-s", args.intra_node_gb_per_s,
-          fmt::format("Intra-node bandwidth per GPU and direction, in GB/s (10^9 bytes "
-                      "per second; field topology.intra_node_gb_per_s). {}",
-                      RangeHelp(bandwidth, fmt::format("{:g}", defaults.intra_node_gb_per_s))))
-      ->type_name("GB/S")
-      ->check(RealIn(0.0, kMaxGbPerS, /*min_open=*/true));
-  command
-      .add_option(
-          "--inter-node-gb-per-s", args.inter_node_gb_per_s,
-          fmt::format("Inter-node (NIC) bandwidth per GPU and direction, in GB/s (10^9 "
-                      "bytes per second; field topology.inter_node_gb_per_s). {}",
-                      RangeHelp(bandwidth, fmt::format("{:g}", defaults.inter_node_gb_per_s))))
-      ->type_name("GB/S")
-      ->check(RealIn(0.0, kMaxGbPerS, /*min_open=*/true));
-  command
-      .add_option("--bucket-mib,--bucket-mb", args.bucket_mb,
-                  fmt::format("Bytes a GPU may send, and receive, in one bucket, in MiB (2^20 "
-                              "bytes; verl's update_weights_bucket_megabytes; field bucket_bytes "
-                              "= MiB × 2^20). {}",
-                              RangeHelp(IntegerRangeText(1, kMaxBucketMiB),
-                                        fmt::format("{}", defaults.bucket_mb))))
-      ->type_name("MIB")
-      ->check(IntegerIn(1, kMaxBucketMiB));
+  AddBoundedOption(command, "--intra-node-gb-per-s", args.intra_node_gb_per_s,
+                   "Intra-node bandwidth per GPU and direction, in GB/s (10^9 bytes "
+                   "per second; field topology.intra_node_gb_per_s).",
+                   RealRange{0.0, kMaxGbPerS, /*min_open=*/true},
+                   fmt::format("{:g}", defaults.intra_node_gb_per_s))
+      ->type_name("GB/S");
+  AddBoundedOption(command, "--inter-node-gb-per-s", args.inter_node_gb_per_s,
+                   "Inter-node (NIC) bandwidth per GPU and direction, in GB/s (10^9 "
+                   "bytes per second; field topology.inter_node_gb_per_s).",
+                   RealRange{0.0, kMaxGbPerS, /*min_open=*/true},
+                   fmt::format("{:g}", defaults.inter_node_gb_per_s))
+      ->type_name("GB/S");
+  AddBoundedOption(command, "--bucket-mib,--bucket-mb", args.bucket_mb,
+                   "Bytes a GPU may send, and receive, in one bucket, in MiB (2^20 "
+                   "bytes; verl's update_weights_bucket_megabytes; field bucket_bytes "
+                   "= MiB × 2^20).",
+                   IntegerRange{1, kMaxBucketMiB}, fmt::format("{}", defaults.bucket_mb))
+      ->type_name("MIB");
   command
       .add_option("--target-dtype", args.target_dtype,
                   "What the engines run: bf16 (the trainer's weights as they are) or fp8_block128 "

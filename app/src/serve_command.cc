@@ -179,31 +179,24 @@ CLI::App* AddServeCommand(CLI::App& app, ServeArgs& args) {
       ->type_name("delimited|json")
       ->check(
           CLI::IsMember({std::string(kDelimitedFormat), std::string(kJsonFormat)}).description(""));
-  command
-      ->add_option("--threads", args.threads,
-                   fmt::format("Worker threads solving requests. {}",
-                               RangeHelp(IntegerRangeText(1, 1024), "the hardware's concurrency")))
-      ->type_name("N")
-      ->check(IntegerIn(1, 1024));
-  command
-      ->add_option("--max-message-bytes", args.max_message_bytes,
+  AddBoundedOption(*command, "--threads", args.threads, "Worker threads solving requests.",
+                   IntegerRange{1, 1024}, "the hardware's concurrency")
+      ->type_name("N");
+  AddBoundedOption(*command, "--max-message-bytes", args.max_message_bytes,
                    fmt::format("Largest accepted request frame, in bytes (a JSON line without its "
-                               "newline; {} = 64 MiB). {}",
-                               kDefaultMaxMessageBytes,
-                               RangeHelp(IntegerRangeText(1, kMaxMessageBytesLimit),
-                                         fmt::format("{}", defaults.max_message_bytes))))
-      ->type_name("BYTES")
-      ->check(IntegerIn(1, kMaxMessageBytesLimit));
-  command
-      ->add_option("--request-timeout", args.request_timeout_seconds,
-                   fmt::format("Seconds a request may run before it is stopped with a "
-                               "DEADLINE_EXCEEDED reply; 0: no limit. Checked between a "
-                               "simulation's events; the other requests are bounded by their size "
-                               "limits. {}",
-                               RangeHelp(RealRangeText(0.0, kMaxRequestTimeoutSeconds),
-                                         fmt::format("{:g}", defaults.request_timeout_seconds))))
-      ->type_name("SECONDS")
-      ->check(RealIn(0.0, kMaxRequestTimeoutSeconds));
+                               "newline; {} = 64 MiB).",
+                               kDefaultMaxMessageBytes),
+                   IntegerRange{1, kMaxMessageBytesLimit},
+                   fmt::format("{}", defaults.max_message_bytes))
+      ->type_name("BYTES");
+  AddBoundedOption(*command, "--request-timeout", args.request_timeout_seconds,
+                   "Seconds a request may run before it is stopped with a "
+                   "DEADLINE_EXCEEDED reply; 0: no limit. Checked between a "
+                   "simulation's events; the other requests are bounded by their size "
+                   "limits.",
+                   RealRange{0.0, kMaxRequestTimeoutSeconds},
+                   fmt::format("{:g}", defaults.request_timeout_seconds))
+      ->type_name("SECONDS");
   return command;
 }
 
