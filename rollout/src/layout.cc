@@ -146,16 +146,23 @@ struct ShardContext {
   const TensorIndex& index;
   std::vector<LocalParam>& out;
   std::int64_t tp, t, h;
+
+  // The parts of one layer, below (Megatron's: hl, ha the HF layer and attention
+  // prefixes, ml, ma Megatron's; vLLM's: l, a its layer and attention prefixes).
+  void MegatronMla(const std::string& hl, const std::string& ha, const std::string& ml,
+                   const std::string& ma) const;
+  void MegatronQkv(const std::string& hl, const std::string& ha, const std::string& ma) const;
+  void MegatronMlp(std::int64_t layer, const std::string& hl, const std::string& ml) const;
+  void VllmMla(const std::string& a) const;
+  void VllmQkv(const std::string& a) const;
+  void VllmExperts(const InferLayout& infer, std::int64_t layer, const std::string& l) const;
+  void VllmMlp(const InferLayout& infer, std::int64_t layer, const std::string& l) const;
 };
 
 // Megatron's MLA attention of one layer (hl, ha: the HF layer and attention prefixes;
 // ml, ma: Megatron's).
-void MegatronMla(const ShardContext& c, const std::string& hl, const std::string& ha,
-                 const std::string& ml, const std::string& ma) {
-  const ModelConfig& m = c.m;
-  const TensorIndex& index = c.index;
-  std::vector<LocalParam>& out = c.out;
-  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+void ShardContext::MegatronMla(const std::string& hl, const std::string& ha, const std::string& ml,
+                               const std::string& ma) const {
   const std::int64_t heads = m.num_heads / tp;
   const std::int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
   const std::int64_t kv = m.qk_nope_head_dim + m.v_head_dim;
@@ -180,12 +187,8 @@ void MegatronMla(const ShardContext& c, const std::string& hl, const std::string
 
 // Megatron's fused QKV attention of one layer: per query group [q heads of the group; k;
 // v], whole groups per rank.
-void MegatronQkv(const ShardContext& c, const std::string& hl, const std::string& ha,
-                 const std::string& ma) {
-  const ModelConfig& m = c.m;
-  const TensorIndex& index = c.index;
-  std::vector<LocalParam>& out = c.out;
-  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+void ShardContext::MegatronQkv(const std::string& hl, const std::string& ha,
+                               const std::string& ma) const {
   const std::int64_t d = m.head_dim;
   const std::int64_t groups = m.num_kv_heads / tp;
   const std::int64_t q_per_group = m.num_heads / m.num_kv_heads;
@@ -218,12 +221,8 @@ void MegatronQkv(const ShardContext& c, const std::string& hl, const std::string
 
 // Megatron's MLP of one layer: the router and shared experts of a MoE layer (the
 // experts are MegatronExpertShards'), or the dense MLP.
-void MegatronMlp(const ShardContext& c, std::int64_t layer, const std::string& hl,
-                 const std::string& ml) {
-  const ModelConfig& m = c.m;
-  const TensorIndex& index = c.index;
-  std::vector<LocalParam>& out = c.out;
-  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+void ShardContext::MegatronMlp(std::int64_t layer, const std::string& hl,
+                               const std::string& ml) const {
   const std::string norm = hl + "post_attention_layernorm.weight";
   auto dense_mlp = [&](const std::string& mprefix, const std::string& hprefix, std::int64_t ffn) {
     const std::int64_t per = ffn / tp;
@@ -267,11 +266,11 @@ std::vector<LocalParam> MegatronDenseShards(const ModelConfig& m, const TensorIn
                       ma = ml + "self_attention.";
     const ShardContext c{m, index, out, tp, t, h};
     if (m.is_mla()) {
-      MegatronMla(c, hl, ha, ml, ma);
+      c.MegatronMla(hl, ha, ml, ma);
     } else {
-      MegatronQkv(c, hl, ha, ma);
+      c.MegatronQkv(hl, ha, ma);
     }
-    MegatronMlp(c, layer, hl, ml);
+    c.MegatronMlp(layer, hl, ml);
   }
   if (last) {
     Replicated(index, out, "decoder.final_layernorm.weight", "model.norm.weight");
@@ -311,11 +310,7 @@ std::vector<LocalParam> MegatronExpertShards(const ModelConfig& m, const TensorI
 namespace {
 
 // vLLM's MLA attention of one layer (a: its attention prefix).
-void VllmMla(const ShardContext& c, const std::string& a) {
-  const ModelConfig& m = c.m;
-  const TensorIndex& index = c.index;
-  std::vector<LocalParam>& out = c.out;
-  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+void ShardContext::VllmMla(const std::string& a) const {
   const std::int64_t heads = m.num_heads / tp;
   const std::int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
   const std::int64_t kv = m.qk_nope_head_dim + m.v_head_dim;
@@ -342,11 +337,7 @@ void VllmMla(const ShardContext& c, const std::string& a) {
 
 // vLLM's fused QKV attention of one layer: [Q_r; K_r; V_r], the KV heads replicated when
 // tp > num_kv_heads.
-void VllmQkv(const ShardContext& c, const std::string& a) {
-  const ModelConfig& m = c.m;
-  const TensorIndex& index = c.index;
-  std::vector<LocalParam>& out = c.out;
-  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+void ShardContext::VllmQkv(const std::string& a) const {
   const std::int64_t d = m.head_dim;
   const std::int64_t q_heads = m.num_heads / tp;
   const std::int64_t kv_heads = tp >= m.num_kv_heads ? 1 : m.num_kv_heads / tp;
@@ -376,12 +367,8 @@ void VllmQkv(const ShardContext& c, const std::string& a) {
 
 // vLLM's fused experts of a MoE layer (l: its prefix): whole experts per rank under
 // expert parallelism, else every expert split by tp.
-void VllmExperts(const ShardContext& c, const InferLayout& infer, std::int64_t layer,
-                 const std::string& l) {
-  const ModelConfig& m = c.m;
-  const TensorIndex& index = c.index;
-  std::vector<LocalParam>& out = c.out;
-  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+void ShardContext::VllmExperts(const InferLayout& infer, std::int64_t layer,
+                               const std::string& l) const {
   std::vector<std::int64_t> experts;
   std::int64_t moe_tp = tp, moe_rank = t;
   if (infer.expert_parallel) {
@@ -417,12 +404,8 @@ void VllmExperts(const ShardContext& c, const InferLayout& infer, std::int64_t l
 
 // vLLM's MLP of one layer (l: its prefix): the router, experts and shared experts of a
 // MoE layer, or the dense MLP.
-void VllmMlp(const ShardContext& c, const InferLayout& infer, std::int64_t layer,
-             const std::string& l) {
-  const ModelConfig& m = c.m;
-  const TensorIndex& index = c.index;
-  std::vector<LocalParam>& out = c.out;
-  const std::int64_t tp = c.tp, t = c.t, h = c.h;
+void ShardContext::VllmMlp(const InferLayout& infer, std::int64_t layer,
+                           const std::string& l) const {
   auto dense_mlp = [&](const std::string& prefix, std::int64_t ffn) {
     const std::int64_t per = ffn / tp;
     ParamBuilder gate_up(index, out, prefix + "gate_up_proj.weight", {2 * per, h});
@@ -436,7 +419,7 @@ void VllmMlp(const ShardContext& c, const InferLayout& infer, std::int64_t layer
       Replicated(index, out, l + "mlp.gate.e_score_correction_bias",
                  l + "mlp.gate.e_score_correction_bias");
     }
-    VllmExperts(c, infer, layer, l);
+    VllmExperts(infer, layer, l);
     if (m.num_shared_experts > 0) {
       dense_mlp(l + "mlp.shared_experts.", m.num_shared_experts * m.moe_intermediate_size);
     }
@@ -459,13 +442,13 @@ std::vector<LocalParam> VllmShards(const ModelConfig& m, const TensorIndex& inde
     Replicated(index, out, l + "input_layernorm.weight", l + "input_layernorm.weight");
     const ShardContext c{m, index, out, tp, t, h};
     if (m.is_mla()) {
-      VllmMla(c, a);
+      c.VllmMla(a);
     } else {
-      VllmQkv(c, a);
+      c.VllmQkv(a);
     }
     Replicated(index, out, l + "post_attention_layernorm.weight",
                l + "post_attention_layernorm.weight");
-    VllmMlp(c, infer, layer, l);
+    c.VllmMlp(infer, layer, l);
   }
   Replicated(index, out, "model.norm.weight", "model.norm.weight");
   if (!m.tie_word_embeddings) {
