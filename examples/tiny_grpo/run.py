@@ -140,6 +140,9 @@ def main(argv=None) -> int:
     parser.add_argument("--engine-min-step-seconds", type=float, default=0.0,
                         help="each engine's decode step lasts at least this long (emulates "
                         "slower engines, so that generation, not training, is the bottleneck)")
+    parser.add_argument("--late-engine-seconds", type=float, default=0.0,
+                        help="engine 0 starts this many seconds after the others (the first "
+                        "step waits for it: rlsched run --wait-for-engines)")
     parser.add_argument("--task", choices=("add", "reverse"), default="add",
                         help="add one to each digit, modulo the alphabet (default), or "
                              "reverse the digits (harder: GRPO settles near 0.8 here)")
@@ -288,8 +291,11 @@ def main(argv=None) -> int:
             stall = (["--stall-at-version", str(args.kill_engine_at)]
                      if args.kill_engine_at is not None else
                      ["--die-during-sync", str(args.kill_engine_during_sync)])
+        late = (["sh", "-c", f'sleep {args.late_engine_seconds}; exec "$@"', "sh"]
+                if e == 0 and args.late_engine_seconds > 0 else [])
         workers[name] = subprocess.Popen(
-            [_PYTHON, os.path.join(_HERE, "workers.py"), "--role", "engine", "--engine", str(e),
+            [*late, _PYTHON, os.path.join(_HERE, "workers.py"), "--role", "engine", "--engine",
+             str(e),
              "--max-concurrent", str(args.max_concurrent), "--min-step-seconds",
              str(args.engine_min_step_seconds), "--report",
              os.path.join(out, f"{name}.json"), *stall, *common],

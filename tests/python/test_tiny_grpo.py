@@ -544,6 +544,23 @@ def _reference(steps):
                                  epochs=4, max_grad_norm=1.0, advantage="process")
 
 
+def test_a_late_engine_is_in_the_first_weight_sync(rlsched_bin, tmp_path):
+    """Engine 0 starts 1.5 s after the others: the first prompts wait for it (rlsched run
+    --wait-for-engines), so the first weight sync's world holds both engines and every
+    version moves once (without the wait the first sync had engine 1 alone, the late
+    engine's join made a new world mid-run, and a version was sent again: 4 runs for 3
+    versions)."""
+    out = tmp_path / "late"
+    summary, reports, report = _live(rlsched_bin, out, "--mode", "sync", "--steps", "3",
+                                     "--late-engine-seconds", "1.5")
+    assert summary["ok"], summary["checks"]
+    sync = reports["trainer"]["weight_sync"]
+    assert [(e["members"], e["runs"], e["failed"]) for e in sync["epochs"]] == [
+        ([0, 1], 3, None)], sync
+    assert sync["runs"] == 3
+    assert [[int(m) for m in e["members"]] for e in report["weight_sync"]] == [[0, 1]]
+
+
 def test_live_sync_runs_with_trainer_tp_and_dp(rlsched_bin, tmp_path):
     """Sync mode with the trainer in TP 1, TP 2, and TP 2 x DP 2 (4 trainer processes,
     rlsched run --train tp=2,dp=2)."""
