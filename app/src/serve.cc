@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 #include "rlsched/wire/json.h"
 #include "rlsched/wire/solve.h"
@@ -318,19 +319,10 @@ RequestReader::Frame RequestReader::NextLine() {
 namespace {
 
 void CheckServeOptions(const ServeOptions& options) {
-  if (options.threads < 0 || options.threads > kMaxThreads) {
-    Fail("threads", fmt::format("must be in [0, {}], got {}", kMaxThreads, options.threads));
-  }
-  if (!(options.request_timeout_seconds >= 0 &&
-        options.request_timeout_seconds <= kMaxRequestTimeoutSeconds)) {
-    Fail("request_timeout_seconds",
-         fmt::format("must be in [0, {}], got {}", kMaxRequestTimeoutSeconds,
-                     options.request_timeout_seconds));
-  }
-  if (options.max_message_bytes < 1 || options.max_message_bytes > kMaxMessageBytesLimit) {
-    Fail("max_message_bytes", fmt::format("must be in [1, {}], got {}", kMaxMessageBytesLimit,
-                                          options.max_message_bytes));
-  }
+  CheckInRange("threads", options.threads, 0, kMaxThreads);
+  CheckRealInRange("request_timeout_seconds", options.request_timeout_seconds, 0, End::kClosed,
+                   kMaxRequestTimeoutSeconds, End::kClosed);
+  CheckInRange("max_message_bytes", options.max_message_bytes, 1, kMaxMessageBytesLimit);
 }
 
 // One serving of a stream: the pipeline's three stages and what they share. Read and

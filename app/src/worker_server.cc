@@ -14,6 +14,7 @@
 #include <variant>
 #include <vector>
 
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 #include "rlsched/wire/orchestrator_convert.h"
 #include "rlsched/wire/reshard_convert.h"
@@ -257,19 +258,14 @@ grpc::Status WorkerServer::Refuse(Connection& connection, grpc::StatusCode code,
 }
 
 std::optional<std::string> CheckEngineHello(const v1::Hello& hello, std::int64_t latest) {
-  auto outside = [](const char* field, std::int64_t value, std::int64_t lo, std::int64_t hi) {
-    return "hello." + std::string(field) + ": must be in [" + std::to_string(lo) + ", " +
-           std::to_string(hi) + "], got " + std::to_string(value);
-  };
-  if (hello.engine() < 0 || hello.engine() > scheduler::kMaxEngineId) {
-    return outside("engine", hello.engine(), 0, scheduler::kMaxEngineId);
-  }
-  if (hello.max_concurrent() < 1 || hello.max_concurrent() > scheduler::kMaxConcurrent) {
-    return outside("max_concurrent", hello.max_concurrent(), 1, scheduler::kMaxConcurrent);
-  }
-  if (hello.version() < -1 || hello.version() > latest) {
-    return outside("version", hello.version(), -1, latest) + " (the newest weights are version " +
-           std::to_string(latest) + ")";
+  try {
+    CheckInRange("hello.engine", hello.engine(), 0, scheduler::kMaxEngineId);
+    CheckInRange("hello.max_concurrent", hello.max_concurrent(), 1, scheduler::kMaxConcurrent);
+    CheckInRange("hello.version", hello.version(), -1, latest);
+  } catch (const FieldError& e) {
+    if (e.field() != "hello.version") return e.what();
+    return std::string(e.what()) + " (the newest weights are version " + std::to_string(latest) +
+           ")";
   }
   if (hello.samples_size() > hello.max_concurrent()) {
     return "hello.samples: at most max_concurrent (" + std::to_string(hello.max_concurrent()) +

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "internal.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::balance {
@@ -15,9 +16,7 @@ namespace {
 void CheckLengths(std::span<const std::int64_t> lengths) {
   internal::CheckWeights(lengths, "lengths");
   for (std::size_t i = 0; i < lengths.size(); ++i) {
-    if (lengths[i] > kMaxLength) {
-      rlsched::FailBound("lengths[" + std::to_string(i) + "]", "<= 2^31", lengths[i]);
-    }
+    CheckAtMost({"lengths", i}, lengths[i], {kMaxLength, "2^31"});
   }
 }
 
@@ -33,11 +32,7 @@ void CheckGroups(std::span<const std::int64_t> groups, std::size_t num_lengths,
                                 std::to_string(num_lengths) + "), got " +
                                 std::to_string(groups.size()));
   }
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    if (groups[i] < 0) {
-      rlsched::FailBound("groups[" + std::to_string(i) + "]", ">= 0", groups[i]);
-    }
-  }
+  for (std::size_t i = 0; i < groups.size(); ++i) CheckAtLeast({"groups", i}, groups[i], 0);
 }
 
 std::vector<std::int64_t> PartTokens(std::span<const std::int64_t> lengths,

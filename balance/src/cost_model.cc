@@ -7,6 +7,7 @@
 #include <string>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::balance {
@@ -14,60 +15,24 @@ namespace {
 
 constexpr double kMaxCost = 4.611686018427387904e18;  // 2^62
 
-void CheckCoefficient(double value, const char* name) {
-  if (!std::isfinite(value) || value < 0.0) {
-    rlsched::FailBound(name, "finite and >= 0", value);
-  }
-}
-
-void CheckShapeField(std::int64_t value, const char* name) {
-  if (value < 1) {
-    rlsched::FailBound(std::string("model.") + name, ">= 1", value);
-  }
-}
-
 void CheckShape(const ModelShape& shape) {
-  CheckShapeField(shape.hidden_size, "hidden_size");
-  CheckShapeField(shape.num_layers, "num_layers");
-  CheckShapeField(shape.ffn_hidden_size, "ffn_hidden_size");
-  CheckShapeField(shape.num_attention_heads, "num_attention_heads");
-  CheckShapeField(shape.num_kv_heads, "num_kv_heads");
-  CheckShapeField(shape.vocab_size, "vocab_size");
-  if (shape.hidden_size % shape.num_attention_heads != 0) {
-    rlsched::Fail("model.num_attention_heads", "must divide hidden_size (" +
-                                                   std::to_string(shape.hidden_size) + "), got " +
-                                                   std::to_string(shape.num_attention_heads));
-  }
-  if (shape.num_attention_heads % shape.num_kv_heads != 0) {
-    rlsched::Fail("model.num_kv_heads", "must divide num_attention_heads (" +
-                                            std::to_string(shape.num_attention_heads) + "), got " +
-                                            std::to_string(shape.num_kv_heads));
-  }
+  CheckAtLeast("model.hidden_size", shape.hidden_size, 1);
+  CheckAtLeast("model.num_layers", shape.num_layers, 1);
+  CheckAtLeast("model.ffn_hidden_size", shape.ffn_hidden_size, 1);
+  CheckAtLeast("model.num_attention_heads", shape.num_attention_heads, 1);
+  CheckAtLeast("model.num_kv_heads", shape.num_kv_heads, 1);
+  CheckAtLeast("model.vocab_size", shape.vocab_size, 1);
+  CheckDivides("model.num_attention_heads", shape.num_attention_heads, "hidden_size",
+               shape.hidden_size);
+  CheckDivides("model.num_kv_heads", shape.num_kv_heads, "num_attention_heads",
+               shape.num_attention_heads);
 }
 
 void CheckWork(const TransformerWork& work) {
-  if (!std::isfinite(work.flops_per_token) || work.flops_per_token <= 0.0) {
-    rlsched::FailBound("work.flops_per_token", "finite and > 0", work.flops_per_token);
-  }
-  if (!std::isfinite(work.flops_per_squared_token) || work.flops_per_squared_token < 0.0) {
-    rlsched::FailBound("work.flops_per_squared_token", "finite and >= 0",
-                       work.flops_per_squared_token);
-  }
-  if (!std::isfinite(work.parameters) || work.parameters < 0.0) {
-    rlsched::FailBound("work.parameters", "finite and >= 0", work.parameters);
-  }
-  if (work.num_layers < 1) rlsched::FailBound("work.num_layers", ">= 1", work.num_layers);
-}
-
-// The smallest value an overhead-model field may take.
-enum class AtLeast { kPositive, kZero };
-
-void CheckOverheadField(double value, AtLeast at_least, const char* name) {
-  const bool positive = at_least == AtLeast::kPositive;
-  if (!std::isfinite(value) || value < 0.0 || (positive && value == 0.0)) {
-    rlsched::FailBound(std::string("overhead_model.") + name,
-                       positive ? "finite and > 0" : "finite and >= 0", value);
-  }
+  CheckFiniteAtLeast("work.flops_per_token", work.flops_per_token, 0.0, End::kOpen);
+  CheckFiniteAtLeast("work.flops_per_squared_token", work.flops_per_squared_token, 0.0);
+  CheckFiniteAtLeast("work.parameters", work.parameters, 0.0);
+  CheckAtLeast("work.num_layers", work.num_layers, 1);
 }
 
 }  // namespace
@@ -94,12 +59,13 @@ double MicroBatchOverheadTokens(const ModelShape& shape, const MicroBatchOverhea
 
 double MicroBatchOverheadTokens(const TransformerWork& work, const MicroBatchOverheadModel& model) {
   CheckWork(work);
-  CheckOverheadField(model.flops_per_second, AtLeast::kPositive, "flops_per_second");
-  CheckOverheadField(model.memory_bytes_per_second, AtLeast::kPositive, "memory_bytes_per_second");
-  CheckOverheadField(model.bytes_per_parameter, AtLeast::kZero, "bytes_per_parameter");
-  CheckOverheadField(model.kernels_per_layer, AtLeast::kZero, "kernels_per_layer");
-  CheckOverheadField(model.kernel_latency_seconds, AtLeast::kZero, "kernel_latency_seconds");
-  CheckOverheadField(model.framework_seconds, AtLeast::kZero, "framework_seconds");
+  CheckFiniteAtLeast("overhead_model.flops_per_second", model.flops_per_second, 0.0, End::kOpen);
+  CheckFiniteAtLeast("overhead_model.memory_bytes_per_second", model.memory_bytes_per_second, 0.0,
+                     End::kOpen);
+  CheckFiniteAtLeast("overhead_model.bytes_per_parameter", model.bytes_per_parameter, 0.0);
+  CheckFiniteAtLeast("overhead_model.kernels_per_layer", model.kernels_per_layer, 0.0);
+  CheckFiniteAtLeast("overhead_model.kernel_latency_seconds", model.kernel_latency_seconds, 0.0);
+  CheckFiniteAtLeast("overhead_model.framework_seconds", model.framework_seconds, 0.0);
   const double weights =
       3.0 * model.bytes_per_parameter * work.parameters / model.memory_bytes_per_second;
   const double launches =
@@ -123,9 +89,9 @@ CostModel CostModel::Tokens() {
 }
 
 CostModel CostModel::Attention(double linear, double quadratic, double constant) {
-  CheckCoefficient(linear, "coefficients.linear");
-  CheckCoefficient(quadratic, "coefficients.quadratic");
-  CheckCoefficient(constant, "coefficients.constant");
+  CheckFiniteAtLeast("coefficients.linear", linear, 0.0);
+  CheckFiniteAtLeast("coefficients.quadratic", quadratic, 0.0);
+  CheckFiniteAtLeast("coefficients.constant", constant, 0.0);
   if (linear + quadratic <= 0.0) rlsched::Fail("coefficients", "linear + quadratic must be > 0");
   return CostModel(Kind::kAttention, linear, quadratic, constant,
                    OverheadFor(WorkOf(ModelShape{}), linear));
@@ -137,15 +103,13 @@ CostModel CostModel::Attention(const ModelShape& shape, double constant) {
 
 CostModel CostModel::Attention(const TransformerWork& work, double constant) {
   CheckWork(work);
-  CheckCoefficient(constant, "per_sequence");
+  CheckFiniteAtLeast("per_sequence", constant, 0.0);
   return CostModel(Kind::kAttention, 1.0, work.flops_per_squared_token / work.flops_per_token,
                    constant, OverheadFor(work, 1.0));
 }
 
 std::int64_t CostModel::Cost(std::int64_t length) const {
-  if (length < 0 || length > kMaxLength) {
-    rlsched::Fail("lengths", "each length must be in [0, 2^31], got " + std::to_string(length));
-  }
+  CheckInRange("lengths", length, 0, {kMaxLength, "2^31"});
   if (kind_ == Kind::kTokens) return length;
   const double l = static_cast<double>(length);
   const double cost = linear_ * l + quadratic_ * l * l + constant_;
@@ -159,9 +123,7 @@ std::int64_t CostModel::Cost(std::int64_t length) const {
 std::vector<std::int64_t> CostModel::Costs(std::span<const std::int64_t> lengths) const {
   std::vector<std::int64_t> costs(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) {
-    if (lengths[i] < 0 || lengths[i] > kMaxLength) {
-      rlsched::FailBound("lengths[" + std::to_string(i) + "]", "in [0, 2^31]", lengths[i]);
-    }
+    CheckInRange({"lengths", i}, lengths[i], 0, {kMaxLength, "2^31"});
     costs[i] = Cost(lengths[i]);
   }
   return costs;

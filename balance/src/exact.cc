@@ -31,6 +31,7 @@
 
 #include "internal.h"
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::balance {
@@ -512,10 +513,7 @@ void CheckIncumbent(const Assignment& incumbent, std::size_t num_items, std::int
   }
   std::vector<std::int64_t> counts(static_cast<std::size_t>(num_parts), 0);
   for (std::size_t i = 0; i < incumbent.size(); ++i) {
-    if (incumbent[i] < 0 || incumbent[i] >= num_parts) {
-      rlsched::FailBound("incumbent[" + std::to_string(i) + "]",
-                         "in [0, " + std::to_string(num_parts) + ")", incumbent[i]);
-    }
+    CheckBelow({"incumbent", i}, incumbent[i], 0, num_parts);
     ++counts[static_cast<std::size_t>(incumbent[i])];
   }
   if (sizes != PartSizes::kEqual) return;
@@ -538,9 +536,7 @@ ExactResult ExactSearch(std::span<const std::int64_t> weights, std::int64_t num_
                         PartSizes sizes, const Assignment& incumbent, const ExactOptions& options) {
   internal::CheckNumParts(num_parts);
   internal::CheckWeights(weights, "weights");
-  if (options.max_nodes < 0) {
-    rlsched::Fail("exact.max_nodes", "must be >= 0, got " + std::to_string(options.max_nodes));
-  }
+  CheckAtLeast("exact.max_nodes", options.max_nodes, 0);
   if (options.time_limit.count() > 0 && !options.now) {
     rlsched::Fail("exact.now", "a clock is required with exact.time_limit");
   }

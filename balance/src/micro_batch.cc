@@ -18,6 +18,7 @@
 
 #include "internal.h"
 #include "micro_batch_internal.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::balance {
@@ -26,18 +27,10 @@ namespace {
 
 constexpr std::int64_t kMaxPipelineStages = 65536;
 
-void CheckAtLeast(std::int64_t value, std::int64_t min, const char* field) {
-  if (value < min) {
-    rlsched::FailBound(std::string(field), ">= " + std::to_string(min), value);
-  }
-}
-
 // Throws std::invalid_argument naming lengths[i] when `length` is above kMaxLength or,
 // padded, above the cap (Pad()'s checks of one length); returns otherwise.
 void CheckLength(std::int64_t length, std::size_t i, const MicroBatchOptions& options) {
-  if (length > kMaxLength) {
-    rlsched::FailBound("lengths[" + std::to_string(i) + "]", "<= 2^31", length);
-  }
+  CheckAtMost({"lengths", i}, length, {kMaxLength, "2^31"});
   const std::int64_t t = RoundUp(length, options.pad_to_multiple_of);
   if (t > options.max_tokens_per_micro_batch) {
     rlsched::Fail("lengths[" + std::to_string(i) + "]",
@@ -254,26 +247,17 @@ std::optional<Assignment> FirstFitOn(const RankItems& items, std::int64_t m, std
 }  // namespace
 
 void CheckOptions(const MicroBatchOptions& options) {
-  CheckAtLeast(options.max_tokens_per_micro_batch, 1, "max_tokens_per_micro_batch");
-  CheckAtLeast(options.min_micro_batches, 1, "min_micro_batches");
-  CheckAtLeast(options.micro_batches_multiple_of, 1, "micro_batches_multiple_of");
-  CheckAtLeast(options.pad_to_multiple_of, 1, "pad_to_multiple_of");
-  CheckAtLeast(options.pipeline_stages, 1, "pipeline_stages");
-  if (options.pipeline_stages > kMaxPipelineStages) {
-    rlsched::Fail("pipeline_stages", "must be <= " + std::to_string(kMaxPipelineStages) + ", got " +
-                                         std::to_string(options.pipeline_stages));
-  }
-  if (options.overhead) CheckAtLeast(*options.overhead, 0, "overhead");
-  if (!(options.count_tolerance >= 0.0 && options.count_tolerance <= 1.0)) {
-    rlsched::Fail("count_tolerance",
-                  "must be in [0, 1], got " + std::to_string(options.count_tolerance));
-  }
-  if (options.min_micro_batches > kMaxParts) {
-    rlsched::Fail("min_micro_batches", "must be <= " + std::to_string(kMaxParts));
-  }
-  if (options.micro_batches_multiple_of > kMaxParts) {
-    rlsched::Fail("micro_batches_multiple_of", "must be <= " + std::to_string(kMaxParts));
-  }
+  CheckAtLeast("max_tokens_per_micro_batch", options.max_tokens_per_micro_batch, 1);
+  CheckAtLeast("min_micro_batches", options.min_micro_batches, 1);
+  CheckAtLeast("micro_batches_multiple_of", options.micro_batches_multiple_of, 1);
+  CheckAtLeast("pad_to_multiple_of", options.pad_to_multiple_of, 1);
+  CheckAtLeast("pipeline_stages", options.pipeline_stages, 1);
+  CheckAtMost("pipeline_stages", options.pipeline_stages, kMaxPipelineStages);
+  if (options.overhead) CheckAtLeast("overhead", *options.overhead, 0);
+  CheckRealInRange("count_tolerance", options.count_tolerance, 0.0, End::kClosed, 1.0,
+                   End::kClosed);
+  CheckAtMost("min_micro_batches", options.min_micro_batches, kMaxParts);
+  CheckAtMost("micro_batches_multiple_of", options.micro_batches_multiple_of, kMaxParts);
 }
 
 MicroBatchOptions Resolved(const MicroBatchOptions& options) {
@@ -309,9 +293,7 @@ Padded Pad(std::span<const std::int64_t> lengths, const MicroBatchOptions& optio
   std::vector<std::int64_t>& tokens = padded.token_storage;
   tokens.resize(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) {
-    if (lengths[i] > kMaxLength) {
-      rlsched::FailBound("lengths[" + std::to_string(i) + "]", "<= 2^31", lengths[i]);
-    }
+    CheckAtMost({"lengths", i}, lengths[i], {kMaxLength, "2^31"});
     const std::int64_t t = RoundUp(lengths[i], options.pad_to_multiple_of);
     if (t > cap) {
       if (!alone) CheckLength(lengths[i], i, options);

@@ -7,17 +7,13 @@
 
 #include "internal.h"
 #include "rlsched/balance/exact.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::balance {
 namespace internal {
 
-void CheckNumParts(std::int64_t num_parts) {
-  if (num_parts < 1 || num_parts > kMaxParts) {
-    rlsched::Fail("num_parts", "must be in [1, " + std::to_string(kMaxParts) + "], got " +
-                                   std::to_string(num_parts));
-  }
-}
+void CheckNumParts(std::int64_t num_parts) { CheckInRange("num_parts", num_parts, 1, kMaxParts); }
 
 std::int64_t CheckedAdd(std::int64_t a, std::int64_t b, std::string_view field) {
   std::int64_t sum = 0;
@@ -50,9 +46,7 @@ std::int64_t CheckWeights(std::span<const std::int64_t> weights, std::string_vie
   if (!bad) return sum;
   sum = 0;
   for (std::size_t i = 0; i < weights.size(); ++i) {
-    if (weights[i] < 0) {
-      rlsched::FailBound(std::string(field) + "[" + std::to_string(i) + "]", ">= 0", weights[i]);
-    }
+    CheckAtLeast({field, i}, weights[i], 0);
     sum = CheckedAdd(sum, weights[i], field);
   }
   return sum;
@@ -65,18 +59,12 @@ void CheckAssignment(std::span<const std::int32_t> assignment, std::size_t num_i
                                     "), got " + std::to_string(assignment.size()));
   }
   for (std::size_t i = 0; i < assignment.size(); ++i) {
-    if (assignment[i] < 0 || assignment[i] >= num_parts) {
-      rlsched::FailBound("assignment[" + std::to_string(i) + "]",
-                         "in [0, " + std::to_string(num_parts) + ")", assignment[i]);
-    }
+    CheckBelow({"assignment", i}, assignment[i], 0, num_parts);
   }
 }
 
 void CheckPartitionOptions(const PartitionOptions& options) {
-  if (options.exact.max_nodes < 0) {
-    rlsched::Fail("exact.max_nodes",
-                  "must be >= 0, got " + std::to_string(options.exact.max_nodes));
-  }
+  CheckAtLeast("exact.max_nodes", options.exact.max_nodes, 0);
   if (options.exact.time_limit.count() > 0 && !options.exact.now) {
     rlsched::Fail("exact.now", "a clock is required with exact.time_limit");
   }
@@ -106,10 +94,7 @@ std::int64_t LowerBound(std::span<const std::int64_t> weights, std::int64_t num_
 
 Assignment ContiguousSplit(std::int64_t num_items, std::int64_t num_parts) {
   internal::CheckNumParts(num_parts);
-  if (num_items < 0 || num_items > kMaxItems) {
-    rlsched::Fail("num_items", "must be in [0, " + std::to_string(kMaxItems) + "], got " +
-                                   std::to_string(num_items));
-  }
+  CheckInRange("num_items", num_items, 0, kMaxItems);
   const std::int64_t floor = num_items / num_parts;
   const std::int64_t extra = num_items % num_parts;
   Assignment assignment(static_cast<std::size_t>(num_items));

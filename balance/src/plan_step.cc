@@ -22,6 +22,7 @@
 #include "rank_packer.h"
 #include "recipe_partition.h"
 #include "rlsched/balance/balance.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 #include "step_bound.h"
 
@@ -29,10 +30,7 @@ namespace rlsched::balance {
 namespace internal {
 
 void CheckStepOptions(const StepOptions& options) {
-  if (options.num_ranks < 1 || options.num_ranks > kMaxParts) {
-    rlsched::Fail("num_ranks", "must be in [1, " + std::to_string(kMaxParts) + "], got " +
-                                   std::to_string(options.num_ranks));
-  }
+  CheckInRange("num_ranks", options.num_ranks, 1, kMaxParts);
   CheckOptions(options.micro_batch);
   const MicroBatchOptions& mb = options.micro_batch;
   // The count the options force on every rank, whatever the sequences need: the

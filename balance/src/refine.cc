@@ -26,6 +26,7 @@
 
 #include "internal.h"
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::balance {
@@ -301,9 +302,7 @@ std::int64_t RefineWithCapacity(std::span<const std::int64_t> weights,
                                 std::int64_t num_parts, PartSizes part_sizes,
                                 const RefineOptions& options, std::int64_t lower_bound,
                                 Assignment& assignment) {
-  if (options.max_iterations < 0) {
-    rlsched::Fail("refine.max_iterations", "must be >= 0");
-  }
+  CheckAtLeast("refine.max_iterations", options.max_iterations, 0);
   const bool timed = options.time_limit.count() > 0;
   if (timed && !options.now) {
     rlsched::Fail("refine.now", "a clock is required with refine.time_limit");

@@ -1,6 +1,7 @@
 #include "rlsched/common/error.h"
 
 #include <charconv>
+#include <cmath>
 #include <system_error>
 #include <utility>
 
@@ -56,7 +57,11 @@ std::string NumberText(std::uint64_t value) { return std::to_string(value); }
 
 std::string NumberText(double value) {
   char buffer[32];
-  const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  // Whole numbers below 10^16 in full ("1000000", not "1e+06"), as bounds are written.
+  const bool whole = std::abs(value) < 1e16 && value == std::trunc(value);
+  const auto [end, ec] =
+      whole ? std::to_chars(buffer, buffer + sizeof buffer, value, std::chars_format::fixed)
+            : std::to_chars(buffer, buffer + sizeof buffer, value);
   if (ec != std::errc()) return "?";
   return std::string(buffer, end);
 }

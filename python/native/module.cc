@@ -40,8 +40,9 @@
 
 #include "rlsched/balance/balance.h"
 #include "rlsched/balance/cost_model.h"
-#include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
+#include "rlsched/balance/plan_step.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 #include "rlsched/rollout/quantize.h"
 #ifdef RLSCHED_NATIVE_WIRE
@@ -54,6 +55,11 @@ namespace {
 
 using rlsched::FieldError;
 namespace balance = rlsched::balance;
+using rlsched::CheckAtLeast;
+using rlsched::CheckInRange;
+using rlsched::CheckRealInRange;
+using rlsched::End;
+using rlsched::ZeroMeansOne;
 
 // Integers from Python: a view of a C-contiguous int64 array, or an owned copy.
 class Int64Input {
@@ -150,20 +156,7 @@ py::array_t<std::int64_t> ToArray(std::vector<std::int64_t>&& values) {
 }
 
 void CheckCount(const char* field, std::int64_t value) {
-  if (value < 1 || value > balance::kMaxParts) {
-    rlsched::FailBound(field, "in [1, " + std::to_string(balance::kMaxParts) + "]", value);
-  }
-}
-
-// An option where 0 means 1, in [0, max].
-std::int64_t ZeroMeansOne(const char* field, std::int64_t value, std::int64_t max) {
-  if (value < 0 || value > max) {
-    const std::string bound = max == std::numeric_limits<std::int64_t>::max()
-                                  ? std::string(">= 0")
-                                  : "in [0, " + std::to_string(max) + "]";
-    rlsched::Fail(field, "must be " + bound + " (0 means 1), got " + std::to_string(value));
-  }
-  return value == 0 ? 1 : value;
+  CheckInRange(field, value, 1, balance::kMaxParts);
 }
 
 void CheckGroups(const Int64Input& lengths, const Int64Input& groups, bool keep_groups) {
@@ -180,7 +173,7 @@ void CheckGroups(const Int64Input& lengths, const Int64Input& groups, bool keep_
 balance::RefineOptions ToRefine(std::optional<std::int64_t> refine_iterations) {
   balance::RefineOptions refine;
   if (refine_iterations) {
-    if (*refine_iterations < 0) rlsched::FailBound("refine_iterations", ">= 0", *refine_iterations);
+    CheckAtLeast("refine_iterations", *refine_iterations, 0);
     refine.enabled = *refine_iterations > 0;
     refine.max_iterations = *refine_iterations;
   }
@@ -337,8 +330,7 @@ balance::StepOptions StepOptionsFrom(
   options.keep_groups = keep_groups;
   options.baseline = baseline;
   balance::MicroBatchOptions& micro_batch = options.micro_batch;
-  if (max_token_len < 1) rlsched::FailBound("max_token_len", ">= 1", max_token_len);
-  micro_batch.max_tokens_per_micro_batch = max_token_len;
+  micro_batch.max_tokens_per_micro_batch = CheckAtLeast("max_token_len", max_token_len, 1);
   micro_batch.min_micro_batches =
       ZeroMeansOne("min_micro_batches", min_micro_batches, balance::kMaxParts);
   micro_batch.micro_batches_multiple_of =
@@ -347,15 +339,10 @@ balance::StepOptions StepOptionsFrom(
                                                 std::numeric_limits<std::int64_t>::max());
   micro_batch.pipeline_stages =
       ZeroMeansOne("pipeline_model_parallel_size", pipeline_stages, balance::kMaxParts);
-  if (overhead) {
-    if (*overhead < 0) rlsched::FailBound("overhead", ">= 0", *overhead);
-    micro_batch.overhead = *overhead;
-  }
+  if (overhead) micro_batch.overhead = CheckAtLeast("overhead", *overhead, 0);
   if (count_tolerance) {
-    if (!(*count_tolerance >= 0.0 && *count_tolerance <= 1.0)) {
-      rlsched::FailBound("count_tolerance", "in [0, 1]", *count_tolerance);
-    }
-    micro_batch.count_tolerance = *count_tolerance;
+    micro_batch.count_tolerance =
+        CheckRealInRange("count_tolerance", *count_tolerance, 0.0, End::kClosed, 1.0, End::kClosed);
   }
   micro_batch.order = ToOrder(order);
   micro_batch.oversize = ToOversize(oversize);
@@ -436,7 +423,7 @@ py::tuple PlanStepIndices(const py::handle& lengths_object, std::int64_t num_ran
 std::vector<double> TimeBalance(const py::handle& lengths_object, std::int64_t num_parts,
                                 bool equal_size, std::int64_t repeats) {
   CheckCount("num_parts", num_parts);
-  if (repeats < 1) rlsched::FailBound("repeats", ">= 1", repeats);
+  CheckAtLeast("repeats", repeats, 1);
   const Int64Input lengths = Int64Input::From(lengths_object, "lengths");
   balance::BalanceOptions options;
   options.partition.num_parts = num_parts;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "rlsched/balance/plan_step.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 #include "rlsched/scheduler/orchestrator.h"
 #include "rlsched/scheduler/simulator.h"
@@ -314,7 +315,7 @@ py::bytes Solve(const std::string& request_bytes) {
 // benchmarks/python_orchestrator.py.
 std::vector<double> TimeReplay(const std::string& config, bool json,
                                const std::vector<std::string>& events, std::int64_t repeats) {
-  if (repeats < 1) rlsched::FailBound("repeats", ">= 1", repeats);
+  rlsched::CheckAtLeast("repeats", repeats, 1);
   const Orchestrator probe(config, json, false);  // parses and validates the config
   const s::OrchestratorOptions options = wire::RunOrchestratorOptions(probe.simulator_config());
   std::vector<s::Event> parsed;

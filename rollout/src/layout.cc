@@ -8,18 +8,11 @@
 #include <utility>
 
 #include "layout_internal.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::rollout {
 namespace {
-
-void CheckDivides(const std::string& field, std::int64_t divisor, const char* what,
-                  std::int64_t value) {
-  if (value % divisor != 0) {
-    Fail(field, "must divide " + std::string(what) + " (" + std::to_string(value) + "), got " +
-                    std::to_string(divisor));
-  }
-}
 
 // Whether some layer has a dense MLP of intermediate_size.
 bool HasDenseMlp(const ModelConfig& m) { return !m.is_moe() || m.NumMoeLayers() < m.num_layers; }
@@ -478,7 +471,7 @@ void Validate(const ModelConfig& m, const TrainLayout& train) {
       {"train.ep", train.ep}, {"train.etp", train.etp}, {"train.cp", train.cp},
       {"train.dp", train.dp}};
   for (const auto& [field, v] : sizes) {
-    if (v < 1 || v > 65536) Fail(field, "must be in [1, 65536], got " + std::to_string(v));
+    CheckInRange(field, v, 1, 65536);
   }
   // Step by step, so that the product cannot overflow.
   std::int64_t world = 1;
@@ -508,9 +501,7 @@ void Validate(const ModelConfig& m, const TrainLayout& train) {
 
 void Validate(const ModelConfig& m, const InferLayout& infer) {
   Validate(m);
-  if (infer.tp < 1 || infer.tp > 65536) {
-    Fail("infer.tp", "must be in [1, 65536], got " + std::to_string(infer.tp));
-  }
+  CheckInRange("infer.tp", infer.tp, 1, 65536);
   if (infer.replicas < 1 || infer.replicas > (std::int64_t{1} << 20) ||
       infer.replicas * infer.tp > (std::int64_t{1} << 20)) {
     Fail("infer.replicas", "must be at least 1, with tp·replicas at most 2^20");
@@ -535,9 +526,7 @@ void Validate(const ModelConfig& m, const InferLayout& infer) {
 }
 
 TrainCoord MegatronCoord(const TrainLayout& train, std::int64_t rank) {
-  if (rank < 0 || rank >= train.world_size()) {
-    Fail("rank", "must be in [0, " + std::to_string(train.world_size()) + ")");
-  }
+  CheckBelow("rank", rank, 0, train.world_size());
   TrainCoord c;
   c.tp = rank % train.tp;
   c.cp = rank / train.tp % train.cp;
@@ -552,10 +541,8 @@ TrainCoord MegatronCoord(const TrainLayout& train, std::int64_t rank) {
 
 std::vector<std::int64_t> LayersPerChunk(const ModelConfig& m, const TrainLayout& train) {
   const std::int64_t pp = train.pp, vpp = train.vpp, layers = m.num_layers;
-  if (pp < 1 || pp > 65536) Fail("train.pp", "must be in [1, 65536], got " + std::to_string(pp));
-  if (vpp < 1 || vpp > 65536) {
-    Fail("train.vpp", "must be in [1, 65536], got " + std::to_string(vpp));
-  }
+  CheckInRange("train.pp", pp, 1, 65536);
+  CheckInRange("train.vpp", vpp, 1, 65536);
   const std::int64_t chunks = pp * vpp;
   if (chunks > (std::int64_t{1} << 20)) Fail("train.vpp", "pp·vpp must be at most 2^20");
   const std::string n = "num_hidden_layers (" + std::to_string(layers) + ")";
@@ -571,11 +558,8 @@ std::vector<std::int64_t> LayersPerChunk(const ModelConfig& m, const TrainLayout
       Fail("train.layers_per_chunk", "needs pp·vpp = " + std::to_string(chunks) + " entries");
     }
     std::int64_t sum = 0;
-    for (std::int64_t c : train.layers_per_chunk) {
-      if (c < 0 || c > layers) {
-        Fail("train.layers_per_chunk", "entries must be in [0, num_hidden_layers]");
-      }
-      sum += c;
+    for (std::size_t i = 0; i < train.layers_per_chunk.size(); ++i) {
+      sum += CheckInRange({"train.layers_per_chunk", i}, train.layers_per_chunk[i], 0, {layers, n});
     }
     if (sum != layers) Fail("train.layers_per_chunk", "must add up to " + n);
     return train.layers_per_chunk;
@@ -597,13 +581,8 @@ std::vector<std::int64_t> LayersPerChunk(const ModelConfig& m, const TrainLayout
   for (const auto& [field, value] :
        {std::pair{"train.first_stage_layers", first}, std::pair{"train.last_stage_layers", last}}) {
     if (!value) continue;
-    if (*value < 1 || *value > layers) {
-      Fail(field, "must be in [1, " + n + "], got " + std::to_string(*value));
-    }
-    if (*value % vpp != 0) {
-      Fail(field, "must be a multiple of vpp (" + std::to_string(vpp) + "), got " +
-                      std::to_string(*value));
-    }
+    CheckInRange(field, *value, 1, {layers, n});
+    CheckMultipleOf(field, *value, "vpp", vpp);
   }
   const std::int64_t others = pp - (first ? 1 : 0) - (last ? 1 : 0);
   const std::int64_t given = first.value_or(0) + last.value_or(0);
@@ -688,9 +667,7 @@ std::vector<LocalParam> MegatronShards(const ModelConfig& model, const TrainLayo
 std::vector<LocalParam> VllmShards(const ModelConfig& model, const InferLayout& infer,
                                    std::int64_t tp_rank) {
   Validate(model, infer);
-  if (tp_rank < 0 || tp_rank >= infer.tp) {
-    Fail("tp_rank", "must be in [0, " + std::to_string(infer.tp) + ")");
-  }
+  CheckBelow("tp_rank", tp_rank, 0, infer.tp);
   return internal::VllmShards(model, internal::TensorIndex(model), infer, tp_rank);
 }
 

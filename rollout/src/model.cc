@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "layout_internal.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::rollout {
@@ -34,9 +35,7 @@ std::int64_t Int(const Json& j, const char* field, std::int64_t fallback = -1) {
   if (it->is_number_unsigned() && it->get<std::uint64_t>() >= std::uint64_t{1} << 63) {
     rlsched::FailBound("config." + std::string(field), "in [0, 2^31)", it->get<std::uint64_t>());
   }
-  const std::int64_t v = it->get<std::int64_t>();
-  if (v < 0 || v >= kMaxDim) rlsched::FailBound("config." + std::string(field), "in [0, 2^31)", v);
-  return v;
+  return CheckBelow("config." + std::string(field), it->get<std::int64_t>(), 0, {kMaxDim, "2^31"});
 }
 
 bool Bool(const Json& j, const char* field, bool fallback) {
@@ -76,7 +75,7 @@ Family FamilyOf(const Json& j) {
 }
 
 void CheckPositive(const char* field, std::int64_t v) {
-  if (v <= 0 || v >= kMaxDim) FailConfig(field, "must be in [1, 2^31), got " + std::to_string(v));
+  CheckBelow("config." + std::string(field), v, 1, {kMaxDim, "2^31"});
 }
 
 // The number of i in [0, n) with i % step == phase (0 <= phase < step).
@@ -239,16 +238,13 @@ ModelConfig ParseHfConfig(std::string_view json_text) {
       for (std::size_t i = 0; i < it->size(); ++i) {
         const Json& v = (*it)[i];
         const auto field = [i] { return "config.mlp_only_layers[" + std::to_string(i) + "]"; };
-        const auto bound = [&] {
-          return "in [0, num_hidden_layers = " + std::to_string(m.num_layers) + ")";
-        };
+        const auto layers = [&] { return "num_hidden_layers = " + std::to_string(m.num_layers); };
         if (!v.is_number_integer()) rlsched::Fail(field(), "must be a layer index (an integer)");
         if (v.is_number_unsigned() && v.get<std::uint64_t>() >= std::uint64_t{1} << 63) {
-          rlsched::FailBound(field(), bound(), v.get<std::uint64_t>());
+          rlsched::FailBound(field(), "in [0, " + layers() + ")", v.get<std::uint64_t>());
         }
-        const std::int64_t layer = v.get<std::int64_t>();
-        if (layer < 0 || layer >= m.num_layers) rlsched::FailBound(field(), bound(), layer);
-        m.dense_layers.push_back(layer);
+        m.dense_layers.push_back(
+            CheckBelow(field(), v.get<std::int64_t>(), 0, {m.num_layers, layers()}));
       }
       std::sort(m.dense_layers.begin(), m.dense_layers.end());
       m.dense_layers.erase(std::unique(m.dense_layers.begin(), m.dense_layers.end()),
@@ -294,11 +290,7 @@ void Validate(const ModelConfig& m) {
   CheckPositive("num_key_value_heads", m.num_kv_heads);
   CheckPositive("head_dim", m.head_dim);
   CheckPositive("vocab_size", m.vocab_size);
-  if (m.num_heads % m.num_kv_heads != 0) {
-    FailConfig("num_key_value_heads", "must divide num_attention_heads (" +
-                                          std::to_string(m.num_heads) + "), got " +
-                                          std::to_string(m.num_kv_heads));
-  }
+  CheckDivides("config.num_key_value_heads", m.num_kv_heads, "num_attention_heads", m.num_heads);
   if (m.is_moe()) {
     CheckPositive("moe_intermediate_size", m.moe_intermediate_size);
     if (m.experts_per_token < 0 || m.experts_per_token > m.num_experts) {
@@ -309,14 +301,10 @@ void Validate(const ModelConfig& m) {
     }
     if (m.num_experts >= kMaxDim) FailConfig(ExpertsKey(m), "must be below 2^31");
   }
-  if (m.first_dense_layers < 0 || m.first_dense_layers >= kMaxDim) {
-    rlsched::FailBound("config.first_k_dense_replace", "in [0, 2^31)", m.first_dense_layers);
-  }
+  CheckBelow("config.first_k_dense_replace", m.first_dense_layers, 0, {kMaxDim, "2^31"});
   const char* step_key =
       m.family == Family::kDeepseekV3 ? "config.moe_layer_freq" : "config.decoder_sparse_step";
-  if (m.moe_layer_step < 1 || m.moe_layer_step >= kMaxDim) {
-    rlsched::FailBound(step_key, "in [1, 2^31)", m.moe_layer_step);
-  }
+  CheckBelow(step_key, m.moe_layer_step, 1, {kMaxDim, "2^31"});
   if (m.moe_layer_phase < 0 || m.moe_layer_phase >= m.moe_layer_step) {
     rlsched::FailBound("config.moe_layer_phase",
                        "in [0, " + std::to_string(m.moe_layer_step) + ") (the layer step)",
@@ -330,10 +318,8 @@ void Validate(const ModelConfig& m) {
   if (m.dtype_bytes != 2 && m.dtype_bytes != 4) FailConfig("torch_dtype", "must be 2 or 4 bytes");
   for (std::size_t i = 0; i < m.dense_layers.size(); ++i) {
     const std::int64_t layer = m.dense_layers[i];
-    if (layer < 0 || layer >= m.num_layers) {
-      rlsched::FailBound("config.mlp_only_layers[" + std::to_string(i) + "]",
-                         "in [0, num_hidden_layers = " + std::to_string(m.num_layers) + ")", layer);
-    }
+    CheckBelow({"config.mlp_only_layers", i}, layer, 0,
+               {m.num_layers, "num_hidden_layers = " + std::to_string(m.num_layers)});
     if (i > 0 && m.dense_layers[i - 1] >= layer) FailConfig("mlp_only_layers", "must be ascending");
   }
   // The size limits, before anything is built from the model.

@@ -15,6 +15,7 @@
 
 #include "bucket_rooms.h"
 #include "layout_internal.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::rollout {
@@ -848,20 +849,16 @@ ReshardPlan PlanReshard(const ModelConfig& model, const ReshardOptions& o) {
   Validate(model, o.train);
   Validate(model, o.infer);
   const Topology& t = o.topology;
-  if (t.gpus_per_node < 1 || t.gpus_per_node > 65536) {
-    Fail("topology.gpus_per_node", "must be in [1, 65536]");
-  }
-  if (!(t.intra_node_gb_per_s > 0) || !(t.inter_node_gb_per_s > 0) || t.intra_node_gb_per_s > 1e6 ||
-      t.inter_node_gb_per_s > 1e6) {
-    Fail("topology", "bandwidths must be in (0, 1e6] GB/s");
-  }
+  CheckInRange("topology.gpus_per_node", t.gpus_per_node, 1, 65536);
+  CheckRealInRange("topology.intra_node_gb_per_s", t.intra_node_gb_per_s, 0, End::kOpen, 1e6,
+                   End::kClosed);
+  CheckRealInRange("topology.inter_node_gb_per_s", t.inter_node_gb_per_s, 0, End::kOpen, 1e6,
+                   End::kClosed);
   if (t.colocated && o.infer.tp * o.infer.replicas > o.train.world_size()) {
     Fail("infer.replicas", "colocated engines need tp·replicas <= the trainer's GPUs (" +
                                std::to_string(o.train.world_size()) + ")");
   }
-  if (o.bucket_bytes < 1 || o.bucket_bytes > (std::int64_t{1} << 40)) {
-    FailBound("bucket_bytes", "in [1, 2^40]", o.bucket_bytes);
-  }
+  CheckInRange("bucket_bytes", o.bucket_bytes, 1, {std::int64_t{1} << 40, "2^40"});
   // The work, before any of it is done.
   const TransferEstimate work = EstimateTransfers(model, o);
   if (work.transfers > static_cast<double>(kMaxPlanTransfers)) {
@@ -885,10 +882,9 @@ ReshardPlan PlanReshard(const ModelConfig& model, const ReshardOptions& o) {
     widest_row = std::max(widest_row, f.is_vector ? f.element_bytes : f.cols * f.element_bytes);
   }
   if (o.target_dtype == TargetDtype::kFp8Block128) widest_row *= kBlock;  // whole blocks
-  if (o.bucket_bytes < widest_row || o.bucket_bytes > (std::int64_t{1} << 40)) {
-    Fail("bucket_bytes", "must be in [" + std::to_string(widest_row) +
-                             " (the widest row), 2^40], got " + std::to_string(o.bucket_bytes));
-  }
+  const std::string widest = std::to_string(widest_row) + " (the widest row)";
+  CheckInRange("bucket_bytes", o.bucket_bytes, {widest_row, widest},
+               {std::int64_t{1} << 40, "2^40"});
   return Planner(model, o).Run();
 }
 

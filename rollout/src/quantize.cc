@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::rollout {
@@ -258,15 +259,15 @@ void Quantize(const void* x, internal::QuantizeIsa isa, std::int64_t matrices, s
 // `isa`: one this build and CPU can run.
 void Run(const void* x, ElementType type, internal::QuantizeIsa isa, std::int64_t matrices,
          std::int64_t rows, std::int64_t cols, std::uint8_t* codes, float* scales) {
-  if (matrices < 0) FailBound("matrices", ">= 0", matrices);
-  if (rows < 0) FailBound("rows", ">= 0", rows);
-  if (cols < 0) FailBound("cols", ">= 0", cols);
+  CheckAtLeast("matrices", matrices, 0);
+  CheckAtLeast("rows", rows, 0);
+  CheckAtLeast("cols", cols, 0);
   if (matrices == 0 || rows == 0 || cols == 0) return;
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   // The block counts, ceil(n / 128), are computed as (n + 127) / 128.
   constexpr std::int64_t kMaxEdge = kMax - (kFp8Block - 1);
-  if (rows > kMaxEdge) FailBound("rows", "<= 2^63 - 128", rows);
-  if (cols > kMaxEdge) FailBound("cols", "<= 2^63 - 128", cols);
+  CheckAtMost("rows", rows, {kMaxEdge, "2^63 - 128"});
+  CheckAtMost("cols", cols, {kMaxEdge, "2^63 - 128"});
   if (rows > kMax / cols || matrices > kMax / (rows * cols)) {
     Fail("matrices", "matrices x rows x cols must fit in int64");
   }

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::rollout {
@@ -104,15 +105,6 @@ Tensor GateUpPart(const Tensor& gate, const Tensor& up, std::int64_t part, std::
   return ConcatRows({RowPart(gate, part, parts), RowPart(up, part, parts)});
 }
 
-void RequireDivides(const std::string& field, std::int64_t divisor, std::int64_t value,
-                    const std::string& what) {
-  if (divisor <= 0) Fail(field, "must be >= 1, got " + std::to_string(divisor));
-  if (value % divisor != 0) {
-    Fail(field,
-         std::to_string(divisor) + " does not divide " + what + " (" + std::to_string(value) + ")");
-  }
-}
-
 bool HasDenseLayer(const ModelConfig& m) {
   for (std::int64_t l = 0; l < m.num_layers; ++l) {
     if (!m.IsMoeLayer(l)) return true;
@@ -142,17 +134,17 @@ void CheckTrain(const ModelConfig& m, const TrainLayout& t) {
                           {"train.etp", t.etp},
                           {"train.cp", t.cp},
                           {"train.dp", t.dp}}) {
-    if (v < 1) Fail(field, "must be >= 1, got " + std::to_string(v));
+    CheckAtLeast(field, v, 1);
   }
-  RequireDivides("train.tp", t.tp, m.num_heads, "the attention heads");
-  if (!m.is_mla()) RequireDivides("train.tp", t.tp, m.num_kv_heads, "the KV heads");
-  if (HasDenseLayer(m)) RequireDivides("train.tp", t.tp, m.intermediate_size, "intermediate_size");
+  CheckDivides("train.tp", t.tp, "the attention heads", m.num_heads);
+  if (!m.is_mla()) CheckDivides("train.tp", t.tp, "the KV heads", m.num_kv_heads);
+  if (HasDenseLayer(m)) CheckDivides("train.tp", t.tp, "intermediate_size", m.intermediate_size);
   if (m.is_moe()) {
-    RequireDivides("train.ep", t.ep, m.num_experts, "the experts");
-    RequireDivides("train.etp", t.etp, m.moe_intermediate_size, "moe_intermediate_size");
-    RequireDivides("train.ep", t.ep * t.etp, t.tp * t.cp * t.dp, "tp·cp·dp (as etp·ep)");
+    CheckDivides("train.ep", t.ep, "the experts", m.num_experts);
+    CheckDivides("train.etp", t.etp, "moe_intermediate_size", m.moe_intermediate_size);
+    CheckDivides("train.ep", t.ep * t.etp, "tp·cp·dp (as etp·ep)", t.tp * t.cp * t.dp);
     if (m.num_shared_experts > 0) {
-      RequireDivides("train.tp", t.tp, SharedFfn(m), "the shared experts' FFN");
+      CheckDivides("train.tp", t.tp, "the shared experts' FFN", SharedFfn(m));
     }
   }
   const std::int64_t chunks = t.pp * t.vpp;
@@ -419,20 +411,20 @@ MegatronCoords CoordsOf(const TrainLayout& t, std::int64_t rank) {
 // vLLM.
 
 void CheckInfer(const ModelConfig& m, const InferLayout& in) {
-  if (in.tp < 1) Fail("infer.tp", "must be >= 1, got " + std::to_string(in.tp));
-  RequireDivides("infer.tp", in.tp, m.num_heads, "the attention heads");
+  CheckAtLeast("infer.tp", in.tp, 1);
+  CheckDivides("infer.tp", in.tp, "the attention heads", m.num_heads);
   if (!m.is_mla() && m.num_kv_heads % in.tp != 0 && in.tp % m.num_kv_heads != 0) {
     Fail("infer.tp",
          "must divide or be a multiple of the KV heads (" + std::to_string(m.num_kv_heads) + ")");
   }
-  if (HasDenseLayer(m)) RequireDivides("infer.tp", in.tp, m.intermediate_size, "intermediate_size");
-  RequireDivides("infer.tp", in.tp, RoundUp(m.vocab_size, 64), "the 64-padded vocabulary");
+  if (HasDenseLayer(m)) CheckDivides("infer.tp", in.tp, "intermediate_size", m.intermediate_size);
+  CheckDivides("infer.tp", in.tp, "the 64-padded vocabulary", RoundUp(m.vocab_size, 64));
   if (m.is_moe()) {
     if (!in.expert_parallel) {
-      RequireDivides("infer.tp", in.tp, m.moe_intermediate_size, "moe_intermediate_size");
+      CheckDivides("infer.tp", in.tp, "moe_intermediate_size", m.moe_intermediate_size);
     }
     if (m.num_shared_experts > 0) {
-      RequireDivides("infer.tp", in.tp, SharedFfn(m), "the shared experts' FFN");
+      CheckDivides("infer.tp", in.tp, "the shared experts' FFN", SharedFfn(m));
     }
   }
 }
@@ -788,10 +780,7 @@ Tensor FullTensorValues(const ModelConfig& /*model*/, std::int32_t tensor_index,
 ShardMap ReferenceMegatronShards(const ModelConfig& model, const TrainLayout& train,
                                  std::int64_t rank) {
   CheckTrain(model, train);
-  if (rank < 0 || rank >= train.world_size()) {
-    Fail("rank",
-         "must be in [0, " + std::to_string(train.world_size()) + "), got " + std::to_string(rank));
-  }
+  CheckBelow("rank", rank, 0, train.world_size());
   FullSource src(model);
   return MegatronAt(model, train, src, CoordsOf(train, rank));
 }
@@ -799,10 +788,7 @@ ShardMap ReferenceMegatronShards(const ModelConfig& model, const TrainLayout& tr
 ShardMap ReferenceVllmShards(const ModelConfig& model, const InferLayout& infer,
                              std::int64_t tp_rank) {
   CheckInfer(model, infer);
-  if (tp_rank < 0 || tp_rank >= infer.tp) {
-    Fail("tp_rank",
-         "must be in [0, " + std::to_string(infer.tp) + "), got " + std::to_string(tp_rank));
-  }
+  CheckBelow("tp_rank", tp_rank, 0, infer.tp);
   FullSource src(model);
   return VllmAt(model, infer, src, tp_rank);
 }
@@ -842,7 +828,7 @@ struct Verification {
 void RefuseUnverifiable(const ModelConfig& model, const ReshardOptions& options) {
   CheckTrain(model, options.train);
   CheckInfer(model, options.infer);
-  if (options.infer.replicas < 1) Fail("infer.replicas", "must be >= 1");
+  CheckAtLeast("infer.replicas", options.infer.replicas, 1);
   std::int64_t parameters = 0;
   for (const FullTensor& t : HfTensors(model)) parameters += t.Elements();
   if (parameters > kMaxVerifyElements / (options.infer.replicas + 2)) {

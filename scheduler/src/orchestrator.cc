@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::scheduler {
@@ -179,28 +180,18 @@ std::int64_t EffectiveStaleness(const OrchestratorPolicy& options) {
 }
 
 void Validate(const OrchestratorOptions& o) {
-  if (o.max_staleness < 0 || o.max_staleness > 1'000'000) {
-    Invalid("max_staleness", "in [0, 1000000]", Str(o.max_staleness));
-  }
-  if (!(o.oversample >= 0 && o.oversample <= 100)) {
-    Invalid("oversample", "in [0, 100]", Str(o.oversample));
-  }
-  if (o.prompts_per_step < 1 || o.prompts_per_step > kMaxPrompts) {
-    Invalid("prompts_per_step", "in [1, " + Str(kMaxPrompts) + "]", Str(o.prompts_per_step));
-  }
-  if (o.samples_per_prompt < 1 || o.samples_per_prompt > kMaxGroupSize) {
-    Invalid("samples_per_prompt", "in [1, " + Str(kMaxGroupSize) + "]", Str(o.samples_per_prompt));
-  }
+  CheckInRange("max_staleness", o.max_staleness, 0, 1'000'000);
+  CheckRealInRange("oversample", o.oversample, 0, End::kClosed, 100, End::kClosed);
+  CheckInRange("prompts_per_step", o.prompts_per_step, 1, kMaxPrompts);
+  CheckInRange("samples_per_prompt", o.samples_per_prompt, 1, kMaxGroupSize);
   if (o.prompts_per_step * o.samples_per_prompt > kMaxPrompts) {
     Invalid("samples_per_prompt",
             "<= " + Str(kMaxPrompts / o.prompts_per_step) + " (at most " + Str(kMaxPrompts) +
                 " samples per step with prompts_per_step = " + Str(o.prompts_per_step) + ")",
             Str(o.samples_per_prompt));
   }
-  if (o.num_steps < 0) Invalid("num_steps", ">= 0", Str(o.num_steps));
-  if (!(o.staleness_fraction >= 0 && o.staleness_fraction <= 1'000'000)) {
-    Invalid("staleness_fraction", "in [0, 1000000]", Str(o.staleness_fraction));
-  }
+  CheckAtLeast("num_steps", o.num_steps, 0);
+  CheckRealInRange("staleness_fraction", o.staleness_fraction, 0, End::kClosed, 1e6, End::kClosed);
   if (o.staleness_fraction != 0 &&
       (o.mode != Mode::kAsync || o.staleness_policy != StalenessPolicy::kFraction)) {
     Invalid("staleness_fraction", "0 unless mode is async with staleness_policy fraction",
@@ -220,18 +211,10 @@ void Validate(const OrchestratorOptions& o) {
     Invalid("pause_mode", "keep unless mode is async with partial_rollout (nothing is interrupted)",
             "abort");
   }
-  if (o.max_generating_groups < 0) {
-    Invalid("max_generating_groups", ">= 0", Str(o.max_generating_groups));
-  }
-  if (!(o.length_quantile > 0 && o.length_quantile <= 1)) {
-    Invalid("length_quantile", "in (0, 1]", Str(o.length_quantile));
-  }
-  if (o.initial_prediction < 1 || o.initial_prediction > kMaxTokens) {
-    Invalid("initial_prediction", "in [1, " + Str(kMaxTokens) + "]", Str(o.initial_prediction));
-  }
-  if (o.max_response_tokens < 0 || o.max_response_tokens > kMaxTokens) {
-    Invalid("max_response_tokens", "in [0, " + Str(kMaxTokens) + "]", Str(o.max_response_tokens));
-  }
+  CheckAtLeast("max_generating_groups", o.max_generating_groups, 0);
+  CheckRealInRange("length_quantile", o.length_quantile, 0, End::kOpen, 1, End::kClosed);
+  CheckInRange("initial_prediction", o.initial_prediction, 1, kMaxTokens);
+  CheckInRange("max_response_tokens", o.max_response_tokens, 0, kMaxTokens);
 }
 
 struct Orchestrator::State {
@@ -998,7 +981,7 @@ struct Orchestrator::State {
   // ---- events ----
 
   void CheckTime(double time) {
-    if (!std::isfinite(time)) Invalid("time", "finite", Str(time));
+    CheckFinite("time", time);
     if (started && time < now) Invalid("time", ">= the last event's time " + Str(now), Str(time));
   }
   void Advance(double time) {
@@ -1023,9 +1006,7 @@ struct Orchestrator::State {
   void On(const PromptsAvailable& e) {
     CheckTime(e.time);
     for (const Prompt& p : e.prompts) {
-      if (p.prompt_tokens < 0 || p.prompt_tokens > kMaxTokens) {
-        Invalid("prompts.prompt_tokens", "in [0, " + Str(kMaxTokens) + "]", Str(p.prompt_tokens));
-      }
+      CheckInRange("prompts.prompt_tokens", p.prompt_tokens, 0, kMaxTokens);
     }
     if (static_cast<std::int64_t>(prompts.size() + e.prompts.size()) > kMaxPrompts) {
       Invalid("prompts", "at most " + Str(kMaxPrompts) + " waiting",
@@ -1039,16 +1020,10 @@ struct Orchestrator::State {
   // is not joined, then the concurrency's and the version's.
   void CheckJoining(std::int64_t id, std::int64_t max_concurrent, std::int64_t version,
                     bool must_be_new) const {
-    if (id < 0 || id > kMaxEngineId) {
-      Invalid("engine", "in [0, " + Str(kMaxEngineId) + "]", Str(id));
-    }
+    CheckInRange("engine", id, 0, kMaxEngineId);
     if (must_be_new && IsJoined(id)) Invalid("engine", "not joined", Str(id));
-    if (max_concurrent < 1 || max_concurrent > kMaxConcurrent) {
-      Invalid("max_concurrent", "in [1, " + Str(kMaxConcurrent) + "]", Str(max_concurrent));
-    }
-    if (version < -1 || version > latest) {
-      Invalid("version", "in [-1, " + Str(latest) + "]", Str(version));
-    }
+    CheckInRange("max_concurrent", max_concurrent, 1, kMaxConcurrent);
+    CheckInRange("version", version, -1, latest);
   }
 
   void On(const EngineJoined& e) {
@@ -1067,8 +1042,7 @@ struct Orchestrator::State {
     }
     std::vector<std::pair<std::int64_t, std::size_t>> held;
     for (std::size_t i = 0; i < e.samples.size(); ++i) {
-      if (e.samples[i] < 0)
-        Invalid("samples[" + std::to_string(i) + "]", ">= 0", Str(e.samples[i]));
+      CheckAtLeast({"samples", i}, e.samples[i], 0);
       held.emplace_back(e.samples[i], i);
     }
     std::sort(held.begin(), held.end());
@@ -1189,9 +1163,7 @@ struct Orchestrator::State {
   void CheckTokens(const std::string& field, const Sample& x, std::int64_t tokens) const {
     const std::int64_t cap =
         options.max_response_tokens > 0 ? options.max_response_tokens : kMaxTokens;
-    if (tokens < x.tokens || tokens > cap) {
-      Invalid(field, "in [" + Str(x.tokens) + ", " + Str(cap) + "]", Str(tokens));
-    }
+    CheckInRange(field, tokens, x.tokens, cap);
   }
 
   // A sample's report from `engine` (kAnyEngine: vouched for by the driver): the
@@ -1325,7 +1297,7 @@ struct Orchestrator::State {
     Sample& x = At(CheckSampleInFlight(e.sample));
     CheckReporter(e.sample, e.engine);
     CheckTokens("tokens", x, e.tokens);
-    if (!std::isfinite(e.reward)) Invalid("reward", "finite", Str(e.reward));
+    CheckFinite("reward", e.reward);
     CheckEngineSpans("", x, e.spans, e.tokens);
     Advance(e.time);
     x.tokens = e.tokens;

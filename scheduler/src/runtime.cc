@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::scheduler {
@@ -52,7 +53,7 @@ void ManualClock::Set(double time) {
 
 void ManualClock::Advance(double seconds) {
   std::lock_guard lock(mutex_);
-  if (!(seconds >= 0)) FailBound("seconds", ">= 0", seconds);
+  CheckRealAtLeast("seconds", seconds, 0);
   now_ += seconds;
 }
 
@@ -142,7 +143,7 @@ std::shared_ptr<const rollout::ReshardPlan> ValidatedWeightSyncPlan(const Runtim
 void Validate(const RuntimeOptions& options) { (void)ValidatedWeightSyncPlan(options); }
 
 rollout::ReshardOptions WeightSyncOptions(const WeightSyncLayout& layout, std::int64_t replicas) {
-  if (replicas < 1) FailBound("replicas", ">= 1", replicas);
+  CheckAtLeast("replicas", replicas, 1);
   rollout::ReshardOptions options = layout.reshard;
   options.infer.replicas = replicas;
   return options;
@@ -685,9 +686,9 @@ struct Runtime::Impl {
   }
 
   void ReportLoad(std::int64_t engine, std::int64_t running, std::int64_t waiting) {
-    if (engine < 0) FailBound("engine", ">= 0", engine);
-    if (running < 0) FailBound("running", ">= 0", running);
-    if (waiting < 0) FailBound("waiting", ">= 0", waiting);
+    CheckAtLeast("engine", engine, 0);
+    CheckAtLeast("running", running, 0);
+    CheckAtLeast("waiting", waiting, 0);
     std::lock_guard lock(load_mutex);
     LoadSums& sums = load[engine];
     EngineLoad& l = sums.load;

@@ -62,6 +62,7 @@
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/balance/partition.h"
 #include "rlsched/balance/plan_step.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 #include "rlsched/workload/workload.h"
 
@@ -96,20 +97,6 @@ std::string Num(double value) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, "%.9g", value);
   return buffer;
-}
-
-void RequireInt(const std::string& field, std::int64_t value, std::int64_t lo, std::int64_t hi) {
-  if (value < lo) rlsched::FailBound(field, ">= " + std::to_string(lo), value);
-  if (value > hi) rlsched::FailBound(field, "<= " + std::to_string(hi), value);
-}
-
-// lo < value (open) or lo <= value (closed), value <= hi, finite.
-void RequireReal(const std::string& field, double value, double lo, bool lo_open, double hi) {
-  if (!std::isfinite(value)) rlsched::FailBound(field, "finite", Num(value));
-  if (lo_open ? !(value > lo) : !(value >= lo)) {
-    rlsched::FailBound(field, (lo_open ? "> " : ">= ") + Num(lo), Num(value));
-  }
-  if (value > hi) rlsched::FailBound(field, "<= " + Num(hi), Num(value));
 }
 
 // A 64-bit hash of a few values: chained SplitMix64 outputs. Seeds the per-item
@@ -1314,32 +1301,33 @@ namespace {
 
 // The cluster and the costs: engines, trainer, their speeds, the budget.
 void ValidateCluster(const SimulatorConfig& config) {
-  RequireInt("steps", config.steps, 1, kMaxSteps);
-  RequireInt("engines", config.engines, 1, kMaxEngines);
+  CheckBetween("steps", config.steps, 1, kMaxSteps);
+  CheckBetween("engines", config.engines, 1, kMaxEngines);
   const EngineModel& engine = config.engine;
-  RequireInt("engine.max_concurrent", engine.max_concurrent, 1, kMaxSimulatedConcurrent);
-  RequireReal("engine.prefill_tokens_per_second", engine.prefill_tokens_per_second, 0, true, 1e15);
-  RequireReal("engine.decode_base_seconds", engine.decode_base_seconds, 0, false, kMaxSeconds);
-  RequireReal("engine.decode_per_sequence_seconds", engine.decode_per_sequence_seconds, 0, false,
-              kMaxSeconds);
-  RequireReal("engine.decode_per_context_token_seconds", engine.decode_per_context_token_seconds, 0,
-              false, kMaxSeconds);
+  CheckBetween("engine.max_concurrent", engine.max_concurrent, 1, kMaxSimulatedConcurrent);
+  CheckReal("engine.prefill_tokens_per_second", engine.prefill_tokens_per_second, 0, End::kOpen,
+            1e15);
+  CheckReal("engine.decode_base_seconds", engine.decode_base_seconds, 0, End::kClosed, kMaxSeconds);
+  CheckReal("engine.decode_per_sequence_seconds", engine.decode_per_sequence_seconds, 0,
+            End::kClosed, kMaxSeconds);
+  CheckReal("engine.decode_per_context_token_seconds", engine.decode_per_context_token_seconds, 0,
+            End::kClosed, kMaxSeconds);
   if (!(engine.decode_base_seconds + engine.decode_per_sequence_seconds > 0)) {
     rlsched::Fail("engine.decode_base_seconds",
                   "decode_base_seconds + decode_per_sequence_seconds must be "
                   "> 0 (a decode step must take time), got 0");
   }
-  RequireInt("step.num_ranks", config.step.num_ranks, 1, balance::kMaxParts);
-  RequireInt("gpus_per_engine", config.gpus_per_engine, 1, kMaxGpusPerUnit);
-  RequireInt("gpus_per_trainer_rank", config.gpus_per_trainer_rank, 1, kMaxGpusPerUnit);
-  RequireReal("seconds_per_cost_unit", config.seconds_per_cost_unit, 0, true, kMaxSeconds);
-  RequireReal("weight_sync_seconds", config.weight_sync_seconds, 0, false, kMaxSeconds);
-  RequireReal("train_call_overhead_seconds", config.train_call_overhead_seconds, 0, false,
-              kMaxSeconds);
-  RequireReal("release_seconds", config.release_seconds, 0, false, kMaxSeconds);
-  RequireReal("resume_seconds", config.resume_seconds, 0, false, kMaxSeconds);
-  RequireInt("dataset_prompts", config.dataset_prompts, 1, kMaxDatasetPrompts);
-  RequireInt("max_events", config.max_events, 1, std::numeric_limits<std::int64_t>::max());
+  CheckBetween("step.num_ranks", config.step.num_ranks, 1, balance::kMaxParts);
+  CheckBetween("gpus_per_engine", config.gpus_per_engine, 1, kMaxGpusPerUnit);
+  CheckBetween("gpus_per_trainer_rank", config.gpus_per_trainer_rank, 1, kMaxGpusPerUnit);
+  CheckReal("seconds_per_cost_unit", config.seconds_per_cost_unit, 0, End::kOpen, kMaxSeconds);
+  CheckReal("weight_sync_seconds", config.weight_sync_seconds, 0, End::kClosed, kMaxSeconds);
+  CheckReal("train_call_overhead_seconds", config.train_call_overhead_seconds, 0, End::kClosed,
+            kMaxSeconds);
+  CheckReal("release_seconds", config.release_seconds, 0, End::kClosed, kMaxSeconds);
+  CheckReal("resume_seconds", config.resume_seconds, 0, End::kClosed, kMaxSeconds);
+  CheckBetween("dataset_prompts", config.dataset_prompts, 1, kMaxDatasetPrompts);
+  CheckBetween("max_events", config.max_events, 1, std::numeric_limits<std::int64_t>::max());
 }
 
 // The response and prompt lengths, and the rewards' draws; the longest response.
@@ -1347,25 +1335,25 @@ std::int64_t ValidateWorkload(const SimulatorConfig& config) {
   const LengthDistribution& lengths = config.lengths;
   std::int64_t longest = 0;
   if (lengths.lengths.empty()) {
-    RequireReal("lengths.mu", lengths.mu, -100, false, 100);
-    RequireReal("lengths.sigma", lengths.sigma, 0, false, 20);
-    RequireInt("lengths.max_tokens", lengths.max_tokens, 1, kMaxTokens);
+    CheckReal("lengths.mu", lengths.mu, -100, End::kClosed, 100);
+    CheckReal("lengths.sigma", lengths.sigma, 0, End::kClosed, 20);
+    CheckBetween("lengths.max_tokens", lengths.max_tokens, 1, kMaxTokens);
     longest = lengths.max_tokens;
   } else {
-    RequireInt("lengths.lengths.size()", static_cast<std::int64_t>(lengths.lengths.size()), 1,
-               kMaxLengthsList);
+    CheckBetween("lengths.lengths.size()", static_cast<std::int64_t>(lengths.lengths.size()), 1,
+                 kMaxLengthsList);
     for (std::size_t i = 0; i < lengths.lengths.size(); ++i) {
-      RequireInt("lengths.lengths[" + std::to_string(i) + "]", lengths.lengths[i], 1, kMaxTokens);
+      CheckBetween({"lengths.lengths", i}, lengths.lengths[i], 1, kMaxTokens);
       longest = std::max(longest, lengths.lengths[i]);
     }
   }
-  RequireInt("lengths.min_prompt_tokens", lengths.min_prompt_tokens, 0, kMaxTokens);
-  RequireInt("lengths.max_prompt_tokens", lengths.max_prompt_tokens, lengths.min_prompt_tokens,
-             kMaxTokens);
-  RequireReal("lengths.length_correlation", lengths.length_correlation, 0, false, 1);
-  RequireReal("all_equal_rate", config.all_equal_rate, 0, false, 1);
-  RequireReal("engine_mtbf_seconds", config.engine_mtbf_seconds, 0, false, kMaxSeconds);
-  RequireReal("rejoin_seconds", config.rejoin_seconds, 0, false, kMaxSeconds);
+  CheckBetween("lengths.min_prompt_tokens", lengths.min_prompt_tokens, 0, kMaxTokens);
+  CheckBetween("lengths.max_prompt_tokens", lengths.max_prompt_tokens, lengths.min_prompt_tokens,
+               kMaxTokens);
+  CheckReal("lengths.length_correlation", lengths.length_correlation, 0, End::kClosed, 1);
+  CheckReal("all_equal_rate", config.all_equal_rate, 0, End::kClosed, 1);
+  CheckReal("engine_mtbf_seconds", config.engine_mtbf_seconds, 0, End::kClosed, kMaxSeconds);
+  CheckReal("rejoin_seconds", config.rejoin_seconds, 0, End::kClosed, kMaxSeconds);
   return longest;
 }
 
@@ -1509,8 +1497,8 @@ double EstimatedSampleAttempts(const SimulatorConfig& config) {
 }
 
 void SetDecodeSpeed(EngineModel& model, const DecodeSpeed& speed) {
-  RequireInt("engine.max_concurrent", model.max_concurrent, 1, kMaxSimulatedConcurrent);
-  RequireReal("single_tokens_per_second", speed.single_tokens_per_second, 0, true, 1e12);
+  CheckBetween("engine.max_concurrent", model.max_concurrent, 1, kMaxSimulatedConcurrent);
+  CheckReal("single_tokens_per_second", speed.single_tokens_per_second, 0, End::kOpen, 1e12);
   const auto n = static_cast<double>(model.max_concurrent);
   const double single = speed.single_tokens_per_second;
   const double full = speed.full_tokens_per_second;

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/wire/reshard_convert.h"
@@ -23,16 +24,10 @@ namespace rlsched::wire {
 
 namespace {
 
-void CheckAtLeastOne(std::string_view field, std::int64_t value) {
-  if (value < 1) Fail(field, fmt::format("must be >= 1, got {}", value));
-}
-
 // The library validates the shape (CostModel::Attention()); only the wire's own
 // convention is checked here: num_kv_heads 0 means num_attention_heads.
 balance::ModelShape ToModelShape(const v1::ModelShape& model) {
-  if (model.num_kv_heads() < 0) {
-    FailBound("model.num_kv_heads", ">= 0 (0 means num_attention_heads)", model.num_kv_heads());
-  }
+  CheckAtLeast("model.num_kv_heads", model.num_kv_heads(), 0, "(0 means num_attention_heads)");
   const std::int64_t kv_heads =
       model.num_kv_heads() == 0 ? model.num_attention_heads() : model.num_kv_heads();
   balance::ModelShape shape;
@@ -157,24 +152,6 @@ std::span<const std::int64_t> AsSpan(const Int64Field& field) {
   return {field.data(), static_cast<std::size_t>(field.size())};
 }
 
-// The number of parts or ranks, in [1, kMaxParts].
-void CheckNumParts(std::string_view field, std::int64_t value) {
-  if (value < 1 || value > balance::kMaxParts) {
-    Fail(field, fmt::format("must be in [1, {}], got {}", balance::kMaxParts, value));
-  }
-}
-
-// An option where 0 means 1 (unset), in [0, max]; returns its value.
-std::int64_t ZeroMeansOne(std::string_view field, std::int64_t value, std::int64_t max) {
-  if (value < 0 || value > max) {
-    const std::string bound = max == std::numeric_limits<std::int64_t>::max()
-                                  ? std::string(">= 0")
-                                  : fmt::format("in [0, {}]", max);
-    Fail(field, fmt::format("must be {} (0 means 1), got {}", bound, value));
-  }
-  return value == 0 ? 1 : value;
-}
-
 // The sequence fields every request has: at most kMaxItems lengths, each in
 // [0, kMaxLength]; groups empty or one id >= 0 per length; keep_groups needs groups.
 void CheckSequences(const Int64Field& lengths, const Int64Field& groups, bool keep_groups) {
@@ -183,11 +160,8 @@ void CheckSequences(const Int64Field& lengths, const Int64Field& groups, bool ke
     Fail("lengths", fmt::format("at most {} entries, got {}", balance::kMaxItems, n));
   }
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t length = lengths.Get(static_cast<int>(i));
-    if (length < 0 || length > balance::kMaxLength) {
-      Fail(fmt::format("lengths[{}]", i),
-           fmt::format("must be in [0, {}], got {}", balance::kMaxLength, length));
-    }
+    CheckInRange({"lengths", std::size_t(i)}, lengths.Get(static_cast<int>(i)), 0,
+                 balance::kMaxLength);
   }
   if (groups.size() != 0) {
     if (groups.size() != n) {
@@ -195,8 +169,7 @@ void CheckSequences(const Int64Field& lengths, const Int64Field& groups, bool ke
                                  groups.size()));
     }
     for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t group = groups.Get(static_cast<int>(i));
-      if (group < 0) Fail(fmt::format("groups[{}]", i), fmt::format("must be >= 0, got {}", group));
+      CheckAtLeast({"groups", std::size_t(i)}, groups.Get(static_cast<int>(i)), 0);
     }
   }
   if (keep_groups && groups.size() == 0) {
@@ -209,9 +182,7 @@ void CheckSequences(const Int64Field& lengths, const Int64Field& groups, bool ke
 balance::RefineOptions ToRefineOptions(bool has_refine_iterations, std::int64_t refine_iterations) {
   balance::RefineOptions refine;
   if (has_refine_iterations) {
-    if (refine_iterations < 0) {
-      Fail("refine_iterations", fmt::format("must be >= 0, got {}", refine_iterations));
-    }
+    CheckAtLeast("refine_iterations", refine_iterations, 0);
     refine.enabled = refine_iterations > 0;
     refine.max_iterations = refine_iterations;
   }
@@ -221,7 +192,7 @@ balance::RefineOptions ToRefineOptions(bool has_refine_iterations, std::int64_t 
 }  // namespace
 
 balance::BalanceOptions ToBalanceOptions(const v1::BalanceRequest& request) {
-  CheckNumParts("num_parts", request.num_parts());
+  CheckInRange("num_parts", request.num_parts(), 1, balance::kMaxParts);
   CheckSequences(request.lengths(), request.groups(), request.keep_groups());
 
   balance::BalanceOptions options;
@@ -260,7 +231,7 @@ v1::BalanceReply SolveBalance(const v1::BalanceRequest& request) {
 }
 
 balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request) {
-  CheckNumParts("num_ranks", request.num_ranks());
+  CheckInRange("num_ranks", request.num_ranks(), 1, balance::kMaxParts);
   CheckSequences(request.lengths(), request.groups(), request.keep_groups());
 
   balance::StepOptions options;
@@ -269,7 +240,7 @@ balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request) {
   options.keep_groups = request.keep_groups();
   options.baseline = !request.skip_baseline();
   balance::MicroBatchOptions& micro_batch = options.micro_batch;
-  CheckAtLeastOne("max_tokens_per_micro_batch", request.max_tokens_per_micro_batch());
+  CheckAtLeast("max_tokens_per_micro_batch", request.max_tokens_per_micro_batch(), 1);
   micro_batch.max_tokens_per_micro_batch = request.max_tokens_per_micro_batch();
   micro_batch.min_micro_batches =
       ZeroMeansOne("min_micro_batches", request.min_micro_batches(), balance::kMaxParts);
@@ -280,16 +251,11 @@ balance::StepOptions ToStepOptions(const v1::PlanStepRequest& request) {
   micro_batch.pipeline_stages =
       ZeroMeansOne("pipeline_stages", request.pipeline_stages(), balance::kMaxParts);
   if (request.has_overhead()) {
-    if (request.overhead() < 0) {
-      Fail("overhead", fmt::format("must be >= 0, got {}", request.overhead()));
-    }
-    micro_batch.overhead = request.overhead();
+    micro_batch.overhead = CheckAtLeast("overhead", request.overhead(), 0);
   }
   if (request.has_count_tolerance()) {
-    if (!(request.count_tolerance() >= 0.0 && request.count_tolerance() <= 1.0)) {
-      Fail("count_tolerance", fmt::format("must be in [0, 1], got {}", request.count_tolerance()));
-    }
-    micro_batch.count_tolerance = request.count_tolerance();
+    micro_batch.count_tolerance = CheckRealInRange("count_tolerance", request.count_tolerance(),
+                                                   0.0, End::kClosed, 1.0, End::kClosed);
   }
   micro_batch.order = ToMicroBatchOrder(request.order());
   micro_batch.oversize = ToOversizePolicy(request.oversize());
@@ -475,6 +441,5 @@ void WriteJson(const v1::PlanStepReply& reply, std::ostream& out) {
   text += std::string_view(tail).substr(kEmptyRanks.size());
   out << text;
 }
-
 
 }  // namespace rlsched::wire

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 #include "rlsched/rollout/layout.h"
 #include "rlsched/wire/json.h"
@@ -37,27 +38,20 @@ constexpr std::int64_t kMaxPlanGpus = std::int64_t{1} << 21;
 // A size where 0 means `unset` (the default), in [0, max]; returns its value.
 std::int64_t SizeOrDefault(std::string_view field, std::int64_t value, std::int64_t max,
                            std::int64_t unset) {
-  if (value < 0 || value > max) {
-    Fail(field, fmt::format("must be in [0, {}] (0 means {}), got {}", max, unset, value));
-  }
+  CheckInRange(field, value, 0, max, fmt::format("(0 means {})", unset));
   return value == 0 ? unset : value;
 }
 
 // A bandwidth where 0 means `unset`, finite and in [0, kMaxGbPerS].
 double BandwidthOrDefault(std::string_view field, double value, double unset) {
-  if (!std::isfinite(value) || value < 0.0 || value > kMaxGbPerS) {
-    Fail(field, fmt::format("must be finite and in [0, {}] GB/s (0 means {}), got {}", kMaxGbPerS,
-                            unset, value));
-  }
+  CheckFiniteInRange(field, value, 0.0, End::kClosed, kMaxGbPerS, End::kClosed,
+                     fmt::format("GB/s (0 means {})", unset));
   return value == 0.0 ? unset : value;
 }
 
 // A stage's layer count: in [1, kMaxChunkLayers).
 std::int64_t StageLayerCount(std::string_view field, std::int64_t value) {
-  if (value < 1 || value >= kMaxChunkLayers) {
-    Fail(field, fmt::format("must be in [1, 2^31), got {}", value));
-  }
-  return value;
+  return CheckBelow(field, value, 1, {kMaxChunkLayers, "2^31"});
 }
 
 rollout::TrainLayout ToTrainLayout(const v1::TrainLayout& train) {
@@ -85,11 +79,8 @@ rollout::TrainLayout ToTrainLayout(const v1::TrainLayout& train) {
   layout.layers_per_chunk.reserve(static_cast<std::size_t>(train.layers_per_chunk_size()));
   for (int i = 0; i < train.layers_per_chunk_size(); ++i) {
     const std::int64_t layers = train.layers_per_chunk(i);
-    if (layers < 0 || layers >= kMaxChunkLayers) {
-      Fail(fmt::format("train.layers_per_chunk[{}]", i),
-           fmt::format("must be in [0, 2^31), got {}", layers));
-    }
-    layout.layers_per_chunk.push_back(layers);
+    layout.layers_per_chunk.push_back(CheckBelow({"train.layers_per_chunk", std::size_t(i)}, layers,
+                                                 0, {kMaxChunkLayers, "2^31"}));
   }
   // Set or not (proto3 optional); when set, a layer count. What it must satisfy
   // against the model and pp / vpp is checked by the planner.
@@ -490,26 +481,19 @@ ReshardRankParts::ReshardRankParts(const rollout::ReshardPlan& plan) : plan_(pla
   }
   const auto names = static_cast<std::int64_t>(plan.param_names.size());
   std::int64_t gpus = 0;
-  // The field paths are formatted only for an error.
-  const auto bad_rank = [](std::size_t i, std::string_view field, std::int64_t value) {
-    FailBound(fmt::format("transfers[{}].{}", i, field), "in [0, 2^21)", value);
-  };
+  const Limit max_gpus{kMaxPlanGpus, "2^21"};
   for (std::size_t i = 0; i < plan.transfers.size(); ++i) {
     const rollout::Transfer& t = plan.transfers[i];
-    if (t.src_rank < 0 || t.src_rank >= kMaxPlanGpus) bad_rank(i, "src_rank", t.src_rank);
-    gpus = std::max(gpus, t.src_rank + 1);
+    gpus = std::max(gpus, CheckBelow({"transfers", i, ".src_rank"}, t.src_rank, 0, max_gpus) + 1);
     for (std::size_t k = 0; k < t.dst_ranks.size(); ++k) {
       const std::int64_t d = t.dst_ranks[k];
-      if (d < 0 || d >= kMaxPlanGpus) bad_rank(i, fmt::format("dst_ranks[{}]", k), d);
+      if (d < 0 || d >= kMaxPlanGpus) {  // the field's path is formatted only for an error
+        CheckBelow(fmt::format("transfers[{}].dst_ranks[{}]", i, k), d, 0, max_gpus);
+      }
       gpus = std::max(gpus, d + 1);
     }
-    for (const auto& [field, name] :
-         {std::pair{"src_param", t.src_param}, {"dst_param", t.dst_param}}) {
-      if (name < 0 || name >= names) {
-        FailBound(fmt::format("transfers[{}].{}", i, field),
-                  fmt::format("in [0, {}) (the plan's param_names)", names), name);
-      }
-    }
+    CheckBelow({"transfers", i, ".src_param"}, t.src_param, 0, names, "(the plan's param_names)");
+    CheckBelow({"transfers", i, ".dst_param"}, t.dst_param, 0, names, "(the plan's param_names)");
   }
   // The GPUs each transfer involves (its sender and its receivers, each once), and for
   // each GPU the transfers it is in, ascending (a CSR index).
@@ -547,7 +531,7 @@ ReshardRankParts::ReshardRankParts(const rollout::ReshardPlan& plan) : plan_(pla
 }
 
 std::span<const std::uint32_t> ReshardRankParts::TransfersOf(std::int64_t rank) const {
-  if (rank < 0) FailBound("rank", ">= 0", rank);
+  CheckAtLeast("rank", rank, 0);
   if (rank >= gpus()) return {};
   const auto g = static_cast<std::size_t>(rank);
   return std::span<const std::uint32_t>(transfers_).subspan(start_[g], start_[g + 1] - start_[g]);
@@ -618,7 +602,7 @@ v1::ReshardRankPart ReshardRankParts::Part(std::int64_t rank) {
 }
 
 v1::ReshardRankPart ToReshardRankPart(const rollout::ReshardPlan& plan, std::int64_t rank) {
-  if (rank < 0) FailBound("rank", ">= 0", rank);
+  CheckAtLeast("rank", rank, 0);
   return ReshardRankParts(plan).Part(rank);
 }
 
@@ -717,7 +701,7 @@ v1::ReshardPlanIndex ReadReshardPlanIndex(std::istream& in) {
 
 v1::ReshardRankPart ReadReshardRankPart(std::istream& in, const v1::ReshardPlanIndex& index,
                                         std::int64_t rank) {
-  if (rank < 0) FailBound("rank", ">= 0", rank);
+  CheckAtLeast("rank", rank, 0);
   v1::ReshardRankPart part;
   const auto& parts = index.parts();
   const auto it = std::lower_bound(

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "rlsched/balance/partition.h"
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 #include "rlsched/v1/balance.pb.h"
 #include "rlsched/wire/balance_convert.h"
@@ -141,9 +142,9 @@ void ApplyMode(const v1::OrchestratorOptions& in, OrchestratorPolicy& out) {
                      ModeName(out.mode)));
   }
   const double fraction = in.staleness_fraction();
-  if (in.has_staleness_fraction() && !(fraction >= 0 && fraction <= 1e6)) {
-    Fail("orchestrator.staleness_fraction",
-         fmt::format("must be in [0, 1000000], got {}", fraction));
+  if (in.has_staleness_fraction()) {
+    CheckRealInRange("orchestrator.staleness_fraction", in.staleness_fraction(), 0, End::kClosed,
+                     1e6, End::kClosed);
   }
   if (out.mode != Mode::kAsync) {
     // "mode sync", or when colocated chose it over async's fields, why sync.
@@ -294,11 +295,7 @@ void ApplyLengths(const v1::LengthDistribution& in, LengthDistribution& out) {
            fmt::format("at most {} entries, got {}", kMaxSimulationLengths, in.lengths_size()));
     }
     for (int i = 0; i < in.lengths_size(); ++i) {
-      const std::int64_t length = in.lengths(i);
-      if (length < 1 || length > balance::kMaxLength) {
-        Fail(fmt::format("lengths.lengths[{}]", i),
-             fmt::format("must be in [1, {}], got {}", balance::kMaxLength, length));
-      }
+      CheckInRange({"lengths.lengths", std::size_t(i)}, in.lengths(i), 1, balance::kMaxLength);
     }
     out.lengths.assign(in.lengths().begin(), in.lengths().end());
   }
@@ -388,17 +385,9 @@ void ApplyStep(const v1::StepPlanOptions& in, balance::StepOptions& out) {
 
 // The daemon's limits (simulate_convert.h).
 void CheckLimits(const SimulatorConfig& config) {
-  if (config.steps > kMaxSimulationSteps) {
-    Fail("steps", fmt::format("must be in [1, {}], got {}", kMaxSimulationSteps, config.steps));
-  }
-  if (config.engines > kMaxSimulationEngines) {
-    Fail("engines",
-         fmt::format("must be in [1, {}], got {}", kMaxSimulationEngines, config.engines));
-  }
-  if (config.step.num_ranks > kMaxSimulationTrainerRanks) {
-    Fail("trainer_ranks", fmt::format("must be in [1, {}], got {}", kMaxSimulationTrainerRanks,
-                                      config.step.num_ranks));
-  }
+  CheckInRange("steps", config.steps, 1, kMaxSimulationSteps);
+  CheckInRange("engines", config.engines, 1, kMaxSimulationEngines);
+  CheckInRange("trainer_ranks", config.step.num_ranks, 1, kMaxSimulationTrainerRanks);
   const OrchestratorPolicy& o = config.orchestrator;
   const double samples = static_cast<double>(config.steps) *
                          static_cast<double>(o.prompts_per_step) *

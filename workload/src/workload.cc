@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "rlsched/common/check.h"
 #include "rlsched/common/error.h"
 
 namespace rlsched::workload {
@@ -14,10 +15,6 @@ namespace {
 std::int64_t Response(Rng& rng) {
   const double value = std::exp(kResponseMu + kResponseSigma * rng.Normal());
   return std::clamp<std::int64_t>(std::llround(std::min(value, 1e12)), 1, kMaxResponseTokens);
-}
-
-void CheckCount(std::int64_t n, const char* field) {
-  if (n < 0) rlsched::FailBound(std::string(field), ">= 0", n);
 }
 
 }  // namespace
@@ -48,7 +45,7 @@ double Rng::Normal() {
 }
 
 std::vector<std::int64_t> HeavyTailedLengths(std::int64_t n, std::uint64_t seed) {
-  CheckCount(n, "n");
+  CheckAtLeast("n", n, 0);
   Rng rng(seed);
   std::vector<std::int64_t> lengths(static_cast<std::size_t>(n));
   for (auto& length : lengths) {
@@ -59,8 +56,8 @@ std::vector<std::int64_t> HeavyTailedLengths(std::int64_t n, std::uint64_t seed)
 }
 
 SyntheticBatch GrpoBatch(std::int64_t prompts, std::int64_t samples, std::uint64_t seed) {
-  CheckCount(prompts, "prompts");
-  CheckCount(samples, "samples");
+  CheckAtLeast("prompts", prompts, 0);
+  CheckAtLeast("samples", samples, 0);
   Rng rng(seed);
   SyntheticBatch batch;
   batch.lengths.reserve(static_cast<std::size_t>(prompts * samples));

@@ -69,8 +69,9 @@ template <class T>
 requires std::integral<T> || std::floating_point<T>
 [[noreturn]] void FailBound(std::string_view field, std::string_view bound, T value);
 
-// The text FailBound() prints for a number: integers in full, reals in the shortest form
-// that reads back to the same double ("0.25", "1e+300", "inf", "nan").
+// The text FailBound() prints for a number: integers, and whole reals below 10^16, in full
+// ("1000000"); other reals in the shortest form that reads back to the same double
+// ("0.25", "1e+300", "inf", "nan").
 std::string NumberText(std::int64_t value);
 std::string NumberText(std::uint64_t value);
 std::string NumberText(double value);
