@@ -67,7 +67,7 @@ BUILD_BASE = "build-python"
 # modules and _version.py), kept out of the sources: <repo>/build-python/editable/rlsched/.
 EDITABLE_DIR = ROOT / BUILD_BASE / "editable"
 # The protobuf modules the package imports (as proto/CMakeLists.txt generates them).
-PROTOS = ["balance", "reshard", "rollout", "runtime", "service"]
+PROTOS = ["balance", "reshard", "orchestrator", "runtime", "service"]
 # Where the program goes in the package (rlsched/_program.py looks there).
 PROGRAM_IN_PACKAGE = Path("bin") / "rlsched"
 PROGRAM_MISSING_WARNING = (
@@ -142,6 +142,8 @@ class BuildPy(build_py):
         for name in PROTOS:
             if not (out / f"{name}_pb2.py").is_file():
                 raise RuntimeError(f"setup.py: protoc did not write {out / (name + '_pb2.py')}")
+        # The deprecated name of orchestrator_pb2 (proto/CMakeLists.txt copies it too).
+        shutil.copyfile(proto_dir / "aliases" / "rollout_pb2.py", out / "rollout_pb2.py")
 
 
 class CMakeBuildExt(build_ext):

@@ -20,7 +20,7 @@
 
 #include "rlsched/scheduler/runtime.h"
 #include "rlsched/v1/reshard.pb.h"
-#include "rlsched/v1/rollout.pb.h"
+#include "rlsched/v1/orchestrator.pb.h"
 #include "rlsched/wire/orchestrator_convert.h"
 
 namespace rlsched::app {

@@ -442,7 +442,7 @@ std::string SimulateFooter(const SimulatorConfig& defaults) {
   return fmt::format(
       "Defaults: {} engines of {} concurrent samples, {} trainer ranks, {} prompts × {} samples, "
       "{} steps, heavy-tailed lengths, sync mode; --config FILE sets any field of the "
-      "rlsched.v1.SimulatorConfig (rollout.proto) in protobuf's JSON mapping, unset fields keep "
+      "rlsched.v1.SimulatorConfig (orchestrator.proto) in protobuf's JSON mapping, unset fields keep "
       "the defaults, and flags given explicitly override the file.\n"
       "--max-staleness, --partial-rollout, --staleness-policy and --staleness-fraction are "
       "async mode's (in the file too: orchestrator.max_staleness, …): without a mode they "

@@ -66,7 +66,7 @@
 #include <string_view>
 #include <vector>
 
-#include "rlsched/v1/rollout.pb.h"
+#include "rlsched/v1/orchestrator.pb.h"
 
 namespace rlsched::app {
 

@@ -93,12 +93,12 @@ from tensor_parallel import (Grid, all_reduce_grads, clip_grad_norm, full_state,
                              load_full_state, megatron_sources)
 from task import OPERATIONS, DigitTask  # noqa: E402
 
-from rlsched.v1 import rollout_pb2  # noqa: E402
+from rlsched.v1 import orchestrator_pb2  # noqa: E402
 from rlsched.worker import EngineWorker, TrainerWorker  # noqa: E402
 
 # The runtime takes an interrupting sync's pause as one GenerationPaused report where
 # its protocol has it, else one GenerationProgressed per sample.
-_BATCHED_PAUSE = hasattr(rollout_pb2, "GenerationPaused") and hasattr(EngineWorker, "paused")
+_BATCHED_PAUSE = hasattr(orchestrator_pb2, "GenerationPaused") and hasattr(EngineWorker, "paused")
 
 
 def write_json_atomic(path: str, data) -> None:

@@ -3,7 +3,7 @@
 //
 // Overview
 //   Messages cross the boundary serialized (bytes), so the Python side works with its own
-//   protobuf classes (rlsched.v1.rollout_pb2) and every conversion is the wire library's:
+//   protobuf classes (rlsched.v1.orchestrator_pb2) and every conversion is the wire library's:
 //   a config is a rlsched.v1.SimulatorConfig (binary or its JSON mapping, parsed as
 //   `rlsched run --config` parses it) made into the core's options by
 //   wire::ToSimulatorConfig() and wire::RunOrchestratorOptions(); an event is a
@@ -40,7 +40,7 @@
 #include "rlsched/common/error.h"
 #include "rlsched/scheduler/orchestrator.h"
 #include "rlsched/scheduler/simulator.h"
-#include "rlsched/v1/rollout.pb.h"
+#include "rlsched/v1/orchestrator.pb.h"
 #include "rlsched/v1/runtime.pb.h"
 #include "rlsched/v1/service.pb.h"
 #include "rlsched/wire/orchestrator_convert.h"
@@ -63,7 +63,7 @@ namespace v1 = rlsched::v1;
   throw py::error_already_set();
 }
 
-// The event's kind as rollout.proto names it ("engine_joined"), or "event".
+// The event's kind as orchestrator.proto names it ("engine_joined"), or "event".
 std::string KindName(const v1::OrchestratorEvent& message) {
   if (message.kind_case() == v1::OrchestratorEvent::KIND_NOT_SET) return "event";
   const auto* field = message.GetDescriptor()->FindFieldByNumber(message.kind_case());

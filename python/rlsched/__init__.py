@@ -80,7 +80,7 @@ _add_editable_dir()
 # its messages would not compare equal to those of modules imported before.
 try:
     from rlsched.v1 import (balance_pb2 as _balance_pb2,  # noqa: F401 - imported first
-                            reshard_pb2 as _reshard_pb2, rollout_pb2 as _rollout_pb2,
+                            reshard_pb2 as _reshard_pb2, orchestrator_pb2 as _orchestrator_pb2,
                             runtime_pb2 as _runtime_pb2, service_pb2 as _service_pb2)
 except ImportError:  # no build: rlsched._proto says what is missing
     pass

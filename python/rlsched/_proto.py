@@ -11,13 +11,14 @@ from __future__ import annotations
 from rlsched.errors import MissingDependencyError
 
 try:
-    from rlsched.v1 import balance_pb2, reshard_pb2, rollout_pb2, service_pb2
+    from rlsched.v1 import balance_pb2, reshard_pb2, orchestrator_pb2, service_pb2
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise MissingDependencyError(
-        "rlsched: the generated protobuf modules rlsched.v1.{balance,reshard,rollout,service}_pb2 "
+        "rlsched: the generated protobuf modules "
+        "rlsched.v1.{balance,reshard,orchestrator,service}_pb2 "
         "were not found. Build the project (they are generated into "
         "<build>/python/rlsched/v1/) and put <build>/python on PYTHONPATH next to "
         "<repo>/python; they need the protobuf runtime (Debian: python3-protobuf). "
         f"Original error: {error}") from error
 
-__all__ = ["balance_pb2", "reshard_pb2", "rollout_pb2", "service_pb2"]
+__all__ = ["balance_pb2", "reshard_pb2", "orchestrator_pb2", "service_pb2"]

@@ -40,7 +40,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
 from rlsched._program import ProgramNotFoundError, find_program
-from rlsched._proto import balance_pb2, reshard_pb2, rollout_pb2, service_pb2
+from rlsched._proto import balance_pb2, reshard_pb2, orchestrator_pb2, service_pb2
 from rlsched.errors import (CLIENT_CLOSED, DAEMON_DIED, DAEMON_TIMEOUT,
                             DAEMON_UNAVAILABLE, PROTOCOL_ERROR, DaemonError,
                             InvalidArgumentError, RlschedError, plain_message)
@@ -945,11 +945,12 @@ class Client:
                 raise _named(error, {"reshard.bucket_bytes": "bucket_mib"}) from None
             raise
 
-    def simulate(self, config: Union[None, Mapping[str, Any], rollout_pb2.SimulatorConfig] = None,
+    def simulate(self,
+                 config: Union[None, Mapping[str, Any], orchestrator_pb2.SimulatorConfig] = None,
                  *, compare: bool = False,
-                 trace_run: Optional[str] = None) -> rollout_pb2.SimulateReply:
+                 trace_run: Optional[str] = None) -> orchestrator_pb2.SimulateReply:
         """Runs the rollout/train simulator (``rlsched.v1.SimulateRequest``; see
-        rollout.proto for every field).
+        orchestrator.proto for every field).
 
         `config`: None (the default workload), a ``rlsched.v1.SimulatorConfig`` or a
         mapping in protobuf's JSON form, e.g. ``{"engines": 8, "steps": 3,
@@ -995,8 +996,9 @@ class Client:
             if isinstance(orchestrator, Mapping):
                 orchestrator = dict(orchestrator)
                 for field, enum, prefix in (
-                        ("mode", rollout_pb2.OrchestratorMode, "ORCHESTRATOR_MODE_"),
-                        ("staleness_policy", rollout_pb2.StalenessPolicy, "STALENESS_POLICY_")):
+                        ("mode", orchestrator_pb2.OrchestratorMode, "ORCHESTRATOR_MODE_"),
+                        ("staleness_policy", orchestrator_pb2.StalenessPolicy,
+                         "STALENESS_POLICY_")):
                     if isinstance(orchestrator.get(field), str):
                         orchestrator[field] = _enum(enum, prefix, orchestrator[field],
                                                     "simulate.config.orchestrator." + field)

@@ -22,7 +22,7 @@ answers (commands)::
     core.check_invariants()
     print(core.report().counters.trained)
 
-Names are those of rollout.proto: the events are the ``kind`` fields of
+Names are those of orchestrator.proto: the events are the ``kind`` fields of
 ``rlsched.v1.OrchestratorEvent`` (``prompts_available``, ``engine_joined``,
 ``engine_left``, ``engine_failed``, ``generation_progressed``, ``generation_paused``,
 ``generation_finished``, ``group_filtered``, ``train_step_finished``,
@@ -62,7 +62,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from rlsched._proto import rollout_pb2
+from rlsched._proto import orchestrator_pb2
 from rlsched.errors import InvalidArgumentError, MissingDependencyError
 
 __all__ = ["Orchestrator", "TrainedSample", "EVENT_KINDS", "available"]
@@ -74,10 +74,10 @@ except ImportError:  # not built, or built for another interpreter
 
 #: The event kinds, as OrchestratorEvent's oneof names them.
 EVENT_KINDS = tuple(f.name for f in
-                    rollout_pb2.OrchestratorEvent.DESCRIPTOR.oneofs_by_name["kind"].fields)
+                    orchestrator_pb2.OrchestratorEvent.DESCRIPTOR.oneofs_by_name["kind"].fields)
 
-ConfigArg = Union[None, Mapping, str, bytes, "rollout_pb2.SimulatorConfig"]
-EventArg = Union[Mapping, bytes, "rollout_pb2.OrchestratorEvent"]
+ConfigArg = Union[None, Mapping, str, bytes, "orchestrator_pb2.SimulatorConfig"]
+EventArg = Union[Mapping, bytes, "orchestrator_pb2.OrchestratorEvent"]
 
 
 def available() -> bool:
@@ -107,7 +107,7 @@ def _invalid(error: ValueError) -> InvalidArgumentError:
 
 def _event_bytes(event: EventArg, field: str = "event") -> bytes:
     """`event` serialized: a message, its bytes, or a mapping {kind: {fields}}."""
-    if isinstance(event, rollout_pb2.OrchestratorEvent):
+    if isinstance(event, orchestrator_pb2.OrchestratorEvent):
         return event.SerializeToString()
     if isinstance(event, (bytes, bytearray, memoryview)):
         return bytes(event)
@@ -138,14 +138,14 @@ def _pairs(values: Any, names: tuple, field: str) -> list:
     return out
 
 
-def _make_event(kind: str, fields: Any, field: str = "event") -> rollout_pb2.OrchestratorEvent:
+def _make_event(kind: str, fields: Any, field: str = "event") -> orchestrator_pb2.OrchestratorEvent:
     if kind not in EVENT_KINDS:
         raise InvalidArgumentError(
             f"{field}: unknown event kind {kind!r}; one of {', '.join(EVENT_KINDS)}", field)
     if isinstance(fields, Mapping):
         fields = dict(fields)
     elif hasattr(fields, "SerializeToString"):
-        return rollout_pb2.OrchestratorEvent(**{kind: fields})
+        return orchestrator_pb2.OrchestratorEvent(**{kind: fields})
     else:
         raise InvalidArgumentError(f"{field}.{kind}: must be a mapping of its fields, got "
                                    f"{type(fields).__name__}", f"{field}.{kind}")
@@ -156,13 +156,13 @@ def _make_event(kind: str, fields: Any, field: str = "event") -> rollout_pb2.Orc
         fields["samples"] = _pairs(fields["samples"], ("sample", "tokens"),
                                    f"{field}.{kind}.samples")
     try:
-        return rollout_pb2.OrchestratorEvent(**{kind: fields})
+        return orchestrator_pb2.OrchestratorEvent(**{kind: fields})
     except (ValueError, TypeError) as error:
         raise InvalidArgumentError(f"{field}.{kind}: {error}", f"{field}.{kind}") from None
 
 
 def _commands(serialized: list) -> list:
-    return [rollout_pb2.OrchestratorCommand.FromString(c) for c in serialized]
+    return [orchestrator_pb2.OrchestratorCommand.FromString(c) for c in serialized]
 
 
 class Orchestrator:
@@ -185,7 +185,7 @@ class Orchestrator:
         data: Union[bytes, str]
         if config is None:
             data, is_json = b"", False
-        elif isinstance(config, rollout_pb2.SimulatorConfig):
+        elif isinstance(config, orchestrator_pb2.SimulatorConfig):
             data, is_json = config.SerializeToString(), False
         elif isinstance(config, Mapping):
             try:
@@ -233,16 +233,16 @@ class Orchestrator:
 
     # -- state -------------------------------------------------------------------------
 
-    def counters(self) -> rollout_pb2.OrchestratorCounters:
+    def counters(self) -> orchestrator_pb2.OrchestratorCounters:
         """The core's counters (admitted = trained + filtered + buffered + queued +
         in_flight, in samples)."""
-        return rollout_pb2.OrchestratorCounters.FromString(self._core.counters())
+        return orchestrator_pb2.OrchestratorCounters.FromString(self._core.counters())
 
-    def metrics(self, now: Optional[float] = None) -> rollout_pb2.OrchestratorMetrics:
+    def metrics(self, now: Optional[float] = None) -> orchestrator_pb2.OrchestratorMetrics:
         """The time-based figures up to `now` (default: the last event's time; not
         before it)."""
         try:
-            return rollout_pb2.OrchestratorMetrics.FromString(self._core.metrics(now))
+            return orchestrator_pb2.OrchestratorMetrics.FromString(self._core.metrics(now))
         except ValueError as error:
             raise _invalid(error) from None
 
@@ -256,9 +256,9 @@ class Orchestrator:
             raise _invalid(error) from None
 
     @property
-    def config(self) -> rollout_pb2.SimulatorConfig:
+    def config(self) -> orchestrator_pb2.SimulatorConfig:
         """The config as run, every field set."""
-        return rollout_pb2.SimulatorConfig.FromString(self._core.config())
+        return orchestrator_pb2.SimulatorConfig.FromString(self._core.config())
 
     def last_batch(self) -> list:
         """The samples of the last ``start_train`` (:class:`TrainedSample`)."""
@@ -299,7 +299,7 @@ def _event_method(kind: str):
     def method(self, **fields) -> list:
         return self.handle({kind: fields})
 
-    message = getattr(rollout_pb2, "".join(p.capitalize() for p in kind.split("_")))
+    message = getattr(orchestrator_pb2, "".join(p.capitalize() for p in kind.split("_")))
     names = ", ".join(f.name for f in message.DESCRIPTOR.fields)
     method.__name__ = kind
     method.__qualname__ = f"Orchestrator.{kind}"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "rlsched/v1/rollout.pb.h"
+#include "rlsched/v1/orchestrator.pb.h"
 #include "rlsched/wire/simulate_convert.h"
 #include "serve.h"
 #include "serve_test_util.h"

@@ -14,7 +14,7 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-from rlsched.v1 import rollout_pb2
+from rlsched.v1 import orchestrator_pb2
 
 
 @dataclass
@@ -111,7 +111,7 @@ class Driver:
                         s.paused = True
                         self.generation.pop(sample, None)
                         report.append((sample, s.tokens))
-                if sync.pause == rollout_pb2.PAUSE_MODE_ABORT:  # aborted: forgotten
+                if sync.pause == orchestrator_pb2.PAUSE_MODE_ABORT:  # aborted: forgotten
                     for sample, _ in report:
                         del self.samples[sample]
                 self._at(self.now, "paused", (sync.engine, sync.version, report), sync.engine)

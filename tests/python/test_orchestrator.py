@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 
 # Imported after the skip mark above (noqa: E402).
 from _orchestrator_driver import Driver  # noqa: E402
-from rlsched.v1 import balance_pb2, rollout_pb2  # noqa: E402
+from rlsched.v1 import balance_pb2, orchestrator_pb2  # noqa: E402
 
 
 def _config(mode, steps=4, prompts=3, samples=2, **orchestrator):
@@ -140,7 +140,7 @@ def test_random_runs_conserve_samples_and_keep_invariants(name, seed):
     # Pause mode abort: the interrupts say so and nothing is resumed in place (the
     # paused samples come back through dispatch).
     aborting = name == "async_s1_abort"
-    assert all((cmd.sync_weights.pause == rollout_pb2.PAUSE_MODE_ABORT) == aborting
+    assert all((cmd.sync_weights.pause == orchestrator_pb2.PAUSE_MODE_ABORT) == aborting
                for cmd in interrupts)
     resumes = [cmd for _, cmds in driver.log for cmd in cmds if cmd.WhichOneof("kind") == "resume"]
     if aborting:
@@ -251,8 +251,8 @@ def test_a_sync_run_by_hand():
 
 def test_config_forms_agree():
     config = CONFIGS["async_s1_partial"]
-    message = rollout_pb2.SimulatorConfig()
-    message.orchestrator.mode = rollout_pb2.ORCHESTRATOR_MODE_ASYNC
+    message = orchestrator_pb2.SimulatorConfig()
+    message.orchestrator.mode = orchestrator_pb2.ORCHESTRATOR_MODE_ASYNC
     message.orchestrator.max_staleness = 1
     message.orchestrator.partial_rollout = True
     message.orchestrator.prompts_per_step = 3
@@ -335,7 +335,7 @@ def test_bad_events_name_the_field_and_leave_the_core_unchanged(kind, fields, fi
     ({"prompts_available": {"time": 1, "prompts": [(1, 2, 3)]}},
      "event.prompts_available.prompts[0]"),
     (b"\xff\xff", "event"),
-    (rollout_pb2.OrchestratorEvent(), "event.kind"),
+    (orchestrator_pb2.OrchestratorEvent(), "event.kind"),
     (3.5, "event"),
 ])
 def test_malformed_events_name_the_field(event, field):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from rlsched.v1 import rollout_pb2, runtime_pb2
+from rlsched.v1 import orchestrator_pb2, runtime_pb2
 
 _PYTHON = "/usr/bin/python3"
 
@@ -292,7 +292,7 @@ def test_pause_mode_abort_resubmits_paused_samples_to_their_engine(rlsched_bin, 
             kind = record.command.WhichOneof("kind")
             assert kind != "resume", record
             if kind == "sync_weights" and record.command.sync_weights.interrupt:
-                assert record.command.sync_weights.pause == rollout_pb2.PAUSE_MODE_ABORT
+                assert record.command.sync_weights.pause == orchestrator_pb2.PAUSE_MODE_ABORT
                 syncs += 1
                 loaded.discard(record.command.sync_weights.engine)
             if kind == "dispatch":
@@ -323,7 +323,7 @@ def test_colocated_engines_release_and_take_back_their_memory_by_tag(rlsched_bin
                     "prompts_per_step": 8, "samples_per_prompt": 4}
     run = run_factory(_write_config(tmp_path, orchestrator=orchestrator, steps=3, engines=2))
     run.run_to_the_end(2)
-    both = [rollout_pb2.MEMORY_TAG_WEIGHTS, rollout_pb2.MEMORY_TAG_KV_CACHE]
+    both = [orchestrator_pb2.MEMORY_TAG_WEIGHTS, orchestrator_pb2.MEMORY_TAG_KV_CACHE]
     released, woken = set(), 0
     for record in _log_records(run.log):
         if record.WhichOneof("kind") != "command":
@@ -443,7 +443,7 @@ def test_a_rogue_engine_cannot_report_for_other_engines_samples(rlsched_bin, run
                 # A filter of a group it does not run (one it ran alone would be taken,
                 # and a rogue attached first could filter every group and starve the
                 # data loader: the worker server test files one for a running group).
-                self.send_event(group_filtered=rollout_pb2.GroupFiltered(
+                self.send_event(group_filtered=orchestrator_pb2.GroupFiltered(
                     group=10 ** 6 + work.sample, engine=0))
                 self.finished(work.sample, work.resume_from + 1, 0.0)
 
@@ -898,15 +898,15 @@ def test_emulated_draws_are_the_simulators():
     """The emulated engine's lengths and rewards are the simulator's own draws, bit for
     bit: the same values as tests/scheduler/simulator_test.cc's
     SimulatorWorkload.DrawsArePureFunctionsOfTheirKeys."""
-    from rlsched.v1 import rollout_pb2
+    from rlsched.v1 import orchestrator_pb2
     from rlsched.worker.emulated import group_rewards, response_length
 
-    lognormal = rollout_pb2.LengthDistribution(mu=5.5, sigma=1.0, max_tokens=4096,
-                                               length_correlation=0.8)
+    lognormal = orchestrator_pb2.LengthDistribution(mu=5.5, sigma=1.0, max_tokens=4096,
+                                                    length_correlation=0.8)
     keys = [(0, 0, 0), (0, 0, 1), (3, 0, 2), (5, 1, 3), (123456, 2, 0)]
     assert [response_length(7, lognormal, 4, *k) for k in keys] == [170, 170, 35, 234, 69]
-    listed = rollout_pb2.LengthDistribution(lengths=[900, 5, 70, 3000, 12],
-                                            length_correlation=0.3)
+    listed = orchestrator_pb2.LengthDistribution(lengths=[900, 5, 70, 3000, 12],
+                                                 length_correlation=0.3)
     keys = [(0, 0, 0), (1, 0, 1), (2, 3, 2), (9, 1, 3)]
     assert [response_length(42, listed, 4, *k) for k in keys] == [3000, 900, 900, 12]
     assert [group_rewards(11, 0.3, 4, g) for g in range(5)] == [
@@ -917,7 +917,7 @@ def test_engine_worker_accounts_for_versions_load_and_telemetry():
     """The EngineWorker base class's own account (no scheduler needed): the versions it
     committed, switching where its pause report said; none for a sample that ran across
     a commit without a pause; the engine's own spans and telemetry win; the load."""
-    from rlsched.v1 import rollout_pb2
+    from rlsched.v1 import orchestrator_pb2
     from rlsched.worker import EngineWorker
 
     class Engine(EngineWorker):
@@ -936,7 +936,7 @@ def test_engine_worker_accounts_for_versions_load_and_telemetry():
     engine = Engine("unix:/nonexistent", 3, 8, version=2)
 
     def command(**kind):
-        engine.on_command(rollout_pb2.OrchestratorCommand(**kind))
+        engine.on_command(orchestrator_pb2.OrchestratorCommand(**kind))
 
     def sent():
         events = []
@@ -944,20 +944,21 @@ def test_engine_worker_accounts_for_versions_load_and_telemetry():
             events.append(engine._out.get().event)
         return events
 
-    command(dispatch=rollout_pb2.Dispatch(engine=3, version=2, samples=[
-        rollout_pb2.SampleWork(sample=s, resume_from=r) for s, r in ((10, 0), (11, 5), (12, 0))]))
+    command(dispatch=orchestrator_pb2.Dispatch(engine=3, version=2, samples=[
+        orchestrator_pb2.SampleWork(sample=s, resume_from=r)
+        for s, r in ((10, 0), (11, 5), (12, 0))]))
     assert engine.load() == (3, 0)
-    command(sync_weights=rollout_pb2.SyncWeights(engine=3, version=3, interrupt=True))
+    command(sync_weights=orchestrator_pb2.SyncWeights(engine=3, version=3, interrupt=True))
     engine.paused(3, [(10, 7), (11, 5)])  # 11: no token since its dispatch
     assert engine.load() == (1, 2)
     engine.weights_loaded(3)  # 12 kept running across the commit: no account of it
-    command(resume=rollout_pb2.Resume(engine=3, version=3, samples=[10, 11]))
+    command(resume=orchestrator_pb2.Resume(engine=3, version=3, samples=[10, 11]))
     assert engine.load() == (3, 0)
     engine.finished(10, 12, 1.0)
     engine.finished(11, 9, 0.0, telemetry={"preemptions": 2})
     engine.finished(12, 4, 0.0)
-    command(dispatch=rollout_pb2.Dispatch(engine=3, version=3, samples=[
-        rollout_pb2.SampleWork(sample=13, resume_from=0)]))
+    command(dispatch=orchestrator_pb2.Dispatch(engine=3, version=3, samples=[
+        orchestrator_pb2.SampleWork(sample=13, resume_from=0)]))
     engine.finished(13, 6, 0.0, spans=[(3, 0)], telemetry={"first_token_seconds": 0.5})
     assert engine.load() == (0, 0)
     paused, loaded, finished_10, finished_11, finished_12, finished_13 = sent()
@@ -984,7 +985,7 @@ def test_weight_update_decodes_and_checks_a_part_and_syncs_carry_it():
     rank, buckets with names, dtypes, shapes, bytes and senders, the executor's rank
     plan), its stated bytes checked against its parts, SyncWeights handed to
     ``sync_weights`` with the plan its id names, an unknown id refused."""
-    from rlsched.v1 import reshard_pb2, rollout_pb2, runtime_pb2
+    from rlsched.v1 import reshard_pb2, orchestrator_pb2, runtime_pb2
     from rlsched.worker import EngineWorker, WeightUpdate
     from rlsched.worker.weights import DTYPE_BF16, DTYPE_FP8_BLOCK128
 
@@ -1048,12 +1049,12 @@ def test_weight_update_decodes_and_checks_a_part_and_syncs_carry_it():
     engine = Engine("unix:/nonexistent", 9, 8)
     engine._plan(message)
     assert engine.weight_plan is engine.weight_plans["3-00ff"]
-    engine.on_command(rollout_pb2.OrchestratorCommand(
-        sync_weights=rollout_pb2.SyncWeights(engine=9, version=2, plan_id="3-00ff")))
-    engine.on_command(rollout_pb2.OrchestratorCommand(
-        sync_weights=rollout_pb2.SyncWeights(engine=9, version=3)))
+    engine.on_command(orchestrator_pb2.OrchestratorCommand(
+        sync_weights=orchestrator_pb2.SyncWeights(engine=9, version=2, plan_id="3-00ff")))
+    engine.on_command(orchestrator_pb2.OrchestratorCommand(
+        sync_weights=orchestrator_pb2.SyncWeights(engine=9, version=3)))
     assert got[0].version == 2 and got[0].plan is engine.weight_plan
     assert got[1].plan is None and got[1].interrupt is False
     with pytest.raises(ValueError, match="plan_id: '4-0000'"):
-        engine.on_command(rollout_pb2.OrchestratorCommand(
-            sync_weights=rollout_pb2.SyncWeights(engine=9, version=4, plan_id="4-0000")))
+        engine.on_command(orchestrator_pb2.OrchestratorCommand(
+            sync_weights=orchestrator_pb2.SyncWeights(engine=9, version=4, plan_id="4-0000")))

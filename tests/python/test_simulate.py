@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rlsched.errors import InvalidArgumentError
-from rlsched.v1 import rollout_pb2
+from rlsched.v1 import orchestrator_pb2
 
 SMALL = {"engines": 4, "trainer_ranks": 4, "steps": 3,
          "orchestrator": {"mode": "async", "max_staleness": 1,
@@ -14,7 +14,7 @@ SMALL = {"engines": 4, "trainer_ranks": 4, "steps": 3,
 
 def test_one_run(client):
     reply = client.simulate(SMALL)
-    assert isinstance(reply, rollout_pb2.SimulateReply)
+    assert isinstance(reply, orchestrator_pb2.SimulateReply)
     assert len(reply.runs) == 1
     run = reply.runs[0]
     assert run.config.engines == 4 and run.config.steps == 3
@@ -79,7 +79,7 @@ def test_async_fields_select_async_or_are_refused(client):
              "orchestrator": {"max_staleness": 2, "prompts_per_step": 8,
                               "samples_per_prompt": 4}}
     options = client.simulate(small).runs[0].config.orchestrator
-    assert options.mode == rollout_pb2.ORCHESTRATOR_MODE_ASYNC
+    assert options.mode == orchestrator_pb2.ORCHESTRATOR_MODE_ASYNC
     assert options.max_staleness == 2 and options.partial_rollout
     sync = dict(small, orchestrator=dict(small["orchestrator"], mode="sync"))
     with pytest.raises(InvalidArgumentError) as info:
@@ -99,8 +99,8 @@ def test_fraction_policy_and_streaming(client):
                   train_seconds_per_step=20)
     run = client.simulate(config).runs[0]
     options = run.config.orchestrator
-    assert options.mode == rollout_pb2.ORCHESTRATOR_MODE_ASYNC
-    assert options.staleness_policy == rollout_pb2.STALENESS_POLICY_FRACTION
+    assert options.mode == orchestrator_pb2.ORCHESTRATOR_MODE_ASYNC
+    assert options.staleness_policy == orchestrator_pb2.STALENESS_POLICY_FRACTION
     assert options.staleness_fraction == 1.5 and options.max_staleness == 2
     assert options.train_calls_per_sync == 2
     assert run.config.decode_speed.single_tokens_per_second == pytest.approx(40)
@@ -115,8 +115,8 @@ def test_fraction_policy_and_streaming(client):
     implied = dict(SMALL, orchestrator={"staleness_fraction": 0.5, "prompts_per_step": 8,
                                         "samples_per_prompt": 4})
     options = client.simulate(implied).runs[0].config.orchestrator
-    assert options.mode == rollout_pb2.ORCHESTRATOR_MODE_ASYNC
-    assert options.staleness_policy == rollout_pb2.STALENESS_POLICY_FRACTION
+    assert options.mode == orchestrator_pb2.ORCHESTRATOR_MODE_ASYNC
+    assert options.staleness_policy == orchestrator_pb2.STALENESS_POLICY_FRACTION
 
 
 def test_new_fields_that_do_not_apply_are_refused(client):
@@ -143,5 +143,5 @@ def test_new_fields_that_do_not_apply_are_refused(client):
                                    "samples_per_prompt": 4},
               release_seconds=1, resume_seconds=2)
     run = client.simulate(ok).runs[0]
-    assert run.config.orchestrator.mode == rollout_pb2.ORCHESTRATOR_MODE_SYNC
+    assert run.config.orchestrator.mode == orchestrator_pb2.ORCHESTRATOR_MODE_SYNC
     assert run.config.orchestrator.colocated and run.config.resume_seconds == 2

@@ -11,7 +11,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import grpc
 
 from rlsched.errors import InvalidArgumentError
-from rlsched.v1 import rollout_pb2, runtime_pb2
+from rlsched.v1 import orchestrator_pb2, runtime_pb2
 from rlsched.worker.weights import SyncWeights, WeightUpdate
 
 ATTACH_METHOD = "/rlsched.v1.Scheduler/Attach"
@@ -100,7 +100,7 @@ class Worker:
         self.weight_plans: Dict[str, WeightUpdate] = {}
         self.weight_plan: Optional[WeightUpdate] = None
         # The scheduler's refusals of this worker's events, newest last: (event, reason).
-        self.refusals: "collections.deque[Tuple[rollout_pb2.OrchestratorEvent, str]]" = \
+        self.refusals: "collections.deque[Tuple[orchestrator_pb2.OrchestratorEvent, str]]" = \
             collections.deque(maxlen=_REFUSALS_KEPT)
         self._out: "queue.Queue[Optional[runtime_pb2.WorkerMessage]]" = queue.Queue()
         self._done = threading.Event()
@@ -113,7 +113,7 @@ class Worker:
     def on_welcome(self, welcome: runtime_pb2.Welcome) -> None:
         """Called before any command, and again at each reattach."""
 
-    def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
+    def on_command(self, command: orchestrator_pb2.OrchestratorCommand) -> None:
         raise NotImplementedError
 
     def on_weight_sync_plan(self, plan: WeightUpdate) -> None:
@@ -124,7 +124,7 @@ class Worker:
     def on_stop(self) -> None:
         """Called when the session ends (Goodbye, or the scheduler went away)."""
 
-    def on_refused(self, event: rollout_pb2.OrchestratorEvent, reason: str) -> None:
+    def on_refused(self, event: orchestrator_pb2.OrchestratorEvent, reason: str) -> None:
         """Called when the scheduler refused one of this worker's events (the state is
         unchanged): ``event`` as the scheduler saw it, ``reason`` naming the field and
         the bound (``"sample: must be a sample in flight on the reporting engine 3, got
@@ -152,7 +152,7 @@ class Worker:
     def send_event(self, **kind) -> None:
         """Sends an OrchestratorEvent with one field set, e.g. ``generation_finished=...``.
         The scheduler stamps the time."""
-        self._out.put(runtime_pb2.WorkerMessage(event=rollout_pb2.OrchestratorEvent(**kind)))
+        self._out.put(runtime_pb2.WorkerMessage(event=orchestrator_pb2.OrchestratorEvent(**kind)))
 
     # ---- The session. ----
 
@@ -358,8 +358,8 @@ class _Account:
         return [(v, first) for v, first in self.spans if first < tokens]
 
 
-def _version_spans(spans: Optional[Iterable[Sequence[int]]]) -> List[rollout_pb2.VersionSpan]:
-    return [rollout_pb2.VersionSpan(version=int(v), first_token=int(first))
+def _version_spans(spans: Optional[Iterable[Sequence[int]]]) -> List[orchestrator_pb2.VersionSpan]:
+    return [orchestrator_pb2.VersionSpan(version=int(v), first_token=int(first))
             for v, first in (spans or [])]
 
 
@@ -401,7 +401,7 @@ class EngineWorker(Worker):
             hello.samples.extend(sorted(self._accounts))  # what it holds (a reattach)
         return hello
 
-    def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
+    def on_command(self, command: orchestrator_pb2.OrchestratorCommand) -> None:
         kind = command.WhichOneof("kind")
         message = getattr(command, kind)
         self._track(kind, message)  # before the subclass: its reports may come at once
@@ -426,7 +426,7 @@ class EngineWorker(Worker):
                     self._accounts.pop(sample, None)
             elif kind == "sync_weights" and message.interrupt and not message.replan:
                 self._pausing = True
-                self._pause_abort = message.pause == rollout_pb2.PAUSE_MODE_ABORT
+                self._pause_abort = message.pause == orchestrator_pb2.PAUSE_MODE_ABORT
 
     def load(self) -> Tuple[int, int]:
         """``(running, waiting)``: the samples given and not finished or aborted, those
@@ -441,7 +441,8 @@ class EngineWorker(Worker):
         return wall / scale if scale > 0 else wall
 
     def _paused_spans(self, sample: int, tokens: int,
-                      spans: Optional[Iterable[Sequence[int]]]) -> List[rollout_pb2.VersionSpan]:
+                      spans: Optional[Iterable[Sequence[int]]]
+                      ) -> List[orchestrator_pb2.VersionSpan]:
         """A pause report of `sample` (the accounts' lock held)."""
         account = self._accounts.get(sample)
         if account is not None:
@@ -450,15 +451,15 @@ class EngineWorker(Worker):
                 spans = account.spans_to(tokens)
         return _version_spans(spans)
 
-    # The commands (rollout.proto's messages).
-    def dispatch(self, dispatch: rollout_pb2.Dispatch) -> None:
+    # The commands (orchestrator.proto's messages).
+    def dispatch(self, dispatch: orchestrator_pb2.Dispatch) -> None:
         raise NotImplementedError
 
-    def abort(self, abort: rollout_pb2.Abort) -> None:
+    def abort(self, abort: orchestrator_pb2.Abort) -> None:
         raise NotImplementedError
 
     def sync_weights(self, sync: SyncWeights) -> None:
-        """Load ``sync.version``. ``sync`` reads as the ``rollout_pb2.SyncWeights`` message
+        """Load ``sync.version``. ``sync`` reads as the ``orchestrator_pb2.SyncWeights`` message
         (``engine``, ``version``, ``interrupt``, ``pause``, ``plan_id``, ``replan``) and
         carries ``sync.plan``: this engine's part of the weight-sync plan
         (:class:`WeightUpdate`: the transfer group, its ranks, the transfers they receive
@@ -470,10 +471,10 @@ class EngineWorker(Worker):
         never pauses."""
         raise NotImplementedError
 
-    def resume(self, resume: rollout_pb2.Resume) -> None:
+    def resume(self, resume: orchestrator_pb2.Resume) -> None:
         raise NotImplementedError
 
-    def release(self, release: rollout_pb2.Release) -> None:
+    def release(self, release: orchestrator_pb2.Release) -> None:
         """Colocated: free the GPU memory ``release.tags`` names (``MEMORY_TAG_WEIGHTS``,
         ``MEMORY_TAG_KV_CACHE``) for the trainer, then report ``released()``. The next
         ``sync_weights`` wakes the engine: ``sync.resume`` lists the memory to take back,
@@ -507,10 +508,10 @@ class EngineWorker(Worker):
                        "seconds": self._seconds(now - account.started),
                        "paused_seconds": self._seconds(paused)}
         figures.update(telemetry or {})
-        finished = rollout_pb2.GenerationFinished(sample=sample, tokens=tokens, reward=reward,
-                                                  spans=_version_spans(spans))
+        finished = orchestrator_pb2.GenerationFinished(sample=sample, tokens=tokens,
+                                                       reward=reward, spans=_version_spans(spans))
         if figures:
-            finished.telemetry.CopyFrom(rollout_pb2.RequestTelemetry(**figures))
+            finished.telemetry.CopyFrom(orchestrator_pb2.RequestTelemetry(**figures))
         self.send_event(generation_finished=finished)
 
     def progressed(self, sample: int, tokens: int, *,
@@ -526,7 +527,7 @@ class EngineWorker(Worker):
                 if spans is None and account is not None:
                     spans = account.spans_to(tokens)
                 spans = _version_spans(spans)
-        self.send_event(generation_progressed=rollout_pb2.GenerationProgressed(
+        self.send_event(generation_progressed=orchestrator_pb2.GenerationProgressed(
             sample=sample, tokens=tokens, spans=spans))
 
     def paused(self, version: int, samples: Iterable[Sequence]) -> None:
@@ -544,9 +545,9 @@ class EngineWorker(Worker):
                 spans = self._paused_spans(sample, tokens, item[2] if len(item) > 2 else None)
                 if self._pause_abort:
                     self._accounts.pop(sample, None)
-                progress.append(rollout_pb2.SampleProgress(sample=sample, tokens=tokens,
-                                                           spans=spans))
-        self.send_event(generation_paused=rollout_pb2.GenerationPaused(
+                progress.append(orchestrator_pb2.SampleProgress(sample=sample, tokens=tokens,
+                                                                spans=spans))
+        self.send_event(generation_paused=orchestrator_pb2.GenerationPaused(
             engine=self.engine, version=version, samples=progress))
 
     def weights_loaded(self, version: int) -> None:
@@ -561,11 +562,11 @@ class EngineWorker(Worker):
             self.version = version
             self._pausing = False
             self._pause_abort = False
-        self.send_event(weights_loaded=rollout_pb2.WeightsLoaded(
+        self.send_event(weights_loaded=orchestrator_pb2.WeightsLoaded(
             engine=self.engine, version=version))
 
     def released(self) -> None:
-        self.send_event(engine_released=rollout_pb2.EngineReleased(engine=self.engine))
+        self.send_event(engine_released=orchestrator_pb2.EngineReleased(engine=self.engine))
 
 
 class TrainerWorker(Worker):
@@ -588,21 +589,22 @@ class TrainerWorker(Worker):
                 hello.call.CopyFrom(self._call)  # a reattach: what became of it
         return hello
 
-    def on_command(self, command: rollout_pb2.OrchestratorCommand) -> None:
+    def on_command(self, command: orchestrator_pb2.OrchestratorCommand) -> None:
         if command.WhichOneof("kind") == "start_train":
             call = command.start_train
             with self._call_lock:
                 self._call = runtime_pb2.TrainCall(step=call.step, call=call.call)
             self.start_train(call)
 
-    def start_train(self, call: rollout_pb2.StartTrain) -> None:
+    def start_train(self, call: orchestrator_pb2.StartTrain) -> None:
         raise NotImplementedError
 
     def step_finished(self, step: int, call: int) -> None:
         with self._call_lock:
             if self._call is not None and (self._call.step, self._call.call) == (step, call):
                 self._call.finished = True
-        self.send_event(train_step_finished=rollout_pb2.TrainStepFinished(step=step, call=call))
+        self.send_event(
+            train_step_finished=orchestrator_pb2.TrainStepFinished(step=step, call=call))
 
     def filtered(self, group: int) -> None:
-        self.send_event(group_filtered=rollout_pb2.GroupFiltered(group=group))
+        self.send_event(group_filtered=orchestrator_pb2.GroupFiltered(group=group))

@@ -37,11 +37,11 @@ import time
 from typing import Dict, List, Optional, Union
 
 from rlsched.errors import WorkerError
-from rlsched.v1 import rollout_pb2
+from rlsched.v1 import orchestrator_pb2
 from rlsched.worker.base import EngineWorker, TrainerWorker
 
 # Colocated: the memory a Release frees, and a released engine's sync takes back in order.
-_BOTH_MEMORIES = [rollout_pb2.MEMORY_TAG_WEIGHTS, rollout_pb2.MEMORY_TAG_KV_CACHE]
+_BOTH_MEMORIES = [orchestrator_pb2.MEMORY_TAG_WEIGHTS, orchestrator_pb2.MEMORY_TAG_KV_CACHE]
 
 # The simulator's workload draws (scheduler/src/simulator.cc, common/src/workload.cc),
 # replicated bit for bit: chained SplitMix64 seeds per key, Box-Muller normals.
@@ -263,7 +263,7 @@ class EmulatedEngine(EngineWorker):
                     if not run.paused:
                         run.paused = True
                         report.append((sample, int(run.tokens)))
-                if sync.pause == rollout_pb2.PAUSE_MODE_ABORT:
+                if sync.pause == orchestrator_pb2.PAUSE_MODE_ABORT:
                     for sample, _ in report:
                         del self._running[sample]
                 self.paused(sync.version, report)

@@ -3,7 +3,7 @@
 //
 // Overview
 //   Events (scheduler::Event) travel as rlsched.v1.OrchestratorEvent and commands
-//   (scheduler::Command) as rlsched.v1.OrchestratorCommand (rollout.proto): the worker
+//   (scheduler::Command) as rlsched.v1.OrchestratorCommand (orchestrator.proto): the worker
 //   protocol (worker.proto) carries them, and the event log stores them.
 //   ToEvent(ToEventMessage(e)) == e; a command's step plan goes out as a PlanStepReply
 //   (ToPlanStepReply, balance_convert.h), and commands are only sent, never read back.
@@ -31,7 +31,7 @@
 
 #include "rlsched/scheduler/orchestrator.h"
 #include "rlsched/scheduler/simulator.h"
-#include "rlsched/v1/rollout.pb.h"
+#include "rlsched/v1/orchestrator.pb.h"
 #include "rlsched/v1/runtime.pb.h"
 
 namespace rlsched::wire {

@@ -1,7 +1,7 @@
 // simulate_convert.h — the rollout/train simulator behind its wire contract.
 //
 // Overview
-//   Turns a rlsched.v1.SimulatorConfig (rollout.proto) into a
+//   Turns a rlsched.v1.SimulatorConfig (orchestrator.proto) into a
 //   scheduler::SimulatorConfig: it starts from DefaultSimulatorConfig() and overwrites
 //   only the fields the message sets (proto3 `optional` scalars, non-empty lists,
 //   present sub-messages, enums other than *_UNSPECIFIED), so that a JSON config can
@@ -77,7 +77,7 @@
 
 #include "rlsched/scheduler/orchestrator.h"
 #include "rlsched/scheduler/simulator.h"
-#include "rlsched/v1/rollout.pb.h"
+#include "rlsched/v1/orchestrator.pb.h"
 
 namespace rlsched::wire {
 
