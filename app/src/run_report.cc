@@ -75,14 +75,17 @@ v1::RunReport ToRunReport(const scheduler::RuntimeStatus& status, const RunOutco
 }
 
 std::string RunSummary(const scheduler::RuntimeStatus& status, const RunOutcome& outcome) {
+  const scheduler::Metrics& m = status.metrics;
   return fmt::format(
       "run {}: {} steps, {} samples trained in {:.1f} s ({:.1f} s of wall time), {:.2f} "
-      "samples/s, staleness max {}, events {} (refused {}, {} before the core), engines' "
-      "version accounts {} "
-      "({} differing from the core's), requests with telemetry {} (mean {:.2f} s)\n",
-      outcome.ending, status.counters.steps_finished, status.counters.trained,
-      status.metrics.elapsed_seconds, outcome.wall_seconds, status.metrics.samples_per_second,
-      status.metrics.max_staleness, status.events, status.rejected_events, outcome.ignored_events,
+      "samples/s, per step {:.2f} s (generation {:.2f} s, training {:.2f} s, trainer's wait "
+      "{:.2f} s; steady state {:.2f} s), staleness max {}, events {} (refused {}, {} before "
+      "the core), engines' version accounts {} ({} differing from the core's), requests with "
+      "telemetry {} (mean {:.2f} s)\n",
+      outcome.ending, status.counters.steps_finished, status.counters.trained, m.elapsed_seconds,
+      outcome.wall_seconds, m.samples_per_second, m.seconds_per_step, m.generation_seconds_per_step,
+      m.train_seconds_per_step, m.trainer_wait_seconds_per_step, m.steady_seconds_per_step,
+      m.max_staleness, status.events, status.rejected_events, outcome.ignored_events,
       status.counters.version_reports, status.counters.version_corrections,
       status.requests.requests, status.requests.mean_seconds);
 }

@@ -71,6 +71,7 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--dispatch", "orchestrator.longest_first", !args.dispatch.empty()},
       {"--max-generating-groups", "orchestrator.max_generating_groups",
        args.max_generating_groups.has_value()},
+      {"--warmup-steps", "orchestrator.warmup_steps", args.warmup_steps.has_value()},
       {"--engines", "engines", args.engines.has_value()},
       {"--engine-concurrency", "engine.max_concurrent", args.engine_concurrency.has_value()},
       {"--engine-tokens-per-second", "decode_speed", !args.engine_tokens_per_second.empty()},
@@ -157,6 +158,19 @@ void Line(std::ostream& out, std::string_view label, const std::string& value) {
   out << fmt::format("{:<17}{}\n", label, value);
 }
 
+// Colocated, the engines and the trainer ranks take turns on the same GPUs: counted once.
+std::string DescribeGpus(const v1::SimulatorConfig& config) {
+  const std::int64_t engines = config.engines() * config.gpus_per_engine();
+  const std::int64_t trainer = config.trainer_ranks() * config.gpus_per_trainer_rank();
+  const std::string parts =
+      fmt::format("{} engines × {}{}{} trainer ranks × {}", config.engines(),
+                  config.gpus_per_engine(), config.orchestrator().colocated() ? " and " : " + ",
+                  config.trainer_ranks(), config.gpus_per_trainer_rank());
+  if (!config.orchestrator().colocated()) return fmt::format("{} = {}", engines + trainer, parts);
+  return fmt::format("{} shared by {} (colocated: they take turns)", std::max(engines, trainer),
+                     parts);
+}
+
 // The workload and the models of `run`, and the trainer's mean seconds per step it
 // measured; the mode too unless `with_mode` is false (--compare).
 void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out) {
@@ -183,22 +197,18 @@ void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out
   if (config.gpus_per_trainer_rank() > 1) {
     trainer += fmt::format(" on {} GPUs each", config.gpus_per_trainer_rank());
   }
-  trainer += fmt::format(
-      "; mean {} per step; micro-batches of at most {} tokens, {} pipeline stage{}; {:g} s per "
-      "cost unit",
-      FormatDuration(run.report().mean_train_seconds()), step.max_tokens_per_micro_batch(),
-      step.pipeline_stages(), step.pipeline_stages() == 1 ? "" : "s",
-      config.seconds_per_cost_unit());
+  trainer += fmt::format("; mean {} per step", FormatDuration(run.report().mean_train_seconds()));
   if (config.train_call_overhead_seconds() > 0) {
-    trainer += fmt::format(" + {} per call", FormatDuration(config.train_call_overhead_seconds()));
+    trainer += fmt::format(", of which {} per call is fixed (train_call_overhead_seconds)",
+                           FormatDuration(config.train_call_overhead_seconds()));
   }
+  trainer += fmt::format(
+      "; micro-batches of at most {} tokens, {} pipeline stage{}; {:g} s per "
+      "cost unit",
+      step.max_tokens_per_micro_batch(), step.pipeline_stages(),
+      step.pipeline_stages() == 1 ? "" : "s", config.seconds_per_cost_unit());
   Line(out, "trainer", trainer);
-  Line(out, "GPUs",
-       fmt::format("{} = {} engines × {} + {} trainer ranks × {}",
-                   config.engines() * config.gpus_per_engine() +
-                       config.trainer_ranks() * config.gpus_per_trainer_rank(),
-                   config.engines(), config.gpus_per_engine(), config.trainer_ranks(),
-                   config.gpus_per_trainer_rank()));
+  Line(out, "GPUs", DescribeGpus(config));
   std::string batch =
       fmt::format("{} prompts × {} samples", o.prompts_per_step(), o.samples_per_prompt());
   if (o.oversample() > 0) batch += fmt::format(", over-sampling {}", FormatPercent(o.oversample()));
@@ -257,6 +267,36 @@ std::string DescribeIdeal(const v1::SimulationReport& report) {
 
 double Ratio(double a, double b) { return b > 0.0 ? a / b : 0.0; }
 
+// The per-step figures: the engines' own generation, the trainer's, and in sync mode the
+// switch between them (they add up to the step).
+std::string DescribeElapsed(const v1::SimulationRun& run) {
+  const v1::OrchestratorMetrics& metrics = run.report().metrics();
+  std::string text = fmt::format(
+      "{} (virtual) for {} steps; per step {}: generation {} (the engines'), training {}",
+      FormatDuration(metrics.elapsed_seconds()), run.report().counters().steps_finished(),
+      FormatDuration(metrics.seconds_per_step()),
+      FormatDuration(metrics.generation_seconds_per_step()),
+      FormatDuration(metrics.train_seconds_per_step()));
+  if (run.config().orchestrator().mode() == v1::ORCHESTRATOR_MODE_SYNC) {
+    text += fmt::format(", switch {} ({})", FormatDuration(metrics.switch_seconds_per_step()),
+                        run.config().orchestrator().colocated() ? "release, resume and weight sync"
+                                                                : "weight sync");
+  }
+  return text;
+}
+
+std::string DescribeSteady(const v1::SimulationRun& run) {
+  const v1::OrchestratorMetrics& metrics = run.report().metrics();
+  const std::int64_t warmup = run.config().orchestrator().warmup_steps();
+  if (metrics.steady_seconds_per_step() <= 0) {
+    return fmt::format("no step past the {} warm-up step{} (--warmup-steps)", warmup,
+                       warmup == 1 ? "" : "s");
+  }
+  return fmt::format("{} per step after {} warm-up step{} (--warmup-steps)",
+                     FormatDuration(metrics.steady_seconds_per_step()), warmup,
+                     warmup == 1 ? "" : "s");
+}
+
 void PrintRunSummary(const v1::SimulationRun& run, std::ostream& out) {
   const v1::SimulationReport& report = run.report();
   const v1::OrchestratorMetrics& metrics = report.metrics();
@@ -270,11 +310,8 @@ void PrintRunSummary(const v1::SimulationRun& run, std::ostream& out) {
        fmt::format(
            "{}; reached {}", DescribeIdeal(report),
            FormatPercent(Ratio(metrics.samples_per_second(), report.ideal_samples_per_second()))));
-  Line(out, "elapsed",
-       fmt::format("{} (virtual) for {} steps; per step: generation {}, training {}",
-                   FormatDuration(metrics.elapsed_seconds()), counters.steps_finished(),
-                   FormatDuration(report.mean_generation_seconds()),
-                   FormatDuration(report.mean_train_seconds())));
+  Line(out, "elapsed", DescribeElapsed(run));
+  Line(out, "steady state", DescribeSteady(run));
   Line(out, "trainer idle",
        fmt::format("{}; per step {} of {} waiting for a batch",
                    FormatPercent(metrics.trainer_idle_ratio()),
@@ -442,7 +479,8 @@ std::string SimulateFooter(const SimulatorConfig& defaults) {
   return fmt::format(
       "Defaults: {} engines of {} concurrent samples, {} trainer ranks, {} prompts × {} samples, "
       "{} steps, heavy-tailed lengths, sync mode; --config FILE sets any field of the "
-      "rlsched.v1.SimulatorConfig (orchestrator.proto) in protobuf's JSON mapping, unset fields keep "
+      "rlsched.v1.SimulatorConfig (orchestrator.proto) in protobuf's JSON mapping, unset fields "
+      "keep "
       "the defaults, and flags given explicitly override the file.\n"
       "--max-staleness, --partial-rollout, --staleness-policy and --staleness-fraction are "
       "async mode's (in the file too: orchestrator.max_staleness, …): without a mode they "
@@ -679,6 +717,12 @@ void AddSamplingOptions(CLI::App& command, SimulateArgs& args, const SimulatorCo
                    IntegerRange{0, kMaxSamplesPerStep},
                    fmt::format("{}", defaults.orchestrator.max_generating_groups))
       ->type_name("N");
+  AddBoundedOption(command, "--warmup-steps", args.warmup_steps,
+                   "Steps the steady-state step time leaves out (the first, unoverlapped ones); "
+                   "reporting only.",
+                   IntegerRange{0, 1'000'000},
+                   fmt::format("{}", defaults.orchestrator.warmup_steps))
+      ->type_name("N");
 }
 
 // The seed, the weight loads, the failures and the work budget.
@@ -742,7 +786,13 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   command->fallthrough();
   const SimulatorConfig defaults = DefaultSimulatorConfig();
   command->footer(SimulateFooter(defaults));
-  command->add_option("--config", args.config, "The SimulatorConfig as JSON")->type_name("FILE");
+  command
+      ->add_option("--config", args.config,
+                   "The SimulatorConfig as JSON, in protobuf's JSON mapping: field names in "
+                   "snake_case (as --json prints them) or lowerCamelCase, enum values by name "
+                   "(ORCHESTRATOR_MODE_ASYNC) or number, int64 values as numbers or strings; "
+                   "a run's config from --json, fed back, is the same run")
+      ->type_name("FILE");
   const ModeOptions modes = AddModeOptions(*command, args, defaults.orchestrator);
   AddBatchOptions(*command, args, defaults);
   AddClusterOptions(*command, args, defaults);
@@ -889,6 +939,7 @@ void SetBatchFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
   if (args.filter_all_equal) o.set_filter_all_equal(true);
   if (!args.dispatch.empty()) o.set_longest_first(args.dispatch == "longest-first");
   if (args.max_generating_groups) o.set_max_generating_groups(*args.max_generating_groups);
+  if (args.warmup_steps) o.set_warmup_steps(*args.warmup_steps);
 }
 
 // The flags of the cluster (engines, trainer, their speeds) into `config`.

@@ -101,6 +101,7 @@ struct SimulateArgs {
   bool filter_all_equal = false;
   std::string dispatch;  // longest-first | arrival; empty: the config's
   std::optional<std::int64_t> max_generating_groups;
+  std::optional<std::int64_t> warmup_steps;
   std::optional<std::uint64_t> seed;
   std::optional<double> weight_sync_seconds;
   std::optional<double> mtbf;

@@ -67,6 +67,9 @@ struct Sample {
   // bounds of the engine's account of its tokens' versions, EngineSpans).
   std::int64_t dispatched_from = 0;
   std::int64_t dispatched_version = 0;
+  // Its first dispatch (-1: not yet) and its last finish: the step's generation window.
+  double first_dispatch = -1;
+  double finished = 0;
 };
 
 struct Group {
@@ -105,6 +108,48 @@ struct Engine {
   std::int64_t ready_version = -1;
   std::int64_t pass_count = 0;  // samples given in the current dispatch pass
   std::int64_t pass_work = 0;   // and their predicted tokens
+};
+
+// The per-step times of Metrics, summed as steps finish. O(1) memory.
+class StepTimes {
+ public:
+  void StartStep() {
+    first_dispatch_ = std::numeric_limits<double>::infinity();
+    last_finish_ = -first_dispatch_;
+    training_ = 0;
+  }
+  void AddSample(double first_dispatch, double finished) {
+    first_dispatch_ = std::min(first_dispatch_, first_dispatch);
+    last_finish_ = std::max(last_finish_, finished);
+  }
+  void AddTraining(double seconds) { training_ += seconds; }
+  // Step `step` (0-based) finished at `now`; the run started at `start`.
+  void FinishStep(double now, double start, std::int64_t step, bool sync,
+                  std::int64_t warmup_steps) {
+    const double generation = std::max(0.0, last_finish_ - first_dispatch_);
+    const double step_seconds = now - (step == 0 ? start : last_step_end_);
+    generation_ += generation;
+    training_total_ += training_;
+    if (sync) switch_ += std::max(0.0, step_seconds - generation - training_);
+    if (step == 0 && warmup_steps == 0) warmup_end_ = start;
+    if (step + 1 == warmup_steps) warmup_end_ = now;
+    last_step_end_ = now;
+  }
+  void Fill(std::int64_t steps, std::int64_t warmup_steps, Metrics& m) const {
+    const auto n = static_cast<double>(steps);
+    m.generation_seconds_per_step = generation_ / n;
+    m.train_seconds_per_step = training_total_ / n;
+    m.switch_seconds_per_step = switch_ / n;
+    if (steps > warmup_steps) {
+      m.steady_seconds_per_step =
+          (last_step_end_ - warmup_end_) / static_cast<double>(steps - warmup_steps);
+    }
+  }
+
+ private:
+  double first_dispatch_ = 0, last_finish_ = 0, training_ = 0;  // the step in training
+  double generation_ = 0, training_total_ = 0, switch_ = 0;     // sums over finished steps
+  double warmup_end_ = 0, last_step_end_ = 0;
 };
 
 struct ClosedBatch {  // one trainer call's groups
@@ -212,6 +257,7 @@ void Validate(const OrchestratorOptions& o) {
             "abort");
   }
   CheckAtLeast("max_generating_groups", o.max_generating_groups, 0);
+  CheckInRange("warmup_steps", o.warmup_steps, 0, 1'000'000);
   CheckRealInRange("length_quantile", o.length_quantile, 0, End::kOpen, 1, End::kClosed);
   CheckInRange("initial_prediction", o.initial_prediction, 1, kMaxTokens);
   CheckInRange("max_response_tokens", o.max_response_tokens, 0, kMaxTokens);
@@ -279,6 +325,7 @@ struct Orchestrator::State {
   std::vector<TrainedSample> last_batch;
   std::int64_t weight_syncs = 0;
   double weight_sync_seconds = 0;
+  StepTimes step_times;
 
   // Commands of the current Handle() call; dispatches coalesce per engine.
   std::vector<Command>* out = nullptr;
@@ -679,6 +726,7 @@ struct Orchestrator::State {
       generating_queue.erase(key);
       --counters.queued;
       x.state = SampleState::kInFlight;
+      if (x.first_dispatch < 0) x.first_dispatch = now;
       if (cap > 0) StartGenerating(id / G);
       x.engine = best_id;
       BeginSpan(id, best->version, nullptr);  // kept tokens may be newer than the engine
@@ -870,6 +918,7 @@ struct Orchestrator::State {
     }
     if (options.planner) start.plan = options.planner(start.lengths, group_ids);
     closed.pop_front();  // `batch` dangles from here on
+    if (start.call == 0) step_times.StartStep();
     last_batch.clear();
     for (const std::int64_t g : start.groups) {
       Group& group = groups[static_cast<std::size_t>(g)];
@@ -878,6 +927,7 @@ struct Orchestrator::State {
         const std::int64_t id = g * G + j;
         Sample& x = At(id);
         x.state = SampleState::kTrained;
+        step_times.AddSample(x.first_dispatch, x.finished);
         const std::int64_t age = start.step - x.oldest;
         // Strict: every token within s. Admission: the first tokens on weights at most s
         // behind the batch the group was admitted for.
@@ -1314,6 +1364,7 @@ struct Orchestrator::State {
       return;
     }
     x.state = SampleState::kComplete;
+    x.finished = now;
     x.engine = -1;
     ++counters.buffered;
     Group& group = GroupOf(e.sample);
@@ -1355,7 +1406,10 @@ struct Orchestrator::State {
     Advance(e.time);
     training = false;
     train_busy += now - train_started;
+    step_times.AddTraining(now - train_started);
     if (e.call + 1 < k) return;  // streaming: the step's next call comes first
+    step_times.FinishStep(now, started ? first_time : now, counters.steps_finished,
+                          options.mode == Mode::kSync, options.warmup_steps);
     ++counters.steps_finished;
     latest = counters.steps_finished;
     for (auto& [id, engine] : engines) Update(engine);  // behind now; draining
@@ -1548,6 +1602,7 @@ Metrics Orchestrator::metrics(double now) const {
     const double steps = static_cast<double>(st.counters.steps_finished);
     m.seconds_per_step = elapsed / steps;
     m.trainer_wait_seconds_per_step = elapsed * m.trainer_idle_ratio / steps;
+    st.step_times.Fill(st.counters.steps_finished, st.options.warmup_steps, m);
   }
   m.staleness_histogram = st.staleness;
   m.token_staleness_histogram = st.token_staleness;

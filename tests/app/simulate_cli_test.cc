@@ -598,7 +598,7 @@ TEST(SimulateCliTest, SpeedsInUsersUnits) {
       LineOf(table, "trainer"),
       AllOf(::testing::ContainsRegex("4 ranks on 4 GPUs each; mean (1[7-9]|2[0-3])\\.[0-9]+ "
                                      "s per step"),
-            HasSubstr("+ 0.5 s per call")));
+            HasSubstr(", of which 0.5 s per call is fixed (train_call_overhead_seconds)")));
   EXPECT_THAT(LineOf(table, "GPUs"), HasSubstr("24 = 4 engines × 2 + 4 trainer ranks × 4"));
 
   // The flags replace the file's decode times and cost unit.

@@ -103,8 +103,9 @@ TEST(GoldenTest, Simulate) {
   config->mutable_orchestrator()->set_samples_per_prompt(4);
   config->mutable_lengths()->set_max_tokens(2048);
   config->set_seed(7);
-  // + the echoed max_generating_groups, then pause_mode, then max_response_tokens
-  ExpectDigest(request, 0xc26a9aaa285ef289ULL);
+  // + the echoed max_generating_groups, then pause_mode, then max_response_tokens, then the
+  // per-step metrics (generation, training, switch, steady state) and warmup_steps
+  ExpectDigest(request, 0xb7b35dc2b8e70d51ULL);
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ constexpr std::array<ComparisonRun, 6> kComparisonRuns = {{
 
 // The OrchestratorPolicy fields: a message of the simulator's Validate() that starts
 // with one of these (without "orchestrator.") is about them.
-constexpr std::array<std::string_view, 18> kOrchestratorFields = {
+constexpr std::array<std::string_view, 19> kOrchestratorFields = {
     "mode",
     "max_staleness",
     "partial_rollout",
@@ -51,6 +51,7 @@ constexpr std::array<std::string_view, 18> kOrchestratorFields = {
     "longest_first",
     "max_generating_groups",
     "max_response_tokens",
+    "warmup_steps",
     "filter",
 };
 
@@ -229,6 +230,7 @@ void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& confi
   if (in.has_initial_prediction()) out.initial_prediction = in.initial_prediction();
   if (in.has_longest_first()) out.longest_first = in.longest_first();
   if (in.has_max_generating_groups()) out.max_generating_groups = in.max_generating_groups();
+  if (in.has_warmup_steps()) out.warmup_steps = in.warmup_steps();
   if (in.has_max_response_tokens()) out.max_response_tokens = in.max_response_tokens();
   if (in.has_num_steps()) {
     Fail("num_steps", "does not apply to a simulation, which runs `steps` train steps");
@@ -444,6 +446,10 @@ void FillMetrics(const Metrics& in, v1::OrchestratorMetrics& out) {
   out.set_seconds_per_weight_sync(in.seconds_per_weight_sync);
   out.set_seconds_per_step(in.seconds_per_step);
   out.set_trainer_wait_seconds_per_step(in.trainer_wait_seconds_per_step);
+  out.set_generation_seconds_per_step(in.generation_seconds_per_step);
+  out.set_train_seconds_per_step(in.train_seconds_per_step);
+  out.set_switch_seconds_per_step(in.switch_seconds_per_step);
+  out.set_steady_seconds_per_step(in.steady_seconds_per_step);
 }
 
 // With compare: the comparison set gives each run its mode fields, so the config must
@@ -639,6 +645,7 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   orchestrator->set_initial_prediction(o.initial_prediction);
   orchestrator->set_longest_first(o.longest_first);
   orchestrator->set_max_generating_groups(o.max_generating_groups);
+  orchestrator->set_warmup_steps(o.warmup_steps);
   orchestrator->set_max_response_tokens(o.max_response_tokens);
 
   message.set_steps(config.steps);

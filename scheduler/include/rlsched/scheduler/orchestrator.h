@@ -413,6 +413,9 @@ struct OrchestratorPolicy {
   // >= 0 (0: no cap below 2^40): a progress or finish report of more response tokens
   // is refused, naming "tokens".
   std::int64_t max_response_tokens = 0;
+  // Reporting only (decides nothing): the first steps Metrics::steady_seconds_per_step
+  // leaves out, in [0, 1000000], as the peers leave out their unoverlapped first steps.
+  std::int64_t warmup_steps = 1;
 };
 
 // The policy and the embedder's hooks. Written with the policy's designated
@@ -491,6 +494,19 @@ struct Metrics {
   // the trainer waited for a batch (verl's timing_s/gen in async mode).
   double seconds_per_step = 0;
   double trainer_wait_seconds_per_step = 0;
+  // Per finished step, means over the steps: the engines' own generation time (the
+  // first dispatch of the step's samples to the finish of its last one: no wait for
+  // the trainer, no release), the trainer's time on the step (its calls), and in mode
+  // kSync the switch between them (step time − generation − training, at least 0: weight
+  // sync, release and resume on the critical path; 0 in the overlapping modes). A sync
+  // step of one trainer call is their sum; streamed (train_calls_per_sync > 1), its first
+  // calls train while the rest generates.
+  double generation_seconds_per_step = 0;
+  double train_seconds_per_step = 0;
+  double switch_seconds_per_step = 0;
+  // The step time after warmup_steps: (finish of the last step − finish of step
+  // warmup_steps − 1) / (steps − warmup_steps); 0 until a step past the warm-up finished.
+  double steady_seconds_per_step = 0;
   std::vector<std::int64_t> staleness_histogram;  // [k] = trained samples of staleness k
   std::int64_t max_staleness = 0;                 // the largest k with samples
   // [k] = trained response tokens generated k versions before the step that trained
