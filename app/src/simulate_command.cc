@@ -1,6 +1,7 @@
 #include "simulate_command.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
 
@@ -74,6 +75,14 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
       {"--warmup-steps", "orchestrator.warmup_steps", args.warmup_steps.has_value()},
       {"--engines", "engines", args.engines.has_value()},
       {"--engine-concurrency", "engine.max_concurrent", args.engine_concurrency.has_value()},
+      {"--engine-kv-cache-tokens", "engine.kv_cache_tokens",
+       args.engine_kv_cache_tokens.has_value()},
+      {"--trainer-scaling-exponent", "trainer_scaling_exponent",
+       args.trainer_scaling_exponent.has_value()},
+      {"--trainer-reference-ranks", "trainer_reference_ranks",
+       args.trainer_reference_ranks.has_value()},
+      {"--trainer-offload-seconds", "trainer_offload_seconds",
+       args.trainer_offload_seconds.has_value()},
       {"--engine-tokens-per-second", "decode_speed", !args.engine_tokens_per_second.empty()},
       {"--gpus-per-engine", "gpus_per_engine", args.gpus_per_engine.has_value()},
       {"--trainer-ranks", "trainer_ranks", args.trainer_ranks.has_value()},
@@ -181,6 +190,10 @@ void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out
       fmt::format("{} × {} concurrent samples", config.engines(), config.engine().max_concurrent());
   if (config.gpus_per_engine() > 1)
     engines += fmt::format(" on {} GPUs each", config.gpus_per_engine());
+  if (config.engine().kv_cache_tokens() > 0) {
+    engines += fmt::format(" (KV cache of {} tokens; {} preemptions)",
+                           config.engine().kv_cache_tokens(), run.report().preemptions());
+  }
   engines += fmt::format("; decode {:.4g} tokens/s alone, {:.4g} tokens/s at full concurrency",
                          config.decode_speed().single_tokens_per_second(),
                          config.decode_speed().full_tokens_per_second());
@@ -198,9 +211,19 @@ void PrintConfig(const v1::SimulationRun& run, bool with_mode, std::ostream& out
     trainer += fmt::format(" on {} GPUs each", config.gpus_per_trainer_rank());
   }
   trainer += fmt::format("; mean {} per step", FormatDuration(run.report().mean_train_seconds()));
+  std::vector<std::string> inside;
   if (config.train_call_overhead_seconds() > 0) {
-    trainer += fmt::format(", of which {} per call is fixed (train_call_overhead_seconds)",
-                           FormatDuration(config.train_call_overhead_seconds()));
+    inside.push_back(fmt::format("{} per call is fixed (train_call_overhead_seconds)",
+                                 FormatDuration(config.train_call_overhead_seconds())));
+  }
+  if (config.trainer_offload_seconds() > 0) {
+    inside.push_back(fmt::format("{} the offload (trainer_offload_seconds)",
+                                 FormatDuration(config.trainer_offload_seconds())));
+  }
+  if (!inside.empty()) trainer += fmt::format(", of which {}", fmt::join(inside, " and "));
+  if (config.trainer_reference_ranks() > 0 && config.trainer_scaling_exponent() != 1) {
+    trainer += fmt::format("; scaling as ranks^-{:g} from {} ranks",
+                           config.trainer_scaling_exponent(), config.trainer_reference_ranks());
   }
   trainer += fmt::format(
       "; micro-batches of at most {} tokens, {} pipeline stage{}; {:g} s per "
@@ -662,6 +685,38 @@ void AddClusterOptions(CLI::App& command, SimulateArgs& args, const SimulatorCon
       ->type_name("SECONDS");
 }
 
+// What bounds the engines' concurrency beside the count, and how the trainer scales.
+void AddScalingOptions(CLI::App& command, SimulateArgs& args, const SimulatorConfig& defaults) {
+  AddBoundedOption(command, "--engine-kv-cache-tokens", args.engine_kv_cache_tokens,
+                   "An engine's KV cache in tokens, 0 for no bound: a dispatched sample starts "
+                   "once the running contexts and its own fit; when the next decode step would "
+                   "not fit, the newest sample is preempted (vLLM's recompute) (field "
+                   "engine.kv_cache_tokens).",
+                   IntegerRange{0, std::int64_t{1} << 40},
+                   fmt::format("{}", defaults.engine.kv_cache_tokens))
+      ->type_name("TOKENS");
+  AddBoundedOption(command, "--trainer-scaling-exponent", args.trainer_scaling_exponent,
+                   "The trainer's step time scales as ranks^-EXPONENT around "
+                   "--trainer-reference-ranks: 1 is linear; measured runs show less (field "
+                   "trainer_scaling_exponent).",
+                   RealRange{0.0, 2.0, /*min_open=*/true},
+                   fmt::format("{:g}", defaults.trainer_scaling_exponent))
+      ->type_name("EXPONENT");
+  AddBoundedOption(command, "--trainer-reference-ranks", args.trainer_reference_ranks,
+                   "The trainer ranks its speed (--train-seconds-per-step, the cost unit) was "
+                   "measured at, 0 for --trainer-ranks (field trainer_reference_ranks).",
+                   IntegerRange{0, balance::kMaxParts},
+                   fmt::format("{}", defaults.trainer_reference_ranks))
+      ->type_name("N");
+  AddBoundedOption(command, "--trainer-offload-seconds", args.trainer_offload_seconds,
+                   "Seconds per step the trainer spends offloading and reloading parameters and "
+                   "optimizer state (colocated FSDP runs), apart from its compute (field "
+                   "trainer_offload_seconds).",
+                   RealRange{0.0, kMaxSeconds},
+                   fmt::format("{:g}", defaults.trainer_offload_seconds))
+      ->type_name("SECONDS");
+}
+
 // The batch's shape, the steps and the response lengths.
 void AddWorkloadOptions(CLI::App& command, SimulateArgs& args, const SimulatorConfig& defaults) {
   const OrchestratorPolicy& d = defaults.orchestrator;
@@ -796,6 +851,7 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   const ModeOptions modes = AddModeOptions(*command, args, defaults.orchestrator);
   AddBatchOptions(*command, args, defaults);
   AddClusterOptions(*command, args, defaults);
+  AddScalingOptions(*command, args, defaults);
   AddWorkloadOptions(*command, args, defaults);
   AddSamplingOptions(*command, args, defaults);
   AddRunModelOptions(*command, args, defaults);
@@ -947,6 +1003,18 @@ void SetClusterFlags(const SimulateArgs& args, v1::SimulatorConfig& config) {
   if (args.engines) config.set_engines(*args.engines);
   if (args.engine_concurrency)
     config.mutable_engine()->set_max_concurrent(*args.engine_concurrency);
+  if (args.engine_kv_cache_tokens) {
+    config.mutable_engine()->set_kv_cache_tokens(*args.engine_kv_cache_tokens);
+  }
+  if (args.trainer_scaling_exponent) {
+    config.set_trainer_scaling_exponent(*args.trainer_scaling_exponent);
+  }
+  if (args.trainer_reference_ranks) {
+    config.set_trainer_reference_ranks(*args.trainer_reference_ranks);
+  }
+  if (args.trainer_offload_seconds) {
+    config.set_trainer_offload_seconds(*args.trainer_offload_seconds);
+  }
   if (!args.engine_tokens_per_second.empty()) {
     // The speed replaces the file's decode times.
     *config.mutable_decode_speed() = ParseEngineTokensPerSecond(args.engine_tokens_per_second);

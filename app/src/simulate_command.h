@@ -86,6 +86,10 @@ struct SimulateArgs {
   std::optional<double> oversample;
   std::optional<std::int64_t> engines;
   std::optional<std::int64_t> engine_concurrency;
+  std::optional<std::int64_t> engine_kv_cache_tokens;
+  std::optional<double> trainer_scaling_exponent;
+  std::optional<std::int64_t> trainer_reference_ranks;
+  std::optional<double> trainer_offload_seconds;
   std::string engine_tokens_per_second;  // --engine-tokens-per-second SINGLE,FULL; empty: none
   std::optional<std::int64_t> gpus_per_engine;
   std::optional<std::int64_t> trainer_ranks;

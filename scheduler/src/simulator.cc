@@ -93,6 +93,14 @@ enum Tag : std::uint64_t {
   kTagMoments = 6,
 };
 
+// The factor on a step's compute time from the trainer's scaling (SimulatorConfig).
+double TrainerScale(const SimulatorConfig& config) {
+  if (config.trainer_reference_ranks == 0) return 1.0;
+  return std::pow(static_cast<double>(config.step.num_ranks) /
+                      static_cast<double>(config.trainer_reference_ranks),
+                  1.0 - config.trainer_scaling_exponent);
+}
+
 std::string Num(double value) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, "%.9g", value);
@@ -375,6 +383,9 @@ class Simulation {
     std::priority_queue<FinishEntry, std::vector<FinishEntry>, std::greater<>> finishes;
     std::set<std::int64_t> running_ids;  // ordered: progress reports by ascending id
     std::set<std::int64_t> paused_ids;
+    // Dispatched, waiting for room in the KV cache (EngineModel::kv_cache_tokens), in
+    // arrival order.
+    std::deque<std::int64_t> waiting_ids;
     std::deque<std::int64_t> loading;  // versions of the SyncWeights not yet loaded
     // An interrupting SyncWeights that came during a decode step: it takes effect when
     // the engine's clock reaches pause_clock (the end of that step), or when no sample
@@ -397,6 +408,7 @@ class Simulation {
     std::int64_t length = 0;
     std::int64_t prompt_tokens = 0;
     bool paused = false;
+    bool waiting = false;        // for room in the KV cache
     std::int64_t generated = 0;  // when paused
   };
 
@@ -438,6 +450,11 @@ class Simulation {
   bool CleanTop(Engine& engine);
   std::int64_t NextTarget(Engine& engine);
   void StartSample(Engine& engine, std::int64_t sample, Live live, double now);
+  std::int64_t FullClock(const Engine& engine) const;
+  bool Fits(const Engine& engine, const Live& live) const;
+  void Preempt(Engine& engine);
+  void AdmitWaiting(Engine& engine, double now);
+  void RunSample(Engine& engine, std::int64_t sample, Live live, double now);
   std::int64_t StopSample(Engine& engine, std::int64_t sample);
   void Reschedule(Engine& engine, double now);
   void MarkDirty(Engine& engine) {
@@ -459,7 +476,8 @@ class Simulation {
 
   std::priority_queue<Happening, std::vector<Happening>, std::greater<>> queue_;
   std::int64_t next_seq_ = 0;
-  std::int64_t joins_ = 0;  // engines that joined so far, replacements included
+  std::int64_t joins_ = 0;        // engines that joined so far, replacements included
+  std::int64_t preemptions_ = 0;  // samples preempted for a full KV cache
   std::deque<Event> pending_;
   std::vector<Engine> engines_;  // index = engine id
   std::vector<std::int64_t> dirty_;
@@ -648,6 +666,9 @@ void Simulation::Advance(Engine& engine, double now) {
   std::int64_t limit = std::numeric_limits<std::int64_t>::max();
   if (CleanTop(engine)) limit = engine.finishes.top().clock - engine.clock;
   if (engine.pause.has_value()) limit = std::min(limit, engine.pause_clock - engine.clock);
+  if (const std::int64_t full = FullClock(engine); full >= 0) {
+    limit = std::min(limit, full - engine.clock);
+  }
   // Largest m with StepsTime(m) <= dt: solve (B/2)m² + (A − B/2)m − f·A <= dt.
   const double a = StepTime(engine);
   const double b =
@@ -678,7 +699,40 @@ void Simulation::Advance(Engine& engine, double now) {
   }
 }
 
+// Starts the sample when the running samples' contexts and its own fit in the KV cache
+// (or nothing runs); else it waits on the engine.
 void Simulation::StartSample(Engine& engine, std::int64_t sample, Live live, double now) {
+  if (engine.running > 0 && (!engine.waiting_ids.empty() || !Fits(engine, live))) {
+    live.engine = engine.id;
+    live.paused = false;
+    live.waiting = true;
+    engine.waiting_ids.push_back(sample);
+    live_[sample] = live;
+    return;
+  }
+  RunSample(engine, sample, live, now);
+}
+
+// Whether the sample's context fits in the KV cache beside the running ones', with room
+// for the next decode step of all.
+bool Simulation::Fits(const Engine& engine, const Live& live) const {
+  const std::int64_t kv = config_.engine.kv_cache_tokens;
+  return kv == 0 || engine.context + live.prompt_tokens + live.base + engine.running + 1 <= kv;
+}
+
+// Starts waiting samples, oldest first, while they fit.
+void Simulation::AdmitWaiting(Engine& engine, double now) {
+  while (!engine.waiting_ids.empty()) {
+    const std::int64_t sample = engine.waiting_ids.front();
+    Live live = live_.at(sample);
+    if (engine.running > 0 && !Fits(engine, live)) return;
+    engine.waiting_ids.pop_front();
+    live.waiting = false;
+    RunSample(engine, sample, live, now);
+  }
+}
+
+void Simulation::RunSample(Engine& engine, std::int64_t sample, Live live, double now) {
   const EngineModel& model = config_.engine;
   const std::int64_t prefill = live.prompt_tokens + live.base;
   engine.ready =
@@ -705,7 +759,11 @@ std::int64_t Simulation::StopSample(Engine& engine, std::int64_t sample) {
   }
   Live& live = it->second;
   std::int64_t tokens;
-  if (live.paused) {
+  if (live.waiting) {
+    tokens = live.base;
+    engine.waiting_ids.erase(
+        std::find(engine.waiting_ids.begin(), engine.waiting_ids.end(), sample));
+  } else if (live.paused) {
     tokens = live.generated;
     engine.paused_ids.erase(sample);
   } else {
@@ -719,14 +777,45 @@ std::int64_t Simulation::StopSample(Engine& engine, std::int64_t sample) {
   return tokens;
 }
 
-// The clock of the engine's next finish or pending pause, whichever comes first; -1
-// when there is neither.
+// The clock of the engine's next finish, pending pause or full KV cache, whichever
+// comes first; -1 when there is none.
 std::int64_t Simulation::NextTarget(Engine& engine) {
   std::int64_t target = CleanTop(engine) ? engine.finishes.top().clock : -1;
   if (engine.pause.has_value() && (target < 0 || engine.pause_clock < target)) {
     target = engine.pause_clock;
   }
+  if (const std::int64_t full = FullClock(engine); full >= 0 && (target < 0 || full < target)) {
+    target = full;
+  }
   return target;
+}
+
+// The clock after which the next decode step would not fit in the KV cache (the
+// running contexts grow by one token each per step); -1 without a cache bound or with
+// at most one sample running (one sample is never preempted).
+std::int64_t Simulation::FullClock(const Engine& engine) const {
+  const std::int64_t kv = config_.engine.kv_cache_tokens;
+  if (kv == 0 || engine.running < 2) return -1;
+  return engine.clock + std::max<std::int64_t>(0, (kv - engine.context) / engine.running);
+}
+
+// vLLM's recompute preemption: while the next step would overflow the KV cache, the
+// newest running sample goes back to the front of the waiting queue, its tokens kept
+// (re-prefilled when it starts again).
+void Simulation::Preempt(Engine& engine) {
+  const std::int64_t kv = config_.engine.kv_cache_tokens;
+  while (kv > 0 && engine.running > 1 && engine.context + engine.running > kv) {
+    std::int64_t newest = -1;
+    for (const std::int64_t sample : engine.running_ids) {
+      if (newest < 0 || live_.at(sample).serial > live_.at(newest).serial) newest = sample;
+    }
+    Live live = live_.at(newest);
+    live.base = StopSample(engine, newest);
+    live.waiting = true;
+    engine.waiting_ids.push_front(newest);
+    live_[newest] = live;
+    ++preemptions_;
+  }
 }
 
 void Simulation::Reschedule(Engine& engine, double now) {
@@ -744,7 +833,8 @@ void Simulation::UpdateActivity(Engine& engine, double now) {
   if (!engine.loading.empty()) {
     activity = Activity::kLoad;
     name = "sync v" + std::to_string(engine.loading.front());
-  } else if (!engine.running_ids.empty() || !engine.paused_ids.empty()) {
+  } else if (!engine.running_ids.empty() || !engine.paused_ids.empty() ||
+             !engine.waiting_ids.empty()) {
     activity = Activity::kGenerate;
     name = "generate";
   }
@@ -818,6 +908,7 @@ void Simulation::OnTick(Engine& engine, double now) {
       continue;  // aborted or interrupted by the core's answer to an earlier finish
     }
     const std::int64_t tokens = StopSample(engine, entry.sample);
+    AdmitWaiting(engine, now);
     const std::int64_t group = entry.sample / g;
     auto rewards = rewards_.find(group);
     if (rewards == rewards_.end()) {
@@ -834,6 +925,7 @@ void Simulation::OnTick(Engine& engine, double now) {
   if (engine.alive && engine.pause.has_value() && engine.clock >= engine.pause_clock) {
     PauseAndLoad(engine, *std::exchange(engine.pause, std::nullopt), now);
   }
+  if (engine.alive) Preempt(engine);
   MarkDirty(engine);
 }
 
@@ -879,8 +971,8 @@ void Simulation::ExecuteDispatch(const Dispatch& dispatch, double now) {
     first_dispatch_.emplace(work.sample, now);
     StartSample(engine, work.sample, live, now);
   }
-  const auto on_engine =
-      static_cast<std::int64_t>(engine.running_ids.size() + engine.paused_ids.size());
+  const auto on_engine = static_cast<std::int64_t>(
+      engine.running_ids.size() + engine.paused_ids.size() + engine.waiting_ids.size());
   if (on_engine > config_.engine.max_concurrent) {
     Fail("core put " + std::to_string(on_engine) + " samples on engine " +
          std::to_string(engine.id) + " (max_concurrent " +
@@ -893,6 +985,7 @@ void Simulation::ExecuteAbort(const Abort& abort, double now) {
   Engine& engine = EngineAt(abort.engine, "Abort");
   Advance(engine, now);
   for (const std::int64_t sample : abort.samples) StopSample(engine, sample);
+  AdmitWaiting(engine, now);
   if (engine.pause.has_value() && engine.running == 0) {
     // Nothing left running: the pause waits for no step.
     PauseAndLoad(engine, *std::exchange(engine.pause, std::nullopt), now);
@@ -928,6 +1021,14 @@ void Simulation::FailIfPausing(const Engine& engine, const char* what, double no
 // pauses and reports its progress (ascending id); then the engine loads.
 void Simulation::PauseAndLoad(Engine& engine, const SyncWeights& sync, double now) {
   if (sync.interrupt) {
+    for (const std::int64_t sample : engine.waiting_ids) {  // paused before they started
+      Live& live = live_.at(sample);
+      live.generated = live.base;
+      live.waiting = false;
+      live.paused = true;
+      engine.paused_ids.insert(sample);
+    }
+    engine.waiting_ids.clear();
     for (const std::int64_t sample : engine.running_ids) {
       Live& live = live_.at(sample);
       live.generated = live.base + (engine.clock - live.start_clock);
@@ -997,9 +1098,10 @@ void Simulation::ExecuteTrain(const StartTrain& train, double now) {
   if (!train.plan.has_value()) {
     Fail("core started step " + std::to_string(train.step) + " without a plan, at t=" + Num(now));
   }
-  const double seconds =
-      static_cast<double>(train.plan->plan.predicted_step_time) * config_.seconds_per_cost_unit +
-      config_.train_call_overhead_seconds;
+  const double seconds = static_cast<double>(train.plan->plan.predicted_step_time) *
+                             config_.seconds_per_cost_unit * TrainerScale(config_) +
+                         config_.train_call_overhead_seconds +
+                         (train.call == 0 ? config_.trainer_offload_seconds : 0.0);
   if (train.call == 0) step_first_dispatch_ = now;
   for (const std::int64_t sample : train.samples) {
     auto it = first_dispatch_.find(sample);
@@ -1026,7 +1128,8 @@ void Simulation::ExecuteTrain(const StartTrain& train, double now) {
 void Simulation::ExecuteRelease(const Release& release, double now) {
   Engine& engine = EngineAt(release.engine, "Release");
   Advance(engine, now);
-  if (!engine.running_ids.empty() || !engine.paused_ids.empty() || !engine.loading.empty()) {
+  if (!engine.running_ids.empty() || !engine.paused_ids.empty() || !engine.waiting_ids.empty() ||
+      !engine.loading.empty()) {
     Fail("core released engine " + std::to_string(engine.id) + ", which is busy, at t=" + Num(now));
   }
   engine.released = true;
@@ -1138,6 +1241,7 @@ SimulationReport Simulation::Run() {
       engine.loading.clear();
       engine.running_ids.clear();
       engine.paused_ids.clear();
+      engine.waiting_ids.clear();
       UpdateActivity(engine, end);
     }
   }
@@ -1202,8 +1306,10 @@ void Simulation::FailEngine(Engine& engine) {
   Advance(engine, now_);
   for (const std::int64_t sample : engine.running_ids) live_.erase(sample);
   for (const std::int64_t sample : engine.paused_ids) live_.erase(sample);
+  for (const std::int64_t sample : engine.waiting_ids) live_.erase(sample);
   engine.running_ids.clear();
   engine.paused_ids.clear();
+  engine.waiting_ids.clear();
   engine.finishes = decltype(engine.finishes)();
   engine.running = 0;
   engine.loading.clear();
@@ -1219,18 +1325,23 @@ SimulationReport Simulation::Report(double end) {
   report.metrics = core_.metrics(end);
   report.counters = core_.counters();
   report.events = events_;
+  report.preemptions = preemptions_;
   if (train_count_ > 0) {  // per step (all its calls)
     report.mean_generation_seconds = generation_seconds_ / static_cast<double>(train_count_);
     report.mean_train_seconds = train_seconds_ / static_cast<double>(train_count_);
   }
-  // The ideal bound. Engines: every engine full (N = max_concurrent), a running
+  // The ideal bound. Engines: every engine full (N = max_concurrent, or the mean contexts the KV
+  // cache holds when fewer), a running
   // sample's mean context = prompt + E[L²] / (2·E[L]) (a sample seen at a random
   // moment is length-biased and half done), so N samples take E[L] decode steps plus
   // their prefill.
   const auto [mean_length, mean_square] = workload_.Moments();
   const EngineModel& model = config_.engine;
-  const auto n = static_cast<double>(model.max_concurrent);
   const double context = workload_.MeanPromptTokens() + mean_square / (2.0 * mean_length);
+  auto n = static_cast<double>(model.max_concurrent);
+  if (model.kv_cache_tokens > 0) {  // as many mean contexts as the cache holds
+    n = std::clamp(std::floor(static_cast<double>(model.kv_cache_tokens) / context), 1.0, n);
+  }
   const double step = model.decode_base_seconds + model.decode_per_sequence_seconds * n +
                       model.decode_per_context_token_seconds * n * context;
   const double per_engine_seconds =
@@ -1325,6 +1436,12 @@ void ValidateCluster(const SimulatorConfig& config) {
   CheckReal("train_call_overhead_seconds", config.train_call_overhead_seconds, 0, End::kClosed,
             kMaxSeconds);
   CheckReal("release_seconds", config.release_seconds, 0, End::kClosed, kMaxSeconds);
+  CheckReal("trainer_scaling_exponent", config.trainer_scaling_exponent, 0, End::kOpen, 2);
+  CheckBetween("trainer_reference_ranks", config.trainer_reference_ranks, 0, balance::kMaxParts);
+  CheckReal("trainer_offload_seconds", config.trainer_offload_seconds, 0, End::kClosed,
+            kMaxSeconds);
+  CheckBetween("engine.kv_cache_tokens", config.engine.kv_cache_tokens, 0,
+               {std::int64_t{1} << 40, "2^40"});
   CheckReal("resume_seconds", config.resume_seconds, 0, End::kClosed, kMaxSeconds);
   CheckBetween("dataset_prompts", config.dataset_prompts, 1, kMaxDatasetPrompts);
   CheckBetween("max_events", config.max_events, 1, std::numeric_limits<std::int64_t>::max());
@@ -1548,10 +1665,12 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
   Validate(probe);
   const OrchestratorPolicy& core = config.orchestrator;
   const std::int64_t calls = core.train_calls_per_sync;
-  const double overheads = static_cast<double>(calls) * config.train_call_overhead_seconds;
+  const double overheads = static_cast<double>(calls) * config.train_call_overhead_seconds +
+                           config.trainer_offload_seconds;
   if (!std::isfinite(seconds) || !(seconds > overheads) || seconds > kMaxSeconds) {
     rlsched::Fail("seconds", "the trainer's seconds per step must be in (" + Num(overheads) + ", " +
-                                 Num(kMaxSeconds) + "] (above the calls' overheads), got " +
+                                 Num(kMaxSeconds) +
+                                 "] (above the calls' overheads and the offload), got " +
                                  Num(seconds));
   }
   const Workload workload(config);
@@ -1577,7 +1696,7 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
     }
   }
   cost /= kCalibrationBatches;
-  return (seconds - overheads) / cost;
+  return (seconds - overheads) / (cost * TrainerScale(config));
 }
 
 std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config) {
@@ -1587,6 +1706,10 @@ std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config) 
     return std::nullopt;
   }
   SimulatorConfig colocated = config;
+  // The trainer's scaling stays measured from the config's ranks.
+  if (colocated.trainer_reference_ranks == 0) {
+    colocated.trainer_reference_ranks = config.step.num_ranks;
+  }
   colocated.engines = gpus / config.gpus_per_engine;
   colocated.step.num_ranks = gpus / config.gpus_per_trainer_rank;
   OrchestratorPolicy& core = colocated.orchestrator;

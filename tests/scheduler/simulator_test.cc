@@ -17,8 +17,8 @@
 
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/common/error.h"
-#include "rlsched/workload/workload.h"
 #include "rlsched/scheduler/orchestrator.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::scheduler {
 namespace {
@@ -142,6 +142,16 @@ TEST(SimulatorValidate, NamesTheField) {
   };
   const Case cases[] = {
       {"steps: must be >= 1, got 0", [](SimulatorConfig& c) { c.steps = 0; }},
+      {"engine.kv_cache_tokens: must be >= 0, got -1",
+       [](SimulatorConfig& c) { c.engine.kv_cache_tokens = -1; }},
+      {"trainer_scaling_exponent: must be > 0, got 0",
+       [](SimulatorConfig& c) { c.trainer_scaling_exponent = 0; }},
+      {"trainer_scaling_exponent: must be <= 2, got 2.5",
+       [](SimulatorConfig& c) { c.trainer_scaling_exponent = 2.5; }},
+      {"trainer_reference_ranks: must be >= 0, got -1",
+       [](SimulatorConfig& c) { c.trainer_reference_ranks = -1; }},
+      {"trainer_offload_seconds: must be finite, got nan",
+       [](SimulatorConfig& c) { c.trainer_offload_seconds = std::nan(""); }},
       {"engines: must be <= 100000", [](SimulatorConfig& c) { c.engines = 100'001; }},
       {"engine.max_concurrent: must be >= 1, got 0",
        [](SimulatorConfig& c) { c.engine.max_concurrent = 0; }},
@@ -635,9 +645,21 @@ SimulatorConfig RandomConfig(std::uint64_t seed) {
   return c;
 }
 
-void CheckRandomConfigs(std::uint64_t first, std::uint64_t count) {
+// A KV cache that holds a few samples' contexts (so that engines wait and preempt), and
+// the trainer's scaling and offload.
+SimulatorConfig WithKvCacheAndScaling(SimulatorConfig c, std::uint64_t seed) {
+  workload::Rng rng(seed * 104729);
+  c.engine.kv_cache_tokens = rng.UniformInt(1, 8) * 400;
+  c.trainer_scaling_exponent = 0.25 * static_cast<double>(rng.UniformInt(1, 8));
+  c.trainer_reference_ranks = rng.UniformInt(0, 4);
+  c.trainer_offload_seconds = 0.5 * static_cast<double>(rng.UniformInt(0, 2));
+  return c;
+}
+
+void CheckRandomConfigs(std::uint64_t first, std::uint64_t count, bool kv_cache = false) {
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    const SimulatorConfig config = RandomConfig(seed);
+    const SimulatorConfig config =
+        kv_cache ? WithKvCacheAndScaling(RandomConfig(seed), seed) : RandomConfig(seed);
     SCOPED_TRACE(testing::Message() << "seed " << seed);
     SimulationReport report;
     ASSERT_NO_THROW(report = Simulate(config));
@@ -669,6 +691,53 @@ TEST(SimulatorProperty, AbortOfEverySampleWhileAPauseWaits) {
 }
 
 TEST(SimulatorThorough, RandomConfigs) { CheckRandomConfigs(1000, 800); }
+
+// The same with a small KV cache (samples wait and are preempted; interrupts pause the
+// waiting ones) and the trainer's scaling and offload.
+TEST(SimulatorProperty, RandomConfigsWithAKvCache) { CheckRandomConfigs(1, 60, true); }
+TEST(SimulatorThorough, RandomConfigsWithAKvCache) { CheckRandomConfigs(1000, 400, true); }
+
+// A KV cache that holds every running context changes nothing; a small one makes the
+// engines wait and preempt, and generation slower; the bound on the engines' capacity
+// falls with it.
+TEST(SimulatorKvCache, BoundsConcurrency) {
+  SimulatorConfig config = SmallConfig();
+  const SimulationReport unbounded = Simulate(config);
+  config.engine.kv_cache_tokens = std::int64_t{1} << 40;
+  const SimulationReport large = Simulate(config);
+  EXPECT_EQ(large.metrics.elapsed_seconds, unbounded.metrics.elapsed_seconds);
+  EXPECT_EQ(large.preemptions, 0);
+  config.engine.kv_cache_tokens = 3000;
+  const SimulationReport small = Simulate(config);
+  ExpectConserved(small);
+  EXPECT_EQ(small.counters.trained, unbounded.counters.trained);
+  EXPECT_GT(small.preemptions, 0);
+  EXPECT_GT(small.metrics.generation_seconds_per_step,
+            1.2 * unbounded.metrics.generation_seconds_per_step);
+  EXPECT_LT(small.engine_capacity_samples_per_second, unbounded.engine_capacity_samples_per_second);
+}
+
+// The trainer's compute time scales by (ranks / reference)^(1 − exponent); the offload
+// adds its seconds once per step; CostUnitForStepSeconds takes both into account.
+TEST(SimulatorTrainer, ScalingAndOffload) {
+  SimulatorConfig config = SmallConfig();
+  const double linear = Simulate(config).mean_train_seconds;
+  config.trainer_scaling_exponent = 0.5;
+  config.trainer_reference_ranks = 2;  // 8 ranks: 4^0.5 = 2x the linear time
+  EXPECT_NEAR(Simulate(config).mean_train_seconds, 2 * linear, 1e-9 * linear);
+  config.trainer_offload_seconds = 7;
+  EXPECT_NEAR(Simulate(config).mean_train_seconds, 2 * linear + 7, 1e-9 * linear);
+  config.seconds_per_cost_unit = CostUnitForStepSeconds(config, 40);
+  EXPECT_NEAR(Simulate(config).mean_train_seconds, 40, 6);
+  // The colocated baseline keeps the measured reference: with 12 ranks instead of 8 the
+  // step takes (8/12)^0.5 of the time (plus the offload).
+  config.orchestrator.mode = Mode::kSync;
+  config.trainer_reference_ranks = 0;
+  config.trainer_offload_seconds = 0;
+  const std::optional<SimulatorConfig> baseline = ColocatedBaseline(config);
+  ASSERT_TRUE(baseline.has_value());
+  EXPECT_EQ(baseline->trainer_reference_ranks, config.step.num_ranks);
+}
 
 // Colocated sync is sync with the switches added: the same decisions, each step later
 // by release_seconds (before training) and resume_seconds (before the next generation;

@@ -104,8 +104,9 @@ TEST(GoldenTest, Simulate) {
   config->mutable_lengths()->set_max_tokens(2048);
   config->set_seed(7);
   // + the echoed max_generating_groups, then pause_mode, then max_response_tokens, then the
-  // per-step metrics (generation, training, switch, steady state) and warmup_steps
-  ExpectDigest(request, 0xb7b35dc2b8e70d51ULL);
+  // per-step metrics (generation, training, switch, steady state), warmup_steps and the
+  // echoed engine.kv_cache_tokens and trainer_scaling_exponent, _reference_ranks, _offload_seconds
+  ExpectDigest(request, 0xdab0b75eaad37a42ULL);
 }
 
 }  // namespace

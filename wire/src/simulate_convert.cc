@@ -250,6 +250,7 @@ void ApplyEngine(const v1::EngineModel& in, EngineModel& out) {
   if (in.has_decode_per_context_token_seconds()) {
     out.decode_per_context_token_seconds = in.decode_per_context_token_seconds();
   }
+  if (in.has_kv_cache_tokens()) out.kv_cache_tokens = in.kv_cache_tokens();
 }
 
 // The decode speed in tokens/s (see the file comment of simulate_convert.h), after the
@@ -576,6 +577,15 @@ SimulatorConfig ToSimulatorConfig(const v1::SimulatorConfig& message) {
     config.train_call_overhead_seconds = message.train_call_overhead_seconds();
   }
   if (message.has_release_seconds()) config.release_seconds = message.release_seconds();
+  if (message.has_trainer_scaling_exponent()) {
+    config.trainer_scaling_exponent = message.trainer_scaling_exponent();
+  }
+  if (message.has_trainer_reference_ranks()) {
+    config.trainer_reference_ranks = message.trainer_reference_ranks();
+  }
+  if (message.has_trainer_offload_seconds()) {
+    config.trainer_offload_seconds = message.trainer_offload_seconds();
+  }
   if (message.has_resume_seconds()) config.resume_seconds = message.resume_seconds();
   if (message.has_weight_sync_seconds()) config.weight_sync_seconds = message.weight_sync_seconds();
   if (message.has_dataset_prompts()) config.dataset_prompts = message.dataset_prompts();
@@ -656,6 +666,7 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   engine->set_decode_base_seconds(config.engine.decode_base_seconds);
   engine->set_decode_per_sequence_seconds(config.engine.decode_per_sequence_seconds);
   engine->set_decode_per_context_token_seconds(config.engine.decode_per_context_token_seconds);
+  engine->set_kv_cache_tokens(config.engine.kv_cache_tokens);
   const DecodeSpeed speed = DecodeSpeedOf(config.engine);
   message.mutable_decode_speed()->set_single_tokens_per_second(speed.single_tokens_per_second);
   message.mutable_decode_speed()->set_full_tokens_per_second(speed.full_tokens_per_second);
@@ -679,6 +690,9 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
 
   message.set_seconds_per_cost_unit(config.seconds_per_cost_unit);
   message.set_train_call_overhead_seconds(config.train_call_overhead_seconds);
+  message.set_trainer_scaling_exponent(config.trainer_scaling_exponent);
+  message.set_trainer_reference_ranks(config.trainer_reference_ranks);
+  message.set_trainer_offload_seconds(config.trainer_offload_seconds);
   message.set_weight_sync_seconds(config.weight_sync_seconds);
   // As the run runs them: only a colocated engine releases its GPUs.
   const bool colocated = o.mode == Mode::kSync && o.colocated;
@@ -712,6 +726,7 @@ v1::SimulationReport ToSimulationReportMessage(const SimulationReport& report, b
   message.set_mean_generation_seconds(report.mean_generation_seconds);
   message.set_mean_train_seconds(report.mean_train_seconds);
   message.set_events(report.events);
+  message.set_preemptions(report.preemptions);
   if (include_trace) message.set_trace_json(report.trace_json);
   return message;
 }

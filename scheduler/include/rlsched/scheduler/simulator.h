@@ -50,8 +50,8 @@
 #include <vector>
 
 #include "rlsched/balance/plan_step.h"
-#include "rlsched/workload/workload.h"
 #include "rlsched/scheduler/orchestrator.h"
+#include "rlsched/workload/workload.h"
 
 namespace rlsched::scheduler {
 
@@ -61,6 +61,11 @@ struct EngineModel {
   double decode_base_seconds = 0.02;            // >= 0
   double decode_per_sequence_seconds = 0;       // >= 0
   double decode_per_context_token_seconds = 0;  // >= 0
+  // The KV cache in tokens, >= 0 (0: no bound): a dispatched sample starts decoding
+  // once the running samples' contexts plus its own fit (vLLM admits by free KV
+  // blocks); until then it waits on the engine. Growth past it (vLLM's preemption) is
+  // not modelled.
+  std::int64_t kv_cache_tokens = 0;
 };
 
 struct LengthDistribution {
@@ -93,6 +98,17 @@ struct SimulatorConfig {
   double seconds_per_cost_unit = 0;  // > 0
   // Added to every trainer call (reward, advantages, the optimizer step…), >= 0.
   double train_call_overhead_seconds = 0;
+  // The trainer's scaling with its ranks: a step's compute time is the plan's (the
+  // slowest rank's cost, which falls as 1 / ranks) × seconds_per_cost_unit ×
+  // (step.num_ranks / trainer_reference_ranks)^(1 − trainer_scaling_exponent), so
+  // that the step time scales as ranks^−exponent around the reference: 1 (default)
+  // is linear, a smaller one what measured runs show (communication, fixed work).
+  // Exponent in (0, 2]; reference ranks >= 0, 0 meaning step.num_ranks (no change).
+  double trainer_scaling_exponent = 1;
+  std::int64_t trainer_reference_ranks = 0;
+  // Once per step, the trainer's offload and reload of parameters and optimizer state
+  // to the CPU (what colocated FSDP runs do to make room for the engines), >= 0.
+  double trainer_offload_seconds = 0;
   double weight_sync_seconds = 1.0;  // per engine, >= 0
   // Colocated (orchestrator.colocated): an engine's time to free its GPU memory for
   // the trainer (Release), and to take it back before loading the new weights (added
@@ -206,7 +222,9 @@ struct SimulationReport {
   double mean_generation_seconds = 0;  // per step: dispatch of its first sample to close
   double mean_train_seconds = 0;
   std::int64_t events = 0;  // events fed to the orchestrator
-  std::string trace_json;   // Chrome trace JSON when config.trace, else empty
+  // Samples an engine preempted for a full KV cache (EngineModel::kv_cache_tokens).
+  std::int64_t preemptions = 0;
+  std::string trace_json;  // Chrome trace JSON when config.trace, else empty
 };
 
 // Asked between events (once every kStopCheckEvents): true stops the run. A caller
