@@ -427,4 +427,14 @@ std::string ReadWholeFile(std::string_view option, const std::string& path,
   return text;
 }
 
+void WriteWholeFile(std::string_view option, const std::string& path, std::string_view text) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (!file) {
+    Fail(fmt::format("{} {}", option, path), fmt::format("cannot open: {}", std::strerror(errno)));
+  }
+  file << text;
+  file.close();
+  if (!file) throw std::runtime_error(fmt::format("{} {}: cannot write", option, path));
+}
+
 }  // namespace rlsched::app

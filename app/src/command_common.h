@@ -196,6 +196,8 @@ void FlushOutput(std::ostream& out);
 std::ifstream OpenFile(std::string_view option, const std::string& path);
 // The whole file `path`, at most `max_bytes`, for `option`'s errors.
 std::string ReadWholeFile(std::string_view option, const std::string& path, std::int64_t max_bytes);
+// Writes `text` to `path` (replaced), for `option`'s errors.
+void WriteWholeFile(std::string_view option, const std::string& path, std::string_view text);
 
 // The text of a --model value, as `reshard`, `run` and the cost options read it: a Hugging Face
 // config.json, or a model folder holding one (its config.json is read), at most

@@ -843,9 +843,7 @@ int RunRunCommand(const RunArgs& args) {
   emulated.reset();
   if (log) log->Flush();
   if (!args.trace.empty()) {
-    std::ofstream trace(args.trace, std::ios::binary | std::ios::trunc);
-    trace << runtime.TraceJson();
-    if (!trace) throw std::runtime_error("--trace " + args.trace + ": cannot write");
+    WriteWholeFile("--trace", args.trace, runtime.TraceJson());
   }
   return Finish(args, runtime.Status(), outcome, stop_signal);
 }

@@ -27,6 +27,7 @@
 #include "rlsched/wire/json.h"
 #include "rlsched/wire/simulate_convert.h"
 #include "serve.h"
+#include "simulate_calibrate.h"
 
 namespace rlsched::app {
 
@@ -474,20 +475,6 @@ void PrintComparison(const v1::SimulateReply& reply, std::ostream& out) {
          "(the async default) every token is kept, so a long sample may exceed s.\n";
 }
 
-void WriteTraceFile(const std::string& path, const std::string& trace) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (!file) {
-    Fail(fmt::format("--trace {}", path), fmt::format("cannot open: {}", std::strerror(errno)));
-  }
-  file << trace;
-  file.close();
-  if (!file) throw std::runtime_error(fmt::format("--trace {}: cannot write", path));
-}
-
-}  // namespace
-
-namespace {
-
 // The comparison runs' names, "a, b, c".
 std::string ComparisonRunNames() {
   std::string names;
@@ -827,7 +814,24 @@ void AddOutputOptions(CLI::App& command, SimulateArgs& args, const ModeOptions& 
       ->type_name("NAME")
       ->needs(compare)
       ->needs(trace);
-  command.add_flag("--json", args.json, "Print the SimulateReply as one line of JSON");
+  command.add_flag("--json", args.json,
+                   "Print the SimulateReply (with --calibrate the CalibrationReport) as one line "
+                   "of JSON");
+  CLI::Option* calibrate =
+      command
+          .add_option("--calibrate", args.calibrate,
+                      "Fit the engines' fixed decode-step time, the trainer's cost unit and the "
+                      "switch to a measured sync run: FILE is a rlsched.v1.MeasuredRun as JSON "
+                      "(generation_seconds, train_seconds per step; optional switch_seconds, "
+                      "offload_seconds, other_trainer_ranks with other_train_seconds); the "
+                      "cluster and workload are the config of the other flags. Prints each "
+                      "figure's fit and the fitted config")
+          ->type_name("FILE")
+          ->excludes(compare)
+          ->excludes(trace);
+  command.add_option("--config-out", args.config_out, "With --calibrate: write the fitted config")
+      ->type_name("FILE")
+      ->needs(calibrate);
 }
 
 }  // namespace
@@ -1068,6 +1072,23 @@ void SetRunModelFlags(const SimulateArgs& args, v1::SimulatorConfig& config) {
 
 }  // namespace
 
+namespace {
+
+// --calibrate: a config error named by the flag or the --config file that set it.
+void Calibrate(const SimulateArgs& args, const v1::SimulatorConfig& config, std::ostream& out) {
+  try {
+    RunCalibration({.measured = args.calibrate, .config_out = args.config_out, .json = args.json},
+                   config, out);
+  } catch (const FieldError& e) {
+    if (e.field().starts_with("--calibrate")) throw;
+    throw ToFlagError(
+        e, FlagFields(args),
+        FlagScope{.within = "", .file = args.config.empty() ? "" : "--config " + args.config});
+  }
+}
+
+}  // namespace
+
 v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_view config_json,
                                         const std::vector<std::int64_t>& response_lengths) {
   v1::SimulateRequest request;
@@ -1109,6 +1130,10 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
     spdlog::info("read {} response lengths from {}", response_lengths.size(), args.lengths);
   }
   const v1::SimulateRequest request = MakeSimulateRequest(args, config_json, response_lengths);
+  if (!args.calibrate.empty()) {
+    Calibrate(args, request.config(), out);
+    return;
+  }
 
   const auto start = std::chrono::steady_clock::now();
   v1::SimulateReply reply;
@@ -1128,7 +1153,7 @@ void RunSimulateCommand(const SimulateArgs& args, std::ostream& out) {
   if (!args.trace.empty()) {
     for (v1::SimulationRun& run : *reply.mutable_runs()) {
       if (run.report().trace_json().empty()) continue;
-      WriteTraceFile(args.trace, run.report().trace_json());
+      WriteWholeFile("--trace", args.trace, run.report().trace_json());
       spdlog::info("wrote the trace of {} to {}", run.name(), args.trace);
     }
   }

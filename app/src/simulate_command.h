@@ -114,6 +114,8 @@ struct SimulateArgs {
   std::string trace;      // --trace FILE; empty: none
   std::string trace_run;  // --trace-run NAME (with --compare); empty: async_s1_partial
   bool json = false;
+  std::string calibrate;   // --calibrate FILE; empty: simulate
+  std::string config_out;  // --config-out FILE (with --calibrate)
 };
 
 // Adds the `simulate` subcommand to `app`, writing into `args` (which must outlive

@@ -1,5 +1,6 @@
 """`rlsched simulate --config`: the config a run prints with --json, fed back, is the same
-run, whichever JSON spelling it is written in; and the per-step metrics add up."""
+run, whichever JSON spelling it is written in; the per-step metrics add up; --calibrate
+fits a measured sync run."""
 
 import json
 import re
@@ -101,3 +102,54 @@ def test_the_steady_state_leaves_out_the_warm_up(rlsched_bin):
     assert steady(0) > 0 and steady(2) > 0
     assert steady(5) == 0  # no step past the warm-up
     assert steady(0) != steady(2)
+
+
+def test_calibrate_fits_a_measured_sync_run_and_its_config_reproduces_it(rlsched_bin, tmp_path):
+    # The "measured" run: a sync colocated run of a hidden engine and trainer speed.
+    truth = [*SMALL, "--steps", "3", "--colocated", "--release-seconds", "2",
+             "--resume-seconds", "2", "--engine-tokens-per-second", "30,600",
+             "--train-seconds-per-step", "25"]
+    m = json.loads(simulate(rlsched_bin, *truth, "--json"))["runs"][0]["report"]["metrics"]
+    measured = {"generation_seconds": m["generation_seconds_per_step"],
+                "train_seconds": m["train_seconds_per_step"],
+                "switch_seconds": m["switch_seconds_per_step"]}
+    (tmp_path / "measured.json").write_text(json.dumps(measured))
+    fitted = tmp_path / "fitted.json"
+    # The cluster as the user knows it, without the speeds.
+    cluster = [*SMALL, "--steps", "3", "--colocated"]
+    report = json.loads(simulate(rlsched_bin, *cluster, "--calibrate",
+                                 str(tmp_path / "measured.json"), "--config-out", str(fitted),
+                                 "--json"))
+    assert [f["name"] for f in report["figures"]] == ["generation_seconds", "train_seconds",
+                                                      "switch_seconds"]
+    for figure in report["figures"]:
+        assert abs(figure.get("residual", 0)) < 1e-3, figure
+    assert report.get("warnings", []) == []
+    assert "engine.decode_base_seconds" in report["fitted"]
+    again = json.loads(simulate(rlsched_bin, "--config", str(fitted), "--json"))
+    metrics = again["runs"][0]["report"]["metrics"]
+    assert metrics["generation_seconds_per_step"] == pytest.approx(
+        measured["generation_seconds"], rel=1e-3)
+    assert metrics["train_seconds_per_step"] == pytest.approx(measured["train_seconds"], rel=1e-3)
+    text = simulate(rlsched_bin, *cluster, "--calibrate", str(tmp_path / "measured.json"))
+    assert re.search(r"generation_seconds\s+\S+ s\s+\S+ s\s+[+-]0\.00%", text), text
+
+
+def test_calibrate_warns_and_refuses_by_name(rlsched_bin, tmp_path):
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"generation_seconds": 0.001, "train_seconds": 20}))
+    text = simulate(rlsched_bin, *SMALL, "--steps", "2", "--calibrate", str(measured))
+    assert "warning          generation_seconds: no engine.decode_base_seconds reaches it" in text
+    measured.write_text(json.dumps({"generation_seconds": 10, "train_seconds": -1}))
+    done = subprocess.run([rlsched_bin, "simulate", *SMALL, "--calibrate", str(measured)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert f"--calibrate {measured}: train_seconds: must be > 0, got -1" in done.stderr
+    measured.write_text(json.dumps({"generation_seconds": 10, "train_seconds": 20}))
+    done = subprocess.run([rlsched_bin, "simulate", *SMALL, "--mode", "async", "--calibrate",
+                           str(measured)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "must be sync" in done.stderr, done.stderr
+    measured.write_text("{not json")
+    done = subprocess.run([rlsched_bin, "simulate", *SMALL, "--calibrate", str(measured)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "not a JSON rlsched.v1.MeasuredRun" in done.stderr

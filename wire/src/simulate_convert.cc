@@ -819,4 +819,28 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request, const StopCh
   return reply;
 }
 
+v1::CalibrationReport SolveCalibrate(const v1::SimulatorConfig& config,
+                                     const v1::MeasuredRun& measured) {
+  scheduler::MeasuredRun run{.generation_seconds = measured.generation_seconds(),
+                             .train_seconds = measured.train_seconds()};
+  if (measured.has_switch_seconds()) run.switch_seconds = measured.switch_seconds();
+  if (measured.has_offload_seconds()) run.offload_seconds = measured.offload_seconds();
+  if (measured.has_other_trainer_ranks()) run.other_trainer_ranks = measured.other_trainer_ranks();
+  if (measured.has_other_train_seconds()) run.other_train_seconds = measured.other_train_seconds();
+  const scheduler::CalibrationResult result = scheduler::Calibrate(ToSimulatorConfig(config), run);
+  v1::CalibrationReport report;
+  *report.mutable_config() = ToSimulatorConfigMessage(result.config);
+  for (const scheduler::CalibratedFigure& f : result.figures) {
+    v1::CalibratedFigure* figure = report.add_figures();
+    figure->set_name(f.name);
+    figure->set_parameter(f.parameter);
+    figure->set_measured(f.measured);
+    figure->set_simulated(f.simulated);
+    figure->set_residual(f.residual);
+  }
+  report.mutable_fitted()->Add(result.fitted.begin(), result.fitted.end());
+  report.mutable_warnings()->Add(result.warnings.begin(), result.warnings.end());
+  return report;
+}
+
 }  // namespace rlsched::wire

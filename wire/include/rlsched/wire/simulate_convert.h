@@ -75,6 +75,7 @@
 #include <string>
 #include <string_view>
 
+#include "rlsched/scheduler/calibrate.h"
 #include "rlsched/scheduler/orchestrator.h"
 #include "rlsched/scheduler/simulator.h"
 #include "rlsched/v1/orchestrator.pb.h"
@@ -155,6 +156,14 @@ std::string_view ModeName(Mode mode);
 // simulation (Simulate()): rlsched::Stopped when it says so.
 v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request,
                                 const scheduler::StopCheck& should_stop = {});
+
+// Calibrates `config` (a sync run's cluster and workload, as ToSimulatorConfig reads
+// it) to `measured` (scheduler::Calibrate()): the fitted config with every field set
+// (ToSimulatorConfigMessage), each figure's fit, the fitted fields and the warnings.
+// Throws std::invalid_argument naming the field ("engines: …", "measured.train_seconds:
+// …"). Deterministic; about 45 simulations.
+v1::CalibrationReport SolveCalibrate(const v1::SimulatorConfig& config,
+                                     const v1::MeasuredRun& measured);
 
 }  // namespace rlsched::wire
 
