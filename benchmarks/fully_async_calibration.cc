@@ -65,6 +65,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rlsched/scheduler/calibrate.h"
 #include "rlsched/scheduler/orchestrator.h"
 #include "rlsched/scheduler/simulator.h"
 
@@ -130,16 +131,21 @@ sched::SimulatorConfig Workload(std::int64_t steps, std::uint64_t seed, double m
   return config;
 }
 
+// The colocated cluster as a user describes it (the speeds still to fit).
 sched::SimulatorConfig Colocated(sched::SimulatorConfig config) {
   config.engines = 32;
   config.step.num_ranks = 128;
   config.orchestrator.mode = sched::Mode::kSync;
   config.orchestrator.colocated = true;
   config.weight_sync_seconds = 0;  // local: part of the switch
-  config.release_seconds = kColocatedOther / 2;
-  config.resume_seconds = kColocatedOther / 2;
-  config.seconds_per_cost_unit = sched::CostUnitForStepSeconds(config, kColocatedTrain);
   return config;
+}
+
+// What the published colocated run measured, per step.
+sched::MeasuredRun ColocatedMeasured() {
+  return {.generation_seconds = kColocatedGeneration,
+          .train_seconds = kColocatedTrain,
+          .switch_seconds = kColocatedOther};
 }
 
 sched::SimulatorConfig FullyAsync(sched::SimulatorConfig config, double fraction,
@@ -233,29 +239,24 @@ int Main(int argc, char** argv) {
   }
   sched::SimulatorConfig workload = Workload(steps, seed, mean_length);
 
-  if (roofline) {
-    // 1. The per-step overhead that makes colocated generation take the published time
-    // (bisection: the time grows with the overhead).
-    double lo = 0;
-    double hi = 0.1;
-    for (int round = 0; round < 30; ++round) {
-      const double mid = 0.5 * (lo + hi);
-      workload.engine = RooflineEngine(mid);
-      const sched::SimulationReport report = sched::Simulate(Colocated(workload));
-      (report.mean_generation_seconds < kColocatedGeneration ? lo : hi) = mid;
-    }
-    workload.engine = RooflineEngine(0.5 * (lo + hi));
-  } else {
-    // 1. Scale the engines so that colocated generation takes the published time (twice:
-    // the fixed prefill of resumed work makes the time slightly non-linear in the scale).
+  if (roofline) workload.engine = RooflineEngine(0);
+  if (!roofline) {
+    // The engines' shape scaled so that colocated generation takes the published time
+    // (twice: the fixed prefill of resumed work makes it slightly non-linear).
     for (int round = 0; round < 2; ++round) {
       const sched::SimulationReport report = sched::Simulate(Colocated(workload));
-      ScaleEngine(workload.engine, kColocatedGeneration / report.mean_generation_seconds);
+      ScaleEngine(workload.engine,
+                  kColocatedGeneration / report.metrics.generation_seconds_per_step);
     }
   }
+  // 1-2. `rlsched simulate --calibrate`'s fit (rlsched/scheduler/calibrate.h): the
+  // engines' fixed decode-step time, the trainer's cost unit, release = resume.
+  const sched::CalibrationResult calibration =
+      sched::Calibrate(Colocated(workload), ColocatedMeasured());
+  workload.engine = calibration.config.engine;
   const sched::DecodeSpeed speed = sched::DecodeSpeedOf(workload.engine);
 
-  const sched::SimulatorConfig colocated_config = Colocated(workload);
+  const sched::SimulatorConfig colocated_config = calibration.config;
   const sched::SimulationReport colocated = sched::Simulate(colocated_config);
   const double colocated_step = SecondsPerStep(colocated);
 
@@ -273,11 +274,17 @@ int Main(int argc, char** argv) {
       1e3 * workload.engine.decode_base_seconds, 1e6 * workload.engine.decode_per_sequence_seconds,
       1e9 * workload.engine.decode_per_context_token_seconds,
       workload.engine.prefill_tokens_per_second);
-  std::printf(
-      "  colocated: generation %.2f s/step (published %.2f), train %.2f s/step "
-      "(published %.2f), switch %.2f s\n",
-      colocated.mean_generation_seconds, kColocatedGeneration, colocated.mean_train_seconds,
-      kColocatedTrain, kColocatedOther);
+  std::printf("  fitted by Calibrate():");
+  for (const std::string& field : calibration.fitted) std::printf(" %s", field.c_str());
+  std::printf("\n  given: the engines' shape (%s), the cluster, the workload\n",
+              roofline ? "roofline" : "default / 4, scaled");
+  for (const sched::CalibratedFigure& f : calibration.figures) {
+    std::printf("  colocated %s: %.2f s/step simulated, %.2f published (%+.2f%%)\n", f.name.c_str(),
+                f.simulated, f.measured, 100 * f.residual);
+  }
+  for (const std::string& warning : calibration.warnings) {
+    std::printf("  warning: %s\n", warning.c_str());
+  }
   if (per_run_trainer) {
     std::printf(
         "  fully async trainer: each run's published update_actor in 4 calls on 64 ranks, and\n"
@@ -348,7 +355,7 @@ int Main(int argc, char** argv) {
     std::printf(
         "The 64-GPU colocated run (16 engines): generation %.2f s/step simulated, %.2f "
         "published\n",
-        report.mean_generation_seconds, kColocated64Generation);
+        report.metrics.generation_seconds_per_step, kColocated64Generation);
   }
   // What rlsched's own dispatch adds on the same cluster (not published).
   std::printf("\nWith rlsched's dispatch (longest predicted first) instead of arrival order:\n");
