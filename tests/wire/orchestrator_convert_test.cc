@@ -348,5 +348,42 @@ TEST(OrchestratorConvertTest, ABrokenLogIsRefusedWithTheRecordNamed) {
   }
 }
 
+// A stream buffer over a string that cannot seek (a pipe's).
+class PipeBuffer : public std::streambuf {
+ public:
+  explicit PipeBuffer(std::string bytes) : bytes_(std::move(bytes)) {
+    setg(bytes_.data(), bytes_.data(), bytes_.data() + bytes_.size());
+  }
+
+ private:
+  std::string bytes_;
+};
+
+// The log is read record by record from the stream's position, seekable or not; the
+// same records either way, and a torn tail counted.
+TEST(OrchestratorConvertTest, TheLogIsReadFromAnyStreamRecordByRecord) {
+  const std::string bytes = LoggedRun(SmallLoggedConfig());
+  std::istringstream file(bytes);
+  const EventLog whole = ReadEventLog(file);
+  PipeBuffer pipe_buffer(bytes);
+  std::istream pipe(&pipe_buffer);
+  const EventLog piped = ReadEventLog(pipe);
+  ASSERT_EQ(piped.records.size(), whole.records.size());
+  for (std::size_t i = 0; i < whole.records.size(); ++i) {
+    EXPECT_EQ(piped.records[i].SerializeAsString(), whole.records[i].SerializeAsString()) << i;
+  }
+  EXPECT_EQ(whole.whole_bytes, static_cast<std::int64_t>(bytes.size()));
+  // From the stream's position: a prefix skipped first.
+  std::istringstream prefixed("junk" + bytes);
+  prefixed.seekg(4);
+  EXPECT_EQ(ReadEventLog(prefixed).records.size(), whole.records.size());
+  // A torn tail: every whole record, the rest counted.
+  std::istringstream torn(bytes.substr(0, bytes.size() - 3));
+  const EventLog cut = ReadEventLog(torn, /*torn_tail=*/true);
+  EXPECT_EQ(cut.records.size(), whole.records.size() - 1);
+  EXPECT_EQ(cut.whole_bytes + cut.torn_bytes, static_cast<std::int64_t>(bytes.size()) - 3);
+  EXPECT_GT(cut.torn_bytes, 0);
+}
+
 }  // namespace
 }  // namespace rlsched::wire

@@ -4,6 +4,7 @@
 #include "rlsched/wire/orchestrator_convert.h"
 
 #include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
 
 #include <iterator>
 #include <limits>
@@ -311,22 +312,42 @@ void AppendRecord(const v1::EventLogRecord& record, std::string& out) {
   record.SerializeWithCachedSizesToArray(reinterpret_cast<std::uint8_t*>(out.data() + at));
 }
 
-// The record at the front of `in` (`index` for errors); nullopt when it is cut short:
-// its size, or fewer bytes left than it says.
-std::optional<v1::EventLogRecord> NextRecord(google::protobuf::io::CodedInputStream& in,
-                                             std::int64_t left, std::int64_t index) {
+// The record at the front of `raw` (`index` for errors) with its size in bytes, read
+// through a CodedInputStream of its own (so that no limit applies to the whole log);
+// no record when it is cut short: its size prefix, or fewer of the `left` bytes than it
+// says.
+struct NextRecord {
+  std::optional<v1::EventLogRecord> record;
+  std::int64_t bytes = 0;
+};
+
+NextRecord ReadRecord(google::protobuf::io::ZeroCopyInputStream& raw, std::int64_t left,
+                      std::int64_t index) {
+  google::protobuf::io::CodedInputStream in(&raw);
   std::uint64_t size = 0;
-  const int before = in.CurrentPosition();
-  if (!in.ReadVarint64(&size)) return std::nullopt;
-  const std::int64_t prefix = in.CurrentPosition() - before;
-  if (size > static_cast<std::uint64_t>(left - prefix)) return std::nullopt;
+  if (!in.ReadVarint64(&size)) return {};
+  const std::int64_t prefix = in.CurrentPosition();
+  if (size > static_cast<std::uint64_t>(left - prefix)) return {};
+  if (size > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) {
+    Fail("record " + std::to_string(index), "larger than 2 GiB");
+  }
   v1::EventLogRecord record;
   const auto limit = in.PushLimit(static_cast<int>(size));
   if (!record.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
     Fail("record " + std::to_string(index), "not an EventLogRecord");
   }
   in.PopLimit(limit);
-  return record;
+  return {std::move(record), prefix + static_cast<std::int64_t>(size)};
+}
+
+// The bytes from `in`'s position to its end (it is left where it was); -1 when the
+// stream cannot seek.
+std::int64_t BytesLeft(std::istream& in) {
+  const std::istream::pos_type here = in.tellg();
+  if (here == std::istream::pos_type(-1) || !in.seekg(0, std::ios::end)) return -1;
+  const std::istream::pos_type end = in.tellg();
+  in.seekg(here);
+  return end == std::istream::pos_type(-1) ? -1 : static_cast<std::int64_t>(end - here);
 }
 
 void ReadHeader(const v1::EventLogRecord& record, EventLog& log) {
@@ -366,40 +387,37 @@ void AppendEventRecords(const s::Event& event, std::span<const s::Command> comma
 }
 
 EventLog ReadEventLog(std::istream& in, bool torn_tail) {
-  const std::string bytes(std::istreambuf_iterator<char>(in), {});
-  if (bytes.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    FailBound("log", "at most 2 GiB", std::to_string(bytes.size()) + " bytes");
+  const std::int64_t total = BytesLeft(in);
+  if (total < 0) {  // a pipe: read whole, then from memory
+    std::istringstream copy(std::string(std::istreambuf_iterator<char>(in), {}));
+    return ReadEventLog(copy, torn_tail);
   }
-  google::protobuf::io::CodedInputStream stream(reinterpret_cast<const std::uint8_t*>(bytes.data()),
-                                                static_cast<int>(bytes.size()));
-  stream.SetTotalBytesLimit(std::numeric_limits<int>::max());
+  google::protobuf::io::IstreamInputStream raw(&in);
   EventLog log;
-  const auto total = static_cast<std::int64_t>(bytes.size());
-  for (std::int64_t index = 0; stream.CurrentPosition() < total; ++index) {
-    std::optional<v1::EventLogRecord> record =
-        NextRecord(stream, total - stream.CurrentPosition(), index);
-    if (!record) {
+  for (std::int64_t index = 0; log.whole_bytes < total; ++index) {
+    NextRecord next = ReadRecord(raw, total - log.whole_bytes, index);
+    if (!next.record) {
       if (!torn_tail) Fail("record " + std::to_string(index), "truncated");
       log.torn_bytes = total - log.whole_bytes;
       break;
     }
-    log.whole_bytes = stream.CurrentPosition();
+    log.whole_bytes += next.bytes;
     if (index == 0) {
-      ReadHeader(*record, log);
+      ReadHeader(*next.record, log);
       continue;
     }
     const std::string name = "record " + std::to_string(index);
-    switch (record->kind_case()) {
+    switch (next.record->kind_case()) {
       case v1::EventLogRecord::kHeader:
         Fail(name, "a second header");
       case v1::EventLogRecord::kWeightLayout:
         if (index != 1) Fail(name, "the weight layout comes right after the header");
-        log.weight_layout = std::move(*record->mutable_weight_layout());
+        log.weight_layout = std::move(*next.record->mutable_weight_layout());
         continue;
       case v1::EventLogRecord::KIND_NOT_SET:
         Fail(name, "kind: must be set");
       default:
-        log.records.push_back(std::move(*record));
+        log.records.push_back(std::move(*next.record));
     }
   }
   if (log.whole_bytes == 0) Fail("record 0", "missing: the log is empty");
