@@ -694,7 +694,7 @@ void AddScalingOptions(CLI::App& command, SimulateArgs& args, const SimulatorCon
                    "measured at, 0 for --trainer-ranks (field trainer_reference_ranks).",
                    IntegerRange{0, balance::kMaxParts},
                    fmt::format("{}", defaults.trainer_reference_ranks))
-      ->type_name("N");
+      ->type_name("RANKS");
   AddBoundedOption(command, "--trainer-offload-seconds", args.trainer_offload_seconds,
                    "Seconds per step the trainer spends offloading and reloading parameters and "
                    "optimizer state (colocated FSDP runs), apart from its compute (field "
