@@ -989,6 +989,34 @@ void SetModeFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
   }
 }
 
+// A --config file's mode fields that a --mode other than the file's replaces (it runs
+// with its own defaults), and the colocation (with its release and resume) with a mode
+// other than sync: so a config printed by --json or --calibrate predicts the other
+// modes. (--compare refuses a file's mode fields instead.)
+void DropFileModes(const SimulateArgs& args, v1::SimulatorConfig& config) {
+  v1::OrchestratorOptions& o = *config.mutable_orchestrator();
+  const auto flag_mode = [&] {
+    return *args.mode == "sync"           ? v1::ORCHESTRATOR_MODE_SYNC
+           : *args.mode == "one_step_off" ? v1::ORCHESTRATOR_MODE_ONE_STEP_OFF
+                                          : v1::ORCHESTRATOR_MODE_ASYNC;
+  };
+  const bool other_mode =
+      args.mode && o.mode() != v1::ORCHESTRATOR_MODE_UNSPECIFIED && o.mode() != flag_mode();
+  if (other_mode) {
+    o.clear_mode();
+    o.clear_max_staleness();
+    o.clear_partial_rollout();
+    o.clear_staleness_policy();
+    o.clear_staleness_fraction();
+    o.clear_pause_mode();
+  }
+  if (args.mode && *args.mode != "sync") {
+    o.clear_colocated();
+    config.clear_release_seconds();
+    config.clear_resume_seconds();
+  }
+}
+
 // The flags of the batches (streaming, colocation, sampling, dispatch) into `o`.
 void SetBatchFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
   if (args.train_calls_per_sync) o.set_train_calls_per_sync(*args.train_calls_per_sync);
@@ -1101,6 +1129,7 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
            fmt::format("not a JSON rlsched.v1.SimulatorConfig: {}", std::string(status.message())));
     }
   }
+  DropFileModes(args, config);
   SetModeFlags(args, *config.mutable_orchestrator());
   SetBatchFlags(args, *config.mutable_orchestrator());
   SetClusterFlags(args, config);

@@ -153,3 +153,25 @@ def test_calibrate_warns_and_refuses_by_name(rlsched_bin, tmp_path):
     done = subprocess.run([rlsched_bin, "simulate", *SMALL, "--calibrate", str(measured)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "not a JSON rlsched.v1.MeasuredRun" in done.stderr
+
+
+def test_another_mode_replaces_the_files_mode_fields(rlsched_bin, tmp_path):
+    # A printed colocated sync config predicts an async run with --mode async: the file's
+    # sync fields (staleness 0, strict, colocated with its release and resume) give way.
+    sync = json.loads(simulate(rlsched_bin, *SMALL, "--steps", "3", "--colocated",
+                               "--release-seconds", "2", "--json"))["runs"][0]["config"]
+    path = tmp_path / "sync.json"
+    path.write_text(json.dumps(sync))
+    run = json.loads(simulate(rlsched_bin, "--config", str(path), "--mode", "async",
+                              "--json"))["runs"][0]["config"]
+    o = run["orchestrator"]
+    assert o["mode"] == "ORCHESTRATOR_MODE_ASYNC" and not o.get("colocated", False)
+    assert o["max_staleness"] == "1" and o["partial_rollout"] is True
+    assert run.get("release_seconds", 0) == 0
+    # The same mode keeps the file's details.
+    asynchronous = json.loads(simulate(rlsched_bin, *SMALL, "--steps", "3", "--max-staleness",
+                                       "2", "--json"))["runs"][0]["config"]
+    path.write_text(json.dumps(asynchronous))
+    run = json.loads(simulate(rlsched_bin, "--config", str(path), "--mode", "async",
+                              "--json"))["runs"][0]["config"]
+    assert run["orchestrator"]["max_staleness"] == "2"
