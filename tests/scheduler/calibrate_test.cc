@@ -8,6 +8,7 @@
 
 #include "rlsched/common/error.h"
 #include "rlsched/workload/workload.h"
+#include "small_config.h"
 
 namespace rlsched::scheduler {
 namespace {
@@ -15,18 +16,10 @@ namespace {
 using ::testing::HasSubstr;
 
 SimulatorConfig SyncConfig() {
-  SimulatorConfig config = DefaultSimulatorConfig();
+  SimulatorConfig config = SmallConfig();
   config.orchestrator.mode = Mode::kSync;
-  config.orchestrator.prompts_per_step = 16;
-  config.orchestrator.samples_per_prompt = 4;
   config.steps = 4;
-  config.engines = 4;
-  config.engine.max_concurrent = 16;
-  config.step.num_ranks = 8;
-  config.lengths.mu = 5.5;
-  config.lengths.max_tokens = 2048;
-  config.dataset_prompts = 64;
-  config.seconds_per_cost_unit = 4e-3;
+  config.check_invariants = false;
   return config;
 }
 

@@ -19,30 +19,13 @@
 #include "rlsched/common/error.h"
 #include "rlsched/scheduler/orchestrator.h"
 #include "rlsched/workload/workload.h"
+#include "small_config.h"
 
 namespace rlsched::scheduler {
 namespace {
 
 // A small heavy-tailed workload: 4 engines × 16 concurrent, 16 prompts × 4 samples,
 // 8 trainer ranks, responses lognormal clipped at 2,048 tokens.
-SimulatorConfig SmallConfig() {
-  SimulatorConfig config = DefaultSimulatorConfig();
-  config.orchestrator.prompts_per_step = 16;
-  config.orchestrator.samples_per_prompt = 4;
-  config.steps = 6;
-  config.engines = 4;
-  config.engine.max_concurrent = 16;
-  config.step.num_ranks = 8;
-  config.lengths.mu = 5.5;
-  config.lengths.max_tokens = 2048;
-  config.dataset_prompts = 64;
-  config.weight_sync_seconds = 0.5;
-  // About the sync generation time of a step, for a balanced workload.
-  config.seconds_per_cost_unit = 4e-3;
-  config.check_invariants = true;
-  return config;
-}
-
 // 1 engine, P = 1, G = 2, every response 10 tokens, prompts 100 tokens, 1 s per decode
 // step, (almost) free prefill, instantaneous weight sync; the trainer's cost is tokens
 // (220 per step) at 1/22 s each: 10 s.
