@@ -64,10 +64,12 @@ void PrintReport(const v1::CalibrationReport& report, const std::string& config_
 
 void RunCalibration(const CalibrateArgs& args, const v1::SimulatorConfig& config,
                     std::ostream& out) {
-  const v1::MeasuredRun measured = ReadMeasured(args.measured);
+  v1::CalibrateRequest request;
+  *request.mutable_config() = config;
+  *request.mutable_measured() = ReadMeasured(args.measured);
   v1::CalibrationReport report;
   try {
-    report = wire::SolveCalibrate(config, measured);
+    report = wire::SolveCalibrate(request);
   } catch (const FieldError& e) {
     if (e.field().starts_with("measured.")) {
       throw e.Renamed(fmt::format("--calibrate {}: {}", args.measured, e.field().substr(9)));

@@ -1109,9 +1109,9 @@ void Calibrate(const SimulateArgs& args, const v1::SimulatorConfig& config, std:
                    config, out);
   } catch (const FieldError& e) {
     if (e.field().starts_with("--calibrate")) throw;
-    throw ToFlagError(
-        e, FlagFields(args),
-        FlagScope{.within = "", .file = args.config.empty() ? "" : "--config " + args.config});
+    throw ToFlagError(e, FlagFields(args),
+                      FlagScope{.within = "config.",
+                                .file = args.config.empty() ? "" : "--config " + args.config});
   }
 }
 

@@ -124,6 +124,7 @@ __all__ = [
     "get_seqlen_balanced_partitions",
     "reshard",
     "simulate",
+    "calibrate",
     "__version__",
 ]
 
@@ -246,6 +247,11 @@ def reshard(model_config_json, **kwargs):
 def simulate(config=None, **kwargs):
     """:meth:`Client.simulate` on the default client."""
     return default_client().simulate(config, **kwargs)
+
+
+def calibrate(measured, config=None):
+    """:meth:`Client.calibrate` on the default client."""
+    return default_client().calibrate(measured, config)
 
 
 def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):

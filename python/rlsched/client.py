@@ -255,6 +255,25 @@ def _cost_model(cost: CostArg, field: str = "cost") -> Optional[balance_pb2.Cost
         f"got {type(cost).__name__}", field)
 
 
+def _fill_simulator_config(message: Any, config: Any, field: str) -> None:
+    """`config` (None, a SimulatorConfig or its mapping, the mode and staleness policy
+    also by short name) into `message`; errors name `field`."""
+    if isinstance(config, Mapping):
+        config = dict(config)
+        orchestrator = config.get("orchestrator")
+        if isinstance(orchestrator, Mapping):
+            orchestrator = dict(orchestrator)
+            for name, enum, prefix in (
+                    ("mode", orchestrator_pb2.OrchestratorMode, "ORCHESTRATOR_MODE_"),
+                    ("staleness_policy", orchestrator_pb2.StalenessPolicy,
+                     "STALENESS_POLICY_")):
+                if isinstance(orchestrator.get(name), str):
+                    orchestrator[name] = _enum(enum, prefix, orchestrator[name],
+                                               f"{field}.orchestrator.{name}")
+            config["orchestrator"] = orchestrator
+    _fill_message(message, config, field)
+
+
 def _fill_message(message: Message, value: Any, field: str, enums=()) -> None:
     """Fills `message` from None, a message of its type, or a mapping in protobuf's
     JSON form; `enums` lists (key, enum type, prefix) whose string values may be
@@ -990,24 +1009,32 @@ class Client:
         """
         request = service_pb2.Request()
         message = request.simulate
-        if isinstance(config, Mapping):
-            config = dict(config)
-            orchestrator = config.get("orchestrator")
-            if isinstance(orchestrator, Mapping):
-                orchestrator = dict(orchestrator)
-                for field, enum, prefix in (
-                        ("mode", orchestrator_pb2.OrchestratorMode, "ORCHESTRATOR_MODE_"),
-                        ("staleness_policy", orchestrator_pb2.StalenessPolicy,
-                         "STALENESS_POLICY_")):
-                    if isinstance(orchestrator.get(field), str):
-                        orchestrator[field] = _enum(enum, prefix, orchestrator[field],
-                                                    "simulate.config.orchestrator." + field)
-                config["orchestrator"] = orchestrator
-        _fill_message(message.config, config, "simulate.config")
+        _fill_simulator_config(message.config, config, "simulate.config")
         message.compare = compare
         if trace_run:
             message.trace_run = trace_run
         return self.call(request).simulate
+
+    def calibrate(self, measured: Union[Mapping[str, Any], orchestrator_pb2.MeasuredRun],
+                  config: Union[None, Mapping[str, Any], orchestrator_pb2.SimulatorConfig] = None
+                  ) -> orchestrator_pb2.CalibrationReport:
+        """Calibrates the simulator to a measured sync run (``rlsched.v1.CalibrateRequest``;
+        what ``rlsched simulate --calibrate`` does).
+
+        `measured`: a ``rlsched.v1.MeasuredRun`` or its mapping, per step in seconds:
+        ``generation_seconds`` and ``train_seconds``, and optionally ``switch_seconds``,
+        ``offload_seconds``, ``other_trainer_ranks`` with ``other_train_seconds``.
+        `config`: the run's cluster and workload, as :meth:`simulate` takes it (a sync
+        run). Returns the ``rlsched.v1.CalibrationReport``: ``config`` fitted (for
+        :meth:`simulate`), ``figures`` (each measured against simulated, with its
+        residual), ``fitted`` and ``warnings``. Raises :class:`InvalidArgumentError`
+        naming the field (e.g. ``calibrate.measured.train_seconds``).
+        """
+        request = service_pb2.Request()
+        message = request.calibrate
+        _fill_simulator_config(message.config, config, "calibrate.config")
+        _fill_message(message.measured, measured, "calibrate.measured")
+        return self.call(request).calibrate
 
     def get_seqlen_balanced_partitions(self, seqlen_list: Sequence[int],
                                        k_partitions: int,

@@ -2,7 +2,7 @@
 
 :class:`InProcessClient` has every method of :class:`rlsched.Client` (``balance``,
 ``plan_step``, ``plan_micro_batches``, ``get_seqlen_balanced_partitions``,
-``reshard``, ``simulate``, ``ping``) with the same arguments and results: it builds
+``reshard``, ``simulate``, ``calibrate``, ``ping``) with the same arguments and results: it builds
 the same ``rlsched.v1.Request`` and hands it, serialized, to the native module's
 ``solve()``, which answers it with the daemon's own code (``rlsched::wire::Solve``,
 rlsched/wire/solve.h) while the GIL is released. So every option the daemon takes

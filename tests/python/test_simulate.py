@@ -3,7 +3,9 @@
 import json
 
 import pytest
+from google.protobuf import json_format
 
+from rlsched import in_process
 from rlsched.errors import InvalidArgumentError
 from rlsched.v1 import orchestrator_pb2
 
@@ -145,3 +147,31 @@ def test_new_fields_that_do_not_apply_are_refused(client):
     run = client.simulate(ok).runs[0]
     assert run.config.orchestrator.mode == orchestrator_pb2.ORCHESTRATOR_MODE_SYNC
     assert run.config.orchestrator.colocated and run.config.resume_seconds == 2
+
+
+def test_calibrate_through_the_daemon_and_in_process(client):
+    sync = dict(SMALL, orchestrator={"mode": "sync", "prompts_per_step": 8,
+                                     "samples_per_prompt": 4})
+    measured_run = client.simulate(dict(sync, decode_speed={"single_tokens_per_second": 30,
+                                                            "full_tokens_per_second": 400}))
+    m = measured_run.runs[0].report.metrics
+    measured = {"generation_seconds": m.generation_seconds_per_step,
+                "train_seconds": m.train_seconds_per_step}
+    report = client.calibrate(measured, sync)
+    assert isinstance(report, orchestrator_pb2.CalibrationReport)
+    assert [f.name for f in report.figures] == ["generation_seconds", "train_seconds"]
+    assert all(abs(f.residual) < 1e-3 for f in report.figures), report.figures
+    assert "engine.decode_base_seconds" in report.fitted and not report.warnings
+    # The fitted config reproduces the measured figures.
+    again = client.simulate(json_format.MessageToDict(report.config,
+                                                      preserving_proto_field_name=True))
+    assert again.runs[0].report.metrics.generation_seconds_per_step == pytest.approx(
+        measured["generation_seconds"], rel=1e-3)
+    if in_process.available():
+        assert in_process.InProcessClient().calibrate(measured, sync) == report
+    with pytest.raises(InvalidArgumentError) as error:
+        client.calibrate({"generation_seconds": 1, "train_seconds": -1}, sync)
+    assert error.value.field == "calibrate.measured.train_seconds"
+    with pytest.raises(InvalidArgumentError) as error:
+        client.calibrate(measured, dict(sync, engines=0))
+    assert error.value.field == "calibrate.config.engines"

@@ -819,15 +819,27 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request, const StopCh
   return reply;
 }
 
-v1::CalibrationReport SolveCalibrate(const v1::SimulatorConfig& config,
-                                     const v1::MeasuredRun& measured) {
+v1::CalibrationReport SolveCalibrate(const v1::CalibrateRequest& request) {
+  const v1::MeasuredRun& measured = request.measured();
   scheduler::MeasuredRun run{.generation_seconds = measured.generation_seconds(),
                              .train_seconds = measured.train_seconds()};
   if (measured.has_switch_seconds()) run.switch_seconds = measured.switch_seconds();
   if (measured.has_offload_seconds()) run.offload_seconds = measured.offload_seconds();
   if (measured.has_other_trainer_ranks()) run.other_trainer_ranks = measured.other_trainer_ranks();
   if (measured.has_other_train_seconds()) run.other_train_seconds = measured.other_train_seconds();
-  const scheduler::CalibrationResult result = scheduler::Calibrate(ToSimulatorConfig(config), run);
+  SimulatorConfig config;
+  try {
+    config = ToSimulatorConfig(request.config());
+  } catch (const FieldError& e) {
+    throw e.Within("config");
+  }
+  scheduler::CalibrationResult result;
+  try {
+    result = scheduler::Calibrate(config, run);
+  } catch (const FieldError& e) {
+    if (e.field().starts_with("measured.")) throw;
+    throw e.Within("config");
+  }
   v1::CalibrationReport report;
   *report.mutable_config() = ToSimulatorConfigMessage(result.config);
   for (const scheduler::CalibratedFigure& f : result.figures) {

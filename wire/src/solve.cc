@@ -22,7 +22,8 @@ namespace rlsched::wire {
 namespace {
 
 std::string EmptyRequestMessage(const v1::Request& request) {
-  std::string message = "the request sets none of balance, plan_step, ping, reshard, simulate";
+  std::string message =
+      "the request sets none of balance, plan_step, ping, reshard, simulate, calibrate";
   if (!request.GetReflection()->GetUnknownFields(request).empty()) {
     message += " (it has fields this daemon does not know: a newer client?)";
   }
@@ -43,6 +44,8 @@ std::string_view RequestKindName(v1::Request::KindCase kind) {
       return "reshard";
     case v1::Request::kSimulate:
       return "simulate";
+    case v1::Request::kCalibrate:
+      return "calibrate";
     case v1::Request::KIND_NOT_SET:
       break;
   }
@@ -82,6 +85,9 @@ v1::Reply Solve(const v1::Request& request, const std::function<bool()>& should_
         break;
       case v1::Request::kSimulate:
         *reply.mutable_simulate() = SolveSimulate(request.simulate(), should_stop);
+        break;
+      case v1::Request::kCalibrate:
+        *reply.mutable_calibrate() = SolveCalibrate(request.calibrate());
         break;
       case v1::Request::KIND_NOT_SET:
         return ErrorReply(request.id(), v1::ERROR_CODE_EMPTY_REQUEST, EmptyRequestMessage(request));

@@ -157,13 +157,13 @@ std::string_view ModeName(Mode mode);
 v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request,
                                 const scheduler::StopCheck& should_stop = {});
 
-// Calibrates `config` (a sync run's cluster and workload, as ToSimulatorConfig reads
-// it) to `measured` (scheduler::Calibrate()): the fitted config with every field set
-// (ToSimulatorConfigMessage), each figure's fit, the fitted fields and the warnings.
-// Throws std::invalid_argument naming the field ("engines: …", "measured.train_seconds:
-// …"). Deterministic; about 45 simulations.
-v1::CalibrationReport SolveCalibrate(const v1::SimulatorConfig& config,
-                                     const v1::MeasuredRun& measured);
+// Calibrates the request's config (a sync run's cluster and workload, as
+// ToSimulatorConfig reads it) to its measured run (scheduler::Calibrate()): the fitted
+// config with every field set (ToSimulatorConfigMessage), each figure's fit, the fitted
+// fields and the warnings. Throws std::invalid_argument naming the field relative to
+// the request ("config.engines: …", "measured.train_seconds: …"). Deterministic; about
+// 45 simulations.
+v1::CalibrationReport SolveCalibrate(const v1::CalibrateRequest& request);
 
 }  // namespace rlsched::wire
 
