@@ -642,7 +642,7 @@ bool Simulation::CleanTop(Engine& engine) {
     const FinishEntry& top = engine.finishes.top();
     auto it = live_.find(top.sample);
     if (it != live_.end() && it->second.engine == engine.id && !it->second.paused &&
-        it->second.serial == top.serial) {
+        !it->second.waiting && it->second.serial == top.serial) {
       return true;
     }
     engine.finishes.pop();
@@ -706,6 +706,7 @@ void Simulation::StartSample(Engine& engine, std::int64_t sample, Live live, dou
     live.engine = engine.id;
     live.paused = false;
     live.waiting = true;
+    live.serial = next_serial_++;  // no finish of an earlier start is its
     engine.waiting_ids.push_back(sample);
     live_[sample] = live;
     return;
@@ -812,6 +813,7 @@ void Simulation::Preempt(Engine& engine) {
     Live live = live_.at(newest);
     live.base = StopSample(engine, newest);
     live.waiting = true;
+    live.serial = next_serial_++;  // its pending finish is stale
     engine.waiting_ids.push_front(newest);
     live_[newest] = live;
     ++preemptions_;
@@ -904,7 +906,7 @@ void Simulation::OnTick(Engine& engine, double now) {
   for (const FinishEntry& entry : done) {
     auto it = live_.find(entry.sample);
     if (it == live_.end() || it->second.engine != engine.id || it->second.paused ||
-        it->second.serial != entry.serial) {
+        it->second.waiting || it->second.serial != entry.serial) {
       continue;  // aborted or interrupted by the core's answer to an earlier finish
     }
     const std::int64_t tokens = StopSample(engine, entry.sample);

@@ -694,10 +694,34 @@ TEST(SimulatorKvCache, BoundsConcurrency) {
   const SimulationReport small = Simulate(config);
   ExpectConserved(small);
   EXPECT_EQ(small.counters.trained, unbounded.counters.trained);
+  // Sync trains the same samples, each with every token it was drawn with.
+  EXPECT_EQ(small.counters.trained_tokens, unbounded.counters.trained_tokens);
   EXPECT_GT(small.preemptions, 0);
   EXPECT_GT(small.metrics.generation_seconds_per_step,
             1.2 * unbounded.metrics.generation_seconds_per_step);
   EXPECT_LT(small.engine_capacity_samples_per_second, unbounded.engine_capacity_samples_per_second);
+}
+
+// Seeded sync runs: whatever the KV cache (samples waiting, preempted and prefilled
+// again), every trained sample has all the tokens it was drawn with.
+TEST(SimulatorKvCache, PreemptedSamplesKeepTheirLengths) {
+  std::int64_t preemptions = 0;
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    SimulatorConfig config = RandomConfig(seed);
+    config.orchestrator =
+        OrchestratorPolicy{.prompts_per_step = config.orchestrator.prompts_per_step,
+                           .samples_per_prompt = config.orchestrator.samples_per_prompt};
+    config.filter_all_equal = false;
+    config.engine_mtbf_seconds = 0;
+    const SimulationReport unbounded = Simulate(config);
+    config.engine.kv_cache_tokens = 300 + 100 * static_cast<std::int64_t>(seed % 7);
+    const SimulationReport small = Simulate(config);
+    ExpectConserved(small);
+    EXPECT_EQ(small.counters.trained_tokens, unbounded.counters.trained_tokens);
+    preemptions += small.preemptions;
+  }
+  EXPECT_GT(preemptions, 40);
 }
 
 // The trainer's compute time scales by (ranks / reference)^(1 − exponent); the offload

@@ -62,9 +62,10 @@ struct EngineModel {
   double decode_per_sequence_seconds = 0;       // >= 0
   double decode_per_context_token_seconds = 0;  // >= 0
   // The KV cache in tokens, >= 0 (0: no bound): a dispatched sample starts decoding
-  // once the running samples' contexts plus its own fit (vLLM admits by free KV
-  // blocks); until then it waits on the engine. Growth past it (vLLM's preemption) is
-  // not modelled.
+  // once the running samples' contexts plus its own fit with room for a step (vLLM
+  // admits by free KV blocks); until then it waits on the engine. When the next decode
+  // step would not fit, the newest running sample is preempted (vLLM's recompute: it
+  // waits again, first in line, its tokens kept and prefilled again when it restarts).
   std::int64_t kv_cache_tokens = 0;
 };
 
