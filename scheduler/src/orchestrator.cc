@@ -128,18 +128,19 @@ class StepTimes {
                   std::int64_t warmup_steps) {
     const double generation = std::max(0.0, last_finish_ - first_dispatch_);
     const double step_seconds = now - (step == 0 ? start : last_step_end_);
-    generation_ += generation;
-    training_total_ += training_;
-    if (sync) switch_ += std::max(0.0, step_seconds - generation - training_);
+    const double switching = sync ? std::max(0.0, step_seconds - generation - training_) : 0.0;
+    all_.Add(generation, training_, switching);
+    if (step >= warmup_steps) steady_.Add(generation, training_, switching);
     if (step == 0 && warmup_steps == 0) warmup_end_ = start;
     if (step + 1 == warmup_steps) warmup_end_ = now;
     last_step_end_ = now;
   }
+  // Means over the steps past the warm-up, or over all when none is.
   void Fill(std::int64_t steps, std::int64_t warmup_steps, Metrics& m) const {
-    const auto n = static_cast<double>(steps);
-    m.generation_seconds_per_step = generation_ / n;
-    m.train_seconds_per_step = training_total_ / n;
-    m.switch_seconds_per_step = switch_ / n;
+    const Sums& sums = steps > warmup_steps ? steady_ : all_;
+    m.generation_seconds_per_step = sums.generation / sums.steps;
+    m.train_seconds_per_step = sums.training / sums.steps;
+    m.switch_seconds_per_step = sums.switching / sums.steps;
     if (steps > warmup_steps) {
       m.steady_seconds_per_step =
           (last_step_end_ - warmup_end_) / static_cast<double>(steps - warmup_steps);
@@ -147,8 +148,17 @@ class StepTimes {
   }
 
  private:
+  struct Sums {
+    void Add(double g, double t, double s) {
+      generation += g;
+      training += t;
+      switching += s;
+      steps += 1;
+    }
+    double generation = 0, training = 0, switching = 0, steps = 0;
+  };
   double first_dispatch_ = 0, last_finish_ = 0, training_ = 0;  // the step in training
-  double generation_ = 0, training_total_ = 0, switch_ = 0;     // sums over finished steps
+  Sums all_, steady_;                                           // over finished steps
   double warmup_end_ = 0, last_step_end_ = 0;
 };
 

@@ -1665,6 +1665,8 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
   SimulatorConfig probe = config;
   probe.seconds_per_cost_unit = 1;
   Validate(probe);
+  // The seconds are the trainer's at its reference ranks (where its scale is 1).
+  if (probe.trainer_reference_ranks > 0) probe.step.num_ranks = probe.trainer_reference_ranks;
   const OrchestratorPolicy& core = config.orchestrator;
   const std::int64_t calls = core.train_calls_per_sync;
   const double overheads = static_cast<double>(calls) * config.train_call_overhead_seconds +
@@ -1676,7 +1678,7 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
                                  Num(seconds));
   }
   const Workload workload(config);
-  const balance::StepOptions& step = config.step;
+  const balance::StepOptions& step = probe.step;
   const std::int64_t per_call = core.prompts_per_step / calls;
   double cost = 0;
   std::int64_t group = 0;
@@ -1698,7 +1700,7 @@ double CostUnitForStepSeconds(const SimulatorConfig& config, double seconds) {
     }
   }
   cost /= kCalibrationBatches;
-  return (seconds - overheads) / (cost * TrainerScale(config));
+  return (seconds - overheads) / (cost * TrainerScale(probe));
 }
 
 std::optional<SimulatorConfig> ColocatedBaseline(const SimulatorConfig& config) {

@@ -86,7 +86,8 @@ def test_generation_excludes_the_wait_for_the_trainer(rlsched_bin):
     # one_step_off: a batch that finished generating waits for the trainer; the engines'
     # own generation time leaves that out, the older mean_generation_seconds keeps it.
     reply = json.loads(simulate(rlsched_bin, *SMALL, "--steps", "3", "--mode", "one_step_off",
-                                "--train-seconds-per-step", "4000", "--json"))
+                                "--train-seconds-per-step", "4000", "--warmup-steps", "0",
+                                "--json"))
     report = reply["runs"][0]["report"]
     m = report["metrics"]
     assert 0 < m["generation_seconds_per_step"] < report["mean_generation_seconds"]

@@ -110,6 +110,25 @@ TEST(Calibrate, TrainerScalingAndOffload) {
   EXPECT_THAT(result.fitted, ::testing::Contains("trainer_scaling_exponent"));
 }
 
+// A colocated switch shorter than the weight sync alone: the weight sync is fitted,
+// release and resume are 0. A stop check stops the fit.
+TEST(Calibrate, ShortColocatedSwitchAndStop) {
+  SimulatorConfig config = SyncConfig();
+  config.orchestrator.colocated = true;
+  config.weight_sync_seconds = 3;
+  MeasuredRun measured = MeasuredFrom(config);
+  measured.switch_seconds = 0.5;
+  const CalibrationResult result = Calibrate(config, measured);
+  EXPECT_EQ(result.config.release_seconds, 0);
+  EXPECT_NEAR(result.config.weight_sync_seconds, 0.5, 0.05);
+  ASSERT_EQ(result.figures.size(), 3u);
+  EXPECT_EQ(result.figures[2].parameter, "weight_sync_seconds");
+  EXPECT_LT(std::abs(result.figures[2].residual), 1e-3);
+  EXPECT_TRUE(result.warnings.empty()) << result.warnings.front();
+  config.steps = 40;  // past the events between two stop checks (kStopCheckEvents)
+  EXPECT_THROW(Calibrate(config, measured, [] { return true; }), Stopped);
+}
+
 TEST(Calibrate, RefusesWhatItCannotFit) {
   const auto error = [](SimulatorConfig config, MeasuredRun measured) -> std::string {
     try {
@@ -128,7 +147,17 @@ TEST(Calibrate, RefusesWhatItCannotFit) {
   EXPECT_THAT(error(SyncConfig(), bad), HasSubstr("measured.train_seconds: must be > 0"));
   bad = measured;
   bad.offload_seconds = bad.train_seconds;
-  EXPECT_THAT(error(SyncConfig(), bad), HasSubstr("measured.offload_seconds: must be <"));
+  EXPECT_THAT(error(SyncConfig(), bad),
+              HasSubstr("measured.train_seconds: must be > the trainer's fixed time"));
+  bad = measured;
+  bad.other_trainer_ranks = 4;
+  bad.other_train_seconds = 0.5;
+  SimulatorConfig overhead = SyncConfig();
+  overhead.train_call_overhead_seconds = 1;
+  EXPECT_THAT(error(overhead, bad), HasSubstr("measured.other_train_seconds: must be > the"));
+  SimulatorConfig one_step = SyncConfig();
+  one_step.steps = 1;
+  EXPECT_THAT(error(one_step, measured), HasSubstr("steps: must be > orchestrator.warmup_steps"));
   bad = measured;
   bad.other_trainer_ranks = 4;
   EXPECT_THAT(error(SyncConfig(), bad), HasSubstr("measured.other_train_seconds: is needed"));

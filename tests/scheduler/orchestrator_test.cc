@@ -182,12 +182,13 @@ TEST(OrchestratorTest, SyncModeTimeline) {
   // Two steps finished in 20 s; the trainer waited 20 − 4 − 6 = 10 s for batches.
   EXPECT_DOUBLE_EQ(m.seconds_per_step, 10);
   EXPECT_DOUBLE_EQ(m.trainer_wait_seconds_per_step, 5);
-  // The engines generated in [0, 5] and [10, 14], the trainer trained 4 and 6 s; step 1
-  // took 11 s, 1 s of it the weight sync (the switch); step 0 had none.
-  EXPECT_DOUBLE_EQ(m.generation_seconds_per_step, (5.0 + 4.0) / 2);
-  EXPECT_DOUBLE_EQ(m.train_seconds_per_step, (4.0 + 6.0) / 2);
-  EXPECT_DOUBLE_EQ(m.switch_seconds_per_step, (0.0 + 1.0) / 2);
-  EXPECT_DOUBLE_EQ(m.steady_seconds_per_step, 11);  // after the 1 warm-up step (default)
+  // After the warm-up step (the default 1), step 1: the engines generated in [10, 14],
+  // the trainer trained 6 s, and the step took 11 s, 1 s of it the weight sync (the
+  // switch).
+  EXPECT_DOUBLE_EQ(m.generation_seconds_per_step, 4);
+  EXPECT_DOUBLE_EQ(m.train_seconds_per_step, 6);
+  EXPECT_DOUBLE_EQ(m.switch_seconds_per_step, 1);
+  EXPECT_DOUBLE_EQ(m.steady_seconds_per_step, 11);
   EXPECT_EQ(m.staleness_histogram, std::vector<std::int64_t>{4});
   EXPECT_EQ(core.counters().trained, 4);
   EXPECT_EQ(core.counters().trained_tokens, 60 + 40 + 17 + 18);

@@ -725,7 +725,8 @@ TEST(SimulatorKvCache, PreemptedSamplesKeepTheirLengths) {
 }
 
 // The trainer's compute time scales by (ranks / reference)^(1 − exponent); the offload
-// adds its seconds once per step; CostUnitForStepSeconds takes both into account.
+// adds its seconds once per step; CostUnitForStepSeconds takes both into account, its
+// seconds measured at the reference ranks.
 TEST(SimulatorTrainer, ScalingAndOffload) {
   SimulatorConfig config = SmallConfig();
   const double linear = Simulate(config).mean_train_seconds;
@@ -734,6 +735,11 @@ TEST(SimulatorTrainer, ScalingAndOffload) {
   EXPECT_NEAR(Simulate(config).mean_train_seconds, 2 * linear, 1e-9 * linear);
   config.trainer_offload_seconds = 7;
   EXPECT_NEAR(Simulate(config).mean_train_seconds, 2 * linear + 7, 1e-9 * linear);
+  config.seconds_per_cost_unit = CostUnitForStepSeconds(config, 40);  // at 2 ranks
+  // At 8 ranks: the offload and (40 − 7) · (2/8)^0.5 of compute (within the probe
+  // batches' 15%).
+  EXPECT_NEAR(Simulate(config).mean_train_seconds, 7 + 33 * 0.5, 3);
+  config.trainer_reference_ranks = 8;
   config.seconds_per_cost_unit = CostUnitForStepSeconds(config, 40);
   EXPECT_NEAR(Simulate(config).mean_train_seconds, 40, 6);
   // The colocated baseline keeps the measured reference: with 12 ranks instead of 8 the

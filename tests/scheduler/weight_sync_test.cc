@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "rlsched/common/error.h"
-#include "rlsched/workload/workload.h"
 #include "rlsched/rollout/model.h"
 #include "rlsched/rollout/plan.h"
 #include "rlsched/scheduler/runtime.h"
+#include "rlsched/workload/workload.h"
 #include "tiny_configs.h"
 
 namespace rlsched::scheduler {

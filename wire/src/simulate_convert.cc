@@ -819,7 +819,8 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request, const StopCh
   return reply;
 }
 
-v1::CalibrationReport SolveCalibrate(const v1::CalibrateRequest& request) {
+v1::CalibrationReport SolveCalibrate(const v1::CalibrateRequest& request,
+                                     const scheduler::StopCheck& should_stop) {
   const v1::MeasuredRun& measured = request.measured();
   scheduler::MeasuredRun run{.generation_seconds = measured.generation_seconds(),
                              .train_seconds = measured.train_seconds()};
@@ -835,7 +836,7 @@ v1::CalibrationReport SolveCalibrate(const v1::CalibrateRequest& request) {
   }
   scheduler::CalibrationResult result;
   try {
-    result = scheduler::Calibrate(config, run);
+    result = scheduler::Calibrate(config, run, should_stop);
   } catch (const FieldError& e) {
     if (e.field().starts_with("measured.")) throw;
     throw e.Within("config");

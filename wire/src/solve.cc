@@ -87,7 +87,7 @@ v1::Reply Solve(const v1::Request& request, const std::function<bool()>& should_
         *reply.mutable_simulate() = SolveSimulate(request.simulate(), should_stop);
         break;
       case v1::Request::kCalibrate:
-        *reply.mutable_calibrate() = SolveCalibrate(request.calibrate());
+        *reply.mutable_calibrate() = SolveCalibrate(request.calibrate(), should_stop);
         break;
       case v1::Request::KIND_NOT_SET:
         return ErrorReply(request.id(), v1::ERROR_CODE_EMPTY_REQUEST, EmptyRequestMessage(request));

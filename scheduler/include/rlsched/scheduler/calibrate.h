@@ -12,20 +12,21 @@
 //      t2 / t1 = (n1 / n2)^exponent, trainer_reference_ranks the measured run's ranks);
 //      seconds_per_cost_unit so that a step trains in the measured time
 //      (CostUnitForStepSeconds);
-//   2. the switch (when given): colocated, release_seconds = resume_seconds = half of
-//      what the switch leaves after weight_sync_seconds (all of it the weight sync when
-//      it is shorter than weight_sync_seconds); otherwise weight_sync_seconds;
+//   2. the switch (when given): colocated, release_seconds = resume_seconds (the
+//      weight sync instead when even none of them makes the switch short enough);
+//      otherwise weight_sync_seconds;
 //   3. the engines: engine.decode_base_seconds (the fixed time of a decode step: kernel
 //      launches, all-reduce latency, sampling — what no spec sheet gives), by bisection on
 //      the simulated generation time, which grows with it; the per-sequence and
 //      per-context costs and the prefill speed stay as given.
-// Then it simulates the fitted config and reports, per measured figure, the simulated
-// value and the residual, with a warning naming the figure when no value of its
-// parameter reaches it (e.g. a generation time below what the engines take with a zero
-// fixed step time).
+// Then it simulates the fitted config and reports, per measured figure (the second
+// trainer size's too), the simulated value and the residual, with a warning naming the
+// figure when no value of its parameter reaches it (e.g. a generation time below what the
+// engines take with a zero fixed step time) or its residual is above 1%. The figures are
+// means over the steps after orchestrator.warmup_steps, as the measured ones are.
 //
 // Pure (no I/O, clocks or threads); deterministic. Complexity: about 45 simulations of
-// the config (Simulate()'s cost each).
+// the config (Simulate()'s cost each), each handed `should_stop`.
 
 #ifndef RLSCHED_SCHEDULER_CALIBRATE_H_
 #define RLSCHED_SCHEDULER_CALIBRATE_H_
@@ -61,15 +62,18 @@ struct CalibratedFigure {
 };
 
 struct CalibrationResult {
-  SimulatorConfig config;                 // the fitted config
-  std::vector<CalibratedFigure> figures;  // generation, training, then switch if given
-  std::vector<std::string> fitted;        // the fields Calibrate() set
-  std::vector<std::string> warnings;      // each names the figure it is about
+  SimulatorConfig config;  // the fitted config
+  // generation, training, then the switch and the second size if given
+  std::vector<CalibratedFigure> figures;
+  std::vector<std::string> fitted;    // the fields Calibrate() set
+  std::vector<std::string> warnings;  // each names the figure it is about
 };
 
 // Throws FieldError naming the field ("measured.train_seconds", "orchestrator.mode":
-// the run must be sync, ...) on invalid input, as Validate(config) does.
-CalibrationResult Calibrate(const SimulatorConfig& config, const MeasuredRun& measured);
+// the run must be sync, "steps": more than the warm-up, ...) on invalid input, as
+// Validate(config) does; rlsched::Stopped when `should_stop` says so.
+CalibrationResult Calibrate(const SimulatorConfig& config, const MeasuredRun& measured,
+                            const StopCheck& should_stop = {});
 
 }  // namespace rlsched::scheduler
 

@@ -494,7 +494,8 @@ struct Metrics {
   // the trainer waited for a batch (verl's timing_s/gen in async mode).
   double seconds_per_step = 0;
   double trainer_wait_seconds_per_step = 0;
-  // Per finished step, means over the steps: the engines' own generation time (the
+  // Per finished step, means over the steps after warmup_steps (over all of them when
+  // none is past the warm-up): the engines' own generation time (the
   // first dispatch of the step's samples to the finish of its last one: no wait for
   // the trainer, no release), the trainer's time on the step (its calls), and in mode
   // kSync the switch between them (step time − generation − training, at least 0: weight

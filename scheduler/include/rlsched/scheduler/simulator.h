@@ -177,9 +177,10 @@ void SetDecodeSpeed(EngineModel& model, const DecodeSpeed& speed);
 // The model's decode speed, context cost aside (the inverse of SetDecodeSpeed). O(1).
 DecodeSpeed DecodeSpeedOf(const EngineModel& model);
 
-// The seconds_per_cost_unit with which a trainer step (all its calls, overheads
-// included) takes `seconds` on average on the config's workload: the mean planned
-// cost of kCalibrationBatches batches drawn from the length distribution (seeded by
+// The seconds_per_cost_unit with which a trainer step (all its calls, overheads and
+// the offload included) takes `seconds` on average on the config's workload at
+// trainer_reference_ranks (when set, else step.num_ranks): the mean planned cost of
+// kCalibrationBatches batches drawn from the length distribution (seeded by
 // config.seed). Throws std::invalid_argument naming `seconds` when it is not above
 // the calls' overheads, or the config's field when the config is invalid.
 // O(kCalibrationBatches · PlanStep of P·G sequences).

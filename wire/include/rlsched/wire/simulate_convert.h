@@ -163,7 +163,8 @@ v1::SimulateReply SolveSimulate(const v1::SimulateRequest& request,
 // fields and the warnings. Throws std::invalid_argument naming the field relative to
 // the request ("config.engines: …", "measured.train_seconds: …"). Deterministic; about
 // 45 simulations.
-v1::CalibrationReport SolveCalibrate(const v1::CalibrateRequest& request);
+v1::CalibrationReport SolveCalibrate(const v1::CalibrateRequest& request,
+                                     const scheduler::StopCheck& should_stop = {});
 
 }  // namespace rlsched::wire
 
