@@ -1117,27 +1117,38 @@ struct Orchestrator::State {
     return out;
   }
 
-  bool Keeps(const EngineAttached& e, const std::vector<std::int64_t>& held) const {
+  // Whether the engine is kept as it is: nullopt when not; else the samples the core
+  // has on it that it does not hold (finished while no scheduler heard, or a dispatch it
+  // never got), ascending.
+  std::optional<std::vector<std::int64_t>> Kept(const EngineAttached& e,
+                                                const std::vector<std::int64_t>& held) const {
     const auto it = engines.find(e.engine);
-    if (it == engines.end() || !it->second.alive) return false;
+    if (it == engines.end() || !it->second.alive) return std::nullopt;
     const Engine& engine = it->second;
     if (engine.max_concurrent != e.max_concurrent || engine.version != e.version ||
         engine.syncing_to >= 0 || engine.pausing || engine.releasing || engine.released) {
-      return false;
+      return std::nullopt;
     }
     std::vector<std::int64_t> mine = engine.in_flight;
     std::sort(mine.begin(), mine.end());
-    if (mine != held) return false;
-    return std::none_of(mine.begin(), mine.end(),
-                        [this](std::int64_t sample) { return At(sample).interrupted; });
+    if (!std::includes(mine.begin(), mine.end(), held.begin(), held.end()) ||
+        std::any_of(mine.begin(), mine.end(),
+                    [this](std::int64_t sample) { return At(sample).interrupted; })) {
+      return std::nullopt;
+    }
+    std::vector<std::int64_t> missing;
+    std::set_difference(mine.begin(), mine.end(), held.begin(), held.end(),
+                        std::back_inserter(missing));
+    return missing;
   }
 
   void On(const EngineAttached& e) {
     CheckTime(e.time);
     CheckJoining(e.engine, e.max_concurrent, e.version, /*must_be_new=*/false);
     std::vector<std::int64_t> held = HeldSamples(e);
-    if (Keeps(e, held)) {
+    if (std::optional<std::vector<std::int64_t>> missing = Kept(e, held)) {
       Advance(e.time);
+      TakeBack(e.engine, std::move(*missing));
       return;
     }
     Advance(e.time);
@@ -1176,6 +1187,18 @@ struct Orchestrator::State {
       out->push_back(SyncWeights{.engine = e.engine, .version = latest, .interrupt = false});
     }
     Update(engine);
+  }
+
+  // A kept engine's samples that it does not hold: back to the queue with the progress
+  // the core knows, and aborted there (a dispatch still on its way is dropped).
+  void TakeBack(std::int64_t id, std::vector<std::int64_t> missing) {
+    if (missing.empty()) return;
+    for (const std::int64_t sample : missing) {
+      Unplace(sample);
+      Enqueue(sample);
+    }
+    Update(engines.at(id));
+    out->push_back(Abort{.engine = id, .samples = std::move(missing)});
   }
 
   void RemoveEngine(std::int64_t id, bool keep_progress) {
@@ -1567,7 +1590,7 @@ std::vector<std::int64_t> Orchestrator::engines() const {
 }
 bool Orchestrator::KeepsEngine(const EngineAttached& attached) const {
   try {
-    return state_->Keeps(attached, State::HeldSamples(attached));
+    return state_->Kept(attached, State::HeldSamples(attached)).has_value();
   } catch (const std::invalid_argument&) {
     return false;
   }

@@ -860,14 +860,33 @@ TEST(OrchestratorTest, AnAttachingEngineIsKeptWhenItHoldsWhatTheCoreThinks) {
   EXPECT_TRUE(out.empty());
   EXPECT_EQ(core.counters().in_flight, 4);
 
-  // It lost one (a dispatch it never got): reset. Abort first, then the four again.
+  // It lacks one (finished while no scheduler heard, or a dispatch it never got): kept,
+  // that one aborted there and handed out again; the three it holds stay on it.
   EngineAttached fewer = same;
+  const std::int64_t lacked = fewer.samples.back();
   fewer.samples.pop_back();
-  EXPECT_FALSE(core.KeepsEngine(fewer));
+  EXPECT_TRUE(core.KeepsEngine(fewer));
   core.Handle(fewer, out);
   ASSERT_FALSE(out.empty());
   ASSERT_TRUE(std::holds_alternative<Abort>(out.front())) << Describe(out.front());
-  EXPECT_EQ(std::get<Abort>(out.front()).samples.size(), 4u);  // held, and in flight on it
+  EXPECT_EQ(std::get<Abort>(out.front()).samples, std::vector<std::int64_t>{lacked});
+  ASSERT_EQ(All<Dispatch>(out).size(), 1u);
+  ASSERT_EQ(All<Dispatch>(out)[0].samples.size(), 1u);
+  EXPECT_EQ(All<Dispatch>(out)[0].samples[0].sample, lacked);
+  EXPECT_EQ(core.counters().in_flight, 4);
+  EXPECT_EQ(core.counters().restarts, 0);
+  EXPECT_EQ(core.engines(), (std::vector<std::int64_t>{0}));
+  core.CheckInvariants();
+  out.clear();
+
+  // It holds one the core did not give it: reset. Abort first, then the four again.
+  EngineAttached other = same;
+  other.samples.back() = 1000;
+  EXPECT_FALSE(core.KeepsEngine(other));
+  core.Handle(other, out);
+  ASSERT_FALSE(out.empty());
+  ASSERT_TRUE(std::holds_alternative<Abort>(out.front())) << Describe(out.front());
+  EXPECT_EQ(std::get<Abort>(out.front()).samples.size(), 5u);  // held, and in flight on it
   EXPECT_EQ(All<Dispatch>(out).size(), 1u);
   EXPECT_EQ(core.counters().in_flight, 4);
   EXPECT_EQ(core.engines(), (std::vector<std::int64_t>{0}));

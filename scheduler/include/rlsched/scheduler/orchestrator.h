@@ -188,11 +188,14 @@ struct EngineJoined {
 };
 // An engine attaching to a live run, with what it holds (its weights, and the samples it
 // was given and has not finished or had aborted). Not joined: EngineJoined, after an
-// Abort of what it holds. Joined (a scheduler resumed from its log): kept as it is when
+// Abort of what it holds. Joined (a scheduler resumed from its log): kept when
 // KeepsEngine (the same version and concurrency, no sync, pause or release under way,
-// exactly these samples in flight on it); otherwise EngineLeft (its samples back to the
-// queue with their reported progress), Abort of what it holds and of what the core had
-// in flight on it (commands sent after its Hello reach the new stream), then EngineJoined.
+// and every sample it holds in flight on it), with the core's samples on it that it does
+// not hold (finished while no scheduler heard, or a dispatch it never got) back in the
+// queue with their reported progress and in an Abort; otherwise EngineLeft (its samples
+// back to the queue with their reported progress), Abort of what it holds and of what
+// the core had in flight on it (commands sent after its Hello reach the new stream), then
+// EngineJoined.
 // Refused as EngineJoined is, or naming samples[i] (negative, repeated) or samples (more
 // than max_concurrent).
 struct EngineAttached {
