@@ -408,7 +408,8 @@ void WorkerServer::Announce(Connection& connection, const v1::Hello& hello,
         scheduler::EngineAttached{.engine = hello.engine(),
                                   .max_concurrent = hello.max_concurrent(),
                                   .version = hello.version(),
-                                  .samples = {hello.samples().begin(), hello.samples().end()}});
+                                  .samples = {hello.samples().begin(), hello.samples().end()},
+                                  .released = hello.released()});
     return;
   }
   spdlog::info("run: trainer attached from {}", connection.peer);

@@ -1126,7 +1126,8 @@ struct Orchestrator::State {
     if (it == engines.end() || !it->second.alive) return std::nullopt;
     const Engine& engine = it->second;
     if (engine.max_concurrent != e.max_concurrent || engine.version != e.version ||
-        engine.syncing_to >= 0 || engine.pausing || engine.releasing || engine.released) {
+        engine.syncing_to >= 0 || engine.pausing ||
+        (engine.releasing || engine.released) != e.released) {
       return std::nullopt;
     }
     std::vector<std::int64_t> mine = engine.in_flight;
@@ -1149,6 +1150,12 @@ struct Orchestrator::State {
     if (std::optional<std::vector<std::int64_t>> missing = Kept(e, held)) {
       Advance(e.time);
       TakeBack(e.engine, std::move(*missing));
+      Engine& engine = engines.at(e.engine);
+      if (engine.releasing) {  // its EngineReleased went to a scheduler that died
+        engine.releasing = false;
+        engine.released = true;
+        Update(engine);
+      }
       return;
     }
     Advance(e.time);

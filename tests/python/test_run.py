@@ -1058,3 +1058,39 @@ def test_weight_update_decodes_and_checks_a_part_and_syncs_carry_it():
     with pytest.raises(ValueError, match="plan_id: '4-0000'"):
         engine.on_command(orchestrator_pb2.OrchestratorCommand(
             sync_weights=orchestrator_pb2.SyncWeights(engine=9, version=4, plan_id="4-0000")))
+
+
+def test_an_engines_hello_says_what_it_holds_and_whether_it_released():
+    # What a reattaching engine's Hello carries: its samples, and (colocated) that it
+    # released its GPU memory, until it loads weights again.
+    from rlsched.v1 import orchestrator_pb2
+    from rlsched.worker import EngineWorker
+
+    class Engine(EngineWorker):
+        def dispatch(self, dispatch):
+            pass
+
+        def abort(self, abort):
+            pass
+
+        def release(self, release):
+            self.released()
+
+        def sync_weights(self, sync):
+            pass
+
+    engine = Engine("unix:/nonexistent", 1, 4, version=0)
+    engine.on_command(orchestrator_pb2.OrchestratorCommand(dispatch=orchestrator_pb2.Dispatch(
+        engine=1, version=0, samples=[orchestrator_pb2.SampleWork(sample=s) for s in (5, 2)])))
+    hello = engine.hello()
+    assert list(hello.samples) == [2, 5] and not hello.released
+    engine.on_command(orchestrator_pb2.OrchestratorCommand(abort=orchestrator_pb2.Abort(
+        engine=1, samples=[2, 5])))
+    engine.on_command(orchestrator_pb2.OrchestratorCommand(release=orchestrator_pb2.Release(
+        engine=1)))
+    assert engine.hello().released
+    engine.on_command(orchestrator_pb2.OrchestratorCommand(
+        sync_weights=orchestrator_pb2.SyncWeights(engine=1, version=1)))
+    engine.weights_loaded(1)
+    hello = engine.hello()
+    assert not hello.released and hello.version == 1

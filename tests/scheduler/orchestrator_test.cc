@@ -1138,6 +1138,37 @@ TEST(OrchestratorTest, StreamingTrainsInCallsAndSyncsAfterTheLast) {
   core.CheckInvariants();
 }
 
+// A resumed colocated run: an engine whose EngineReleased went to a scheduler that died
+// attaches saying it released: kept, its release done, and the trainer starts. One that
+// says it did not, while the core has it released, is reset.
+TEST(OrchestratorTest, AnAttachingEngineSaysItReleased) {
+  Orchestrator core(OrchestratorOptions{
+      {.mode = Mode::kSync, .prompts_per_step = 1, .samples_per_prompt = 2, .colocated = true}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 1, .version = 0}, out);
+  core.Handle(EngineJoined{.time = 0, .engine = 1, .max_concurrent = 1, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 4)}, out);
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 10}, out);
+  core.Handle(GenerationFinished{.time = 2, .sample = 1, .tokens = 10}, out);
+  core.Handle(EngineReleased{.time = 3, .engine = 1}, out);
+  out.clear();
+  const EngineAttached released{
+      .time = 4, .engine = 0, .max_concurrent = 1, .version = 0, .released = true};
+  EXPECT_TRUE(core.KeepsEngine(released));
+  EXPECT_FALSE(core.KeepsEngine(EngineAttached{
+      .time = 4, .engine = 0, .max_concurrent = 1, .version = 0, .released = false}));
+  core.Handle(released, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Describe(out[0]), "train 0 0 1");
+  out.clear();
+  // Engine 1 restarted and lost its release: reset (it joins again, not released).
+  const EngineAttached fresh{.time = 5, .engine = 1, .max_concurrent = 1, .version = 0};
+  EXPECT_FALSE(core.KeepsEngine(fresh));
+  core.Handle(fresh, out);
+  EXPECT_EQ(core.engines(), (std::vector<std::int64_t>{0, 1}));
+  core.CheckInvariants();
+}
+
 TEST(OrchestratorTest, ColocatedReleasesTheEnginesBeforeTraining) {
   // Sync, colocated, two engines: the batch closes, both engines get Release; the
   // trainer starts when both are released; after the step both are woken by a sync.

@@ -81,6 +81,7 @@ v1::OrchestratorEvent ToEventMessage(const s::Event& event) {
           x->set_max_concurrent(e.max_concurrent);
           x->set_version(e.version);
           x->mutable_samples()->Add(e.samples.begin(), e.samples.end());
+          x->set_released(e.released);
         } else if constexpr (std::is_same_v<T, s::GenerationProgressed>) {
           v1::GenerationProgressed* x = m.mutable_generation_progressed();
           x->set_time(e.time);
@@ -166,7 +167,8 @@ s::Event ToEvent(const v1::OrchestratorEvent& m) {
                                .engine = x.engine(),
                                .max_concurrent = x.max_concurrent(),
                                .version = x.version(),
-                               .samples = {x.samples().begin(), x.samples().end()}};
+                               .samples = {x.samples().begin(), x.samples().end()},
+                               .released = x.released()};
     }
     case v1::OrchestratorEvent::kEngineFailed:
       return s::EngineFailed{.time = m.engine_failed().time(),

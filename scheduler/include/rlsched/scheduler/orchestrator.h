@@ -189,11 +189,11 @@ struct EngineJoined {
 // An engine attaching to a live run, with what it holds (its weights, and the samples it
 // was given and has not finished or had aborted). Not joined: EngineJoined, after an
 // Abort of what it holds. Joined (a scheduler resumed from its log): kept when
-// KeepsEngine (the same version and concurrency, no sync, pause or release under way,
-// and every sample it holds in flight on it), with the core's samples on it that it does
-// not hold (finished while no scheduler heard, or a dispatch it never got) back in the
-// queue with their reported progress and in an Abort; otherwise EngineLeft (its samples
-// back to the queue with their reported progress), Abort of what it holds and of what
+// KeepsEngine (the same version and concurrency, no sync or pause under way, released as
+// the core has it — released or releasing — and every sample it holds in flight on it), with the
+// core's samples on it that it does not hold (finished while no scheduler heard, or a dispatch it
+// never got) back in the queue with their reported progress and in an Abort; otherwise EngineLeft
+// (its samples back to the queue with their reported progress), Abort of what it holds and of what
 // the core had in flight on it (commands sent after its Hello reach the new stream), then
 // EngineJoined.
 // Refused as EngineJoined is, or naming samples[i] (negative, repeated) or samples (more
@@ -204,6 +204,10 @@ struct EngineAttached {
   std::int64_t max_concurrent = 1;
   std::int64_t version = -1;
   std::vector<std::int64_t> samples;
+  // Colocated: it carried out a Release (its GPU memory is the trainer's) and has not
+  // loaded weights since. Kept only when the core has it released or releasing (then the
+  // release is done).
+  bool released = false;
 };
 struct EngineLeft {  // graceful: its samples come back with their progress
   double time = 0;
