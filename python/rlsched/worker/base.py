@@ -391,7 +391,7 @@ class EngineWorker(Worker):
         self._accounts_lock = threading.Lock()
         self._pausing = False  # an interrupting sync_weights, weights_loaded not yet
         self._pause_abort = False  # that sync's pause mode is ABORT: reported samples leave
-        self._released = False  # colocated: released(), weights_loaded not yet
+        self._memory_released = False  # colocated: released(), weights_loaded not yet
 
     def hello(self) -> runtime_pb2.Hello:
         hello = super().hello()
@@ -400,7 +400,7 @@ class EngineWorker(Worker):
         with self._accounts_lock:
             hello.version = self.version
             hello.samples.extend(sorted(self._accounts))  # what it holds (a reattach)
-            hello.released = self._released
+            hello.released = self._memory_released
         return hello
 
     def on_command(self, command: orchestrator_pb2.OrchestratorCommand) -> None:
@@ -564,13 +564,13 @@ class EngineWorker(Worker):
             self.version = version
             self._pausing = False
             self._pause_abort = False
-            self._released = False
+            self._memory_released = False
         self.send_event(weights_loaded=orchestrator_pb2.WeightsLoaded(
             engine=self.engine, version=version))
 
     def released(self) -> None:
         with self._accounts_lock:
-            self._released = True  # said again in the Hello of a reattach
+            self._memory_released = True  # said again in the Hello of a reattach
         self.send_event(engine_released=orchestrator_pb2.EngineReleased(engine=self.engine))
 
 
