@@ -4,8 +4,10 @@
 // Usage
 //   fully_async_calibration [--steps N] [--seed S] [--mean-length L]
 //       [--engine roofline|scaled] [--trainer colocated|per-run] [--no-group-cap]
+//       [--decode-efficiency F]
 //   Defaults: 12 steps, seed 1, a mean response of 2,000 tokens, the roofline engine,
-//   each async run's own trainer times, the rollouter's group cap.
+//   each async run's own trainer times, the rollouter's group cap, the roofline's
+//   per-sample decode at peak FLOPs (--decode-efficiency 1; 0.5: half of peak).
 //
 // The published runs (verl's fully-async recipe README, tables "128-card 7B
 // Asynchronous Mode Experiment" and "128-card Stale Ablation": Qwen2.5-Math-7B, DAPO,
@@ -183,11 +185,12 @@ constexpr double kTensorParallel = 4;
 //   per sequence = its forward pass, 2 FLOP per parameter, at peak compute;
 //   per context token = its K and V read at peak bandwidth;
 //   prefill = peak compute / 2 FLOP per parameter.
-sched::EngineModel RooflineEngine(double overhead) {
+sched::EngineModel RooflineEngine(double overhead, double decode_efficiency) {
   sched::EngineModel model;
   model.max_concurrent = 256;
   model.decode_base_seconds = overhead + 2 * kParameters / (kTensorParallel * kMemoryBandwidth);
-  model.decode_per_sequence_seconds = 2 * kParameters / (kTensorParallel * kPeakFlops);
+  model.decode_per_sequence_seconds =
+      2 * kParameters / (kTensorParallel * kPeakFlops * decode_efficiency);
   model.decode_per_context_token_seconds = kKvBytesPerToken / (kTensorParallel * kMemoryBandwidth);
   model.prefill_tokens_per_second = kTensorParallel * kPeakFlops / (2 * kParameters);
   return model;
@@ -211,6 +214,7 @@ int Main(int argc, char** argv) {
   bool roofline = true;
   bool per_run_trainer = true;
   bool group_cap = true;
+  double decode_efficiency = 1.0;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--steps" && i + 1 < argc) {
@@ -229,17 +233,20 @@ int Main(int argc, char** argv) {
       group_cap = false;
     } else if (a == "--mean-length" && i + 1 < argc) {
       mean_length = std::atof(argv[++i]);
+    } else if (a == "--decode-efficiency" && i + 1 < argc && std::atof(argv[i + 1]) > 0 &&
+               std::atof(argv[i + 1]) <= 1) {
+      decode_efficiency = std::atof(argv[++i]);
     } else {
-      std::fprintf(
-          stderr,
-          "usage: fully_async_calibration [--steps N] [--seed S] [--mean-length L]\n"
-          "    [--engine roofline|scaled] [--trainer colocated|per-run] [--no-group-cap]\n");
+      std::fprintf(stderr,
+                   "usage: fully_async_calibration [--steps N] [--seed S] [--mean-length L]\n"
+                   "    [--engine roofline|scaled] [--trainer colocated|per-run] [--no-group-cap]\n"
+                   "    [--decode-efficiency F]\n");
       return 2;
     }
   }
   sched::SimulatorConfig workload = Workload(steps, seed, mean_length);
 
-  if (roofline) workload.engine = RooflineEngine(0);
+  if (roofline) workload.engine = RooflineEngine(0, decode_efficiency);
   if (!roofline) {
     // The engines' shape scaled so that colocated generation takes the published time
     // (twice: the fixed prefill of resumed work makes it slightly non-linear).

@@ -949,18 +949,16 @@ std::vector<std::int64_t> ReadResponseLengths(std::istream& in) {
 namespace {
 
 // The flags of the orchestrator's mode and staleness into `o`.
+// The mode --mode names.
+v1::OrchestratorMode ModeFlag(const std::string& mode) {
+  if (mode == "sync") return v1::ORCHESTRATOR_MODE_SYNC;
+  if (mode == "one_step_off") return v1::ORCHESTRATOR_MODE_ONE_STEP_OFF;
+  if (mode == "async") return v1::ORCHESTRATOR_MODE_ASYNC;
+  Fail("--mode", fmt::format("must be sync, one_step_off or async, got '{}'", mode));
+}
+
 void SetModeFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
-  if (args.mode) {
-    if (*args.mode == "sync") {
-      o.set_mode(v1::ORCHESTRATOR_MODE_SYNC);
-    } else if (*args.mode == "one_step_off") {
-      o.set_mode(v1::ORCHESTRATOR_MODE_ONE_STEP_OFF);
-    } else if (*args.mode == "async") {
-      o.set_mode(v1::ORCHESTRATOR_MODE_ASYNC);
-    } else {
-      Fail("--mode", fmt::format("must be sync, one_step_off or async, got '{}'", *args.mode));
-    }
-  }
+  if (args.mode) o.set_mode(ModeFlag(*args.mode));
   if (args.max_staleness) o.set_max_staleness(*args.max_staleness);
   if (args.partial_rollout) o.set_partial_rollout(*args.partial_rollout);
   if (args.pause_mode) {
@@ -995,13 +993,8 @@ void SetModeFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
 // modes. (--compare refuses a file's mode fields instead.)
 void DropFileModes(const SimulateArgs& args, v1::SimulatorConfig& config) {
   v1::OrchestratorOptions& o = *config.mutable_orchestrator();
-  const auto flag_mode = [&] {
-    return *args.mode == "sync"           ? v1::ORCHESTRATOR_MODE_SYNC
-           : *args.mode == "one_step_off" ? v1::ORCHESTRATOR_MODE_ONE_STEP_OFF
-                                          : v1::ORCHESTRATOR_MODE_ASYNC;
-  };
-  const bool other_mode =
-      args.mode && o.mode() != v1::ORCHESTRATOR_MODE_UNSPECIFIED && o.mode() != flag_mode();
+  const bool other_mode = args.mode && o.mode() != v1::ORCHESTRATOR_MODE_UNSPECIFIED &&
+                          o.mode() != ModeFlag(*args.mode);
   if (other_mode) {
     o.clear_mode();
     o.clear_max_staleness();
