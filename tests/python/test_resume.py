@@ -1,11 +1,11 @@
 """`rlsched run --resume`: a scheduler killed with SIGKILL at a seeded random moment,
 resumed from its event log, with real emulated worker processes that outlive it and
-reattach (sync, one_step_off and async runs; in some seeds a random engine is killed
-too). Every run finishes its steps; the trainer (its own list) trains every sample
+reattach (sync, colocated sync, one_step_off and async runs; in some seeds a random
+engine is killed too). Every run finishes its steps; the trainer (its own list) trains every sample
 once; the log (the first life's records and the resumed one's) replays to the same
 commands; the versions the engines were synced to only go up.
 
-Nine runs by default (python.resume); RLSCHED_THOROUGH=1 runs 102 (python.resume.thorough).
+Twelve runs by default (python.resume); RLSCHED_THOROUGH=1 runs 104 (python.resume.thorough).
 """
 
 import json
@@ -21,9 +21,10 @@ import pytest
 from test_run import _log_records  # the event log's records, as test_run reads them
 
 _THOROUGH = os.environ.get("RLSCHED_THOROUGH") == "1"
-_SEEDS = range(34) if _THOROUGH else range(3)  # x 3 modes: 102 runs, or 9
+_SEEDS = range(26) if _THOROUGH else range(3)  # x 4 modes: 104 runs, or 12
 _MODES = {
     "sync": {"mode": "ORCHESTRATOR_MODE_SYNC"},
+    "colocated": {"mode": "ORCHESTRATOR_MODE_SYNC", "colocated": True},
     "one_step_off": {"mode": "ORCHESTRATOR_MODE_ONE_STEP_OFF"},
     "async": {"mode": "ORCHESTRATOR_MODE_ASYNC", "max_staleness": 1, "partial_rollout": True},
 }
