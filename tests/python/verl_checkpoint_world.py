@@ -32,6 +32,7 @@ import hashlib
 import importlib
 import multiprocessing
 import os
+import shutil
 import sys
 import traceback
 
@@ -274,3 +275,5 @@ class World:
             member["process"].join(timeout=10)
             if member["process"].is_alive():
                 member["process"].kill()
+        # The store files of the gloo worlds (the members are gone).
+        shutil.rmtree(self.config["store_dir"], ignore_errors=True)
