@@ -66,8 +66,8 @@ bool WithinCap(const Loads& loads, std::int64_t cap) {
 
 }  // namespace
 
-Assignment LptOnTokens(const RankItems& items, std::int64_t m,
-                       std::span<const std::int32_t> by_tokens) {
+std::optional<Assignment> LptOnTokens(const RankItems& items, std::int64_t m,
+                                      std::span<const std::int32_t> by_tokens, std::int64_t cap) {
   const auto n = static_cast<std::int64_t>(items.tokens.size());
   // Only as many bins as items can receive one (as GreedyLptSorted).
   const auto bins = static_cast<std::size_t>(std::min(m, std::max<std::int64_t>(n, 1)));
@@ -82,6 +82,8 @@ Assignment LptOnTokens(const RankItems& items, std::int64_t m,
     assignment[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(bin);
     const Key top =
         heap.front() + (static_cast<Key>(items.tokens[static_cast<std::size_t>(i)]) << 32);
+    // The lightest bin goes over the cap: so would any (loads only grow).
+    if (top >> 32 > static_cast<Key>(cap)) return std::nullopt;
     std::size_t hole = 0;
     for (;;) {
       std::size_t child = 2 * hole + 1;
@@ -482,8 +484,7 @@ std::optional<Assignment> FirstWithinCap(const RankItems& items, std::int64_t m,
       items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
       PartSizes::kAny);
   if (Repair(items, m, cap, by_tokens, kk)) return done(std::move(kk));
-  Assignment lpt = LptOnTokens(items, m, by_tokens);
-  if (WithinCap(LoadsOf(items, m, lpt), cap)) return done(std::move(lpt));
+  if (auto lpt = LptOnTokens(items, m, by_tokens, cap)) return done(std::move(*lpt));
   // As the balanced Pack(), which takes `extra` as it is.
   if (extra) return done(*extra);
   return std::nullopt;
@@ -513,8 +514,7 @@ std::optional<Assignment> Pack(const RankItems& items, std::int64_t m, std::int6
       items.costs, items.costs == items.tokens ? by_tokens : HeaviestFirst(items.costs), m,
       PartSizes::kAny);
   if (Repair(items, m, cap, by_tokens, kk)) starts.push_back(std::move(kk));
-  Assignment lpt = LptOnTokens(items, m, by_tokens);
-  if (WithinCap(LoadsOf(items, m, lpt), cap)) starts.push_back(std::move(lpt));
+  if (auto lpt = LptOnTokens(items, m, by_tokens, cap)) starts.push_back(std::move(*lpt));
   if (starts.empty()) {
     if (auto ffd = FirstFitDecreasing(items, m, cap, by_tokens)) starts.push_back(std::move(*ffd));
   }
@@ -674,14 +674,48 @@ double TimeBound(double rank_cost, double max_item, std::int64_t m,
   return rank_cost + (p - 1.0) * std::max(rank_cost / md, max_item) + (md + p - 1.0) * o;
 }
 
+std::int64_t BinsLowerBound(std::span<const std::int64_t> tokens,
+                            std::span<const std::int32_t> heaviest_first, std::int64_t cap) {
+  const std::size_t n = heaviest_first.size();
+  std::vector<std::int64_t> w(n);           // the tokens, heaviest first
+  std::vector<std::int64_t> sum(n + 1, 0);  // sum[j]: of the j heaviest
+  for (std::size_t j = 0; j < n; ++j) {
+    w[j] = tokens[static_cast<std::size_t>(heaviest_first[j])];
+    sum[j + 1] = sum[j] + w[j];
+  }
+  // The big items, above cap / 2: a bin holds at most one. `room`: what the big items
+  // not above cap − a leave in their bins (the sums stay within ± the total tokens).
+  std::size_t big = 0;
+  std::int64_t room = 0;
+  for (; big < n && w[big] > cap / 2; ++big) room += cap - w[big];
+  std::int64_t bound = static_cast<std::int64_t>(big);
+  std::size_t above = 0;
+  // Each threshold a, a distinct size of the small items, smallest first: the small
+  // items of at least a are w[big, end).
+  for (std::size_t end = n; end > big;) {
+    const std::int64_t a = w[end - 1];
+    for (; above < big && w[above] > cap - a; ++above) room -= cap - w[above];
+    const std::int64_t spill = sum[end] - sum[big] - room;
+    if (spill > 0) bound = std::max(bound, static_cast<std::int64_t>(big) + CeilDiv(spill, cap));
+    while (end > big && w[end - 1] == a) --end;
+  }
+  return bound;
+}
+
 RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOptions& options) {
   RankSearch search{std::move(items), 0, std::nullopt};
   const std::int64_t q = options.micro_batches_multiple_of;
+  const std::int64_t cap = options.max_tokens_per_micro_batch;
   std::vector<std::int32_t> by_tokens;  // sorted at the second count (most ranks need one)
   for (std::int64_t m = from;; m += q) {
-    if (m != from && by_tokens.empty()) by_tokens = HeaviestFirst(search.items.tokens);
-    search.packing = Pack(search.items, m, options.max_tokens_per_micro_batch, options.refine,
-                          std::nullopt, PackGoalFor(options), by_tokens);
+    if (m != from && by_tokens.empty()) {
+      by_tokens = HeaviestFirst(search.items.tokens);
+      // No packing has fewer micro-batches than the bound: those counts are skipped.
+      const std::int64_t bound = BinsLowerBound(search.items.tokens, by_tokens, cap);
+      if (m < bound) m += RoundUp(bound - m, q);
+    }
+    search.packing =
+        Pack(search.items, m, cap, options.refine, std::nullopt, PackGoalFor(options), by_tokens);
     if (search.packing) {
       search.feasible_count = m;
       return search;

@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "rlsched/balance/plan_step.h"
 #include "rlsched/balance/partition.h"
+#include "rlsched/balance/plan_step.h"
 
 namespace rlsched::balance::internal {
 
@@ -123,10 +123,11 @@ std::optional<Assignment> FirstFitDecreasing(const RankItems& items, std::int64_
 
 // Longest first onto the bin with the fewest tokens (ties: lowest bin): the assignment
 // GreedyLptSorted(items.tokens, by_tokens, m, PartSizes::kAny) makes, with one sift
-// down of a heap per item instead of a pop and a push. `by_tokens`:
+// down of a heap per item instead of a pop and a push; nullopt as soon as a bin goes
+// over `cap` tokens (the greedy's packing breaks the cap). `by_tokens`:
 // HeaviestFirst(items.tokens). O(n log m).
-Assignment LptOnTokens(const RankItems& items, std::int64_t m,
-                       std::span<const std::int32_t> by_tokens);
+std::optional<Assignment> LptOnTokens(const RankItems& items, std::int64_t m,
+                                      std::span<const std::int32_t> by_tokens, std::int64_t cap);
 
 // Moves items out of bins over the cap (m bins, `cap` tokens) into the cheapest bins
 // with room, largest items first; false when some bin stays over the cap.
@@ -192,6 +193,15 @@ struct RankSearch {
   std::int64_t feasible_count = 0;    // smallest count with a packing found
   std::optional<Assignment> packing;  // that packing
 };
+
+// Martello and Toth's lower bound L2 on the bins of `cap` tokens that hold `tokens`
+// (each at most cap), given their order heaviest first: for a threshold a <= cap / 2,
+// the items above cap − a take a bin each, so do those in (cap / 2, cap − a] (no two
+// share one), and the items in [a, cap / 2] fill at best the room the latter leave;
+// the largest over the small items' sizes a. An item above cap counts as a bin of its
+// own. O(n) after the sort.
+std::int64_t BinsLowerBound(std::span<const std::int64_t> tokens,
+                            std::span<const std::int32_t> heaviest_first, std::int64_t cap);
 
 // The smallest count from `from` on (in steps of the multiple) that Pack() packs (for
 // PackGoalFor(options)).

@@ -271,14 +271,19 @@ py::list Partitions(const py::handle& lengths_object, std::int64_t num_parts, bo
 // PartitionItems() on raw weights (no cost model), answered as Partitions(): for the
 // frameworks' balancers that pass their own workloads (e.g. a FLOP estimate per
 // sequence), which may exceed a length's bound. Each weight >= 0, their sum within
-// int64.
+// int64. exact_nodes: the exact search's node budget (None: the library's default; 0:
+// no exact search, KK + LPT + refinement alone).
 py::list PartitionWeights(const py::handle& weights_object, std::int64_t num_parts,
-                          bool equal_size) {
+                          bool equal_size, const std::optional<std::int64_t>& exact_nodes) {
   CheckCount("num_parts", num_parts);
   const Int64Input weights = Int64Input::From(weights_object, "weights");
   balance::PartitionOptions options;
   options.num_parts = num_parts;
   options.equal_size = equal_size;
+  if (exact_nodes) {
+    CheckAtLeast("exact_nodes", *exact_nodes, 0);
+    options.exact.max_nodes = *exact_nodes;
+  }
   balance::Partition partition;
   {
     // PartitionItems() checks the weights (field "weights[i]", the total).
@@ -562,9 +567,10 @@ PYBIND11_MODULE(_native, m) {
         "Balance() (token cost) as lists: num_parts lists of ascending indices, as "
         "get_seqlen_balanced_partitions returns them.");
   m.def("partition_weights", &PartitionWeights, py::arg("weights"), py::arg("num_parts"),
-        py::arg("equal_size") = false,
+        py::arg("equal_size") = false, py::arg("exact_nodes") = py::none(),
         "PartitionItems() on raw weights (each >= 0, the sum within int64; no cost model): "
-        "num_parts lists of ascending indices, as partitions() returns them.");
+        "num_parts lists of ascending indices, as partitions() returns them. exact_nodes: "
+        "the exact search's node budget (None: the default; 0: none).");
   m.def("plan_step", &PlanStep, py::arg("lengths"), py::arg("num_ranks"), py::arg("max_token_len"),
         py::arg("groups") = py::none(), py::arg("equal_size") = false,
         py::arg("keep_groups") = false, py::arg("min_micro_batches") = 0,

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -194,16 +196,31 @@ TEST(PackingTest, RepairIsTheScanItReplaced) {
 }
 
 // Pack's greedy on tokens is the library's LPT (pop and push per item) made with one
-// sift down per item: the same assignment, ties (equal loads) included.
+// sift down per item: the same assignment, ties (equal loads) included; under a cap,
+// that assignment exactly when it keeps the cap.
 TEST(PackingTest, LptOnTokensIsTheGreedy) {
   int differs_from_round_robin = 0;
+  int within = 0;
+  int over = 0;
+  constexpr std::int64_t kNoCap = std::numeric_limits<std::int64_t>::max();
   for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
     const PackingInstance inst = MakePackingInstance(seed);
     const std::string what = "seed " + std::to_string(seed);
     const std::vector<std::int32_t> by_tokens = internal::HeaviestFirst(inst.items.tokens);
-    const Assignment got = internal::LptOnTokens(inst.items, inst.m, by_tokens);
+    const Assignment got = *internal::LptOnTokens(inst.items, inst.m, by_tokens, kNoCap);
     ASSERT_EQ(got, internal::GreedyLptSorted(inst.items.tokens, by_tokens, inst.m, PartSizes::kAny))
         << what;
+    std::vector<std::int64_t> loads(static_cast<std::size_t>(inst.m), 0);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      loads[static_cast<std::size_t>(got[i])] += inst.items.tokens[i];
+    }
+    const bool keeps = *std::max_element(loads.begin(), loads.end()) <= inst.cap;
+    const auto capped = internal::LptOnTokens(inst.items, inst.m, by_tokens, inst.cap);
+    ASSERT_EQ(capped.has_value(), keeps) << what;
+    if (capped) {
+      ASSERT_EQ(*capped, got) << what;
+    }
+    ++(keeps ? within : over);
     for (std::size_t s = 0; s < by_tokens.size(); ++s) {
       if (got[static_cast<std::size_t>(by_tokens[s])] !=
           static_cast<std::int32_t>(static_cast<std::int64_t>(s) % inst.m)) {
@@ -213,6 +230,71 @@ TEST(PackingTest, LptOnTokensIsTheGreedy) {
     }
   }
   EXPECT_GT(differs_from_round_robin, 100);
+  EXPECT_GT(within, 100);
+  EXPECT_GT(over, 100);
+}
+
+// The fewest bins of `cap` that hold `tokens`, by exhaustive search (few items).
+std::int64_t FewestBins(const std::vector<std::int64_t>& tokens, std::int64_t cap) {
+  std::vector<std::int64_t> loads;
+  std::int64_t best = static_cast<std::int64_t>(tokens.size());
+  std::function<void(std::size_t)> place = [&](std::size_t i) {
+    if (static_cast<std::int64_t>(loads.size()) >= best) return;
+    if (i == tokens.size()) {
+      best = static_cast<std::int64_t>(loads.size());
+      return;
+    }
+    for (std::size_t b = 0; b < loads.size(); ++b) {  // (place() may grow `loads`)
+      if (loads[b] + tokens[i] > cap) continue;
+      loads[b] += tokens[i];
+      place(i + 1);
+      loads[b] -= tokens[i];
+    }
+    loads.push_back(tokens[i]);
+    place(i + 1);
+    loads.pop_back();
+  };
+  place(0);
+  return best;
+}
+
+std::int64_t BoundOf(const std::vector<std::int64_t>& tokens, std::int64_t cap) {
+  return internal::BinsLowerBound(tokens, internal::HeaviestFirst(tokens), cap);
+}
+
+// Martello and Toth's L2: above the tokens' bound where big items leave room no small
+// item fills, and never above a packing's count (the fewest, found exhaustively on small
+// instances; first-fit decreasing's on larger ones).
+TEST(PackingTest, BinsLowerBoundIsABoundAndBeatsTheTokens) {
+  EXPECT_EQ(BoundOf({}, 10), 0);
+  EXPECT_EQ(BoundOf({6, 6, 6}, 10), 3);        // tokens alone: 2
+  EXPECT_EQ(BoundOf({6, 6, 5, 5}, 10), 3);     // 6 + 5 > 10: tokens alone 3 too
+  EXPECT_EQ(BoundOf({7, 7, 4, 4, 4}, 10), 4);  // the 4s fit beside no 7: 2 + ceil(12 / 10)
+  EXPECT_EQ(BoundOf({12, 3}, 10), 2);          // above the cap: a bin of its own
+  int above_tokens = 0;
+  for (std::uint64_t seed = 1; seed <= 3000; ++seed) {
+    workload::Rng rng(seed * 7919 + 3);
+    const std::int64_t cap = rng.UniformInt(10, 100);
+    const bool small = seed % 3 != 0;
+    const std::int64_t n = small ? rng.UniformInt(1, 9) : rng.UniformInt(10, 300);
+    std::vector<std::int64_t> tokens;
+    for (std::int64_t i = 0; i < n; ++i) tokens.push_back(rng.UniformInt(0, cap));
+    const std::int64_t bound = BoundOf(tokens, cap);
+    const std::int64_t total = std::accumulate(tokens.begin(), tokens.end(), std::int64_t{0});
+    ASSERT_GE(bound, (total + cap - 1) / cap) << seed;
+    above_tokens += bound > (total + cap - 1) / cap ? 1 : 0;
+    if (small) {
+      ASSERT_LE(bound, FewestBins(tokens, cap)) << seed;
+      continue;
+    }
+    internal::RankItems items;
+    items.tokens = tokens;
+    items.costs = tokens;
+    const auto ffd = internal::FirstFitDecreasing(items, n, cap);
+    ASSERT_TRUE(ffd.has_value());
+    ASSERT_LE(bound, *std::max_element(ffd->begin(), ffd->end()) + 1) << seed;
+  }
+  EXPECT_GT(above_tokens, 300);
 }
 
 TEST(PackingTest, FirstFitDecreasingIsTheScanItReplaced) {

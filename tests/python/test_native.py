@@ -256,3 +256,24 @@ def test_partition_weights_takes_weights_beyond_a_length():
     assert error.value.field == "weights[2]"
     with pytest.raises(ValueError, match=r"num_parts: must be in \[1, "):
         client_module._native.partition_weights([1, 2], 0)
+
+
+def test_partition_weights_exact_nodes_bounds_the_exact_search():
+    # On small instances the exact search runs after Karmarkar-Karp and refinement: it
+    # never leaves a larger max load than without it, and 0 turns it off.
+    rng = random.Random(44)
+    lower = 0
+    for _ in range(200):
+        weights = [rng.randint(1, 20000) for _ in range(rng.randint(4, 40))]
+        k = rng.randint(2, 6)
+        parts = {e: client_module._native.partition_weights(weights, k, False, exact_nodes=e)
+                 for e in (None, 0, 50)}
+        loads = {e: max(sum(weights[i] for i in p) for p in parts[e]) for e in parts}
+        for p in parts.values():
+            assert sorted(i for part in p for i in part) == list(range(len(weights)))
+        assert loads[None] <= loads[50] <= loads[0]
+        lower += loads[None] < loads[0]
+    assert lower > 20  # the search found better partitions
+    with pytest.raises(ValueError, match=r"exact_nodes: must be >= 0, got -1") as error:
+        client_module._native.partition_weights([1, 2], 2, exact_nodes=-1)
+    assert error.value.field == "exact_nodes"
