@@ -273,8 +273,8 @@ py::list Partitions(const py::handle& lengths_object, std::int64_t num_parts, bo
 // sequence), which may exceed a length's bound. Each weight >= 0, their sum within
 // int64. exact_nodes: the exact search's node budget (None: the library's default; 0:
 // no exact search, KK + LPT + refinement alone).
-py::list PartitionWeights(const py::handle& weights_object, std::int64_t num_parts,
-                          bool equal_size, const std::optional<std::int64_t>& exact_nodes) {
+py::list PartitionWeights(const py::handle& weights_object, std::int64_t num_parts, bool equal_size,
+                          const std::optional<std::int64_t>& exact_nodes) {
   CheckCount("num_parts", num_parts);
   const Int64Input weights = Int64Input::From(weights_object, "weights");
   balance::PartitionOptions options;
