@@ -7,11 +7,11 @@
 // absolute (never normalised), so a tuple's spread is max - min when all k slots are
 // used, else max - 0.
 //
-// A slot is one integer key, load · 2^32 + first item: slots order by load, then by
+// A slot is one integer key, load · 2^h + first item: slots order by load, then by
 // first item (a total order: lists are disjoint), with one integer comparison. The key
-// is 64 bits wide when the weights add up to less than 2^32 (every load does then),
-// else 128 bits.
-//
+// is 64 bits wide when the weights' total fits beside the first items' h bits (h = 32
+// for HeaviestFirstSlots' layout, else the bits of n − 1), else 128 bits with h = 32.
+
 // Combining A and B pairs A's j-th heaviest part with B's j-th lightest. In ascending
 // order (lightest first) with m = max(0, |A| + |B| - k):
 //   - A[0, m) meets B's slots in reverse: A[j] + B[m - 1 - j] (the overlap);
@@ -199,10 +199,16 @@ struct Link {
 template <typename Key>
 class Differencer {
  public:
-  // `sorted[s]` is the weight of item order[s].
+  // `sorted[s]` is the weight of item order[s]; a slot's first item takes `head_bits`
+  // bits (at least those of n − 1; the loads must fit in the rest).
   Differencer(std::span<const std::int64_t> sorted, std::span<const std::int32_t> order,
-              std::int64_t num_parts)
-      : sorted_(sorted), order_(order), n_(order.size()), k_(static_cast<std::size_t>(num_parts)) {
+              std::int64_t num_parts, int head_bits)
+      : sorted_(sorted),
+        order_(order),
+        n_(order.size()),
+        k_(static_cast<std::size_t>(num_parts)),
+        head_bits_(head_bits),
+        head_mask_((Key{1} << head_bits) - 1) {
     joins_.reset(new Link[n_ > 0 ? n_ - 1 : 0]);
   }
 
@@ -319,12 +325,8 @@ class Differencer {
     std::size_t size() const { return base.size() - lo + recent.size(); }
   };
 
-  static constexpr int kHeadBits = 32;
-
-  static std::int64_t Load(Key slot) { return static_cast<std::int64_t>(slot >> kHeadBits); }
-  static std::int32_t Head(Key slot) {
-    return static_cast<std::int32_t>(static_cast<std::uint32_t>(slot));
-  }
+  std::int64_t Load(Key slot) const { return static_cast<std::int64_t>(slot >> head_bits_); }
+  std::int32_t Head(Key slot) const { return static_cast<std::int32_t>(slot & head_mask_); }
 
   // A combination rebuilds and merges whole tuples unless one has more than this many
   // times the other's slots; then only the m lightest of each leave their heaps.
@@ -346,7 +348,7 @@ class Differencer {
     if constexpr (std::is_same_v<Key, std::uint64_t>) {
       if (!singles_.empty()) return singles_[s];
     }
-    return static_cast<Key>(sorted_[s]) << kHeadBits |
+    return static_cast<Key>(sorted_[s]) << head_bits_ |
            static_cast<Key>(static_cast<std::uint32_t>(order_[s]));
   }
   Key SingleOf(const Unit& unit) const { return Single(static_cast<std::size_t>(unit.seq)); }
@@ -662,6 +664,8 @@ class Differencer {
   std::span<const std::int32_t> order_;
   std::size_t n_;
   std::size_t k_;
+  int head_bits_ = 32;  // a slot's first item: its low head_bits_ bits
+  Key head_mask_ = 0xffff'ffffu;
   std::unique_ptr<Link[]> joins_;  // every join, in order (at most n − 1)
   std::size_t num_joins_ = 0;
   std::vector<Tuple> pool_;
@@ -694,11 +698,13 @@ Assignment KarmarkarKarpSorted(std::span<const std::int64_t> weights,
     total = 0;
     for (const std::int64_t w : sorted_weights) total += w;
   }
-  if (total < (std::int64_t{1} << 32)) {
-    Differencer<std::uint64_t> differencer(sorted_weights, order, num_parts);
+  // 64-bit slots when the first items' bits (those of n − 1) leave room for the total.
+  const int head_bits = std::max(1, static_cast<int>(std::bit_width(order.size())));
+  if (std::bit_width(static_cast<std::uint64_t>(total)) + head_bits <= 64) {
+    Differencer<std::uint64_t> differencer(sorted_weights, order, num_parts, head_bits);
     return sizes == PartSizes::kEqual ? differencer.RunEqualSize() : differencer.RunUnconstrained();
   }
-  Differencer<WideKey> differencer(sorted_weights, order, num_parts);
+  Differencer<WideKey> differencer(sorted_weights, order, num_parts, 32);
   return sizes == PartSizes::kEqual ? differencer.RunEqualSize() : differencer.RunUnconstrained();
 }
 

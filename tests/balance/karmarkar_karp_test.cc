@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -127,6 +128,30 @@ TEST(KarmarkarKarpTest, SameAsTheReferenceAroundTheKeyWidth) {
           sum += weights.back();
         }
         weights.push_back(total - sum);  // a large last item when n is small
+        ExpectSameAsReference({"total " + std::to_string(total), weights, k},
+                              "total " + std::to_string(total) + " n " + std::to_string(n) + " k " +
+                                  std::to_string(k));
+      }
+    }
+  }
+}
+
+// Above 2^32 the slots stay 64-bit while the total fits beside the items' index bits
+// (h = the bits of n − 1, so 2^(64 − h)), then 128-bit: totals on both sides of that.
+TEST(KarmarkarKarpTest, SameAsTheReferenceAroundTheNarrowHeadWidth) {
+  workload::Rng rng(78);
+  for (const std::int64_t n : {2, 7, 300, 2000}) {
+    const int head_bits = std::bit_width(static_cast<std::uint64_t>(n));
+    const std::int64_t edge = std::int64_t{1} << (64 - head_bits - 1) << 1;
+    for (const std::int64_t total : {edge / 4, edge - 2, edge - 1, edge, edge + 1}) {
+      for (const std::int64_t k : {1, 2, 3, 64}) {
+        std::vector<std::int64_t> weights;
+        std::int64_t sum = 0;
+        for (std::int64_t i = 0; i + 1 < n; ++i) {
+          weights.push_back(rng.UniformInt(0, total / n));
+          sum += weights.back();
+        }
+        weights.push_back(total - sum);
         ExpectSameAsReference({"total " + std::to_string(total), weights, k},
                               "total " + std::to_string(total) + " n " + std::to_string(n) + " k " +
                                   std::to_string(k));
