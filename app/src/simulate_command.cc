@@ -71,6 +71,7 @@ std::vector<FlagField> FlagFields(const SimulateArgs& args) {
        args.samples_per_prompt.has_value()},
       {"--filter-all-equal", "orchestrator.filter_all_equal", args.filter_all_equal},
       {"--dispatch", "orchestrator.longest_first", !args.dispatch.empty()},
+      {"--engine-split", "orchestrator.even_split", !args.engine_split.empty()},
       {"--max-generating-groups", "orchestrator.max_generating_groups",
        args.max_generating_groups.has_value()},
       {"--warmup-steps", "orchestrator.warmup_steps", args.warmup_steps.has_value()},
@@ -752,6 +753,15 @@ void AddSamplingOptions(CLI::App& command, SimulateArgs& args, const SimulatorCo
                               defaults.orchestrator.longest_first ? "longest-first" : "arrival"))
       ->type_name("longest-first|arrival")
       ->check(CLI::IsMember({"longest-first", "arrival"}));
+  command
+      .add_option("--engine-split", args.engine_split,
+                  fmt::format("Which engine takes a queued sample: load (the least predicted "
+                              "outstanding work) or even (its group's home engine, group id "
+                              "mod engines: each batch split evenly, as frameworks that chunk "
+                              "it over their servers) (default: {})",
+                              defaults.orchestrator.even_split ? "even" : "load"))
+      ->type_name("load|even")
+      ->check(CLI::IsMember({"load", "even"}));
   AddBoundedOption(command, "--max-generating-groups", args.max_generating_groups,
                    "Groups generating at once at most, 0 for no limit: a group holds its place "
                    "from its first sample's dispatch until all its samples are complete (verl's "
@@ -1019,6 +1029,7 @@ void SetBatchFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
   if (args.samples_per_prompt) o.set_samples_per_prompt(*args.samples_per_prompt);
   if (args.filter_all_equal) o.set_filter_all_equal(true);
   if (!args.dispatch.empty()) o.set_longest_first(args.dispatch == "longest-first");
+  if (!args.engine_split.empty()) o.set_even_split(args.engine_split == "even");
   if (args.max_generating_groups) o.set_max_generating_groups(*args.max_generating_groups);
   if (args.warmup_steps) o.set_warmup_steps(*args.warmup_steps);
 }

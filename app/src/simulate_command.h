@@ -103,7 +103,8 @@ struct SimulateArgs {
   std::string length_dist;  // --length-dist lognormal:MU,SIGMA,MAX; empty: none
   std::optional<double> all_equal_rate;
   bool filter_all_equal = false;
-  std::string dispatch;  // longest-first | arrival; empty: the config's
+  std::string dispatch;      // longest-first | arrival; empty: the config's
+  std::string engine_split;  // load | even; empty: the config's
   std::optional<std::int64_t> max_generating_groups;
   std::optional<std::int64_t> warmup_steps;
   std::optional<std::uint64_t> seed;

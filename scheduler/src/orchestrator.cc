@@ -707,6 +707,7 @@ struct Orchestrator::State {
   // everything. O(log n + log engines) per sample, plus the engines skipped.
   void DispatchQueued() {
     if (Done() || queue.empty() || ready.empty()) return;
+    if (options.even_split) return DispatchToHomes();
     const std::int64_t share =
         (static_cast<std::int64_t>(queue.size()) + alive_engines - 1) / alive_engines;
     const std::int64_t work_share = (queued_work + alive_engines - 1) / alive_engines;
@@ -715,10 +716,8 @@ struct Orchestrator::State {
       const bool full = cap > 0 && generating_groups >= cap;
       if (full && generating_queue.empty()) break;
       const QueueKey key = full ? *generating_queue.begin() : *queue.begin();
-      const auto [target, neg_remaining, id] = key;
-      Sample& x = At(id);
       // The engine's version must keep the sample within the bound at its target.
-      const std::int64_t need = target - s;
+      const std::int64_t need = std::get<0>(key) - s;
       if (ready_versions.empty() || ready_versions.rbegin()->first < need) break;
       Engine* best = nullptr;
       for (const auto& [outstanding, eid, e] : ready) {
@@ -728,37 +727,62 @@ struct Orchestrator::State {
         }
       }
       if (best == nullptr) break;  // later samples need the same or newer versions
-      const std::int64_t best_id = best->id;
       ++best->pass_count;
-      best->pass_work += x.remaining;
-      queued_work -= x.remaining;
-      queue.erase(key);
-      generating_queue.erase(key);
-      --counters.queued;
-      x.state = SampleState::kInFlight;
-      if (x.first_dispatch < 0) x.first_dispatch = now;
-      if (cap > 0) StartGenerating(id / G);
-      x.engine = best_id;
-      BeginSpan(id, best->version, nullptr);  // kept tokens may be newer than the engine
-      x.slot = static_cast<std::int64_t>(best->in_flight.size());
-      best->in_flight.push_back(id);
-      if (wait_for_oldest) best->in_flight_oldest.insert(x.oldest);
-      best->outstanding += x.remaining;
-      ++counters.in_flight;
-      Update(*best);
-      auto d = std::find_if(dispatches.rbegin(), dispatches.rend(),
-                            [&](const Dispatch& c) { return c.engine == best_id; });
-      if (d == dispatches.rend()) {
-        dispatches.push_back(Dispatch{.engine = best_id, .version = best->version});
-        d = dispatches.rbegin();
-      }
-      d->samples.push_back(DispatchWork(id, best->version));
+      best->pass_work += At(std::get<2>(key)).remaining;
+      Assign(key, *best);
     }
     for (const Dispatch& d : dispatches) {
       Engine& e = engines.at(d.engine);
       e.pass_count = 0;
       e.pass_work = 0;
     }
+  }
+
+  // even_split: each queued sample, in queue order, to its group's home engine when
+  // that engine takes work at the sample's version; the others wait for theirs. Stops
+  // when no engine takes work. O(queue + dispatched · log n) per call.
+  void DispatchToHomes() {
+    std::vector<Engine*> homes;
+    for (auto& [id, e] : engines) {
+      if (e.alive) homes.push_back(&e);
+    }
+    const std::int64_t cap = options.max_generating_groups;
+    for (auto it = queue.begin(); it != queue.end() && !ready.empty();) {
+      const QueueKey key = *it++;  // (Assign erases `key` only)
+      const std::int64_t id = std::get<2>(key);
+      if (cap > 0 && generating_groups >= cap && !GroupOf(id).generating) continue;
+      Engine& home = *homes[static_cast<std::size_t>(id / G) % homes.size()];
+      if (home.ready_outstanding < 0 || home.version < std::get<0>(key) - s) continue;
+      Assign(key, home);
+    }
+  }
+
+  // The queued sample of `key` to engine `e`, in this call's Dispatch to it.
+  void Assign(const QueueKey& key, Engine& e) {
+    const std::int64_t id = std::get<2>(key);
+    Sample& x = At(id);
+    queued_work -= x.remaining;
+    queue.erase(key);
+    generating_queue.erase(key);
+    --counters.queued;
+    x.state = SampleState::kInFlight;
+    if (x.first_dispatch < 0) x.first_dispatch = now;
+    if (options.max_generating_groups > 0) StartGenerating(id / G);
+    x.engine = e.id;
+    BeginSpan(id, e.version, nullptr);  // kept tokens may be newer than the engine
+    x.slot = static_cast<std::int64_t>(e.in_flight.size());
+    e.in_flight.push_back(id);
+    if (wait_for_oldest) e.in_flight_oldest.insert(x.oldest);
+    e.outstanding += x.remaining;
+    ++counters.in_flight;
+    Update(e);
+    auto d = std::find_if(dispatches.rbegin(), dispatches.rend(),
+                          [&](const Dispatch& c) { return c.engine == e.id; });
+    if (d == dispatches.rend()) {
+      dispatches.push_back(Dispatch{.engine = e.id, .version = e.version});
+      d = dispatches.rbegin();
+    }
+    d->samples.push_back(DispatchWork(id, e.version));
   }
 
   // Sample `id` as a Dispatch to an engine holding `version` carries it, from its tokens

@@ -175,3 +175,19 @@ def test_calibrate_through_the_daemon_and_in_process(client):
     with pytest.raises(InvalidArgumentError) as error:
         client.calibrate(measured, dict(sync, engines=0))
     assert error.value.field == "calibrate.config.engines"
+
+
+def test_even_split_keeps_engines_to_their_share(client):
+    # Sync, 8 engines of 16 slots for 64 x 8 samples: with the load rule an engine that
+    # is done early takes the others' queued samples; split evenly it waits, so the step
+    # is longer. The same reply through the daemon and in process.
+    config = {"engines": 8, "steps": 4, "engine": {"max_concurrent": 16},
+              "orchestrator": {"mode": "sync", "prompts_per_step": 64, "samples_per_prompt": 8}}
+    even = dict(config, orchestrator=dict(config["orchestrator"], even_split=True))
+    load_run, even_run = client.simulate(config).runs[0], client.simulate(even).runs[0]
+    assert not load_run.config.orchestrator.even_split and even_run.config.orchestrator.even_split
+    assert even_run.report.counters.trained == load_run.report.counters.trained == 4 * 64 * 8
+    load_m, even_m = load_run.report.metrics, even_run.report.metrics
+    assert even_m.generation_seconds_per_step > 1.05 * load_m.generation_seconds_per_step
+    if in_process.available():
+        assert in_process.InProcessClient().simulate(even).runs[0] == even_run

@@ -1245,6 +1245,60 @@ TEST(OrchestratorTest, LongestFirstOrArrivalOrder) {
   }
 }
 
+TEST(OrchestratorTest, EvenSplitKeepsEachGroupOnItsHomeEngine) {
+  // Sync, P = 4 prompts of G = 2, engines 0 and 1 of 2 slots: groups 0 and 2 are
+  // engine 0's, 1 and 3 engine 1's. When engine 1 frees its slots it takes group 3,
+  // not the older group 2 waiting for engine 0. (The load rule deals the samples
+  // alternately: 0 and 2 to engine 0, 1 and 3 to engine 1.)
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kSync,
+                                         .prompts_per_step = 4,
+                                         .samples_per_prompt = 2,
+                                         .longest_first = false,
+                                         .even_split = true}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(EngineJoined{.time = 0, .engine = 1, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 4)}, out);
+  auto on = [](const std::vector<Command>& commands, std::int64_t engine) {
+    std::vector<std::int64_t> samples;
+    for (const Dispatch& d : All<Dispatch>(commands)) {
+      if (d.engine != engine) continue;
+      for (const SampleWork& w : d.samples) samples.push_back(w.sample);
+    }
+    return samples;
+  };
+  EXPECT_EQ(on(out, 0), (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(on(out, 1), (std::vector<std::int64_t>{2, 3}));
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 2, .tokens = 5, .engine = 1}, out);
+  core.Handle(GenerationFinished{.time = 1, .sample = 3, .tokens = 5, .engine = 1}, out);
+  EXPECT_EQ(on(out, 1), (std::vector<std::int64_t>{6, 7}));
+  EXPECT_TRUE(on(out, 0).empty());
+  out.clear();
+  core.Handle(GenerationFinished{.time = 2, .sample = 0, .tokens = 5, .engine = 0}, out);
+  EXPECT_EQ(on(out, 0), (std::vector<std::int64_t>{4}));
+  core.CheckInvariants();
+}
+
+TEST(OrchestratorTest, EvenSplitRehomesWhenAnEngineFails) {
+  // Engine 1 fails: its group goes back to the queue and, one engine alive, home is
+  // engine 0 for every group.
+  Orchestrator core(OrchestratorOptions{
+      {.mode = Mode::kSync, .prompts_per_step = 2, .samples_per_prompt = 1, .even_split = true}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(EngineJoined{.time = 0, .engine = 1, .max_concurrent = 2, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 2)}, out);
+  out.clear();
+  core.Handle(EngineFailed{.time = 1, .engine = 1}, out);
+  const std::vector<Dispatch> again = All<Dispatch>(out);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].engine, 0);
+  ASSERT_EQ(again[0].samples.size(), 1u);
+  EXPECT_EQ(again[0].samples[0].sample, 1);
+  core.CheckInvariants();
+}
+
 TEST(OrchestratorTest, GeneratingGroupsAreCapped) {
   // Sync, P = 3 prompts of G = 2 samples, one engine of 8 slots, at most 2 groups
   // generating: groups 0 and 1 start; group 2 starts when group 0 is complete, not
@@ -1387,6 +1441,7 @@ struct World {
                               .keep_partial_on_failure = rng.UniformInt(0, 1) == 1}};
     if (o.policy == StalenessPolicy::kFraction) core.staleness_fraction = o.fraction;
     core.longest_first = rng.UniformInt(0, 3) != 0;
+    core.even_split = o.seed % 4 == 1;  // (not drawn: the worlds' draws stay as they were)
     if (o.streaming) core.train_calls_per_sync = core.prompts_per_step;
     core.colocated = o.colocated;
     core.max_generating_groups = o.max_generating_groups;
@@ -1404,6 +1459,12 @@ struct World {
         EngineState& e = engines.at(d->engine);
         ASSERT_FALSE(e.syncing);
         for (const SampleWork& w : d->samples) {
+          // Even split: from the queue, a group goes only to its home engine among those
+          // alive (an aborted pause's samples go back to their own engine instead).
+          if (core_options.even_split && core_options.pause_mode == PauseMode::kKeep) {
+            const auto home = std::next(engines.begin(), w.group % std::ssize(engines));
+            ASSERT_EQ(home->first, d->engine) << "group " << w.group;
+          }
           ASSERT_FALSE(e.running.contains(w.sample));
           e.running[w.sample] = w.resume_from;
           e.spans[w.sample] = {{.version = d->version, .first_token = w.resume_from}};

@@ -33,7 +33,7 @@ constexpr std::array<ComparisonRun, 6> kComparisonRuns = {{
 
 // The OrchestratorPolicy fields: a message of the simulator's Validate() that starts
 // with one of these (without "orchestrator.") is about them.
-constexpr std::array<std::string_view, 19> kOrchestratorFields = {
+constexpr std::array<std::string_view, 20> kOrchestratorFields = {
     "mode",
     "max_staleness",
     "partial_rollout",
@@ -49,6 +49,7 @@ constexpr std::array<std::string_view, 19> kOrchestratorFields = {
     "length_quantile",
     "initial_prediction",
     "longest_first",
+    "even_split",
     "max_generating_groups",
     "max_response_tokens",
     "warmup_steps",
@@ -229,6 +230,7 @@ void ApplyOrchestrator(const v1::OrchestratorOptions& in, SimulatorConfig& confi
   if (in.has_length_quantile()) out.length_quantile = in.length_quantile();
   if (in.has_initial_prediction()) out.initial_prediction = in.initial_prediction();
   if (in.has_longest_first()) out.longest_first = in.longest_first();
+  if (in.has_even_split()) out.even_split = in.even_split();
   if (in.has_max_generating_groups()) out.max_generating_groups = in.max_generating_groups();
   if (in.has_warmup_steps()) out.warmup_steps = in.warmup_steps();
   if (in.has_max_response_tokens()) out.max_response_tokens = in.max_response_tokens();
@@ -654,6 +656,7 @@ v1::SimulatorConfig ToSimulatorConfigMessage(const SimulatorConfig& config) {
   orchestrator->set_length_quantile(o.length_quantile);
   orchestrator->set_initial_prediction(o.initial_prediction);
   orchestrator->set_longest_first(o.longest_first);
+  orchestrator->set_even_split(o.even_split);
   orchestrator->set_max_generating_groups(o.max_generating_groups);
   orchestrator->set_warmup_steps(o.warmup_steps);
   orchestrator->set_max_response_tokens(o.max_response_tokens);

@@ -84,7 +84,9 @@
 //   most its fair share of the queue (count and predicted work over the engines
 //   alive), so engines that become ready one event after another (weights loaded
 //   together) share a wave. The length predictor uses the prompt's earlier lengths
-//   (mean), else a running quantile of all finished lengths.
+//   (mean), else a running quantile of all finished lengths. With even_split a group's
+//   samples go only to its home engine (group id mod the engines alive, by id), which
+//   takes them in the same order as its slots free up: no engine takes another's work.
 //
 //   Faults. A failed engine's in-flight samples go back to the queue; their partial
 //   tokens are kept (resumed elsewhere) or discarded per `keep_partial_on_failure`.
@@ -407,6 +409,10 @@ struct OrchestratorPolicy {
   // Dispatch queued samples longest predicted first (within a target batch); false:
   // in admission order, first in first out, as the peers' rollout loops do.
   bool longest_first = true;
+  // Each group's samples only to its home engine, the (g mod E)-th of the E engines
+  // alive (by id), in queue order as its slots free up (frameworks that chunk each
+  // batch over their servers); false: to the least loaded engine.
+  bool even_split = false;
   // At most this many groups generating at once, >= 0 (0: no limit): a group holds its
   // place from the dispatch of its first sample until all its samples are complete
   // (verl's fully-async rollouter runs at most 16 prompts per inference server, each
