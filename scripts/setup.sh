@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-protobuf
   libgrpc++-dev protobuf-compiler-grpc python3-grpcio python3-torch pybind11-dev python3-numpy
   python3-venv python3-pip python3-setuptools python3-wheel openssl python3-matplotlib
-  python3-flake8 mypy
+  python3-flake8 mypy mkdocs mkdocs-material mkdocstrings mkdocstrings-python-handlers
 )
 
 missing=()
