@@ -9,6 +9,7 @@ the program now; README.md stays within 200 lines.
 
 import glob
 import importlib
+import json
 import os
 import re
 import shutil
@@ -272,3 +273,17 @@ def test_the_readmes_links_resolve():
             if not os.path.exists(os.path.join(REPO, path)):
                 broken.append(f"{page}: {target}")
     assert not broken, broken
+
+
+def test_each_figure_was_made_by_the_current_script_from_the_current_inputs(rlsched_bin):
+    import make_figures  # scripts/
+    with open(make_figures.DIGESTS, encoding="utf-8") as f:
+        recorded = json.load(f)
+    assert sorted(recorded) == sorted(make_figures.NAMES)
+    pages = "".join(open(os.path.join(REPO, p), encoding="utf-8").read() for p in PAGES)
+    for name in make_figures.NAMES:
+        assert os.path.exists(os.path.join(make_figures.IMAGES, name + ".png")), name
+        assert f"images/{name}.png" in pages, f"no page shows {name}.png"
+        data = make_figures.inputs(name, rlsched_bin)
+        assert recorded[name] == make_figures.digest(name, data), \
+            f"docs/images/{name}.png is stale: run scripts/make_figures.py"
