@@ -119,6 +119,18 @@ def test_the_daemon_guide_names_every_request_kind(rlsched_bin):
         assert f"`{kind}`" in paragraph and kind in serve_help, kind
 
 
+def test_the_protocol_page_names_every_request_kind_and_error_code():
+    from rlsched.v1 import service_pb2  # generated module
+
+    with open(os.path.join(_DOCS, "reference", "protocol.md"), encoding="utf-8") as f:
+        text = f.read()
+    kinds = [f.name for f in service_pb2.Request.DESCRIPTOR.oneofs_by_name["kind"].fields]
+    replies = [f.name for f in service_pb2.Reply.DESCRIPTOR.oneofs_by_name["kind"].fields]
+    codes = service_pb2.ErrorCode.keys()
+    for name in kinds + replies + codes:
+        assert f"`{name}`" in text, name
+
+
 # ---- what the pages name ----
 
 _TOP = ("app", "balance", "benchmarks", "common", "docs", "examples", "proto", "python",
