@@ -702,25 +702,53 @@ std::int64_t BinsLowerBound(std::span<const std::int64_t> tokens,
   return bound;
 }
 
+namespace {
+
+// The bins first-fit decreasing uses when it may open as many as it needs; nullopt when
+// an item is above the cap.
+std::optional<std::int64_t> FirstFitBins(const RankItems& items, std::int64_t cap,
+                                         std::span<const std::int32_t> by_tokens) {
+  const auto n = static_cast<std::int64_t>(items.tokens.size());
+  const auto packing = FirstFitDecreasing(items, std::max<std::int64_t>(n, 1), cap, by_tokens);
+  if (!packing) return std::nullopt;
+  return packing->empty() ? 0 : *std::max_element(packing->begin(), packing->end()) + 1;
+}
+
+}  // namespace
+
 RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOptions& options) {
   RankSearch search{std::move(items), 0, std::nullopt};
   const std::int64_t q = options.micro_batches_multiple_of;
   const std::int64_t cap = options.max_tokens_per_micro_batch;
-  std::vector<std::int32_t> by_tokens;  // sorted at the second count (most ranks need one)
-  for (std::int64_t m = from;; m += q) {
-    if (m != from && by_tokens.empty()) {
-      by_tokens = HeaviestFirst(search.items.tokens);
-      // No packing has fewer micro-batches than the bound: those counts are skipped.
-      const std::int64_t bound = BinsLowerBound(search.items.tokens, by_tokens, cap);
-      if (m < bound) m += RoundUp(bound - m, q);
-    }
+  std::vector<std::int32_t> by_tokens;  // sorted after the first count (most ranks need one)
+  auto pack_at = [&](std::int64_t m) {
     search.packing =
         Pack(search.items, m, cap, options.refine, std::nullopt, PackGoalFor(options), by_tokens);
-    if (search.packing) {
-      search.feasible_count = m;
-      return search;
+    if (search.packing) search.feasible_count = m;
+    return search.packing.has_value();
+  };
+  if (pack_at(from)) return search;
+  by_tokens = HeaviestFirst(search.items.tokens);
+  // No packing has fewer micro-batches than Martello and Toth's bound.
+  const std::int64_t lowest =
+      from + RoundUp(std::max(BinsLowerBound(search.items.tokens, by_tokens, cap) - from, q), q);
+  // First-fit decreasing packs every count from the bins it uses on (the same packing
+  // with bins left empty): from there down, while a count still packs.
+  const std::optional<std::int64_t> first_fit = FirstFitBins(search.items, cap, by_tokens);
+  std::int64_t m =
+      first_fit ? std::max(lowest, from + RoundUp(std::max<std::int64_t>(*first_fit - from, 0), q))
+                : lowest;
+  while (!pack_at(m)) m += q;
+  for (m -= q; m >= lowest; m -= q) {
+    std::optional<Assignment> higher = std::move(search.packing);
+    const std::int64_t higher_count = search.feasible_count;
+    if (!pack_at(m)) {
+      search.packing = std::move(higher);
+      search.feasible_count = higher_count;
+      break;
     }
   }
+  return search;
 }
 
 std::int64_t SmallestWithin(const std::vector<std::pair<std::int64_t, std::int64_t>>& tried,

@@ -203,8 +203,11 @@ struct RankSearch {
 std::int64_t BinsLowerBound(std::span<const std::int64_t> tokens,
                             std::span<const std::int32_t> heaviest_first, std::int64_t cap);
 
-// The smallest count from `from` on (in steps of the multiple) that Pack() packs (for
-// PackGoalFor(options)).
+// A count Pack() packs (for PackGoalFor(options)), in steps of the multiple from
+// `from`: `from` itself when it packs (most ranks); else, first-fit decreasing packing
+// every count from the bins it uses on, the smallest reached going down from there while
+// each next count still packs, never below BinsLowerBound(). (The smallest count any
+// construction packs, unless one packs a count below a count none packs.)
 RankSearch FindFeasible(RankItems items, std::int64_t from, const MicroBatchOptions& options);
 
 // The smallest count whose time is within `tolerance` of the best of `tried`

@@ -377,6 +377,50 @@ TEST(PackingTest, PackWithinCapPacksWhatTheBalancedPackPacks) {
   EXPECT_GT(differs, 10);  // the goals do differ
 }
 
+// FindFeasible() against the upward search it replaced (the smallest count from
+// `from`, in steps of the multiple, that Pack() packs): the same count, unless Pack()
+// packs none of the counts between that one and FindFeasible()'s (the search comes down
+// from first-fit's count while counts pack); its packing is under the cap with every
+// item once; both goals, multiples 1 and 2.
+TEST(PackingTest, FindFeasibleIsTheSmallestCountWhereCountsPackDownward) {
+  int searched = 0;
+  int same = 0;
+  for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
+    PackingInstance inst = MakePackingInstance(seed);
+    if (inst.items.tokens.empty()) continue;
+    MicroBatchOptions options;
+    options.max_tokens_per_micro_batch = inst.cap;
+    options.micro_batches_multiple_of = seed % 3 == 0 ? 2 : 1;
+    options.pipeline_stages = seed % 2 == 0 ? 1 : 2;  // kWithinCap, kBalanced
+    const std::int64_t q = options.micro_batches_multiple_of;
+    const std::int64_t from = internal::SmallestCount(inst.items.total_tokens, options);
+    auto packs = [&](std::int64_t m) {
+      return internal::Pack(inst.items, m, inst.cap, options.refine, std::nullopt,
+                            internal::PackGoalFor(options))
+          .has_value();
+    };
+    std::int64_t want = from;
+    while (!packs(want)) want += q;
+    const std::string what = "seed " + std::to_string(seed);
+    const internal::RankSearch got = internal::FindFeasible(inst.items, from, options);
+    ASSERT_TRUE(got.packing.has_value()) << what;
+    ASSERT_GE(got.feasible_count, want) << what;
+    ASSERT_EQ((got.feasible_count - from) % q, 0) << what;
+    inst.m = got.feasible_count;
+    ExpectValid(inst, *got.packing, true, what);
+    if (got.feasible_count > want) {
+      bool gap = false;  // a count between them that nothing packs
+      for (std::int64_t m = want + q; m < got.feasible_count; m += q) gap = gap || !packs(m);
+      ASSERT_TRUE(gap) << what << ": " << want << " packs, FindFeasible gave "
+                       << got.feasible_count;
+    }
+    ++searched;
+    same += got.feasible_count == want ? 1 : 0;
+  }
+  EXPECT_GT(searched, 1000);
+  EXPECT_GT(same, searched * 99 / 100);
+}
+
 // With one pipeline stage a rank is packed for the cap alone: the plan keeps every
 // invariant (each sequence once, the cap, no empty micro-batch, the bound below the
 // time), and its time is the ranks' cost plus m overheads, as with any packing at that
