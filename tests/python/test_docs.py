@@ -9,6 +9,7 @@ the program now; README.md stays within 200 lines.
 
 import glob
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -96,14 +97,24 @@ def test_the_command_reference_is_the_programs_help(rlsched_bin):
         "docs/reference/cli.md is stale: run scripts/cli_reference.py"
 
 
-def test_the_program_page_lists_every_command(rlsched_bin):
+def test_the_program_page_lists_every_command_and_flag(rlsched_bin):
     top = subprocess.run([rlsched_bin, "--help"], capture_output=True, text=True).stdout
     commands = cli_reference.commands(top)
     assert {"balance", "plan-step", "serve", "reshard", "simulate", "run"} <= set(commands)
     usage = next(b.text for b in blocks("docs/reference/program.md")
                  if b.language == "text" and b.text.startswith("rlsched balance"))
+    missing = []
     for name in commands:
         assert f"rlsched {name} " in usage, name
+        part = re.split(r"\nrlsched [a-z]", usage.split(f"rlsched {name} ", 1)[1], maxsplit=1)[0]
+        if "the cost options of balance" in part:
+            part += usage.split("rlsched plan-step", 1)[0]
+        text = subprocess.run([rlsched_bin, name, "--help"], capture_output=True,
+                              text=True).stdout
+        for flag in re.findall(r"^  (--[a-z0-9-]+)", text, flags=re.M):
+            if flag != "--help" and not re.search(re.escape(flag) + r"(?![a-z-])", part):
+                missing.append(f"{name} {flag}")
+    assert not missing, missing
 
 
 def test_the_daemon_guide_names_every_request_kind(rlsched_bin):
@@ -177,6 +188,11 @@ def test_named_rlsched_objects_exist():
 
 
 def _importable(name):
+    try:  # a module (without importing it: some need their framework installed)
+        if importlib.util.find_spec(name) is not None:
+            return True
+    except (ImportError, ValueError):
+        pass
     parts = name.split(".")
     if parts[:2] == ["rlsched", "v1"] and len(parts) > 2 and not parts[2].endswith("_pb2"):
         return _proto_name(parts[2:])
