@@ -88,6 +88,11 @@ def test_mkdocs_builds_strict(tmp_path):
     result = subprocess.run(["mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
+    # The Python reference: made from the docstrings, their Sphinx roles rendered as code.
+    with open(tmp_path / "site" / "reference" / "python" / "index.html", encoding="utf-8") as f:
+        page = f.read()
+    assert "plan_step_indices" in page and "get_seqlen_balanced_partitions" in page
+    assert not re.search(r":(class|func|meth|mod):<code>", page)
 
 
 def test_the_command_reference_is_the_programs_help(rlsched_bin):
