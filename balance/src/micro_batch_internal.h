@@ -194,8 +194,8 @@ struct RankSearch {
   std::optional<Assignment> packing;  // that packing
 };
 
-// Martello and Toth's lower bound L2 on the bins of `cap` tokens that hold `tokens`
-// (each at most cap), given their order heaviest first: for a threshold a <= cap / 2,
+// Martello and Toth's lower bound L2 on the bins of `cap` tokens that hold `tokens`,
+// given their order heaviest first: for a threshold a <= cap / 2,
 // the items above cap − a take a bin each, so do those in (cap / 2, cap − a] (no two
 // share one), and the items in [a, cap / 2] fill at best the room the latter leave;
 // the largest over the small items' sizes a. An item above cap counts as a bin of its

@@ -740,14 +740,18 @@ struct Orchestrator::State {
 
   // even_split: each queued sample, in queue order, to its group's home engine when
   // that engine takes work at the sample's version; the others wait for theirs. Stops
-  // when no engine takes work. O(queue + dispatched · log n) per call.
+  // when no engine takes work. O(scanned + dispatched · log n) per call, where scanned
+  // is the queue, or at the generating-groups cap the generating groups' samples.
   void DispatchToHomes() {
     std::vector<Engine*> homes;
     for (auto& [id, e] : engines) {
       if (e.alive) homes.push_back(&e);
     }
     const std::int64_t cap = options.max_generating_groups;
-    for (auto it = queue.begin(); it != queue.end() && !ready.empty();) {
+    // At the cap only the generating groups' samples may go: scan those alone.
+    const std::set<QueueKey>& scanned =
+        cap > 0 && generating_groups >= cap ? generating_queue : queue;
+    for (auto it = scanned.begin(); it != scanned.end() && !ready.empty();) {
       const QueueKey key = *it++;  // (Assign erases `key` only)
       const std::int64_t id = std::get<2>(key);
       if (cap > 0 && generating_groups >= cap && !GroupOf(id).generating) continue;

@@ -1280,6 +1280,35 @@ TEST(OrchestratorTest, EvenSplitKeepsEachGroupOnItsHomeEngine) {
   core.CheckInvariants();
 }
 
+TEST(OrchestratorTest, EvenSplitKeepsTheGeneratingGroupsCap) {
+  // One group generating at a time, groups 0 and 1 homed on engines 0 and 1: group 1
+  // starts on engine 1 only when group 0 is complete, though engine 1 is idle.
+  Orchestrator core(OrchestratorOptions{{.mode = Mode::kSync,
+                                         .prompts_per_step = 2,
+                                         .samples_per_prompt = 2,
+                                         .longest_first = false,
+                                         .even_split = true,
+                                         .max_generating_groups = 1}});
+  std::vector<Command> out;
+  core.Handle(EngineJoined{.time = 0, .engine = 0, .max_concurrent = 4, .version = 0}, out);
+  core.Handle(EngineJoined{.time = 0, .engine = 1, .max_concurrent = 4, .version = 0}, out);
+  core.Handle(PromptsAvailable{.time = 0, .prompts = MakePrompts(0, 2)}, out);
+  std::vector<Dispatch> sent = All<Dispatch>(out);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].engine, 0);
+  EXPECT_EQ(sent[0].samples.size(), 2u);
+  out.clear();
+  core.Handle(GenerationFinished{.time = 1, .sample = 0, .tokens = 5, .engine = 0}, out);
+  EXPECT_TRUE(All<Dispatch>(out).empty());
+  core.Handle(GenerationFinished{.time = 2, .sample = 1, .tokens = 5, .engine = 0}, out);
+  sent = All<Dispatch>(out);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].engine, 1);
+  ASSERT_EQ(sent[0].samples.size(), 2u);
+  EXPECT_EQ(sent[0].samples[0].sample, 2);
+  core.CheckInvariants();
+}
+
 TEST(OrchestratorTest, EvenSplitRehomesWhenAnEngineFails) {
   // Engine 1 fails: its group goes back to the queue and, one engine alive, home is
   // engine 0 for every group.
