@@ -49,6 +49,15 @@ def test_every_page_is_in_the_navigation_and_back():
     assert sorted(os.path.join("docs", p) for p in nav) == PAGES
 
 
+def test_no_page_names_an_internal_issue():
+    found = []
+    for page in PAGES + ["README.md", "benchmarks/README.md"]:
+        with open(os.path.join(REPO, page), encoding="utf-8") as f:
+            found += [f"{page}: {m}" for m in
+                      re.findall(r"\b[Ii]ssues? ?\d+|issue's|issue-\d+", f.read())]
+    assert not found, found
+
+
 def test_the_readme_is_short():
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         assert len(f.read().splitlines()) <= 200
