@@ -1,6 +1,7 @@
 #include "command_common.h"
 
 #include <fmt/format.h>
+#include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -435,6 +436,17 @@ void WriteWholeFile(std::string_view option, const std::string& path, std::strin
   file << text;
   file.close();
   if (!file) throw std::runtime_error(fmt::format("{} {}: cannot write", option, path));
+}
+
+void ParseJsonFile(std::string_view option, const std::string& path, std::string_view text,
+                   google::protobuf::Message& message) {
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(text.data(), text.size()), &message);
+  if (!status.ok()) {
+    Fail(fmt::format("{} {}", option, path),
+         fmt::format("not a JSON {}: {}", message.GetDescriptor()->full_name(),
+                     std::string(status.message())));
+  }
 }
 
 }  // namespace rlsched::app

@@ -41,6 +41,10 @@
 #include "rlsched/balance/cost_model.h"
 #include "rlsched/v1/balance.pb.h"
 
+namespace google::protobuf {
+class Message;
+}
+
 namespace rlsched::app {
 
 // The built-in example: workload::GrpoBatch(kExamplePrompts, kExampleSamples, seed).
@@ -198,6 +202,10 @@ std::ifstream OpenFile(std::string_view option, const std::string& path);
 std::string ReadWholeFile(std::string_view option, const std::string& path, std::int64_t max_bytes);
 // Writes `text` to `path` (replaced), for `option`'s errors.
 void WriteWholeFile(std::string_view option, const std::string& path, std::string_view text);
+// `text`, the file `path` given to `option`, parsed into `message` from protobuf's JSON
+// mapping; else an error naming the option, the file and the message's type.
+void ParseJsonFile(std::string_view option, const std::string& path, std::string_view text,
+                   google::protobuf::Message& message);
 
 // The text of a --model value, as `reshard`, `run` and the cost options read it: a Hugging Face
 // config.json, or a model folder holding one (its config.json is read), at most

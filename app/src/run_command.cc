@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -551,12 +550,8 @@ void AwaitStart(const RunArgs& args, const WorkerServer& server, const ScaledClo
 scheduler::SimulatorConfig ReadRunConfig(const RunArgs& args) {
   v1::SimulatorConfig config_message;
   if (!args.config.empty()) {
-    const std::string text = ReadWholeFile("--config", args.config, kMaxRunFileBytes);
-    const auto status = google::protobuf::util::JsonStringToMessage(text, &config_message);
-    if (!status.ok()) {
-      Fail(fmt::format("--config {}", args.config),
-           fmt::format("not a JSON rlsched.v1.SimulatorConfig: {}", std::string(status.message())));
-    }
+    ParseJsonFile("--config", args.config, ReadWholeFile("--config", args.config, kMaxRunFileBytes),
+                  config_message);
   }
   if (args.steps) config_message.set_steps(*args.steps);
   try {

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <google/protobuf/util/json_util.h>
 
 #include <cmath>
 
@@ -18,13 +17,9 @@ namespace {
 constexpr std::int64_t kMaxMeasuredBytes = 1 << 20;
 
 v1::MeasuredRun ReadMeasured(const std::string& path) {
-  const std::string text = ReadWholeFile("--calibrate", path, kMaxMeasuredBytes);
   v1::MeasuredRun measured;
-  const auto status = google::protobuf::util::JsonStringToMessage(text, &measured);
-  if (!status.ok()) {
-    Fail(fmt::format("--calibrate {}", path),
-         fmt::format("not a JSON rlsched.v1.MeasuredRun: {}", std::string(status.message())));
-  }
+  ParseJsonFile("--calibrate", path, ReadWholeFile("--calibrate", path, kMaxMeasuredBytes),
+                measured);
   return measured;
 }
 

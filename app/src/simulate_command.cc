@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -958,7 +957,6 @@ std::vector<std::int64_t> ReadResponseLengths(std::istream& in) {
 
 namespace {
 
-// The flags of the orchestrator's mode and staleness into `o`.
 // The mode --mode names.
 v1::OrchestratorMode ModeFlag(const std::string& mode) {
   if (mode == "sync") return v1::ORCHESTRATOR_MODE_SYNC;
@@ -967,6 +965,7 @@ v1::OrchestratorMode ModeFlag(const std::string& mode) {
   Fail("--mode", fmt::format("must be sync, one_step_off or async, got '{}'", mode));
 }
 
+// The flags of the orchestrator's mode and staleness into `o`.
 void SetModeFlags(const SimulateArgs& args, v1::OrchestratorOptions& o) {
   if (args.mode) o.set_mode(ModeFlag(*args.mode));
   if (args.max_staleness) o.set_max_staleness(*args.max_staleness);
@@ -1102,10 +1101,6 @@ void SetRunModelFlags(const SimulateArgs& args, v1::SimulatorConfig& config) {
   if (!args.trace.empty()) config.set_trace(true);
 }
 
-}  // namespace
-
-namespace {
-
 // --calibrate: a config error named by the flag or the --config file that set it.
 void Calibrate(const SimulateArgs& args, const v1::SimulatorConfig& config, std::ostream& out) {
   try {
@@ -1125,14 +1120,7 @@ v1::SimulateRequest MakeSimulateRequest(const SimulateArgs& args, std::string_vi
                                         const std::vector<std::int64_t>& response_lengths) {
   v1::SimulateRequest request;
   v1::SimulatorConfig& config = *request.mutable_config();
-  if (!config_json.empty()) {
-    const auto status = google::protobuf::util::JsonStringToMessage(
-        google::protobuf::StringPiece(config_json.data(), config_json.size()), &config);
-    if (!status.ok()) {
-      Fail(fmt::format("--config {}", args.config),
-           fmt::format("not a JSON rlsched.v1.SimulatorConfig: {}", std::string(status.message())));
-    }
-  }
+  if (!config_json.empty()) ParseJsonFile("--config", args.config, config_json, config);
   DropFileModes(args, config);
   SetModeFlags(args, *config.mutable_orchestrator());
   SetBatchFlags(args, *config.mutable_orchestrator());

@@ -1332,11 +1332,10 @@ SimulationReport Simulation::Report(double end) {
     report.mean_generation_seconds = generation_seconds_ / static_cast<double>(train_count_);
     report.mean_train_seconds = train_seconds_ / static_cast<double>(train_count_);
   }
-  // The ideal bound. Engines: every engine full (N = max_concurrent, or the mean contexts the KV
-  // cache holds when fewer), a running
-  // sample's mean context = prompt + E[L²] / (2·E[L]) (a sample seen at a random
-  // moment is length-biased and half done), so N samples take E[L] decode steps plus
-  // their prefill.
+  // The ideal bound. Engines: every engine full (N = max_concurrent, or the mean
+  // contexts the KV cache holds when fewer), a running sample's mean context = prompt +
+  // E[L²] / (2·E[L]) (a sample seen at a random moment is length-biased and half done),
+  // so N samples take E[L] decode steps plus their prefill.
   const auto [mean_length, mean_square] = workload_.Moments();
   const EngineModel& model = config_.engine;
   const double context = workload_.MeanPromptTokens() + mean_square / (2.0 * mean_length);

@@ -279,12 +279,8 @@ def test_named_program_flags_exist(rlsched_bin):
     assert not unknown, unknown
 
 
-# Flags the pages name alone that belong to other programs (the repository's scripts
-# and examples, pip, CMake, CTest, mkdocs), each checked where it is defined.
-_OTHER_PROGRAMS_FLAGS = set()
-
-
 def _script_flags():
+    """The flags the repository's scripts, examples and benchmarks define."""
     found = set()
     for path in glob.glob(os.path.join(REPO, "examples", "**", "*.py"), recursive=True) + \
             glob.glob(os.path.join(REPO, "benchmarks", "*.py")) + \
@@ -298,7 +294,9 @@ def _script_flags():
     return found
 
 
-_OTHER_PROGRAMS_FLAGS |= _script_flags() | {
+# Flags the pages name alone that belong to other programs: the repository's scripts,
+# examples and benchmarks, and pip, CTest, mkdocs and Google Benchmark.
+_OTHER_PROGRAMS_FLAGS = _script_flags() | {
     "--no-build-isolation", "--no-index", "--break-system-packages", "--system-site-packages",
     "--output-on-failure", "--strict", "--benchmark_filter", "--benchmark_format"}
 

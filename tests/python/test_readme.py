@@ -13,9 +13,7 @@ import sys
 
 import pytest
 
-from doc_blocks import blocks, missing_lines
-
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from doc_blocks import REPO as _REPO, blocks, missing_lines
 
 
 def _blocks(language):

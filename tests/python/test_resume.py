@@ -6,6 +6,9 @@ once; the log (the first life's records and the resumed one's) replays to the sa
 commands; the versions the engines were synced to only go up.
 
 Twelve runs by default (python.resume); RLSCHED_THOROUGH=1 runs 104 (python.resume.thorough).
+RLSCHED_RESUME_TIMES=FILE appends a line per run: mode, seed, the seconds until the
+workers were back (or "window"), the resume's seconds, and the engines that reattached
+having released their memory.
 """
 
 import json
@@ -92,6 +95,14 @@ def _synced_versions(path):
     return versions
 
 
+def _released_reattachments(path):
+    """The engines that reattached saying they had released their memory (colocated)."""
+    return sum(1 for record in _log_records(path)
+               if record.WhichOneof("kind") == "event"
+               and record.event.WhichOneof("kind") == "engine_attached"
+               and record.event.engine_attached.released)
+
+
 def _run(rlsched_bin, tmp_path, mode, *extra, output=subprocess.PIPE):
     reports = tmp_path / "reports"
     reports.mkdir(exist_ok=True)
@@ -134,7 +145,8 @@ def test_a_killed_scheduler_resumes_from_its_log(rlsched_bin, tmp_path, mode, se
     back = re.search(r"workers are back after ([0-9.]+) s", err)
     if os.environ.get("RLSCHED_RESUME_TIMES"):  # the distribution, for the notes
         with open(os.environ["RLSCHED_RESUME_TIMES"], "a") as f:
-            f.write(f"{mode} {seed} {back.group(1) if back else 'window'} {resumed_in:.3f}\n")
+            f.write(f"{mode} {seed} {back.group(1) if back else 'window'} {resumed_in:.3f} "
+                    f"{_released_reattachments(log)}\n")
     trained = int(report["counters"]["trained"])
     assert trained == _STEPS * _PROMPTS * _SAMPLES
     _wait_gone(workers + _children(second.pid))  # they write their reports as they end

@@ -95,7 +95,7 @@ def _count(values: list[int], capacity: int, minimum: int, divisor: int) -> list
 def _balanced(values: list[int], k: int, equal_size: bool) -> list[list[int]]:
     # Karmarkar-Karp, LPT and refinement, without the exact search: AReaL's allocator is
     # Karmarkar-Karp alone, and on a rank's micro-batches (up to 64 values, where the
-    # search would run) it costs 5-10x the rest for under 0.4% of the largest group.
+    # search would run) it was most of the drop-in's time (framework_dropins.py).
     return _client._native_solve(_client._native.partition_weights, values, k, equal_size,
                                  exact_nodes=0)
 
